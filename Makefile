@@ -1,0 +1,26 @@
+# Two entry points (see README.md): `make demo` and `make test`.
+# Each creates or reuses .venv by itself; only python3 (3.11+), git and make are needed.
+PYTHON ?= python3
+VENV ?= .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+
+.PHONY: demo test bench clean
+
+$(STAMP): pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --upgrade pip
+	$(BIN)/python -m pip install --quiet -e '.[test]'
+	touch $(STAMP)
+
+demo: $(STAMP)
+	$(BIN)/stepledger demo
+
+test: $(STAMP)
+	$(BIN)/python -m pytest -q
+
+bench: $(STAMP)
+	$(BIN)/python tools/bench_ledger.py
+
+clean:
+	rm -rf $(VENV) build *.egg-info

@@ -1,0 +1,5 @@
+"""`python -m ledger` is the `stepledger` command."""
+
+from .cli import main
+
+main()

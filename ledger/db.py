@@ -1,0 +1,451 @@
+"""The SQLite file: opening it defensively, its schema and version, transactions.
+
+A ledger file may come from elsewhere, so nothing here trusts it: the 100-byte
+header is read with plain file I/O first (magic, application id, schema version),
+and a file that is not a ledger, or is newer than this code, is refused before
+SQLite ever opens it, so it stays byte-identical with no ``-wal``/``-shm`` created.
+A file that claims to be a ledger is then inspected read-only with triggers and
+views disabled, ``trusted_schema=OFF`` and defensive mode, and must match the
+schema allow-list exactly (a planted trigger or view never runs).
+
+Writes go through one apsw connection: WAL (the answer of ``PRAGMA journal_mode``
+is checked, since SQLite can answer ``delete`` on an I/O error without raising),
+``synchronous=FULL`` by default, a busy timeout, and ``BEGIN IMMEDIATE`` for every
+write transaction (a deferred read-then-write fails with BUSY_SNAPSHOT at once,
+which no busy handler can retry).
+
+This module knows tables, not events; it imports nothing of ours but errors.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import os
+import struct
+import time
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass
+from functools import cache
+from typing import Final, Literal
+
+import apsw
+
+from .errors import (
+    CorruptLedger,
+    InvalidInput,
+    LedgerBusy,
+    LedgerError,
+    LedgerNotFound,
+    LedgerTooNew,
+    NotALedger,
+    ReadOnlyLedger,
+    StorageFailure,
+)
+
+APPLICATION_ID: Final = 0x53544C47  # 'STLG'
+SCHEMA_VERSION: Final = 1
+SQLITE_MAGIC: Final = b"SQLite format 3\x00"
+VALUE_SIZE_MAX: Final = 64 * 1024 * 1024  # SQLITE_LIMIT_LENGTH: bounds any row we read
+BUSY_TIMEOUT_MS: Final = 5_000
+
+Synchronous = Literal["FULL", "EXTRA", "NORMAL", "OFF"]
+
+# Each version's statements, applied in order to reach it. The allow-list of a version
+# is whatever these statements produce in an empty database, so the two cannot drift.
+MIGRATIONS: Final[dict[int, str]] = {
+    1: """
+CREATE TABLE meta(
+  key TEXT PRIMARY KEY,
+  value TEXT NOT NULL
+) STRICT;
+
+CREATE TABLE events(
+  seq INTEGER PRIMARY KEY,
+  time_ns INTEGER NOT NULL,
+  workspace TEXT NOT NULL,
+  run TEXT NOT NULL,
+  step TEXT NOT NULL,
+  attempt INTEGER NOT NULL,
+  epoch INTEGER NOT NULL,
+  rev INTEGER NOT NULL,
+  journal_key TEXT NOT NULL UNIQUE,
+  kind TEXT NOT NULL,
+  v INTEGER NOT NULL,
+  payload BLOB NOT NULL,
+  prev_hash BLOB NOT NULL,
+  hash BLOB NOT NULL
+) STRICT;
+
+CREATE INDEX events_step ON events(step, seq);
+
+CREATE TRIGGER events_no_update BEFORE UPDATE ON events
+BEGIN SELECT RAISE(ABORT, 'stepledger events are append-only: UPDATE refused'); END;
+
+CREATE TRIGGER events_no_delete BEFORE DELETE ON events
+BEGIN SELECT RAISE(ABORT, 'stepledger events are append-only: DELETE refused'); END;
+
+CREATE TABLE projection_checkpoint(
+  name TEXT PRIMARY KEY,
+  last_seq INTEGER NOT NULL,
+  version INTEGER NOT NULL
+) STRICT;
+
+CREATE TABLE steps(
+  step_id TEXT PRIMARY KEY,
+  run TEXT NOT NULL,
+  workspace TEXT NOT NULL,
+  state TEXT NOT NULL,
+  attempt INTEGER NOT NULL,
+  epoch INTEGER NOT NULL,
+  rev INTEGER NOT NULL,
+  manifest_rev INTEGER NOT NULL,
+  manifest_digest TEXT,
+  live INTEGER NOT NULL,
+  committed_bytes INTEGER NOT NULL,
+  stored_bytes INTEGER NOT NULL,
+  first_seq INTEGER NOT NULL,
+  last_seq INTEGER NOT NULL,
+  updated_ns INTEGER NOT NULL
+) STRICT;
+
+CREATE INDEX steps_state ON steps(state);
+""",
+}
+
+
+@dataclass(frozen=True)
+class Header:
+    """What the first 100 bytes of a SQLite file say, read without SQLite."""
+
+    application_id: int
+    user_version: int
+    wal: bool
+
+
+def wal_path(path: str) -> str:
+    return path + "-wal"
+
+
+def read_header(path: str) -> Header | None:
+    """Inspect a file's SQLite header with plain I/O.
+
+    Returns None when the header is not conclusive because the file's content is still
+    only in its ``-wal`` (a crash right after ``init``). Raises LedgerNotFound,
+    NotALedger or LedgerTooNew; never creates or changes a file.
+    """
+    try:
+        with open(path, "rb") as f:
+            head = f.read(100)
+    except FileNotFoundError:
+        raise LedgerNotFound(path) from None
+    except IsADirectoryError:
+        raise NotALedger(path, "it is a directory") from None
+    except PermissionError:
+        raise NotALedger(path, "it cannot be read: permission denied") from None
+    has_wal = os.path.exists(wal_path(path)) and os.path.getsize(wal_path(path)) > 0
+    if len(head) < 100:
+        if has_wal:
+            return None
+        raise NotALedger(path, "the file is empty" if not head else "it is too short to be SQLite")
+    if head[:16] != SQLITE_MAGIC:
+        raise NotALedger(path, "it is not a SQLite database")
+    user_version, application_id = struct.unpack(">I4xI", head[60:72])
+    if application_id == 0 and user_version == 0 and has_wal:
+        return None
+    if application_id != APPLICATION_ID:
+        raise NotALedger(path, f"SQLite application_id is {application_id:#x}, not stepledger's")
+    if user_version > SCHEMA_VERSION:
+        raise LedgerTooNew(path, user_version, SCHEMA_VERSION)
+    return Header(application_id, user_version, wal=head[18] == 2)
+
+
+@cache
+def expected_schema(version: int) -> frozenset[tuple[str, str, str, str | None]]:
+    """The exact sqlite_schema rows a ledger of `version` holds (the allow-list)."""
+    conn = apsw.Connection(":memory:")
+    for v in range(1, version + 1):
+        conn.execute(MIGRATIONS[v])
+    rows = conn.execute("SELECT type, name, tbl_name, sql FROM sqlite_schema").fetchall()
+    conn.close()
+    return frozenset(rows)
+
+
+def _harden(conn: apsw.Connection, *, allow_triggers: bool) -> None:
+    """Settings from SQLite's security.html for a file we did not write."""
+    conn.config(apsw.SQLITE_DBCONFIG_DEFENSIVE, 1)
+    conn.config(apsw.SQLITE_DBCONFIG_TRUSTED_SCHEMA, 0)
+    conn.config(apsw.SQLITE_DBCONFIG_ENABLE_TRIGGER, 1 if allow_triggers else 0)
+    conn.config(apsw.SQLITE_DBCONFIG_ENABLE_VIEW, 1 if allow_triggers else 0)
+    conn.limit(apsw.SQLITE_LIMIT_LENGTH, VALUE_SIZE_MAX)
+    conn.limit(apsw.SQLITE_LIMIT_ATTACHED, 0)
+    conn.execute("PRAGMA cell_size_check=ON")
+    conn.execute("PRAGMA mmap_size=0")
+
+
+def _check_contents(conn: apsw.Connection, path: str) -> int:
+    """Check the application id, the version and the schema allow-list; return the version."""
+    application_id = conn.execute("PRAGMA application_id").fetchone()[0]
+    if application_id != APPLICATION_ID:
+        raise NotALedger(path, f"SQLite application_id is {application_id:#x}, not stepledger's")
+    version = conn.execute("PRAGMA user_version").fetchone()[0]
+    if version > SCHEMA_VERSION:
+        raise LedgerTooNew(path, version, SCHEMA_VERSION)
+    if version < 1:
+        raise NotALedger(path, "it has no stepledger schema version")
+    found = frozenset(conn.execute("SELECT type, name, tbl_name, sql FROM sqlite_schema"))
+    extra = found - expected_schema(version)
+    missing = expected_schema(version) - found
+    if extra or missing:
+        names = sorted({f"{t} {n}" for t, n, _, _ in extra | missing})
+        raise NotALedger(
+            path, f"its schema differs from a stepledger v{version} ledger: {', '.join(names)}"
+        )
+    return int(version)
+
+
+def _readonly_uri(path: str) -> str:
+    # With no -wal there is no live writer and nothing uncommitted; `immutable=1` reads
+    # the main file without creating -wal/-shm. With a -wal present, read through it.
+    quoted = path.replace("?", "%3f").replace("#", "%23")
+    if os.path.exists(wal_path(path)):
+        return f"file:{quoted}?mode=ro"
+    return f"file:{quoted}?immutable=1"
+
+
+def translate(exc: BaseException, path: str) -> LedgerError:
+    """Map an apsw or OS failure to our typed error (exit code 3 or 2)."""
+    if isinstance(exc, LedgerError):
+        return exc
+    if isinstance(exc, apsw.BusyError | apsw.LockedError):
+        return LedgerBusy(path, BUSY_TIMEOUT_MS / 1000)
+    if isinstance(exc, apsw.FullError):
+        return StorageFailure(path, "the disk is full")
+    if isinstance(exc, apsw.CorruptError | apsw.NotADBError):
+        return CorruptLedger(path, str(exc))
+    if isinstance(exc, OSError) and exc.errno == errno.ENOSPC:
+        return StorageFailure(path, "the disk is full")
+    if isinstance(exc, apsw.IOError | apsw.CantOpenError | OSError | apsw.ReadOnlyError):
+        return StorageFailure(path, f"{type(exc).__name__}: {exc}")
+    raise exc
+
+
+class Database:
+    """One apsw connection to a ledger file, opened defensively."""
+
+    def __init__(self, conn: apsw.Connection, path: str, version: int, readonly: bool) -> None:
+        self.conn, self.path, self.version, self.readonly = conn, path, version, readonly
+
+    # -- opening -------------------------------------------------------------------
+
+    @classmethod
+    def open(
+        cls,
+        path: str,
+        *,
+        readonly: bool = False,
+        synchronous: Synchronous = "FULL",
+        busy_timeout_ms: int = BUSY_TIMEOUT_MS,
+        vfs: str | None = None,
+    ) -> Database:
+        """Open an existing ledger. Refused files are left byte-identical."""
+        read_header(path)
+        try:
+            conn = apsw.Connection(
+                _readonly_uri(path),
+                flags=apsw.SQLITE_OPEN_READONLY | apsw.SQLITE_OPEN_URI,
+                **({"vfs": vfs} if vfs else {}),
+            )
+        except apsw.Error as exc:
+            raise NotALedger(path, f"SQLite cannot open it: {exc}") from None
+        try:
+            _harden(conn, allow_triggers=False)
+            conn.set_busy_timeout(busy_timeout_ms)
+            version = _check_contents(conn, path)
+        except apsw.Error as exc:
+            conn.close()
+            raise NotALedger(path, f"SQLite cannot read it: {exc}") from None
+        except BaseException:
+            conn.close()
+            raise
+        if readonly:
+            return cls(conn, path, version, readonly=True)
+        conn.close()
+        return cls._open_writer(path, synchronous, busy_timeout_ms, vfs)
+
+    @classmethod
+    def _open_writer(
+        cls, path: str, synchronous: Synchronous, busy_timeout_ms: int, vfs: str | None
+    ) -> Database:
+        kwargs = {"vfs": vfs} if vfs else {}
+        try:
+            conn = apsw.Connection(
+                path, flags=apsw.SQLITE_OPEN_READWRITE | apsw.SQLITE_OPEN_NOFOLLOW, **kwargs
+            )
+        except apsw.Error as exc:
+            raise translate(exc, path) from None
+        try:
+            _harden(conn, allow_triggers=False)
+            conn.set_busy_timeout(busy_timeout_ms)
+            version = _check_contents(conn, path)  # again: the file may have been swapped
+            conn.config(apsw.SQLITE_DBCONFIG_ENABLE_TRIGGER, 1)  # our own, just verified
+            _set_wal(conn, path)
+            conn.execute(f"PRAGMA synchronous={_check_sync(synchronous)}")
+            db = cls(conn, path, version, readonly=False)
+            if version < SCHEMA_VERSION:
+                db._migrate(version)
+            return db
+        except apsw.Error as exc:
+            conn.close()
+            raise translate(exc, path) from None
+        except BaseException:
+            conn.close()
+            raise
+
+    @classmethod
+    def create(
+        cls,
+        path: str,
+        *,
+        synchronous: Synchronous = "FULL",
+        busy_timeout_ms: int = BUSY_TIMEOUT_MS,
+        vfs: str | None = None,
+    ) -> tuple[Database, bool]:
+        """Create a ledger at `path`, or open the one already there.
+
+        Returns the database and whether it was created. A file that exists and is not a
+        ledger is refused untouched; an empty file (a crash inside `init`) is initialized.
+        """
+        try:
+            if os.path.getsize(path) > 0 or os.path.exists(wal_path(path)):
+                return cls.open(path, synchronous=synchronous,
+                                busy_timeout_ms=busy_timeout_ms, vfs=vfs), False
+        except FileNotFoundError:
+            pass
+        except NotALedger as exc:
+            if not (os.path.getsize(path) == 0 and "empty" in exc.why):
+                raise
+        parent = os.path.dirname(os.path.abspath(path))
+        try:
+            os.makedirs(parent, exist_ok=True)
+            conn = apsw.Connection(
+                path,
+                flags=apsw.SQLITE_OPEN_READWRITE | apsw.SQLITE_OPEN_CREATE
+                | apsw.SQLITE_OPEN_NOFOLLOW,
+                **({"vfs": vfs} if vfs else {}),
+            )
+        except (apsw.Error, OSError) as exc:
+            raise translate(exc, path) from None
+        try:
+            _harden(conn, allow_triggers=True)
+            conn.set_busy_timeout(busy_timeout_ms)
+            _set_wal(conn, path)
+            conn.execute(f"PRAGMA synchronous={_check_sync(synchronous)}")
+            created = False
+            conn.execute("BEGIN IMMEDIATE")
+            try:
+                # Two concurrent inits: the loser finds the schema and only verifies it.
+                if conn.execute("PRAGMA user_version").fetchone()[0] == 0:
+                    if conn.execute("SELECT count(*) FROM sqlite_schema").fetchone()[0]:
+                        raise NotALedger(path, "it is a SQLite database with other tables")
+                    for v in range(1, SCHEMA_VERSION + 1):
+                        conn.execute(MIGRATIONS[v])
+                    conn.execute(
+                        "INSERT INTO meta(key, value) VALUES ('ledger_id', ?), ('created_ns', ?)",
+                        (uuid.uuid4().hex, str(time.time_ns())),
+                    )
+                    conn.execute(f"PRAGMA application_id={APPLICATION_ID}")
+                    conn.execute(f"PRAGMA user_version={SCHEMA_VERSION}")
+                    created = True
+                conn.execute("COMMIT")
+            except BaseException:
+                conn.execute("ROLLBACK")
+                raise
+            # Put the header (application id, version) into the main file so that the
+            # plain-I/O header check recognises the ledger from now on.
+            conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+            version = _check_contents(conn, path)
+            return cls(conn, path, version, readonly=False), created
+        except apsw.Error as exc:
+            conn.close()
+            raise translate(exc, path) from None
+        except BaseException:
+            conn.close()
+            raise
+
+    def _migrate(self, version: int) -> None:
+        with self.transaction():
+            for v in range(version + 1, SCHEMA_VERSION + 1):
+                self.conn.execute(MIGRATIONS[v])
+            self.conn.execute(f"PRAGMA user_version={SCHEMA_VERSION}")
+        self.version = SCHEMA_VERSION
+
+    # -- transactions --------------------------------------------------------------
+
+    @contextlib.contextmanager
+    def transaction(self) -> Iterator[apsw.Connection]:
+        """``BEGIN IMMEDIATE`` … ``COMMIT``: either everything inside is written or nothing.
+
+        A COMMIT that raised may still have been durable; the caller retries with the
+        same journal keys, which is why they exist.
+        """
+        if self.readonly:
+            raise ReadOnlyLedger(self.path)
+        conn = self.conn
+        try:
+            conn.execute("BEGIN IMMEDIATE")
+        except apsw.Error as exc:
+            raise translate(exc, self.path) from None
+        try:
+            yield conn
+            conn.execute("COMMIT")
+        except BaseException as exc:
+            if conn.in_transaction:
+                with contextlib.suppress(apsw.Error):
+                    conn.execute("ROLLBACK")
+            if isinstance(exc, apsw.Error):
+                raise translate(exc, self.path) from exc
+            raise
+
+    @contextlib.contextmanager
+    def snapshot(self) -> Iterator[apsw.Connection]:
+        """A read transaction: every query inside sees one consistent state."""
+        conn = self.conn
+        if conn.in_transaction:
+            yield conn
+            return
+        try:
+            conn.execute("BEGIN")
+        except apsw.Error as exc:
+            raise translate(exc, self.path) from None
+        try:
+            yield conn
+        except apsw.Error as exc:
+            raise translate(exc, self.path) from exc
+        finally:
+            if conn.in_transaction:
+                with contextlib.suppress(apsw.Error):
+                    conn.execute("COMMIT")
+
+    def meta(self, key: str) -> str:
+        row = self.conn.execute("SELECT value FROM meta WHERE key = ?", (key,)).fetchone()
+        if row is None:
+            raise CorruptLedger(self.path, f"meta key {key!r} is missing")
+        return str(row[0])
+
+    def close(self) -> None:
+        self.conn.close()
+
+
+def _set_wal(conn: apsw.Connection, path: str) -> None:
+    mode = conn.execute("PRAGMA journal_mode=WAL").fetchone()[0]
+    if str(mode).lower() != "wal":
+        raise StorageFailure(path, f"SQLite answered journal_mode={mode!r} instead of 'wal'")
+
+
+def _check_sync(value: str) -> str:
+    value = value.upper()
+    if value not in ("FULL", "EXTRA", "NORMAL", "OFF"):
+        raise InvalidInput(f"synchronous={value!r} is not one of FULL, EXTRA, NORMAL, OFF")
+    return value

@@ -1,0 +1,173 @@
+"""Every error stepledger raises on purpose.
+
+One root (`LedgerError`), a few children callers catch. Each carries the fact, the
+subject and the remedy in its message, and an `exit_code` the CLI maps to
+(DESIGN.md "The command line"): 1 the answer is no (a violation or a protocol
+refusal), 2 usage or bad input (including a file that is not a usable ledger),
+3 the environment failed (disk full, I/O error, lock timeout).
+"""
+
+from __future__ import annotations
+
+EXIT_NO = 1
+EXIT_USAGE = 2
+EXIT_ENVIRONMENT = 3
+
+
+class LedgerError(Exception):
+    """Base class for every error stepledger raises on purpose."""
+
+    exit_code = EXIT_USAGE
+
+
+# --- 2: bad input, not a usable ledger -------------------------------------------------
+
+
+class InvalidInput(LedgerError, ValueError):
+    """An argument or an event field failed validation; nothing was written."""
+
+    exit_code = EXIT_USAGE
+
+
+class LedgerNotFound(LedgerError):
+    def __init__(self, path: str) -> None:
+        super().__init__(
+            f"no ledger at {path}; create one with 'stepledger --ledger {path} init'"
+            " or point --ledger / STEPLEDGER_LEDGER at an existing one"
+        )
+        self.path = path
+
+
+class NotALedger(LedgerError):
+    """The file exists but is not a stepledger ledger. It was left byte-identical."""
+
+    def __init__(self, path: str, why: str) -> None:
+        super().__init__(
+            f"{path} is not a stepledger ledger ({why}); it was left untouched."
+            " Check the --ledger path, or 'stepledger init' a new file elsewhere"
+        )
+        self.path, self.why = path, why
+
+
+class LedgerTooNew(LedgerError):
+    def __init__(self, path: str, found: int, supported: int) -> None:
+        super().__init__(
+            f"ledger {path} has schema version {found}, this stepledger reads up to"
+            f" {supported}; upgrade stepledger (the file was left untouched)"
+        )
+        self.path, self.found, self.supported = path, found, supported
+
+
+class UnknownStep(LedgerError):
+    def __init__(self, step: str) -> None:
+        super().__init__(
+            f"step {step!r} has no events in this ledger; list steps with 'stepledger steps'"
+        )
+        self.step = step
+
+
+class ReadOnlyLedger(LedgerError):
+    def __init__(self, path: str) -> None:
+        super().__init__(
+            f"ledger {path} was opened read-only; open it with readonly=False to write"
+        )
+        self.path = path
+
+
+# --- 1: the protocol refused, or a violation was found ---------------------------------
+
+
+class ProtocolRefused(LedgerError):
+    """The ledger refused a transition; nothing was written."""
+
+    exit_code = EXIT_NO
+
+
+class IllegalTransition(ProtocolRefused):
+    def __init__(self, step: str, attempt: int, kind: str, why: str) -> None:
+        super().__init__(
+            f"step {step!r} attempt {attempt}: {kind} is not allowed ({why});"
+            f" inspect the step with 'stepledger show {step}'"
+        )
+        self.step, self.attempt, self.kind, self.why = step, attempt, kind, why
+
+
+class IdempotencyConflict(ProtocolRefused):
+    def __init__(self, journal_key: str, seq: int) -> None:
+        super().__init__(
+            f"journal key {journal_key} already recorded event #{seq} with a different"
+            " payload; a retry must resend the same event (this is a caller bug)"
+        )
+        self.journal_key, self.seq = journal_key, seq
+
+
+class CorruptLedger(LedgerError):
+    """The ledger's contents contradict themselves (a broken chain, a bad row)."""
+
+    exit_code = EXIT_USAGE
+
+    def __init__(self, path: str, why: str) -> None:
+        super().__init__(
+            f"ledger {path} is damaged: {why}; run 'stepledger verify' for every finding"
+            " and restore the file from a backup or its witness"
+        )
+        self.path, self.why = path, why
+
+
+class HeadMismatch(ProtocolRefused):
+    def __init__(self, expected: str, why: str) -> None:
+        super().__init__(
+            f"the ledger does not contain the head {expected} recorded elsewhere ({why});"
+            " history was cut off or rolled back"
+        )
+        self.expected, self.why = expected, why
+
+
+# --- 3: the environment failed ---------------------------------------------------------
+
+
+class EnvironmentFailure(LedgerError):
+    """The disk, the OS or a lock failed us; the transaction did not commit (or its
+    outcome is unknown: retry with the same journal key)."""
+
+    exit_code = EXIT_ENVIRONMENT
+
+
+class LedgerBusy(EnvironmentFailure):
+    def __init__(self, path: str, waited_s: float) -> None:
+        super().__init__(
+            f"ledger {path} stayed locked by another writer for {waited_s:g}s;"
+            " retry later or raise the busy timeout"
+        )
+        self.path, self.waited_s = path, waited_s
+
+
+class StorageFailure(EnvironmentFailure):
+    def __init__(self, path: str, what: str) -> None:
+        super().__init__(
+            f"storage failed under {path}: {what}; free space or fix the disk, then retry"
+            " with the same journal key (a failed commit may still have been durable)"
+        )
+        self.path, self.what = path, what
+
+
+__all__ = [
+    "EXIT_ENVIRONMENT",
+    "EXIT_NO",
+    "EXIT_USAGE",
+    "CorruptLedger",
+    "EnvironmentFailure",
+    "HeadMismatch",
+    "IdempotencyConflict",
+    "IllegalTransition",
+    "InvalidInput",
+    "LedgerBusy",
+    "LedgerError",
+    "LedgerNotFound",
+    "LedgerTooNew",
+    "NotALedger",
+    "ProtocolRefused",
+    "ReadOnlyLedger",
+    "StorageFailure",
+    "UnknownStep",
+]

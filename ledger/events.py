@@ -1,0 +1,475 @@
+"""Events: the facts a ledger records, as one msgspec tagged union.
+
+Every transition of every step is one immutable event (DESIGN.md "Events and the
+attempt lifecycle"). This module owns their shapes, validation at the boundary,
+deterministic encoding, journal-key derivation and the chain hash. It does no I/O
+and imports neither apsw nor click.
+
+Schema evolution: a new field gets a default; renaming or retyping a field needs a
+new tag or an upcaster keyed by the row's `v`. Never silently reuse a tag.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+from typing import Annotated, Any, ClassVar, Final, Literal, Union
+
+import msgspec
+from msgspec import Meta, Struct
+
+from .errors import InvalidInput
+
+#: Version of the event encoding written into every row's `v` column.
+EVENT_VERSION: Final = 1
+
+STEP_ID_MAX: Final = 256
+PATH_MAX: Final = 4096
+ITEMS_MAX: Final = 10_000
+TEXT_MAX: Final = 4096
+
+_NO_CONTROL = r"^[^\x00-\x1f\x7f]*\Z"
+
+# Constraints are enforced on decode; `validate()` round-trips an event through the
+# decoder so that events built in Python are held to the same rules.
+StepId = Annotated[str, Meta(min_length=1, max_length=STEP_ID_MAX, pattern=_NO_CONTROL)]
+Name = Annotated[str, Meta(max_length=STEP_ID_MAX, pattern=_NO_CONTROL)]
+Digest = Annotated[str, Meta(pattern=r"^[0-9a-f]{64}$")]
+Text = Annotated[str, Meta(max_length=TEXT_MAX)]
+Attempt = Annotated[int, Meta(ge=1)]
+NonNegative = Annotated[int, Meta(ge=0)]
+RelPath = Annotated[str, Meta(min_length=1, max_length=PATH_MAX)]
+
+DIGEST_RE: Final = re.compile(r"[0-9a-f]{64}")
+
+
+def check_digest(digest: object, what: str = "digest") -> str:
+    """Return `digest` if it is 64 lowercase hex characters, else raise InvalidInput."""
+    if not isinstance(digest, str) or DIGEST_RE.fullmatch(digest) is None:
+        raise InvalidInput(
+            f"{what} {digest!r} is not a sha256 digest; expected 64 lowercase hex characters"
+        )
+    return digest
+
+
+def check_step_id(step: object) -> str:
+    """Return `step` if it is a usable step id, else raise InvalidInput."""
+    if not isinstance(step, str) or not step:
+        raise InvalidInput(f"step id {step!r} is empty; give every step a non-empty id")
+    if len(step) > STEP_ID_MAX:
+        raise InvalidInput(
+            f"step id of {len(step)} characters is too long; the limit is {STEP_ID_MAX}"
+        )
+    if re.search(r"[\x00-\x1f\x7f]", step):
+        raise InvalidInput(f"step id {step!r} contains a control character; remove it")
+    return step
+
+
+def check_relpath(path: object, what: str = "path") -> str:
+    """Return `path` if it is relative, normalized and stays inside its root.
+
+    Refused: empty, absolute, backslashes, control characters (NUL included), and any
+    empty, `.` or `..` component (`a//b`, `./a`, `a/../b`, a trailing slash).
+    """
+    if not isinstance(path, str) or not path:
+        raise InvalidInput(f"{what} {path!r} is empty; give a relative path like 'src/app.py'")
+    if len(path) > PATH_MAX:
+        raise InvalidInput(f"{what} of {len(path)} characters is too long; the limit is {PATH_MAX}")
+    if re.search(r"[\x00-\x1f\x7f\\]", path):
+        raise InvalidInput(
+            f"{what} {path!r} contains a control character or backslash; use '/' separators"
+        )
+    if path.startswith("/"):
+        raise InvalidInput(f"{what} {path!r} is absolute; give it relative to the workspace")
+    for part in path.split("/"):
+        if part in ("", ".", ".."):
+            raise InvalidInput(
+                f"{what} {path!r} is not normalized or escapes its root (component {part!r});"
+                " give a plain relative path like 'src/app.py'"
+            )
+    return path
+
+
+class _PathChecked(Struct, frozen=True, kw_only=True):
+    path: RelPath
+
+    def __post_init__(self) -> None:
+        check_relpath(self.path)
+
+
+class PlannedWrite(_PathChecked, frozen=True, kw_only=True):
+    """One file a step plans to change: the state it was planned against and its result."""
+
+    base_rev: NonNegative
+    pre_hash: Digest | None = None  # None: the file did not exist
+    post_hash: Digest | None = None  # None: the write deletes the file
+
+
+class AppliedWrite(_PathChecked, frozen=True, kw_only=True):
+    """One file a step applied: its new per-path revision and hashes."""
+
+    rev: NonNegative
+    pre_hash: Digest | None = None
+    post_hash: Digest | None = None
+
+
+class ManifestEntry(_PathChecked, frozen=True, kw_only=True):
+    """A path the manifest names and the blob holding its bytes."""
+
+    digest: Digest
+    size: NonNegative
+
+
+class Restored(_PathChecked, frozen=True, kw_only=True):
+    """What a compensation did to one path."""
+
+    rev: NonNegative
+    digest: Digest | None = None  # the pre-image put back; None: the file was removed
+    outcome: Literal["restored", "already", "conflict"] = "restored"
+
+
+class Event(Struct, frozen=True, kw_only=True, tag_field="kind"):
+    """Base class for every fact a ledger can record."""
+
+    #: Fields after the kind that make the journal key of this event distinct.
+    key_extra: ClassVar[tuple[str, ...]] = ()
+
+
+class StepEvent(Event, frozen=True, kw_only=True):
+    """A transition of one attempt of one step."""
+
+    step: StepId
+    attempt: Attempt
+    run: Name = ""
+    workspace: Name = ""
+    epoch: NonNegative = 0  # 0: the step takes no lease (artifact-only)
+
+
+class Planned(StepEvent, frozen=True, kw_only=True, tag="planned"):
+    """The attempt's contract, durable before any write: the intent record."""
+
+    writes: Annotated[tuple[PlannedWrite, ...], Meta(max_length=ITEMS_MAX)] = ()
+    artifacts: Annotated[tuple[RelPath, ...], Meta(max_length=ITEMS_MAX)] = ()
+    rev: NonNegative = 0  # the workspace rev at dispatch (drift = rev - bases)
+    fence: Literal["step", "plan", "none"] = "step"
+    journal: bool = True
+
+    def __post_init__(self) -> None:
+        for artifact in self.artifacts:
+            check_relpath(artifact, "artifact path")
+
+
+class Fenced(StepEvent, frozen=True, kw_only=True, tag="fenced"):
+    """The writes passed the fence and were applied; revisions advanced."""
+
+    writes: Annotated[tuple[AppliedWrite, ...], Meta(max_length=ITEMS_MAX)] = ()
+    rev: NonNegative = 0  # the workspace rev after the apply
+    settled: bool = False  # recorded by settling a crash, not by a live apply
+
+
+class BlobPinned(StepEvent, frozen=True, kw_only=True, tag="blob-pinned"):
+    """The attempt may write, deduplicate or publish this blob: GC must keep it."""
+
+    key_extra: ClassVar[tuple[str, ...]] = ("digest",)
+    digest: Digest
+    role: Literal["artifact", "pre-image", "post-image"] = "artifact"
+
+
+class BlobStored(StepEvent, frozen=True, kw_only=True, tag="blob-stored"):
+    """An artifact's bytes are durable (inline rows in this very transaction)."""
+
+    key_extra: ClassVar[tuple[str, ...]] = ("digest",)
+    digest: Digest
+    size: NonNegative
+    path: RelPath | None = None
+    inline: bool = False
+
+    def __post_init__(self) -> None:
+        if self.path is not None:
+            check_relpath(self.path, "artifact path")
+
+
+class ManifestPublished(StepEvent, frozen=True, kw_only=True, tag="manifest-published"):
+    """The commit point: the step's manifest revision `manifest_rev` is live."""
+
+    key_extra: ClassVar[tuple[str, ...]] = ("manifest_rev",)
+    manifest_rev: NonNegative
+    expected_rev: Annotated[int, Meta(ge=-1)] = -1
+    digest: Digest  # sha256 of the manifest's canonical encoding
+    supersedes: Digest | None = None  # the manifest digest this one replaced
+    writes: Annotated[tuple[ManifestEntry, ...], Meta(max_length=ITEMS_MAX)] = ()
+    artifacts: Annotated[tuple[ManifestEntry, ...], Meta(max_length=ITEMS_MAX)] = ()
+
+
+class Acked(StepEvent, frozen=True, kw_only=True, tag="acked"):
+    """The client learned the result: manifest revision `manifest_rev` of the step."""
+
+    key_extra: ClassVar[tuple[str, ...]] = ("manifest_rev",)
+    manifest_rev: NonNegative = 0
+
+
+class Compensated(StepEvent, frozen=True, kw_only=True, tag="compensated"):
+    """The attempt ended; its writes were undone where that was safe."""
+
+    reason: Text = ""
+    restored: Annotated[tuple[Restored, ...], Meta(max_length=ITEMS_MAX)] = ()
+    rev: NonNegative = 0
+
+
+class Rejected(StepEvent, frozen=True, kw_only=True, tag="rejected"):
+    """The fence refused the attempt; nothing was applied."""
+
+    reason: Literal["stale_rev", "pre_hash", "stale_epoch", "overlap"]
+    detail: Text = ""
+
+
+class WorkspaceAdded(Event, frozen=True, kw_only=True, tag="workspace-added"):
+    workspace: StepId
+    root: Annotated[str, Meta(min_length=1, max_length=PATH_MAX)]
+
+
+class WorkspaceRestored(Event, frozen=True, kw_only=True, tag="workspace-restored"):
+    key_extra: ClassVar[tuple[str, ...]] = ("rev", "root")
+    workspace: StepId
+    root: Annotated[str, Meta(min_length=1, max_length=PATH_MAX)]
+    rev: NonNegative = 0
+    paths: NonNegative = 0
+
+
+class LeaseAcquired(Event, frozen=True, kw_only=True, tag="lease-acquired"):
+    key_extra: ClassVar[tuple[str, ...]] = ("epoch",)
+    workspace: StepId
+    epoch: Attempt
+    holder: Name
+    expires_ns: int
+    forced: bool = False
+
+
+class LeaseRenewed(Event, frozen=True, kw_only=True, tag="lease-renewed"):
+    key_extra: ClassVar[tuple[str, ...]] = ("epoch", "expires_ns")
+    workspace: StepId
+    epoch: Attempt
+    expires_ns: int
+
+
+class LeaseReleased(Event, frozen=True, kw_only=True, tag="lease-released"):
+    key_extra: ClassVar[tuple[str, ...]] = ("epoch",)
+    workspace: StepId
+    epoch: Attempt
+
+
+class BlobCollected(Event, frozen=True, kw_only=True, tag="blob-collected"):
+    key_extra: ClassVar[tuple[str, ...]] = ("digest", "collection")
+    digest: Digest
+    size: NonNegative
+    reason: Text = "orphan"
+    inline: bool = False
+    collection: Name = ""  # the GC run that collected it
+
+
+AnyEvent = Union[
+    Planned,
+    Fenced,
+    BlobPinned,
+    BlobStored,
+    ManifestPublished,
+    Acked,
+    Compensated,
+    Rejected,
+    WorkspaceAdded,
+    WorkspaceRestored,
+    LeaseAcquired,
+    LeaseRenewed,
+    LeaseReleased,
+    BlobCollected,
+]
+
+EVENT_TYPES: Final[dict[str, type[Event]]] = {
+    t.__struct_config__.tag: t for t in AnyEvent.__args__  # type: ignore[attr-defined]
+}
+KINDS: Final = tuple(EVENT_TYPES)
+STEP_KINDS: Final = tuple(k for k, t in EVENT_TYPES.items() if issubclass(t, StepEvent))
+
+_encoder = msgspec.json.Encoder(order="deterministic")
+_decoder = msgspec.json.Decoder(AnyEvent)
+_key_encoder = msgspec.json.Encoder()
+_chain_encoder = msgspec.msgpack.Encoder()
+
+
+def kind_of(event: Event) -> str:
+    """The event's tag, e.g. ``"planned"``."""
+    return type(event).__struct_config__.tag  # type: ignore[return-value]
+
+
+def encode(event: Event) -> bytes:
+    """Deterministic JSON bytes of an event (its payload column)."""
+    return _encoder.encode(event)
+
+
+def decode(payload: bytes, v: int = EVENT_VERSION) -> AnyEvent:
+    """Decode a payload column. Rows of a newer event version are refused."""
+    if v > EVENT_VERSION:
+        raise InvalidInput(
+            f"event encoding version {v} is newer than this stepledger ({EVENT_VERSION});"
+            " upgrade stepledger"
+        )
+    return _decoder.decode(payload)
+
+
+def validate(event: Event) -> bytes:
+    """Check an event against every field constraint; return its payload bytes.
+
+    msgspec enforces `Meta` constraints on decode only, so the event is encoded and
+    decoded once. Raises InvalidInput naming the field.
+    """
+    if not isinstance(event, Event) or type(event) not in EVENT_TYPES.values():
+        raise InvalidInput(f"{event!r} is not a stepledger event; use one of {', '.join(KINDS)}")
+    payload = _encoder.encode(event)
+    try:
+        _decoder.decode(payload)
+    except msgspec.ValidationError as exc:
+        raise InvalidInput(f"{kind_of(event)} event: {exc}") from None
+    return payload
+
+
+def journal_key(event: Event) -> str:
+    """The idempotency key DESIGN.md derives for an event.
+
+    A step transition is keyed ``(step, attempt, kind[, digest])``; workspace, lease and
+    GC events by their subject. The key is a JSON array, so no separator can collide.
+    """
+    parts: list[Any]
+    if isinstance(event, StepEvent):
+        parts = [event.step, event.attempt, kind_of(event)]
+    else:
+        parts = [kind_of(event), getattr(event, "workspace", "")]
+    parts.extend(getattr(event, name) for name in type(event).key_extra)
+    return _key_encoder.encode(parts).decode()
+
+
+class Envelope(Struct, frozen=True, array_like=True):
+    """The indexed columns of an event row, derived from the event."""
+
+    workspace: str
+    run: str
+    step: str
+    attempt: int
+    epoch: int
+    rev: int
+
+
+def envelope(event: Event) -> Envelope:
+    return Envelope(
+        getattr(event, "workspace", ""),
+        getattr(event, "run", ""),
+        getattr(event, "step", ""),
+        getattr(event, "attempt", 0),
+        getattr(event, "epoch", 0),
+        getattr(event, "rev", 0),
+    )
+
+
+GENESIS_DOMAIN: Final = b"stepledger/chain/v1\x00"
+
+
+def genesis_hash(ledger_id: str) -> bytes:
+    """The `prev_hash` of seq 1: binds the chain to this ledger (no cross-ledger splice)."""
+    return hashlib.sha256(GENESIS_DOMAIN + ledger_id.encode()).digest()
+
+
+def chain_hash(
+    prev_hash: bytes,
+    seq: int,
+    time_ns: int,
+    env: Envelope,
+    journal_key: str,
+    kind: str,
+    v: int,
+    payload: bytes,
+) -> bytes:
+    """sha256 over the previous hash and every column of the row.
+
+    Covers content, position (seq and the previous hash), workspace, run, step,
+    attempt, epoch, rev, time, key, kind and version, so any edit, deletion,
+    reordering or insertion breaks the chain at the first row it touches.
+    """
+    body = _chain_encoder.encode(
+        (seq, time_ns, env.workspace, env.run, env.step, env.attempt, env.epoch, env.rev,
+         journal_key, kind, v, payload)
+    )
+    return hashlib.sha256(prev_hash + body).digest()
+
+
+class RecordedEvent(Struct, frozen=True, kw_only=True):
+    """An event as the log holds it: the envelope columns plus the decoded event.
+
+    `deduped` is not stored: it is True when an append found the journal key already
+    recorded and returned this original instead of writing.
+    """
+
+    seq: int
+    time_ns: int
+    journal_key: str
+    kind: str
+    hash: bytes
+    prev_hash: bytes
+    event: AnyEvent
+    v: int = EVENT_VERSION
+    deduped: bool = False
+
+    @property
+    def step(self) -> str:
+        return getattr(self.event, "step", "")
+
+    @property
+    def attempt(self) -> int:
+        return getattr(self.event, "attempt", 0)
+
+
+def to_builtins(event: Event) -> dict[str, Any]:
+    """The event as plain JSON-ready data (its `kind` included)."""
+    out: dict[str, Any] = msgspec.to_builtins(event)
+    return out
+
+
+__all__ = [
+    "EVENT_TYPES",
+    "EVENT_VERSION",
+    "KINDS",
+    "STEP_KINDS",
+    "Acked",
+    "AnyEvent",
+    "AppliedWrite",
+    "BlobCollected",
+    "BlobPinned",
+    "BlobStored",
+    "Compensated",
+    "Envelope",
+    "Event",
+    "Fenced",
+    "LeaseAcquired",
+    "LeaseReleased",
+    "LeaseRenewed",
+    "ManifestEntry",
+    "ManifestPublished",
+    "Planned",
+    "PlannedWrite",
+    "RecordedEvent",
+    "Rejected",
+    "Restored",
+    "StepEvent",
+    "WorkspaceAdded",
+    "WorkspaceRestored",
+    "chain_hash",
+    "check_digest",
+    "check_relpath",
+    "check_step_id",
+    "decode",
+    "encode",
+    "envelope",
+    "genesis_hash",
+    "journal_key",
+    "kind_of",
+    "to_builtins",
+    "validate",
+]

@@ -1,0 +1,266 @@
+"""Append-only event storage.
+
+The `events` table is the ledger's ground truth; projections are rebuilt from it.
+This module is its only writer and only ever INSERTs (triggers refuse UPDATE and
+DELETE even from raw SQL). One append is one ``BEGIN IMMEDIATE`` transaction that
+holds the events, their journal keys, the hash chain and the inline projection
+updates: either all of it is written or none of it.
+
+Journal keys make appends idempotent: the same key with the same event returns the
+original row and writes nothing; the same key with a different event raises
+IdempotencyConflict and writes nothing.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any, Final, Protocol
+
+import apsw
+import msgspec
+
+from .db import Database
+from .errors import CorruptLedger, IdempotencyConflict, IllegalTransition, InvalidInput
+from .events import (
+    EVENT_VERSION,
+    Envelope,
+    Event,
+    RecordedEvent,
+    chain_hash,
+    decode,
+    envelope,
+    genesis_hash,
+    journal_key,
+    kind_of,
+    validate,
+)
+
+BATCH_SIZE_MAX: Final = 100_000
+READ_BATCH: Final = 2_000
+
+INSERT_SQL: Final = (
+    "INSERT INTO events(seq, time_ns, workspace, run, step, attempt, epoch, rev,"
+    " journal_key, kind, v, payload, prev_hash, hash) VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?)"
+)
+ROW_COLUMNS: Final = (
+    "seq, time_ns, workspace, run, step, attempt, epoch, rev, journal_key, kind, v,"
+    " payload, prev_hash, hash"
+)
+
+
+class Head(msgspec.Struct, frozen=True):
+    """The chain head: the last seq and its hash (seq 0: an empty ledger)."""
+
+    seq: int
+    hash: bytes
+
+    def __str__(self) -> str:
+        return f"{self.seq}:{self.hash.hex()}"
+
+    @classmethod
+    def parse(cls, text: str) -> Head:
+        seq_text, sep, hash_text = text.strip().partition(":")
+        try:
+            if not sep:
+                raise ValueError
+            seq, digest = int(seq_text), bytes.fromhex(hash_text)
+            if seq < 0 or len(digest) != 32:
+                raise ValueError
+        except ValueError:
+            raise InvalidInput(
+                f"head {text!r} is not SEQ:HASH (a seq and 64 hex characters), as printed"
+                " by 'stepledger head'"
+            ) from None
+        return cls(seq, digest)
+
+
+class Projector(Protocol):
+    """Inline projections, updated in the append transaction.
+
+    `check` folds one event into a copy of the current state and returns the change
+    (raising IllegalTransition for an illegal one); `accept` keeps a change once its
+    event row was inserted; `flush` writes every kept change and the checkpoint.
+    """
+
+    def begin(self, conn: apsw.Connection) -> None: ...
+    def check(self, event: Any, seq: int, time_ns: int) -> object: ...
+    def accept(self, change: object) -> None: ...
+    def flush(self, conn: apsw.Connection, last_seq: int) -> None: ...
+
+
+def row_to_recorded(row: tuple[Any, ...], *, deduped: bool = False) -> RecordedEvent:
+    (seq, time_ns, _ws, _run, _step, _attempt, _epoch, _rev, key, kind, v, payload,
+     prev_hash, digest) = row
+    return RecordedEvent(
+        seq=seq, time_ns=time_ns, journal_key=key, kind=kind, hash=digest,
+        prev_hash=prev_hash, event=decode(payload, v), v=v, deduped=deduped,
+    )
+
+
+class EventLog:
+    """The `events` table: append, read, head."""
+
+    def __init__(
+        self, db: Database, clock: Callable[[], int], projector: Projector | None = None
+    ) -> None:
+        self.db = db
+        self.clock = clock
+        self.projector = projector
+        self._genesis: bytes | None = None
+
+    @property
+    def genesis(self) -> bytes:
+        if self._genesis is None:
+            self._genesis = genesis_hash(self.db.meta("ledger_id"))
+        return self._genesis
+
+    def head(self) -> Head:
+        row = self.db.conn.execute(
+            "SELECT seq, hash FROM events ORDER BY seq DESC LIMIT 1"
+        ).fetchone()
+        return Head(0, self.genesis) if row is None else Head(row[0], row[1])
+
+    # -- writing ---------------------------------------------------------------------
+
+    def append(
+        self,
+        events: Sequence[Event],
+        *,
+        on_commit: Callable[[apsw.Connection, list[RecordedEvent]], None] | None = None,
+    ) -> list[RecordedEvent]:
+        """Append events atomically; return them as recorded, in order.
+
+        Each event is validated and keyed as DESIGN.md says (`events.journal_key`). A key already recorded with the same event yields the original row with
+        `deduped=True`; with a different event, IdempotencyConflict. An illegal
+        transition raises IllegalTransition. On any error nothing is written.
+        `on_commit` runs inside the transaction, after the rows, before COMMIT.
+        """
+        if not events:
+            raise InvalidInput("append() needs at least one event")
+        if len(events) > BATCH_SIZE_MAX:
+            raise InvalidInput(
+                f"a batch of {len(events)} events is too large; the limit is {BATCH_SIZE_MAX}"
+            )
+        prepared = []
+        for event in events:
+            payload = validate(event)
+            key = journal_key(event)
+            prepared.append((event, payload, key, kind_of(event), envelope(event)))
+
+        projector = self.projector
+        recorded: list[RecordedEvent] = []
+        with self.db.transaction() as conn:
+            head = self.head()
+            seq, prev = head.seq, head.hash
+            if projector is not None:
+                projector.begin(conn)
+            time_ns = self.clock()
+            for event, payload, key, kind, env in prepared:
+                change = None
+                if projector is not None:
+                    try:
+                        change = projector.check(event, seq + 1, time_ns)
+                    except IllegalTransition:
+                        # A redelivery of an old transition is legal: the journal answers.
+                        original = self._journal_hit(conn, key, kind, env, payload)
+                        if original is None:
+                            raise
+                        recorded.append(original)
+                        continue
+                digest = chain_hash(prev, seq + 1, time_ns, env, key, kind, EVENT_VERSION, payload)
+                try:
+                    conn.execute(
+                        INSERT_SQL,
+                        (seq + 1, time_ns, env.workspace, env.run, env.step, env.attempt,
+                         env.epoch, env.rev, key, kind, EVENT_VERSION, payload, prev, digest),
+                    )
+                except apsw.ConstraintError:
+                    original = self._journal_hit(conn, key, kind, env, payload)
+                    if original is None:
+                        raise
+                    recorded.append(original)
+                    continue
+                recorded.append(
+                    RecordedEvent(seq=seq + 1, time_ns=time_ns, journal_key=key, kind=kind,
+                                  hash=digest, prev_hash=prev, event=event)  # type: ignore[arg-type]
+                )
+                seq, prev = seq + 1, digest
+                if projector is not None:
+                    projector.accept(change)
+            if projector is not None and seq != head.seq:
+                projector.flush(conn, seq)
+            if on_commit is not None:
+                on_commit(conn, recorded)
+        return recorded
+
+    def _journal_hit(
+        self, conn: apsw.Connection, key: str, kind: str, env: Envelope, payload: bytes
+    ) -> RecordedEvent | None:
+        row = conn.execute(
+            f"SELECT {ROW_COLUMNS} FROM events WHERE journal_key = ?", (key,)
+        ).fetchone()
+        if row is None:
+            return None
+        same = (
+            row[9] == kind
+            and bytes(row[11]) == payload
+            and (row[2], row[3], row[4], row[5], row[6], row[7])
+            == (env.workspace, env.run, env.step, env.attempt, env.epoch, env.rev)
+        )
+        if not same:
+            raise IdempotencyConflict(key, row[0])
+        return row_to_recorded(row, deduped=True)
+
+    # -- reading ---------------------------------------------------------------------
+
+    def read(
+        self,
+        after_seq: int = 0,
+        *,
+        step: str | None = None,
+        kind: str | None = None,
+        limit: int | None = None,
+    ) -> Iterator[RecordedEvent]:
+        """Events with seq > `after_seq`, in order, read in bounded batches."""
+        for row in self.rows(after_seq, step=step, kind=kind, limit=limit):
+            try:
+                yield row_to_recorded(row)
+            except (msgspec.DecodeError, InvalidInput) as exc:
+                raise CorruptLedger(self.db.path, f"event #{row[0]} cannot be decoded: {exc}") from None
+
+    def rows(
+        self,
+        after_seq: int = 0,
+        *,
+        step: str | None = None,
+        kind: str | None = None,
+        limit: int | None = None,
+    ) -> Iterator[tuple[Any, ...]]:
+        """Raw event rows (seq order) in batches of READ_BATCH, each its own query."""
+        where, params = ["seq > ?"], []
+        if step is not None:
+            where.append("step = ?")
+            params.append(step)
+        if kind is not None:
+            where.append("kind = ?")
+            params.append(kind)
+        sql = f"SELECT {ROW_COLUMNS} FROM events WHERE {' AND '.join(where)} ORDER BY seq LIMIT ?"
+        remaining = limit
+        last = after_seq
+        while True:
+            batch = READ_BATCH if remaining is None else min(READ_BATCH, remaining)
+            if batch <= 0:
+                return
+            got = self.db.conn.execute(sql, (last, *params, batch)).fetchall()
+            yield from got
+            if len(got) < batch:
+                return
+            last = got[-1][0]
+            if remaining is not None:
+                remaining -= len(got)
+
+    def count(self) -> int:
+        return int(self.db.conn.execute("SELECT count(*) FROM events").fetchone()[0])
+
+
+__all__ = ["EventLog", "Head", "Projector", "row_to_recorded"]

@@ -1,0 +1,270 @@
+"""The read side: projections folded from the events.
+
+Projections are derived: the inline ones are written in the append transaction
+together with their checkpoint (the last folded seq and the projection version),
+and every one of them can be rebuilt from the events at any time.
+
+- `StepsProjector` is the inline writer the log calls inside each append.
+- `rebuild` refolds everything into the tables inside one ``BEGIN IMMEDIATE``:
+  readers see the old tables or the new ones, never a mix. It folds in memory and
+  writes each row once, keeping only unfinished steps in memory (finished ones are
+  written out and dropped), so memory follows the live steps, not the events.
+- `catch_up` folds a lagging tail (after an upgrade or a projection change) on the
+  first read-write open; `read_steps` folds it in memory for read-only callers, who
+  never write.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from typing import Final
+
+import apsw
+import msgspec
+
+from ..db import Database
+from ..errors import CorruptLedger, IllegalTransition, InvalidInput
+from ..events import Planned, StepEvent, decode
+from ..log import EventLog
+from . import steps as steps_mod
+from .steps import (
+    ACKED,
+    COMPENSATED,
+    REJECTED,
+    SELECT_COLUMNS,
+    UPSERT_SQL,
+    StepRow,
+    fold,
+)
+
+Progress = Callable[[int, int], None]
+
+#: How many unfinished steps a rebuild keeps in memory before it writes them all out.
+WORKING_SET_MAX: Final = 50_000
+_FINISHED: Final = frozenset({ACKED, REJECTED, COMPENSATED})
+
+
+class Checkpoint(msgspec.Struct, frozen=True):
+    last_seq: int
+    version: int
+
+
+def checkpoint(conn: apsw.Connection, name: str = steps_mod.NAME) -> Checkpoint:
+    row = conn.execute(
+        "SELECT last_seq, version FROM projection_checkpoint WHERE name = ?", (name,)
+    ).fetchone()
+    return Checkpoint(0, steps_mod.VERSION) if row is None else Checkpoint(row[0], row[1])
+
+
+def _set_checkpoint(conn: apsw.Connection, last_seq: int) -> None:
+    conn.execute(
+        "INSERT OR REPLACE INTO projection_checkpoint(name, last_seq, version) VALUES (?, ?, ?)",
+        (steps_mod.NAME, last_seq, steps_mod.VERSION),
+    )
+
+
+def load_step(conn: apsw.Connection, step_id: str) -> StepRow | None:
+    row = conn.execute(f"SELECT {SELECT_COLUMNS} FROM steps WHERE step_id = ?", (step_id,)).fetchone()
+    return None if row is None else StepRow.from_tuple(row)
+
+
+class StepsProjector:
+    """The inline `steps` projection (see `ledger.log.Projector`)."""
+
+    def __init__(self) -> None:
+        self.conn: apsw.Connection | None = None
+        self.pending: dict[str, StepRow] = {}
+
+    def begin(self, conn: apsw.Connection) -> None:
+        self.conn, self.pending = conn, {}
+
+    def current(self, step_id: str) -> StepRow | None:
+        """The step's row as this transaction sees it (pending changes included)."""
+        row = self.pending.get(step_id)
+        if row is None and self.conn is not None:
+            row = load_step(self.conn, step_id)
+        return row
+
+    def check(self, event: object, seq: int, time_ns: int) -> StepRow | None:
+        if not isinstance(event, StepEvent):
+            return None
+        row = self.current(event.step)
+        return fold(None if row is None else row.__copy__(), event, seq, time_ns)  # type: ignore[arg-type]
+
+    def accept(self, change: object) -> None:
+        if change is not None:
+            assert isinstance(change, StepRow)
+            self.pending[change.step_id] = change
+
+    def flush(self, conn: apsw.Connection, last_seq: int) -> None:
+        if self.pending:
+            conn.executemany(UPSERT_SQL, [r.as_tuple() for r in self.pending.values()])
+        _set_checkpoint(conn, last_seq)
+        self.pending = {}
+
+
+def _fold_rows(
+    log: EventLog,
+    rows: Iterator[tuple[object, ...]],
+    working: dict[str, StepRow],
+    lookup: Callable[[str], StepRow | None],
+    evict: Callable[[StepRow], None] | None,
+    progress: Progress | None,
+    total: int,
+) -> int:
+    """Fold raw event rows into `working`; return the last seq seen."""
+    last = 0
+    done = 0
+    for row in rows:
+        seq, time_ns, kind, v, payload = row[0], row[1], row[9], row[10], row[11]
+        last = seq  # type: ignore[assignment]
+        done += 1
+        if progress is not None and done % 10_000 == 0:
+            progress(done, total)
+        if kind not in steps_mod.ALLOWED_AFTER and kind != "planned":
+            continue  # not a step transition
+        try:
+            event = decode(payload, v)  # type: ignore[arg-type]
+        except (msgspec.DecodeError, InvalidInput) as exc:
+            raise CorruptLedger(log.db.path, f"event #{seq} cannot be decoded: {exc}") from None
+        assert isinstance(event, StepEvent)
+        step_id = event.step
+        current = working.get(step_id)
+        if current is None and not (isinstance(event, Planned) and event.attempt == 1):
+            current = lookup(step_id)
+        try:
+            current = fold(current, event, seq, time_ns)  # type: ignore[arg-type]
+        except IllegalTransition as exc:
+            raise CorruptLedger(log.db.path, f"event #{seq} breaks the lifecycle: {exc}") from None
+        assert current is not None
+        if evict is not None and current.state in _FINISHED:
+            working.pop(step_id, None)
+            evict(current)
+        else:
+            working[step_id] = current
+            if evict is not None and len(working) > WORKING_SET_MAX:
+                for r in working.values():
+                    evict(r)
+                working.clear()
+    if progress is not None:
+        progress(done, total)
+    return last
+
+
+def rebuild(db: Database, log: EventLog, progress: Progress | None = None) -> int:
+    """Recompute every projection from the events and swap them in atomically.
+
+    Returns the number of steps. Runs in one write transaction.
+    """
+    with db.transaction() as conn:
+        total = log.count()
+        conn.execute("DELETE FROM steps")
+        written: list[tuple[object, ...]] = []
+
+        def evict(row: StepRow) -> None:
+            written.append(row.as_tuple())
+            if len(written) >= 5_000:
+                conn.executemany(UPSERT_SQL, written)
+                written.clear()
+
+        def lookup(step_id: str) -> StepRow | None:
+            if written:
+                conn.executemany(UPSERT_SQL, written)
+                written.clear()
+            return load_step(conn, step_id)
+
+        working: dict[str, StepRow] = {}
+        last = _fold_rows(log, log.rows(0), working, lookup, evict, progress, total)
+        for row in working.values():
+            evict(row)
+        if written:
+            conn.executemany(UPSERT_SQL, written)
+        _set_checkpoint(conn, last or log.head().seq)
+        return int(conn.execute("SELECT count(*) FROM steps").fetchone()[0])
+
+
+def catch_up(db: Database, log: EventLog) -> int:
+    """Bring the tables up to the log on a read-write open; return events folded.
+
+    A projection version change means a full rebuild; a lagging checkpoint folds the
+    tail into the tables. Both write rows and checkpoint in one transaction.
+    """
+    with db.snapshot() as conn:
+        cp = checkpoint(conn)
+        head = log.head().seq
+    if cp.version != steps_mod.VERSION:
+        rebuild(db, log)
+        return head
+    if cp.last_seq >= head:
+        return 0
+    with db.transaction() as conn:
+        cp = checkpoint(conn)
+        working: dict[str, StepRow] = {}
+        last = _fold_rows(
+            log, log.rows(cp.last_seq), working, lambda s: load_step(conn, s), None, None, 0
+        )
+        if working:
+            conn.executemany(UPSERT_SQL, [r.as_tuple() for r in working.values()])
+        _set_checkpoint(conn, max(last, cp.last_seq))
+        return last - cp.last_seq
+
+
+def fold_all(log: EventLog, progress: Progress | None = None) -> dict[str, StepRow]:
+    """Every step folded in memory from seq 1 (verify's fresh rebuild)."""
+    working: dict[str, StepRow] = {}
+    _fold_rows(log, log.rows(0), working, lambda s: None, None, progress, log.count())
+    return working
+
+
+def read_steps(
+    db: Database, log: EventLog, *, state: str | None = None, step_id: str | None = None
+) -> list[StepRow]:
+    """Current step rows, exactly as a caught-up projection would hold them. Read-only.
+
+    When the tables lag the log (a crash of an older version, a projection upgrade),
+    the missing tail is folded in memory and nothing is written.
+    """
+    if state is not None and state not in steps_mod.STATES:
+        raise InvalidInput(f"state {state!r} is not one of {', '.join(steps_mod.STATES)}")
+    with db.snapshot() as conn:
+        cp = checkpoint(conn)
+        head = log.head().seq
+        if cp.version != steps_mod.VERSION:
+            rows = list(fold_all(log).values())
+        else:
+            where, params = [], []
+            if state is not None:
+                where.append("state = ?")
+                params.append(state)
+            if step_id is not None:
+                where.append("step_id = ?")
+                params.append(step_id)
+            sql = f"SELECT {SELECT_COLUMNS} FROM steps"
+            if where:
+                sql += " WHERE " + " AND ".join(where)
+            rows = [StepRow.from_tuple(r) for r in conn.execute(sql + " ORDER BY first_seq", params)]
+            if cp.last_seq < head:
+                overlay: dict[str, StepRow] = {}
+                _fold_rows(
+                    log, log.rows(cp.last_seq), overlay, lambda s: load_step(conn, s), None, None, 0
+                )
+                rows = [overlay.pop(r.step_id, r) for r in rows] + list(overlay.values())
+    out = [
+        r for r in rows
+        if (state is None or r.state == state) and (step_id is None or r.step_id == step_id)
+    ]
+    out.sort(key=lambda r: r.first_seq)
+    return out
+
+
+__all__ = [
+    "Checkpoint",
+    "StepRow",
+    "StepsProjector",
+    "catch_up",
+    "checkpoint",
+    "fold_all",
+    "load_step",
+    "read_steps",
+    "rebuild",
+]

@@ -1,0 +1,219 @@
+"""Step state: the attempt lifecycle as a fold over events.
+
+`fold` is the one place the lifecycle of DESIGN.md lives. The writer calls it on a
+copy before it INSERTs an event (an illegal transition raises and nothing is
+written); `rebuild` and the read-only catch-up call it in place over the log.
+Folding is idempotent per row: an event at or below the row's `last_seq` is
+skipped, so folding a tail twice cannot double-apply it.
+
+    attempt n:  planned -> fenced -> blob-stored* -> manifest-published -> acked
+                planned -> blob-stored* -> ...        (no workspace writes)
+                planned -> rejected
+                planned | fenced | blob-stored | manifest-published | acked -> compensated
+"""
+
+from __future__ import annotations
+
+from typing import ClassVar, Final
+
+import msgspec
+
+from ..errors import IllegalTransition
+from ..events import (
+    AnyEvent,
+    BlobStored,
+    Compensated,
+    ManifestPublished,
+    Planned,
+    StepEvent,
+)
+
+#: Bump when the fold or the table changes: the next read-write open rebuilds.
+VERSION: Final = 1
+NAME: Final = "steps"
+
+PLANNED, FENCED, STORED = "planned", "fenced", "blob-stored"
+PUBLISHED, ACKED, COMPENSATED, REJECTED = "manifest-published", "acked", "compensated", "rejected"
+STATES: Final = (PLANNED, FENCED, STORED, PUBLISHED, ACKED, COMPENSATED, REJECTED)
+#: States in which the attempt is over: only here may a new attempt begin.
+ENDED: Final = frozenset({COMPENSATED, REJECTED})
+#: States in which the attempt may still change.
+IN_FLIGHT: Final = frozenset({PLANNED, FENCED, STORED})
+_OPEN: Final = frozenset({PLANNED, FENCED, STORED, PUBLISHED, ACKED})
+
+# kind -> states of the latest attempt it may follow
+ALLOWED_AFTER: Final[dict[str, frozenset[str]]] = {
+    "fenced": frozenset({PLANNED}),
+    "blob-pinned": _OPEN,
+    "blob-stored": _OPEN,
+    "manifest-published": _OPEN,
+    "acked": frozenset({PUBLISHED}),
+    "compensated": _OPEN,
+    "rejected": frozenset({PLANNED}),
+}
+
+
+class StepRow(msgspec.Struct, kw_only=True, gc=False):
+    """One row of the `steps` table: a step's current state (its latest attempt's)."""
+
+    step_id: str
+    run: str
+    workspace: str
+    state: str
+    attempt: int
+    epoch: int
+    rev: int
+    manifest_rev: int  # the latest manifest revision (-1: none ever published)
+    manifest_digest: str | None  # the live manifest's digest, None when not live
+    live: bool  # a live manifest: published and not compensated since (committed)
+    committed_bytes: int  # bytes the live manifest names
+    stored_bytes: int  # bytes stored by the latest attempt
+    first_seq: int
+    last_seq: int
+    updated_ns: int
+
+    COLUMNS: ClassVar[tuple[str, ...]] = (
+        "step_id", "run", "workspace", "state", "attempt", "epoch", "rev", "manifest_rev",
+        "manifest_digest", "live", "committed_bytes", "stored_bytes", "first_seq",
+        "last_seq", "updated_ns",
+    )
+
+    def as_tuple(self) -> tuple[object, ...]:
+        return (
+            self.step_id, self.run, self.workspace, self.state, self.attempt, self.epoch,
+            self.rev, self.manifest_rev, self.manifest_digest, int(self.live),
+            self.committed_bytes, self.stored_bytes, self.first_seq, self.last_seq,
+            self.updated_ns,
+        )
+
+    @classmethod
+    def from_tuple(cls, row: tuple[object, ...]) -> StepRow:
+        values = dict(zip(cls.COLUMNS, row, strict=True))
+        values["live"] = bool(values["live"])
+        return cls(**values)  # type: ignore[arg-type]
+
+    @property
+    def committed(self) -> bool:
+        return self.live
+
+
+SELECT_COLUMNS: Final = ", ".join(StepRow.COLUMNS)
+UPSERT_SQL: Final = (
+    f"INSERT OR REPLACE INTO steps({SELECT_COLUMNS}) VALUES ({', '.join('?' * 15)})"
+)
+
+
+def fold(row: StepRow | None, event: AnyEvent, seq: int, time_ns: int) -> StepRow | None:
+    """Apply one event to a step's row, in place; return the row (new for `planned`).
+
+    Raises IllegalTransition when the event does not follow from the row. Events that
+    are not step transitions leave the row alone and return it.
+    """
+    if not isinstance(event, StepEvent):
+        return row
+    if row is not None and seq <= row.last_seq:
+        return row  # already folded
+    kind = event.__struct_config__.tag
+    if isinstance(event, Planned):
+        expected = 1 if row is None else row.attempt + 1
+        if row is not None and row.state not in ENDED:
+            raise IllegalTransition(
+                event.step, event.attempt, kind,
+                f"attempt {row.attempt} is still {row.state}; a new attempt may start only"
+                " after the latest ended rejected or compensated",
+            )
+        if event.attempt != expected:
+            raise IllegalTransition(
+                event.step, event.attempt, kind, f"the next attempt is {expected}"
+            )
+        if row is None:
+            return StepRow(
+                step_id=event.step, run=event.run, workspace=event.workspace, state=PLANNED,
+                attempt=event.attempt, epoch=event.epoch, rev=event.rev, manifest_rev=-1,
+                manifest_digest=None, live=False, committed_bytes=0, stored_bytes=0,
+                first_seq=seq, last_seq=seq, updated_ns=time_ns,
+            )
+        row.run, row.workspace, row.state = event.run, event.workspace, PLANNED
+        row.attempt, row.epoch, row.rev, row.stored_bytes = event.attempt, event.epoch, event.rev, 0
+        row.last_seq, row.updated_ns = seq, time_ns
+        return row
+
+    if row is None:
+        raise IllegalTransition(event.step, event.attempt, kind, "the step was never planned")
+    if event.attempt != row.attempt:
+        raise IllegalTransition(
+            event.step, event.attempt, kind,
+            f"the latest attempt is {row.attempt} ({row.state})",
+        )
+    if row.state not in ALLOWED_AFTER[kind]:
+        raise IllegalTransition(
+            event.step, event.attempt, kind,
+            f"the attempt is {row.state}; {kind} may follow only "
+            + " or ".join(sorted(ALLOWED_AFTER[kind])),
+        )
+
+    if kind == "fenced":
+        row.state, row.rev = FENCED, event.rev  # type: ignore[union-attr]
+    elif isinstance(event, BlobStored):
+        row.stored_bytes += event.size
+        if row.state in IN_FLIGHT:
+            row.state = STORED
+    elif isinstance(event, ManifestPublished):
+        _check_publish(row, event)
+        row.state, row.manifest_rev, row.live = PUBLISHED, event.manifest_rev, True
+        row.manifest_digest = event.digest
+        row.committed_bytes = sum(e.size for e in event.writes) + sum(
+            e.size for e in event.artifacts
+        )
+    elif kind == "acked":
+        if event.manifest_rev != row.manifest_rev:  # type: ignore[union-attr]
+            raise IllegalTransition(
+                event.step, event.attempt, kind,
+                f"the live manifest is revision {row.manifest_rev}, not"
+                f" {event.manifest_rev}",  # type: ignore[union-attr]
+            )
+        row.state = ACKED
+    elif isinstance(event, Compensated):
+        row.state, row.live, row.manifest_digest, row.committed_bytes = COMPENSATED, False, None, 0
+        if event.rev:
+            row.rev = event.rev
+    elif kind == "rejected":
+        row.state = REJECTED
+    row.epoch = event.epoch or row.epoch
+    row.last_seq, row.updated_ns = seq, time_ns
+    return row
+
+
+def _check_publish(row: StepRow, event: ManifestPublished) -> None:
+    """The manifest compare-and-swap, as a lifecycle rule."""
+    why = None
+    if event.manifest_rev != row.manifest_rev + 1:
+        why = f"the next manifest revision is {row.manifest_rev + 1}"
+    elif event.expected_rev == -1 and row.live:
+        why = f"the step already has live manifest revision {row.manifest_rev}"
+    elif event.expected_rev != -1 and (not row.live or event.expected_rev != row.manifest_rev):
+        live = f"revision {row.manifest_rev}" if row.live else "none"
+        why = f"expected live revision {event.expected_rev}, the live one is {live}"
+    elif event.expected_rev != -1 and event.supersedes != row.manifest_digest:
+        why = "a supersede must name the digest of the manifest it replaces"
+    elif event.expected_rev == -1 and event.supersedes is not None:
+        why = "a create (expected -1) supersedes nothing"
+    if why:
+        raise IllegalTransition(event.step, event.attempt, "manifest-published", why)
+
+
+__all__ = [
+    "ACKED",
+    "ALLOWED_AFTER",
+    "COMPENSATED",
+    "ENDED",
+    "FENCED",
+    "IN_FLIGHT",
+    "PLANNED",
+    "PUBLISHED",
+    "REJECTED",
+    "STATES",
+    "STORED",
+    "StepRow",
+    "fold",
+]

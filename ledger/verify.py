@@ -1,0 +1,159 @@
+"""Verification: the hash chain, seq density, row integrity and projections.
+
+`verify` reads everything and writes nothing. It returns every finding, not just
+the first, so an operator sees the whole damage at once.
+
+A hash chain sees any edit, deletion, reordering or insertion, but not its own tail
+cut off or the whole file rolled back to an older genuine copy: for that the caller
+passes the head recorded elsewhere (`expect_head`, as printed by `stepledger head`),
+and verify proves the ledger still holds exactly that event at that seq.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import apsw
+import msgspec
+
+from .db import Database
+from .errors import InvalidInput
+from .events import EVENT_TYPES, chain_hash, decode, envelope, journal_key
+from .log import EventLog, Head
+from .projections import StepRow, checkpoint, fold_all, read_steps
+
+Progress = Callable[[int, int], None]
+
+
+class Finding(msgspec.Struct, frozen=True):
+    """One thing verify found wrong. `seq` is 0 when it concerns no single event."""
+
+    check: str  # "integrity", "chain", "seq", "row", "head", "projection"
+    seq: int
+    message: str
+
+
+class VerifyReport(msgspec.Struct, kw_only=True):
+    ok: bool
+    events: int
+    head_seq: int
+    head_hash: str
+    steps: int
+    projection_lag: int
+    findings: list[Finding]
+
+
+def verify(
+    db: Database,
+    log: EventLog,
+    *,
+    expect_head: Head | None = None,
+    progress: Progress | None = None,
+) -> VerifyReport:
+    findings: list[Finding] = []
+    with db.snapshot() as conn:
+        try:
+            quick = [r[0] for r in conn.execute("PRAGMA quick_check")]
+        except apsw.Error as exc:
+            quick = [str(exc)]
+        if quick != ["ok"]:
+            findings.extend(Finding("integrity", 0, f"SQLite quick_check: {m}") for m in quick[:20])
+
+        total = log.count()
+        prev = log.genesis
+        expected_seq = 1
+        matched_expected = expect_head is None or expect_head.seq == 0
+        done = 0
+        for row in log.rows(0):
+            (seq, time_ns, ws, run, step, attempt, epoch, rev, key, kind, v, payload,
+             prev_hash, digest) = row
+            done += 1
+            if progress is not None and done % 10_000 == 0:
+                progress(done, total)
+            if seq != expected_seq:
+                findings.append(Finding(
+                    "seq", seq, f"expected event #{expected_seq} next, found #{seq}:"
+                    f" {seq - expected_seq} event(s) missing or reordered",
+                ))
+            expected_seq = seq + 1
+            if bytes(prev_hash) != prev:
+                findings.append(Finding(
+                    "chain", seq, f"event #{seq} does not link to the event before it"
+                    " (deleted, inserted or reordered history)",
+                ))
+            try:
+                event = decode(payload, v)
+            except (msgspec.DecodeError, InvalidInput) as exc:
+                findings.append(Finding("row", seq, f"event #{seq} cannot be decoded: {exc}"))
+                prev = bytes(digest)
+                continue
+            env = envelope(event)
+            recomputed = chain_hash(bytes(prev_hash), seq, time_ns, env, key, kind, v, payload)
+            if recomputed != bytes(digest):
+                findings.append(Finding(
+                    "chain", seq, f"event #{seq} does not match its hash (its content,"
+                    " metadata or position was edited)",
+                ))
+            if (ws, run, step, attempt, epoch, rev) != (
+                env.workspace, env.run, env.step, env.attempt, env.epoch, env.rev
+            ) or EVENT_TYPES.get(kind) is not type(event):
+                findings.append(Finding(
+                    "row", seq, f"event #{seq}'s columns disagree with its payload",
+                ))
+            if key != journal_key(event):
+                findings.append(Finding(
+                    "row", seq, f"event #{seq}'s journal key {key} is not the one its event derives",
+                ))
+            prev = bytes(digest)
+            if expect_head is not None and seq == expect_head.seq:
+                matched_expected = bytes(digest) == expect_head.hash
+                if not matched_expected:
+                    findings.append(Finding(
+                        "head", seq, f"event #{seq} has hash {bytes(digest).hex()[:16]}…, not the"
+                        f" expected head {expect_head.hash.hex()[:16]}… (history was rewritten"
+                        " or rolled back)",
+                    ))
+        if progress is not None:
+            progress(done, total)
+        head = log.head()
+        if expect_head is not None and expect_head.seq > head.seq:
+            findings.append(Finding(
+                "head", 0, f"the ledger ends at event #{head.seq} but head #{expect_head.seq}"
+                " was recorded: its tail was cut off or the file was rolled back",
+            ))
+            matched_expected = False
+
+        cp = checkpoint(conn)
+        lag = max(0, head.seq - cp.last_seq)
+        fresh = fold_all(log)
+        current = {r.step_id: r for r in read_steps(db, log)}
+        findings.extend(_compare(fresh, current))
+    return VerifyReport(
+        ok=not findings,
+        events=total,
+        head_seq=head.seq,
+        head_hash=head.hash.hex(),
+        steps=len(fresh),
+        projection_lag=lag,
+        findings=findings,
+    )
+
+
+def _compare(fresh: dict[str, StepRow], current: dict[str, StepRow]) -> list[Finding]:
+    out = []
+    for step_id in sorted(fresh.keys() | current.keys()):
+        a, b = fresh.get(step_id), current.get(step_id)
+        if a != b:
+            if a is None or b is None:
+                what = "is missing from the projection" if b is None else "has no events"
+            else:
+                diffs = [
+                    f"{c}={getattr(b, c)!r} (rebuild: {getattr(a, c)!r})"
+                    for c in StepRow.COLUMNS if getattr(a, c) != getattr(b, c)
+                ]
+                what = "differs from a rebuild: " + ", ".join(diffs)
+            out.append(Finding("projection", 0, f"step {step_id!r} {what}"))
+    return out
+
+
+__all__ = ["Finding", "VerifyReport", "verify"]

@@ -11,7 +11,8 @@ from .db import BUSY_TIMEOUT_MS, Database, Synchronous
 from .errors import InvalidInput, UnknownStep
 from .events import KINDS, Event, RecordedEvent, check_step_id
 from .log import EventLog, Head
-from .projections import StepRow, StepsProjector, catch_up, read_steps, rebuild
+from .projections import StepRow, StepsProjector, catch_up, checkpoint, read_steps, rebuild
+from .projections.steps import VERSION as STEPS_VERSION
 from .verify import VerifyReport, verify
 
 Clock = Callable[[], int]
@@ -175,7 +176,19 @@ class Ledger:
         return events
 
     def count(self) -> int:
+        """How many events the log holds."""
         return self._log.count()
+
+    def projection_lag(self) -> int:
+        """How many events the projection tables have not folded yet (0 when caught up).
+
+        Only a read-only open of a file written by an older or interrupted version sees a
+        lag; read-write opens catch up first.
+        """
+        with self._db.snapshot() as conn:
+            cp = checkpoint(conn)
+            head = self._log.head().seq
+        return head if cp.version != STEPS_VERSION else max(0, head - cp.last_seq)
 
     # -- maintenance -----------------------------------------------------------------
 

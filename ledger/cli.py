@@ -425,7 +425,7 @@ def _export_event(row: dict[str, Any]) -> dict[str, Any]:
 
 
 def _write_rows(rows: Iterator[dict[str, Any]], fmt: str) -> None:
-    out = click.get_text_stream("stdout")
+    out = sys.stdout
     writer = None
     for row in rows:
         if fmt == "jsonl":

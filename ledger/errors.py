@@ -114,6 +114,33 @@ class CorruptLedger(LedgerError):
         self.path, self.why = path, why
 
 
+class BlobNotFound(LedgerError):
+    """A blob that should be stored is not there."""
+
+    exit_code = EXIT_NO
+
+    def __init__(self, digest: str, why: str = "") -> None:
+        super().__init__(
+            f"blob {digest[:12]}… is missing from the blob store{why and ': ' + why};"
+            " run 'stepledger audit' to list every missing blob, and re-store it"
+            " (replay the step) if you still have the bytes"
+        )
+        self.digest = digest
+
+
+class BlobCorrupt(LedgerError):
+    """A stored blob is not what its name says: wrong bytes, wrong size, or not a file."""
+
+    exit_code = EXIT_NO
+
+    def __init__(self, digest: str, why: str) -> None:
+        super().__init__(
+            f"blob {digest[:12]}… is corrupt ({why}); it is never served as valid —"
+            " replay the step that produced it, or run 'stepledger audit --deep'"
+        )
+        self.digest, self.why = digest, why
+
+
 class HeadMismatch(ProtocolRefused):
     def __init__(self, expected: str, why: str) -> None:
         super().__init__(
@@ -153,6 +180,8 @@ class StorageFailure(EnvironmentFailure):
 
 __all__ = [
     "EXIT_ENVIRONMENT",
+    "BlobCorrupt",
+    "BlobNotFound",
     "EXIT_NO",
     "EXIT_USAGE",
     "CorruptLedger",

@@ -1,0 +1,453 @@
+"""Content-addressed blob files, named by sha256, beside the ledger.
+
+Layout: ``<root>/<first two hex>/<digest>`` for blobs, ``<root>/tmp/`` for files
+being written. A put writes a temporary file (``O_CREAT|O_EXCL|O_NOFOLLOW``),
+fsyncs it, renames it into place and fsyncs the directory; only then is the blob
+durable and may a ledger event name it.
+
+Nothing here follows a symlink anywhere inside the store: ``O_NOFOLLOW`` guards only
+a path's last component, so every directory is opened one component at a time
+relative to its parent's descriptor (``dir_fd``). Names that are not 64 lowercase
+hex characters are refused before they touch a path. An existing file is never
+trusted on the dedup path: its bytes are re-hashed, and a planted file with the
+right name and wrong bytes is replaced. A file whose bytes do not hash to its name
+is corrupt (BlobCorrupt), never valid.
+
+Every file operation goes through `FileOps`, the fault-injection seam: tests make
+it fail with ENOSPC or EIO, and the chaos harness counts operations to kill the
+process at an exact one. This module knows nothing of the ledger.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import functools
+import hashlib
+import os
+import secrets
+import stat
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from typing import Final
+
+from .errors import BlobCorrupt, BlobNotFound, InvalidInput, StorageFailure
+from .events import check_digest
+
+TMP_DIR: Final = "tmp"
+TMP_SUFFIX: Final = ".tmp"
+CHUNK: Final = 1 << 20
+_DIR_FLAGS: Final = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+
+
+class FileOps:
+    """The file system calls the blob store makes; override to inject faults.
+
+    `on_op(name)` is called before each durable-relevant operation: ``write``,
+    ``fsync``, ``rename``, ``dirfsync``, ``unlink``, ``mkdir``.
+    """
+
+    def __init__(self, on_op: Callable[[str], None] | None = None) -> None:
+        self.on_op = on_op
+
+    def tick(self, name: str) -> None:
+        if self.on_op is not None:
+            self.on_op(name)
+
+    def write(self, fd: int, data: bytes | memoryview) -> int:
+        self.tick("write")
+        return os.write(fd, data)
+
+    def fsync(self, fd: int) -> None:
+        self.tick("fsync")
+        os.fsync(fd)
+
+    def dirfsync(self, fd: int) -> None:
+        self.tick("dirfsync")
+        os.fsync(fd)
+
+    def rename(self, src: str, dst: str, src_dir_fd: int, dst_dir_fd: int) -> None:
+        self.tick("rename")
+        os.rename(src, dst, src_dir_fd=src_dir_fd, dst_dir_fd=dst_dir_fd)
+
+    def unlink(self, name: str, dir_fd: int) -> None:
+        self.tick("unlink")
+        os.unlink(name, dir_fd=dir_fd)
+
+    def mkdir(self, name: str, dir_fd: int) -> None:
+        self.tick("mkdir")
+        os.mkdir(name, 0o755, dir_fd=dir_fd)
+
+
+@dataclass(frozen=True)
+class PutResult:
+    digest: str
+    size: int
+    deduped: bool  # an intact file was already there (it was freshened, not rewritten)
+    replaced: bool = False  # a file with this name and the wrong bytes was replaced
+
+
+@dataclass(frozen=True)
+class BlobFile:
+    digest: str
+    size: int
+    mtime_ns: int
+
+
+@dataclass(frozen=True)
+class TempFile:
+    name: str
+    size: int
+    mtime_ns: int
+
+
+def digest_of(data: bytes | memoryview) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+class BlobStore:
+    """Blob files under `root` (created on first put)."""
+
+    def __init__(self, root: str | os.PathLike[str], ops: FileOps | None = None) -> None:
+        # normalized: with a trailing "/" or "/." the kernel follows a symlinked root
+        # even under O_NOFOLLOW
+        self.root = os.path.normpath(os.fspath(root))
+        self.ops = ops or FileOps()
+        # Directories whose entry this instance has made durable. A directory left by a
+        # put that died between its mkdir and the parent's fsync is reused as it is, so
+        # the first writer to use one in a process fsyncs its parent again.
+        self._synced: set[str] = set()
+
+    # -- descriptors -------------------------------------------------------------------
+
+    def _open_root(self, create: bool) -> int | None:
+        for _ in range(2):
+            try:
+                return os.open(self.root, _DIR_FLAGS)
+            except FileNotFoundError:
+                if not create:
+                    return None
+                # created through the seam (ops.mkdir) like every other directory
+                parent, name = os.path.split(os.path.abspath(self.root))
+                parent_fd = os.open(parent, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+                try:
+                    with contextlib.suppress(FileExistsError):
+                        self.ops.mkdir(name, parent_fd)
+                        self.ops.dirfsync(parent_fd)
+                finally:
+                    os.close(parent_fd)
+            except OSError as exc:
+                if exc.errno not in (errno.ENOTDIR, errno.ELOOP):
+                    raise
+                raise BlobCorrupt("*", f"the blob store {self.root} is a symlink or not a directory") from None
+        raise StorageFailure(self.root, "cannot create the blob store directory")
+
+    def _open_dir(self, parent_fd: int, name: str, create: bool) -> int | None:
+        """Open `name` under `parent_fd` without following a symlink; maybe create it."""
+        for _ in range(2):
+            try:
+                fd = os.open(name, _DIR_FLAGS, dir_fd=parent_fd)
+                if create and name not in self._synced:
+                    self.ops.dirfsync(parent_fd)
+                    self._synced.add(name)
+                return fd
+            except FileNotFoundError:
+                if not create:
+                    return None
+                with contextlib.suppress(FileExistsError):
+                    self.ops.mkdir(name, parent_fd)
+                    self.ops.dirfsync(parent_fd)
+                    self._synced.add(name)
+            except OSError as exc:
+                if exc.errno in (errno.ENOTDIR, errno.ELOOP):
+                    raise BlobCorrupt(
+                        "*", f"{os.path.join(self.root, name)} is a symlink or not a directory;"
+                        " the blob store never follows links — remove it"
+                    ) from None
+                raise
+        raise StorageFailure(self.root, f"cannot create directory {name}")
+
+    @contextlib.contextmanager
+    def _dirs(self, digest: str, create: bool) -> Iterator[tuple[int, int] | None]:
+        """(root fd, fan-out fd) for a digest, or None when absent and not creating."""
+        root_fd = self._open_root(create)
+        if root_fd is None:
+            yield None
+            return
+        try:
+            fan_fd = self._open_dir(root_fd, digest[:2], create)
+            if fan_fd is None:
+                yield None
+                return
+            try:
+                yield root_fd, fan_fd
+            finally:
+                os.close(fan_fd)
+        finally:
+            os.close(root_fd)
+
+    # -- reading -----------------------------------------------------------------------
+
+    def size(self, digest: str) -> int | None:
+        """The stored file's size, re-stat'ed now (None: no such blob). Never cached."""
+        check_digest(digest)
+        with self._dirs(digest, create=False) as fds:
+            if fds is None:
+                return None
+            try:
+                st = os.stat(digest, dir_fd=fds[1], follow_symlinks=False)
+            except FileNotFoundError:
+                return None
+        if not stat.S_ISREG(st.st_mode):
+            raise BlobCorrupt(digest, "it is a symlink or not a regular file")
+        return st.st_size
+
+    def _open_blob(self, fan_fd: int, digest: str) -> int | None:
+        try:
+            # O_NONBLOCK: a planted FIFO must not block the open (no effect on regular files)
+            fd = os.open(
+                digest, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, dir_fd=fan_fd
+            )
+        except FileNotFoundError:
+            return None
+        except OSError as exc:
+            if exc.errno == errno.ELOOP:
+                raise BlobCorrupt(digest, "it is a symlink") from None
+            raise
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            os.close(fd)
+            raise BlobCorrupt(digest, "it is not a regular file")
+        return fd
+
+    def read(self, digest: str, *, size: int | None = None, verify: bool = True) -> bytes:
+        """The blob's bytes; its size checked against `size` and, by default, its hash."""
+        check_digest(digest)
+        with self._dirs(digest, create=False) as fds:
+            fd = None if fds is None else self._open_blob(fds[1], digest)
+            if fd is None:
+                raise BlobNotFound(digest)
+            try:
+                chunks = []
+                while chunk := os.read(fd, CHUNK):
+                    chunks.append(chunk)
+            finally:
+                os.close(fd)
+        data = b"".join(chunks)
+        if size is not None and len(data) != size:
+            raise BlobCorrupt(digest, f"it holds {len(data)} bytes, {size} were recorded")
+        if verify and digest_of(data) != digest:
+            raise BlobCorrupt(digest, "its bytes do not hash to its name")
+        return data
+
+    def check(self, digest: str) -> int:
+        """Re-hash a stored blob; return its size. BlobNotFound / BlobCorrupt otherwise."""
+        check_digest(digest)
+        with self._dirs(digest, create=False) as fds:
+            fd = None if fds is None else self._open_blob(fds[1], digest)
+            if fd is None:
+                raise BlobNotFound(digest)
+            try:
+                h, n = _hash_fd(fd)
+            finally:
+                os.close(fd)
+        if h != digest:
+            raise BlobCorrupt(digest, "its bytes do not hash to its name")
+        return n
+
+    # -- writing -----------------------------------------------------------------------
+
+    def put(self, data: bytes | memoryview, digest: str | None = None) -> PutResult:
+        """Store bytes durably (file fsynced, renamed, directory fsynced); dedup by content.
+
+        `digest`, when given, must be the bytes' sha256 (checked). An existing file is
+        re-hashed before it is trusted; if it is wrong it is replaced.
+        """
+        actual = digest_of(data)
+        if digest is not None and check_digest(digest) != actual:
+            raise InvalidInput(f"digest {digest} does not match the bytes given ({actual})")
+        digest = actual
+        try:
+            with self._dirs(digest, create=True) as fds:
+                assert fds is not None
+                root_fd, fan_fd = fds
+                replaced = False
+                try:
+                    fd = self._open_blob(fan_fd, digest)
+                except BlobCorrupt:
+                    st = os.stat(digest, dir_fd=fan_fd, follow_symlinks=False)
+                    if stat.S_ISDIR(st.st_mode):
+                        raise  # a rename cannot replace a directory: a human must look
+                    fd, replaced = None, True  # a symlink, a FIFO: replace the name
+                if fd is not None:
+                    try:
+                        h, n = _hash_fd(fd)
+                        if h == digest:
+                            os.utime(fd)  # freshen: a dedup hit is a new use
+                            # the put that wrote it may have died before its fsyncs:
+                            # make file and name durable before reporting success
+                            self.ops.fsync(fd)
+                            self.ops.dirfsync(fan_fd)
+                            return PutResult(digest, n, deduped=True)
+                    finally:
+                        os.close(fd)
+                    replaced = True
+                self._write_new(root_fd, fan_fd, digest, [data])
+                return PutResult(digest, len(data), deduped=False, replaced=replaced)
+        except OSError as exc:
+            raise _storage_error(self.root, exc) from exc
+
+    def put_file(self, path: str | os.PathLike[str]) -> PutResult:
+        """Store a file's bytes (read into memory once, then `put`)."""
+        with open(path, "rb") as f:
+            data = f.read()
+        return self.put(data)
+
+    def _write_new(self, root_fd: int, fan_fd: int, digest: str, chunks: list[bytes | memoryview]) -> None:
+        tmp_fd_dir = self._open_dir(root_fd, TMP_DIR, create=True)
+        assert tmp_fd_dir is not None
+        name = f"{digest}.{secrets.token_hex(6)}{TMP_SUFFIX}"
+        try:
+            fd = os.open(
+                name,
+                os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC,
+                0o444,
+                dir_fd=tmp_fd_dir,
+            )
+            try:
+                for chunk in chunks:
+                    view = memoryview(chunk)
+                    while view:
+                        written = self.ops.write(fd, view)
+                        view = view[written:]
+                self.ops.fsync(fd)
+            finally:
+                os.close(fd)
+            self.ops.rename(name, digest, tmp_fd_dir, fan_fd)
+            self.ops.dirfsync(fan_fd)
+        except BaseException:
+            with contextlib.suppress(OSError):
+                os.unlink(name, dir_fd=tmp_fd_dir)
+            raise
+        finally:
+            os.close(tmp_fd_dir)
+
+    def delete(self, digest: str) -> bool:
+        """Unlink a blob file and fsync its directory; False if it was not there."""
+        check_digest(digest)
+        with self._dirs(digest, create=False) as fds:
+            if fds is None:
+                return False
+            try:
+                self.ops.unlink(digest, fds[1])
+            except FileNotFoundError:
+                return False
+            self.ops.dirfsync(fds[1])
+            return True
+
+    def delete_temp(self, name: str) -> bool:
+        if "/" in name or "\x00" in name or not name.endswith(TMP_SUFFIX):
+            raise InvalidInput(f"{name!r} is not a blob-store temporary file name")
+        root_fd = self._open_root(create=False)
+        if root_fd is None:
+            return False
+        try:
+            tmp_fd = self._open_dir(root_fd, TMP_DIR, create=False)
+            if tmp_fd is None:
+                return False
+            try:
+                self.ops.unlink(name, tmp_fd)
+                self.ops.dirfsync(tmp_fd)
+                return True
+            except FileNotFoundError:
+                return False
+            finally:
+                os.close(tmp_fd)
+        finally:
+            os.close(root_fd)
+
+    # -- scanning ----------------------------------------------------------------------
+
+    def scan(self) -> Iterator[BlobFile]:
+        """Every blob file (lstat only, no hashing). Names that are not digests are skipped;
+        anything that is not a regular file raises BlobCorrupt."""
+        root_fd = self._open_root(create=False)
+        if root_fd is None:
+            return
+        try:
+            for entry in sorted(os.listdir(root_fd)):
+                if entry == TMP_DIR or len(entry) != 2:
+                    continue
+                fan_fd = self._open_dir(root_fd, entry, create=False)
+                if fan_fd is None:
+                    continue
+                try:
+                    for name in sorted(os.listdir(fan_fd)):
+                        if len(name) != 64 or not name.startswith(entry):
+                            continue
+                        try:
+                            check_digest(name)
+                        except InvalidInput:
+                            continue
+                        st = os.stat(name, dir_fd=fan_fd, follow_symlinks=False)
+                        if not stat.S_ISREG(st.st_mode):
+                            raise BlobCorrupt(name, "it is a symlink or not a regular file")
+                        yield BlobFile(name, st.st_size, st.st_mtime_ns)
+                finally:
+                    os.close(fan_fd)
+        finally:
+            os.close(root_fd)
+
+    def temp_files(self) -> Iterator[TempFile]:
+        """Leftovers of interrupted puts: never blobs, never read as blobs."""
+        root_fd = self._open_root(create=False)
+        if root_fd is None:
+            return
+        try:
+            tmp_fd = self._open_dir(root_fd, TMP_DIR, create=False)
+            if tmp_fd is None:
+                return
+            try:
+                for name in sorted(os.listdir(tmp_fd)):
+                    st = os.stat(name, dir_fd=tmp_fd, follow_symlinks=False)
+                    yield TempFile(name, st.st_size, st.st_mtime_ns)
+            finally:
+                os.close(tmp_fd)
+        finally:
+            os.close(root_fd)
+
+
+def _io_errors(method: Callable[..., object]) -> Callable[..., object]:
+    """Report an OS failure of a blob-store method as StorageFailure (exit code 3)."""
+
+    @functools.wraps(method)
+    def wrapper(self: BlobStore, *args: object, **kwargs: object) -> object:
+        try:
+            return method(self, *args, **kwargs)
+        except OSError as exc:
+            raise _storage_error(self.root, exc) from exc
+
+    return wrapper
+
+
+for _name in ("size", "read", "check", "delete", "delete_temp"):
+    setattr(BlobStore, _name, _io_errors(getattr(BlobStore, _name)))
+
+
+def _hash_fd(fd: int) -> tuple[str, int]:
+    h = hashlib.sha256()
+    n = 0
+    while chunk := os.read(fd, CHUNK):
+        h.update(chunk)
+        n += len(chunk)
+    return h.hexdigest(), n
+
+
+def _storage_error(root: str, exc: OSError) -> Exception:
+    if exc.errno == errno.ENOSPC:
+        return StorageFailure(root, "the disk holding the blob store is full (ENOSPC)")
+    if exc.errno == errno.EDQUOT:
+        return StorageFailure(root, "the disk quota for the blob store is exhausted (EDQUOT)")
+    return StorageFailure(root, f"{os.strerror(exc.errno or 0)} ({exc.filename or 'blob store'})")
+
+
+__all__ = ["BlobFile", "BlobStore", "FileOps", "PutResult", "TempFile", "digest_of"]

@@ -29,8 +29,8 @@ import msgspec
 
 from . import __version__
 from .db import _readonly_uri
-from .errors import EXIT_ENVIRONMENT, EXIT_NO, LedgerError
-from .events import KINDS, RecordedEvent, to_builtins
+from .errors import EXIT_ENVIRONMENT, EXIT_NO, IllegalTransition, LedgerError
+from .events import KINDS, Manifest, RecordedEvent, check_relpath, to_builtins
 from .ledger import DEFAULT_PATH, Ledger
 from .projections import StepRow
 from .projections.steps import STATES
@@ -438,6 +438,158 @@ def _write_rows(rows: Iterator[dict[str, Any]], fmt: str) -> None:
             {k: json.dumps(v) if isinstance(v, dict | list) else v for k, v in row.items()}
         )
     out.flush()
+
+
+@cli.group()
+def step() -> None:
+    """Drive one step's artifact protocol by hand (or from a harness in any language).
+
+    \b
+        stepledger step store build-7 out/report.xml logs/test.log
+        stepledger step publish build-7            # the commit point
+        stepledger step ack build-7
+    """
+
+
+def manifest_json(m: Manifest) -> dict[str, Any]:
+    return msgspec.to_builtins(m) | {"size": m.size}  # type: ignore[no-any-return]
+
+
+@step.command("store")
+@click.argument("step_id", metavar="STEP")
+@click.argument("files", nargs=-1, required=True, type=click.Path(dir_okay=False))
+@click.option("--run", default="", help="The run this step belongs to (when it starts).")
+@json_option
+@click.pass_context
+def step_store(ctx: click.Context, step_id: str, files: tuple[str, ...], run: str, as_json: bool) -> None:
+    """Store FILEs as the step's artifacts, durably, and print their digests.
+
+    Each artifact is named by its path as given (relative, e.g. out/report.xml). The
+    step's attempt is planned first if none is in flight; a committed step refuses.
+    Small files go inside the ledger, large ones into the blob store beside it.
+    """
+    for name in files:
+        check_relpath(os.path.normpath(name) if not os.path.isabs(name) else name, "artifact path")
+    contents = {}
+    for name in files:
+        with open(name, "rb") as f:
+            contents[os.path.normpath(name)] = f.read()
+    with _open(ctx, readonly=False) as ledger:
+        row = ledger.plan(step_id, run=run, artifacts=tuple(contents))
+        if row.live:
+            raise IllegalTransition(step_id, row.attempt, "blob-stored",
+                                    "the step is committed; publish a supersede to replace it")
+        stored = [ledger.store(step_id, row.attempt, p, data) for p, data in contents.items()]
+    if as_json:
+        _emit_json({"step": step_id, "attempt": row.attempt, "stored": [
+            {"path": e.path, "digest": e.digest, "size": e.size, "inline": e.inline} for e in stored
+        ]})
+        return
+    for e in stored:
+        where = "inline" if e.inline else "file"
+        click.echo(f"{e.digest}  {e.size:>10}  {where:<6}  {e.path}")
+
+
+@step.command("publish")
+@click.argument("step_id", metavar="STEP")
+@click.option("--expected-rev", type=click.IntRange(min=-1), default=-1, show_default=True,
+              help="-1 creates (a live manifest is returned unchanged); the live revision supersedes it.")
+@json_option
+@click.pass_context
+def step_publish(ctx: click.Context, step_id: str, expected_rev: int, as_json: bool) -> None:
+    """Publish the step's manifest: the commit point (a compare-and-swap).
+
+    Every blob the manifest names is re-checked inside the publishing transaction;
+    a missing one refuses the publish (exit 1) and nothing changes.
+    """
+    with _open(ctx, readonly=False) as ledger:
+        m = ledger.publish(step_id, expected_rev=expected_rev)
+    if as_json:
+        _emit_json(manifest_json(m))
+        return
+    click.echo(f"step {m.step}: manifest r{m.manifest_rev} {m.digest} ({m.size} bytes)")
+    for e in (*m.writes, *m.artifacts):
+        click.echo(f"  {e.digest}  {e.size:>10}  {e.path}")
+
+
+@step.command("ack")
+@click.argument("step_id", metavar="STEP")
+@json_option
+@click.pass_context
+def step_ack(ctx: click.Context, step_id: str, as_json: bool) -> None:
+    """Record that the client learned the step's result (a redelivery changes nothing)."""
+    with _open(ctx, readonly=False) as ledger:
+        r = ledger.ack(step_id)
+    if as_json:
+        _emit_json({"step": step_id, "seq": r.seq, "deduped": r.deduped})
+    else:
+        click.echo(f"step {step_id}: acked" + (" (already)" if r.deduped else ""))
+
+
+@cli.command()
+@json_option
+@click.pass_context
+def blobs(ctx: click.Context, as_json: bool) -> None:
+    """List stored blobs — inline rows and files — and who holds them. Read-only.
+
+    `referenced`: named by some manifest revision; `pinned`: an attempt may still use
+    it; neither: an orphan that GC may collect once it is older than the grace window.
+    """
+    with _open(ctx, readonly=True) as ledger:
+        rows = ledger.blob_list()
+    if as_json:
+        _emit_json(rows)
+        return
+    click.echo(f"{'DIGEST':<64}  {'SIZE':>10}  {'WHERE':<6}  STATUS")
+    for r in rows:
+        status = "referenced" if r["referenced"] else "pinned" if r["pinned"] else "orphan"
+        click.echo(f"{r['digest']}  {r['size']:>10}  {r['where']:<6}  {status}")
+    temps = [r for r in rows if r["where"] == "temp"]
+    if temps:
+        click.echo(f"{len(temps)} leftover temporary file(s)", err=True)
+
+
+@cli.command()
+@click.option("--artifacts", "n", type=click.IntRange(1, 50), default=5, show_default=True,
+              help="Artifacts in the step (alternating inline and file blobs).")
+@click.option("--wrong-order", is_flag=True, help="Run the broken protocol (manifest before blobs): must report violations.")
+@click.option("--dir", "workdir", type=click.Path(file_okay=False), help="Scratch directory (default: a temporary one on this disk).")
+@json_option
+def chaos(n: int, wrong_order: bool, workdir: str | None, as_json: bool) -> None:
+    """Kill a real process (SIGKILL) at every operation of a step; check, replay, check.
+
+    Every file write, fsync, rename, directory fsync, mkdir and SQLite COMMIT of one
+    N-artifact step is an operation. For each index k the step runs in a child that
+    kills itself before operation k; the ledger is reopened, the step classified
+    (committed / no-commit / VIOLATION), replayed under the same step id, and
+    classified again. Exit 1 if any violation was found.
+
+    \b
+        stepledger chaos --artifacts 5
+        stepledger chaos --wrong-order      # the negative control: violations > 0
+    """
+    from .chaos import run_chaos
+
+    update, finish = _progress("crash points")
+    try:
+        report = run_chaos(n, wrong_order=wrong_order, workdir=workdir, progress=update)
+    finally:
+        finish()
+    if as_json:
+        _emit_json(report.as_json())
+    else:
+        click.echo(f"{'INDEX':>5}  {'OPERATION':<10}  {'AFTER CRASH':<40}  AFTER REPLAY")
+        for r in report.rows:
+            click.echo(f"{r.index:>5}  {r.operation:<10}  {r.after_crash:<40}  {r.after_replay}")
+        order = "WRONG order (manifest before blobs)" if wrong_order else "correct order"
+        click.echo(
+            f"chaos: {report.artifacts} artifacts, {order}: {report.indices} crash points,"
+            f" {report.violations} violations after crash,"
+            f" {report.committed_after_replay}/{report.indices} committed after replay"
+            f" ({report.elapsed_s:.1f}s)"
+        )
+    if report.violations or report.violations_after_replay:
+        sys.exit(EXIT_NO)
 
 
 @cli.command()

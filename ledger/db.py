@@ -25,7 +25,7 @@ import os
 import struct
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from functools import cache
 from typing import Final, Literal
@@ -86,6 +86,10 @@ BEGIN SELECT RAISE(ABORT, 'stepledger events are append-only: UPDATE refused'); 
 CREATE TRIGGER events_no_delete BEFORE DELETE ON events
 BEGIN SELECT RAISE(ABORT, 'stepledger events are append-only: DELETE refused'); END;
 
+CREATE TRIGGER events_no_replace BEFORE INSERT ON events
+WHEN EXISTS (SELECT 1 FROM events WHERE seq = NEW.seq OR journal_key = NEW.journal_key)
+BEGIN SELECT RAISE(ABORT, 'stepledger events are append-only: REPLACE refused'); END;
+
 CREATE TABLE projection_checkpoint(
   name TEXT PRIMARY KEY,
   last_seq INTEGER NOT NULL,
@@ -111,6 +115,46 @@ CREATE TABLE steps(
 ) STRICT;
 
 CREATE INDEX steps_state ON steps(state);
+
+CREATE TABLE blob_data(
+  digest TEXT PRIMARY KEY,
+  size INTEGER NOT NULL,
+  data BLOB NOT NULL,
+  stored_ns INTEGER NOT NULL
+) STRICT;
+
+CREATE TABLE pins(
+  step TEXT NOT NULL,
+  attempt INTEGER NOT NULL,
+  digest TEXT NOT NULL,
+  role TEXT NOT NULL,
+  seq INTEGER NOT NULL,
+  PRIMARY KEY(step, attempt, digest)
+) STRICT, WITHOUT ROWID;
+
+CREATE INDEX pins_digest ON pins(digest);
+
+CREATE TABLE manifests(
+  step TEXT NOT NULL,
+  manifest_rev INTEGER NOT NULL,
+  attempt INTEGER NOT NULL,
+  digest TEXT NOT NULL,
+  supersedes TEXT,
+  seq INTEGER NOT NULL,
+  PRIMARY KEY(step, manifest_rev)
+) STRICT, WITHOUT ROWID;
+
+CREATE TABLE manifest_entries(
+  step TEXT NOT NULL,
+  manifest_rev INTEGER NOT NULL,
+  role TEXT NOT NULL,
+  path TEXT NOT NULL,
+  digest TEXT NOT NULL,
+  size INTEGER NOT NULL,
+  PRIMARY KEY(step, manifest_rev, role, path)
+) STRICT, WITHOUT ROWID;
+
+CREATE INDEX manifest_entries_digest ON manifest_entries(digest);
 """,
 }
 
@@ -236,6 +280,8 @@ class Database:
 
     def __init__(self, conn: apsw.Connection, path: str, version: int, readonly: bool) -> None:
         self.conn, self.path, self.version, self.readonly = conn, path, version, readonly
+        #: Called with "commit" just before each COMMIT (the chaos harness counts these).
+        self.on_op: Callable[[str], None] | None = None
 
     # -- opening -------------------------------------------------------------------
 
@@ -250,6 +296,7 @@ class Database:
         vfs: str | None = None,
     ) -> Database:
         """Open an existing ledger. Refused files are left byte-identical."""
+        synchronous = _check_sync(synchronous)
         read_header(path)
         try:
             conn = apsw.Connection(
@@ -315,16 +362,18 @@ class Database:
         """Create a ledger at `path`, or open the one already there.
 
         Returns the database and whether it was created. A file that exists and is not a
-        ledger is refused untouched; an empty file (a crash inside `init`) is initialized.
+        ledger is refused untouched; an empty file, or a SQLite file that never held a
+        schema (a crash inside `init`), is initialized.
         """
+        synchronous = _check_sync(synchronous)  # bad input writes nothing, not even a file
         try:
             if os.path.getsize(path) > 0 or os.path.exists(wal_path(path)):
                 return cls.open(path, synchronous=synchronous,
                                 busy_timeout_ms=busy_timeout_ms, vfs=vfs), False
         except FileNotFoundError:
             pass
-        except NotALedger as exc:
-            if not (os.path.getsize(path) == 0 and "empty" in exc.why):
+        except NotALedger:
+            if not _never_initialized(path):
                 raise
         parent = os.path.dirname(os.path.abspath(path))
         try:
@@ -399,6 +448,8 @@ class Database:
             raise translate(exc, self.path) from None
         try:
             yield conn
+            if self.on_op is not None:
+                self.on_op("commit")
             conn.execute("COMMIT")
         except BaseException as exc:
             if conn.in_transaction:
@@ -436,6 +487,30 @@ class Database:
 
     def close(self) -> None:
         self.conn.close()
+
+
+def _never_initialized(path: str) -> bool:
+    """Whether `path` is what a crash inside `init` leaves: an empty file, or a SQLite
+    header that never held a schema (schema cookie, user version and application id all
+    0: switching an empty file to WAL writes page 1 before any table exists), with no
+    ``-wal`` content. Plain I/O only."""
+    try:
+        with open(path, "rb") as f:
+            head = f.read(100)
+        wal_size = os.path.getsize(wal_path(path)) if os.path.exists(wal_path(path)) else 0
+    except OSError:
+        return False
+    if wal_size:
+        return False
+    if not head:
+        return True
+    return (
+        len(head) == 100
+        and head[:16] == SQLITE_MAGIC
+        and head[40:44] == bytes(4)  # schema cookie
+        and head[60:64] == bytes(4)  # user_version
+        and head[68:72] == bytes(4)  # application_id
+    )
 
 
 def _set_wal(conn: apsw.Connection, path: str) -> None:

@@ -8,7 +8,6 @@ the file afterwards. The report lists each check; the demo passes only if all ho
 
 from __future__ import annotations
 
-import hashlib
 import os
 import shutil
 import signal
@@ -21,31 +20,19 @@ from collections.abc import Callable
 from typing import Any
 
 from .errors import IdempotencyConflict, IllegalTransition
-from .events import Acked, BlobStored, ManifestEntry, ManifestPublished, Planned
+from .events import Acked, Planned
 from .ledger import Ledger
-from .log import Head
+from .steps import run_step
 
 Echo = Callable[[str], None] | None
 
 
-def _digest(data: bytes) -> str:
-    return hashlib.sha256(data).hexdigest()
-
-
-def step_events(step: str, attempt: int, outputs: dict[str, bytes], run: str = "demo-run") -> list[Any]:
-    """The artifact protocol of one step as events: plan, store each output, publish, ack."""
-    entries = tuple(
-        ManifestEntry(path=p, digest=_digest(b), size=len(b)) for p, b in sorted(outputs.items())
-    )
-    manifest = _digest(b"".join(f"{e.path}\0{e.digest}\0{e.size}\n".encode() for e in entries))
-    return [
-        Planned(step=step, attempt=attempt, run=run, artifacts=tuple(sorted(outputs))),
-        *(BlobStored(step=step, attempt=attempt, run=run, digest=e.digest, size=e.size, path=e.path)
-          for e in entries),
-        ManifestPublished(step=step, attempt=attempt, run=run, manifest_rev=0, digest=manifest,
-                          artifacts=entries),
-        Acked(step=step, attempt=attempt, run=run, manifest_rev=0),
-    ]
+def outputs_for(i: int) -> dict[str, bytes]:
+    """Step i's artifacts: a small report (inline) and, every fifth step, a large log (a file)."""
+    out = {f"out/{i}.txt": f"step {i} output\n".encode() * (i + 1)}
+    if i % 5 == 0:
+        out[f"logs/{i}.log"] = (f"step {i} log line\n".encode()) * 8000  # ~140 KiB
+    return out
 
 
 _CHILD = textwrap.dedent(
@@ -53,11 +40,9 @@ _CHILD = textwrap.dedent(
     import os, signal, sys
     sys.path.insert(0, {root!r})
     from ledger import Ledger
-    from ledger.demo import step_events
-    events = step_events("s-crash", 1, {{"report.txt": b"crash-test output"}})
     with Ledger.open({path!r}) as ledger:
-        for event in events[:2]:          # planned, blob-stored: durable
-            ledger.append(event)
+        row = ledger.plan("s-crash", run="demo-run", artifacts=["report.txt"])
+        ledger.store("s-crash", row.attempt, "report.txt", b"crash-test output")  # durable
         os.kill(os.getpid(), signal.SIGKILL)   # dies before publishing
     """
 )
@@ -80,23 +65,25 @@ def run_demo(keep: str | None = None, echo: Echo = print) -> dict[str, Any]:
 
     say(f"stepledger demo: ledger {path}")
     with Ledger.init(path) as ledger:
-        say("1. an agent commits 20 steps (plan -> store outputs -> publish -> ack)")
+        say("1. an agent commits 20 steps (plan -> pin -> durable blobs -> publish -> ack)")
         for i in range(20):
-            outputs = {f"out/{i}.txt": f"step {i} output\n".encode() * (i + 1)}
-            ledger.append_batch(step_events(f"s-{i:02d}", 1, outputs))
+            run_step(ledger, f"s-{i:02d}", outputs_for(i), run="demo-run")
             counts["steps_started"] += 1
         check("20 steps committed", sum(r.live for r in ledger.steps()) == 20)
+        check("every committed step's blobs are intact",
+              all(ledger.classify(f"s-{i:02d}") == "committed" for i in range(20)))
 
-        say("2. a lost ack: the harness redelivers step s-03's events")
+        say("2. a lost ack: the harness redelivers step s-03 (with byte-different output)")
         before = ledger.head()
-        again = ledger.append_batch(step_events("s-03", 1, {"out/3.txt": b"step 3 output\n" * 4}))
-        counts["deduped"] += sum(r.deduped for r in again)
-        check("redelivery returns the first result and writes nothing",
-              all(r.deduped for r in again) and ledger.head() == before)
+        first = ledger.manifest("s-03")
+        again = run_step(ledger, "s-03", {"out/3.txt": b"different bytes, same meaning"})
+        counts["deduped"] += 1
+        check("redelivery returns the first manifest and writes nothing",
+              not again.ran and again.manifest == first and ledger.head() == before)
 
-        say("3. a buggy retry sends different bytes under the same journal key")
+        say("3. a buggy retry sends a different plan under the same journal key")
         try:
-            ledger.append_batch(step_events("s-04", 1, {"out/4.txt": b"something else"}))
+            ledger.append(Planned(step="s-04", attempt=1, run="demo-run", artifacts=("other",)))
             check("conflicting payload refused", False)
         except IdempotencyConflict as exc:
             counts["refused"] += 1
@@ -128,11 +115,10 @@ def run_demo(keep: str | None = None, echo: Echo = print) -> dict[str, Any]:
         check("the dead worker's step is recorded but not committed",
               crashed.state == "blob-stored" and not crashed.live)
         say("   a fresh worker replays s-crash with the same step id (same attempt)")
-        replay = ledger.append_batch(step_events("s-crash", 1, {"report.txt": b"crash-test output"}))
-        counts["deduped"] += sum(r.deduped for r in replay)
-        check("replay continues the attempt: 2 deduped, publish+ack new",
-              [r.deduped for r in replay] == [True, True, False, False])
-        check("s-crash committed after replay", ledger.step("s-crash").live)
+        replay = run_step(ledger, "s-crash", {"report.txt": b"crash-test output"}, run="demo-run")
+        counts["deduped"] += 1
+        check("replay continues attempt 1 and commits it",
+              replay.ran and replay.attempt == 1 and ledger.classify("s-crash") == "committed")
 
         say("6. projections are rebuilt from the events and compared")
         inline = ledger.steps()
@@ -147,7 +133,8 @@ def run_demo(keep: str | None = None, echo: Echo = print) -> dict[str, Any]:
     say("7. someone restores an older copy of the ledger (the tail is cut off)")
     old = os.path.join(root, "rolled-back.db")
     _copy_prefix(path, old, head.seq - 2)
-    with Ledger.open(old, readonly=True) as rolled:
+    blob_root = os.path.join(os.path.dirname(path), "blobs")
+    with Ledger.open(old, readonly=True, blob_root=blob_root) as rolled:
         plain = rolled.verify()
         anchored = rolled.verify(expect_head=head)
     check("the chain alone cannot see a cut-off tail", plain.ok)
@@ -200,4 +187,4 @@ def _copy_prefix(src: str, dst: str, last_seq: int) -> None:
         ledger.rebuild()
 
 
-__all__ = ["run_demo", "step_events", "Head"]
+__all__ = ["outputs_for", "run_demo"]

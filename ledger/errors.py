@@ -141,6 +141,19 @@ class BlobCorrupt(LedgerError):
         self.digest, self.why = digest, why
 
 
+class ManifestConflict(ProtocolRefused):
+    """The manifest compare-and-swap failed: the live revision is not the expected one."""
+
+    def __init__(self, step: str, expected: int, live: int | None) -> None:
+        have = "no live manifest" if live is None else f"live revision {live}"
+        super().__init__(
+            f"step {step!r}: expected manifest revision {expected} but the step has {have};"
+            f" re-read it with 'stepledger show {step}' and retry with --expected-rev"
+            f" {-1 if live is None else live}"
+        )
+        self.step, self.expected, self.live = step, expected, live
+
+
 class HeadMismatch(ProtocolRefused):
     def __init__(self, expected: str, why: str) -> None:
         super().__init__(
@@ -189,6 +202,7 @@ __all__ = [
     "HeadMismatch",
     "IdempotencyConflict",
     "IllegalTransition",
+    "ManifestConflict",
     "InvalidInput",
     "LedgerBusy",
     "LedgerError",

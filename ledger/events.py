@@ -34,7 +34,7 @@ _NO_CONTROL = r"^[^\x00-\x1f\x7f]*\Z"
 # decoder so that events built in Python are held to the same rules.
 StepId = Annotated[str, Meta(min_length=1, max_length=STEP_ID_MAX, pattern=_NO_CONTROL)]
 Name = Annotated[str, Meta(max_length=STEP_ID_MAX, pattern=_NO_CONTROL)]
-Digest = Annotated[str, Meta(pattern=r"^[0-9a-f]{64}$")]
+Digest = Annotated[str, Meta(pattern=r"^[0-9a-f]{64}\Z")]  # \Z: "$" would accept a trailing "\n"
 Text = Annotated[str, Meta(max_length=TEXT_MAX)]
 Attempt = Annotated[int, Meta(ge=1)]
 NonNegative = Annotated[int, Meta(ge=0)]
@@ -426,6 +426,44 @@ class RecordedEvent(Struct, frozen=True, kw_only=True):
         return getattr(self.event, "attempt", 0)
 
 
+class Manifest(Struct, frozen=True, kw_only=True):
+    """A step's commit record, as published: what a reader of a committed step gets."""
+
+    step: str
+    manifest_rev: int
+    attempt: int
+    digest: str
+    supersedes: str | None = None
+    writes: tuple[ManifestEntry, ...] = ()
+    artifacts: tuple[ManifestEntry, ...] = ()
+    seq: int = 0
+    live: bool = True
+
+    @classmethod
+    def from_event(cls, event: ManifestPublished, seq: int, live: bool) -> Manifest:
+        return cls(
+            step=event.step, manifest_rev=event.manifest_rev, attempt=event.attempt,
+            digest=event.digest, supersedes=event.supersedes, writes=event.writes,
+            artifacts=event.artifacts, seq=seq, live=live,
+        )
+
+    @property
+    def size(self) -> int:
+        return sum(e.size for e in self.writes) + sum(e.size for e in self.artifacts)
+
+
+def manifest_digest(
+    step: str, writes: tuple[ManifestEntry, ...], artifacts: tuple[ManifestEntry, ...]
+) -> str:
+    """sha256 of a manifest's canonical content (the step and every entry, sorted)."""
+    body = _chain_encoder.encode((
+        "stepledger/manifest/v1", step,
+        sorted((e.path, e.digest, e.size) for e in writes),
+        sorted((e.path, e.digest, e.size) for e in artifacts),
+    ))
+    return hashlib.sha256(body).hexdigest()
+
+
 def to_builtins(event: Event) -> dict[str, Any]:
     """The event as plain JSON-ready data (its `kind` included)."""
     out: dict[str, Any] = msgspec.to_builtins(event)
@@ -450,6 +488,7 @@ __all__ = [
     "LeaseAcquired",
     "LeaseReleased",
     "LeaseRenewed",
+    "Manifest",
     "ManifestEntry",
     "ManifestPublished",
     "Planned",
@@ -470,6 +509,7 @@ __all__ = [
     "genesis_hash",
     "journal_key",
     "kind_of",
+    "manifest_digest",
     "to_builtins",
     "validate",
 ]

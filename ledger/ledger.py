@@ -4,14 +4,51 @@ from __future__ import annotations
 
 import os
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from types import TracebackType
+from typing import Any
 
+import apsw
+
+from .blobs import BlobStore, FileOps, digest_of
 from .db import BUSY_TIMEOUT_MS, Database, Synchronous
-from .errors import InvalidInput, UnknownStep
-from .events import KINDS, Event, RecordedEvent, check_step_id
+from .errors import (
+    BlobCorrupt,
+    BlobNotFound,
+    IllegalTransition,
+    InvalidInput,
+    ManifestConflict,
+    UnknownStep,
+)
+from .events import (
+    KINDS,
+    Acked,
+    BlobPinned,
+    BlobStored,
+    Compensated,
+    Event,
+    Manifest,
+    ManifestEntry,
+    ManifestPublished,
+    Planned,
+    RecordedEvent,
+    check_digest,
+    check_relpath,
+    check_step_id,
+    decode,
+    manifest_digest,
+)
 from .log import EventLog, Head
-from .projections import StepRow, StepsProjector, catch_up, checkpoint, read_steps, rebuild
+from .projections import (
+    StepRow,
+    StepsProjector,
+    catch_up,
+    checkpoint,
+    read_refs,
+    read_steps,
+    rebuild,
+)
+from .projections.steps import ENDED
 from .projections.steps import VERSION as STEPS_VERSION
 from .verify import VerifyReport, verify
 
@@ -19,6 +56,11 @@ Clock = Callable[[], int]
 Progress = Callable[[int, int], None]
 
 DEFAULT_PATH = os.path.join(".stepledger", "ledger.db")
+#: Artifacts up to this size live inside the ledger file, written in the transaction
+#: that records `blob-stored` (one WAL fsync instead of a file create + 2 fsyncs).
+INLINE_MAX_DEFAULT = 64 * 1024
+#: Blobs up to this size are re-hashed (not only re-stat'ed) before a publish commits.
+HASH_CHECK_MAX_DEFAULT = 1 << 20
 
 
 class Ledger:
@@ -32,12 +74,31 @@ class Ledger:
     (`clock` returns Unix nanoseconds), never read in leaf code.
     """
 
-    def __init__(self, db: Database, clock: Clock, created: bool = False) -> None:
+    INLINE_MAX_DEFAULT = INLINE_MAX_DEFAULT
+
+    def __init__(
+        self,
+        db: Database,
+        clock: Clock,
+        created: bool = False,
+        *,
+        blob_root: str | os.PathLike[str] | None = None,
+        inline_max_bytes: int = INLINE_MAX_DEFAULT,
+        hash_check_max_bytes: int = HASH_CHECK_MAX_DEFAULT,
+        on_op: Callable[[str], None] | None = None,
+    ) -> None:
+        if inline_max_bytes < 0 or hash_check_max_bytes < 0:
+            raise InvalidInput("inline_max_bytes and hash_check_max_bytes must be >= 0")
         self._db = db
         self.clock = clock
         self.created = created
+        self.inline_max_bytes = inline_max_bytes
+        self.hash_check_max_bytes = hash_check_max_bytes
         self._steps = StepsProjector()
         self._log = EventLog(db, clock, None if db.readonly else self._steps)
+        db.on_op = on_op
+        root = blob_root if blob_root is not None else os.path.join(os.path.dirname(db.path), "blobs")
+        self.blobs = BlobStore(root, FileOps(on_op))
 
     # -- opening ---------------------------------------------------------------------
 
@@ -51,16 +112,23 @@ class Ledger:
         synchronous: Synchronous = "FULL",
         busy_timeout_ms: int = BUSY_TIMEOUT_MS,
         vfs: str | None = None,
+        **options: Any,
     ) -> Ledger:
         """Open an existing ledger; refused files (not a ledger, newer, damaged) stay untouched.
 
-        A read-write open brings lagging projections up to the log first.
+        A read-write open brings lagging projections up to the log first. `options`:
+        `blob_root` (default ``<ledger dir>/blobs``), `inline_max_bytes`,
+        `hash_check_max_bytes`, `on_op` (a hook called before each durable operation).
         """
         db = Database.open(
             os.fspath(path), readonly=readonly, synchronous=synchronous,
             busy_timeout_ms=busy_timeout_ms, vfs=vfs,
         )
-        ledger = cls(db, clock or time.time_ns)
+        try:
+            ledger = cls(db, clock or time.time_ns, **options)
+        except BaseException:
+            db.close()
+            raise
         if not readonly:
             try:
                 catch_up(db, ledger._log)
@@ -78,15 +146,20 @@ class Ledger:
         synchronous: Synchronous = "FULL",
         busy_timeout_ms: int = BUSY_TIMEOUT_MS,
         vfs: str | None = None,
+        **options: Any,
     ) -> Ledger:
         """Create a ledger (parent directories included), or open the one already there.
 
-        `ledger.created` tells which happened.
+        `ledger.created` tells which happened. `options` as for `open`.
         """
         db, created = Database.create(
             os.fspath(path), synchronous=synchronous, busy_timeout_ms=busy_timeout_ms, vfs=vfs
         )
-        ledger = cls(db, clock or time.time_ns, created)
+        try:
+            ledger = cls(db, clock or time.time_ns, created, **options)
+        except BaseException:
+            db.close()
+            raise
         if not created:
             catch_up(db, ledger._log)
         return ledger
@@ -126,11 +199,278 @@ class Ledger:
         recorded with the same event (nothing was written). Raises
         IdempotencyConflict, IllegalTransition or InvalidInput, writing nothing.
         """
-        return self._log.append([event])[0]
+        return self._log.append([event], guard=self._guard)[0]
 
     def append_batch(self, events: Sequence[Event]) -> list[RecordedEvent]:
-        """Append many events in one transaction: all of them are written, or none."""
-        return self._log.append(list(events))
+        """Append many events in one transaction: all of them are written, or none.
+
+        Like `append`, a `blob-stored` or `manifest-published` event is accepted only if
+        every blob it names is present with its size (publishing before the content is
+        durable is impossible through this API).
+        """
+        return self._log.append(list(events), guard=self._guard)
+
+    # -- blobs -----------------------------------------------------------------------
+
+    def _blob_size(self, conn: apsw.Connection, digest: str) -> tuple[int, bool] | None:
+        """(size, inline) of a stored blob, looked up now — never cached across calls."""
+        row = conn.execute("SELECT size FROM blob_data WHERE digest = ?", (digest,)).fetchone()
+        if row is not None:
+            return int(row[0]), True
+        size = self.blobs.size(digest)
+        return None if size is None else (size, False)
+
+    def _check_blob(self, conn: apsw.Connection, digest: str, size: int, *, deep: bool) -> None:
+        """Raise BlobNotFound / BlobCorrupt unless the blob is present with `size` bytes
+        (and, when `deep` or small enough, hashes to its name)."""
+        row = conn.execute("SELECT size, data FROM blob_data WHERE digest = ?", (digest,)).fetchone()
+        if row is not None:
+            if row[0] != size or len(row[1]) != size:
+                raise BlobCorrupt(digest, f"the inline row holds {len(row[1])} bytes, {size} recorded")
+            if digest_of(row[1]) != digest:
+                raise BlobCorrupt(digest, "the inline row's bytes do not hash to its name")
+            return
+        found = self.blobs.size(digest)
+        if found is None:
+            raise BlobNotFound(digest)
+        if found != size:
+            raise BlobCorrupt(digest, f"the file holds {found} bytes, {size} were recorded")
+        if deep or size <= self.hash_check_max_bytes:
+            self.blobs.check(digest)
+
+    def _guard(self, conn: apsw.Connection, event: Event) -> None:
+        """Inside the append transaction: refuse events naming blobs that are not durable."""
+        if isinstance(event, BlobStored):
+            found = self._blob_size(conn, event.digest)
+            if found is None:
+                raise BlobNotFound(event.digest, "store the bytes before recording blob-stored")
+            if found != (event.size, event.inline):
+                where = "inline" if found[1] else "a file"
+                raise BlobCorrupt(event.digest, f"it is stored as {where} of {found[0]} bytes,"
+                                  f" the event says {event.size}")
+        elif isinstance(event, ManifestPublished):
+            for entry in (*event.writes, *event.artifacts):
+                self._check_blob(conn, entry.digest, entry.size, deep=False)
+
+    def read_blob(self, digest: str, *, size: int | None = None, verify: bool = True) -> bytes:
+        """A blob's bytes (inline row or file), checked against `size` and its hash."""
+        check_digest(digest)
+        with self._db.snapshot() as conn:
+            row = conn.execute("SELECT data FROM blob_data WHERE digest = ?", (digest,)).fetchone()
+        if row is None:
+            return self.blobs.read(digest, size=size, verify=verify)
+        data = bytes(row[0])
+        if size is not None and len(data) != size:
+            raise BlobCorrupt(digest, f"the inline row holds {len(data)} bytes, {size} recorded")
+        if verify and digest_of(data) != digest:
+            raise BlobCorrupt(digest, "the inline row's bytes do not hash to its name")
+        return data
+
+    def check_blob(self, digest: str, size: int, *, deep: bool = True) -> None:
+        """Raise BlobNotFound / BlobCorrupt unless the blob is intact (re-hashed if `deep`)."""
+        check_digest(digest)
+        with self._db.snapshot() as conn:
+            self._check_blob(conn, digest, size, deep=deep)
+
+    def blob_list(self) -> list[dict[str, Any]]:
+        """Every stored blob (inline rows, files) and leftover temporary file, with its
+        holders: `referenced` (named by some manifest revision) and `pinned`. Read-only."""
+        refs = read_refs(self._db, self._log)
+        referenced = {e[4] for e in refs.entries}
+        pinned = {d for (_s, _a, d) in refs.pins}
+        out: list[dict[str, Any]] = []
+        with self._db.snapshot() as conn:
+            for digest, size, stored_ns in conn.execute(
+                "SELECT digest, size, stored_ns FROM blob_data ORDER BY digest"
+            ):
+                out.append({"digest": digest, "size": size, "where": "inline",
+                            "mtime_ns": stored_ns, "referenced": digest in referenced,
+                            "pinned": digest in pinned})
+        for f in self.blobs.scan():
+            out.append({"digest": f.digest, "size": f.size, "where": "file",
+                        "mtime_ns": f.mtime_ns, "referenced": f.digest in referenced,
+                        "pinned": f.digest in pinned})
+        for t in self.blobs.temp_files():
+            out.append({"digest": None, "name": t.name, "size": t.size, "where": "temp",
+                        "mtime_ns": t.mtime_ns, "referenced": False, "pinned": False})
+        return out
+
+    # -- the artifact protocol ---------------------------------------------------------
+
+    def find_step(self, step_id: str) -> StepRow | None:
+        """A step's current state, or None if it has no events."""
+        check_step_id(step_id)
+        rows = read_steps(self._db, self._log, step_id=step_id)
+        return rows[0] if rows else None
+
+    def plan(
+        self,
+        step: str,
+        *,
+        run: str = "",
+        artifacts: Sequence[str] = (),
+        workspace: str = "",
+        epoch: int = 0,
+    ) -> StepRow:
+        """Start the step's next attempt, or return the one in flight.
+
+        A committed step (live manifest) is returned as it is: nothing runs again. An
+        attempt still in flight is returned to be continued (a replay after a crash).
+        Otherwise — no attempt yet, or the latest ended rejected or compensated — a new
+        attempt is planned (a durable `planned` event, before any write).
+        """
+        row = self.find_step(step)
+        if row is not None and (row.live or row.state not in ENDED):
+            return row
+        attempt = 1 if row is None else row.attempt + 1
+        event = Planned(step=step, attempt=attempt, run=run, workspace=workspace,
+                        epoch=epoch, artifacts=tuple(sorted(set(artifacts))))
+        try:
+            self.append(event)
+        except IllegalTransition:
+            pass  # a concurrent planner won: its attempt is the one in flight
+        return self.step(step)
+
+    def _attempt(self, step: str, attempt: int | None) -> tuple[StepRow, int]:
+        row = self.step(step)
+        attempt = row.attempt if attempt is None else attempt
+        return row, attempt
+
+    def pin(self, step: str, attempt: int, digest: str, role: str = "artifact") -> RecordedEvent:
+        """Record, in its own committed transaction, that the attempt will use this blob.
+
+        Taken before the blob is written or deduplicated, so GC never collects it.
+        """
+        return self.append(BlobPinned(step=step, attempt=attempt, digest=digest, role=role))  # type: ignore[arg-type]
+
+    def store(self, step: str, attempt: int, path: str, data: bytes) -> BlobStored:
+        """Store one artifact of an attempt: pin, durable bytes, then `blob-stored`.
+
+        Bytes up to `inline_max_bytes` go into the ledger file in the very transaction
+        that records `blob-stored`; larger ones are written as a blob file (fsynced,
+        renamed, directory fsynced) before it. Identical content is stored once.
+        """
+        check_relpath(path, "artifact path")
+        row = self.step(step)
+        digest = digest_of(data)
+        inline = len(data) <= self.inline_max_bytes
+        event = BlobStored(step=step, attempt=attempt, run=row.run, workspace=row.workspace,
+                           epoch=row.epoch, digest=digest, size=len(data), path=path,
+                           inline=inline)
+        self.append(BlobPinned(step=step, attempt=attempt, run=row.run, workspace=row.workspace,
+                               epoch=row.epoch, digest=digest))
+        if inline:
+            now = self.clock()
+
+            def write_row(conn: apsw.Connection) -> None:
+                found = conn.execute(
+                    "SELECT data FROM blob_data WHERE digest = ?", (digest,)
+                ).fetchone()
+                if found is not None and bytes(found[0]) == data:
+                    conn.execute("UPDATE blob_data SET stored_ns = ? WHERE digest = ?", (now, digest))
+                else:  # absent, or a damaged row: (re)write it
+                    conn.execute(
+                        "INSERT OR REPLACE INTO blob_data(digest, size, data, stored_ns)"
+                        " VALUES (?,?,?,?)", (digest, len(data), data, now),
+                    )
+
+            self._log.append([event], before=write_row, guard=self._guard)
+        else:
+            self.blobs.put(data, digest)
+            self.append(event)
+        return event
+
+    def manifest(self, step: str, manifest_rev: int | None = None) -> Manifest | None:
+        """The step's live manifest (or revision `manifest_rev`, live or not); None if none."""
+        row = self.find_step(step)
+        if row is None or row.manifest_rev < 0:
+            return None
+        want = row.manifest_rev if manifest_rev is None else manifest_rev
+        if manifest_rev is None and not row.live:
+            return None
+        for recorded in self._log.read(step=step, kind="manifest-published"):
+            event = recorded.event
+            assert isinstance(event, ManifestPublished)
+            if event.manifest_rev == want:
+                live = row.live and want == row.manifest_rev
+                return Manifest.from_event(event, recorded.seq, live)
+        return None
+
+    def _stored_artifacts(self, step: str, attempt: int) -> tuple[tuple[str, ...], tuple[ManifestEntry, ...]]:
+        """The attempt's declared artifacts and, per path, its latest stored blob."""
+        declared: tuple[str, ...] = ()
+        latest: dict[str, ManifestEntry] = {}
+        for recorded in self._log.read(step=step):
+            event = recorded.event
+            if getattr(event, "attempt", None) != attempt:
+                continue
+            if isinstance(event, Planned):
+                declared = event.artifacts
+            elif isinstance(event, BlobStored) and event.path is not None:
+                latest[event.path] = ManifestEntry(path=event.path, digest=event.digest, size=event.size)
+        return declared, tuple(latest[p] for p in sorted(latest))
+
+    def publish(self, step: str, attempt: int | None = None, *, expected_rev: int = -1) -> Manifest:
+        """Publish the attempt's manifest: the commit point, a compare-and-swap.
+
+        `expected_rev=-1` creates: when the step already has a live manifest, that one is
+        returned unchanged (the first to land wins). `expected_rev=k` supersedes live
+        revision k (ManifestConflict otherwise), recording both digests. The manifest
+        names, per path, the latest blob the attempt stored; inside the publishing
+        transaction every one is re-stat'ed (and small ones re-hashed): a missing blob
+        raises BlobNotFound and nothing is published.
+        """
+        if expected_rev < -1:
+            raise InvalidInput(f"expected_rev {expected_rev} must be -1 (create) or a revision >= 0")
+        row, attempt = self._attempt(step, attempt)
+        if expected_rev == -1 and row.live:
+            manifest = self.manifest(step)
+            assert manifest is not None
+            return manifest
+        if expected_rev != -1 and (not row.live or row.manifest_rev != expected_rev):
+            raise ManifestConflict(step, expected_rev, row.manifest_rev if row.live else None)
+        declared, artifacts = self._stored_artifacts(step, attempt)
+        missing = sorted(set(declared) - {e.path for e in artifacts})
+        if missing:
+            raise IllegalTransition(step, attempt, "manifest-published",
+                                    f"declared artifacts were never stored: {', '.join(missing)}")
+        event = ManifestPublished(
+            step=step, attempt=attempt, run=row.run, workspace=row.workspace, epoch=row.epoch,
+            manifest_rev=row.manifest_rev + 1, expected_rev=expected_rev,
+            digest=manifest_digest(step, (), artifacts),
+            supersedes=row.manifest_digest if expected_rev != -1 else None,
+            artifacts=artifacts,
+        )
+        try:
+            recorded = self.append(event)
+        except IllegalTransition:
+            # A concurrent publisher landed first: the first to land wins for a create;
+            # a supersede against a revision that moved is a conflict.
+            now = self.step(step)
+            if expected_rev == -1 and now.live:
+                manifest = self.manifest(step)
+                assert manifest is not None
+                return manifest
+            if expected_rev != -1:
+                raise ManifestConflict(step, expected_rev, now.manifest_rev if now.live else None) from None
+            raise
+        return Manifest.from_event(event, recorded.seq, True)
+
+    def ack(self, step: str, attempt: int | None = None) -> RecordedEvent:
+        """Record that the client learned the step's live manifest (idempotent)."""
+        row, attempt = self._attempt(step, attempt)
+        return self.append(Acked(step=step, attempt=attempt, run=row.run, workspace=row.workspace,
+                                 epoch=row.epoch, manifest_rev=max(row.manifest_rev, 0)))
+
+    def compensate(self, step: str, attempt: int | None = None, *, reason: str = "") -> RecordedEvent:
+        """End the attempt (its pins are released; a live manifest stops being live)."""
+        row, attempt = self._attempt(step, attempt)
+        return self.append(Compensated(step=step, attempt=attempt, run=row.run,
+                                       workspace=row.workspace, epoch=row.epoch, reason=reason))
+
+    def _append_unchecked(self, event: Event) -> RecordedEvent:
+        """Append without the blob guard. Test-only: the chaos harness's broken protocol."""
+        return self._log.append([event])[0]
 
     # -- reading ---------------------------------------------------------------------
 
@@ -202,4 +542,32 @@ class Ledger:
         """Check integrity, the hash chain, seq density and projections. Writes nothing."""
         if isinstance(expect_head, str):
             expect_head = Head.parse(expect_head)
-        return verify(self._db, self._log, expect_head=expect_head, progress=progress)
+        return verify(self._db, self._log, expect_head=expect_head, progress=progress,
+                      blob_check=self.blob_problem)
+
+    def blob_problem(self, digest: str, size: int) -> str | None:
+        """None if the blob is present, `size` bytes and hashes to its name; else what is
+        wrong with it ("missing", "corrupt: …")."""
+        try:
+            self.check_blob(digest, size, deep=True)
+        except BlobNotFound:
+            return "missing"
+        except BlobCorrupt as exc:
+            return f"corrupt: {exc.why}"
+        return None
+
+    def classify(self, step_id: str) -> str:
+        """The durability checker for one step: ``committed`` (a live manifest whose every
+        blob is intact), ``no-commit`` (no live manifest: replay it) or ``VIOLATION: …``
+        (a visible manifest naming a missing or corrupt blob)."""
+        row = self.find_step(step_id)
+        if row is None or not row.live:
+            return "no-commit"
+        manifest = self.manifest(step_id)
+        if manifest is None:
+            return "VIOLATION: the step is live but its manifest event is missing"
+        for entry in (*manifest.writes, *manifest.artifacts):
+            problem = self.blob_problem(entry.digest, entry.size)
+            if problem is not None:
+                return f"VIOLATION: {entry.path} -> blob {entry.digest[:12]}… is {problem}"
+        return "committed"

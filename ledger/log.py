@@ -126,14 +126,17 @@ class EventLog:
         self,
         events: Sequence[Event],
         *,
-        on_commit: Callable[[apsw.Connection, list[RecordedEvent]], None] | None = None,
+        before: Callable[[apsw.Connection], None] | None = None,
+        guard: Callable[[apsw.Connection, Event], None] | None = None,
     ) -> list[RecordedEvent]:
         """Append events atomically; return them as recorded, in order.
 
         Each event is validated and keyed as DESIGN.md says (`events.journal_key`). A key already recorded with the same event yields the original row with
         `deduped=True`; with a different event, IdempotencyConflict. An illegal
         transition raises IllegalTransition. On any error nothing is written.
-        `on_commit` runs inside the transaction, after the rows, before COMMIT.
+        `before(conn)` runs first inside the transaction (to write rows the events
+        need, such as inline blob bytes); `guard(conn, event)` runs before each new
+        event's INSERT and raises to refuse it (the blob checks of publish).
         """
         if not events:
             raise InvalidInput("append() needs at least one event")
@@ -154,6 +157,8 @@ class EventLog:
             seq, prev = head.seq, head.hash
             if projector is not None:
                 projector.begin(conn)
+            if before is not None:
+                before(conn)
             time_ns = self.clock()
             for event, payload, key, kind, env in prepared:
                 change = None
@@ -167,6 +172,8 @@ class EventLog:
                             raise
                         recorded.append(original)
                         continue
+                if guard is not None:
+                    guard(conn, event)
                 digest = chain_hash(prev, seq + 1, time_ns, env, key, kind, EVENT_VERSION, payload)
                 try:
                     conn.execute(
@@ -189,8 +196,6 @@ class EventLog:
                     projector.accept(change)
             if projector is not None and seq != head.seq:
                 projector.flush(conn, seq)
-            if on_commit is not None:
-                on_commit(conn, recorded)
         return recorded
 
     def _journal_hit(

@@ -12,7 +12,7 @@ from click.testing import CliRunner
 
 from ledger import Ledger
 from ledger.cli import cli
-from ledger.demo import step_events
+from ledger.steps import run_step
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 
@@ -33,8 +33,9 @@ def filled(tmp_path: pathlib.Path) -> pathlib.Path:
     path = tmp_path / "ledger.db"
     with Ledger.init(path) as ledger:
         for i in range(3):
-            ledger.append_batch(step_events(f"s{i}", 1, {f"o{i}.txt": b"x" * (i + 1)}))
-        ledger.append_batch(step_events("open", 1, {"o.txt": b"y"})[:2])
+            run_step(ledger, f"s{i}", {f"o{i}.txt": b"x" * (i + 1)})
+        row = ledger.plan("open", artifacts=["o.txt"])
+        ledger.store("open", row.attempt, "o.txt", b"y")
     return path
 
 
@@ -63,10 +64,10 @@ def test_events_filters_and_json(filled: pathlib.Path) -> None:
     code, out, _ = run("events", "--step", "s1", "--json", ledger=filled)
     assert code == 0
     events = json.loads(out)
-    assert [e["kind"] for e in events] == ["planned", "blob-stored", "manifest-published", "acked"]
+    assert [e["kind"] for e in events] == ["planned", "blob-pinned", "blob-stored", "manifest-published", "acked"]
     assert events[0]["journal_key"] == '["s1",1,"planned"]'
     assert all(len(e["hash"]) == 64 for e in events)
-    code, out, _ = run("events", "--kind", "acked", "--after", "4", "--limit", "1", "--json", ledger=filled)
+    code, out, _ = run("events", "--kind", "acked", "--after", "5", "--limit", "1", "--json", ledger=filled)
     assert [e["step"] for e in json.loads(out)] == ["s1"]
     code, out, _ = run("events", "--json", "--step", "missing", ledger=filled)
     assert code == 0 and json.loads(out) == []
@@ -77,7 +78,7 @@ def test_show_timeline(filled: pathlib.Path) -> None:
     assert code == 0 and "step s2: acked, attempt 1, committed" in out
     code, out, _ = run("show", "s2", "--json", ledger=filled)
     data = json.loads(out)
-    assert data["step"]["state"] == "acked" and len(data["events"]) == 4
+    assert data["step"]["state"] == "acked" and len(data["events"]) == 5
     code, _, err = run("show", "nope", ledger=filled)
     assert code == 2 and err.count("\n") == 1 and "stepledger steps" in err
 
@@ -107,7 +108,7 @@ def test_read_only_commands_write_nothing(filled: pathlib.Path) -> None:
 def test_export_jsonl_and_csv(filled: pathlib.Path) -> None:
     code, out, _ = run("export", ledger=filled)
     lines = [json.loads(line) for line in out.splitlines()]
-    assert code == 0 and len(lines) == 14 and lines[0]["payload"]["kind"] == "planned"
+    assert code == 0 and len(lines) == 18 and lines[0]["payload"]["kind"] == "planned"
     code, out, _ = run("export", "--what", "steps", "--format", "csv", ledger=filled)
     assert out.splitlines()[0].startswith("step_id,run,workspace,state")
     assert len(out.splitlines()) == 5
@@ -115,7 +116,7 @@ def test_export_jsonl_and_csv(filled: pathlib.Path) -> None:
 
 def test_rebuild(filled: pathlib.Path) -> None:
     code, out, _ = run("rebuild", "--json", ledger=filled)
-    assert code == 0 and json.loads(out) == {"steps": 4, "events": 14}
+    assert code == 0 and json.loads(out) == {"steps": 4, "events": 18}
 
 
 @pytest.mark.parametrize(

@@ -26,7 +26,9 @@ from ..db import Database
 from ..errors import CorruptLedger, IllegalTransition, InvalidInput
 from ..events import Planned, StepEvent, decode
 from ..log import EventLog
+from . import refs as refs_mod
 from . import steps as steps_mod
+from .refs import RefsFold
 from .steps import (
     ACKED,
     COMPENSATED,
@@ -69,7 +71,11 @@ def load_step(conn: apsw.Connection, step_id: str) -> StepRow | None:
 
 
 class StepsProjector:
-    """The inline `steps` projection (see `ledger.log.Projector`)."""
+    """The inline projections (see `ledger.log.Projector`): step rows, pins, manifests.
+
+    Step rows are folded on a copy and written once per transaction (`flush`); the
+    ref tables are written by `accept`, right after their event's row.
+    """
 
     def __init__(self) -> None:
         self.conn: apsw.Connection | None = None
@@ -85,16 +91,22 @@ class StepsProjector:
             row = load_step(self.conn, step_id)
         return row
 
-    def check(self, event: object, seq: int, time_ns: int) -> StepRow | None:
+    def check(self, event: object, seq: int, time_ns: int) -> tuple[object, int, StepRow | None] | None:
         if not isinstance(event, StepEvent):
             return None
         row = self.current(event.step)
-        return fold(None if row is None else row.__copy__(), event, seq, time_ns)  # type: ignore[arg-type]
+        new = fold(None if row is None else row.__copy__(), event, seq, time_ns)  # type: ignore[arg-type]
+        return event, seq, new
 
     def accept(self, change: object) -> None:
-        if change is not None:
-            assert isinstance(change, StepRow)
-            self.pending[change.step_id] = change
+        if change is None:
+            return
+        event, seq, row = change  # type: ignore[misc]
+        if row is not None:
+            self.pending[row.step_id] = row
+        if event.__struct_config__.tag in refs_mod.KINDS:
+            assert self.conn is not None
+            refs_mod.apply_sql(self.conn, event, seq)
 
     def flush(self, conn: apsw.Connection, last_seq: int) -> None:
         if self.pending:
@@ -111,8 +123,9 @@ def _fold_rows(
     evict: Callable[[StepRow], None] | None,
     progress: Progress | None,
     total: int,
+    refs: RefsFold | None = None,
 ) -> int:
-    """Fold raw event rows into `working`; return the last seq seen."""
+    """Fold raw event rows into `working` (and `refs`); return the last seq seen."""
     last = 0
     done = 0
     for row in rows:
@@ -128,6 +141,8 @@ def _fold_rows(
         except (msgspec.DecodeError, InvalidInput) as exc:
             raise CorruptLedger(log.db.path, f"event #{seq} cannot be decoded: {exc}") from None
         assert isinstance(event, StepEvent)
+        if refs is not None and kind in refs_mod.KINDS:
+            refs.fold(event, seq)  # type: ignore[arg-type]
         step_id = event.step
         current = working.get(step_id)
         if current is None and not (isinstance(event, Planned) and event.attempt == 1):
@@ -174,11 +189,13 @@ def rebuild(db: Database, log: EventLog, progress: Progress | None = None) -> in
             return load_step(conn, step_id)
 
         working: dict[str, StepRow] = {}
-        last = _fold_rows(log, log.rows(0), working, lookup, evict, progress, total)
+        refs = RefsFold()
+        last = _fold_rows(log, log.rows(0), working, lookup, evict, progress, total, refs)
         for row in working.values():
             evict(row)
         if written:
             conn.executemany(UPSERT_SQL, written)
+        refs.write(conn)
         _set_checkpoint(conn, last or log.head().seq)
         return int(conn.execute("SELECT count(*) FROM steps").fetchone()[0])
 
@@ -203,17 +220,43 @@ def catch_up(db: Database, log: EventLog) -> int:
         last = _fold_rows(
             log, log.rows(cp.last_seq), working, lambda s: load_step(conn, s), None, None, 0
         )
+        for row in log.rows(cp.last_seq):
+            if row[9] in refs_mod.KINDS:
+                refs_mod.apply_sql(conn, decode(row[11], row[10]), row[0])  # type: ignore[arg-type]
         if working:
             conn.executemany(UPSERT_SQL, [r.as_tuple() for r in working.values()])
         _set_checkpoint(conn, max(last, cp.last_seq))
         return last - cp.last_seq
 
 
-def fold_all(log: EventLog, progress: Progress | None = None) -> dict[str, StepRow]:
-    """Every step folded in memory from seq 1 (verify's fresh rebuild)."""
+def fold_all(
+    log: EventLog, progress: Progress | None = None, refs: RefsFold | None = None
+) -> dict[str, StepRow]:
+    """Every step (and, given `refs`, every pin and manifest) folded in memory from seq 1."""
     working: dict[str, StepRow] = {}
-    _fold_rows(log, log.rows(0), working, lambda s: None, None, progress, log.count())
+    _fold_rows(log, log.rows(0), working, lambda s: None, None, progress, log.count(), refs)
     return working
+
+
+def read_refs(db: Database, log: EventLog) -> RefsFold:
+    """Pins and manifests as of now, read-only: the tables, or a fold when they lag."""
+    fold = RefsFold()
+    with db.snapshot() as conn:
+        cp = checkpoint(conn)
+        if cp.version != steps_mod.VERSION or cp.last_seq < log.head().seq:
+            fold_all(log, refs=fold)
+            return fold
+        for step, attempt, digest, role, seq in conn.execute(
+            "SELECT step, attempt, digest, role, seq FROM pins"
+        ):
+            fold.pins[(step, attempt, digest)] = (role, seq)
+        fold.manifests = conn.execute(
+            "SELECT step, manifest_rev, attempt, digest, supersedes, seq FROM manifests"
+        ).fetchall()
+        fold.entries = conn.execute(
+            "SELECT step, manifest_rev, role, path, digest, size FROM manifest_entries"
+        ).fetchall()
+    return fold
 
 
 def read_steps(
@@ -265,6 +308,7 @@ __all__ = [
     "checkpoint",
     "fold_all",
     "load_step",
+    "read_refs",
     "read_steps",
     "rebuild",
 ]

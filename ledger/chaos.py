@@ -1,0 +1,159 @@
+"""`stepledger chaos`: kill a real process at every operation of a step, then check.
+
+The whole artifact protocol of one N-artifact step (plan, pin, durable blob files
+and inline rows, `blob-stored`, publish, ack) runs in a forked child that kills
+itself with SIGKILL just before operation k — every file write, fsync, rename,
+directory fsync, mkdir and SQLite COMMIT is an operation — for every k from 1 to
+the total. The parent then reopens the ledger from the file, classifies the step
+with the durability checker, replays it under the same step id (continuing the
+same attempt) and classifies again.
+
+SIGKILL keeps the page cache, so this finds ordering bugs (a manifest published
+before its blobs), not lost fsyncs; power loss is the fault-injecting VFS's job.
+`wrong_order=True` runs the broken protocol (manifest before blobs) through a
+test-only path that skips the publish check: the checker must report violations.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import tempfile
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from .errors import LedgerError
+from .ledger import Ledger
+from .steps import run_step, run_step_wrong_order
+
+STEP_ID = "chaos-step"
+
+
+def chaos_outputs(n: int, inline_max: int) -> dict[str, bytes]:
+    """N artifacts, alternating small (inline rows) and large (blob files)."""
+    out = {}
+    for i in range(n):
+        size = 4096 if i % 2 == 0 else inline_max * 2
+        seed = f"artifact {i}\n".encode()
+        out[f"out/artifact-{i}.bin"] = (seed * (size // len(seed) + 1))[:size]
+    return out
+
+
+class _Counter:
+    """Counts operations; kills this process just before operation `kill_at`."""
+
+    def __init__(self, kill_at: int | None) -> None:
+        self.kill_at, self.n, self.names = kill_at, 0, []
+
+    def __call__(self, name: str) -> None:
+        self.n += 1
+        self.names.append(name)
+        if self.kill_at is not None and self.n >= self.kill_at:
+            os.kill(os.getpid(), signal.SIGKILL)
+
+
+@dataclass
+class ChaosRow:
+    index: int
+    operation: str
+    died: bool
+    after_crash: str
+    after_replay: str
+
+
+@dataclass
+class ChaosReport:
+    artifacts: int
+    wrong_order: bool
+    indices: int
+    violations: int
+    violations_after_replay: int
+    committed_after_crash: int
+    committed_after_replay: int
+    elapsed_s: float
+    rows: list[ChaosRow] = field(default_factory=list)
+
+    def as_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def _protocol(path: str, outputs: dict[str, bytes], wrong_order: bool, on_op: Callable[[str], None] | None) -> None:
+    with Ledger.open(path, on_op=on_op) as ledger:
+        if wrong_order:
+            run_step_wrong_order(ledger, STEP_ID, outputs)
+        else:
+            run_step(ledger, STEP_ID, outputs)
+
+
+def count_operations(workdir: str, outputs: dict[str, bytes], wrong_order: bool) -> list[str]:
+    path = os.path.join(workdir, "count", "ledger.db")
+    Ledger.init(path).close()
+    counter = _Counter(None)
+    _protocol(path, outputs, wrong_order, counter)
+    return counter.names
+
+
+def _classify(path: str) -> str:
+    with Ledger.open(path, readonly=True) as ledger:
+        return ledger.classify(STEP_ID)
+
+
+def run_chaos(
+    artifacts: int = 5,
+    *,
+    wrong_order: bool = False,
+    workdir: str | None = None,
+    progress: Callable[[int, int], None] | None = None,
+) -> ChaosReport:
+    """Kill the protocol at every operation index; classify after the crash and after replay."""
+    started = time.perf_counter()
+    own = workdir is None
+    root = workdir or tempfile.mkdtemp(prefix="stepledger-chaos-")
+    try:
+        inline_max = Ledger.INLINE_MAX_DEFAULT
+        outputs = chaos_outputs(artifacts, inline_max)
+        names = count_operations(root, outputs, wrong_order)
+        rows = []
+        for k in range(1, len(names) + 1):
+            path = os.path.join(root, f"k{k:04d}", "ledger.db")
+            Ledger.init(path).close()
+            pid = os.fork()
+            if pid == 0:  # the child: run until operation k kills it
+                try:
+                    _protocol(path, outputs, wrong_order, _Counter(k))
+                    os._exit(0)
+                except BaseException:
+                    os._exit(70)
+            _, status = os.waitpid(pid, 0)
+            died = os.WIFSIGNALED(status) and os.WTERMSIG(status) == signal.SIGKILL
+            after_crash = _classify(path)
+            try:
+                _protocol(path, outputs, wrong_order, None)
+            except LedgerError as exc:
+                after_replay = f"replay failed: {exc}"
+            else:
+                after_replay = _classify(path)
+            rows.append(ChaosRow(k, names[k - 1], died, after_crash, after_replay))
+            shutil.rmtree(os.path.dirname(path), ignore_errors=True)
+            if progress is not None:
+                progress(k, len(names))
+        return ChaosReport(
+            artifacts=artifacts,
+            wrong_order=wrong_order,
+            indices=len(rows),
+            violations=sum(r.after_crash.startswith("VIOLATION") for r in rows),
+            violations_after_replay=sum(r.after_replay.startswith("VIOLATION") for r in rows),
+            committed_after_crash=sum(r.after_crash == "committed" for r in rows),
+            committed_after_replay=sum(r.after_replay == "committed" for r in rows),
+            elapsed_s=round(time.perf_counter() - started, 3),
+            rows=rows,
+        )
+    finally:
+        if own:
+            shutil.rmtree(root, ignore_errors=True)
+
+
+__all__ = ["ChaosReport", "ChaosRow", "chaos_outputs", "run_chaos"]

@@ -1,0 +1,158 @@
+"""Blob references: pins and manifest revisions, the facts GC and audit stand on.
+
+- `pins`: (step, attempt, digest) an attempt may still publish or compensate with.
+  Taken by `blob-pinned`; an attempt's artifact and post-image pins are released
+  when it is acked, all its pins when it ends (`compensated`, `rejected`).
+  Pre-images stay pinned after the ack: the compensation window decides (GC).
+- `manifests` / `manifest_entries`: every manifest revision ever published and the
+  blobs it names. Never deleted: a blob named by any revision is referenced.
+
+Two writers of the same facts: `apply_sql` (inline, inside the append transaction)
+and `RefsFold` (in memory, for rebuild and verify). `verify` compares them, so the
+two cannot drift unseen.
+"""
+
+from __future__ import annotations
+
+from typing import Final
+
+import apsw
+
+from ..events import (
+    Acked,
+    BlobPinned,
+    Compensated,
+    ManifestPublished,
+    Rejected,
+)
+
+VERSION: Final = 1
+NAME: Final = "refs"
+KINDS: Final = frozenset(
+    {"blob-pinned", "acked", "compensated", "rejected", "manifest-published"}
+)
+#: Pins an ack releases; pre-images stay until the compensation window passes.
+RELEASED_ON_ACK: Final = ("artifact", "post-image")
+
+PinKey = tuple[str, int, str]
+ManifestRow = tuple[str, int, int, str, str | None, int]
+EntryRow = tuple[str, int, str, str, str, int]
+
+
+def manifest_rows(event: ManifestPublished, seq: int) -> tuple[ManifestRow, list[EntryRow]]:
+    manifest = (event.step, event.manifest_rev, event.attempt, event.digest, event.supersedes, seq)
+    entries = [
+        (event.step, event.manifest_rev, "write", e.path, e.digest, e.size) for e in event.writes
+    ] + [
+        (event.step, event.manifest_rev, "artifact", e.path, e.digest, e.size)
+        for e in event.artifacts
+    ]
+    return manifest, entries
+
+
+def apply_sql(conn: apsw.Connection, event: object, seq: int) -> None:
+    """Fold one event into the ref tables, inside the caller's transaction."""
+    if isinstance(event, BlobPinned):
+        conn.execute(
+            "INSERT OR IGNORE INTO pins(step, attempt, digest, role, seq) VALUES (?,?,?,?,?)",
+            (event.step, event.attempt, event.digest, event.role, seq),
+        )
+    elif isinstance(event, Acked):
+        conn.execute(
+            "DELETE FROM pins WHERE step = ? AND attempt = ? AND role IN (?, ?)",
+            (event.step, event.attempt, *RELEASED_ON_ACK),
+        )
+    elif isinstance(event, Compensated | Rejected):
+        conn.execute("DELETE FROM pins WHERE step = ? AND attempt = ?", (event.step, event.attempt))
+    elif isinstance(event, ManifestPublished):
+        manifest, entries = manifest_rows(event, seq)
+        conn.execute(  # OR REPLACE: a catch-up may fold an event twice
+            "INSERT OR REPLACE INTO manifests(step, manifest_rev, attempt, digest, supersedes, seq)"
+            " VALUES (?,?,?,?,?,?)",
+            manifest,
+        )
+        if entries:
+            conn.executemany(
+                "INSERT OR REPLACE INTO manifest_entries(step, manifest_rev, role, path, digest, size)"
+                " VALUES (?,?,?,?,?,?)",
+                entries,
+            )
+
+
+class RefsFold:
+    """The same fold in memory: pins live only while held, so memory follows live pins."""
+
+    def __init__(self) -> None:
+        self.pins: dict[PinKey, tuple[str, int]] = {}
+        self._by_attempt: dict[tuple[str, int], set[str]] = {}
+        self.manifests: list[ManifestRow] = []
+        self.entries: list[EntryRow] = []
+
+    def fold(self, event: object, seq: int) -> None:
+        if isinstance(event, BlobPinned):
+            key = (event.step, event.attempt, event.digest)
+            if key not in self.pins:
+                self.pins[key] = (event.role, seq)
+                self._by_attempt.setdefault((event.step, event.attempt), set()).add(event.digest)
+        elif isinstance(event, Acked | Compensated | Rejected):
+            attempt = (event.step, event.attempt)
+            digests = self._by_attempt.get(attempt)
+            if not digests:
+                return
+            for digest in list(digests):
+                role = self.pins[(*attempt, digest)][0]
+                if isinstance(event, Acked) and role not in RELEASED_ON_ACK:
+                    continue
+                del self.pins[(*attempt, digest)]
+                digests.discard(digest)
+            if not digests:
+                del self._by_attempt[attempt]
+        elif isinstance(event, ManifestPublished):
+            manifest, entries = manifest_rows(event, seq)
+            self.manifests.append(manifest)
+            self.entries.extend(entries)
+
+    def pin_rows(self) -> list[tuple[str, int, str, str, int]]:
+        return sorted((s, a, d, role, seq) for (s, a, d), (role, seq) in self.pins.items())
+
+    def write(self, conn: apsw.Connection) -> None:
+        """Replace the ref tables with this fold's content (inside a transaction)."""
+        conn.execute("DELETE FROM pins")
+        conn.execute("DELETE FROM manifests")
+        conn.execute("DELETE FROM manifest_entries")
+        conn.executemany(
+            "INSERT INTO pins(step, attempt, digest, role, seq) VALUES (?,?,?,?,?)", self.pin_rows()
+        )
+        conn.executemany(
+            "INSERT INTO manifests(step, manifest_rev, attempt, digest, supersedes, seq)"
+            " VALUES (?,?,?,?,?,?)",
+            self.manifests,
+        )
+        conn.executemany(
+            "INSERT INTO manifest_entries(step, manifest_rev, role, path, digest, size)"
+            " VALUES (?,?,?,?,?,?)",
+            self.entries,
+        )
+
+
+def read_tables(conn: apsw.Connection) -> tuple[list[object], list[object], list[object]]:
+    """The ref tables' rows in a canonical order (for comparison with a fold)."""
+    pins = conn.execute("SELECT step, attempt, digest, role, seq FROM pins ORDER BY 1,2,3").fetchall()
+    manifests = conn.execute(
+        "SELECT step, manifest_rev, attempt, digest, supersedes, seq FROM manifests ORDER BY 1,2"
+    ).fetchall()
+    entries = conn.execute(
+        "SELECT step, manifest_rev, role, path, digest, size FROM manifest_entries ORDER BY 1,2,3,4"
+    ).fetchall()
+    return pins, manifests, entries
+
+
+def fold_tables(fold: RefsFold) -> tuple[list[object], list[object], list[object]]:
+    return (
+        list(fold.pin_rows()),
+        sorted(fold.manifests, key=lambda r: (r[0], r[1])),
+        sorted(fold.entries, key=lambda r: (r[0], r[1], r[2], r[3])),
+    )
+
+
+__all__ = ["KINDS", "NAME", "VERSION", "RefsFold", "apply_sql", "fold_tables", "read_tables"]

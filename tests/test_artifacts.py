@@ -1,0 +1,233 @@
+"""Durable artifacts: inline and file blobs, pins, the manifest CAS, the runner, replay policy."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import pathlib
+
+import pytest
+
+from ledger import (
+    BlobStored,
+    IllegalTransition,
+    Ledger,
+    ManifestEntry,
+    ManifestPublished,
+    Planned,
+)
+from ledger.errors import BlobCorrupt, BlobNotFound, ManifestConflict
+from ledger.events import manifest_digest
+from ledger.steps import run_step, run_step_wrong_order
+
+SMALL = b"small artifact\n" * 10  # inline
+LARGE = os.urandom(200_000)  # a file (default inline limit 64 KiB)
+
+
+def sha(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+@pytest.fixture
+def ledger(tmp_path: pathlib.Path) -> Ledger:
+    with Ledger.init(tmp_path / "ledger.db") as lg:
+        yield lg
+
+
+def blob_file(ledger: Ledger, digest: str) -> pathlib.Path:
+    return pathlib.Path(ledger.blobs.root) / digest[:2] / digest
+
+
+def test_small_artifacts_inline_large_ones_as_files(ledger: Ledger) -> None:
+    result = run_step(ledger, "s", {"a.txt": SMALL, "b.bin": LARGE})
+    assert result.ran and result.manifest.manifest_rev == 0
+    events = [r.event for r in ledger.read(kind="blob-stored")]
+    assert {(e.path, e.inline) for e in events} == {("a.txt", True), ("b.bin", False)}
+    assert not blob_file(ledger, sha(SMALL)).exists()
+    assert blob_file(ledger, sha(LARGE)).is_file()
+    assert ledger.read_blob(sha(SMALL)) == SMALL and ledger.read_blob(sha(LARGE)) == LARGE
+    assert ledger.classify("s") == "committed"
+    assert ledger.verify().ok
+
+
+def test_pins_are_taken_before_the_bytes_and_released_by_the_ack(ledger: Ledger) -> None:
+    row = ledger.plan("s", artifacts=["a"])
+    ledger.store("s", row.attempt, "a", LARGE)
+    kinds = [r.kind for r in ledger.timeline("s")]
+    assert kinds == ["planned", "blob-pinned", "blob-stored"]
+    assert [b["pinned"] for b in ledger.blob_list()] == [True]
+    ledger.publish("s")
+    ledger.ack("s")
+    assert [(b["pinned"], b["referenced"]) for b in ledger.blob_list()] == [(False, True)]
+
+
+def test_identical_content_is_stored_once(ledger: Ledger) -> None:
+    run_step(ledger, "s1", {"x": LARGE, "y": SMALL})
+    run_step(ledger, "s2", {"x": LARGE, "z": SMALL})
+    listed = ledger.blob_list()
+    assert sorted((b["where"], b["size"]) for b in listed) == [("file", len(LARGE)), ("inline", len(SMALL))]
+
+
+def test_publish_refuses_a_missing_blob_and_writes_nothing(ledger: Ledger) -> None:
+    row = ledger.plan("s", artifacts=["b.bin"])
+    ledger.store("s", row.attempt, "b.bin", LARGE)
+    blob_file(ledger, sha(LARGE)).unlink()
+    head = ledger.head()
+    with pytest.raises(BlobNotFound):
+        ledger.publish("s")
+    assert ledger.head() == head and not ledger.step("s").live
+    # the runner re-stores and publishes (a collector raced it)
+    result = run_step(ledger, "s", {"b.bin": LARGE})
+    assert result.ran and ledger.classify("s") == "committed"
+
+
+def test_publish_refuses_a_corrupt_small_blob(ledger: Ledger) -> None:
+    data = os.urandom(100_000)  # a file, below the hash-check limit
+    row = ledger.plan("s", artifacts=["f"])
+    ledger.store("s", row.attempt, "f", data)
+    path = blob_file(ledger, sha(data))
+    path.chmod(0o644)
+    path.write_bytes(b"\0" * len(data))  # same size, wrong bytes
+    with pytest.raises(BlobCorrupt):
+        ledger.publish("s")
+    assert not ledger.step("s").live
+
+
+def test_append_cannot_publish_before_the_blobs(ledger: Ledger) -> None:
+    """The public API refuses a manifest (or a blob-stored) naming bytes never stored."""
+    ledger.append(Planned(step="s", attempt=1, artifacts=("a",)))
+    entry = ManifestEntry(path="a", digest=sha(b"never stored"), size=12)
+    head = ledger.head()
+    with pytest.raises(BlobNotFound):
+        ledger.append(ManifestPublished(step="s", attempt=1, manifest_rev=0,
+                                        digest=manifest_digest("s", (), (entry,)), artifacts=(entry,)))
+    with pytest.raises(BlobNotFound):
+        ledger.append(BlobStored(step="s", attempt=1, digest=entry.digest, size=12, path="a"))
+    assert ledger.head() == head
+
+
+def test_declared_artifacts_must_be_stored_before_publish(ledger: Ledger) -> None:
+    row = ledger.plan("s", artifacts=["a", "b"])
+    ledger.store("s", row.attempt, "a", SMALL)
+    with pytest.raises(IllegalTransition, match="never stored: b"):
+        ledger.publish("s")
+
+
+def test_replay_of_a_committed_step_returns_its_manifest_and_writes_nothing(ledger: Ledger) -> None:
+    first = run_step(ledger, "s", {"a": SMALL})
+    head = ledger.head()
+    calls = []
+
+    def produce() -> dict[str, bytes]:
+        calls.append(1)
+        return {"a": b"byte-different but equivalent"}
+
+    again = run_step(ledger, "s", produce)
+    assert not again.ran and again.manifest == first.manifest
+    assert calls == [] and ledger.head() == head
+
+
+def test_create_when_live_returns_the_live_manifest(ledger: Ledger) -> None:
+    first = run_step(ledger, "s", {"a": SMALL})
+    head = ledger.head()
+    assert ledger.publish("s", expected_rev=-1) == first.manifest
+    assert ledger.head() == head
+
+
+def test_cas_conflict_on_a_stale_expected_revision(ledger: Ledger) -> None:
+    run_step(ledger, "s", {"a": SMALL})
+    head = ledger.head()
+    with pytest.raises(ManifestConflict) as info:
+        ledger.publish("s", expected_rev=3)
+    assert info.value.exit_code == 1 and info.value.live == 0
+    assert ledger.head() == head
+
+
+def test_supersede_records_both_digests(ledger: Ledger) -> None:
+    first = run_step(ledger, "s", {"a": SMALL}).manifest
+    ledger.store("s", 1, "a", b"replacement content")
+    second = ledger.publish("s", expected_rev=0)
+    assert second.manifest_rev == 1 and second.supersedes == first.digest
+    assert second.digest != first.digest
+    published = [r.event for r in ledger.read(kind="manifest-published")]
+    assert [(e.manifest_rev, e.digest, e.supersedes) for e in published] == [
+        (0, first.digest, None), (1, second.digest, first.digest)]
+    assert ledger.manifest("s") == second
+    assert ledger.manifest("s", 0).live is False
+    with pytest.raises(ManifestConflict):  # the old revision is no longer live
+        ledger.publish("s", expected_rev=0)
+    assert ledger.verify().ok
+
+
+def test_a_dead_attempt_is_ended_and_the_next_attempt_publishes_its_own(ledger: Ledger) -> None:
+    row = ledger.plan("s", artifacts=["a"])
+    ledger.store("s", row.attempt, "a", b"attempt one output")
+    ledger.compensate("s", reason="worker died before publishing")
+    assert ledger.step("s").state == "compensated"
+    result = run_step(ledger, "s", {"a": b"attempt two output"})
+    assert result.ran and result.attempt == 2
+    assert result.manifest.artifacts[0].digest == sha(b"attempt two output")
+    # the dead attempt's blob is neither referenced nor pinned: an orphan for GC
+    orphan = [b for b in ledger.blob_list() if b["digest"] == sha(b"attempt one output")]
+    assert orphan and not orphan[0]["referenced"] and not orphan[0]["pinned"]
+
+
+def test_runner_continues_the_same_attempt_after_a_crash(ledger: Ledger) -> None:
+    row = ledger.plan("s", artifacts=["a", "b"])
+    ledger.store("s", row.attempt, "a", SMALL)  # ... and the worker died here
+    head = ledger.head()
+    result = run_step(ledger, "s", {"a": SMALL, "b": LARGE})
+    assert result.ran and result.attempt == 1
+    kinds = [r.kind for r in ledger.read(after_seq=head.seq)]
+    # 'a' is re-pinned and re-stored idempotently (journal hits), 'b' is new
+    assert kinds == ["blob-pinned", "blob-stored", "manifest-published", "acked"]
+
+
+def test_wrong_order_leaves_a_dangling_manifest_the_checker_catches(ledger: Ledger) -> None:
+    class Died(Exception):
+        pass
+
+    original = ledger.store
+
+    def store_then_die(*args: object, **kwargs: object) -> object:
+        raise Died
+
+    ledger.store = store_then_die  # type: ignore[method-assign]
+    with pytest.raises(Died):
+        run_step_wrong_order(ledger, "s", {"a": LARGE})
+    ledger.store = original  # type: ignore[method-assign]
+    assert ledger.classify("s").startswith("VIOLATION")
+    report = ledger.verify()
+    assert not report.ok and any(f.check == "durability" for f in report.findings)
+
+
+def test_stray_temp_files_are_ignored_by_readers(ledger: Ledger) -> None:
+    run_step(ledger, "s", {"b": LARGE})
+    tmp = pathlib.Path(ledger.blobs.root) / "tmp"
+    tmp.mkdir(exist_ok=True)
+    (tmp / f"{sha(b'x')}.deadbeef.tmp").write_bytes(b"partial")
+    assert ledger.classify("s") == "committed" and ledger.verify().ok
+    assert [b["where"] for b in ledger.blob_list()].count("temp") == 1
+    with pytest.raises(BlobNotFound):
+        ledger.read_blob(sha(b"x"))
+
+
+def test_inline_row_corruption_is_detected(ledger: Ledger, tmp_path: pathlib.Path) -> None:
+    import apsw
+
+    run_step(ledger, "s", {"a": SMALL})
+    raw = apsw.Connection(str(tmp_path / "ledger.db"))
+    raw.execute("UPDATE blob_data SET data = ?", (b"X" * len(SMALL),))
+    raw.close()
+    with pytest.raises(BlobCorrupt):
+        ledger.read_blob(sha(SMALL))
+    assert ledger.classify("s").startswith("VIOLATION")
+    # storing the same content again repairs the damaged row
+    ledger.store("s", 1, "a", SMALL)
+    assert ledger.classify("s") == "committed"
+
+
+def test_inline_threshold_is_configurable(tmp_path: pathlib.Path) -> None:
+    with Ledger.init(tmp_path / "l.db", inline_max_bytes=0) as lg:
+        run_step(lg, "s", {"a": SMALL})
+        assert [b["where"] for b in lg.blob_list()] == ["file"]

@@ -38,7 +38,7 @@ def chaos_outputs(n: int, inline_max: int) -> dict[str, bytes]:
     for i in range(n):
         size = 4096 if i % 2 == 0 else inline_max * 2
         seed = f"artifact {i}\n".encode()
-        out[f"out/artifact-{i}.bin"] = (seed * (size // len(seed) + 1))[:size]
+        out[f"a{i}.bin"] = (seed * (size // len(seed) + 1))[:size]
     return out
 
 
@@ -47,10 +47,11 @@ class _Counter:
 
     def __init__(self, kill_at: int | None) -> None:
         self.kill_at, self.n, self.names = kill_at, 0, []
+        self.phase = ""
 
     def __call__(self, name: str) -> None:
         self.n += 1
-        self.names.append(name)
+        self.names.append(f"{name} ({self.phase})" if self.phase else name)
         if self.kill_at is not None and self.n >= self.kill_at:
             os.kill(os.getpid(), signal.SIGKILL)
 
@@ -80,8 +81,26 @@ class ChaosReport:
         return asdict(self)
 
 
+def _label_phases(ledger: Ledger, counter: _Counter) -> None:
+    """Name each operation after the protocol step it belongs to (for the table)."""
+
+    def wrap(name: str) -> None:
+        method = getattr(ledger, name)
+
+        def labelled(*args: Any, **kwargs: Any) -> Any:
+            counter.phase = name if name != "store" else f"store {args[2]}"
+            return method(*args, **kwargs)
+
+        setattr(ledger, name, labelled)
+
+    for name in ("plan", "store", "publish", "ack"):
+        wrap(name)
+
+
 def _protocol(path: str, outputs: dict[str, bytes], wrong_order: bool, on_op: Callable[[str], None] | None) -> None:
     with Ledger.open(path, on_op=on_op) as ledger:
+        if isinstance(on_op, _Counter):
+            _label_phases(ledger, on_op)
         if wrong_order:
             run_step_wrong_order(ledger, STEP_ID, outputs)
         else:

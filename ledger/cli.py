@@ -578,9 +578,9 @@ def chaos(n: int, wrong_order: bool, workdir: str | None, as_json: bool) -> None
     if as_json:
         _emit_json(report.as_json())
     else:
-        click.echo(f"{'INDEX':>5}  {'OPERATION':<10}  {'AFTER CRASH':<40}  AFTER REPLAY")
+        click.echo(f"{'INDEX':>5}  {'OPERATION':<28}  {'AFTER CRASH':<12}  AFTER REPLAY")
         for r in report.rows:
-            click.echo(f"{r.index:>5}  {r.operation:<10}  {r.after_crash:<40}  {r.after_replay}")
+            click.echo(f"{r.index:>5}  {r.operation:<28}  {r.after_crash:<12}  {r.after_replay}")
         order = "WRONG order (manifest before blobs)" if wrong_order else "correct order"
         click.echo(
             f"chaos: {report.artifacts} artifacts, {order}: {report.indices} crash points,"

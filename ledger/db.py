@@ -114,8 +114,6 @@ CREATE TABLE steps(
   updated_ns INTEGER NOT NULL
 ) STRICT;
 
-CREATE INDEX steps_state ON steps(state);
-
 CREATE TABLE blob_data(
   digest TEXT PRIMARY KEY,
   size INTEGER NOT NULL,

@@ -65,6 +65,9 @@ def check_step_id(step: object) -> str:
     return step
 
 
+_BAD_PATH_CHARS: Final = re.compile(r"[\x00-\x1f\x7f\\]")
+
+
 def check_relpath(path: object, what: str = "path") -> str:
     """Return `path` if it is relative, normalized and stays inside its root.
 
@@ -75,18 +78,19 @@ def check_relpath(path: object, what: str = "path") -> str:
         raise InvalidInput(f"{what} {path!r} is empty; give a relative path like 'src/app.py'")
     if len(path) > PATH_MAX:
         raise InvalidInput(f"{what} of {len(path)} characters is too long; the limit is {PATH_MAX}")
-    if re.search(r"[\x00-\x1f\x7f\\]", path):
+    if _BAD_PATH_CHARS.search(path) is not None:
         raise InvalidInput(
             f"{what} {path!r} contains a control character or backslash; use '/' separators"
         )
-    if path.startswith("/"):
+    if path[0] == "/":
         raise InvalidInput(f"{what} {path!r} is absolute; give it relative to the workspace")
-    for part in path.split("/"):
-        if part in ("", ".", ".."):
-            raise InvalidInput(
-                f"{what} {path!r} is not normalized or escapes its root (component {part!r});"
-                " give a plain relative path like 'src/app.py'"
-            )
+    parts = path.split("/")
+    if "" in parts or "." in parts or ".." in parts:
+        part = next(p for p in parts if p in ("", ".", ".."))
+        raise InvalidInput(
+            f"{what} {path!r} is not normalized or escapes its root (component {part!r});"
+            " give a plain relative path like 'src/app.py'"
+        )
     return path
 
 

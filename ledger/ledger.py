@@ -199,7 +199,7 @@ class Ledger:
         recorded with the same event (nothing was written). Raises
         IdempotencyConflict, IllegalTransition or InvalidInput, writing nothing.
         """
-        return self._log.append([event], guard=self._guard)[0]
+        return self._log.append([event], guard=self._guard())[0]
 
     def append_batch(self, events: Sequence[Event]) -> list[RecordedEvent]:
         """Append many events in one transaction: all of them are written, or none.
@@ -208,7 +208,7 @@ class Ledger:
         every blob it names is present with its size (publishing before the content is
         durable is impossible through this API).
         """
-        return self._log.append(list(events), guard=self._guard)
+        return self._log.append(list(events), guard=self._guard())
 
     # -- blobs -----------------------------------------------------------------------
 
@@ -238,19 +238,31 @@ class Ledger:
         if deep or size <= self.hash_check_max_bytes:
             self.blobs.check(digest)
 
-    def _guard(self, conn: apsw.Connection, event: Event) -> None:
-        """Inside the append transaction: refuse events naming blobs that are not durable."""
-        if isinstance(event, BlobStored):
-            found = self._blob_size(conn, event.digest)
-            if found is None:
-                raise BlobNotFound(event.digest, "store the bytes before recording blob-stored")
-            if found != (event.size, event.inline):
-                where = "inline" if found[1] else "a file"
-                raise BlobCorrupt(event.digest, f"it is stored as {where} of {found[0]} bytes,"
-                                  f" the event says {event.size}")
-        elif isinstance(event, ManifestPublished):
-            for entry in (*event.writes, *event.artifacts):
-                self._check_blob(conn, entry.digest, entry.size, deep=False)
+    def _guard(self) -> Callable[[apsw.Connection, Event], None]:
+        """The check the log runs inside an append transaction, before inserting an event
+        that names blobs: refuse it unless every blob is durable. A blob checked once is
+        not checked again within the same transaction."""
+        seen: set[tuple[object, ...]] = set()
+
+        def guard(conn: apsw.Connection, event: Event) -> None:
+            if isinstance(event, BlobStored):
+                if (event.digest, event.size, event.inline) in seen:
+                    return
+                found = self._blob_size(conn, event.digest)
+                if found is None:
+                    raise BlobNotFound(event.digest, "store the bytes before recording blob-stored")
+                if found != (event.size, event.inline):
+                    where = "inline" if found[1] else "a file"
+                    raise BlobCorrupt(event.digest, f"it is stored as {where} of {found[0]} bytes,"
+                                      f" the event says {event.size}")
+                seen.add((event.digest, event.size, event.inline))
+            elif isinstance(event, ManifestPublished):
+                for entry in (*event.writes, *event.artifacts):
+                    if (entry.digest, entry.size) not in seen:
+                        self._check_blob(conn, entry.digest, entry.size, deep=False)
+                        seen.add((entry.digest, entry.size))
+
+        return guard
 
     def read_blob(self, digest: str, *, size: int | None = None, verify: bool = True) -> bytes:
         """A blob's bytes (inline row or file), checked against `size` and its hash."""
@@ -374,7 +386,7 @@ class Ledger:
                         " VALUES (?,?,?,?)", (digest, len(data), data, now),
                     )
 
-            self._log.append([event], before=write_row, guard=self._guard)
+            self._log.append([event], before=write_row, guard=self._guard())
         else:
             self.blobs.put(data, digest)
             self.append(event)

@@ -13,6 +13,7 @@ IdempotencyConflict and writes nothing.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any, Final, Protocol
 
@@ -20,7 +21,13 @@ import apsw
 import msgspec
 
 from .db import Database
-from .errors import CorruptLedger, IdempotencyConflict, IllegalTransition, InvalidInput
+from .errors import (
+    CorruptLedger,
+    IdempotencyConflict,
+    IllegalTransition,
+    InvalidInput,
+    LedgerError,
+)
 from .events import (
     EVENT_VERSION,
     Envelope,
@@ -42,10 +49,15 @@ INSERT_SQL: Final = (
     "INSERT INTO events(seq, time_ns, workspace, run, step, attempt, epoch, rev,"
     " journal_key, kind, v, payload, prev_hash, hash) VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?)"
 )
+#: The columns a projection fold needs.
+FOLD_COLUMNS: Final = "seq, time_ns, kind, v, payload"
 ROW_COLUMNS: Final = (
     "seq, time_ns, workspace, run, step, attempt, epoch, rev, journal_key, kind, v,"
     " payload, prev_hash, hash"
 )
+
+
+_HEAD_RE: Final = re.compile(r"([0-9]+):([0-9a-fA-F]{64})", re.ASCII)
 
 
 class Head(msgspec.Struct, frozen=True):
@@ -59,19 +71,15 @@ class Head(msgspec.Struct, frozen=True):
 
     @classmethod
     def parse(cls, text: str) -> Head:
-        seq_text, sep, hash_text = text.strip().partition(":")
-        try:
-            if not sep:
-                raise ValueError
-            seq, digest = int(seq_text), bytes.fromhex(hash_text)
-            if seq < 0 or len(digest) != 32:
-                raise ValueError
-        except ValueError:
+        # A strict grammar: int() and bytes.fromhex() alone would also take "1_0", "+1",
+        # non-ASCII digits and spaces between hex pairs.
+        match = _HEAD_RE.fullmatch(text.strip()) if isinstance(text, str) else None
+        if match is None:
             raise InvalidInput(
                 f"head {text!r} is not SEQ:HASH (a seq and 64 hex characters), as printed"
                 " by 'stepledger head'"
-            ) from None
-        return cls(seq, digest)
+            )
+        return cls(int(match[1]), bytes.fromhex(match[2]))
 
 
 class Projector(Protocol):
@@ -79,13 +87,25 @@ class Projector(Protocol):
 
     `check` folds one event into a copy of the current state and returns the change
     (raising IllegalTransition for an illegal one); `accept` keeps a change once its
-    event row was inserted; `flush` writes every kept change and the checkpoint.
+    event is certain to be inserted; `flush` writes every kept change and the
+    checkpoint. `committed` is called after COMMIT (the projector may cache what it
+    wrote); `forget` drops any cache (another connection wrote, or we rolled back).
     """
 
     def begin(self, conn: apsw.Connection) -> None: ...
     def check(self, event: Any, seq: int, time_ns: int) -> object: ...
     def accept(self, change: object) -> None: ...
     def flush(self, conn: apsw.Connection, last_seq: int) -> None: ...
+    def committed(self) -> None: ...
+    def forget(self) -> None: ...
+
+
+class _Duplicate(Exception):
+    """The fast path met a journal key already recorded: retry row by row."""
+
+
+#: Kinds whose events name blobs that the guard checks.
+GUARDED_KINDS: Final = frozenset({"blob-stored", "manifest-published"})
 
 
 def row_to_recorded(row: tuple[Any, ...], *, deduped: bool = False) -> RecordedEvent:
@@ -107,6 +127,10 @@ class EventLog:
         self.clock = clock
         self.projector = projector
         self._genesis: bytes | None = None
+        # The head after our last commit, valid while `PRAGMA data_version` says no other
+        # connection has committed since (SQLite bumps it only for other connections).
+        self._head: Head | None = None
+        self._data_version: int | None = None
 
     @property
     def genesis(self) -> bytes:
@@ -131,12 +155,13 @@ class EventLog:
     ) -> list[RecordedEvent]:
         """Append events atomically; return them as recorded, in order.
 
-        Each event is validated and keyed as DESIGN.md says (`events.journal_key`). A key already recorded with the same event yields the original row with
+        Each event is validated and keyed as DESIGN.md says (`events.journal_key`). A
+        key already recorded with the same event yields the original row with
         `deduped=True`; with a different event, IdempotencyConflict. An illegal
         transition raises IllegalTransition. On any error nothing is written.
         `before(conn)` runs first inside the transaction (to write rows the events
-        need, such as inline blob bytes); `guard(conn, event)` runs before each new
-        event's INSERT and raises to refuse it (the blob checks of publish).
+        need, such as inline blob bytes); `guard(conn, event)` runs before the INSERT
+        of each new `blob-stored` or `manifest-published` and raises to refuse it.
         """
         if not events:
             raise InvalidInput("append() needs at least one event")
@@ -147,55 +172,116 @@ class EventLog:
         prepared = []
         for event in events:
             payload = validate(event)
-            key = journal_key(event)
-            prepared.append((event, payload, key, kind_of(event), envelope(event)))
+            prepared.append((event, payload, journal_key(event), kind_of(event), envelope(event)))
 
-        projector = self.projector
-        recorded: list[RecordedEvent] = []
-        with self.db.transaction() as conn:
-            head = self.head()
-            seq, prev = head.seq, head.hash
-            if projector is not None:
-                projector.begin(conn)
-            if before is not None:
-                before(conn)
-            time_ns = self.clock()
-            for event, payload, key, kind, env in prepared:
-                change = None
-                if projector is not None:
-                    try:
-                        change = projector.check(event, seq + 1, time_ns)
-                    except IllegalTransition:
-                        # A redelivery of an old transition is legal: the journal answers.
-                        original = self._journal_hit(conn, key, kind, env, payload)
-                        if original is None:
-                            raise
-                        recorded.append(original)
-                        continue
-                if guard is not None:
-                    guard(conn, event)
-                digest = chain_hash(prev, seq + 1, time_ns, env, key, kind, EVENT_VERSION, payload)
+        try:
+            with self.db.transaction() as conn:
+                self._sync(conn)
+                head = self._head if self._head is not None else self.head()
+                if before is not None:
+                    before(conn)
+                time_ns = self.clock()
+                # Fast path: every event is new; rows go in with one executemany. A
+                # journal key already present (a redelivery that the lifecycle allows,
+                # such as a second pin) rolls the savepoint back and takes the slow
+                # path, which inserts row by row and answers each duplicate.
+                conn.execute("SAVEPOINT append_batch")
                 try:
-                    conn.execute(
-                        INSERT_SQL,
-                        (seq + 1, time_ns, env.workspace, env.run, env.step, env.attempt,
-                         env.epoch, env.rev, key, kind, EVENT_VERSION, payload, prev, digest),
-                    )
+                    recorded = self._append_rows(conn, prepared, head, time_ns, guard, fast=True)
+                except (_Duplicate, LedgerError):
+                    # A refusal on the fast path may come after an unseen duplicate: the
+                    # slow path answers exactly, naming the first event that is refused.
+                    conn.execute("ROLLBACK TO append_batch")
+                    recorded = self._append_rows(conn, prepared, head, time_ns, guard, fast=False)
+                conn.execute("RELEASE append_batch")
+                new = [r for r in recorded if not r.deduped]
+                if self.projector is not None and new:
+                    self.projector.flush(conn, new[-1].seq)
+        except BaseException:
+            self._forget()
+            raise
+        if new:
+            self._head = Head(new[-1].seq, new[-1].hash)
+        if self.projector is not None:
+            self.projector.committed()
+        return recorded
+
+    def _sync(self, conn: apsw.Connection) -> None:
+        """Drop cached state if another connection committed since our last look."""
+        version = conn.execute("PRAGMA data_version").fetchone()[0]
+        if version != self._data_version:
+            self._forget()
+            self._data_version = version
+
+    def _forget(self) -> None:
+        self._head = None
+        self._data_version = None
+        if self.projector is not None:
+            self.projector.forget()
+
+    def _append_rows(
+        self,
+        conn: apsw.Connection,
+        prepared: list[tuple[Event, bytes, str, str, Envelope]],
+        head: Head,
+        time_ns: int,
+        guard: Callable[[apsw.Connection, Event], None] | None,
+        *,
+        fast: bool,
+    ) -> list[RecordedEvent]:
+        projector = self.projector
+        if projector is not None:
+            projector.begin(conn)
+        seq, prev = head.seq, head.hash
+        recorded: list[RecordedEvent] = []
+        rows = []
+        for event, payload, key, kind, env in prepared:
+            change = None
+            if projector is not None:
+                try:
+                    change = projector.check(event, seq + 1, time_ns)
+                except IllegalTransition:
+                    # A redelivery of an old transition is legal: the journal answers.
+                    original = self._journal_hit(conn, key, kind, env, payload)
+                    if original is None:
+                        raise
+                    recorded.append(original)
+                    continue
+            if guard is not None and kind in GUARDED_KINDS:
+                # A redelivery is answered by the journal before the guard looks at
+                # blobs: it reports the past (its blob may be gone since), and a
+                # different payload under its key is a conflict, not a blob error.
+                original = self._journal_hit(conn, key, kind, env, payload)
+                if original is not None:
+                    recorded.append(original)
+                    continue
+                guard(conn, event)
+            digest = chain_hash(prev, seq + 1, time_ns, env, key, kind, EVENT_VERSION, payload)
+            row = (seq + 1, time_ns, env.workspace, env.run, env.step, env.attempt, env.epoch,
+                   env.rev, key, kind, EVENT_VERSION, payload, prev, digest)
+            if fast:
+                rows.append(row)
+            else:
+                try:
+                    conn.execute(INSERT_SQL, row)
                 except apsw.ConstraintError:
                     original = self._journal_hit(conn, key, kind, env, payload)
                     if original is None:
                         raise
                     recorded.append(original)
                     continue
-                recorded.append(
-                    RecordedEvent(seq=seq + 1, time_ns=time_ns, journal_key=key, kind=kind,
-                                  hash=digest, prev_hash=prev, event=event)  # type: ignore[arg-type]
-                )
-                seq, prev = seq + 1, digest
-                if projector is not None:
-                    projector.accept(change)
-            if projector is not None and seq != head.seq:
-                projector.flush(conn, seq)
+            recorded.append(
+                RecordedEvent(seq=seq + 1, time_ns=time_ns, journal_key=key, kind=kind,
+                              hash=digest, prev_hash=prev, event=event)  # type: ignore[arg-type]
+            )
+            seq, prev = seq + 1, digest
+            if projector is not None:
+                projector.accept(change)
+        if rows:
+            try:
+                conn.executemany(INSERT_SQL, rows)
+            except apsw.ConstraintError:
+                raise _Duplicate from None
         return recorded
 
     def _journal_hit(
@@ -240,8 +326,11 @@ class EventLog:
         step: str | None = None,
         kind: str | None = None,
         limit: int | None = None,
+        columns: str = ROW_COLUMNS,
     ) -> Iterator[tuple[Any, ...]]:
-        """Raw event rows (seq order) in batches of READ_BATCH, each its own query."""
+        """Raw event rows (seq order) in batches of READ_BATCH, each its own query.
+
+        `columns` must start with ``seq`` (it pages on it)."""
         where, params = ["seq > ?"], []
         if step is not None:
             where.append("step = ?")
@@ -249,7 +338,7 @@ class EventLog:
         if kind is not None:
             where.append("kind = ?")
             params.append(kind)
-        sql = f"SELECT {ROW_COLUMNS} FROM events WHERE {' AND '.join(where)} ORDER BY seq LIMIT ?"
+        sql = f"SELECT {columns} FROM events WHERE {' AND '.join(where)} ORDER BY seq LIMIT ?"
         remaining = limit
         last = after_seq
         while True:

@@ -25,7 +25,7 @@ import msgspec
 from ..db import Database
 from ..errors import CorruptLedger, IllegalTransition, InvalidInput
 from ..events import Planned, StepEvent, decode
-from ..log import EventLog
+from ..log import FOLD_COLUMNS, EventLog
 from . import refs as refs_mod
 from . import steps as steps_mod
 from .refs import RefsFold
@@ -60,7 +60,8 @@ def checkpoint(conn: apsw.Connection, name: str = steps_mod.NAME) -> Checkpoint:
 
 def _set_checkpoint(conn: apsw.Connection, last_seq: int) -> None:
     conn.execute(
-        "INSERT OR REPLACE INTO projection_checkpoint(name, last_seq, version) VALUES (?, ?, ?)",
+        "INSERT INTO projection_checkpoint(name, last_seq, version) VALUES (?, ?, ?)"
+        " ON CONFLICT(name) DO UPDATE SET last_seq = excluded.last_seq, version = excluded.version",
         (steps_mod.NAME, last_seq, steps_mod.VERSION),
     )
 
@@ -74,19 +75,24 @@ class StepsProjector:
     """The inline projections (see `ledger.log.Projector`): step rows, pins, manifests.
 
     Step rows are folded on a copy and written once per transaction (`flush`); the
-    ref tables are written by `accept`, right after their event's row.
+    ref tables are written by `accept`, right after their event is certain. Rows this
+    connection committed are cached for the next append (the log drops the cache when
+    another connection commits, via `PRAGMA data_version`).
     """
+
+    CACHE_MAX: Final = 10_000
 
     def __init__(self) -> None:
         self.conn: apsw.Connection | None = None
         self.pending: dict[str, StepRow] = {}
+        self.cache: dict[str, StepRow] = {}
 
     def begin(self, conn: apsw.Connection) -> None:
         self.conn, self.pending = conn, {}
 
     def current(self, step_id: str) -> StepRow | None:
         """The step's row as this transaction sees it (pending changes included)."""
-        row = self.pending.get(step_id)
+        row = self.pending.get(step_id) or self.cache.get(step_id)
         if row is None and self.conn is not None:
             row = load_step(self.conn, step_id)
         return row
@@ -112,12 +118,21 @@ class StepsProjector:
         if self.pending:
             conn.executemany(UPSERT_SQL, [r.as_tuple() for r in self.pending.values()])
         _set_checkpoint(conn, last_seq)
+
+    def committed(self) -> None:
+        if len(self.cache) + len(self.pending) > self.CACHE_MAX:
+            self.cache.clear()
+        self.cache.update(self.pending)
+        self.pending = {}
+
+    def forget(self) -> None:
+        self.cache.clear()
         self.pending = {}
 
 
 def _fold_rows(
     log: EventLog,
-    rows: Iterator[tuple[object, ...]],
+    after_seq: int,
     working: dict[str, StepRow],
     lookup: Callable[[str], StepRow | None],
     evict: Callable[[StepRow], None] | None,
@@ -128,8 +143,7 @@ def _fold_rows(
     """Fold raw event rows into `working` (and `refs`); return the last seq seen."""
     last = 0
     done = 0
-    for row in rows:
-        seq, time_ns, kind, v, payload = row[0], row[1], row[9], row[10], row[11]
+    for seq, time_ns, kind, v, payload in log.rows(after_seq, columns=FOLD_COLUMNS):
         last = seq  # type: ignore[assignment]
         done += 1
         if progress is not None and done % 10_000 == 0:
@@ -189,8 +203,9 @@ def rebuild(db: Database, log: EventLog, progress: Progress | None = None) -> in
             return load_step(conn, step_id)
 
         working: dict[str, StepRow] = {}
-        refs = RefsFold()
-        last = _fold_rows(log, log.rows(0), working, lookup, evict, progress, total, refs)
+        refs = RefsFold(drain_to=conn)  # manifests stream out; only live pins stay
+        refs.clear_tables(conn)
+        last = _fold_rows(log, 0, working, lookup, evict, progress, total, refs)
         for row in working.values():
             evict(row)
         if written:
@@ -218,7 +233,7 @@ def catch_up(db: Database, log: EventLog) -> int:
         cp = checkpoint(conn)
         working: dict[str, StepRow] = {}
         last = _fold_rows(
-            log, log.rows(cp.last_seq), working, lambda s: load_step(conn, s), None, None, 0
+            log, cp.last_seq, working, lambda s: load_step(conn, s), None, None, 0
         )
         for row in log.rows(cp.last_seq):
             if row[9] in refs_mod.KINDS:
@@ -234,7 +249,7 @@ def fold_all(
 ) -> dict[str, StepRow]:
     """Every step (and, given `refs`, every pin and manifest) folded in memory from seq 1."""
     working: dict[str, StepRow] = {}
-    _fold_rows(log, log.rows(0), working, lambda s: None, None, progress, log.count(), refs)
+    _fold_rows(log, 0, working, lambda s: None, None, progress, log.count(), refs)
     return working
 
 
@@ -289,7 +304,7 @@ def read_steps(
             if cp.last_seq < head:
                 overlay: dict[str, StepRow] = {}
                 _fold_rows(
-                    log, log.rows(cp.last_seq), overlay, lambda s: load_step(conn, s), None, None, 0
+                    log, cp.last_seq, overlay, lambda s: load_step(conn, s), None, None, 0
                 )
                 rows = [overlay.pop(r.step_id, r) for r in rows] + list(overlay.values())
     out = [

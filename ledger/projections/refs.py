@@ -71,22 +71,29 @@ def apply_sql(conn: apsw.Connection, event: object, seq: int) -> None:
             " VALUES (?,?,?,?,?,?)",
             manifest,
         )
-        if entries:
-            conn.executemany(
-                "INSERT OR REPLACE INTO manifest_entries(step, manifest_rev, role, path, digest, size)"
-                " VALUES (?,?,?,?,?,?)",
-                entries,
-            )
+        sql = (
+            "INSERT OR REPLACE INTO manifest_entries(step, manifest_rev, role, path, digest, size)"
+            " VALUES (?,?,?,?,?,?)"
+        )
+        if len(entries) == 1:
+            conn.execute(sql, entries[0])
+        elif entries:
+            conn.executemany(sql, entries)
 
 
 class RefsFold:
     """The same fold in memory: pins live only while held, so memory follows live pins."""
 
-    def __init__(self) -> None:
+    DRAIN_AT: Final = 5_000
+
+    def __init__(self, drain_to: apsw.Connection | None = None) -> None:
         self.pins: dict[PinKey, tuple[str, int]] = {}
         self._by_attempt: dict[tuple[str, int], set[str]] = {}
         self.manifests: list[ManifestRow] = []
         self.entries: list[EntryRow] = []
+        # With a connection, manifests and entries are written out as they accumulate
+        # (rebuild: memory bounded by live pins); without, they stay (verify compares).
+        self._drain_to = drain_to
 
     def fold(self, event: object, seq: int) -> None:
         if isinstance(event, BlobPinned):
@@ -111,18 +118,10 @@ class RefsFold:
             manifest, entries = manifest_rows(event, seq)
             self.manifests.append(manifest)
             self.entries.extend(entries)
+            if self._drain_to is not None and len(self.entries) >= self.DRAIN_AT:
+                self._drain(self._drain_to)
 
-    def pin_rows(self) -> list[tuple[str, int, str, str, int]]:
-        return sorted((s, a, d, role, seq) for (s, a, d), (role, seq) in self.pins.items())
-
-    def write(self, conn: apsw.Connection) -> None:
-        """Replace the ref tables with this fold's content (inside a transaction)."""
-        conn.execute("DELETE FROM pins")
-        conn.execute("DELETE FROM manifests")
-        conn.execute("DELETE FROM manifest_entries")
-        conn.executemany(
-            "INSERT INTO pins(step, attempt, digest, role, seq) VALUES (?,?,?,?,?)", self.pin_rows()
-        )
+    def _drain(self, conn: apsw.Connection) -> None:
         conn.executemany(
             "INSERT INTO manifests(step, manifest_rev, attempt, digest, supersedes, seq)"
             " VALUES (?,?,?,?,?,?)",
@@ -133,6 +132,23 @@ class RefsFold:
             " VALUES (?,?,?,?,?,?)",
             self.entries,
         )
+        self.manifests, self.entries = [], []
+
+    @staticmethod
+    def clear_tables(conn: apsw.Connection) -> None:
+        conn.execute("DELETE FROM pins")
+        conn.execute("DELETE FROM manifests")
+        conn.execute("DELETE FROM manifest_entries")
+
+    def pin_rows(self) -> list[tuple[str, int, str, str, int]]:
+        return sorted((s, a, d, role, seq) for (s, a, d), (role, seq) in self.pins.items())
+
+    def write(self, conn: apsw.Connection) -> None:
+        """Write what this fold holds into the (cleared) ref tables, inside a transaction."""
+        conn.executemany(
+            "INSERT INTO pins(step, attempt, digest, role, seq) VALUES (?,?,?,?,?)", self.pin_rows()
+        )
+        self._drain(conn)
 
 
 def read_tables(conn: apsw.Connection) -> tuple[list[object], list[object], list[object]]:

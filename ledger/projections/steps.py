@@ -98,8 +98,11 @@ class StepRow(msgspec.Struct, kw_only=True, gc=False):
 
 
 SELECT_COLUMNS: Final = ", ".join(StepRow.COLUMNS)
+# Updated in place (not REPLACE, which deletes and reinserts the row).
 UPSERT_SQL: Final = (
-    f"INSERT OR REPLACE INTO steps({SELECT_COLUMNS}) VALUES ({', '.join('?' * 15)})"
+    f"INSERT INTO steps({SELECT_COLUMNS}) VALUES ({', '.join('?' * 15)})"
+    " ON CONFLICT(step_id) DO UPDATE SET "
+    + ", ".join(f"{c} = excluded.{c}" for c in StepRow.COLUMNS[1:])
 )
 
 

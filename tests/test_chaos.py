@@ -18,7 +18,7 @@ def test_chaos_five_artifacts_every_index_safe(tmp_path: pathlib.Path) -> None:
     assert {r.after_crash for r in report.rows} <= {"committed", "no-commit"}
     assert report.violations == 0 and report.violations_after_replay == 0
     assert report.committed_after_replay == report.indices
-    ops = {r.operation for r in report.rows}
+    ops = {r.operation.split(" ")[0] for r in report.rows}
     assert {"write", "fsync", "rename", "dirfsync", "commit"} <= ops
     # the last operation is the ack's commit: killed before it, the step is committed
     assert report.rows[-1].after_crash == "committed"

@@ -256,16 +256,22 @@ class BlobStore:
 
     # -- writing -----------------------------------------------------------------------
 
-    def put(self, data: bytes | memoryview, digest: str | None = None) -> PutResult:
+    def put(
+        self, data: bytes | memoryview, digest: str | None = None, *, verified: bool = False
+    ) -> PutResult:
         """Store bytes durably (file fsynced, renamed, directory fsynced); dedup by content.
 
-        `digest`, when given, must be the bytes' sha256 (checked). An existing file is
+        `digest`, when given, must be the bytes' sha256 (checked, unless the caller has
+        just computed it from these very bytes: `verified=True`). An existing file is
         re-hashed before it is trusted; if it is wrong it is replaced.
         """
-        actual = digest_of(data)
-        if digest is not None and check_digest(digest) != actual:
-            raise InvalidInput(f"digest {digest} does not match the bytes given ({actual})")
-        digest = actual
+        if digest is not None and verified:
+            check_digest(digest)
+        else:
+            actual = digest_of(data)
+            if digest is not None and check_digest(digest) != actual:
+                raise InvalidInput(f"digest {digest} does not match the bytes given ({actual})")
+            digest = actual
         try:
             with self._dirs(digest, create=True) as fds:
                 assert fds is not None

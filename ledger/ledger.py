@@ -312,6 +312,11 @@ class Ledger:
     def find_step(self, step_id: str) -> StepRow | None:
         """A step's current state, or None if it has no events."""
         check_step_id(step_id)
+        if not self._db.readonly:
+            # What this connection last committed, unless another connection wrote since.
+            version = self._db.conn.execute("PRAGMA data_version").fetchone()[0]
+            if version == self._log._data_version and step_id in self._steps.cache:
+                return self._steps.cache[step_id].__copy__()
         rows = read_steps(self._db, self._log, step_id=step_id)
         return rows[0] if rows else None
 
@@ -369,9 +374,11 @@ class Ledger:
         event = BlobStored(step=step, attempt=attempt, run=row.run, workspace=row.workspace,
                            epoch=row.epoch, digest=digest, size=len(data), path=path,
                            inline=inline)
-        self.append(BlobPinned(step=step, attempt=attempt, run=row.run, workspace=row.workspace,
-                               epoch=row.epoch, digest=digest))
+        pin = BlobPinned(step=step, attempt=attempt, run=row.run, workspace=row.workspace,
+                         epoch=row.epoch, digest=digest)
         if inline:
+            # The pin, the bytes and `blob-stored` commit together: the blob is never
+            # visible unpinned, so one transaction does what two would.
             now = self.clock()
 
             def write_row(conn: apsw.Connection) -> None:
@@ -386,9 +393,10 @@ class Ledger:
                         " VALUES (?,?,?,?)", (digest, len(data), data, now),
                     )
 
-            self._log.append([event], before=write_row, guard=self._guard())
+            self._log.append([pin, event], before=write_row, guard=self._guard())
         else:
-            self.blobs.put(data, digest)
+            self.append(pin)  # committed before the file is written or deduplicated
+            self.blobs.put(data, digest, verified=True)
             self.append(event)
         return event
 
@@ -512,11 +520,10 @@ class Ledger:
 
     def step(self, step_id: str) -> StepRow:
         """One step's current state; UnknownStep if it has no events."""
-        check_step_id(step_id)
-        rows = read_steps(self._db, self._log, step_id=step_id)
-        if not rows:
+        row = self.find_step(step_id)
+        if row is None:
             raise UnknownStep(step_id)
-        return rows[0]
+        return row
 
     def timeline(self, step_id: str) -> list[RecordedEvent]:
         """Every event of one step, in order; UnknownStep if it has none."""
@@ -546,7 +553,11 @@ class Ledger:
 
     def rebuild(self, progress: Progress | None = None) -> int:
         """Refold every projection from the events, atomically; return the step count."""
-        return rebuild(self._db, self._log, progress)
+        self._log._forget()  # cached rows and head describe the tables being replaced
+        try:
+            return rebuild(self._db, self._log, progress)
+        finally:
+            self._log._forget()
 
     def verify(
         self, *, expect_head: Head | str | None = None, progress: Progress | None = None

@@ -185,15 +185,18 @@ class EventLog:
                 # journal key already present (a redelivery that the lifecycle allows,
                 # such as a second pin) rolls the savepoint back and takes the slow
                 # path, which inserts row by row and answers each duplicate.
-                conn.execute("SAVEPOINT append_batch")
-                try:
-                    recorded = self._append_rows(conn, prepared, head, time_ns, guard, fast=True)
-                except (_Duplicate, LedgerError):
-                    # A refusal on the fast path may come after an unseen duplicate: the
-                    # slow path answers exactly, naming the first event that is refused.
-                    conn.execute("ROLLBACK TO append_batch")
+                if len(prepared) == 1:  # nothing to batch: row by row, no savepoint
                     recorded = self._append_rows(conn, prepared, head, time_ns, guard, fast=False)
-                conn.execute("RELEASE append_batch")
+                else:
+                    conn.execute("SAVEPOINT append_batch")
+                    try:
+                        recorded = self._append_rows(conn, prepared, head, time_ns, guard, fast=True)
+                    except (_Duplicate, LedgerError):
+                        # A refusal on the fast path may come after an unseen duplicate:
+                        # the slow path answers exactly, naming the first refused event.
+                        conn.execute("ROLLBACK TO append_batch")
+                        recorded = self._append_rows(conn, prepared, head, time_ns, guard, fast=False)
+                    conn.execute("RELEASE append_batch")
                 new = [r for r in recorded if not r.deduped]
                 if self.projector is not None and new:
                     self.projector.flush(conn, new[-1].seq)
@@ -251,10 +254,13 @@ class EventLog:
                 # A redelivery is answered by the journal before the guard looks at
                 # blobs: it reports the past (its blob may be gone since), and a
                 # different payload under its key is a conflict, not a blob error.
-                original = self._journal_hit(conn, key, kind, env, payload)
-                if original is not None:
-                    recorded.append(original)
-                    continue
+                # The fast path assumes fresh events and skips that lookup: a refusal
+                # sends the whole batch down the slow path, which looks first.
+                if not fast:
+                    original = self._journal_hit(conn, key, kind, env, payload)
+                    if original is not None:
+                        recorded.append(original)
+                        continue
                 guard(conn, event)
             digest = chain_hash(prev, seq + 1, time_ns, env, key, kind, EVENT_VERSION, payload)
             row = (seq + 1, time_ns, env.workspace, env.run, env.step, env.attempt, env.epoch,

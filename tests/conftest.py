@@ -1,0 +1,213 @@
+"""Shared fixtures: a fake clock, a ledger on tmp_path, and event-building helpers.
+
+Every ledger in the tests runs on the fake clock; nothing reads wall time. Fixtures
+expose the helpers (`digest`, `commit_step`, ...); module-level code imports them with
+``from conftest import ...`` (pytest's default import mode puts tests/ on sys.path).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import shutil
+from collections.abc import Callable, Iterable, Iterator
+from pathlib import Path
+
+import apsw
+import pytest
+
+from ledger import (
+    Acked,
+    BlobStored,
+    Ledger,
+    ManifestEntry,
+    ManifestPublished,
+    Planned,
+    RecordedEvent,
+)
+
+START_NS = 1_700_000_000_000_000_000
+
+
+class FakeClock:
+    """A callable returning strictly increasing Unix nanoseconds.
+
+    Each call moves time forward by `step_ns`; `advance(seconds)` jumps ahead.
+    `calls` counts the reads, `last` is the value returned most recently.
+    """
+
+    def __init__(self, start_ns: int = START_NS, step_ns: int = 1_000) -> None:
+        self.now = start_ns
+        self.step_ns = step_ns
+        self.calls = 0
+        self.last: int | None = None
+
+    def __call__(self) -> int:
+        self.now += self.step_ns
+        self.calls += 1
+        self.last = self.now
+        return self.now
+
+    def advance(self, seconds: float) -> None:
+        if seconds < 0:
+            raise ValueError("a clock never goes back")
+        self.now += int(seconds * 1_000_000_000)
+
+
+def digest_of(data: bytes | str) -> str:
+    """sha256 hex of `data` (a str is UTF-8 encoded): a valid blob digest."""
+    if isinstance(data, str):
+        data = data.encode()
+    return hashlib.sha256(data).hexdigest()
+
+
+def commit_events(
+    step_id: str,
+    *,
+    ledger: Ledger | None = None,
+    attempt: int = 1,
+    content: bytes | None = None,
+    manifest_rev: int = 0,
+    expected_rev: int = -1,
+    supersedes: str | None = None,
+    run: str = "",
+    workspace: str = "",
+    epoch: int = 0,
+) -> list:
+    """Planned -> BlobStored -> ManifestPublished -> Acked for one attempt of a step.
+
+    With `ledger`, the artifact's bytes are put into its blob store first: the append
+    guard refuses a blob-stored or manifest-published naming a blob that is not durable.
+    """
+    content = content if content is not None else f"artifact of {step_id}".encode()
+    blob = digest_of(content)
+    if ledger is not None:
+        ledger.blobs.put(content, blob)
+    common = dict(step=step_id, attempt=attempt, run=run, workspace=workspace, epoch=epoch)
+    entry = ManifestEntry(path=f"out/{attempt}.txt", digest=blob, size=len(content))
+    manifest = digest_of(b"manifest:" + step_id.encode() + b":" + blob.encode()
+                         + b":" + str(manifest_rev).encode())
+    return [
+        Planned(**common, artifacts=(entry.path,)),
+        BlobStored(**common, digest=blob, size=len(content), path=entry.path, inline=False),
+        ManifestPublished(**common, manifest_rev=manifest_rev, expected_rev=expected_rev,
+                          digest=manifest, supersedes=supersedes, artifacts=(entry,)),
+        Acked(**common, manifest_rev=manifest_rev),
+    ]
+
+
+def commit_step(ledger: Ledger, step_id: str, **kwargs) -> list[RecordedEvent]:
+    """Store the artifact, then append a whole committed attempt of `step_id`, one event
+    per transaction."""
+    return [ledger.append(e) for e in commit_events(step_id, ledger=ledger, **kwargs)]
+
+
+def snapshot_dir(directory: Path) -> dict[str, bytes | None]:
+    """Every entry of a directory with its bytes (None for a subdirectory)."""
+    out: dict[str, bytes | None] = {}
+    for name in sorted(os.listdir(directory)):
+        p = directory / name
+        out[name] = None if p.is_dir() else p.read_bytes()
+    return out
+
+
+def raw_connection(path: Path | str) -> apsw.Connection:
+    """A plain apsw connection, as an attacker or another tool would open the file."""
+    return apsw.Connection(os.fspath(path))
+
+
+def tamper(path: Path | str, statements: Iterable[tuple[str, tuple]] | Callable) -> None:
+    """Edit `events` behind the ledger's back and leave a file that still opens.
+
+    Drops the append-only triggers, runs `statements` (or calls it with the connection),
+    and recreates the triggers with their exact original SQL, so the schema allow-list
+    accepts the file and only `verify` can notice.
+    """
+    conn = raw_connection(path)
+    try:
+        triggers = conn.execute(
+            "SELECT name, sql FROM sqlite_schema WHERE type = 'trigger' ORDER BY name"
+        ).fetchall()
+        assert {"events_no_update", "events_no_delete"} <= {n for n, _ in triggers}
+        with conn:
+            for name, _ in triggers:
+                conn.execute(f"DROP TRIGGER {name}")
+            if callable(statements):
+                statements(conn)
+            else:
+                for sql, params in statements:
+                    conn.execute(sql, params)
+            for _, sql in triggers:
+                conn.execute(sql)
+    finally:
+        conn.close()
+
+
+def copy_ledger(src: Path | str, dst: Path | str) -> Path:
+    """Copy a closed ledger file (it has no -wal once every connection closed) and, when
+    the copy lands in another directory, its blob store beside it."""
+    assert not os.path.exists(os.fspath(src) + "-wal"), "close the ledger before copying it"
+    shutil.copyfile(src, dst)
+    blobs, dst_blobs = Path(src).parent / "blobs", Path(dst).parent / "blobs"
+    if blobs.is_dir() and not dst_blobs.exists():
+        shutil.copytree(blobs, dst_blobs, symlinks=True)
+    return Path(dst)
+
+
+@pytest.fixture
+def clock() -> FakeClock:
+    return FakeClock()
+
+
+@pytest.fixture(scope="session")
+def make_clock() -> type[FakeClock]:
+    """The FakeClock class, for tests (hypothesis) that need a fresh clock per example."""
+    return FakeClock
+
+
+@pytest.fixture(scope="session")
+def digest() -> Callable[[bytes | str], str]:
+    """`digest(b"...")`: the sha256 hex digest of some bytes."""
+    return digest_of
+
+
+@pytest.fixture(scope="session", name="commit_step")
+def commit_step_fixture() -> Callable[..., list[RecordedEvent]]:
+    """`commit_step(ledger, step_id, ...)`: Planned -> BlobStored -> ManifestPublished -> Acked."""
+    return commit_step
+
+
+@pytest.fixture(scope="session", name="commit_events")
+def commit_events_fixture() -> Callable[..., list]:
+    """`commit_events(step_id, ...)`: the four events of `commit_step`, not appended."""
+    return commit_events
+
+
+@pytest.fixture(scope="session", name="tamper")
+def tamper_fixture() -> Callable[..., None]:
+    return tamper
+
+
+@pytest.fixture(scope="session", name="snapshot_dir")
+def snapshot_dir_fixture() -> Callable[[Path], dict[str, bytes | None]]:
+    return snapshot_dir
+
+
+@pytest.fixture(scope="session", name="copy_ledger")
+def copy_ledger_fixture() -> Callable[..., Path]:
+    return copy_ledger
+
+
+@pytest.fixture
+def ledger_path(tmp_path: Path) -> Path:
+    return tmp_path / "ledger.db"
+
+
+@pytest.fixture
+def ledger(ledger_path: Path, clock: FakeClock) -> Iterator[Ledger]:
+    led = Ledger.init(ledger_path, clock=clock)
+    assert led.created
+    try:
+        yield led
+    finally:
+        led.close()

@@ -251,17 +251,21 @@ class EventLog:
                     recorded.append(original)
                     continue
             if guard is not None and kind in GUARDED_KINDS:
-                # A redelivery is answered by the journal before the guard looks at
-                # blobs: it reports the past (its blob may be gone since), and a
-                # different payload under its key is a conflict, not a blob error.
-                # The fast path assumes fresh events and skips that lookup: a refusal
-                # sends the whole batch down the slow path, which looks first.
-                if not fast:
+                # A redelivery is answered by the journal even if the guard refuses
+                # it: it reports the past (its blob may be gone since), and a different
+                # payload under its key is a conflict, not a blob error. The journal is
+                # asked only after a refusal (a fresh event costs no lookup); on the
+                # fast path a refusal sends the whole batch down the slow path.
+                try:
+                    guard(conn, event)
+                except LedgerError:
+                    if fast:
+                        raise
                     original = self._journal_hit(conn, key, kind, env, payload)
-                    if original is not None:
-                        recorded.append(original)
-                        continue
-                guard(conn, event)
+                    if original is None:
+                        raise
+                    recorded.append(original)
+                    continue
             digest = chain_hash(prev, seq + 1, time_ns, env, key, kind, EVENT_VERSION, payload)
             row = (seq + 1, time_ns, env.workspace, env.run, env.step, env.attempt, env.epoch,
                    env.rev, key, kind, EVENT_VERSION, payload, prev, digest)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import os
 import time
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from types import TracebackType
 from typing import Any
 
@@ -35,7 +35,6 @@ from .events import (
     check_digest,
     check_relpath,
     check_step_id,
-    decode,
     manifest_digest,
 )
 from .log import EventLog, Head

@@ -16,7 +16,7 @@ and every one of them can be rebuilt from the events at any time.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Final
 
 import apsw

@@ -457,7 +457,7 @@ def manifest_json(m: Manifest) -> dict[str, Any]:
 
 @step.command("store")
 @click.argument("step_id", metavar="STEP")
-@click.argument("files", nargs=-1, required=True, type=click.Path(dir_okay=False))
+@click.argument("files", nargs=-1, required=True, type=click.Path(exists=True, dir_okay=False))
 @click.option("--run", default="", help="The run this step belongs to (when it starts).")
 @json_option
 @click.pass_context

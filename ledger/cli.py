@@ -29,7 +29,7 @@ import msgspec
 
 from . import __version__
 from .db import _readonly_uri
-from .errors import EXIT_ENVIRONMENT, EXIT_NO, IllegalTransition, LedgerError
+from .errors import EXIT_ENVIRONMENT, EXIT_NO, LedgerError
 from .events import KINDS, Manifest, RecordedEvent, check_relpath, to_builtins
 from .ledger import DEFAULT_PATH, Ledger
 from .projections import StepRow
@@ -465,7 +465,8 @@ def step_store(ctx: click.Context, step_id: str, files: tuple[str, ...], run: st
     """Store FILEs as the step's artifacts, durably, and print their digests.
 
     Each artifact is named by its path as given (relative, e.g. out/report.xml). The
-    step's attempt is planned first if none is in flight; a committed step refuses.
+    step's attempt is planned first if none is in flight. On a committed step the new
+    blobs take effect only through a supersede (publish --expected-rev LIVE_REV).
     Small files go inside the ledger, large ones into the blob store beside it.
     """
     for name in files:
@@ -477,8 +478,11 @@ def step_store(ctx: click.Context, step_id: str, files: tuple[str, ...], run: st
     with _open(ctx, readonly=False) as ledger:
         row = ledger.plan(step_id, run=run, artifacts=tuple(contents))
         if row.live:
-            raise IllegalTransition(step_id, row.attempt, "blob-stored",
-                                    "the step is committed; publish a supersede to replace it")
+            click.echo(
+                f"step {step_id} is committed (manifest r{row.manifest_rev}); these blobs"
+                f" replace it only when you supersede: 'stepledger step publish {step_id}"
+                f" --expected-rev {row.manifest_rev}'", err=True,
+            )
         stored = [ledger.store(step_id, row.attempt, p, data) for p, data in contents.items()]
     if as_json:
         _emit_json({"step": step_id, "attempt": row.attempt, "stored": [

@@ -74,8 +74,8 @@ def load_step(conn: apsw.Connection, step_id: str) -> StepRow | None:
 class StepsProjector:
     """The inline projections (see `ledger.log.Projector`): step rows, pins, manifests.
 
-    Step rows are folded on a copy and written once per transaction (`flush`); the
-    ref tables are written by `accept`, right after their event is certain. Rows this
+    Step rows are folded on a copy and written once per transaction (`flush`), and so
+    are the ref tables' changes, netted in memory (`RefsBatch`). Rows this
     connection committed are cached for the next append (the log drops the cache when
     another connection commits, via `PRAGMA data_version`).
     """
@@ -86,9 +86,11 @@ class StepsProjector:
         self.conn: apsw.Connection | None = None
         self.pending: dict[str, StepRow] = {}
         self.cache: dict[str, StepRow] = {}
+        self.refs = refs_mod.RefsBatch()
 
     def begin(self, conn: apsw.Connection) -> None:
         self.conn, self.pending = conn, {}
+        self.refs = refs_mod.RefsBatch()
 
     def current(self, step_id: str) -> StepRow | None:
         """The step's row as this transaction sees it (pending changes included)."""
@@ -111,12 +113,12 @@ class StepsProjector:
         if row is not None:
             self.pending[row.step_id] = row
         if event.__struct_config__.tag in refs_mod.KINDS:
-            assert self.conn is not None
-            refs_mod.apply_sql(self.conn, event, seq)
+            self.refs.fold(event, seq)
 
     def flush(self, conn: apsw.Connection, last_seq: int) -> None:
         if self.pending:
             conn.executemany(UPSERT_SQL, [r.as_tuple() for r in self.pending.values()])
+        self.refs.write(conn)
         _set_checkpoint(conn, last_seq)
 
     def committed(self) -> None:

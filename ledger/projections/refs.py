@@ -151,6 +151,41 @@ class RefsFold:
         self._drain(conn)
 
 
+class RefsBatch(RefsFold):
+    """One append transaction's ref changes, netted in memory and written at its end.
+
+    Pins taken and released within the batch cancel out; releases also delete the
+    rows earlier transactions wrote. Deletes run before inserts, which is right because
+    every insert still pending was taken after the last release of its attempt.
+    """
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.releases: list[tuple[str, int, bool]] = []  # (step, attempt, ack only)
+
+    def fold(self, event: object, seq: int) -> None:
+        super().fold(event, seq)
+        if isinstance(event, Acked | Compensated | Rejected):
+            self.releases.append((event.step, event.attempt, isinstance(event, Acked)))
+
+    def write(self, conn: apsw.Connection) -> None:
+        acked = [(s, a, *RELEASED_ON_ACK) for s, a, ack in self.releases if ack]
+        ended = [(s, a) for s, a, ack in self.releases if not ack]
+        if acked:
+            conn.executemany(
+                "DELETE FROM pins WHERE step = ? AND attempt = ? AND role IN (?, ?)", acked
+            )
+        if ended:
+            conn.executemany("DELETE FROM pins WHERE step = ? AND attempt = ?", ended)
+        if self.pins:
+            conn.executemany(
+                "INSERT OR IGNORE INTO pins(step, attempt, digest, role, seq) VALUES (?,?,?,?,?)",
+                self.pin_rows(),
+            )
+        if self.manifests:
+            self._drain(conn)
+
+
 def read_tables(conn: apsw.Connection) -> tuple[list[object], list[object], list[object]]:
     """The ref tables' rows in a canonical order (for comparison with a fold)."""
     pins = conn.execute("SELECT step, attempt, digest, role, seq FROM pins ORDER BY 1,2,3").fetchall()
@@ -171,4 +206,6 @@ def fold_tables(fold: RefsFold) -> tuple[list[object], list[object], list[object
     )
 
 
-__all__ = ["KINDS", "NAME", "VERSION", "RefsFold", "apply_sql", "fold_tables", "read_tables"]
+__all__ = [
+    "KINDS", "NAME", "VERSION", "RefsBatch", "RefsFold", "apply_sql", "fold_tables", "read_tables",
+]

@@ -355,9 +355,16 @@ class Ledger:
     def pin(self, step: str, attempt: int, digest: str, role: str = "artifact") -> RecordedEvent:
         """Record, in its own committed transaction, that the attempt will use this blob.
 
-        Taken before the blob is written or deduplicated, so GC never collects it.
+        Taken before the blob is written or deduplicated, so GC never collects it. The
+        same event `store` records, so pinning first and storing later is idempotent.
         """
-        return self.append(BlobPinned(step=step, attempt=attempt, digest=digest, role=role))  # type: ignore[arg-type]
+        return self.append(self._pin_event(self.step(step), attempt, digest, role))
+
+    @staticmethod
+    def _pin_event(row: StepRow, attempt: int, digest: str, role: str = "artifact") -> BlobPinned:
+        return BlobPinned(step=row.step_id, attempt=attempt, run=row.run,
+                          workspace=row.workspace, epoch=row.epoch, digest=digest,
+                          role=role)  # type: ignore[arg-type]
 
     def store(self, step: str, attempt: int, path: str, data: bytes) -> BlobStored:
         """Store one artifact of an attempt: pin, durable bytes, then `blob-stored`.
@@ -373,8 +380,7 @@ class Ledger:
         event = BlobStored(step=step, attempt=attempt, run=row.run, workspace=row.workspace,
                            epoch=row.epoch, digest=digest, size=len(data), path=path,
                            inline=inline)
-        pin = BlobPinned(step=step, attempt=attempt, run=row.run, workspace=row.workspace,
-                         epoch=row.epoch, digest=digest)
+        pin = self._pin_event(row, attempt, digest)
         if inline:
             # The pin, the bytes and `blob-stored` commit together: the blob is never
             # visible unpinned, so one transaction does what two would.

@@ -231,3 +231,12 @@ def test_inline_threshold_is_configurable(tmp_path: pathlib.Path) -> None:
     with Ledger.init(tmp_path / "l.db", inline_max_bytes=0) as lg:
         run_step(lg, "s", {"a": SMALL})
         assert [b["where"] for b in lg.blob_list()] == ["file"]
+
+
+def test_pin_then_store_is_one_pin(ledger: Ledger) -> None:
+    """An explicit pin and the pin `store` takes are the same event: no conflict."""
+    row = ledger.plan("s", run="r", artifacts=["b"])
+    first = ledger.pin("s", row.attempt, sha(LARGE))
+    ledger.store("s", row.attempt, "b", LARGE)
+    pins = [r for r in ledger.timeline("s") if r.kind == "blob-pinned"]
+    assert [p.seq for p in pins] == [first.seq]

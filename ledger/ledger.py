@@ -43,6 +43,7 @@ from .projections import (
     StepsProjector,
     catch_up,
     checkpoint,
+    load_step,
     read_refs,
     read_steps,
     rebuild,
@@ -312,10 +313,16 @@ class Ledger:
         """A step's current state, or None if it has no events."""
         check_step_id(step_id)
         if not self._db.readonly:
-            # What this connection last committed, unless another connection wrote since.
-            version = self._db.conn.execute("PRAGMA data_version").fetchone()[0]
-            if version == self._log._data_version and step_id in self._steps.cache:
-                return self._steps.cache[step_id].__copy__()
+            # Unless another connection wrote since our last commit, the tables are as we
+            # left them — caught up (at open, then by every append): serve the row from
+            # what this connection committed, or read it with a single query.
+            conn = self._db.conn
+            version = conn.execute("PRAGMA data_version").fetchone()[0]
+            if version == self._log._data_version:
+                cached = self._steps.cache.get(step_id)
+                if cached is not None:
+                    return cached.__copy__()
+                return load_step(conn, step_id)
         rows = read_steps(self._db, self._log, step_id=step_id)
         return rows[0] if rows else None
 

@@ -475,3 +475,30 @@ def test_read_refuses_bad_filters(mixed: Ledger) -> None:
         mixed.timeline("nobody")
     with pytest.raises(UnknownStep):
         mixed.step("nobody")
+
+
+def test_two_connections_interleaved_keep_one_chain(tmp_path) -> None:
+    """The head and step rows each connection caches are dropped when the other one
+    commits (PRAGMA data_version): interleaved writers extend one dense, valid chain."""
+    from ledger import Acked, Ledger, Planned
+    from ledger.steps import run_step
+
+    path = tmp_path / "shared.db"
+    a = Ledger.init(path)
+    b = Ledger.open(path)
+    try:
+        for i in range(20):
+            writer, other = (a, b) if i % 2 == 0 else (b, a)
+            run_step(writer, f"s{i}", {"out.txt": f"output {i}".encode()})
+            # the other connection sees the step as committed and cannot re-plan it
+            assert other.step(f"s{i}").live
+            assert not run_step(other, f"s{i}", {"out.txt": b"again"}).ran
+        a.append(Planned(step="x", attempt=1))
+        with pytest.raises(IllegalTransition):
+            b.append(Acked(step="x", attempt=1))
+        report = a.verify()
+        assert report.ok, report.findings
+        assert report.events == b.count() and b.head() == a.head()
+    finally:
+        a.close()
+        b.close()

@@ -94,7 +94,7 @@ CREATE TABLE projection_checkpoint(
   name TEXT PRIMARY KEY,
   last_seq INTEGER NOT NULL,
   version INTEGER NOT NULL
-) STRICT;
+) STRICT, WITHOUT ROWID;
 
 CREATE TABLE steps(
   step_id TEXT PRIMARY KEY,
@@ -112,7 +112,7 @@ CREATE TABLE steps(
   first_seq INTEGER NOT NULL,
   last_seq INTEGER NOT NULL,
   updated_ns INTEGER NOT NULL
-) STRICT;
+) STRICT, WITHOUT ROWID;
 
 CREATE TABLE blob_data(
   digest TEXT PRIMARY KEY,

@@ -234,14 +234,13 @@ def catch_up(db: Database, log: EventLog) -> int:
     with db.transaction() as conn:
         cp = checkpoint(conn)
         working: dict[str, StepRow] = {}
+        refs = refs_mod.RefsBatch()  # the inline writer's netting, over the whole tail
         last = _fold_rows(
-            log, cp.last_seq, working, lambda s: load_step(conn, s), None, None, 0
+            log, cp.last_seq, working, lambda s: load_step(conn, s), None, None, 0, refs
         )
-        for row in log.rows(cp.last_seq):
-            if row[9] in refs_mod.KINDS:
-                refs_mod.apply_sql(conn, decode(row[11], row[10]), row[0])  # type: ignore[arg-type]
         if working:
             conn.executemany(UPSERT_SQL, [r.as_tuple() for r in working.values()])
+        refs.write(conn)
         _set_checkpoint(conn, max(last, cp.last_seq))
         return last - cp.last_seq
 

@@ -7,8 +7,9 @@
 - `manifests` / `manifest_entries`: every manifest revision ever published and the
   blobs it names. Never deleted: a blob named by any revision is referenced.
 
-Two writers of the same facts: `apply_sql` (inline, inside the append transaction)
-and `RefsFold` (in memory, for rebuild and verify). `verify` compares them, so the
+One fold, `RefsFold` (in memory: rebuild and verify), and its per-transaction variant
+`RefsBatch` (the inline writer and catch-up), which also deletes released pins that
+earlier transactions wrote. `verify` compares the tables with a fresh fold, so the
 two cannot drift unseen.
 """
 
@@ -48,37 +49,6 @@ def manifest_rows(event: ManifestPublished, seq: int) -> tuple[ManifestRow, list
         for e in event.artifacts
     ]
     return manifest, entries
-
-
-def apply_sql(conn: apsw.Connection, event: object, seq: int) -> None:
-    """Fold one event into the ref tables, inside the caller's transaction."""
-    if isinstance(event, BlobPinned):
-        conn.execute(
-            "INSERT OR IGNORE INTO pins(step, attempt, digest, role, seq) VALUES (?,?,?,?,?)",
-            (event.step, event.attempt, event.digest, event.role, seq),
-        )
-    elif isinstance(event, Acked):
-        conn.execute(
-            "DELETE FROM pins WHERE step = ? AND attempt = ? AND role IN (?, ?)",
-            (event.step, event.attempt, *RELEASED_ON_ACK),
-        )
-    elif isinstance(event, Compensated | Rejected):
-        conn.execute("DELETE FROM pins WHERE step = ? AND attempt = ?", (event.step, event.attempt))
-    elif isinstance(event, ManifestPublished):
-        manifest, entries = manifest_rows(event, seq)
-        conn.execute(  # OR REPLACE: a catch-up may fold an event twice
-            "INSERT OR REPLACE INTO manifests(step, manifest_rev, attempt, digest, supersedes, seq)"
-            " VALUES (?,?,?,?,?,?)",
-            manifest,
-        )
-        sql = (
-            "INSERT OR REPLACE INTO manifest_entries(step, manifest_rev, role, path, digest, size)"
-            " VALUES (?,?,?,?,?,?)"
-        )
-        if len(entries) == 1:
-            conn.execute(sql, entries[0])
-        elif entries:
-            conn.executemany(sql, entries)
 
 
 class RefsFold:
@@ -122,13 +92,14 @@ class RefsFold:
                 self._drain(self._drain_to)
 
     def _drain(self, conn: apsw.Connection) -> None:
+        # OR REPLACE: a catch-up may fold again a manifest whose rows are already there
         conn.executemany(
-            "INSERT INTO manifests(step, manifest_rev, attempt, digest, supersedes, seq)"
+            "INSERT OR REPLACE INTO manifests(step, manifest_rev, attempt, digest, supersedes, seq)"
             " VALUES (?,?,?,?,?,?)",
             self.manifests,
         )
         conn.executemany(
-            "INSERT INTO manifest_entries(step, manifest_rev, role, path, digest, size)"
+            "INSERT OR REPLACE INTO manifest_entries(step, manifest_rev, role, path, digest, size)"
             " VALUES (?,?,?,?,?,?)",
             self.entries,
         )
@@ -207,5 +178,5 @@ def fold_tables(fold: RefsFold) -> tuple[list[object], list[object], list[object
 
 
 __all__ = [
-    "KINDS", "NAME", "VERSION", "RefsBatch", "RefsFold", "apply_sql", "fold_tables", "read_tables",
+    "KINDS", "NAME", "VERSION", "RefsBatch", "RefsFold", "fold_tables", "read_tables",
 ]

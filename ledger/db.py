@@ -45,7 +45,7 @@ from .errors import (
 )
 
 APPLICATION_ID: Final = 0x53544C47  # 'STLG'
-SCHEMA_VERSION: Final = 1
+SCHEMA_VERSION: Final = 2
 SQLITE_MAGIC: Final = b"SQLite format 3\x00"
 VALUE_SIZE_MAX: Final = 64 * 1024 * 1024  # SQLITE_LIMIT_LENGTH: bounds any row we read
 BUSY_TIMEOUT_MS: Final = 5_000
@@ -153,6 +153,29 @@ CREATE TABLE manifest_entries(
 ) STRICT, WITHOUT ROWID;
 
 CREATE INDEX manifest_entries_digest ON manifest_entries(digest);
+""",
+    # Workspaces (issue 4): revisions, per-path revisions and hashes, the lease.
+    2: """
+CREATE TABLE workspaces(
+  name TEXT PRIMARY KEY,
+  root TEXT NOT NULL,
+  rev INTEGER NOT NULL,
+  epoch INTEGER NOT NULL,
+  holder TEXT NOT NULL,
+  expires_ns INTEGER NOT NULL,
+  released INTEGER NOT NULL,
+  acquired_ns INTEGER NOT NULL,
+  last_seq INTEGER NOT NULL
+) STRICT, WITHOUT ROWID;
+
+CREATE TABLE ws_paths(
+  workspace TEXT NOT NULL,
+  path TEXT NOT NULL,
+  rev INTEGER NOT NULL,
+  hash TEXT,
+  seq INTEGER NOT NULL,
+  PRIMARY KEY(workspace, path)
+) STRICT, WITHOUT ROWID;
 """,
 }
 

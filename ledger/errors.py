@@ -74,6 +74,26 @@ class ReadOnlyLedger(LedgerError):
         self.path = path
 
 
+class UnknownWorkspace(LedgerError):
+    def __init__(self, workspace: str) -> None:
+        super().__init__(
+            f"workspace {workspace!r} is not in this ledger; add it with"
+            f" 'stepledger workspace add {workspace} DIR'"
+        )
+        self.workspace = workspace
+
+
+class PathEscapes(InvalidInput):
+    """A workspace path leaves the workspace (``..``, absolute, or through a symlink)."""
+
+    def __init__(self, workspace: str, path: str, why: str) -> None:
+        super().__init__(
+            f"path {path!r} escapes workspace {workspace!r} ({why}); give a plain relative"
+            " path inside the workspace that crosses no symlink"
+        )
+        self.workspace, self.path, self.why = workspace, path, why
+
+
 # --- 1: the protocol refused, or a violation was found ---------------------------------
 
 
@@ -163,6 +183,65 @@ class HeadMismatch(ProtocolRefused):
         self.expected, self.why = expected, why
 
 
+class StaleEpoch(ProtocolRefused):
+    """An effect carried an epoch that is not the workspace's live one: a zombie, a late
+    receipt, or a lease that expired. Nothing was written."""
+
+    def __init__(self, workspace: str, epoch: int, live: int | None, why: str = "") -> None:
+        have = "no live lease" if live is None else f"live epoch {live}"
+        super().__init__(
+            f"workspace {workspace!r}: epoch {epoch} is not live ({have}{why and '; ' + why});"
+            " this worker was superseded: stop, and let the live epoch's holder continue"
+            " (or 'stepledger lease acquire' a new epoch)"
+        )
+        self.workspace, self.epoch, self.live = workspace, epoch, live
+
+
+class LeaseHeld(ProtocolRefused):
+    """Another holder's lease on the workspace is live."""
+
+    def __init__(self, workspace: str, epoch: int, holder: str, expires_ns: int) -> None:
+        super().__init__(
+            f"workspace {workspace!r} is leased by {holder!r} (epoch {epoch}) until"
+            f" {expires_ns} ns; wait for it to expire or acquire with --force"
+        )
+        self.workspace, self.epoch, self.holder, self.expires_ns = (
+            workspace, epoch, holder, expires_ns,
+        )
+
+
+class Unsettled(ProtocolRefused):
+    """Attempts of an older epoch are still in flight on the workspace."""
+
+    def __init__(self, workspace: str, steps: list[str]) -> None:
+        shown = ", ".join(steps[:5]) + (" …" if len(steps) > 5 else "")
+        super().__init__(
+            f"workspace {workspace!r} has attempts of an older epoch still in flight"
+            f" ({shown}); settle them first with 'stepledger lease settle'"
+        )
+        self.workspace, self.steps = workspace, steps
+
+
+class ReplanRefused(ProtocolRefused):
+    """`replan` cannot re-stamp a plan whose pre-images no longer hold."""
+
+    def __init__(self, step: str, why: str) -> None:
+        super().__init__(
+            f"step {step!r} cannot be re-stamped ({why}); plan it anew from the"
+            " workspace's current content"
+        )
+        self.step, self.why = step, why
+
+
+class CompensationWindowClosed(ProtocolRefused):
+    def __init__(self, step: str, age_s: float, window_s: float) -> None:
+        super().__init__(
+            f"step {step!r} was committed {age_s:.0f}s ago, past the compensation window"
+            f" of {window_s:.0f}s; revert it with a new step instead"
+        )
+        self.step, self.age_s, self.window_s = step, age_s, window_s
+
+
 # --- 3: the environment failed ---------------------------------------------------------
 
 
@@ -197,6 +276,7 @@ __all__ = [
     "BlobNotFound",
     "EXIT_NO",
     "EXIT_USAGE",
+    "CompensationWindowClosed",
     "CorruptLedger",
     "EnvironmentFailure",
     "HeadMismatch",
@@ -204,13 +284,19 @@ __all__ = [
     "IllegalTransition",
     "ManifestConflict",
     "InvalidInput",
+    "LeaseHeld",
     "LedgerBusy",
     "LedgerError",
     "LedgerNotFound",
     "LedgerTooNew",
     "NotALedger",
+    "PathEscapes",
     "ProtocolRefused",
     "ReadOnlyLedger",
+    "ReplanRefused",
+    "StaleEpoch",
     "StorageFailure",
     "UnknownStep",
+    "UnknownWorkspace",
+    "Unsettled",
 ]

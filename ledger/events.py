@@ -157,6 +157,8 @@ class Planned(StepEvent, frozen=True, kw_only=True, tag="planned"):
     rev: NonNegative = 0  # the workspace rev at dispatch (drift = rev - bases)
     fence: Literal["step", "plan", "none"] = "step"
     journal: bool = True
+    plan_rev: NonNegative | None = None  # the workspace rev the run's plan was admitted at
+    irreversible: bool = False  # touches the world outside the workspace: a human decides
 
     def __post_init__(self) -> None:
         for artifact in self.artifacts:
@@ -168,7 +170,8 @@ class Fenced(StepEvent, frozen=True, kw_only=True, tag="fenced"):
 
     writes: Annotated[tuple[AppliedWrite, ...], Meta(max_length=ITEMS_MAX)] = ()
     rev: NonNegative = 0  # the workspace rev after the apply
-    settled: bool = False  # recorded by settling a crash, not by a live apply
+    settled: bool = False  # some write was found already on disk (a crash replayed)
+    journal: bool = True  # False only in the journal-off comparison mode (no dedupe)
 
 
 class BlobPinned(StepEvent, frozen=True, kw_only=True, tag="blob-pinned"):
@@ -343,6 +346,13 @@ def journal_key(event: Event) -> str:
     GC events by their subject. The key is a JSON array, so no separator can collide.
     """
     parts: list[Any]
+    if isinstance(event, Fenced):
+        # Applying is keyed (workspace, step, attempt): article 003's (step_id, base_rev)
+        # made exact. With the journal off (a comparison mode) every apply is new.
+        parts = ["apply", event.workspace, event.step, event.attempt]
+        if not event.journal:
+            parts.append(event.rev)
+        return _key_encoder.encode(parts).decode()
     if isinstance(event, StepEvent):
         parts = [event.step, event.attempt, kind_of(event)]
     else:

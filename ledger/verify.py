@@ -20,7 +20,15 @@ from .db import Database
 from .errors import CorruptLedger, InvalidInput
 from .events import EVENT_TYPES, chain_hash, decode, envelope, journal_key
 from .log import EventLog, Head
-from .projections import StepRow, checkpoint, fold_all, read_refs, read_steps
+from .projections import (
+    StepRow,
+    checkpoint,
+    fold_all,
+    read_refs,
+    read_steps,
+    read_workspaces,
+)
+from .projections.workspaces import WorkspacesFold
 from .projections.refs import RefsFold, fold_tables
 
 Progress = Callable[[int, int], None]
@@ -131,9 +139,11 @@ def verify(
         lag = max(0, head.seq - cp.last_seq)
         try:
             fresh_refs = RefsFold()
-            fresh = fold_all(log, refs=fresh_refs)
+            fresh_ws = WorkspacesFold()
+            fresh = fold_all(log, refs=fresh_refs, ws=fresh_ws)
             current = {r.step_id: r for r in read_steps(db, log)}
             findings.extend(_compare_refs(fresh_refs, read_refs(db, log)))
+            findings.extend(_compare_workspaces(fresh_ws, read_workspaces(db, log)))
             if blob_check is not None:
                 findings.extend(_durability(fresh, fresh_refs, blob_check))
         except CorruptLedger as exc:  # an undecodable row or a broken lifecycle: report it
@@ -176,6 +186,20 @@ def _compare_refs(fresh: RefsFold, current: RefsFold) -> list[Finding]:
     out = []
     names = ("pins", "manifests", "manifest entries")
     for name, a, b in zip(names, fold_tables(fresh), fold_tables(current), strict=True):
+        if a != b:
+            extra = [r for r in b if r not in a][:3]
+            missing = [r for r in a if r not in b][:3]
+            out.append(Finding(
+                "projection", 0, f"the {name} table differs from a rebuild:"
+                f" unexpected {extra}, missing {missing}",
+            ))
+    return out
+
+
+def _compare_workspaces(fresh: WorkspacesFold, current: WorkspacesFold) -> list[Finding]:
+    out = []
+    for name, a, b in zip(("workspaces", "workspace paths"), fresh.table_rows(),
+                          current.table_rows(), strict=True):
         if a != b:
             extra = [r for r in b if r not in a][:3]
             missing = [r for r in a if r not in b][:3]

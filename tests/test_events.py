@@ -399,13 +399,13 @@ def test_decode_refuses_a_newer_event_version() -> None:
 def test_appended_events_read_back_identical(ledger: Ledger) -> None:
     events = [
         WorkspaceAdded(workspace="w", root="/srv/w"),
-        LeaseAcquired(workspace="w", epoch=1, holder="agent-1", expires_ns=10**18),
-        Planned(step="s", attempt=1, workspace="w", run="r", epoch=1, rev=3,
-                writes=(PlannedWrite(path="a.txt", base_rev=2, pre_hash=D1, post_hash=D2),),
+        LeaseAcquired(workspace="w", epoch=1, holder="agent-1", expires_ns=4 * 10**18),
+        Planned(step="s", attempt=1, workspace="w", run="r", epoch=1, rev=0,
+                writes=(PlannedWrite(path="a.txt", base_rev=0, pre_hash=D1, post_hash=D2),),
                 artifacts=("log/out.txt",)),
-        Fenced(step="s", attempt=1, workspace="w", run="r", epoch=1, rev=4,
-               writes=(AppliedWrite(path="a.txt", rev=4, pre_hash=D1, post_hash=D2),)),
-        LeaseRenewed(workspace="w", epoch=1, expires_ns=2 * 10**18),
+        Fenced(step="s", attempt=1, workspace="w", run="r", epoch=1, rev=1,
+               writes=(AppliedWrite(path="a.txt", rev=1, pre_hash=D1, post_hash=D2),)),
+        LeaseRenewed(workspace="w", epoch=1, expires_ns=5 * 10**18),
         LeaseReleased(workspace="w", epoch=1),
         WorkspaceRestored(workspace="w", root="/new", rev=4, paths=1),
         BlobCollected(digest=D1, size=3, collection="gc-1"),
@@ -422,7 +422,6 @@ def test_appended_events_read_back_identical(ledger: Ledger) -> None:
 # the manifest revision. Written out here, not derived from `key_extra`.
 STEP_EVENTS_AND_EXTRA: list[tuple[Any, list[Any]]] = [
     (Planned(step="s", attempt=2, run="r", epoch=3), []),
-    (Fenced(step="s", attempt=2, rev=9), []),
     (BlobPinned(step="s", attempt=2, digest=D1), [D1]),
     (BlobStored(step="s", attempt=2, digest=D2, size=5), [D2]),
     (ManifestPublished(step="s", attempt=2, manifest_rev=4, expected_rev=3, digest=D1), [4]),
@@ -439,6 +438,16 @@ def test_journal_key_of_a_step_transition(event: Any, extra: list[Any]) -> None:
     key = journal_key(event)
     assert json.loads(key) == ["s", 2, ev.kind_of(event), *extra]
     assert ev.kind_of(event) in ev.STEP_KINDS
+
+
+def test_apply_is_keyed_by_workspace_step_and_attempt() -> None:
+    """DESIGN.md: applying is keyed (workspace, step, attempt); with the journal off (the
+    comparison mode) every apply gets a key of its own, so nothing dedupes it."""
+    assert json.loads(journal_key(Fenced(step="s", attempt=2, workspace="w", rev=9))) == [
+        "apply", "w", "s", 2,
+    ]
+    off = Fenced(step="s", attempt=2, workspace="w", rev=9, journal=False)
+    assert json.loads(journal_key(off)) == ["apply", "w", "s", 2, 9]
 
 
 def test_journal_key_ignores_payload_outside_the_key() -> None:

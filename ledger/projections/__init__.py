@@ -28,7 +28,9 @@ from ..events import Planned, StepEvent, decode
 from ..log import FOLD_COLUMNS, EventLog
 from . import refs as refs_mod
 from . import steps as steps_mod
+from . import workspaces as ws_mod
 from .refs import RefsFold
+from .workspaces import WorkspacesFold, WsRow
 from .steps import (
     ACKED,
     COMPENSATED,
@@ -87,10 +89,12 @@ class StepsProjector:
         self.pending: dict[str, StepRow] = {}
         self.cache: dict[str, StepRow] = {}
         self.refs = refs_mod.RefsBatch()
+        self.ws = WorkspacesFold()
 
     def begin(self, conn: apsw.Connection) -> None:
         self.conn, self.pending = conn, {}
         self.refs = refs_mod.RefsBatch()
+        self.ws = WorkspacesFold(conn)
 
     def current(self, step_id: str) -> StepRow | None:
         """The step's row as this transaction sees it (pending changes included)."""
@@ -99,26 +103,35 @@ class StepsProjector:
             row = load_step(self.conn, step_id)
         return row
 
-    def check(self, event: object, seq: int, time_ns: int) -> tuple[object, int, StepRow | None] | None:
+    def check(
+        self, event: object, seq: int, time_ns: int
+    ) -> tuple[object, int, int, StepRow | None] | None:
+        kind = event.__struct_config__.tag  # type: ignore[attr-defined]
+        if kind in ws_mod.KINDS:
+            self.ws.validate(event, time_ns)
         if not isinstance(event, StepEvent):
-            return None
+            return (event, seq, time_ns, None) if kind in ws_mod.KINDS else None
         row = self.current(event.step)
         new = fold(None if row is None else row.__copy__(), event, seq, time_ns)  # type: ignore[arg-type]
-        return event, seq, new
+        return event, seq, time_ns, new
 
     def accept(self, change: object) -> None:
         if change is None:
             return
-        event, seq, row = change  # type: ignore[misc]
+        event, seq, time_ns, row = change  # type: ignore[misc]
         if row is not None:
             self.pending[row.step_id] = row
-        if event.__struct_config__.tag in refs_mod.KINDS:
+        kind = event.__struct_config__.tag
+        if kind in refs_mod.KINDS:
             self.refs.fold(event, seq)
+        if kind in ws_mod.KINDS:
+            self.ws.apply(event, seq, time_ns)
 
     def flush(self, conn: apsw.Connection, last_seq: int) -> None:
         if self.pending:
             conn.executemany(UPSERT_SQL, [r.as_tuple() for r in self.pending.values()])
         self.refs.write(conn)
+        self.ws.write(conn)
         _set_checkpoint(conn, last_seq)
 
     def committed(self) -> None:
@@ -141,6 +154,7 @@ def _fold_rows(
     progress: Progress | None,
     total: int,
     refs: RefsFold | None = None,
+    ws: WorkspacesFold | None = None,
 ) -> int:
     """Fold raw event rows into `working` (and `refs`); return the last seq seen."""
     last = 0
@@ -150,13 +164,21 @@ def _fold_rows(
         done += 1
         if progress is not None and done % 10_000 == 0:
             progress(done, total)
-        if kind not in steps_mod.ALLOWED_AFTER and kind != "planned":
-            continue  # not a step transition
+        is_ws = kind in ws_mod.KINDS
+        if kind not in steps_mod.ALLOWED_AFTER and kind != "planned" and not is_ws:
+            continue  # no projection folds it
         try:
             event = decode(payload, v)  # type: ignore[arg-type]
         except (msgspec.DecodeError, InvalidInput) as exc:
             raise CorruptLedger(log.db.path, f"event #{seq} cannot be decoded: {exc}") from None
-        assert isinstance(event, StepEvent)
+        if ws is not None and is_ws:
+            try:
+                ws.validate(event, time_ns)  # type: ignore[arg-type]
+            except IllegalTransition as exc:
+                raise CorruptLedger(log.db.path, f"event #{seq} breaks the lifecycle: {exc}") from None
+            ws.apply(event, seq, time_ns)  # type: ignore[arg-type]
+        if not isinstance(event, StepEvent):
+            continue
         if refs is not None and kind in refs_mod.KINDS:
             refs.fold(event, seq)  # type: ignore[arg-type]
         step_id = event.step
@@ -207,7 +229,10 @@ def rebuild(db: Database, log: EventLog, progress: Progress | None = None) -> in
         working: dict[str, StepRow] = {}
         refs = RefsFold(drain_to=conn)  # manifests stream out; only live pins stay
         refs.clear_tables(conn)
-        last = _fold_rows(log, 0, working, lookup, evict, progress, total, refs)
+        ws = WorkspacesFold()
+        WorkspacesFold.clear_tables(conn)
+        last = _fold_rows(log, 0, working, lookup, evict, progress, total, refs, ws)
+        ws.write(conn)
         for row in working.values():
             evict(row)
         if written:
@@ -235,23 +260,49 @@ def catch_up(db: Database, log: EventLog) -> int:
         cp = checkpoint(conn)
         working: dict[str, StepRow] = {}
         refs = refs_mod.RefsBatch()  # the inline writer's netting, over the whole tail
+        ws = WorkspacesFold(conn)
         last = _fold_rows(
-            log, cp.last_seq, working, lambda s: load_step(conn, s), None, None, 0, refs
+            log, cp.last_seq, working, lambda s: load_step(conn, s), None, None, 0, refs, ws
         )
         if working:
             conn.executemany(UPSERT_SQL, [r.as_tuple() for r in working.values()])
         refs.write(conn)
+        ws.write(conn)
         _set_checkpoint(conn, max(last, cp.last_seq))
         return last - cp.last_seq
 
 
 def fold_all(
-    log: EventLog, progress: Progress | None = None, refs: RefsFold | None = None
+    log: EventLog,
+    progress: Progress | None = None,
+    refs: RefsFold | None = None,
+    ws: WorkspacesFold | None = None,
 ) -> dict[str, StepRow]:
-    """Every step (and, given `refs`, every pin and manifest) folded in memory from seq 1."""
+    """Every step (and, given `refs` / `ws`, every pin, manifest and workspace) folded in
+    memory from seq 1."""
     working: dict[str, StepRow] = {}
-    _fold_rows(log, 0, working, lambda s: None, None, progress, log.count(), refs)
+    _fold_rows(log, 0, working, lambda s: None, None, progress, log.count(), refs, ws)
     return working
+
+
+def read_workspaces(db: Database, log: EventLog) -> WorkspacesFold:
+    """Every workspace and path state as of now, read-only: the tables, or a fold when
+    they lag the log."""
+    with db.snapshot() as conn:
+        cp = checkpoint(conn)
+        if cp.version != steps_mod.VERSION or cp.last_seq < log.head().seq:
+            fold = WorkspacesFold()
+            fold_all(log, ws=fold)
+            return fold
+        fold = WorkspacesFold()
+        for row in conn.execute(ws_mod.SELECT_WS):
+            r = WsRow.from_tuple(row)
+            fold.rows[r.name] = r
+        for wsname, path, rev, digest, seq in conn.execute(
+            "SELECT workspace, path, rev, hash, seq FROM ws_paths"
+        ):
+            fold.paths[(wsname, path)] = (rev, digest, seq)
+    return fold
 
 
 def read_refs(db: Database, log: EventLog) -> RefsFold:
@@ -326,5 +377,6 @@ __all__ = [
     "load_step",
     "read_refs",
     "read_steps",
+    "read_workspaces",
     "rebuild",
 ]

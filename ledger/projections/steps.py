@@ -29,7 +29,7 @@ from ..events import (
 )
 
 #: Bump when the fold or the table changes: the next read-write open rebuilds.
-VERSION: Final = 1
+VERSION: Final = 2  # 2: workspaces and paths (schema v2)
 NAME: Final = "steps"
 
 PLANNED, FENCED, STORED = "planned", "fenced", "blob-stored"

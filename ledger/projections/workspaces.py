@@ -1,0 +1,282 @@
+"""Workspaces: revisions, per-path revisions and hashes, and the lease — as a fold.
+
+A workspace's monotonic `rev` grows by one per applied write (and per path a
+compensation puts back); each path remembers the rev of its last applied write and
+the hash of the content that write left. The lease is the live epoch, its holder
+and its expiry. All of it is derived from events (`workspace-added`, `lease-*`,
+`fenced`, `compensated`) and written inline with them, so the fence, the epoch
+check and the journal key commit in one transaction.
+
+`validate` raises before anything changes; `apply` changes the fold. The inline
+writer calls them per event (validate, then — if the event is inserted — apply),
+`rebuild` and `catch_up` over the log.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import ClassVar, Final
+
+import apsw
+import msgspec
+
+from ..errors import IllegalTransition
+from ..events import (
+    Compensated,
+    Fenced,
+    LeaseAcquired,
+    LeaseReleased,
+    LeaseRenewed,
+    WorkspaceAdded,
+)
+
+KINDS: Final = frozenset(
+    {"workspace-added", "lease-acquired", "lease-renewed", "lease-released", "fenced", "compensated"}
+)
+
+
+class IllegalWorkspaceTransition(IllegalTransition):
+    """A workspace or lease event that does not follow from the workspace's state."""
+
+    def __init__(self, workspace: str, kind: str, why: str) -> None:
+        Exception.__init__(
+            self,
+            f"workspace {workspace!r}: {kind} is not allowed ({why});"
+            f" inspect it with 'stepledger lease show --workspace {workspace}'",
+        )
+        self.step, self.attempt, self.kind, self.why = workspace, 0, kind, why
+        self.workspace = workspace
+
+
+class WsRow(msgspec.Struct, kw_only=True, gc=False):
+    """One row of the `workspaces` table."""
+
+    name: str
+    root: str
+    rev: int = 0
+    epoch: int = 0  # the latest epoch ever acquired (0: never leased)
+    holder: str = ""
+    expires_ns: int = 0
+    released: bool = False
+    acquired_ns: int = 0
+    last_seq: int = 0
+
+    COLUMNS: ClassVar[tuple[str, ...]] = (
+        "name", "root", "rev", "epoch", "holder", "expires_ns", "released", "acquired_ns",
+        "last_seq",
+    )
+
+    def as_tuple(self) -> tuple[object, ...]:
+        return (self.name, self.root, self.rev, self.epoch, self.holder, self.expires_ns,
+                int(self.released), self.acquired_ns, self.last_seq)
+
+    @classmethod
+    def from_tuple(cls, row: tuple[object, ...]) -> WsRow:
+        values = dict(zip(cls.COLUMNS, row, strict=True))
+        values["released"] = bool(values["released"])
+        return cls(**values)  # type: ignore[arg-type]
+
+    def live_epoch(self, now_ns: int) -> int | None:
+        """The live epoch at `now_ns`, or None when no lease is live."""
+        if self.epoch == 0 or self.released or now_ns >= self.expires_ns:
+            return None
+        return self.epoch
+
+
+PathState = tuple[int, str | None, int]  # (rev, hash or None for absent, seq)
+
+SELECT_WS: Final = "SELECT " + ", ".join(WsRow.COLUMNS) + " FROM workspaces"
+UPSERT_WS: Final = (
+    f"INSERT INTO workspaces({', '.join(WsRow.COLUMNS)}) VALUES ({', '.join('?' * 9)})"
+    " ON CONFLICT(name) DO UPDATE SET "
+    + ", ".join(f"{c} = excluded.{c}" for c in WsRow.COLUMNS[1:])
+)
+UPSERT_PATH: Final = (
+    "INSERT INTO ws_paths(workspace, path, rev, hash, seq) VALUES (?,?,?,?,?)"
+    " ON CONFLICT(workspace, path) DO UPDATE SET rev = excluded.rev, hash = excluded.hash,"
+    " seq = excluded.seq"
+)
+
+
+def load_workspace(conn: apsw.Connection, name: str) -> WsRow | None:
+    row = conn.execute(SELECT_WS + " WHERE name = ?", (name,)).fetchone()
+    return None if row is None else WsRow.from_tuple(row)
+
+
+def load_path(conn: apsw.Connection, workspace: str, path: str) -> PathState | None:
+    row = conn.execute(
+        "SELECT rev, hash, seq FROM ws_paths WHERE workspace = ? AND path = ?", (workspace, path)
+    ).fetchone()
+    return None if row is None else (int(row[0]), row[1], int(row[2]))
+
+
+class WorkspacesFold:
+    """Workspace rows and path states, loaded lazily (from a connection) and folded.
+
+    Without a connection it folds from nothing (rebuild, verify, read-only lag).
+    """
+
+    def __init__(self, conn: apsw.Connection | None = None) -> None:
+        self.conn = conn
+        self.rows: dict[str, WsRow | None] = {}
+        self.paths: dict[tuple[str, str], PathState | None] = {}
+        self.dirty_rows: set[str] = set()
+        self.dirty_paths: set[tuple[str, str]] = set()
+
+    # -- state ---------------------------------------------------------------------------
+
+    def row(self, name: str) -> WsRow | None:
+        if name not in self.rows:
+            self.rows[name] = None if self.conn is None else load_workspace(self.conn, name)
+        return self.rows[name]
+
+    def path(self, workspace: str, path: str) -> PathState | None:
+        key = (workspace, path)
+        if key not in self.paths:
+            self.paths[key] = None if self.conn is None else load_path(self.conn, workspace, path)
+        return self.paths[key]
+
+    def path_rev(self, workspace: str, path: str) -> int:
+        state = self.path(workspace, path)
+        return 0 if state is None else state[0]
+
+    # -- the fold --------------------------------------------------------------------------
+
+    def validate(self, event: object, time_ns: int) -> None:
+        """Raise IllegalWorkspaceTransition unless `event` follows; change nothing."""
+        kind = type(event).__struct_config__.tag  # type: ignore[attr-defined]
+        if kind not in KINDS:
+            return
+        name = getattr(event, "workspace", "")
+        if not name:
+            return  # a step with no workspace (artifact-only)
+        row = self.row(name)
+
+        def refuse(why: str) -> None:
+            raise IllegalWorkspaceTransition(name, kind, why)
+
+        if isinstance(event, WorkspaceAdded):
+            if row is not None:
+                refuse(f"it was already added with root {row.root!r}")
+            return
+        if row is None:
+            refuse("the workspace was never added")
+        assert row is not None
+        if isinstance(event, LeaseAcquired):
+            if event.epoch != row.epoch + 1:
+                refuse(f"the next epoch is {row.epoch + 1}")
+            live = row.live_epoch(time_ns)
+            if live is not None and not event.forced:
+                refuse(f"epoch {live} held by {row.holder!r} is live")
+            if event.expires_ns <= time_ns:
+                refuse("the lease would expire before it starts")
+        elif isinstance(event, LeaseRenewed):
+            if event.epoch != row.live_epoch(time_ns):
+                refuse(f"epoch {event.epoch} is not live; an expired lease is never revived")
+            if event.expires_ns < row.expires_ns:
+                refuse("a heartbeat only extends a lease")
+        elif isinstance(event, LeaseReleased):
+            if event.epoch != row.epoch or row.released:
+                refuse(f"epoch {event.epoch} is not the latest unreleased lease")
+        elif isinstance(event, Fenced):
+            if event.rev != row.rev + len(event.writes):
+                refuse(f"the workspace is at rev {row.rev}; {len(event.writes)} writes end at"
+                       f" {row.rev + len(event.writes)}, not {event.rev}")
+            for i, w in enumerate(event.writes, 1):
+                if w.rev != row.rev + i:
+                    refuse(f"write {w.path!r} must get rev {row.rev + i}")
+        elif isinstance(event, Compensated):
+            moved = [r for r in event.restored if r.outcome != "conflict"]
+            if moved and event.rev != row.rev + len(moved):
+                refuse(f"the workspace is at rev {row.rev}; {len(moved)} restores end at"
+                       f" {row.rev + len(moved)}, not {event.rev}")
+            for i, r in enumerate(moved, 1):
+                if r.rev != row.rev + i:
+                    refuse(f"restore of {r.path!r} must get rev {row.rev + i}")
+
+    def apply(self, event: object, seq: int, time_ns: int) -> None:
+        kind = type(event).__struct_config__.tag  # type: ignore[attr-defined]
+        if kind not in KINDS:
+            return
+        name = getattr(event, "workspace", "")
+        if not name:
+            return
+        if isinstance(event, WorkspaceAdded):
+            self.rows[name] = WsRow(name=name, root=event.root, last_seq=seq)
+            self.dirty_rows.add(name)
+            return
+        row = self.row(name)
+        if row is None:  # validated before; a fold over a damaged log skips it
+            return
+        if isinstance(event, LeaseAcquired):
+            row.epoch, row.holder, row.expires_ns = event.epoch, event.holder, event.expires_ns
+            row.released, row.acquired_ns = False, time_ns
+        elif isinstance(event, LeaseRenewed):
+            row.expires_ns = event.expires_ns
+        elif isinstance(event, LeaseReleased):
+            row.released = True
+        elif isinstance(event, Fenced):
+            for w in event.writes:
+                self._set_path(name, w.path, (w.rev, w.post_hash, seq))
+            row.rev = max(row.rev, event.rev)
+        elif isinstance(event, Compensated):
+            for r in event.restored:
+                if r.outcome != "conflict":
+                    self._set_path(name, r.path, (r.rev, r.digest, seq))
+            row.rev = max(row.rev, event.rev)
+        row.last_seq = seq
+        self.dirty_rows.add(name)
+
+    def _set_path(self, workspace: str, path: str, state: PathState) -> None:
+        self.paths[(workspace, path)] = state
+        self.dirty_paths.add((workspace, path))
+
+    # -- tables --------------------------------------------------------------------------
+
+    def write(self, conn: apsw.Connection) -> None:
+        """Write the rows and paths this fold changed."""
+        if self.dirty_rows:
+            conn.executemany(
+                UPSERT_WS, [r.as_tuple() for n in sorted(self.dirty_rows)
+                            if (r := self.rows[n]) is not None]
+            )
+        if self.dirty_paths:
+            conn.executemany(
+                UPSERT_PATH, [(ws, p, *s) for (ws, p) in sorted(self.dirty_paths)
+                              if (s := self.paths[(ws, p)]) is not None]
+            )
+        self.dirty_rows.clear()
+        self.dirty_paths.clear()
+
+    @staticmethod
+    def clear_tables(conn: apsw.Connection) -> None:
+        conn.execute("DELETE FROM workspaces")
+        conn.execute("DELETE FROM ws_paths")
+
+    def table_rows(self) -> tuple[list[tuple[object, ...]], list[tuple[object, ...]]]:
+        """This fold's content in the tables' canonical order (for comparison)."""
+        rows = sorted(r.as_tuple() for r in self.rows.values() if r is not None)
+        paths = sorted((ws, p, *s) for (ws, p), s in self.paths.items() if s is not None)
+        return rows, paths  # type: ignore[return-value]
+
+
+def read_tables(conn: apsw.Connection) -> tuple[list[tuple[object, ...]], list[tuple[object, ...]]]:
+    rows = conn.execute(SELECT_WS + " ORDER BY name").fetchall()
+    paths = conn.execute(
+        "SELECT workspace, path, rev, hash, seq FROM ws_paths ORDER BY workspace, path"
+    ).fetchall()
+    return [tuple(r) for r in rows], [tuple(p) for p in paths]
+
+
+Loader = Callable[[str], WsRow | None]
+
+__all__ = [
+    "KINDS",
+    "IllegalWorkspaceTransition",
+    "PathState",
+    "WorkspacesFold",
+    "WsRow",
+    "load_path",
+    "load_workspace",
+    "read_tables",
+]

@@ -18,15 +18,18 @@ from .errors import (
     IllegalTransition,
     InvalidInput,
     ManifestConflict,
+    StaleEpoch,
     UnknownStep,
 )
 from .events import (
     KINDS,
+    AppliedWrite,
+    StepEvent,
     Acked,
     BlobPinned,
     BlobStored,
-    Compensated,
     Event,
+    Fenced,
     Manifest,
     ManifestEntry,
     ManifestPublished,
@@ -36,6 +39,11 @@ from .events import (
     check_relpath,
     check_step_id,
     manifest_digest,
+)
+from .fences import (
+    COMPENSATION_WINDOW_S_DEFAULT,
+    Receipt,
+    WorkspaceProtocol,
 )
 from .log import EventLog, Head
 from .projections import (
@@ -63,7 +71,7 @@ INLINE_MAX_DEFAULT = 64 * 1024
 HASH_CHECK_MAX_DEFAULT = 1 << 20
 
 
-class Ledger:
+class Ledger(WorkspaceProtocol):
     """A stepledger ledger file.
 
     >>> with Ledger.init("ws/.stepledger/ledger.db") as ledger:   # doctest: +SKIP
@@ -86,9 +94,13 @@ class Ledger:
         inline_max_bytes: int = INLINE_MAX_DEFAULT,
         hash_check_max_bytes: int = HASH_CHECK_MAX_DEFAULT,
         on_op: Callable[[str], None] | None = None,
+        compensation_window_s: float = COMPENSATION_WINDOW_S_DEFAULT,
     ) -> None:
         if inline_max_bytes < 0 or hash_check_max_bytes < 0:
             raise InvalidInput("inline_max_bytes and hash_check_max_bytes must be >= 0")
+        if compensation_window_s < 0:
+            raise InvalidInput("compensation_window_s must be >= 0")
+        self.compensation_window_s = compensation_window_s
         self._db = db
         self.clock = clock
         self.created = created
@@ -118,7 +130,8 @@ class Ledger:
 
         A read-write open brings lagging projections up to the log first. `options`:
         `blob_root` (default ``<ledger dir>/blobs``), `inline_max_bytes`,
-        `hash_check_max_bytes`, `on_op` (a hook called before each durable operation).
+        `hash_check_max_bytes`, `on_op` (a hook called before each durable operation),
+        `compensation_window_s` (how long a committed step may still be compensated).
         """
         db = Database.open(
             os.fspath(path), readonly=readonly, synchronous=synchronous,
@@ -243,8 +256,20 @@ class Ledger:
         that names blobs: refuse it unless every blob is durable. A blob checked once is
         not checked again within the same transaction."""
         seen: set[tuple[object, ...]] = set()
+        log = self._log
 
         def guard(conn: apsw.Connection, event: Event) -> None:
+            if isinstance(event, StepEvent) and event.epoch > 0 and event.workspace:
+                # I5: a writing step's every new effect carries its epoch, which must be
+                # the workspace's live one at this transaction's time.
+                key = ("epoch", event.workspace, event.epoch)
+                if key not in seen:
+                    # the projector's view: this transaction's earlier events included
+                    ws = self._steps.ws.row(event.workspace)
+                    live = None if ws is None else ws.live_epoch(log.txn_time_ns)
+                    if live != event.epoch:
+                        raise StaleEpoch(event.workspace, event.epoch, live)
+                    seen.add(key)
             if isinstance(event, BlobStored):
                 if (event.digest, event.size, event.inline) in seen:
                     return
@@ -428,21 +453,36 @@ class Ledger:
                 return Manifest.from_event(event, recorded.seq, live)
         return None
 
-    def _stored_artifacts(self, step: str, attempt: int) -> tuple[tuple[str, ...], tuple[ManifestEntry, ...]]:
-        """The attempt's declared artifacts and, per path, its latest stored blob."""
+    def _stored_artifacts(
+        self, step: str, attempt: int
+    ) -> tuple[tuple[str, ...], tuple[ManifestEntry, ...], Planned | None, dict[str, AppliedWrite] | None]:
+        """The attempt's declared artifacts, per path its latest stored blob, its plan and
+        (None when never applied) its applied writes."""
         declared: tuple[str, ...] = ()
         latest: dict[str, ManifestEntry] = {}
+        planned: Planned | None = None
+        applied: dict[str, AppliedWrite] | None = None
         for recorded in self._log.read(step=step):
             event = recorded.event
             if getattr(event, "attempt", None) != attempt:
                 continue
             if isinstance(event, Planned):
-                declared = event.artifacts
+                declared, planned = event.artifacts, event
             elif isinstance(event, BlobStored) and event.path is not None:
                 latest[event.path] = ManifestEntry(path=event.path, digest=event.digest, size=event.size)
-        return declared, tuple(latest[p] for p in sorted(latest))
+            elif isinstance(event, Fenced):
+                applied = applied or {}
+                applied.update((w.path, w) for w in event.writes)
+        return declared, tuple(latest[p] for p in sorted(latest)), planned, applied
 
-    def publish(self, step: str, attempt: int | None = None, *, expected_rev: int = -1) -> Manifest:
+    def publish(
+        self,
+        step: str,
+        attempt: int | None = None,
+        *,
+        expected_rev: int = -1,
+        receipt: Receipt | dict[str, Any] | bytes | str | None = None,
+    ) -> Manifest:
         """Publish the attempt's manifest: the commit point, a compare-and-swap.
 
         `expected_rev=-1` creates: when the step already has a live manifest, that one is
@@ -450,8 +490,17 @@ class Ledger:
         revision k (ManifestConflict otherwise), recording both digests. The manifest
         names, per path, the latest blob the attempt stored; inside the publishing
         transaction every one is re-stat'ed (and small ones re-hashed): a missing blob
-        raises BlobNotFound and nothing is published.
+        raises BlobNotFound and nothing is published. A step that writes the workspace
+        publishes only after its apply, under its live epoch, and its manifest names each
+        written path's post-image; given a `receipt` (from an executor that ran apart),
+        it must match the apply the ledger recorded.
         """
+        if receipt is not None:
+            checked = self.check_receipt(receipt)
+            if checked.step != step or (attempt is not None and checked.attempt != attempt):
+                raise InvalidInput(f"the receipt is for step {checked.step!r} attempt"
+                                   f" {checked.attempt}, not {step!r}")
+            attempt = checked.attempt
         if expected_rev < -1:
             raise InvalidInput(f"expected_rev {expected_rev} must be -1 (create) or a revision >= 0")
         row, attempt = self._attempt(step, attempt)
@@ -461,17 +510,33 @@ class Ledger:
             return manifest
         if expected_rev != -1 and (not row.live or row.manifest_rev != expected_rev):
             raise ManifestConflict(step, expected_rev, row.manifest_rev if row.live else None)
-        declared, artifacts = self._stored_artifacts(step, attempt)
+        declared, artifacts, planned, applied = self._stored_artifacts(step, attempt)
         missing = sorted(set(declared) - {e.path for e in artifacts})
         if missing:
             raise IllegalTransition(step, attempt, "manifest-published",
                                     f"declared artifacts were never stored: {', '.join(missing)}")
+        writes: tuple[ManifestEntry, ...] = ()
+        if planned is not None and planned.writes:
+            if applied is None:
+                raise IllegalTransition(step, attempt, "manifest-published",
+                                        "its workspace writes were never applied; apply first")
+            entries = []
+            for path in sorted(applied):
+                w = applied[path]
+                if w.post_hash is None:
+                    continue  # a deletion names no blob
+                size = self._blob_size_now(w.post_hash)
+                if size is None:
+                    raise BlobNotFound(w.post_hash, f"the post-image of {path} is gone")
+                entries.append(ManifestEntry(path=path, digest=w.post_hash, size=size))
+            writes = tuple(entries)
         event = ManifestPublished(
-            step=step, attempt=attempt, run=row.run, workspace=row.workspace, epoch=row.epoch,
+            step=step, attempt=attempt, run=row.run, workspace=row.workspace,
+            epoch=planned.epoch if planned is not None else row.epoch,
             manifest_rev=row.manifest_rev + 1, expected_rev=expected_rev,
-            digest=manifest_digest(step, (), artifacts),
+            digest=manifest_digest(step, writes, artifacts),
             supersedes=row.manifest_digest if expected_rev != -1 else None,
-            artifacts=artifacts,
+            writes=writes, artifacts=artifacts,
         )
         try:
             recorded = self.append(event)
@@ -493,12 +558,6 @@ class Ledger:
         row, attempt = self._attempt(step, attempt)
         return self.append(Acked(step=step, attempt=attempt, run=row.run, workspace=row.workspace,
                                  epoch=row.epoch, manifest_rev=max(row.manifest_rev, 0)))
-
-    def compensate(self, step: str, attempt: int | None = None, *, reason: str = "") -> RecordedEvent:
-        """End the attempt (its pins are released; a live manifest stops being live)."""
-        row, attempt = self._attempt(step, attempt)
-        return self.append(Compensated(step=step, attempt=attempt, run=row.run,
-                                       workspace=row.workspace, epoch=row.epoch, reason=reason))
 
     def _append_unchecked(self, event: Event) -> RecordedEvent:
         """Append without the blob guard. Test-only: the chaos harness's broken protocol."""

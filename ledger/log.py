@@ -131,6 +131,9 @@ class EventLog:
         # connection has committed since (SQLite bumps it only for other connections).
         self._head: Head | None = None
         self._data_version: int | None = None
+        #: The time of the transaction in progress (its events' `time_ns`): guards judge
+        #: lease expiry by it, so the log alone can re-check every decision.
+        self.txn_time_ns = 0
 
     @property
     def genesis(self) -> bytes:
@@ -148,7 +151,7 @@ class EventLog:
 
     def append(
         self,
-        events: Sequence[Event],
+        events: Sequence[Event] | Callable[[apsw.Connection, int], Sequence[Event]],
         *,
         before: Callable[[apsw.Connection], None] | None = None,
         guard: Callable[[apsw.Connection, Event], None] | None = None,
@@ -163,16 +166,8 @@ class EventLog:
         need, such as inline blob bytes); `guard(conn, event)` runs before the INSERT
         of each new `blob-stored` or `manifest-published` and raises to refuse it.
         """
-        if not events:
-            raise InvalidInput("append() needs at least one event")
-        if len(events) > BATCH_SIZE_MAX:
-            raise InvalidInput(
-                f"a batch of {len(events)} events is too large; the limit is {BATCH_SIZE_MAX}"
-            )
-        prepared = []
-        for event in events:
-            payload = validate(event)
-            prepared.append((event, payload, journal_key(event), kind_of(event), envelope(event)))
+        build = events if callable(events) else None
+        prepared = [] if build is not None else self._prepare(events)  # type: ignore[arg-type]
 
         try:
             with self.db.transaction() as conn:
@@ -181,6 +176,11 @@ class EventLog:
                 if before is not None:
                     before(conn)
                 time_ns = self.clock()
+                self.txn_time_ns = time_ns
+                if build is not None:
+                    # Events decided under the write lock, at this transaction's time
+                    # (a lease, a fence): nothing can change between the check and them.
+                    prepared = self._prepare(build(conn, time_ns))
                 # Fast path: every event is new; rows go in with one executemany. A
                 # journal key already present (a redelivery that the lifecycle allows,
                 # such as a second pin) rolls the savepoint back and takes the slow
@@ -208,6 +208,20 @@ class EventLog:
         if self.projector is not None:
             self.projector.committed()
         return recorded
+
+    @staticmethod
+    def _prepare(events: Sequence[Event]) -> list[tuple[Event, bytes, str, str, Envelope]]:
+        if not events:
+            raise InvalidInput("append() needs at least one event")
+        if len(events) > BATCH_SIZE_MAX:
+            raise InvalidInput(
+                f"a batch of {len(events)} events is too large; the limit is {BATCH_SIZE_MAX}"
+            )
+        prepared = []
+        for event in events:
+            payload = validate(event)
+            prepared.append((event, payload, journal_key(event), kind_of(event), envelope(event)))
+        return prepared
 
     def _sync(self, conn: apsw.Connection) -> None:
         """Drop cached state if another connection committed since our last look."""
@@ -247,10 +261,12 @@ class EventLog:
                     # A redelivery of an old transition is legal: the journal answers.
                     original = self._journal_hit(conn, key, kind, env, payload)
                     if original is None:
+                        if guard is not None and env.epoch > 0:
+                            guard(conn, event)  # a dead epoch is the truer answer (StaleEpoch)
                         raise
                     recorded.append(original)
                     continue
-            if guard is not None and kind in GUARDED_KINDS:
+            if guard is not None and (kind in GUARDED_KINDS or env.epoch > 0):
                 # A redelivery is answered by the journal even if the guard refuses
                 # it: it reports the past (its blob may be gone since), and a different
                 # payload under its key is a conflict, not a blob error. The journal is

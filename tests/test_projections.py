@@ -244,8 +244,11 @@ def mostly(natural: Any, others: Sequence[Any]) -> st.SearchStrategy[Any]:
 
 
 # Envelope fields vary only to make redeliveries with another payload (conflicts).
+# An epoch > 0 on a workspace needs a live lease (test_fences); here epochs vary only
+# on steps without a workspace, where no lease is checked.
 ENVELOPES = [dict(run=r, workspace=w, epoch=e)
-             for r in ("", "run-1") for w in ("", "ws") for e in (0, 0, 1, 2)]
+             for r in ("", "run-1") for w, e in (("", 0), ("", 0), ("", 1), ("", 2),
+                                                  ("ws", 0), ("ws", 0))]
 
 
 @st.composite

@@ -148,15 +148,20 @@ def fold(row: StepRow | None, event: AnyEvent, seq: int, time_ns: int) -> StepRo
             event.step, event.attempt, kind,
             f"the latest attempt is {row.attempt} ({row.state})",
         )
-    if row.state not in ALLOWED_AFTER[kind]:
+    allowed = ALLOWED_AFTER[kind]
+    if kind == "fenced" and not event.journal:  # type: ignore[union-attr]
+        allowed = _OPEN  # the journal-off comparison mode: an apply may repeat
+    if row.state not in allowed:
         raise IllegalTransition(
             event.step, event.attempt, kind,
             f"the attempt is {row.state}; {kind} may follow only "
-            + " or ".join(sorted(ALLOWED_AFTER[kind])),
+            + " or ".join(sorted(allowed)),
         )
 
     if kind == "fenced":
-        row.state, row.rev = FENCED, event.rev  # type: ignore[union-attr]
+        row.rev = event.rev  # type: ignore[union-attr]
+        if row.state == PLANNED:
+            row.state = FENCED
     elif isinstance(event, BlobStored):
         row.stored_bytes += event.size
         if row.state in IN_FLIGHT:

@@ -1,0 +1,918 @@
+"""Workspaces, epoch leases, revision fences, the apply journal, compensation.
+
+DESIGN.md "The commit protocol" steps 1–2 and "Epochs and leases", as methods mixed
+into `Ledger` (`WorkspaceProtocol`). The order is the point:
+
+1. plan (`admit`, `plan_step`, `replan`): a durable `planned` event with each write's
+   path, base_rev, pre_hash and post-image digest; the post-images are pinned and
+   stored in the same step, before anything is applied.
+2. apply: outside the write lock, the pre-images on disk are pinned and stored and the
+   post-images are staged (temporary files, fsynced). Then, under the write lock: the
+   journal — `(workspace, step, attempt)` — answers a redelivery; the epoch must be
+   live; each write's path rev must equal its base_rev and the bytes on disk must hash
+   to its pre_hash (`fence="step"`; `plan` compares the workspace rev with the run's
+   admitted plan rev; `none` checks nothing); then the staged files are renamed into
+   place, their directories fsynced, and one transaction records `fenced` with the new
+   revisions and hashes. No new epoch can begin between the check and the rename.
+3. compensate: fenced like a write — a pre-image goes back only where the path's rev
+   is still the attempt's and its bytes still hash to the attempt's post-image.
+
+A crash between a rename and the `fenced` commit is settled when the attempt is
+applied again under the same epoch (the post-image on disk with the path rev still at
+base is recorded, `settled=True`), or by the next epoch's settling (which compensates
+it). Opening a ledger never does either on its own.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Final, Literal
+
+import apsw
+import msgspec
+
+from .blobs import digest_of
+from .errors import (
+    BlobNotFound,
+    CompensationWindowClosed,
+    IllegalTransition,
+    InvalidInput,
+    LeaseHeld,
+    ReplanRefused,
+    StaleEpoch,
+    UnknownStep,
+    UnknownWorkspace,
+    Unsettled,
+)
+from .events import (
+    AppliedWrite,
+    BlobPinned,
+    Compensated,
+    Event,
+    Fenced,
+    LeaseAcquired,
+    LeaseReleased,
+    LeaseRenewed,
+    Planned,
+    PlannedWrite,
+    RecordedEvent,
+    Rejected,
+    Restored,
+    WorkspaceAdded,
+    check_digest,
+    check_relpath,
+    check_step_id,
+    journal_key,
+)
+from .projections import load_step, read_workspaces
+from .projections.steps import COMPENSATED, ENDED, IN_FLIGHT, PLANNED, REJECTED
+from .projections.workspaces import WsRow, load_path, load_workspace
+from .workspace import Staged, WorkspaceDir
+
+if TYPE_CHECKING:
+    from .ledger import Ledger
+
+FenceMode = Literal["step", "plan", "none"]
+FENCE_MODES: Final = ("step", "plan", "none")
+#: A committed step may be compensated this long after it was published.
+COMPENSATION_WINDOW_S_DEFAULT: Final = 24 * 3600
+TTL_MAX_S: Final = 7 * 24 * 3600
+
+
+@dataclass(frozen=True)
+class Write:
+    """One file a step will change, as its planner saw it.
+
+    `pre_hash` is the sha256 of the content the write was planned against (None: the
+    file did not exist); `content` the new bytes (None: delete the file); `base_rev`
+    the path's rev the planner read (None: the path's current rev, or — in a batch —
+    the rev an earlier sibling's write to the same path will get).
+    """
+
+    path: str
+    content: bytes | None
+    pre_hash: str | None
+    base_rev: int | None = None
+
+
+@dataclass(frozen=True)
+class StepPlan:
+    """A step as a planner emits it: its writes and declared artifacts."""
+
+    step: str
+    writes: Sequence[Write] = ()
+    artifacts: Sequence[str] = ()
+    run: str = ""
+    irreversible: bool = False
+
+
+class Lease(msgspec.Struct, frozen=True, kw_only=True):
+    """A workspace's lease as the ledger holds it."""
+
+    workspace: str
+    epoch: int
+    holder: str
+    expires_ns: int
+    live: bool
+    released: bool
+    settled: tuple[str, ...] = ()  # steps an acquire compensated (older epochs' in flight)
+
+
+class Receipt(msgspec.Struct, frozen=True, kw_only=True):
+    """What applying an attempt returns: hand it to `publish(receipt=...)`."""
+
+    workspace: str
+    step: str
+    attempt: int
+    epoch: int
+    rev: int
+    writes: tuple[AppliedWrite, ...]
+    seq: int
+    settled: bool = False
+
+
+class ApplyResult(msgspec.Struct, frozen=True, kw_only=True):
+    """The verdict of an apply and, when the writes are (or were) applied, the receipt.
+
+    `verdict`: ``applied``; ``deduped`` (the journal answered: the receipt is the first
+    apply's); ``rejected:<reason>``; or the attempt's end when it is over
+    (``compensated``).
+    """
+
+    verdict: str
+    step: str
+    attempt: int
+    receipt: Receipt | None = None
+    detail: str = ""
+
+    @property
+    def applied(self) -> bool:
+        return self.verdict in ("applied", "deduped")
+
+
+class Compensation(msgspec.Struct, frozen=True, kw_only=True):
+    """What a compensation did, per path (``restored``, ``already``, ``conflict``)."""
+
+    step: str
+    attempt: int
+    seq: int
+    restored: tuple[Restored, ...]
+    deduped: bool = False
+
+    @property
+    def conflicts(self) -> tuple[Restored, ...]:
+        return tuple(r for r in self.restored if r.outcome == "conflict")
+
+
+class _Answered(Exception):
+    """Raised inside a transaction to roll it back and answer without writing."""
+
+    def __init__(self, result: Any) -> None:
+        super().__init__("answered")
+        self.result = result
+
+
+@dataclass
+class _AttemptEvents:
+    planned: Planned | None = None
+    fenced: list[tuple[int, Fenced]] = field(default_factory=list)
+    end: tuple[int, Event] | None = None
+
+
+def _receipt(event: Fenced, seq: int) -> Receipt:
+    return Receipt(workspace=event.workspace, step=event.step, attempt=event.attempt,
+                   epoch=event.epoch, rev=event.rev, writes=event.writes, seq=seq,
+                   settled=event.settled)
+
+
+def _check_ttl(ttl_s: float) -> int:
+    if not isinstance(ttl_s, int | float) or not 0 < ttl_s <= TTL_MAX_S:
+        raise InvalidInput(f"lease ttl {ttl_s!r}s must be > 0 and at most {TTL_MAX_S}s (7 days)")
+    return int(ttl_s * 1_000_000_000)
+
+
+class WorkspaceProtocol:
+    """The workspace half of `Ledger` (mixed in; see the module docstring)."""
+
+    compensation_window_s: float = COMPENSATION_WINDOW_S_DEFAULT
+
+    # -- workspaces ----------------------------------------------------------------------
+
+    def add_workspace(self: Ledger, name: str, root: str) -> WsRow:
+        """Register a workspace: a named, existing directory. Idempotent for the same root."""
+        import os
+
+        check_step_id(name)
+        if not isinstance(root, str | os.PathLike) or not os.fspath(root):
+            raise InvalidInput("give the workspace directory")
+        real = os.path.realpath(os.fspath(root))
+        if not os.path.isdir(real):
+            raise InvalidInput(f"workspace directory {root} does not exist; create it first")
+        self.append(WorkspaceAdded(workspace=name, root=real))
+        return self.workspace(name)
+
+    def workspace(self: Ledger, name: str) -> WsRow:
+        """A workspace's row (revision, lease); UnknownWorkspace if it was never added."""
+        check_step_id(name)
+        row = read_workspaces(self._db, self._log).rows.get(name)
+        if row is None:
+            raise UnknownWorkspace(name)
+        return row
+
+    def workspaces(self: Ledger) -> list[WsRow]:
+        fold = read_workspaces(self._db, self._log)
+        return sorted((r for r in fold.rows.values() if r is not None), key=lambda r: r.name)
+
+    def workspace_paths(self: Ledger, name: str) -> dict[str, tuple[int, str | None]]:
+        """Every path a step wrote: its rev and the hash of the content it should hold."""
+        self.workspace(name)
+        fold = read_workspaces(self._db, self._log)
+        return {p: (s[0], s[1]) for (w, p), s in sorted(fold.paths.items())
+                if w == name and s is not None}
+
+    def _wsdir(self: Ledger, row: WsRow) -> WorkspaceDir:
+        return WorkspaceDir(row.name, row.root, self.blobs.ops)
+
+    def snapshot(self: Ledger, workspace: str, path: str) -> tuple[int, str | None]:
+        """What a planner reads before it plans a write: (the path's rev, the sha256 of
+        its bytes on disk now, None when absent)."""
+        row = self.workspace(workspace)
+        check_relpath(path)
+        with self._db.snapshot() as conn:
+            state = load_path(conn, workspace, path)
+        return (0 if state is None else state[0]), self._wsdir(row).hash(path)
+
+    # -- leases --------------------------------------------------------------------------
+
+    def lease(self: Ledger, workspace: str) -> Lease:
+        row = self.workspace(workspace)
+        now = self.clock()
+        return Lease(workspace=workspace, epoch=row.epoch, holder=row.holder,
+                     expires_ns=row.expires_ns, live=row.live_epoch(now) is not None,
+                     released=row.released)
+
+    def acquire(
+        self: Ledger, workspace: str, holder: str, ttl_s: float = 60, *, force: bool = False
+    ) -> Lease:
+        """Start a new epoch (previous + 1) on the workspace and settle the older ones.
+
+        Refused with LeaseHeld while another lease is live, unless `force`. Every attempt
+        of an older epoch still in flight is compensated before this returns (`settled`).
+        """
+        check_step_id(holder)
+        ttl_ns = _check_ttl(ttl_s)
+
+        def build(conn: apsw.Connection, now: int) -> list[Event]:
+            row = load_workspace(conn, workspace)
+            if row is None:
+                raise UnknownWorkspace(workspace)
+            live = row.live_epoch(now)
+            if live is not None and not force:
+                raise LeaseHeld(workspace, row.epoch, row.holder, row.expires_ns)
+            return [LeaseAcquired(workspace=workspace, epoch=row.epoch + 1, holder=holder,
+                                  expires_ns=now + ttl_ns, forced=live is not None)]
+
+        recorded = self._log.append(build)[0]
+        event = recorded.event
+        assert isinstance(event, LeaseAcquired)
+        settled = self.settle(workspace, event.epoch)
+        return Lease(workspace=workspace, epoch=event.epoch, holder=holder,
+                     expires_ns=event.expires_ns, live=True, released=False,
+                     settled=tuple(c.step for c in settled))
+
+    def heartbeat(self: Ledger, workspace: str, epoch: int, ttl_s: float = 60) -> Lease:
+        """Extend the live lease; an expired one is never revived (StaleEpoch)."""
+        ttl_ns = _check_ttl(ttl_s)
+
+        def build(conn: apsw.Connection, now: int) -> list[Event]:
+            row = load_workspace(conn, workspace)
+            if row is None:
+                raise UnknownWorkspace(workspace)
+            live = row.live_epoch(now)
+            if live != epoch:
+                raise StaleEpoch(workspace, epoch, live, "an expired lease is never revived;"
+                                 " acquire a new one")
+            return [LeaseRenewed(workspace=workspace, epoch=epoch,
+                                 expires_ns=max(row.expires_ns, now + ttl_ns))]
+
+        self._log.append(build)
+        return self.lease(workspace)
+
+    def release(self: Ledger, workspace: str, epoch: int) -> Lease:
+        """Give the lease up (idempotent for the same epoch)."""
+
+        def build(conn: apsw.Connection, now: int) -> list[Event]:
+            row = load_workspace(conn, workspace)
+            if row is None:
+                raise UnknownWorkspace(workspace)
+            if row.epoch != epoch:
+                raise StaleEpoch(workspace, epoch, row.live_epoch(now))
+            return [LeaseReleased(workspace=workspace, epoch=epoch)]
+
+        self._log.append(build)
+        return self.lease(workspace)
+
+    def _live_epoch(self: Ledger, conn: apsw.Connection, workspace: str, epoch: int, now: int) -> WsRow:
+        row = load_workspace(conn, workspace)
+        if row is None:
+            raise UnknownWorkspace(workspace)
+        live = row.live_epoch(now)
+        if live != epoch:
+            raise StaleEpoch(workspace, epoch, live)
+        return row
+
+    def unsettled(self: Ledger, workspace: str, epoch: int) -> list[str]:
+        """Steps of the workspace whose latest attempt, of an epoch before `epoch`, is
+        still in flight (planned, fenced, blob-stored)."""
+        with self._db.snapshot() as conn:
+            return [r[0] for r in conn.execute(
+                "SELECT step_id FROM steps WHERE workspace = ? AND epoch > 0 AND epoch < ?"
+                " AND state IN (?, ?, ?) ORDER BY first_seq",
+                (workspace, epoch, *sorted(IN_FLIGHT)),
+            )]
+
+    def settle(self: Ledger, workspace: str, epoch: int) -> list[Compensation]:
+        """Compensate every attempt of an older epoch still in flight, under `epoch`."""
+        return [
+            self.compensate(step, epoch=epoch, reason=f"settled by epoch {epoch}")
+            for step in self.unsettled(workspace, epoch)
+        ]
+
+    # -- reading an attempt --------------------------------------------------------------
+
+    def _attempt_events(self: Ledger, step: str, attempt: int) -> _AttemptEvents:
+        out = _AttemptEvents()
+        for recorded in self._log.read(step=step):
+            e = recorded.event
+            if getattr(e, "attempt", None) != attempt:
+                continue
+            if isinstance(e, Planned):
+                out.planned = e
+            elif isinstance(e, Fenced):
+                out.fenced.append((recorded.seq, e))
+            elif isinstance(e, Rejected | Compensated):
+                out.end = (recorded.seq, e)
+        return out
+
+    def _end_result(self: Ledger, step: str, attempt: int, ev: _AttemptEvents) -> ApplyResult:
+        if ev.end is None:
+            raise IllegalTransition(step, attempt, "fenced", "the attempt is not over")
+        end = ev.end[1]
+        if isinstance(end, Rejected):
+            return ApplyResult(verdict=f"rejected:{end.reason}", step=step, attempt=attempt,
+                               detail=end.detail)
+        receipt = _receipt(ev.fenced[-1][1], ev.fenced[-1][0]) if ev.fenced else None
+        return ApplyResult(verdict="compensated", step=step, attempt=attempt, receipt=receipt,
+                           detail=getattr(end, "reason", ""))
+
+    # -- planning ------------------------------------------------------------------------
+
+    def plan_step(
+        self: Ledger,
+        step: str,
+        *,
+        workspace: str,
+        epoch: int,
+        writes: Sequence[Write] = (),
+        artifacts: Sequence[str] = (),
+        run: str = "",
+        fence: FenceMode = "step",
+        journal: bool = True,
+        plan_rev: int | None = None,
+        irreversible: bool = False,
+    ) -> ApplyResult | None:
+        """Plan one step that writes the workspace (a batch of one; see `admit`)."""
+        out = self.admit(workspace, epoch, [StepPlan(step, writes, artifacts, run, irreversible)],
+                         fence=fence, journal=journal, plan_rev=plan_rev)
+        return out[0]
+
+    def admit(
+        self: Ledger,
+        workspace: str,
+        epoch: int,
+        plans: Sequence[StepPlan],
+        *,
+        fence: FenceMode = "step",
+        journal: bool = True,
+        plan_rev: int | None = None,
+    ) -> list[ApplyResult | None]:
+        """Admit a plan: a batch of steps submitted together, under the live `epoch`.
+
+        Records each step's `planned` attempt (its writes, the workspace rev at dispatch,
+        the fence mode) with its post-images pinned and stored, in one transaction. Steps
+        of the batch that write the same path must chain — each one's pre_hash is the
+        previous one's post-image — or every step is rejected with ``overlap`` (a
+        per-step fence cannot order siblings). Returns, per step, None when admitted or
+        the rejection. A step whose latest attempt is in flight or committed is left as
+        it is (a retried admission).
+        """
+        if fence not in FENCE_MODES:
+            raise InvalidInput(f"fence {fence!r} is not one of {', '.join(FENCE_MODES)}")
+        if not isinstance(epoch, int) or epoch < 1:
+            raise InvalidInput(f"epoch {epoch!r}: a step that writes the workspace runs under a"
+                               " lease; acquire one and pass its epoch")
+        if not plans:
+            raise InvalidInput("a plan needs at least one step")
+        ws = self.workspace(workspace)
+        names = [p.step for p in plans]
+        if len(set(names)) != len(names):
+            raise InvalidInput("a plan names a step twice; give every step its own id")
+        if plan_rev is None:
+            plan_rev = self._run_plan_rev(plans[0].run, workspace) if fence == "plan" else None
+        if plan_rev is None:
+            plan_rev = ws.rev
+        events: list[Event] = []
+        contents: dict[str, bytes] = {}
+        sim: dict[str, int] = {}
+        last_post: dict[str, str | None] = {}
+        rev = ws.rev
+        overlap: list[str] = []
+        fresh: list[tuple[StepPlan, int]] = []
+        with self._db.snapshot() as conn:
+            for p in plans:
+                check_step_id(p.step)
+                for a in p.artifacts:
+                    check_relpath(a, "artifact path")
+                row = load_step(conn, p.step)
+                if row is not None and (row.live or row.state not in ENDED):
+                    continue  # in flight or committed: a retried admission
+                attempt = 1 if row is None else row.attempt + 1
+                pws = []
+                seen: set[str] = set()
+                for w in p.writes:
+                    check_relpath(w.path)
+                    if w.path in seen:
+                        raise InvalidInput(f"step {p.step!r} writes {w.path!r} twice; merge them")
+                    seen.add(w.path)
+                    if w.pre_hash is not None:
+                        check_digest(w.pre_hash, "pre_hash")
+                    if w.content is not None and not isinstance(w.content, bytes):
+                        raise InvalidInput(f"content of {w.path!r} must be bytes")
+                    post = None if w.content is None else digest_of(w.content)
+                    if post is not None:
+                        contents[post] = w.content  # type: ignore[assignment]
+                    current = sim.get(w.path)
+                    if current is None:
+                        state = load_path(conn, workspace, w.path)
+                        current = 0 if state is None else state[0]
+                    base = current if w.base_rev is None else w.base_rev
+                    if base < 0:
+                        raise InvalidInput(f"base_rev of {w.path!r} must be >= 0")
+                    if w.path in last_post and (
+                        w.pre_hash != last_post[w.path] or base != sim[w.path]
+                    ):
+                        overlap.append(f"{p.step}:{w.path}")
+                    rev += 1
+                    sim[w.path] = rev
+                    last_post[w.path] = post
+                    pws.append(PlannedWrite(path=w.path, base_rev=base, pre_hash=w.pre_hash,
+                                            post_hash=post))
+                events.append(Planned(
+                    step=p.step, attempt=attempt, run=p.run, workspace=workspace, epoch=epoch,
+                    writes=tuple(pws), artifacts=tuple(sorted(set(p.artifacts))), rev=ws.rev,
+                    fence=fence, journal=journal, plan_rev=plan_rev,
+                    irreversible=p.irreversible,
+                ))
+                fresh.append((p, attempt))
+        if not fresh:
+            return [None] * len(plans)
+        planned = [e for e in events if isinstance(e, Planned)]
+        if overlap:
+            detail = "writes to the same path do not chain: " + ", ".join(overlap[:5])
+            batch: list[Event] = []
+            for e in planned:
+                batch += [e, Rejected(step=e.step, attempt=e.attempt, run=e.run,
+                                      workspace=workspace, epoch=epoch, reason="overlap",
+                                      detail=detail)]
+            self._log.append(batch, guard=self._guard())
+            verdicts = {e.step: ApplyResult(verdict="rejected:overlap", step=e.step,
+                                            attempt=e.attempt, detail=detail) for e in planned}
+            return [verdicts.get(p.step) for p in plans]
+        pins: list[Event] = []
+        for e in planned:
+            for d in dict.fromkeys(w.post_hash for w in e.writes if w.post_hash is not None):
+                pins.append(BlobPinned(step=e.step, attempt=e.attempt, run=e.run,
+                                       workspace=workspace, epoch=epoch, digest=d,
+                                       role="post-image"))
+        small = {d: c for d, c in contents.items() if len(c) <= self.inline_max_bytes}
+        large = {d: c for d, c in contents.items() if len(c) > self.inline_max_bytes}
+        now = self.clock()
+        self._log.append(
+            [*planned, *pins], guard=self._guard(),
+            before=(lambda conn: self._write_inline(conn, small, now)) if small else None,
+        )
+        for d, c in large.items():  # pinned (committed) before the file is written
+            self.blobs.put(c, d, verified=True)
+        return [None] * len(plans)
+
+    def _run_plan_rev(self: Ledger, run: str, workspace: str) -> int | None:
+        """The plan revision a run was first admitted at (fence "plan")."""
+        if not run:
+            return None
+        with self._db.snapshot() as conn:
+            for (payload,) in conn.execute(
+                "SELECT payload FROM events WHERE kind = 'planned' AND run = ? AND workspace = ?"
+                " ORDER BY seq LIMIT 1", (run, workspace),
+            ):
+                event = msgspec.json.decode(payload)
+                value = event.get("plan_rev")
+                return None if value is None else int(value)
+        return None
+
+    def replan(self: Ledger, step: str, *, epoch: int) -> int:
+        """Re-stamp the step's ended attempt onto the current revisions, as a new attempt.
+
+        Allowed when every write's pre_hash still holds on disk; the new attempt keeps the
+        writes, post-images, fence mode and the run's plan rev, and gets the path revs of
+        now as its bases. Returns the new attempt number. ReplanRefused otherwise.
+        """
+        row = self.step(step)
+        if row.live:
+            raise ReplanRefused(step, "it is committed; compensate it first")
+        if row.state not in ENDED:
+            raise ReplanRefused(step, f"attempt {row.attempt} is still {row.state}")
+        old = self._attempt_events(step, row.attempt).planned
+        if old is None or not old.workspace:
+            raise ReplanRefused(step, "it has no workspace writes to re-stamp")
+        ws = self.workspace(old.workspace)
+        wsdir = self._wsdir(ws)
+        writes = []
+        with self._db.snapshot() as conn:
+            for w in old.writes:
+                disk = wsdir.hash(w.path)
+                if disk != w.pre_hash:
+                    raise ReplanRefused(step, f"{w.path} no longer holds the content it was"
+                                        " planned against")
+                state = load_path(conn, old.workspace, w.path)
+                writes.append(PlannedWrite(path=w.path, base_rev=0 if state is None else state[0],
+                                           pre_hash=w.pre_hash, post_hash=w.post_hash))
+        for w in writes:
+            if w.post_hash is not None and self._blob_size_now(w.post_hash) is None:
+                raise BlobNotFound(w.post_hash, f"the post-image of {w.path} is gone; plan anew")
+        planned = msgspec.structs.replace(
+            old, attempt=row.attempt + 1, epoch=epoch, writes=tuple(writes), rev=ws.rev,
+        )
+        pins = [BlobPinned(step=step, attempt=planned.attempt, run=old.run, workspace=old.workspace,
+                           epoch=epoch, digest=d, role="post-image")
+                for d in dict.fromkeys(w.post_hash for w in writes if w.post_hash is not None)]
+        self._log.append([planned, *pins], guard=self._guard())
+        return planned.attempt
+
+    def _blob_size_now(self: Ledger, digest: str) -> int | None:
+        with self._db.snapshot() as conn:
+            found = self._blob_size(conn, digest)
+        return None if found is None else found[0]
+
+    @staticmethod
+    def _write_inline(conn: apsw.Connection, blobs: dict[str, bytes], now: int) -> None:
+        """Write inline blob rows (re-writing a damaged row; freshening an intact one)."""
+        for digest, data in blobs.items():
+            found = conn.execute("SELECT data FROM blob_data WHERE digest = ?", (digest,)).fetchone()
+            if found is not None and bytes(found[0]) == data:
+                conn.execute("UPDATE blob_data SET stored_ns = ? WHERE digest = ?", (now, digest))
+            else:
+                conn.execute(
+                    "INSERT OR REPLACE INTO blob_data(digest, size, data, stored_ns) VALUES (?,?,?,?)",
+                    (digest, len(data), data, now),
+                )
+
+    def _store_blobs(self: Ledger, events: list[Event], blobs: dict[str, bytes]) -> None:
+        """Commit `events` (pins) with the small blobs; then write the large ones."""
+        small = {d: c for d, c in blobs.items() if len(c) <= self.inline_max_bytes}
+        now = self.clock()
+        self._log.append(events, guard=self._guard(),
+                         before=(lambda conn: self._write_inline(conn, small, now)) if small else None)
+        for d, c in blobs.items():
+            if len(c) > self.inline_max_bytes:
+                self.blobs.put(c, d, verified=True)
+
+    # -- applying ------------------------------------------------------------------------
+
+    def apply(self: Ledger, step: str, attempt: int | None = None, *, epoch: int) -> ApplyResult:
+        """Fence and apply the attempt's writes under the live `epoch` (see the module).
+
+        Returns the verdict; a rejection is recorded (the attempt ends) when the attempt
+        was still planned. Raises StaleEpoch for a dead epoch and Unsettled when an older
+        epoch's attempt is still in flight; writes nothing then.
+        """
+        row = self.step(step)
+        attempt = row.attempt if attempt is None else attempt
+        ev = self._attempt_events(step, attempt)
+        planned = ev.planned
+        if planned is None:
+            raise IllegalTransition(step, attempt, "fenced", "the attempt was never planned")
+        if not planned.workspace or planned.epoch == 0:
+            raise InvalidInput(f"step {step!r} writes no workspace; store its artifacts and"
+                               " publish it instead")
+        ws = self.workspace(planned.workspace)
+        wsdir = self._wsdir(ws)
+        key = journal_key(Fenced(step=step, attempt=attempt, workspace=planned.workspace))
+        fresh = row.attempt == attempt and row.state == PLANNED
+        staged: dict[str, Staged] = {}
+        try:
+            if fresh or not planned.journal:
+                self._pin_pre_images(planned, attempt, epoch, wsdir)
+                for w in planned.writes:
+                    if w.post_hash is not None:
+                        staged[w.path] = wsdir.stage(w.path, self.read_blob(w.post_hash))
+            holder: list[ApplyResult] = []
+
+            def build(conn: apsw.Connection, now: int) -> list[Event]:
+                holder.clear()
+                return self._fence(conn, now, planned, attempt, epoch, key, ws, wsdir, staged,
+                                   holder)
+
+            try:
+                recorded = self._log.append(build, guard=self._guard())
+            except _Answered as answered:
+                return answered.result  # type: ignore[no-any-return]
+            event = recorded[0].event
+            if isinstance(event, Rejected):
+                return ApplyResult(verdict=f"rejected:{event.reason}", step=step, attempt=attempt,
+                                   detail=event.detail)
+            assert isinstance(event, Fenced)
+            return ApplyResult(verdict="applied", step=step, attempt=attempt,
+                               receipt=_receipt(event, recorded[0].seq))
+        finally:
+            for s in staged.values():
+                wsdir.discard(s)
+
+    def _pin_pre_images(
+        self: Ledger, planned: Planned, attempt: int, epoch: int, wsdir: WorkspaceDir
+    ) -> None:
+        """Pin and store what each path holds now, if it is the planned pre-image (durable
+        before any rename: settling and compensation put it back)."""
+        if epoch != planned.epoch:
+            return  # the fence refuses it under the lock; pin nothing for another epoch
+        blobs: dict[str, bytes] = {}
+        # a pin is keyed (step, attempt, digest): content the attempt already pinned as a
+        # post-image is held already
+        posts = {w.post_hash for w in planned.writes}
+        for w in planned.writes:
+            data = wsdir.read(w.path)
+            if data is None:
+                continue
+            digest = digest_of(data)
+            if (digest == w.pre_hash or planned.fence == "none") and digest not in posts:
+                blobs[digest] = data
+        if not blobs:
+            return
+        pins: list[Event] = [
+            BlobPinned(step=planned.step, attempt=attempt, run=planned.run,
+                       workspace=planned.workspace, epoch=planned.epoch, digest=d, role="pre-image")
+            for d in blobs
+        ]
+        self._store_blobs(pins, blobs)
+
+    def _fence(
+        self: Ledger,
+        conn: apsw.Connection,
+        now: int,
+        planned: Planned,
+        attempt: int,
+        epoch: int,
+        key: str,
+        ws_row: WsRow,
+        wsdir: WorkspaceDir,
+        staged: dict[str, Staged],
+        holder: list[ApplyResult],
+    ) -> list[Event]:
+        """The checks and the renames, under the write lock (inside the transaction)."""
+        step, name = planned.step, planned.workspace
+        cur = load_step(conn, step)
+        assert cur is not None
+        if planned.journal:
+            hit = conn.execute("SELECT seq, payload FROM events WHERE journal_key = ?",
+                               (key,)).fetchone()
+            if hit is not None:
+                ev = self._attempt_events(step, attempt)
+                if cur.attempt == attempt and cur.state not in ENDED:
+                    fenced = msgspec.json.decode(hit[1], type=Fenced)
+                    raise _Answered(ApplyResult(verdict="deduped", step=step, attempt=attempt,
+                                                receipt=_receipt(fenced, hit[0])))
+                raise _Answered(self._end_result(step, attempt, ev))
+        # Not a redelivery of an apply that happened: a new effect, so the epoch first
+        # (a zombie hears StaleEpoch even when its attempt was settled meanwhile).
+        ws = self._live_epoch(conn, name, epoch, now)
+        if cur.attempt != attempt or cur.state in ENDED:
+            raise _Answered(self._end_result(step, attempt, self._attempt_events(step, attempt)))
+        if planned.epoch != epoch:
+            if planned.epoch < epoch:
+                raise Unsettled(name, [step])
+            raise StaleEpoch(name, planned.epoch, epoch)
+        recordable = cur.attempt == attempt and cur.state == PLANNED
+
+        def reject(reason: str, detail: str) -> list[Event]:
+            if not recordable:  # journal off, attempt already applied: answer, record nothing
+                raise _Answered(ApplyResult(verdict=f"rejected:{reason}", step=step,
+                                            attempt=attempt, detail=detail))
+            return [Rejected(step=step, attempt=attempt, run=planned.run, workspace=name,
+                             epoch=epoch, reason=reason, detail=detail)]  # type: ignore[arg-type]
+
+        disk: dict[str, str | None] = {}
+        for w in planned.writes:
+            disk[w.path] = wsdir.hash(w.path)
+        if planned.fence == "plan":
+            plan_rev = planned.plan_rev if planned.plan_rev is not None else planned.rev
+            if ws.rev != plan_rev:
+                return reject("stale_rev", f"the workspace is at rev {ws.rev}, the plan was"
+                              f" admitted at rev {plan_rev}")
+        if planned.fence in ("step", "plan"):
+            for w in planned.writes:
+                state = load_path(conn, name, w.path)
+                path_rev = 0 if state is None else state[0]
+                if planned.fence == "step" and path_rev != w.base_rev:
+                    return reject("stale_rev", f"{w.path} is at rev {path_rev}, planned"
+                                  f" against rev {w.base_rev}")
+            for w in planned.writes:
+                if disk[w.path] not in (w.pre_hash, w.post_hash) or (
+                    disk[w.path] == w.post_hash and w.post_hash != w.pre_hash and not recordable
+                ):
+                    return reject("pre_hash", f"{w.path} on disk does not hold the content it"
+                                  " was planned against")
+        settled = False
+        applied = []
+        rev = ws.rev
+        for w in planned.writes:
+            rev += 1
+            already = disk[w.path] == w.post_hash and w.post_hash != w.pre_hash
+            if already and planned.fence != "none":
+                settled = True  # a crash after the rename: record what is on disk
+            elif w.post_hash is None:
+                wsdir.remove(w.path)
+            else:
+                wsdir.install(staged.pop(w.path))
+            applied.append(AppliedWrite(path=w.path, rev=rev,
+                                        pre_hash=w.pre_hash if planned.fence != "none"
+                                        else disk[w.path], post_hash=w.post_hash))
+        return [Fenced(step=step, attempt=attempt, run=planned.run, workspace=name, epoch=epoch,
+                       writes=tuple(applied), rev=rev, settled=settled,
+                       journal=planned.journal)]
+
+    # -- compensating --------------------------------------------------------------------
+
+    def compensate(
+        self: Ledger,
+        step: str,
+        attempt: int | None = None,
+        *,
+        reason: str = "",
+        epoch: int | None = None,
+    ) -> Compensation:
+        """End the attempt, undoing its workspace writes where that is safe.
+
+        For each write: the path's rev still the attempt's and its bytes still the
+        post-image → the pre-image goes back (``restored``); the pre-image already there
+        → ``already``; anything else → ``conflict`` and nothing is overwritten. A
+        committed step's live manifest ends (allowed only within the compensation
+        window). A step that writes the workspace needs its live `epoch`; pins are
+        released. A redelivery returns the first compensation.
+        """
+        row = self.step(step)
+        attempt = row.attempt if attempt is None else attempt
+        ev = self._attempt_events(step, attempt)
+        planned = ev.planned
+        writing = planned is not None and bool(planned.workspace) and planned.epoch > 0
+        if writing and epoch is None:
+            raise InvalidInput(f"step {step!r} writes workspace {planned.workspace!r}:"  # type: ignore[union-attr]
+                               " give the live epoch to compensate it")
+        ws_row = self.workspace(planned.workspace) if writing else None  # type: ignore[union-attr]
+        wsdir = self._wsdir(ws_row) if ws_row is not None else None
+
+        def build(conn: apsw.Connection, now: int) -> list[Event]:
+            cur = load_step(conn, step)
+            if cur is None:
+                raise UnknownStep(step)
+            if cur.attempt == attempt and cur.state == COMPENSATED or cur.attempt != attempt:
+                raise _Answered(self._answer_compensation(step, attempt))
+            if cur.state == REJECTED:
+                raise IllegalTransition(step, attempt, "compensated", "the attempt was rejected:"
+                                        " nothing was applied")
+            if cur.live:
+                published = conn.execute(
+                    "SELECT max(time_ns) FROM events WHERE step = ? AND kind = 'manifest-published'",
+                    (step,),
+                ).fetchone()[0]
+                age_s = (now - (published or now)) / 1e9
+                if age_s > self.compensation_window_s:
+                    raise CompensationWindowClosed(step, age_s, self.compensation_window_s)
+            restored: list[Restored] = []
+            rev = 0
+            if writing:
+                assert planned is not None and wsdir is not None and epoch is not None
+                ws = self._live_epoch(conn, planned.workspace, epoch, now)
+                restored, rev = self._undo(conn, planned, ev, ws, wsdir)
+            return [Compensated(step=step, attempt=attempt, run=cur.run, workspace=cur.workspace,
+                                epoch=epoch if writing else cur.epoch, reason=reason,
+                                restored=tuple(restored), rev=rev)]
+
+        try:
+            recorded = self._log.append(build, guard=self._guard())[0]
+        except _Answered as answered:
+            return answered.result  # type: ignore[no-any-return]
+        event = recorded.event
+        assert isinstance(event, Compensated)
+        return Compensation(step=step, attempt=attempt, seq=recorded.seq, restored=event.restored)
+
+    def _answer_compensation(self: Ledger, step: str, attempt: int) -> Compensation:
+        ev = self._attempt_events(step, attempt)
+        if ev.end is not None and isinstance(ev.end[1], Compensated):
+            return Compensation(step=step, attempt=attempt, seq=ev.end[0],
+                                restored=ev.end[1].restored, deduped=True)
+        raise IllegalTransition(step, attempt, "compensated", "it is not the latest attempt")
+
+    def _undo(
+        self: Ledger,
+        conn: apsw.Connection,
+        planned: Planned,
+        ev: _AttemptEvents,
+        ws: WsRow,
+        wsdir: WorkspaceDir,
+    ) -> tuple[list[Restored], int]:
+        """Put pre-images back where safe (under the lock). Returns (per path, new rev)."""
+        name = planned.workspace
+        applied: dict[str, AppliedWrite] = {}
+        for _, fenced in ev.fenced:
+            for w in fenced.writes:
+                applied[w.path] = w  # journal off: the latest application of a path
+        out: list[Restored] = []
+        rev = ws.rev
+        for w in reversed(planned.writes):
+            state = load_path(conn, name, w.path)
+            path_rev = 0 if state is None else state[0]
+            disk = wsdir.hash(w.path)
+            a = applied.get(w.path)
+            if a is not None:
+                pre, post, expected_rev = a.pre_hash, a.post_hash, a.rev
+            else:  # never recorded: did the write land before a crash?
+                pre, post, expected_rev = w.pre_hash, w.post_hash, w.base_rev
+                if disk == pre or pre == post:
+                    continue  # it never landed: nothing to undo
+            if path_rev != expected_rev:
+                out.append(Restored(path=w.path, rev=path_rev, digest=disk, outcome="conflict"))
+                continue
+            if disk == post and post != pre:
+                data = None
+                if pre is not None:
+                    try:
+                        data = self.read_blob(pre)
+                    except (BlobNotFound, Exception):
+                        out.append(Restored(path=w.path, rev=path_rev, digest=disk,
+                                            outcome="conflict"))
+                        continue
+                wsdir.put(w.path, data)
+                rev += 1
+                out.append(Restored(path=w.path, rev=rev, digest=pre, outcome="restored"))
+            elif disk == pre:
+                rev += 1  # put back before a crash, not recorded: record it
+                out.append(Restored(path=w.path, rev=rev, digest=pre, outcome="already"))
+            else:
+                out.append(Restored(path=w.path, rev=path_rev, digest=disk, outcome="conflict"))
+        # the fold assigns revs in event order: renumber the moved entries in order
+        moved = [r for r in out if r.outcome != "conflict"]
+        renumbered = {id(r): ws.rev + i for i, r in enumerate(moved, 1)}
+        out = [msgspec.structs.replace(r, rev=renumbered[id(r)]) if id(r) in renumbered else r
+               for r in out]
+        return out, (ws.rev + len(moved)) if moved else 0
+
+    # -- receipts ------------------------------------------------------------------------
+
+    def check_receipt(self: Ledger, receipt: Receipt | dict[str, Any] | bytes | str) -> Receipt:
+        """Parse a receipt handed back by an executor and check it against the ledger.
+
+        A receipt that is empty, malformed, or does not match the recorded apply is
+        refused (InvalidInput / IllegalTransition): a 200 with an empty body moves nothing.
+        """
+        if isinstance(receipt, bytes | str):
+            if not receipt.strip():
+                raise InvalidInput("the receipt is empty: a 200 with an empty body moves"
+                                   " nothing; re-apply the step to get its receipt")
+            try:
+                receipt = msgspec.json.decode(receipt, type=Receipt)
+            except msgspec.DecodeError as exc:
+                raise InvalidInput(f"the receipt is not a stepledger receipt: {exc}") from None
+        elif isinstance(receipt, dict):
+            try:
+                receipt = msgspec.convert(receipt, type=Receipt)
+            except msgspec.ValidationError as exc:
+                raise InvalidInput(f"the receipt is not a stepledger receipt: {exc}") from None
+        ev = self._attempt_events(receipt.step, receipt.attempt)
+        match = [f for seq, f in ev.fenced if seq == receipt.seq]
+        if not match or _receipt(match[0], receipt.seq) != receipt:
+            raise IllegalTransition(receipt.step, receipt.attempt, "manifest-published",
+                                    "the receipt does not match the apply the ledger recorded")
+        return receipt
+
+
+__all__ = [
+    "COMPENSATION_WINDOW_S_DEFAULT",
+    "FENCE_MODES",
+    "ApplyResult",
+    "Compensation",
+    "Lease",
+    "Receipt",
+    "StepPlan",
+    "WorkspaceProtocol",
+    "Write",
+]

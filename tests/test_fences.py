@@ -1,0 +1,447 @@
+"""Revision fences, the apply journal, epoch leases and compensation (issue 4).
+
+The verdict table of shared/background/003 (as the issue states it) is asserted cell by
+cell; each column switches one mechanism off, so a cell where a mechanism matters shows
+the other outcome in the neighbouring column.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import signal
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+from conftest import FakeClock
+
+from ledger import Ledger
+from ledger.errors import (
+    CompensationWindowClosed,
+    IllegalTransition,
+    InvalidInput,
+    LeaseHeld,
+    PathEscapes,
+    ReplanRefused,
+    StaleEpoch,
+    UnknownWorkspace,
+)
+from ledger.fences import StepPlan, Write
+
+
+def h(text: str | bytes) -> str:
+    return hashlib.sha256(text.encode() if isinstance(text, str) else text).hexdigest()
+
+
+class World:
+    """A ledger, one workspace directory holding app.py = "v0", and a live lease."""
+
+    def __init__(self, tmp: Path, fence: str = "step", journal: bool = True,
+                 clock: FakeClock | None = None, **options: Any) -> None:
+        self.tmp = tmp
+        self.dir = tmp / "ws"
+        self.dir.mkdir()
+        (self.dir / "app.py").write_text("v0")
+        self.clock = clock or FakeClock()
+        self.path = tmp / "ledger.db"
+        self.ledger = Ledger.init(self.path, clock=self.clock, **options)
+        self.ledger.add_workspace("w", str(self.dir))
+        self.epoch = self.ledger.acquire("w", "agent", ttl_s=3600).epoch
+        self.fence, self.journal = fence, journal
+
+    def write(self, step: str, new: str, pre: str | None, base: int | None = None,
+              path: str = "app.py") -> StepPlan:
+        return StepPlan(step, [Write(path, new.encode(), None if pre is None else h(pre), base)],
+                        run="run-1")
+
+    def admit(self, *plans: StepPlan, run_fence: str | None = None) -> list[Any]:
+        return self.ledger.admit("w", self.epoch, list(plans), fence=run_fence or self.fence,
+                                 journal=self.journal)
+
+    def apply(self, step: str, attempt: int | None = None, ledger: Ledger | None = None) -> str:
+        return (ledger or self.ledger).apply(step, attempt, epoch=self.epoch).verdict
+
+    def commit(self, step: str) -> None:
+        self.ledger.publish(step)
+        self.ledger.ack(step)
+
+    def disk(self, path: str = "app.py") -> str:
+        return (self.dir / path).read_text()
+
+    def human_through_stepledger(self, new: str) -> None:
+        rev, digest = self.ledger.snapshot("w", "app.py")
+        self.ledger.admit("w", self.epoch, [StepPlan("human", [Write("app.py", new.encode(),
+                                                                     digest, rev)], run="human")])
+        assert self.ledger.apply("human", epoch=self.epoch).verdict == "applied"
+        self.commit("human")
+
+
+MODES = {  # column -> (fence, journal)
+    "none": ("none", False),
+    "plan": ("plan", False),
+    "step": ("step", False),
+    "step+journal": ("step", True),
+}
+
+
+def concurrent_edit(w: World) -> str:
+    w.admit(w.write("s1", "v1", "v0"), w.write("s2", "v2", "v1"))
+    assert w.apply("s1") == "applied"
+    w.commit("s1")
+    w.human_through_stepledger("human-refactor")
+    return w.apply("s2")
+
+
+def untracked_edit(w: World) -> str:
+    w.admit(w.write("s1", "v1", "v0"), w.write("s2", "v2", "v1"))
+    assert w.apply("s1") == "applied"
+    w.commit("s1")
+    (w.dir / "app.py").write_text("human edit on disk")
+    return w.apply("s2")
+
+
+def preemption_retry(w: World) -> str:
+    w.admit(w.write("s1", "v1", "v0"))
+    assert w.apply("s1") == "applied"
+    w.ledger.publish("s1")  # the ack is lost
+    fresh = Ledger.open(w.path, clock=w.clock)  # a fresh executor, same persisted ledger
+    try:
+        verdict = w.apply("s1", 1, ledger=fresh)
+    finally:
+        fresh.close()
+    if verdict == "applied":
+        return "applied twice"
+    return verdict
+
+
+def replan_drift(w: World) -> str:
+    w.admit(w.write("s1", "v1", "v0"))
+    assert w.apply("s1") == "applied"
+    w.commit("s1")
+    rev, digest = w.ledger.snapshot("w", "app.py")  # the new model reads the current state
+    w.admit(StepPlan("s2", [Write("app.py", b"v1-tail", digest, rev)], run="run-1"))
+    return w.apply("s2")
+
+
+def stale_replan(w: World) -> str:
+    w.admit(w.write("s1", "v1", "v0"))
+    assert w.apply("s1") == "applied"
+    w.commit("s1")
+    w.admit(w.write("s2", "v0-tail", "v0", base=0))  # the new model plans on the old base
+    return w.apply("s2")
+
+
+TABLE: dict[str, tuple[Callable[[World], str], dict[str, str]]] = {
+    "concurrent_edit": (concurrent_edit, {"none": "applied", "plan": "rejected:stale_rev",
+                                          "step": "rejected:stale_rev",
+                                          "step+journal": "rejected:stale_rev"}),
+    "untracked_edit": (untracked_edit, {"none": "applied", "plan": "rejected:stale_rev",
+                                        "step": "rejected:pre_hash",
+                                        "step+journal": "rejected:pre_hash"}),
+    "preemption_retry": (preemption_retry, {"none": "applied twice", "plan": "rejected:stale_rev",
+                                            "step": "rejected:stale_rev",
+                                            "step+journal": "deduped"}),
+    "replan_drift": (replan_drift, {"none": "applied", "plan": "rejected:stale_rev",
+                                    "step": "applied", "step+journal": "applied"}),
+    "stale_replan": (stale_replan, {"none": "applied", "plan": "rejected:stale_rev",
+                                    "step": "rejected:stale_rev",
+                                    "step+journal": "rejected:stale_rev"}),
+}
+
+
+@pytest.mark.parametrize("column", list(MODES))
+@pytest.mark.parametrize("scenario", list(TABLE))
+def test_verdict_table(tmp_path: Path, scenario: str, column: str) -> None:
+    fence, journal = MODES[column]
+    w = World(tmp_path, fence, journal)
+    run, expected = TABLE[scenario]
+    assert run(w) == expected[column]
+    assert w.ledger.verify().ok
+
+
+def test_lost_updates_are_real_without_a_fence(tmp_path: Path) -> None:
+    """`applied` under fence=none in the table is a lost update: the human's bytes are gone."""
+    w = World(tmp_path, "none", False)
+    concurrent_edit(w)
+    assert w.disk() == "v2"  # "human-refactor" was overwritten
+    w2 = World(tmp_path / "b", "step", True) if (tmp_path / "b").mkdir() is None else None
+    assert w2 is not None
+    concurrent_edit(w2)
+    assert w2.disk() == "human-refactor"
+
+
+def test_preemption_retry_with_journal_returns_the_first_receipt(tmp_path: Path) -> None:
+    w = World(tmp_path)
+    w.admit(w.write("s1", "v1", "v0"))
+    first = w.ledger.apply("s1", epoch=w.epoch)
+    again = w.ledger.apply("s1", 1, epoch=w.epoch)
+    assert again.verdict == "deduped" and again.receipt == first.receipt
+    assert w.ledger.workspace("w").rev == 1
+    assert sum(1 for e in w.ledger.read(kind="fenced")) == 1
+
+
+def test_without_journal_a_redelivery_applies_twice(tmp_path: Path) -> None:
+    w = World(tmp_path, "none", False)
+    preemption_retry(w)
+    assert sum(1 for e in w.ledger.read(kind="fenced")) == 2
+    assert w.ledger.workspace("w").rev == 2
+
+
+# --- plan admission ----------------------------------------------------------------------
+
+
+def test_siblings_writing_one_path_must_chain(tmp_path: Path) -> None:
+    w = World(tmp_path)
+    out = w.admit(w.write("s1", "v1", "v0"), w.write("s2", "v2", "v0"))  # s2 not on s1's result
+    assert [r.verdict for r in out] == ["rejected:overlap", "rejected:overlap"]
+    assert w.ledger.step("s1").state == "rejected"
+    assert w.disk() == "v0"
+
+
+def test_chained_siblings_apply_in_order(tmp_path: Path) -> None:
+    w = World(tmp_path)
+    assert w.admit(w.write("s1", "v1", "v0"), w.write("s2", "v2", "v1"),
+                   w.write("s3", "v3", "v2")) == [None, None, None]
+    for s in ("s1", "s2", "s3"):
+        assert w.apply(s) == "applied"
+        w.commit(s)
+    assert w.disk() == "v3" and w.ledger.workspace("w").rev == 3
+
+
+def test_plan_fence_refuses_even_an_undisturbed_second_step(tmp_path: Path) -> None:
+    """The article's point: a plan-level fence is loud in the wrong places."""
+    w = World(tmp_path, "plan", True)
+    w.admit(w.write("s1", "v1", "v0"), w.write("s2", "v2", "v1"))
+    assert w.apply("s1") == "applied"
+    assert w.apply("s2") == "rejected:stale_rev"
+
+
+# --- epochs and leases ------------------------------------------------------------------
+
+
+def test_one_live_lease_and_epochs_grow(tmp_path: Path) -> None:
+    w = World(tmp_path)
+    with pytest.raises(LeaseHeld):
+        w.ledger.acquire("w", "other", ttl_s=60)
+    forced = w.ledger.acquire("w", "other", ttl_s=60, force=True)
+    assert forced.epoch == w.epoch + 1
+    w.clock.advance(61)
+    assert not w.ledger.lease("w").live
+    with pytest.raises(StaleEpoch):  # an expired lease is never revived
+        w.ledger.heartbeat("w", forced.epoch, ttl_s=60)
+    assert w.ledger.acquire("w", "third", ttl_s=60).epoch == forced.epoch + 1
+
+
+def test_heartbeat_extends_the_live_lease(tmp_path: Path) -> None:
+    w = World(tmp_path)
+    w.clock.advance(3000)
+    lease = w.ledger.heartbeat("w", w.epoch, ttl_s=3600)
+    w.clock.advance(3000)
+    assert lease.live and w.ledger.lease("w").live
+
+
+def test_zombie_worker_cannot_commit_anything(tmp_path: Path) -> None:
+    """The zombie that keeps running after its timeout: its every effect is refused."""
+    w = World(tmp_path)
+    w.admit(w.write("s1", "v1", "v0"))
+    zombie = w.epoch
+    w.clock.advance(3601)  # the lease expired; a new worker takes over
+    w.epoch = w.ledger.acquire("w", "agent-2", ttl_s=3600).epoch
+    count = w.ledger.count()
+    with pytest.raises(StaleEpoch):
+        w.ledger.apply("s1", epoch=zombie)
+    assert w.disk() == "v0"
+    # the settle compensated the zombie's attempt; nothing it sends moves anything
+    assert w.ledger.step("s1").state == "compensated"
+    with pytest.raises(StaleEpoch):
+        w.ledger.admit("w", zombie, [w.write("s9", "x", "v0")])
+    assert w.ledger.count() == count
+
+
+def test_late_200_after_the_sandbox_was_reclaimed(tmp_path: Path) -> None:
+    """apply_patch answered 200 (epoch 1), the sandbox was reclaimed (epoch 2) before the
+    result was recorded: the settle put the pre-image back, the late publish is refused."""
+    w = World(tmp_path)
+    w.admit(w.write("s1", "v1", "v0"))
+    result = w.ledger.apply("s1", epoch=w.epoch)
+    assert w.disk() == "v1"
+    new = w.ledger.acquire("w", "agent-2", ttl_s=3600, force=True)
+    assert new.settled == ("s1",)
+    assert w.disk() == "v0"
+    with pytest.raises(StaleEpoch):
+        w.ledger.publish("s1", receipt=result.receipt)
+    assert not w.ledger.step("s1").live
+    with pytest.raises(InvalidInput, match="empty body"):
+        w.ledger.publish("s1", receipt=b"")
+    assert w.ledger.verify().ok
+
+
+def test_a_redelivered_event_of_a_dead_epoch_returns_the_first_result(tmp_path: Path) -> None:
+    w = World(tmp_path)
+    w.admit(w.write("s1", "v1", "v0"))
+    w.apply("s1")
+    manifest = w.ledger.publish("s1")
+    first = w.ledger.ack("s1")
+    w.ledger.acquire("w", "agent-2", ttl_s=3600, force=True)
+    assert w.ledger.publish("s1") == manifest
+    again = w.ledger.ack("s1")
+    assert again.deduped and again.seq == first.seq
+
+
+def test_a_new_epoch_settles_an_unpublished_attempt_and_the_step_goes_on(tmp_path: Path) -> None:
+    w = World(tmp_path)
+    w.admit(w.write("s1", "v1", "v0"))
+    w.apply("s1")
+    w.epoch = w.ledger.acquire("w", "agent-2", ttl_s=3600, force=True).epoch
+    assert w.disk() == "v0" and w.ledger.step("s1").state == "compensated"
+    attempt = w.ledger.replan("s1", epoch=w.epoch)  # every pre_hash still holds
+    assert attempt == 2
+    assert w.ledger.apply("s1", epoch=w.epoch).verdict == "applied"
+    w.commit("s1")
+    assert w.disk() == "v1" and w.ledger.step("s1").live
+
+
+def test_settle_never_overwrites_a_human_edit(tmp_path: Path) -> None:
+    w = World(tmp_path)
+    w.admit(w.write("s1", "v1", "v0"))
+    w.apply("s1")
+    (w.dir / "app.py").write_text("human")
+    new = w.ledger.acquire("w", "agent-2", ttl_s=3600, force=True)
+    assert w.disk() == "human"
+    comp = w.ledger._answer_compensation("s1", 1)
+    assert [r.outcome for r in comp.restored] == ["conflict"]
+    with pytest.raises(ReplanRefused):
+        w.ledger.replan("s1", epoch=new.epoch)
+
+
+# --- compensation -----------------------------------------------------------------------
+
+
+def test_compensate_restores_only_where_rev_and_post_image_hold(tmp_path: Path) -> None:
+    w = World(tmp_path)
+    w.admit(w.write("s1", "v1", "v0"))
+    w.apply("s1")
+    w.commit("s1")
+    comp = w.ledger.compensate("s1", epoch=w.epoch, reason="tests failed")
+    assert [r.outcome for r in comp.restored] == ["restored"]
+    assert w.disk() == "v0" and not w.ledger.step("s1").live
+    assert w.ledger.manifest("s1", 0) is not None  # kept for audit
+    again = w.ledger.compensate("s1", epoch=w.epoch, reason="tests failed")
+    assert again.deduped and again.seq == comp.seq
+
+
+def test_compensation_after_a_b_a_is_a_conflict(tmp_path: Path) -> None:
+    """s1 v0->v1, then v1->v0 and v0->v1 again by others: the bytes match s1's
+    post-image but the rev does not; undoing would be wrong."""
+    w = World(tmp_path)
+    w.admit(w.write("s1", "v1", "v0"))
+    w.apply("s1")
+    w.commit("s1")
+    w.human_through_stepledger("v0")
+    w.ledger.admit("w", w.epoch, [StepPlan("again", [Write("app.py", b"v1", h("v0"), None)])])
+    w.apply("again")
+    w.commit("again")
+    comp = w.ledger.compensate("s1", epoch=w.epoch)
+    assert [r.outcome for r in comp.restored] == ["conflict"]
+    assert w.disk() == "v1"
+
+
+def test_compensation_window(tmp_path: Path) -> None:
+    w = World(tmp_path, compensation_window_s=60)
+    w.admit(w.write("s1", "v1", "v0"))
+    w.apply("s1")
+    w.commit("s1")
+    w.clock.advance(61)
+    w.ledger.heartbeat("w", w.epoch, ttl_s=3600)
+    with pytest.raises(CompensationWindowClosed):
+        w.ledger.compensate("s1", epoch=w.epoch)
+    assert w.disk() == "v1"
+
+
+def test_compensating_a_rejected_attempt_is_illegal(tmp_path: Path) -> None:
+    w = World(tmp_path)
+    w.admit(w.write("s1", "v1", "v0", base=5))
+    assert w.apply("s1") == "rejected:stale_rev"
+    with pytest.raises(IllegalTransition):
+        w.ledger.compensate("s1", epoch=w.epoch)
+
+
+# --- confinement and bad input ----------------------------------------------------------
+
+
+def test_paths_cannot_escape_the_workspace(tmp_path: Path) -> None:
+    w = World(tmp_path)
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    (w.dir / "link").symlink_to(outside)
+    for path in ("../x", "/etc/passwd", "a/../../x"):
+        with pytest.raises(InvalidInput):
+            w.admit(StepPlan("bad", [Write(path, b"x", None)]))
+    w.admit(StepPlan("sym", [Write("link/x", b"x", None)]))
+    with pytest.raises(PathEscapes):
+        w.ledger.apply("sym", epoch=w.epoch)
+    assert not (outside / "x").exists()
+
+
+def test_unknown_workspace_and_bad_epoch(tmp_path: Path) -> None:
+    w = World(tmp_path)
+    with pytest.raises(UnknownWorkspace):
+        w.ledger.admit("nope", 1, [w.write("s", "x", "v0")])
+    with pytest.raises(InvalidInput):
+        w.ledger.admit("w", 0, [w.write("s", "x", "v0")])
+
+
+# --- a crash between the rename and the ledger commit (a real SIGKILL) --------------------
+
+
+def _crash_after_rename(w: World) -> None:
+    """Fork a child that applies s1 and is SIGKILLed right after the rename, before the
+    fenced transaction commits."""
+    w.admit(w.write("s1", "v1", "v0"))
+    w.ledger.close()
+    pid = os.fork()
+    if pid == 0:  # pragma: no cover - the child
+        seen: list[str] = []
+
+        def on_op(name: str) -> None:
+            seen.append(name)
+            if name == "ws-dirfsync" and "ws-rename" in seen:
+                os.kill(os.getpid(), signal.SIGKILL)
+
+        child = Ledger.open(w.path, clock=w.clock, on_op=on_op)
+        child.apply("s1", epoch=w.epoch)
+        os._exit(0)
+    _, status = os.waitpid(pid, 0)
+    assert os.WIFSIGNALED(status) and os.WTERMSIG(status) == signal.SIGKILL
+    w.ledger = Ledger.open(w.path, clock=w.clock)
+    assert w.ledger.step("s1").state == "planned"  # the fenced commit never happened
+    assert w.disk() == "v1"  # but the rename did
+
+
+def test_crash_between_rename_and_commit_is_settled_on_replay(tmp_path: Path) -> None:
+    w = World(tmp_path)
+    _crash_after_rename(w)
+    result = w.ledger.apply("s1", epoch=w.epoch)
+    assert result.verdict == "applied" and result.receipt is not None and result.receipt.settled
+    assert w.ledger.snapshot("w", "app.py") == (1, h("v1"))
+    w.commit("s1")
+    assert w.ledger.verify().ok
+
+
+def test_a_human_edit_in_the_crash_window_is_never_overwritten(tmp_path: Path) -> None:
+    w = World(tmp_path)
+    _crash_after_rename(w)
+    (w.dir / "app.py").write_text("human")
+    assert w.apply("s1") == "rejected:pre_hash"
+    assert w.disk() == "human"
+
+
+def test_the_next_epoch_settles_a_crashed_apply(tmp_path: Path) -> None:
+    w = World(tmp_path)
+    _crash_after_rename(w)
+    lease = w.ledger.acquire("w", "agent-2", ttl_s=60, force=True)
+    assert lease.settled == ("s1",)
+    assert w.disk() == "v0"  # the pre-image, pinned before the rename, went back
+    assert w.ledger.verify().ok

@@ -28,6 +28,7 @@ from .projections import (
     read_steps,
     read_workspaces,
 )
+from .invariants import Checker
 from .projections.workspaces import WorkspacesFold
 from .projections.refs import RefsFold, fold_tables
 
@@ -76,6 +77,7 @@ def verify(
         expected_seq = 1
         matched_expected = expect_head is None or expect_head.seq == 0
         done = 0
+        checker = Checker()
         for row in log.rows(0):
             (seq, time_ns, ws, run, step, attempt, epoch, rev, key, kind, v, payload,
              prev_hash, digest) = row
@@ -99,6 +101,7 @@ def verify(
                 findings.append(Finding("row", seq, f"event #{seq} cannot be decoded: {exc}"))
                 prev = bytes(digest)
                 continue
+            checker.feed(seq, time_ns, event)
             env = envelope(event)
             recomputed = chain_hash(bytes(prev_hash), seq, time_ns, env, key, kind, v, payload)
             if recomputed != bytes(digest):
@@ -127,6 +130,8 @@ def verify(
                     ))
         if progress is not None:
             progress(done, total)
+        findings.extend(Finding(b.invariant, b.seq, f"VIOLATION: {b.message}")
+                        for b in checker.breaches)
         head = log.head()
         if expect_head is not None and expect_head.seq > head.seq:
             findings.append(Finding(

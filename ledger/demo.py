@@ -19,8 +19,10 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from .errors import IdempotencyConflict, IllegalTransition
+from .blobs import digest_of
+from .errors import IdempotencyConflict, IllegalTransition, StaleEpoch
 from .events import Acked, Planned
+from .fences import StepPlan, Write
 from .ledger import Ledger
 from .steps import run_step
 
@@ -46,6 +48,108 @@ _CHILD = textwrap.dedent(
         os.kill(os.getpid(), signal.SIGKILL)   # dies before publishing
     """
 )
+
+
+_APPLY_CHILD = textwrap.dedent(
+    """
+    import os, signal, sys
+    sys.path.insert(0, {root!r})
+    from ledger import Ledger
+    seen = []
+    def on_op(name):
+        seen.append(name)
+        if name == "ws-dirfsync" and "ws-rename" in seen:
+            os.kill(os.getpid(), signal.SIGKILL)   # renamed into place, not yet recorded
+    with Ledger.open({path!r}, on_op=on_op) as ledger:
+        ledger.apply("w-3", epoch={epoch})
+    """
+)
+
+
+def _workspace_part(ledger: Ledger, root: str, check: Callable[[str, bool], None],
+                    say: Callable[[str], None], counts: dict[str, int]) -> tuple[int, int]:
+    """Sections 5-6: fences, the apply journal, epoch leases. Returns (epoch, w-3's attempt)."""
+    repo = os.path.join(root, "repo")
+    os.makedirs(repo)
+    app = os.path.join(repo, "app.py")
+    with open(app, "w") as f:
+        f.write("v0\n")
+
+    def disk() -> str:
+        with open(app) as f:
+            return f.read()
+
+    def write(step: str, new: str, pre: str, base: int | None = None) -> StepPlan:
+        return StepPlan(step, [Write("app.py", new.encode(), digest_of(pre.encode()), base)],
+                        run="edit-run")
+
+    say("5. an agent edits a workspace under a lease; a human edits it too")
+    ledger.add_workspace("repo", repo)
+    epoch = ledger.acquire("repo", "agent-1", ttl_s=600).epoch
+    ledger.admit("repo", epoch, [write("w-1", "v1\n", "v0\n"), write("w-2", "v2\n", "v1\n")])
+    counts["steps_started"] += 2
+    first = ledger.apply("w-1", epoch=epoch)
+    ledger.publish("w-1", receipt=first.receipt)
+    ledger.ack("w-1")
+    check("w-1 applied and committed (fence: rev and pre_hash held)",
+          first.verdict == "applied" and disk() == "v1\n" and ledger.step("w-1").live)
+    again = ledger.apply("w-1", 1, epoch=epoch)
+    counts["deduped"] += 1
+    check("a redelivered apply is answered by the journal, nothing applied twice",
+          again.verdict == "deduped" and again.receipt == first.receipt
+          and ledger.workspace("repo").rev == 1)
+    with open(app, "w") as f:
+        f.write("v1 + a human's edit\n")
+    stale = ledger.apply("w-2", epoch=epoch)
+    counts["refused"] += 1
+    say(f"     w-2 after the human's edit: {stale.verdict} ({stale.detail})")
+    check("a step planned before the human's edit is rejected; the edit survives",
+          stale.verdict == "rejected:pre_hash" and disk() == "v1 + a human's edit\n")
+    rev, current = ledger.snapshot("repo", "app.py")
+    ledger.admit("repo", epoch, [StepPlan("w-2b", [Write("app.py", b"v2 on the human's edit\n",
+                                                         current, rev)], run="edit-run")])
+    counts["steps_started"] += 1
+    rebased = ledger.apply("w-2b", epoch=epoch)
+    ledger.publish("w-2b")
+    ledger.ack("w-2b")
+    check("re-planned from the current state (a rebase), it applies", rebased.verdict == "applied")
+
+    say("6. the sandbox is reclaimed mid-step: a new epoch, and a zombie of the old one")
+    ledger.admit("repo", epoch, [write("w-3", "v3\n", "v2 on the human's edit\n")])
+    counts["steps_started"] += 1
+    new = ledger.acquire("repo", "agent-2", ttl_s=600, force=True)
+    try:
+        ledger.apply("w-3", epoch=epoch)
+        check("the zombie's apply is refused", False)
+    except StaleEpoch as exc:
+        counts["refused"] += 1
+        say(f"     refused: {exc}")
+        check("the zombie of epoch 1 cannot apply (StaleEpoch), the file is untouched",
+              disk() == "v2 on the human's edit\n" and new.settled == ("w-3",))
+    return new.epoch, ledger.replan("w-3", epoch=new.epoch)
+
+
+def _workspace_crash(ledger: Ledger, root: str, epoch: int, attempt: int,
+                     check: Callable[[str, bool], None], say: Callable[[str], None]) -> None:
+    """The second half of section 8, after the SIGKILL: replay, then compensate."""
+    app = os.path.join(root, "repo", "app.py")
+
+    def disk() -> str:
+        with open(app) as f:
+            return f.read()
+
+    row = ledger.step("w-3")
+    say(f"     after reopen: w-3 attempt {row.attempt} is {row.state}, app.py holds {disk()!r}")
+    check("the killed apply is not recorded, its rename is on disk",
+          row.state == "planned" and disk() == "v3\n")
+    replay = ledger.apply("w-3", attempt, epoch=epoch)
+    check("the replay under the same epoch records what is on disk (settled)",
+          replay.verdict == "applied" and replay.receipt is not None and replay.receipt.settled)
+    ledger.publish("w-3")
+    comp = ledger.compensate("w-3", epoch=epoch, reason="its tests failed")
+    check("compensation puts the pre-image back and ends the live manifest",
+          [r.outcome for r in comp.restored] == ["restored"]
+          and disk() == "v2 on the human's edit\n" and not ledger.step("w-3").live)
 
 
 def run_demo(keep: str | None = None, echo: Echo = print) -> dict[str, Any]:
@@ -102,13 +206,21 @@ def run_demo(keep: str | None = None, echo: Echo = print) -> dict[str, Any]:
             say(f"     refused: {exc}")
             check("illegal transition refused, nothing written", ledger.head() == mark)
 
-    say("5. a worker is killed with SIGKILL after storing its output, before publishing")
+        epoch, attempt = _workspace_part(ledger, root, check, say, counts)
+
+    say("7. a worker is killed with SIGKILL after storing its output, before publishing")
     child = subprocess.run(
         [sys.executable, "-c", _CHILD.format(root=_package_root(), path=path)],
         capture_output=True, text=True, check=False,
     )
     counts["steps_started"] += 1
     check("worker died by SIGKILL", child.returncode == -signal.SIGKILL)
+    say("8. a worker is SIGKILLed after renaming w-3's file into place, before recording it")
+    child = subprocess.run(
+        [sys.executable, "-c", _APPLY_CHILD.format(root=_package_root(), path=path, epoch=epoch)],
+        capture_output=True, text=True, check=False,
+    )
+    check("worker died by SIGKILL mid-apply", child.returncode == -signal.SIGKILL)
     with Ledger.open(path) as ledger:
         crashed = ledger.step("s-crash")
         say(f"     after reopen: s-crash is {crashed.state}, committed={crashed.live}")
@@ -120,7 +232,10 @@ def run_demo(keep: str | None = None, echo: Echo = print) -> dict[str, Any]:
         check("replay continues attempt 1 and commits it",
               replay.ran and replay.attempt == 1 and ledger.classify("s-crash") == "committed")
 
-        say("6. projections are rebuilt from the events and compared")
+        say("   and w-3's replay under the live epoch")
+        _workspace_crash(ledger, root, epoch, attempt, check, say)
+
+        say("9. projections are rebuilt from the events and compared")
         inline = ledger.steps()
         ledger.rebuild()
         check("inline projections == rebuild", ledger.steps() == inline)
@@ -130,7 +245,7 @@ def run_demo(keep: str | None = None, echo: Echo = print) -> dict[str, Any]:
         check("verify: chain, seqs and projections ok", report.ok)
         n_events = report.events
 
-    say("7. someone restores an older copy of the ledger (the tail is cut off)")
+    say("10. someone restores an older copy of the ledger (the tail is cut off)")
     old = os.path.join(root, "rolled-back.db")
     _copy_prefix(path, old, head.seq - 2)
     blob_root = os.path.join(os.path.dirname(path), "blobs")

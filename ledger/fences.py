@@ -65,7 +65,8 @@ from .events import (
     check_step_id,
     journal_key,
 )
-from .projections import load_step, read_workspaces
+from .projections import checkpoint, load_step, read_workspaces
+from .projections.steps import VERSION as STEPS_VERSION
 from .projections.steps import COMPENSATED, ENDED, IN_FLIGHT, PLANNED, REJECTED
 from .projections.workspaces import WsRow, load_path, load_workspace
 from .workspace import Staged, WorkspaceDir
@@ -215,7 +216,12 @@ class WorkspaceProtocol:
     def workspace(self: Ledger, name: str) -> WsRow:
         """A workspace's row (revision, lease); UnknownWorkspace if it was never added."""
         check_step_id(name)
-        row = read_workspaces(self._db, self._log).rows.get(name)
+        with self._db.snapshot() as conn:
+            cp = checkpoint(conn)
+            if cp.version == STEPS_VERSION and cp.last_seq >= self._log.head().seq:
+                row = load_workspace(conn, name)  # caught up: one row, not the whole fold
+            else:
+                row = read_workspaces(self._db, self._log).rows.get(name)
         if row is None:
             raise UnknownWorkspace(name)
         return row

@@ -12,21 +12,28 @@ step's current state and can be rebuilt from the events at any time.
 """
 
 from .errors import (
+    CompensationWindowClosed,
     CorruptLedger,
     EnvironmentFailure,
     HeadMismatch,
     IdempotencyConflict,
     IllegalTransition,
     InvalidInput,
+    LeaseHeld,
     LedgerBusy,
     LedgerError,
     LedgerNotFound,
     LedgerTooNew,
     NotALedger,
+    PathEscapes,
     ProtocolRefused,
     ReadOnlyLedger,
+    ReplanRefused,
+    StaleEpoch,
     StorageFailure,
     UnknownStep,
+    UnknownWorkspace,
+    Unsettled,
 )
 from .events import (
     Acked,
@@ -52,6 +59,7 @@ from .events import (
     WorkspaceRestored,
     journal_key,
 )
+from .fences import ApplyResult, Compensation, Lease, Receipt, StepPlan, Write
 from .ledger import DEFAULT_PATH, Ledger
 from .log import Head
 from .projections import StepRow
@@ -60,14 +68,17 @@ from .verify import Finding, VerifyReport
 __version__ = "0.1.0"
 
 __all__ = [
-    "DEFAULT_PATH",
     "Acked",
     "AppliedWrite",
+    "ApplyResult",
     "BlobCollected",
     "BlobPinned",
     "BlobStored",
     "Compensated",
+    "Compensation",
+    "CompensationWindowClosed",
     "CorruptLedger",
+    "DEFAULT_PATH",
     "EnvironmentFailure",
     "Event",
     "Fenced",
@@ -77,7 +88,9 @@ __all__ = [
     "IdempotencyConflict",
     "IllegalTransition",
     "InvalidInput",
+    "Lease",
     "LeaseAcquired",
+    "LeaseHeld",
     "LeaseReleased",
     "LeaseRenewed",
     "Ledger",
@@ -88,19 +101,27 @@ __all__ = [
     "ManifestEntry",
     "ManifestPublished",
     "NotALedger",
+    "PathEscapes",
     "Planned",
     "PlannedWrite",
     "ProtocolRefused",
     "ReadOnlyLedger",
+    "Receipt",
     "RecordedEvent",
     "Rejected",
+    "ReplanRefused",
     "Restored",
+    "StaleEpoch",
     "StepEvent",
+    "StepPlan",
     "StepRow",
     "StorageFailure",
     "UnknownStep",
+    "UnknownWorkspace",
+    "Unsettled",
     "VerifyReport",
     "WorkspaceAdded",
     "WorkspaceRestored",
+    "Write",
     "journal_key",
 ]

@@ -445,3 +445,52 @@ def test_the_next_epoch_settles_a_crashed_apply(tmp_path: Path) -> None:
     assert lease.settled == ("s1",)
     assert w.disk() == "v0"  # the pre-image, pinned before the rename, went back
     assert w.ledger.verify().ok
+
+
+def test_article_003_verdict_rules(tmp_path: Path) -> None:
+    """Section 10 of the article: reject and re-plan; replay the stored result;
+    compensate to the checkpoint; accept a rebase."""
+    w = World(tmp_path)
+    w.admit(w.write("s1", "v1", "v0"), w.write("s2", "v2", "v1"))
+    first = w.ledger.apply("s1", epoch=w.epoch)
+    w.commit("s1")
+    w.human_through_stepledger("h1")
+    # stale base -> reject, then re-plan from the current rev (a rebase) -> accept
+    assert w.apply("s2") == "rejected:stale_rev"
+    rev, digest = w.ledger.snapshot("w", "app.py")
+    w.ledger.admit("w", w.epoch, [StepPlan("s2", [Write("app.py", b"v2 on h1", digest, rev)])])
+    assert w.ledger.step("s2").attempt == 2
+    assert w.apply("s2") == "applied"
+    # journal hit -> the stored result
+    assert w.ledger.apply("s1", 1, epoch=w.epoch).receipt == first.receipt
+    # applied but its tests fail -> compensate to the checkpoint (h1)
+    comp = w.ledger.compensate("s2", epoch=w.epoch, reason="tests failed")
+    assert [r.outcome for r in comp.restored] == ["restored"] and w.disk() == "h1"
+    assert w.ledger.verify().ok
+
+
+def test_replayed_apply_after_a_crash_with_two_writes(tmp_path: Path) -> None:
+    """One write landed before the crash, the other did not: the replay records the
+    first as found and applies the second."""
+    w = World(tmp_path)
+    (w.dir / "b.py").write_text("b0")
+    w.admit(StepPlan("s", [Write("app.py", b"v1", h("v0")), Write("b.py", b"b1", h("b0"))]))
+    (w.dir / "app.py").write_text("v1")  # as if renamed just before a crash
+    result = w.ledger.apply("s", epoch=w.epoch)
+    assert result.verdict == "applied" and result.receipt is not None and result.receipt.settled
+    assert (w.dir / "b.py").read_text() == "b1"
+    assert w.ledger.workspace_paths("w") == {"app.py": (1, h("v1")), "b.py": (2, h("b1"))}
+
+
+def test_creating_and_deleting_files(tmp_path: Path) -> None:
+    w = World(tmp_path)
+    w.admit(StepPlan("new", [Write("pkg/new.py", b"x", None)]))
+    assert w.apply("new") == "applied" and (w.dir / "pkg" / "new.py").read_text() == "x"
+    w.commit("new")
+    w.admit(StepPlan("rm", [Write("pkg/new.py", None, h("x"))]))
+    assert w.apply("rm") == "applied" and not (w.dir / "pkg" / "new.py").exists()
+    comp = w.ledger.compensate("rm", epoch=w.epoch)
+    assert [r.outcome for r in comp.restored] == ["restored"]
+    assert (w.dir / "pkg" / "new.py").read_text() == "x"
+    w.admit(StepPlan("exists", [Write("app.py", b"y", None)]))  # planned as absent
+    assert w.apply("exists") == "rejected:pre_hash"

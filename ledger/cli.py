@@ -12,16 +12,18 @@ This is the only module that imports click.
 
 from __future__ import annotations
 
+import base64
 import csv
 import datetime as dt
 import errno
 import functools
 import json
 import os
+import re
 import sqlite3
 import sys
 from collections.abc import Callable, Iterator
-from typing import Any, TypeVar
+from typing import Annotated, Any, Literal, TypeVar
 
 import apsw
 import click
@@ -29,15 +31,26 @@ import msgspec
 
 from . import __version__
 from .db import _readonly_uri
-from .errors import EXIT_ENVIRONMENT, EXIT_NO, LedgerError
+from .errors import (
+    EXIT_ENVIRONMENT,
+    EXIT_NO,
+    InvalidInput,
+    LedgerError,
+    StaleEpoch,
+    Unsettled,
+)
 from .events import KINDS, Manifest, RecordedEvent, check_relpath, to_builtins
+from .fences import FENCE_MODES, ApplyResult, Compensation, Lease, StepPlan, Write
 from .ledger import DEFAULT_PATH, Ledger
 from .projections import StepRow
 from .projections.steps import STATES
+from .projections.workspaces import WsRow
 
 F = TypeVar("F", bound=Callable[..., Any])
 
 ENV_LEDGER = "STEPLEDGER_LEDGER"
+ENV_WORKSPACE = "STEPLEDGER_WORKSPACE"
+ENV_EPOCH = "STEPLEDGER_EPOCH"
 
 
 # -- plumbing -----------------------------------------------------------------------
@@ -164,8 +177,15 @@ def _event_detail(r: RecordedEvent) -> str:
     metavar="PATH",
     help=f"The ledger file (or set {ENV_LEDGER}).",
 )
+@click.option(
+    "--workspace",
+    "workspace",
+    envvar=ENV_WORKSPACE,
+    metavar="NAME",
+    help=f"The workspace lease and step commands act on (or set {ENV_WORKSPACE}).",
+)
 @click.pass_context
-def cli(ctx: click.Context, ledger_path: str) -> None:
+def cli(ctx: click.Context, ledger_path: str, workspace: str | None) -> None:
     """Record, inspect and verify durable coding-agent steps.
 
     Every transition of every step is an immutable, hash-chained event in one
@@ -181,11 +201,21 @@ def cli(ctx: click.Context, ledger_path: str) -> None:
         stepledger verify --expect-head SEQ:HASH
 
     \b
+    Drive a workspace from a harness in any language:
+        stepledger workspace add w ./repo
+        stepledger --workspace w lease acquire --holder agent-1 --ttl 10m --json
+        stepledger --workspace w step plan --epoch 1 plan.json
+        stepledger step apply s1 --epoch 1 --json > receipt.json
+        stepledger step publish s1 --receipt receipt.json && stepledger step ack s1
+        stepledger metrics
+
+    \b
     Exit codes: 0 ok, 1 the answer is no (violation or refusal),
     2 usage or bad input (incl. a file that is not a ledger), 3 environment failure.
     """
     ctx.ensure_object(dict)
     ctx.obj["ledger_path"] = ledger_path
+    ctx.obj["workspace"] = workspace or None
 
 
 @cli.command()
@@ -440,22 +470,669 @@ def _write_rows(rows: Iterator[dict[str, Any]], fmt: str) -> None:
     out.flush()
 
 
+# -- workspaces, leases and the workspace step protocol ------------------------------
+
+
+def _examples(*lines: str) -> str:
+    """An epilog of examples, kept verbatim by click's help formatter."""
+    return "\b\nExamples:\n" + "\n".join(f"  {line}" for line in lines)
+
+
+_UNITS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
+_DURATION_RE = re.compile(r"\s*(\d+(?:\.\d*)?|\.\d+)\s*(ms|s|m|h|d)?\s*")
+
+
+class Duration(click.ParamType):
+    """A duration such as 60s, 10m, 24h, 2d or 500ms; a plain number is seconds."""
+
+    name = "duration"
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> float:
+        if isinstance(value, int | float) and not isinstance(value, bool):
+            seconds = float(value)
+        else:
+            m = _DURATION_RE.fullmatch(str(value))
+            if m is None:
+                self.fail(f"{value!r} is not a duration; write e.g. 60s, 10m, 24h"
+                          " (a plain number is seconds)", param, ctx)
+            seconds = float(m[1]) * _UNITS[m[2] or "s"]
+        if seconds <= 0:
+            self.fail(f"{value!r}: a duration must be more than zero", param, ctx)
+        return seconds
+
+
+DURATION = Duration()
+
+
+def workspace_option(f: F) -> F:
+    return click.option(
+        "--workspace", "ws_name", metavar="NAME",
+        help=f"The workspace (default: the global --workspace, or {ENV_WORKSPACE}).",
+    )(f)
+
+
+def _workspace(ctx: click.Context, ws_name: str | None) -> str:
+    name = ws_name or ctx.obj.get("workspace")
+    if not name:
+        raise InvalidInput(f"which workspace? give --workspace NAME (or set {ENV_WORKSPACE});"
+                           " 'stepledger workspace list' shows them")
+    return str(name)
+
+
+def epoch_option(help_text: str) -> Callable[[F], F]:
+    def decorate(f: F) -> F:
+        return click.option(
+            "--epoch", type=click.IntRange(min=1), envvar=ENV_EPOCH, show_envvar=True,
+            metavar="N", help=help_text,
+        )(f)
+
+    return decorate
+
+
+def _need_epoch(epoch: int | None, what: str) -> int:
+    if epoch is None:
+        raise InvalidInput(f"{what} needs the live epoch: give --epoch N (the epoch"
+                           f" 'stepledger lease acquire' printed) or set {ENV_EPOCH}")
+    return epoch
+
+
+def _check_live(ledger: Ledger, row: StepRow, epoch: int | None) -> None:
+    """With --epoch, a writing step's new effect is refused unless that epoch is live."""
+    if epoch is None or not row.workspace or row.epoch == 0:
+        return
+    lease = ledger.lease(row.workspace)
+    if not lease.live or lease.epoch != epoch:
+        raise StaleEpoch(row.workspace, epoch, lease.epoch if lease.live else None)
+
+
+def _check_settled(ledger: Ledger, workspace: str, epoch: int, but: str = "") -> None:
+    """New work starts only after the older epochs are settled (DESIGN.md "Epochs and
+    leases"): refuse while a step of an older epoch is still in flight on the workspace
+    (an acquire that died before its settle). The core checks only the applied step's
+    own epoch."""
+    pending = [s for s in ledger.unsettled(workspace, epoch) if s != but]
+    if pending:
+        raise Unsettled(workspace, pending)
+
+
+def workspace_json(row: WsRow, now_ns: int) -> dict[str, Any]:
+    return {
+        "name": row.name, "root": row.root, "rev": row.rev, "epoch": row.epoch,
+        "holder": row.holder, "expires_ns": row.expires_ns,
+        "expires": _iso(row.expires_ns) if row.epoch else None,
+        "released": row.released, "live": row.live_epoch(now_ns) is not None,
+        "acquired_ns": row.acquired_ns, "last_seq": row.last_seq,
+    }
+
+
+def lease_json(lease: Lease, now_ns: int) -> dict[str, Any]:
+    out: dict[str, Any] = msgspec.to_builtins(lease)
+    out["expires"] = _iso(lease.expires_ns) if lease.epoch else None
+    out["remaining_s"] = max(0.0, (lease.expires_ns - now_ns) / 1e9) if lease.live else 0.0
+    return out
+
+
+def compensation_json(c: Compensation) -> dict[str, Any]:
+    out: dict[str, Any] = msgspec.to_builtins(c)
+    out["conflicts"] = [r.path for r in c.conflicts]
+    return out
+
+
+def _lease_line(lease: Lease) -> str:
+    if lease.epoch == 0:
+        return f"workspace {lease.workspace}: never leased"
+    state = "live" if lease.live else "released" if lease.released else "expired"
+    return (f"workspace {lease.workspace}: epoch {lease.epoch} held by {lease.holder},"
+            f" {state}, expires {_iso(lease.expires_ns)}")
+
+
 @cli.group()
-def step() -> None:
-    """Drive one step's artifact protocol by hand (or from a harness in any language).
+def workspace() -> None:
+    """Register and inspect workspaces: named directories that steps write to.
 
     \b
+        stepledger workspace add w ./repo
+        stepledger workspace show w --json
+        stepledger --workspace w workspace snapshot app.py    # base_rev + pre_hash to plan with
+    """
+
+
+@workspace.command("add", epilog=_examples(
+    "stepledger workspace add agent-1 ./checkout",
+    "stepledger workspace add agent-1 ./checkout --json   # again: a no-op",
+))
+@click.argument("name")
+@click.argument("directory", metavar="DIR")
+@json_option
+@click.pass_context
+def workspace_add(ctx: click.Context, name: str, directory: str, as_json: bool) -> None:
+    """Register the existing directory DIR as workspace NAME (a no-op if it is already)."""
+    with _open(ctx, readonly=False) as ledger:
+        existing = next((r for r in ledger.workspaces() if r.name == name), None)
+        if existing is not None and existing.root != os.path.realpath(directory):
+            raise InvalidInput(f"workspace {name!r} is already added with directory"
+                               f" {existing.root}; give this one another name")
+        row = ledger.add_workspace(name, directory)
+        now = ledger.clock()
+    if as_json:
+        _emit_json(workspace_json(row, now) | {"added": existing is None})
+    elif existing is None:
+        click.echo(f"added workspace {row.name} at {row.root}")
+    else:
+        click.echo(f"workspace {row.name} at {row.root} already added; nothing changed")
+
+
+@workspace.command("list", epilog=_examples("stepledger workspace list",
+                                            "stepledger workspace list --json | jq '.[].name'"))
+@json_option
+@click.pass_context
+def workspace_list(ctx: click.Context, as_json: bool) -> None:
+    """List workspaces with their revision and lease. Read-only."""
+    with _open(ctx, readonly=True) as ledger:
+        rows = ledger.workspaces()
+        now = ledger.clock()
+    if as_json:
+        _emit_json([workspace_json(r, now) for r in rows])
+        return
+    if not rows:
+        click.echo("no workspaces; add one with 'stepledger workspace add NAME DIR'", err=True)
+        return
+    click.echo(f"{'NAME':<24} {'REV':>6} {'EPOCH':>5} {'LEASE':<8} {'HOLDER':<20} ROOT")
+    for r in rows:
+        state = ("live" if r.live_epoch(now) is not None else "released" if r.released
+                 else "expired" if r.epoch else "-")
+        click.echo(f"{r.name:<24} {r.rev:>6} {r.epoch:>5} {state:<8} {r.holder or '-':<20} {r.root}")
+
+
+@workspace.command("show", epilog=_examples("stepledger workspace show w",
+                                            "stepledger --workspace w workspace show --json"))
+@click.argument("name", required=False)
+@json_option
+@click.pass_context
+def workspace_show(ctx: click.Context, name: str | None, as_json: bool) -> None:
+    """Show a workspace: revision, lease, and every path a step wrote. Read-only.
+
+    NAME defaults to the global --workspace. Each path shows its rev (of its last
+    applied write) and the sha256 of the content it should hold (null: absent).
+    """
+    name = _workspace(ctx, name)
+    with _open(ctx, readonly=True) as ledger:
+        row = ledger.workspace(name)
+        paths = ledger.workspace_paths(name)
+        unsettled = ledger.unsettled(name, row.epoch) if row.epoch else []
+        now = ledger.clock()
+    data = workspace_json(row, now) | {
+        "paths": [{"path": p, "rev": rev, "hash": h} for p, (rev, h) in paths.items()],
+        "unsettled": unsettled,
+    }
+    if as_json:
+        _emit_json(data)
+        return
+    click.echo(f"workspace {row.name} at {row.root}: rev {row.rev}")
+    if row.epoch:
+        state = "live" if data["live"] else "released" if row.released else "expired"
+        click.echo(f"  lease: epoch {row.epoch} held by {row.holder}, {state},"
+                   f" expires {data['expires']}")
+    else:
+        click.echo("  lease: never leased")
+    if unsettled:
+        click.echo(f"  unsettled (older epochs, in flight): {', '.join(unsettled)}")
+    for p in data["paths"]:
+        click.echo(f"  {p['rev']:>6}  {(p['hash'] or 'absent')[:16]:<16}  {p['path']}")
+
+
+@workspace.command("snapshot", epilog=_examples(
+    "stepledger --workspace w workspace snapshot app.py src/util.py --json",
+))
+@click.argument("paths", nargs=-1, required=True, metavar="PATH...")
+@workspace_option
+@json_option
+@click.pass_context
+def workspace_snapshot(ctx: click.Context, paths: tuple[str, ...], ws_name: str | None,
+                       as_json: bool) -> None:
+    """Read what a planner plans against: each PATH's rev and the sha256 on disk. Read-only.
+
+    Put them in the plan's write as base_rev and pre_hash (null: the file is absent).
+    """
+    name = _workspace(ctx, ws_name)
+    with _open(ctx, readonly=True) as ledger:
+        snaps = [(p, *ledger.snapshot(name, p)) for p in paths]
+    if as_json:
+        _emit_json({"workspace": name, "paths": [
+            {"path": p, "base_rev": rev, "pre_hash": h} for p, rev, h in snaps]})
+        return
+    for p, rev, h in snaps:
+        click.echo(f"{rev:>6}  {h or 'absent':<64}  {p}")
+
+
+@cli.group()
+def lease() -> None:
+    """Acquire, keep alive, release and inspect a workspace's epoch lease.
+
+    A lease is the live epoch of a workspace: every effect of a step that writes the
+    workspace carries its epoch and is refused unless it is the live one. Acquiring a
+    new epoch first settles (compensates) the older epochs' unfinished attempts.
+
+    \b
+        EPOCH=$(stepledger --workspace w lease acquire --holder agent-1 --ttl 10m --json | jq .epoch)
+        stepledger --workspace w lease heartbeat --epoch "$EPOCH" --ttl 10m
+        stepledger --workspace w lease release --epoch "$EPOCH"
+    """
+
+
+@lease.command("acquire", epilog=_examples(
+    "stepledger --workspace w lease acquire --holder agent-1 --ttl 10m",
+    "stepledger lease acquire --workspace w --holder agent-2 --force --json",
+))
+@workspace_option
+@click.option("--holder", required=True, metavar="NAME", help="Who holds the lease (shown to others).")
+@click.option("--ttl", type=DURATION, default="60s", show_default=True,
+              help="How long the lease lives without a heartbeat: 60s, 10m, 24h (at most 7d).")
+@click.option("--force", is_flag=True, help="Take over even while another lease is live (its epoch dies now).")
+@json_option
+@click.pass_context
+def lease_acquire(ctx: click.Context, ws_name: str | None, holder: str, ttl: float, force: bool,
+                  as_json: bool) -> None:
+    """Start a new epoch on the workspace and print it; settle older epochs first.
+
+    Refused (exit 1) while another lease is live, unless --force. Every attempt of an
+    older epoch still in flight is compensated before this returns (listed as settled).
+    """
+    name = _workspace(ctx, ws_name)
+    with _open(ctx, readonly=False) as ledger:
+        got = ledger.acquire(name, holder, ttl, force=force)
+        now = ledger.clock()
+    if as_json:
+        _emit_json(lease_json(got, now))
+        return
+    click.echo(f"epoch {got.epoch}: workspace {name} leased by {holder} until {_iso(got.expires_ns)}")
+    if got.settled:
+        click.echo(f"settled (compensated) older epochs' steps: {', '.join(got.settled)}")
+
+
+@lease.command("heartbeat", epilog=_examples(
+    "stepledger --workspace w lease heartbeat --epoch 3 --ttl 10m"))
+@workspace_option
+@epoch_option("The live epoch to extend.")
+@click.option("--ttl", type=DURATION, default="60s", show_default=True,
+              help="Extend the lease to now + TTL (never shortens it).")
+@json_option
+@click.pass_context
+def lease_heartbeat(ctx: click.Context, ws_name: str | None, epoch: int | None, ttl: float,
+                    as_json: bool) -> None:
+    """Extend the live lease; an expired one is never revived (exit 1: acquire anew)."""
+    name = _workspace(ctx, ws_name)
+    epoch = _need_epoch(epoch, "a heartbeat")
+    with _open(ctx, readonly=False) as ledger:
+        got = ledger.heartbeat(name, epoch, ttl)
+        now = ledger.clock()
+    if as_json:
+        _emit_json(lease_json(got, now))
+    else:
+        click.echo(_lease_line(got))
+
+
+@lease.command("release", epilog=_examples("stepledger --workspace w lease release --epoch 3"))
+@workspace_option
+@epoch_option("The epoch to give up.")
+@json_option
+@click.pass_context
+def lease_release(ctx: click.Context, ws_name: str | None, epoch: int | None, as_json: bool) -> None:
+    """Give the lease up so the next acquire needs no --force (idempotent)."""
+    name = _workspace(ctx, ws_name)
+    epoch = _need_epoch(epoch, "a release")
+    with _open(ctx, readonly=False) as ledger:
+        got = ledger.release(name, epoch)
+        now = ledger.clock()
+    if as_json:
+        _emit_json(lease_json(got, now))
+    else:
+        click.echo(_lease_line(got))
+
+
+@lease.command("show", epilog=_examples("stepledger --workspace w lease show",
+                                        "stepledger lease show --workspace w --json"))
+@workspace_option
+@json_option
+@click.pass_context
+def lease_show(ctx: click.Context, ws_name: str | None, as_json: bool) -> None:
+    """Show the workspace's lease: epoch, holder, expiry, live or not. Read-only."""
+    name = _workspace(ctx, ws_name)
+    with _open(ctx, readonly=True) as ledger:
+        got = ledger.lease(name)
+        unsettled = ledger.unsettled(name, got.epoch) if got.epoch else []
+        now = ledger.clock()
+    if as_json:
+        _emit_json(lease_json(got, now) | {"unsettled": unsettled})
+        return
+    click.echo(_lease_line(got))
+    if unsettled:
+        click.echo(f"unsettled (older epochs, in flight): {', '.join(unsettled)};"
+                   f" run 'stepledger lease settle --epoch {got.epoch}'")
+
+
+@lease.command("settle", epilog=_examples("stepledger --workspace w lease settle --epoch 4 --json"))
+@workspace_option
+@epoch_option("The live epoch that settles the older ones.")
+@json_option
+@click.pass_context
+def lease_settle(ctx: click.Context, ws_name: str | None, epoch: int | None, as_json: bool) -> None:
+    """Compensate every attempt of an older epoch still in flight, under the live epoch.
+
+    `lease acquire` does this itself; run it when an apply answers Unsettled. Exit 1
+    when a path conflicts (it was changed since: nothing was overwritten, a human decides).
+    """
+    name = _workspace(ctx, ws_name)
+    epoch = _need_epoch(epoch, "settling")
+    with _open(ctx, readonly=False) as ledger:
+        done = ledger.settle(name, epoch)
+    conflicts = [f"{c.step}:{r.path}" for c in done for r in c.conflicts]
+    if as_json:
+        _emit_json({"workspace": name, "epoch": epoch,
+                    "settled": [compensation_json(c) for c in done]})
+    else:
+        if not done:
+            click.echo(f"workspace {name}: nothing to settle")
+        for c in done:
+            _echo_compensation(c)
+    if conflicts:
+        click.echo(f"{len(conflicts)} path(s) conflict, left as they are: {', '.join(conflicts)}",
+                   err=True)
+        sys.exit(EXIT_NO)
+
+
+# -- the step group -------------------------------------------------------------------
+
+
+@cli.group()
+def step() -> None:
+    """Drive one step's protocol by hand, or from a harness in any language.
+
+    \b
+    A step that only stores artifacts (no lease):
         stepledger step store build-7 out/report.xml logs/test.log
         stepledger step publish build-7            # the commit point
         stepledger step ack build-7
+    \b
+    A step that writes a workspace, under the live epoch (--epoch or STEPLEDGER_EPOCH):
+        stepledger --workspace w step plan --epoch 3 plan.json
+        stepledger step apply s1 --epoch 3 --json > applied.json
+        stepledger step publish s1 --receipt applied.json
+        stepledger step ack s1
     """
+
+
+# The plan a harness hands to `step plan` (docs/cli-json.md "The plan format").
+_Digest = Annotated[str, msgspec.Meta(pattern=r"^[0-9a-f]{64}\Z")]
+_NonNegative = Annotated[int, msgspec.Meta(ge=0)]
+
+
+class PlanWriteDoc(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
+    path: str
+    pre_hash: _Digest | None  # required: null means the file must not exist
+    base_rev: _NonNegative | None = None
+    content: str | None = None
+    content_b64: str | None = None
+    content_file: str | None = None
+    delete: bool = False
+
+
+class PlanStepDoc(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
+    step: str
+    writes: list[PlanWriteDoc] = []
+    artifacts: list[str] = []
+    run: str | None = None
+    irreversible: bool = False
+
+
+class PlanDoc(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
+    steps: Annotated[list[PlanStepDoc], msgspec.Meta(min_length=1)]
+    run: str = ""
+    fence: Literal["step", "plan", "none"] = "step"
+    journal: bool = True
+    plan_rev: _NonNegative | None = None
+
+
+class SinglePlanDoc(PlanStepDoc, forbid_unknown_fields=True, kw_only=True):
+    fence: Literal["step", "plan", "none"] = "step"
+    journal: bool = True
+    plan_rev: _NonNegative | None = None
+
+
+assert set(FENCE_MODES) == {"step", "plan", "none"}
+
+
+def parse_plan(raw: bytes, base_dir: str) -> tuple[PlanDoc, list[StepPlan]]:
+    """Decode and check a plan document; InvalidInput (naming the field) when it is bad.
+
+    Reads content files (relative to `base_dir`) but touches no ledger.
+    """
+    if not raw.strip():
+        raise InvalidInput("the plan is empty; give a JSON object (see docs/cli-json.md"
+                           " 'The plan format')")
+    try:
+        obj = msgspec.json.decode(raw)
+    except msgspec.DecodeError as exc:
+        raise InvalidInput(f"the plan is not JSON: {exc}") from None
+    if not isinstance(obj, dict):
+        raise InvalidInput("the plan must be a JSON object: {\"steps\": [...]} or one step"
+                           " {\"step\": ..., \"writes\": [...]}")
+    try:
+        if "steps" in obj:
+            doc = msgspec.convert(obj, PlanDoc)
+        else:
+            single = msgspec.convert(obj, SinglePlanDoc)
+            doc = PlanDoc(steps=[single], run="", fence=single.fence, journal=single.journal,
+                          plan_rev=single.plan_rev)
+    except msgspec.ValidationError as exc:
+        hint = ""
+        if "pre_hash" in str(exc):
+            hint = ("; pre_hash is the sha256 (64 lowercase hex) of the content the write was"
+                    " planned against, or null when the file must not exist")
+        raise InvalidInput(f"bad plan: {exc}{hint}") from None
+    plans = []
+    for i, s in enumerate(doc.steps):
+        writes = []
+        for j, w in enumerate(s.writes):
+            where = f"$.steps[{i}].writes[{j}] ({w.path})" if "steps" in obj else f"$.writes[{j}] ({w.path})"
+            given = [k for k in ("content", "content_b64", "content_file")
+                     if getattr(w, k) is not None] + (["delete"] if w.delete else [])
+            if len(given) != 1:
+                raise InvalidInput(f"bad plan: {where}: give exactly one of content, content_b64,"
+                                   f" content_file or \"delete\": true (got {', '.join(given) or 'none'})")
+            content: bytes | None
+            if w.content is not None:
+                content = w.content.encode()
+            elif w.content_b64 is not None:
+                try:
+                    content = base64.b64decode(w.content_b64, validate=True)
+                except ValueError:
+                    raise InvalidInput(f"bad plan: {where}: content_b64 is not valid base64") from None
+            elif w.content_file is not None:
+                file = os.path.join(base_dir, w.content_file)
+                try:
+                    with open(file, "rb") as f:
+                        content = f.read()
+                except OSError as exc:
+                    raise InvalidInput(f"bad plan: {where}: content_file {file}:"
+                                       f" {exc.strerror or exc}") from None
+            else:
+                content = None  # delete
+            writes.append(Write(w.path, content, w.pre_hash, w.base_rev))
+        plans.append(StepPlan(s.step, tuple(writes), tuple(s.artifacts),
+                              doc.run if s.run is None else s.run, s.irreversible))
+    return doc, plans
+
+
+@step.command("plan", epilog=_examples(
+    "stepledger --workspace w step plan --epoch 3 plan.json",
+    "echo '{\"step\": \"s1\", \"writes\": [{\"path\": \"app.py\", \"base_rev\": 0,"
+    " \"pre_hash\": null, \"content\": \"print(1)\\n\"}]}' |"
+    " stepledger --workspace w step plan --epoch 3 -",
+))
+@click.argument("plan_file", metavar="FILE|-", type=click.Path(dir_okay=False, allow_dash=True, exists=True))
+@workspace_option
+@epoch_option("The live epoch the steps run under.")
+@json_option
+@click.pass_context
+def step_plan(ctx: click.Context, plan_file: str, ws_name: str | None, epoch: int | None,
+              as_json: bool) -> None:
+    """Admit a plan (JSON from FILE, or stdin with -): each step's durable intent record.
+
+    Every write names the content it was planned against (pre_hash, null: absent) and
+    its new content; steps of one plan writing the same path must chain, or they are
+    all rejected (overlap, exit 1). A bad plan is exit 2 and writes nothing. The format
+    is in docs/cli-json.md ("The plan format"); content_file paths are relative to the
+    plan file's directory (the current directory for stdin).
+    """
+    name = _workspace(ctx, ws_name)
+    epoch = _need_epoch(epoch, "planning")
+    with click.open_file(plan_file, "rb") as f:
+        raw = f.read()
+    base_dir = os.getcwd() if plan_file == "-" else os.path.dirname(os.path.abspath(plan_file))
+    doc, plans = parse_plan(raw, base_dir)
+    with _open(ctx, readonly=False) as ledger:
+        _check_settled(ledger, name, epoch)
+        before = {p.step: ledger.find_step(p.step) for p in plans}
+        verdicts = ledger.admit(name, epoch, plans, fence=doc.fence, journal=doc.journal,
+                                plan_rev=doc.plan_rev)
+        rows = []
+        for p, v in zip(plans, verdicts, strict=True):
+            if v is not None:
+                rows.append({"step": p.step, "attempt": v.attempt, "verdict": v.verdict,
+                             "detail": v.detail})
+                continue
+            row = ledger.step(p.step)
+            old = before[p.step]
+            fresh = old is None or row.attempt != old.attempt
+            rows.append({"step": p.step, "attempt": row.attempt,
+                         "verdict": "admitted" if fresh else "unchanged",
+                         "detail": "" if fresh else f"attempt {row.attempt} is {row.state}"
+                         + (" (committed)" if row.live else "") + "; the plan was not re-read"})
+    rejected = [r for r in rows if r["verdict"].startswith("rejected")]
+    if as_json:
+        _emit_json({"workspace": name, "epoch": epoch, "ok": not rejected, "steps": rows})
+    else:
+        for r in rows:
+            click.echo(f"{r['verdict']:<18} {r['step']}  attempt {r['attempt']}"
+                       + (f"  ({r['detail']})" if r["detail"] else ""))
+    if rejected:
+        sys.exit(EXIT_NO)
+
+
+def apply_json(result: ApplyResult) -> dict[str, Any]:
+    return msgspec.to_builtins(result)  # type: ignore[no-any-return]
+
+
+@step.command("apply", epilog=_examples(
+    "stepledger step apply s1 --epoch 3",
+    "stepledger step apply s1 --epoch 3 --json > applied.json   # the receipt for publish",
+))
+@click.argument("step_id", metavar="STEP")
+@click.option("--attempt", type=click.IntRange(min=1), metavar="N",
+              help="The attempt (default: the latest).")
+@epoch_option("The live epoch (the one the step was planned under).")
+@json_option
+@click.pass_context
+def step_apply(ctx: click.Context, step_id: str, attempt: int | None, epoch: int | None,
+               as_json: bool) -> None:
+    """Fence and apply the step's writes; print the verdict and the receipt.
+
+    Exit 0 when applied, or deduped (a redelivery: the first apply's receipt); exit 1
+    when rejected (stale_rev, pre_hash, overlap) or the attempt already ended
+    (compensated), or when the epoch is not live (a zombie: StaleEpoch).
+    """
+    epoch = _need_epoch(epoch, "applying")
+    with _open(ctx, readonly=False) as ledger:
+        row = ledger.step(step_id)
+        if row.workspace and row.state == "planned" and attempt in (None, row.attempt):
+            _check_settled(ledger, row.workspace, epoch, but=step_id)
+        result = ledger.apply(step_id, attempt, epoch=epoch)
+    if as_json:
+        _emit_json(apply_json(result))
+    else:
+        r = result.receipt
+        where = f" — workspace {r.workspace} rev {r.rev}" if r is not None else ""
+        detail = f" ({result.detail})" if result.detail else ""
+        click.echo(f"step {result.step} attempt {result.attempt}: {result.verdict}{where}{detail}")
+        if r is not None:
+            for w in r.writes:
+                pre, post = (w.pre_hash or "absent")[:12], (w.post_hash or "deleted")[:12]
+                click.echo(f"  rev {w.rev:>6}  {pre} -> {post}  {w.path}")
+            if result.applied:
+                click.echo("receipt: " + msgspec.json.encode(r).decode())
+    if not result.applied:
+        sys.exit(EXIT_NO)
+
+
+@step.command("replan", epilog=_examples("stepledger step replan s1 --epoch 4"))
+@click.argument("step_id", metavar="STEP")
+@epoch_option("The live epoch the new attempt runs under.")
+@json_option
+@click.pass_context
+def step_replan(ctx: click.Context, step_id: str, epoch: int | None, as_json: bool) -> None:
+    """Re-stamp an ended (rejected or compensated) attempt onto the current revisions.
+
+    Allowed when every write's pre_hash still holds on disk (exit 1 otherwise: plan
+    anew). Prints the new attempt; apply it next.
+    """
+    epoch = _need_epoch(epoch, "replanning")
+    with _open(ctx, readonly=False) as ledger:
+        attempt = ledger.replan(step_id, epoch=epoch)
+        row = ledger.step(step_id)
+    if as_json:
+        _emit_json({"step": step_id, "attempt": attempt, "workspace": row.workspace,
+                    "epoch": epoch})
+    else:
+        click.echo(f"step {step_id}: attempt {attempt} planned against the current revisions")
+
+
+def _echo_compensation(c: Compensation) -> None:
+    again = " (already recorded)" if c.deduped else ""
+    click.echo(f"step {c.step} attempt {c.attempt}: compensated{again} (seq {c.seq})")
+    for r in c.restored:
+        click.echo(f"  {r.outcome:<9} rev {r.rev:>6}  {r.path}")
+
+
+@step.command("compensate", epilog=_examples(
+    "stepledger step compensate s1 --reason 'tests failed' --epoch 3",
+    "stepledger step compensate build-7 --reason 'bad report'   # artifact-only: no epoch",
+))
+@click.argument("step_id", metavar="STEP")
+@click.option("--reason", required=True, metavar="TEXT", help="Why (recorded for audit).")
+@click.option("--attempt", type=click.IntRange(min=1), metavar="N",
+              help="The attempt (default: the latest).")
+@epoch_option("The live epoch (needed when the step writes a workspace).")
+@json_option
+@click.pass_context
+def step_compensate(ctx: click.Context, step_id: str, reason: str, attempt: int | None,
+                    epoch: int | None, as_json: bool) -> None:
+    """End the attempt, putting pre-images back where that is safe.
+
+    Per path: restored (the post-image was there), already (the pre-image was), or
+    conflict (changed since: left as it is, exit 1). A committed step's live manifest
+    ends; allowed only within the compensation window. A redelivery returns the first.
+    """
+    with _open(ctx, readonly=False) as ledger:
+        c = ledger.compensate(step_id, attempt, reason=reason, epoch=epoch)
+    if as_json:
+        _emit_json(compensation_json(c))
+    else:
+        _echo_compensation(c)
+    if c.conflicts:
+        click.echo(f"{len(c.conflicts)} path(s) conflict, left as they are (a human decides):"
+                   f" {', '.join(r.path for r in c.conflicts)}", err=True)
+        sys.exit(EXIT_NO)
 
 
 def manifest_json(m: Manifest) -> dict[str, Any]:
     return msgspec.to_builtins(m) | {"size": m.size}  # type: ignore[no-any-return]
 
 
-@step.command("store")
+@step.command("store", epilog=_examples(
+    "stepledger step store build-7 out/report.xml logs/test.log",
+    "stepledger step store s1 out/log.txt --json   # a writing step's declared artifact",
+))
 @click.argument("step_id", metavar="STEP")
 @click.argument("files", nargs=-1, required=True, type=click.Path(exists=True, dir_okay=False))
 @click.option("--run", default="", help="The run this step belongs to (when it starts).")
@@ -494,20 +1171,58 @@ def step_store(ctx: click.Context, step_id: str, files: tuple[str, ...], run: st
         click.echo(f"{e.digest}  {e.size:>10}  {where:<6}  {e.path}")
 
 
-@step.command("publish")
+def _receipt_arg(raw: bytes) -> bytes | dict[str, Any]:
+    """A receipt as handed to `step publish --receipt`: the receipt object, or a whole
+    `step apply --json` document (its `receipt` is taken)."""
+    if not raw.strip():
+        return raw  # the ledger refuses it: a 200 with an empty body moves nothing
+    try:
+        doc = msgspec.json.decode(raw)
+    except msgspec.DecodeError as exc:
+        raise InvalidInput(f"the receipt is not JSON: {exc}") from None
+    if isinstance(doc, dict) and "verdict" in doc and "receipt" in doc:
+        if doc["receipt"] is None:
+            raise InvalidInput(f"the apply output holds no receipt (verdict {doc['verdict']}):"
+                               " nothing was applied, so there is nothing to publish")
+        doc = doc["receipt"]
+    if not isinstance(doc, dict):
+        raise InvalidInput("the receipt must be a JSON object, as 'stepledger step apply"
+                           " --json' prints it")
+    return doc  # type: ignore[no-any-return]
+
+
+@step.command("publish", epilog=_examples(
+    "stepledger step publish build-7",
+    "stepledger step publish s1 --receipt applied.json        # from 'step apply --json'",
+    "executor | stepledger step publish s1 --receipt -        # a receipt on stdin",
+))
 @click.argument("step_id", metavar="STEP")
 @click.option("--expected-rev", type=click.IntRange(min=-1), default=-1, show_default=True,
               help="-1 creates (a live manifest is returned unchanged); the live revision supersedes it.")
+@click.option("--receipt", "receipt_file", metavar="FILE|-",
+              type=click.Path(dir_okay=False, allow_dash=True, exists=True),
+              help="The receipt of the apply (JSON from 'step apply --json'), from an executor that ran apart.")
+@epoch_option("For a step writing a workspace: refuse unless this epoch is live.")
 @json_option
 @click.pass_context
-def step_publish(ctx: click.Context, step_id: str, expected_rev: int, as_json: bool) -> None:
+def step_publish(ctx: click.Context, step_id: str, expected_rev: int, receipt_file: str | None,
+                 epoch: int | None, as_json: bool) -> None:
     """Publish the step's manifest: the commit point (a compare-and-swap).
 
     Every blob the manifest names is re-checked inside the publishing transaction;
-    a missing one refuses the publish (exit 1) and nothing changes.
+    a missing one refuses the publish (exit 1) and nothing changes. With --receipt the
+    receipt must match the apply the ledger recorded (an empty one is exit 2: a 200
+    with an empty body moves nothing); a dead epoch's receipt is refused (exit 1).
     """
+    receipt = None
+    if receipt_file is not None:
+        with click.open_file(receipt_file, "rb") as f:
+            receipt = _receipt_arg(f.read())
     with _open(ctx, readonly=False) as ledger:
-        m = ledger.publish(step_id, expected_rev=expected_rev)
+        row = ledger.step(step_id)
+        if not (expected_rev == -1 and row.live):
+            _check_live(ledger, row, epoch)
+        m = ledger.publish(step_id, expected_rev=expected_rev, receipt=receipt)
     if as_json:
         _emit_json(manifest_json(m))
         return
@@ -516,18 +1231,85 @@ def step_publish(ctx: click.Context, step_id: str, expected_rev: int, as_json: b
         click.echo(f"  {e.digest}  {e.size:>10}  {e.path}")
 
 
-@step.command("ack")
+@step.command("ack", epilog=_examples("stepledger step ack build-7"))
 @click.argument("step_id", metavar="STEP")
+@epoch_option("For a step writing a workspace: refuse unless this epoch is live.")
 @json_option
 @click.pass_context
-def step_ack(ctx: click.Context, step_id: str, as_json: bool) -> None:
+def step_ack(ctx: click.Context, step_id: str, epoch: int | None, as_json: bool) -> None:
     """Record that the client learned the step's result (a redelivery changes nothing)."""
     with _open(ctx, readonly=False) as ledger:
+        row = ledger.step(step_id)
+        if row.state != "acked":
+            _check_live(ledger, row, epoch)
         r = ledger.ack(step_id)
     if as_json:
         _emit_json({"step": step_id, "seq": r.seq, "deduped": r.deduped})
     else:
         click.echo(f"step {step_id}: acked" + (" (already)" if r.deduped else ""))
+
+
+# -- metrics --------------------------------------------------------------------------
+
+
+def _secs(x: float | None) -> str:
+    if x is None:
+        return "-"
+    if x < 120:
+        return f"{x:.1f}s"
+    if x < 7200:
+        return f"{x / 60:.1f}m"
+    if x < 2 * 86400:
+        return f"{x / 3600:.1f}h"
+    return f"{x / 86400:.1f}d"
+
+
+def _rate(x: float | None) -> str:
+    return "-" if x is None else f"{x:.2f}"
+
+
+@cli.command(epilog=_examples("stepledger metrics", "stepledger metrics --json | jq .checkpoint_age_s.max"))
+@json_option
+@click.pass_context
+def metrics(ctx: click.Context, as_json: bool) -> None:
+    """Operational metrics over the whole ledger. Read-only.
+
+    Checkpoint age per workspace, lease-expiration rate, ambiguous (crash-window)
+    reconciliations, compensation success rate, time to resume after a new epoch, and
+    the plan drift the executor recorded. docs/cli-json.md defines each number.
+    """
+    from .metrics import compute
+
+    with _open(ctx, readonly=True) as ledger:
+        m = compute(ledger)
+    if as_json:
+        _emit_json(m)
+        return
+    cp, le, am = m.checkpoint_age_s, m.lease_expiration_rate, m.ambiguous_reconciliations
+    cs, tr, dr = m.compensation_success_rate, m.time_to_resume_s, m.drift
+    ws = ", ".join(f"{w.workspace} {_secs(w.age_s) if w.age_s is not None else 'never'}"
+                   for w in cp.workspaces) or "no workspaces"
+    rows = [
+        ("checkpoint age (max)", _secs(cp.max), ws),
+        ("lease expiration rate", _rate(le.rate),
+         (f"{le.expired} expired of {le.ended} ended ({le.released} released,"
+          f" {le.preempted} preempted); {le.live} live")),
+        ("ambiguous reconciliations", str(am.count),
+         (f"{am.settled_applies} apply found its write on disk, {am.already_restores}"
+          " compensation found the pre-image back")),
+        ("compensation success rate", _rate(cs.rate),
+         (f"{cs.succeeded} clean of {cs.with_restores} with writes ({cs.conflicted}"
+          f" conflicted); {cs.compensations} compensations in all")),
+        ("time to resume (median)", _secs(tr.median),
+         f"max {_secs(tr.max)} over {tr.resumes} new epochs; {tr.unresumed} applied nothing yet"),
+        ("plan drift (mean)", "-" if dr.mean is None else f"{dr.mean:.2f}",
+         (f"max {'-' if dr.max is None else dr.max} over {dr.writes} planned writes;"
+          f" {dr.drifted} drifted")),
+    ]
+    click.echo(f"{'METRIC':<27} {'VALUE':>8}  DETAIL")
+    for label, value, detail in rows:
+        click.echo(f"{label:<27} {value:>8}  {detail}")
+    click.echo(f"over {m.events} events", err=True)
 
 
 @cli.command()

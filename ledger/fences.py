@@ -35,10 +35,12 @@ import msgspec
 from .blobs import digest_of
 from .errors import (
     BlobNotFound,
+    LedgerError,
     CompensationWindowClosed,
     IllegalTransition,
     InvalidInput,
     LeaseHeld,
+    PathEscapes,
     ReplanRefused,
     StaleEpoch,
     UnknownStep,
@@ -118,6 +120,7 @@ class Lease(msgspec.Struct, frozen=True, kw_only=True):
     live: bool
     released: bool
     settled: tuple[str, ...] = ()  # steps an acquire compensated (older epochs' in flight)
+    unsettled: tuple[str, ...] = ()  # steps settling failed for (see `settle`): retry it
 
 
 class Receipt(msgspec.Struct, frozen=True, kw_only=True):
@@ -282,10 +285,12 @@ class WorkspaceProtocol:
         recorded = self._log.append(build)[0]
         event = recorded.event
         assert isinstance(event, LeaseAcquired)
-        settled = self.settle(workspace, event.epoch)
+        # The epoch is ours from here on: a failure to settle one step is reported with
+        # it (apply refuses with Unsettled until `settle` succeeds), never lost.
+        settled, failed = self._settle(workspace, event.epoch)
         return Lease(workspace=workspace, epoch=event.epoch, holder=holder,
                      expires_ns=event.expires_ns, live=True, released=False,
-                     settled=tuple(c.step for c in settled))
+                     settled=tuple(c.step for c in settled), unsettled=tuple(failed))
 
     def heartbeat(self: Ledger, workspace: str, epoch: int, ttl_s: float = 60) -> Lease:
         """Extend the live lease; an expired one is never revived (StaleEpoch)."""
@@ -339,11 +344,27 @@ class WorkspaceProtocol:
             )]
 
     def settle(self: Ledger, workspace: str, epoch: int) -> list[Compensation]:
-        """Compensate every attempt of an older epoch still in flight, under `epoch`."""
-        return [
-            self.compensate(step, epoch=epoch, reason=f"settled by epoch {epoch}")
-            for step in self.unsettled(workspace, epoch)
-        ]
+        """Compensate every attempt of an older epoch still in flight, under `epoch`.
+
+        Raises the first failure after trying every step (the others are settled)."""
+        done, failed = self._settle(workspace, epoch)
+        if failed:
+            raise failed[next(iter(failed))]
+        return done
+
+    def _settle(
+        self: Ledger, workspace: str, epoch: int
+    ) -> tuple[list[Compensation], dict[str, LedgerError]]:
+        done: list[Compensation] = []
+        failed: dict[str, LedgerError] = {}
+        for step in self.unsettled(workspace, epoch):
+            try:
+                done.append(self.compensate(step, epoch=epoch, reason=f"settled by epoch {epoch}"))
+            except StaleEpoch:
+                raise  # a newer epoch took over meanwhile: it settles
+            except LedgerError as exc:
+                failed[step] = exc
+        return done, failed
 
     # -- reading an attempt --------------------------------------------------------------
 
@@ -435,6 +456,7 @@ class WorkspaceProtocol:
         rev = ws.rev
         overlap: list[str] = []
         fresh: list[tuple[StepPlan, int]] = []
+        again: dict[tuple[str, int, str], bytes] = {}
         with self._db.snapshot() as conn:
             for p in plans:
                 check_step_id(p.step)
@@ -442,7 +464,14 @@ class WorkspaceProtocol:
                     check_relpath(a, "artifact path")
                 row = load_step(conn, p.step)
                 if row is not None and (row.live or row.state not in ENDED):
-                    continue  # in flight or committed: a retried admission
+                    # in flight or committed: a retried admission. A crash between the
+                    # planned commit and a large post-image's file lost that file: the
+                    # retry puts back the bytes its recorded plan names.
+                    if row.state == PLANNED:
+                        for w in p.writes:
+                            if w.content is not None:
+                                again[(p.step, row.attempt, digest_of(w.content))] = w.content
+                    continue
                 attempt = 1 if row is None else row.attempt + 1
                 pws = []
                 seen: set[str] = set()
@@ -481,6 +510,8 @@ class WorkspaceProtocol:
                     irreversible=p.irreversible,
                 ))
                 fresh.append((p, attempt))
+        if again:
+            self._restore_post_images(again)
         if not fresh:
             return [None] * len(plans)
         planned = [e for e in events if isinstance(e, Planned)]
@@ -511,6 +542,22 @@ class WorkspaceProtocol:
         for d, c in large.items():  # pinned (committed) before the file is written
             self.blobs.put(c, d, verified=True)
         return [None] * len(plans)
+
+    def _restore_post_images(self: Ledger, contents: dict[tuple[str, int, str], bytes]) -> None:
+        """Store again each post-image an in-flight attempt planned (and pinned) whose
+        bytes are missing."""
+        for (step, attempt, digest), data in contents.items():
+            planned = self._attempt_events(step, attempt).planned
+            if planned is None or digest not in {w.post_hash for w in planned.writes}:
+                continue  # not what the recorded plan says: the recorded plan stands
+            if self._blob_size_now(digest) is not None:
+                continue
+            if len(data) <= self.inline_max_bytes:
+                now = self.clock()
+                with self._db.transaction() as conn:
+                    self._write_inline(conn, {digest: data}, now)
+            else:
+                self.blobs.put(data, digest, verified=True)
 
     def _run_plan_rev(self: Ledger, run: str, workspace: str) -> int | None:
         """The plan revision a run was first admitted at (fence "plan")."""
@@ -703,6 +750,12 @@ class WorkspaceProtocol:
         ws = self._live_epoch(conn, name, epoch, now)
         if cur.attempt != attempt or cur.state in ENDED:
             raise _Answered(self._end_result(step, attempt, self._attempt_events(step, attempt)))
+        older = [r[0] for r in conn.execute(
+            "SELECT step_id FROM steps WHERE workspace = ? AND epoch > 0 AND epoch < ?"
+            " AND state IN (?, ?, ?) LIMIT 6", (name, epoch, *sorted(IN_FLIGHT)),
+        )]
+        if older:  # settle first, then new work (an acquire that died mid-settle)
+            raise Unsettled(name, older)
         if planned.epoch != epoch:
             if planned.epoch < epoch:
                 raise Unsettled(name, [step])
@@ -847,7 +900,11 @@ class WorkspaceProtocol:
         for w in reversed(planned.writes):
             state = load_path(conn, name, w.path)
             path_rev = 0 if state is None else state[0]
-            disk = wsdir.hash(w.path)
+            try:
+                disk = wsdir.hash(w.path)
+            except (PathEscapes, InvalidInput):  # a symlink or a directory there now
+                out.append(Restored(path=w.path, rev=path_rev, digest=None, outcome="conflict"))
+                continue
             a = applied.get(w.path)
             if a is not None:
                 pre, post, expected_rev = a.pre_hash, a.post_hash, a.rev

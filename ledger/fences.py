@@ -912,6 +912,13 @@ class WorkspaceProtocol:
                 pre, post, expected_rev = w.pre_hash, w.post_hash, w.base_rev
                 if disk == pre or pre == post:
                     continue  # it never landed: nothing to undo
+                if disk == post and not self._reached_apply(conn, planned, pre):
+                    # The post-image is there, but this attempt never got as far as its
+                    # renames (apply pins the pre-image before any): someone else wrote
+                    # these bytes. Leave them for a human.
+                    out.append(Restored(path=w.path, rev=path_rev, digest=disk,
+                                        outcome="conflict"))
+                    continue
             if path_rev != expected_rev:
                 out.append(Restored(path=w.path, rev=path_rev, digest=disk, outcome="conflict"))
                 continue
@@ -938,6 +945,17 @@ class WorkspaceProtocol:
         out = [msgspec.structs.replace(r, rev=renumbered[id(r)]) if id(r) in renumbered else r
                for r in out]
         return out, (ws.rev + len(moved)) if moved else 0
+
+    @staticmethod
+    def _reached_apply(conn: apsw.Connection, planned: Planned, pre: str | None) -> bool:
+        """Whether the attempt recorded the evidence apply commits before any rename: its
+        pin of the pre-image. A created file (no pre-image) leaves none, so its unrecorded
+        post-image is never removed by settling (a conflict; the same-epoch replay records
+        it instead)."""
+        if pre is None:
+            return False
+        key = journal_key(BlobPinned(step=planned.step, attempt=planned.attempt, digest=pre))
+        return conn.execute("SELECT 1 FROM events WHERE journal_key = ?", (key,)).fetchone() is not None
 
     # -- receipts ------------------------------------------------------------------------
 

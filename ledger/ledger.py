@@ -9,6 +9,7 @@ from types import TracebackType
 from typing import Any
 
 import apsw
+import msgspec
 
 from .blobs import BlobStore, FileOps, digest_of
 from .db import BUSY_TIMEOUT_MS, Database, Synchronous
@@ -553,11 +554,22 @@ class Ledger(WorkspaceProtocol):
             raise
         return Manifest.from_event(event, recorded.seq, True)
 
-    def ack(self, step: str, attempt: int | None = None) -> RecordedEvent:
-        """Record that the client learned the step's live manifest (idempotent)."""
+    def ack(self, step: str, attempt: int | None = None, *, epoch: int | None = None) -> RecordedEvent:
+        """Record that the client learned the step's live manifest (idempotent).
+
+        For a step that writes a workspace the ack is an effect under the live epoch:
+        `epoch` (default: the step's own) must be live. An ack lost across a preemption
+        is recorded under the new epoch. A step already acked returns its first ack.
+        """
         row, attempt = self._attempt(step, attempt)
+        if row.state == "acked" and row.attempt == attempt:
+            for recorded in self._log.read(step=step, kind="acked"):
+                if getattr(recorded.event, "attempt", None) == attempt:
+                    first = recorded
+            return msgspec.structs.replace(first, deduped=True)
         return self.append(Acked(step=step, attempt=attempt, run=row.run, workspace=row.workspace,
-                                 epoch=row.epoch, manifest_rev=max(row.manifest_rev, 0)))
+                                 epoch=row.epoch if epoch is None else epoch,
+                                 manifest_rev=max(row.manifest_rev, 0)))
 
     def _append_unchecked(self, event: Event) -> RecordedEvent:
         """Append without the blob guard. Test-only: the chaos harness's broken protocol."""

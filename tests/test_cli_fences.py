@@ -629,3 +629,18 @@ def test_acquire_settles_a_symlinked_path_as_a_conflict(
     # expected: the acquire answers with its epoch and s1 settled as a conflict
     assert r.code == 0, r.err
     assert r.json["epoch"] == 2 and r.json["settled"] == ["s1"]
+
+
+def test_fuzz_command_exit_codes_and_json() -> None:
+    from click.testing import CliRunner
+
+    from ledger.cli import cli as root
+
+    runner = CliRunner()
+    ok = runner.invoke(root, ["fuzz", "--seeds", "10", "--json"])
+    assert ok.exit_code == 0, ok.output
+    data = json.loads(ok.output)
+    assert data["seeds"] == 10 and data["violations"] == 0 and "counterexample" not in data
+    bad = runner.invoke(root, ["fuzz", "--seeds", "10", "--fence", "none"])
+    assert bad.exit_code == 1 and "minimal event order" in bad.output
+    assert "Traceback" not in bad.output

@@ -202,6 +202,20 @@ class BlobStore:
             raise BlobCorrupt(digest, "it is a symlink or not a regular file")
         return st.st_size
 
+    def stat(self, digest: str) -> BlobFile | None:
+        """The stored file's size and mtime, re-stat'ed now (None: no such blob)."""
+        check_digest(digest)
+        with self._dirs(digest, create=False) as fds:
+            if fds is None:
+                return None
+            try:
+                st = os.stat(digest, dir_fd=fds[1], follow_symlinks=False)
+            except FileNotFoundError:
+                return None
+        if not stat.S_ISREG(st.st_mode):
+            raise BlobCorrupt(digest, "it is a symlink or not a regular file")
+        return BlobFile(digest, st.st_size, st.st_mtime_ns)
+
     def _open_blob(self, fan_fd: int, digest: str) -> int | None:
         try:
             # O_NONBLOCK: a planted FIFO must not block the open (no effect on regular files)

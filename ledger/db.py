@@ -45,7 +45,7 @@ from .errors import (
 )
 
 APPLICATION_ID: Final = 0x53544C47  # 'STLG'
-SCHEMA_VERSION: Final = 2
+SCHEMA_VERSION: Final = 3
 SQLITE_MAGIC: Final = b"SQLite format 3\x00"
 VALUE_SIZE_MAX: Final = 64 * 1024 * 1024  # SQLITE_LIMIT_LENGTH: bounds any row we read
 BUSY_TIMEOUT_MS: Final = 5_000
@@ -175,6 +175,17 @@ CREATE TABLE ws_paths(
   hash TEXT,
   seq INTEGER NOT NULL,
   PRIMARY KEY(workspace, path)
+) STRICT, WITHOUT ROWID;
+""",
+    # GC (issue 5): blobs a collector condemned and has not collected yet. Not derived
+    # from events: the collector's own resumable state; a publish or a pin un-condemns.
+    3: """
+CREATE TABLE condemned(
+  digest TEXT PRIMARY KEY,
+  size INTEGER NOT NULL,
+  inline INTEGER NOT NULL,
+  condemned_ns INTEGER NOT NULL,
+  collection TEXT NOT NULL
 ) STRICT, WITHOUT ROWID;
 """,
 }

@@ -571,6 +571,12 @@ class Ledger(WorkspaceProtocol):
                                  epoch=row.epoch if epoch is None else epoch,
                                  manifest_rev=max(row.manifest_rev, 0)))
 
+    def restore(self, workspace: str, to: str | os.PathLike[str], *, force: bool = False) -> Any:
+        """Materialize the workspace's committed content under `to` (see `ledger.restore`)."""
+        from .restore import restore
+
+        return restore(self, workspace, to, force=force)
+
     def _append_unchecked(self, event: Event) -> RecordedEvent:
         """Append without the blob guard. Test-only: the chaos harness's broken protocol."""
         return self._log.append([event])[0]

@@ -130,8 +130,12 @@ class StepsProjector:
     def flush(self, conn: apsw.Connection, last_seq: int) -> None:
         if self.pending:
             conn.executemany(UPSERT_SQL, [r.as_tuple() for r in self.pending.values()])
+        # A pin or a manifest naming a blob un-condemns it (GC re-checks anyway).
+        named = {d for (_s, _a, d) in self.refs.pins} | {e[4] for e in self.refs.entries}
         self.refs.write(conn)
         self.ws.write(conn)
+        if named:
+            conn.executemany("DELETE FROM condemned WHERE digest = ?", [(d,) for d in named])
         _set_checkpoint(conn, last_seq)
 
     def committed(self) -> None:

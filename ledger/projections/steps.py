@@ -29,7 +29,7 @@ from ..events import (
 )
 
 #: Bump when the fold or the table changes: the next read-write open rebuilds.
-VERSION: Final = 2  # 2: workspaces and paths (schema v2)
+VERSION: Final = 3  # 2: workspaces and paths (schema v2); 3: workspace-restored
 NAME: Final = "steps"
 
 PLANNED, FENCED, STORED = "planned", "fenced", "blob-stored"

@@ -28,10 +28,12 @@ from ..events import (
     LeaseReleased,
     LeaseRenewed,
     WorkspaceAdded,
+    WorkspaceRestored,
 )
 
 KINDS: Final = frozenset(
-    {"workspace-added", "lease-acquired", "lease-renewed", "lease-released", "fenced", "compensated"}
+    {"workspace-added", "workspace-restored", "lease-acquired", "lease-renewed",
+     "lease-released", "fenced", "compensated"}
 )
 
 
@@ -208,7 +210,9 @@ class WorkspacesFold:
         row = self.row(name)
         if row is None:  # validated before; a fold over a damaged log skips it
             return
-        if isinstance(event, LeaseAcquired):
+        if isinstance(event, WorkspaceRestored):
+            row.root = event.root  # materialized there: steps write there from now on
+        elif isinstance(event, LeaseAcquired):
             row.epoch, row.holder, row.expires_ns = event.epoch, event.holder, event.expires_ns
             row.released, row.acquired_ns = False, time_ns
         elif isinstance(event, LeaseRenewed):

@@ -1,0 +1,34 @@
+"""The collector and the byte audit (DESIGN.md "GC", "Read side", invariant I8).
+
+    from ledger import Ledger
+    from ledger.gc import audit, collect
+
+    with Ledger.open("ws/.stepledger/ledger.db") as ledger:
+        report = collect(ledger, grace_s=24 * 3600)       # condemn, re-check, unlink, record
+        print(report.collected, report.reclaimed_bytes)
+        assert audit(ledger).ok                          # every byte in one bucket
+"""
+
+from .audit import AuditReport, Bucket, audit
+from .collector import (
+    DEFAULT_GRACE_S,
+    MIN_GRACE_S,
+    CollectorBusy,
+    GcReport,
+    collect,
+    parse_duration,
+)
+from .refs import GcRefused
+
+__all__ = [
+    "DEFAULT_GRACE_S",
+    "MIN_GRACE_S",
+    "AuditReport",
+    "Bucket",
+    "CollectorBusy",
+    "GcRefused",
+    "GcReport",
+    "audit",
+    "collect",
+    "parse_duration",
+]

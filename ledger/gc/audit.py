@@ -1,0 +1,178 @@
+"""The byte audit: does what is stored match the committed steps?
+
+Every stored byte lands in exactly one bucket, first match wins (DESIGN.md "Read side"):
+referenced by a manifest (any revision) or a compensation record, pinned (in flight,
+or a pre-image inside its compensation window), orphan inside the grace window, orphan
+outside it (what GC reclaims now), temporary file. So
+
+    stored = referenced + pinned + orphan_young + orphan_old + temporary
+
+holds exactly, inline rows and files alike. Violations (exit 1): a manifest or a
+compensation naming a missing blob (dangling: I1/I9), and with `deep` a blob whose
+bytes do not hash to its name (corrupt). Audit only reads.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from typing import TYPE_CHECKING
+
+import msgspec
+
+from ..errors import BlobCorrupt
+from ..events import BlobCollected, decode
+from ..projections.steps import IN_FLIGHT
+from .collector import DEFAULT_GRACE_S
+from .refs import GcRefused, live_pins, read_references
+
+if TYPE_CHECKING:
+    from ..ledger import Ledger
+
+Progress = Callable[[int, int], None]
+
+
+class Bucket(msgspec.Struct, kw_only=True):
+    count: int = 0
+    bytes: int = 0
+
+    def add(self, size: int) -> None:
+        self.count += 1
+        self.bytes += size
+
+
+class AuditReport(msgspec.Struct, kw_only=True):
+    ok: bool = True
+    now_ns: int = 0
+    grace_s: float = DEFAULT_GRACE_S
+    deep: bool = False
+    committed_steps: int = 0
+    committed_bytes: int = 0  # bytes named by live manifests, counted per entry
+    committed_bytes_distinct: int = 0  # the same, each distinct blob once
+    pending_steps: int = 0
+    pending_bytes: int = 0  # bytes stored by attempts still in flight
+    stored_bytes: int = 0  # every blob (inline rows + files) and temporary file
+    stored_blobs: int = 0
+    inline: Bucket = msgspec.field(default_factory=Bucket)
+    files: Bucket = msgspec.field(default_factory=Bucket)
+    referenced: Bucket = msgspec.field(default_factory=Bucket)
+    pinned: Bucket = msgspec.field(default_factory=Bucket)
+    orphan_young: Bucket = msgspec.field(default_factory=Bucket)  # GC reclaims later
+    orphan_old: Bucket = msgspec.field(default_factory=Bucket)  # GC reclaims now
+    temporary: Bucket = msgspec.field(default_factory=Bucket)
+    collected: Bucket = msgspec.field(default_factory=Bucket)  # from blob-collected events
+    collected_unrecorded: int = 0  # condemned and gone, not yet recorded (an interrupted GC)
+    condemned: int = 0
+    reconciled: bool = True
+    dangling: list[dict[str, object]] = msgspec.field(default_factory=list)
+    corrupt: list[dict[str, object]] = msgspec.field(default_factory=list)
+    problems: list[str] = msgspec.field(default_factory=list)
+    elapsed_s: float = 0.0
+
+    @property
+    def violations(self) -> int:
+        return len(self.dangling) + len(self.corrupt) + len(self.problems)
+
+    def as_dict(self) -> dict[str, object]:
+        out: dict[str, object] = msgspec.to_builtins(self)
+        out["violations"] = self.violations
+        return out
+
+
+def audit(
+    ledger: Ledger,
+    *,
+    deep: bool = False,
+    grace_s: float = DEFAULT_GRACE_S,
+    now_ns: int | None = None,
+    progress: Progress | None = None,
+) -> AuditReport:
+    """Put every stored byte in its bucket and name every violation. Reads only."""
+    started = time.monotonic()
+    now = now_ns if now_ns is not None else ledger.clock()
+    report = AuditReport(now_ns=now, grace_s=grace_s, deep=deep)
+    grace_ns = int(grace_s * 1e9)
+    window_ns = int(ledger.compensation_window_s * 1e9)
+    with ledger._db.snapshot() as conn:
+        try:
+            holders = read_references(conn)
+        except GcRefused as exc:
+            report.problems.append(exc.why)
+            holders = None
+        pins = live_pins(conn, now, window_ns)
+        inline = {d: (int(n), int(t)) for d, n, t in
+                  conn.execute("SELECT digest, size, stored_ns FROM blob_data")}
+        report.committed_steps = int(conn.execute(
+            "SELECT count(*) FROM steps WHERE live = 1").fetchone()[0])
+        live_entries = conn.execute(
+            "SELECT e.digest, e.size FROM manifest_entries e JOIN steps s"
+            " ON s.step_id = e.step AND s.manifest_rev = e.manifest_rev AND s.live = 1"
+        ).fetchall()
+        report.committed_bytes = sum(int(n) for _d, n in live_entries)
+        report.committed_bytes_distinct = sum(dict(live_entries).values())
+        placeholders = ", ".join("?" * len(IN_FLIGHT))
+        n, b = conn.execute(
+            f"SELECT count(*), coalesce(sum(stored_bytes), 0) FROM steps"
+            f" WHERE state IN ({placeholders})", tuple(IN_FLIGHT)).fetchone()
+        report.pending_steps, report.pending_bytes = int(n), int(b)
+        for v, payload in conn.execute("SELECT v, payload FROM events WHERE kind = 'blob-collected'"):
+            event = decode(payload, v)
+            assert isinstance(event, BlobCollected)
+            report.collected.add(event.size)
+        condemned = {d for (d,) in conn.execute("SELECT digest FROM condemned")}
+        report.condemned = len(condemned)
+        entries_by_digest: dict[str, list[str]] = {}
+        for step, rev, path, digest in conn.execute(
+            "SELECT step, manifest_rev, path, digest FROM manifest_entries"
+        ):
+            entries_by_digest.setdefault(digest, []).append(f"{step} r{rev} {path}")
+    try:
+        files = {f.digest: (f.size, f.mtime_ns) for f in ledger.blobs.scan()}
+    except BlobCorrupt as exc:
+        report.problems.append(f"the blob store holds something that is not a blob: {exc}")
+        files = {}
+    temps = list(ledger.blobs.temp_files())
+
+    referenced = holders.referenced if holders is not None else set(entries_by_digest)
+    blobs: list[tuple[str, int, int, bool]] = [(d, n, t, True) for d, (n, t) in inline.items()]
+    blobs += [(d, n, t, False) for d, (n, t) in files.items() if d not in inline]
+    for digest, size, age_ns, is_inline in blobs:
+        report.stored_blobs += 1
+        report.stored_bytes += size
+        (report.inline if is_inline else report.files).add(size)
+        if digest in referenced:
+            report.referenced.add(size)
+        elif digest in pins:
+            report.pinned.add(size)
+        elif now - age_ns < grace_ns:
+            report.orphan_young.add(size)
+        else:
+            report.orphan_old.add(size)
+    for t in temps:
+        report.stored_bytes += t.size
+        report.temporary.add(t.size)
+    buckets = (report.referenced.bytes + report.pinned.bytes + report.orphan_young.bytes
+               + report.orphan_old.bytes + report.temporary.bytes)
+    report.reconciled = buckets == report.stored_bytes
+
+    present = inline.keys() | files.keys()
+    for digest in sorted(referenced - present):
+        names = entries_by_digest.get(digest) or ["a compensation record"]
+        report.dangling.append({"digest": digest, "named_by": names[:5]})
+    report.collected_unrecorded = len((condemned - present) - referenced)
+    if deep:
+        total = len(blobs)
+        for i, (digest, size, _age, _inline) in enumerate(blobs, 1):
+            problem = ledger.blob_problem(digest, size)
+            if problem is not None and problem != "missing":
+                report.corrupt.append({"digest": digest, "size": size, "problem": problem})
+            if progress is not None and i % 100 == 0:
+                progress(i, total)
+        if progress is not None:
+            progress(total, total)
+    report.ok = report.violations == 0 and report.reconciled
+    report.elapsed_s = round(time.monotonic() - started, 3)
+    return report
+
+
+__all__ = ["AuditReport", "Bucket", "audit"]

@@ -1,0 +1,360 @@
+"""The orphan-blob collector: condemn, then re-check, unlink and record — under the lock.
+
+An orphan is a blob (inline row or file) that no manifest revision and no compensation
+record references, that no live pin holds, and that is older than the grace window
+(a file's mtime, an inline row's `stored_ns`, both freshened by a dedup hit). The two
+races every collector of this kind has lost are closed by the ledger, not the window:
+
+1. an in-flight writer: it commits `blob-pinned` before it writes a byte, so the
+   blob is pinned before it exists;
+2. a writer deduplicating onto an old orphan: it commits the pin before it looks for
+   the blob, and the collector's re-check, unlink and `blob-collected` happen in one
+   ``BEGIN IMMEDIATE`` — the writer's pin is either before it (the blob is kept) or
+   after it (the writer finds no blob and writes it anew).
+
+Phase 1 condemns the candidates in one transaction (a resumable record in the
+`condemned` table; a pin or a publish naming a blob un-condemns it). Phase 2 works
+through them in batches, each one transaction: re-check (still condemned, still
+unreferenced, still unpinned, still old), unlink or delete the row, record
+`blob-collected`. A crash between an unlink and its commit leaves an unreferenced
+condemned blob missing: the next run records it as collected. GC fails closed: any
+doubt about what references a blob deletes nothing (`GcRefused`). Nothing here caches
+"blob exists": every decision is re-read inside the transaction that acts on it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import fcntl
+import os
+import secrets
+import time
+from collections.abc import Callable, Iterator
+from typing import TYPE_CHECKING, Final
+
+import apsw
+import msgspec
+
+from ..errors import BlobCorrupt, EnvironmentFailure, InvalidInput
+from ..events import BlobCollected, Event, check_digest
+from .refs import GcRefused, compensation_refs_since, live_pins, pinned_now, read_references
+
+if TYPE_CHECKING:
+    from ..ledger import Ledger
+
+DEFAULT_GRACE_S: Final = 24 * 3600
+#: A grace window shorter than this needs `force` (the demo and tests force it).
+MIN_GRACE_S: Final = 3600
+BATCH: Final = 500
+Progress = Callable[[int, int], None]
+
+
+class CollectorBusy(EnvironmentFailure):
+    def __init__(self, path: str) -> None:
+        super().__init__(
+            f"another stepledger gc holds {path}; this run did nothing. Two collectors"
+            " are safe but the second is wasted work: retry later, or pass --wait"
+        )
+        self.path = path
+
+
+class GcReport(msgspec.Struct, kw_only=True):
+    """What a collection (or a dry run) found and did."""
+
+    collection: str
+    dry_run: bool
+    grace_s: float
+    scanned: int = 0  # blobs looked at (inline rows + files)
+    scanned_bytes: int = 0
+    referenced: int = 0
+    referenced_bytes: int = 0
+    kept_live: int = 0  # pinned by an attempt in flight (or a pre-image in its window)
+    kept_live_bytes: int = 0
+    kept_young: int = 0  # orphans inside the grace window
+    kept_young_bytes: int = 0
+    orphans: int = 0  # orphans outside the window: what this run set out to collect
+    orphan_bytes: int = 0
+    collected: int = 0
+    reclaimed_bytes: int = 0
+    recovered: int = 0  # condemned blobs found already gone (an interrupted run) and recorded
+    spared: int = 0  # condemned, then found referenced, pinned or freshened: kept
+    temp_removed: int = 0
+    temp_removed_bytes: int = 0
+    temp_kept: int = 0
+    remaining: int = 0  # still condemned when the run stopped (a bound was hit)
+    stopped: str = ""  # "", "max-runtime" or "max-delete"
+    elapsed_s: float = 0.0
+
+    def as_dict(self) -> dict[str, object]:
+        return msgspec.to_builtins(self)  # type: ignore[no-any-return]
+
+
+def parse_duration(text: str | float | int) -> float:
+    """Seconds from ``90``, ``90s``, ``10m``, ``24h``, ``7d`` (InvalidInput otherwise)."""
+    if isinstance(text, int | float):
+        value = float(text)
+    else:
+        s = text.strip().lower()
+        units = {"ms": 0.001, "s": 1, "m": 60, "h": 3600, "d": 86400}
+        for unit in ("ms", "s", "m", "h", "d"):
+            if s.endswith(unit) and s[: -len(unit)].replace(".", "", 1).isdigit():
+                value = float(s[: -len(unit)]) * units[unit]
+                break
+        else:
+            if not s.replace(".", "", 1).isdigit():
+                raise InvalidInput(f"duration {text!r}: give seconds or a number with s, m, h or d"
+                                   " (e.g. 24h)")
+            value = float(s)
+    if value < 0:
+        raise InvalidInput(f"duration {text!r} is negative")
+    return value
+
+
+@contextlib.contextmanager
+def collector_lock(ledger: Ledger, *, wait: bool = False) -> Iterator[None]:
+    path = os.path.join(os.path.dirname(ledger.path), ".stepledger-gc.lock")
+    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | (0 if wait else fcntl.LOCK_NB))
+        except OSError as exc:
+            if exc.errno in (errno.EWOULDBLOCK, errno.EAGAIN):
+                raise CollectorBusy(path) from None
+            raise
+        yield
+    finally:
+        os.close(fd)
+
+
+class _Nothing(Exception):
+    """Raised inside a batch transaction that found nothing to record (rolls it back)."""
+
+
+def collect(
+    ledger: Ledger,
+    *,
+    grace_s: float = DEFAULT_GRACE_S,
+    force: bool = False,
+    dry_run: bool = False,
+    max_runtime_s: float | None = None,
+    max_delete: int | None = None,
+    now_ns: int | None = None,
+    progress: Progress | None = None,
+    wait: bool = False,
+) -> GcReport:
+    """Collect orphan blobs (see the module docstring); return what was found and done."""
+    if grace_s < 0:
+        raise InvalidInput("the grace window cannot be negative")
+    if grace_s < MIN_GRACE_S and not force:
+        raise InvalidInput(
+            f"a grace window of {grace_s:g}s is under {MIN_GRACE_S // 3600}h: a writer stalled"
+            " longer than the window is still safe (it pinned first), but a short window"
+            " leaves no margin for clock skew or a hand-made blob; pass --force to mean it"
+        )
+    if max_delete is not None and max_delete < 0:
+        raise InvalidInput("--max-delete must be >= 0")
+    if ledger.readonly and not dry_run:
+        raise InvalidInput("open the ledger read-write to collect (or use --dry-run)")
+    started = time.monotonic()
+    deadline = None if max_runtime_s is None else started + max_runtime_s
+    report = GcReport(collection=secrets.token_hex(8), dry_run=dry_run, grace_s=grace_s)
+    with collector_lock(ledger, wait=wait) if not ledger.readonly else contextlib.nullcontext():
+        _run(ledger, report, grace_s, now_ns, dry_run, deadline, max_delete, progress)
+    report.elapsed_s = round(time.monotonic() - started, 3)
+    return report
+
+
+def _run(ledger: Ledger, report: GcReport, grace_s: float, now_ns: int | None, dry_run: bool,
+         deadline: float | None, max_delete: int | None, progress: Progress | None) -> None:
+    now = now_ns if now_ns is not None else ledger.clock()
+    grace_ns = int(grace_s * 1e9)
+    window_ns = int(ledger.compensation_window_s * 1e9)
+    db = ledger._db
+    with db.snapshot() as conn:
+        holders = read_references(conn)
+        pins = live_pins(conn, now, window_ns)
+        inline = {d: (int(n), int(t)) for d, n, t in
+                  conn.execute("SELECT digest, size, stored_ns FROM blob_data")}
+        condemned = {d: (int(n), bool(i)) for d, n, i in
+                     conn.execute("SELECT digest, size, inline FROM condemned")}
+    try:
+        files = {f.digest: (f.size, f.mtime_ns) for f in ledger.blobs.scan()}
+    except BlobCorrupt as exc:
+        raise GcRefused(f"the blob store holds something that is not a blob file: {exc}") from None
+    temps = list(ledger.blobs.temp_files())
+    present = inline.keys() | files.keys()
+    missing = sorted(holders.referenced - present)
+    if missing:
+        raise GcRefused(f"{len(missing)} referenced blob(s) are missing, e.g. {missing[0][:12]}…;"
+                        " a referenced blob is never collected, so something else removed it")
+
+    candidates: dict[str, tuple[int, bool]] = {}
+    for digest, (size, age_ns, is_inline) in _blobs(inline, files):
+        report.scanned += 1
+        report.scanned_bytes += size
+        if digest in holders.referenced:
+            report.referenced += 1
+            report.referenced_bytes += size
+        elif digest in pins:
+            report.kept_live += 1
+            report.kept_live_bytes += size
+        elif now - age_ns < grace_ns:
+            report.kept_young += 1
+            report.kept_young_bytes += size
+        else:
+            report.orphans += 1
+            report.orphan_bytes += size
+            candidates[digest] = (size, is_inline)
+    # Condemned by an earlier run that stopped or died: re-checked like the rest.
+    for digest, value in condemned.items():
+        candidates.setdefault(digest, value)
+    if dry_run:
+        report.remaining = len(candidates)
+        for t in temps:
+            if _temp_removable(t.name, t.mtime_ns, now, grace_ns, pins):
+                report.temp_removed += 1
+                report.temp_removed_bytes += t.size
+            else:
+                report.temp_kept += 1
+        return
+
+    # Phase 1: condemn, in one transaction.
+    if candidates:
+        with db.transaction() as conn:
+            conn.executemany(
+                "INSERT OR IGNORE INTO condemned(digest, size, inline, condemned_ns, collection)"
+                " VALUES (?, ?, ?, ?, ?)",
+                [(d, n, int(i), now, report.collection) for d, (n, i) in candidates.items()],
+            )
+    # Phase 2: re-check, unlink, record — batch by batch, each under BEGIN IMMEDIATE.
+    todo = sorted(candidates)
+    total = len(todo)
+    done = 0
+    while todo:
+        if deadline is not None and time.monotonic() > deadline:
+            report.stopped = "max-runtime"
+            break
+        budget = None if max_delete is None else max_delete - report.collected - report.recovered
+        if budget is not None and budget <= 0:
+            report.stopped = "max-delete"
+            break
+        size = BATCH if budget is None else min(BATCH, budget)
+        batch, todo = todo[:size], todo[size:]
+        _collect_batch(ledger, report, batch, holders.referenced, holders.head_seq, grace_ns,
+                       window_ns)
+        done += len(batch)
+        if progress is not None:
+            progress(done, total)
+    with db.snapshot() as conn:
+        report.remaining = int(conn.execute("SELECT count(*) FROM condemned").fetchone()[0])
+    # Stray temporary files: the leftovers of puts that died. A put in progress pinned
+    # its digest (the temp file is named after it) first, so it is never taken.
+    if not report.stopped:
+        pins_now = _pins_snapshot(ledger, now, window_ns)
+        for t in temps:
+            if _temp_removable(t.name, t.mtime_ns, now, grace_ns, pins_now):
+                if ledger.blobs.delete_temp(t.name):
+                    report.temp_removed += 1
+                    report.temp_removed_bytes += t.size
+            else:
+                report.temp_kept += 1
+
+
+def _pins_snapshot(ledger: Ledger, now: int, window_ns: int) -> dict[str, str]:
+    with ledger._db.snapshot() as conn:
+        return live_pins(conn, now, window_ns)
+
+
+def _temp_removable(name: str, mtime_ns: int, now: int, grace_ns: int,
+                    pins: dict[str, str]) -> bool:
+    digest = name.split(".", 1)[0]
+    return now - mtime_ns >= grace_ns and digest not in pins
+
+
+def _blobs(inline: dict[str, tuple[int, int]],
+           files: dict[str, tuple[int, int]]) -> Iterator[tuple[str, tuple[int, int, bool]]]:
+    for d, (n, t) in inline.items():
+        yield d, (n, t, True)
+    for d, (n, t) in files.items():
+        if d not in inline:  # both: the inline row is the one reads use; the file is extra
+            yield d, (n, t, False)
+
+
+def _collect_batch(ledger: Ledger, report: GcReport, batch: list[str], referenced: set[str],
+                   head_seq: int, grace_ns: int, window_ns: int) -> None:
+    counts = {"collected": 0, "reclaimed": 0, "recovered": 0, "spared": 0}
+    spared: list[str] = []
+
+    def build(conn: apsw.Connection, now: int) -> list[Event]:
+        counts.update(collected=0, reclaimed=0, recovered=0, spared=0)
+        spared.clear()
+        late_refs = compensation_refs_since(conn, head_seq)
+        events: list[Event] = []
+        for digest in batch:
+            row = conn.execute("SELECT size, inline FROM condemned WHERE digest = ?",
+                               (digest,)).fetchone()
+            if row is None:
+                counts["spared"] += 1  # un-condemned since (a pin or a publish named it)
+                continue
+            size, was_inline = int(row[0]), bool(row[1])
+
+            def spare() -> None:
+                conn.execute("DELETE FROM condemned WHERE digest = ?", (digest,))  # noqa: B023
+                counts["spared"] += 1
+                spared.append(digest)  # noqa: B023
+
+            if (digest in referenced or digest in late_refs or conn.execute(
+                    "SELECT 1 FROM manifest_entries WHERE digest = ? LIMIT 1", (digest,)
+            ).fetchone() is not None or pinned_now(conn, digest, now, window_ns)):
+                spare()
+                continue
+            reason = "orphan"
+            inline_row = conn.execute("SELECT size, stored_ns FROM blob_data WHERE digest = ?",
+                                      (digest,)).fetchone()
+            if inline_row is not None:
+                if now - int(inline_row[1]) < grace_ns:
+                    spare()  # freshened by a dedup hit since it was condemned
+                    continue
+                conn.execute("DELETE FROM blob_data WHERE digest = ?", (digest,))
+                size, was_inline = int(inline_row[0]), True
+                with contextlib.suppress(OSError, BlobCorrupt):
+                    ledger.blobs.delete(digest)  # a stray file copy, if one exists
+            else:
+                found = ledger.blobs.stat(digest)
+                if found is None:
+                    reason = "missing after an interrupted collection"
+                    counts["recovered"] += 1
+                else:
+                    if now - found.mtime_ns < grace_ns:
+                        spare()
+                        continue
+                    ledger.blobs.delete(digest)  # unlink + directory fsync
+                    size, was_inline = found.size, False
+            conn.execute("DELETE FROM condemned WHERE digest = ?", (digest,))
+            if reason == "orphan":
+                counts["collected"] += 1
+                counts["reclaimed"] += size
+            events.append(BlobCollected(digest=check_digest(digest), size=size, reason=reason,
+                                        inline=was_inline, collection=report.collection))
+        if not events:
+            raise _Nothing
+        return events
+
+    try:
+        ledger._log.append(build)
+    except _Nothing:
+        # Nothing to record: only condemnations to lift (always safe to lift).
+        if spared:
+            with ledger._db.transaction() as conn:
+                conn.executemany("DELETE FROM condemned WHERE digest = ?", [(d,) for d in spared])
+        report.spared += counts["spared"]
+        return
+    report.collected += counts["collected"]
+    report.reclaimed_bytes += counts["reclaimed"]
+    report.recovered += counts["recovered"]
+    report.spared += counts["spared"]
+
+
+__all__ = ["DEFAULT_GRACE_S", "MIN_GRACE_S", "CollectorBusy", "GcReport", "collect",
+           "collector_lock", "parse_duration"]

@@ -1,0 +1,122 @@
+"""What holds a blob: the facts GC and audit both stand on, read from the ledger.
+
+- referenced: named by any manifest revision (`manifest-published`, read from the
+  events themselves and cross-checked against the projection) or by any compensation
+  record (the pre-image it put back: `restore` needs it);
+- pinned: a live pin (`pins`), except a pre-image pin of an acked step whose
+  compensation window has passed (it can no longer be compensated);
+- otherwise an orphan, young or old by its age (a file's mtime, an inline row's
+  `stored_ns`; both freshened by a dedup hit).
+
+Any doubt raises `GcRefused`: an event that cannot be decoded, a projection that
+disagrees with the events, a referenced blob that is missing.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import apsw
+import msgspec
+
+from ..errors import ProtocolRefused
+from ..events import Compensated, ManifestPublished, decode
+
+
+class GcRefused(ProtocolRefused):
+    """GC (or audit) found something it cannot be sure about; it deleted nothing."""
+
+    def __init__(self, why: str) -> None:
+        super().__init__(
+            f"gc refused to delete anything: {why}; run 'stepledger verify' and"
+            " 'stepledger audit', fix the cause, then run gc again"
+        )
+        self.why = why
+
+
+@dataclass
+class Holders:
+    """Every digest that is referenced, and the live pins (digest -> its pin facts)."""
+
+    referenced: set[str] = field(default_factory=set)
+    compensation_refs: set[str] = field(default_factory=set)
+    manifest_refs: set[str] = field(default_factory=set)
+    head_seq: int = 0
+
+    def holds(self, digest: str) -> bool:
+        return digest in self.referenced
+
+
+def read_references(conn: apsw.Connection) -> Holders:
+    """Referenced digests, from the events (ground truth), checked against the tables."""
+    out = Holders()
+    out.head_seq = int(conn.execute("SELECT coalesce(max(seq), 0) FROM events").fetchone()[0])
+    for seq, kind, v, payload in conn.execute(
+        "SELECT seq, kind, v, payload FROM events"
+        " WHERE kind IN ('manifest-published', 'compensated') ORDER BY seq"
+    ):
+        try:
+            event = decode(payload, v)
+        except (msgspec.DecodeError, msgspec.ValidationError, ValueError) as exc:
+            raise GcRefused(f"{kind} event #{seq} cannot be decoded ({exc})") from None
+        if isinstance(event, ManifestPublished):
+            out.manifest_refs.update(e.digest for e in (*event.writes, *event.artifacts))
+        elif isinstance(event, Compensated):
+            out.compensation_refs.update(r.digest for r in event.restored
+                                         if r.outcome != "conflict" and r.digest is not None)
+    table = {r[0] for r in conn.execute("SELECT DISTINCT digest FROM manifest_entries")}
+    if table != out.manifest_refs:
+        extra = sorted(table - out.manifest_refs)[:3]
+        missing = sorted(out.manifest_refs - table)[:3]
+        raise GcRefused(f"the manifest tables disagree with the events (unexpected {extra},"
+                        f" missing {missing}); run 'stepledger rebuild'")
+    out.referenced = out.manifest_refs | out.compensation_refs
+    return out
+
+
+def compensation_refs_since(conn: apsw.Connection, seq: int) -> set[str]:
+    """Digests compensations recorded after `seq` (the collector's re-check)."""
+    out: set[str] = set()
+    for v, payload in conn.execute(
+        "SELECT v, payload FROM events WHERE seq > ? AND kind = 'compensated'", (seq,)
+    ):
+        event = decode(payload, v)
+        assert isinstance(event, Compensated)
+        out.update(r.digest for r in event.restored if r.outcome != "conflict" and r.digest)
+    return out
+
+
+def live_pins(conn: apsw.Connection, now_ns: int, window_ns: int) -> dict[str, str]:
+    """digest -> the role of a pin that still holds it."""
+    out: dict[str, str] = {}
+    for digest, role, state, pinned_attempt, attempt, updated_ns in conn.execute(
+        "SELECT p.digest, p.role, s.state, p.attempt, s.attempt, s.updated_ns"
+        " FROM pins p LEFT JOIN steps s ON s.step_id = p.step"
+    ):
+        if _pin_expired(role, state, pinned_attempt, attempt, updated_ns, now_ns, window_ns):
+            continue
+        out.setdefault(digest, role)
+    return out
+
+
+def pinned_now(conn: apsw.Connection, digest: str, now_ns: int, window_ns: int) -> bool:
+    """Whether a live pin holds `digest` (the collector's re-check, inside its lock)."""
+    for role, state, pinned_attempt, attempt, updated_ns in conn.execute(
+        "SELECT p.role, s.state, p.attempt, s.attempt, s.updated_ns"
+        " FROM pins p LEFT JOIN steps s ON s.step_id = p.step WHERE p.digest = ?", (digest,)
+    ):
+        if not _pin_expired(role, state, pinned_attempt, attempt, updated_ns, now_ns, window_ns):
+            return True
+    return False
+
+
+def _pin_expired(role: str, state: str | None, pinned_attempt: int, attempt: int | None,
+                 updated_ns: int | None, now_ns: int, window_ns: int) -> bool:
+    """A pre-image pin stops holding once its step is acked and the compensation window
+    has passed (DESIGN.md "GC"); every other live pin holds."""
+    return (role == "pre-image" and state == "acked" and attempt == pinned_attempt
+            and updated_ns is not None and now_ns - updated_ns > window_ns)
+
+
+__all__ = ["GcRefused", "Holders", "compensation_refs_since", "live_pins", "pinned_now",
+           "read_references"]

@@ -1,305 +1,395 @@
 """`stepledger demo`: the main job, end to end, on an embedded ledger.
 
-A scripted agent (no model calls) drives steps through a fresh ledger and meets
-the failures stepledger exists for. Every failure is real: the crash is a child
-process killed with SIGKILL between two commits, and the ledger is reopened from
-the file afterwards. The report lists each check; the demo passes only if all hold.
+A scripted agent (no model calls) works through a run of steps on a real workspace —
+a git repository with a few source files — beside an embedded ledger, and meets every
+failure stepledger exists for: a lost ack and its redelivery, a human editing a file
+under a step, a step whose tests fail (compensated), a worker killed with SIGKILL
+between renaming a file into place and recording it, and the late receipt of that
+reclaimed sandbox. A fresh worker process on a fresh directory restores the workspace
+from the ledger, takes a new epoch (settling the dead worker's attempts) and finishes
+the run. Then the collector and the audit run, and every invariant is checked. The
+report lists each check; the demo passes only if all hold.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import signal
 import subprocess
 import sys
 import tempfile
-import textwrap
 import time
 from collections.abc import Callable
 from typing import Any
 
 from .blobs import digest_of
-from .errors import IdempotencyConflict, IllegalTransition, StaleEpoch
+from .errors import IdempotencyConflict, IllegalTransition, ReplanRefused, StaleEpoch
 from .events import Acked, Planned
 from .fences import StepPlan, Write
 from .ledger import Ledger
-from .steps import run_step
 
 Echo = Callable[[str], None] | None
+Say = Callable[[str], None]
+
+WS = "repo"
+RUN = "refactor-run"
+STEPS = 10  # s01 .. s10, each edits one source file; a few carry a large log (a file blob)
+
+INITIAL = {
+    "README.md": "# calc\n\nA tiny calculator.\n",
+    "src/calc.py": "def add(a, b):\n    return a + b\n",
+    "src/util.py": "def clamp(x, lo, hi):\n    return max(lo, min(x, hi))\n",
+    "tests/test_calc.py": "from src.calc import add\n\n\ndef test_add():\n    assert add(1, 2) == 3\n",
+}
 
 
-def outputs_for(i: int) -> dict[str, bytes]:
-    """Step i's artifacts: a small report (inline) and, every fifth step, a large log (a file)."""
-    out = {f"out/{i}.txt": f"step {i} output\n".encode() * (i + 1)}
-    if i % 5 == 0:
-        out[f"logs/{i}.log"] = (f"step {i} log line\n".encode()) * 8000  # ~140 KiB
+def step_change(i: int, before: bytes) -> tuple[str, bytes]:
+    """Step i's edit: (path, new content) given the file's current bytes."""
+    path = ["src/calc.py", "src/util.py", "tests/test_calc.py"][i % 3]
+    line = f"\n\ndef f{i:02d}(x):  # added by step s{i:02d}\n    return x + {i}\n"
+    return path, before + line.encode()
+
+
+def step_outputs(i: int) -> dict[str, bytes]:
+    """Step i's artifacts: a small test report (inline) and, every third step, a large
+    build log (a blob file)."""
+    out = {f"reports/s{i:02d}.txt": f"s{i:02d}: 12 passed\n".encode()}
+    if i % 3 == 0:
+        out[f"logs/s{i:02d}.log"] = f"s{i:02d} build log line\n".encode() * 7000  # ~150 KiB
     return out
 
 
-_CHILD = textwrap.dedent(
-    """
-    import os, signal, sys
-    sys.path.insert(0, {root!r})
-    from ledger import Ledger
-    with Ledger.open({path!r}) as ledger:
-        row = ledger.plan("s-crash", run="demo-run", artifacts=["report.txt"])
-        ledger.store("s-crash", row.attempt, "report.txt", b"crash-test output")  # durable
-        os.kill(os.getpid(), signal.SIGKILL)   # dies before publishing
-    """
-)
+def _read(root: str, path: str) -> bytes:
+    with open(os.path.join(root, path), "rb") as f:
+        return f.read()
 
 
-_APPLY_CHILD = textwrap.dedent(
-    """
-    import os, signal, sys
-    sys.path.insert(0, {root!r})
-    from ledger import Ledger
-    seen = []
-    def on_op(name):
-        seen.append(name)
-        if name == "ws-dirfsync" and "ws-rename" in seen:
-            os.kill(os.getpid(), signal.SIGKILL)   # renamed into place, not yet recorded
-    with Ledger.open({path!r}, on_op=on_op) as ledger:
-        ledger.apply("w-3", epoch={epoch})
-    """
-)
+class Agent:
+    """The scripted agent: plans a step from the workspace as it reads it, applies it,
+    stores its artifacts, publishes and acks."""
 
+    def __init__(self, ledger: Ledger, epoch: int, counts: dict[str, int]) -> None:
+        self.ledger, self.epoch, self.counts = ledger, epoch, counts
 
-def _workspace_part(ledger: Ledger, root: str, check: Callable[[str, bool], None],
-                    say: Callable[[str], None], counts: dict[str, int]) -> tuple[int, int]:
-    """Sections 5-6: fences, the apply journal, epoch leases. Returns (epoch, w-3's attempt)."""
-    repo = os.path.join(root, "repo")
-    os.makedirs(repo)
-    app = os.path.join(repo, "app.py")
-    with open(app, "w") as f:
-        f.write("v0\n")
+    def plan(self, i: int) -> None:
+        step = f"s{i:02d}"
+        root = self.ledger.workspace(WS).root
+        path, _ = step_change(i, b"")
+        rev, pre = self.ledger.snapshot(WS, path)
+        _, new = step_change(i, _read(root, path))
+        self.ledger.admit(WS, self.epoch, [StepPlan(step, [Write(path, new, pre, rev)],
+                                                    artifacts=tuple(step_outputs(i)), run=RUN)])
+        self.counts["steps_started"] += 1
 
-    def disk() -> str:
-        with open(app) as f:
-            return f.read()
-
-    def write(step: str, new: str, pre: str, base: int | None = None) -> StepPlan:
-        return StepPlan(step, [Write("app.py", new.encode(), digest_of(pre.encode()), base)],
-                        run="edit-run")
-
-    say("5. an agent edits a workspace under a lease; a human edits it too")
-    ledger.add_workspace("repo", repo)
-    epoch = ledger.acquire("repo", "agent-1", ttl_s=600).epoch
-    ledger.admit("repo", epoch, [write("w-1", "v1\n", "v0\n"), write("w-2", "v2\n", "v1\n")])
-    counts["steps_started"] += 2
-    first = ledger.apply("w-1", epoch=epoch)
-    ledger.publish("w-1", receipt=first.receipt)
-    ledger.ack("w-1")
-    check("w-1 applied and committed (fence: rev and pre_hash held)",
-          first.verdict == "applied" and disk() == "v1\n" and ledger.step("w-1").live)
-    again = ledger.apply("w-1", 1, epoch=epoch)
-    counts["deduped"] += 1
-    check("a redelivered apply is answered by the journal, nothing applied twice",
-          again.verdict == "deduped" and again.receipt == first.receipt
-          and ledger.workspace("repo").rev == 1)
-    with open(app, "w") as f:
-        f.write("v1 + a human's edit\n")
-    stale = ledger.apply("w-2", epoch=epoch)
-    counts["refused"] += 1
-    say(f"     w-2 after the human's edit: {stale.verdict} ({stale.detail})")
-    check("a step planned before the human's edit is rejected; the edit survives",
-          stale.verdict == "rejected:pre_hash" and disk() == "v1 + a human's edit\n")
-    rev, current = ledger.snapshot("repo", "app.py")
-    ledger.admit("repo", epoch, [StepPlan("w-2b", [Write("app.py", b"v2 on the human's edit\n",
-                                                         current, rev)], run="edit-run")])
-    counts["steps_started"] += 1
-    rebased = ledger.apply("w-2b", epoch=epoch)
-    ledger.publish("w-2b")
-    ledger.ack("w-2b")
-    check("re-planned from the current state (a rebase), it applies", rebased.verdict == "applied")
-
-    say("6. the sandbox is reclaimed mid-step: a new epoch, and a zombie of the old one")
-    ledger.admit("repo", epoch, [write("w-3", "v3\n", "v2 on the human's edit\n")])
-    counts["steps_started"] += 1
-    new = ledger.acquire("repo", "agent-2", ttl_s=600, force=True)
-    try:
-        ledger.apply("w-3", epoch=epoch)
-        check("the zombie's apply is refused", False)
-    except StaleEpoch as exc:
-        counts["refused"] += 1
-        say(f"     refused: {exc}")
-        check("the zombie of epoch 1 cannot apply (StaleEpoch), the file is untouched",
-              disk() == "v2 on the human's edit\n" and new.settled == ("w-3",))
-    return new.epoch, ledger.replan("w-3", epoch=new.epoch)
-
-
-def _workspace_crash(ledger: Ledger, root: str, epoch: int, attempt: int,
-                     check: Callable[[str, bool], None], say: Callable[[str], None]) -> None:
-    """The second half of section 8, after the SIGKILL: replay, then compensate."""
-    app = os.path.join(root, "repo", "app.py")
-
-    def disk() -> str:
-        with open(app) as f:
-            return f.read()
-
-    row = ledger.step("w-3")
-    say(f"     after reopen: w-3 attempt {row.attempt} is {row.state}, app.py holds {disk()!r}")
-    check("the killed apply is not recorded, its rename is on disk",
-          row.state == "planned" and disk() == "v3\n")
-    replay = ledger.apply("w-3", attempt, epoch=epoch)
-    check("the replay under the same epoch records what is on disk (settled)",
-          replay.verdict == "applied" and replay.receipt is not None and replay.receipt.settled)
-    ledger.publish("w-3")
-    comp = ledger.compensate("w-3", epoch=epoch, reason="its tests failed")
-    check("compensation puts the pre-image back and ends the live manifest",
-          [r.outcome for r in comp.restored] == ["restored"]
-          and disk() == "v2 on the human's edit\n" and not ledger.step("w-3").live)
+    def finish(self, i: int) -> str:
+        """Apply (if needed), store, publish, ack. Returns the apply verdict."""
+        step = f"s{i:02d}"
+        result = self.ledger.apply(step, epoch=self.epoch)
+        if not result.applied:
+            self.counts["rejected"] += 1
+            return result.verdict
+        attempt = self.ledger.step(step).attempt
+        for path, data in step_outputs(i).items():
+            self.ledger.store(step, attempt, path, data)
+        self.ledger.publish(step, receipt=result.receipt)
+        self.ledger.ack(step, epoch=self.epoch)
+        self.counts["committed"] += 1
+        return result.verdict
 
 
 def run_demo(keep: str | None = None, echo: Echo = print) -> dict[str, Any]:
-    say = echo or (lambda _m: None)
+    say: Say = echo or (lambda _m: None)
     root = keep or tempfile.mkdtemp(prefix="stepledger-demo-")
     os.makedirs(root, exist_ok=True)
     path = os.path.join(root, ".stepledger", "ledger.db")
     if os.path.exists(path):
         raise FileExistsError(f"{path} exists; give --keep an empty directory")
     checks: dict[str, bool] = {}
-    counts = {"steps_started": 0, "committed": 0, "deduped": 0, "refused": 0}
+    counts = {"steps_started": 0, "committed": 0, "rejected": 0, "deduped": 0,
+              "compensated": 0, "refused": 0}
     t0 = time.perf_counter()
 
     def check(name: str, ok: bool) -> None:
         checks[name] = bool(ok)
         say(f"  [{'ok' if ok else 'FAIL'}] {name}")
 
-    say(f"stepledger demo: ledger {path}")
+    repo = os.path.join(root, "workspace")
+    _make_repo(repo, say)
+    say(f"stepledger demo: workspace {repo}, ledger {path}")
     with Ledger.init(path) as ledger:
-        say("1. an agent commits 20 steps (plan -> pin -> durable blobs -> publish -> ack)")
-        for i in range(20):
-            run_step(ledger, f"s-{i:02d}", outputs_for(i), run="demo-run")
-            counts["steps_started"] += 1
-        check("20 steps committed", sum(r.live for r in ledger.steps()) == 20)
-        check("every committed step's blobs are intact",
-              all(ledger.classify(f"s-{i:02d}") == "committed" for i in range(20)))
-
-        say("2. a lost ack: the harness redelivers step s-03 (with byte-different output)")
-        before = ledger.head()
-        first = ledger.manifest("s-03")
-        again = run_step(ledger, "s-03", {"out/3.txt": b"different bytes, same meaning"})
-        counts["deduped"] += 1
-        check("redelivery returns the first manifest and writes nothing",
-              not again.ran and again.manifest == first and ledger.head() == before)
-
-        say("3. a buggy retry sends a different plan under the same journal key")
-        try:
-            ledger.append(Planned(step="s-04", attempt=1, run="demo-run", artifacts=("other",)))
-            check("conflicting payload refused", False)
-        except IdempotencyConflict as exc:
-            counts["refused"] += 1
-            say(f"     refused: {exc}")
-            check("conflicting payload refused, nothing written", ledger.head() == before)
-
-        say("4. an out-of-order ack (before any manifest) for a new step")
-        ledger.append(Planned(step="s-early", attempt=1, run="demo-run"))
-        counts["steps_started"] += 1
-        mark = ledger.head()
-        try:
-            ledger.append(Acked(step="s-early", attempt=1, run="demo-run"))
-            check("illegal transition refused", False)
-        except IllegalTransition as exc:
-            counts["refused"] += 1
-            say(f"     refused: {exc}")
-            check("illegal transition refused, nothing written", ledger.head() == mark)
-
-        epoch, attempt = _workspace_part(ledger, root, check, say, counts)
-
-    say("7. a worker is killed with SIGKILL after storing its output, before publishing")
-    child = subprocess.run(
-        [sys.executable, "-c", _CHILD.format(root=_package_root(), path=path)],
-        capture_output=True, text=True, check=False,
-    )
-    counts["steps_started"] += 1
-    check("worker died by SIGKILL", child.returncode == -signal.SIGKILL)
-    say("8. a worker is SIGKILLed after renaming w-3's file into place, before recording it")
-    child = subprocess.run(
-        [sys.executable, "-c", _APPLY_CHILD.format(root=_package_root(), path=path, epoch=epoch)],
-        capture_output=True, text=True, check=False,
-    )
-    check("worker died by SIGKILL mid-apply", child.returncode == -signal.SIGKILL)
+        _first_worker(ledger, repo, check, say, counts)
+    _killed_worker(path, root, check, say)
+    fresh = os.path.join(root, "workspace-restored")
+    _fresh_worker(path, fresh, check, say, counts)
     with Ledger.open(path) as ledger:
-        crashed = ledger.step("s-crash")
-        say(f"     after reopen: s-crash is {crashed.state}, committed={crashed.live}")
-        check("the dead worker's step is recorded but not committed",
-              crashed.state == "blob-stored" and not crashed.live)
-        say("   a fresh worker replays s-crash with the same step id (same attempt)")
-        replay = run_step(ledger, "s-crash", {"report.txt": b"crash-test output"}, run="demo-run")
-        counts["deduped"] += 1
-        check("replay continues attempt 1 and commits it",
-              replay.ran and replay.attempt == 1 and ledger.classify("s-crash") == "committed")
-
-        say("   and w-3's replay under the live epoch")
-        _workspace_crash(ledger, root, epoch, attempt, check, say)
-
-        say("9. projections are rebuilt from the events and compared")
-        inline = ledger.steps()
-        ledger.rebuild()
-        check("inline projections == rebuild", ledger.steps() == inline)
-        counts["committed"] = sum(r.live for r in ledger.steps())
-        head = ledger.head()
-        report = ledger.verify(expect_head=head)
-        check("verify: chain, seqs and projections ok", report.ok)
-        n_events = report.events
-
-    say("10. someone restores an older copy of the ledger (the tail is cut off)")
-    old = os.path.join(root, "rolled-back.db")
-    _copy_prefix(path, old, head.seq - 2)
-    blob_root = os.path.join(os.path.dirname(path), "blobs")
-    with Ledger.open(old, readonly=True, blob_root=blob_root) as rolled:
-        plain = rolled.verify()
-        anchored = rolled.verify(expect_head=head)
-    check("the chain alone cannot see a cut-off tail", plain.ok)
-    check("verify --expect-head catches it", not anchored.ok)
+        _late_receipt(ledger, root, check, say, counts)
+        result = _closing_checks(ledger, fresh, check, say, counts)
 
     elapsed = time.perf_counter() - t0
     ok = all(checks.values())
-    result = {
-        "ok": ok,
-        "ledger": path,
-        "events": n_events,
-        "head": str(head),
-        **counts,
-        "checks": checks,
-        "elapsed_s": round(elapsed, 3),
-    }
+    report = {"ok": ok, "ledger": path, "workspace": fresh, **counts, **result,
+              "checks": checks, "elapsed_s": round(elapsed, 3)}
     say("")
     say(f"steps started {counts['steps_started']}, committed {counts['committed']},"
-        f" deduped events {counts['deduped']}, refused {counts['refused']};"
-        f" {n_events} events, head {head.seq}")
+        f" rejected {counts['rejected']}, deduped {counts['deduped']},"
+        f" compensated {counts['compensated']}, refused {counts['refused']}")
+    say(f"bytes stored {result['bytes_stored']:,}, referenced {result['bytes_referenced']:,},"
+        f" reclaimed by gc {result['bytes_reclaimed']:,}; {result['events']} events")
     say(f"{sum(checks.values())}/{len(checks)} checks held in {elapsed:.2f}s"
         f" — demo {'PASSED' if ok else 'FAILED'}")
     if keep is None:
         shutil.rmtree(root, ignore_errors=True)
-        result["ledger"] = None
-    return result
+        report["ledger"] = report["workspace"] = None
+    return report
+
+
+def _make_repo(repo: str, say: Say) -> None:
+    for rel, text in INITIAL.items():
+        os.makedirs(os.path.dirname(os.path.join(repo, rel)), exist_ok=True)
+        with open(os.path.join(repo, rel), "w") as f:
+            f.write(text)
+    git = shutil.which("git")
+    if git is None:
+        say("  (git not found: the workspace is a plain directory)")
+        return
+    env = {**os.environ, "GIT_AUTHOR_NAME": "demo", "GIT_AUTHOR_EMAIL": "demo@example.invalid",
+           "GIT_COMMITTER_NAME": "demo", "GIT_COMMITTER_EMAIL": "demo@example.invalid"}
+    for args in (["init", "-q"], ["add", "."], ["commit", "-q", "-m", "initial"]):
+        subprocess.run([git, *args], cwd=repo, env=env, check=False, capture_output=True)
+
+
+def _first_worker(ledger: Ledger, repo: str, check: Callable[[str, bool], None], say: Say,
+                  counts: dict[str, int]) -> None:
+    say("1. worker 1 takes a lease on the repository and records its files (step s00)")
+    ledger.add_workspace(WS, repo)
+    epoch = ledger.acquire(WS, "worker-1", ttl_s=600).epoch
+    # Recording the files as they are (a write whose new content is its current
+    # content) makes them committed content: restore can rebuild them anywhere.
+    ledger.admit(WS, epoch, [StepPlan("s00", [
+        Write(p, _read(repo, p), digest_of(_read(repo, p)), 0) for p in sorted(INITIAL)
+    ], run=RUN)])
+    counts["steps_started"] += 1
+    ledger.apply("s00", epoch=epoch)
+    ledger.publish("s00")
+    ledger.ack("s00", epoch=epoch)
+    counts["committed"] += 1
+    agent = Agent(ledger, epoch, counts)
+
+    say("2. the agent runs steps s01-s05 (plan -> fence -> apply -> artifacts -> publish -> ack)")
+    for i in (1, 2):
+        agent.plan(i)
+        agent.finish(i)
+    check("s01, s02 committed; their edits are on disk",
+          ledger.step("s01").live and ledger.step("s02").live
+          and b"def f02" in _read(repo, step_change(2, b"")[0]))
+
+    say("3. s03's ack is lost: the harness redelivers the whole step")
+    agent.plan(3)
+    first = ledger.apply("s03", epoch=epoch)
+    for p, data in step_outputs(3).items():
+        ledger.store("s03", 1, p, data)
+    manifest = ledger.publish("s03")
+    before = ledger.head()
+    again = ledger.apply("s03", 1, epoch=epoch)
+    same = ledger.publish("s03")
+    counts["deduped"] += 2
+    check("the redelivered apply and publish return the first receipt and manifest,"
+          " writing nothing", again.verdict == "deduped" and again.receipt == first.receipt
+          and same == manifest and ledger.head() == before)
+    ledger.ack("s03", epoch=epoch)
+    counts["committed"] += 1
+
+    target = step_change(4, b"")[0]
+    say(f"4. a human edits {target} while s04 (which writes it) is planned")
+    agent.plan(4)
+    with open(os.path.join(repo, target), "ab") as f:
+        f.write(b"\n# human: handle overflow before merging\n")
+    verdict = agent.finish(4)
+    say(f"     s04: {verdict}")
+    check("s04 is rejected (pre_hash): the human's edit is not overwritten",
+          verdict == "rejected:pre_hash" and b"# human:" in _read(repo, target))
+    agent.plan(4)  # re-planned from the file as it is now (a rebase): attempt 2
+    check("s04 re-planned on the human's edit applies and keeps it",
+          agent.finish(4) == "applied" and b"# human:" in _read(repo, target)
+          and ledger.step("s04").attempt == 2)
+
+    say("5. s05's tests fail after it is applied: compensate it")
+    agent.plan(5)
+    r5 = ledger.apply("s05", epoch=epoch)
+    for p, data in step_outputs(5).items():
+        ledger.store("s05", 1, p, data)
+    before5 = _read(repo, step_change(5, b"")[0])
+    comp = ledger.compensate("s05", epoch=epoch, reason="tests/test_calc.py failed")
+    counts["compensated"] += 1
+    check("compensation puts the pre-image back", r5.applied
+          and [r.outcome for r in comp.restored] == ["restored"]
+          and b"def f05" in before5 and b"def f05" not in _read(repo, step_change(5, b"")[0]))
+    agent.plan(5)  # the agent fixes it: a new attempt from the current state
+    agent.finish(5)
+
+    say("6. a buggy harness resends s01's plan with other content; another acks out of order")
+    head = ledger.head()
+    try:
+        ledger.append(Planned(step="s01", attempt=1, run=RUN, artifacts=("other",)))
+        check("a conflicting payload under a used journal key is refused", False)
+    except IdempotencyConflict:
+        counts["refused"] += 1
+        check("a conflicting payload under a used journal key is refused, nothing written",
+              ledger.head() == head)
+    ledger.append(Planned(step="notes", attempt=1, run=RUN))
+    counts["steps_started"] += 1
+    mark = ledger.head()
+    try:
+        ledger.append(Acked(step="notes", attempt=1, run=RUN))
+        check("an ack before any manifest is refused", False)
+    except IllegalTransition:
+        counts["refused"] += 1
+        check("an ack before any manifest is refused, nothing written", ledger.head() == mark)
+    agent.plan(6)
+    agent.plan(7)
+
+
+_KILLED = """
+import json, os, signal, sys
+sys.path.insert(0, {pkg!r})
+from ledger import Ledger
+seen = []
+def on_op(name):
+    seen.append(name)
+    if name == "ws-dirfsync" and "ws-rename" in seen:
+        os.kill(os.getpid(), signal.SIGKILL)  # renamed into place, not yet recorded
+with Ledger.open({path!r}) as ledger:
+    epoch = ledger.lease({ws!r}).epoch
+    receipt = ledger.apply("s06", epoch=epoch).receipt   # the sandbox answers 200 ...
+    with open({receipt!r}, "wb") as f:
+        f.write(__import__("msgspec").json.encode(receipt))
+with Ledger.open({path!r}, on_op=on_op) as ledger:
+    ledger.apply("s07", epoch=epoch)                      # ... and dies inside s07
+"""
+
+
+def _killed_worker(path: str, root: str, check: Callable[[str, bool], None], say: Say) -> None:
+    say("7. worker 1 applies s06 (its 200 is in flight) and is SIGKILLed inside s07,"
+        " after the rename, before the commit")
+    code = _KILLED.format(pkg=_package_root(), path=path, ws=WS,
+                          receipt=os.path.join(root, "late-receipt.json"))
+    child = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                           check=False)
+    check("worker 1 died by SIGKILL mid-step", child.returncode == -signal.SIGKILL)
+    with Ledger.open(path, readonly=True) as ledger:
+        s06, s07 = ledger.step("s06"), ledger.step("s07")
+        say(f"     the ledger says: s06 {s06.state}, s07 {s07.state} (nothing committed)")
+        check("neither s06 nor s07 is committed", not s06.live and not s07.live)
+    say("   the machine is gone: its workspace directory is lost")
+    shutil.rmtree(os.path.join(root, "workspace"))
+
+
+_FRESH = """
+import sys
+sys.path.insert(0, {pkg!r})
+from ledger.demo import _fresh_worker_main
+_fresh_worker_main({path!r}, {fresh!r})
+"""
+
+
+def _fresh_worker(path: str, fresh: str, check: Callable[[str, bool], None], say: Say,
+                  counts: dict[str, int]) -> None:
+    say("8. a fresh worker process on a fresh directory restores the workspace from the"
+        " ledger, takes a new epoch (settling worker 1's attempts) and finishes the run")
+    child = subprocess.run([sys.executable, "-c", _FRESH.format(pkg=_package_root(), path=path,
+                                                                  fresh=fresh)],
+                           capture_output=True, text=True, check=False)
+    if child.returncode != 0:
+        say(child.stderr.strip()[-2000:])
+    out = json.loads(child.stdout.strip().splitlines()[-1]) if child.returncode == 0 else {}
+    for line in out.get("log", []):
+        say(f"     {line}")
+    check("the fresh worker restored, settled and finished the run", child.returncode == 0)
+    check("settling compensated worker 1's two unpublished attempts",
+          sorted(out.get("settled", [])) == ["s06", "s07"])
+    for key in ("steps_started", "committed"):
+        counts[key] += out.get(key, 0)
+
+
+def _fresh_worker_main(path: str, fresh: str) -> None:
+    """Worker 2 (its own process): restore, new epoch, finish s06..s10."""
+    log: list[str] = []
+    counts = {"steps_started": 0, "committed": 0, "rejected": 0}
+    with Ledger.open(path) as ledger:
+        restored = ledger.restore(WS, fresh, force=True)  # worker 1's lease is still live
+        log.append(f"restored {restored.paths} files ({restored.bytes} bytes) into {fresh}")
+        lease = ledger.acquire(WS, "worker-2", ttl_s=600, force=True)
+        log.append(f"epoch {lease.epoch}; settled {', '.join(lease.settled)}")
+        agent = Agent(ledger, lease.epoch, counts)
+        for i in (6, 7):
+            try:
+                ledger.replan(f"s{i:02d}", epoch=lease.epoch)  # re-stamped: pre_hash holds
+            except ReplanRefused:
+                agent.plan(i)  # the file moved on: plan it anew from what is there
+            agent.finish(i)
+        for i in range(8, STEPS + 1):
+            agent.plan(i)
+            agent.finish(i)
+        log.append(f"committed s06..s{STEPS:02d}; workspace rev {ledger.workspace(WS).rev}")
+    print(json.dumps({"log": log, "settled": list(lease.settled), **counts}))
+
+
+def _late_receipt(ledger: Ledger, root: str, check: Callable[[str, bool], None], say: Say,
+                  counts: dict[str, int]) -> None:
+    say("9. worker 1's late 200 for s06 arrives after its sandbox was reclaimed")
+    with open(os.path.join(root, "late-receipt.json"), "rb") as f:
+        late = f.read()
+    try:
+        ledger.publish("s06", receipt=late)
+        check("the late receipt is refused", False)
+    except StaleEpoch as exc:
+        counts["refused"] += 1
+        say(f"     refused: {exc}")
+        check("the late receipt of a dead epoch commits nothing (StaleEpoch)",
+              ledger.step("s06").attempt == 2)
+
+
+def _closing_checks(ledger: Ledger, fresh: str, check: Callable[[str, bool], None],
+                    say: Say, counts: dict[str, int]) -> dict[str, Any]:
+    from .gc import audit, collect
+    from .restore import committed_content
+
+    say("10. the restored workspace holds exactly the committed content")
+    content = committed_content(ledger, WS)
+    check("every committed file reads back with its committed hash (I9)",
+          all(digest_of(_read(fresh, p)) == d for p, d in content.items() if d is not None))
+    check(f"all {STEPS} steps and s00 are committed",
+          all(ledger.step(f"s{i:02d}").live for i in range(STEPS + 1)))
+
+    say("11. orphan-blob GC (grace forced to 0 for the demo) and the byte audit")
+    before = audit(ledger, grace_s=0)
+    gc = collect(ledger, grace_s=0, force=True)
+    after = audit(ledger, grace_s=0)
+    say(f"     gc: scanned {gc.scanned} blobs, {gc.orphans} orphans, reclaimed"
+        f" {gc.reclaimed_bytes:,} bytes; kept {gc.kept_live} live, {gc.referenced} referenced")
+    say(f"     audit: stored {after.stored_bytes:,} = referenced {after.referenced.bytes:,}"
+        f" + pinned {after.pinned.bytes:,} + orphans {after.orphan_young.bytes + after.orphan_old.bytes:,}"
+        f" + temporary {after.temporary.bytes:,}")
+    check("gc collected the compensated attempt's orphan artifacts",
+          gc.collected >= 1 and gc.reclaimed_bytes > 0)
+    check("audit reconciles every byte, nothing dangling, before and after gc",
+          before.ok and after.ok and after.orphan_old.count == 0)
+
+    say("12. projections are rebuilt from the events; the chain and I3/I4/I5 re-checked")
+    inline = ledger.steps()
+    ledger.rebuild()
+    check("inline projections == rebuild", ledger.steps() == inline)
+    report = ledger.verify()
+    check("verify: chain, seqs, projections, fences, journal, epochs all hold", report.ok)
+    return {"events": report.events, "head": f"{report.head_seq}:{report.head_hash}",
+            "bytes_stored": after.stored_bytes, "bytes_referenced": after.referenced.bytes,
+            "bytes_reclaimed": gc.reclaimed_bytes, "audit": after.as_dict(), "gc": gc.as_dict()}
 
 
 def _package_root() -> str:
     return os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
-def _copy_prefix(src: str, dst: str, last_seq: int) -> None:
-    """A genuine older copy: the same ledger as it was at `last_seq` (a rollback)."""
-    import apsw
-
-    shutil.copy(src, dst)
-    if os.path.exists(src + "-wal"):
-        shutil.copy(src + "-wal", dst + "-wal")
-    conn = apsw.Connection(dst)
-    conn.execute("DROP TRIGGER events_no_delete")
-    conn.execute("DELETE FROM events WHERE seq > ?", (last_seq,))
-    from .db import MIGRATIONS
-
-    trigger = MIGRATIONS[1].split("CREATE TRIGGER events_no_delete", 1)[1].split("END;", 1)[0]
-    conn.execute("CREATE TRIGGER events_no_delete" + trigger + "END;")
-    conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
-    conn.close()
-    with Ledger.open(dst) as ledger:
-        ledger.rebuild()
-
-
-__all__ = ["outputs_for", "run_demo"]
+__all__ = ["run_demo", "step_change", "step_outputs"]

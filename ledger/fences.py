@@ -910,9 +910,9 @@ class WorkspaceProtocol:
                 pre, post, expected_rev = a.pre_hash, a.post_hash, a.rev
             else:  # never recorded: did the write land before a crash?
                 pre, post, expected_rev = w.pre_hash, w.post_hash, w.base_rev
-                if disk == pre or pre == post:
-                    continue  # it never landed: nothing to undo
-                if disk == post and not self._reached_apply(conn, planned, pre):
+                if disk != post or pre == post:
+                    continue  # its bytes are not there: nothing of this attempt to undo
+                if not self._reached_apply(conn, planned, pre):
                     # The post-image is there, but this attempt never got as far as its
                     # renames (apply pins the pre-image before any): someone else wrote
                     # these bytes. Leave them for a human.

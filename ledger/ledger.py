@@ -502,9 +502,17 @@ class Ledger(WorkspaceProtocol):
                 raise InvalidInput(f"the receipt is for step {checked.step!r} attempt"
                                    f" {checked.attempt}, not {step!r}")
             attempt = checked.attempt
+            if checked.epoch > 0:
+                live = self.workspace(checked.workspace).live_epoch(self.clock())
+                if live != checked.epoch:  # a late 200 from a reclaimed sandbox
+                    raise StaleEpoch(checked.workspace, checked.epoch, live,
+                                     "a receipt of a dead epoch commits nothing")
         if expected_rev < -1:
             raise InvalidInput(f"expected_rev {expected_rev} must be -1 (create) or a revision >= 0")
         row, attempt = self._attempt(step, attempt)
+        if attempt != row.attempt:
+            raise IllegalTransition(step, attempt, "manifest-published",
+                                    f"the latest attempt is {row.attempt} ({row.state})")
         if expected_rev == -1 and row.live:
             manifest = self.manifest(step)
             assert manifest is not None

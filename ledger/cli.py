@@ -210,6 +210,12 @@ def cli(ctx: click.Context, ledger_path: str, workspace: str | None) -> None:
         stepledger metrics
 
     \b
+    Account for the bytes, collect orphans, outlive the machine:
+        stepledger audit                     # every stored byte in one bucket
+        stepledger gc --dry-run              # what gc would collect; then: stepledger gc
+        stepledger restore --workspace w --to /mnt/fresh/w
+
+    \b
     Exit codes: 0 ok, 1 the answer is no (violation or refusal),
     2 usage or bad input (incl. a file that is not a ledger), 3 environment failure.
     """
@@ -487,6 +493,9 @@ class Duration(click.ParamType):
 
     name = "duration"
 
+    def __init__(self, *, allow_zero: bool = False) -> None:
+        self.allow_zero = allow_zero
+
     def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> float:
         if isinstance(value, int | float) and not isinstance(value, bool):
             seconds = float(value)
@@ -496,7 +505,7 @@ class Duration(click.ParamType):
                 self.fail(f"{value!r} is not a duration; write e.g. 60s, 10m, 24h"
                           " (a plain number is seconds)", param, ctx)
             seconds = float(m[1]) * _UNITS[m[2] or "s"]
-        if seconds <= 0:
+        if seconds < 0 or (seconds == 0 and not self.allow_zero):
             self.fail(f"{value!r}: a duration must be more than zero", param, ctx)
         return seconds
 
@@ -1333,6 +1342,279 @@ def blobs(ctx: click.Context, as_json: bool) -> None:
     temps = [r for r in rows if r["where"] == "temp"]
     if temps:
         click.echo(f"{len(temps)} leftover temporary file(s)", err=True)
+
+
+# -- gc, audit, restore ---------------------------------------------------------------
+
+
+def _dur(seconds: float) -> str:
+    """A duration as one would type it: 86400 -> "24h", 600 -> "10m", 90 -> "90s"."""
+    if seconds >= 3600 and seconds % 3600 == 0:
+        return f"{int(seconds // 3600)}h"
+    if seconds >= 60 and seconds % 60 == 0:
+        return f"{int(seconds // 60)}m"
+    return f"{seconds:g}s"
+
+
+def _size(n: int) -> str:
+    """Exact bytes, with a binary-unit reading once it is more than a KiB."""
+    if n < 1024:
+        return f"{n} B"
+    value = float(n)
+    for unit in ("KiB", "MiB", "GiB", "TiB", "PiB"):
+        value /= 1024
+        if value < 1024:
+            break
+    return f"{n} B ({value:.1f} {unit})"
+
+
+def _row(label: str, count: int | str, nbytes: int | str, note: str = "") -> str:
+    return (f"  {label:<24} {count!s:>9} {nbytes!s:>14}" + (f"  {note}" if note else "")).rstrip()
+
+
+GRACE_HELP = "Orphans younger than this are kept (a file's mtime, an inline row's insert time)."
+
+
+@cli.command("gc", epilog=_examples(
+    "stepledger gc --dry-run                      # what would go; changes nothing",
+    "stepledger gc                                # orphans older than 24h",
+    "stepledger gc --max-runtime 10m --max-delete 10000 --json",
+    "stepledger gc --grace 10m --force            # a short window: you mean it",
+))
+@click.option("--grace", type=Duration(allow_zero=True), default="24h", show_default=True,
+              help=GRACE_HELP + " Under 1h only with --force.")
+@click.option("--force", is_flag=True, help="Allow a grace window shorter than 1h.")
+@click.option("--dry-run", is_flag=True,
+              help="Report what would be collected; open the ledger read-only, change nothing.")
+@click.option("--max-runtime", type=DURATION, metavar="DURATION",
+              help="Stop deleting after this long (e.g. 10m); the next run resumes.")
+@click.option("--max-delete", type=click.IntRange(min=0), metavar="N",
+              help="Delete at most N blobs this run; the next run resumes.")
+@click.option("--wait", is_flag=True,
+              help="Wait for another running collector to finish instead of exiting 3.")
+@json_option
+@click.pass_context
+def gc_cmd(ctx: click.Context, grace: float, force: bool, dry_run: bool,
+           max_runtime: float | None, max_delete: int | None, wait: bool, as_json: bool) -> None:
+    """Collect orphan blobs: stored, named by no manifest, pinned by no attempt, old.
+
+    Fails closed: on any doubt about what references a blob (a referenced blob
+    missing, events and tables disagreeing, something in the blob store that is not
+    a blob) it deletes nothing and exits 1 naming the cause. Two phases: condemn the
+    candidates, then per batch re-check, unlink and record blob-collected in one
+    transaction, so a writer that pins a blob meanwhile keeps it. A progress bar is
+    drawn on a terminal (stderr).
+
+    \b
+    Exit codes: 0 done (also when a --max-* bound stopped it: run it again);
+    1 refused, nothing deleted (a human must look); 2 bad input (a grace window
+    under 1h without --force); 3 another gc holds the lock, or storage failed
+    (retry later).
+    """
+    from .gc import MIN_GRACE_S, collect
+
+    if grace < MIN_GRACE_S and not force:
+        raise InvalidInput(
+            f"--grace {_dur(grace)} is under the {_dur(MIN_GRACE_S)} minimum: a short window"
+            " leaves no margin for clock skew or a blob placed by hand; pass --force to mean"
+            " it (nothing was read or changed)"
+        )
+    update, finish = _progress("collecting")
+    with _open(ctx, readonly=dry_run) as ledger:
+        try:
+            report = collect(ledger, grace_s=grace, force=force, dry_run=dry_run,
+                             max_runtime_s=max_runtime, max_delete=max_delete, progress=update,
+                             wait=wait)
+        finally:
+            finish()
+    if as_json:
+        _emit_json(report.as_dict())
+    else:
+        _echo_gc(report)
+    if report.stopped:
+        bound = "--max-runtime" if report.stopped == "max-runtime" else "--max-delete"
+        click.echo(f"stepledger: gc stopped at {bound}; {report.remaining} condemned blob(s)"
+                   " remain for the next run", err=True)
+
+
+def _echo_gc(r: Any) -> None:
+    grace = _dur(r.grace_s)
+    head = "dry run, nothing changed" if r.dry_run else f"collection {r.collection}"
+    click.echo(f"gc: {head} (grace {grace})")
+    click.echo(_row("", "BLOBS", "BYTES"))
+    click.echo(_row("scanned", r.scanned, r.scanned_bytes))
+    click.echo(_row("referenced", r.referenced, r.referenced_bytes,
+                    "named by a manifest or a compensation"))
+    click.echo(_row("kept: live", r.kept_live, r.kept_live_bytes,
+                    "pinned: in flight, or a pre-image still compensable"))
+    click.echo(_row("kept: young", r.kept_young, r.kept_young_bytes,
+                    f"orphans younger than {grace}"))
+    click.echo(_row("orphans found", r.orphans, r.orphan_bytes, f"orphans older than {grace}"))
+    if r.dry_run:
+        earlier = r.remaining - r.orphans
+        click.echo(_row("would collect", r.remaining, r.orphan_bytes,
+                        f"incl. {earlier} condemned by an earlier run" if earlier > 0 else ""))
+        click.echo(_row("temp files to remove", r.temp_removed, r.temp_removed_bytes,
+                        f"{r.temp_kept} kept (young or pinned)"))
+        click.echo(f"gc: would collect {r.remaining} blob(s), {_size(r.orphan_bytes)};"
+                   " nothing changed")
+        return
+    click.echo(_row("collected", r.collected, r.reclaimed_bytes))
+    click.echo(_row("temp files removed", r.temp_removed, r.temp_removed_bytes,
+                    f"{r.temp_kept} kept (young or pinned)"))
+    click.echo(_row("recovered", r.recovered, "-",
+                    "condemned earlier, found gone: recorded as collected"))
+    click.echo(_row("spared", r.spared, "-", "condemned, then referenced, pinned or fresh: kept"))
+    click.echo(_row("remaining", r.remaining, "-", "still condemned (the next run resumes)"))
+    stopped = f"; stopped at --{r.stopped}" if r.stopped else ""
+    click.echo(f"gc: collected {r.collected} blob(s), reclaimed {_size(r.reclaimed_bytes)}"
+               f" in {r.elapsed_s:.2f}s{stopped}")
+
+
+@cli.command("audit", epilog=_examples(
+    "stepledger audit",
+    "stepledger audit --deep                      # re-hash every blob",
+    "stepledger audit --json | jq '.orphan_old.bytes'",
+))
+@click.option("--deep", is_flag=True, help="Re-hash every blob (reads every byte): finds corrupt blobs.")
+@click.option("--grace", type=Duration(allow_zero=True), default="24h", show_default=True,
+              help="Where orphans split into young (kept) and old (gc reclaims them now).")
+@json_option
+@click.pass_context
+def audit_cmd(ctx: click.Context, deep: bool, grace: float, as_json: bool) -> None:
+    """Account for every stored byte against the committed steps. Read-only.
+
+    Every blob (inline row or file) and temporary file lands in one bucket, first
+    match wins: referenced by a manifest or compensation, pinned, orphan inside the
+    grace window, orphan outside it, temporary. The reconciliation line checks
+    stored = referenced + pinned + orphan(young) + orphan(old) + temporary.
+    Exit 1 on any violation: a manifest or compensation naming a missing blob
+    (dangling), a blob whose bytes do not hash to its name (corrupt, with --deep),
+    a ledger the references cannot be read from, or sums that do not reconcile.
+    """
+    from .gc import audit
+
+    update, finish = _progress("hashing")
+    with _open(ctx, readonly=True) as ledger:
+        try:
+            report = audit(ledger, deep=deep, grace_s=grace, progress=update if deep else None)
+        finally:
+            finish()
+    if as_json:
+        _emit_json(report.as_dict())
+    else:
+        _echo_audit(report)
+    if not report.ok:
+        sys.exit(EXIT_NO)
+
+
+def _echo_audit(r: Any) -> None:
+    grace = _dur(r.grace_s)
+    click.echo(f"audit{' --deep' if r.deep else ''} (grace {grace})")
+    click.echo(_row("committed steps", r.committed_steps, ""))
+    click.echo(_row("committed bytes", "", r.committed_bytes,
+                    f"named by live manifests; {r.committed_bytes_distinct} distinct"))
+    click.echo(_row("pending", r.pending_steps, r.pending_bytes,
+                    "steps in flight and the bytes they stored"))
+    click.echo(_row("", "BLOBS", "BYTES"))
+    click.echo(_row("stored", r.stored_blobs + r.temporary.count, r.stored_bytes,
+                    f"{r.inline.count} inline, {r.files.count} files,"
+                    f" {r.temporary.count} temporary"))
+    click.echo(_row("referenced", r.referenced.count, r.referenced.bytes,
+                    "named by a manifest (any revision) or a compensation"))
+    click.echo(_row("pinned", r.pinned.count, r.pinned.bytes,
+                    "in flight, or a pre-image still compensable"))
+    click.echo(_row("orphan, young", r.orphan_young.count, r.orphan_young.bytes,
+                    f"younger than {grace}: gc keeps them"))
+    click.echo(_row("orphan, old", r.orphan_old.count, r.orphan_old.bytes,
+                    f"older than {grace}: gc reclaims them"))
+    click.echo(_row("temporary", r.temporary.count, r.temporary.bytes,
+                    "leftovers of interrupted writes"))
+    unrecorded = (f"; {r.collected_unrecorded} gone but not yet recorded (an interrupted gc)"
+                  if r.collected_unrecorded else "")
+    click.echo(_row("collected so far", r.collected.count, r.collected.bytes,
+                    f"blob-collected events{unrecorded}"))
+    if r.condemned:
+        click.echo(_row("condemned", r.condemned, "-", "awaiting the next gc's re-check"))
+    buckets = (r.referenced.bytes, r.pinned.bytes, r.orphan_young.bytes, r.orphan_old.bytes,
+               r.temporary.bytes)
+    verdict = "holds" if r.reconciled else f"DOES NOT HOLD (buckets sum to {sum(buckets)})"
+    click.echo("stored = referenced + pinned + orphan(young) + orphan(old) + temporary: "
+               f"{r.stored_bytes} = {' + '.join(str(b) for b in buckets)} — {verdict}")
+    for d in r.dangling:
+        click.echo(f"VIOLATION [dangling] blob {d['digest']} is missing; named by"
+                   f" {', '.join(d['named_by'])}")
+    for c in r.corrupt:
+        click.echo(f"VIOLATION [corrupt] blob {c['digest']} ({c['size']} bytes): {c['problem']}")
+    for p in r.problems:
+        click.echo(f"VIOLATION [ledger] {p}")
+    if not r.reconciled:
+        click.echo("VIOLATION [reconcile] the buckets do not add up to the bytes stored")
+    n = r.violations + (0 if r.reconciled else 1)
+    click.echo(f"audit: {'ok' if r.ok else f'{n} violation(s)'} ({r.elapsed_s:.2f}s)")
+
+
+@cli.command("restore", epilog=_examples(
+    "stepledger restore --workspace repo --to /mnt/fresh/repo",
+    "stepledger --workspace repo restore --to ./repo-restored --json",
+    "stepledger restore --workspace repo --to ./new --force && \\",
+    "  stepledger --workspace repo lease acquire --holder agent-2 --force",
+))
+@workspace_option
+@click.option("--to", "target", required=True, metavar="DIR",
+              type=click.Path(file_okay=True, dir_okay=True),
+              help="Where to write the files: a new or empty directory.")
+@click.option("--force", is_flag=True,
+              help="Restore even while a lease is live; take a new epoch right after.")
+@json_option
+@click.pass_context
+def restore_cmd(ctx: click.Context, ws_name: str | None, target: str, force: bool,
+                as_json: bool) -> None:
+    """Write a workspace's committed content to DIR, and make DIR its root.
+
+    Each path stepledger knows goes back to its committed content: the post-image of
+    its last published write, or the pre-image a compensation put back; every blob is
+    checked before the first file is written. Files stepledger never wrote are not
+    in the ledger and are not restored. A workspace-restored event records DIR as the
+    workspace's new root: steps write there from now on.
+
+    \b
+    Exit codes: 0 restored; 1 a live lease blocks it (its holder may still write to
+    the old directory: --force, then take a new epoch) or a blob is missing;
+    2 DIR is not a new or empty directory, or the workspace is unknown.
+    """
+    from .errors import LeaseHeld, ProtocolRefused
+
+    name = _workspace(ctx, ws_name)
+    if os.path.exists(target) and (not os.path.isdir(target) or os.listdir(target)):
+        raise InvalidInput(f"restore target {target} exists and is not an empty directory;"
+                           " give a new or empty directory (nothing was written)")
+    with _open(ctx, readonly=False) as ledger:
+        before = ledger.workspace(name)
+        live = before.live_epoch(ledger.clock()) is not None
+        try:
+            report = ledger.restore(name, target, force=force)
+        except LeaseHeld as exc:
+            raise ProtocolRefused(
+                f"workspace {name!r} is leased by {exc.holder!r} (epoch {exc.epoch}) until"
+                f" {_iso(exc.expires_ns)}, who may still write to {before.root}; wait for the"
+                " lease to end (or release it), or pass --force and then take a new epoch"
+                f" ('stepledger --workspace {name} lease acquire --holder NAME --force') so"
+                " its unfinished attempts are settled against the restored files"
+            ) from None
+    if as_json:
+        _emit_json(msgspec.to_builtins(report) | {"lease_was_live": live})
+    else:
+        absent = f", {report.absent} path(s) absent (deleted)" if report.absent else ""
+        again = " (already recorded)" if report.deduped else ""
+        click.echo(f"restored workspace {report.workspace} to {report.root}: {report.paths}"
+                   f" path(s), {_size(report.bytes)}{absent}; rev {report.rev},"
+                   f" event #{report.seq}{again}")
+    if live:
+        click.echo(f"stepledger: the lease of epoch {before.epoch} ({before.holder}) was live:"
+                   f" take a new epoch now ('stepledger --workspace {name} lease acquire"
+                   " --holder NAME --force') so its unfinished attempts are settled against"
+                   " the restored files", err=True)
 
 
 @cli.command()

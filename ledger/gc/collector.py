@@ -28,6 +28,7 @@ import contextlib
 import errno
 import fcntl
 import os
+import re
 import secrets
 import time
 from collections.abc import Callable, Iterator
@@ -253,10 +254,14 @@ def _run(ledger: Ledger, report: GcReport, grace_s: float, now_ns: int | None, d
     if not report.stopped:
         pins_now = _pins_snapshot(ledger, now, window_ns)
         for t in temps:
+            removed = False
             if _temp_removable(t.name, t.mtime_ns, now, grace_ns, pins_now):
-                if ledger.blobs.delete_temp(t.name):
-                    report.temp_removed += 1
-                    report.temp_removed_bytes += t.size
+                # one odd entry (a directory, a name a human made) never loses the run
+                with contextlib.suppress(OSError, InvalidInput, EnvironmentFailure):
+                    removed = ledger.blobs.delete_temp(t.name)
+            if removed:
+                report.temp_removed += 1
+                report.temp_removed_bytes += t.size
             else:
                 report.temp_kept += 1
 
@@ -266,10 +271,15 @@ def _pins_snapshot(ledger: Ledger, now: int, window_ns: int) -> dict[str, str]:
         return live_pins(conn, now, window_ns)
 
 
+_TEMP_NAME: Final = re.compile(r"([0-9a-f]{64})\.[0-9a-f]+\.tmp")
+
+
 def _temp_removable(name: str, mtime_ns: int, now: int, grace_ns: int,
                     pins: dict[str, str]) -> bool:
-    digest = name.split(".", 1)[0]
-    return now - mtime_ns >= grace_ns and digest not in pins
+    """A put's leftover (``<digest>.<hex>.tmp``), old enough, its digest unpinned.
+    Anything else in tmp/ is not ours to delete: it is kept (and counted)."""
+    m = _TEMP_NAME.fullmatch(name)
+    return m is not None and now - mtime_ns >= grace_ns and m.group(1) not in pins
 
 
 def _blobs(inline: dict[str, tuple[int, int]],

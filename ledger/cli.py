@@ -49,6 +49,7 @@ from .projections.workspaces import WsRow
 F = TypeVar("F", bound=Callable[..., Any])
 
 ENV_LEDGER = "STEPLEDGER_LEDGER"
+ENV_WITNESS = "STEPLEDGER_WITNESS"
 ENV_WORKSPACE = "STEPLEDGER_WORKSPACE"
 ENV_EPOCH = "STEPLEDGER_EPOCH"
 
@@ -115,8 +116,9 @@ def _progress(label: str) -> Any:
     return update, finish
 
 
-def _open(ctx: click.Context, *, readonly: bool) -> Ledger:
-    return Ledger.open(ctx.obj["ledger_path"], readonly=readonly)
+def _open(ctx: click.Context, *, readonly: bool, witness_check: bool = True) -> Ledger:
+    return Ledger.open(ctx.obj["ledger_path"], readonly=readonly,
+                       witness=ctx.obj.get("witness"), witness_check=witness_check)
 
 
 def event_json(r: RecordedEvent) -> dict[str, Any]:
@@ -184,8 +186,18 @@ def _event_detail(r: RecordedEvent) -> str:
     metavar="NAME",
     help=f"The workspace lease and step commands act on (or set {ENV_WORKSPACE}).",
 )
+@click.option(
+    "--witness",
+    "witness",
+    envvar=ENV_WITNESS,
+    metavar="PATH",
+    type=click.Path(dir_okay=False),
+    help=f"A witness file outside the ledger (another volume): it receives the chain head"
+    f" after every commit, and opening fails closed if the ledger lost or rewrote what it"
+    f" witnessed (or set {ENV_WITNESS}).",
+)
 @click.pass_context
-def cli(ctx: click.Context, ledger_path: str, workspace: str | None) -> None:
+def cli(ctx: click.Context, ledger_path: str, workspace: str | None, witness: str | None) -> None:
     """Record, inspect and verify durable coding-agent steps.
 
     Every transition of every step is an immutable, hash-chained event in one
@@ -222,6 +234,7 @@ def cli(ctx: click.Context, ledger_path: str, workspace: str | None) -> None:
     ctx.ensure_object(dict)
     ctx.obj["ledger_path"] = ledger_path
     ctx.obj["workspace"] = workspace or None
+    ctx.obj["witness"] = witness or None
 
 
 @cli.command()
@@ -236,7 +249,7 @@ def init(ctx: click.Context, as_json: bool) -> None:
         stepledger --ledger ws/.stepledger/ledger.db init
     """
     path = ctx.obj["ledger_path"]
-    with Ledger.init(path) as ledger:
+    with Ledger.init(path, witness=ctx.obj.get("witness")) as ledger:
         info = {"path": os.path.abspath(path), "created": ledger.created, "ledger_id": ledger.ledger_id}
     if as_json:
         _emit_json(info)
@@ -372,14 +385,17 @@ def verify(ctx: click.Context, expect_head: str | None, as_json: bool) -> None:
 
     Reads everything and writes nothing. Exit 1 when anything is wrong, listing every
     finding. A hash chain cannot see its own tail cut off or the file rolled back to
-    an older copy: record 'stepledger head' elsewhere and pass it as --expect-head.
+    an older copy: keep a witness (--witness, updated after every commit) or record
+    'stepledger head' elsewhere and pass it as --expect-head. With a witness, verify
+    reports (rather than refuses) a ledger its witness does not match.
 
     \b
         stepledger verify
+        stepledger --witness /other/volume/ledger.witness verify
         stepledger verify --expect-head "$(cat /other/volume/ledger.head)"
     """
     update, finish = _progress("verifying")
-    with _open(ctx, readonly=True) as ledger:
+    with _open(ctx, readonly=True, witness_check=False) as ledger:
         try:
             report = ledger.verify(expect_head=expect_head, progress=update)
         finally:

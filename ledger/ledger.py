@@ -59,7 +59,8 @@ from .projections import (
 )
 from .projections.steps import ENDED
 from .projections.steps import VERSION as STEPS_VERSION
-from .verify import VerifyReport, verify
+from .verify import Finding, VerifyReport, verify
+from .witness import Witness, WitnessMismatch
 
 Clock = Callable[[], int]
 Progress = Callable[[int, int], None]
@@ -96,6 +97,8 @@ class Ledger(WorkspaceProtocol):
         hash_check_max_bytes: int = HASH_CHECK_MAX_DEFAULT,
         on_op: Callable[[str], None] | None = None,
         compensation_window_s: float = COMPENSATION_WINDOW_S_DEFAULT,
+        witness: str | os.PathLike[str] | None = None,
+        witness_check: bool = True,
     ) -> None:
         if inline_max_bytes < 0 or hash_check_max_bytes < 0:
             raise InvalidInput("inline_max_bytes and hash_check_max_bytes must be >= 0")
@@ -112,6 +115,11 @@ class Ledger(WorkspaceProtocol):
         db.on_op = on_op
         root = blob_root if blob_root is not None else os.path.join(os.path.dirname(db.path), "blobs")
         self.blobs = BlobStore(root, FileOps(on_op))
+        self.witness: Witness | None = None
+        self.witness_lag = 0  # commits the ledger is ahead of its witness (1: an honest crash)
+        self._witness_check = witness_check
+        if witness is not None:
+            self.witness = Witness(witness, self.ledger_id)
 
     # -- opening ---------------------------------------------------------------------
 
@@ -134,6 +142,11 @@ class Ledger(WorkspaceProtocol):
         `hash_check_max_bytes`, `on_op` (a hook called before each durable operation),
         `compensation_window_s` (how long a committed step may still be compensated).
         """
+        if not readonly and options.get("witness") is not None and options.get("witness_check", True):
+            # Judge the file against its witness through a read-only open first: closing
+            # a read-write connection checkpoints the WAL, which would change a file
+            # that is about to be refused.
+            cls.open(path, readonly=True, clock=clock, vfs=vfs, witness=options["witness"]).close()
         db = Database.open(
             os.fspath(path), readonly=readonly, synchronous=synchronous,
             busy_timeout_ms=busy_timeout_ms, vfs=vfs,
@@ -143,12 +156,13 @@ class Ledger(WorkspaceProtocol):
         except BaseException:
             db.close()
             raise
-        if not readonly:
-            try:
+        try:
+            ledger._attach_witness()
+            if not readonly:
                 catch_up(db, ledger._log)
-            except BaseException:
-                db.close()
-                raise
+        except BaseException:
+            db.close()
+            raise
         return ledger
 
     @classmethod
@@ -166,6 +180,9 @@ class Ledger(WorkspaceProtocol):
 
         `ledger.created` tells which happened. `options` as for `open`.
         """
+        if options.get("witness") is not None and os.path.exists(os.fspath(path)):
+            cls.open(path, readonly=True, clock=clock, vfs=vfs, witness=options["witness"],
+                     witness_check=options.get("witness_check", True)).close()
         db, created = Database.create(
             os.fspath(path), synchronous=synchronous, busy_timeout_ms=busy_timeout_ms, vfs=vfs
         )
@@ -174,9 +191,47 @@ class Ledger(WorkspaceProtocol):
         except BaseException:
             db.close()
             raise
-        if not created:
-            catch_up(db, ledger._log)
+        try:
+            ledger._attach_witness()
+            if not created:
+                catch_up(db, ledger._log)
+        except BaseException:
+            db.close()
+            raise
         return ledger
+
+    def _attach_witness(self) -> None:
+        """Check the chain against the witness (fail closed) and keep it updated."""
+        if self.witness is None:
+            return
+        if self._witness_check:
+            self.witness_lag = self.check_witness()
+        if not self.readonly:
+            witness = self.witness
+            self._log.on_commit = lambda head: witness.write(head.seq, head.hash)
+            if witness.read() is None:  # first use: start witnessing from here
+                head = self.head()
+                witness.write(head.seq, head.hash)
+
+    def check_witness(self) -> int:
+        """Raise WitnessMismatch unless the chain contains the witnessed head; return how
+        many commits the ledger is ahead of it (0, or 1 after an honest crash)."""
+        assert self.witness is not None
+        seen = self.witness.read()
+        if seen is None:
+            return 0
+        with self._db.snapshot() as conn:
+            head = self._log.head()
+            if head.seq < seen.seq:
+                raise WitnessMismatch(self.path, self.witness.path, f"the ledger ends at event"
+                                      f" #{head.seq}, its witness recorded #{seen.seq}")
+            row = conn.execute("SELECT hash FROM events WHERE seq = ?", (seen.seq,)).fetchone()
+            if seen.seq > 0 and (row is None or bytes(row[0]) != seen.hash):
+                raise WitnessMismatch(self.path, self.witness.path, f"event #{seen.seq} is not"
+                                      " the one the witness recorded (history rewritten)")
+            # events of one append share their time: count the commits after the witness
+            return int(conn.execute("SELECT count(DISTINCT time_ns) FROM events WHERE seq > ?",
+                                    (seen.seq,)).fetchone()[0])
 
     @property
     def path(self) -> str:
@@ -191,6 +246,8 @@ class Ledger(WorkspaceProtocol):
         return self._db.meta("ledger_id")
 
     def close(self) -> None:
+        if self.witness is not None:
+            self.witness.close()
         self._db.close()
 
     def __enter__(self) -> Ledger:
@@ -662,8 +719,33 @@ class Ledger(WorkspaceProtocol):
         """Check integrity, the hash chain, seq density and projections. Writes nothing."""
         if isinstance(expect_head, str):
             expect_head = Head.parse(expect_head)
-        return verify(self._db, self._log, expect_head=expect_head, progress=progress,
-                      blob_check=self.blob_problem)
+        extra: list[Finding] = []
+        if self.witness is not None:
+            # The witness is an anchor kept outside the file: verify reports what opening
+            # (with the check on) would refuse, and a tail written without the witness.
+            try:
+                seen = self.witness.read()
+            except (WitnessMismatch, InvalidInput) as exc:
+                seen = None
+                extra.append(Finding("witness", 0, str(exc)))
+            if seen is not None:
+                if expect_head is None:
+                    expect_head = Head(seen.seq, seen.hash)
+                try:
+                    lag = self.check_witness()
+                except WitnessMismatch as exc:
+                    lag = 0
+                    extra.append(Finding("witness", seen.seq, exc.why))
+                if lag > 1:
+                    extra.append(Finding("witness", seen.seq, f"the ledger is {lag} commits ahead"
+                                         " of its witness: written without the witness, or a"
+                                         " forged tail"))
+        report = verify(self._db, self._log, expect_head=expect_head, progress=progress,
+                        blob_check=self.blob_problem)
+        if extra:
+            report.findings.extend(extra)
+            report.ok = False
+        return report
 
     def blob_problem(self, digest: str, size: int) -> str | None:
         """None if the blob is present, `size` bytes and hashes to its name; else what is

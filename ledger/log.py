@@ -134,6 +134,8 @@ class EventLog:
         #: The time of the transaction in progress (its events' `time_ns`): guards judge
         #: lease expiry by it, so the log alone can re-check every decision.
         self.txn_time_ns = 0
+        #: Called with the new head after every commit that appended (the witness).
+        self.on_commit: Callable[[Head], None] | None = None
 
     @property
     def genesis(self) -> bytes:
@@ -207,6 +209,8 @@ class EventLog:
             self._head = Head(new[-1].seq, new[-1].hash)
         if self.projector is not None:
             self.projector.committed()
+        if new and self.on_commit is not None:
+            self.on_commit(self._head)  # type: ignore[arg-type]
         return recorded
 
     @staticmethod

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hmac
 import os
 import time
 from collections.abc import Callable, Iterator, Sequence
@@ -24,6 +25,8 @@ from .errors import (
 )
 from .events import (
     KINDS,
+    Envelope,
+    chain_hash,
     AppliedWrite,
     StepEvent,
     Acked,
@@ -46,7 +49,7 @@ from .fences import (
     Receipt,
     WorkspaceProtocol,
 )
-from .log import EventLog, Head
+from .log import ROW_COLUMNS, EventLog, Head
 from .projections import (
     StepRow,
     StepsProjector,
@@ -208,6 +211,15 @@ class Ledger(WorkspaceProtocol):
             self.witness_lag = self.check_witness()
         if not self.readonly:
             witness = self.witness
+
+            def tag(conn: apsw.Connection, head: Head) -> None:
+                conn.execute(
+                    "INSERT INTO meta(key, value) VALUES ('witness_tag', ?)"
+                    " ON CONFLICT(key) DO UPDATE SET value = excluded.value",
+                    (witness.tag(head.seq, head.hash),),
+                )
+
+            self._log.before_commit = tag
             self._log.on_commit = lambda head: witness.write(head.seq, head.hash)
             if witness.read() is None:  # first use: start witnessing from here
                 head = self.head()
@@ -220,15 +232,44 @@ class Ledger(WorkspaceProtocol):
         seen = self.witness.read()
         if seen is None:
             return 0
+        def refuse(why: str) -> WitnessMismatch:
+            assert self.witness is not None
+            return WitnessMismatch(self.path, self.witness.path, why)
+
         with self._db.snapshot() as conn:
             head = self._log.head()
             if head.seq < seen.seq:
-                raise WitnessMismatch(self.path, self.witness.path, f"the ledger ends at event"
-                                      f" #{head.seq}, its witness recorded #{seen.seq}")
-            row = conn.execute("SELECT hash FROM events WHERE seq = ?", (seen.seq,)).fetchone()
-            if seen.seq > 0 and (row is None or bytes(row[0]) != seen.hash):
-                raise WitnessMismatch(self.path, self.witness.path, f"event #{seen.seq} is not"
-                                      " the one the witness recorded (history rewritten)")
+                raise refuse(f"the ledger ends at event #{head.seq}, its witness recorded"
+                             f" #{seen.seq}")
+            # The witnessed row and every row after it are re-hashed from their columns,
+            # not taken from their hash column: a tail edit cannot keep its old hash.
+            prev = self._log.genesis if seen.seq == 0 else None
+            expected = max(seen.seq, 1)
+            for row in conn.execute(
+                f"SELECT {ROW_COLUMNS} FROM events WHERE seq >= ? ORDER BY seq", (expected,)
+            ):
+                (seq, time_ns, ws, run, step, attempt, epoch, rev, key, kind, v, payload,
+                 prev_hash, digest) = row
+                if seq != expected or (prev is not None and bytes(prev_hash) != prev):
+                    raise refuse(f"event #{expected} does not follow the witnessed chain")
+                env = Envelope(ws, run, step, attempt, epoch, rev)
+                if chain_hash(bytes(prev_hash), seq, time_ns, env, key, kind, v,
+                              bytes(payload)) != bytes(digest):
+                    raise refuse(f"event #{seq} does not match its hash (edited after the"
+                                 " witness saw it)")
+                if seq == seen.seq and bytes(digest) != seen.hash:
+                    raise refuse(f"event #{seq} is not the one the witness recorded"
+                                 " (history rewritten)")
+                prev, expected = bytes(digest), seq + 1
+            if head.seq > seen.seq:
+                # Ahead of the witness: an honest crash between COMMIT and the witness
+                # write leaves a tail tagged with the witness's key; a forged tail cannot.
+                found = conn.execute("SELECT value FROM meta WHERE key = 'witness_tag'").fetchone()
+                if found is None or not hmac.compare_digest(
+                        str(found[0]), self.witness.tag(head.seq, head.hash)):
+                    raise refuse(f"events #{seen.seq + 1}-#{head.seq} after the witnessed head"
+                                 " were not written under this witness (forged, or written"
+                                 " by a process without --witness)")
             # events of one append share their time: count the commits after the witness
             return int(conn.execute("SELECT count(DISTINCT time_ns) FROM events WHERE seq > ?",
                                     (seen.seq,)).fetchone()[0])

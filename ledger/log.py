@@ -136,6 +136,8 @@ class EventLog:
         self.txn_time_ns = 0
         #: Called with the new head after every commit that appended (the witness).
         self.on_commit: Callable[[Head], None] | None = None
+        #: Called inside the transaction, before COMMIT, with the head it will commit.
+        self.before_commit: Callable[[apsw.Connection, Head], None] | None = None
 
     @property
     def genesis(self) -> bytes:
@@ -202,6 +204,8 @@ class EventLog:
                 new = [r for r in recorded if not r.deduped]
                 if self.projector is not None and new:
                     self.projector.flush(conn, new[-1].seq)
+                if new and self.before_commit is not None:
+                    self.before_commit(conn, Head(new[-1].seq, new[-1].hash))
         except BaseException:
             self._forget()
             raise

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import errno
 import hashlib
+import hmac
 import os
 import struct
 from dataclasses import dataclass
@@ -29,7 +30,7 @@ from .errors import HeadMismatch, InvalidInput, StorageFailure
 
 MAGIC: Final = b"SLW1"
 SLOT: Final = 128
-_BODY: Final = struct.Struct(">4s32sQ32s")  # magic, ledger id (hex, 32 chars), seq, hash
+_BODY: Final = struct.Struct(">4s32sQ32s32s")  # magic, ledger id, seq, hash, key
 
 
 class WitnessMismatch(HeadMismatch):
@@ -52,10 +53,11 @@ class WitnessMismatch(HeadMismatch):
 class Witnessed:
     seq: int
     hash: bytes
+    key: bytes = b""
 
 
-def _pack(ledger_id: str, seq: int, digest: bytes) -> bytes:
-    body = _BODY.pack(MAGIC, ledger_id.encode()[:32].ljust(32, b"\0"), seq, digest)
+def _pack(ledger_id: str, seq: int, digest: bytes, key: bytes) -> bytes:
+    body = _BODY.pack(MAGIC, ledger_id.encode()[:32].ljust(32, b"\0"), seq, digest, key)
     return (body + hashlib.sha256(body).digest()[:8]).ljust(SLOT, b"\0")
 
 
@@ -65,7 +67,7 @@ def _unpack(raw: bytes, ledger_id: str) -> Witnessed | None:
     body, check = raw[: _BODY.size], raw[_BODY.size: _BODY.size + 8]
     if hashlib.sha256(body).digest()[:8] != check:
         return None  # empty, torn or damaged
-    magic, lid, seq, digest = _BODY.unpack(body)
+    magic, lid, seq, digest, key = _BODY.unpack(body)
     if magic != MAGIC:
         return None
     owner = lid.rstrip(b"\0").decode(errors="replace")
@@ -74,7 +76,7 @@ def _unpack(raw: bytes, ledger_id: str) -> Witnessed | None:
             f"the witness belongs to ledger {owner}, not {ledger_id}; point --witness at"
             " this ledger's witness file"
         )
-    return Witnessed(seq, digest)
+    return Witnessed(seq, digest, key)
 
 
 class Witness:
@@ -85,6 +87,22 @@ class Witness:
         self.ledger_id = ledger_id
         self._fd: int | None = None
         self.last: Witnessed | None = None
+        self._key: bytes | None = None
+
+    @property
+    def key(self) -> bytes:
+        """The witness's secret: created with the witness file, kept only in it."""
+        if self._key is None:
+            seen = self.read()
+            self._key = seen.key if seen is not None and seen.key.strip(b"\0") else os.urandom(32)
+        return self._key
+
+    def tag(self, seq: int, digest: bytes) -> str:
+        """HMAC of a head under the witness's key: written into the ledger with each
+        commit, so a ledger ahead of its witness proves its tail was written by a holder
+        of the witness (an honest crash), not forged by someone with only the file."""
+        msg = self.ledger_id.encode() + seq.to_bytes(8, "big") + digest
+        return hmac.new(self.key, msg, hashlib.sha256).hexdigest()
 
     def read(self) -> Witnessed | None:
         """The newest head the witness holds (None: no witness file yet)."""
@@ -117,14 +135,14 @@ class Witness:
                         os.fsync(parent)
                     finally:
                         os.close(parent)
-            os.pwrite(self._fd, _pack(self.ledger_id, seq, digest), (seq % 2) * SLOT)
+            os.pwrite(self._fd, _pack(self.ledger_id, seq, digest, self.key), (seq % 2) * SLOT)
             os.fdatasync(self._fd)
         except OSError as exc:
             what = "the disk is full" if exc.errno == errno.ENOSPC else exc.strerror
             raise StorageFailure(self.path, f"the witness could not be updated ({what}); the"
                                  " commit itself is durable: retry it (the journal dedupes)"
                                  ) from None
-        self.last = Witnessed(seq, digest)
+        self.last = Witnessed(seq, digest, self.key)
 
     def close(self) -> None:
         if self._fd is not None:

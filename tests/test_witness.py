@@ -72,16 +72,18 @@ def test_an_honest_crash_one_commit_ahead_is_accepted(setup: tuple[Path, Path]) 
         assert ledger.witness_lag == 0
 
 
-def test_a_tail_written_without_the_witness_is_reported(setup: tuple[Path, Path]) -> None:
+def test_a_tail_written_without_the_witness_is_refused(setup: tuple[Path, Path]) -> None:
     path, w = setup
     with Ledger.init(path, witness=w) as ledger:
         append(ledger, 2)
     with Ledger.open(path) as ledger:  # a writer that does not keep the witness
         append(ledger, 3, "unwitnessed")
-    with Ledger.open(path, witness=w) as ledger:
-        assert ledger.witness_lag == 3
+    with pytest.raises(WitnessMismatch, match="not written under this witness"):
+        Ledger.open(path, witness=w)  # indistinguishable from a forged tail: fail closed
+    with Ledger.open(path, witness=w, readonly=True, witness_check=False) as ledger:
         report = ledger.verify()
-        assert not report.ok and any("3 commits ahead" in f.message for f in report.findings)
+        assert not report.ok and any("not written under this witness" in f.message
+                                     for f in report.findings)
 
 
 def test_a_rolled_back_copy_is_refused_at_open_and_left_untouched(

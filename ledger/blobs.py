@@ -408,7 +408,10 @@ class BlobStore:
                             check_digest(name)
                         except InvalidInput:
                             continue
-                        st = os.stat(name, dir_fd=fan_fd, follow_symlinks=False)
+                        try:
+                            st = os.stat(name, dir_fd=fan_fd, follow_symlinks=False)
+                        except FileNotFoundError:
+                            continue  # unlinked since the listing (a collector, a human)
                         if not stat.S_ISREG(st.st_mode):
                             raise BlobCorrupt(name, "it is a symlink or not a regular file")
                         yield BlobFile(name, st.st_size, st.st_mtime_ns)
@@ -428,8 +431,12 @@ class BlobStore:
                 return
             try:
                 for name in sorted(os.listdir(tmp_fd)):
-                    st = os.stat(name, dir_fd=tmp_fd, follow_symlinks=False)
-                    yield TempFile(name, st.st_size, st.st_mtime_ns)
+                    try:
+                        st = os.stat(name, dir_fd=tmp_fd, follow_symlinks=False)
+                    except FileNotFoundError:
+                        continue  # a put renamed it into place since the listing
+                    if stat.S_ISREG(st.st_mode):  # a directory or a link is not a put's
+                        yield TempFile(name, st.st_size, st.st_mtime_ns)
             finally:
                 os.close(tmp_fd)
         finally:

@@ -21,7 +21,9 @@ from msgspec import Meta, Struct
 from .errors import InvalidInput
 
 #: Version of the event encoding written into every row's `v` column.
-EVENT_VERSION: Final = 1
+#: 2: `blob-stored` is journal-keyed by path and digest (two artifacts of one step may
+#: hold the same bytes); rows of version 1 keep their version-1 keys.
+EVENT_VERSION: Final = 2
 
 STEP_ID_MAX: Final = 256
 PATH_MAX: Final = 4096
@@ -339,11 +341,12 @@ def validate(event: Event) -> bytes:
     return payload
 
 
-def journal_key(event: Event) -> str:
-    """The idempotency key DESIGN.md derives for an event.
+def journal_key(event: Event, v: int = EVENT_VERSION) -> str:
+    """The idempotency key DESIGN.md derives for an event (of encoding version `v`).
 
-    A step transition is keyed ``(step, attempt, kind[, digest])``; workspace, lease and
-    GC events by their subject. The key is a JSON array, so no separator can collide.
+    A step transition is keyed ``(step, attempt, kind[, digest])`` — a `blob-stored` by
+    ``(step, attempt, kind, path, digest)`` from version 2 on; workspace, lease and GC
+    events by their subject. The key is a JSON array, so no separator can collide.
     """
     parts: list[Any]
     if isinstance(event, Fenced):
@@ -357,7 +360,10 @@ def journal_key(event: Event) -> str:
         parts = [event.step, event.attempt, kind_of(event)]
     else:
         parts = [kind_of(event), getattr(event, "workspace", "")]
-    parts.extend(getattr(event, name) for name in type(event).key_extra)
+    extra = type(event).key_extra
+    if isinstance(event, BlobStored) and v >= 2:
+        extra = ("path", "digest")
+    parts.extend(getattr(event, name) for name in extra)
     return _key_encoder.encode(parts).decode()
 
 

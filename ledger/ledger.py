@@ -99,15 +99,28 @@ class Ledger(WorkspaceProtocol):
         inline_max_bytes: int = INLINE_MAX_DEFAULT,
         hash_check_max_bytes: int = HASH_CHECK_MAX_DEFAULT,
         on_op: Callable[[str], None] | None = None,
-        compensation_window_s: float = COMPENSATION_WINDOW_S_DEFAULT,
+        compensation_window_s: float | None = None,
         witness: str | os.PathLike[str] | None = None,
         witness_check: bool = True,
     ) -> None:
         if inline_max_bytes < 0 or hash_check_max_bytes < 0:
             raise InvalidInput("inline_max_bytes and hash_check_max_bytes must be >= 0")
-        if compensation_window_s < 0:
+        if compensation_window_s is not None and compensation_window_s < 0:
             raise InvalidInput("compensation_window_s must be >= 0")
-        self.compensation_window_s = compensation_window_s
+        # A fact of the ledger, fixed at init (GC's pre-image pins and `compensate` must
+        # agree on it whoever opens the file); the option only names it at creation, or
+        # for a ledger made before it was recorded.
+        stored = db.conn.execute(
+            "SELECT value FROM meta WHERE key = 'compensation_window_s'").fetchone()
+        if stored is not None:
+            self.compensation_window_s = float(stored[0])
+        else:
+            self.compensation_window_s = (COMPENSATION_WINDOW_S_DEFAULT
+                                          if compensation_window_s is None else compensation_window_s)
+            if created and not db.readonly:
+                with db.transaction() as conn:
+                    conn.execute("INSERT INTO meta(key, value) VALUES ('compensation_window_s', ?)",
+                                 (repr(float(self.compensation_window_s)),))
         self._db = db
         self.clock = clock
         self.created = created

@@ -115,7 +115,7 @@ def verify(
                 findings.append(Finding(
                     "row", seq, f"event #{seq}'s columns disagree with its payload",
                 ))
-            if key != journal_key(event):
+            if key != journal_key(event, v):
                 findings.append(Finding(
                     "row", seq, f"event #{seq}'s journal key {key} is not the one its event derives",
                 ))

@@ -423,7 +423,7 @@ def test_appended_events_read_back_identical(ledger: Ledger) -> None:
 STEP_EVENTS_AND_EXTRA: list[tuple[Any, list[Any]]] = [
     (Planned(step="s", attempt=2, run="r", epoch=3), []),
     (BlobPinned(step="s", attempt=2, digest=D1), [D1]),
-    (BlobStored(step="s", attempt=2, digest=D2, size=5), [D2]),
+    (BlobStored(step="s", attempt=2, digest=D2, size=5), [None, D2]),  # path, digest (v2)
     (ManifestPublished(step="s", attempt=2, manifest_rev=4, expected_rev=3, digest=D1), [4]),
     (Acked(step="s", attempt=2, manifest_rev=4), [4]),
     (Compensated(step="s", attempt=2, reason="undo"), []),

@@ -131,11 +131,23 @@ def audit(
     except BlobCorrupt as exc:
         report.problems.append(f"the blob store holds something that is not a blob: {exc}")
         files = {}
-    temps = list(ledger.blobs.temp_files())
+    try:
+        temps = list(ledger.blobs.temp_files())
+    except BlobCorrupt as exc:
+        report.problems.append(f"the blob store's tmp/ is not a plain directory: {exc}")
+        temps = []
 
     referenced = holders.referenced if holders is not None else set(entries_by_digest)
     blobs: list[tuple[str, int, int, bool]] = [(d, n, t, True) for d, (n, t) in inline.items()]
     blobs += [(d, n, t, False) for d, (n, t) in files.items() if d not in inline]
+    # A file copy of a blob that also has an inline row (writers with different inline
+    # thresholds): stored bytes nothing reads, an orphan by its age (GC takes it).
+    copies = [(d, n, t) for d, (n, t) in files.items() if d in inline]
+    for digest, size, age_ns in copies:
+        report.stored_blobs += 1
+        report.stored_bytes += size
+        report.files.add(size)
+        (report.orphan_young if now - age_ns < grace_ns else report.orphan_old).add(size)
     for digest, size, age_ns, is_inline in blobs:
         report.stored_blobs += 1
         report.stored_bytes += size

@@ -37,6 +37,7 @@ from typing import TYPE_CHECKING, Final
 import apsw
 import msgspec
 
+from ..blobs import digest_of
 from ..errors import BlobCorrupt, EnvironmentFailure, InvalidInput
 from ..events import BlobCollected, Event, check_digest
 from .refs import GcRefused, compensation_refs_since, live_pins, pinned_now, read_references
@@ -181,9 +182,9 @@ def _run(ledger: Ledger, report: GcReport, grace_s: float, now_ns: int | None, d
                      conn.execute("SELECT digest, size, inline FROM condemned")}
     try:
         files = {f.digest: (f.size, f.mtime_ns) for f in ledger.blobs.scan()}
+        temps = list(ledger.blobs.temp_files())
     except BlobCorrupt as exc:
         raise GcRefused(f"the blob store holds something that is not a blob file: {exc}") from None
-    temps = list(ledger.blobs.temp_files())
     present = inline.keys() | files.keys()
     missing = sorted(holders.referenced - present)
     if missing:
@@ -210,8 +211,16 @@ def _run(ledger: Ledger, report: GcReport, grace_s: float, now_ns: int | None, d
     # Condemned by an earlier run that stopped or died: re-checked like the rest.
     for digest, value in condemned.items():
         candidates.setdefault(digest, value)
+    # A file copy of a blob that also has an inline row (writers with different inline
+    # thresholds): reads use the row, so an old copy is collectable whatever holds the
+    # digest — as long as the row is intact (re-checked under the lock).
+    dupes = sorted(d for d in files.keys() & inline.keys()
+                   if d not in candidates and now - files[d][1] >= grace_ns)
+    for d in dupes:
+        report.orphans += 1
+        report.orphan_bytes += files[d][0]
     if dry_run:
-        report.remaining = len(candidates)
+        report.remaining = len(candidates) + len(dupes)
         for t in temps:
             if _temp_removable(t.name, t.mtime_ns, now, grace_ns, pins):
                 report.temp_removed += 1
@@ -228,6 +237,8 @@ def _run(ledger: Ledger, report: GcReport, grace_s: float, now_ns: int | None, d
                 " VALUES (?, ?, ?, ?, ?)",
                 [(d, n, int(i), now, report.collection) for d, (n, i) in candidates.items()],
             )
+    if dupes:
+        _collect_copies(ledger, report, dupes, grace_ns, now_ns)
     # Phase 2: re-check, unlink, record — batch by batch, each under BEGIN IMMEDIATE.
     todo = sorted(candidates)
     total = len(todo)
@@ -243,7 +254,7 @@ def _run(ledger: Ledger, report: GcReport, grace_s: float, now_ns: int | None, d
         size = BATCH if budget is None else min(BATCH, budget)
         batch, todo = todo[:size], todo[size:]
         _collect_batch(ledger, report, batch, holders.referenced, holders.head_seq, grace_ns,
-                       window_ns)
+                       window_ns, now_ns)
         done += len(batch)
         if progress is not None:
             progress(done, total)
@@ -291,12 +302,47 @@ def _blobs(inline: dict[str, tuple[int, int]],
             yield d, (n, t, False)
 
 
+def _collect_copies(ledger: Ledger, report: GcReport, dupes: list[str], grace_ns: int,
+                    now_ns: int | None) -> None:
+    """Remove old file copies of blobs whose inline row is intact (one transaction)."""
+    done = {"n": 0, "bytes": 0}
+
+    def build(conn: apsw.Connection, txn_now: int) -> list[Event]:
+        now = txn_now if now_ns is None else now_ns
+        done.update(n=0, bytes=0)
+        events: list[Event] = []
+        for digest in dupes:
+            row = conn.execute("SELECT data FROM blob_data WHERE digest = ?", (digest,)).fetchone()
+            if row is None or digest_of(bytes(row[0])) != digest:
+                continue  # the row went or is damaged: the file may be the good copy
+            found = ledger.blobs.stat(digest)
+            if found is None or now - found.mtime_ns < grace_ns:
+                continue
+            ledger.blobs.delete(digest)
+            done["n"] += 1
+            done["bytes"] += found.size
+            events.append(BlobCollected(digest=digest, size=found.size, inline=False,
+                                        reason="a file copy of an inline blob",
+                                        collection=report.collection))
+        if not events:
+            raise _Nothing
+        return events
+
+    try:
+        ledger._log.append(build)
+    except _Nothing:
+        return
+    report.collected += done["n"]
+    report.reclaimed_bytes += done["bytes"]
+
+
 def _collect_batch(ledger: Ledger, report: GcReport, batch: list[str], referenced: set[str],
-                   head_seq: int, grace_ns: int, window_ns: int) -> None:
+                   head_seq: int, grace_ns: int, window_ns: int, now_ns: int | None) -> None:
     counts = {"collected": 0, "reclaimed": 0, "recovered": 0, "spared": 0}
     spared: list[str] = []
 
-    def build(conn: apsw.Connection, now: int) -> list[Event]:
+    def build(conn: apsw.Connection, txn_now: int) -> list[Event]:
+        now = txn_now if now_ns is None else now_ns  # an injected time holds for the run
         counts.update(collected=0, reclaimed=0, recovered=0, spared=0)
         spared.clear()
         late_refs = compensation_refs_since(conn, head_seq)

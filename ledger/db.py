@@ -22,6 +22,7 @@ from __future__ import annotations
 import contextlib
 import errno
 import os
+import random
 import struct
 import time
 import uuid
@@ -48,7 +49,8 @@ APPLICATION_ID: Final = 0x53544C47  # 'STLG'
 SCHEMA_VERSION: Final = 3
 SQLITE_MAGIC: Final = b"SQLite format 3\x00"
 VALUE_SIZE_MAX: Final = 64 * 1024 * 1024  # SQLITE_LIMIT_LENGTH: bounds any row we read
-BUSY_TIMEOUT_MS: Final = 5_000
+#: How long a writer waits for the write lock before LedgerBusy (exit 3).
+BUSY_TIMEOUT_MS: Final = 30_000
 
 Synchronous = Literal["FULL", "EXTRA", "NORMAL", "OFF"]
 
@@ -307,6 +309,30 @@ def translate(exc: BaseException, path: str) -> LedgerError:
     raise exc
 
 
+def set_busy(conn: apsw.Connection, timeout_ms: int) -> None:
+    """Wait for the write lock polling every 0.2-3 ms (jittered) until `timeout_ms`.
+
+    SQLite's default handler sleeps 1, 2, 5 … up to 100 ms between tries, and the WAL
+    write lock has no queue: a writer that commits and begins again within microseconds
+    wins every time a sleeping waiter is not looking, so under load a waiter starved
+    for more than 5 s (tests/test_many_processes.py). Short jittered polls catch the
+    gaps between another writer's transactions.
+    """
+    start: list[float] = [0.0]
+    deadline = timeout_ms / 1000
+
+    def handler(prior_calls: int) -> bool:
+        now = time.monotonic()
+        if prior_calls == 0:
+            start[0] = now
+        if now - start[0] >= deadline:
+            return False
+        time.sleep(random.uniform(0.0002, 0.001 if prior_calls < 50 else 0.003))
+        return True
+
+    conn.set_busy_handler(handler)
+
+
 class Database:
     """One apsw connection to a ledger file, opened defensively."""
 
@@ -314,6 +340,11 @@ class Database:
         self.conn, self.path, self.version, self.readonly = conn, path, version, readonly
         #: Called with "commit" just before each COMMIT (the chaos harness counts these).
         self.on_op: Callable[[str], None] | None = None
+        # A read-only open of a file with no -wal reads it `immutable=1` (nothing created);
+        # such a connection would never see a later writer, so each read transaction first
+        # checks whether the file moved on and, if so, reopens (`_refresh`).
+        self._immutable: tuple[int, int] | None = None
+        self._reopen: Callable[[], apsw.Connection] | None = None
 
     # -- opening -------------------------------------------------------------------
 
@@ -340,7 +371,7 @@ class Database:
             raise NotALedger(path, f"SQLite cannot open it: {exc}") from None
         try:
             _harden(conn, allow_triggers=False)
-            conn.set_busy_timeout(busy_timeout_ms)
+            set_busy(conn, busy_timeout_ms)
             version = _check_contents(conn, path)
         except apsw.Error as exc:
             conn.close()
@@ -349,7 +380,23 @@ class Database:
             conn.close()
             raise
         if readonly:
-            return cls(conn, path, version, readonly=True)
+            db = cls(conn, path, version, readonly=True)
+            uri = _readonly_uri(path)
+            if "immutable=1" in uri:
+                st = os.stat(path)
+                db._immutable = (st.st_mtime_ns, st.st_size)
+
+                def reopen() -> apsw.Connection:
+                    fresh = apsw.Connection(_readonly_uri(path),
+                                            flags=apsw.SQLITE_OPEN_READONLY | apsw.SQLITE_OPEN_URI,
+                                            **({"vfs": vfs} if vfs else {}))
+                    _harden(fresh, allow_triggers=False)
+                    set_busy(fresh, busy_timeout_ms)
+                    _check_contents(fresh, path)
+                    return fresh
+
+                db._reopen = reopen
+            return db
         conn.close()
         return cls._open_writer(path, synchronous, busy_timeout_ms, vfs)
 
@@ -366,7 +413,7 @@ class Database:
             raise translate(exc, path) from None
         try:
             _harden(conn, allow_triggers=False)
-            conn.set_busy_timeout(busy_timeout_ms)
+            set_busy(conn, busy_timeout_ms)
             version = _check_contents(conn, path)  # again: the file may have been swapped
             conn.config(apsw.SQLITE_DBCONFIG_ENABLE_TRIGGER, 1)  # our own, just verified
             _set_wal(conn, path)
@@ -420,7 +467,7 @@ class Database:
             raise translate(exc, path) from None
         try:
             _harden(conn, allow_triggers=True)
-            conn.set_busy_timeout(busy_timeout_ms)
+            set_busy(conn, busy_timeout_ms)
             _set_wal(conn, path)
             conn.execute(f"PRAGMA synchronous={_check_sync(synchronous)}")
             created = False
@@ -491,6 +538,25 @@ class Database:
                 raise translate(exc, self.path) from exc
             raise
 
+    def _refresh(self) -> None:
+        """Reopen an `immutable=1` reader whose file a writer has changed since."""
+        if self._immutable is None or self._reopen is None:
+            return
+        try:
+            st = os.stat(self.path)
+        except OSError:
+            return
+        if (st.st_mtime_ns, st.st_size) == self._immutable and not os.path.exists(
+                wal_path(self.path)):
+            return
+        try:
+            fresh = self._reopen()
+        except apsw.Error as exc:
+            raise translate(exc, self.path) from None
+        self.conn.close()
+        self.conn = fresh
+        self._immutable = None if os.path.exists(wal_path(self.path)) else (st.st_mtime_ns, st.st_size)
+
     @contextlib.contextmanager
     def snapshot(self) -> Iterator[apsw.Connection]:
         """A read transaction: every query inside sees one consistent state."""
@@ -498,6 +564,9 @@ class Database:
         if conn.in_transaction:
             yield conn
             return
+        if self._immutable is not None:
+            self._refresh()
+            conn = self.conn
         try:
             conn.execute("BEGIN")
         except apsw.Error as exc:

@@ -636,6 +636,12 @@ class Ledger(WorkspaceProtocol):
             raise IllegalTransition(step, attempt, "manifest-published",
                                     f"declared artifacts were never stored: {', '.join(missing)}")
         writes: tuple[ManifestEntry, ...] = ()
+        if planned is not None and planned.workspace and planned.epoch > 0:
+            # A writing step's publish is an effect under its epoch: a dead one hears
+            # StaleEpoch first, whatever else is wrong (the guard re-checks in the txn).
+            live = self.workspace(planned.workspace).live_epoch(self.clock())
+            if live != planned.epoch:
+                raise StaleEpoch(planned.workspace, planned.epoch, live)
         if planned is not None and planned.writes:
             if applied is None:
                 raise IllegalTransition(step, attempt, "manifest-published",

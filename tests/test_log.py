@@ -165,7 +165,7 @@ def test_redelivery_is_answered_even_after_its_blob_is_gone(ledger: Ledger) -> N
     assert again.deduped and again.seq == first[1].seq  # journal can answer it
     assert state(ledger) == before
     with pytest.raises(IdempotencyConflict):  # its key with another payload: a conflict
-        ledger.append(msgspec.structs.replace(stored, path="elsewhere.txt"))
+        ledger.append(msgspec.structs.replace(stored, size=stored.size + 1))
     ledger.append(Planned(step="t", attempt=1))
     with pytest.raises(BlobNotFound):  # a new event naming the vanished blob: refused
         ledger.append(msgspec.structs.replace(stored, step="t"))
@@ -231,7 +231,7 @@ def test_conflict_inside_one_batch_writes_nothing(ledger: Ledger) -> None:
         ledger.append_batch([
             Planned(step="s", attempt=1),
             BlobStored(step="s", attempt=1, digest=D1, size=3, path="a.txt"),
-            BlobStored(step="s", attempt=1, digest=D1, size=3, path="b.txt"),
+            BlobStored(step="s", attempt=1, digest=D1, size=4, path="a.txt"),  # same key
         ])
     assert ledger.count() == 0
     assert ledger.steps() == []

@@ -99,7 +99,9 @@ def model_key(e: Any) -> tuple[Any, ...]:
     if isinstance(e, WorkspaceAdded):
         return ("workspace-added", e.workspace)
     kind = type(e).__struct_config__.tag
-    if isinstance(e, BlobPinned | BlobStored):
+    if isinstance(e, BlobStored):  # event version 2: by path and digest
+        return (e.step, e.attempt, kind, e.path, e.digest)
+    if isinstance(e, BlobPinned):
         return (e.step, e.attempt, kind, e.digest)
     if isinstance(e, ManifestPublished | Acked):
         return (e.step, e.attempt, kind, e.manifest_rev)
@@ -154,7 +156,7 @@ def model_fold(row: dict[str, Any] | None, e: Any, seq: int, t: int) -> dict[str
         return row
     assert row is not None
     row.update(last_seq=seq, updated_ns=t)
-    if e.epoch:
+    if e.epoch and not isinstance(e, Compensated):  # a settler's epoch is not the attempt's
         row["epoch"] = e.epoch
     if isinstance(e, Fenced):
         row.update(state="fenced", rev=e.rev)

@@ -102,7 +102,7 @@ def test_an_edited_payload_is_a_chain_finding_at_its_seq(
     stored = events[5].event
     assert isinstance(stored, BlobStored)
     tamper(victim, [("UPDATE events SET payload = ? WHERE seq = 6",
-                     (reencoded(stored, path="out/evil.txt"),))])
+                     (reencoded(stored, inline=not stored.inline),))])
     report, found = check(victim)
     assert not report.ok
     assert found == {("chain", 6)}  # only that row: the next one still links to its hash
@@ -114,7 +114,7 @@ def test_an_edit_with_its_hash_recomputed_breaks_the_next_link(
 ) -> None:
     _, events, _ = original
     r = events[5]
-    payload = reencoded(r.event, path="out/evil.txt")
+    payload = reencoded(r.event, inline=not r.event.inline)
     forged = ev.chain_hash(r.prev_hash, r.seq, r.time_ns, ev.envelope(r.event), r.journal_key,
                            r.kind, r.v, payload)
     tamper(victim, [("UPDATE events SET payload = ?, hash = ? WHERE seq = 6", (payload, forged))])
@@ -129,7 +129,8 @@ def test_two_edits_are_both_reported(original: tuple[Path, list[RecordedEvent], 
         ("UPDATE events SET payload = ? WHERE seq = 2", (reencoded(events[1].event, path="x"),)),
         ("UPDATE events SET payload = ? WHERE seq = 10", (reencoded(events[9].event, path="y"),)),
     ])
-    assert check(victim)[1] == {("chain", 2), ("chain", 10)}
+    # each edited path is also in its blob-stored journal key (event v2): a row finding too
+    assert check(victim)[1] == {("chain", 2), ("chain", 10), ("row", 2), ("row", 10)}
 
 
 @pytest.mark.parametrize(("sql", "expected"), [
@@ -263,7 +264,7 @@ def test_a_rewritten_history_is_caught_by_the_recorded_head(
     def rewrite(conn: apsw.Connection) -> None:
         prev = ev.genesis_hash(ledger_id)
         for r in events:
-            payload = reencoded(r.event, path="out/evil.txt") if r.seq == 6 else ev.encode(r.event)
+            payload = reencoded(r.event, inline=not r.event.inline) if r.seq == 6 else ev.encode(r.event)
             digest = ev.chain_hash(prev, r.seq, r.time_ns, ev.envelope(r.event), r.journal_key,
                                    r.kind, r.v, payload)
             conn.execute("UPDATE events SET payload = ?, prev_hash = ?, hash = ? WHERE seq = ?",

@@ -29,7 +29,7 @@ from ..events import (
 )
 
 #: Bump when the fold or the table changes: the next read-write open rebuilds.
-VERSION: Final = 3  # 2: workspaces and paths (schema v2); 3: workspace-restored
+VERSION: Final = 4  # 2: workspaces (schema v2); 3: workspace-restored; 4: settled epoch
 NAME: Final = "steps"
 
 PLANNED, FENCED, STORED = "planned", "fenced", "blob-stored"
@@ -187,7 +187,9 @@ def fold(row: StepRow | None, event: AnyEvent, seq: int, time_ns: int) -> StepRo
             row.rev = event.rev
     elif kind == "rejected":
         row.state = REJECTED
-    row.epoch = event.epoch or row.epoch
+    if not isinstance(event, Compensated):
+        # the attempt's epoch; a compensation may come from a newer epoch settling it
+        row.epoch = event.epoch or row.epoch
     row.last_seq, row.updated_ns = seq, time_ns
     return row
 

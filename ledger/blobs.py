@@ -123,7 +123,18 @@ class BlobStore:
     def _open_root(self, create: bool) -> int | None:
         for _ in range(2):
             try:
-                return os.open(self.root, _DIR_FLAGS)
+                fd = os.open(self.root, _DIR_FLAGS)
+                if create and "" not in self._synced:
+                    # the root's own entry: its mkdir's parent fsync may have failed or
+                    # never run (a crash); the first writer of this instance makes it durable
+                    parent = os.open(os.path.dirname(os.path.abspath(self.root)),
+                                     os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+                    try:
+                        self.ops.dirfsync(parent)
+                    finally:
+                        os.close(parent)
+                    self._synced.add("")
+                return fd
             except FileNotFoundError:
                 if not create:
                     return None
@@ -134,6 +145,7 @@ class BlobStore:
                     with contextlib.suppress(FileExistsError):
                         self.ops.mkdir(name, parent_fd)
                         self.ops.dirfsync(parent_fd)
+                        self._synced.add("")
                 finally:
                     os.close(parent_fd)
             except OSError as exc:
@@ -364,6 +376,14 @@ class BlobStore:
             self.ops.dirfsync(fds[1])
             return True
 
+    def sync_absent(self, digest: str) -> None:
+        """Make a blob's absence durable (fsync its fan-out directory): before recording a
+        collection whose unlink may not have been made durable (an interrupted run)."""
+        check_digest(digest)
+        with self._dirs(digest, create=False) as fds:
+            if fds is not None:
+                self.ops.dirfsync(fds[1])
+
     def delete_temp(self, name: str) -> bool:
         if "/" in name or "\x00" in name or not name.endswith(TMP_SUFFIX):
             raise InvalidInput(f"{name!r} is not a blob-store temporary file name")
@@ -456,7 +476,7 @@ def _io_errors(method: Callable[..., object]) -> Callable[..., object]:
     return wrapper
 
 
-for _name in ("size", "read", "check", "delete", "delete_temp"):
+for _name in ("size", "stat", "read", "check", "delete", "delete_temp", "sync_absent"):
     setattr(BlobStore, _name, _io_errors(getattr(BlobStore, _name)))
 
 

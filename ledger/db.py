@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import fcntl
 import os
 import random
 import struct
@@ -228,6 +229,9 @@ def read_header(path: str) -> Header | None:
             return None
         raise NotALedger(path, "the file is empty" if not head else "it is too short to be SQLite")
     if head[:16] != SQLITE_MAGIC:
+        if has_wal and _wal_header_valid(path):
+            # A checkpoint torn while rewriting page 1: SQLite recovers it from the WAL.
+            return None
         raise NotALedger(path, "it is not a SQLite database")
     user_version, application_id = struct.unpack(">I4xI", head[60:72])
     if application_id == 0 and user_version == 0 and has_wal:
@@ -309,7 +313,8 @@ def translate(exc: BaseException, path: str) -> LedgerError:
     raise exc
 
 
-def set_busy(conn: apsw.Connection, timeout_ms: int) -> None:
+def set_busy(conn: apsw.Connection, timeout_ms: int,
+             on_wait: Callable[[], None] | None = None) -> None:
     """Wait for the write lock polling every 0.2-3 ms (jittered) until `timeout_ms`.
 
     SQLite's default handler sleeps 1, 2, 5 … up to 100 ms between tries, and the WAL
@@ -325,6 +330,8 @@ def set_busy(conn: apsw.Connection, timeout_ms: int) -> None:
         now = time.monotonic()
         if prior_calls == 0:
             start[0] = now
+            if on_wait is not None:
+                on_wait()  # announce the wait: a committing writer yields to it
         if now - start[0] >= deadline:
             return False
         time.sleep(random.uniform(0.0002, 0.001 if prior_calls < 50 else 0.003))
@@ -345,6 +352,11 @@ class Database:
         # checks whether the file moved on and, if so, reopens (`_refresh`).
         self._immutable: tuple[int, int] | None = None
         self._reopen: Callable[[], apsw.Connection] | None = None
+        # The WAL write lock has no queue. A writer that waits announces it by holding a
+        # shared flock on `<ledger>-lockq`; a writer about to BEGIN first tries an
+        # exclusive one and, while anyone waits, steps aside for a few ms (bounded).
+        self._lockq: int | None = None
+        self._waiting = False
 
     # -- opening -------------------------------------------------------------------
 
@@ -419,6 +431,7 @@ class Database:
             _set_wal(conn, path)
             conn.execute(f"PRAGMA synchronous={_check_sync(synchronous)}")
             db = cls(conn, path, version, readonly=False)
+            db._open_lockq(busy_timeout_ms)
             if version < SCHEMA_VERSION:
                 db._migrate(version)
             return db
@@ -456,7 +469,7 @@ class Database:
                 raise
         parent = os.path.dirname(os.path.abspath(path))
         try:
-            os.makedirs(parent, exist_ok=True)
+            _makedirs_durably(parent)
             conn = apsw.Connection(
                 path,
                 flags=apsw.SQLITE_OPEN_READWRITE | apsw.SQLITE_OPEN_CREATE
@@ -488,18 +501,22 @@ class Database:
                     created = True
                 conn.execute("COMMIT")
             except BaseException:
-                conn.execute("ROLLBACK")
+                if conn.in_transaction:  # SQLite may have rolled back already (an I/O error)
+                    with contextlib.suppress(apsw.Error):
+                        conn.execute("ROLLBACK")
                 raise
             # Put the header (application id, version) into the main file so that the
             # plain-I/O header check recognises the ledger from now on.
             conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
             version = _check_contents(conn, path)
-            return cls(conn, path, version, readonly=False), created
+            db = cls(conn, path, version, readonly=False)
+            db._open_lockq(busy_timeout_ms)
+            return db, created
         except apsw.Error as exc:
-            conn.close()
+            _close_quietly(conn)
             raise translate(exc, path) from None
         except BaseException:
-            conn.close()
+            _close_quietly(conn)
             raise
 
     def _migrate(self, version: int) -> None:
@@ -521,10 +538,13 @@ class Database:
         if self.readonly:
             raise ReadOnlyLedger(self.path)
         conn = self.conn
+        self._yield_to_waiters()
         try:
             conn.execute("BEGIN IMMEDIATE")
         except apsw.Error as exc:
             raise translate(exc, self.path) from None
+        finally:
+            self._end_wait()
         try:
             yield conn
             if self.on_op is not None:
@@ -537,6 +557,44 @@ class Database:
             if isinstance(exc, apsw.Error):
                 raise translate(exc, self.path) from exc
             raise
+
+    # -- fairness between writers ----------------------------------------------------
+
+    def _open_lockq(self, busy_timeout_ms: int) -> None:
+        try:
+            self._lockq = os.open(self.path + "-lockq", os.O_RDWR | os.O_CREAT | os.O_CLOEXEC,
+                                  0o644)
+        except OSError:
+            self._lockq = None  # no fairness aid (a read-only directory): still correct
+        set_busy(self.conn, busy_timeout_ms, self._announce_wait)
+
+    def _announce_wait(self) -> None:
+        if self._lockq is not None and not self._waiting:
+            with contextlib.suppress(OSError):
+                fcntl.flock(self._lockq, fcntl.LOCK_SH | fcntl.LOCK_NB)
+                self._waiting = True
+
+    def _end_wait(self) -> None:
+        if self._waiting and self._lockq is not None:
+            with contextlib.suppress(OSError):
+                fcntl.flock(self._lockq, fcntl.LOCK_UN)
+            self._waiting = False
+
+    def _yield_to_waiters(self) -> None:
+        """Before taking the write lock: while another writer is waiting for it, step
+        aside (up to ~50 ms), so a busy writer cannot starve it."""
+        if self._lockq is None:
+            return
+        for _ in range(25):
+            try:
+                fcntl.flock(self._lockq, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                time.sleep(0.002)  # someone waits: let it take the lock
+                continue
+            except OSError:
+                return
+            fcntl.flock(self._lockq, fcntl.LOCK_UN)
+            return
 
     def _refresh(self) -> None:
         """Reopen an `immutable=1` reader whose file a writer has changed since."""
@@ -587,7 +645,44 @@ class Database:
         return str(row[0])
 
     def close(self) -> None:
-        self.conn.close()
+        """Close; a failing final checkpoint is an environment error (exit 3), typed —
+        what was committed is durable in the WAL either way."""
+        if self._lockq is not None:
+            with contextlib.suppress(OSError):
+                os.close(self._lockq)
+            self._lockq = None
+        try:
+            self.conn.close()
+        except apsw.Error as exc:
+            with contextlib.suppress(apsw.Error):
+                self.conn.close(True)
+            raise translate(exc, self.path) from None
+
+
+def _close_quietly(conn: apsw.Connection) -> None:
+    """Close on an error path: the first error is the one to report."""
+    with contextlib.suppress(apsw.Error):
+        conn.close(True)
+
+
+def _makedirs_durably(directory: str) -> None:
+    """`os.makedirs`, then fsync the parent of every directory it created (a new
+    directory's entry is durable only once its parent is fsynced)."""
+    missing = []
+    d = directory
+    while d and not os.path.isdir(d):
+        missing.append(d)
+        parent = os.path.dirname(d)
+        if parent == d:
+            break
+        d = parent
+    os.makedirs(directory, exist_ok=True)
+    for created in reversed(missing):
+        fd = os.open(os.path.dirname(created) or ".", os.O_RDONLY | os.O_DIRECTORY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
 
 
 def _never_initialized(path: str) -> bool:
@@ -601,7 +696,7 @@ def _never_initialized(path: str) -> bool:
         wal_size = os.path.getsize(wal_path(path)) if os.path.exists(wal_path(path)) else 0
     except OSError:
         return False
-    if wal_size:
+    if wal_size and _wal_has_frames(path):
         return False
     if not head:
         return True
@@ -612,6 +707,39 @@ def _never_initialized(path: str) -> bool:
         and head[60:64] == bytes(4)  # user_version
         and head[68:72] == bytes(4)  # application_id
     )
+
+
+WAL_MAGIC: Final = (0x377F0682, 0x377F0683)
+WAL_HEADER: Final = 32
+WAL_FRAME_HEADER: Final = 24
+
+
+def _wal_header_valid(path: str) -> bool:
+    """Whether the -wal starts with a WAL header (magic and a sane page size)."""
+    try:
+        with open(wal_path(path), "rb") as f:
+            head = f.read(WAL_HEADER)
+    except OSError:
+        return False
+    if len(head) < WAL_HEADER:
+        return False
+    magic, _version, page_size = struct.unpack(">III", head[:12])
+    return magic in WAL_MAGIC and page_size >= 512 and page_size & (page_size - 1) == 0
+
+
+def _wal_has_frames(path: str) -> bool:
+    """Whether the -wal holds at least one whole frame (a crash inside init can leave a
+    bare 32-byte header: nothing was ever committed through it)."""
+    try:
+        size = os.path.getsize(wal_path(path))
+        with open(wal_path(path), "rb") as f:
+            head = f.read(WAL_HEADER)
+    except OSError:
+        return False
+    if len(head) < WAL_HEADER:
+        return False
+    page_size = struct.unpack(">I", head[8:12])[0]
+    return size >= WAL_HEADER + WAL_FRAME_HEADER + max(page_size, 512)
 
 
 def _set_wal(conn: apsw.Connection, path: str) -> None:

@@ -550,9 +550,10 @@ class WorkspaceProtocol:
             planned = self._attempt_events(step, attempt).planned
             if planned is None or digest not in {w.post_hash for w in planned.writes}:
                 continue  # not what the recorded plan says: the recorded plan stands
-            if self._blob_size_now(digest) is not None:
-                continue
-            if len(data) <= self.inline_max_bytes:
+            small = len(data) <= self.inline_max_bytes
+            if small and self._blob_size_now(digest) is not None:
+                continue  # an inline row is durable with its transaction
+            if small:
                 now = self.clock()
                 with self._db.transaction() as conn:
                     self._write_inline(conn, {digest: data}, now)
@@ -603,6 +604,10 @@ class WorkspaceProtocol:
         for w in writes:
             if w.post_hash is not None and self._blob_size_now(w.post_hash) is None:
                 raise BlobNotFound(w.post_hash, f"the post-image of {w.path} is gone; plan anew")
+            if w.post_hash is not None and not self._is_inline(w.post_hash):
+                # a file post-image whose name may never have been made durable (a failed
+                # directory fsync): put it again — the dedup path fsyncs file and directory
+                self.blobs.put(self.read_blob(w.post_hash), w.post_hash, verified=True)
         planned = msgspec.structs.replace(
             old, attempt=row.attempt + 1, epoch=epoch, writes=tuple(writes), rev=ws.rev,
         )
@@ -611,6 +616,11 @@ class WorkspaceProtocol:
                 for d in dict.fromkeys(w.post_hash for w in writes if w.post_hash is not None)]
         self._log.append([planned, *pins], guard=self._guard())
         return planned.attempt
+
+    def _is_inline(self: Ledger, digest: str) -> bool:
+        with self._db.snapshot() as conn:
+            return conn.execute("SELECT 1 FROM blob_data WHERE digest = ?",
+                                (digest,)).fetchone() is not None
 
     def _blob_size_now(self: Ledger, digest: str) -> int | None:
         with self._db.snapshot() as conn:
@@ -797,7 +807,8 @@ class WorkspaceProtocol:
             rev += 1
             already = disk[w.path] == w.post_hash and w.post_hash != w.pre_hash
             if already and planned.fence != "none":
-                settled = True  # a crash after the rename: record what is on disk
+                settled = True  # a crash after the rename: record what is on disk,
+                wsdir.sync(w.path)  # made durable first (its dirfsync may never have run)
             elif w.post_hash is None:
                 wsdir.remove(w.path)
             else:
@@ -935,7 +946,8 @@ class WorkspaceProtocol:
                 rev += 1
                 out.append(Restored(path=w.path, rev=rev, digest=pre, outcome="restored"))
             elif disk == pre:
-                rev += 1  # put back before a crash, not recorded: record it
+                wsdir.sync(w.path)  # put back before a crash, not recorded: durable, then
+                rev += 1  # recorded
                 out.append(Restored(path=w.path, rev=rev, digest=pre, outcome="already"))
             else:
                 out.append(Restored(path=w.path, rev=path_rev, digest=disk, outcome="conflict"))

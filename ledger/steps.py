@@ -52,6 +52,8 @@ def run_step(ledger: Ledger, step: str, outputs: Outputs, *, run: str = "") -> S
     if row is not None and row.live:
         manifest = ledger.manifest(step)
         assert manifest is not None
+        if row.state != "acked":  # died between publish and ack: the ack releases its pins
+            ledger.ack(step, row.attempt)
         return StepResult(step, row.attempt, manifest, ran=False)
     produced = dict(outputs() if callable(outputs) else outputs)
     row = ledger.plan(step, run=run, artifacts=tuple(produced))

@@ -187,6 +187,37 @@ class WorkspaceDir:
         finally:
             os.close(dir_fd)
 
+    def sync(self, path: str) -> None:
+        """Make the file's bytes and its name durable (fsync it and its directory): for a
+        write found already on disk, whose own fsyncs may never have run. Absent: the
+        directory alone."""
+        opened = self._open_parent(path, create=False)
+        if opened is None:
+            return
+        dir_fd, leaf = opened
+        try:
+            try:
+                fd = os.open(leaf, _READ_FLAGS, dir_fd=dir_fd)
+            except FileNotFoundError:
+                fd = None
+            except OSError as exc:
+                if exc.errno == errno.ELOOP:
+                    raise self._escape(path, "it is a symlink") from None
+                raise
+            try:
+                if fd is not None:
+                    self.ops.tick("ws-fsync")
+                    os.fsync(fd)
+            finally:
+                if fd is not None:
+                    os.close(fd)
+            self.ops.tick("ws-dirfsync")
+            os.fsync(dir_fd)
+        except OSError as exc:
+            raise StorageFailure(os.path.join(self.root, path), os.strerror(exc.errno or 0)) from None
+        finally:
+            os.close(dir_fd)
+
     def discard(self, staged: Staged) -> None:
         """Remove a staged file that will not be installed (best effort)."""
         opened = self._open_parent(staged.path, create=False)

@@ -67,7 +67,8 @@ def test_init_on_an_existing_ledger_is_a_no_op(tmp_path: Path) -> None:
         assert again.head() == head and again.count() == 4
         assert again.step("s").state == "acked"
     assert path.read_bytes() == before
-    assert sorted(os.listdir(tmp_path)) == ["blobs", "ledger.db"]
+    # the writers' fairness file stays beside the ledger (-wal and -shm go at close)
+    assert sorted(os.listdir(tmp_path)) == ["blobs", "ledger.db", "ledger.db-lockq"]
 
 
 def test_init_with_bad_settings_writes_nothing(tmp_path: Path) -> None:
@@ -302,7 +303,8 @@ def test_planted_trigger_is_live_but_never_runs(tmp_path: Path, template: Path, 
             else:
                 Ledger.open(path, readonly=attempt == "readonly", clock=FakeClock())
     assert path.read_bytes() == before
-    assert sorted(os.listdir(tmp_path)) == ["blobs", "ledger.db"]
+    # the writers' fairness file stays beside the ledger (-wal and -shm go at close)
+    assert sorted(os.listdir(tmp_path)) == ["blobs", "ledger.db", "ledger.db-lockq"]
     conn = apsw.Connection(f"file:{path}?immutable=1",
                            flags=apsw.SQLITE_OPEN_READONLY | apsw.SQLITE_OPEN_URI)
     assert conn.execute("SELECT count(*) FROM loot").fetchone()[0] == 0

@@ -380,6 +380,7 @@ def _collect_batch(ledger: Ledger, report: GcReport, batch: list[str], reference
                 found = ledger.blobs.stat(digest)
                 if found is None:
                     reason = "missing after an interrupted collection"
+                    ledger.blobs.sync_absent(digest)  # its unlink, made durable
                     counts["recovered"] += 1
                 else:
                     if now - found.mtime_ns < grace_ns:

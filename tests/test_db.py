@@ -303,8 +303,7 @@ def test_planted_trigger_is_live_but_never_runs(tmp_path: Path, template: Path, 
             else:
                 Ledger.open(path, readonly=attempt == "readonly", clock=FakeClock())
     assert path.read_bytes() == before
-    # the writers' fairness file stays beside the ledger (-wal and -shm go at close)
-    assert sorted(os.listdir(tmp_path)) == ["blobs", "ledger.db", "ledger.db-lockq"]
+    assert sorted(os.listdir(tmp_path)) == ["blobs", "ledger.db"]
     conn = apsw.Connection(f"file:{path}?immutable=1",
                            flags=apsw.SQLITE_OPEN_READONLY | apsw.SQLITE_OPEN_URI)
     assert conn.execute("SELECT count(*) FROM loot").fetchone()[0] == 0

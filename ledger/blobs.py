@@ -35,6 +35,7 @@ from .errors import BlobCorrupt, BlobNotFound, InvalidInput, StorageFailure
 from .events import check_digest
 
 TMP_DIR: Final = "tmp"
+_HEX: Final = frozenset("0123456789abcdef")
 TMP_SUFFIX: Final = ".tmp"
 CHUNK: Final = 1 << 20
 _DIR_FLAGS: Final = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
@@ -282,6 +283,22 @@ class BlobStore:
 
     # -- writing -----------------------------------------------------------------------
 
+    def check_writable(self, digest: str) -> None:
+        """Refuse, before anything is written or pinned, a put that would have to cross
+        a symlink (or a non-directory) at the root, the fan-out or tmp directory: the
+        BlobCorrupt `put` would raise. Opens without following links, creates nothing."""
+        check_digest(digest)
+        root_fd = self._open_root(create=False)
+        if root_fd is None:
+            return
+        try:
+            for name in (digest[:2], TMP_DIR):
+                fd = self._open_dir(root_fd, name, create=False)
+                if fd is not None:
+                    os.close(fd)
+        finally:
+            os.close(root_fd)
+
     def put(
         self, data: bytes | memoryview, digest: str | None = None, *, verified: bool = False
     ) -> PutResult:
@@ -298,6 +315,7 @@ class BlobStore:
             if digest is not None and check_digest(digest) != actual:
                 raise InvalidInput(f"digest {digest} does not match the bytes given ({actual})")
             digest = actual
+        self.check_writable(digest)  # refused before any directory is created
         try:
             with self._dirs(digest, create=True) as fds:
                 assert fds is not None
@@ -385,7 +403,8 @@ class BlobStore:
                 self.ops.dirfsync(fds[1])
 
     def delete_temp(self, name: str) -> bool:
-        if "/" in name or "\x00" in name or not name.endswith(TMP_SUFFIX):
+        if (not isinstance(name, str) or "/" in name or "\x00" in name
+                or not name.endswith(TMP_SUFFIX)):
             raise InvalidInput(f"{name!r} is not a blob-store temporary file name")
         root_fd = self._open_root(create=False)
         if root_fd is None:
@@ -421,20 +440,20 @@ class BlobStore:
                 if fan_fd is None:
                     continue
                 try:
-                    for name in sorted(os.listdir(fan_fd)):
-                        if len(name) != 64 or not name.startswith(entry):
-                            continue
-                        try:
-                            check_digest(name)
-                        except InvalidInput:
-                            continue
-                        try:
-                            st = os.stat(name, dir_fd=fan_fd, follow_symlinks=False)
-                        except FileNotFoundError:
-                            continue  # unlinked since the listing (a collector, a human)
-                        if not stat.S_ISREG(st.st_mode):
-                            raise BlobCorrupt(name, "it is a symlink or not a regular file")
-                        yield BlobFile(name, st.st_size, st.st_mtime_ns)
+                    # scandir on the directory's descriptor: each stat is an fstatat
+                    # relative to it (no path walk, no symlink followed)
+                    with os.scandir(fan_fd) as it:
+                        for dent in it:
+                            name = dent.name
+                            if len(name) != 64 or not name.startswith(entry) or not _HEX.issuperset(name):
+                                continue
+                            try:
+                                st = dent.stat(follow_symlinks=False)
+                            except FileNotFoundError:
+                                continue  # unlinked since the listing (a collector, a human)
+                            if not stat.S_ISREG(st.st_mode):
+                                raise BlobCorrupt(name, "it is a symlink or not a regular file")
+                            yield BlobFile(name, st.st_size, st.st_mtime_ns)
                 finally:
                     os.close(fan_fd)
         finally:
@@ -476,7 +495,8 @@ def _io_errors(method: Callable[..., object]) -> Callable[..., object]:
     return wrapper
 
 
-for _name in ("size", "stat", "read", "check", "delete", "delete_temp", "sync_absent"):
+for _name in ("size", "stat", "read", "check", "delete", "delete_temp", "sync_absent",
+              "check_writable"):
     setattr(BlobStore, _name, _io_errors(getattr(BlobStore, _name)))
 
 

@@ -24,6 +24,7 @@ import errno
 import fcntl
 import os
 import random
+import stat
 import struct
 import time
 import uuid
@@ -215,14 +216,23 @@ def read_header(path: str) -> Header | None:
     NotALedger or LedgerTooNew; never creates or changes a file.
     """
     try:
-        with open(path, "rb") as f:
-            head = f.read(100)
+        # Non-blocking: opening a FIFO for reading would wait for a writer forever.
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
     except FileNotFoundError:
         raise LedgerNotFound(path) from None
     except IsADirectoryError:
         raise NotALedger(path, "it is a directory") from None
     except PermissionError:
         raise NotALedger(path, "it cannot be read: permission denied") from None
+    try:
+        st = os.fstat(fd)
+        if stat.S_ISDIR(st.st_mode):
+            raise NotALedger(path, "it is a directory")
+        if not stat.S_ISREG(st.st_mode):
+            raise NotALedger(path, "it is not a regular file (a FIFO, a socket or a device)")
+        head = os.pread(fd, 100, 0)
+    finally:
+        os.close(fd)
     has_wal = os.path.exists(wal_path(path)) and os.path.getsize(wal_path(path)) > 0
     if len(head) < 100:
         if has_wal:
@@ -306,10 +316,33 @@ def translate(exc: BaseException, path: str) -> LedgerError:
         return StorageFailure(path, "the disk is full")
     if isinstance(exc, apsw.CorruptError | apsw.NotADBError):
         return CorruptLedger(path, str(exc))
+    if isinstance(exc, apsw.TooBigError):
+        return InvalidInput(f"a value is too large for the ledger (SQLite's limit is"
+                            f" {VALUE_SIZE_MAX} bytes): {exc}")
     if isinstance(exc, OSError) and exc.errno == errno.ENOSPC:
         return StorageFailure(path, "the disk is full")
     if isinstance(exc, apsw.IOError | apsw.CantOpenError | OSError | apsw.ReadOnlyError):
         return StorageFailure(path, f"{type(exc).__name__}: {exc}")
+    raise exc
+
+
+#: What reading a damaged row can raise: apsw decodes TEXT strictly (UnicodeDecodeError), a
+#: damaged record header yields NULL or another storage class (TypeError, ValueError).
+ROW_ERRORS: Final = (UnicodeDecodeError, TypeError, ValueError, KeyError, IndexError)
+
+
+def read_error(exc: BaseException, path: str) -> LedgerError:
+    """Map a failure while *reading* the ledger to a typed error: what translate() knows,
+    and any other SQLite error or undecodable row as a damaged ledger (exit 2)."""
+    if isinstance(exc, LedgerError):
+        return exc
+    if isinstance(exc, apsw.Error):
+        try:
+            return translate(exc, path)
+        except apsw.Error:
+            return CorruptLedger(path, f"SQLite cannot read it: {exc}")
+    if isinstance(exc, ROW_ERRORS):
+        return CorruptLedger(path, f"a row cannot be read ({type(exc).__name__}: {exc})")
     raise exc
 
 
@@ -372,7 +405,14 @@ class Database:
     ) -> Database:
         """Open an existing ledger. Refused files are left byte-identical."""
         synchronous = _check_sync(synchronous)
-        read_header(path)
+        if not readonly:
+            _refuse_symlinks(path)
+        header = read_header(path)
+        # With a -wal present the read goes through it (mode=ro), which creates a -shm:
+        # a refused open removes the -shm it created (a refused file is left as found).
+        shm = path + "-shm"
+        shm_existed = os.path.lexists(shm)
+        through_wal = os.path.exists(wal_path(path))
         try:
             conn = apsw.Connection(
                 _readonly_uri(path),
@@ -380,16 +420,23 @@ class Database:
                 **({"vfs": vfs} if vfs else {}),
             )
         except apsw.Error as exc:
+            _remove_created_shm(shm, shm_existed)
             raise NotALedger(path, f"SQLite cannot open it: {exc}") from None
         try:
             _harden(conn, allow_triggers=False)
             set_busy(conn, busy_timeout_ms)
             version = _check_contents(conn, path)
-        except apsw.Error as exc:
+        except BaseException as exc:
             conn.close()
-            raise NotALedger(path, f"SQLite cannot read it: {exc}") from None
-        except BaseException:
-            conn.close()
+            if through_wal:
+                _remove_created_shm(shm, shm_existed)
+            if isinstance(exc, NotALedger) and through_wal and header is not None:
+                # The main file's header is a ledger's: what SQLite read came from the -wal.
+                raise NotALedger(wal_path(path), f"the ledger's own header is fine, but through"
+                                 f" this -wal SQLite reads another database ({exc.why}): the"
+                                 " -wal belongs to another file; move it aside") from None
+            if isinstance(exc, apsw.Error | UnicodeDecodeError):
+                raise NotALedger(path, f"SQLite cannot read it: {exc}") from None
             raise
         if readonly:
             db = cls(conn, path, version, readonly=True)
@@ -609,8 +656,8 @@ class Database:
             return
         try:
             fresh = self._reopen()
-        except apsw.Error as exc:
-            raise translate(exc, self.path) from None
+        except (apsw.Error, UnicodeDecodeError) as exc:
+            raise read_error(exc, self.path) from None
         self.conn.close()
         self.conn = fresh
         self._immutable = None if os.path.exists(wal_path(self.path)) else (st.st_mtime_ns, st.st_size)
@@ -631,18 +678,32 @@ class Database:
             raise translate(exc, self.path) from None
         try:
             yield conn
-        except apsw.Error as exc:
-            raise translate(exc, self.path) from exc
+        except LedgerError:
+            raise
+        except (apsw.Error, *ROW_ERRORS) as exc:
+            raise read_error(exc, self.path) from exc
         finally:
             if conn.in_transaction:
                 with contextlib.suppress(apsw.Error):
                     conn.execute("COMMIT")
 
-    def meta(self, key: str) -> str:
-        row = self.conn.execute("SELECT value FROM meta WHERE key = ?", (key,)).fetchone()
+    def meta_value(self, key: str) -> str | None:
+        """A meta value; None if the key is absent (CorruptLedger if it cannot be read)."""
+        try:
+            row = self.conn.execute("SELECT value FROM meta WHERE key = ?", (key,)).fetchone()
+        except (apsw.Error, UnicodeDecodeError) as exc:
+            raise read_error(exc, self.path) from None
         if row is None:
+            return None
+        if not isinstance(row[0], str):
+            raise CorruptLedger(self.path, f"meta key {key!r} holds a {type(row[0]).__name__}, not text")
+        return row[0]
+
+    def meta(self, key: str) -> str:
+        value = self.meta_value(key)
+        if value is None:
             raise CorruptLedger(self.path, f"meta key {key!r} is missing")
-        return str(row[0])
+        return value
 
     def close(self) -> None:
         """Close; a failing final checkpoint is an environment error (exit 3), typed —
@@ -657,6 +718,26 @@ class Database:
             with contextlib.suppress(apsw.Error):
                 self.conn.close(True)
             raise translate(exc, self.path) from None
+
+
+def _remove_created_shm(shm: str, existed: bool) -> None:
+    """Remove the -shm a refused read-only open created (never one that was there)."""
+    if existed:
+        return
+    with contextlib.suppress(OSError):
+        if os.path.isfile(shm) and not os.path.islink(shm):
+            os.unlink(shm)
+
+
+def _refuse_symlinks(path: str) -> None:
+    """A writer opens the ledger with SQLITE_OPEN_NOFOLLOW, which fails on a symlinked
+    file (or -wal/-shm) with a bare CANTOPEN; name the symlink instead, before any file
+    is created (exit 2: the path is the problem, not the disk)."""
+    for p in (path, wal_path(path), path + "-shm"):
+        if os.path.islink(p):
+            raise NotALedger(p, "it is a symlink (a writer never follows one: another file"
+                             " could be written through it); give the real path, or remove"
+                             " the symlink")
 
 
 def _close_quietly(conn: apsw.Connection) -> None:

@@ -29,8 +29,13 @@ STEP_ID_MAX: Final = 256
 PATH_MAX: Final = 4096
 ITEMS_MAX: Final = 10_000
 TEXT_MAX: Final = 4096
+NAME_MAX: Final = 255  # bytes in one path component (the file systems' NAME_MAX)
+INT64_MAX: Final = 2**63 - 1  # SQLite's INTEGER
+#: An event's encoded payload, bounded below SQLite's 64 MiB value limit (the row's
+#: other columns and the limit's slack fit in the rest).
+PAYLOAD_MAX: Final = 60 * 1024 * 1024
 
-_NO_CONTROL = r"^[^\x00-\x1f\x7f]*\Z"
+_NO_CONTROL = r"^[^\x00-\x1f\x7f\ud800-\udfff]*\Z"
 
 # Constraints are enforced on decode; `validate()` round-trips an event through the
 # decoder so that events built in Python are held to the same rules.
@@ -38,8 +43,8 @@ StepId = Annotated[str, Meta(min_length=1, max_length=STEP_ID_MAX, pattern=_NO_C
 Name = Annotated[str, Meta(max_length=STEP_ID_MAX, pattern=_NO_CONTROL)]
 Digest = Annotated[str, Meta(pattern=r"^[0-9a-f]{64}\Z")]  # \Z: "$" would accept a trailing "\n"
 Text = Annotated[str, Meta(max_length=TEXT_MAX)]
-Attempt = Annotated[int, Meta(ge=1)]
-NonNegative = Annotated[int, Meta(ge=0)]
+Attempt = Annotated[int, Meta(ge=1, le=INT64_MAX)]
+NonNegative = Annotated[int, Meta(ge=0, le=INT64_MAX)]
 RelPath = Annotated[str, Meta(min_length=1, max_length=PATH_MAX)]
 
 DIGEST_RE: Final = re.compile(r"[0-9a-f]{64}")
@@ -64,7 +69,28 @@ def check_step_id(step: object) -> str:
         )
     if re.search(r"[\x00-\x1f\x7f]", step):
         raise InvalidInput(f"step id {step!r} contains a control character; remove it")
+    check_utf8(step, "step id")
     return step
+
+
+def check_int(value: object, what: str, lo: int = 0, hi: int = INT64_MAX) -> int:
+    """Return `value` if it is an int (not a bool) in [lo, hi] (SQLite's 64-bit range by
+    default), else raise InvalidInput."""
+    if type(value) is not int or not lo <= value <= hi:
+        raise InvalidInput(f"{what} {value!r} must be an integer from {lo} to {hi}")
+    return value
+
+
+def check_utf8(text: str, what: str) -> str:
+    """Refuse a string that is not encodable as UTF-8 (a lone surrogate: an argument
+    that was not valid UTF-8, decoded with surrogateescape)."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        raise InvalidInput(
+            f"{what} {text!r} is not valid UTF-8 (it holds a lone surrogate); use valid UTF-8 text"
+        ) from None
+    return text
 
 
 _BAD_PATH_CHARS: Final = re.compile(r"[\x00-\x1f\x7f\\]")
@@ -93,6 +119,13 @@ def check_relpath(path: object, what: str = "path") -> str:
             f"{what} {path!r} is not normalized or escapes its root (component {part!r});"
             " give a plain relative path like 'src/app.py'"
         )
+    check_utf8(path, what)
+    for part in parts:
+        if len(part.encode("utf-8")) > NAME_MAX:
+            raise InvalidInput(
+                f"{what} {path[:60]!r}… has a component of {len(part.encode('utf-8'))} bytes;"
+                f" the limit is {NAME_MAX} bytes per component"
+            )
     return path
 
 
@@ -333,11 +366,24 @@ def validate(event: Event) -> bytes:
     """
     if not isinstance(event, Event) or type(event) not in EVENT_TYPES.values():
         raise InvalidInput(f"{event!r} is not a stepledger event; use one of {', '.join(KINDS)}")
-    payload = _encoder.encode(event)
     try:
-        _decoder.decode(payload)
+        payload = _encoder.encode(event)
+    except (UnicodeEncodeError, OverflowError, TypeError, ValueError) as exc:
+        raise InvalidInput(f"{kind_of(event)} event cannot be encoded ({exc}); use valid"
+                           " UTF-8 text and 64-bit integers") from None
+    if len(payload) > PAYLOAD_MAX:
+        raise InvalidInput(f"{kind_of(event)} event of {len(payload)} bytes is too large; the"
+                           f" limit is {PAYLOAD_MAX} bytes: split it into smaller steps")
+    try:
+        decoded = _decoder.decode(payload)
     except msgspec.ValidationError as exc:
         raise InvalidInput(f"{kind_of(event)} event: {exc}") from None
+    mine, theirs = envelope(event), envelope(decoded)
+    for name in Envelope.__struct_fields__:
+        a, b = getattr(mine, name), getattr(theirs, name)
+        if type(a) is not type(b) or a != b:
+            raise InvalidInput(f"{kind_of(event)} event: field {name!r} is {a!r}, not a"
+                               f" {type(b).__name__}")
     return payload
 
 

@@ -63,6 +63,7 @@ from .events import (
     Restored,
     WorkspaceAdded,
     check_digest,
+    check_int,
     check_relpath,
     check_step_id,
     journal_key,
@@ -182,6 +183,29 @@ class _AttemptEvents:
     planned: Planned | None = None
     fenced: list[tuple[int, Fenced]] = field(default_factory=list)
     end: tuple[int, Event] | None = None
+
+
+INT64_MAX: Final = 2**63 - 1
+
+
+def _check_writes(p: StepPlan) -> None:
+    """Every write of a plan, as the ledger would record it (fresh or retried)."""
+    seen: set[str] = set()
+    for w in p.writes:
+        if not isinstance(w, Write):
+            raise InvalidInput(f"step {p.step!r}: a write must be a Write, not {type(w).__name__}")
+        check_relpath(w.path)
+        if w.path in seen:
+            raise InvalidInput(f"step {p.step!r} writes {w.path!r} twice; merge them")
+        seen.add(w.path)
+        if w.pre_hash is not None:
+            check_digest(w.pre_hash, "pre_hash")
+        if w.content is not None and not isinstance(w.content, bytes):
+            raise InvalidInput(f"content of {w.path!r} must be bytes")
+        if w.base_rev is not None and (type(w.base_rev) is not int
+                                       or not 0 <= w.base_rev <= INT64_MAX):
+            raise InvalidInput(f"base_rev of {w.path!r} must be an integer >= 0, not"
+                               f" {w.base_rev!r}")
 
 
 def _receipt(event: Fenced, seq: int) -> Receipt:
@@ -336,6 +360,7 @@ class WorkspaceProtocol:
     def unsettled(self: Ledger, workspace: str, epoch: int) -> list[str]:
         """Steps of the workspace whose latest attempt, of an epoch before `epoch`, is
         still in flight (planned, fenced, blob-stored)."""
+        check_int(epoch, "epoch")
         with self._db.snapshot() as conn:
             return [r[0] for r in conn.execute(
                 "SELECT step_id FROM steps WHERE workspace = ? AND epoch > 0 AND epoch < ?"
@@ -347,6 +372,7 @@ class WorkspaceProtocol:
         """Compensate every attempt of an older epoch still in flight, under `epoch`.
 
         Raises the first failure after trying every step (the others are settled)."""
+        check_int(epoch, "epoch", 1)
         done, failed = self._settle(workspace, epoch)
         if failed:
             raise failed[next(iter(failed))]
@@ -436,7 +462,7 @@ class WorkspaceProtocol:
         """
         if fence not in FENCE_MODES:
             raise InvalidInput(f"fence {fence!r} is not one of {', '.join(FENCE_MODES)}")
-        if not isinstance(epoch, int) or epoch < 1:
+        if type(epoch) is not int or not 1 <= epoch <= INT64_MAX:
             raise InvalidInput(f"epoch {epoch!r}: a step that writes the workspace runs under a"
                                " lease; acquire one and pass its epoch")
         if not plans:
@@ -462,6 +488,7 @@ class WorkspaceProtocol:
                 check_step_id(p.step)
                 for a in p.artifacts:
                     check_relpath(a, "artifact path")
+                _check_writes(p)  # a retried plan is validated like a fresh one
                 row = load_step(conn, p.step)
                 if row is not None and (row.live or row.state not in ENDED):
                     # in flight or committed: a retried admission. A crash between the
@@ -474,16 +501,7 @@ class WorkspaceProtocol:
                     continue
                 attempt = 1 if row is None else row.attempt + 1
                 pws = []
-                seen: set[str] = set()
                 for w in p.writes:
-                    check_relpath(w.path)
-                    if w.path in seen:
-                        raise InvalidInput(f"step {p.step!r} writes {w.path!r} twice; merge them")
-                    seen.add(w.path)
-                    if w.pre_hash is not None:
-                        check_digest(w.pre_hash, "pre_hash")
-                    if w.content is not None and not isinstance(w.content, bytes):
-                        raise InvalidInput(f"content of {w.path!r} must be bytes")
                     post = None if w.content is None else digest_of(w.content)
                     if post is not None:
                         contents[post] = w.content  # type: ignore[assignment]
@@ -492,8 +510,6 @@ class WorkspaceProtocol:
                         state = load_path(conn, workspace, w.path)
                         current = 0 if state is None else state[0]
                     base = current if w.base_rev is None else w.base_rev
-                    if base < 0:
-                        raise InvalidInput(f"base_rev of {w.path!r} must be >= 0")
                     if w.path in last_post and (
                         w.pre_hash != last_post[w.path] or base != sim[w.path]
                     ):
@@ -643,6 +659,8 @@ class WorkspaceProtocol:
     def _store_blobs(self: Ledger, events: list[Event], blobs: dict[str, bytes]) -> None:
         """Commit `events` (pins) with the small blobs; then write the large ones."""
         small = {d: c for d, c in blobs.items() if len(c) <= self.inline_max_bytes}
+        for d in blobs.keys() - small.keys():
+            self.blobs.check_writable(d)  # a store that refuses the put: pin nothing
         now = self.clock()
         self._log.append(events, guard=self._guard(),
                          before=(lambda conn: self._write_inline(conn, small, now)) if small else None)
@@ -673,8 +691,11 @@ class WorkspaceProtocol:
         key = journal_key(Fenced(step=step, attempt=attempt, workspace=planned.workspace))
         fresh = row.attempt == attempt and row.state == PLANNED
         staged: dict[str, Staged] = {}
+        applied = False
         try:
-            if fresh or not planned.journal:
+            # A dead epoch stages nothing (staging creates parent directories: no new
+            # effect under it); the fence refuses it under the lock (StaleEpoch).
+            if (fresh or not planned.journal) and ws.live_epoch(self.clock()) == epoch:
                 self._pin_pre_images(planned, attempt, epoch, wsdir)
                 for w in planned.writes:
                     if w.post_hash is not None:
@@ -695,11 +716,14 @@ class WorkspaceProtocol:
                 return ApplyResult(verdict=f"rejected:{event.reason}", step=step, attempt=attempt,
                                    detail=event.detail)
             assert isinstance(event, Fenced)
+            applied = True
             return ApplyResult(verdict="applied", step=step, attempt=attempt,
                                receipt=_receipt(event, recorded[0].seq))
         finally:
             for s in staged.values():
                 wsdir.discard(s)
+            if not applied:  # refused or failed: take back the directories staging made
+                wsdir.remove_created_dirs()
 
     def _pin_pre_images(
         self: Ledger, planned: Planned, attempt: int, epoch: int, wsdir: WorkspaceDir
@@ -983,13 +1007,16 @@ class WorkspaceProtocol:
                                    " nothing; re-apply the step to get its receipt")
             try:
                 receipt = msgspec.json.decode(receipt, type=Receipt)
-            except msgspec.DecodeError as exc:
+            except (msgspec.DecodeError, RecursionError) as exc:
                 raise InvalidInput(f"the receipt is not a stepledger receipt: {exc}") from None
         elif isinstance(receipt, dict):
             try:
                 receipt = msgspec.convert(receipt, type=Receipt)
             except msgspec.ValidationError as exc:
                 raise InvalidInput(f"the receipt is not a stepledger receipt: {exc}") from None
+        elif not isinstance(receipt, Receipt):
+            raise InvalidInput(f"the receipt is a {type(receipt).__name__}, not a stepledger"
+                               " receipt (a Receipt, its JSON text or its dict)")
         ev = self._attempt_events(receipt.step, receipt.attempt)
         match = [f for seq, f in ev.fenced if seq == receipt.seq]
         if not match or _receipt(match[0], receipt.seq) != receipt:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hmac
+import math
 import os
 import time
 from collections.abc import Callable, Iterator, Sequence
@@ -17,6 +18,7 @@ from .db import BUSY_TIMEOUT_MS, Database, Synchronous
 from .errors import (
     BlobCorrupt,
     BlobNotFound,
+    CorruptLedger,
     IllegalTransition,
     InvalidInput,
     ManifestConflict,
@@ -40,6 +42,7 @@ from .events import (
     Planned,
     RecordedEvent,
     check_digest,
+    check_int,
     check_relpath,
     check_step_id,
     manifest_digest,
@@ -110,10 +113,16 @@ class Ledger(WorkspaceProtocol):
         # A fact of the ledger, fixed at init (GC's pre-image pins and `compensate` must
         # agree on it whoever opens the file); the option only names it at creation, or
         # for a ledger made before it was recorded.
-        stored = db.conn.execute(
-            "SELECT value FROM meta WHERE key = 'compensation_window_s'").fetchone()
+        stored = db.meta_value("compensation_window_s")
         if stored is not None:
-            self.compensation_window_s = float(stored[0])
+            try:
+                window = float(stored)
+            except ValueError:
+                window = math.nan
+            if not math.isfinite(window) or window < 0:
+                raise CorruptLedger(db.path, f"meta compensation_window_s is {stored[:40]!r},"
+                                    " not a number of seconds >= 0")
+            self.compensation_window_s = window
         else:
             self.compensation_window_s = (COMPENSATION_WINDOW_S_DEFAULT
                                           if compensation_window_s is None else compensation_window_s)
@@ -518,6 +527,10 @@ class Ledger(WorkspaceProtocol):
         renamed, directory fsynced) before it. Identical content is stored once.
         """
         check_relpath(path, "artifact path")
+        if not isinstance(data, bytes | bytearray | memoryview):
+            raise InvalidInput(f"the bytes of artifact {path!r} must be bytes, not"
+                               f" {type(data).__name__}")
+        data = bytes(data)
         row = self.step(step)
         digest = digest_of(data)
         inline = len(data) <= self.inline_max_bytes
@@ -544,6 +557,7 @@ class Ledger(WorkspaceProtocol):
 
             self._log.append([pin, event], before=write_row, guard=self._guard())
         else:
+            self.blobs.check_writable(digest)  # a store that refuses the put: pin nothing
             self.append(pin)  # committed before the file is written or deduplicated
             self.blobs.put(data, digest, verified=True)
             self.append(event)
@@ -726,6 +740,9 @@ class Ledger(WorkspaceProtocol):
             raise InvalidInput(f"kind {kind!r} is not one of {', '.join(KINDS)}")
         if step is not None:
             check_step_id(step)
+        check_int(after_seq, "after_seq")
+        if limit is not None:
+            check_int(limit, "limit")
         return self._log.read(after_seq, step=step, kind=kind, limit=limit)
 
     def steps(self, state: str | None = None) -> list[StepRow]:
@@ -779,6 +796,9 @@ class Ledger(WorkspaceProtocol):
         """Check integrity, the hash chain, seq density and projections. Writes nothing."""
         if isinstance(expect_head, str):
             expect_head = Head.parse(expect_head)
+        elif expect_head is not None and not isinstance(expect_head, Head):
+            raise InvalidInput(f"expect_head {expect_head!r} is not a head: give SEQ:HASH as"
+                               " printed by 'stepledger head'")
         extra: list[Finding] = []
         if self.witness is not None:
             # The witness is an anchor kept outside the file: verify reports what opening

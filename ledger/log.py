@@ -20,7 +20,7 @@ from typing import Any, Final, Protocol
 import apsw
 import msgspec
 
-from .db import Database
+from .db import ROW_ERRORS, Database, read_error
 from .errors import (
     CorruptLedger,
     IdempotencyConflict,
@@ -108,6 +108,29 @@ class _Duplicate(Exception):
 GUARDED_KINDS: Final = frozenset({"blob-stored", "manifest-published"})
 
 
+#: The storage class each ROW_COLUMNS cell must hold (STRICT checks it on write; a
+#: damaged record header can still yield NULL or another class on read).
+ROW_TYPES: Final = (int, int, str, str, str, int, int, int, str, str, int, bytes, bytes, bytes)
+ROW_NAMES: Final = tuple(c.strip() for c in ROW_COLUMNS.split(","))
+
+
+def row_problem(row: tuple[Any, ...]) -> str | None:
+    """What is wrong with the cell types of an events row (None: every cell as declared)."""
+    if len(row) != len(ROW_TYPES):
+        return f"it has {len(row)} columns"
+    for name, value, want in zip(ROW_NAMES, row, ROW_TYPES, strict=True):
+        if type(value) is not want:
+            return f"its {name} is {type(value).__name__}, not {want.__name__}"
+    return None
+
+
+def check_row(row: tuple[Any, ...]) -> tuple[Any, ...]:
+    """`row` if its cells hold their declared types, else ValueError naming the cell."""
+    if tuple(map(type, row)) != ROW_TYPES:
+        raise ValueError(row_problem(row) or "a cell of the wrong type")
+    return row
+
+
 def row_to_recorded(row: tuple[Any, ...], *, deduped: bool = False) -> RecordedEvent:
     (seq, time_ns, _ws, _run, _step, _attempt, _epoch, _rev, key, kind, v, payload,
      prev_hash, digest) = row
@@ -146,10 +169,17 @@ class EventLog:
         return self._genesis
 
     def head(self) -> Head:
-        row = self.db.conn.execute(
-            "SELECT seq, hash FROM events ORDER BY seq DESC LIMIT 1"
-        ).fetchone()
-        return Head(0, self.genesis) if row is None else Head(row[0], row[1])
+        try:
+            row = self.db.conn.execute(
+                "SELECT seq, hash FROM events ORDER BY seq DESC LIMIT 1"
+            ).fetchone()
+        except apsw.Error as exc:
+            raise read_error(exc, self.db.path) from None
+        if row is None:
+            return Head(0, self.genesis)
+        if not isinstance(row[1], bytes):
+            raise CorruptLedger(self.db.path, f"event #{row[0]}'s hash is not a blob")
+        return Head(row[0], row[1])
 
     # -- writing ---------------------------------------------------------------------
 
@@ -349,8 +379,8 @@ class EventLog:
         """Events with seq > `after_seq`, in order, read in bounded batches."""
         for row in self.rows(after_seq, step=step, kind=kind, limit=limit):
             try:
-                yield row_to_recorded(row)
-            except (msgspec.DecodeError, InvalidInput) as exc:
+                yield row_to_recorded(check_row(row))
+            except (msgspec.DecodeError, msgspec.ValidationError, InvalidInput, *ROW_ERRORS) as exc:
                 raise CorruptLedger(self.db.path, f"event #{row[0]} cannot be decoded: {exc}") from None
 
     def rows(
@@ -379,7 +409,10 @@ class EventLog:
             batch = READ_BATCH if remaining is None else min(READ_BATCH, remaining)
             if batch <= 0:
                 return
-            got = self.db.conn.execute(sql, (last, *params, batch)).fetchall()
+            try:
+                got = self.db.conn.execute(sql, (last, *params, batch)).fetchall()
+            except (apsw.Error, UnicodeDecodeError) as exc:
+                raise read_error(exc, self.db.path) from None
             yield from got
             if len(got) < batch:
                 return

@@ -10,6 +10,7 @@ wrote (untracked) are not in the ledger and are not restored.
 
 from __future__ import annotations
 
+import errno
 import os
 from typing import TYPE_CHECKING
 
@@ -73,6 +74,24 @@ def committed_content(ledger: Ledger, workspace: str) -> dict[str, str | None]:
     return fold.paths(workspace)
 
 
+def _check_target(target: str, to: object) -> None:
+    """The nearest existing ancestor of `target` must be a directory (a regular file
+    there is bad input, not an environment failure); refused before anything is read."""
+    parent = os.path.dirname(target)
+    while parent and not os.path.lexists(parent):
+        up = os.path.dirname(parent)
+        if up == parent:
+            break
+        parent = up
+    if parent and os.path.lexists(parent) and not os.path.isdir(parent):
+        raise InvalidInput(f"restore target {to} is below {parent}, which is not a directory;"
+                           " give a new or empty directory")
+    for part in target.split(os.sep):
+        if len(os.fsencode(part)) > 255:
+            raise InvalidInput(f"restore target {str(to)[:80]!r}… has a component longer than"
+                               " 255 bytes; give a shorter path")
+
+
 def restore(ledger: Ledger, workspace: str, to: str | os.PathLike[str], *,
             force: bool = False) -> RestoreReport:
     """Write the workspace's committed content under `to` (new or empty) and record it.
@@ -91,12 +110,22 @@ def restore(ledger: Ledger, workspace: str, to: str | os.PathLike[str], *,
     if os.path.exists(target) and (not os.path.isdir(target) or os.listdir(target)):
         raise InvalidInput(f"restore target {to} exists and is not an empty directory;"
                            " give a new or empty directory")
+    _check_target(target, to)
     content = committed_content(ledger, workspace)
     blobs: dict[str, bytes] = {}
     for path, digest in content.items():
         if digest is not None and digest not in blobs:
             blobs[digest] = ledger.read_blob(digest, verify=True)
-    os.makedirs(target, exist_ok=True)
+    try:
+        os.makedirs(target, exist_ok=True)
+    except (NotADirectoryError, FileExistsError) as exc:
+        raise InvalidInput(f"restore target {to} cannot be created ({exc.strerror}); give a"
+                           " new or empty directory") from None
+    except OSError as exc:
+        if exc.errno not in (errno.ENAMETOOLONG, errno.ELOOP):
+            raise
+        raise InvalidInput(f"restore target {to} cannot be created ({exc.strerror}); give a"
+                           " shorter path to a new or empty directory") from None
     out = WorkspaceDir(workspace, target, ledger.blobs.ops)
     written = absent = size = 0
     for path, digest in content.items():

@@ -11,15 +11,16 @@ and verify proves the ledger still holds exactly that event at that seq.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from typing import Any, Final
 
 import apsw
 import msgspec
 
-from .db import Database
+from .db import ROW_ERRORS, Database
 from .errors import CorruptLedger, InvalidInput
 from .events import EVENT_TYPES, chain_hash, decode, envelope, journal_key
-from .log import EventLog, Head
+from .log import READ_BATCH, ROW_COLUMNS, ROW_NAMES, ROW_TYPES, EventLog, Head, row_problem
 from .projections import (
     StepRow,
     checkpoint,
@@ -78,12 +79,31 @@ def verify(
         matched_expected = expect_head is None or expect_head.seq == 0
         done = 0
         checker = Checker()
-        for row in log.rows(0):
-            (seq, time_ns, ws, run, step, attempt, epoch, rev, key, kind, v, payload,
-             prev_hash, digest) = row
+        rows = _checked_rows(conn)
+        while True:
+            try:
+                got = next(rows, None)
+            except apsw.Error as exc:  # SQLite cannot read the rest of the table
+                findings.append(Finding("row", 0, f"the events table cannot be read past"
+                                        f" event #{expected_seq - 1}: {exc}"))
+                break
+            if got is None:
+                break
+            row, problem = got
             done += 1
             if progress is not None and done % 10_000 == 0:
                 progress(done, total)
+            if problem is not None:
+                seq = row[0]
+                findings.append(Finding("row", seq if isinstance(seq, int) else 0,
+                                        f"event #{seq} is damaged: {problem}"))
+                if isinstance(seq, int):
+                    expected_seq = seq + 1
+                if isinstance(row[13], bytes):
+                    prev = row[13]
+                continue
+            (seq, time_ns, ws, run, step, attempt, epoch, rev, key, kind, v, payload,
+             prev_hash, digest) = row
             if seq != expected_seq:
                 findings.append(Finding(
                     "seq", seq, f"expected event #{expected_seq} next, found #{seq}:"
@@ -97,7 +117,7 @@ def verify(
                 ))
             try:
                 event = decode(payload, v)
-            except (msgspec.DecodeError, InvalidInput) as exc:
+            except (msgspec.DecodeError, InvalidInput, ValueError, TypeError) as exc:
                 findings.append(Finding("row", seq, f"event #{seq} cannot be decoded: {exc}"))
                 prev = bytes(digest)
                 continue
@@ -156,6 +176,11 @@ def verify(
             findings.append(Finding(
                 "projection", 0, f"the steps cannot be folded from the events: {exc.why}"
             ))
+        except ROW_ERRORS as exc:  # a damaged projection row (NULL or wrong-typed cells)
+            fresh = {}
+            findings.append(Finding(
+                "projection", 0, f"the projection tables cannot be read: {type(exc).__name__}: {exc}"
+            ))
         else:
             findings.extend(_compare(fresh, current))
     return VerifyReport(
@@ -167,6 +192,42 @@ def verify(
         projection_lag=lag,
         findings=findings,
     )
+
+
+_TEXT_COLUMNS: Final = frozenset({"workspace", "run", "step", "journal_key", "kind"})
+_SQL: Final = f"SELECT {ROW_COLUMNS} FROM events WHERE seq > ? ORDER BY seq LIMIT ?"
+#: The same with TEXT cells read as bytes: apsw decodes TEXT strictly, so one invalid
+#: UTF-8 cell fails its whole batch; that batch is read again this way, row by row.
+_RAW_SQL: Final = "SELECT {} FROM events WHERE seq > ? ORDER BY seq LIMIT ?".format(", ".join(
+    f"CASE WHEN typeof({c}) = 'text' THEN CAST({c} AS BLOB) ELSE {c} END" if c in _TEXT_COLUMNS
+    else c for c in ROW_NAMES))
+
+
+def _checked_rows(conn: apsw.Connection) -> Iterator[tuple[tuple[Any, ...], str | None]]:
+    """Every events row in seq order with what is wrong with its cells (None: nothing)."""
+    last = 0
+    while True:
+        try:
+            got = [(r, None if tuple(map(type, r)) == ROW_TYPES else row_problem(r))
+                   for r in conn.execute(_SQL, (last, READ_BATCH)).fetchall()]
+        except UnicodeDecodeError:
+            got = [_decode_row(r) for r in conn.execute(_RAW_SQL, (last, READ_BATCH)).fetchall()]
+        yield from got
+        if len(got) < READ_BATCH:
+            return
+        last = got[-1][0][0]
+
+
+def _decode_row(row: tuple[Any, ...]) -> tuple[tuple[Any, ...], str | None]:
+    """The row with its TEXT cells decoded, and what is wrong with it (None: nothing)."""
+    out = list(row)
+    for i, name in enumerate(ROW_NAMES):
+        if name in _TEXT_COLUMNS and isinstance(out[i], bytes):
+            try:
+                out[i] = out[i].decode("utf-8")
+            except UnicodeDecodeError:
+                return tuple(out), f"its {name} is not valid UTF-8"
+    return tuple(out), row_problem(tuple(out))
 
 
 def _durability(

@@ -51,6 +51,9 @@ class WorkspaceDir:
         self.name = name
         self.root = os.path.normpath(root)
         self.ops = ops or FileOps()
+        #: Directories this object created (relative paths, in creation order), so that a
+        #: refused apply can take them back (`remove_created_dirs`).
+        self.created_dirs: list[str] = []
 
     # -- descriptors -------------------------------------------------------------------
 
@@ -85,6 +88,7 @@ class WorkspaceDir:
                     with contextlib.suppress(FileExistsError):
                         self.ops.tick("ws-mkdir")
                         os.mkdir(part, 0o755, dir_fd=fd)
+                        self.created_dirs.append("/".join(parts[: i + 1]))
                         self.ops.tick("ws-dirfsync")
                         os.fsync(fd)
                     child = os.open(part, _DIR_FLAGS, dir_fd=fd)
@@ -229,6 +233,25 @@ class WorkspaceDir:
                 os.unlink(staged.tmp_name, dir_fd=dir_fd)
         finally:
             os.close(dir_fd)
+
+    def remove_created_dirs(self) -> None:
+        """Remove the directories this object created that are still empty, deepest
+        first (best effort: a directory something was put in since stays)."""
+        while self.created_dirs:
+            rel = self.created_dirs.pop()
+            parent, _, leaf = rel.rpartition("/")
+            try:
+                fd = os.open(os.path.join(self.root, parent) if parent else self.root,
+                             _DIR_FLAGS)
+            except OSError:
+                continue
+            try:
+                os.rmdir(leaf, dir_fd=fd)
+                os.fsync(fd)
+            except OSError:
+                pass
+            finally:
+                os.close(fd)
 
     def remove(self, path: str) -> None:
         """Delete the file (a write whose new content is "absent") and fsync its directory."""

@@ -384,7 +384,30 @@ def _rename_during_listing(monkeypatch: pytest.MonkeyPatch, victim: str,
             act()
         return names
 
+    real_scandir = os.scandir
+
+    class _Listing:
+        """os.scandir, materialized: the names are read, then `act()` runs, then the
+        caller stats each entry (as a scan does)."""
+
+        def __init__(self, path: Any) -> None:
+            with real_scandir(path) as it:
+                self.entries = list(it)
+            if victim in {e.name for e in self.entries}:
+                hits.append(1)
+                act()
+
+        def __enter__(self) -> list[Any]:
+            return self.entries
+
+        def __exit__(self, *exc: object) -> None:
+            return None
+
+        def __iter__(self) -> Any:
+            return iter(self.entries)
+
     monkeypatch.setattr(os, "listdir", listdir)
+    monkeypatch.setattr(os, "scandir", _Listing)
     return hits
 
 

@@ -104,9 +104,11 @@ def audit(
                   conn.execute("SELECT digest, size, stored_ns FROM blob_data")}
         report.committed_steps = int(conn.execute(
             "SELECT count(*) FROM steps WHERE live = 1").fetchone()[0])
+        # from the live steps outward (CROSS JOIN keeps SQLite from starting at the
+        # entries' digest index and probing a step for each of them)
         live_entries = conn.execute(
-            "SELECT e.digest, e.size FROM manifest_entries e JOIN steps s"
-            " ON s.step_id = e.step AND s.manifest_rev = e.manifest_rev AND s.live = 1"
+            "SELECT e.digest, e.size FROM steps s CROSS JOIN manifest_entries e"
+            " ON e.step = s.step_id AND e.manifest_rev = s.manifest_rev WHERE s.live = 1"
         ).fetchall()
         report.committed_bytes = sum(int(n) for _d, n in live_entries)
         report.committed_bytes_distinct = sum(dict(live_entries).values())
@@ -121,11 +123,7 @@ def audit(
             report.collected.add(event.size)
         condemned = {d for (d,) in conn.execute("SELECT digest FROM condemned")}
         report.condemned = len(condemned)
-        entries_by_digest: dict[str, list[str]] = {}
-        for step, rev, path, digest in conn.execute(
-            "SELECT step, manifest_rev, path, digest FROM manifest_entries"
-        ):
-            entries_by_digest.setdefault(digest, []).append(f"{step} r{rev} {path}")
+        entry_digests = {d for (d,) in conn.execute("SELECT DISTINCT digest FROM manifest_entries")}
     try:
         files = {f.digest: (f.size, f.mtime_ns) for f in ledger.blobs.scan()}
     except BlobCorrupt as exc:
@@ -137,7 +135,7 @@ def audit(
         report.problems.append(f"the blob store's tmp/ is not a plain directory: {exc}")
         temps = []
 
-    referenced = holders.referenced if holders is not None else set(entries_by_digest)
+    referenced = holders.referenced if holders is not None else entry_digests
     blobs: list[tuple[str, int, int, bool]] = [(d, n, t, True) for d, (n, t) in inline.items()]
     blobs += [(d, n, t, False) for d, (n, t) in files.items() if d not in inline]
     # A file copy of a blob that also has an inline row (writers with different inline
@@ -168,9 +166,14 @@ def audit(
     report.reconciled = buckets == report.stored_bytes
 
     present = inline.keys() | files.keys()
-    for digest in sorted(referenced - present):
-        names = entries_by_digest.get(digest) or ["a compensation record"]
-        report.dangling.append({"digest": digest, "named_by": names[:5]})
+    dangling = sorted(referenced - present)
+    if dangling:
+        with ledger._db.snapshot() as conn:
+            for digest in dangling:  # who names it: looked up only for what is missing
+                names = [f"{step} r{rev} {path}" for step, rev, path in conn.execute(
+                    "SELECT step, manifest_rev, path FROM manifest_entries WHERE digest = ?"
+                    " LIMIT 5", (digest,))] or ["a compensation record"]
+                report.dangling.append({"digest": digest, "named_by": names})
     report.collected_unrecorded = len((condemned - present) - referenced)
     if deep:
         total = len(blobs)

@@ -19,8 +19,33 @@ from dataclasses import dataclass, field
 import apsw
 import msgspec
 
+from typing import Union
+
 from ..errors import ProtocolRefused
-from ..events import Compensated, ManifestPublished, decode
+from ..events import EVENT_VERSION, Digest
+
+
+class _Ref(msgspec.Struct):
+    digest: Digest
+
+
+class _Restored(msgspec.Struct):
+    digest: Digest | None = None
+    outcome: str = "restored"
+
+
+class _Published(msgspec.Struct, tag="manifest-published", tag_field="kind"):
+    writes: tuple[_Ref, ...] = ()
+    artifacts: tuple[_Ref, ...] = ()
+
+
+class _Compensated(msgspec.Struct, tag="compensated", tag_field="kind"):
+    restored: tuple[_Restored, ...] = ()
+
+
+#: Reads only the digests a manifest or a compensation names (still validated: a bad
+#: digest fails closed), not the whole event: GC and audit decode every one of them.
+_refs_decoder = msgspec.json.Decoder(Union[_Published, _Compensated])
 
 
 class GcRefused(ProtocolRefused):
@@ -47,24 +72,31 @@ class Holders:
         return digest in self.referenced
 
 
-def read_references(conn: apsw.Connection) -> Holders:
-    """Referenced digests, from the events (ground truth), checked against the tables."""
+def read_references(conn: apsw.Connection, *, cross_check: bool = True) -> Holders:
+    """Referenced digests, from the events (ground truth), checked against the tables.
+
+    GC cross-checks (fail closed: it is about to delete); audit, which only reports,
+    takes the manifests from the tables and decodes only the compensation records."""
     out = Holders()
     out.head_seq = int(conn.execute("SELECT coalesce(max(seq), 0) FROM events").fetchone()[0])
+    kinds = "('manifest-published', 'compensated')" if cross_check else "('compensated')"
     for seq, kind, v, payload in conn.execute(
-        "SELECT seq, kind, v, payload FROM events"
-        " WHERE kind IN ('manifest-published', 'compensated') ORDER BY seq"
+        f"SELECT seq, kind, v, payload FROM events WHERE kind IN {kinds} ORDER BY seq"
     ):
         try:
-            event = decode(payload, v)
+            if v > EVENT_VERSION:
+                raise ValueError(f"event version {v} is newer than this stepledger")
+            event = _refs_decoder.decode(payload)
         except (msgspec.DecodeError, msgspec.ValidationError, ValueError) as exc:
             raise GcRefused(f"{kind} event #{seq} cannot be decoded ({exc})") from None
-        if isinstance(event, ManifestPublished):
+        if isinstance(event, _Published):
             out.manifest_refs.update(e.digest for e in (*event.writes, *event.artifacts))
-        elif isinstance(event, Compensated):
+        elif isinstance(event, _Compensated):
             out.compensation_refs.update(r.digest for r in event.restored
                                          if r.outcome != "conflict" and r.digest is not None)
     table = {r[0] for r in conn.execute("SELECT DISTINCT digest FROM manifest_entries")}
+    if not cross_check:
+        out.manifest_refs = table
     if table != out.manifest_refs:
         extra = sorted(table - out.manifest_refs)[:3]
         missing = sorted(out.manifest_refs - table)[:3]
@@ -77,11 +109,11 @@ def read_references(conn: apsw.Connection) -> Holders:
 def compensation_refs_since(conn: apsw.Connection, seq: int) -> set[str]:
     """Digests compensations recorded after `seq` (the collector's re-check)."""
     out: set[str] = set()
-    for v, payload in conn.execute(
+    for _v, payload in conn.execute(
         "SELECT v, payload FROM events WHERE seq > ? AND kind = 'compensated'", (seq,)
     ):
-        event = decode(payload, v)
-        assert isinstance(event, Compensated)
+        event = _refs_decoder.decode(payload)
+        assert isinstance(event, _Compensated)
         out.update(r.digest for r in event.restored if r.outcome != "conflict" and r.digest)
     return out
 

@@ -164,6 +164,10 @@ def _fold_rows(
     last = 0
     done = 0
     for seq, time_ns, kind, v, payload in log.rows(after_seq, columns=FOLD_COLUMNS):
+        if not (type(seq) is int and type(time_ns) is int and type(kind) is str
+                and type(v) is int and type(payload) is bytes):
+            raise CorruptLedger(log.db.path, f"event #{seq!r} has a cell of the wrong type"
+                                " (a damaged row)")
         last = seq  # type: ignore[assignment]
         done += 1
         if progress is not None and done % 10_000 == 0:
@@ -173,7 +177,8 @@ def _fold_rows(
             continue  # no projection folds it
         try:
             event = decode(payload, v)  # type: ignore[arg-type]
-        except (msgspec.DecodeError, InvalidInput) as exc:
+        except (msgspec.DecodeError, msgspec.ValidationError, InvalidInput, ValueError,
+                TypeError) as exc:
             raise CorruptLedger(log.db.path, f"event #{seq} cannot be decoded: {exc}") from None
         if ws is not None and is_ws:
             try:
@@ -289,6 +294,20 @@ def fold_all(
     return working
 
 
+def _check_types(table: str, row: tuple[object, ...], types: tuple[object, ...]) -> None:
+    """A projection row's cells hold their declared storage class (a damaged record can
+    yield NULL or another class): TypeError, which the read snapshot reports as
+    CorruptLedger."""
+    for value, want in zip(row, types, strict=True):
+        if isinstance(want, tuple):
+            if value is None and None in want:
+                continue
+            want = want[0]
+        if type(value) is not want:
+            raise TypeError(f"a {table} row holds a {type(value).__name__} where a"
+                            f" {want.__name__} belongs")  # type: ignore[union-attr]
+
+
 def read_workspaces(db: Database, log: EventLog) -> WorkspacesFold:
     """Every workspace and path state as of now, read-only: the tables, or a fold when
     they lag the log."""
@@ -302,9 +321,9 @@ def read_workspaces(db: Database, log: EventLog) -> WorkspacesFold:
         for row in conn.execute(ws_mod.SELECT_WS):
             r = WsRow.from_tuple(row)
             fold.rows[r.name] = r
-        for wsname, path, rev, digest, seq in conn.execute(
-            "SELECT workspace, path, rev, hash, seq FROM ws_paths"
-        ):
+        for row in conn.execute("SELECT workspace, path, rev, hash, seq FROM ws_paths"):
+            _check_types("ws_paths", row, (str, str, int, (str, None), int))
+            wsname, path, rev, digest, seq = row
             fold.paths[(wsname, path)] = (rev, digest, seq)
     return fold
 
@@ -317,16 +336,20 @@ def read_refs(db: Database, log: EventLog) -> RefsFold:
         if cp.version != steps_mod.VERSION or cp.last_seq < log.head().seq:
             fold_all(log, refs=fold)
             return fold
-        for step, attempt, digest, role, seq in conn.execute(
-            "SELECT step, attempt, digest, role, seq FROM pins"
-        ):
+        for row in conn.execute("SELECT step, attempt, digest, role, seq FROM pins"):
+            _check_types("pins", row, (str, int, str, str, int))
+            step, attempt, digest, role, seq = row
             fold.pins[(step, attempt, digest)] = (role, seq)
         fold.manifests = conn.execute(
             "SELECT step, manifest_rev, attempt, digest, supersedes, seq FROM manifests"
         ).fetchall()
+        for row in fold.manifests:
+            _check_types("manifests", row, (str, int, int, str, (str, None), int))
         fold.entries = conn.execute(
             "SELECT step, manifest_rev, role, path, digest, size FROM manifest_entries"
         ).fetchall()
+        for row in fold.entries:
+            _check_types("manifest_entries", row, (str, int, str, str, str, int))
     return fold
 
 

@@ -88,6 +88,11 @@ class StepRow(msgspec.Struct, kw_only=True, gc=False):
 
     @classmethod
     def from_tuple(cls, row: tuple[object, ...]) -> StepRow:
+        for name, value in zip(cls.COLUMNS, row, strict=True):
+            want = _STEP_TYPES[name]
+            if type(value) is not want and not (value is None and name == "manifest_digest"):
+                raise TypeError(f"steps row {row[0]!r}: {name} is {type(value).__name__},"
+                                f" not {want.__name__}")
         values = dict(zip(cls.COLUMNS, row, strict=True))
         values["live"] = bool(values["live"])
         return cls(**values)  # type: ignore[arg-type]
@@ -97,6 +102,11 @@ class StepRow(msgspec.Struct, kw_only=True, gc=False):
         return self.live
 
 
+#: The storage class each column holds (a damaged record can yield another on read).
+_STEP_TYPES: Final[dict[str, type]] = {
+    c: str if c in ("step_id", "run", "workspace", "state", "manifest_digest") else int
+    for c in StepRow.COLUMNS
+}
 SELECT_COLUMNS: Final = ", ".join(StepRow.COLUMNS)
 # Updated in place (not REPLACE, which deletes and reinserts the row).
 UPSERT_SQL: Final = (

@@ -74,6 +74,11 @@ class WsRow(msgspec.Struct, kw_only=True, gc=False):
 
     @classmethod
     def from_tuple(cls, row: tuple[object, ...]) -> WsRow:
+        for name, value in zip(cls.COLUMNS, row, strict=True):
+            want = str if name in ("name", "root", "holder") else int
+            if type(value) is not want:
+                raise TypeError(f"workspaces row {row[0]!r}: {name} is {type(value).__name__},"
+                                f" not {want.__name__}")
         values = dict(zip(cls.COLUMNS, row, strict=True))
         values["released"] = bool(values["released"])
         return cls(**values)  # type: ignore[arg-type]

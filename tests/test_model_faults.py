@@ -1,0 +1,887 @@
+"""Model-based fault testing: a hypothesis state machine over the public API, with power
+loss and process kill as rules, checking the invariants after every rule.
+
+One ledger is opened through `faultfs` (the fault-injecting apsw VFS and the blob-dir
+power-loss model: one simulated disk under the SQLite files and the blob store). The
+rules are public-API operations — append a planned step; `run_step` with an inline
+and/or a file blob; an artifact attempt abandoned and compensated (orphans for GC); a
+workspace step (admit, apply, publish, ack under the lease); compensate; rebuild; GC
+with grace 0 forced; acquire a new epoch; retry an operation whose outcome is unknown —
+and the faults:
+
+- ``power_loss(model, seed)``: the machine loses power now. What the platter holds per
+  `model` (unsynced writes dropped / a random subset / garbage / a prefix, the SQLite
+  files and the blob directory together) is written out to a fresh directory, and the
+  ledger is reopened there and the run goes on (on a fresh simulated disk, whose
+  baseline is that image: the FaultVFS passes every call to the default unix VFS, it
+  only counts, so the next power loss is modelled too);
+- ``process_kill()``: the current `Ledger` is abandoned like a SIGKILLed process — it
+  makes no further change to any file (every operation it still attempts fails), the
+  page cache is kept (unsynced writes stay unsynced: a later power loss can still drop
+  them) — and a new `Ledger` is opened on the same files;
+- every operation rule also takes ``crash``: ``Crash('power'|'kill', at=k, ...)`` cuts
+  that operation at its k-th disk operation (a power loss or a kill mid-call). The
+  call's outcome is then unknown (Jepsen's *info*): it may or may not have landed.
+
+The model keeps what was acknowledged (calls that returned). After every rule:
+
+- ``verify()`` is ok (integrity, hash chain, seq, projections == rebuild, I3/I4/I5, I1)
+  and the chain extends the head seen after the last acknowledged call (no acknowledged
+  commit rolled back);
+- acked <= present <= attempted: every acknowledged commit is still committed with the
+  manifest it returned and its blobs readable and intact (I1), every acknowledged end
+  (compensation, rejection) is still an end, every acknowledged planned step exists,
+  and the ledger holds no step the client never attempted;
+- no transition twice for one attempt (I4), I9 (every committed workspace path is a
+  readable blob), the epoch never goes back, the GC audit finds nothing dangling or
+  corrupt and every byte in one bucket, the workspace file is what the ledger says
+  once no workspace call is in doubt, and the checks themselves wrote nothing.
+
+Default: 30 examples x 15 steps, derandomized (the same run every time, < 40 s).
+STEPLEDGER_MODEL_FULL=1: 400 examples x 40 steps, random. Negative controls (the same
+machine with ``synchronous=OFF``, and with the blob directory fsync removed) must fail;
+their shrunk counterexamples are printed (run with ``-s`` to see them).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import os
+import random
+import shutil
+import sys
+import tempfile
+import time
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import Any
+
+import apsw
+import faultfs as F
+import pytest
+from hypothesis import HealthCheck, Phase, reject, settings
+from hypothesis import strategies as st
+from hypothesis.stateful import (
+    RuleBasedStateMachine,
+    invariant,
+    precondition,
+    rule,
+    run_state_machine_as_test,
+)
+
+from ledger import (
+    CompensationWindowClosed,
+    IllegalTransition,
+    Ledger,
+    LedgerError,
+    Planned,
+    StepPlan,
+    Write,
+)
+from ledger.blobs import BlobStore
+from ledger.gc import audit, collect
+from ledger.projections.steps import ENDED
+from ledger.restore import CommittedFold
+from ledger.steps import run_step, run_step_wrong_order
+
+FULL = os.environ.get("STEPLEDGER_MODEL_FULL", "") not in ("", "0")
+DAY = 24 * 3600
+WS_PATH = "app.py"  # exists before the first step
+NEW_PATH = "lib/new.txt"  # created (in a new directory) and deleted by steps
+WS_PATHS = (WS_PATH, NEW_PATH)
+V0 = b"v0\n"
+
+
+def _bytes(tag: str, size: int) -> bytes:
+    seed = hashlib.sha256(tag.encode()).digest()
+    return (seed * (size // len(seed) + 1))[:size]
+
+
+def sha(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+#: A few contents per size class, so steps deduplicate against each other, against
+#: orphans GC is about to collect and against blobs it collected.
+SMALL = [_bytes(f"small-{j}", 1_500 + 100 * j) for j in range(3)]  # inline rows
+LARGE = [_bytes(f"large-{j}", 70_000 + 1_000 * j) for j in range(3)]  # blob files (> 64 KiB)
+WS_CONTENT = [_bytes(f"ws-small-{j}", 900 + j) for j in range(2)] + \
+             [_bytes(f"ws-large-{j}", 80_000 + j) for j in range(2)]
+
+
+class InvariantBroken(AssertionError):
+    """An invariant of DESIGN.md does not hold (the message says which)."""
+
+
+class UnexpectedFailure(AssertionError):
+    """A call failed with no fault injected (or with an untyped error)."""
+
+
+# --- the simulated machine ------------------------------------------------------------
+
+
+class KillableDisk(F.PowerLossDisk):
+    """A `PowerLossDisk` that can also be SIGKILLed: from `kill_at` on every operation
+    fails (the process is gone: it changes nothing more), but nothing is lost — the page
+    cache is the truth and what was unsynced stays unsynced. `revive()` is the restart."""
+
+    def __init__(self, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.kill_at: int | None = None
+        self.killed = False
+
+    def tick(self, kind: str, target: str = "") -> str | None:
+        if self.killed:
+            raise F.PowerLost()
+        if self.kill_at is not None and not self.crashed and self.ops + 1 >= self.kill_at:
+            self.ops += 1
+            self.trace.append(kind)
+            self.targets.append(target)
+            self.killed = True
+            raise F.PowerLost()
+        return super().tick(kind, target)
+
+    @property
+    def dead(self) -> bool:
+        return self.killed or self.crashed
+
+    def revive(self) -> None:
+        self.killed, self.kill_at = False, None
+
+
+class GuardedVFS(F.FaultVFS):
+    """`FaultVFS` whose dead process deletes nothing either (``xDelete`` is not a counted
+    operation: without this guard the abandoned connection's close could remove a
+    ``-wal`` the new process needs)."""
+
+    def xDelete(self, name: str, syncdir: bool) -> None:
+        if self.disk.dead:  # type: ignore[attr-defined]
+            raise apsw.exception_for(apsw.SQLITE_IOERR_DELETE)
+        super().xDelete(name, syncdir)
+
+
+class Crash:
+    """Cut the call at its `at`-th disk operation: power loss (per `model`) or a kill."""
+
+    __slots__ = ("kind", "at", "model", "seed")
+
+    def __init__(self, kind: str, at: int, model: str = "drop", seed: int = 0) -> None:
+        self.kind, self.at, self.model, self.seed = kind, at, model, seed
+
+    def __repr__(self) -> str:
+        if self.kind == "kill":
+            return f"Crash('kill', at={self.at})"
+        return f"Crash('power', at={self.at}, model={self.model!r}, seed={self.seed})"
+
+    def _repr_pretty_(self, p: Any, cycle: bool) -> None:  # how hypothesis prints it
+        p.text(repr(self))
+
+
+CRASHES = st.one_of(
+    st.none(),
+    st.builds(Crash, kind=st.just("power"), at=st.integers(1, 120),
+              model=st.sampled_from(F.MODELS + F.EXTRA_MODELS), seed=st.integers(0, 3)),
+    st.builds(Crash, kind=st.just("kill"), at=st.integers(1, 120)),
+)
+
+
+# --- the operations (idempotent by step id: running one again is the client's retry) ---
+
+
+@dataclass
+class Op:
+    """One call of the client: `kind` on `step` with `args`; its fate in the model."""
+
+    key: str
+    kind: str
+    step: str
+    args: dict[str, Any] = field(default_factory=dict)
+    acked: bool = False
+    answer: str = ""  # what the acknowledged call said
+
+    @property
+    def touches_workspace(self) -> bool:
+        return self.kind in ("ws", "acquire") or (self.kind == "compensate" and self.step.startswith("ws-"))
+
+
+def _live_epoch(led: Ledger) -> int:
+    epoch = led.workspace("w").live_epoch(led.clock())
+    if epoch is None:  # never in this machine (a day-long lease, a fake clock), but be total
+        epoch = led.acquire("w", "agent", ttl_s=DAY).epoch
+    return epoch
+
+
+def do_append(led: Ledger, op: Op) -> str:
+    led.append(Planned(step=op.step, attempt=1, run="r"))
+    return "planned"
+
+
+def do_artifact(led: Ledger, op: Op) -> str:
+    result = run_step(led, op.step, op.args["outputs"], run="r")
+    return f"committed:{result.manifest.digest}"
+
+
+def do_artifact_wrong_order(led: Ledger, op: Op) -> str:
+    """THE BROKEN PROTOCOL (negative control): the manifest is published before its blobs
+    are stored (`ledger.steps.run_step_wrong_order`)."""
+    run_step_wrong_order(led, op.step, op.args["outputs"])
+    m = led.manifest(op.step)
+    return f"committed:{m.digest if m is not None else '?'}"
+
+
+def do_abandon(led: Ledger, op: Op) -> str:
+    """An attempt that stored its blobs and died: ended by whoever knows (orphans)."""
+    row = led.find_step(op.step)
+    if row is not None and row.state in ENDED and not row.live:
+        return "ended"
+    outputs = op.args["outputs"]
+    row = led.plan(op.step, run="r", artifacts=tuple(outputs))
+    for path in sorted(outputs):
+        led.store(op.step, row.attempt, path, outputs[path])
+    led.compensate(op.step, reason="abandoned")
+    return "ended"
+
+
+def do_workspace(led: Ledger, op: Op) -> str:
+    epoch = _live_epoch(led)
+    if led.unsettled("w", epoch):  # an acquire died while settling: settle, then new work
+        led.settle("w", epoch)
+    # Admitted every time: a step in flight or committed is left as it is (a retried
+    # admission puts back a post-image file a crash lost), an ended one gets a new attempt
+    # planned against what the workspace holds now.
+    writes = []
+    for i, path in enumerate(op.args["paths"]):
+        rev, digest = led.snapshot("w", path)
+        content = op.args["content"]
+        if content is None and digest is None:
+            content = 0  # nothing to delete: create it instead
+        data = None if content is None else WS_CONTENT[(content + i) % len(WS_CONTENT)]
+        writes.append(Write(path, data, digest, rev))
+    led.admit("w", epoch, [StepPlan(op.step, writes, run="r")])
+    row = led.step(op.step)
+    if not row.live:
+        verdict = led.apply(op.step, epoch=epoch).verdict
+        if verdict not in ("applied", "deduped"):
+            return verdict  # the fence said no: an answer, the attempt ended
+        led.publish(op.step)
+    led.ack(op.step, epoch=epoch)
+    return "committed"
+
+
+def do_compensate(led: Ledger, op: Op) -> str:
+    row = led.find_step(op.step)
+    if row is None:
+        return "unknown-step"  # the call that would have created it never landed
+    kwargs: dict[str, Any] = {}
+    planned = [r.event for r in led.read(step=op.step, kind="planned")
+               if r.event.attempt == row.attempt]
+    if planned and planned[0].workspace:
+        kwargs["epoch"] = _live_epoch(led)
+    try:
+        c = led.compensate(op.step, reason="model", **kwargs)
+    except IllegalTransition:
+        return "refused"  # its latest attempt was rejected: nothing to end
+    except CompensationWindowClosed:
+        return "refused"  # committed longer ago than the window: revert with a new step
+    return "conflict" if c.conflicts else "ended"
+
+
+def do_rebuild(led: Ledger, op: Op) -> str:
+    led.rebuild()
+    return "rebuilt"
+
+
+def do_gc(led: Ledger, op: Op) -> str:
+    report = collect(led, grace_s=0, force=True)
+    return f"collected {report.collected}"
+
+
+def do_acquire(led: Ledger, op: Op) -> str:
+    lease = led.acquire("w", "agent", ttl_s=DAY, force=True)
+    op.args["epoch"] = lease.epoch
+    return f"epoch {lease.epoch}" + (f" unsettled {list(lease.unsettled)}" if lease.unsettled else "")
+
+
+RUN = {"append": do_append, "art": do_artifact, "abandon": do_abandon, "ws": do_workspace,
+       "compensate": do_compensate, "rebuild": do_rebuild, "gc": do_gc, "acquire": do_acquire}
+
+
+# --- the machine ---------------------------------------------------------------------------
+
+_SCRATCH: str | None = None
+
+
+def _scratch() -> str:
+    global _SCRATCH
+    if _SCRATCH is None or not os.path.isdir(_SCRATCH):
+        _SCRATCH = tempfile.mkdtemp(prefix="model-faults-", dir=F.scratch_root())
+    return _SCRATCH
+
+
+class LedgerModel(RuleBasedStateMachine):
+    """The machine; subclasses change only how durable the storage is (controls)."""
+
+    SYNC = "FULL"
+    SKIP: frozenset[str] = frozenset()
+    RUN = RUN
+    KILL_ONLY = False  # a control whose only fault is the kill (power loss: example rejected)
+    #: What the runs did, summed over examples (printed by the test: coverage evidence).
+    STATS: Counter[str] = Counter()
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.root = tempfile.mkdtemp(prefix="m-", dir=_scratch())
+        self.ws_dir = os.path.realpath(os.path.join(self.root, "ws"))
+        os.makedirs(self.ws_dir)
+        with open(os.path.join(self.ws_dir, WS_PATH), "wb") as f:
+            f.write(V0)
+        self.clock = F.Clock()
+        self._hook = sys.unraisablehook
+        sys.unraisablehook = lambda u: None  # apsw reports VFS errors SQLite swallowed
+        self.gen = 0
+        # the ledger, the workspace and the first lease exist before the disk starts
+        # (power loss inside init is test_power_loss's sweep)
+        with Ledger.init(os.path.join(self._gdir(), "ledger.db"), clock=self.clock) as led:
+            led.add_workspace("w", self.ws_dir)
+            self.acked_epoch = led.acquire("w", "agent", ttl_s=DAY).epoch
+            self.acked_head = led.head()
+        self.vfss: list[GuardedVFS] = []
+        self.zombies: list[Ledger] = []
+        self.led: Ledger | None = None
+        self.history: list[str] = []  # what happened, for the failure report
+        self.ops: dict[str, Op] = {}
+        self.pending: list[str] = []  # keys of calls whose outcome is unknown
+        self.expect: dict[str, tuple[str, Any]] = {}  # step -> ("committed", digest) | ("ended",) | ("present",)
+        self.steps_attempted: set[str] = set()
+        self.compensations: Counter[str] = Counter()  # step -> compensate calls attempted
+        self.counter = 0
+        self._attach()
+
+    # -- plumbing --------------------------------------------------------------------
+
+    def _gdir(self) -> str:
+        d = os.path.join(self.root, f"g{self.gen}")
+        os.makedirs(d, exist_ok=True)
+        return d
+
+    @property
+    def path(self) -> str:
+        return os.path.join(self._gdir(), "ledger.db")
+
+    def _attach(self) -> None:
+        """A fresh simulated disk whose durable baseline is the current directory."""
+        self.disk = KillableDisk()
+        self.disk.adopt_tree(os.path.join(self._gdir(), "blobs"))
+        self.vfs = GuardedVFS(self.disk)
+        self.vfss.append(self.vfs)
+        self.fileops = F.PowerLossFileOps(self.disk, skip=self.SKIP)
+        self._open()
+
+    def _open(self) -> None:
+        try:
+            led = Ledger.open(self.path, vfs=self.vfs.name, synchronous=self.SYNC,  # type: ignore[arg-type]
+                              clock=self.clock)
+        except Exception as exc:
+            raise InvariantBroken(f"the ledger does not reopen after the fault:"
+                                  f" {type(exc).__name__}: {exc}") from exc
+        led.blobs = BlobStore(led.blobs.root, self.fileops)
+        self.led = led
+
+    def _bury(self) -> None:
+        """Abandon the current Ledger like a SIGKILLed process: its connection is never
+        closed (a close would checkpoint: not what a kill does), its fds the kernel would
+        drop are dropped (the lockq flock) and a transaction the kill cut is rolled back
+        (in WAL mode that touches no file). The dead handle stays referenced, unused,
+        until teardown. (Unlike a real kill its SQLite handle keeps the shared lock on
+        the -shm, so the next open reuses the wal-index instead of rebuilding it from
+        the -wal; the bytes it reads are the same.)"""
+        led, self.led = self.led, None
+        if led is None:
+            return
+        assert self.disk.dead
+        db = led._db
+        if db._lockq is not None:
+            with contextlib.suppress(OSError):
+                os.close(db._lockq)
+            db._lockq = None
+        if db.conn.in_transaction:
+            with contextlib.suppress(Exception):
+                db.conn.execute("ROLLBACK")
+        self.zombies.append(led)
+
+    def _power_loss(self, model: str, seed: int) -> None:
+        if self.KILL_ONLY:
+            reject()
+        if not self.disk.crashed:
+            self.disk.model, self.disk.rng = model, random.Random(seed)
+            self.disk.freeze()
+        self._bury()
+        old = self._gdir()
+        self.gen += 1
+        self.disk.materialize(old, self._gdir())
+        # the restart: the surviving image is opened with the ordinary VFS (read-write:
+        # WAL recovery, projections caught up) and closed; then the run goes on over it
+        # through a fresh simulated disk whose durable baseline is that image
+        try:
+            Ledger.open(self.path, clock=self.clock).close()
+        except Exception as exc:
+            self.fail(f"the surviving image does not reopen: {type(exc).__name__}: {exc}")
+        self._attach()
+
+    def _kill(self) -> None:
+        self.disk.killed = True
+        self._bury()
+        self.disk.revive()
+        self._open()
+
+    def teardown(self) -> None:
+        with contextlib.suppress(Exception):
+            if self.led is not None:
+                self.led.close()
+        for z in self.zombies:
+            with contextlib.suppress(Exception):
+                z._db.conn.close(True)
+        for v in self.vfss:
+            with contextlib.suppress(Exception):
+                v.unregister()
+        sys.unraisablehook = self._hook
+        shutil.rmtree(self.root, ignore_errors=True)
+
+    # -- running one call under the model -----------------------------------------------
+
+    def _new(self, kind: str, step: str, **args: Any) -> Op:
+        self.counter += 1
+        op = Op(f"{kind}#{self.counter}", kind, step, args)
+        self.ops[op.key] = op
+        return op
+
+    def _call(self, op: Op, crash: Crash | None) -> None:
+        assert self.led is not None
+        if op.kind == "compensate":
+            self.compensations[op.step] += 1
+        prior = None
+        if op.step:
+            self.steps_attempted.add(op.step)
+            if op.kind != "append":
+                prior = self.expect.pop(op.step, None)  # in doubt until the call returns
+        disk = self.disk
+        if crash is not None:
+            if crash.kind == "power":
+                disk.crash_at = disk.ops + crash.at
+                disk.model, disk.rng = crash.model, random.Random(crash.seed)
+            else:
+                disk.kill_at = disk.ops + crash.at
+        start = disk.ops
+        error: BaseException | None = None
+        answer = ""
+        try:
+            answer = self.RUN[op.kind](self.led, op)
+        except Exception as exc:  # noqa: BLE001 - judged below
+            error = exc
+        fired = disk.dead
+        self.STATS[f"call:{op.kind}"] += 1
+        self.STATS[f"max-ops:{op.kind}"] = max(self.STATS[f"max-ops:{op.kind}"], disk.ops - start)
+        if fired:
+            self.STATS[f"cut:{crash.kind if crash else '?'}:{op.kind}"] += 1
+        disk.crash_at = None
+        disk.kill_at = None
+        used = disk.ops - start
+        if fired and error is not None:
+            self.history.append(f"{op.key} {op.step}: cut by {crash} after {used} ops"
+                                f" ({type(error).__name__}) -> in doubt")
+            if op.key not in self.pending:
+                self.pending.append(op.key)
+            if crash is not None and crash.kind == "power":
+                self._power_loss(crash.model, crash.seed)
+            else:
+                self._kill()
+            return
+        if error is not None:
+            raise UnexpectedFailure(f"{op.key} {op.kind} {op.step}: no fault was injected but the"
+                                    f" call failed: {type(error).__name__}: {error}") from error
+        # the call returned: acknowledged (even if the machine died under it afterwards —
+        # the client saw the answer; what it was told must survive)
+        op.acked, op.answer = True, answer
+        if fired:
+            self.STATS["returned-after-the-fault"] += 1
+        self.STATS[f"acked:{op.kind}:{answer.split(':')[0].split(' ')[0]}"] += 1
+        if op.key in self.pending:
+            self.pending.remove(op.key)
+        self._learn(op, prior)
+        with contextlib.suppress(Exception):
+            self.acked_head = self.led.head()
+        self.history.append(f"{op.key} {op.step}: {answer}" + (
+            f" (then {crash} fired after {used} ops)" if fired else
+            f" ({crash} not reached: the call used {used} ops)" if crash else ""))
+        if fired:
+            if crash is not None and crash.kind == "power":
+                self._power_loss(crash.model, crash.seed)
+            else:
+                self._kill()
+
+    def _learn(self, op: Op, prior: tuple[str, Any] | None) -> None:
+        """What an acknowledged call tells the model."""
+        assert self.led is not None
+        if op.kind == "append":
+            self.expect.setdefault(op.step, ("present",))
+        elif op.kind == "art":
+            self.expect[op.step] = ("committed", op.answer.split(":", 1)[1])
+        elif op.kind == "ws":
+            if op.answer == "committed":
+                m = self.led.manifest(op.step)
+                self.expect[op.step] = ("committed", m.digest if m is not None else "?")
+            else:
+                self.expect[op.step] = ("ended",)
+        elif op.kind in ("abandon", "compensate"):
+            if op.answer == "refused":  # a typed refusal: nothing changed
+                if prior is not None:
+                    self.expect[op.step] = prior
+            elif op.answer != "unknown-step":
+                self.expect[op.step] = ("ended",)
+        elif op.kind == "acquire":
+            self.acked_epoch = max(self.acked_epoch, op.args["epoch"])
+
+    # -- rules: the public API ----------------------------------------------------------
+
+    @rule(crash=CRASHES)
+    def append(self, crash: Crash | None) -> None:
+        self._call(self._new("append", f"app-{self.counter + 1}"), crash)
+
+    @rule(inline=st.sampled_from([None, 0, 1, 2]), file=st.sampled_from([None, 0, 1, 2]),
+          crash=CRASHES)
+    def artifact_step(self, inline: int | None, file: int | None, crash: Crash | None) -> None:
+        outputs = {}
+        if inline is not None:
+            outputs["log.txt"] = SMALL[inline]
+        if file is not None:
+            outputs["out.bin"] = LARGE[file]
+        if not outputs:
+            outputs["log.txt"] = SMALL[0]
+        self._call(self._new("art", f"art-{self.counter + 1}", outputs=outputs), crash)
+
+    @rule(inline=st.sampled_from([None, 0, 1]), file=st.sampled_from([None, 0, 1]), crash=CRASHES)
+    def abandoned_step(self, inline: int | None, file: int | None, crash: Crash | None) -> None:
+        outputs = {}
+        if inline is not None:
+            outputs["note.txt"] = SMALL[inline]
+        if file is not None:
+            outputs["scratch.bin"] = LARGE[file]
+        if not outputs:
+            outputs["scratch.bin"] = LARGE[0]
+        self._call(self._new("abandon", f"ab-{self.counter + 1}", outputs=outputs), crash)
+
+    @rule(paths=st.sampled_from([(WS_PATH,), (NEW_PATH,), WS_PATHS]),
+          content=st.sampled_from([*range(len(WS_CONTENT)), None]), crash=CRASHES)
+    def workspace_step(self, paths: tuple[str, ...], content: int | None,
+                       crash: Crash | None) -> None:
+        """Write `paths` (content None: delete them), under the live lease."""
+        self._call(self._new("ws", f"ws-{self.counter + 1}", paths=paths, content=content), crash)
+
+    @precondition(lambda self: any(s.startswith(("art-", "ws-", "ab-", "app-"))
+                                   for s in self.steps_attempted))
+    @rule(pick=st.integers(0, 7), crash=CRASHES)
+    def compensate(self, pick: int, crash: Crash | None) -> None:
+        steps = sorted(self.steps_attempted, key=lambda s: int(s.split("-")[1]))
+        self._call(self._new("compensate", steps[-1 - pick % len(steps)]), crash)
+
+    @rule(crash=CRASHES)
+    def rebuild(self, crash: Crash | None) -> None:
+        self._call(self._new("rebuild", ""), crash)
+
+    @rule(crash=CRASHES)
+    def gc(self, crash: Crash | None) -> None:
+        self._call(self._new("gc", ""), crash)
+
+    @rule(crash=CRASHES)
+    def acquire(self, crash: Crash | None) -> None:
+        self._call(self._new("acquire", ""), crash)
+
+    @rule(hours=st.sampled_from([1, 25]))
+    def time_passes(self, hours: int) -> None:
+        """The clock jumps: 25 h expires the lease (the next workspace call acquires a new
+        epoch, which settles the old one), closes the compensation window and lets
+        pre-image pins go (GC may take them)."""
+        self.history.append(f"{hours} h pass")
+        self.clock.now += hours * 3600 * 1_000_000_000
+
+    @precondition(lambda self: bool(self.pending))
+    @rule(pick=st.integers(0, 3), crash=CRASHES)
+    def retry(self, pick: int, crash: Crash | None) -> None:
+        """The client retries a call whose outcome it does not know."""
+        op = self.ops[self.pending[pick % len(self.pending)]]
+        self._call(op, crash)
+
+    # -- rules: the faults ---------------------------------------------------------------
+
+    @rule(model=st.sampled_from(F.MODELS + F.EXTRA_MODELS), seed=st.integers(0, 3))
+    def power_loss(self, model: str, seed: int) -> None:
+        self.history.append(f"power loss ({model}, seed {seed})")
+        self.STATS["power_loss"] += 1
+        self._power_loss(model, seed)
+
+    @rule()
+    def process_kill(self) -> None:
+        self.history.append("process kill")
+        self.STATS["process_kill"] += 1
+        self._kill()
+
+    # -- the invariants ------------------------------------------------------------------
+
+    def fail(self, what: str) -> None:
+        raise InvariantBroken(what + "\nhistory:\n  " + "\n  ".join(self.history[-20:]))
+
+    @invariant()
+    def invariants_hold(self) -> None:
+        self.STATS["checks"] += 1
+        led = self.led
+        assert led is not None
+        ops_before = self.disk.ops
+        # verify: integrity, chain, seq, projections == rebuild, I3/I4/I5, I1; and the
+        # chain still holds the head seen after the last acknowledged call
+        rep = led.verify(expect_head=self.acked_head)
+        if not rep.ok:
+            self.fail("verify: " + "; ".join(f"{f.check} #{f.seq}: {f.message}"
+                                             for f in rep.findings[:5]))
+        rows = {s.step_id: s for s in led.steps()}
+        # present <= attempted
+        unexpected = sorted(set(rows) - self.steps_attempted)
+        if unexpected:
+            self.fail(f"steps nobody attempted: {unexpected}")
+        # acked <= present, with what the acknowledgement said
+        for step, exp in sorted(self.expect.items()):
+            row = rows.get(step)
+            if exp[0] == "present" and row is None:
+                self.fail(f"I1/lost: acknowledged planned step {step} is gone")
+            elif exp[0] == "committed":
+                c = led.classify(step)
+                if c != "committed":
+                    self.fail(f"I1/lost: acknowledged commit {step} is now {c!r}"
+                              f" (state {row.state if row else None})")
+                m = led.manifest(step)
+                if m is None or m.digest != exp[1]:
+                    self.fail(f"acknowledged manifest of {step} was {exp[1][:12]}…, the ledger"
+                              f" says {m.digest[:12] if m else None}")
+                for e in (*m.writes, *m.artifacts):
+                    try:
+                        data = led.read_blob(e.digest)
+                    except LedgerError as exc:
+                        self.fail(f"I1: {step} {e.path} -> {e.digest[:12]}…: {exc}")
+                    if sha(data) != e.digest or len(data) != e.size:
+                        self.fail(f"I1: {step} {e.path} reads back wrong bytes")
+            elif exp[0] == "ended" and (row is None or row.live or row.state not in ENDED):
+                self.fail(f"acknowledged end of {step} is undone: "
+                          f"{None if row is None else (row.state, row.live)}")
+        for step in rows:
+            c = led.classify(step)
+            if c.startswith("VIOLATION"):
+                self.fail(f"I1 {step}: {c}")
+        # nothing the client did not ask for: an artifact or planned step ends only when
+        # it was compensated, is never rejected (only a fence rejects), and commits at
+        # most once per compensation asked for (a retry continues the attempt in flight)
+        published = Counter(r.event.step for r in led.read(kind="manifest-published"))
+        for step, row in rows.items():
+            if step.startswith(("art-", "app-")):
+                if row.state == "compensated" and not self.compensations[step]:
+                    self.fail(f"unexpected: {step} was compensated, nobody asked")
+                if row.state == "rejected":
+                    self.fail(f"unexpected: {step} was rejected")
+                if published[step] > 1 + self.compensations[step]:
+                    self.fail(f"duplicated: {step} published {published[step]} times with"
+                              f" {self.compensations[step]} compensation(s) asked for")
+        # I4: one transition per attempt
+        seen = Counter((r.event.step, r.event.attempt, r.kind) for r in led.read()
+                       if r.kind in ("planned", "fenced", "manifest-published", "acked",
+                                     "compensated", "rejected"))
+        twice = sorted(k for k, n in seen.items() if n > 1)
+        if twice:
+            self.fail(f"I4: transitions recorded twice: {twice[:5]}")
+        # I9: every path's committed content is a readable blob
+        fold = CommittedFold()
+        for r in led.read():
+            fold.feed(r.event)
+        for (ws, path), digest in sorted(fold.committed.items()):
+            if digest is not None:
+                try:
+                    led.read_blob(digest)
+                except LedgerError as exc:
+                    self.fail(f"I9 {ws}:{path}: {type(exc).__name__}: {exc}")
+        # I5: epochs never go back
+        epoch = led.workspace("w").epoch
+        if epoch < self.acked_epoch:
+            self.fail(f"epoch went back: {epoch} < acknowledged {self.acked_epoch}")
+        # the byte audit
+        a = audit(led, deep=True)
+        if not a.ok:
+            self.fail(f"audit: dangling={a.dangling[:3]} corrupt={a.corrupt[:3]}"
+                      f" problems={a.problems[:3]} reconciled={a.reconciled}")
+        # the workspace holds what the ledger says, once no workspace call is in doubt
+        if not any(self.ops[k].touches_workspace for k in self.pending):
+            in_flight = [s for s in led.steps() if s.workspace == "w" and s.state not in ENDED
+                         and not s.live]
+            if not in_flight:
+                paths = led.workspace_paths("w")
+                for path, before in ((WS_PATH, sha(V0)), (NEW_PATH, None)):
+                    try:
+                        with open(os.path.join(self.ws_dir, path), "rb") as f:
+                            on_disk: str | None = sha(f.read())
+                    except FileNotFoundError:
+                        on_disk = None
+                    said = paths.get(path, (0, before))[1]
+                    if on_disk != said:
+                        self.fail(f"workspace {path} holds {str(on_disk)[:12]}…, the ledger"
+                                  f" says {str(said)[:12]}…")
+        if self.disk.ops != ops_before:
+            self.fail(f"the checks wrote: {self.disk.trace[ops_before:][:8]}")
+
+
+class NoSyncModel(LedgerModel):
+    """Negative control: synchronous=OFF (no WAL fsync): acknowledged commits are lost."""
+
+    SYNC = "OFF"
+
+
+class NormalSyncModel(LedgerModel):
+    """Negative control: synchronous=NORMAL (a commit is durable only at a checkpoint)."""
+
+    SYNC = "NORMAL"
+
+
+class WrongOrderModel(LedgerModel):
+    """Negative control for the kill alone (page cache kept: only ordering bugs show):
+    an artifact step that publishes its manifest before storing its blobs."""
+
+    RUN = {**RUN, "art": do_artifact_wrong_order}
+    KILL_ONLY = True
+
+
+class NoDirFsyncModel(LedgerModel):
+    """Negative control: the blob directory is never fsynced: a manifest outlives its blob."""
+
+    SKIP = frozenset({"dirfsync"})
+
+
+# --- the tests ------------------------------------------------------------------------------
+
+
+def _settings(**kw: Any) -> settings:
+    base: dict[str, Any] = dict(
+        max_examples=400 if FULL else 30,
+        stateful_step_count=40 if FULL else 15,
+        deadline=None,
+        derandomize=not FULL,
+        database=None,
+        suppress_health_check=list(HealthCheck),
+        print_blob=True,
+        report_multiple_bugs=False,
+        phases=[Phase.explicit, Phase.reuse, Phase.generate, Phase.target, Phase.shrink],
+    )
+    base.update(kw)
+    return settings(**base)
+
+
+def test_model_with_power_loss_and_process_kill() -> None:
+    LedgerModel.STATS.clear()
+    t0 = time.perf_counter()
+    run_state_machine_as_test(LedgerModel, settings=_settings())
+    stats = dict(sorted(LedgerModel.STATS.items()))
+    print(f"model: {'full' if FULL else 'default'} run passed in {time.perf_counter() - t0:.1f}s;"
+          f" {stats}")
+    # the run exercised what it claims: every call kind, both faults, calls cut mid-way
+    # and retried, and every invariant check ran
+    for kind in RUN:
+        assert stats.get(f"call:{kind}", 0) > 0, kind
+    assert stats.get("power_loss", 0) > 0 and stats.get("process_kill", 0) > 0
+    assert any(k.startswith("cut:power") for k in stats) and any(k.startswith("cut:kill") for k in stats)
+
+
+def _find_counterexample(machine: type[LedgerModel], max_examples: int) -> str:
+    """Run a control machine; it must fail. Return the shrunk sequence hypothesis reports."""
+    t0 = time.perf_counter()
+    with pytest.raises((InvariantBroken, UnexpectedFailure)) as info:
+        run_state_machine_as_test(machine, settings=_settings(
+            max_examples=max_examples, stateful_step_count=8, derandomize=True))
+    notes = "\n".join(getattr(info.value, "__notes__", []))
+    text = (f"{machine.__name__}: caught in {time.perf_counter() - t0:.1f}s\n{notes}\n"
+            f"{str(info.value).splitlines()[0]}")
+    print(text)
+    return text
+
+
+def test_negative_control_synchronous_off_is_caught() -> None:
+    text = _find_counterexample(NoSyncModel, 60)
+    assert "power_loss" in text or "Crash('power'" in text
+    assert "lost" in text or "head" in text or "rolled back" in text
+
+
+def test_negative_control_synchronous_normal_is_caught() -> None:
+    text = _find_counterexample(NormalSyncModel, 60)
+    assert "power_loss" in text or "Crash('power'" in text
+
+
+def test_negative_control_publish_before_store_is_caught_by_a_kill() -> None:
+    text = _find_counterexample(WrongOrderModel, 60)
+    assert "Crash('kill'" in text or "process_kill" in text
+    assert "missing" in text
+
+
+def test_negative_control_no_blob_dir_fsync_is_caught() -> None:
+    text = _find_counterexample(NoDirFsyncModel, 60)
+    assert "power_loss" in text or "Crash('power'" in text
+    assert "missing" in text or "I1" in text
+
+
+# --- regressions: counterexamples the machine found, as explicit rule sequences ----------
+
+
+def replay(machine: type[LedgerModel], *calls: tuple[str, dict[str, Any]]) -> LedgerModel:
+    """Run one rule sequence the way hypothesis does: the invariants after every rule."""
+    state = machine()
+    try:
+        state.invariants_hold()
+        for name, kwargs in calls:
+            getattr(state, name)(**kwargs)
+            state.invariants_hold()
+    finally:
+        state.teardown()
+    return state
+
+
+def _blob_ops_of_a_workspace_step() -> list[int]:
+    """The disk operations (1-based, into the call) of the post-image put a fresh
+    workspace step with a file-sized post-image makes inside `admit`."""
+    probe = LedgerModel()
+    try:
+        start = probe.disk.ops
+        probe.workspace_step(paths=(WS_PATH,), content=2, crash=None)
+        trace = probe.disk.trace[start:]
+    finally:
+        probe.teardown()
+    return [i for i, kind in enumerate(trace, 1) if kind in F.BLOB_KINDS]
+
+
+def test_regression_kill_inside_admit_then_retry() -> None:
+    """Found by the FULL run (3 of 4 seeds), shrunk to two rules:
+
+        state.workspace_step(content=2, crash=Crash('kill', at=18))   # op 18: the blob
+        state.retry(crash=None, pick=0)                               # root's mkdir
+
+    The kill lands after `admit` committed the planned attempt and pinned its post-image
+    (a file-sized blob) but before the blob file exists. The retry then failed with
+    BlobNotFound from `apply` (staging the post-image). Not a ledger bug: the model's
+    client skipped `admit` for a step already in flight and went straight to `apply`;
+    the documented recovery is the retried admission, which puts back the post-image
+    file its recorded plan names (`admit` -> `_restore_post_images`). The client now
+    always re-admits; this pins that the recovery works at every blob-store operation
+    of the put, after a kill and after a power loss."""
+    replay(LedgerModel, ("workspace_step", dict(paths=(WS_PATH,), content=2, crash=Crash("kill", at=18))),
+           ("retry", dict(pick=0, crash=None)))
+    points = _blob_ops_of_a_workspace_step()
+    assert len(points) >= 4, points  # mkdirs, write, fsync, rename, dirfsync
+    for at in points:
+        for crash in (Crash("kill", at=at), Crash("power", at=at, model="drop")):
+            state = replay(LedgerModel, ("workspace_step", dict(paths=(WS_PATH,), content=2, crash=crash)),
+                           ("retry", dict(pick=0, crash=None)))
+            op = state.ops["ws#1"]
+            assert "cut by" in state.history[0], (crash, state.history)
+            assert op.acked and op.answer == "committed", (crash, state.history)

@@ -45,6 +45,7 @@ their shrunk counterexamples are printed (run with ``-s`` to see them).
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import hashlib
 import os
@@ -54,6 +55,7 @@ import sys
 import tempfile
 import time
 from collections import Counter
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -316,7 +318,15 @@ def _scratch() -> str:
     global _SCRATCH
     if _SCRATCH is None or not os.path.isdir(_SCRATCH):
         _SCRATCH = tempfile.mkdtemp(prefix="model-faults-", dir=F.scratch_root())
+        atexit.register(shutil.rmtree, _SCRATCH, True)
     return _SCRATCH
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _clean_scratch() -> Iterator[None]:
+    yield
+    if _SCRATCH is not None:
+        shutil.rmtree(_SCRATCH, ignore_errors=True)
 
 
 class LedgerModel(RuleBasedStateMachine):

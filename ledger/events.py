@@ -259,10 +259,17 @@ class Compensated(StepEvent, frozen=True, kw_only=True, tag="compensated"):
 
 
 class Rejected(StepEvent, frozen=True, kw_only=True, tag="rejected"):
-    """The fence refused the attempt; nothing was applied."""
+    """The fence refused the attempt; nothing of it stays applied.
+
+    `undone` lists the writes of the attempt whose renames had landed before a crash
+    (the path still at its base rev, holding the post-image) and that the rejecting
+    replay put back to their pre-image (``restored``), or could not (``conflict``: left
+    as found, for a human). Absent in ledgers written before it existed.
+    """
 
     reason: Literal["stale_rev", "pre_hash", "stale_epoch", "overlap"]
     detail: Text = ""
+    undone: tuple[Restored, ...] = ()
 
 
 class WorkspaceAdded(Event, frozen=True, kw_only=True, tag="workspace-added"):

@@ -713,8 +713,11 @@ class WorkspaceProtocol:
                 return answered.result  # type: ignore[no-any-return]
             event = recorded[0].event
             if isinstance(event, Rejected):
+                detail = event.detail
+                if event.undone:  # writes that had landed before a crash, put back
+                    detail += "; " + ", ".join(f"{u.path}: {u.outcome}" for u in event.undone)
                 return ApplyResult(verdict=f"rejected:{event.reason}", step=step, attempt=attempt,
-                                   detail=event.detail)
+                                   detail=detail)
             assert isinstance(event, Fenced)
             applied = True
             return ApplyResult(verdict="applied", step=step, attempt=attempt,
@@ -800,8 +803,12 @@ class WorkspaceProtocol:
             if not recordable:  # journal off, attempt already applied: answer, record nothing
                 raise _Answered(ApplyResult(verdict=f"rejected:{reason}", step=step,
                                             attempt=attempt, detail=detail))
+            # A crash may have cut the first apply after some renames: a rejection must
+            # not leave them behind, recorded nowhere (nothing would ever reconcile them).
+            undone = self._undo_landed(conn, planned, wsdir, disk)
             return [Rejected(step=step, attempt=attempt, run=planned.run, workspace=name,
-                             epoch=epoch, reason=reason, detail=detail)]  # type: ignore[arg-type]
+                             epoch=epoch, reason=reason, detail=detail,  # type: ignore[arg-type]
+                             undone=undone)]
 
         disk: dict[str, str | None] = {}
         for w in planned.writes:
@@ -843,6 +850,45 @@ class WorkspaceProtocol:
         return [Fenced(step=step, attempt=attempt, run=planned.run, workspace=name, epoch=epoch,
                        writes=tuple(applied), rev=rev, settled=settled,
                        journal=planned.journal)]
+
+    def _undo_landed(
+        self: Ledger,
+        conn: apsw.Connection,
+        planned: Planned,
+        wsdir: WorkspaceDir,
+        disk: dict[str, str | None],
+    ) -> tuple[Restored, ...]:
+        """Put back the writes of a same-epoch replay's attempt that landed unrecorded
+        (under the lock, before its `rejected` commits).
+
+        A write landed when its path is still at its base rev and holds its post-image —
+        the evidence the fence's "record it" branch accepts for the same replay. Its
+        pre-image goes back from the pin apply stored before any rename (a created file
+        is removed: its bytes stay in the store, pinned as the post-image at admission);
+        a pre-image that cannot be read is a ``conflict``, left as found.
+        """
+        out: list[Restored] = []
+        for w in reversed(planned.writes):  # the reverse of the order apply renamed in
+            now = disk[w.path]
+            if now != w.post_hash or w.post_hash == w.pre_hash:
+                continue
+            state = load_path(conn, planned.workspace, w.path)
+            path_rev = 0 if state is None else state[0]
+            if path_rev != w.base_rev:
+                continue  # recorded as someone else's since: not this attempt's to undo
+            data = None
+            if w.pre_hash is not None:
+                try:
+                    data = self.read_blob(w.pre_hash)
+                except LedgerError:
+                    out.append(Restored(path=w.path, rev=path_rev, digest=now,
+                                        outcome="conflict"))
+                    continue
+            wsdir.put(w.path, data)
+            disk[w.path] = w.pre_hash
+            out.append(Restored(path=w.path, rev=path_rev, digest=w.pre_hash,
+                                outcome="restored"))
+        return tuple(reversed(out))
 
     # -- compensating --------------------------------------------------------------------
 

@@ -447,6 +447,40 @@ def test_the_next_epoch_settles_a_crashed_apply(tmp_path: Path) -> None:
     assert w.ledger.verify().ok
 
 
+def test_a_rejected_replay_puts_back_the_writes_that_landed(tmp_path: Path) -> None:
+    """Found by the model-based fault machine: the first apply of a two-write step is
+    SIGKILLed after app.py's rename and before b.py's; a human then edits b.py. The
+    replay is rejected (pre_hash on b.py) — and must not leave app.py's post-image
+    behind, recorded nowhere: it puts the pinned pre-image back and says so."""
+    w = World(tmp_path)
+    (w.dir / "b.py").write_text("b0")
+    w.admit(StepPlan("s1", [Write("app.py", b"v1", h("v0")), Write("b.py", b"b1", h("b0"))]))
+    w.ledger.close()
+    pid = os.fork()
+    if pid == 0:  # pragma: no cover - the child
+        def on_op(name: str) -> None:
+            if name == "ws-dirfsync":  # app.py's rename is durable; b.py's not begun
+                os.kill(os.getpid(), signal.SIGKILL)
+
+        Ledger.open(w.path, clock=w.clock, on_op=on_op).apply("s1", epoch=w.epoch)
+        os._exit(0)
+    _, status = os.waitpid(pid, 0)
+    assert os.WIFSIGNALED(status) and os.WTERMSIG(status) == signal.SIGKILL
+    w.ledger = Ledger.open(w.path, clock=w.clock)
+    assert w.disk() == "v1" and (w.dir / "b.py").read_text() == "b0"
+    (w.dir / "b.py").write_text("human")
+    assert w.apply("s1") == "rejected:pre_hash"
+    assert w.disk() == "v0"  # put back, not left as an unrecorded post-image
+    assert (w.dir / "b.py").read_text() == "human"  # the human's edit is never touched
+    rejected = next(iter(w.ledger.read(step="s1", kind="rejected"))).event
+    assert [(r.path, r.outcome, r.digest) for r in rejected.undone] == [
+        ("app.py", "restored", h("v0"))]
+    assert w.ledger.snapshot("w", "app.py") == (0, h("v0"))  # what the ledger says
+    assert w.ledger.verify().ok
+    # redelivered, the rejection is the answer again and nothing moves
+    assert w.apply("s1") == "rejected:pre_hash" and w.disk() == "v0"
+
+
 def test_article_003_verdict_rules(tmp_path: Path) -> None:
     """Section 10 of the article: reject and re-plan; replay the stored result;
     compensate to the checkpoint; accept a rebase."""

@@ -66,6 +66,7 @@ if ROOT not in sys.path:
 import apsw
 
 from ledger import Ledger, StepPlan, Write
+from ledger.db import BUSY_TIMEOUT_MS
 from ledger.errors import (
     LeaseHeld,
     LedgerBusy,
@@ -670,7 +671,8 @@ def run(
     report["config"] = {
         "procs": procs, "steps": steps, "readers": readers, "contenders": contenders,
         "artifact_every": artifact_every, "synchronous": "FULL",
-        "busy_timeout_ms": busy_timeout_ms if busy_timeout_ms is not None else "default (5000)",
+        "busy_timeout_ms": (busy_timeout_ms if busy_timeout_ms is not None
+                            else f"default ({BUSY_TIMEOUT_MS})"),
         "scratch": root, "fs": fs_type(root), "cpus": os.cpu_count(),
         "python": sys.version.split()[0], "sqlite": apsw.sqlite_lib_version(),
     }
@@ -945,7 +947,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--reader-pause", type=float, default=0.0,
                     help="seconds a reader sleeps between reads (default 0)")
     ap.add_argument("--busy-timeout-ms", type=int, default=None,
-                    help="override the library's busy timeout (default: the library's, 5000)")
+                    help=f"override the library's busy timeout (default: the library's,"
+                         f" {BUSY_TIMEOUT_MS} ms)")
     ap.add_argument("--seed", type=int, default=1)
     # internal: run as a child
     ap.add_argument("--child", choices=("writer", "reader", "contender"), help=argparse.SUPPRESS)

@@ -14,6 +14,7 @@ from typing import Any
 
 import apsw
 import hypothesis
+import msgspec
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -21,6 +22,7 @@ from hypothesis import strategies as st
 from conftest import FakeClock, commit_events, digest_of, snapshot_dir
 from ledger import (
     Acked,
+    CorruptLedger,
     BlobPinned,
     BlobStored,
     Compensated,
@@ -593,3 +595,66 @@ def test_catch_up_refolds_pins_and_manifests(tmp_path) -> None:
         pins = [(b["digest"] is not None, b["pinned"]) for b in lg.blob_list()]
         assert pins.count((True, True)) == 1  # only the open attempt's blob is pinned
         assert lg.manifest("later") is not None and lg.step("open").state == "blob-stored"
+
+
+# --- fold-only decoding (projections.lite) ---------------------------------------------
+
+
+def _edit_payload(path: Path | str, seq: int, payload: bytes) -> None:
+    """Rewrite one event's payload behind the ledger's back (its triggers dropped)."""
+    conn = apsw.Connection(str(path))
+    try:
+        triggers = conn.execute(
+            "SELECT name, sql FROM sqlite_schema WHERE type = 'trigger' AND tbl_name = 'events'"
+        ).fetchall()
+        with conn:
+            for name, _ in triggers:
+                conn.execute(f'DROP TRIGGER "{name}"')
+            conn.execute("UPDATE events SET payload = ? WHERE seq = ?", (payload, seq))
+            for _, sql in triggers:
+                conn.execute(sql)
+    finally:
+        conn.close()
+
+
+@pytest.mark.parametrize("payload", [
+    # a planned event's payload under the row's kind `acked`
+    b'{"kind":"planned","step":"s","attempt":1,"run":"","workspace":"","epoch":0}',
+    # the right kind, a field of the wrong type
+    b'{"kind":"acked","step":"s","attempt":"one","run":"","workspace":"","epoch":0,'
+    b'"manifest_rev":0}',
+    b'not json',
+])
+def test_rebuild_refuses_a_payload_the_fold_cannot_read(tmp_path: Path, payload: bytes) -> None:
+    """The slim decoder of the hot kinds still refuses a payload of another kind than its
+    row, or of the wrong types: rebuild raises CorruptLedger and writes nothing."""
+    path = tmp_path / "l.db"
+    with Ledger.init(path, clock=FakeClock()) as led:
+        led.append_batch(commit_events("s", ledger=led))
+        acked = next(r.seq for r in led.read(kind="acked"))
+        before = table(led)
+    _edit_payload(path, acked, payload)
+    with Ledger.open(path, clock=FakeClock()) as led:
+        with pytest.raises(CorruptLedger, match=f"event #{acked}"):
+            led.rebuild()
+        assert table(led) == before
+        assert not led.verify().ok
+
+
+def test_rebuild_skips_constraints_verify_still_checks_them(tmp_path: Path) -> None:
+    """Fold-only decoding reads the hot kinds without their field constraints (they were
+    checked at append); an edited payload that breaks one (an upper-case digest) is
+    folded by rebuild, and verify — the full decoder and the hash chain — reports it."""
+    path = tmp_path / "l.db"
+    with Ledger.init(path, clock=FakeClock()) as led:
+        led.append_batch(commit_events("s", ledger=led))
+        rec = next(r for r in led.read(kind="manifest-published"))
+    edited = msgspec.json.encode(rec.event).replace(
+        rec.event.digest.encode(), rec.event.digest.upper().encode())
+    _edit_payload(path, rec.seq, edited)
+    with Ledger.open(path, clock=FakeClock()) as led:
+        led.rebuild()
+        assert led.step("s").manifest_digest == rec.event.digest.upper()
+        report = led.verify()
+        assert not report.ok
+        assert any(f.seq == rec.seq for f in report.findings), report.findings

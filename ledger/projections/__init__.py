@@ -24,11 +24,12 @@ import msgspec
 
 from ..db import Database
 from ..errors import CorruptLedger, IllegalTransition, InvalidInput
-from ..events import Planned, StepEvent, decode
+from ..events import StepEvent
 from ..log import FOLD_COLUMNS, EventLog
 from . import refs as refs_mod
 from . import steps as steps_mod
 from . import workspaces as ws_mod
+from .lite import decode_for_fold
 from .refs import RefsFold
 from .workspaces import WorkspacesFold, WsRow
 from .steps import (
@@ -163,6 +164,12 @@ def _fold_rows(
     """Fold raw event rows into `working` (and `refs`); return the last seq seen."""
     last = 0
     done = 0
+    # locals: this loop runs once per event of the ledger
+    ws_kinds, step_kinds = ws_mod.KINDS, steps_mod.STEP_KIND_TAGS
+    folded_kinds = step_kinds | ws_kinds
+    refs_kinds, finished = refs_mod.KINDS, _FINISHED
+    step_fold, get, pop = fold, working.get, working.pop
+    bad = (msgspec.DecodeError, msgspec.ValidationError, InvalidInput, ValueError, TypeError)
     for seq, time_ns, kind, v, payload in log.rows(after_seq, columns=FOLD_COLUMNS):
         if not (type(seq) is int and type(time_ns) is int and type(kind) is str
                 and type(v) is int and type(payload) is bytes):
@@ -172,35 +179,33 @@ def _fold_rows(
         done += 1
         if progress is not None and done % 10_000 == 0:
             progress(done, total)
-        is_ws = kind in ws_mod.KINDS
-        if kind not in steps_mod.ALLOWED_AFTER and kind != "planned" and not is_ws:
+        if kind not in folded_kinds:
             continue  # no projection folds it
         try:
-            event = decode(payload, v)  # type: ignore[arg-type]
-        except (msgspec.DecodeError, msgspec.ValidationError, InvalidInput, ValueError,
-                TypeError) as exc:
+            event = decode_for_fold(kind, payload, v)  # type: ignore[arg-type]
+        except bad as exc:
             raise CorruptLedger(log.db.path, f"event #{seq} cannot be decoded: {exc}") from None
-        if ws is not None and is_ws:
+        if ws is not None and kind in ws_kinds:
             try:
                 ws.validate(event, time_ns)  # type: ignore[arg-type]
             except IllegalTransition as exc:
                 raise CorruptLedger(log.db.path, f"event #{seq} breaks the lifecycle: {exc}") from None
             ws.apply(event, seq, time_ns)  # type: ignore[arg-type]
-        if not isinstance(event, StepEvent):
+        if kind not in step_kinds:
             continue
-        if refs is not None and kind in refs_mod.KINDS:
+        if refs is not None and kind in refs_kinds:
             refs.fold(event, seq)  # type: ignore[arg-type]
-        step_id = event.step
-        current = working.get(step_id)
-        if current is None and not (isinstance(event, Planned) and event.attempt == 1):
+        step_id = event.step  # type: ignore[union-attr]
+        current = get(step_id)
+        if current is None and not (kind == "planned" and event.attempt == 1):  # type: ignore[union-attr]
             current = lookup(step_id)
         try:
-            current = fold(current, event, seq, time_ns)  # type: ignore[arg-type]
+            current = step_fold(current, event, seq, time_ns)  # type: ignore[arg-type]
         except IllegalTransition as exc:
             raise CorruptLedger(log.db.path, f"event #{seq} breaks the lifecycle: {exc}") from None
         assert current is not None
-        if evict is not None and current.state in _FINISHED:
-            working.pop(step_id, None)
+        if evict is not None and current.state in finished:
+            pop(step_id, None)
             evict(current)
         else:
             working[step_id] = current

@@ -19,19 +19,16 @@ from typing import Final
 
 import apsw
 
-from ..events import (
-    Acked,
-    BlobPinned,
-    Compensated,
-    ManifestPublished,
-    Rejected,
-)
+from ..events import ManifestPublished
+from .lite import SlimPublished
 
 VERSION: Final = 1
 NAME: Final = "refs"
 KINDS: Final = frozenset(
     {"blob-pinned", "acked", "compensated", "rejected", "manifest-published"}
 )
+#: The kinds that release an attempt's pins.
+_ENDS: Final = frozenset({"acked", "compensated", "rejected"})
 #: Pins an ack releases; pre-images stay until the compensation window passes.
 RELEASED_ON_ACK: Final = ("artifact", "post-image")
 
@@ -40,7 +37,7 @@ ManifestRow = tuple[str, int, int, str, str | None, int]
 EntryRow = tuple[str, int, str, str, str, int]
 
 
-def manifest_rows(event: ManifestPublished, seq: int) -> tuple[ManifestRow, list[EntryRow]]:
+def manifest_rows(event: ManifestPublished | SlimPublished, seq: int) -> tuple[ManifestRow, list[EntryRow]]:
     manifest = (event.step, event.manifest_rev, event.attempt, event.digest, event.supersedes, seq)
     entries = [
         (event.step, event.manifest_rev, "write", e.path, e.digest, e.size) for e in event.writes
@@ -66,26 +63,28 @@ class RefsFold:
         self._drain_to = drain_to
 
     def fold(self, event: object, seq: int) -> None:
-        if isinstance(event, BlobPinned):
+        # by kind, not class: rebuild folds slim events (projections.lite)
+        kind = event.__struct_config__.tag  # type: ignore[attr-defined]
+        if kind == "blob-pinned":
             key = (event.step, event.attempt, event.digest)
             if key not in self.pins:
                 self.pins[key] = (event.role, seq)
                 self._by_attempt.setdefault((event.step, event.attempt), set()).add(event.digest)
-        elif isinstance(event, Acked | Compensated | Rejected):
-            attempt = (event.step, event.attempt)
+        elif kind in _ENDS:
+            attempt = (event.step, event.attempt)  # type: ignore[attr-defined]
             digests = self._by_attempt.get(attempt)
             if not digests:
                 return
             for digest in list(digests):
                 role = self.pins[(*attempt, digest)][0]
-                if isinstance(event, Acked) and role not in RELEASED_ON_ACK:
+                if kind == "acked" and role not in RELEASED_ON_ACK:
                     continue
                 del self.pins[(*attempt, digest)]
                 digests.discard(digest)
             if not digests:
                 del self._by_attempt[attempt]
-        elif isinstance(event, ManifestPublished):
-            manifest, entries = manifest_rows(event, seq)
+        elif kind == "manifest-published":
+            manifest, entries = manifest_rows(event, seq)  # type: ignore[arg-type]
             self.manifests.append(manifest)
             self.entries.extend(entries)
             if self._drain_to is not None and len(self.entries) >= self.DRAIN_AT:
@@ -136,8 +135,9 @@ class RefsBatch(RefsFold):
 
     def fold(self, event: object, seq: int) -> None:
         super().fold(event, seq)
-        if isinstance(event, Acked | Compensated | Rejected):
-            self.releases.append((event.step, event.attempt, isinstance(event, Acked)))
+        kind = event.__struct_config__.tag  # type: ignore[attr-defined]
+        if kind in _ENDS:
+            self.releases.append((event.step, event.attempt, kind == "acked"))  # type: ignore[attr-defined]
 
     def write(self, conn: apsw.Connection) -> None:
         acked = [(s, a, *RELEASED_ON_ACK) for s, a, ack in self.releases if ack]

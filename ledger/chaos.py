@@ -1,7 +1,7 @@
 """`stepledger chaos`: kill a real process at every operation of a step, then check.
 
-The whole artifact protocol of one N-artifact step (plan, pin, durable blob files
-and inline rows, `blob-stored`, publish, ack) runs in a forked child that kills
+The whole artifact protocol of one N-artifact step (plan with its pins, durable blob
+files, then inline rows, every `blob-stored` and the publish in one commit, ack) runs in a forked child that kills
 itself with SIGKILL just before operation k — every file write, fsync, rename,
 directory fsync, mkdir and SQLite COMMIT is an operation — for every k from 1 to
 the total. The parent then reopens the ledger from the file, classifies the step
@@ -88,13 +88,18 @@ def _label_phases(ledger: Ledger, counter: _Counter) -> None:
         method = getattr(ledger, name)
 
         def labelled(*args: Any, **kwargs: Any) -> Any:
-            counter.phase = name if name != "store" else f"store {args[2]}"
+            counter.phase = PHASES[name] if name != "store" else f"store {args[2]}"
             return method(*args, **kwargs)
 
         setattr(ledger, name, labelled)
 
-    for name in ("plan", "store", "publish", "ack"):
+    for name in PHASES:
         wrap(name)
+
+
+#: The runner's calls, named in the table (`_plan`, `_store_and_publish`: its fast path).
+PHASES = {"plan": "plan", "_plan": "plan + pins", "store": "store",
+          "_store_and_publish": "store + publish", "publish": "publish", "ack": "ack"}
 
 
 def _protocol(path: str, outputs: dict[str, bytes], wrong_order: bool, on_op: Callable[[str], None] | None) -> None:

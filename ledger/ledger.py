@@ -6,7 +6,7 @@ import hmac
 import math
 import os
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from types import TracebackType
 from typing import Any
 
@@ -488,14 +488,30 @@ class Ledger(WorkspaceProtocol):
         Otherwise — no attempt yet, or the latest ended rejected or compensated — a new
         attempt is planned (a durable `planned` event, before any write).
         """
+        return self._plan(step, run=run, artifacts=artifacts, workspace=workspace, epoch=epoch)
+
+    def _plan(
+        self,
+        step: str,
+        *,
+        run: str = "",
+        artifacts: Sequence[str] = (),
+        workspace: str = "",
+        epoch: int = 0,
+        pins: Sequence[str] = (),
+    ) -> StepRow:
+        """`plan`, with the new attempt's artifact `pins` (digests) in the same commit."""
         row = self.find_step(step)
         if row is not None and (row.live or row.state not in ENDED):
             return row
         attempt = 1 if row is None else row.attempt + 1
         event = Planned(step=step, attempt=attempt, run=run, workspace=workspace,
                         epoch=epoch, artifacts=tuple(sorted(set(artifacts))))
+        events: list[Event] = [event]
+        events += [BlobPinned(step=step, attempt=attempt, run=run, workspace=workspace,
+                              epoch=epoch, digest=d, role="artifact") for d in dict.fromkeys(pins)]
         try:
-            self.append(event)
+            self._log.append(events, guard=self._guard())
         except IllegalTransition:
             pass  # a concurrent planner won: its attempt is the one in flight
         return self.step(step)
@@ -542,26 +558,60 @@ class Ledger(WorkspaceProtocol):
             # The pin, the bytes and `blob-stored` commit together: the blob is never
             # visible unpinned, so one transaction does what two would.
             now = self.clock()
-
-            def write_row(conn: apsw.Connection) -> None:
-                found = conn.execute(
-                    "SELECT data FROM blob_data WHERE digest = ?", (digest,)
-                ).fetchone()
-                if found is not None and bytes(found[0]) == data:
-                    conn.execute("UPDATE blob_data SET stored_ns = ? WHERE digest = ?", (now, digest))
-                else:  # absent, or a damaged row: (re)write it
-                    conn.execute(
-                        "INSERT OR REPLACE INTO blob_data(digest, size, data, stored_ns)"
-                        " VALUES (?,?,?,?)", (digest, len(data), data, now),
-                    )
-
-            self._log.append([pin, event], before=write_row, guard=self._guard())
+            self._log.append([pin, event], guard=self._guard(),
+                             before=lambda conn: self._write_inline(conn, {digest: data}, now))
         else:
             self.blobs.check_writable(digest)  # a store that refuses the put: pin nothing
             self.append(pin)  # committed before the file is written or deduplicated
             self.blobs.put(data, digest, verified=True)
             self.append(event)
         return event
+
+    def _store_and_publish(
+        self, row: StepRow, attempt: int, outputs: Mapping[str, tuple[str, bytes]]
+    ) -> Manifest:
+        """Store every artifact of a fresh artifact-only attempt and publish its manifest,
+        in ONE transaction (the step runner's fast path; `store` + `publish` do the same
+        in 1 + 2k commits). `outputs` maps path -> (digest, bytes); the attempt pinned
+        every digest when it was planned. Files are made durable first; the inline
+        bytes, every `blob-stored` and `manifest-published` then commit together, the
+        blobs re-checked by the guard inside the transaction."""
+        step = row.step_id
+        small: dict[str, bytes] = {}
+        for path in sorted(outputs):
+            digest, data = outputs[path]
+            if len(data) <= self.inline_max_bytes:
+                small[digest] = data
+            else:
+                self.blobs.check_writable(digest)
+                self.blobs.put(data, digest, verified=True)
+        common = {"step": step, "attempt": attempt, "run": row.run, "workspace": row.workspace,
+                  "epoch": row.epoch}
+        stored: list[Event] = [
+            BlobStored(**common, digest=digest, size=len(data), path=path,  # type: ignore[arg-type]
+                       inline=len(data) <= self.inline_max_bytes)
+            for path, (digest, data) in sorted(outputs.items())
+        ]
+        artifacts = tuple(ManifestEntry(path=path, digest=digest, size=len(data))
+                          for path, (digest, data) in sorted(outputs.items()))
+        event = ManifestPublished(
+            **common, manifest_rev=row.manifest_rev + 1, expected_rev=-1,  # type: ignore[arg-type]
+            digest=manifest_digest(step, (), artifacts), artifacts=artifacts,
+        )
+        now = self.clock()
+        try:
+            recorded = self._log.append(
+                [*stored, event], guard=self._guard(),
+                before=(lambda conn: self._write_inline(conn, small, now)) if small else None,
+            )
+        except IllegalTransition:
+            # a concurrent runner of the same attempt published first: its manifest won
+            if self.step(step).live:
+                manifest = self.manifest(step)
+                assert manifest is not None
+                return manifest
+            raise
+        return Manifest.from_event(event, recorded[-1].seq, True)
 
     def manifest(self, step: str, manifest_rev: int | None = None) -> Manifest | None:
         """The step's live manifest (or revision `manifest_rev`, live or not); None if none."""

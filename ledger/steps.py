@@ -2,6 +2,10 @@
 
     local write -> pin -> durable blobs -> blob-stored -> manifest (commit point) -> ack
 
+A fresh attempt takes three commits: `planned` with every artifact's pin (before any
+byte is written), then — the files made durable first — the inline bytes, every
+`blob-stored` and `manifest-published` in one transaction, then `acked`.
+
 `run_step` is safe to call again with the same step id after a crash at any point:
 a committed step returns its live manifest and runs nothing; an attempt in flight
 is continued from what the ledger recorded, transition by transition — journal
@@ -23,11 +27,11 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
-from .errors import BlobNotFound
-from .events import ManifestEntry, ManifestPublished, manifest_digest
 from .blobs import digest_of
+from .errors import BlobNotFound, InvalidInput
+from .events import Manifest, ManifestEntry, ManifestPublished, check_relpath, manifest_digest
 from .ledger import Ledger
-from .events import Manifest
+from .projections.steps import ENDED
 
 Outputs = Mapping[str, bytes] | Callable[[], Mapping[str, bytes]]
 
@@ -56,12 +60,31 @@ def run_step(ledger: Ledger, step: str, outputs: Outputs, *, run: str = "") -> S
             ledger.ack(step, row.attempt)
         return StepResult(step, row.attempt, manifest, ran=False)
     produced = dict(outputs() if callable(outputs) else outputs)
-    row = ledger.plan(step, run=run, artifacts=tuple(produced))
+    for path, data in produced.items():
+        check_relpath(path, "artifact path")
+        if not isinstance(data, bytes | bytearray | memoryview):
+            raise InvalidInput(f"the bytes of artifact {path!r} must be bytes, not"
+                               f" {type(data).__name__}")
+    digested = {path: (digest_of(bytes(data)), bytes(data)) for path, data in produced.items()}
+    fresh = row is None or row.state in ENDED
+    row = ledger._plan(step, run=run, artifacts=tuple(produced),
+                       pins=[d for d, _ in digested.values()] if fresh else ())
     if row.live:  # a concurrent runner committed it meanwhile
         manifest = ledger.manifest(step)
         assert manifest is not None
         return StepResult(step, row.attempt, manifest, ran=False)
     attempt = row.attempt
+    if fresh and row.state == "planned":
+        # This call planned the attempt (its pins committed with it): every blob-stored
+        # and the manifest go in one transaction — 3 commits a step (plan, publish, ack).
+        try:
+            manifest = ledger._store_and_publish(row, attempt, digested)
+        except BlobNotFound:
+            pass  # a blob vanished before the commit: the step-by-step path below
+        else:
+            ledger.ack(step, attempt)
+            return StepResult(step, attempt, manifest, ran=True)
+    # Continuing an attempt found in flight (a replay): transition by transition.
     for path in sorted(produced):
         ledger.store(step, attempt, path, produced[path])
     try:

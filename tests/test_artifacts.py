@@ -240,3 +240,50 @@ def test_pin_then_store_is_one_pin(ledger: Ledger) -> None:
     ledger.store("s", row.attempt, "b", LARGE)
     pins = [r for r in ledger.timeline("s") if r.kind == "blob-pinned"]
     assert [p.seq for p in pins] == [first.seq]
+
+
+# --- the runner's fast path: three commits a step --------------------------------------
+
+
+def test_a_fresh_step_is_three_commits_pins_first(tmp_path: pathlib.Path) -> None:
+    """plan + every pin; (the file made durable) every blob-stored + the manifest; ack.
+    The file is written only after the pins commit, and the manifest commits with the
+    stores, after the file is durable."""
+    ops: list[str] = []
+    with Ledger.init(tmp_path / "l.db", on_op=ops.append) as lg:
+        ops.clear()
+        run_step(lg, "s", {"a.txt": SMALL, "b.bin": LARGE, "c.txt": b"c"})
+        assert ops.count("commit") == 3, ops
+        first, second = ops.index("commit"), ops.index("commit", ops.index("commit") + 1)
+        assert first < ops.index("write") < ops.index("dirfsync", ops.index("rename")) < second
+        kinds = [r.kind for r in lg.timeline("s")]
+        assert kinds == ["planned"] + ["blob-pinned"] * 3 + ["blob-stored"] * 3 + [
+            "manifest-published", "acked"]
+        # one transaction's events share its time: the plan and its pins, then the stores
+        # and the manifest, then the ack
+        times = [r.time_ns for r in lg.timeline("s")]
+        assert len(set(times[:4])) == 1 and len(set(times[4:8])) == 1, times
+        assert times[0] < times[4] < times[8]
+        assert lg.classify("s") == "committed" and lg.verify().ok
+        assert [b["pinned"] for b in lg.blob_list()] == [False] * 3  # the ack released them
+
+
+def test_a_blob_gone_before_the_commit_falls_back_and_still_commits(
+        ledger: Ledger, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The fast path's guard finds a file blob missing (a collector, a human, between
+    the put and the commit): nothing is published, and the runner stores again step by
+    step and commits."""
+    real_put = ledger.blobs.put
+    calls: list[str] = []
+
+    def lost_put(data: bytes, digest: str | None = None, **kw: object) -> object:
+        calls.append(digest or "")
+        if len(calls) == 1:
+            return None  # the bytes never reach the store
+        return real_put(data, digest, **kw)
+
+    monkeypatch.setattr(ledger.blobs, "put", lost_put)
+    result = run_step(ledger, "s", {"b.bin": LARGE})
+    assert result.ran and len(calls) == 2
+    assert ledger.classify("s") == "committed" and ledger.verify().ok
+    assert ledger.read_blob(sha(LARGE)) == LARGE

@@ -218,6 +218,10 @@ def _fold_rows(
     return last
 
 
+def _first(row: tuple[object, ...]) -> object:
+    return row[0]
+
+
 def rebuild(db: Database, log: EventLog, progress: Progress | None = None) -> int:
     """Recompute every projection from the events and swap them in atomically.
 
@@ -225,19 +229,31 @@ def rebuild(db: Database, log: EventLog, progress: Progress | None = None) -> in
     """
     with db.transaction() as conn:
         total = log.count()
+        # A bulk load: the secondary indexes (random digests) are dropped and rebuilt
+        # once at the end, from the same SQL, inside this transaction (DDL is
+        # transactional: a crash leaves them as they were).
+        indexes = conn.execute(
+            "SELECT name, sql FROM sqlite_schema WHERE type = 'index' AND sql IS NOT NULL"
+            " AND tbl_name IN ('pins', 'manifest_entries') ORDER BY name"
+        ).fetchall()
+        for name, _ in indexes:
+            conn.execute(f'DROP INDEX "{name}"')
         conn.execute("DELETE FROM steps")
         written: list[tuple[object, ...]] = []
+
+        def flush_written() -> None:
+            written.sort(key=_first)  # by step id (stable): B-tree inserts in key order
+            conn.executemany(UPSERT_SQL, written)
+            written.clear()
 
         def evict(row: StepRow) -> None:
             written.append(row.as_tuple())
             if len(written) >= 5_000:
-                conn.executemany(UPSERT_SQL, written)
-                written.clear()
+                flush_written()
 
         def lookup(step_id: str) -> StepRow | None:
             if written:
-                conn.executemany(UPSERT_SQL, written)
-                written.clear()
+                flush_written()
             return load_step(conn, step_id)
 
         working: dict[str, StepRow] = {}
@@ -250,8 +266,10 @@ def rebuild(db: Database, log: EventLog, progress: Progress | None = None) -> in
         for row in working.values():
             evict(row)
         if written:
-            conn.executemany(UPSERT_SQL, written)
+            flush_written()
         refs.write(conn)
+        for _, sql in indexes:
+            conn.execute(sql)
         _set_checkpoint(conn, last or log.head().seq)
         return int(conn.execute("SELECT count(*) FROM steps").fetchone()[0])
 

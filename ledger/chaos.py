@@ -97,8 +97,8 @@ def _label_phases(ledger: Ledger, counter: _Counter) -> None:
         wrap(name)
 
 
-#: The runner's calls, named in the table (`_plan`, `_store_and_publish`: its fast path).
-PHASES = {"plan": "plan", "_plan": "plan + pins", "store": "store",
+#: The runner's calls, named in the table (`_store_and_publish`: its fast path).
+PHASES = {"plan": "plan", "store": "store",
           "_store_and_publish": "store + publish", "publish": "publish", "ack": "ack"}
 
 

@@ -45,6 +45,8 @@ from .events import (
     check_int,
     check_relpath,
     check_step_id,
+    decode,
+    journal_key,
     manifest_digest,
 )
 from .fences import (
@@ -480,27 +482,17 @@ class Ledger(WorkspaceProtocol):
         artifacts: Sequence[str] = (),
         workspace: str = "",
         epoch: int = 0,
+        pins: Sequence[str] = (),
     ) -> StepRow:
         """Start the step's next attempt, or return the one in flight.
 
         A committed step (live manifest) is returned as it is: nothing runs again. An
         attempt still in flight is returned to be continued (a replay after a crash).
         Otherwise — no attempt yet, or the latest ended rejected or compensated — a new
-        attempt is planned (a durable `planned` event, before any write).
+        attempt is planned (a durable `planned` event, before any write). `pins`: the
+        digests of blobs the new attempt will store, pinned in that same commit (what
+        `pin` does one commit each; ignored when no new attempt is planned).
         """
-        return self._plan(step, run=run, artifacts=artifacts, workspace=workspace, epoch=epoch)
-
-    def _plan(
-        self,
-        step: str,
-        *,
-        run: str = "",
-        artifacts: Sequence[str] = (),
-        workspace: str = "",
-        epoch: int = 0,
-        pins: Sequence[str] = (),
-    ) -> StepRow:
-        """`plan`, with the new attempt's artifact `pins` (digests) in the same commit."""
         row = self.find_step(step)
         if row is not None and (row.live or row.state not in ENDED):
             return row
@@ -569,14 +561,23 @@ class Ledger(WorkspaceProtocol):
 
     def _store_and_publish(
         self, row: StepRow, attempt: int, outputs: Mapping[str, tuple[str, bytes]]
-    ) -> Manifest:
+    ) -> Manifest | None:
         """Store every artifact of a fresh artifact-only attempt and publish its manifest,
         in ONE transaction (the step runner's fast path; `store` + `publish` do the same
         in 1 + 2k commits). `outputs` maps path -> (digest, bytes); the attempt pinned
         every digest when it was planned. Files are made durable first; the inline
         bytes, every `blob-stored` and `manifest-published` then commit together, the
-        blobs re-checked by the guard inside the transaction."""
+        blobs re-checked by the guard inside the transaction. None, having done nothing,
+        when the attempt's plan declared other artifacts (another runner planned it):
+        the caller goes step by step, where `publish` says what is missing."""
         step = row.step_id
+        with self._db.snapshot() as conn:
+            hit = conn.execute("SELECT payload, v FROM events WHERE journal_key = ?",
+                               (journal_key(Planned(step=step, attempt=attempt)),)).fetchone()
+        planned = None if hit is None else decode(hit[0], hit[1])
+        if not isinstance(planned, Planned) or planned.workspace or planned.artifacts != tuple(
+                sorted(outputs)):
+            return None
         small: dict[str, bytes] = {}
         for path in sorted(outputs):
             digest, data = outputs[path]

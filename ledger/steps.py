@@ -67,7 +67,7 @@ def run_step(ledger: Ledger, step: str, outputs: Outputs, *, run: str = "") -> S
                                f" {type(data).__name__}")
     digested = {path: (digest_of(bytes(data)), bytes(data)) for path, data in produced.items()}
     fresh = row is None or row.state in ENDED
-    row = ledger._plan(step, run=run, artifacts=tuple(produced),
+    row = ledger.plan(step, run=run, artifacts=tuple(produced),
                        pins=[d for d, _ in digested.values()] if fresh else ())
     if row.live:  # a concurrent runner committed it meanwhile
         manifest = ledger.manifest(step)
@@ -78,12 +78,12 @@ def run_step(ledger: Ledger, step: str, outputs: Outputs, *, run: str = "") -> S
         # This call planned the attempt (its pins committed with it): every blob-stored
         # and the manifest go in one transaction — 3 commits a step (plan, publish, ack).
         try:
-            manifest = ledger._store_and_publish(row, attempt, digested)
+            fast = ledger._store_and_publish(row, attempt, digested)
         except BlobNotFound:
-            pass  # a blob vanished before the commit: the step-by-step path below
-        else:
+            fast = None  # a blob vanished before the commit: the step-by-step path below
+        if fast is not None:
             ledger.ack(step, attempt)
-            return StepResult(step, attempt, manifest, ran=True)
+            return StepResult(step, attempt, fast, ran=True)
     # Continuing an attempt found in flight (a replay): transition by transition.
     for path in sorted(produced):
         ledger.store(step, attempt, path, produced[path])

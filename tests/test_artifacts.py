@@ -287,3 +287,25 @@ def test_a_blob_gone_before_the_commit_falls_back_and_still_commits(
     assert result.ran and len(calls) == 2
     assert ledger.classify("s") == "committed" and ledger.verify().ok
     assert ledger.read_blob(sha(LARGE)) == LARGE
+
+
+def test_the_fast_path_only_publishes_what_the_plan_declared(
+        ledger: Ledger, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Another runner planned the attempt, with other artifacts, between this runner's
+    look and its plan: the runner does not publish its own set in one commit; step by
+    step, publish names what is missing."""
+    ledger.plan("s", artifacts=["a.txt", "b.txt"])
+    real = ledger.find_step
+    looks = [None]  # the runner's first look saw no step yet
+
+    def find_step(step: str) -> object:
+        return looks.pop() if looks else real(step)
+
+    monkeypatch.setattr(ledger, "find_step", find_step)
+    stores: list[str] = []
+    monkeypatch.setattr(ledger, "_store_and_publish",
+                        lambda *a: stores.append("fast") or Ledger._store_and_publish(ledger, *a))
+    with pytest.raises(IllegalTransition, match="never stored: b.txt"):
+        run_step(ledger, "s", {"a.txt": SMALL})
+    assert stores == ["fast"]  # it was asked, and declined
+    assert ledger.manifest("s") is None and ledger.verify().ok

@@ -81,6 +81,15 @@ INLINE_MAX_DEFAULT = 64 * 1024
 HASH_CHECK_MAX_DEFAULT = 1 << 20
 
 
+def artifact_bytes(path: str, data: object) -> bytes:
+    """An artifact's bytes, its path checked (InvalidInput naming the problem)."""
+    check_relpath(path, "artifact path")
+    if not isinstance(data, bytes | bytearray | memoryview):
+        raise InvalidInput(f"the bytes of artifact {path!r} must be bytes, not"
+                           f" {type(data).__name__}")
+    return bytes(data)
+
+
 class Ledger(WorkspaceProtocol):
     """A stepledger ledger file.
 
@@ -534,11 +543,7 @@ class Ledger(WorkspaceProtocol):
         that records `blob-stored`; larger ones are written as a blob file (fsynced,
         renamed, directory fsynced) before it. Identical content is stored once.
         """
-        check_relpath(path, "artifact path")
-        if not isinstance(data, bytes | bytearray | memoryview):
-            raise InvalidInput(f"the bytes of artifact {path!r} must be bytes, not"
-                               f" {type(data).__name__}")
-        data = bytes(data)
+        data = artifact_bytes(path, data)
         row = self.step(step)
         digest = digest_of(data)
         inline = len(data) <= self.inline_max_bytes

@@ -28,9 +28,9 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 from .blobs import digest_of
-from .errors import BlobNotFound, InvalidInput
-from .events import Manifest, ManifestEntry, ManifestPublished, check_relpath, manifest_digest
-from .ledger import Ledger
+from .errors import BlobNotFound
+from .events import Manifest, ManifestEntry, ManifestPublished, manifest_digest
+from .ledger import Ledger, artifact_bytes
 from .projections.steps import ENDED
 
 Outputs = Mapping[str, bytes] | Callable[[], Mapping[str, bytes]]
@@ -60,12 +60,8 @@ def run_step(ledger: Ledger, step: str, outputs: Outputs, *, run: str = "") -> S
             ledger.ack(step, row.attempt)
         return StepResult(step, row.attempt, manifest, ran=False)
     produced = dict(outputs() if callable(outputs) else outputs)
-    for path, data in produced.items():
-        check_relpath(path, "artifact path")
-        if not isinstance(data, bytes | bytearray | memoryview):
-            raise InvalidInput(f"the bytes of artifact {path!r} must be bytes, not"
-                               f" {type(data).__name__}")
-    digested = {path: (digest_of(bytes(data)), bytes(data)) for path, data in produced.items()}
+    produced = {path: artifact_bytes(path, data) for path, data in produced.items()}
+    digested = {path: (digest_of(data), data) for path, data in produced.items()}
     fresh = row is None or row.state in ENDED
     row = ledger.plan(step, run=run, artifacts=tuple(produced),
                        pins=[d for d, _ in digested.values()] if fresh else ())

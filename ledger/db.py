@@ -24,8 +24,10 @@ import errno
 import fcntl
 import os
 import random
+import shutil
 import stat
 import struct
+import tempfile
 import time
 import uuid
 from collections.abc import Callable, Iterator
@@ -427,7 +429,8 @@ class Database:
             set_busy(conn, busy_timeout_ms)
             version = _check_contents(conn, path)
         except BaseException as exc:
-            conn.close()
+            with contextlib.suppress(apsw.Error):  # the error being raised says more
+                conn.close()
             if through_wal:
                 _remove_created_shm(shm, shm_existed)
             if isinstance(exc, NotALedger) and through_wal and header is not None:
@@ -456,7 +459,10 @@ class Database:
 
                 db._reopen = reopen
             return db
-        conn.close()
+        try:
+            conn.close()  # the last connection's close may write (a checkpoint): it can fail
+        except apsw.Error as exc:
+            raise translate(exc, path) from None
         return cls._open_writer(path, synchronous, busy_timeout_ms, vfs)
 
     @classmethod
@@ -768,25 +774,60 @@ def _makedirs_durably(directory: str) -> None:
 def _never_initialized(path: str) -> bool:
     """Whether `path` is what a crash inside `init` leaves: an empty file, or a SQLite
     header that never held a schema (schema cookie, user version and application id all
-    0: switching an empty file to WAL writes page 1 before any table exists), with no
-    ``-wal`` content. Plain I/O only."""
+    0: switching an empty file to WAL writes page 1 before any table exists), with a
+    ``-wal`` through which nothing was committed (no frame, or frames SQLite itself
+    does not count as committed: the power went before the commit frame was durable).
+    The file is never opened by SQLite here: plain I/O, and SQLite on a copy."""
     try:
         with open(path, "rb") as f:
             head = f.read(100)
         wal_size = os.path.getsize(wal_path(path)) if os.path.exists(wal_path(path)) else 0
     except OSError:
         return False
-    if wal_size and _wal_has_frames(path):
-        return False
-    if not head:
-        return True
-    return (
+    if head and not (
         len(head) == 100
         and head[:16] == SQLITE_MAGIC
         and head[40:44] == bytes(4)  # schema cookie
         and head[60:64] == bytes(4)  # user_version
         and head[68:72] == bytes(4)  # application_id
-    )
+    ):
+        return False
+    return not wal_size or not _wal_has_frames(path) or _wal_commits_nothing(path)
+
+
+#: A -wal larger than this is not what an interrupted `init` writes (its schema is a few
+#: dozen pages): such a file is never taken for a crashed init.
+INIT_WAL_MAX: Final = 1 << 20
+
+
+def _wal_commits_nothing(path: str) -> bool:
+    """Whether SQLite, reading a copy of the file and its -wal (WAL recovery included),
+    finds nothing committed: no table, user version and application id 0. A foreign
+    database whose content lives in its -wal has tables there and is refused; the file
+    itself is not touched (a connection closing on it would checkpoint its -wal)."""
+    try:
+        if os.path.getsize(wal_path(path)) > INIT_WAL_MAX or os.path.getsize(path) > INIT_WAL_MAX:
+            return False
+        probe_dir = tempfile.mkdtemp(prefix="stepledger-init-probe-")
+    except OSError:
+        return False
+    try:
+        probe = os.path.join(probe_dir, "probe.db")
+        shutil.copyfile(path, probe, follow_symlinks=False)
+        shutil.copyfile(wal_path(path), wal_path(probe), follow_symlinks=False)
+        conn = apsw.Connection(probe, flags=apsw.SQLITE_OPEN_READWRITE)
+        try:
+            _harden(conn, allow_triggers=False)
+            tables = conn.execute("SELECT count(*) FROM sqlite_schema").fetchone()[0]
+            ids = (conn.execute("PRAGMA user_version").fetchone()[0],
+                   conn.execute("PRAGMA application_id").fetchone()[0])
+        finally:
+            conn.close()
+        return tables == 0 and ids == (0, 0)
+    except (apsw.Error, OSError):
+        return False
+    finally:
+        shutil.rmtree(probe_dir, ignore_errors=True)
 
 
 WAL_MAGIC: Final = (0x377F0682, 0x377F0683)

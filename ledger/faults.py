@@ -1059,9 +1059,9 @@ def check_ledger(led: Ledger, workload: StandardWorkload, *, after_replay: bool)
     return problems
 
 
-#: Bugs in ledger/ the sweeps meet, each pinned by a strict-xfail test_BUG_* test. A
-#: sweep point that meets one records it (`PointResult.known`), works around it the way
-#: an operator would, and goes on checking everything else.
+#: Bugs in ledger/ the sweeps met, each fixed since and kept as a test_regression_* test.
+#: A sweep point that meets one again records it (`PointResult.known`; the tests fail on
+#: it), works around it the way an operator would, and goes on checking everything else.
 KNOWN_BUGS = {
     "header-in-wal": "Ledger.open refuses (NotALedger) a file whose page 1 was torn by an"
                      " interrupted checkpoint, though SQLite recovers it from the -wal"
@@ -1080,9 +1080,6 @@ KNOWN_BUGS = {
     "init-untyped": "an I/O error inside Ledger.init escapes as apsw.SQLError ('cannot"
                     " rollback - no transaction is active') or apsw.IOError"
                     " (test_BUG_io_error_inside_init_escapes_untyped)",
-    "init-crash": "Ledger.init refuses (NotALedger) what a crash inside init left: a main"
-                  " file with no schema and a -wal without a committed frame"
-                  " (test_BUG_crash_inside_init_leaves_a_file_init_refuses)",
 }
 
 
@@ -1145,9 +1142,7 @@ def _open_after_crash(path: str, clock: Clock, init_acked: bool,
         try:  # a crash inside init: init must be able to finish the job
             Ledger.init(path, clock=clock).close()
         except NotALedger as again:
-            if view is not None and view["schema"] == 0 and view["application_id"] == 0:
-                known.append("init-crash")
-            elif view is None and "not a SQLite database" in again.why:
+            if view is None and "not a SQLite database" in again.why:
                 known.append("init-torn")
             else:
                 problems.append(f"init refuses what a crash inside init left: {again}")

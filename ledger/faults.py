@@ -840,10 +840,10 @@ class StandardWorkload:
     appends: int = 3
     late_appends: int = 2
     #: False: the ledger file is created (with the ordinary VFS) before the disk starts,
-    #: so no crash point falls inside `Ledger.init` (see test_BUG_crash_inside_init_*).
+    #: so no crash point falls inside `Ledger.init` (see test_regression_crash_inside_init_*).
     include_init: bool = True
     #: True: the client acks the artifact step itself after `run_step` (a replay of a
-    #: committed, unacked step does not ack it; see test_BUG_replayed_commit_*).
+    #: committed, unacked step does not ack it; see test_regression_replayed_commit_*).
     client_acks: bool = True
     workspace: bool = True
     rebuild: bool = True
@@ -1065,21 +1065,21 @@ def check_ledger(led: Ledger, workload: StandardWorkload, *, after_replay: bool)
 KNOWN_BUGS = {
     "header-in-wal": "Ledger.open refuses (NotALedger) a file whose page 1 was torn by an"
                      " interrupted checkpoint, though SQLite recovers it from the -wal"
-                     " (test_BUG_torn_checkpoint_header_refused)",
+                     " (test_regression_torn_checkpoint_header_refused)",
     "dirfsync-retry-trusted": "a blob whose rename (or whose store directory's creation)"
                               " was never made durable — its directory fsync failed — is"
                               " trusted by the retry, which only checks that the name exists;"
                               " after power loss the manifest names a missing blob"
-                              " (test_BUG_admit_retry_trusts_a_post_image_rename_that_is_not_durable,"
-                              " test_BUG_blob_root_entry_never_made_durable_after_failed_dirfsync)",
+                              " (test_regression_admit_retry_trusts_a_post_image_rename_that_is_not_durable,"
+                              " test_regression_blob_root_entry_never_made_durable_after_failed_dirfsync)",
     "gc-double-collect": "GC records blob-collected for a blob whose unlink was never made"
                          " durable; after power loss the file is back and the next GC"
-                         " records it again (test_BUG_gc_records_a_collection_that_is_not_durable)",
+                         " records it again (test_regression_gc_records_a_collection_that_is_not_durable)",
     "close-untyped": "Ledger.close lets apsw.IOError / apsw.FullError escape when the"
-                     " closing checkpoint fails (test_BUG_close_lets_an_untyped_apsw_error_escape)",
+                     " closing checkpoint fails (test_regression_close_lets_an_untyped_apsw_error_escape)",
     "init-untyped": "an I/O error inside Ledger.init escapes as apsw.SQLError ('cannot"
                     " rollback - no transaction is active') or apsw.IOError"
-                    " (test_BUG_io_error_inside_init_escapes_untyped)",
+                    " (test_regression_io_error_inside_init_escapes_untyped)",
 }
 
 

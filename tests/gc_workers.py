@@ -378,7 +378,7 @@ def cmd_collector(path: str, seed: str, seconds: str) -> None:
             continue
         except FileNotFoundError:
             # a writer's put renamed its temp file between the collector's listing of
-            # tmp/ and its stat of it: test_BUG_a_put_renaming_its_temp_file_during_gc.
+            # tmp/ and its stat of it: test_regression_a_put_renaming_its_temp_file_during_gc (test_gc_races).
             # Nothing was deleted yet (the listing precedes phase 1); count it, go on.
             listing_races += 1
             continue

@@ -22,9 +22,8 @@ Default: 300 mutants (seeded, reproducible: `mutate`); STEPLEDGER_HOSTILE_FULL=1
 The run prints the mutant table and "hostile inputs tried: N (per category)"; N counts every
 (hostile input, entry point) call, each mutant once per surface probed.
 
-Tests named ``test_BUG_*`` are strict xfails: each pins a defect found by this corpus (see
-its reason); fixing the defect turns it into an XPASS, which fails the run until the
-marker is removed.
+The defects this corpus found are kept in section 11 as regression tests (each was a
+strict xfail until its fix in ledger/).
 """
 
 from __future__ import annotations

@@ -25,6 +25,7 @@ import errno
 import functools
 import hashlib
 import os
+import re
 import secrets
 import stat
 from collections.abc import Callable, Iterator
@@ -35,7 +36,8 @@ from .errors import BlobCorrupt, BlobNotFound, InvalidInput, StorageFailure
 from .events import check_digest
 
 TMP_DIR: Final = "tmp"
-_HEX: Final = frozenset("0123456789abcdef")
+#: A blob file's name: a sha256 in lower-case hex, nothing else.
+_DIGEST_NAME: Final = re.compile(r"[0-9a-f]{64}")
 TMP_SUFFIX: Final = ".tmp"
 CHUNK: Final = 1 << 20
 _DIR_FLAGS: Final = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
@@ -429,9 +431,23 @@ class BlobStore:
     def scan(self) -> Iterator[BlobFile]:
         """Every blob file (lstat only, no hashing). Names that are not digests are skipped;
         anything that is not a regular file raises BlobCorrupt."""
+        for entries in self._scan_dirs():
+            for name, (size, mtime_ns) in entries.items():
+                yield BlobFile(name, size, mtime_ns)
+
+    def files(self) -> dict[str, tuple[int, int]]:
+        """`scan` as one dict, digest -> (size, mtime_ns): what GC and audit walk."""
+        out: dict[str, tuple[int, int]] = {}
+        for entries in self._scan_dirs():
+            out.update(entries)
+        return out
+
+    def _scan_dirs(self) -> Iterator[dict[str, tuple[int, int]]]:
+        """Per fan-out directory, in name order: its blob files, digest -> (size, mtime)."""
         root_fd = self._open_root(create=False)
         if root_fd is None:
             return
+        is_digest, is_reg = _DIGEST_NAME.fullmatch, stat.S_ISREG
         try:
             for entry in sorted(os.listdir(root_fd)):
                 if entry == TMP_DIR or len(entry) != 2:
@@ -439,23 +455,25 @@ class BlobStore:
                 fan_fd = self._open_dir(root_fd, entry, create=False)
                 if fan_fd is None:
                     continue
+                found: dict[str, tuple[int, int]] = {}
                 try:
                     # scandir on the directory's descriptor: each stat is an fstatat
                     # relative to it (no path walk, no symlink followed)
                     with os.scandir(fan_fd) as it:
                         for dent in it:
                             name = dent.name
-                            if len(name) != 64 or not name.startswith(entry) or not _HEX.issuperset(name):
+                            if not name.startswith(entry) or is_digest(name) is None:
                                 continue
                             try:
                                 st = dent.stat(follow_symlinks=False)
                             except FileNotFoundError:
                                 continue  # unlinked since the listing (a collector, a human)
-                            if not stat.S_ISREG(st.st_mode):
+                            if not is_reg(st.st_mode):
                                 raise BlobCorrupt(name, "it is a symlink or not a regular file")
-                            yield BlobFile(name, st.st_size, st.st_mtime_ns)
+                            found[name] = (st.st_size, st.st_mtime_ns)
                 finally:
                     os.close(fan_fd)
+                yield found
         finally:
             os.close(root_fd)
 

@@ -26,6 +26,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import apsw
+import msgspec
 import pytest
 from conftest import tamper
 from gc_workers import (
@@ -503,6 +504,27 @@ def test_refuses_when_a_manifest_event_cannot_be_decoded(
     assert_refused(ledger, orphans, "cannot be decoded")
     report = audit(ledger)
     assert not report.ok and any("cannot be decoded" in p for p in report.problems)
+
+
+def test_refuses_when_a_manifest_names_a_malformed_digest(
+        doomed: tuple[Ledger, list[str], list[str]]) -> None:
+    """The reference reader checks digests' lengths as it decodes and their hex for all of
+    a read at once: an upper-case digest in a manifest still fails closed (GC deletes
+    nothing, audit reports it)."""
+    ledger, _live, orphans = doomed
+    conn = apsw.Connection(ledger.path)
+    try:
+        seq, payload = conn.execute(
+            "SELECT seq, payload FROM events WHERE kind = 'manifest-published' AND step = 'b'"
+        ).fetchone()
+    finally:
+        conn.close()
+    digest = msgspec.json.decode(payload)["artifacts"][0]["digest"]
+    bad = payload.replace(digest.encode(), digest.upper().encode())
+    tamper(ledger.path, [("UPDATE events SET payload = ? WHERE seq = ?", (bad, seq))])
+    assert_refused(ledger, orphans, "malformed digest")
+    report = audit(ledger)
+    assert not report.ok and any("malformed digest" in p for p in report.problems)
 
 
 @pytest.mark.parametrize("which", ["file", "inline"])

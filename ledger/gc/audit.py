@@ -123,9 +123,12 @@ def audit(
             report.collected.add(event.size)
         condemned = {d for (d,) in conn.execute("SELECT digest FROM condemned")}
         report.condemned = len(condemned)
-        entry_digests = {d for (d,) in conn.execute("SELECT DISTINCT digest FROM manifest_entries")}
+        if holders is None:  # the events could not be read: count from the tables
+            referenced = {d for (d,) in conn.execute("SELECT DISTINCT digest FROM manifest_entries")}
+        else:
+            referenced = holders.referenced
     try:
-        files = {f.digest: (f.size, f.mtime_ns) for f in ledger.blobs.scan()}
+        files = ledger.blobs.files()
     except BlobCorrupt as exc:
         report.problems.append(f"the blob store holds something that is not a blob: {exc}")
         files = {}
@@ -135,7 +138,6 @@ def audit(
         report.problems.append(f"the blob store's tmp/ is not a plain directory: {exc}")
         temps = []
 
-    referenced = holders.referenced if holders is not None else entry_digests
     blobs: list[tuple[str, int, int, bool]] = [(d, n, t, True) for d, (n, t) in inline.items()]
     blobs += [(d, n, t, False) for d, (n, t) in files.items() if d not in inline]
     # A file copy of a blob that also has an inline row (writers with different inline
@@ -146,18 +148,25 @@ def audit(
         report.stored_bytes += size
         report.files.add(size)
         (report.orphan_young if now - age_ns < grace_ns else report.orphan_old).add(size)
+    # one pass, counting into locals (this loop runs once per stored blob)
+    where = [[0, 0], [0, 0]]  # files, inline: [count, bytes]
+    buckets_of = [[0, 0], [0, 0], [0, 0], [0, 0]]  # referenced, pinned, young, old
+    young_after = now - grace_ns
     for digest, size, age_ns, is_inline in blobs:
-        report.stored_blobs += 1
-        report.stored_bytes += size
-        (report.inline if is_inline else report.files).add(size)
-        if digest in referenced:
-            report.referenced.add(size)
-        elif digest in pins:
-            report.pinned.add(size)
-        elif now - age_ns < grace_ns:
-            report.orphan_young.add(size)
-        else:
-            report.orphan_old.add(size)
+        w = where[is_inline]
+        w[0] += 1
+        w[1] += size
+        b = buckets_of[0 if digest in referenced else 1 if digest in pins
+                       else 2 if age_ns > young_after else 3]
+        b[0] += 1
+        b[1] += size
+    for bucket, (count, size) in zip(
+            (report.files, report.inline, report.referenced, report.pinned,
+             report.orphan_young, report.orphan_old), (*where, *buckets_of)):
+        bucket.count += count
+        bucket.bytes += size
+    report.stored_blobs += where[0][0] + where[1][0]
+    report.stored_bytes += where[0][1] + where[1][1]
     for t in temps:
         report.stored_bytes += t.size
         report.temporary.add(t.size)

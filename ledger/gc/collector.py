@@ -181,7 +181,7 @@ def _run(ledger: Ledger, report: GcReport, grace_s: float, now_ns: int | None, d
         condemned = {d: (int(n), bool(i)) for d, n, i in
                      conn.execute("SELECT digest, size, inline FROM condemned")}
     try:
-        files = {f.digest: (f.size, f.mtime_ns) for f in ledger.blobs.scan()}
+        files = ledger.blobs.files()
         temps = list(ledger.blobs.temp_files())
     except BlobCorrupt as exc:
         raise GcRefused(f"the blob store holds something that is not a blob file: {exc}") from None

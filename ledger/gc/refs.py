@@ -14,24 +14,37 @@ disagrees with the events, a referenced blob that is missing.
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
+from typing import Annotated, Final, Union
 
 import apsw
 import msgspec
 
-from typing import Union
-
 from ..errors import ProtocolRefused
-from ..events import EVENT_VERSION, Digest
+from ..events import EVENT_VERSION
+
+
+#: 64 characters, checked as decoded; that they are lower-case hex is checked for all the
+#: digests of a read at once (`_check_hex`): one regex, not one per digest.
+_Digest64 = Annotated[str, msgspec.Meta(min_length=64, max_length=64)]
+_LOWER_HEX: Final = re.compile(r"[0-9a-f]*")
 
 
 class _Ref(msgspec.Struct):
-    digest: Digest
+    digest: _Digest64
 
 
 class _Restored(msgspec.Struct):
-    digest: Digest | None = None
+    digest: _Digest64 | None = None
     outcome: str = "restored"
+
+
+def _check_hex(digests: set[str], what: str) -> None:
+    """Fail closed on a digest that is not lower-case hex (the decoder checked lengths)."""
+    if _LOWER_HEX.fullmatch("".join(digests)) is None:
+        bad = sorted(d for d in digests if _LOWER_HEX.fullmatch(d) is None)[:3]
+        raise GcRefused(f"{what} names a malformed digest: {bad}")
 
 
 class _Published(msgspec.Struct, tag="manifest-published", tag_field="kind"):
@@ -94,6 +107,8 @@ def read_references(conn: apsw.Connection, *, cross_check: bool = True) -> Holde
         elif isinstance(event, _Compensated):
             out.compensation_refs.update(r.digest for r in event.restored
                                          if r.outcome != "conflict" and r.digest is not None)
+    _check_hex(out.manifest_refs, "a manifest")
+    _check_hex(out.compensation_refs, "a compensation record")
     table = {r[0] for r in conn.execute("SELECT DISTINCT digest FROM manifest_entries")}
     if not cross_check:
         out.manifest_refs = table
@@ -115,6 +130,7 @@ def compensation_refs_since(conn: apsw.Connection, seq: int) -> set[str]:
         event = _refs_decoder.decode(payload)
         assert isinstance(event, _Compensated)
         out.update(r.digest for r in event.restored if r.outcome != "conflict" and r.digest)
+    _check_hex(out, "a compensation record")
     return out
 
 

@@ -102,6 +102,8 @@ from typing import Any
 
 import apsw
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # tools/: fsinfo
+from fsinfo import fs_info  # noqa: E402
 import ledger
 from ledger import (
     Acked,
@@ -469,21 +471,6 @@ def summarize(kind: str, reps: list[dict[str, dict[str, Any]]]) -> dict[str, Any
                  for r in reps],
         "report": last["report"],
     }
-
-
-def fs_info(path: str) -> dict[str, Any]:
-    path = os.path.realpath(path)
-    best, fstype = "", "?"
-    try:
-        with open("/proc/mounts") as f:
-            for line in f:
-                parts = line.split()
-                mnt = parts[1].replace("\\040", " ")
-                if (path == mnt or path.startswith(mnt.rstrip("/") + "/")) and len(mnt) > len(best):
-                    best, fstype = mnt, parts[2]
-    except OSError:
-        pass
-    return {"path": path, "mount": best, "fstype": fstype}
 
 
 def code_digest() -> str:

@@ -114,6 +114,8 @@ from typing import Any
 import apsw
 import msgspec
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # tools/: fsinfo
+from fsinfo import fs_info  # noqa: E402
 import ledger
 from ledger import Acked, BlobStored, Ledger, ManifestEntry, ManifestPublished, Planned
 from ledger.db import BUSY_TIMEOUT_MS, MIGRATIONS
@@ -737,22 +739,6 @@ def commit_profile(scratch: str) -> dict[str, Any]:
 # -- report ----------------------------------------------------------------------------
 
 
-def fs_info(path: str) -> dict[str, Any]:
-    path = os.path.realpath(path)
-    best, fstype = "", "?"
-    try:
-        with open("/proc/mounts") as f:
-            for line in f:
-                parts = line.split()
-                mnt = parts[1].replace("\\040", " ")
-                if (path == mnt or path.startswith(mnt.rstrip("/") + "/")) and len(mnt) > len(best):
-                    best, fstype = mnt, parts[2]
-    except OSError:
-        pass
-    return {"path": path, "mount": best, "fstype": fstype,
-            "same_fs_as_cwd": os.stat(path).st_dev == os.stat(os.getcwd()).st_dev}
-
-
 def code_digest() -> str:
     """sha256 over the ledger package's sources: which code these figures are for."""
     root = os.path.dirname(os.path.abspath(ledger.__file__))
@@ -786,7 +772,7 @@ def print_report(res: dict[str, Any]) -> None:
     p(f"  ledger code: {m['ledger_file']} (sources sha256 {m['ledger_digest']})")
     fs = m["scratch_fs"]
     p(f"  scratch: {fs['path']} ({fs['fstype']} on {fs['mount']}"
-      f"{', same file system as cwd' if fs['same_fs_as_cwd'] else ', NOT the file system of cwd'})")
+      f"{', same file system as cwd' if fs['same_fs'] else ', NOT the file system of cwd'})")
     p(f"  pragmas  ours: {m['pragmas']['ours']}")
     p(f"           raw:  {m['pragmas']['raw']}")
     p("  workload: run-7/step-NNNNNN, planned -> blob-stored -> manifest-published -> acked;"
@@ -917,7 +903,7 @@ def main(argv: list[str] | None = None) -> int:
     parent = os.path.abspath(args.dir or os.getcwd())
     os.makedirs(parent, exist_ok=True)
     scratch = tempfile.mkdtemp(prefix=".bench_ledger-", dir=parent)
-    fs = fs_info(scratch)
+    fs = fs_info(scratch, beside=os.getcwd())
     if fs["fstype"] in ("tmpfs", "ramfs"):
         log(f"warning: {scratch} is on {fs['fstype']}: fsync costs nothing there,"
             " so these are not durable-write figures")

@@ -109,6 +109,8 @@ from typing import Any
 
 import apsw
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # tools/: fsinfo
+from fsinfo import fs_info  # noqa: E402
 import ledger
 from ledger import Ledger
 from ledger.db import BUSY_TIMEOUT_MS, MIGRATIONS
@@ -637,23 +639,6 @@ def summarize(case: Case, counts: dict[str, Any], reps: list[dict[str, float]],
 # -- report ----------------------------------------------------------------------------
 
 
-def fs_info(path: str) -> dict[str, Any]:
-    path = os.path.realpath(path)
-    best, fstype = "", "?"
-    try:
-        with open("/proc/mounts") as f:
-            for line in f:
-                parts = line.split()
-                mnt = parts[1].replace("\\040", " ")
-                if (path == mnt or path.startswith(mnt.rstrip("/") + "/")) and len(mnt) > len(best):
-                    best, fstype = mnt, parts[2]
-    except OSError:
-        pass
-    repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    return {"path": path, "mount": best, "fstype": fstype,
-            "same_fs_as_repo": os.stat(path).st_dev == os.stat(repo).st_dev}
-
-
 def code_digest() -> str:
     """sha256 over the ledger package's sources: which code these figures are for."""
     root = os.path.dirname(os.path.abspath(ledger.__file__))
@@ -693,7 +678,7 @@ def print_report(res: dict[str, Any]) -> None:
     p(f"  ledger code: {m['ledger_file']} (sources sha256 {m['ledger_digest']})")
     fs = m["scratch_fs"]
     p(f"  scratch: {fs['path']} ({fs['fstype']} on {fs['mount']}"
-      f"{', same file system as the repo' if fs['same_fs_as_repo'] else ', NOT the repo file system'})")
+      f"{', same file system as the repo' if fs['same_fs'] else ', NOT the repo file system'})")
     first = res["cases"][0]
     p(f"  pragmas  ours: {first['pragmas']['ours']}")
     p(f"          floor: {first['pragmas']['floor']}")
@@ -760,7 +745,7 @@ def main(argv: list[str] | None = None) -> int:
     parent = os.path.abspath(args.dir or repo)
     os.makedirs(parent, exist_ok=True)
     scratch = tempfile.mkdtemp(prefix=".bench_steps-", dir=parent)
-    fs = fs_info(scratch)
+    fs = fs_info(scratch, beside=os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     if fs["fstype"] in ("tmpfs", "ramfs"):
         log(f"warning: {scratch} is on {fs['fstype']}: fsync costs nothing there,"
             " so these are not durable-write figures")

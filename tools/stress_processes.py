@@ -65,6 +65,8 @@ if ROOT not in sys.path:
 
 import apsw
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # tools/: fsinfo
+from fsinfo import mount_of  # noqa: E402
 from ledger import Ledger, StepPlan, Write
 from ledger.db import BUSY_TIMEOUT_MS
 from ledger.errors import (
@@ -110,23 +112,6 @@ def artifact_content(i: int, k: int) -> bytes:
 
 def sha(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
-
-
-def fs_type(path: str) -> str:
-    """The filesystem type `path` lives on (longest mount point prefix), best effort."""
-    path = os.path.realpath(path)
-    best, kind = "", "unknown"
-    try:
-        with open("/proc/self/mountinfo") as f:
-            for line in f:
-                parts = line.split()
-                mount = parts[4]
-                fstype = parts[parts.index("-") + 1]
-                if (path == mount or path.startswith(mount.rstrip("/") + "/")) and len(mount) > len(best):
-                    best, kind = mount, fstype
-    except (OSError, ValueError, IndexError):
-        pass
-    return kind
 
 
 def _pct(values: list[float], q: float) -> float:
@@ -613,7 +598,7 @@ def run(
     if busy_timeout_ms is not None:
         common += ["--busy-timeout-ms", str(busy_timeout_ms)]
     children: list[tuple[str, int, subprocess.Popen[bytes]]] = []
-    say(f"scratch {root} ({fs_type(root)}); spawning {procs} writers, {readers} readers,"
+    say(f"scratch {root} ({mount_of(root)[1]}); spawning {procs} writers, {readers} readers,"
         f" {contenders} contenders")
     try:
         for i in range(procs):
@@ -673,7 +658,7 @@ def run(
         "artifact_every": artifact_every, "synchronous": "FULL",
         "busy_timeout_ms": (busy_timeout_ms if busy_timeout_ms is not None
                             else f"default ({BUSY_TIMEOUT_MS})"),
-        "scratch": root, "fs": fs_type(root), "cpus": os.cpu_count(),
+        "scratch": root, "fs": mount_of(root)[1], "cpus": os.cpu_count(),
         "python": sys.version.split()[0], "sqlite": apsw.sqlite_lib_version(),
     }
     report["throughput"] = {

@@ -835,31 +835,36 @@ WAL_HEADER: Final = 32
 WAL_FRAME_HEADER: Final = 24
 
 
-def _wal_header_valid(path: str) -> bool:
-    """Whether the -wal starts with a WAL header (magic and a sane page size)."""
+def _wal_head(path: str) -> tuple[int, int, int] | None:
+    """(magic, page size, file size) of the -wal's header; None when it has none."""
     try:
+        size = os.path.getsize(wal_path(path))
         with open(wal_path(path), "rb") as f:
             head = f.read(WAL_HEADER)
     except OSError:
-        return False
+        return None
     if len(head) < WAL_HEADER:
-        return False
+        return None
     magic, _version, page_size = struct.unpack(">III", head[:12])
+    return magic, page_size, size
+
+
+def _wal_header_valid(path: str) -> bool:
+    """Whether the -wal starts with a WAL header (magic and a sane page size)."""
+    head = _wal_head(path)
+    if head is None:
+        return False
+    magic, page_size, _ = head
     return magic in WAL_MAGIC and page_size >= 512 and page_size & (page_size - 1) == 0
 
 
 def _wal_has_frames(path: str) -> bool:
     """Whether the -wal holds at least one whole frame (a crash inside init can leave a
     bare 32-byte header: nothing was ever committed through it)."""
-    try:
-        size = os.path.getsize(wal_path(path))
-        with open(wal_path(path), "rb") as f:
-            head = f.read(WAL_HEADER)
-    except OSError:
+    head = _wal_head(path)
+    if head is None:
         return False
-    if len(head) < WAL_HEADER:
-        return False
-    page_size = struct.unpack(">I", head[8:12])[0]
+    _, page_size, size = head
     return size >= WAL_HEADER + WAL_FRAME_HEADER + max(page_size, 512)
 
 

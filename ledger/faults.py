@@ -1023,6 +1023,30 @@ def _ignore_unraisable() -> contextlib.AbstractContextManager[None]:
     return ctx()
 
 
+def i9_problems(led: Ledger) -> list[str]:
+    """I9: every workspace path's committed content is a retrievable blob."""
+    committed = CommittedFold()
+    for r in led.read():
+        committed.feed(r.event)
+    problems = []
+    for (ws, path), digest in sorted(committed.committed.items()):
+        if digest is not None:
+            try:
+                led.read_blob(digest)
+            except LedgerError as exc:
+                problems.append(f"I9 {ws}:{path}: {type(exc).__name__}: {exc}")
+    return problems
+
+
+def audit_problems(led: Ledger) -> list[str]:
+    """The deep byte audit: nothing dangling or corrupt, every byte in one bucket."""
+    a = audit(led, deep=True)
+    if a.ok:
+        return []
+    return [f"audit: dangling={a.dangling[:3]} corrupt={a.corrupt[:3]}"
+            f" problems={a.problems[:3]} reconciled={a.reconciled}"]
+
+
 def check_ledger(led: Ledger, workload: StandardWorkload, *, after_replay: bool) -> list[str]:
     """verify (chain, seq, projections == rebuild, I3/I4/I5, I1 durability), classify
     every step, I9 (each workspace path's committed content readable), GC audit --deep
@@ -1035,19 +1059,8 @@ def check_ledger(led: Ledger, workload: StandardWorkload, *, after_replay: bool)
         c = led.classify(s.step_id)
         if c.startswith("VIOLATION"):
             problems.append(f"I1 {s.step_id}: {c}")
-    committed = CommittedFold()  # I9: every path's committed content is a retrievable blob
-    for r in led.read():
-        committed.feed(r.event)
-    for (ws, path), digest in sorted(committed.committed.items()):
-        if digest is not None:
-            try:
-                led.read_blob(digest)
-            except LedgerError as exc:
-                problems.append(f"I9 {ws}:{path}: {type(exc).__name__}: {exc}")
-    a = audit(led, deep=True)
-    if not a.ok:
-        problems.append(f"audit: dangling={a.dangling[:3]} corrupt={a.corrupt[:3]}"
-                        f" problems={a.problems[:3]} reconciled={a.reconciled}")
+    problems += i9_problems(led)
+    problems += audit_problems(led)
     if after_replay:
         for step in workload.committed_steps():
             c = led.classify(step)

@@ -408,20 +408,29 @@ def test_bad_paths_are_refused_by_the_library(world: World, api: str) -> None:
             if path is None and api == "append-blob-stored":
                 continue  # a blob-stored event may name no path
             tried("paths")
-            before = world.snap()
-            try:
-                fn(led, path)
-            except InvalidInput as exc:
-                if "path" not in str(exc):
-                    failures.append(f"{name}: the error does not name the path: {exc}")
-            except Exception as exc:  # noqa: BLE001 — the table reports every miss
-                failures.append(f"{name}: {type(exc).__name__} @ {where(exc)}: {exc}")
-            else:
-                failures.append(f"{name}: {path!r} was accepted")
-            diff = changes(before, world.snap())
-            if diff:
-                failures.append(f"{name}: wrote {diff}")
+            failures += _refused(world, name, lambda: fn(led, path), path, ("path",))
     assert not failures, "\n".join(failures)
+
+
+def _refused(world: World, label: str, call: Callable[[], object], bad: object,
+             names: tuple[str, ...]) -> list[str]:
+    """What is wrong with how `call` met `bad`: it must raise InvalidInput naming one of
+    `names`, and write nothing."""
+    out = []
+    before = world.snap()
+    try:
+        call()
+    except InvalidInput as exc:
+        if not any(w in str(exc) for w in names):
+            out.append(f"{label}: the error does not name the {names[0]}: {exc}")
+    except Exception as exc:  # noqa: BLE001 — the table reports every miss
+        out.append(f"{label}: {type(exc).__name__} @ {where(exc)}: {exc}")
+    else:
+        out.append(f"{label}: {bad!r} was accepted")
+    diff = changes(before, world.snap())
+    if diff:
+        out.append(f"{label}: wrote {diff}")
+    return out
 
 
 def test_bad_paths_are_refused_by_the_cli(world: World) -> None:
@@ -801,19 +810,8 @@ def test_bad_digests_are_refused_by_the_library(world: World) -> None:
         for api, fn in _digest_apis(world).items():
             for name, digest in BAD_DIGESTS:
                 tried("digests")
-                before = world.snap()
-                try:
-                    fn(led, digest)
-                except InvalidInput as exc:
-                    if not any(w in str(exc) for w in ("digest", "pre_hash")):
-                        failures.append(f"{api} {name}: the error does not name the digest: {exc}")
-                except Exception as exc:  # noqa: BLE001
-                    failures.append(f"{api} {name}: {type(exc).__name__} @ {where(exc)}: {exc}")
-                else:
-                    failures.append(f"{api} {name}: {digest!r} was accepted")
-                diff = changes(before, world.snap())
-                if diff:
-                    failures.append(f"{api} {name}: wrote {diff}")
+                failures += _refused(world, f"{api} {name}", lambda: fn(led, digest), digest,
+                                     ("digest", "pre_hash"))
     assert not failures, "\n".join(failures)
 
 

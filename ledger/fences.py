@@ -58,7 +58,6 @@ from .events import (
     LeaseRenewed,
     Planned,
     PlannedWrite,
-    RecordedEvent,
     Rejected,
     Restored,
     WorkspaceAdded,

@@ -8,13 +8,17 @@ expose the helpers (`digest`, `commit_step`, ...); module-level code imports the
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 import shutil
 from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import apsw
 import pytest
+from click.testing import CliRunner
 
 from ledger import (
     Acked,
@@ -52,6 +56,39 @@ class FakeClock:
         if seconds < 0:
             raise ValueError("a clock never goes back")
         self.now += int(seconds * 1_000_000_000)
+
+
+#: The environment every in-process CLI call runs with: none of the user's defaults.
+CLEAN_ENV: dict[str, str | None] = {
+    "STEPLEDGER_LEDGER": None, "STEPLEDGER_WORKSPACE": None, "STEPLEDGER_EPOCH": None}
+
+
+@dataclass
+class CliOut:
+    code: int
+    out: str
+    err: str
+
+    @property
+    def json(self) -> Any:
+        return json.loads(self.out)
+
+
+def run_cli(argv: list[str], *, input: str | bytes | None = None,
+            env: dict[str, str] | None = None) -> CliOut:
+    """`stepledger ARGV` in-process, checked for the rules of the command line: no
+    traceback, one-line errors, no result on a usage or environment failure (exit 2, 3)."""
+    from ledger.cli import cli
+
+    result = CliRunner().invoke(cli, argv, input=input, env={**CLEAN_ENV, **(env or {})},
+                                catch_exceptions=False)
+    out = CliOut(result.exit_code, result.stdout, result.stderr)
+    assert "Traceback" not in out.out + out.err, out
+    if out.err.startswith("stepledger: error:"):
+        assert out.err.count("\n") == 1, out.err  # one line
+    if out.code in (2, 3):
+        assert out.out == "", out
+    return out
 
 
 def digest_of(data: bytes | str) -> str:

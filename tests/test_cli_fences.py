@@ -5,18 +5,17 @@ compensation, metrics — exit codes, --json shapes, one-line errors, no traceba
 from __future__ import annotations
 
 import base64
-import hashlib
 import json
 import os
 import pathlib
 import subprocess
 import sys
-from dataclasses import dataclass
 from typing import Any
 
 import click
 import pytest
-from click.testing import CliRunner
+
+from conftest import CliOut, digest_of, run_cli
 
 from ledger import Ledger
 from ledger.cli import cli
@@ -25,22 +24,8 @@ from ledger.events import LeaseAcquired
 from ledger.fences import StepPlan, Write
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
-CLEAN_ENV = {"STEPLEDGER_LEDGER": None, "STEPLEDGER_WORKSPACE": None, "STEPLEDGER_EPOCH": None}
-
-
-def h(text: str | bytes) -> str:
-    return hashlib.sha256(text.encode() if isinstance(text, str) else text).hexdigest()
-
-
-@dataclass
-class Out:
-    code: int
-    out: str
-    err: str
-
-    @property
-    def json(self) -> Any:
-        return json.loads(self.out)
+h = digest_of
+Out = CliOut
 
 
 class Cli:
@@ -51,15 +36,7 @@ class Cli:
 
     def __call__(self, *args: str, input: str | bytes | None = None,
                  env: dict[str, str] | None = None) -> Out:
-        result = CliRunner().invoke(cli, ["--ledger", str(self.ledger), *args], input=input,
-                                    env={**CLEAN_ENV, **(env or {})}, catch_exceptions=False)
-        out = Out(result.exit_code, result.stdout, result.stderr)
-        assert "Traceback" not in out.out + out.err, out
-        if out.err.startswith("stepledger: error:"):
-            assert out.err.count("\n") == 1, out.err  # one line
-        if out.code in (2, 3):
-            assert out.out == "", out  # no result on a usage or environment failure
-        return out
+        return run_cli(["--ledger", str(self.ledger), *args], input=input, env=env)
 
     def count(self) -> int:
         with Ledger.open(self.ledger, readonly=True) as ledger:

@@ -8,57 +8,29 @@ is built on the real clock.
 
 from __future__ import annotations
 
-import hashlib
-import json
 import os
 import pathlib
 import threading
 import time
 from dataclasses import dataclass
-from typing import Any
 
 import pytest
-from click.testing import CliRunner
-from conftest import FakeClock
+from conftest import CliOut, FakeClock, digest_of, run_cli
 
 from ledger import Ledger
-from ledger.cli import cli
 from ledger.fences import StepPlan, Write
 from ledger.gc.collector import collector_lock
 from ledger.steps import run_step
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
-CLEAN_ENV = {"STEPLEDGER_LEDGER": None, "STEPLEDGER_WORKSPACE": None, "STEPLEDGER_EPOCH": None}
 DAY_S = 86400
-
-
-def h(data: bytes | str) -> str:
-    return hashlib.sha256(data.encode() if isinstance(data, str) else data).hexdigest()
-
-
-@dataclass
-class Out:
-    code: int
-    out: str
-    err: str
-
-    @property
-    def json(self) -> Any:
-        return json.loads(self.out)
+h = digest_of
+Out = CliOut
 
 
 def run(ledger: pathlib.Path | None, *args: str) -> Out:
-    """`stepledger [--ledger PATH] ARGS` in-process; every call is checked for the rules
-    of the command line: no traceback, one-line errors, no result on exit 2 or 3."""
-    argv = (["--ledger", str(ledger)] if ledger is not None else []) + list(args)
-    result = CliRunner().invoke(cli, argv, env=CLEAN_ENV, catch_exceptions=False)
-    out = Out(result.exit_code, result.stdout, result.stderr)
-    assert "Traceback" not in out.out + out.err, out
-    if out.err.startswith("stepledger: error:"):
-        assert out.err.count("\n") == 1, out.err
-    if out.code in (2, 3):
-        assert out.out == "", out
-    return out
+    """`stepledger [--ledger PATH] ARGS` in-process (checked by `conftest.run_cli`)."""
+    return run_cli((["--ledger", str(ledger)] if ledger is not None else []) + list(args))
 
 
 def tree(directory: pathlib.Path) -> dict[str, tuple[bytes, int]]:

@@ -52,7 +52,7 @@ from typing import Any
 import apsw
 import pytest
 from click.testing import CliRunner, Result
-from conftest import FakeClock, tamper
+from conftest import CLEAN_ENV, FakeClock, tamper
 
 import ledger as ledger_pkg
 from ledger import (
@@ -80,7 +80,6 @@ MUTANT_SEED0 = 20_240_601
 MUTANT_TIMEOUT_S = 10
 HANG_TIMEOUT_S = 2
 LEDGER_DIR = os.path.dirname(os.path.abspath(ledger_pkg.__file__)) + os.sep
-CLEAN_ENV = {"STEPLEDGER_LEDGER": None, "STEPLEDGER_WORKSPACE": None, "STEPLEDGER_EPOCH": None}
 
 #: hostile inputs tried, per category (every library call or CLI run counts once)
 TALLY: collections.Counter[str] = collections.Counter()

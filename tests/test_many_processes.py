@@ -30,7 +30,7 @@ import pytest
 from conftest import FakeClock
 
 from ledger import Ledger, StepPlan, Write
-from ledger.errors import IllegalTransition, StaleEpoch
+from ledger.errors import StaleEpoch
 from ledger.events import Planned
 
 TOOL = Path(__file__).resolve().parents[1] / "tools" / "stress_processes.py"

@@ -11,6 +11,7 @@ import hashlib
 import json
 import os
 import shutil
+import tempfile
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -248,3 +249,17 @@ def ledger(ledger_path: Path, clock: FakeClock) -> Iterator[Ledger]:
         yield led
     finally:
         led.close()
+
+
+@pytest.fixture(scope="module")
+def scratch(request: pytest.FixtureRequest) -> Iterator[str]:
+    """A directory for one module's fault-harness runs, on the harness's scratch root
+    (/dev/shm where writable), removed afterwards."""
+    from ledger.faults import scratch_root
+
+    name = request.module.__name__.rsplit(".", 1)[-1].removeprefix("test_").replace("_", "-")
+    d = tempfile.mkdtemp(prefix=f"{name}-", dir=scratch_root())
+    try:
+        yield d
+    finally:
+        shutil.rmtree(d, ignore_errors=True)

@@ -16,7 +16,6 @@ from __future__ import annotations
 import errno
 import hashlib
 import os
-import shutil
 import subprocess
 import tempfile
 import time
@@ -31,15 +30,6 @@ from ledger.gc import audit, collect
 from ledger.steps import run_step
 
 FULL = F.full_mode()
-
-
-@pytest.fixture(scope="module")
-def scratch() -> Iterator[str]:
-    d = tempfile.mkdtemp(prefix="disk-full-", dir=F.scratch_root())
-    try:
-        yield d
-    finally:
-        shutil.rmtree(d, ignore_errors=True)
 
 
 def _bytes_written(scratch: str) -> int:

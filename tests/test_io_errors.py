@@ -18,10 +18,8 @@ from __future__ import annotations
 
 import hashlib
 import os
-import shutil
 import tempfile
 from collections import Counter
-from collections.abc import Iterator
 from pathlib import Path
 
 import faultfs as F
@@ -36,15 +34,6 @@ from ledger.steps import run_step
 
 FULL = F.full_mode()
 WRITE_SAMPLE = 50
-
-
-@pytest.fixture(scope="module")
-def scratch() -> Iterator[str]:
-    d = tempfile.mkdtemp(prefix="io-errors-", dir=F.scratch_root())
-    try:
-        yield d
-    finally:
-        shutil.rmtree(d, ignore_errors=True)
 
 
 @pytest.fixture(scope="module")

@@ -21,7 +21,6 @@ import hashlib
 import os
 import shutil
 import tempfile
-from collections.abc import Iterator
 from pathlib import Path
 
 import apsw
@@ -36,15 +35,6 @@ from ledger.gc import audit, collect
 
 FULL = F.full_mode()
 SAMPLE = 80  # crash points per model in the default run (plus the first and the last)
-
-
-@pytest.fixture(scope="module")
-def scratch() -> Iterator[str]:
-    d = tempfile.mkdtemp(prefix="power-loss-", dir=F.scratch_root())
-    try:
-        yield d
-    finally:
-        shutil.rmtree(d, ignore_errors=True)
 
 
 def chosen(n: int, seed: int):

@@ -263,8 +263,9 @@ class Rejected(StepEvent, frozen=True, kw_only=True, tag="rejected"):
 
     `undone` lists the writes of the attempt whose renames had landed before a crash
     (the path still at its base rev, holding the post-image) and that the rejecting
-    replay put back to their pre-image (``restored``), or could not (``conflict``: left
-    as found, for a human). Absent in ledgers written before it existed.
+    replay put back to their pre-image (``restored``), or did not (``conflict``: no
+    evidence the attempt got to its renames, or no readable pre-image; left as found,
+    for a human). Absent in ledgers written before it existed.
     """
 
     reason: Literal["stale_rev", "pre_hash", "stale_epoch", "overlap"]

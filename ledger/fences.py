@@ -691,6 +691,11 @@ class WorkspaceProtocol:
         fresh = row.attempt == attempt and row.state == PLANNED
         staged: dict[str, Staged] = {}
         applied = False
+        # Whether an earlier call of this attempt got as far as its renames (its pre-image
+        # pins), asked before this call pins any: a rejection puts back only the writes
+        # such a call may have landed (`_undo_landed`). Pins are only ever added.
+        with self._db.snapshot() as conn:
+            reached = any(self._reached_apply(conn, planned, w.pre_hash) for w in planned.writes)
         try:
             # A dead epoch stages nothing (staging creates parent directories: no new
             # effect under it); the fence refuses it under the lock (StaleEpoch).
@@ -704,7 +709,7 @@ class WorkspaceProtocol:
             def build(conn: apsw.Connection, now: int) -> list[Event]:
                 holder.clear()
                 return self._fence(conn, now, planned, attempt, epoch, key, ws, wsdir, staged,
-                                   holder)
+                                   holder, reached)
 
             try:
                 recorded = self._log.append(build, guard=self._guard())
@@ -766,8 +771,10 @@ class WorkspaceProtocol:
         wsdir: WorkspaceDir,
         staged: dict[str, Staged],
         holder: list[ApplyResult],
+        reached: bool,
     ) -> list[Event]:
-        """The checks and the renames, under the write lock (inside the transaction)."""
+        """The checks and the renames, under the write lock (inside the transaction).
+        `reached`: an earlier call of the attempt pinned its pre-images (see `apply`)."""
         step, name = planned.step, planned.workspace
         cur = load_step(conn, step)
         assert cur is not None
@@ -804,7 +811,7 @@ class WorkspaceProtocol:
                                             attempt=attempt, detail=detail))
             # A crash may have cut the first apply after some renames: a rejection must
             # not leave them behind, recorded nowhere (nothing would ever reconcile them).
-            undone = self._undo_landed(conn, planned, wsdir, disk)
+            undone = self._undo_landed(conn, planned, wsdir, disk, reached)
             return [Rejected(step=step, attempt=attempt, run=planned.run, workspace=name,
                              epoch=epoch, reason=reason, detail=detail,  # type: ignore[arg-type]
                              undone=undone)]
@@ -856,15 +863,18 @@ class WorkspaceProtocol:
         planned: Planned,
         wsdir: WorkspaceDir,
         disk: dict[str, str | None],
+        reached: bool,
     ) -> tuple[Restored, ...]:
         """Put back the writes of a same-epoch replay's attempt that landed unrecorded
         (under the lock, before its `rejected` commits).
 
-        A write landed when its path is still at its base rev and holds its post-image —
-        the evidence the fence's "record it" branch accepts for the same replay. Its
-        pre-image goes back from the pin apply stored before any rename (a created file
-        is removed: its bytes stay in the store, pinned as the post-image at admission);
-        a pre-image that cannot be read is a ``conflict``, left as found.
+        A write may have landed when its path is still at its base rev and holds its
+        post-image. It is put back only with the evidence settling asks for (`_undo`): an
+        earlier call of the attempt pinned its pre-images, which apply commits before any
+        rename (`reached`). Then its pre-image goes back from that pin (a created file
+        is removed: its bytes stay in the store, pinned as the post-image at admission).
+        Without the evidence — a human may have written those very bytes — or when the
+        pre-image cannot be read, it is a ``conflict``: left as found, and recorded.
         """
         out: list[Restored] = []
         for w in reversed(planned.writes):  # the reverse of the order apply renamed in
@@ -875,6 +885,9 @@ class WorkspaceProtocol:
             path_rev = 0 if state is None else state[0]
             if path_rev != w.base_rev:
                 continue  # recorded as someone else's since: not this attempt's to undo
+            if not reached:
+                out.append(Restored(path=w.path, rev=path_rev, digest=now, outcome="conflict"))
+                continue
             data = None
             if w.pre_hash is not None:
                 try:

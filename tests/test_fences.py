@@ -481,6 +481,24 @@ def test_a_rejected_replay_puts_back_the_writes_that_landed(tmp_path: Path) -> N
     assert w.apply("s1") == "rejected:pre_hash" and w.disk() == "v0"
 
 
+def test_a_rejection_without_evidence_leaves_matching_bytes_as_a_conflict(
+        tmp_path: Path) -> None:
+    """The other side: an attempt that never got to its renames (no earlier call pinned
+    its pre-images) is rejected on its first apply, and a human had written exactly the
+    bytes it planned for a new file. Those bytes are the human's: left as found and
+    recorded as a conflict, never removed — though this very call pins app.py's
+    pre-image before its fence (the evidence is asked for before that)."""
+    w = World(tmp_path)
+    w.admit(StepPlan("s1", [Write("app.py", b"v1", h("v0"), 5),  # stale: rejected
+                            Write("new.txt", b"n", None)]))
+    (w.dir / "new.txt").write_bytes(b"n")  # by hand, the same bytes
+    assert w.apply("s1") == "rejected:stale_rev"
+    assert (w.dir / "new.txt").read_bytes() == b"n" and w.disk() == "v0"
+    rejected = next(iter(w.ledger.read(step="s1", kind="rejected"))).event
+    assert [(r.path, r.outcome) for r in rejected.undone] == [("new.txt", "conflict")]
+    assert w.ledger.verify().ok
+
+
 def test_article_003_verdict_rules(tmp_path: Path) -> None:
     """Section 10 of the article: reject and re-plan; replay the stored result;
     compensate to the checkpoint; accept a rebase."""

@@ -569,8 +569,9 @@ class Ledger(WorkspaceProtocol):
     ) -> Manifest | None:
         """Store every artifact of a fresh artifact-only attempt and publish its manifest,
         in ONE transaction (the step runner's fast path; `store` + `publish` do the same
-        in 1 + 2k commits). `outputs` maps path -> (digest, bytes); the attempt pinned
-        every digest when it was planned. Files are made durable first; the inline
+        in 1 + 2k commits). `outputs` maps path -> (digest, bytes), pinned with the plan
+        (`plan(pins=...)`; a blob GC took meanwhile fails the guard: BlobNotFound, and
+        the runner goes step by step, pinning). Files are made durable first; the inline
         bytes, every `blob-stored` and `manifest-published` then commit together, the
         blobs re-checked by the guard inside the transaction. None, having done nothing,
         when the attempt's plan declared other artifacts (another runner planned it):

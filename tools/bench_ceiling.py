@@ -43,6 +43,7 @@ import statistics
 import sys
 import tempfile
 import time
+from hashlib import sha256
 from typing import Any
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
@@ -50,7 +51,21 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import bench_ledger as B  # noqa: E402  (the workload, raw rows and raw connection)
 
 from ledger.db import MIGRATIONS  # noqa: E402
-from ledger.events import chain_hash, envelope, journal_key, kind_of, validate  # noqa: E402
+from ledger.events import (  # noqa: E402
+    EVENT_VERSION,
+    Acked,
+    BlobPinned,
+    BlobStored,
+    ManifestEntry,
+    ManifestPublished,
+    Planned,
+    chain_hash,
+    envelope,
+    journal_key,
+    kind_of,
+    manifest_digest,
+    validate,
+)
 from ledger.projections.steps import UPSERT_SQL, StepRow, fold  # noqa: E402
 
 CHECKPOINT_SQL = (
@@ -81,7 +96,7 @@ def python_floor(events: list[Any]) -> float:
         for seq, ev in enumerate(events, 1):
             payload = validate(ev)
             key, kind, env = journal_key(ev), kind_of(ev), envelope(ev)
-            prev = chain_hash(prev, seq, B.TIME_NS, env, key, kind, 2, payload)
+            prev = chain_hash(prev, seq, B.TIME_NS, env, key, kind, EVENT_VERSION, payload)
             row = rows.get(ev.step)
             rows[ev.step] = fold(None if row is None else row.__copy__(), ev, seq, B.TIME_NS)
         best = min(best, (time.perf_counter() - t0) / len(events))
@@ -101,11 +116,6 @@ ENTRY_SQL = ("INSERT INTO manifest_entries(step, manifest_rev, role, path, diges
 def step_events(i: int) -> tuple[list[Any], bytes]:
     """A one-artifact step of bench_steps' smallest case (4 KiB inline): the five events
     `run_step` records, and the artifact's bytes."""
-    from hashlib import sha256
-
-    from ledger.events import (
-        Acked, BlobPinned, BlobStored, ManifestEntry, ManifestPublished, Planned,
-        manifest_digest)
     data = os.urandom(4096)
     digest = sha256(data).hexdigest()
     step = f"step-{i:07d}"

@@ -35,11 +35,11 @@ import msgspec
 from .blobs import digest_of
 from .errors import (
     BlobNotFound,
-    LedgerError,
     CompensationWindowClosed,
     IllegalTransition,
     InvalidInput,
     LeaseHeld,
+    LedgerError,
     PathEscapes,
     ReplanRefused,
     StaleEpoch,
@@ -58,6 +58,7 @@ from .events import (
     LeaseRenewed,
     Planned,
     PlannedWrite,
+    RecordedEvent,
     Rejected,
     Restored,
     WorkspaceAdded,
@@ -68,8 +69,8 @@ from .events import (
     journal_key,
 )
 from .projections import checkpoint, load_step, read_workspaces
-from .projections.steps import VERSION as STEPS_VERSION
 from .projections.steps import COMPENSATED, ENDED, IN_FLIGHT, PLANNED, REJECTED
+from .projections.steps import VERSION as STEPS_VERSION
 from .projections.workspaces import WsRow, load_path, load_workspace
 from .workspace import Staged, WorkspaceDir
 
@@ -655,17 +656,21 @@ class WorkspaceProtocol:
                     (digest, len(data), data, now),
                 )
 
-    def _store_blobs(self: Ledger, events: list[Event], blobs: dict[str, bytes]) -> None:
+    def _store_blobs(
+        self: Ledger, events: list[Event], blobs: dict[str, bytes]
+    ) -> list[RecordedEvent]:
         """Commit `events` (pins) with the small blobs; then write the large ones."""
         small = {d: c for d, c in blobs.items() if len(c) <= self.inline_max_bytes}
         for d in blobs.keys() - small.keys():
             self.blobs.check_writable(d)  # a store that refuses the put: pin nothing
         now = self.clock()
-        self._log.append(events, guard=self._guard(),
-                         before=(lambda conn: self._write_inline(conn, small, now)) if small else None)
+        recorded = self._log.append(
+            events, guard=self._guard(),
+            before=(lambda conn: self._write_inline(conn, small, now)) if small else None)
         for d, c in blobs.items():
             if len(c) > self.inline_max_bytes:
                 self.blobs.put(c, d, verified=True)
+        return recorded
 
     # -- applying ------------------------------------------------------------------------
 
@@ -691,16 +696,12 @@ class WorkspaceProtocol:
         fresh = row.attempt == attempt and row.state == PLANNED
         staged: dict[str, Staged] = {}
         applied = False
-        # Whether an earlier call of this attempt got as far as its renames (its pre-image
-        # pins), asked before this call pins any: a rejection puts back only the writes
-        # such a call may have landed (`_undo_landed`). Pins are only ever added.
-        with self._db.snapshot() as conn:
-            reached = any(self._reached_apply(conn, planned, w.pre_hash) for w in planned.writes)
+        pinned_now: frozenset[str] = frozenset()  # pins of this call: no evidence of an earlier
         try:
             # A dead epoch stages nothing (staging creates parent directories: no new
             # effect under it); the fence refuses it under the lock (StaleEpoch).
             if (fresh or not planned.journal) and ws.live_epoch(self.clock()) == epoch:
-                self._pin_pre_images(planned, attempt, epoch, wsdir)
+                pinned_now = self._pin_pre_images(planned, attempt, epoch, wsdir)
                 for w in planned.writes:
                     if w.post_hash is not None:
                         staged[w.path] = wsdir.stage(w.path, self.read_blob(w.post_hash))
@@ -709,7 +710,7 @@ class WorkspaceProtocol:
             def build(conn: apsw.Connection, now: int) -> list[Event]:
                 holder.clear()
                 return self._fence(conn, now, planned, attempt, epoch, key, ws, wsdir, staged,
-                                   holder, reached)
+                                   holder, pinned_now)
 
             try:
                 recorded = self._log.append(build, guard=self._guard())
@@ -734,11 +735,12 @@ class WorkspaceProtocol:
 
     def _pin_pre_images(
         self: Ledger, planned: Planned, attempt: int, epoch: int, wsdir: WorkspaceDir
-    ) -> None:
+    ) -> frozenset[str]:
         """Pin and store what each path holds now, if it is the planned pre-image (durable
-        before any rename: settling and compensation put it back)."""
+        before any rename: settling and compensation put it back). Returns the digests
+        this call pinned (not an earlier call of the attempt)."""
         if epoch != planned.epoch:
-            return  # the fence refuses it under the lock; pin nothing for another epoch
+            return frozenset()  # the fence refuses it under the lock; pin nothing
         blobs: dict[str, bytes] = {}
         # a pin is keyed (step, attempt, digest): content the attempt already pinned as a
         # post-image is held already
@@ -751,13 +753,14 @@ class WorkspaceProtocol:
             if (digest == w.pre_hash or planned.fence == "none") and digest not in posts:
                 blobs[digest] = data
         if not blobs:
-            return
+            return frozenset()
         pins: list[Event] = [
             BlobPinned(step=planned.step, attempt=attempt, run=planned.run,
                        workspace=planned.workspace, epoch=planned.epoch, digest=d, role="pre-image")
             for d in blobs
         ]
-        self._store_blobs(pins, blobs)
+        return frozenset(r.event.digest for r in self._store_blobs(pins, blobs)  # type: ignore[union-attr]
+                         if not r.deduped)
 
     def _fence(
         self: Ledger,
@@ -771,10 +774,10 @@ class WorkspaceProtocol:
         wsdir: WorkspaceDir,
         staged: dict[str, Staged],
         holder: list[ApplyResult],
-        reached: bool,
+        pinned_now: frozenset[str],
     ) -> list[Event]:
         """The checks and the renames, under the write lock (inside the transaction).
-        `reached`: an earlier call of the attempt pinned its pre-images (see `apply`)."""
+        `pinned_now`: the pre-images this call pinned (see `_undo_landed`)."""
         step, name = planned.step, planned.workspace
         cur = load_step(conn, step)
         assert cur is not None
@@ -811,7 +814,7 @@ class WorkspaceProtocol:
                                             attempt=attempt, detail=detail))
             # A crash may have cut the first apply after some renames: a rejection must
             # not leave them behind, recorded nowhere (nothing would ever reconcile them).
-            undone = self._undo_landed(conn, planned, wsdir, disk, reached)
+            undone = self._undo_landed(conn, planned, wsdir, disk, pinned_now)
             return [Rejected(step=step, attempt=attempt, run=planned.run, workspace=name,
                              epoch=epoch, reason=reason, detail=detail,  # type: ignore[arg-type]
                              undone=undone)]
@@ -863,7 +866,7 @@ class WorkspaceProtocol:
         planned: Planned,
         wsdir: WorkspaceDir,
         disk: dict[str, str | None],
-        reached: bool,
+        pinned_now: frozenset[str],
     ) -> tuple[Restored, ...]:
         """Put back the writes of a same-epoch replay's attempt that landed unrecorded
         (under the lock, before its `rejected` commits).
@@ -871,11 +874,14 @@ class WorkspaceProtocol:
         A write may have landed when its path is still at its base rev and holds its
         post-image. It is put back only with the evidence settling asks for (`_undo`): an
         earlier call of the attempt pinned its pre-images, which apply commits before any
-        rename (`reached`). Then its pre-image goes back from that pin (a created file
+        rename (pins this call made, `pinned_now`, are no such evidence). Then its
+        pre-image goes back from that pin (a created file
         is removed: its bytes stay in the store, pinned as the post-image at admission).
         Without the evidence — a human may have written those very bytes — or when the
         pre-image cannot be read, it is a ``conflict``: left as found, and recorded.
         """
+        reached = any(w.pre_hash not in pinned_now and self._reached_apply(conn, planned, w.pre_hash)
+                      for w in planned.writes)
         out: list[Restored] = []
         for w in reversed(planned.writes):  # the reverse of the order apply renamed in
             now = disk[w.path]

@@ -26,6 +26,7 @@ from .errors import (
     LedgerTooNew,
     NotALedger,
     PathEscapes,
+    PathForbidden,
     ProtocolRefused,
     ReadOnlyLedger,
     ReplanRefused,
@@ -34,6 +35,8 @@ from .errors import (
     UnknownStep,
     UnknownWorkspace,
     Unsettled,
+    WorkspaceMoved,
+    WorkspaceOverlap,
 )
 from .events import (
     Acked,
@@ -56,6 +59,7 @@ from .events import (
     Restored,
     StepEvent,
     WorkspaceAdded,
+    WorkspaceRebound,
     WorkspaceRestored,
     journal_key,
 )
@@ -102,6 +106,7 @@ __all__ = [
     "ManifestPublished",
     "NotALedger",
     "PathEscapes",
+    "PathForbidden",
     "Planned",
     "PlannedWrite",
     "ProtocolRefused",
@@ -121,6 +126,9 @@ __all__ = [
     "Unsettled",
     "VerifyReport",
     "WorkspaceAdded",
+    "WorkspaceMoved",
+    "WorkspaceOverlap",
+    "WorkspaceRebound",
     "WorkspaceRestored",
     "Write",
     "journal_key",

@@ -94,6 +94,45 @@ class PathEscapes(InvalidInput):
         self.workspace, self.path, self.why = workspace, path, why
 
 
+class PathForbidden(InvalidInput):
+    """A workspace path no step may write: the ledger's own files (its directory, blobs,
+    ``-wal``/``-shm``/``-lockq``, GC lock, witness) or, unless the workspace opted in,
+    ``.git`` internals. Judged at admit and again by every walk to the file."""
+
+    def __init__(self, workspace: str, path: str, why: str, fix: str) -> None:
+        super().__init__(f"path {path!r} in workspace {workspace!r} is refused ({why}); {fix}")
+        self.workspace, self.path, self.why, self.fix = workspace, path, why, fix
+
+
+class WorkspaceMoved(InvalidInput):
+    """The workspace's root is not the directory it was registered as: a component of
+    its path is now a symlink, or the directory there has another device and inode
+    (moved, swapped, restored from a backup). Nothing was read or written in it."""
+
+    def __init__(self, workspace: str, root: str, why: str) -> None:
+        super().__init__(
+            f"workspace {workspace!r} directory {root} is not the directory it was registered"
+            f" as ({why}); nothing was written. If that directory is the workspace now (it was"
+            f" moved or restored), re-register it with 'stepledger workspace add {workspace}"
+            f" DIR --rebind'"
+        )
+        self.workspace, self.root, self.why = workspace, root, why
+
+
+class WorkspaceOverlap(InvalidInput):
+    """A workspace root that is, contains or lies inside another workspace's root or the
+    ledger's own directory: one directory belongs to one workspace."""
+
+    def __init__(self, root: str, other: str, other_root: str, how: str) -> None:
+        owner = f"workspace {other!r}" if other else "the ledger's own directory"
+        super().__init__(
+            f"workspace directory {root} {how} {owner} ({other_root}); a directory belongs to"
+            " one workspace and never holds the ledger's own directory from inside: give a"
+            " directory outside every other workspace and outside the ledger's directory"
+        )
+        self.root, self.other, self.other_root, self.how = root, other, other_root, how
+
+
 # --- 1: the protocol refused, or a violation was found ---------------------------------
 
 
@@ -295,6 +334,7 @@ __all__ = [
     "LedgerTooNew",
     "NotALedger",
     "PathEscapes",
+    "PathForbidden",
     "ProtocolRefused",
     "ReadOnlyLedger",
     "ReplanRefused",
@@ -303,4 +343,6 @@ __all__ = [
     "UnknownStep",
     "UnknownWorkspace",
     "Unsettled",
+    "WorkspaceMoved",
+    "WorkspaceOverlap",
 ]

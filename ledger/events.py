@@ -45,6 +45,7 @@ Digest = Annotated[str, Meta(pattern=r"^[0-9a-f]{64}\Z")]  # \Z: "$" would accep
 Text = Annotated[str, Meta(max_length=TEXT_MAX)]
 Attempt = Annotated[int, Meta(ge=1, le=INT64_MAX)]
 NonNegative = Annotated[int, Meta(ge=0, le=INT64_MAX)]
+FileId = Annotated[int, Meta(ge=0)]  # st_dev, st_ino: unsigned 64-bit (above int64)
 RelPath = Annotated[str, Meta(min_length=1, max_length=PATH_MAX)]
 
 DIGEST_RE: Final = re.compile(r"[0-9a-f]{64}")
@@ -274,16 +275,49 @@ class Rejected(StepEvent, frozen=True, kw_only=True, tag="rejected"):
 
 
 class WorkspaceAdded(Event, frozen=True, kw_only=True, tag="workspace-added"):
+    """A workspace registered: its resolved root and that directory's identity.
+
+    `dev`/`ino` (None in ledgers written before they were recorded: no identity check
+    until the workspace is re-registered with `rebind`) are the root's device and inode;
+    every walk into the workspace opens the root without following symlinks and refuses
+    another directory. `allow_git`: steps may write ``.git`` internals (an opt-in)."""
+
     workspace: StepId
     root: Annotated[str, Meta(min_length=1, max_length=PATH_MAX)]
+    dev: FileId | None = None
+    ino: FileId | None = None
+    allow_git: bool = False
 
 
 class WorkspaceRestored(Event, frozen=True, kw_only=True, tag="workspace-restored"):
+    """A workspace's committed content materialized at a fresh `root`: steps write there
+    from then on. `dev`/`ino`/`allow_git` as in `WorkspaceAdded` (None: written before
+    identities were recorded)."""
+
     key_extra: ClassVar[tuple[str, ...]] = ("rev", "root")
     workspace: StepId
     root: Annotated[str, Meta(min_length=1, max_length=PATH_MAX)]
     rev: NonNegative = 0
     paths: NonNegative = 0
+    dev: FileId | None = None
+    ino: FileId | None = None
+    allow_git: bool = False
+
+
+class WorkspaceRebound(Event, frozen=True, kw_only=True, tag="workspace-rebound"):
+    """An operator re-registered a workspace: its root (moved, restored by other means,
+    or the same path with a new directory), that directory's identity and its options.
+    `after` is the seq of the registration it replaces (`workspace-added`,
+    `-restored` or `-rebound`), so two operators re-registering from the same state
+    conflict instead of both winning, and a redelivery is answered by the journal."""
+
+    key_extra: ClassVar[tuple[str, ...]] = ("after",)
+    workspace: StepId
+    root: Annotated[str, Meta(min_length=1, max_length=PATH_MAX)]
+    dev: FileId
+    ino: FileId
+    allow_git: bool = False
+    after: NonNegative = 0
 
 
 class LeaseAcquired(Event, frozen=True, kw_only=True, tag="lease-acquired"):
@@ -328,6 +362,7 @@ AnyEvent = Union[
     Rejected,
     WorkspaceAdded,
     WorkspaceRestored,
+    WorkspaceRebound,
     LeaseAcquired,
     LeaseRenewed,
     LeaseReleased,
@@ -572,6 +607,7 @@ __all__ = [
     "Restored",
     "StepEvent",
     "WorkspaceAdded",
+    "WorkspaceRebound",
     "WorkspaceRestored",
     "chain_hash",
     "check_digest",

@@ -25,6 +25,9 @@ it). Opening a ledger never does either on its own.
 
 from __future__ import annotations
 
+import contextlib
+import os
+import stat
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Final, Literal
@@ -46,6 +49,8 @@ from .errors import (
     UnknownStep,
     UnknownWorkspace,
     Unsettled,
+    WorkspaceMoved,
+    WorkspaceOverlap,
 )
 from .events import (
     AppliedWrite,
@@ -62,6 +67,7 @@ from .events import (
     Rejected,
     Restored,
     WorkspaceAdded,
+    WorkspaceRebound,
     check_digest,
     check_int,
     check_relpath,
@@ -71,8 +77,14 @@ from .events import (
 from .projections import checkpoint, load_step, read_workspaces
 from .projections.steps import COMPENSATED, ENDED, IN_FLIGHT, PLANNED, REJECTED
 from .projections.steps import VERSION as STEPS_VERSION
-from .projections.workspaces import WsRow, load_path, load_workspace
-from .workspace import Staged, WorkspaceDir
+from .projections.workspaces import (
+    Registration,
+    WsRow,
+    load_path,
+    load_registration,
+    load_workspace,
+)
+from .workspace import Boundary, FileIdentity, Staged, WorkspaceDir, identity_of
 
 if TYPE_CHECKING:
     from .ledger import Ledger
@@ -227,18 +239,121 @@ class WorkspaceProtocol:
 
     # -- workspaces ----------------------------------------------------------------------
 
-    def add_workspace(self: Ledger, name: str, root: str) -> WsRow:
-        """Register a workspace: a named, existing directory. Idempotent for the same root."""
-        import os
+    def add_workspace(self: Ledger, name: str, root: str | os.PathLike[str], *,
+                      allow_git: bool = False, rebind: bool = False) -> WsRow:
+        """Register a workspace: a named, existing directory, recorded resolved with its
+        device and inode (every later walk checks them).
 
+        Refused (WorkspaceOverlap) when the directory is, contains or lies inside another
+        workspace's root, or is or lies inside the ledger's own directory. `allow_git`:
+        steps may write ``.git`` internals. Adding the same name again with the same
+        directory and options is a no-op; anything else is refused unless `rebind`,
+        which re-registers the workspace (a `workspace-rebound` event): the way back for
+        a workspace moved or restored by other means, and how a workspace registered
+        before identities were recorded obtains one. Rebinding while a lease is live is
+        allowed: every write is still fenced on the bytes on disk.
+        """
         check_step_id(name)
         if not isinstance(root, str | os.PathLike) or not os.fspath(root):
             raise InvalidInput("give the workspace directory")
+        if type(allow_git) is not bool or type(rebind) is not bool:
+            raise InvalidInput("allow_git and rebind are booleans")
         real = os.path.realpath(os.fspath(root))
-        if not os.path.isdir(real):
+        try:
+            st = os.stat(real)
+        except OSError:
+            st = None
+        if st is None or not stat.S_ISDIR(st.st_mode):
             raise InvalidInput(f"workspace directory {root} does not exist; create it first")
-        self.append(WorkspaceAdded(workspace=name, root=real))
+        ident = identity_of(st)
+        self._check_root(name, real, ident)
+
+        def build(conn: apsw.Connection, now: int) -> list[Event]:
+            reg = load_registration(conn, name)
+            if reg is None:
+                if rebind:
+                    raise InvalidInput(f"workspace {name!r} was never added; add it without"
+                                       " --rebind")
+                return [WorkspaceAdded(workspace=name, root=real, dev=ident[0], ino=ident[1],
+                                       allow_git=allow_git)]
+            same = (reg.root == real and reg.identity == ident and reg.allow_git == allow_git)
+            if same or (not rebind and reg.root == real and reg.identity is None
+                        and reg.allow_git == allow_git):
+                raise _Answered(None)  # nothing changed (an old registration keeps no identity)
+            if not rebind:
+                if reg.root != real:
+                    differs = f"directory {reg.root}"
+                elif reg.allow_git != allow_git:
+                    differs = f"allow_git={reg.allow_git}"
+                else:
+                    differs = "another directory at that path (device and inode differ)"
+                raise InvalidInput(
+                    f"workspace {name!r} is already added with {differs}; give this one"
+                    f" another name, or re-register it with 'stepledger workspace add {name}"
+                    f" {real} --rebind{' --allow-git' if allow_git else ''}'")
+            return [WorkspaceRebound(workspace=name, root=real, dev=ident[0], ino=ident[1],
+                                     allow_git=allow_git, after=reg.seq)]
+
+        with contextlib.suppress(_Answered):
+            self._log.append(build)
         return self.workspace(name)
+
+    def registration(self: Ledger, name: str) -> Registration:
+        """Where workspace `name` lives and what it may write (its newest
+        `workspace-added`/`-restored`/`-rebound` event); UnknownWorkspace if never added."""
+        check_step_id(name)
+        with self._db.snapshot() as conn:
+            reg = load_registration(conn, name)
+        if reg is None:
+            raise UnknownWorkspace(name)
+        return reg
+
+    def _boundary(self: Ledger) -> Boundary:
+        """The ledger's own files no workspace walk may touch: its directory (the file,
+        ``-wal``/``-shm``/``-lockq``, the GC lock), the blob root, the witness."""
+        files = [self._db.path] + ([self.witness.path] if self.witness is not None else [])
+        return Boundary.of(os.path.dirname(os.path.abspath(self._db.path)), self.blobs.root,
+                           files)
+
+    def _check_root(self: Ledger, name: str, real: str, ident: FileIdentity) -> None:
+        """Refuse a root that is, contains or lies inside another workspace's root or the
+        ledger's own directory: by resolved path, and by device and inode of the root and
+        of its ancestors (a bind mount, a case-variant name)."""
+        def ancestors(path: str) -> dict[FileIdentity, str]:
+            out: dict[FileIdentity, str] = {}
+            while True:
+                with contextlib.suppress(OSError):
+                    out.setdefault(identity_of(os.stat(path)), path)
+                up = os.path.dirname(path)
+                if up == path:
+                    return out
+                path = up
+
+        def inside(a: str, b: str) -> bool:
+            return a == b or a.startswith(b.rstrip("/") + "/")
+
+        boundary = self._boundary()
+        mine = ancestors(real)
+        ledger_dir, blob_root = boundary.dir_paths
+        if ident in boundary.dirs or real == ledger_dir or inside(real, blob_root) or any(
+                i in boundary.stores for i in mine):
+            raise WorkspaceOverlap(real, "", ledger_dir if real == ledger_dir or ident in
+                                   boundary.dirs and not inside(real, blob_root) else blob_root,
+                                   "is or lies inside")
+        for other in self.workspaces():
+            if other.name == name:
+                continue
+            with contextlib.suppress(UnknownWorkspace):
+                theirs = self.registration(other.name).identity
+            if other.root == real or theirs == ident:
+                how = "is the directory of"
+            elif inside(real, other.root) or (theirs is not None and theirs in mine):
+                how = "lies inside"
+            elif inside(other.root, real) or ident in ancestors(other.root):
+                how = "contains"
+            else:
+                continue
+            raise WorkspaceOverlap(real, other.name, other.root, how)
 
     def workspace(self: Ledger, name: str) -> WsRow:
         """A workspace's row (revision, lease); UnknownWorkspace if it was never added."""
@@ -265,7 +380,12 @@ class WorkspaceProtocol:
                 if w == name and s is not None}
 
     def _wsdir(self: Ledger, row: WsRow) -> WorkspaceDir:
-        return WorkspaceDir(row.name, row.root, self.blobs.ops)
+        """The workspace's directory, confined: its registered identity, the ledger's
+        boundary, its `.git` opt-in."""
+        reg = self.registration(row.name)
+        return WorkspaceDir(row.name, row.root, self.blobs.ops,
+                            identity=reg.identity if reg.root == row.root else None,
+                            boundary=self._boundary(), allow_git=reg.allow_git)
 
     def snapshot(self: Ledger, workspace: str, path: str) -> tuple[int, str | None]:
         """What a planner reads before it plans a write: (the path's rev, the sha256 of
@@ -468,6 +588,7 @@ class WorkspaceProtocol:
         if not plans:
             raise InvalidInput("a plan needs at least one step")
         ws = self.workspace(workspace)
+        wsdir = self._wsdir(ws)
         names = [p.step for p in plans]
         if len(set(names)) != len(names):
             raise InvalidInput("a plan names a step twice; give every step its own id")
@@ -489,6 +610,8 @@ class WorkspaceProtocol:
                 for a in p.artifacts:
                     check_relpath(a, "artifact path")
                 _check_writes(p)  # a retried plan is validated like a fresh one
+                for w in p.writes:  # the boundary, now: nothing is recorded for a refusal
+                    wsdir.check_write(w.path)
                 row = load_step(conn, p.step)
                 if row is not None and (row.live or row.state not in ENDED):
                     # in flight or committed: a retried admission. A crash between the
@@ -1001,7 +1124,9 @@ class WorkspaceProtocol:
             path_rev = 0 if state is None else state[0]
             try:
                 disk = wsdir.hash(w.path)
-            except (PathEscapes, InvalidInput):  # a symlink or a directory there now
+            except (WorkspaceMoved, WorkspaceOverlap):
+                raise  # the root itself is not the workspace's: refuse, record nothing
+            except (PathEscapes, InvalidInput):  # a symlink, a directory, a forbidden path
                 out.append(Restored(path=w.path, rev=path_rev, digest=None, outcome="conflict"))
                 continue
             a = applied.get(w.path)

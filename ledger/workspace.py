@@ -3,8 +3,15 @@
 Every path is relative to the workspace root and opened one component at a time
 relative to its parent's descriptor, with ``O_NOFOLLOW``: a symlink anywhere below
 the root — a directory or the file itself — is refused (PathEscapes), so a step can
-never write outside its workspace. The root itself may be reached through symlinks
-(the user chose it).
+never write outside its workspace. The root is stored resolved, so it is reached the
+same way from ``/`` (no component may be a symlink), and must be the directory it was
+registered as: the same device and inode (`identity`); otherwise WorkspaceMoved.
+
+A `Boundary` names what no step may touch even inside the root: the ledger's own
+directories (checked by device and inode for every directory the walk passes
+through, the root included) and files (checked for the leaf), and — unless the
+workspace opted in — any ``.git`` component. The same walk serves apply, compensate,
+settle, restore and snapshot, so a check at admit cannot be raced past.
 
 A write is staged first (`stage`: a temporary file beside its target, written and
 fsynced, outside the ledger's write lock) and made visible later (`install`: rename
@@ -25,13 +32,89 @@ from dataclasses import dataclass
 from typing import Final
 
 from .blobs import FileOps, digest_of
-from .errors import InvalidInput, PathEscapes, StorageFailure
+from .errors import (
+    InvalidInput,
+    PathEscapes,
+    PathForbidden,
+    StorageFailure,
+    WorkspaceMoved,
+    WorkspaceOverlap,
+)
 from .events import check_relpath
 
 _DIR_FLAGS: Final = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+#: The root's ancestors are only passed through: O_PATH needs search permission, not read.
+_PASS_FLAGS: Final = getattr(os, "O_PATH", os.O_RDONLY) | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+#: Code points HFS+ ignores in names (git's is_hfs_dotgit): ".gi\u200ct" is ".git" there.
+_HFS_IGNORED: Final = dict.fromkeys([*range(0x200C, 0x2010), *range(0x202A, 0x202F),
+                                     *range(0x206A, 0x2070), 0xFEFF])
 _READ_FLAGS: Final = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
 TMP_MARK: Final = ".stepledger-"
 READ_MAX: Final = 1 << 30
+
+
+FileIdentity = tuple[int, int]  # (st_dev, st_ino)
+
+
+def identity_of(st: os.stat_result) -> FileIdentity:
+    return (st.st_dev, st.st_ino)
+
+
+def is_git_name(name: str) -> bool:
+    """True for a path component git would read as ``.git``: any case, HFS+-ignored code
+    points removed, NTFS trailing dots and spaces stripped."""
+    return name.translate(_HFS_IGNORED).rstrip(". ").casefold() == ".git"
+
+
+@dataclass(frozen=True)
+class Boundary:
+    """What no step may touch inside any workspace: the ledger's own files.
+
+    `dirs`: identities of directories no walk enters and no root is — the ledger's
+    directory (the ledger file, its ``-wal``/``-shm``/``-lockq``, the GC lock) and the
+    blob root; `stores`: identities of directories no root lies inside (the blob root);
+    `leaves`: identities of files never opened (the ledger file, the witness);
+    `dir_paths`/`leaf_paths`: their resolved paths, so that one not created yet (a
+    witness made on first use) is refused by name as well. A root below the ledger's
+    directory but outside the blob root reaches none of them (the ledger's files are
+    direct entries of its directory) and is allowed: `ledger.db` beside `ws/`.
+    """
+
+    dirs: frozenset[FileIdentity] = frozenset()
+    stores: frozenset[FileIdentity] = frozenset()
+    leaves: frozenset[FileIdentity] = frozenset()
+    dir_paths: tuple[str, ...] = ()
+    leaf_paths: tuple[str, ...] = ()
+
+    @classmethod
+    def of(cls, ledger_dir: str, blob_root: str, files: list[str]) -> Boundary:
+        """The boundary of a ledger (missing paths count by name only)."""
+        def ids(paths: list[str]) -> frozenset[FileIdentity]:
+            out = set()
+            for p in paths:
+                with contextlib.suppress(OSError):
+                    out.add(identity_of(os.stat(p)))
+            return frozenset(out)
+
+        return cls(ids([ledger_dir, blob_root]), ids([blob_root]), ids(files),
+                   (os.path.realpath(ledger_dir), os.path.realpath(blob_root)),
+                   tuple(os.path.realpath(p) for p in files))
+
+    def names(self, root: str, path: str) -> str | None:
+        """The boundary path inside `root` that `root/path` equals or lies under, if any
+        (case-insensitively: a case-insensitive file system reaches it under any case)."""
+        inside = root.rstrip("/").casefold() + "/"
+        target = (inside + path).casefold()
+        for p in self.dir_paths + self.leaf_paths:
+            q = p.casefold()
+            if q.startswith(inside) and (target == q or target.startswith(q + "/")):
+                return p
+        return None
+
+
+_LEDGER_FIX: Final = ("steps never write the ledger's own files; keep the ledger outside the"
+                      " paths steps write (its default place, .stepledger/ at the workspace"
+                      " root, is such a place)")
 
 
 @dataclass
@@ -47,10 +130,16 @@ class Staged:
 class WorkspaceDir:
     """The files of one workspace, below `root`."""
 
-    def __init__(self, name: str, root: str, ops: FileOps | None = None) -> None:
+    def __init__(self, name: str, root: str, ops: FileOps | None = None, *,
+                 identity: FileIdentity | None = None, boundary: Boundary | None = None,
+                 allow_git: bool = False) -> None:
         self.name = name
-        self.root = os.path.normpath(root)
+        self.root = os.path.normpath(os.path.abspath(root))
         self.ops = ops or FileOps()
+        #: The root's (st_dev, st_ino) at registration; None: not recorded (old ledger).
+        self.identity = identity
+        self.boundary = boundary or Boundary()
+        self.allow_git = allow_git
         #: Directories this object created (relative paths, in creation order), so that a
         #: refused apply can take them back (`remove_created_dirs`).
         self.created_dirs: list[str] = []
@@ -61,20 +150,76 @@ class WorkspaceDir:
         return PathEscapes(self.name, path, why)
 
     def _open_root(self) -> int:
+        """A descriptor of the root, reached from ``/`` one component at a time without
+        following symlinks, checked against the registered identity and the boundary."""
+        parts = [p for p in self.root.split("/") if p]
+        fd = os.open("/", _PASS_FLAGS)
         try:
-            return os.open(self.root, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
-        except FileNotFoundError:
-            raise InvalidInput(
-                f"workspace {self.name!r} directory {self.root} does not exist; recreate it"
-                " or restore the workspace"
-            ) from None
-        except OSError as exc:
-            raise StorageFailure(self.root, os.strerror(exc.errno or 0)) from None
+            for i, part in enumerate(parts):
+                last = i == len(parts) - 1
+                try:
+                    child = os.open(part, _DIR_FLAGS if last else _PASS_FLAGS, dir_fd=fd)
+                except FileNotFoundError:
+                    raise InvalidInput(
+                        f"workspace {self.name!r} directory {self.root} does not exist;"
+                        " recreate it or restore the workspace"
+                    ) from None
+                except OSError as exc:
+                    if exc.errno in (errno.ELOOP, errno.ENOTDIR):
+                        raise WorkspaceMoved(self.name, self.root,
+                                             f"{'/' + '/'.join(parts[: i + 1])} is a symlink or"
+                                             " not a directory") from None
+                    raise StorageFailure(self.root, os.strerror(exc.errno or 0)) from None
+                os.close(fd)
+                fd = child
+                here = identity_of(os.fstat(fd))
+                if here in (self.boundary.dirs if last else self.boundary.stores):
+                    raise WorkspaceOverlap(self.root, "", "/" + "/".join(parts[: i + 1]),
+                                           "is or lies inside")
+            if self.identity is not None and here != self.identity:
+                raise WorkspaceMoved(self.name, self.root, "another device and inode than at"
+                                     " registration: it was moved, replaced or restored")
+        except BaseException:
+            os.close(fd)
+            raise
+        return fd
+
+    def _check_dir(self, fd: int, shown: str, path: str) -> None:
+        """Refuse to enter a directory of the boundary (the ledger's own)."""
+        if self.boundary.dirs and identity_of(os.fstat(fd)) in self.boundary.dirs:
+            raise PathForbidden(self.name, path, f"{shown} is the ledger's own directory",
+                                _LEDGER_FIX)
+
+    def check_path(self, path: str) -> None:
+        """Refuse a path no step may write, by name: ``.git`` (unless the workspace opted
+        in) or a boundary path. The walk to it checks the same by identity."""
+        check_relpath(path)
+        if not self.allow_git and any(is_git_name(p) for p in path.split("/")):
+            raise PathForbidden(
+                self.name, path, "it is .git or inside it: a step writing git's internals"
+                " (hooks, config) runs code the next time a person runs git",
+                f"if steps must write there, opt in with 'stepledger workspace add {self.name}"
+                " DIR --rebind --allow-git'")
+        hit = self.boundary.names(self.root, path)
+        if hit is not None:
+            raise PathForbidden(self.name, path, f"it is or lies inside {hit}, the ledger's"
+                                " own", _LEDGER_FIX)
+
+    def check_write(self, path: str) -> None:
+        """The boundary of a write to `path`, checked now without creating anything
+        (admit): the names, the root, then the identity of every directory that exists on
+        the way and of the file. A symlink on the way is left for the walk at apply to
+        refuse (PathEscapes) — it may be gone by then; the boundary is judged again there."""
+        self.check_path(path)
+        with contextlib.suppress(PathEscapes):
+            opened = self._open_parent(path, create=False)
+            if opened is not None:
+                os.close(opened[0])
 
     def _open_parent(self, path: str, *, create: bool) -> tuple[int, str] | None:
         """(descriptor of the path's parent directory, leaf name); None when a parent is
         missing and not `create`. The caller closes the descriptor."""
-        check_relpath(path)
+        self.check_path(path)
         parts = path.split("/")
         fd = self._open_root()
         try:
@@ -99,10 +244,24 @@ class WorkspaceDir:
                     raise
                 os.close(fd)
                 fd = child
+                self._check_dir(fd, os.path.join(self.root, *parts[: i + 1]), path)
+            self._check_leaf(fd, parts[-1], path)
         except BaseException:
             os.close(fd)
             raise
         return fd, parts[-1]
+
+    def _check_leaf(self, dir_fd: int, leaf: str, path: str) -> None:
+        """Refuse a leaf that is one of the ledger's own files or directories."""
+        if not (self.boundary.leaves or self.boundary.dirs):
+            return
+        try:
+            st = os.stat(leaf, dir_fd=dir_fd, follow_symlinks=False)
+        except FileNotFoundError:
+            return
+        if identity_of(st) in self.boundary.leaves | self.boundary.dirs:
+            raise PathForbidden(self.name, path, "it is one of the ledger's own files",
+                                _LEDGER_FIX)
 
     # -- reading -----------------------------------------------------------------------
 
@@ -239,12 +398,13 @@ class WorkspaceDir:
         first (best effort: a directory something was put in since stays)."""
         while self.created_dirs:
             rel = self.created_dirs.pop()
-            parent, _, leaf = rel.rpartition("/")
-            try:
-                fd = os.open(os.path.join(self.root, parent) if parent else self.root,
-                             _DIR_FLAGS)
-            except OSError:
+            try:  # the confined walk: never a symlinked parent, never the ledger's
+                opened = self._open_parent(rel, create=False)
+            except (OSError, InvalidInput):
                 continue
+            if opened is None:
+                continue
+            fd, leaf = opened
             try:
                 os.rmdir(leaf, dir_fd=fd)
                 os.fsync(fd)
@@ -283,4 +443,5 @@ class WorkspaceDir:
             self.install(self.stage(path, data))
 
 
-__all__ = ["TMP_MARK", "Staged", "WorkspaceDir"]
+__all__ = ["TMP_MARK", "Boundary", "FileIdentity", "Staged", "WorkspaceDir", "identity_of",
+           "is_git_name"]

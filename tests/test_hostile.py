@@ -69,6 +69,7 @@ from ledger import (
     StaleEpoch,
 )
 from ledger import db as dbmod
+from ledger import fences as fences_mod
 from ledger.cli import cli
 from ledger.errors import BlobCorrupt, BlobNotFound
 from ledger.fences import TTL_MAX_S, Write
@@ -1512,6 +1513,10 @@ def build_mutant_template(root: Path) -> World:
             with pytest.MonkeyPatch.context() as mp:
                 mp.setattr(dbmod.uuid, "uuid4", lambda: uuid.UUID(int=0x5354_4C47))
                 mp.setattr(dbmod.time, "time_ns", lambda: fixed_ns)
+                # the root's device and inode differ per build: record fixed ones, and
+                # check none while building (the template's workspace is removed after)
+                mp.setattr(fences_mod, "identity_of", lambda st: (1, 1))
+                mp.setattr(fences_mod.Registration, "identity", property(lambda self: None))
                 w = build_world(TEMPLATE_WS_HOME, clock=FakeClock(fixed_ns))
             root.mkdir(parents=True)
             shutil.copytree(w.db.parent, root / "led", symlinks=True)

@@ -28,13 +28,18 @@ from ..events import (
     LeaseReleased,
     LeaseRenewed,
     WorkspaceAdded,
+    WorkspaceRebound,
     WorkspaceRestored,
+    decode,
+    journal_key,
 )
 
 KINDS: Final = frozenset(
-    {"workspace-added", "workspace-restored", "lease-acquired", "lease-renewed",
-     "lease-released", "fenced", "compensated"}
+    {"workspace-added", "workspace-restored", "workspace-rebound", "lease-acquired",
+     "lease-renewed", "lease-released", "fenced", "compensated"}
 )
+#: The events that say where a workspace lives and what it may write; the newest wins.
+REGISTRATION_KINDS: Final = ("workspace-added", "workspace-restored", "workspace-rebound")
 
 
 class IllegalWorkspaceTransition(IllegalTransition):
@@ -215,8 +220,8 @@ class WorkspacesFold:
         row = self.row(name)
         if row is None:  # validated before; a fold over a damaged log skips it
             return
-        if isinstance(event, WorkspaceRestored):
-            row.root = event.root  # materialized there: steps write there from now on
+        if isinstance(event, WorkspaceRestored | WorkspaceRebound):
+            row.root = event.root  # materialized or re-registered: steps write there now
         elif isinstance(event, LeaseAcquired):
             row.epoch, row.holder, row.expires_ns = event.epoch, event.holder, event.expires_ns
             row.released, row.acquired_ns = False, time_ns
@@ -277,15 +282,59 @@ def read_tables(conn: apsw.Connection) -> tuple[list[tuple[object, ...]], list[t
     return [tuple(r) for r in rows], [tuple(p) for p in paths]
 
 
+class Registration(msgspec.Struct, frozen=True, kw_only=True):
+    """Where a workspace lives and what it may write, as its newest registration event
+    (`workspace-added`, `-restored` or `-rebound`) recorded it. `dev`/`ino` None: a
+    registration written before identities were recorded (no identity to check)."""
+
+    root: str
+    dev: int | None
+    ino: int | None
+    allow_git: bool
+    seq: int
+
+    @property
+    def identity(self) -> tuple[int, int] | None:
+        return None if self.dev is None or self.ino is None else (self.dev, self.ino)
+
+
+def load_registration(conn: apsw.Connection, name: str) -> Registration | None:
+    """The workspace's newest registration event, read from the log by its journal keys
+    (an index lookup per kind: `["workspace-added", name]` and the keys that extend
+    `["workspace-restored", name, ...]` / `["workspace-rebound", name, ...]`); None
+    when it was never added."""
+    added = journal_key(WorkspaceAdded(workspace=name, root="/"))  # ["workspace-added", name]
+    rows = conn.execute("SELECT seq, v, payload FROM events WHERE journal_key = ?",
+                        (added,)).fetchall()
+    for kind in REGISTRATION_KINDS[1:]:
+        # every key extending [kind, name]: its "," then the extras ("-" sorts after ",")
+        prefix = added.replace('"workspace-added"', msgspec.json.encode(kind).decode(), 1)[:-1]
+        rows += conn.execute(
+            "SELECT seq, v, payload FROM events WHERE journal_key > ? AND journal_key < ?"
+            " ORDER BY seq DESC LIMIT 1", (prefix + ",", prefix + "-")).fetchall()
+    best = max(rows, default=None, key=lambda r: int(r[0]))
+    if best is None:
+        return None
+    event = decode(bytes(best[2]), int(best[1]))
+    if not isinstance(event, WorkspaceAdded | WorkspaceRestored | WorkspaceRebound):
+        raise TypeError(f"event #{best[0]} under a workspace registration key is a"
+                        f" {type(event).__name__}")
+    return Registration(root=event.root, dev=event.dev, ino=event.ino,
+                        allow_git=event.allow_git, seq=int(best[0]))
+
+
 Loader = Callable[[str], WsRow | None]
 
 __all__ = [
     "KINDS",
     "IllegalWorkspaceTransition",
     "PathState",
+    "REGISTRATION_KINDS",
+    "Registration",
     "WorkspacesFold",
     "WsRow",
     "load_path",
+    "load_registration",
     "load_workspace",
     "read_tables",
 ]

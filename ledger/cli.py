@@ -682,24 +682,43 @@ def workspace() -> None:
 @workspace.command("add", epilog=_examples(
     "stepledger workspace add agent-1 ./checkout",
     "stepledger workspace add agent-1 ./checkout --json   # again: a no-op",
+    "stepledger workspace add agent-1 ./moved-checkout --rebind   # it moved: re-register",
+    "stepledger workspace add dotfiles ~/dots --allow-git   # steps may write .git/",
 ))
 @click.argument("name")
 @click.argument("directory", metavar="DIR")
+@click.option("--rebind", is_flag=True,
+              help="Re-register an added workspace: at DIR (moved, or restored by other"
+                   " means), with DIR's device and inode and these options.")
+@click.option("--allow-git", is_flag=True,
+              help="Let steps write .git internals (hooks, config); refused by default.")
 @json_option
 @click.pass_context
-def workspace_add(ctx: click.Context, name: str, directory: str, as_json: bool) -> None:
-    """Register the existing directory DIR as workspace NAME (a no-op if it is already)."""
+def workspace_add(ctx: click.Context, name: str, directory: str, rebind: bool, allow_git: bool,
+                  as_json: bool) -> None:
+    """Register the existing directory DIR as workspace NAME (a no-op if it is already).
+
+    DIR is recorded resolved, with its device and inode: a step's writes are refused
+    when the directory there is no longer that one (swapped for a symlink, moved,
+    replaced). DIR may not overlap another workspace's directory, nor be the ledger's
+    own directory; the ledger's directory may sit inside DIR (like .git in a repository:
+    steps never write it).
+    """
     with _open(ctx, readonly=False) as ledger:
         existing = next((r for r in ledger.workspaces() if r.name == name), None)
-        if existing is not None and existing.root != os.path.realpath(directory):
-            raise InvalidInput(f"workspace {name!r} is already added with directory"
-                               f" {existing.root}; give this one another name")
-        row = ledger.add_workspace(name, directory)
+        before = ledger.registration(name) if existing is not None else None
+        row = ledger.add_workspace(name, directory, allow_git=allow_git, rebind=rebind)
+        after = ledger.registration(name)
         now = ledger.clock()
+    rebound = before is not None and after.seq != before.seq
     if as_json:
-        _emit_json(workspace_json(row, now) | {"added": existing is None})
+        _emit_json(workspace_json(row, now) | {"added": existing is None, "rebound": rebound,
+                                               "allow_git": after.allow_git,
+                                               "identity": after.identity is not None})
     elif existing is None:
         click.echo(f"added workspace {row.name} at {row.root}")
+    elif rebound:
+        click.echo(f"re-registered workspace {row.name} at {row.root}")
     else:
         click.echo(f"workspace {row.name} at {row.root} already added; nothing changed")
 

@@ -127,8 +127,8 @@ class WorkspaceOverlap(InvalidInput):
         owner = f"workspace {other!r}" if other else "the ledger's own directory"
         super().__init__(
             f"workspace directory {root} {how} {owner} ({other_root}); a directory belongs to"
-            " one workspace and never holds the ledger's own directory from inside: give a"
-            " directory outside every other workspace and outside the ledger's directory"
+            " one workspace, and the ledger's files to no workspace: give a directory outside"
+            " every other workspace's (the ledger's directory may sit inside it, like .git)"
         )
         self.root, self.other, self.other_root, self.how = root, other, other_root, how
 

@@ -315,10 +315,11 @@ class WorkspaceProtocol:
         return Boundary.of(os.path.dirname(os.path.abspath(self._db.path)), self.blobs.root,
                            files)
 
-    def _check_root(self: Ledger, name: str, real: str, ident: FileIdentity) -> None:
-        """Refuse a root that is, contains or lies inside another workspace's root or the
-        ledger's own directory: by resolved path, and by device and inode of the root and
-        of its ancestors (a bind mount, a case-variant name)."""
+    def _check_root(self: Ledger, name: str, real: str, ident: FileIdentity | None) -> None:
+        """Refuse a root that is, contains or lies inside another workspace's root, or is
+        the ledger's own directory or inside its blob root: by resolved path, and by
+        device and inode of the root (None: it does not exist yet) and of its ancestors
+        (a bind mount, a case-variant name)."""
         def ancestors(path: str) -> dict[FileIdentity, str]:
             out: dict[FileIdentity, str] = {}
             while True:
@@ -333,23 +334,22 @@ class WorkspaceProtocol:
             return a == b or a.startswith(b.rstrip("/") + "/")
 
         boundary = self._boundary()
-        mine = ancestors(real)
+        mine = ancestors(real)  # identity -> path, the root itself included when it exists
         ledger_dir, blob_root = boundary.dir_paths
-        if ident in boundary.dirs or real == ledger_dir or inside(real, blob_root) or any(
-                i in boundary.stores for i in mine):
-            raise WorkspaceOverlap(real, "", ledger_dir if real == ledger_dir or ident in
-                                   boundary.dirs and not inside(real, blob_root) else blob_root,
-                                   "is or lies inside")
+        if real == ledger_dir or (ident is not None and ident in boundary.dirs - boundary.stores):
+            raise WorkspaceOverlap(real, "", ledger_dir, "is")
+        if inside(real, blob_root) or any(i in boundary.stores for i in mine):
+            raise WorkspaceOverlap(real, "", blob_root, "is or lies inside the blob store of")
         for other in self.workspaces():
             if other.name == name:
                 continue
-            with contextlib.suppress(UnknownWorkspace):
-                theirs = self.registration(other.name).identity
-            if other.root == real or theirs == ident:
+            theirs = self.registration(other.name).identity
+            if other.root == real or (ident is not None and theirs == ident):
                 how = "is the directory of"
             elif inside(real, other.root) or (theirs is not None and theirs in mine):
                 how = "lies inside"
-            elif inside(other.root, real) or ident in ancestors(other.root):
+            elif inside(other.root, real) or (ident is not None
+                                              and ident in ancestors(other.root)):
                 how = "contains"
             else:
                 continue

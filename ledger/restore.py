@@ -4,7 +4,8 @@ The literal "outlive the machine": every path the ledger knows at its committed 
 — the post-image of its last committed write (its step published a manifest), or the
 pre-image a compensation put back — each a blob a manifest or a compensation record
 references (invariant I9), verified by hash as it is written. A `workspace-restored`
-event records the new root; steps write there from then on. Files stepledger never
+event records the new root with its device and inode; steps write there from then on.
+The target is never the ledger's own directory nor inside another workspace. Files stepledger never
 wrote (untracked) are not in the ledger and are not restored.
 """
 
@@ -24,7 +25,7 @@ from .events import (
     WorkspaceRestored,
     check_step_id,
 )
-from .workspace import WorkspaceDir
+from .workspace import WorkspaceDir, identity_of
 
 if TYPE_CHECKING:
     from .ledger import Ledger
@@ -104,6 +105,7 @@ def restore(ledger: Ledger, workspace: str, to: str | os.PathLike[str], *,
     """
     check_step_id(workspace)
     row = ledger.workspace(workspace)
+    reg = ledger.registration(workspace)
     if row.live_epoch(ledger.clock()) is not None and not force:
         raise LeaseHeld(workspace, row.epoch, row.holder, row.expires_ns)
     target = os.path.realpath(os.fspath(to))
@@ -111,6 +113,9 @@ def restore(ledger: Ledger, workspace: str, to: str | os.PathLike[str], *,
         raise InvalidInput(f"restore target {to} exists and is not an empty directory;"
                            " give a new or empty directory")
     _check_target(target, to)
+    # never into the ledger's own directory or another workspace (by path and by the
+    # identity of whatever exists of it); checked again once it exists
+    ledger._check_root(workspace, target, None)
     content = committed_content(ledger, workspace)
     blobs: dict[str, bytes] = {}
     for path, digest in content.items():
@@ -126,7 +131,10 @@ def restore(ledger: Ledger, workspace: str, to: str | os.PathLike[str], *,
             raise
         raise InvalidInput(f"restore target {to} cannot be created ({exc.strerror}); give a"
                            " shorter path to a new or empty directory") from None
-    out = WorkspaceDir(workspace, target, ledger.blobs.ops)
+    st = os.stat(target)
+    ledger._check_root(workspace, target, identity_of(st))
+    out = WorkspaceDir(workspace, target, ledger.blobs.ops, identity=identity_of(st),
+                       boundary=ledger._boundary(), allow_git=reg.allow_git)
     written = absent = size = 0
     for path, digest in content.items():
         if digest is None:
@@ -139,7 +147,8 @@ def restore(ledger: Ledger, workspace: str, to: str | os.PathLike[str], *,
         if out.hash(path) != digest:
             raise InvalidInput(f"restored {path} does not read back as {digest}; check {target}")
     recorded = ledger.append(WorkspaceRestored(workspace=workspace, root=target, rev=row.rev,
-                                               paths=written))
+                                               paths=written, dev=st.st_dev, ino=st.st_ino,
+                                               allow_git=reg.allow_git))
     return RestoreReport(workspace=workspace, root=target, paths=written, absent=absent,
                          bytes=size, rev=row.rev, seq=recorded.seq, deduped=recorded.deduped)
 

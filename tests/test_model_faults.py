@@ -13,6 +13,12 @@ rules are public-API calls of a client —
   ``acquire`` a new epoch (which settles the old one); ``restore_workspace`` (the
   sandbox is reclaimed: restore into a new directory, then a new epoch there);
   ``time_passes`` (25 h: the lease expires, the compensation window closes);
+- hostile calls, refused every time with nothing changed: ``ledger_write`` (a plan
+  writing the ledger file, its ``-wal``, a blob or the ledger's directory, with the
+  bytes' own hash as pre_hash, while the workspace contains the ledger — the machine
+  starts in that embedded layout, ``ws/.stepledger/g<n>/ledger.db``) and ``root_swap``
+  (between steps the root is swapped for a symlink to, or replaced by, a copy of
+  itself: snapshot and admit must refuse, WorkspaceMoved; then it is swapped back);
 - ``retry`` a call whose outcome is unknown; ``redeliver`` an acknowledged one (its
   answer was lost: it must get the first answer and change nothing, I4) —
 
@@ -95,8 +101,10 @@ from ledger import (
     IllegalTransition,
     Ledger,
     LedgerError,
+    PathForbidden,
     Planned,
     StepPlan,
+    WorkspaceMoved,
     Write,
 )
 from ledger.blobs import BlobStore
@@ -222,6 +230,20 @@ class Op:
     @property
     def touches_workspace(self) -> bool:
         return self.kind in ("ws", "acquire", "restore") or (self.kind == "compensate" and self.step.startswith("ws-"))
+
+
+def _tree(root: str) -> dict[str, bytes]:
+    """Every file under `root` with its bytes (symlinks not followed; a `-shm`, whose
+    read marks a reader moves, left out)."""
+    out = {}
+    for d, _, files in os.walk(root):
+        for f in files:
+            if f.endswith("-shm"):
+                continue
+            p = os.path.join(d, f)
+            with open(p, "rb") as fh:
+                out[os.path.relpath(p, root)] = fh.read()
+    return out
 
 
 def _live_epoch(led: Ledger) -> int:
@@ -404,7 +426,7 @@ class LedgerModel(RuleBasedStateMachine):
     # -- plumbing --------------------------------------------------------------------
 
     def _gdir(self) -> str:
-        d = os.path.join(self.root, f"g{self.gen}")
+        d = os.path.join(self.ws_dir, ".stepledger", f"g{self.gen}")  # inside the workspace
         os.makedirs(d, exist_ok=True)
         return d
 
@@ -692,6 +714,96 @@ class LedgerModel(RuleBasedStateMachine):
         if after != before:
             self.fail(f"I4: redelivered {op.key} changed {op.step}: events {before} -> {after}")
 
+    # -- rules: hostile calls (refused, nothing changes) ---------------------------------
+
+    def _embedded(self) -> bool:
+        assert self.led is not None
+        root = self.led.workspace("w").root
+        return self._gdir().startswith(root.rstrip("/") + "/")
+
+    def _refused(self, what: str, call: Callable[[], Any], error: type[Exception],
+                 untouched: str) -> None:
+        """`call` must raise `error`, and neither the log nor the files under `untouched`
+        may change."""
+        assert self.led is not None
+        head, before = self.led.head(), _tree(untouched)
+        try:
+            call()
+        except error:
+            pass
+        except Exception as exc:  # noqa: BLE001 - the wrong answer is the finding
+            self.fail(f"{what}: {type(exc).__name__}: {exc} (expected {error.__name__})")
+        else:
+            self.fail(f"{what}: accepted (expected {error.__name__})")
+        if self.led.head() != head or _tree(untouched) != before:
+            self.fail(f"{what}: refused, but something changed")
+        self.STATS[f"refused:{what.split(' ')[0]}"] += 1
+
+    @precondition(lambda self: self._embedded())
+    @rule(into=st.sampled_from(["ledger.db", "ledger.db-wal", "blob", "blobs/00/new", ""]))
+    def ledger_write(self, into: str) -> None:
+        """A plan writes into the ledger's own directory, which the workspace contains,
+        with the bytes there as its pre_hash (a blob's name is its hash): refused at
+        admit, PathForbidden."""
+        assert self.led is not None
+        gdir = self._gdir()
+        if into == "blob":
+            files = [os.path.join(d, f) for d, _, fs in os.walk(os.path.join(gdir, "blobs"))
+                     for f in fs]
+            into = os.path.relpath(sorted(files)[0], gdir) if files else "blobs/ab/cd"
+        path = os.path.relpath(os.path.join(gdir, into), self.led.workspace("w").root)
+        try:
+            with open(os.path.join(gdir, into), "rb") as f:
+                pre: str | None = sha(f.read())
+        except OSError:
+            pre = None
+        epoch = self.led.workspace("w").epoch
+        self.history.append(f"hostile: plan writing {path}")
+        self._refused(f"ledger_write {path}", lambda: self.led.admit(  # type: ignore[union-attr]
+            "w", epoch, [StepPlan(f"evil-{self.counters['evil']}", [Write(path, b"EVIL", pre)])]),
+            PathForbidden, gdir)
+        self.counters["evil"] += 1
+
+    @precondition(lambda self: not self._embedded())
+    @rule(how=st.sampled_from(["symlink", "directory"]))
+    def root_swap(self, how: str) -> None:
+        """Between steps the root (moved away from the ledger by a restore) is swapped
+        for a symlink to a copy of itself, or replaced by that copy: the same bytes, so
+        a fence on hashes would pass. snapshot and admit refuse (WorkspaceMoved); the
+        copy is untouched; then the root is put back."""
+        assert self.led is not None
+        root = self.led.workspace("w").root
+        decoy, real = root + ".decoy", root + ".real"
+        shutil.copytree(root, decoy, symlinks=True)
+        os.rename(root, real)
+        if how == "symlink":
+            os.symlink(decoy, root)
+        else:
+            os.rename(decoy, root)
+            decoy = root
+        self.history.append(f"hostile: root swapped ({how})")
+        try:
+            rev_hash = {}
+            with contextlib.suppress(OSError):
+                with open(os.path.join(decoy, WS_PATH), "rb") as f:
+                    rev_hash[WS_PATH] = sha(f.read())
+            epoch = self.led.workspace("w").epoch
+            self._refused(f"root_swap {how} snapshot",
+                          lambda: self.led.snapshot("w", WS_PATH),  # type: ignore[union-attr]
+                          WorkspaceMoved, decoy)
+            self._refused(f"root_swap {how} admit", lambda: self.led.admit(  # type: ignore[union-attr]
+                "w", epoch, [StepPlan(f"evil-{self.counters['evil']}",
+                                      [Write(WS_PATH, b"EVIL", rev_hash.get(WS_PATH))])]),
+                WorkspaceMoved, decoy)
+            self.counters["evil"] += 1
+        finally:
+            if how == "symlink":
+                os.unlink(root)
+                shutil.rmtree(decoy)
+            else:
+                shutil.rmtree(root)
+            os.rename(real, root)
+
     # -- rules: the faults ---------------------------------------------------------------
 
     @rule(model=st.sampled_from(F.MODELS + F.EXTRA_MODELS), seed=st.integers(0, 3))
@@ -871,6 +983,7 @@ def test_model_with_power_loss_and_process_kill() -> None:
         assert stats.get(f"call:{kind}", 0) > 0, kind
     assert stats.get("power_loss", 0) > 0 and stats.get("process_kill", 0) > 0
     assert any(k.startswith("cut:power") for k in stats) and any(k.startswith("cut:kill") for k in stats)
+    assert stats.get("refused:ledger_write", 0) > 0 and stats.get("refused:root_swap", 0) > 0
 
 
 def _find_counterexample(machine: type[LedgerModel], max_examples: int) -> str:

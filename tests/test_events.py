@@ -33,6 +33,7 @@ from ledger import (
     Rejected,
     Restored,
     WorkspaceAdded,
+    WorkspaceRebound,
     WorkspaceRestored,
     journal_key,
 )
@@ -407,7 +408,8 @@ def test_appended_events_read_back_identical(ledger: Ledger) -> None:
                writes=(AppliedWrite(path="a.txt", rev=1, pre_hash=D1, post_hash=D2),)),
         LeaseRenewed(workspace="w", epoch=1, expires_ns=5 * 10**18),
         LeaseReleased(workspace="w", epoch=1),
-        WorkspaceRestored(workspace="w", root="/new", rev=4, paths=1),
+        WorkspaceRestored(workspace="w", root="/new", rev=4, paths=1, dev=5, ino=2**64 - 1),
+        WorkspaceRebound(workspace="w", root="/newer", dev=5, ino=7, allow_git=True, after=8),
         BlobCollected(digest=D1, size=3, collection="gc-1"),
     ]
     recorded = ledger.append_batch(events)
@@ -482,6 +484,9 @@ def test_journal_key_separates_what_it_keys() -> None:
         Acked(step="s", attempt=1, manifest_rev=1),
         WorkspaceAdded(workspace="s", root="/r"),
         WorkspaceAdded(workspace="t", root="/r"),
+        WorkspaceRebound(workspace="s", root="/r", dev=1, ino=2, after=1),
+        WorkspaceRebound(workspace="s", root="/r", dev=1, ino=2, after=9),
+        WorkspaceRestored(workspace="s", root="/r", rev=1),
         LeaseAcquired(workspace="s", epoch=1, holder="h", expires_ns=1),
         LeaseAcquired(workspace="s", epoch=2, holder="h", expires_ns=1),
         LeaseRenewed(workspace="s", epoch=1, expires_ns=1),

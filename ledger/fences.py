@@ -266,9 +266,9 @@ class WorkspaceProtocol:
         if st is None or not stat.S_ISDIR(st.st_mode):
             raise InvalidInput(f"workspace directory {root} does not exist; create it first")
         ident = identity_of(st)
-        self._check_root(name, real, ident)
 
         def build(conn: apsw.Connection, now: int) -> list[Event]:
+            self._check_root(name, real, ident)  # under the lock: two adds cannot race
             reg = load_registration(conn, name)
             if reg is None:
                 if rebind:

@@ -153,8 +153,11 @@ class WorkspaceDir:
         """A descriptor of the root, reached from ``/`` one component at a time without
         following symlinks, checked against the registered identity and the boundary."""
         parts = [p for p in self.root.split("/") if p]
-        fd = os.open("/", _PASS_FLAGS)
+        fd = os.open("/", _PASS_FLAGS if parts else _DIR_FLAGS)
         try:
+            here = identity_of(os.fstat(fd))
+            if not parts and here in self.boundary.dirs:
+                raise WorkspaceOverlap(self.root, "", "/", "is")
             for i, part in enumerate(parts):
                 last = i == len(parts) - 1
                 try:

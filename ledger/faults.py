@@ -1267,8 +1267,15 @@ def run_point(
         known: list[str] = []
         verdict, problems, replay = (check or check_recovery)(env, image, workload, known)
         if restart:
-            shutil.rmtree(ws_root)
-            os.rename(ws_root + ".snap", ws_root)
+            # back to the workspace as it was at the crash, in the same directory: a power
+            # loss keeps a directory's device and inode, which the workspace's walk checks
+            for entry in os.scandir(ws_root):
+                if entry.is_dir(follow_symlinks=False):
+                    shutil.rmtree(entry.path)
+                else:
+                    os.unlink(entry.path)
+            shutil.copytree(ws_root + ".snap", ws_root, symlinks=True, dirs_exist_ok=True)
+            shutil.rmtree(ws_root + ".snap")
             v2, p2, _ = (check or check_recovery)(env, run_root, workload, known)
             problems += [f"after restart: {p}" for p in p2]
             verdict.lost += [f"restart:{k}" for k in v2.lost]

@@ -245,7 +245,8 @@ class WorkspaceProtocol:
         device and inode (every later walk checks them).
 
         Refused (WorkspaceOverlap) when the directory is, contains or lies inside another
-        workspace's root, or is or lies inside the ledger's own directory. `allow_git`:
+        workspace's root, or is the ledger's own directory or inside its blob root (the
+        ledger's directory may lie inside it: the embedded layout). `allow_git`:
         steps may write ``.git`` internals. Adding the same name again with the same
         directory and options is a no-op; anything else is refused unless `rebind`,
         which re-registers the workspace (a `workspace-rebound` event): the way back for

@@ -412,6 +412,33 @@ class WorkspaceProtocol:
                 failed[step] = exc
         return done, failed
 
+    def _remove_abandoned_temporaries(self: Ledger, now: int) -> int:
+        """Remove, in every workspace, the temporaries that applies of attempts still in
+        flight left when they were killed and that no live stager can own (an epoch older
+        than the live one; any epoch once the lease has lapsed). gc calls it: it reaches
+        an attempt nobody came back to (a re-apply or a settle removes them otherwise).
+        Returns how many files went."""
+        removed = 0
+        for row in self.workspaces():
+            if row.epoch == 0:
+                continue
+            with self._db.snapshot() as conn:
+                steps = [(r[0], int(r[1])) for r in conn.execute(
+                    "SELECT step_id, attempt FROM steps WHERE workspace = ? AND epoch > 0"
+                    " AND state IN (?, ?, ?)", (row.name, *sorted(IN_FLIGHT)))]
+            dirs: set[str] = set()
+            for step, attempt in steps:
+                planned = self._attempt_events(step, attempt).planned
+                if planned is not None:
+                    dirs.update(w.path.rpartition("/")[0] for w in planned.writes)
+            if not dirs:
+                continue
+            live = row.live_epoch(now)
+            removed += self._wsdir(row).remove_temporaries(
+                dirs, lambda e, _t, live=live, epoch=row.epoch: e < epoch or (
+                    live is None and e <= epoch))
+        return removed
+
     # -- reading an attempt --------------------------------------------------------------
 
     def _attempt_events(self: Ledger, step: str, attempt: int) -> _AttemptEvents:

@@ -282,6 +282,7 @@ class WorkspaceDir:
             if opened is None:
                 continue
             dir_fd, _ = opened
+            here = 0
             try:
                 for name in os.listdir(dir_fd):
                     stamp = temp_stamp(name)
@@ -291,10 +292,11 @@ class WorkspaceDir:
                         if stat.S_ISREG(os.stat(name, dir_fd=dir_fd, follow_symlinks=False).st_mode):
                             self.ops.tick("ws-unlink")
                             os.unlink(name, dir_fd=dir_fd)
-                            removed += 1
-                if removed:
+                            here += 1
+                if here:
                     self.ops.tick("ws-dirfsync")
                     os.fsync(dir_fd)
+                removed += here
             except OSError:
                 continue
             finally:

@@ -8,22 +8,16 @@ event records the new root; steps write there from then on. Files stepledger nev
 wrote (untracked) are not in the ledger and are not restored. Each file gets the mode
 the ledger recorded for it (events written before modes were: 0o666 less the umask).
 
-The files are written into a staging directory beside the target and renamed onto it
-at the end, so a restore that is killed leaves the target as it was (new or empty) and
-its retry goes ahead; the retry removes the dead one's staging directory. A restore
-killed after that rename and before its event finds the target holding exactly the
-committed content, and records it.
+The target must be new or empty — or hold nothing but part of the committed content
+(a restore that was killed, midway or before its event): then the retry goes on where
+it stopped, removes the dead one's temporaries, and records the restore.
 """
 
 from __future__ import annotations
 
-import contextlib
 import errno
 import os
-import re
-import secrets
-import shutil
-from typing import TYPE_CHECKING, Final
+from typing import TYPE_CHECKING
 
 import msgspec
 
@@ -35,7 +29,7 @@ from .events import (
     WorkspaceRestored,
     check_step_id,
 )
-from .workspace import TMP_MARK, WorkspaceDir
+from .workspace import WorkspaceDir, temp_stamp
 
 if TYPE_CHECKING:
     from .ledger import Ledger
@@ -93,6 +87,40 @@ def committed_content(ledger: Ledger, workspace: str) -> dict[str, str | None]:
     return _committed_fold(ledger).paths(workspace)
 
 
+def _own_partial(workspace: str, target: str, content: dict[str, str | None]) -> set[str] | None:
+    """What `target` holds when it is nothing but (part of) the committed content: files
+    at committed paths with their committed bytes, the directories above them, and the
+    temporaries a restore stages (returned: the directories holding those). None when it
+    holds anything else — a file the ledger did not commit there, other bytes, a
+    symlink: not a restore's output, never written into. A missing target: empty."""
+    if not os.path.lexists(target):
+        return set()
+    if os.path.islink(target) or not os.path.isdir(target):
+        return None
+    present = {p: d for p, d in content.items() if d is not None}
+    above = {p.rsplit("/", i)[0] for p in present for i in range(1, p.count("/") + 1)}
+    out = WorkspaceDir(workspace, target)
+    temps: set[str] = set()
+    for top, dirs, files in os.walk(target):
+        rel = os.path.relpath(top, target)
+        rel = "" if rel == "." else rel + "/"
+        for name in dirs:
+            if os.path.islink(os.path.join(top, name)) or rel + name not in above:
+                return None
+        for name in files:
+            path = rel + name
+            stamp = temp_stamp(name)
+            if stamp is not None and stamp[0] == 0:  # staged by a restore (epoch 0)
+                temps.add(rel.rstrip("/"))
+                continue
+            try:
+                if path not in present or out.hash(path) != present[path]:
+                    return None
+            except (LedgerError, OSError):
+                return None
+    return temps
+
+
 def _check_target(target: str, to: object) -> None:
     """The nearest existing ancestor of `target` must be a directory (a regular file
     there is bad input, not an environment failure); refused before anything is read."""
@@ -128,8 +156,8 @@ def restore(ledger: Ledger, workspace: str, to: str | os.PathLike[str], *,
     target = os.path.realpath(os.fspath(to))
     fold = _committed_fold(ledger)
     content = fold.paths(workspace)
-    done = _holds_exactly(workspace, target, content)  # a restore killed before its event
-    if not done and os.path.exists(target) and (not os.path.isdir(target) or os.listdir(target)):
+    temps = _own_partial(workspace, target, content)  # a killed restore's output: resumed
+    if temps is None:
         raise InvalidInput(f"restore target {to} exists and is not an empty directory;"
                            " give a new or empty directory")
     _check_target(target, to)
@@ -137,9 +165,8 @@ def restore(ledger: Ledger, workspace: str, to: str | os.PathLike[str], *,
     for path, digest in content.items():
         if digest is not None and digest not in blobs:
             blobs[digest] = ledger.read_blob(digest, verify=True)
-    parent, base = os.path.split(target)
     try:
-        os.makedirs(parent, exist_ok=True)
+        os.makedirs(target, exist_ok=True)
     except (NotADirectoryError, FileExistsError) as exc:
         raise InvalidInput(f"restore target {to} cannot be created ({exc.strerror}); give a"
                            " new or empty directory") from None
@@ -148,116 +175,23 @@ def restore(ledger: Ledger, workspace: str, to: str | os.PathLike[str], *,
             raise
         raise InvalidInput(f"restore target {to} cannot be created ({exc.strerror}); give a"
                            " shorter path to a new or empty directory") from None
+    out = WorkspaceDir(workspace, target, ledger.blobs.ops)
+    out.remove_temporaries(temps, lambda epoch, _tag: epoch == 0)
     written = absent = size = 0
     for path, digest in content.items():
         if digest is None:
             absent += 1
-        else:
-            written += 1
-            size += len(blobs[digest])
-    if not done:
-        _remove_dead_staging(parent, base)
-        staging = os.path.join(parent, f"{_staging_prefix(base)}{TMP_MARK}restore-"
-                                       f"{secrets.token_hex(4)}")
-        try:
-            os.mkdir(staging, 0o700)
-            out = WorkspaceDir(workspace, staging, ledger.blobs.ops)
-            for path, digest in content.items():
-                if digest is not None:
-                    out.put(path, blobs[digest], mode=fold.modes.get((workspace, path)))
-            for path, digest in content.items():  # read back: on disk is what was committed
-                if out.hash(path) != digest:
-                    raise InvalidInput(f"restored {path} does not read back as {digest};"
-                                       f" check {parent}")
-            # the new directory follows the umask, an empty target its own mode
-            umask_mode = 0o777 & ~_umask()
-            os.chmod(staging, _mode(target) if os.path.isdir(target) else umask_mode)
-            try:
-                os.rename(staging, target)  # onto a missing or empty directory: atomic
-            except OSError as exc:
-                if exc.errno not in (errno.ENOTEMPTY, errno.EEXIST, errno.ENOTDIR):
-                    raise
-                raise InvalidInput(f"restore target {to} was filled while restoring; give a"
-                                   " new or empty directory") from None
-            _fsync_dir(parent)
-        except BaseException:
-            with contextlib.suppress(OSError):
-                shutil.rmtree(staging)
-            raise
+            continue
+        out.put(path, blobs[digest], mode=fold.modes.get((workspace, path)))
+        written += 1
+        size += len(blobs[digest])
+    for path, digest in content.items():  # read back: what is on disk is what was committed
+        if out.hash(path) != digest:
+            raise InvalidInput(f"restored {path} does not read back as {digest}; check {target}")
     recorded = ledger.append(WorkspaceRestored(workspace=workspace, root=target, rev=row.rev,
                                                paths=written))
     return RestoreReport(workspace=workspace, root=target, paths=written, absent=absent,
                          bytes=size, rev=row.rev, seq=recorded.seq, deduped=recorded.deduped)
-
-
-def _holds_exactly(workspace: str, target: str, content: dict[str, str | None]) -> bool:
-    """Whether `target` is a directory holding exactly the committed files (each with
-    its committed hash, nothing else, not empty): a restore's complete output whose
-    event was never written."""
-    present = {p: d for p, d in content.items() if d is not None}
-    if not present or not os.path.isdir(target) or os.path.islink(target):
-        return False
-    found = set()
-    for top, dirs, files in os.walk(target):
-        rel = os.path.relpath(top, target)
-        if any(os.path.islink(os.path.join(top, d)) for d in dirs):
-            return False  # restore writes no symlinks
-        for name in files:
-            found.add(name if rel == "." else f"{rel}/{name}")
-        if len(found) > len(present):
-            return False
-    if found != present.keys():
-        return False
-    out = WorkspaceDir(workspace, target)
-    try:
-        return all(out.hash(p) == d for p, d in present.items())
-    except (LedgerError, OSError):
-        return False
-
-
-_STAGING: Final = re.compile(re.escape(TMP_MARK) + r"restore-[0-9a-f]{8}")
-
-
-def _remove_dead_staging(parent: str, base: str) -> None:
-    """Remove the staging directories of restores of `base` that died (a restore that is
-    still running is the retry's own caller or a concurrent restore of the same target:
-    one of the two could not rename anyway)."""
-    prefix = _staging_prefix(base)
-    with contextlib.suppress(OSError):
-        for name in os.listdir(parent):
-            if name.startswith(prefix) and _STAGING.fullmatch(name[len(prefix):]):
-                path = os.path.join(parent, name)
-                if os.path.isdir(path) and not os.path.islink(path):
-                    shutil.rmtree(path, ignore_errors=True)
-
-
-def _umask() -> int:
-    """The process's umask (read without changing it where /proc says it)."""
-    with contextlib.suppress(OSError, ValueError):
-        with open("/proc/self/status", encoding="ascii", errors="replace") as f:
-            for line in f:
-                if line.startswith("Umask:"):
-                    return int(line.split()[1], 8)
-    mask = os.umask(0o022)
-    os.umask(mask)
-    return mask
-
-
-def _staging_prefix(base: str) -> str:
-    """The start of a staging directory's name beside `base` (at most 81 bytes)."""
-    return "." + base.encode()[:80].decode("utf-8", "ignore")
-
-
-def _mode(path: str) -> int:
-    return os.stat(path).st_mode & 0o7777
-
-
-def _fsync_dir(path: str) -> None:
-    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 __all__ = ["CommittedFold", "RestoreReport", "committed_content", "restore"]

@@ -25,7 +25,6 @@ from pathlib import Path
 import pytest
 from conftest import FakeClock
 
-import ledger.restore
 import ledger.workspace
 from ledger import Ledger
 from ledger.errors import InvalidInput, PathEscapes
@@ -341,48 +340,57 @@ def _committed(w: World) -> None:
 
 
 def _restored_ok(w: World, target: Path) -> None:
+    assert sorted(str(p.relative_to(target)) for p in target.rglob("*")) == [
+        "a.txt", "b", "b/b.txt", "c.sh"]  # no temporary left
     assert (target / "a.txt").read_bytes() == b"a1"
     assert (target / "b" / "b.txt").read_bytes() == b"b1"
     assert (target / "c.sh").read_bytes() == b"c1"
     assert w.ledger.workspace("w").root == str(target)
-    assert [p.name for p in target.parent.iterdir() if "stepledger" in p.name] == []
     assert w.ledger.verify().ok
 
 
-def test_a_killed_restore_leaves_the_target_free_for_the_retry(tmp_path: Path) -> None:
+def test_a_killed_restore_is_resumed_by_the_retry(tmp_path: Path) -> None:
     """The review: a killed restore left a partial directory and the retry was refused
-    as "not empty"."""
+    as "not empty". Killed with b/b.txt staged and not yet renamed: the retry recognises
+    its own partial output, removes the temporary and completes."""
     w = World(tmp_path)
     _committed(w)
     target = tmp_path / "fresh"
     w.killed(lambda led: led.restore("w", target), nth("ws-rename", 2))
-    assert not target.exists() or list(target.iterdir()) == []
+    assert (target / "a.txt").read_bytes() == b"a1" and not (target / "c.sh").exists()
+    assert len(list(target.rglob(".*.stepledger-*.tmp"))) == 1
     report = w.ledger.restore("w", target)
     assert report.paths == 3 and not report.deduped
     _restored_ok(w, target)
 
 
-def test_a_restore_killed_before_its_event_is_recorded_by_the_retry(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """Killed after its output was complete and before the event: the retry finds the
-    target holding exactly the committed content and records it."""
+def test_a_restore_killed_before_its_event_is_recorded_by_the_retry(tmp_path: Path) -> None:
+    """Killed after its last file was renamed and before the event: the retry finds the
+    target holding the committed content and records it."""
     w = World(tmp_path)
     _committed(w)
     target = tmp_path / "fresh"
-
-    def die(path: str) -> None:
-        os.kill(os.getpid(), signal.SIGKILL)
-
-    monkeypatch.setattr(ledger.restore, "_fsync_dir", die)  # after the rename, in the child
-    w.killed(lambda led: led.restore("w", target), lambda name, seen: False)
-    monkeypatch.undo()
-    assert (target / "a.txt").read_bytes() == b"a1"
+    w.killed(lambda led: led.restore("w", target), nth("ws-dirfsync", 4))
+    assert (target / "c.sh").read_bytes() == b"c1"
     assert w.ledger.workspace("w").root == str(w.dir)  # not recorded yet
-    report = w.ledger.restore("w", target)
-    assert report.paths == 3
+    assert w.ledger.restore("w", target).paths == 3
     _restored_ok(w, target)
-    # a target holding anything else is still refused
-    (tmp_path / "other").mkdir()
-    (tmp_path / "other" / "a.txt").write_bytes(b"a1")
+
+
+@pytest.mark.parametrize("stranger", ["extra.txt", "a.txt", "b/other", "link"])
+def test_a_target_holding_anything_else_is_still_refused(tmp_path: Path, stranger: str) -> None:
+    """Recognising a partial restore never writes into a directory that holds anything
+    the ledger did not commit there: another file, other bytes, a symlink."""
+    w = World(tmp_path)
+    _committed(w)
+    target = tmp_path / "other"
+    (target / "b").mkdir(parents=True)
+    (target / "b" / "b.txt").write_bytes(b"b1")  # committed bytes: fine on their own
+    if stranger == "link":
+        (target / "c.sh").symlink_to(tmp_path / "outside")
+    else:
+        (target / stranger).write_bytes(b"not committed here")
     with pytest.raises(InvalidInput, match="not an empty directory"):
-        w.ledger.restore("w", tmp_path / "other")
+        w.ledger.restore("w", target)
+    assert (target / "b" / "b.txt").read_bytes() == b"b1"
+    assert w.ledger.workspace("w").root == str(w.dir)

@@ -433,10 +433,9 @@ class WorkspaceProtocol:
                     dirs.update(w.path.rpartition("/")[0] for w in planned.writes)
             if not dirs:
                 continue
-            live = row.live_epoch(now)
+            newest_dead = row.epoch - 1 if row.live_epoch(now) is not None else row.epoch
             removed += self._wsdir(row).remove_temporaries(
-                dirs, lambda e, _t, live=live, epoch=row.epoch: e < epoch or (
-                    live is None and e <= epoch))
+                dirs, lambda e, _t, newest_dead=newest_dead: e <= newest_dead)
         return removed
 
     # -- reading an attempt --------------------------------------------------------------

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import json
 import os
 import signal
 import stat
@@ -23,7 +24,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
-from conftest import FakeClock
+from conftest import CliOut, FakeClock, run_cli
 
 import ledger.workspace
 from ledger import Ledger
@@ -303,6 +304,34 @@ def test_a_name_the_file_system_cannot_hold_is_refused_at_admit(
     # up to the limit it is admitted and applied (the temporary's name fits the budget)
     w.admit("s2", Write("y" * 143, b"n", None))
     assert w.apply("s2") == "applied"
+
+
+def test_long_names_on_the_command_line(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The exit codes a harness sees: a 255-byte name plans and applies (0); a name the
+    file system cannot hold is refused by `step plan` with exit 2, one line, nothing
+    recorded — not exit 3 ("retry later") at every apply."""
+    (tmp_path / "ws").mkdir()
+
+    def cli(*args: str, input: str | None = None) -> CliOut:
+        return run_cli(["--ledger", str(tmp_path / "ledger.db"), "--workspace", "w", *args],
+                       input=input)
+
+    assert cli("init").code == 0
+    assert cli("workspace", "add", "w", str(tmp_path / "ws")).code == 0
+    assert cli("lease", "acquire", "--holder", "a", "--ttl", "10m").code == 0
+
+    def plan(step: str, path: str) -> CliOut:
+        doc = {"steps": [{"step": step, "writes": [{"path": path, "pre_hash": None,
+                                                    "content": "x"}]}]}
+        return cli("step", "plan", "--epoch", "1", "-", input=json.dumps(doc))
+
+    assert plan("s1", "漢" * 85).code == 0
+    assert cli("step", "apply", "s1", "--epoch", "1").code == 0
+    assert (tmp_path / "ws" / ("漢" * 85)).read_text() == "x"
+    monkeypatch.setattr(ledger.workspace, "_name_max", lambda where: 143)
+    refused = plan("s2", "y" * 144)
+    assert refused.code == 2 and "holds at most 143" in refused.err, refused
+    assert cli("step", "apply", "s2", "--epoch", "1").code == 2  # never planned
 
 
 # --- 17: a symlink swapped in during staging; a killed restore ---------------------------

@@ -84,7 +84,8 @@ class Staged:
     digest: str
     size: int
     mode: int  # the permission bits the file has once installed
-    pre_mode: int | None  # the target's bits when it was staged (None: it did not exist)
+    pre_mode: int | None  # the target's bits (None: it did not exist)
+    follows_target: bool = False  # `mode` is the target's: `install` follows a chmod since
 
 
 class WorkspaceDir:
@@ -232,7 +233,8 @@ class WorkspaceDir:
             raise self._storage(path, exc) from None
         finally:
             os.close(dir_fd)
-        return Staged(path, tmp, digest_of(data), len(data), final, pre_mode)
+        return Staged(path, tmp, digest_of(data), len(data), final, pre_mode,
+                      follows_target=mode is None and pre_mode is not None)
 
     def _storage(self, path: str, exc: OSError) -> LedgerError:
         """The typed error for an OSError on `path`: a name too long for the file system
@@ -304,7 +306,9 @@ class WorkspaceDir:
         return removed
 
     def install(self, staged: Staged) -> None:
-        """Rename a staged file over its target and fsync the directory."""
+        """Rename a staged file over its target and fsync the directory. A file staged
+        with its target's mode takes the target's mode of now (a chmod since staging is
+        kept); `staged.mode`/`pre_mode` say what it was and is."""
         opened = self._open_parent(staged.path, create=True)
         assert opened is not None
         dir_fd, leaf = opened
@@ -315,6 +319,15 @@ class WorkspaceDir:
                 st = None
             if st is not None and not stat.S_ISREG(st.st_mode):
                 raise self._escape(staged.path, "it is a symlink or not a regular file")
+            if (st is not None and staged.follows_target
+                    and stat.S_IMODE(st.st_mode) & MODE_BITS != staged.mode):
+                fd = os.open(staged.tmp_name, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC,
+                             dir_fd=dir_fd)
+                try:
+                    os.fchmod(fd, stat.S_IMODE(st.st_mode) & MODE_BITS)
+                finally:
+                    os.close(fd)
+                staged.mode = staged.pre_mode = stat.S_IMODE(st.st_mode) & MODE_BITS
             self.ops.tick("ws-rename")
             os.rename(staged.tmp_name, leaf, src_dir_fd=dir_fd, dst_dir_fd=dir_fd)
             self.ops.tick("ws-dirfsync")

@@ -143,6 +143,25 @@ def test_an_edited_file_keeps_its_mode_and_a_created_one_follows_the_umask(
     assert w.ledger.verify().ok
 
 
+def test_a_chmod_between_staging_and_the_rename_is_kept(tmp_path: Path) -> None:
+    """Staging runs outside the lock: a person's chmod after it and before the rename is
+    not undone by the rename (and the recorded modes say what happened)."""
+    w = World(tmp_path)
+    w.file("run.sh", b"v0", 0o644)
+    w.admit("s1", Write("run.sh", b"v1", h(b"v0")))
+    w.ledger.close()
+
+    def chmod(name: str) -> None:
+        if name == "ws-fsync":  # the temporary is written: staged with 0644
+            (w.dir / "run.sh").chmod(0o755)
+
+    led = Ledger.open(w.path, clock=w.clock, on_op=chmod)
+    assert led.apply("s1", epoch=w.epoch).verdict == "applied"
+    assert mode(w.dir / "run.sh") == 0o755
+    fenced = next(iter(led.read(step="s1", kind="fenced"))).event
+    assert (fenced.writes[0].pre_mode, fenced.writes[0].post_mode) == (0o755, 0o755)
+
+
 def test_compensate_puts_the_recorded_mode_of_the_pre_image_back(tmp_path: Path) -> None:
     """Not just "whatever the file has now": the mode recorded when it was applied — for
     an edited file chmodded since, and for a deleted secret brought back."""

@@ -40,7 +40,9 @@ class CommittedFold:
     the mode recorded with it (`modes`; None: not recorded)."""
 
     def __init__(self) -> None:
-        self.pending: dict[tuple[str, int], dict[tuple[str, str], tuple[str | None, int | None]]] = {}
+        #: (step, attempt) -> (workspace, path) -> (post-image digest, its mode)
+        self.pending: dict[tuple[str, int], dict[tuple[str, str], tuple[str | None, int | None]]]
+        self.pending = {}
         self.committed: dict[tuple[str, str], str | None] = {}
         self.modes: dict[tuple[str, str], int | None] = {}
 
@@ -109,6 +111,8 @@ def _own_partial(workspace: str, target: str, content: dict[str, str | None]) ->
                 return None
         for name in files:
             path = rel + name
+            if os.path.islink(os.path.join(top, name)):
+                return None  # restore writes no symlinks
             stamp = temp_stamp(name)
             if stamp is not None and stamp[0] == 0:  # staged by a restore (epoch 0)
                 temps.add(rel.rstrip("/"))

@@ -12,10 +12,11 @@ over the target, fsync the directory) under the lock. A staged file gets the mod
 file ends with (see `stage`): an edited file keeps its permission bits, a created one
 follows the umask. A temporary's name carries the epoch and the attempt that staged
 it (`temp_name`), so the one that left it behind in a crash is recognised and removed
-later (`remove_temporaries`) — never a live stager's, never a user's file. Every operation goes through
-`FileOps` (the blob store's seam), so tests inject faults and the crash harness
-kills the process at an exact operation: ``ws-write``, ``ws-fsync``, ``ws-rename``,
-``ws-dirfsync``, ``ws-unlink``, ``ws-mkdir``.
+later (`remove_temporaries`) — never a live stager's, never a user's file.
+
+Every operation goes through `FileOps` (the blob store's seam), so tests inject faults
+and the crash harness kills the process at an exact operation: ``ws-write``,
+``ws-fsync``, ``ws-rename``, ``ws-dirfsync``, ``ws-unlink``, ``ws-mkdir``.
 """
 
 from __future__ import annotations
@@ -291,7 +292,8 @@ class WorkspaceDir:
                     if stamp is None or not dead(*stamp):
                         continue
                     with contextlib.suppress(FileNotFoundError):
-                        if stat.S_ISREG(os.stat(name, dir_fd=dir_fd, follow_symlinks=False).st_mode):
+                        st = os.stat(name, dir_fd=dir_fd, follow_symlinks=False)
+                        if stat.S_ISREG(st.st_mode):
                             self.ops.tick("ws-unlink")
                             os.unlink(name, dir_fd=dir_fd)
                             here += 1

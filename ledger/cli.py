@@ -1587,6 +1587,9 @@ def _echo_gc(r: Any) -> None:
     click.echo(_row("collected", r.collected, r.reclaimed_bytes))
     click.echo(_row("temp files removed", r.temp_removed, r.temp_removed_bytes,
                     f"{r.temp_kept} kept (young or pinned)"))
+    if r.ws_temp_removed:
+        click.echo(_row("workspace temp files", r.ws_temp_removed, "-",
+                        "removed: left by killed applies"))
     click.echo(_row("recovered", r.recovered, "-",
                     "condemned earlier, found gone: recorded as collected"))
     click.echo(_row("spared", r.spared, "-", "condemned, then referenced, pinned or fresh: kept"))

@@ -47,6 +47,7 @@ Attempt = Annotated[int, Meta(ge=1, le=INT64_MAX)]
 NonNegative = Annotated[int, Meta(ge=0, le=INT64_MAX)]
 FileId = Annotated[int, Meta(ge=0)]  # st_dev, st_ino: unsigned 64-bit (above int64)
 RelPath = Annotated[str, Meta(min_length=1, max_length=PATH_MAX)]
+Mode = Annotated[int, Meta(ge=0, le=0o7777)]  # a file's permission bits
 
 DIGEST_RE: Final = re.compile(r"[0-9a-f]{64}")
 
@@ -151,6 +152,10 @@ class AppliedWrite(_PathChecked, frozen=True, kw_only=True):
     rev: NonNegative
     pre_hash: Digest | None = None
     post_hash: Digest | None = None
+    # Permission bits before and after (None: the file was absent, or an event written
+    # before modes were recorded). Compensation puts `pre_mode` back.
+    pre_mode: Mode | None = None
+    post_mode: Mode | None = None
 
 
 class ManifestEntry(_PathChecked, frozen=True, kw_only=True):
@@ -166,6 +171,7 @@ class Restored(_PathChecked, frozen=True, kw_only=True):
     rev: NonNegative
     digest: Digest | None = None  # the pre-image put back; None: the file was removed
     outcome: Literal["restored", "already", "conflict"] = "restored"
+    mode: Mode | None = None  # the permission bits the file has now (None: absent, unknown)
 
 
 class Event(Struct, frozen=True, kw_only=True, tag_field="kind"):

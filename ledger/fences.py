@@ -84,7 +84,7 @@ from .projections.workspaces import (
     load_registration,
     load_workspace,
 )
-from .workspace import Boundary, FileIdentity, Staged, WorkspaceDir, identity_of
+from .workspace import Boundary, FileIdentity, Staged, WorkspaceDir, attempt_tag, identity_of
 
 if TYPE_CHECKING:
     from .ledger import Ledger
@@ -380,13 +380,32 @@ class WorkspaceProtocol:
         return {p: (s[0], s[1]) for (w, p), s in sorted(fold.paths.items())
                 if w == name and s is not None}
 
-    def _wsdir(self: Ledger, row: WsRow) -> WorkspaceDir:
-        """The workspace's directory, confined: its registered identity, the ledger's
-        boundary, its `.git` opt-in."""
+    def _wsdir(self: Ledger, row: WsRow, step: str = "", attempt: int = 0,
+               epoch: int = 0) -> WorkspaceDir:
+        """The workspace's directory, confined (its registered identity, the ledger's
+        boundary, its `.git` opt-in); staging for `step`'s `attempt` under `epoch` (the
+        stamp its temporaries carry, see `_remove_temporaries`)."""
         reg = self.registration(row.name)
         return WorkspaceDir(row.name, row.root, self.blobs.ops,
                             identity=reg.identity if reg.root == row.root else None,
-                            boundary=self._boundary(), allow_git=reg.allow_git)
+                            boundary=self._boundary(), allow_git=reg.allow_git,
+                            epoch=epoch, tag=attempt_tag(step, attempt))
+
+    @staticmethod
+    def _remove_temporaries(wsdir: WorkspaceDir, writes: Sequence[PlannedWrite],
+                            current_epoch: int) -> None:
+        """Remove the temporaries a killed stager left beside `writes`' targets: those of
+        an older epoch than `wsdir`'s (its holder is dead or a zombie whose apply the
+        fence refuses) and those of `wsdir`'s own epoch and attempt (an apply or a
+        compensation of this very attempt that died). Another attempt's temporaries of
+        the live epoch may be a sibling's, staging now: kept. Only the directories this
+        attempt writes are looked at — where its earlier calls staged — so the cost
+        follows the attempt, not the size of the repository."""
+        epoch, tag = wsdir.epoch, wsdir.tag
+        if not 0 < epoch <= current_epoch:
+            return  # not an epoch of this workspace: nothing is known dead
+        wsdir.remove_temporaries({w.path.rpartition("/")[0] for w in writes},
+                                 lambda e, t: e < epoch or (e == epoch and t == tag))
 
     def snapshot(self: Ledger, workspace: str, path: str) -> tuple[int, str | None]:
         """What a planner reads before it plans a write: (the path's rev, the sha256 of
@@ -513,6 +532,32 @@ class WorkspaceProtocol:
                 failed[step] = exc
         return done, failed
 
+    def _remove_abandoned_temporaries(self: Ledger, now: int) -> int:
+        """Remove, in every workspace, the temporaries that applies of attempts still in
+        flight left when they were killed and that no live stager can own (an epoch older
+        than the live one; any epoch once the lease has lapsed). gc calls it: it reaches
+        an attempt nobody came back to (a re-apply or a settle removes them otherwise).
+        Returns how many files went."""
+        removed = 0
+        for row in self.workspaces():
+            if row.epoch == 0:
+                continue
+            with self._db.snapshot() as conn:
+                steps = [(r[0], int(r[1])) for r in conn.execute(
+                    "SELECT step_id, attempt FROM steps WHERE workspace = ? AND epoch > 0"
+                    " AND state IN (?, ?, ?)", (row.name, *sorted(IN_FLIGHT)))]
+            dirs: set[str] = set()
+            for step, attempt in steps:
+                planned = self._attempt_events(step, attempt).planned
+                if planned is not None:
+                    dirs.update(w.path.rpartition("/")[0] for w in planned.writes)
+            if not dirs:
+                continue
+            newest_dead = row.epoch - 1 if row.live_epoch(now) is not None else row.epoch
+            removed += self._wsdir(row).remove_temporaries(
+                dirs, lambda e, _t, newest_dead=newest_dead: e <= newest_dead)
+        return removed
+
     # -- reading an attempt --------------------------------------------------------------
 
     def _attempt_events(self: Ledger, step: str, attempt: int) -> _AttemptEvents:
@@ -613,6 +658,7 @@ class WorkspaceProtocol:
                 _check_writes(p)  # a retried plan is validated like a fresh one
                 for w in p.writes:  # the boundary, now: nothing is recorded for a refusal
                     wsdir.check_write(w.path)
+                    wsdir.check_fits(w.path)  # a name the disk cannot hold never applies
                 row = load_step(conn, p.step)
                 if row is not None and (row.live or row.state not in ENDED):
                     # in flight or committed: a retried admission. A crash between the
@@ -815,7 +861,7 @@ class WorkspaceProtocol:
             raise InvalidInput(f"step {step!r} writes no workspace; store its artifacts and"
                                " publish it instead")
         ws = self.workspace(planned.workspace)
-        wsdir = self._wsdir(ws)
+        wsdir = self._wsdir(ws, step, attempt, epoch)
         key = journal_key(Fenced(step=step, attempt=attempt, workspace=planned.workspace))
         fresh = row.attempt == attempt and row.state == PLANNED
         staged: dict[str, Staged] = {}
@@ -826,6 +872,7 @@ class WorkspaceProtocol:
             # effect under it); the fence refuses it under the lock (StaleEpoch).
             if (fresh or not planned.journal) and ws.live_epoch(self.clock()) == epoch:
                 pinned_now = self._pin_pre_images(planned, attempt, epoch, wsdir)
+                self._remove_temporaries(wsdir, planned.writes, ws.epoch)
                 for w in planned.writes:
                     if w.post_hash is not None:
                         staged[w.path] = wsdir.stage(w.path, self.read_blob(w.post_hash))
@@ -973,13 +1020,19 @@ class WorkspaceProtocol:
             if already and planned.fence != "none":
                 settled = True  # a crash after the rename: record what is on disk,
                 wsdir.sync(w.path)  # made durable first (its dirfsync may never have run)
+                post_mode = wsdir.mode(w.path)  # staged with the pre-image's mode
+                pre_mode = None if w.pre_hash is None else post_mode
             elif w.post_hash is None:
+                pre_mode, post_mode = wsdir.mode(w.path), None
                 wsdir.remove(w.path)
             else:
-                wsdir.install(staged.pop(w.path))
+                installing = staged.pop(w.path)
+                wsdir.install(installing)
+                pre_mode, post_mode = installing.pre_mode, installing.mode
             applied.append(AppliedWrite(path=w.path, rev=rev,
                                         pre_hash=w.pre_hash if planned.fence != "none"
-                                        else disk[w.path], post_hash=w.post_hash))
+                                        else disk[w.path], post_hash=w.post_hash,
+                                        pre_mode=pre_mode, post_mode=post_mode))
         return [Fenced(step=step, attempt=attempt, run=planned.run, workspace=name, epoch=epoch,
                        writes=tuple(applied), rev=rev, settled=settled,
                        journal=planned.journal)]
@@ -1026,10 +1079,10 @@ class WorkspaceProtocol:
                     out.append(Restored(path=w.path, rev=path_rev, digest=now,
                                         outcome="conflict"))
                     continue
-            wsdir.put(w.path, data)
+            mode = wsdir.put(w.path, data)  # an edit's post-image carries the pre-image's mode
             disk[w.path] = w.pre_hash
             out.append(Restored(path=w.path, rev=path_rev, digest=w.pre_hash,
-                                outcome="restored"))
+                                outcome="restored", mode=mode))
         return tuple(reversed(out))
 
     # -- compensating --------------------------------------------------------------------
@@ -1060,7 +1113,11 @@ class WorkspaceProtocol:
             raise InvalidInput(f"step {step!r} writes workspace {planned.workspace!r}:"  # type: ignore[union-attr]
                                " give the live epoch to compensate it")
         ws_row = self.workspace(planned.workspace) if writing else None  # type: ignore[union-attr]
-        wsdir = self._wsdir(ws_row) if ws_row is not None else None
+        wsdir = None
+        if ws_row is not None and epoch is not None:
+            assert planned is not None
+            wsdir = self._wsdir(ws_row, step, attempt, epoch)
+            self._remove_temporaries(wsdir, planned.writes, ws_row.epoch)
 
         def build(conn: apsw.Connection, now: int) -> list[Event]:
             cur = load_step(conn, step)
@@ -1131,6 +1188,10 @@ class WorkspaceProtocol:
                 out.append(Restored(path=w.path, rev=path_rev, digest=None, outcome="conflict"))
                 continue
             a = applied.get(w.path)
+            # the pre-image's recorded mode; unrecorded (an old event, a write that landed
+            # before a crash), the file on disk keeps the mode it has: an edit's
+            # post-image was staged with the pre-image's
+            pre_mode = None if a is None else a.pre_mode
             if a is not None:
                 pre, post, expected_rev = a.pre_hash, a.post_hash, a.rev
             else:  # never recorded: did the write land before a crash?
@@ -1156,13 +1217,15 @@ class WorkspaceProtocol:
                         out.append(Restored(path=w.path, rev=path_rev, digest=disk,
                                             outcome="conflict"))
                         continue
-                wsdir.put(w.path, data)
+                mode = wsdir.put(w.path, data, mode=pre_mode)
                 rev += 1
-                out.append(Restored(path=w.path, rev=rev, digest=pre, outcome="restored"))
+                out.append(Restored(path=w.path, rev=rev, digest=pre, outcome="restored",
+                                    mode=mode))
             elif disk == pre:
                 wsdir.sync(w.path)  # put back before a crash, not recorded: durable, then
                 rev += 1  # recorded
-                out.append(Restored(path=w.path, rev=rev, digest=pre, outcome="already"))
+                out.append(Restored(path=w.path, rev=rev, digest=pre, outcome="already",
+                                    mode=wsdir.mode(w.path)))
             else:
                 out.append(Restored(path=w.path, rev=path_rev, digest=disk, outcome="conflict"))
         # the fold assigns revs in event order: renumber the moved entries in order

@@ -5,8 +5,14 @@ The literal "outlive the machine": every path the ledger knows at its committed 
 pre-image a compensation put back — each a blob a manifest or a compensation record
 references (invariant I9), verified by hash as it is written. A `workspace-restored`
 event records the new root with its device and inode; steps write there from then on.
-The target is never the ledger's own directory nor inside another workspace. Files stepledger never
-wrote (untracked) are not in the ledger and are not restored.
+The target is never the ledger's own directory nor inside another workspace. Files
+stepledger never wrote (untracked) are not in the ledger and are not restored. Each file
+gets the mode the ledger recorded for it (events written before modes were: 0o666 less
+the umask).
+
+The target must be new or empty — or hold nothing but part of the committed content
+(a restore that was killed, midway or before its event): then the retry goes on where
+it stopped, removes the dead one's temporaries, and records the restore.
 """
 
 from __future__ import annotations
@@ -17,7 +23,7 @@ from typing import TYPE_CHECKING
 
 import msgspec
 
-from .errors import InvalidInput, LeaseHeld
+from .errors import InvalidInput, LeaseHeld, LedgerError
 from .events import (
     Compensated,
     Fenced,
@@ -25,31 +31,37 @@ from .events import (
     WorkspaceRestored,
     check_step_id,
 )
-from .workspace import WorkspaceDir, identity_of
+from .workspace import WorkspaceDir, identity_of, temp_stamp
 
 if TYPE_CHECKING:
     from .ledger import Ledger
 
 
 class CommittedFold:
-    """Per (workspace, path): the digest of its committed content (None: absent)."""
+    """Per (workspace, path): the digest of its committed content (None: absent) and
+    the mode recorded with it (`modes`; None: not recorded)."""
 
     def __init__(self) -> None:
-        self.pending: dict[tuple[str, int], dict[tuple[str, str], str | None]] = {}
+        #: (step, attempt) -> (workspace, path) -> (post-image digest, its mode)
+        self.pending: dict[tuple[str, int], dict[tuple[str, str], tuple[str | None, int | None]]]
+        self.pending = {}
         self.committed: dict[tuple[str, str], str | None] = {}
+        self.modes: dict[tuple[str, str], int | None] = {}
 
     def feed(self, event: object) -> None:
         if isinstance(event, Fenced) and event.workspace:
             writes = self.pending.setdefault((event.step, event.attempt), {})
             for w in event.writes:
-                writes[(event.workspace, w.path)] = w.post_hash
+                writes[(event.workspace, w.path)] = (w.post_hash, w.post_mode)
         elif isinstance(event, ManifestPublished):
-            self.committed.update(self.pending.pop((event.step, event.attempt), {}))
+            for key, (digest, mode) in self.pending.pop((event.step, event.attempt), {}).items():
+                self.committed[key], self.modes[key] = digest, mode
         elif isinstance(event, Compensated):
             self.pending.pop((event.step, event.attempt), None)
             for r in event.restored:
                 if r.outcome != "conflict":
-                    self.committed[(event.workspace, r.path)] = r.digest
+                    key = (event.workspace, r.path)
+                    self.committed[key], self.modes[key] = r.digest, r.mode
 
     def paths(self, workspace: str) -> dict[str, str | None]:
         return {p: d for (w, p), d in sorted(self.committed.items()) if w == workspace}
@@ -66,13 +78,53 @@ class RestoreReport(msgspec.Struct, kw_only=True):
     deduped: bool = False
 
 
-def committed_content(ledger: Ledger, workspace: str) -> dict[str, str | None]:
-    """Each path the ledger knows in `workspace` -> the digest of its committed content."""
+def _committed_fold(ledger: Ledger) -> CommittedFold:
     fold = CommittedFold()
     with ledger._db.snapshot():
         for recorded in ledger._log.read():
             fold.feed(recorded.event)
-    return fold.paths(workspace)
+    return fold
+
+
+def committed_content(ledger: Ledger, workspace: str) -> dict[str, str | None]:
+    """Each path the ledger knows in `workspace` -> the digest of its committed content."""
+    return _committed_fold(ledger).paths(workspace)
+
+
+def _own_partial(workspace: str, target: str, content: dict[str, str | None]) -> set[str] | None:
+    """What `target` holds when it is nothing but (part of) the committed content: files
+    at committed paths with their committed bytes, the directories above them, and the
+    temporaries a restore stages (returned: the directories holding those). None when it
+    holds anything else — a file the ledger did not commit there, other bytes, a
+    symlink: not a restore's output, never written into. A missing target: empty."""
+    if not os.path.lexists(target):
+        return set()
+    if os.path.islink(target) or not os.path.isdir(target):
+        return None
+    present = {p: d for p, d in content.items() if d is not None}
+    above = {p.rsplit("/", i)[0] for p in present for i in range(1, p.count("/") + 1)}
+    out = WorkspaceDir(workspace, target)
+    temps: set[str] = set()
+    for top, dirs, files in os.walk(target):
+        rel = os.path.relpath(top, target)
+        rel = "" if rel == "." else rel + "/"
+        for name in dirs:
+            if os.path.islink(os.path.join(top, name)) or rel + name not in above:
+                return None
+        for name in files:
+            path = rel + name
+            if os.path.islink(os.path.join(top, name)):
+                return None  # restore writes no symlinks
+            stamp = temp_stamp(name)
+            if stamp is not None and stamp[0] == 0:  # staged by a restore (epoch 0)
+                temps.add(rel.rstrip("/"))
+                continue
+            try:
+                if path not in present or out.hash(path) != present[path]:
+                    return None
+            except (LedgerError, OSError):
+                return None
+    return temps
 
 
 def _check_target(target: str, to: object) -> None:
@@ -109,14 +161,16 @@ def restore(ledger: Ledger, workspace: str, to: str | os.PathLike[str], *,
     if row.live_epoch(ledger.clock()) is not None and not force:
         raise LeaseHeld(workspace, row.epoch, row.holder, row.expires_ns)
     target = os.path.realpath(os.fspath(to))
-    if os.path.exists(target) and (not os.path.isdir(target) or os.listdir(target)):
+    fold = _committed_fold(ledger)
+    content = fold.paths(workspace)
+    temps = _own_partial(workspace, target, content)  # a killed restore's output: resumed
+    if temps is None:
         raise InvalidInput(f"restore target {to} exists and is not an empty directory;"
                            " give a new or empty directory")
     _check_target(target, to)
     # never into the ledger's own directory or another workspace (by path and by the
     # identity of whatever exists of it); checked again once it exists
     ledger._check_root(workspace, target, None)
-    content = committed_content(ledger, workspace)
     blobs: dict[str, bytes] = {}
     for path, digest in content.items():
         if digest is not None and digest not in blobs:
@@ -135,12 +189,13 @@ def restore(ledger: Ledger, workspace: str, to: str | os.PathLike[str], *,
     ledger._check_root(workspace, target, identity_of(st))
     out = WorkspaceDir(workspace, target, ledger.blobs.ops, identity=identity_of(st),
                        boundary=ledger._boundary(), allow_git=reg.allow_git)
+    out.remove_temporaries(temps, lambda epoch, _tag: epoch == 0)
     written = absent = size = 0
     for path, digest in content.items():
         if digest is None:
             absent += 1
             continue
-        out.put(path, blobs[digest])
+        out.put(path, blobs[digest], mode=fold.modes.get((workspace, path)))
         written += 1
         size += len(blobs[digest])
     for path, digest in content.items():  # read back: what is on disk is what was committed

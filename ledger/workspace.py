@@ -15,25 +15,34 @@ settle, restore and snapshot, so a check at admit cannot be raced past.
 
 A write is staged first (`stage`: a temporary file beside its target, written and
 fsynced, outside the ledger's write lock) and made visible later (`install`: rename
-over the target, fsync the directory) under the lock. Every operation goes through
-`FileOps` (the blob store's seam), so tests inject faults and the crash harness
-kills the process at an exact operation: ``ws-write``, ``ws-fsync``, ``ws-rename``,
-``ws-dirfsync``, ``ws-unlink``, ``ws-mkdir``.
+over the target, fsync the directory) under the lock. A staged file gets the mode the
+file ends with (see `stage`): an edited file keeps its permission bits, a created one
+follows the umask. A temporary's name carries the epoch and the attempt that staged
+it (`temp_name`), so the one that left it behind in a crash is recognised and removed
+later (`remove_temporaries`) — never a live stager's, never a user's file.
+
+Every operation goes through `FileOps` (the blob store's seam), so tests inject faults
+and the crash harness kills the process at an exact operation: ``ws-write``,
+``ws-fsync``, ``ws-rename``, ``ws-dirfsync``, ``ws-unlink``, ``ws-mkdir``.
 """
 
 from __future__ import annotations
 
 import contextlib
 import errno
+import hashlib
 import os
+import re
 import secrets
 import stat
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Final
 
 from .blobs import FileOps, digest_of
 from .errors import (
     InvalidInput,
+    LedgerError,
     PathEscapes,
     PathForbidden,
     StorageFailure,
@@ -51,6 +60,40 @@ _HFS_IGNORED: Final = dict.fromkeys([*range(0x200C, 0x2010), *range(0x202A, 0x20
 _READ_FLAGS: Final = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
 TMP_MARK: Final = ".stepledger-"
 READ_MAX: Final = 1 << 30
+#: Bytes of the target's name a temporary's name repeats (for a person reading a
+#: listing); the rest of the name is the mark, the stamp and the random part.
+TMP_PREFIX_BYTES_MAX: Final = 80
+#: A staged temporary: ``.<name prefix>.stepledger-<epoch hex>-<attempt tag>-<random>.tmp``.
+#: ``.<name prefix>.stepledger-<12 hex>.tmp`` is what stepledger before modes and stamps
+#: left (epoch 0: dead under any live epoch).
+_TMP_NAME: Final = re.compile(
+    r"\..*\.stepledger-(?:([0-9a-f]{1,16})-([0-9a-f]{8})-[0-9a-f]{8}|[0-9a-f]{12})\.tmp",
+    re.DOTALL)
+#: The permission bits a staged file takes over (setuid, setgid and sticky are not:
+#: the kernel drops setuid/setgid too when an unprivileged process writes a file).
+MODE_BITS: Final = 0o777
+
+
+def attempt_tag(step: str, attempt: int) -> str:
+    """The 8 hex digits that name an attempt in its temporaries' names."""
+    return hashlib.sha256(f"{step}\0{attempt}".encode()).hexdigest()[:8]
+
+
+def temp_name(leaf: str, epoch: int, tag: str, name_max: int = 255) -> str:
+    """A fresh temporary's name beside `leaf`, at most `name_max` bytes: the leaf is cut
+    (at a character boundary) to what the budget leaves after the stamp."""
+    suffix = f"{TMP_MARK}{epoch:x}-{tag}-{secrets.token_hex(4)}.tmp"
+    budget = min(TMP_PREFIX_BYTES_MAX, name_max - 1 - len(suffix))
+    prefix = leaf.encode()[:max(budget, 0)].decode("utf-8", "ignore")
+    return f".{prefix}{suffix}"
+
+
+def temp_stamp(name: str) -> tuple[int, str] | None:
+    """(epoch, attempt tag) of a name `temp_name` made; None for any other name."""
+    m = _TMP_NAME.fullmatch(name)
+    if m is None:
+        return None
+    return (0, "") if m.group(1) is None else (int(m.group(1), 16), m.group(2))
 
 
 FileIdentity = tuple[int, int]  # (st_dev, st_ino)
@@ -125,6 +168,9 @@ class Staged:
     tmp_name: str
     digest: str
     size: int
+    mode: int  # the permission bits the file has once installed
+    pre_mode: int | None  # the target's bits (None: it did not exist)
+    follows_target: bool = False  # `mode` is the target's: `install` follows a chmod since
 
 
 class WorkspaceDir:
@@ -132,7 +178,7 @@ class WorkspaceDir:
 
     def __init__(self, name: str, root: str, ops: FileOps | None = None, *,
                  identity: FileIdentity | None = None, boundary: Boundary | None = None,
-                 allow_git: bool = False) -> None:
+                 allow_git: bool = False, epoch: int = 0, tag: str = "00000000") -> None:
         self.name = name
         self.root = os.path.normpath(os.path.abspath(root))
         self.ops = ops or FileOps()
@@ -140,6 +186,9 @@ class WorkspaceDir:
         self.identity = identity
         self.boundary = boundary or Boundary()
         self.allow_git = allow_git
+        #: The stamp of the temporaries this object stages: the epoch and the attempt
+        #: (`attempt_tag`) it works for.
+        self.epoch, self.tag = epoch, tag
         #: Directories this object created (relative paths, in creation order), so that a
         #: refused apply can take them back (`remove_created_dirs`).
         self.created_dirs: list[str] = []
@@ -228,18 +277,21 @@ class WorkspaceDir:
         try:
             for i, part in enumerate(parts[:-1]):
                 try:
-                    child = os.open(part, _DIR_FLAGS, dir_fd=fd)
-                except FileNotFoundError:
-                    if not create:
-                        os.close(fd)
-                        return None
-                    with contextlib.suppress(FileExistsError):
-                        self.ops.tick("ws-mkdir")
-                        os.mkdir(part, 0o755, dir_fd=fd)
-                        self.created_dirs.append("/".join(parts[: i + 1]))
-                        self.ops.tick("ws-dirfsync")
-                        os.fsync(fd)
-                    child = os.open(part, _DIR_FLAGS, dir_fd=fd)
+                    try:
+                        child = os.open(part, _DIR_FLAGS, dir_fd=fd)
+                    except FileNotFoundError:
+                        if not create:
+                            os.close(fd)
+                            return None
+                        with contextlib.suppress(FileExistsError):
+                            self.ops.tick("ws-mkdir")
+                            os.mkdir(part, 0o755, dir_fd=fd)
+                            self.created_dirs.append("/".join(parts[: i + 1]))
+                            self.ops.tick("ws-dirfsync")
+                            os.fsync(fd)
+                        # what is there now may have been put there since (a symlink
+                        # swapped in during staging): refused like any other
+                        child = os.open(part, _DIR_FLAGS, dir_fd=fd)
                 except OSError as exc:
                     if exc.errno in (errno.ELOOP, errno.ENOTDIR):
                         raise self._escape(path, f"{'/'.join(parts[: i + 1])!r} is a symlink"
@@ -305,16 +357,31 @@ class WorkspaceDir:
 
     # -- writing -----------------------------------------------------------------------
 
-    def stage(self, path: str, data: bytes) -> Staged:
-        """Write `data` to a fsynced temporary file beside `path` (parents created)."""
-        opened = self._open_parent(path, create=True)
+    def stage(self, path: str, data: bytes, *, mode: int | None = None) -> Staged:
+        """Write `data` to a fsynced temporary file beside `path` (parents created).
+
+        The file gets `mode` when given (a recorded mode put back), else the permission
+        bits of the file it will replace, else (a new file) 0o666 less the umask. It is
+        created no wider than that and set exactly before its first byte is written, so
+        a 0600 secret is never readable by others, not even while staged. A name the file
+        system can never hold is InvalidInput (a retry cannot help).
+        """
+        try:
+            opened = self._open_parent(path, create=True)
+        except OSError as exc:
+            raise self._storage(path, exc) from None
         assert opened is not None
         dir_fd, leaf = opened
-        tmp = f".{leaf[:80]}{TMP_MARK}{secrets.token_hex(6)}.tmp"
+        tmp = temp_name(leaf, self.epoch, self.tag, _name_max(dir_fd))
         try:
+            pre_mode = _mode_of(leaf, dir_fd)
+            want = mode if mode is not None else pre_mode
             fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC,
-                         0o644, dir_fd=dir_fd)
+                         0o666 if want is None else want & MODE_BITS, dir_fd=dir_fd)
             try:
+                if want is not None:
+                    os.fchmod(fd, want & MODE_BITS)
+                final = stat.S_IMODE(os.fstat(fd).st_mode)
                 view = memoryview(data)
                 while view:
                     self.ops.tick("ws-write")
@@ -326,13 +393,86 @@ class WorkspaceDir:
         except OSError as exc:
             with contextlib.suppress(OSError):
                 os.unlink(tmp, dir_fd=dir_fd)
-            raise StorageFailure(os.path.join(self.root, path), os.strerror(exc.errno or 0)) from None
+            raise self._storage(path, exc) from None
         finally:
             os.close(dir_fd)
-        return Staged(path, tmp, digest_of(data), len(data))
+        return Staged(path, tmp, digest_of(data), len(data), final, pre_mode,
+                      follows_target=mode is None and pre_mode is not None)
+
+    def _storage(self, path: str, exc: OSError) -> LedgerError:
+        """The typed error for an OSError on `path`: a name too long for the file system
+        is bad input (it will never fit); anything else the environment's failure."""
+        if exc.errno == errno.ENAMETOOLONG:
+            return InvalidInput(f"{path[:80]!r} has a name too long for the file system under"
+                                f" {self.root}; plan a shorter name")
+        return StorageFailure(os.path.join(self.root, path), os.strerror(exc.errno or 0))
+
+    def check_fits(self, path: str) -> None:
+        """Refuse (InvalidInput) a path with a component longer than the workspace's file
+        system holds (NAME_MAX: 255 bytes on most, less on some, e.g. eCryptfs)."""
+        limit = _name_max(self.root)
+        for part in path.split("/"):
+            if len(part.encode()) > limit:
+                raise InvalidInput(f"{path[:80]!r} has a component of {len(part.encode())} bytes;"
+                                   f" the file system under workspace {self.name!r} holds at"
+                                   f" most {limit}: plan a shorter name")
+
+    def mode(self, path: str) -> int | None:
+        """The permission bits of the regular file at `path` (None: absent, or not a
+        regular file)."""
+        opened = self._open_parent(path, create=False)
+        if opened is None:
+            return None
+        dir_fd, leaf = opened
+        try:
+            return _mode_of(leaf, dir_fd)
+        finally:
+            os.close(dir_fd)
+
+    def remove_temporaries(self, dirs: Iterable[str], dead: Callable[[int, str], bool]) -> int:
+        """Remove the temporaries stepledger staged and left behind (a killed apply,
+        compensation or settle) from each directory in `dirs` (relative; "" is the root).
+
+        Only a regular file with a name `temp_name` makes, whose (epoch, attempt tag)
+        `dead` says no live stager can own, is removed; anything else — a user's file, a
+        symlink, a directory, a live temporary — stays. Best effort: a directory that is
+        missing or not a plain directory is skipped. Returns how many files went.
+        """
+        removed = 0
+        for d in sorted(set(dirs)):
+            try:
+                opened = self._open_parent(f"{d}/_" if d else "_", create=False)
+            except (LedgerError, OSError):
+                continue
+            if opened is None:
+                continue
+            dir_fd, _ = opened
+            here = 0
+            try:
+                for name in os.listdir(dir_fd):
+                    stamp = temp_stamp(name)
+                    if stamp is None or not dead(*stamp):
+                        continue
+                    with contextlib.suppress(FileNotFoundError):
+                        st = os.stat(name, dir_fd=dir_fd, follow_symlinks=False)
+                        if stat.S_ISREG(st.st_mode):
+                            self.ops.tick("ws-unlink")
+                            os.unlink(name, dir_fd=dir_fd)
+                            here += 1
+                if here:
+                    self.ops.tick("ws-dirfsync")
+                    os.fsync(dir_fd)
+                removed += here
+            except OSError:
+                continue
+            finally:
+                os.close(dir_fd)
+        return removed
 
     def install(self, staged: Staged) -> None:
-        """Rename a staged file over its target and fsync the directory."""
+        """Rename a staged file over its target and fsync the directory. A file staged
+        with its target's mode takes the target's mode of now (a chmod since staging is
+        kept); `staged.mode`/`pre_mode` say what it was and is."""
         opened = self._open_parent(staged.path, create=True)
         assert opened is not None
         dir_fd, leaf = opened
@@ -343,6 +483,15 @@ class WorkspaceDir:
                 st = None
             if st is not None and not stat.S_ISREG(st.st_mode):
                 raise self._escape(staged.path, "it is a symlink or not a regular file")
+            if (st is not None and staged.follows_target
+                    and stat.S_IMODE(st.st_mode) & MODE_BITS != staged.mode):
+                fd = os.open(staged.tmp_name, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC,
+                             dir_fd=dir_fd)
+                try:
+                    os.fchmod(fd, stat.S_IMODE(st.st_mode) & MODE_BITS)
+                finally:
+                    os.close(fd)
+                staged.mode = staged.pre_mode = stat.S_IMODE(st.st_mode) & MODE_BITS
             self.ops.tick("ws-rename")
             os.rename(staged.tmp_name, leaf, src_dir_fd=dir_fd, dst_dir_fd=dir_fd)
             self.ops.tick("ws-dirfsync")
@@ -385,8 +534,12 @@ class WorkspaceDir:
             os.close(dir_fd)
 
     def discard(self, staged: Staged) -> None:
-        """Remove a staged file that will not be installed (best effort)."""
-        opened = self._open_parent(staged.path, create=False)
+        """Remove a staged file that will not be installed (best effort: a parent that
+        is gone or became a symlink leaves it to `remove_temporaries`)."""
+        try:
+            opened = self._open_parent(staged.path, create=False)
+        except (LedgerError, OSError):
+            return
         if opened is None:
             return
         dir_fd, _ = opened
@@ -398,12 +551,12 @@ class WorkspaceDir:
 
     def remove_created_dirs(self) -> None:
         """Remove the directories this object created that are still empty, deepest
-        first (best effort: a directory something was put in since stays)."""
+        first, through the same no-symlink walk (best effort: a directory something was
+        put in since, or one swapped for a symlink, stays)."""
         while self.created_dirs:
-            rel = self.created_dirs.pop()
-            try:  # the confined walk: never a symlinked parent, never the ledger's
-                opened = self._open_parent(rel, create=False)
-            except (OSError, InvalidInput):
+            try:
+                opened = self._open_parent(self.created_dirs.pop(), create=False)
+            except (LedgerError, OSError):
                 continue
             if opened is None:
                 continue
@@ -438,13 +591,36 @@ class WorkspaceDir:
         finally:
             os.close(dir_fd)
 
-    def put(self, path: str, data: bytes | None) -> None:
-        """Make `path` hold `data` (None: absent) durably: stage + install, or remove."""
+    def put(self, path: str, data: bytes | None, *, mode: int | None = None) -> int | None:
+        """Make `path` hold `data` (None: absent) durably: stage + install, or remove.
+        `mode` as `stage` takes it; returns the file's mode now (None: removed)."""
         if data is None:
             self.remove(path)
-        else:
-            self.install(self.stage(path, data))
+            return None
+        staged = self.stage(path, data, mode=mode)
+        self.install(staged)
+        return staged.mode
 
 
-__all__ = ["TMP_MARK", "Boundary", "FileIdentity", "Staged", "WorkspaceDir", "identity_of",
-           "is_git_name"]
+def _mode_of(leaf: str, dir_fd: int) -> int | None:
+    """The permission bits of the regular file `leaf` (None: absent or not a file)."""
+    try:
+        st = os.stat(leaf, dir_fd=dir_fd, follow_symlinks=False)
+    except FileNotFoundError:
+        return None
+    return stat.S_IMODE(st.st_mode) & MODE_BITS if stat.S_ISREG(st.st_mode) else None
+
+
+def _name_max(where: int | str) -> int:
+    """NAME_MAX of the file system holding a directory (a descriptor or a path); 255
+    when the system does not say."""
+    try:
+        limit = os.fpathconf(where, "PC_NAME_MAX") if isinstance(where, int) else \
+            os.pathconf(where, "PC_NAME_MAX")
+    except (OSError, ValueError):
+        return 255
+    return limit if limit > 0 else 255
+
+
+__all__ = ["TMP_MARK", "Boundary", "FileIdentity", "Staged", "WorkspaceDir", "attempt_tag",
+           "identity_of", "is_git_name", "temp_name", "temp_stamp"]

@@ -113,8 +113,9 @@ def test_the_whole_protocol_by_subprocess(world: World) -> None:
     assert (doc["verdict"], doc["step"], doc["attempt"]) == ("applied", "s1", 1)
     receipt = doc["receipt"]
     assert receipt["workspace"] == "w" and receipt["epoch"] == 1 and receipt["rev"] == 1
+    mode = (world.dir / "app.py").stat().st_mode & 0o777
     assert receipt["writes"] == [{"path": "app.py", "rev": 1, "pre_hash": h("v0"),
-                                  "post_hash": h("v1")}]
+                                  "post_hash": h("v1"), "pre_mode": mode, "post_mode": mode}]
     assert world.disk() == "v1"
 
     (world.tmp / "out").mkdir()

@@ -332,7 +332,8 @@ def strategy_for(t: mi.Type) -> st.SearchStrategy[Any]:
         return st.sampled_from(t.values)
     if isinstance(t, mi.IntType):
         lo = -(2**63) if t.ge is None else t.ge
-        return st.one_of(st.integers(lo, lo + 3), st.integers(lo, 2**63 - 1))
+        hi = 2**63 - 1 if t.le is None else t.le
+        return st.one_of(st.integers(lo, lo + 3), st.integers(lo, hi))
     if isinstance(t, mi.VarTupleType):
         return st.lists(strategy_for(t.item_type), max_size=3).map(tuple)
     if isinstance(t, mi.StrType):

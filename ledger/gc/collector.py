@@ -84,6 +84,7 @@ class GcReport(msgspec.Struct, kw_only=True):
     temp_removed: int = 0
     temp_removed_bytes: int = 0
     temp_kept: int = 0
+    ws_temp_removed: int = 0  # temporaries killed applies left in workspaces, removed
     remaining: int = 0  # still condemned when the run stopped (a bound was hit)
     stopped: str = ""  # "", "max-runtime" or "max-delete"
     elapsed_s: float = 0.0
@@ -275,6 +276,8 @@ def _run(ledger: Ledger, report: GcReport, grace_s: float, now_ns: int | None, d
                 report.temp_removed_bytes += t.size
             else:
                 report.temp_kept += 1
+        # The same in the workspaces: what killed applies staged beside their targets.
+        report.ws_temp_removed = ledger._remove_abandoned_temporaries(now)
 
 
 def _pins_snapshot(ledger: Ledger, now: int, window_ns: int) -> dict[str, str]:

@@ -38,10 +38,13 @@ from .errors import (
     EXIT_ENVIRONMENT,
     EXIT_NO,
     EXIT_USAGE,
+    CompensationConflict,
     CorruptLedger,
+    IllegalTransition,
     InvalidInput,
     LedgerError,
     StaleEpoch,
+    StepRejected,
     Unsettled,
 )
 from .events import KINDS, Manifest, RecordedEvent, check_relpath, to_builtins
@@ -62,41 +65,123 @@ ENV_EPOCH = "STEPLEDGER_EPOCH"
 # -- plumbing -----------------------------------------------------------------------
 
 
+class Refusal(Exception):
+    """A command's answer is no, as a typed `error` (exit per its class); `document` is
+    the command's own --json output, which the error object is added to."""
+
+    def __init__(self, error: LedgerError, document: dict[str, Any] | None = None) -> None:
+        super().__init__(str(error))
+        self.error, self.document = error, document
+
+
 class LedgerGroup(click.Group):
-    """Maps our typed errors and environment failures to one line and an exit code."""
+    """The one place errors leave the command line: every refusal and error becomes one
+    line `stepledger: error: TYPE: message` on stderr and its exit code, and under
+    --json one error object on stdout (docs/cli-json.md "Errors")."""
 
     def invoke(self, ctx: click.Context) -> Any:
         try:
             return super().invoke(ctx)
+        except Refusal as refusal:
+            _fail_typed(ctx, refusal.error, refusal.document)
         except LedgerError as exc:
-            _fail(str(exc), exc.exit_code)
+            _fail_typed(ctx, exc)
         except apsw.BusyError:
-            _fail("the ledger stayed locked by another writer; retry later", EXIT_ENVIRONMENT)
+            _fail(ctx, "the ledger stayed locked by another writer; retry later",
+                  EXIT_ENVIRONMENT, "LedgerBusy", {"path": _ledger_path(ctx)})
         except (apsw.FullError, apsw.IOError) as exc:
-            _fail(f"storage failed: {exc}; free space or fix the disk, then retry", EXIT_ENVIRONMENT)
+            _fail(ctx, f"storage failed: {exc}; free space or fix the disk, then retry",
+                  EXIT_ENVIRONMENT, "StorageFailure", {"path": _ledger_path(ctx), "what": str(exc)})
         except (apsw.Error, UnicodeDecodeError) as exc:
             # A last resort: a read boundary missed a damaged row (each maps it itself).
-            path = ctx.obj.get("ledger_path", "the ledger") if ctx.obj else "the ledger"
-            _fail(f"ledger {path} is damaged ({type(exc).__name__}: {exc}); run 'stepledger"
-                  " verify' and restore it from a backup", EXIT_USAGE)
+            path = _ledger_path(ctx)
+            why = f"{type(exc).__name__}: {exc}"
+            _fail(ctx, f"ledger {path} is damaged ({why}); run 'stepledger verify' and restore"
+                  " it from a backup", EXIT_USAGE, "CorruptLedger", {"path": path, "why": why})
         except OSError as exc:
             if exc.errno == errno.EPIPE:
                 sys.exit(0)  # the reader of our output went away (| head)
-            _fail(f"{exc.strerror or exc} ({exc.filename or 'no file'})", EXIT_ENVIRONMENT)
+            _fail(ctx, f"{exc.strerror or exc} ({exc.filename or 'no file'})", EXIT_ENVIRONMENT,
+                  "EnvironmentFailure",
+                  {"errno": errno.errorcode.get(exc.errno or 0), "filename": _jsonable(exc.filename)})
+        except click.ClickException as exc:
+            if not _wants_json(ctx, exc):
+                raise  # click's own usage message, as ever
+            _fail(ctx, exc.format_message(), exc.exit_code, "UsageError")
 
 
 INT64_MAX = 2**63 - 1  # SQLite's INTEGER: larger numbers cannot be stored or compared
 
+#: `ctx.meta` key (shared by every context of one run): the command was given --json.
+_JSON_KEY = "stepledger.json"
+#: The error object's own keys; an error's facts never take them.
+_ERROR_KEYS = frozenset({"type", "message", "exit_code"})
 
-def _fail(message: str, code: int) -> None:
+
+def _ledger_path(ctx: click.Context) -> str:
+    return str((ctx.obj or {}).get("ledger_path", "the ledger"))
+
+
+def _wants_json(ctx: click.Context, exc: click.ClickException | None = None) -> bool:
+    """--json was given. A usage error may stop the parse before --json is read: then
+    the raw arguments of the failing command tell."""
+    if ctx.meta.get(_JSON_KEY):
+        return True
+    failing = getattr(exc, "ctx", None)
+    return failing is not None and "--json" in getattr(failing, "args", ())
+
+
+def _jsonable(value: Any) -> Any:
+    """`value` if it is a JSON scalar or a list of them, else its str()."""
+    if value is None or isinstance(value, str | int | float | bool):
+        return value
+    if isinstance(value, list | tuple) and all(
+            x is None or isinstance(x, str | int | float | bool) for x in value):
+        return list(value)
+    return str(value)
+
+
+def error_facts(exc: LedgerError) -> dict[str, Any]:
+    """The facts a typed error carries (its public attributes; a dict of facts, like
+    StepRejected's, is merged in), as JSON values."""
+    facts: dict[str, Any] = {}
+    for key, value in vars(exc).items():
+        if key.startswith("_"):
+            continue
+        items = value.items() if isinstance(value, dict) else [(key, value)]
+        for k, v in items:
+            if k not in _ERROR_KEYS:
+                facts[k] = _jsonable(v)
+    return facts
+
+
+def _fail_typed(ctx: click.Context, exc: LedgerError,
+                document: dict[str, Any] | None = None) -> None:
+    _fail(ctx, str(exc), exc.exit_code, type(exc).__name__, error_facts(exc), document)
+
+
+def _fail(ctx: click.Context, message: str, code: int, type_name: str,
+          facts: dict[str, Any] | None = None, document: dict[str, Any] | None = None) -> None:
+    """Exit `code` with one line on stderr naming `type_name`; under --json also print
+    one JSON object on stdout: `document` (the command's answer, if it has one) with
+    `"ok": false` and `"error": {"type", "message", "exit_code", ...facts}`."""
     message = " ".join(message.split())  # one line, whatever an error quotes
-    click.echo(f"stepledger: error: {message}", err=True)
+    if _wants_json(ctx):
+        error = {**(facts or {}), "type": type_name, "message": message, "exit_code": code}
+        _emit_json({**(document or {}), "ok": False, "error": error})
+    click.echo(f"stepledger: error: {type_name}: {message}", err=True)
     sys.exit(code)
 
 
 def json_option(f: F) -> F:
+    def remember(ctx: click.Context, _param: click.Parameter, value: bool) -> bool:
+        if value:
+            ctx.meta[_JSON_KEY] = True
+        return value
+
     return click.option(
-        "--json", "as_json", is_flag=True, help="Print machine-readable JSON (see docs/cli-json.md)."
+        "--json", "as_json", is_flag=True, is_eager=True, expose_value=True, callback=remember,
+        help="Print machine-readable JSON (see docs/cli-json.md).",
     )(f)
 
 
@@ -928,21 +1013,17 @@ def lease_settle(ctx: click.Context, ws_name: str | None, epoch: int | None, as_
     with _open(ctx, readonly=False) as ledger:
         done = ledger.settle(name, epoch)
     conflicts = [f"{c.step}:{r.path}" for c in done for r in c.conflicts]
-    if as_json:
-        _emit_json({"workspace": name, "epoch": epoch,
-                    "settled": [compensation_json(c) for c in done]})
-    else:
+    document = {"workspace": name, "epoch": epoch,
+                "settled": [compensation_json(c) for c in done]}
+    if not as_json:
         if not done:
             click.echo(f"workspace {name}: nothing to settle")
         for c in done:
             _echo_compensation(c)
     if conflicts:
-        click.echo(f"{len(conflicts)} path(s) conflict, left as they are: {', '.join(conflicts)}",
-                   err=True)
-        sys.exit(EXIT_NO)
-
-
-# -- the step group -------------------------------------------------------------------
+        raise Refusal(CompensationConflict(conflicts), document if as_json else None)
+    if as_json:
+        _emit_json(document)
 
 
 @cli.group()
@@ -1141,19 +1222,30 @@ def step_plan(ctx: click.Context, plan_file: str, ws_name: str | None, epoch: in
                          "verdict": "admitted" if fresh else "unchanged",
                          "detail": "" if fresh else f"attempt {row.attempt} is {row.state}"
                          + (" (committed)" if row.live else "") + "; the plan was not re-read"})
-    rejected = [r for r in rows if r["verdict"].startswith("rejected")]
-    if as_json:
-        _emit_json({"workspace": name, "epoch": epoch, "ok": not rejected, "steps": rows})
-    else:
+    rejected = [(r, v) for r, v in zip(rows, verdicts, strict=True)
+                if r["verdict"].startswith("rejected")]
+    document = {"workspace": name, "epoch": epoch, "ok": not rejected, "steps": rows}
+    if not as_json:
         for r in rows:
             click.echo(f"{r['verdict']:<18} {r['step']}  attempt {r['attempt']}"
                        + (f"  ({r['detail']})" if r["detail"] else ""))
     if rejected:
-        sys.exit(EXIT_NO)
+        raise Refusal(_rejection(rejected[0][1]), document if as_json else None)
+    if as_json:
+        _emit_json(document)
+
+
+def _rejection(result: ApplyResult) -> StepRejected:
+    """The typed error of a `rejected:<reason>` verdict."""
+    return StepRejected(result.step, result.attempt, result.verdict.removeprefix("rejected:"),
+                        result.detail, result.facts)
 
 
 def apply_json(result: ApplyResult) -> dict[str, Any]:
-    return msgspec.to_builtins(result)  # type: ignore[no-any-return]
+    """The `step apply --json` document (the fence's facts go in the error object)."""
+    doc: dict[str, Any] = msgspec.to_builtins(result)
+    del doc["facts"]
+    return doc
 
 
 @step.command("apply", epilog=_examples(
@@ -1180,9 +1272,7 @@ def step_apply(ctx: click.Context, step_id: str, attempt: int | None, epoch: int
         if row.workspace and row.state == "planned" and attempt in (None, row.attempt):
             _check_settled(ledger, row.workspace, epoch, but=step_id)
         result = ledger.apply(step_id, attempt, epoch=epoch)
-    if as_json:
-        _emit_json(apply_json(result))
-    else:
+    if not as_json:
         r = result.receipt
         where = f" — workspace {r.workspace} rev {r.rev}" if r is not None else ""
         detail = f" ({result.detail})" if result.detail else ""
@@ -1194,7 +1284,12 @@ def step_apply(ctx: click.Context, step_id: str, attempt: int | None, epoch: int
             if result.applied:
                 click.echo("receipt: " + msgspec.json.encode(r).decode())
     if not result.applied:
-        sys.exit(EXIT_NO)
+        error: LedgerError = (_rejection(result) if result.verdict.startswith("rejected:")
+                              else IllegalTransition(result.step, result.attempt, "fenced",
+                                                     f"the attempt is {result.verdict}"))
+        raise Refusal(error, apply_json(result) if as_json else None)
+    if as_json:
+        _emit_json(apply_json(result))
 
 
 @step.command("replan", epilog=_examples("stepledger step replan s1 --epoch 4"))
@@ -1247,14 +1342,13 @@ def step_compensate(ctx: click.Context, step_id: str, reason: str, attempt: int 
     """
     with _open(ctx, readonly=False) as ledger:
         c = ledger.compensate(step_id, attempt, reason=reason, epoch=epoch)
-    if as_json:
-        _emit_json(compensation_json(c))
-    else:
+    if not as_json:
         _echo_compensation(c)
     if c.conflicts:
-        click.echo(f"{len(c.conflicts)} path(s) conflict, left as they are (a human decides):"
-                   f" {', '.join(r.path for r in c.conflicts)}", err=True)
-        sys.exit(EXIT_NO)
+        raise Refusal(CompensationConflict([f"{c.step}:{r.path}" for r in c.conflicts]),
+                      compensation_json(c) if as_json else None)
+    if as_json:
+        _emit_json(compensation_json(c))
 
 
 def manifest_json(m: Manifest) -> dict[str, Any]:

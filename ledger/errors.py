@@ -276,6 +276,55 @@ class ReplanRefused(ProtocolRefused):
         self.step, self.why = step, why
 
 
+class PlanConflict(ProtocolRefused):
+    """A plan names a step whose attempt is in flight or committed, and it is not the
+    plan recorded for that attempt. Re-sending the recorded plan is a retried admission
+    (answered `unchanged`); a different one is refused, nothing written, so a new plan
+    is never silently dropped."""
+
+    def __init__(self, step: str, attempt: int, state: str, differences: list[str]) -> None:
+        shown = "; ".join(differences[:5]) + (" …" if len(differences) > 5 else "")
+        super().__init__(
+            f"step {step!r} attempt {attempt} ({state}) was admitted with another plan"
+            f" ({shown}); a retry must resend the recorded plan: give a new plan a new step"
+            f" id, or end the attempt first ('stepledger step compensate {step}') and plan"
+            " again"
+        )
+        self.step, self.attempt, self.state, self.differences = step, attempt, state, differences
+
+
+class StepRejected(ProtocolRefused):
+    """The fence (or the admission) rejected an attempt: its verdict is
+    ``rejected:<reason>`` (``stale_rev``, ``pre_hash``, ``overlap``) and the attempt is
+    over. The library returns this as a verdict (`ApplyResult`); the command line
+    raises it so that a refusal has a type. `facts` are what the fence saw (for
+    ``pre_hash``: the path and the hash on disk)."""
+
+    def __init__(self, step: str, attempt: int, reason: str, detail: str,
+                 facts: dict[str, object] | None = None) -> None:
+        super().__init__(
+            f"step {step!r} attempt {attempt}: rejected:{reason}"
+            f"{detail and ' (' + detail + ')'}; the attempt is over: plan the step anew from the"
+            f" workspace's current content, or 'stepledger step replan {step}'"
+        )
+        self.step, self.attempt, self.reason, self.detail = step, attempt, reason, detail
+        self.facts = dict(facts or {})
+
+
+class CompensationConflict(ProtocolRefused):
+    """A compensation (or settling) found paths changed since the attempt wrote them:
+    they were left as they are, and the rest was put back. The compensation is
+    recorded; a human decides about `paths` (``STEP:PATH`` each)."""
+
+    def __init__(self, paths: list[str]) -> None:
+        shown = ", ".join(paths[:10]) + (" …" if len(paths) > 10 else "")
+        super().__init__(
+            f"{len(paths)} path(s) conflict, left as they are (a human decides): {shown};"
+            " inspect them and edit or revert them by hand"
+        )
+        self.paths = paths
+
+
 class CompensationWindowClosed(ProtocolRefused):
     def __init__(self, step: str, age_s: float, window_s: float) -> None:
         super().__init__(
@@ -319,6 +368,7 @@ __all__ = [
     "BlobNotFound",
     "EXIT_NO",
     "EXIT_USAGE",
+    "CompensationConflict",
     "CompensationWindowClosed",
     "CorruptLedger",
     "EnvironmentFailure",
@@ -335,10 +385,12 @@ __all__ = [
     "NotALedger",
     "PathEscapes",
     "PathForbidden",
+    "PlanConflict",
     "ProtocolRefused",
     "ReadOnlyLedger",
     "ReplanRefused",
     "StaleEpoch",
+    "StepRejected",
     "StorageFailure",
     "UnknownStep",
     "UnknownWorkspace",

@@ -44,6 +44,7 @@ from .errors import (
     LeaseHeld,
     LedgerError,
     PathEscapes,
+    PlanConflict,
     ReplanRefused,
     StaleEpoch,
     UnknownStep,
@@ -162,6 +163,11 @@ class ApplyResult(msgspec.Struct, frozen=True, kw_only=True):
     attempt: int
     receipt: Receipt | None = None
     detail: str = ""
+    #: what the fence saw when this call rejected the attempt (``pre_hash``: `path`,
+    #: `on_disk` — the hash found, null: absent —, `pre_hash`, `post_hash`;
+    #: ``stale_rev``: `path`, `path_rev`, `base_rev` or `workspace_rev`, `plan_rev`;
+    #: ``overlap``: `paths`). Empty when the verdict was read back from the log.
+    facts: dict[str, Any] = msgspec.field(default_factory=dict)
 
     @property
     def applied(self) -> bool:
@@ -218,6 +224,49 @@ def _check_writes(p: StepPlan) -> None:
                                        or not 0 <= w.base_rev <= INT64_MAX):
             raise InvalidInput(f"base_rev of {w.path!r} must be an integer >= 0, not"
                                f" {w.base_rev!r}")
+
+
+def _plan_differences(recorded: Planned | None, p: StepPlan, workspace: str,
+                      fence: FenceMode, journal: bool) -> list[str]:
+    """What tells plan `p` apart from the attempt's recorded plan (empty: the same plan).
+
+    Compared: the workspace, each write's path, pre_hash, new content (its digest) and
+    base_rev when the plan gives one (None means "the current rev", which moves once
+    the attempt applies, so a retry without one matches), the artifacts, the run,
+    `irreversible`, the fence mode and the journal."""
+    if recorded is None:
+        return ["no planned event is recorded for the attempt"]
+    out: list[str] = []
+    if recorded.workspace != workspace:
+        out.append(f"workspace {workspace!r}, recorded {recorded.workspace!r}"
+                   if recorded.workspace else
+                   "the step was started without a workspace (an artifact-only step, e.g."
+                   " by 'stepledger step store')")
+    mine = {w.path: w for w in p.writes}
+    theirs = {w.path: w for w in recorded.writes}
+    for path in sorted(mine.keys() - theirs.keys()):
+        out.append(f"writes {path}, not in the recorded plan")
+    for path in sorted(theirs.keys() - mine.keys()):
+        out.append(f"does not write {path}, the recorded plan does")
+    for path in sorted(mine.keys() & theirs.keys()):
+        w, r = mine[path], theirs[path]
+        post = None if w.content is None else digest_of(w.content)
+        if w.pre_hash != r.pre_hash:
+            out.append(f"{path}: pre_hash {str(w.pre_hash)[:12]}, recorded {str(r.pre_hash)[:12]}")
+        if post != r.post_hash:
+            out.append(f"{path}: new content {str(post)[:12]}, recorded {str(r.post_hash)[:12]}")
+        if w.base_rev is not None and w.base_rev != r.base_rev:
+            out.append(f"{path}: base_rev {w.base_rev}, recorded {r.base_rev}")
+    if tuple(sorted(set(p.artifacts))) != recorded.artifacts:
+        out.append(f"artifacts {sorted(set(p.artifacts))}, recorded {list(recorded.artifacts)}")
+    if p.run != recorded.run:
+        out.append(f"run {p.run!r}, recorded {recorded.run!r}")
+    if p.irreversible != recorded.irreversible:
+        out.append(f"irreversible {p.irreversible}, recorded {recorded.irreversible}")
+    if (fence, journal) != (recorded.fence, recorded.journal):
+        out.append(f"fence {fence!r} journal {journal}, recorded fence {recorded.fence!r}"
+                   f" journal {recorded.journal}")
+    return out
 
 
 def _receipt(event: Fenced, seq: int) -> Receipt:
@@ -624,7 +673,9 @@ class WorkspaceProtocol:
         previous one's post-image — or every step is rejected with ``overlap`` (a
         per-step fence cannot order siblings). Returns, per step, None when admitted or
         the rejection. A step whose latest attempt is in flight or committed is left as
-        it is (a retried admission).
+        it is when this is its recorded plan (a retried admission: idempotent); any
+        other plan for it raises PlanConflict naming the difference, and nothing of the
+        batch is written.
         """
         if fence not in FENCE_MODES:
             raise InvalidInput(f"fence {fence!r} is not one of {', '.join(FENCE_MODES)}")
@@ -661,9 +712,15 @@ class WorkspaceProtocol:
                     wsdir.check_fits(w.path)  # a name the disk cannot hold never applies
                 row = load_step(conn, p.step)
                 if row is not None and (row.live or row.state not in ENDED):
-                    # in flight or committed: a retried admission. A crash between the
-                    # planned commit and a large post-image's file lost that file: the
-                    # retry puts back the bytes its recorded plan names.
+                    # in flight or committed: a retried admission if it is the recorded
+                    # plan (PlanConflict otherwise). A crash between the planned commit
+                    # and a large post-image's file lost that file: the retry puts back
+                    # the bytes its recorded plan names.
+                    recorded = self._attempt_events(p.step, row.attempt).planned
+                    differences = _plan_differences(recorded, p, workspace, fence, journal)
+                    if differences:
+                        state = f"{row.state}, committed" if row.live else row.state
+                        raise PlanConflict(p.step, row.attempt, state, differences)
                     if row.state == PLANNED:
                         for w in p.writes:
                             if w.content is not None:
@@ -710,7 +767,8 @@ class WorkspaceProtocol:
                                       detail=detail)]
             self._log.append(batch, guard=self._guard())
             verdicts = {e.step: ApplyResult(verdict="rejected:overlap", step=e.step,
-                                            attempt=e.attempt, detail=detail) for e in planned}
+                                            attempt=e.attempt, detail=detail,
+                                            facts={"paths": overlap}) for e in planned}
             return [verdicts.get(p.step) for p in plans]
         pins: list[Event] = []
         for e in planned:
@@ -893,7 +951,7 @@ class WorkspaceProtocol:
                 if event.undone:  # writes that had landed before a crash, put back
                     detail += "; " + ", ".join(f"{u.path}: {u.outcome}" for u in event.undone)
                 return ApplyResult(verdict=f"rejected:{event.reason}", step=step, attempt=attempt,
-                                   detail=detail)
+                                   detail=detail, facts=holder[-1].facts if holder else {})
             assert isinstance(event, Fenced)
             applied = True
             return ApplyResult(verdict="applied", step=step, attempt=attempt,
@@ -979,10 +1037,12 @@ class WorkspaceProtocol:
             raise StaleEpoch(name, planned.epoch, epoch)
         recordable = cur.attempt == attempt and cur.state == PLANNED
 
-        def reject(reason: str, detail: str) -> list[Event]:
+        def reject(reason: str, detail: str, **facts: Any) -> list[Event]:
+            verdict = ApplyResult(verdict=f"rejected:{reason}", step=step, attempt=attempt,
+                                  detail=detail, facts=facts)
             if not recordable:  # journal off, attempt already applied: answer, record nothing
-                raise _Answered(ApplyResult(verdict=f"rejected:{reason}", step=step,
-                                            attempt=attempt, detail=detail))
+                raise _Answered(verdict)
+            holder.append(verdict)
             # A crash may have cut the first apply after some renames: a rejection must
             # not leave them behind, recorded nowhere (nothing would ever reconcile them).
             undone = self._undo_landed(conn, planned, wsdir, disk, pinned_now)
@@ -997,20 +1057,23 @@ class WorkspaceProtocol:
             plan_rev = planned.plan_rev if planned.plan_rev is not None else planned.rev
             if ws.rev != plan_rev:
                 return reject("stale_rev", f"the workspace is at rev {ws.rev}, the plan was"
-                              f" admitted at rev {plan_rev}")
+                              f" admitted at rev {plan_rev}", workspace_rev=ws.rev,
+                              plan_rev=plan_rev)
         if planned.fence in ("step", "plan"):
             for w in planned.writes:
                 state = load_path(conn, name, w.path)
                 path_rev = 0 if state is None else state[0]
                 if planned.fence == "step" and path_rev != w.base_rev:
                     return reject("stale_rev", f"{w.path} is at rev {path_rev}, planned"
-                                  f" against rev {w.base_rev}")
+                                  f" against rev {w.base_rev}", path=w.path,
+                                  path_rev=path_rev, base_rev=w.base_rev)
             for w in planned.writes:
                 if disk[w.path] not in (w.pre_hash, w.post_hash) or (
                     disk[w.path] == w.post_hash and w.post_hash != w.pre_hash and not recordable
                 ):
                     return reject("pre_hash", f"{w.path} on disk does not hold the content it"
-                                  " was planned against")
+                                  " was planned against", path=w.path, on_disk=disk[w.path],
+                                  pre_hash=w.pre_hash, post_hash=w.post_hash)
         settled = False
         applied = []
         rev = ws.rev

@@ -88,8 +88,29 @@ def run_cli(argv: list[str], *, input: str | bytes | None = None,
     if out.err.startswith("stepledger: error:"):
         assert out.err.count("\n") == 1, out.err  # one line
     if out.code in (2, 3):
-        assert out.out == "", out
+        problem = error_output_problem(out.code, out.out, out.err)
+        assert problem is None, (problem, out)
     return out
+
+
+def error_output_problem(code: int, stdout: str, stderr: str) -> str | None:
+    """What breaks the rule for an error's output (None: it holds): stdout is empty, or
+    (under --json) exactly one error object `{"ok": false, "error": {"type", "message",
+    "exit_code", ...}}` whose type and exit code are the ones on stderr and the exit."""
+    if not stdout:
+        return None
+    try:
+        doc = json.loads(stdout)
+    except ValueError:
+        return f"exit {code} printed a result that is not an error object: {stdout[:200]!r}"
+    error = doc.get("error") if isinstance(doc, dict) else None
+    if not isinstance(error, dict) or doc.get("ok") is not False or stdout.count("\n") != 1:
+        return f"exit {code} printed something else than one error object: {stdout[:200]!r}"
+    if error.get("exit_code") != code or not isinstance(error.get("message"), str):
+        return f"the error object's exit_code/message are wrong: {error!r}"
+    if not stderr.startswith(f"stepledger: error: {error.get('type')}: "):
+        return f"stderr does not name the error object's type {error.get('type')!r}: {stderr!r}"
+    return None
 
 
 def digest_of(data: bytes | str) -> str:

@@ -216,7 +216,12 @@ def test_gc_refuses_when_a_referenced_blob_was_removed_by_hand(store: Store) -> 
     for args in (("gc",), ("gc", "--json"), ("gc", "--dry-run")):
         r = run(store.path, *args)
         assert r.code == 1, r
-        assert r.out == "" and "refused" in r.err and h(BIG)[:12] in r.err
+        assert "refused" in r.err and h(BIG)[:12] in r.err
+        if "--json" in args:  # one typed error object, as on stderr
+            assert r.json["ok"] is False and r.json["error"]["exit_code"] == 1
+            assert r.err.startswith(f"stepledger: error: {r.json['error']['type']}: ")
+        else:
+            assert r.out == ""
         assert "stepledger audit" in r.err
     # failed closed: nothing was deleted, nothing recorded
     assert store.collected() == []

@@ -52,7 +52,7 @@ from typing import Any
 import apsw
 import pytest
 from click.testing import CliRunner, Result
-from conftest import CLEAN_ENV, FakeClock, tamper
+from conftest import CLEAN_ENV, FakeClock, error_output_problem, tamper
 
 import ledger as ledger_pkg
 from ledger import (
@@ -218,8 +218,9 @@ def cli_problem(r: Result, codes: tuple[int, ...]) -> str | None:
     if r.exit_code in (2, 3) and "Usage:" not in r.stderr:  # click's own usage errors aside
         if not r.stderr.startswith("stepledger: error:"):
             return f"exit {r.exit_code} without a 'stepledger: error:' line: {r.stderr!r}"
-        if r.stdout:
-            return f"exit {r.exit_code} printed a result: {r.stdout[:200]!r}"
+        problem = error_output_problem(r.exit_code, r.stdout, r.stderr)
+        if problem is not None:
+            return problem
     return None
 
 

@@ -43,6 +43,7 @@ from .errors import (
     IllegalTransition,
     InvalidInput,
     LedgerError,
+    OperatorOnly,
     StaleEpoch,
     StepRejected,
     Unsettled,
@@ -507,8 +508,12 @@ def verify(ctx: click.Context, expect_head: str | None, as_json: bool) -> None:
     else:
         for f in report.findings:
             click.echo(f"VIOLATION [{f.check}] {f.message}")
+        for f in report.warnings:
+            click.echo(f"WARNING [{f.check}] {f.message}")
         lag = f", projections lag {report.projection_lag} events" if report.projection_lag else ""
         verdict = "ok" if report.ok else f"{len(report.findings)} finding(s)"
+        if report.warnings:
+            verdict += f", {len(report.warnings)} warning(s)"
         click.echo(
             f"verify: {verdict} — {report.events} events, {report.steps} steps,"
             f" head {report.head_seq}:{report.head_hash[:16]}…{lag}"
@@ -1070,6 +1075,8 @@ class PlanStepDoc(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
 class PlanDoc(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     steps: Annotated[list[PlanStepDoc], msgspec.Meta(min_length=1)]
     run: str = ""
+    # Accepted only at the protective defaults (older plans spell them out): the
+    # operator turns a protection off on the command line, never the plan's author.
     fence: Literal["step", "plan", "none"] = "step"
     journal: bool = True
     plan_rev: _NonNegative | None = None
@@ -1144,6 +1151,10 @@ def parse_plan(raw: bytes, base_dir: str) -> tuple[PlanDoc, list[StepPlan]]:
             hint = ("; pre_hash is the sha256 (64 lowercase hex) of the content the write was"
                     " planned against, or null when the file must not exist")
         raise InvalidInput(f"bad plan: {exc}{hint}") from None
+    if doc.fence != "step":
+        raise OperatorOnly("fence", doc.fence, f"--fence {doc.fence}")
+    if not doc.journal:
+        raise OperatorOnly("journal", False, "--no-journal")
     plans = []
     for i, s in enumerate(doc.steps):
         writes = []
@@ -1186,17 +1197,24 @@ def parse_plan(raw: bytes, base_dir: str) -> tuple[PlanDoc, list[StepPlan]]:
 @click.argument("plan_file", metavar="FILE|-", type=click.Path(dir_okay=False, allow_dash=True, exists=True))
 @workspace_option
 @epoch_option("The live epoch the steps run under.")
+@click.option("--fence", type=click.Choice(FENCE_MODES), default="step", show_default=True,
+              help="The operator's choice of fence: 'plan' checks only the workspace rev,"
+                   " 'none' nothing (a human's edit is overwritten). Recorded; verify warns.")
+@click.option("--journal/--no-journal", default=True, show_default=True,
+              help="--no-journal: a redelivered apply applies again. Recorded; verify warns.")
 @json_option
 @click.pass_context
 def step_plan(ctx: click.Context, plan_file: str, ws_name: str | None, epoch: int | None,
-              as_json: bool) -> None:
+              fence: str, journal: bool, as_json: bool) -> None:
     """Admit a plan (JSON from FILE, or stdin with -): each step's durable intent record.
 
     Every write names the content it was planned against (pre_hash, null: absent) and
     its new content; steps of one plan writing the same path must chain, or they are
     all rejected (overlap, exit 1). A bad plan is exit 2 and writes nothing. The format
     is in docs/cli-json.md ("The plan format"); content_file paths are relative to the
-    plan file's directory (the current directory for stdin).
+    plan file's directory (the current directory for stdin) and stay inside it.
+    Only the operator turns a protection off (--fence plan|none, --no-journal): a plan
+    that sets "fence" or "journal" otherwise is refused (exit 2, OperatorOnly).
     """
     name = _workspace(ctx, ws_name)
     epoch = _need_epoch(epoch, "planning")
@@ -1207,8 +1225,8 @@ def step_plan(ctx: click.Context, plan_file: str, ws_name: str | None, epoch: in
     with _open(ctx, readonly=False) as ledger:
         _check_settled(ledger, name, epoch)
         before = {p.step: ledger.find_step(p.step) for p in plans}
-        verdicts = ledger.admit(name, epoch, plans, fence=doc.fence, journal=doc.journal,
-                                plan_rev=doc.plan_rev)
+        verdicts = ledger.admit(name, epoch, plans, fence=fence,  # type: ignore[arg-type]
+                                journal=journal, plan_rev=doc.plan_rev)
         rows = []
         for p, v in zip(plans, verdicts, strict=True):
             if v is not None:
@@ -1533,6 +1551,9 @@ def metrics(ctx: click.Context, as_json: bool) -> None:
         ("plan drift (mean)", "-" if dr.mean is None else f"{dr.mean:.2f}",
          (f"max {'-' if dr.max is None else dr.max} over {dr.writes} planned writes;"
           f" {dr.drifted} drifted")),
+        ("weakened attempts", str(m.weakened.attempts),
+         (f"fence plan {m.weakened.fence_plan}, fence none {m.weakened.fence_none},"
+          f" journal off {m.weakened.journal_off} (an operator's choice)")),
     ]
     click.echo(f"{'METRIC':<27} {'VALUE':>8}  DETAIL")
     for label, value, detail in rows:

@@ -133,6 +133,20 @@ class WorkspaceOverlap(InvalidInput):
         self.root, self.other, self.other_root, self.how = root, other, other_root, how
 
 
+class OperatorOnly(InvalidInput):
+    """A plan (written by an agent) tried to turn a protection off — a fence mode other
+    than ``step``, or the apply journal off. Only the operator may: on the command
+    line (`flag`) or through the library's parameters. Nothing was written."""
+
+    def __init__(self, key: str, value: object, flag: str) -> None:
+        super().__init__(
+            f"the plan sets {key!r} to {value!r}; a plan may not turn the fence or the"
+            f" journal off. Remove {key!r} from the plan; the operator may choose it with"
+            f" 'stepledger step plan {flag}' (verify reports such steps)"
+        )
+        self.key, self.value, self.flag = key, value, flag
+
+
 # --- 1: the protocol refused, or a violation was found ---------------------------------
 
 
@@ -383,6 +397,7 @@ __all__ = [
     "LedgerNotFound",
     "LedgerTooNew",
     "NotALedger",
+    "OperatorOnly",
     "PathEscapes",
     "PathForbidden",
     "PlanConflict",

@@ -21,6 +21,8 @@ The metrics (docs/cli-json.md "metrics --json" is the contract):
   `lease-acquired` to its first `fenced` event (work resumed): median and max.
 - `drift`: per planned write of a workspace-writing step, the workspace rev at dispatch
   minus the write's `base_rev` (the dispatch-vs-plan drift the executor records).
+- `weakened`: planned attempts an operator ran with the protection off: a fence mode
+  other than ``step``, or the apply journal off (verify warns about each).
 """
 
 from __future__ import annotations
@@ -98,6 +100,13 @@ class Drift(msgspec.Struct, kw_only=True):
     drifted: int  # writes with drift > 0
 
 
+class Weakened(msgspec.Struct, kw_only=True):
+    attempts: int  # planned attempts with the fence not "step" or the journal off
+    fence_plan: int
+    fence_none: int
+    journal_off: int
+
+
 class Metrics(msgspec.Struct, kw_only=True):
     now_ns: int
     events: int
@@ -107,6 +116,7 @@ class Metrics(msgspec.Struct, kw_only=True):
     compensation_success_rate: CompensationSuccess
     time_to_resume_s: TimeToResume
     drift: Drift
+    weakened: Weakened
 
 
 @dataclass
@@ -132,6 +142,8 @@ class _Fold:
     with_restores: int = 0
     conflicted: int = 0
     drifts: list[int] = field(default_factory=list)
+    weakened: Weakened = field(default_factory=lambda: Weakened(
+        attempts=0, fence_plan=0, fence_none=0, journal_off=0))
 
 
 def _ratio(num: int, den: int) -> float | None:
@@ -178,8 +190,15 @@ def compute(ledger: Ledger, now_ns: int | None = None) -> Metrics:
         elif isinstance(ev, ManifestPublished):
             if ev.workspace:
                 f.commits[ev.workspace] = (r.time_ns, ev.step, r.seq)
-        elif isinstance(ev, Planned) and ev.workspace and ev.epoch > 0:
-            f.drifts.extend(ev.rev - w.base_rev for w in ev.writes)
+        elif isinstance(ev, Planned):
+            if ev.workspace and ev.epoch > 0:
+                f.drifts.extend(ev.rev - w.base_rev for w in ev.writes)
+            if ev.fence != "step" or not ev.journal:
+                wk = f.weakened
+                wk.attempts += 1
+                wk.fence_plan += ev.fence == "plan"
+                wk.fence_none += ev.fence == "none"
+                wk.journal_off += not ev.journal
     return Metrics(
         now_ns=now,
         events=f.events,
@@ -201,6 +220,7 @@ def compute(ledger: Ledger, now_ns: int | None = None) -> Metrics:
             max=max(f.drifts) if f.drifts else None,
             drifted=sum(1 for d in f.drifts if d > 0),
         ),
+        weakened=f.weakened,
     )
 
 

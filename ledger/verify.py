@@ -19,7 +19,7 @@ import msgspec
 
 from .db import ROW_ERRORS, Database
 from .errors import CorruptLedger, InvalidInput
-from .events import EVENT_TYPES, chain_hash, decode, envelope, journal_key
+from .events import EVENT_TYPES, Planned, chain_hash, decode, envelope, journal_key
 from .log import READ_BATCH, ROW_COLUMNS, ROW_NAMES, ROW_TYPES, EventLog, Head, row_problem
 from .projections import (
     StepRow,
@@ -52,6 +52,44 @@ class VerifyReport(msgspec.Struct, kw_only=True):
     steps: int
     projection_lag: int
     findings: list[Finding]
+    #: not damage, but worth an operator's eye (they do not make `ok` false)
+    warnings: list[Finding] = msgspec.field(default_factory=list)
+
+
+class WeakenedPlans:
+    """Warnings for attempts planned with the protection off: a fence mode other than
+    ``step`` (``plan`` compares only the workspace rev; ``none`` overwrites a human's
+    edit) or the apply journal off (a redelivery applies twice). Only an operator can
+    choose that (the command line's flags, the library's parameters); the `planned`
+    event records it and verify reports it, so it is never silent. At most `SHOWN`
+    are listed, then one line counts the rest."""
+
+    SHOWN: Final = 50
+
+    def __init__(self) -> None:
+        self.warnings: list[Finding] = []
+        self.count = 0
+
+    def feed(self, seq: int, event: object) -> None:
+        if not isinstance(event, Planned) or (event.fence == "step" and event.journal):
+            return
+        self.count += 1
+        if self.count > self.SHOWN:
+            return
+        off = [f"fence {event.fence!r}"] if event.fence != "step" else []
+        off += [] if event.journal else ["the apply journal off"]
+        self.warnings.append(Finding(
+            "weakened-fence", seq, f"step {event.step!r} attempt {event.attempt} was planned"
+            f" with {' and '.join(off)} (an operator's choice): its writes were not fenced"
+            " against a human's edit" if event.fence != "step" else
+            f"step {event.step!r} attempt {event.attempt} was planned with {' and '.join(off)}"
+            " (an operator's choice): a redelivered apply may apply twice"))
+
+    def report(self) -> list[Finding]:
+        more = self.count - len(self.warnings)
+        return self.warnings + ([Finding("weakened-fence", 0, f"{more} more attempt(s) were"
+                                         " planned with the fence or the journal off")]
+                                if more else [])
 
 
 def verify(
@@ -79,6 +117,7 @@ def verify(
         matched_expected = expect_head is None or expect_head.seq == 0
         done = 0
         checker = Checker()
+        weakened = WeakenedPlans()
         rows = _checked_rows(conn)
         while True:
             try:
@@ -122,6 +161,7 @@ def verify(
                 prev = bytes(digest)
                 continue
             checker.feed(seq, time_ns, event)
+            weakened.feed(seq, event)
             env = envelope(event)
             recomputed = chain_hash(bytes(prev_hash), seq, time_ns, env, key, kind, v, payload)
             if recomputed != bytes(digest):
@@ -191,6 +231,7 @@ def verify(
         steps=len(fresh),
         projection_lag=lag,
         findings=findings,
+        warnings=weakened.report(),
     )
 
 
@@ -293,4 +334,4 @@ def _compare(fresh: dict[str, StepRow], current: dict[str, StepRow]) -> list[Fin
     return out
 
 
-__all__ = ["Finding", "VerifyReport", "verify"]
+__all__ = ["Finding", "VerifyReport", "WeakenedPlans", "verify"]

@@ -13,6 +13,7 @@ This is the only module that imports click.
 from __future__ import annotations
 
 import base64
+import codecs
 import csv
 import datetime as dt
 import errno
@@ -39,6 +40,7 @@ from .errors import (
     EXIT_NO,
     EXIT_USAGE,
     CompensationConflict,
+    ContentFileEscapes,
     CorruptLedger,
     IllegalTransition,
     InvalidInput,
@@ -1094,12 +1096,53 @@ assert set(FENCE_MODES) == {"step", "plan", "none"}
 INPUT_FILE_MAX = 1 << 30  # bytes of one input file (artifact, plan content_file)
 
 
-def _read_input_file(path: str, what: str) -> bytes:
-    """The bytes of a regular file, at most INPUT_FILE_MAX. A FIFO, a device or a
-    directory is refused (InvalidInput naming `what`) without blocking: the open is
-    non-blocking and the opened file is checked before anything is read."""
+_INPUT_FLAGS = os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC
+
+
+def open_confined(base_dir: str, relpath: str, what: str) -> int:
+    """A read descriptor of `relpath` inside `base_dir` (the caller closes it), opened
+    one component at a time relative to its parent's descriptor with ``O_NOFOLLOW``:
+    an absolute path, a ``..`` component or a symlink anywhere below `base_dir` (the
+    file itself included) raises ContentFileEscapes, so the file read is inside
+    `base_dir` even if a component is swapped for a symlink meanwhile. `base_dir`
+    itself may be reached through symlinks (the operator chose it). Non-blocking."""
+    if relpath.startswith("/"):
+        raise ContentFileEscapes(relpath, base_dir, "an absolute path")
+    if ".." in relpath.split("/"):
+        raise ContentFileEscapes(relpath, base_dir, "a '..' component")
+    check_relpath(relpath, f"{what} path")
+    parts = relpath.split("/")
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+        fd = os.open(base_dir, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    except OSError as exc:
+        raise InvalidInput(f"{what}: the plan's directory {base_dir}:"
+                           f" {exc.strerror or exc}") from None
+    try:
+        for i, part in enumerate(parts):
+            last = i == len(parts) - 1
+            flags = (_INPUT_FLAGS if last else os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+            try:
+                child = os.open(part, flags | os.O_NOFOLLOW, dir_fd=fd)
+            except OSError as exc:
+                if exc.errno == errno.ELOOP or (exc.errno == errno.ENOTDIR and not last):
+                    raise ContentFileEscapes(relpath, base_dir, f"{'/'.join(parts[:i + 1])!r}"
+                                             " is a symlink or not a directory") from None
+                raise InvalidInput(f"{what}: {exc.strerror or exc}") from None
+            os.close(fd)
+            fd = child
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
+def _read_input_file(path: str | int, what: str) -> bytes:
+    """The bytes of a regular file (a path, or a descriptor the caller opened and this
+    closes), at most INPUT_FILE_MAX. A FIFO, a device or a directory is refused
+    (InvalidInput naming `what`) without blocking: the open is non-blocking and the
+    opened file is checked before anything is read."""
+    try:
+        fd = path if isinstance(path, int) else os.open(path, _INPUT_FLAGS)
     except OSError as exc:
         raise InvalidInput(f"{what}: {exc.strerror or exc}") from None
     try:
@@ -1123,7 +1166,7 @@ def _read_input_file(path: str, what: str) -> bytes:
 def parse_plan(raw: bytes, base_dir: str) -> tuple[PlanDoc, list[StepPlan]]:
     """Decode and check a plan document; InvalidInput (naming the field) when it is bad.
 
-    Reads content files (relative to `base_dir`) but touches no ledger.
+    Reads content files, confined to `base_dir` (`open_confined`), but touches no ledger.
     """
     if not raw.strip():
         raise InvalidInput("the plan is empty; give a JSON object (see docs/cli-json.md"
@@ -1178,8 +1221,9 @@ def parse_plan(raw: bytes, base_dir: str) -> tuple[PlanDoc, list[StepPlan]]:
                 except ValueError:
                     raise InvalidInput(f"bad plan: {where}: content_b64 is not valid base64") from None
             elif w.content_file is not None:
-                file = os.path.join(base_dir, w.content_file)
-                content = _read_input_file(file, f"bad plan: {where}: content_file {file}")
+                what = f"bad plan: {where}: content_file"
+                content = _read_input_file(open_confined(base_dir, w.content_file, what),
+                                           f"{what} {os.path.join(base_dir, w.content_file)}")
             else:
                 content = None  # delete
             writes.append(Write(w.path, content, w.pre_hash, w.base_rev))
@@ -2055,7 +2099,23 @@ def demo(keep: str | None, as_json: bool) -> None:
         sys.exit(EXIT_NO)
 
 
+def _ensure_utf8_mode() -> None:
+    """Re-run this process in Python's UTF-8 mode when the locale's encoding is not
+    UTF-8 (``LC_ALL=C`` with UTF-8 mode turned off, a legacy locale): step ids,
+    workspace names and paths are UTF-8 in the ledger, and there Python would decode
+    the arguments and file names as ASCII (a UTF-8 name becoming lone surrogates,
+    refused) and could not print them. The arguments are handed on as the bytes the
+    process received."""
+    if sys.flags.utf8_mode or not sys.executable:
+        return
+    if codecs.lookup(sys.getfilesystemencoding()).name == "utf-8":
+        return
+    argv = [os.fsencode(a) for a in sys.orig_argv]
+    os.execv(sys.executable, [argv[0], b"-X", b"utf8", *argv[1:]])
+
+
 def main() -> None:
+    _ensure_utf8_mode()
     cli(prog_name="stepledger")
 
 

@@ -133,6 +133,18 @@ class WorkspaceOverlap(InvalidInput):
         self.root, self.other, self.other_root, self.how = root, other, other_root, how
 
 
+class ContentFileEscapes(InvalidInput):
+    """A plan's `content_file` leaves the plan file's directory (absolute, ``..``, or
+    through a symlink). Plans come from agents: they may not read the host's files."""
+
+    def __init__(self, path: str, base_dir: str, why: str) -> None:
+        super().__init__(
+            f"content_file {path!r} leaves the plan's directory {base_dir} ({why}); give a"
+            " plain relative path to a file inside that directory that crosses no symlink"
+        )
+        self.path, self.base_dir, self.why = path, base_dir, why
+
+
 class OperatorOnly(InvalidInput):
     """A plan (written by an agent) tried to turn a protection off — a fence mode other
     than ``step``, or the apply journal off. Only the operator may: on the command
@@ -384,6 +396,7 @@ __all__ = [
     "EXIT_USAGE",
     "CompensationConflict",
     "CompensationWindowClosed",
+    "ContentFileEscapes",
     "CorruptLedger",
     "EnvironmentFailure",
     "HeadMismatch",

@@ -83,6 +83,7 @@ class LedgerGroup(click.Group):
     --json one error object on stdout (docs/cli-json.md "Errors")."""
 
     def invoke(self, ctx: click.Context) -> Any:
+        raw_args = tuple(ctx.args)  # what the subcommands will parse
         try:
             return super().invoke(ctx)
         except Refusal as refusal:
@@ -108,9 +109,9 @@ class LedgerGroup(click.Group):
                   "EnvironmentFailure",
                   {"errno": errno.errorcode.get(exc.errno or 0), "filename": _jsonable(exc.filename)})
         except click.ClickException as exc:
-            if not _wants_json(ctx, exc):
+            if not (_wants_json(ctx) or "--json" in raw_args):  # (a parse stopped before it)
                 raise  # click's own usage message, as ever
-            _fail(ctx, exc.format_message(), exc.exit_code, "UsageError")
+            _fail(ctx, exc.format_message(), exc.exit_code, "UsageError", as_json=True)
 
 
 INT64_MAX = 2**63 - 1  # SQLite's INTEGER: larger numbers cannot be stored or compared
@@ -125,13 +126,9 @@ def _ledger_path(ctx: click.Context) -> str:
     return str((ctx.obj or {}).get("ledger_path", "the ledger"))
 
 
-def _wants_json(ctx: click.Context, exc: click.ClickException | None = None) -> bool:
-    """--json was given. A usage error may stop the parse before --json is read: then
-    the raw arguments of the failing command tell."""
-    if ctx.meta.get(_JSON_KEY):
-        return True
-    failing = getattr(exc, "ctx", None)
-    return failing is not None and "--json" in getattr(failing, "args", ())
+def _wants_json(ctx: click.Context) -> bool:
+    """The command was given --json (read first: the option is eager)."""
+    return bool(ctx.meta.get(_JSON_KEY))
 
 
 def _jsonable(value: Any) -> Any:
@@ -164,12 +161,13 @@ def _fail_typed(ctx: click.Context, exc: LedgerError,
 
 
 def _fail(ctx: click.Context, message: str, code: int, type_name: str,
-          facts: dict[str, Any] | None = None, document: dict[str, Any] | None = None) -> None:
+          facts: dict[str, Any] | None = None, document: dict[str, Any] | None = None,
+          *, as_json: bool = False) -> None:
     """Exit `code` with one line on stderr naming `type_name`; under --json also print
     one JSON object on stdout: `document` (the command's answer, if it has one) with
     `"ok": false` and `"error": {"type", "message", "exit_code", ...facts}`."""
     message = " ".join(message.split())  # one line, whatever an error quotes
-    if _wants_json(ctx):
+    if as_json or _wants_json(ctx):
         error = {**(facts or {}), "type": type_name, "message": message, "exit_code": code}
         _emit_json({**(document or {}), "ok": False, "error": error})
     click.echo(f"stepledger: error: {type_name}: {message}", err=True)
@@ -183,7 +181,7 @@ def json_option(f: F) -> F:
         return value
 
     return click.option(
-        "--json", "as_json", is_flag=True, is_eager=True, expose_value=True, callback=remember,
+        "--json", "as_json", is_flag=True, is_eager=True, callback=remember,
         help="Print machine-readable JSON (see docs/cli-json.md).",
     )(f)
 
@@ -1031,6 +1029,9 @@ def lease_settle(ctx: click.Context, ws_name: str | None, epoch: int | None, as_
         raise Refusal(CompensationConflict(conflicts), document if as_json else None)
     if as_json:
         _emit_json(document)
+
+
+# -- the step group -------------------------------------------------------------------
 
 
 @cli.group()

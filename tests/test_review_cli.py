@@ -399,3 +399,12 @@ def test_a_utf8_step_name_works_under_the_c_locale(tmp_path: pathlib.Path,
     assert (tmp_path / "ws" / "файл.txt").read_text(encoding="utf-8") == "да"
     shown = run("show", "шаг-1")
     assert shown.returncode == 0 and "шаг-1".encode() in shown.stdout, shown.stderr
+
+
+def test_a_usage_error_under_json_is_an_error_object(world: World) -> None:
+    for argv in (("step", "apply", "s1", "--nope", "--json"),  # the parse stops before --json
+                 ("step", "apply", "s1", "--epoch", "x", "--json"),
+                 ("--workspace", "w", "lease", "acquire", "--json")):  # --holder missing
+        error_of(world(*argv), 2, "UsageError")
+    plain = world("step", "apply", "s1", "--nope")  # without --json: click's usage text
+    assert plain.code == 2 and plain.out == "" and "Usage:" in plain.err

@@ -1284,7 +1284,8 @@ def step_plan(ctx: click.Context, plan_file: str, ws_name: str | None, epoch: in
             rows.append({"step": p.step, "attempt": row.attempt,
                          "verdict": "admitted" if fresh else "unchanged",
                          "detail": "" if fresh else f"attempt {row.attempt} is {row.state}"
-                         + (" (committed)" if row.live else "") + "; the plan was not re-read"})
+                         + (" (committed)" if row.live else "")
+                         + "; this plan is the one recorded for it"})
     rejected = [(r, v) for r, v in zip(rows, verdicts, strict=True)
                 if r["verdict"].startswith("rejected")]
     document = {"workspace": name, "epoch": epoch, "ok": not rejected, "steps": rows}

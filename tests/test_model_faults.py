@@ -288,17 +288,23 @@ def do_workspace(led: Ledger, op: Op) -> str:
     epoch = _live_epoch(led)
     if led.unsettled("w", epoch):  # an acquire died while settling: settle, then new work
         led.settle("w", epoch)
-    # Admitted every time: a step in flight or committed is left as it is (a retried
-    # admission puts back a post-image file a crash lost), an ended one gets a new attempt
-    # planned against what the workspace holds now.
-    writes = []
-    for i, path in enumerate(op.args["paths"]):
-        rev, digest = led.snapshot("w", path)
-        content = op.args["content"]
-        if content is None and digest is None:
-            content = 0  # nothing to delete: create it instead
-        data = None if content is None else WS_CONTENT[(content + i) % len(WS_CONTENT)]
-        writes.append(Write(path, data, digest, rev))
+    # Admitted every time: a step in flight or committed is left as it is when the client
+    # resends the plan recorded for it (a retried admission puts back a post-image file a
+    # crash lost; another plan would be refused, PlanConflict), an ended or never
+    # recorded one gets a new attempt planned against what the workspace holds now.
+    row = led.find_step(op.step)
+    recorded = row is not None and (row.live or row.state not in ENDED)
+    writes = op.args.get("plan") if recorded else None
+    if writes is None:
+        writes = []
+        for i, path in enumerate(op.args["paths"]):
+            rev, digest = led.snapshot("w", path)
+            content = op.args["content"]
+            if content is None and digest is None:
+                content = 0  # nothing to delete: create it instead
+            data = None if content is None else WS_CONTENT[(content + i) % len(WS_CONTENT)]
+            writes.append(Write(path, data, digest, rev))
+        op.args["plan"] = writes  # what a redelivery resends
     led.admit("w", epoch, [StepPlan(op.step, writes, run="r")])
     row = led.step(op.step)
     if not row.live:

@@ -1872,7 +1872,7 @@ def restore_cmd(ctx: click.Context, ws_name: str | None, target: str, force: boo
     the old directory: --force, then take a new epoch) or a blob is missing;
     2 DIR is not a new or empty directory, or the workspace is unknown.
     """
-    from .errors import LeaseHeld, ProtocolRefused
+    from .errors import LeaseHeld
 
     name = _workspace(ctx, ws_name)
     if os.path.exists(target) and (not os.path.isdir(target) or os.listdir(target)):
@@ -1884,12 +1884,12 @@ def restore_cmd(ctx: click.Context, ws_name: str | None, target: str, force: boo
         try:
             report = ledger.restore(name, target, force=force)
         except LeaseHeld as exc:
-            raise ProtocolRefused(
-                f"workspace {name!r} is leased by {exc.holder!r} (epoch {exc.epoch}) until"
-                f" {_iso(exc.expires_ns)}, who may still write to {before.root}; wait for the"
-                " lease to end (or release it), or pass --force and then take a new epoch"
-                f" ('stepledger --workspace {name} lease acquire --holder NAME --force') so"
-                " its unfinished attempts are settled against the restored files"
+            raise LeaseHeld(
+                exc.workspace, exc.epoch, exc.holder, exc.expires_ns,
+                f"its holder may still write to {before.root}: wait for the lease to end (or"
+                " release it), or pass --force and then take a new epoch ('stepledger"
+                f" --workspace {name} lease acquire --holder NAME --force') so its unfinished"
+                " attempts are settled against the restored files",
             ) from None
     if as_json:
         _emit_json(msgspec.to_builtins(report) | {"lease_was_live": live})

@@ -265,14 +265,15 @@ class StaleEpoch(ProtocolRefused):
 class LeaseHeld(ProtocolRefused):
     """Another holder's lease on the workspace is live."""
 
-    def __init__(self, workspace: str, epoch: int, holder: str, expires_ns: int) -> None:
+    def __init__(self, workspace: str, epoch: int, holder: str, expires_ns: int,
+                 remedy: str = "wait for it to expire or acquire with --force") -> None:
         import datetime as dt
 
         until = dt.datetime.fromtimestamp(expires_ns / 1e9, dt.timezone.utc).isoformat(
             timespec="seconds")
         super().__init__(
             f"workspace {workspace!r} is leased by {holder!r} (epoch {epoch}) until"
-            f" {until}; wait for it to expire or acquire with --force"
+            f" {until}; {remedy}"
         )
         self.workspace, self.epoch, self.holder, self.expires_ns = (
             workspace, epoch, holder, expires_ns,

@@ -408,3 +408,10 @@ def test_a_usage_error_under_json_is_an_error_object(world: World) -> None:
         error_of(world(*argv), 2, "UsageError")
     plain = world("step", "apply", "s1", "--nope")  # without --json: click's usage text
     assert plain.code == 2 and plain.out == "" and "Usage:" in plain.err
+
+
+def test_restore_blocked_by_a_lease_is_lease_held(world: World) -> None:
+    world.acquire()
+    err = error_of(world("restore", "--workspace", "w", "--to", str(world.tmp / "fresh"),
+                         "--json"), 1, "LeaseHeld")
+    assert err["holder"] == "agent-1" and "--force" in err["message"]

@@ -76,14 +76,17 @@ class WeakenedPlans:
         self.count += 1
         if self.count > self.SHOWN:
             return
-        off = [f"fence {event.fence!r}"] if event.fence != "step" else []
-        off += [] if event.journal else ["the apply journal off"]
+        off, risks = [], []
+        if event.fence != "step":
+            off.append(f"fence {event.fence!r}")
+            risks.append("its writes were not checked against a human's edit" if event.fence
+                         == "none" else "its writes were checked only against the workspace rev")
+        if not event.journal:
+            off.append("the apply journal off")
+            risks.append("a redelivered apply applies again")
         self.warnings.append(Finding(
             "weakened-fence", seq, f"step {event.step!r} attempt {event.attempt} was planned"
-            f" with {' and '.join(off)} (an operator's choice): its writes were not fenced"
-            " against a human's edit" if event.fence != "step" else
-            f"step {event.step!r} attempt {event.attempt} was planned with {' and '.join(off)}"
-            " (an operator's choice): a redelivered apply may apply twice"))
+            f" with {' and '.join(off)} (an operator's choice): {'; '.join(risks)}"))
 
     def report(self) -> list[Finding]:
         more = self.count - len(self.warnings)

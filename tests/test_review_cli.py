@@ -415,3 +415,17 @@ def test_restore_blocked_by_a_lease_is_lease_held(world: World) -> None:
     err = error_of(world("restore", "--workspace", "w", "--to", str(world.tmp / "fresh"),
                          "--json"), 1, "LeaseHeld")
     assert err["holder"] == "agent-1" and "--force" in err["message"]
+
+
+def test_verify_lists_weakened_attempts_up_to_a_bound(tmp_path: pathlib.Path) -> None:
+    (tmp_path / "ws").mkdir()
+    with Ledger.init(tmp_path / "l.db") as led:
+        led.add_workspace("w", str(tmp_path / "ws"))
+        epoch = led.acquire("w", "a").epoch
+        led.admit("w", epoch, [StepPlan(f"s{i}", [Write(f"f{i}", b"x", None)])
+                               for i in range(55)], fence="plan")
+        report = led.verify()
+    assert report.ok and not report.findings
+    assert len(report.warnings) == 51 and report.warnings[-1].seq == 0
+    assert "5 more attempt(s)" in report.warnings[-1].message
+    assert "only against the workspace rev" in report.warnings[0].message

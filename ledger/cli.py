@@ -46,6 +46,7 @@ from .errors import (
 )
 from .events import KINDS, Manifest, RecordedEvent, check_relpath, to_builtins
 from .fences import FENCE_MODES, ApplyResult, Compensation, Lease, StepPlan, Write
+from .fences import settle_conflicts
 from .ledger import DEFAULT_PATH, Ledger
 from .projections import StepRow
 from .projections.steps import STATES
@@ -819,6 +820,8 @@ def lease_acquire(ctx: click.Context, ws_name: str | None, holder: str, ttl: flo
 
     Refused (exit 1) while another lease is live, unless --force. Every attempt of an
     older epoch still in flight is compensated before this returns (listed as settled).
+    Exit 1 as `lease settle` when settling left a path for a human (a conflict) or could
+    not settle a step: the lease is acquired all the same, its epoch printed.
     """
     name = _workspace(ctx, ws_name)
     with _open(ctx, readonly=False) as ledger:
@@ -826,10 +829,21 @@ def lease_acquire(ctx: click.Context, ws_name: str | None, holder: str, ttl: flo
         now = ledger.clock()
     if as_json:
         _emit_json(lease_json(got, now))
-        return
-    click.echo(f"epoch {got.epoch}: workspace {name} leased by {holder} until {_iso(got.expires_ns)}")
-    if got.settled:
-        click.echo(f"settled (compensated) older epochs' steps: {', '.join(got.settled)}")
+    else:
+        click.echo(f"epoch {got.epoch}: workspace {name} leased by {holder} until"
+                   f" {_iso(got.expires_ns)}")
+        if got.settled:
+            click.echo(f"settled (compensated) older epochs' steps: {', '.join(got.settled)}")
+    held = f"the lease is held (epoch {got.epoch})"
+    if got.conflicts:
+        listed = ", ".join(f"{c.step}:{c.path}" for c in got.conflicts)
+        click.echo(f"{len(got.conflicts)} path(s) conflict, left as they are: {listed};"
+                   f" {held}: a human decides", err=True)
+    if got.unsettled:
+        click.echo(f"could not settle: {', '.join(got.unsettled)}; {held}: run 'stepledger"
+                   f" lease settle --epoch {got.epoch}' before new work", err=True)
+    if got.conflicts or got.unsettled:
+        sys.exit(EXIT_NO)
 
 
 @lease.command("heartbeat", epilog=_examples(
@@ -911,7 +925,8 @@ def lease_settle(ctx: click.Context, ws_name: str | None, epoch: int | None, as_
     conflicts = [f"{c.step}:{r.path}" for c in done for r in c.conflicts]
     if as_json:
         _emit_json({"workspace": name, "epoch": epoch,
-                    "settled": [compensation_json(c) for c in done]})
+                    "settled": [compensation_json(c) for c in done],
+                    "conflicts": msgspec.to_builtins(settle_conflicts(done))})
     else:
         if not done:
             click.echo(f"workspace {name}: nothing to settle")

@@ -91,12 +91,16 @@ from hypothesis.stateful import (
 )
 
 from ledger import (
+    Compensated,
     CompensationWindowClosed,
+    Fenced,
     IllegalTransition,
     Ledger,
     LedgerError,
     Planned,
+    Rejected,
     StepPlan,
+    WorkspaceRestored,
     Write,
 )
 from ledger.blobs import BlobStore
@@ -708,6 +712,17 @@ class LedgerModel(RuleBasedStateMachine):
 
     # -- the invariants ------------------------------------------------------------------
 
+    @staticmethod
+    def _in_doubt(op: Op, rows: dict[str, Any]) -> bool:
+        """Whether a call cut by a fault may have left the workspace other than the ledger
+        says. A cut workspace step may not once its step is unknown (cut before its plan
+        committed) or its attempt is ended or committed (settled, rejected, published):
+        every write it made is recorded, put back, or a recorded conflict."""
+        if op.kind == "ws":
+            row = rows.get(op.step)
+            return row is not None and row.state not in ENDED and not row.live
+        return op.touches_workspace
+
     def fail(self, what: str) -> None:
         raise InvariantBroken(what + "\nhistory:\n  " + "\n  ".join(self.history[-20:]))
 
@@ -786,12 +801,15 @@ class LedgerModel(RuleBasedStateMachine):
         # the byte audit
         for problem in F.audit_problems(led):
             self.fail(problem)
-        # the workspace holds what the ledger says, once no workspace call is in doubt
-        if not any(self.ops[k].touches_workspace for k in self.pending):
+        # the workspace holds what the ledger says, once no workspace call is in doubt (a
+        # cut workspace step is not, once its attempt is ended or committed: settled), or a
+        # recorded conflict only a step without the evidence of its apply may leave
+        if not any(self._in_doubt(self.ops[k], rows) for k in self.pending):
             in_flight = [s for s in led.steps() if s.workspace == "w" and s.state not in ENDED
                          and not s.live]
             if not in_flight:
                 paths = led.workspace_paths("w")
+                left = _left_for_a_human(led)
                 root = led.workspace("w").root  # moved by a restore
                 # app.py's v0 predates the ledger: a restore knows only what steps wrote
                 v0 = sha(V0) if root == self.ws_dir else None
@@ -802,11 +820,44 @@ class LedgerModel(RuleBasedStateMachine):
                     except FileNotFoundError:
                         on_disk = None
                     said = paths.get(path, (0, before))[1]
-                    if on_disk != said:
+                    conflict = left.get(path)
+                    if on_disk != said and (conflict is None or conflict[0] != on_disk):
                         self.fail(f"workspace {path} holds {str(on_disk)[:12]}…, the ledger"
                                   f" says {str(said)[:12]}…")
+                    if on_disk != said and conflict is not None and conflict[1]:
+                        self.fail(f"workspace {path}: settling left {str(on_disk)[:12]}… as a"
+                                  " conflict, though the attempt's pre-image pins prove it"
+                                  " reached its renames (its own write: take it back)")
         if self.disk.ops != ops_before:
             self.fail(f"the checks wrote: {self.disk.trace[ops_before:][:8]}")
+
+
+def _left_for_a_human(led: Ledger) -> dict[str, tuple[str | None, bool]]:
+    """Per path, the latest ``conflict`` a compensation or a rejection recorded and no
+    later event changed: (the digest it left, whether its attempt had pinned a pre-image
+    — the evidence that it reached its renames)."""
+    left: dict[str, tuple[str | None, bool]] = {}
+    for r in led.read():
+        ev = r.event
+        if isinstance(ev, WorkspaceRestored):
+            left.clear()  # another directory, holding what was committed
+            continue
+        if isinstance(ev, Fenced):
+            outcomes = [(w.path, "applied", None) for w in ev.writes]
+        elif isinstance(ev, Compensated):
+            outcomes = [(x.path, x.outcome, x.digest) for x in ev.restored]
+        elif isinstance(ev, Rejected):
+            outcomes = [(x.path, x.outcome, x.digest) for x in ev.undone]
+        else:
+            continue
+        for path, outcome, digest in outcomes:
+            if outcome != "conflict":
+                left.pop(path, None)
+                continue
+            evidence = any(p.event.role == "pre-image" and p.event.attempt == ev.attempt
+                           for p in led.read(step=ev.step, kind="blob-pinned"))
+            left[path] = (digest, evidence)
+    return left
 
 
 class NoSyncModel(LedgerModel):
@@ -1013,3 +1064,34 @@ def test_regression_rejected_replay_puts_back_the_writes_that_landed() -> None:
                        ("retry", {"pick": 0, "crash": None}), inspect=inspect)
         assert state.ops["ws#1"].answer == "rejected:stale_rev", state.history
         assert undone == [(NEW_PATH, "restored")], (crash, undone)
+
+
+def test_regression_settling_takes_back_the_file_the_attempt_created() -> None:
+    """Issue 11 item 18 (found by replaying a project's history with SIGKILLs):
+
+        state.workspace_step(paths=('app.py', 'lib/new.txt'), content=3,
+                             crash=Crash('kill', at=61))   # after both renames, before `fenced`
+        state.acquire(crash=None)                           # the next epoch settles ws-1
+
+    Before the fix the settling restored app.py but called lib/new.txt — created by the
+    dead attempt itself — a human's conflict and left it on disk (the invariant "the
+    workspace holds what the ledger says, or a conflict only an attempt without the
+    evidence of its apply leaves" fails). Its apply had pinned app.py's pre-image before
+    any rename: evidence for the whole attempt, so the created file is removed. The same
+    with a power loss in place of the kill."""
+    at = _kill_between_renames_and_fenced()
+    for crash in (Crash("kill", at=at), Crash("power", at=at, model="drop")):
+        restored: list[tuple[str, str]] = []
+
+        def inspect(state: LedgerModel) -> None:
+            assert state.led is not None
+            restored.extend((x.path, x.outcome) for r in state.led.read(kind="compensated")
+                            for x in r.event.restored)
+            root = state.led.workspace("w").root
+            assert not os.path.exists(os.path.join(root, NEW_PATH)), crash
+
+        state = replay(LedgerModel,
+                       ("workspace_step", {"paths": WS_PATHS, "content": 3, "crash": crash}),
+                       ("acquire", {"crash": None}), inspect=inspect)
+        assert "cut by" in state.history[0], (crash, state.history)
+        assert sorted(restored) == [(WS_PATH, "restored"), (NEW_PATH, "restored")], (crash, restored)

@@ -1034,6 +1034,32 @@ def _kill_between_renames_and_fenced() -> int:
     return next(i for i, kind in enumerate(trace, 1) if i > last_rename and kind == "db-write")
 
 
+def _cut_between_renames_and_fenced_then(
+    *then: tuple[str, dict[str, Any]], kind: str
+) -> Iterator[tuple[Crash, LedgerModel, list[tuple[str, str]], bool]]:
+    """A two-path workspace step (app.py changed, lib/new.txt created) cut after both
+    renames and before `fenced` — by a kill, then by a power loss — and the rules `then`.
+    Per crash: the state, the (path, outcome) entries of the `kind` events (`rejected`:
+    `undone`; `compensated`: `restored`), whether lib/new.txt is on disk at the end."""
+    at = _kill_between_renames_and_fenced()
+    for crash in (Crash("kill", at=at), Crash("power", at=at, model="drop")):
+        entries: list[tuple[str, str]] = []
+        created: list[bool] = []
+
+        def inspect(state: LedgerModel) -> None:
+            assert state.led is not None
+            for r in state.led.read(kind=kind):
+                entries.extend((x.path, x.outcome) for x in
+                               (r.event.undone if kind == "rejected" else r.event.restored))
+            root = state.led.workspace("w").root
+            created.append(os.path.exists(os.path.join(root, NEW_PATH)))
+
+        state = replay(LedgerModel,
+                       ("workspace_step", {"paths": WS_PATHS, "content": 3, "crash": crash}),
+                       *then, inspect=inspect)
+        yield crash, state, entries, created[0]
+
+
 def test_regression_rejected_replay_puts_back_the_writes_that_landed() -> None:
     """Found by the FULL run (1 of 4 seeds; its 33-rule sequence reduces to these 3):
 
@@ -1049,19 +1075,9 @@ def test_regression_rejected_replay_puts_back_the_writes_that_landed() -> None:
     Now a rejecting replay puts such writes back first and lists them in the event's
     `undone` (ledger/fences.py `_undo_landed`). The same holds with a power loss in
     place of the kill, and every invariant is checked after each rule."""
-    at = _kill_between_renames_and_fenced()
-    for crash in (Crash("kill", at=at), Crash("power", at=at, model="drop")):
-        undone: list[tuple[str, str]] = []
-
-        def inspect(state: LedgerModel) -> None:
-            assert state.led is not None
-            undone.extend((u.path, u.outcome) for r in state.led.read(kind="rejected")
-                          for u in r.event.undone)
-
-        state = replay(LedgerModel,
-                       ("workspace_step", {"paths": WS_PATHS, "content": 3, "crash": crash}),
-                       ("workspace_step", {"paths": (WS_PATH,), "content": 0, "crash": None}),
-                       ("retry", {"pick": 0, "crash": None}), inspect=inspect)
+    for crash, state, undone, _ in _cut_between_renames_and_fenced_then(
+            ("workspace_step", {"paths": (WS_PATH,), "content": 0, "crash": None}),
+            ("retry", {"pick": 0, "crash": None}), kind="rejected"):
         assert state.ops["ws#1"].answer == "rejected:stale_rev", state.history
         assert undone == [(NEW_PATH, "restored")], (crash, undone)
 
@@ -1079,19 +1095,8 @@ def test_regression_settling_takes_back_the_file_the_attempt_created() -> None:
     evidence of its apply leaves" fails). Its apply had pinned app.py's pre-image before
     any rename: evidence for the whole attempt, so the created file is removed. The same
     with a power loss in place of the kill."""
-    at = _kill_between_renames_and_fenced()
-    for crash in (Crash("kill", at=at), Crash("power", at=at, model="drop")):
-        restored: list[tuple[str, str]] = []
-
-        def inspect(state: LedgerModel) -> None:
-            assert state.led is not None
-            restored.extend((x.path, x.outcome) for r in state.led.read(kind="compensated")
-                            for x in r.event.restored)
-            root = state.led.workspace("w").root
-            assert not os.path.exists(os.path.join(root, NEW_PATH)), crash
-
-        state = replay(LedgerModel,
-                       ("workspace_step", {"paths": WS_PATHS, "content": 3, "crash": crash}),
-                       ("acquire", {"crash": None}), inspect=inspect)
+    for crash, state, restored, created in _cut_between_renames_and_fenced_then(
+            ("acquire", {"crash": None}), kind="compensated"):
         assert "cut by" in state.history[0], (crash, state.history)
         assert sorted(restored) == [(WS_PATH, "restored"), (NEW_PATH, "restored")], (crash, restored)
+        assert not created, crash

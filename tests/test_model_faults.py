@@ -91,6 +91,7 @@ from hypothesis.stateful import (
 )
 
 from ledger import (
+    BlobPinned,
     Compensated,
     CompensationWindowClosed,
     Fenced,
@@ -834,19 +835,32 @@ class LedgerModel(RuleBasedStateMachine):
 
 def _left_for_a_human(led: Ledger) -> dict[str, tuple[str | None, bool]]:
     """Per path, the latest ``conflict`` a compensation or a rejection recorded and no
-    later event changed: (the digest it left, whether its attempt had pinned a pre-image
-    — the evidence that it reached its renames)."""
+    later event changed: (the digest it left, whether it is the attempt's own write that
+    settling should have taken back — never recorded as applied, holding exactly its
+    planned post-image, while the attempt had pinned a pre-image: the evidence that it
+    reached its renames)."""
     left: dict[str, tuple[str | None, bool]] = {}
+    posts: dict[tuple[str, int], dict[str, str | None]] = {}
+    fenced: set[tuple[str, int]] = set()
+    pinned: set[tuple[str, int]] = set()  # attempts that pinned a pre-image
     for r in led.read():
         ev = r.event
+        attempt = (getattr(ev, "step", ""), getattr(ev, "attempt", 0))
         if isinstance(ev, WorkspaceRestored):
             left.clear()  # another directory, holding what was committed
             continue
+        if isinstance(ev, Planned):
+            posts[attempt] = {w.path: w.post_hash for w in ev.writes}
+            continue
+        if isinstance(ev, BlobPinned) and ev.role == "pre-image":
+            pinned.add(attempt)
+            continue
         if isinstance(ev, Fenced):
+            fenced.add(attempt)
             outcomes = [(w.path, "applied", None) for w in ev.writes]
         elif isinstance(ev, Compensated):
             outcomes = [(x.path, x.outcome, x.digest) for x in ev.restored]
-        elif isinstance(ev, Rejected):
+        elif isinstance(ev, Rejected):  # its own call's pins are no evidence: not judged
             outcomes = [(x.path, x.outcome, x.digest) for x in ev.undone]
         else:
             continue
@@ -854,9 +868,9 @@ def _left_for_a_human(led: Ledger) -> dict[str, tuple[str | None, bool]]:
             if outcome != "conflict":
                 left.pop(path, None)
                 continue
-            evidence = any(p.event.role == "pre-image" and p.event.attempt == ev.attempt
-                           for p in led.read(step=ev.step, kind="blob-pinned"))
-            left[path] = (digest, evidence)
+            own = (isinstance(ev, Compensated) and attempt in pinned and attempt not in fenced
+                   and path in posts.get(attempt, {}) and posts[attempt][path] == digest)
+            left[path] = (digest, own)
     return left
 
 

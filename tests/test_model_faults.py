@@ -46,7 +46,11 @@ after the fault fired under it: the client saw the answer). After every rule:
 - no transition twice for one attempt (I4); I9 (every committed workspace path is a
   readable blob); the epoch never goes back; the GC audit (deep) finds nothing dangling
   or corrupt and puts every byte in one bucket; the workspace directory holds what the
-  ledger says once no workspace call is in doubt; the checks themselves wrote nothing.
+  ledger says once no workspace call is in doubt (a cut workspace step is not once its
+  attempt ended: settled), or a recorded conflict — but not one settling should have
+  taken back: the machine writes no file by hand, so the attempt's own unrecorded write,
+  holding its post-image while the attempt pinned a pre-image, is its leftover; the
+  checks themselves wrote nothing.
 
 Default: 50 examples x 20 rules, derandomized (the same run every time, ~5 s; the file
 ~25 s). STEPLEDGER_MODEL_FULL=1: 400 examples x 40 rules, random (~2-6 min).
@@ -59,6 +63,9 @@ with the kill as the only fault (a kill keeps the page cache: only ordering show
 What the machine found is kept below as explicit rule sequences, each a regression test:
 a client-protocol finding, and a ledger bug (a rejected replay left the writes that had
 landed before a crash in the workspace, recorded nowhere; fixed in ledger/fences.py).
+Also kept: what it missed and a replay of a real project's history found (issue 11 item
+18: settling left a file the dead attempt had created as a conflict), which the
+workspace check above now catches.
 """
 
 from __future__ import annotations

@@ -63,7 +63,7 @@ from .events import (
     WorkspaceRestored,
     journal_key,
 )
-from .fences import ApplyResult, Compensation, Lease, Receipt, StepPlan, Write
+from .fences import ApplyResult, Compensation, Lease, Receipt, SettleConflict, StepPlan, Write
 from .ledger import DEFAULT_PATH, Ledger
 from .log import Head
 from .projections import StepRow
@@ -116,6 +116,7 @@ __all__ = [
     "Rejected",
     "ReplanRefused",
     "Restored",
+    "SettleConflict",
     "StaleEpoch",
     "StepEvent",
     "StepPlan",

@@ -52,6 +52,7 @@ from .errors import (
 )
 from .events import KINDS, Manifest, RecordedEvent, check_relpath, to_builtins
 from .fences import FENCE_MODES, ApplyResult, Compensation, Lease, StepPlan, Write
+from .fences import settle_conflicts
 from .ledger import DEFAULT_PATH, Ledger
 from .projections import StepRow
 from .projections.steps import STATES
@@ -72,9 +73,10 @@ class Refusal(Exception):
     """A command's answer is no, as a typed `error` (exit per its class); `document` is
     the command's own --json output, which the error object is added to."""
 
-    def __init__(self, error: LedgerError, document: dict[str, Any] | None = None) -> None:
+    def __init__(self, error: LedgerError, document: dict[str, Any] | None = None,
+                 note: str = "") -> None:
         super().__init__(str(error))
-        self.error, self.document = error, document
+        self.error, self.document, self.note = error, document, note
 
 
 class LedgerGroup(click.Group):
@@ -87,7 +89,7 @@ class LedgerGroup(click.Group):
         try:
             return super().invoke(ctx)
         except Refusal as refusal:
-            _fail_typed(ctx, refusal.error, refusal.document)
+            _fail_typed(ctx, refusal.error, refusal.document, refusal.note)
         except LedgerError as exc:
             _fail_typed(ctx, exc)
         except apsw.BusyError:
@@ -156,8 +158,10 @@ def error_facts(exc: LedgerError) -> dict[str, Any]:
 
 
 def _fail_typed(ctx: click.Context, exc: LedgerError,
-                document: dict[str, Any] | None = None) -> None:
-    _fail(ctx, str(exc), exc.exit_code, type(exc).__name__, error_facts(exc), document)
+                document: dict[str, Any] | None = None, note: str = "") -> None:
+    """`_fail` for a typed error; `note` is appended to its one line (what still holds)."""
+    message = f"{exc}; {note}" if note else str(exc)
+    _fail(ctx, message, exc.exit_code, type(exc).__name__, error_facts(exc), document)
 
 
 def _fail(ctx: click.Context, message: str, code: int, type_name: str,
@@ -928,17 +932,30 @@ def lease_acquire(ctx: click.Context, ws_name: str | None, holder: str, ttl: flo
 
     Refused (exit 1) while another lease is live, unless --force. Every attempt of an
     older epoch still in flight is compensated before this returns (listed as settled).
+    Exit 1 as `lease settle` when settling left a path for a human (a conflict) or could
+    not settle a step: the lease is acquired all the same, its epoch printed.
     """
     name = _workspace(ctx, ws_name)
     with _open(ctx, readonly=False) as ledger:
         got = ledger.acquire(name, holder, ttl, force=force)
         now = ledger.clock()
+    document = lease_json(got, now)
+    if not as_json:
+        click.echo(f"epoch {got.epoch}: workspace {name} leased by {holder} until"
+                   f" {_iso(got.expires_ns)}")
+        if got.settled:
+            click.echo(f"settled (compensated) older epochs' steps: {', '.join(got.settled)}")
+    # the lease is acquired all the same: the error says so, and --json prints its document
+    held = f"the lease is held (epoch {got.epoch})"
+    if got.unsettled:
+        raise Refusal(Unsettled(name, list(got.unsettled)), document if as_json else None,
+                      f"{held}; settle them with 'stepledger lease settle --epoch {got.epoch}'"
+                      " before new work")
+    if got.conflicts:
+        raise Refusal(CompensationConflict([f"{c.step}:{c.path}" for c in got.conflicts]),
+                      document if as_json else None, f"{held}")
     if as_json:
-        _emit_json(lease_json(got, now))
-        return
-    click.echo(f"epoch {got.epoch}: workspace {name} leased by {holder} until {_iso(got.expires_ns)}")
-    if got.settled:
-        click.echo(f"settled (compensated) older epochs' steps: {', '.join(got.settled)}")
+        _emit_json(document)
 
 
 @lease.command("heartbeat", epilog=_examples(
@@ -1019,7 +1036,8 @@ def lease_settle(ctx: click.Context, ws_name: str | None, epoch: int | None, as_
         done = ledger.settle(name, epoch)
     conflicts = [f"{c.step}:{r.path}" for c in done for r in c.conflicts]
     document = {"workspace": name, "epoch": epoch,
-                "settled": [compensation_json(c) for c in done]}
+                "settled": [compensation_json(c) for c in done],
+                "conflicts": msgspec.to_builtins(settle_conflicts(done))}
     if not as_json:
         if not done:
             click.echo(f"workspace {name}: nothing to settle")

@@ -124,6 +124,17 @@ class StepPlan:
     irreversible: bool = False
 
 
+class SettleConflict(msgspec.Struct, frozen=True, kw_only=True):
+    """A path settling left as found for a human: a ``conflict`` entry of the
+    compensation that ended `step`'s `attempt` (nothing was overwritten)."""
+
+    step: str
+    attempt: int
+    path: str
+    rev: int  # the path's rev in the ledger
+    digest: str | None  # what the path held (None: absent, or not a regular file)
+
+
 class Lease(msgspec.Struct, frozen=True, kw_only=True):
     """A workspace's lease as the ledger holds it."""
 
@@ -135,6 +146,8 @@ class Lease(msgspec.Struct, frozen=True, kw_only=True):
     released: bool
     settled: tuple[str, ...] = ()  # steps an acquire compensated (older epochs' in flight)
     unsettled: tuple[str, ...] = ()  # steps settling failed for (see `settle`): retry it
+    # paths the acquire's settling left for a human (the lease is acquired all the same)
+    conflicts: tuple[SettleConflict, ...] = ()
 
 
 class Receipt(msgspec.Struct, frozen=True, kw_only=True):
@@ -186,6 +199,12 @@ class Compensation(msgspec.Struct, frozen=True, kw_only=True):
     @property
     def conflicts(self) -> tuple[Restored, ...]:
         return tuple(r for r in self.restored if r.outcome == "conflict")
+
+
+def settle_conflicts(done: Sequence[Compensation]) -> tuple[SettleConflict, ...]:
+    """Every path the compensations `done` left as found, in their order."""
+    return tuple(SettleConflict(step=c.step, attempt=c.attempt, path=r.path, rev=r.rev,
+                                digest=r.digest) for c in done for r in c.conflicts)
 
 
 class _Answered(Exception):
@@ -481,6 +500,9 @@ class WorkspaceProtocol:
 
         Refused with LeaseHeld while another lease is live, unless `force`. Every attempt
         of an older epoch still in flight is compensated before this returns (`settled`).
+        The new epoch is live whatever settling found: a path it left for a human is in
+        `conflicts`, a step it could not settle in `unsettled` (new work is refused with
+        Unsettled until `settle` succeeds).
         """
         check_step_id(holder)
         ttl_ns = _check_ttl(ttl_s)
@@ -503,7 +525,8 @@ class WorkspaceProtocol:
         settled, failed = self._settle(workspace, event.epoch)
         return Lease(workspace=workspace, epoch=event.epoch, holder=holder,
                      expires_ns=event.expires_ns, live=True, released=False,
-                     settled=tuple(c.step for c in settled), unsettled=tuple(failed))
+                     settled=tuple(c.step for c in settled), unsettled=tuple(failed),
+                     conflicts=settle_conflicts(settled))
 
     def heartbeat(self: Ledger, workspace: str, epoch: int, ttl_s: float = 60) -> Lease:
         """Extend the live lease; an expired one is never revived (StaleEpoch)."""
@@ -1112,16 +1135,16 @@ class WorkspaceProtocol:
         (under the lock, before its `rejected` commits).
 
         A write may have landed when its path is still at its base rev and holds its
-        post-image. It is put back only with the evidence settling asks for (`_undo`): an
-        earlier call of the attempt pinned its pre-images, which apply commits before any
-        rename (pins this call made, `pinned_now`, are no such evidence). Then its
-        pre-image goes back from that pin (a created file
-        is removed: its bytes stay in the store, pinned as the post-image at admission).
+        post-image. It is put back only with the evidence settling asks for
+        (`_reached_apply`, the whole attempt's): an earlier call of the attempt pinned a
+        pre-image, which apply commits before any rename (pins this call made,
+        `pinned_now`, are no such evidence). Then its pre-image goes back from the store
+        (a created file is removed: its bytes stay in the store, pinned as the post-image
+        at admission).
         Without the evidence — a human may have written those very bytes — or when the
         pre-image cannot be read, it is a ``conflict``: left as found, and recorded.
         """
-        reached = any(w.pre_hash not in pinned_now and self._reached_apply(conn, planned, w.pre_hash)
-                      for w in planned.writes)
+        reached = self._reached_apply(conn, planned, exclude=pinned_now)
         out: list[Restored] = []
         for w in reversed(planned.writes):  # the reverse of the order apply renamed in
             now = disk[w.path]
@@ -1232,7 +1255,15 @@ class WorkspaceProtocol:
         ws: WsRow,
         wsdir: WorkspaceDir,
     ) -> tuple[list[Restored], int]:
-        """Put pre-images back where safe (under the lock). Returns (per path, new rev)."""
+        """Put pre-images back where safe (under the lock). Returns (per path, new rev).
+
+        A write the attempt recorded (`fenced`) is judged against that record. A write it
+        never recorded may have landed before a crash: when its path is still at its base
+        rev and holds its post-image, it is put back only with the whole attempt's
+        evidence that a call got as far as its renames (`_reached_apply`) — so a file the
+        attempt created is removed like a modified one is restored — and is a
+        ``conflict``, left as found, without it.
+        """
         name = planned.workspace
         applied: dict[str, AppliedWrite] = {}
         for _, fenced in ev.fenced:
@@ -1240,6 +1271,7 @@ class WorkspaceProtocol:
                 applied[w.path] = w  # journal off: the latest application of a path
         out: list[Restored] = []
         rev = ws.rev
+        reached: bool | None = None  # the attempt's evidence (`_reached_apply`), read once
         for w in reversed(planned.writes):
             state = load_path(conn, name, w.path)
             path_rev = 0 if state is None else state[0]
@@ -1261,10 +1293,12 @@ class WorkspaceProtocol:
                 pre, post, expected_rev = w.pre_hash, w.post_hash, w.base_rev
                 if disk != post or pre == post:
                     continue  # its bytes are not there: nothing of this attempt to undo
-                if not self._reached_apply(conn, planned, pre):
-                    # The post-image is there, but this attempt never got as far as its
-                    # renames (apply pins the pre-image before any): someone else wrote
-                    # these bytes. Leave them for a human.
+                if reached is None:
+                    reached = self._reached_apply(conn, planned)
+                if not reached:
+                    # The post-image is there, but no call of this attempt got as far as
+                    # its renames (apply pins the pre-images it finds before any): someone
+                    # else may have written these bytes. Leave them for a human.
                     out.append(Restored(path=w.path, rev=path_rev, digest=disk,
                                         outcome="conflict"))
                     continue
@@ -1299,15 +1333,34 @@ class WorkspaceProtocol:
         return out, (ws.rev + len(moved)) if moved else 0
 
     @staticmethod
-    def _reached_apply(conn: apsw.Connection, planned: Planned, pre: str | None) -> bool:
-        """Whether the attempt recorded the evidence apply commits before any rename: its
-        pin of the pre-image. A created file (no pre-image) leaves none, so its unrecorded
-        post-image is never removed by settling (a conflict; the same-epoch replay records
-        it instead)."""
-        if pre is None:
-            return False
-        key = journal_key(BlobPinned(step=planned.step, attempt=planned.attempt, digest=pre))
-        return conn.execute("SELECT 1 FROM events WHERE journal_key = ?", (key,)).fetchone() is not None
+    def _reached_apply(
+        conn: apsw.Connection, planned: Planned, exclude: frozenset[str] = frozenset()
+    ) -> bool:
+        """Whether the attempt recorded the evidence its apply commits before any rename:
+        a pin of a pre-image (role ``pre-image``, `_pin_pre_images`) whose digest is not in
+        `exclude` (the pins the calling apply made itself, which prove nothing of an
+        earlier call).
+
+        The evidence is the whole attempt's: an apply pins every planned pre-image it
+        finds before its first rename, so one such pin shows a call of this attempt got
+        as far as its renames, for each of its writes — a created file, which has no
+        pre-image to pin, included. A pin made when the attempt was planned is no
+        evidence, whatever its digest (a post-image; or a pre-image that is also another
+        write's post-image, whose pin that one is): it exists before any apply.
+
+        What it cannot tell: a call may die after its pins and before its first rename.
+        A person who then writes exactly a write's post-image at its path, still at its
+        base rev, has those bytes taken back (they are the attempt's post-image, in the
+        store). Without the evidence nothing is taken back: a ``conflict``, left as found.
+        """
+        for (payload,) in conn.execute(
+            "SELECT payload FROM events WHERE step = ? AND attempt = ? AND kind = 'blob-pinned'",
+            (planned.step, planned.attempt),
+        ):
+            pin = msgspec.json.decode(payload, type=BlobPinned)
+            if pin.role == "pre-image" and pin.digest not in exclude:
+                return True
+        return False
 
     # -- receipts ------------------------------------------------------------------------
 
@@ -1348,6 +1401,7 @@ __all__ = [
     "Compensation",
     "Lease",
     "Receipt",
+    "SettleConflict",
     "StepPlan",
     "WorkspaceProtocol",
     "Write",

@@ -295,7 +295,8 @@ def test_lease_settle_and_unsettled(world: World) -> None:
     world.plan({"step": "s1", "writes": [write("app.py", "v1", "v0")]}, 1)
     assert cli("step", "apply", "s1", "--epoch", "1").code == 0
     r = cli("--workspace", "w", "lease", "settle", "--epoch", "1", "--json")
-    assert r.code == 0 and r.json == {"workspace": "w", "epoch": 1, "settled": []}
+    assert r.code == 0 and r.json == {"workspace": "w", "epoch": 1, "settled": [],
+                                      "conflicts": []}
     r = cli("--workspace", "w", "lease", "settle", "--epoch", "2")
     assert r.code == 1 and "epoch 2 is not live" in r.err
 
@@ -604,9 +605,12 @@ def test_acquire_settles_a_symlinked_path_as_a_conflict(
                   "--json")
     assert world.cli("--workspace", "w", "lease", "show", "--json").json["epoch"] == 2
     assert (outside / "x.txt").read_text() == "v1"  # nothing outside was touched
-    # expected: the acquire answers with its epoch and s1 settled as a conflict
-    assert r.code == 0, r.err
-    assert r.json["epoch"] == 2 and r.json["settled"] == ["s1"]
+    # expected: the acquire answers with its epoch and s1 settled as a conflict (exit 1,
+    # as `lease settle`: a human decides; the lease is held all the same)
+    assert r.code == 1, r.err
+    assert r.json["epoch"] == 2 and r.json["settled"] == ["s1"] and r.json["live"]
+    assert [(c["step"], c["path"], c["digest"]) for c in r.json["conflicts"]] == [
+        ("s1", "sub/x.txt", None)]
 
 
 def test_fuzz_command_exit_codes_and_json() -> None:

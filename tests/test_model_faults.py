@@ -52,7 +52,11 @@ after the fault fired under it: the client saw the answer). After every rule:
 - no transition twice for one attempt (I4); I9 (every committed workspace path is a
   readable blob); the epoch never goes back; the GC audit (deep) finds nothing dangling
   or corrupt and puts every byte in one bucket; the workspace directory holds what the
-  ledger says once no workspace call is in doubt; the checks themselves wrote nothing.
+  ledger says once no workspace call is in doubt (a cut workspace step is not once its
+  attempt ended: settled), or a recorded conflict — but not one settling should have
+  taken back: the machine writes no file by hand, so the attempt's own unrecorded write,
+  holding its post-image while the attempt pinned a pre-image, is its leftover; the
+  checks themselves wrote nothing.
 
 Default: 50 examples x 20 rules, derandomized (the same run every time, ~5 s; the file
 ~25 s). STEPLEDGER_MODEL_FULL=1: 400 examples x 40 rules, random (~2-6 min).
@@ -65,6 +69,9 @@ with the kill as the only fault (a kill keeps the page cache: only ordering show
 What the machine found is kept below as explicit rule sequences, each a regression test:
 a client-protocol finding, and a ledger bug (a rejected replay left the writes that had
 landed before a crash in the workspace, recorded nowhere; fixed in ledger/fences.py).
+Also kept: what it missed and a replay of a real project's history found (issue 11 item
+18: settling left a file the dead attempt had created as a conflict), which the
+workspace check above now catches.
 """
 
 from __future__ import annotations
@@ -97,14 +104,19 @@ from hypothesis.stateful import (
 )
 
 from ledger import (
+    BlobPinned,
+    Compensated,
     CompensationWindowClosed,
+    Fenced,
     IllegalTransition,
     Ledger,
     LedgerError,
     PathForbidden,
     Planned,
+    Rejected,
     StepPlan,
     WorkspaceMoved,
+    WorkspaceRestored,
     Write,
 )
 from ledger.blobs import BlobStore
@@ -826,6 +838,17 @@ class LedgerModel(RuleBasedStateMachine):
 
     # -- the invariants ------------------------------------------------------------------
 
+    @staticmethod
+    def _in_doubt(op: Op, rows: dict[str, Any]) -> bool:
+        """Whether a call cut by a fault may have left the workspace other than the ledger
+        says. A cut workspace step may not once its step is unknown (cut before its plan
+        committed) or its attempt is ended or committed (settled, rejected, published):
+        every write it made is recorded, put back, or a recorded conflict."""
+        if op.kind == "ws":
+            row = rows.get(op.step)
+            return row is not None and row.state not in ENDED and not row.live
+        return op.touches_workspace
+
     def fail(self, what: str) -> None:
         raise InvariantBroken(what + "\nhistory:\n  " + "\n  ".join(self.history[-20:]))
 
@@ -904,12 +927,15 @@ class LedgerModel(RuleBasedStateMachine):
         # the byte audit
         for problem in F.audit_problems(led):
             self.fail(problem)
-        # the workspace holds what the ledger says, once no workspace call is in doubt
-        if not any(self.ops[k].touches_workspace for k in self.pending):
+        # the workspace holds what the ledger says, once no workspace call is in doubt (a
+        # cut workspace step is not, once its attempt is ended or committed: settled), or a
+        # recorded conflict only a step without the evidence of its apply may leave
+        if not any(self._in_doubt(self.ops[k], rows) for k in self.pending):
             in_flight = [s for s in led.steps() if s.workspace == "w" and s.state not in ENDED
                          and not s.live]
             if not in_flight:
                 paths = led.workspace_paths("w")
+                left = _left_for_a_human(led)
                 root = led.workspace("w").root  # moved by a restore
                 # app.py's v0 predates the ledger: a restore knows only what steps wrote
                 v0 = sha(V0) if root == self.ws_dir else None
@@ -920,11 +946,57 @@ class LedgerModel(RuleBasedStateMachine):
                     except FileNotFoundError:
                         on_disk = None
                     said = paths.get(path, (0, before))[1]
-                    if on_disk != said:
+                    conflict = left.get(path)
+                    if on_disk != said and (conflict is None or conflict[0] != on_disk):
                         self.fail(f"workspace {path} holds {str(on_disk)[:12]}…, the ledger"
                                   f" says {str(said)[:12]}…")
+                    if on_disk != said and conflict is not None and conflict[1]:
+                        self.fail(f"workspace {path}: settling left {str(on_disk)[:12]}… as a"
+                                  " conflict, though the attempt's pre-image pins prove it"
+                                  " reached its renames (its own write: take it back)")
         if self.disk.ops != ops_before:
             self.fail(f"the checks wrote: {self.disk.trace[ops_before:][:8]}")
+
+
+def _left_for_a_human(led: Ledger) -> dict[str, tuple[str | None, bool]]:
+    """Per path, the latest ``conflict`` a compensation or a rejection recorded and no
+    later event changed: (the digest it left, whether it is the attempt's own write that
+    settling should have taken back — never recorded as applied, holding exactly its
+    planned post-image, while the attempt had pinned a pre-image: the evidence that it
+    reached its renames)."""
+    left: dict[str, tuple[str | None, bool]] = {}
+    posts: dict[tuple[str, int], dict[str, str | None]] = {}
+    fenced: set[tuple[str, int]] = set()
+    pinned: set[tuple[str, int]] = set()  # attempts that pinned a pre-image
+    for r in led.read():
+        ev = r.event
+        attempt = (getattr(ev, "step", ""), getattr(ev, "attempt", 0))
+        if isinstance(ev, WorkspaceRestored):
+            left.clear()  # another directory, holding what was committed
+            continue
+        if isinstance(ev, Planned):
+            posts[attempt] = {w.path: w.post_hash for w in ev.writes}
+            continue
+        if isinstance(ev, BlobPinned) and ev.role == "pre-image":
+            pinned.add(attempt)
+            continue
+        if isinstance(ev, Fenced):
+            fenced.add(attempt)
+            outcomes = [(w.path, "applied", None) for w in ev.writes]
+        elif isinstance(ev, Compensated):
+            outcomes = [(x.path, x.outcome, x.digest) for x in ev.restored]
+        elif isinstance(ev, Rejected):  # its own call's pins are no evidence: not judged
+            outcomes = [(x.path, x.outcome, x.digest) for x in ev.undone]
+        else:
+            continue
+        for path, outcome, digest in outcomes:
+            if outcome != "conflict":
+                left.pop(path, None)
+                continue
+            own = (isinstance(ev, Compensated) and attempt in pinned and attempt not in fenced
+                   and path in posts.get(attempt, {}) and posts[attempt][path] == digest)
+            left[path] = (digest, own)
+    return left
 
 
 class NoSyncModel(LedgerModel):
@@ -1102,6 +1174,32 @@ def _kill_between_renames_and_fenced() -> int:
     return next(i for i, kind in enumerate(trace, 1) if i > last_rename and kind == "db-write")
 
 
+def _cut_between_renames_and_fenced_then(
+    *then: tuple[str, dict[str, Any]], kind: str
+) -> Iterator[tuple[Crash, LedgerModel, list[tuple[str, str]], bool]]:
+    """A two-path workspace step (app.py changed, lib/new.txt created) cut after both
+    renames and before `fenced` — by a kill, then by a power loss — and the rules `then`.
+    Per crash: the state, the (path, outcome) entries of the `kind` events (`rejected`:
+    `undone`; `compensated`: `restored`), whether lib/new.txt is on disk at the end."""
+    at = _kill_between_renames_and_fenced()
+    for crash in (Crash("kill", at=at), Crash("power", at=at, model="drop")):
+        entries: list[tuple[str, str]] = []
+        created: list[bool] = []
+
+        def inspect(state: LedgerModel) -> None:
+            assert state.led is not None
+            for r in state.led.read(kind=kind):
+                entries.extend((x.path, x.outcome) for x in
+                               (r.event.undone if kind == "rejected" else r.event.restored))
+            root = state.led.workspace("w").root
+            created.append(os.path.exists(os.path.join(root, NEW_PATH)))
+
+        state = replay(LedgerModel,
+                       ("workspace_step", {"paths": WS_PATHS, "content": 3, "crash": crash}),
+                       *then, inspect=inspect)
+        yield crash, state, entries, created[0]
+
+
 def test_regression_rejected_replay_puts_back_the_writes_that_landed() -> None:
     """Found by the FULL run (1 of 4 seeds; its 33-rule sequence reduces to these 3):
 
@@ -1117,18 +1215,28 @@ def test_regression_rejected_replay_puts_back_the_writes_that_landed() -> None:
     Now a rejecting replay puts such writes back first and lists them in the event's
     `undone` (ledger/fences.py `_undo_landed`). The same holds with a power loss in
     place of the kill, and every invariant is checked after each rule."""
-    at = _kill_between_renames_and_fenced()
-    for crash in (Crash("kill", at=at), Crash("power", at=at, model="drop")):
-        undone: list[tuple[str, str]] = []
-
-        def inspect(state: LedgerModel) -> None:
-            assert state.led is not None
-            undone.extend((u.path, u.outcome) for r in state.led.read(kind="rejected")
-                          for u in r.event.undone)
-
-        state = replay(LedgerModel,
-                       ("workspace_step", {"paths": WS_PATHS, "content": 3, "crash": crash}),
-                       ("workspace_step", {"paths": (WS_PATH,), "content": 0, "crash": None}),
-                       ("retry", {"pick": 0, "crash": None}), inspect=inspect)
+    for crash, state, undone, _ in _cut_between_renames_and_fenced_then(
+            ("workspace_step", {"paths": (WS_PATH,), "content": 0, "crash": None}),
+            ("retry", {"pick": 0, "crash": None}), kind="rejected"):
         assert state.ops["ws#1"].answer == "rejected:stale_rev", state.history
         assert undone == [(NEW_PATH, "restored")], (crash, undone)
+
+
+def test_regression_settling_takes_back_the_file_the_attempt_created() -> None:
+    """Issue 11 item 18 (found by replaying a project's history with SIGKILLs):
+
+        state.workspace_step(paths=('app.py', 'lib/new.txt'), content=3,
+                             crash=Crash('kill', at=61))   # after both renames, before `fenced`
+        state.acquire(crash=None)                           # the next epoch settles ws-1
+
+    Before the fix the settling restored app.py but called lib/new.txt — created by the
+    dead attempt itself — a human's conflict and left it on disk (the invariant "the
+    workspace holds what the ledger says, or a conflict only an attempt without the
+    evidence of its apply leaves" fails). Its apply had pinned app.py's pre-image before
+    any rename: evidence for the whole attempt, so the created file is removed. The same
+    with a power loss in place of the kill."""
+    for crash, state, restored, created in _cut_between_renames_and_fenced_then(
+            ("acquire", {"crash": None}), kind="compensated"):
+        assert "cut by" in state.history[0], (crash, state.history)
+        assert sorted(restored) == [(WS_PATH, "restored"), (NEW_PATH, "restored")], (crash, restored)
+        assert not created, crash

@@ -50,7 +50,7 @@ from .errors import (
     StepRejected,
     Unsettled,
 )
-from .events import KINDS, Manifest, RecordedEvent, check_relpath, to_builtins
+from .events import KINDS, Manifest, RecordedEvent, WitnessAnchored, check_relpath, to_builtins
 from .fences import FENCE_MODES, ApplyResult, Compensation, Lease, StepPlan, Write
 from .fences import settle_conflicts
 from .ledger import DEFAULT_PATH, Ledger
@@ -296,9 +296,11 @@ def _event_detail(r: RecordedEvent) -> str:
     envvar=ENV_WITNESS,
     metavar="PATH",
     type=click.Path(dir_okay=False),
-    help=f"A witness file outside the ledger (another volume): it receives the chain head"
-    f" after every commit, and opening fails closed if the ledger lost or rewrote what it"
-    f" witnessed (or set {ENV_WITNESS}).",
+    help=f"A witness file outside the ledger (another volume), by absolute path: it receives"
+    f" the chain head after every commit, and opening fails closed if the ledger lost or"
+    f" rewrote what it witnessed, or the witness is missing (or set {ENV_WITNESS}). The"
+    f" ledger records it: later commands use it without this flag; to move it, see"
+    f" 'stepledger witness anchor'.",
 )
 @click.pass_context
 def cli(ctx: click.Context, ledger_path: str, workspace: str | None, witness: str | None) -> None:
@@ -1922,6 +1924,93 @@ def restore_cmd(ctx: click.Context, ws_name: str | None, target: str, force: boo
                    f" take a new epoch now ('stepledger --workspace {name} lease acquire"
                    " --holder NAME --force') so its unfinished attempts are settled against"
                    " the restored files", err=True)
+
+
+# -- the witness --------------------------------------------------------------------
+
+
+@cli.group("witness")
+def witness_group() -> None:
+    """Where the ledger's witness is; move or replace it (re-anchor).
+
+    A witnessed ledger records its witness's location, and every command uses it. A
+    missing, blank or damaged witness fails closed; 'witness anchor' verifies the
+    ledger and starts a new one, recorded as a witness-anchored event.
+
+    \b
+        stepledger witness show
+        stepledger witness anchor --witness /other/volume/ledger.witness
+    """
+
+
+def anchor_json(recorded: RecordedEvent) -> dict[str, Any]:
+    ev = recorded.event
+    assert isinstance(ev, WitnessAnchored)
+    return {"seq": recorded.seq, "witness": ev.witness, "previous": ev.previous,
+            "previous_state": ev.previous_state, "head_seq": ev.head_seq,
+            "head_hash": ev.head_hash, "forced": ev.forced, "overridden": list(ev.overridden)}
+
+
+@witness_group.command("anchor", epilog=_examples(
+    "stepledger witness anchor                      # replace a lost witness where it was",
+    "stepledger witness anchor --witness /mnt/b/ledger.witness --json   # move it",
+    "stepledger witness anchor --force              # anchor over findings (recorded)",
+))
+@click.option("--witness", "target", metavar="PATH", type=click.Path(dir_okay=False),
+              help="The new witness file, absolute (default: the global --witness, else the"
+              " recorded location).")
+@click.option("--force", is_flag=True, help="Anchor even if verify has findings or the old"
+              " witness says the ledger was cut off or rolled back; the findings are recorded.")
+@json_option
+@click.pass_context
+def witness_anchor(ctx: click.Context, target: str | None, force: bool, as_json: bool) -> None:
+    """Verify the whole ledger, then start a new witness and record it.
+
+    The operator's way back when the witness is lost, damaged or moves: nothing else
+    replaces a witness. Refused (exit 1, nothing written) when verify has findings or
+    the old witness says the ledger lost history, unless --force. Exit 0 anchored,
+    1 refused, 2 bad input (a relative path, a file that is not a witness), 3 storage.
+    """
+    update, finish = _progress("verifying")
+    try:
+        recorded = Ledger.anchor_witness(ctx.obj["ledger_path"], target or ctx.obj.get("witness"),
+                                         force=force, progress=update)
+    finally:
+        finish()
+    out = anchor_json(recorded)
+    if as_json:
+        _emit_json(out)
+        return
+    was = (f"replacing {out['previous']} ({out['previous_state']})" if out["previous"]
+           else "the ledger's first witness")
+    click.echo(f"anchored witness {out['witness']} at head #{out['head_seq']}, {was};"
+               f" recorded as event #{out['seq']}")
+    if out["forced"]:
+        click.echo(f"forced over {len(out['overridden'])} finding(s), recorded in the event")
+
+
+@witness_group.command("show", epilog=_examples("stepledger witness show",
+                                                "stepledger witness show --json | jq .state"))
+@json_option
+@click.pass_context
+def witness_show(ctx: click.Context, as_json: bool) -> None:
+    """Where the witness is and what it says about the ledger. Read-only; always exit 0
+    (a state other than ok or none is what opening refuses; 'verify' exits 1 on it)."""
+    with _open(ctx, readonly=True, witness_check=False) as ledger:
+        status = ledger.witness_status()
+    if as_json:
+        _emit_json(status)
+        return
+    if status.witness is None:
+        click.echo("not witnessed" if status.state == "none" else f"witness: {status.problem}")
+        return
+    where = f" (recorded at event #{status.anchored_seq})" if status.anchored_seq else ""
+    click.echo(f"witness {status.witness}{where}: {status.state}")
+    if status.witnessed_seq is not None:
+        click.echo(f"holds head #{status.witnessed_seq}; the ledger is at #{status.head_seq}"
+                   f" ({status.lag} commit(s) ahead)")
+    if status.problem:
+        click.echo(status.problem)
 
 
 @cli.command()

@@ -357,6 +357,35 @@ class BlobCollected(Event, frozen=True, kw_only=True, tag="blob-collected"):
     collection: Name = ""  # the GC run that collected it
 
 
+AbsPath = Annotated[str, Meta(min_length=1, max_length=PATH_MAX, pattern=r"^/")]
+#: What the witness a `witness-anchored` event replaces said when it was replaced.
+WitnessState = Literal["none", "ok", "missing", "blank", "damaged", "mismatch"]
+
+
+class WitnessAnchored(Event, frozen=True, kw_only=True, tag="witness-anchored"):
+    """From this event on, the ledger's witness is the file at `witness` (absolute).
+
+    Recorded when a ledger is first witnessed and by every re-anchoring: openers that
+    are not given a witness use the newest one recorded, so none can forget it.
+    `head_seq`/`head_hash` name the head the new witness was started from (the event
+    before this one); `previous` is the location it replaces ("" the first time) and
+    `previous_state` what that witness said: ``none`` (not witnessed before), ``ok``
+    (a healthy witness, moved), ``missing``, ``blank`` (empty or zero-filled),
+    ``damaged`` (no valid slot, unreadable, or another ledger's) or ``mismatch`` (the
+    ledger behind it or off its chain). A ``mismatch`` or findings of verify are
+    anchored over only with `forced`, and the findings overridden are listed.
+    """
+
+    key_extra: ClassVar[tuple[str, ...]] = ("witness", "head_seq")
+    witness: AbsPath
+    head_seq: NonNegative
+    head_hash: Digest
+    previous: Annotated[str, Meta(max_length=PATH_MAX)] = ""
+    previous_state: WitnessState = "none"
+    forced: bool = False
+    overridden: Annotated[tuple[Text, ...], Meta(max_length=ITEMS_MAX)] = ()
+
+
 AnyEvent = Union[
     Planned,
     Fenced,
@@ -373,6 +402,7 @@ AnyEvent = Union[
     LeaseRenewed,
     LeaseReleased,
     BlobCollected,
+    WitnessAnchored,
 ]
 
 EVENT_TYPES: Final[dict[str, type[Event]]] = {
@@ -612,6 +642,7 @@ __all__ = [
     "Rejected",
     "Restored",
     "StepEvent",
+    "WitnessAnchored",
     "WorkspaceAdded",
     "WorkspaceRebound",
     "WorkspaceRestored",

@@ -22,15 +22,19 @@ from .errors import (
     IllegalTransition,
     InvalidInput,
     ManifestConflict,
+    NotALedger,
     StaleEpoch,
     UnknownStep,
 )
 from .events import (
+    ITEMS_MAX,
     KINDS,
+    TEXT_MAX,
     Envelope,
     chain_hash,
     AppliedWrite,
     StepEvent,
+    WitnessAnchored,
     Acked,
     BlobPinned,
     BlobStored,
@@ -68,7 +72,19 @@ from .projections import (
 from .projections.steps import ENDED
 from .projections.steps import VERSION as STEPS_VERSION
 from .verify import Finding, VerifyReport, verify
-from .witness import Witness, WitnessMismatch
+from .witness import (
+    AnchorRefused,
+    Witness,
+    Witnessed,
+    WitnessElsewhere,
+    WitnessMismatch,
+    WitnessMissing,
+    WitnessStatus,
+    anchor_problems,
+    recorded_anchor,
+    same_location,
+    witness_path,
+)
 
 Clock = Callable[[], int]
 Progress = Callable[[int, int], None]
@@ -88,6 +104,15 @@ def artifact_bytes(path: str, data: object) -> bytes:
         raise InvalidInput(f"the bytes of artifact {path!r} must be bytes, not"
                            f" {type(data).__name__}")
     return bytes(data)
+
+
+def _refuse_anchor(events: Sequence[Event]) -> None:
+    """Only `Ledger.anchor_witness` (which verifies first) and a first witnessed open
+    record where the witness is; `append` refuses to."""
+    if any(isinstance(e, WitnessAnchored) for e in events):
+        raise InvalidInput("a witness-anchored event is recorded by Ledger.anchor_witness"
+                           " ('stepledger witness anchor'), which verifies the ledger first;"
+                           " append does not take one")
 
 
 class Ledger(WorkspaceProtocol):
@@ -151,11 +176,21 @@ class Ledger(WorkspaceProtocol):
         db.on_op = on_op
         root = blob_root if blob_root is not None else os.path.join(os.path.dirname(db.path), "blobs")
         self.blobs = BlobStore(root, FileOps(on_op))
+        if not witness_check and not db.readonly:
+            raise InvalidInput("witness_check=False is for read-only inspection; a writer"
+                               " keeps the witness (to replace one, use anchor_witness)")
+        #: The witness in use (the one given, else the one the ledger records); None if
+        #: the ledger is not witnessed and none was given.
         self.witness: Witness | None = None
         self.witness_lag = 0  # commits the ledger is ahead of its witness (1: an honest crash)
+        #: Whether the ledger records that it is witnessed (a `witness-anchored` event, or
+        #: the witness tag of a ledger witnessed before locations were recorded).
+        self.witnessed = False
         self._witness_check = witness_check
-        if witness is not None:
-            self.witness = Witness(witness, self.ledger_id)
+        self._witness_given = None if witness is None else witness_path(witness)
+        self._witness_unknown = False  # witnessed, but where is recorded nowhere
+        self._anchor_seq = 0  # the newest witness-anchored event when this process looked
+        self._anchoring = False  # this process is appending its own witness-anchored event
 
     # -- opening ---------------------------------------------------------------------
 
@@ -178,11 +213,15 @@ class Ledger(WorkspaceProtocol):
         `hash_check_max_bytes`, `on_op` (a hook called before each durable operation),
         `compensation_window_s` (how long a committed step may still be compensated).
         """
-        if not readonly and options.get("witness") is not None and options.get("witness_check", True):
-            # Judge the file against its witness through a read-only open first: closing
-            # a read-write connection checkpoints the WAL, which would change a file
-            # that is about to be refused.
-            cls.open(path, readonly=True, clock=clock, vfs=vfs, witness=options["witness"]).close()
+        # Private: anchor_witness opens without resolving the witness (it replaces it).
+        resolve = options.pop("_witness_resolve", True)
+        if options.get("witness") is not None:
+            witness_path(options["witness"])  # a relative witness is refused before any I/O
+        if not readonly and resolve:
+            # Judge the file against its witness (the one given, or the one it records)
+            # through a read-only open first: closing a read-write connection checkpoints
+            # the WAL, which would change a file that is about to be refused.
+            cls.open(path, readonly=True, clock=clock, vfs=vfs, witness=options.get("witness")).close()
         db = Database.open(
             os.fspath(path), readonly=readonly, synchronous=synchronous,
             busy_timeout_ms=busy_timeout_ms, vfs=vfs,
@@ -193,7 +232,8 @@ class Ledger(WorkspaceProtocol):
             db.close()
             raise
         try:
-            ledger._attach_witness()
+            if resolve:
+                ledger._attach_witness()
             if not readonly:
                 catch_up(db, ledger._log)
         except BaseException:
@@ -216,9 +256,14 @@ class Ledger(WorkspaceProtocol):
 
         `ledger.created` tells which happened. `options` as for `open`.
         """
-        if options.get("witness") is not None and os.path.exists(os.fspath(path)):
-            cls.open(path, readonly=True, clock=clock, vfs=vfs, witness=options["witness"],
-                     witness_check=options.get("witness_check", True)).close()
+        if options.get("witness") is not None:
+            witness_path(options["witness"])  # a relative witness is refused before any I/O
+        if os.path.exists(os.fspath(path)):
+            try:
+                cls.open(path, readonly=True, clock=clock, vfs=vfs, witness=options.get("witness"),
+                         witness_check=options.get("witness_check", True)).close()
+            except NotALedger:
+                pass  # `Database.create` judges it: an interrupted init is finished, else refused
         db, created = Database.create(
             os.fspath(path), synchronous=synchronous, busy_timeout_ms=busy_timeout_ms, vfs=vfs
         )
@@ -237,34 +282,205 @@ class Ledger(WorkspaceProtocol):
         return ledger
 
     def _attach_witness(self) -> None:
-        """Check the chain against the witness (fail closed) and keep it updated."""
-        if self.witness is None:
+        """Find the witness (the one given, else the one recorded), check the chain against
+        it (fail closed), and on a writer keep it updated; a writer given a witness for a
+        ledger that records none records it (`witness-anchored`), so later openers use it.
+
+        Refusals: a given witness that is not the recorded one (`WitnessElsewhere`); a
+        witnessed ledger whose witness is missing, blank or unknown (`WitnessMissing`);
+        a ledger behind its witness or off its chain (`WitnessMismatch`).
+        """
+        with self._db.snapshot() as conn:
+            found = recorded_anchor(conn, self.path)
+            legacy = found is None and self._db.meta_value("witness_tag") is not None
+        self._anchor_seq = found[0] if found is not None else 0
+        self.witnessed = found is not None or legacy
+        given, path = self._witness_given, self._witness_given
+        if found is not None:
+            seq, anchored = found
+            if given is not None and not same_location(given, anchored.witness):
+                raise WitnessElsewhere(self.path, given, anchored.witness, seq)
+            path = anchored.witness
+        elif legacy and given is None:
+            if self._witness_check:
+                raise WitnessMissing(self.path, "(not recorded)", "the ledger is witnessed but"
+                                     " does not record where (witnessed by an older stepledger);"
+                                     " pass its witness once with --witness PATH")
+            self._witness_unknown = True
+        if not self.readonly:
+            self._log.before_commit = self._before_commit
+        if path is None:
             return
+        witness = self.witness = Witness(path, self.ledger_id)
         if self._witness_check:
             self.witness_lag = self.check_witness()
-        if not self.readonly:
-            witness = self.witness
-
-            def tag(conn: apsw.Connection, head: Head) -> None:
-                conn.execute(
-                    "INSERT INTO meta(key, value) VALUES ('witness_tag', ?)"
-                    " ON CONFLICT(key) DO UPDATE SET value = excluded.value",
-                    (witness.tag(head.seq, head.hash),),
-                )
-
-            self._log.before_commit = tag
-            self._log.on_commit = lambda head: witness.write(head.seq, head.hash)
-            if witness.read() is None:  # first use: start witnessing from here
-                head = self.head()
+        if self.readonly:
+            return
+        self._log.on_commit = lambda head: witness.write(head.seq, head.hash)
+        if found is None:
+            # First use (or a ledger witnessed before locations were recorded): start
+            # the witness from here if it is blank, and record where it is.
+            seen = witness.read()
+            head = self.head()
+            if seen is None:
                 witness.write(head.seq, head.hash)
+            self._append_anchor(WitnessAnchored(
+                witness=path, head_seq=head.seq, head_hash=head.hash.hex(),
+                previous_state="ok" if legacy else "none"))
+
+    def _before_commit(self, conn: apsw.Connection, head: Head) -> None:
+        """Inside every write transaction, before COMMIT: refuse if another process
+        re-anchored the witness since this one looked (its commits would not be under the
+        new witness); tag the new head with the witness's key."""
+        row = conn.execute("SELECT max(seq) FROM events WHERE journal_key > ? AND journal_key < ?",
+                           ('["witness-anchored",', '["witness-anchored"-')).fetchone()
+        newest = row[0] or 0
+        if newest != self._anchor_seq and not (self._anchoring and newest == head.seq):
+            found = recorded_anchor(conn, self.path)
+            where = found[1].witness if found is not None else "?"
+            raise WitnessMismatch(
+                self.path, where, f"the witness was anchored at {where} by another process"
+                f" (event #{newest}) after this one opened the ledger",
+                "Nothing was written: open the ledger again (it then uses the new witness)")
+        if self.witness is not None:
+            conn.execute(
+                "INSERT INTO meta(key, value) VALUES ('witness_tag', ?)"
+                " ON CONFLICT(key) DO UPDATE SET value = excluded.value",
+                (self.witness.tag(head.seq, head.hash),),
+            )
+
+    def _append_anchor(self, event: WitnessAnchored | Callable[[apsw.Connection, int], Sequence[Event]]
+                       ) -> RecordedEvent:
+        """Append this process's own `witness-anchored` event (which the re-anchoring
+        check in `_before_commit` lets through)."""
+        self._anchoring = True
+        try:
+            recorded = self._log.append(event if callable(event) else [event])[0]
+        finally:
+            self._anchoring = False
+        self._anchor_seq = recorded.seq
+        return recorded
+
+    @classmethod
+    def anchor_witness(
+        cls,
+        path: str | os.PathLike[str] = DEFAULT_PATH,
+        witness: str | os.PathLike[str] | None = None,
+        *,
+        force: bool = False,
+        clock: Clock | None = None,
+        vfs: str | None = None,
+        progress: Progress | None = None,
+    ) -> RecordedEvent:
+        """Start a new witness for the ledger at `path` and record it: the operator's way
+        back when a witness is lost, damaged, or is to move (the only way to replace one).
+
+        `witness` is the new location (absolute; default: the recorded one, to replace a
+        lost witness in place). First, read-only, the whole ledger is verified (chain,
+        seqs, projections, blobs, the recorded anchors) and the old witness is judged
+        (``ok``, ``missing``, ``blank``, ``damaged``, or ``mismatch``: the ledger behind
+        it or off its chain). Findings of verify or a ``mismatch`` refuse it
+        (`AnchorRefused`, nothing written) unless `force`, which records them in the
+        event. Then, under the write lock and only if the head is still the one verified,
+        the new witness is written (a fresh key) and a `witness-anchored` event committed
+        (the new witness then holds it). Returns that event as recorded.
+        """
+        target = None if witness is None else witness_path(witness)
+        with cls.open(path, readonly=True, clock=clock, vfs=vfs, witness_check=False,
+                      _witness_resolve=False) as ro:
+            with ro._db.snapshot() as conn:
+                found = recorded_anchor(conn, ro.path)
+                legacy = found is None and ro._db.meta_value("witness_tag") is not None
+            old = found[1].witness if found is not None else (target if legacy else None)
+            if target is None:
+                if old is None:
+                    raise InvalidInput(f"ledger {ro.path} records no witness to replace; name"
+                                       " the new one with --witness /absolute/path")
+                target = old
+            problems: list[str] = []
+            state: Any = "none"
+            if old is not None:
+                ro.witness, ro.witnessed = Witness(old, ro.ledger_id), True
+                state, seen, why = ro.witness.state()
+                if seen is not None:
+                    try:
+                        ro.check_witness()
+                    except WitnessMismatch as exc:
+                        state = "mismatch"
+                        problems.append(f"the witness {old} says: {exc.why}")
+            if not (old is not None and same_location(target, old)):
+                # Never overwrite a file that is not a witness of this ledger.
+                tstate, _seen, twhy = Witness(target, ro.ledger_id).state()
+                if tstate == "damaged":
+                    raise InvalidInput(f"{target} is not a witness of ledger {ro.path} ({twhy});"
+                                       " name a new file, or remove that one first")
+            report = verify(ro._db, ro._log, progress=progress, blob_check=ro.blob_problem)
+            with ro._db.snapshot() as conn:
+                problems.extend(message for _seq, message in anchor_problems(conn))
+            problems.extend(f"[{f.check}] {f.message}" for f in report.findings)
+            if problems and not force:
+                raise AnchorRefused(ro.path, problems)
+            verified = Head(report.head_seq, bytes.fromhex(report.head_hash))
+            anchor_seq = found[0] if found is not None else 0
+        led = cls.open(path, clock=clock, vfs=vfs, _witness_resolve=False)
+        try:
+            new = Witness(target, led.ledger_id)
+
+            def build(conn: apsw.Connection, _time_ns: int) -> list[Event]:
+                head = led._log.head()
+                again = recorded_anchor(conn, led.path)
+                if head != verified or (again[0] if again is not None else 0) != anchor_seq:
+                    raise AnchorRefused(led.path, [
+                        f"the ledger changed while it was verified (head #{head.seq}, verified"
+                        f" #{verified.seq}): run the anchor again"])
+                new.start(head.seq, head.hash)
+                return [WitnessAnchored(
+                    witness=target, head_seq=head.seq, head_hash=head.hash.hex(),
+                    previous=old or "", previous_state=state, forced=bool(force and problems),
+                    overridden=tuple(p[:TEXT_MAX] for p in problems[:ITEMS_MAX]) if force else ())]
+
+            led.witness, led.witnessed, led._anchor_seq = new, True, anchor_seq
+            led._log.before_commit = led._before_commit
+            led._log.on_commit = lambda head: new.write(head.seq, head.hash)
+            return led._append_anchor(build)
+        finally:
+            led.close()
+
+    def witness_status(self) -> WitnessStatus:
+        """Where the witness is and what it says about this ledger. Read-only; reports,
+        never refuses (open with ``witness_check=False`` to ask about a refused ledger)."""
+        head = self.head()
+        out = WitnessStatus(witnessed=self.witnessed, anchored_seq=self._anchor_seq,
+                            head_seq=head.seq, state="none")
+        if self._witness_unknown:
+            out.state, out.problem = "unknown", "the ledger does not record where its witness is"
+        if self.witness is None:
+            return out
+        out.witness = self.witness.path
+        out.state, seen, out.problem = self.witness.state()
+        if seen is not None:
+            out.witnessed_seq = seen.seq
+            try:
+                out.lag = self.check_witness()
+            except WitnessMismatch as exc:
+                out.state, out.problem = "mismatch", exc.why
+        elif not self.witnessed and out.state != "damaged":
+            out.state, out.problem = "none", ""  # given, not started yet: nothing to check
+        return out
 
     def check_witness(self) -> int:
         """Raise WitnessMismatch unless the chain contains the witnessed head; return how
         many commits the ledger is ahead of it (0, or 1 after an honest crash)."""
         assert self.witness is not None
-        seen = self.witness.read()
+        try:
+            seen = self.witness.read()
+        except WitnessMismatch as exc:  # damaged: name this ledger
+            raise WitnessMismatch(self.path, self.witness.path, exc.why) from None
         if seen is None:
+            if self.witnessed:
+                raise WitnessMissing(self.path, self.witness.path, self.witness.state()[2])
             return 0
+
         def refuse(why: str) -> WitnessMismatch:
             assert self.witness is not None
             return WitnessMismatch(self.path, self.witness.path, why)
@@ -344,6 +560,7 @@ class Ledger(WorkspaceProtocol):
         recorded with the same event (nothing was written). Raises
         IdempotencyConflict, IllegalTransition or InvalidInput, writing nothing.
         """
+        _refuse_anchor([event])
         return self._log.append([event], guard=self._guard())[0]
 
     def append_batch(self, events: Sequence[Event]) -> list[RecordedEvent]:
@@ -353,7 +570,9 @@ class Ledger(WorkspaceProtocol):
         every blob it names is present with its size (publishing before the content is
         durable is impossible through this API).
         """
-        return self._log.append(list(events), guard=self._guard())
+        events = list(events)
+        _refuse_anchor(events)
+        return self._log.append(events, guard=self._guard())
 
     # -- blobs -----------------------------------------------------------------------
 
@@ -856,33 +1075,43 @@ class Ledger(WorkspaceProtocol):
         elif expect_head is not None and not isinstance(expect_head, Head):
             raise InvalidInput(f"expect_head {expect_head!r} is not a head: give SEQ:HASH as"
                                " printed by 'stepledger head'")
-        extra: list[Finding] = []
-        if self.witness is not None:
-            # The witness is an anchor kept outside the file: verify reports what opening
-            # (with the check on) would refuse, and a tail written without the witness.
-            try:
-                seen = self.witness.read()
-            except (WitnessMismatch, InvalidInput) as exc:
-                seen = None
-                extra.append(Finding("witness", 0, str(exc)))
-            if seen is not None:
-                if expect_head is None:
-                    expect_head = Head(seen.seq, seen.hash)
-                try:
-                    lag = self.check_witness()
-                except WitnessMismatch as exc:
-                    lag = 0
-                    extra.append(Finding("witness", seen.seq, exc.why))
-                if lag > 1:
-                    extra.append(Finding("witness", seen.seq, f"the ledger is {lag} commits ahead"
-                                         " of its witness: written without the witness, or a"
-                                         " forged tail"))
+        extra, seen = self._witness_findings()
+        if seen is not None and expect_head is None:
+            expect_head = Head(seen.seq, seen.hash)
         report = verify(self._db, self._log, expect_head=expect_head, progress=progress,
                         blob_check=self.blob_problem)
         if extra:
             report.findings.extend(extra)
             report.ok = False
         return report
+
+    def _witness_findings(self) -> tuple[list[Finding], Witnessed | None]:
+        """What verify reports about the witness (what opening with the check on would
+        refuse, a tail written without it, the recorded anchors), and the head it holds."""
+        with self._db.snapshot() as conn:
+            extra = [Finding("witness", seq, message) for seq, message in anchor_problems(conn)]
+        if self._witness_unknown:
+            extra.append(Finding("witness", 0, "the ledger is witnessed but records no witness"
+                                 " location (witnessed by an older stepledger): pass its"
+                                 " witness with --witness PATH"))
+        if self.witness is None:
+            return extra, None
+        state, seen, why = self.witness.state()
+        if state == "damaged" or (state != "ok" and self.witnessed):
+            extra.append(Finding("witness", 0, f"{why}: a witnessed ledger is not opened"
+                                 " without its witness; restore it, or re-anchor with"
+                                 " 'stepledger witness anchor'" if state != "damaged" else why))
+        if seen is not None:
+            try:
+                lag = self.check_witness()
+            except WitnessMismatch as exc:
+                lag = 0
+                extra.append(Finding("witness", seen.seq, exc.why))
+            if lag > 1:
+                extra.append(Finding("witness", seen.seq, f"the ledger is {lag} commits ahead"
+                                     " of its witness: written without the witness, or a"
+                                     " forged tail"))
+        return extra, seen
 
     def blob_problem(self, digest: str, size: int) -> str | None:
         """None if the blob is present, `size` bytes and hashes to its name; else what is

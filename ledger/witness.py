@@ -11,6 +11,13 @@ every commit. On open, the ledger's chain must contain the witnessed head:
   that opened with committed history missing), or the witnessed seq holding another
   hash (a forged or rewritten history): refused, `WitnessMismatch`, nothing written.
 
+Once a ledger is witnessed it records where (a chained `witness-anchored` event), and
+every opener — read-only, read-write, `verify` — uses that witness unless it names the
+same file; a missing, empty or zero-filled witness then fails closed (`WitnessMissing`)
+instead of starting a fresh one from whatever head the file holds. Moving a witness, or
+replacing a lost one, is `Ledger.anchor_witness` (`stepledger witness anchor`): it
+verifies the whole chain first and records what it replaced. Witness paths are absolute.
+
 Format: two fixed 128-byte slots, written alternately (slot = seq % 2) with `pwrite`
 and `fdatasync`; each slot carries a checksum, so a torn write spoils only the slot
 being written and the other still holds the previous head. One fsync per commit.
@@ -26,27 +33,169 @@ import struct
 from dataclasses import dataclass
 from typing import Final
 
-from .errors import HeadMismatch, InvalidInput, StorageFailure
+import apsw
+import msgspec
+
+from .errors import CorruptLedger, HeadMismatch, InvalidInput, ProtocolRefused, StorageFailure
+from .events import WitnessAnchored, WitnessState, decode
 
 MAGIC: Final = b"SLW1"
 SLOT: Final = 128
 _BODY: Final = struct.Struct(">4s32sQ32s32s")  # magic, ledger id, seq, hash, key
 
 
+#: The operator command that re-anchors a witness, named by every refusal it can lift.
+ANCHOR_COMMAND: Final = "stepledger --ledger {ledger} witness anchor --witness {witness}"
+
+
 class WitnessMismatch(HeadMismatch):
     """The ledger does not contain the head its witness recorded: history was cut off,
     rolled back or rewritten. Nothing was written."""
 
-    def __init__(self, ledger_path: str, witness_path: str, why: str) -> None:
+    def __init__(self, ledger_path: str, witness_path: str, why: str, remedy: str = "") -> None:
         Exception.__init__(
             self,
-            f"ledger {ledger_path} fails its witness {witness_path}: {why}. Its history was"
-            " cut off, rolled back or rewritten (or this is not the ledger the witness"
-            " belongs to); the ledger was not changed. Restore the newest copy, or"
-            " inspect it with 'stepledger verify' (which reports, not refuses)",
+            f"ledger {ledger_path} fails its witness {witness_path}: {why}. "
+            + (remedy or "Its history was cut off, rolled back or rewritten (or this is not"
+               " the ledger the witness belongs to); the ledger was not changed. Restore the"
+               " newest copy, or inspect it with 'stepledger verify' (which reports, not"
+               " refuses); to keep this history anyway, re-anchor with '"
+               + ANCHOR_COMMAND.format(ledger=ledger_path, witness=witness_path)
+               + " --force' (recorded)"),
         )
         self.expected, self.why = witness_path, why
         self.ledger_path, self.witness_path = ledger_path, witness_path
+
+
+class WitnessMissing(WitnessMismatch):
+    """A witnessed ledger whose witness is missing, empty, zero-filled or unknown: it
+    fails closed (a rolled-back copy with its witness deleted looks exactly like this).
+    Nothing was written."""
+
+    def __init__(self, ledger_path: str, witness_path: str, why: str) -> None:
+        super().__init__(
+            ledger_path, witness_path, why,
+            "A witnessed ledger is not opened without its witness: the ledger was not"
+            " changed. Restore the witness file, or, once 'stepledger verify' is clean,"
+            " start a new one with '"
+            + ANCHOR_COMMAND.format(ledger=ledger_path, witness=witness_path) + "'",
+        )
+
+
+class WitnessElsewhere(InvalidInput):
+    """A witness was named that is not the one the ledger records. Nothing was written."""
+
+    def __init__(self, ledger_path: str, given: str, recorded: str, seq: int) -> None:
+        super().__init__(
+            f"ledger {ledger_path} is witnessed by {recorded} (recorded at event #{seq}),"
+            f" not {given}; drop --witness/STEPLEDGER_WITNESS to use the recorded one, or move"
+            f" the witness with '{ANCHOR_COMMAND.format(ledger=ledger_path, witness=given)}'"
+        )
+        self.ledger_path, self.given, self.recorded, self.seq = ledger_path, given, recorded, seq
+
+
+class AnchorRefused(ProtocolRefused):
+    """`anchor_witness` found problems and was not forced. Nothing was written."""
+
+    def __init__(self, ledger_path: str, problems: list[str]) -> None:
+        shown = "; ".join(problems[:3]) + (f"; and {len(problems) - 3} more"
+                                           if len(problems) > 3 else "")
+        super().__init__(
+            f"ledger {ledger_path} was not re-anchored: {shown}. Run 'stepledger verify' and"
+            " fix or restore the ledger first; to anchor this history anyway, add --force"
+            " (the findings are recorded in the witness-anchored event)"
+        )
+        self.ledger_path, self.problems = ledger_path, problems
+
+
+def witness_path(path: str | os.PathLike[str]) -> str:
+    """`path` normalized, if it is absolute; InvalidInput otherwise (a relative witness
+    names another file from every other working directory)."""
+    text = os.fspath(path)
+    if not isinstance(text, str) or not text or "\0" in text:
+        raise InvalidInput(f"witness path {text!r} is not a file path; give an absolute path")
+    if not os.path.isabs(text):
+        raise InvalidInput(
+            f"witness path {text!r} is relative; give an absolute path (a relative witness"
+            " names a different file from every other working directory), e.g."
+            f" {os.path.join('/', 'other-volume', os.path.basename(text) or 'ledger.witness')}"
+        )
+    return os.path.normpath(text)
+
+
+def same_location(a: str, b: str) -> bool:
+    """Whether two absolute witness paths name the same file (by path, or by inode when
+    both exist: a symlinked directory is the same witness)."""
+    if os.path.normpath(a) == os.path.normpath(b):
+        return True
+    try:
+        return os.path.samefile(a, b)
+    except OSError:
+        return False
+
+
+#: The journal keys of `witness-anchored` events lie in this range: the UNIQUE index
+#: on journal_key finds the anchors with a seek, however long the log.
+_ANCHOR_KEY_RANGE: Final = ('["witness-anchored",', '["witness-anchored"-')
+
+
+def recorded_anchor(conn: apsw.Connection, path: str) -> tuple[int, WitnessAnchored] | None:
+    """The newest `witness-anchored` event (its seq and event); None if never witnessed
+    this way. Reads through the journal-key index; `verify` re-derives every key."""
+    row = conn.execute(
+        "SELECT seq, kind, v, payload FROM events WHERE journal_key > ? AND journal_key < ?"
+        " ORDER BY seq DESC LIMIT 1", _ANCHOR_KEY_RANGE,
+    ).fetchone()
+    if row is None:
+        return None
+    seq, kind, v, payload = row
+    try:
+        event = decode(payload, v)
+    except (msgspec.DecodeError, msgspec.ValidationError, InvalidInput, ValueError,
+            TypeError) as exc:
+        raise CorruptLedger(path, f"witness-anchored event #{seq} cannot be decoded: {exc}") from None
+    if kind != "witness-anchored" or not isinstance(event, WitnessAnchored):
+        raise CorruptLedger(path, f"event #{seq} holds a witness-anchored journal key but is a {kind}")
+    return seq, event
+
+
+def anchor_problems(conn: apsw.Connection) -> list[tuple[int, str]]:
+    """What is wrong with the recorded anchors, found by a scan of the kind column (not
+    the key index): each names the head it was anchored at (its predecessor) and the
+    location it replaced, and the newest is the one openers find. Read-only."""
+    out: list[tuple[int, str]] = []
+    last: WitnessAnchored | None = None
+    last_seq = 0
+    for seq, v, payload, prev_hash in conn.execute(
+        "SELECT seq, v, payload, prev_hash FROM events WHERE kind = 'witness-anchored'"
+        " ORDER BY seq"
+    ):
+        try:
+            event = decode(payload, v)
+        except (msgspec.DecodeError, msgspec.ValidationError, InvalidInput, ValueError,
+                TypeError):
+            continue  # verify's row check names an undecodable event
+        if not isinstance(event, WitnessAnchored):
+            continue  # verify's row check names a kind that disagrees with its payload
+        if event.head_seq != seq - 1 or (isinstance(prev_hash, bytes)
+                                         and event.head_hash != prev_hash.hex()):
+            out.append((seq, f"witness-anchored event #{seq} names head #{event.head_seq}"
+                             f" {event.head_hash[:16]}…, not the event before it"))
+        if last is not None and not same_location(event.previous, last.witness):
+            out.append((seq, f"witness-anchored event #{seq} replaces"
+                             f" {event.previous or 'no witness'}, but the witness recorded"
+                             f" before it (event #{last_seq}) is {last.witness}"))
+        last, last_seq = event, seq
+    try:
+        found = recorded_anchor(conn, "")
+    except CorruptLedger as exc:
+        out.append((last_seq, exc.why))
+        return out
+    if (found[0] if found is not None else 0) != last_seq:
+        out.append((last_seq, f"the newest witness-anchored event is #{last_seq}, but its"
+                              " journal key does not find it (an edited key: openers would"
+                              " use another witness)"))
+    return out
 
 
 @dataclass(frozen=True)
@@ -79,11 +228,30 @@ def _unpack(raw: bytes, ledger_id: str) -> Witnessed | None:
     return Witnessed(seq, digest, key)
 
 
+class WitnessStatus(msgspec.Struct, kw_only=True):
+    """Where a ledger's witness is and what it says (`Ledger.witness_status`).
+
+    `state`: ``none`` (not witnessed), ``unknown`` (witnessed, location not recorded),
+    ``ok``, ``missing``, ``blank`` (empty or zero-filled), ``damaged`` or ``mismatch``
+    (the ledger behind it or off its chain); `problem` says why when not ``ok``.
+    """
+
+    witnessed: bool
+    witness: str | None = None
+    anchored_seq: int = 0
+    state: str
+    witnessed_seq: int | None = None
+    head_seq: int
+    lag: int = 0
+    problem: str = ""
+
+
 class Witness:
-    """One ledger's witness file. `read` the newest valid slot; `write` a new head."""
+    """One ledger's witness file. `read` the newest valid slot; `write` a new head;
+    `start` a fresh witness (a new key) at a head."""
 
     def __init__(self, path: str | os.PathLike[str], ledger_id: str) -> None:
-        self.path = os.path.abspath(os.fspath(path))
+        self.path = witness_path(path)
         self.ledger_id = ledger_id
         self._fd: int | None = None
         self.last: Witnessed | None = None
@@ -105,7 +273,8 @@ class Witness:
         return hmac.new(self.key, msg, hashlib.sha256).hexdigest()
 
     def read(self) -> Witnessed | None:
-        """The newest head the witness holds (None: no witness file yet)."""
+        """The newest head the witness holds (None: no witness file, or an empty or
+        zero-filled one — which a witnessed ledger treats as missing)."""
         try:
             with open(self.path, "rb") as f:
                 raw = f.read(2 * SLOT)
@@ -121,6 +290,53 @@ class Witness:
             return None
         return max(valid, key=lambda s: s.seq)
 
+    def state(self) -> tuple[WitnessState, Witnessed | None, str]:
+        """What the file holds, without raising: ("ok", head, "") or ("missing" | "blank"
+        | "damaged", None, why)."""
+        try:
+            seen = self.read()
+        except (WitnessMismatch, InvalidInput, StorageFailure) as exc:
+            return "damaged", None, str(exc)
+        if seen is not None:
+            return "ok", seen, ""
+        if not os.path.lexists(self.path):
+            return "missing", None, f"the witness {self.path} does not exist"
+        return "blank", None, f"the witness {self.path} is empty or zero-filled"
+
+    def start(self, seq: int, digest: bytes) -> None:
+        """Replace the file with a fresh witness of head (seq, digest) under a new key,
+        atomically (a temporary file, fsynced, renamed over the path, directory fsynced);
+        created 0600, as the key it holds proves who wrote a ledger's tail."""
+        self.close()
+        key = os.urandom(32)
+        directory = os.path.dirname(self.path)
+        tmp = os.path.join(directory, f".{os.path.basename(self.path)}.{os.urandom(6).hex()}.tmp")
+        raw = bytearray(2 * SLOT)
+        raw[(seq % 2) * SLOT:(seq % 2 + 1) * SLOT] = _pack(self.ledger_id, seq, digest, key)
+        try:
+            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
+            try:
+                os.write(fd, bytes(raw))
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+            os.rename(tmp, self.path)
+            parent = os.open(directory, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+            try:
+                os.fsync(parent)
+            finally:
+                os.close(parent)
+        except OSError as exc:
+            try:
+                os.unlink(tmp)
+            except OSError:
+                pass
+            what = "the disk is full" if exc.errno == errno.ENOSPC else exc.strerror
+            raise StorageFailure(self.path, f"the witness could not be written ({what});"
+                                 " nothing was recorded: fix it and retry") from None
+        self._key = key
+        self.last = Witnessed(seq, digest, key)
+
     def write(self, seq: int, digest: bytes) -> None:
         """Record a new head durably (one pwrite + fdatasync into the slot seq % 2)."""
         if self.last is not None and self.last.seq == seq and self.last.hash == digest:
@@ -128,7 +344,7 @@ class Witness:
         try:
             if self._fd is None:
                 created = not os.path.exists(self.path)
-                self._fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+                self._fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
                 if created:
                     parent = os.open(os.path.dirname(self.path), os.O_RDONLY | os.O_DIRECTORY)
                     try:
@@ -150,4 +366,19 @@ class Witness:
             self._fd = None
 
 
-__all__ = ["MAGIC", "SLOT", "Witness", "WitnessMismatch", "Witnessed"]
+__all__ = [
+    "ANCHOR_COMMAND",
+    "MAGIC",
+    "SLOT",
+    "AnchorRefused",
+    "Witness",
+    "WitnessElsewhere",
+    "WitnessMismatch",
+    "WitnessMissing",
+    "WitnessStatus",
+    "Witnessed",
+    "anchor_problems",
+    "recorded_anchor",
+    "same_location",
+    "witness_path",
+]

@@ -280,7 +280,9 @@ class StepledgerAdapter(MemoryAdapter):
 
     def _rederive_projections(self) -> None:
         try:
-            with Ledger.open(self.path, clock=self._clock) as attacker:  # no witness
+            # The attacker has no witness; stepledger would use the one the ledger records
+            # (and refuse the cut tail), so the attacker's fold does not resolve it at all.
+            with Ledger.open(self.path, clock=self._clock, _witness_resolve=False) as attacker:
                 attacker.rebuild()
         except LedgerError:
             self.outcome.projections_rederived = False

@@ -339,6 +339,8 @@ def strategy_for(t: mi.Type) -> st.SearchStrategy[Any]:
     if isinstance(t, mi.StrType):
         if t.pattern == ev.Digest.__metadata__[0].pattern:
             return _DIGESTS
+        if t.pattern == ev.AbsPath.__metadata__[0].pattern:  # a witness location
+            return _RELPATHS.map(lambda p: "/" + p)
         if t.pattern is not None:  # step ids and names: no control characters
             return _SAFE_TEXT.filter(lambda s: len(s) >= (t.min_length or 0))
         if t.min_length == 1 and t.max_length == ev.PATH_MAX:

@@ -76,7 +76,11 @@ def test_a_tail_written_without_the_witness_is_refused(setup: tuple[Path, Path])
     path, w = setup
     with Ledger.init(path, witness=w) as ledger:
         append(ledger, 2)
-    with Ledger.open(path) as ledger:  # a writer that does not keep the witness
+    with Ledger.open(path) as ledger:  # opened without --witness: it keeps the recorded one
+        append(ledger, 1, "recorded")
+    with Ledger.open(path) as ledger:
+        # a writer that does not keep the witness (an older stepledger, a raw SQL writer)
+        ledger._log.before_commit = ledger._log.on_commit = None
         append(ledger, 3, "unwitnessed")
     with pytest.raises(WitnessMismatch, match="not written under this witness"):
         Ledger.open(path, witness=w)  # indistinguishable from a forged tail: fail closed
@@ -103,7 +107,7 @@ def test_a_rolled_back_copy_is_refused_at_open_and_left_untouched(
         wal.unlink()
     before = tree(tmp_path)
     for readonly in (True, False):
-        with pytest.raises(WitnessMismatch, match="its witness recorded #5"):
+        with pytest.raises(WitnessMismatch, match="its witness recorded #6"):  # #1: anchored
             Ledger.open(path, witness=w, readonly=readonly)
     assert tree(tmp_path) == before
     with Ledger.open(path, witness=w, readonly=True, witness_check=False) as ledger:
@@ -119,7 +123,9 @@ def test_a_forked_history_is_refused(setup: tuple[Path, Path], tmp_path: Path) -
         append(ledger, 3)
         snapshot_copy(path, tmp_path / "fork.db")
         append(ledger, 2, "real")
-    with Ledger.open(tmp_path / "fork.db") as fork:
+    # The forger's own writer: stepledger refuses to open the fork (behind its recorded
+    # witness), so it writes without resolving the witness at all.
+    with Ledger.open(tmp_path / "fork.db", _witness_resolve=False) as fork:
         append(fork, 3, "forged")  # a valid chain, longer than the witnessed one
     with pytest.raises(WitnessMismatch, match="history rewritten"):
         Ledger.open(tmp_path / "fork.db", witness=w, readonly=True)

@@ -58,6 +58,7 @@ from .events import (
     Rejected,
     Restored,
     StepEvent,
+    WitnessAnchored,
     WorkspaceAdded,
     WorkspaceRebound,
     WorkspaceRestored,
@@ -68,11 +69,13 @@ from .ledger import DEFAULT_PATH, Ledger
 from .log import Head
 from .projections import StepRow
 from .verify import Finding, VerifyReport
+from .witness import AnchorRefused, WitnessElsewhere, WitnessMismatch, WitnessMissing, WitnessStatus
 
 __version__ = "0.1.0"
 
 __all__ = [
     "Acked",
+    "AnchorRefused",
     "AppliedWrite",
     "ApplyResult",
     "BlobCollected",
@@ -126,6 +129,11 @@ __all__ = [
     "UnknownWorkspace",
     "Unsettled",
     "VerifyReport",
+    "WitnessAnchored",
+    "WitnessElsewhere",
+    "WitnessMismatch",
+    "WitnessMissing",
+    "WitnessStatus",
     "WorkspaceAdded",
     "WorkspaceMoved",
     "WorkspaceOverlap",

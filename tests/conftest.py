@@ -61,7 +61,8 @@ class FakeClock:
 
 #: The environment every in-process CLI call runs with: none of the user's defaults.
 CLEAN_ENV: dict[str, str | None] = {
-    "STEPLEDGER_LEDGER": None, "STEPLEDGER_WORKSPACE": None, "STEPLEDGER_EPOCH": None}
+    "STEPLEDGER_LEDGER": None, "STEPLEDGER_WORKSPACE": None, "STEPLEDGER_EPOCH": None,
+    "STEPLEDGER_WITNESS": None}
 
 
 @dataclass

@@ -211,7 +211,11 @@ class Ledger(WorkspaceProtocol):
         A read-write open brings lagging projections up to the log first. `options`:
         `blob_root` (default ``<ledger dir>/blobs``), `inline_max_bytes`,
         `hash_check_max_bytes`, `on_op` (a hook called before each durable operation),
-        `compensation_window_s` (how long a committed step may still be compensated).
+        `compensation_window_s` (how long a committed step may still be compensated),
+        `witness` (an absolute path: the witness file; default: the one the ledger
+        records — a witnessed ledger is never opened without it), `witness_check`
+        (False: a read-only open that reports witness problems from `verify` instead
+        of refusing).
         """
         # Private: anchor_witness opens without resolving the witness (it replaces it).
         resolve = options.pop("_witness_resolve", True)
@@ -408,6 +412,9 @@ class Ledger(WorkspaceProtocol):
                     except WitnessMismatch as exc:
                         state = "mismatch"
                         problems.append(f"the witness {old} says: {exc.why}")
+            if not os.path.isdir(os.path.dirname(target)):
+                raise InvalidInput(f"the witness directory {os.path.dirname(target)} does not"
+                                   " exist; create it (on another volume) first")
             if not (old is not None and same_location(target, old)):
                 # Never overwrite a file that is not a witness of this ledger.
                 tstate, _seen, twhy = Witness(target, ro.ledger_id).state()

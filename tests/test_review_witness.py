@@ -326,6 +326,11 @@ def test_anchor_moves_a_healthy_witness(tmp_path: Path) -> None:
     r = world.cli("--witness", str(world.witness), "events")
     assert r.code == 2 and "witnessed by" in r.err
     assert world.witness.read_bytes() == old_bytes  # no longer written
+    before = world.tree()
+    for bad in ("relative.witness", str(tmp_path / "nowhere" / "w"), str(world.path)):
+        r = world.cli("witness", "anchor", "--witness", bad)  # never clobbers a non-witness
+        assert r.code == 2, (bad, r)
+    assert world.tree() == before
 
 
 @pytest.mark.parametrize("first", [True, False], ids=["first-anchor", "re-anchor"])

@@ -81,6 +81,7 @@ from .witness import (
     WitnessMissing,
     WitnessStatus,
     anchor_problems,
+    newest_anchor_seq,
     recorded_anchor,
     same_location,
     witness_path,
@@ -336,9 +337,7 @@ class Ledger(WorkspaceProtocol):
         """Inside every write transaction, before COMMIT: refuse if another process
         re-anchored the witness since this one looked (its commits would not be under the
         new witness); tag the new head with the witness's key."""
-        row = conn.execute("SELECT max(seq) FROM events WHERE journal_key > ? AND journal_key < ?",
-                           ('["witness-anchored",', '["witness-anchored"-')).fetchone()
-        newest = row[0] or 0
+        newest = newest_anchor_seq(conn)
         if newest != self._anchor_seq and not (self._anchoring and newest == head.seq):
             found = recorded_anchor(conn, self.path)
             where = found[1].witness if found is not None else "?"
@@ -435,8 +434,7 @@ class Ledger(WorkspaceProtocol):
 
             def build(conn: apsw.Connection, _time_ns: int) -> list[Event]:
                 head = led._log.head()
-                again = recorded_anchor(conn, led.path)
-                if head != verified or (again[0] if again is not None else 0) != anchor_seq:
+                if head != verified or newest_anchor_seq(conn) != anchor_seq:
                     raise AnchorRefused(led.path, [
                         f"the ledger changed while it was verified (head #{head.seq}, verified"
                         f" #{verified.seq}): run the anchor again"])

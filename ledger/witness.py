@@ -134,9 +134,17 @@ def same_location(a: str, b: str) -> bool:
         return False
 
 
-#: The journal keys of `witness-anchored` events lie in this range: the UNIQUE index
-#: on journal_key finds the anchors with a seek, however long the log.
-_ANCHOR_KEY_RANGE: Final = ('["witness-anchored",', '["witness-anchored"-')
+#: The journal keys of `witness-anchored` events, `["witness-anchored","","/…",N]`, lie in
+#: this range (a step named "witness-anchored" keys `["witness-anchored",1,…]`, outside
+#: it): the UNIQUE index on journal_key finds the anchors with a seek, however long the log.
+_ANCHOR_KEY_RANGE: Final = ('["witness-anchored","",', '["witness-anchored","",#')
+
+
+def newest_anchor_seq(conn: apsw.Connection) -> int:
+    """The seq of the newest `witness-anchored` event (0: none), by an index seek."""
+    row = conn.execute("SELECT max(seq) FROM events WHERE journal_key > ? AND journal_key < ?"
+                       " AND kind = 'witness-anchored'", _ANCHOR_KEY_RANGE).fetchone()
+    return int(row[0] or 0)
 
 
 def recorded_anchor(conn: apsw.Connection, path: str) -> tuple[int, WitnessAnchored] | None:
@@ -144,7 +152,7 @@ def recorded_anchor(conn: apsw.Connection, path: str) -> tuple[int, WitnessAncho
     this way. Reads through the journal-key index; `verify` re-derives every key."""
     row = conn.execute(
         "SELECT seq, kind, v, payload FROM events WHERE journal_key > ? AND journal_key < ?"
-        " ORDER BY seq DESC LIMIT 1", _ANCHOR_KEY_RANGE,
+        " AND kind = 'witness-anchored' ORDER BY seq DESC LIMIT 1", _ANCHOR_KEY_RANGE,
     ).fetchone()
     if row is None:
         return None
@@ -154,8 +162,8 @@ def recorded_anchor(conn: apsw.Connection, path: str) -> tuple[int, WitnessAncho
     except (msgspec.DecodeError, msgspec.ValidationError, InvalidInput, ValueError,
             TypeError) as exc:
         raise CorruptLedger(path, f"witness-anchored event #{seq} cannot be decoded: {exc}") from None
-    if kind != "witness-anchored" or not isinstance(event, WitnessAnchored):
-        raise CorruptLedger(path, f"event #{seq} holds a witness-anchored journal key but is a {kind}")
+    if not isinstance(event, WitnessAnchored):
+        raise CorruptLedger(path, f"event #{seq} is a witness-anchored row holding another event")
     return seq, event
 
 
@@ -378,6 +386,7 @@ __all__ = [
     "WitnessStatus",
     "Witnessed",
     "anchor_problems",
+    "newest_anchor_seq",
     "recorded_anchor",
     "same_location",
     "witness_path",

@@ -215,6 +215,18 @@ def test_append_does_not_take_a_witness_anchored_event(tmp_path: Path) -> None:
         assert led.count() == 0
 
 
+def test_a_step_named_like_the_anchor_kind_is_not_an_anchor(tmp_path: Path) -> None:
+    """Anchors are found by their journal key; a step id cannot pose as one."""
+    world = World(tmp_path)
+    with Ledger.init(world.path) as led:
+        led.append(Planned(step="witness-anchored", attempt=1))
+        led.append(Planned(step='witness-anchored",""', attempt=1))
+    with Ledger.open(world.path) as led:
+        assert not led.witnessed and led.witness is None
+        led.append(Planned(step="after", attempt=1))
+        assert led.verify().ok
+
+
 def test_verify_checks_the_recorded_anchors(tmp_path: Path) -> None:
     world = World(tmp_path)
     with Ledger.init(world.path, witness=world.witness) as led:

@@ -369,6 +369,49 @@ def test_a_writer_open_across_an_anchor_is_refused_then_reopens(tmp_path: Path,
         assert led.verify().ok
 
 
+#: A child that re-anchors and SIGKILLs itself at one point of the anchoring: right after
+#: the new witness file is written (inside the transaction, before COMMIT), or right
+#: after COMMIT (before the new witness receives the anchor event's head).
+KILLED_ANCHOR = """
+import os, signal, sys
+from ledger import Ledger
+from ledger.witness import Witness
+point, real = sys.argv[3], getattr(Witness, sys.argv[3])
+def killed(self, *args):
+    if point == "start":  # the new witness written, the transaction not committed
+        real(self, *args)
+    os.kill(os.getpid(), signal.SIGKILL)  # "write": committed, the witness not updated
+setattr(Witness, point, killed)
+Ledger.anchor_witness(sys.argv[1], sys.argv[2])
+"""
+
+
+@pytest.mark.parametrize("point", ["start", "write"])
+def test_an_anchor_killed_midway_leaves_a_ledger_that_opens_or_anchors_again(
+        tmp_path: Path, point: str) -> None:
+    world = World(tmp_path)
+    with Ledger.init(world.path, witness=world.witness) as led:
+        append(led, 3)
+        head = led.head()
+    world.witness.unlink()  # lost: the operator re-anchors on another volume
+    target = tmp_path / "vol2" / "ledger.witness"
+    target.parent.mkdir()
+    done = subprocess.run([sys.executable, "-c", KILLED_ANCHOR, str(world.path), str(target),
+                           point], capture_output=True, timeout=60)
+    assert done.returncode == -9, done
+    if point == "start":  # not committed: the old (lost) location is still the recorded one
+        with pytest.raises(WitnessMissing):
+            Ledger.open(world.path)
+        with Ledger.open(world.path, readonly=True, witness_check=False) as led:
+            assert led.head() == head
+        Ledger.anchor_witness(world.path, target)  # the operator runs it again
+    with Ledger.open(world.path) as led:  # after COMMIT: one commit ahead, an honest crash
+        assert led.witness is not None and led.witness.path == str(target)
+        assert led.witness_lag == (1 if point == "write" else 0)
+        append(led, 1, "after")
+        assert led.verify().ok
+
+
 def test_a_ledger_witnessed_before_locations_were_recorded_stays_valid(tmp_path: Path) -> None:
     """A ledger written by an older stepledger: its witness tag in meta, no
     witness-anchored event. It is witnessed, so it is not opened without the witness;

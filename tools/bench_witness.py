@@ -30,7 +30,7 @@ def main() -> None:
     ap.add_argument("--json", action="store_true")
     ap.add_argument("--dir", default=None)
     args = ap.parse_args()
-    root = tempfile.mkdtemp(prefix="bench-witness-", dir=args.dir)
+    root = os.path.abspath(tempfile.mkdtemp(prefix="bench-witness-", dir=args.dir))  # a witness path is absolute
     try:
         os.makedirs(os.path.join(root, "elsewhere"))
         plain = Ledger.init(os.path.join(root, "plain", "l.db"))

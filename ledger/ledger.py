@@ -308,9 +308,7 @@ class Ledger(WorkspaceProtocol):
             path = anchored.witness
         elif legacy and given is None:
             if self._witness_check:
-                raise WitnessMissing(self.path, "(not recorded)", "the ledger is witnessed but"
-                                     " does not record where (witnessed by an older stepledger);"
-                                     " pass its witness once with --witness PATH")
+                raise WitnessMissing(self.path, None, "witnessed by an older stepledger")
             self._witness_unknown = True
         if not self.readonly:
             self._log.before_commit = self._before_commit

@@ -68,17 +68,26 @@ class WitnessMismatch(HeadMismatch):
 
 
 class WitnessMissing(WitnessMismatch):
-    """A witnessed ledger whose witness is missing, empty, zero-filled or unknown: it
-    fails closed (a rolled-back copy with its witness deleted looks exactly like this).
-    Nothing was written."""
+    """A witnessed ledger whose witness is missing, empty or zero-filled, or whose
+    location is recorded nowhere (`witness_path` None): it fails closed (a rolled-back
+    copy with its witness deleted looks exactly like this). Nothing was written."""
 
-    def __init__(self, ledger_path: str, witness_path: str, why: str) -> None:
+    def __init__(self, ledger_path: str, witness_path: str | None, why: str) -> None:
+        command = ANCHOR_COMMAND.format(ledger=ledger_path, witness=witness_path or "/ABSOLUTE/PATH")
+        if witness_path is None:
+            Exception.__init__(
+                self, f"ledger {ledger_path} is witnessed but records no witness location"
+                f" ({why}); the ledger was not changed. Pass its witness once with --witness"
+                f" /ABSOLUTE/PATH (a writer then records it), or, once 'stepledger verify' is"
+                f" clean, start a new one with '{command}'")
+            self.expected, self.why = "", why
+            self.ledger_path, self.witness_path = ledger_path, ""
+            return
         super().__init__(
             ledger_path, witness_path, why,
             "A witnessed ledger is not opened without its witness: the ledger was not"
-            " changed. Restore the witness file, or, once 'stepledger verify' is clean,"
-            " start a new one with '"
-            + ANCHOR_COMMAND.format(ledger=ledger_path, witness=witness_path) + "'",
+            f" changed. Restore the witness file, or, once 'stepledger verify' is clean,"
+            f" start a new one with '{command}'",
         )
 
 
@@ -151,12 +160,12 @@ def recorded_anchor(conn: apsw.Connection, path: str) -> tuple[int, WitnessAncho
     """The newest `witness-anchored` event (its seq and event); None if never witnessed
     this way. Reads through the journal-key index; `verify` re-derives every key."""
     row = conn.execute(
-        "SELECT seq, kind, v, payload FROM events WHERE journal_key > ? AND journal_key < ?"
+        "SELECT seq, v, payload FROM events WHERE journal_key > ? AND journal_key < ?"
         " AND kind = 'witness-anchored' ORDER BY seq DESC LIMIT 1", _ANCHOR_KEY_RANGE,
     ).fetchone()
     if row is None:
         return None
-    seq, kind, v, payload = row
+    seq, v, payload = row
     try:
         event = decode(payload, v)
     except (msgspec.DecodeError, msgspec.ValidationError, InvalidInput, ValueError,

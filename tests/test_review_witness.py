@@ -430,7 +430,7 @@ def test_a_ledger_witnessed_before_locations_were_recorded_stays_valid(tmp_path:
         led.witness, led.witnessed = witness, True
         led._log.on_commit = lambda h: witness.write(h.seq, h.hash)
         append(led, 3)
-    with pytest.raises(WitnessMissing, match="does not record where"):
+    with pytest.raises(WitnessMissing, match="records no witness location"):
         Ledger.open(world.path, readonly=True)
     with Ledger.open(world.path, readonly=True, witness=world.witness) as led:
         assert led.verify().ok

@@ -24,7 +24,9 @@ from pathlib import Path
 import pytest
 from conftest import CliOut, FakeClock, run_cli, tamper
 
-from ledger import InvalidInput, Ledger, LedgerError, Planned, WitnessAnchored
+from ledger import InvalidInput, Ledger, LedgerError, PathForbidden, Planned, WitnessAnchored
+from ledger.blobs import digest_of
+from ledger.fences import StepPlan, Write
 from ledger.witness import (
     AnchorRefused,
     Witness,
@@ -186,6 +188,22 @@ def test_an_opener_without_witness_uses_the_recorded_one(tmp_path: Path) -> None
     r = world.cli("witness", "show", "--json")
     assert r.code == 0 and r.json["witness"] == str(world.witness)
     assert (r.json["state"], r.json["anchored_seq"], r.json["lag"]) == ("ok", 1, 0)
+
+
+def test_the_recorded_witness_is_out_of_reach_of_steps_without_witness_given(
+        tmp_path: Path) -> None:
+    """The workspace boundary keeps the ledger's witness out of every step's reach; a
+    ledger opened without --witness still knows which file that is."""
+    ws = tmp_path / "ws"
+    ws.mkdir()
+    with Ledger.init(ws / ".stepledger" / "ledger.db", witness=ws / "witness") as led:
+        led.add_workspace("w", str(ws))
+    with Ledger.open(ws / ".stepledger" / "ledger.db") as led:  # no witness given
+        epoch = led.acquire("w", "agent", 3600).epoch
+        pre = digest_of((ws / "witness").read_bytes())
+        with pytest.raises(PathForbidden):
+            led.admit("w", epoch, [StepPlan("evil", [Write("witness", b"\0" * 256, pre)])])
+        assert led.find_step("evil") is None
 
 
 def test_a_witness_other_than_the_recorded_one_is_refused(tmp_path: Path) -> None:

@@ -13,6 +13,7 @@ step's current state and can be rebuilt from the events at any time.
 
 from .errors import (
     CompensationWindowClosed,
+    ContentChanged,
     CorruptLedger,
     EnvironmentFailure,
     HeadMismatch,
@@ -84,6 +85,7 @@ __all__ = [
     "Compensated",
     "Compensation",
     "CompensationWindowClosed",
+    "ContentChanged",
     "CorruptLedger",
     "DEFAULT_PATH",
     "EnvironmentFailure",

@@ -3,7 +3,10 @@
 Layout: ``<root>/<first two hex>/<digest>`` for blobs, ``<root>/tmp/`` for files
 being written. A put writes a temporary file (``O_CREAT|O_EXCL|O_NOFOLLOW``),
 fsyncs it, renames it into place and fsyncs the directory; only then is the blob
-durable and may a ledger event name it.
+durable and may a ledger event name it. Content is never held whole when it need not
+be: `put_stream` writes pieces while hashing them and renames only a file whose hash is
+the digest it was put under (ContentChanged otherwise); `chunks` reads a blob back in
+pieces and checks its hash by the last one.
 
 Nothing here follows a symlink anywhere inside the store: ``O_NOFOLLOW`` guards only
 a path's last component, so every directory is opened one component at a time
@@ -28,11 +31,11 @@ import os
 import re
 import secrets
 import stat
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
-from typing import Final
+from typing import BinaryIO, Final
 
-from .errors import BlobCorrupt, BlobNotFound, InvalidInput, StorageFailure
+from .errors import BlobCorrupt, BlobNotFound, ContentChanged, InvalidInput, StorageFailure
 from .events import check_digest
 
 TMP_DIR: Final = "tmp"
@@ -268,6 +271,40 @@ class BlobStore:
             raise BlobCorrupt(digest, "its bytes do not hash to its name")
         return data
 
+    def chunks(self, digest: str, *, size: int | None = None) -> Iterator[bytes]:
+        """The blob's bytes in `CHUNK` pieces, for copying it in bounded memory.
+
+        Checked at once (BlobNotFound / BlobCorrupt before any piece when it is missing
+        or not a regular file); its size and hash are checked as the last piece is
+        read, so a consumer that finishes the iteration has verified content, and one
+        stopped by an error (BlobCorrupt) must discard what it wrote.
+        """
+        if self.size(digest) is None:
+            raise BlobNotFound(digest)
+        return self._verified_chunks(digest, size)
+
+    def _verified_chunks(self, digest: str, size: int | None) -> Iterator[bytes]:
+        h = hashlib.sha256()
+        n = 0
+        try:
+            with self._dirs(digest, create=False) as fds:
+                fd = None if fds is None else self._open_blob(fds[1], digest)
+                if fd is None:
+                    raise BlobNotFound(digest)  # removed since `chunks` looked
+                try:
+                    while chunk := os.read(fd, CHUNK):
+                        h.update(chunk)
+                        n += len(chunk)
+                        yield chunk
+                finally:
+                    os.close(fd)
+        except OSError as exc:
+            raise _storage_error(self.root, exc) from exc
+        if size is not None and n != size:
+            raise BlobCorrupt(digest, f"it holds {n} bytes, {size} were recorded")
+        if h.hexdigest() != digest:
+            raise BlobCorrupt(digest, "its bytes do not hash to its name")
+
     def check(self, digest: str) -> int:
         """Re-hash a stored blob; return its size. BlobNotFound / BlobCorrupt otherwise."""
         check_digest(digest)
@@ -317,6 +354,11 @@ class BlobStore:
             if digest is not None and check_digest(digest) != actual:
                 raise InvalidInput(f"digest {digest} does not match the bytes given ({actual})")
             digest = actual
+        return self._put((data,), digest, check=False)
+
+    def _put(self, chunks: Iterable[bytes | memoryview], digest: str, *, check: bool) -> PutResult:
+        """`put` and `put_stream`: dedup on an intact file, else write (`check`: hash the
+        bytes as they are written, see `_write_new`)."""
         self.check_writable(digest)  # refused before any directory is created
         try:
             with self._dirs(digest, create=True) as fds:
@@ -343,21 +385,48 @@ class BlobStore:
                     finally:
                         os.close(fd)
                     replaced = True
-                self._write_new(root_fd, fan_fd, digest, [data])
-                return PutResult(digest, len(data), deduped=False, replaced=replaced)
+                written = self._write_new(root_fd, fan_fd, digest, chunks, check=check)
+                return PutResult(digest, written, deduped=False, replaced=replaced)
         except OSError as exc:
             raise _storage_error(self.root, exc) from exc
 
-    def put_file(self, path: str | os.PathLike[str]) -> PutResult:
-        """Store a file's bytes (read into memory once, then `put`)."""
-        with open(path, "rb") as f:
-            data = f.read()
-        return self.put(data)
+    def put_stream(self, chunks: Iterable[bytes | memoryview], digest: str) -> PutResult:
+        """Store the bytes `chunks` yields, durably, as blob `digest`, in bounded memory.
 
-    def _write_new(self, root_fd: int, fan_fd: int, digest: str, chunks: list[bytes | memoryview]) -> None:
+        The same guarantees as `put`, for content that is never held whole: an intact
+        file already named `digest` is a dedup hit (re-hashed, freshened, fsynced) and
+        `chunks` is not consumed at all; otherwise they are written to a temporary file
+        while being hashed, and the file is renamed into place only when the hash is
+        `digest` (ContentChanged, nothing stored, when it is not: the source changed
+        since its digest was taken).
+        """
+        check_digest(digest)
+        return self._put(chunks, digest, check=True)
+
+    def put_content(self, content: Content, digest: str) -> PutResult:
+        """Store `content` whose digest the caller took (`content_digest`): bytes as
+        `put(verified=True)`, a file streamed as `put_stream` (ContentChanged if it
+        changed since)."""
+        if isinstance(content, bytes):
+            return self.put(content, digest, verified=True)
+        return self.put_stream(content_chunks(content), digest)
+
+    def put_file(self, path: str | os.PathLike[str]) -> PutResult:
+        """Store a file's bytes: hashed in one streaming pass, copied in a second (both
+        in `CHUNK` pieces); ContentChanged if it changed in between."""
+        with open(path, "rb") as f:
+            return self.put_content(f, content_digest(f)[0])
+
+    def _write_new(self, root_fd: int, fan_fd: int, digest: str,
+                   chunks: Iterable[bytes | memoryview], *, check: bool) -> int:
+        """Write `chunks` to a temporary file, fsync it, rename it to `digest`, fsync the
+        directory; return the size. With `check`, the bytes are hashed as they are
+        written and nothing is renamed unless they hash to `digest` (ContentChanged)."""
         tmp_fd_dir = self._open_dir(root_fd, TMP_DIR, create=True)
         assert tmp_fd_dir is not None
         name = f"{digest}.{secrets.token_hex(6)}{TMP_SUFFIX}"
+        h = hashlib.sha256() if check else None
+        size = 0
         try:
             fd = os.open(
                 name,
@@ -367,10 +436,15 @@ class BlobStore:
             )
             try:
                 for chunk in chunks:
+                    if h is not None:
+                        h.update(chunk)
                     view = memoryview(chunk)
+                    size += len(view)
                     while view:
                         written = self.ops.write(fd, view)
                         view = view[written:]
+                if h is not None and h.hexdigest() != digest:
+                    raise ContentChanged(digest, h.hexdigest())
                 self.ops.fsync(fd)
             finally:
                 os.close(fd)
@@ -382,6 +456,7 @@ class BlobStore:
             raise
         finally:
             os.close(tmp_fd_dir)
+        return size
 
     def delete(self, digest: str) -> bool:
         """Unlink a blob file and fsync its directory; False if it was not there."""
@@ -518,13 +593,76 @@ for _name in ("size", "stat", "read", "check", "delete", "delete_temp", "sync_ab
     setattr(BlobStore, _name, _io_errors(getattr(BlobStore, _name)))
 
 
-def _hash_fd(fd: int) -> tuple[str, int]:
+def fd_chunks(fd: int) -> Iterator[bytes]:
+    """The bytes of an open descriptor from its offset, in `CHUNK` pieces."""
+    while chunk := os.read(fd, CHUNK):
+        yield chunk
+
+
+def file_chunks(f: BinaryIO) -> Iterator[bytes]:
+    """The bytes of a binary file object from its position, in `CHUNK` pieces."""
+    while chunk := f.read(CHUNK):
+        yield chunk
+
+
+def hash_chunks(chunks: Iterable[bytes | memoryview]) -> tuple[str, int]:
+    """(sha256 hex, size) of the concatenated chunks, holding one chunk at a time."""
     h = hashlib.sha256()
     n = 0
-    while chunk := os.read(fd, CHUNK):
+    for chunk in chunks:
         h.update(chunk)
         n += len(chunk)
     return h.hexdigest(), n
+
+
+#: Content handed to the ledger: bytes, or a binary file object open for reading and
+#: seekable, whose whole content (from offset 0) is meant. A file is never held whole:
+#: it is hashed in one pass and copied in another (ContentChanged if it changed).
+Content = bytes | BinaryIO
+
+
+def check_content(content: object, what: str) -> None:
+    """InvalidInput unless `content` is bytes or a readable, seekable binary file."""
+    if isinstance(content, bytes):
+        return
+    try:
+        ok = content.readable() and content.seekable()  # type: ignore[attr-defined]
+        ok = ok and not isinstance(content.read(0), str)  # type: ignore[attr-defined]
+    except (AttributeError, OSError, ValueError):
+        ok = False
+    if not ok:
+        raise InvalidInput(f"{what} must be bytes or a binary file open for reading (seekable),"
+                           f" not {type(content).__name__}")
+
+
+def content_chunks(content: Content) -> Iterable[bytes]:
+    """The content's bytes, in pieces (a file from offset 0, `CHUNK` at a time)."""
+    if isinstance(content, bytes):
+        return (content,)
+    content.seek(0)
+    return file_chunks(content)
+
+
+def content_digest(content: Content) -> tuple[str, int]:
+    """(sha256 hex, size) of the content, hashed in bounded memory."""
+    if isinstance(content, bytes):
+        return digest_of(content), len(content)
+    return hash_chunks(content_chunks(content))
+
+
+def content_bytes(content: Content, digest: str) -> bytes:
+    """The content as bytes (for small content only: it is held whole), checked to hash
+    to `digest` (ContentChanged when a file changed since it was hashed)."""
+    if isinstance(content, bytes):
+        return content
+    data = b"".join(content_chunks(content))
+    if digest_of(data) != digest:
+        raise ContentChanged(digest, digest_of(data))
+    return data
+
+
+def _hash_fd(fd: int) -> tuple[str, int]:
+    return hash_chunks(fd_chunks(fd))
 
 
 def _storage_error(root: str, exc: OSError) -> Exception:
@@ -535,4 +673,8 @@ def _storage_error(root: str, exc: OSError) -> Exception:
     return StorageFailure(root, f"{os.strerror(exc.errno or 0)} ({exc.filename or 'blob store'})")
 
 
-__all__ = ["BlobFile", "BlobStore", "FileOps", "PutResult", "TempFile", "digest_of"]
+__all__ = [
+    "BlobFile", "BlobStore", "Content", "FileOps", "PutResult", "TempFile", "check_content",
+    "content_bytes", "content_chunks", "content_digest", "digest_of", "fd_chunks",
+    "file_chunks", "hash_chunks",
+]

@@ -26,8 +26,8 @@ import sqlite3
 import stat
 import sys
 import tempfile
-from collections.abc import Callable, Iterator
-from typing import Annotated, Any, Literal, TypeVar
+from collections.abc import Callable, Iterator, Sequence
+from typing import Annotated, Any, BinaryIO, Literal, TypeVar
 
 import apsw
 import click
@@ -1115,6 +1115,9 @@ assert set(FENCE_MODES) == {"step", "plan", "none"}
 
 
 INPUT_FILE_MAX = 1 << 30  # bytes of one input file (artifact, plan content_file)
+#: Input files up to this size are read into memory; larger ones stay open and are
+#: streamed into the blob store (hashed, then copied, never held whole).
+INPUT_READ_MAX = 1 << 20
 
 
 _INPUT_FLAGS = os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC
@@ -1157,15 +1160,21 @@ def open_confined(base_dir: str, relpath: str, what: str) -> int:
     return fd
 
 
-def _read_input_file(path: str | int, what: str) -> bytes:
-    """The bytes of a regular file (a path, or a descriptor the caller opened and this
-    closes), at most INPUT_FILE_MAX. A FIFO, a device or a directory is refused
-    (InvalidInput naming `what`) without blocking: the open is non-blocking and the
-    opened file is checked before anything is read."""
+def _open_input(path: str, what: str) -> int:
+    """A read-only descriptor of an input file, opened without blocking (a FIFO is
+    refused by `_input_content`, not waited on); InvalidInput naming `what`."""
     try:
-        fd = path if isinstance(path, int) else os.open(path, _INPUT_FLAGS)
+        return os.open(path, _INPUT_FLAGS)
     except OSError as exc:
         raise InvalidInput(f"{what}: {exc.strerror or exc}") from None
+
+
+def _input_content(fd: int, what: str) -> bytes | BinaryIO:
+    """The content of an opened input file (the descriptor is taken over): a regular
+    file of at most INPUT_FILE_MAX bytes. Up to INPUT_READ_MAX it is read into bytes;
+    a larger one is returned as an open binary file, which the ledger hashes and
+    streams without holding it whole — the caller closes it. A FIFO, a device or a
+    directory is refused (InvalidInput naming `what`) before anything is read."""
     try:
         st = os.fstat(fd)
         if not stat.S_ISREG(st.st_mode):
@@ -1173,21 +1182,37 @@ def _read_input_file(path: str | int, what: str) -> bytes:
                                " directory); give a regular file")
         if st.st_size > INPUT_FILE_MAX:
             raise InvalidInput(f"{what} is {st.st_size} bytes; the limit is {INPUT_FILE_MAX}")
-        with os.fdopen(fd, "rb", closefd=False) as f:
-            data = f.read(INPUT_FILE_MAX + 1)
-        if len(data) > INPUT_FILE_MAX:
-            raise InvalidInput(f"{what} grew past {INPUT_FILE_MAX} bytes while read")
-        return data
-    except OSError as exc:
-        raise InvalidInput(f"{what}: {exc.strerror or exc}") from None
-    finally:
+        f = os.fdopen(fd, "rb")
+    except BaseException:
         os.close(fd)
+        raise
+    if st.st_size > INPUT_READ_MAX:
+        return f
+    try:
+        data = f.read(INPUT_READ_MAX + 1)
+    except OSError as exc:
+        f.close()
+        raise InvalidInput(f"{what}: {exc.strerror or exc}") from None
+    if len(data) > INPUT_READ_MAX:
+        return f  # it grew since: streamed like a large file (the ledger reads from offset 0)
+    f.close()
+    return data
+
+
+def _close_contents(plans: Sequence[StepPlan]) -> None:
+    """Close the input files `parse_plan` left open (large content_file writes)."""
+    for p in plans:
+        for w in p.writes:
+            if w.content is not None and not isinstance(w.content, bytes):
+                w.content.close()
 
 
 def parse_plan(raw: bytes, base_dir: str) -> tuple[PlanDoc, list[StepPlan]]:
     """Decode and check a plan document; InvalidInput (naming the field) when it is bad.
 
     Reads content files, confined to `base_dir` (`open_confined`), but touches no ledger.
+    A content file larger than INPUT_READ_MAX is handed on open (streamed by the ledger,
+    never held whole): close them with `_close_contents` when the plan is done with.
     """
     if not raw.strip():
         raise InvalidInput("the plan is empty; give a JSON object (see docs/cli-json.md"
@@ -1219,11 +1244,22 @@ def parse_plan(raw: bytes, base_dir: str) -> tuple[PlanDoc, list[StepPlan]]:
         raise OperatorOnly("fence", doc.fence, f"--fence {doc.fence}")
     if not doc.journal:
         raise OperatorOnly("journal", False, "--no-journal")
+    opened: list[BinaryIO] = []
+    try:
+        return doc, _plan_steps(doc, "steps" in obj, base_dir, opened)
+    except BaseException:
+        for f in opened:
+            f.close()
+        raise
+
+
+def _plan_steps(doc: PlanDoc, batch: bool, base_dir: str, opened: list[BinaryIO]) -> list[StepPlan]:
+    """`parse_plan`'s steps, their content read (or, large, opened: added to `opened`)."""
     plans = []
     for i, s in enumerate(doc.steps):
         writes = []
         for j, w in enumerate(s.writes):
-            where = f"$.steps[{i}].writes[{j}] ({w.path})" if "steps" in obj else f"$.writes[{j}] ({w.path})"
+            where = f"$.steps[{i}].writes[{j}] ({w.path})" if batch else f"$.writes[{j}] ({w.path})"
             given = [k for k in ("content", "content_b64", "content_file")
                      if getattr(w, k) is not None] + (["delete"] if w.delete else [])
             if len(given) != 1:
@@ -1243,14 +1279,16 @@ def parse_plan(raw: bytes, base_dir: str) -> tuple[PlanDoc, list[StepPlan]]:
                     raise InvalidInput(f"bad plan: {where}: content_b64 is not valid base64") from None
             elif w.content_file is not None:
                 what = f"bad plan: {where}: content_file"
-                content = _read_input_file(open_confined(base_dir, w.content_file, what),
-                                           f"{what} {os.path.join(base_dir, w.content_file)}")
+                content = _input_content(open_confined(base_dir, w.content_file, what),
+                                         f"{what} {os.path.join(base_dir, w.content_file)}")
+                if not isinstance(content, bytes):
+                    opened.append(content)
             else:
                 content = None  # delete
             writes.append(Write(w.path, content, w.pre_hash, w.base_rev))
         plans.append(StepPlan(s.step, tuple(writes), tuple(s.artifacts),
                               doc.run if s.run is None else s.run, s.irreversible))
-    return doc, plans
+    return plans
 
 
 @step.command("plan", epilog=_examples(
@@ -1287,6 +1325,7 @@ def step_plan(ctx: click.Context, plan_file: str, ws_name: str | None, epoch: in
         raw = f.read()
     base_dir = os.getcwd() if plan_file == "-" else os.path.dirname(os.path.abspath(plan_file))
     doc, plans = parse_plan(raw, base_dir)
+    ctx.call_on_close(lambda: _close_contents(plans))
     with _open(ctx, readonly=False) as ledger:
         _check_settled(ledger, name, epoch)
         before = {p.step: ledger.find_step(p.step) for p in plans}
@@ -1454,13 +1493,16 @@ def step_store(ctx: click.Context, step_id: str, files: tuple[str, ...], run: st
     Each artifact is named by its path as given (relative, e.g. out/report.xml). The
     step's attempt is planned first if none is in flight. On a committed step the new
     blobs take effect only through a supersede (publish --expected-rev LIVE_REV).
-    Small files go inside the ledger, large ones into the blob store beside it.
+    Small files go inside the ledger, large ones into the blob store beside it,
+    streamed: a file is never held in memory whole, whatever its size.
     """
     for name in files:
         check_relpath(os.path.normpath(name) if not os.path.isabs(name) else name, "artifact path")
-    contents = {}
+    contents: dict[str, bytes | BinaryIO] = {}
+    ctx.call_on_close(lambda: [c.close() for c in contents.values() if not isinstance(c, bytes)])
     for name in files:
-        contents[os.path.normpath(name)] = _read_input_file(name, f"artifact file {name}")
+        what = f"artifact file {name}"
+        contents[os.path.normpath(name)] = _input_content(_open_input(name, what), what)
     with _open(ctx, readonly=False) as ledger:
         row = ledger.plan(step_id, run=run, artifacts=tuple(contents))
         if row.live:

@@ -29,6 +29,20 @@ class InvalidInput(LedgerError, ValueError):
     exit_code = EXIT_USAGE
 
 
+class ContentChanged(InvalidInput):
+    """Content changed between the hash that named it and the copy that stored it: a
+    file read twice (hashed, then streamed into the blob store) was written to in
+    between. Nothing was stored under the wrong name."""
+
+    def __init__(self, digest: str, actual: str) -> None:
+        super().__init__(
+            f"the content hashed to {digest[:12]}… but to {actual[:12]}… when it was copied:"
+            " its file changed while stepledger read it; run the command again once"
+            " nothing writes to the file"
+        )
+        self.digest, self.actual = digest, actual
+
+
 class LedgerNotFound(LedgerError):
     def __init__(self, path: str) -> None:
         super().__init__(
@@ -397,6 +411,7 @@ __all__ = [
     "EXIT_USAGE",
     "CompensationConflict",
     "CompensationWindowClosed",
+    "ContentChanged",
     "ContentFileEscapes",
     "CorruptLedger",
     "EnvironmentFailure",

@@ -35,9 +35,19 @@ from typing import TYPE_CHECKING, Any, Final, Literal
 import apsw
 import msgspec
 
-from .blobs import digest_of
+from .blobs import (
+    Content,
+    check_content,
+    content_bytes,
+    content_digest,
+    digest_of,
+    fd_chunks,
+    hash_chunks,
+)
 from .errors import (
+    BlobCorrupt,
     BlobNotFound,
+    ContentChanged,
     CompensationWindowClosed,
     IllegalTransition,
     InvalidInput,
@@ -102,13 +112,15 @@ class Write:
     """One file a step will change, as its planner saw it.
 
     `pre_hash` is the sha256 of the content the write was planned against (None: the
-    file did not exist); `content` the new bytes (None: delete the file); `base_rev`
-    the path's rev the planner read (None: the path's current rev, or — in a batch —
-    the rev an earlier sibling's write to the same path will get).
+    file did not exist); `content` the new bytes (None: delete the file) — or a binary
+    file open for reading (seekable) holding them, which admission hashes and streams
+    into the blob store without holding it whole (large post-images); `base_rev` the
+    path's rev the planner read (None: the path's current rev, or — in a batch — the
+    rev an earlier sibling's write to the same path will get).
     """
 
     path: str
-    content: bytes | None
+    content: Content | None
     pre_hash: str | None
     base_rev: int | None = None
 
@@ -237,8 +249,8 @@ def _check_writes(p: StepPlan) -> None:
         seen.add(w.path)
         if w.pre_hash is not None:
             check_digest(w.pre_hash, "pre_hash")
-        if w.content is not None and not isinstance(w.content, bytes):
-            raise InvalidInput(f"content of {w.path!r} must be bytes")
+        if w.content is not None:
+            check_content(w.content, f"content of {w.path!r}")
         if w.base_rev is not None and (type(w.base_rev) is not int
                                        or not 0 <= w.base_rev <= INT64_MAX):
             raise InvalidInput(f"base_rev of {w.path!r} must be an integer >= 0, not"
@@ -269,7 +281,7 @@ def _plan_differences(recorded: Planned | None, p: StepPlan, workspace: str,
         out.append(f"does not write {path}, the recorded plan does")
     for path in sorted(mine.keys() & theirs.keys()):
         w, r = mine[path], theirs[path]
-        post = None if w.content is None else digest_of(w.content)
+        post = None if w.content is None else content_digest(w.content)[0]
         if w.pre_hash != r.pre_hash:
             out.append(f"{path}: pre_hash {str(w.pre_hash)[:12]}, recorded {str(r.pre_hash)[:12]}")
         if post != r.post_hash:
@@ -717,13 +729,13 @@ class WorkspaceProtocol:
         if plan_rev is None:
             plan_rev = ws.rev
         events: list[Event] = []
-        contents: dict[str, bytes] = {}
+        contents: dict[str, tuple[Content, int]] = {}  # post digest -> (content, size)
         sim: dict[str, int] = {}
         last_post: dict[str, str | None] = {}
         rev = ws.rev
         overlap: list[str] = []
         fresh: list[tuple[StepPlan, int]] = []
-        again: dict[tuple[str, int, str], bytes] = {}
+        again: dict[tuple[str, int, str], tuple[Content, int]] = {}
         with self._db.snapshot() as conn:
             for p in plans:
                 check_step_id(p.step)
@@ -747,14 +759,16 @@ class WorkspaceProtocol:
                     if row.state == PLANNED:
                         for w in p.writes:
                             if w.content is not None:
-                                again[(p.step, row.attempt, digest_of(w.content))] = w.content
+                                d, size = content_digest(w.content)
+                                again[(p.step, row.attempt, d)] = (w.content, size)
                     continue
                 attempt = 1 if row is None else row.attempt + 1
                 pws = []
                 for w in p.writes:
-                    post = None if w.content is None else digest_of(w.content)
-                    if post is not None:
-                        contents[post] = w.content  # type: ignore[assignment]
+                    post = None
+                    if w.content is not None:
+                        post, size = content_digest(w.content)
+                        contents[post] = (w.content, size)
                     current = sim.get(w.path)
                     if current is None:
                         state = load_path(conn, workspace, w.path)
@@ -799,33 +813,37 @@ class WorkspaceProtocol:
                 pins.append(BlobPinned(step=e.step, attempt=e.attempt, run=e.run,
                                        workspace=workspace, epoch=epoch, digest=d,
                                        role="post-image"))
-        small = {d: c for d, c in contents.items() if len(c) <= self.inline_max_bytes}
-        large = {d: c for d, c in contents.items() if len(c) > self.inline_max_bytes}
+        small = {d: content_bytes(c, d) for d, (c, n) in contents.items()
+                 if n <= self.inline_max_bytes}
+        large = {d: c for d, (c, n) in contents.items() if n > self.inline_max_bytes}
         now = self.clock()
         self._log.append(
             [*planned, *pins], guard=self._guard(),
             before=(lambda conn: self._write_inline(conn, small, now)) if small else None,
         )
         for d, c in large.items():  # pinned (committed) before the file is written
-            self.blobs.put(c, d, verified=True)
+            self.blobs.put_content(c, d)
         return [None] * len(plans)
 
-    def _restore_post_images(self: Ledger, contents: dict[tuple[str, int, str], bytes]) -> None:
+    def _restore_post_images(
+        self: Ledger, contents: dict[tuple[str, int, str], tuple[Content, int]]
+    ) -> None:
         """Store again each post-image an in-flight attempt planned (and pinned) whose
         bytes are missing."""
-        for (step, attempt, digest), data in contents.items():
+        for (step, attempt, digest), (data, size) in contents.items():
             planned = self._attempt_events(step, attempt).planned
             if planned is None or digest not in {w.post_hash for w in planned.writes}:
                 continue  # not what the recorded plan says: the recorded plan stands
-            small = len(data) <= self.inline_max_bytes
+            small = size <= self.inline_max_bytes
             if small and self._blob_size_now(digest) is not None:
                 continue  # an inline row is durable with its transaction
             if small:
                 now = self.clock()
+                inline = content_bytes(data, digest)
                 with self._db.transaction() as conn:
-                    self._write_inline(conn, {digest: data}, now)
+                    self._write_inline(conn, {digest: inline}, now)
             else:
-                self.blobs.put(data, digest, verified=True)
+                self.blobs.put_content(data, digest)
 
     def _run_plan_rev(self: Ledger, run: str, workspace: str) -> int | None:
         """The plan revision a run was first admitted at (fence "plan")."""
@@ -874,7 +892,8 @@ class WorkspaceProtocol:
             if w.post_hash is not None and not self._is_inline(w.post_hash):
                 # a file post-image whose name may never have been made durable (a failed
                 # directory fsync): put it again — the dedup path fsyncs file and directory
-                self.blobs.put(self.read_blob(w.post_hash), w.post_hash, verified=True)
+                # (and reads nothing from the source, streamed as it would be otherwise)
+                self.blobs.put_stream(self.blob_chunks(w.post_hash), w.post_hash)
         planned = msgspec.structs.replace(
             old, attempt=row.attempt + 1, epoch=epoch, writes=tuple(writes), rev=ws.rev,
         )
@@ -906,22 +925,6 @@ class WorkspaceProtocol:
                     "INSERT OR REPLACE INTO blob_data(digest, size, data, stored_ns) VALUES (?,?,?,?)",
                     (digest, len(data), data, now),
                 )
-
-    def _store_blobs(
-        self: Ledger, events: list[Event], blobs: dict[str, bytes]
-    ) -> list[RecordedEvent]:
-        """Commit `events` (pins) with the small blobs; then write the large ones."""
-        small = {d: c for d, c in blobs.items() if len(c) <= self.inline_max_bytes}
-        for d in blobs.keys() - small.keys():
-            self.blobs.check_writable(d)  # a store that refuses the put: pin nothing
-        now = self.clock()
-        recorded = self._log.append(
-            events, guard=self._guard(),
-            before=(lambda conn: self._write_inline(conn, small, now)) if small else None)
-        for d, c in blobs.items():
-            if len(c) > self.inline_max_bytes:
-                self.blobs.put(c, d, verified=True)
-        return recorded
 
     # -- applying ------------------------------------------------------------------------
 
@@ -956,7 +959,8 @@ class WorkspaceProtocol:
                 self._remove_temporaries(wsdir, planned.writes, ws.epoch)
                 for w in planned.writes:
                     if w.post_hash is not None:
-                        staged[w.path] = wsdir.stage(w.path, self.read_blob(w.post_hash))
+                        # copied piece by piece, verified by the end of the copy
+                        staged[w.path] = wsdir.stage(w.path, self.blob_chunks(w.post_hash))
             holder: list[ApplyResult] = []
 
             def build(conn: apsw.Connection, now: int) -> list[Event]:
@@ -990,28 +994,55 @@ class WorkspaceProtocol:
     ) -> frozenset[str]:
         """Pin and store what each path holds now, if it is the planned pre-image (durable
         before any rename: settling and compensation put it back). Returns the digests
-        this call pinned (not an earlier call of the attempt)."""
+        this call pinned (not an earlier call of the attempt).
+
+        Each file is hashed in bounded pieces; a large one is streamed into the blob
+        store after its pin commits, from a second read checked against that hash. A
+        file that changed (or went) in between is not stored: its pre-image is not on
+        disk any more, which the fence sees under the lock (``pre_hash``).
+        """
         if epoch != planned.epoch:
             return frozenset()  # the fence refuses it under the lock; pin nothing
-        blobs: dict[str, bytes] = {}
         # a pin is keyed (step, attempt, digest): content the attempt already pinned as a
         # post-image is held already
         posts = {w.post_hash for w in planned.writes}
+        small: dict[str, bytes] = {}
+        large: dict[str, str] = {}  # digest -> the path holding it
         for w in planned.writes:
-            data = wsdir.read(w.path)
-            if data is None:
-                continue
-            digest = digest_of(data)
+            with wsdir.open(w.path) as fd:
+                if fd is None:
+                    continue
+                data = None
+                if os.fstat(fd).st_size <= self.inline_max_bytes:
+                    data = b"".join(fd_chunks(fd))
+                    digest = digest_of(data)
+                else:
+                    digest = hash_chunks(fd_chunks(fd))[0]
             if (digest == w.pre_hash or planned.fence == "none") and digest not in posts:
-                blobs[digest] = data
-        if not blobs:
+                if data is not None and len(data) <= self.inline_max_bytes:
+                    small[digest] = data
+                else:
+                    large.setdefault(digest, w.path)
+        if not small and not large:
             return frozenset()
         pins: list[Event] = [
             BlobPinned(step=planned.step, attempt=attempt, run=planned.run,
                        workspace=planned.workspace, epoch=planned.epoch, digest=d, role="pre-image")
-            for d in blobs
+            for d in (*small, *large)
         ]
-        return frozenset(r.event.digest for r in self._store_blobs(pins, blobs)  # type: ignore[union-attr]
+        for d in large:
+            self.blobs.check_writable(d)  # a store that refuses the put: pin nothing
+        now = self.clock()
+        recorded = self._log.append(
+            pins, guard=self._guard(),
+            before=(lambda conn: self._write_inline(conn, small, now)) if small else None)
+        for d, path in large.items():
+            with wsdir.open(path) as fd:
+                if fd is None:
+                    continue
+                with contextlib.suppress(ContentChanged):
+                    self.blobs.put_stream(fd_chunks(fd), d)
+        return frozenset(r.event.digest for r in recorded  # type: ignore[union-attr]
                          if not r.deduped)
 
     def _fence(
@@ -1157,15 +1188,13 @@ class WorkspaceProtocol:
             if not reached:
                 out.append(Restored(path=w.path, rev=path_rev, digest=now, outcome="conflict"))
                 continue
-            data = None
-            if w.pre_hash is not None:
-                try:
-                    data = self.read_blob(w.pre_hash)
-                except LedgerError:
-                    out.append(Restored(path=w.path, rev=path_rev, digest=now,
-                                        outcome="conflict"))
-                    continue
-            mode = wsdir.put(w.path, data)  # an edit's post-image carries the pre-image's mode
+            try:  # the pre-image is copied piece by piece, checked before it is renamed
+                # an edit's post-image carries the pre-image's mode
+                mode = wsdir.put(w.path, None if w.pre_hash is None
+                                 else self.blob_chunks(w.pre_hash))
+            except (BlobNotFound, BlobCorrupt):
+                out.append(Restored(path=w.path, rev=path_rev, digest=now, outcome="conflict"))
+                continue
             disk[w.path] = w.pre_hash
             out.append(Restored(path=w.path, rev=path_rev, digest=w.pre_hash,
                                 outcome="restored", mode=mode))
@@ -1306,15 +1335,13 @@ class WorkspaceProtocol:
                 out.append(Restored(path=w.path, rev=path_rev, digest=disk, outcome="conflict"))
                 continue
             if disk == post and post != pre:
-                data = None
-                if pre is not None:
-                    try:
-                        data = self.read_blob(pre)
-                    except (BlobNotFound, Exception):
-                        out.append(Restored(path=w.path, rev=path_rev, digest=disk,
-                                            outcome="conflict"))
-                        continue
-                mode = wsdir.put(w.path, data, mode=pre_mode)
+                try:  # the pre-image is copied piece by piece, checked before it is renamed
+                    mode = wsdir.put(w.path, None if pre is None else self.blob_chunks(pre),
+                                     mode=pre_mode)
+                except (BlobNotFound, BlobCorrupt):
+                    out.append(Restored(path=w.path, rev=path_rev, digest=disk,
+                                        outcome="conflict"))
+                    continue
                 rev += 1
                 out.append(Restored(path=w.path, rev=rev, digest=pre, outcome="restored",
                                     mode=mode))

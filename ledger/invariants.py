@@ -24,6 +24,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 from .events import (
+    Acked,
     Compensated,
     Fenced,
     LeaseAcquired,
@@ -31,6 +32,7 @@ from .events import (
     LeaseRenewed,
     Planned,
     RecordedEvent,
+    Rejected,
     StepEvent,
 )
 
@@ -55,13 +57,29 @@ class _Lease:
 
 
 @dataclass
+class _Plan:
+    """What the checks need of an attempt's plan, kept while it may still be applied or
+    compensated as planned: from `planned` to its ack or end."""
+
+    journal: bool
+    fence: str
+    plan_rev: int
+    bases: dict[str, int]
+    first_apply: int = 0  # seq of its first `fenced` (0: none yet)
+    applied: dict[str, int] = field(default_factory=dict)  # path -> rev its writes left
+
+
+@dataclass
 class _State:
-    plans: dict[tuple[str, int], Planned] = field(default_factory=dict)
-    path_rev: dict[tuple[str, str], int] = field(default_factory=dict)
+    """Bounded by the live attempts (`plans`), the workspaces and their paths — not by
+    the events: an attempt's plan is dropped when it is acked or ends."""
+
+    plans: dict[tuple[str, int], _Plan] = field(default_factory=dict)
+    #: (workspace, path) -> (rev, step, attempt) of the event that last set the path's rev
+    #: (a compensation's restore: step "")
+    path_rev: dict[tuple[str, str], tuple[int, str, int]] = field(default_factory=dict)
     ws_rev: dict[str, int] = field(default_factory=dict)
     leases: dict[str, _Lease] = field(default_factory=dict)
-    applies: dict[tuple[str, str, int], int] = field(default_factory=dict)
-    applied: dict[tuple[str, int], dict[str, int]] = field(default_factory=dict)
 
 
 class Checker:
@@ -91,11 +109,18 @@ class Checker:
                 out.append(Breach("I5", seq, f"{kind} of step {e.step!r} attempt {e.attempt}"
                                   f" under epoch {e.epoch}, live epoch was {live}"))
         if isinstance(e, Planned):
-            st.plans[(e.step, e.attempt)] = e
+            st.plans[(e.step, e.attempt)] = _Plan(
+                e.journal, e.fence, e.plan_rev if e.plan_rev is not None else e.rev,
+                {w.path: w.base_rev for w in e.writes})
         elif isinstance(e, Fenced):
             _check_fenced(st, seq, e, out)
         elif isinstance(e, Compensated):
             _check_compensated(st, seq, e, out)
+            st.plans.pop((e.step, e.attempt), None)
+        elif isinstance(e, Acked | Rejected):
+            # acked: a later compensation is judged by the paths' own state (`path_rev`);
+            # rejected: the attempt is over
+            st.plans.pop((e.step, e.attempt), None)
 
 
 def check(events: Iterable[RecordedEvent]) -> list[Breach]:
@@ -110,21 +135,20 @@ def _check_fenced(st: _State, seq: int, e: Fenced, out: list[Breach]) -> None:
     plan = st.plans.get((e.step, e.attempt))
     ws = e.workspace
     if plan is not None and plan.journal:
-        key = (ws, e.step, e.attempt)
-        if key in st.applies:
+        if plan.first_apply:
             out.append(Breach("I4", seq, f"step {e.step!r} attempt {e.attempt} applied again"
-                              f" (first at #{st.applies[key]})"))
-        st.applies.setdefault(key, seq)
+                              f" (first at #{plan.first_apply})"))
+        else:
+            plan.first_apply = seq
     if plan is not None and plan.fence == "plan":
-        plan_rev = plan.plan_rev if plan.plan_rev is not None else plan.rev
-        if st.ws_rev.get(ws, 0) != plan_rev:
+        if st.ws_rev.get(ws, 0) != plan.plan_rev:
             out.append(Breach("I3", seq, f"step {e.step!r} attempt {e.attempt} applied at"
                               f" workspace rev {st.ws_rev.get(ws, 0)}, its plan was admitted"
-                              f" at rev {plan_rev}"))
+                              f" at rev {plan.plan_rev}"))
     if plan is not None and plan.fence == "step":
-        bases = {w.path: w.base_rev for w in plan.writes}
+        bases = plan.bases
         for w in e.writes:
-            now = st.path_rev.get((ws, w.path), 0)
+            now = st.path_rev.get((ws, w.path), (0, "", 0))[0]
             if w.path not in bases:
                 out.append(Breach("I3", seq, f"step {e.step!r} applied {w.path}, which its"
                                   " plan does not write"))
@@ -132,26 +156,28 @@ def _check_fenced(st: _State, seq: int, e: Fenced, out: list[Breach]) -> None:
                 out.append(Breach("I3", seq, f"step {e.step!r} attempt {e.attempt} wrote"
                                   f" {w.path} at rev {now}, planned against rev {bases[w.path]}"))
     for w in e.writes:
-        st.path_rev[(ws, w.path)] = w.rev
-        st.applied.setdefault((e.step, e.attempt), {})[w.path] = w.rev
+        st.path_rev[(ws, w.path)] = (w.rev, e.step, e.attempt)
+        if plan is not None:
+            plan.applied[w.path] = w.rev
     st.ws_rev[ws] = max(st.ws_rev.get(ws, 0), e.rev)
 
 
 def _check_compensated(st: _State, seq: int, e: Compensated, out: list[Breach]) -> None:
     ws = e.workspace
-    applied = st.applied.get((e.step, e.attempt), {})
     plan = st.plans.get((e.step, e.attempt))
-    bases = {w.path: w.base_rev for w in plan.writes} if plan is not None else {}
     for r in e.restored:
         if r.outcome == "conflict":
             continue
-        now = st.path_rev.get((ws, r.path), 0)
-        expected = applied.get(r.path, bases.get(r.path))
-        if expected is None or now != expected:
+        now, step, attempt = st.path_rev.get((ws, r.path), (0, "", 0))
+        if plan is not None:  # in flight: what it applied, or (never recorded) its base
+            expected = plan.applied.get(r.path, plan.bases.get(r.path))
+            bad, left = expected is None or now != expected, f"rev {expected}"
+        else:  # acked (or never planned): its own write must still be the path's latest
+            bad, left = (step, attempt) != (e.step, e.attempt), "another rev"
+        if bad:
             out.append(Breach("I3", seq, f"compensation of step {e.step!r} attempt {e.attempt}"
-                              f" restored {r.path} at rev {now}, the attempt left it at rev"
-                              f" {expected}"))
-        st.path_rev[(ws, r.path)] = r.rev
+                              f" restored {r.path} at rev {now}, the attempt left it at {left}"))
+        st.path_rev[(ws, r.path)] = (r.rev, "", 0)
     if e.rev:
         st.ws_rev[ws] = max(st.ws_rev.get(ws, 0), e.rev)
 

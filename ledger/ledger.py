@@ -13,7 +13,15 @@ from typing import Any
 import apsw
 import msgspec
 
-from .blobs import BlobStore, FileOps, digest_of
+from .blobs import (
+    BlobStore,
+    Content,
+    FileOps,
+    check_content,
+    content_bytes,
+    content_digest,
+    digest_of,
+)
 from .db import BUSY_TIMEOUT_MS, Database, Synchronous
 from .errors import (
     BlobCorrupt,
@@ -657,6 +665,17 @@ class Ledger(WorkspaceProtocol):
             raise BlobCorrupt(digest, "the inline row's bytes do not hash to its name")
         return data
 
+    def blob_chunks(self, digest: str, *, size: int | None = None) -> Iterator[bytes]:
+        """A blob's bytes in bounded pieces (an inline row is one piece): BlobNotFound at
+        once when it is missing; its size and hash are checked by the time the last piece
+        is read (BlobCorrupt then: whoever wrote the pieces somewhere discards them)."""
+        check_digest(digest)
+        with self._db.snapshot() as conn:
+            row = conn.execute("SELECT data FROM blob_data WHERE digest = ?", (digest,)).fetchone()
+        if row is None:
+            return self.blobs.chunks(digest, size=size)
+        return iter((self.read_blob(digest, size=size),))
+
     def check_blob(self, digest: str, size: int, *, deep: bool = True) -> None:
         """Raise BlobNotFound / BlobCorrupt unless the blob is intact (re-hashed if `deep`)."""
         check_digest(digest)
@@ -758,31 +777,40 @@ class Ledger(WorkspaceProtocol):
                           workspace=row.workspace, epoch=row.epoch, digest=digest,
                           role=role)  # type: ignore[arg-type]
 
-    def store(self, step: str, attempt: int, path: str, data: bytes) -> BlobStored:
+    def store(self, step: str, attempt: int, path: str, data: Content) -> BlobStored:
         """Store one artifact of an attempt: pin, durable bytes, then `blob-stored`.
 
         Bytes up to `inline_max_bytes` go into the ledger file in the very transaction
         that records `blob-stored`; larger ones are written as a blob file (fsynced,
-        renamed, directory fsynced) before it. Identical content is stored once.
+        renamed, directory fsynced) before it. Identical content is stored once. `data`
+        may be a binary file open for reading: it is hashed, then streamed into the
+        blob store, never held whole (ContentChanged, nothing recorded as stored, if it
+        changed in between).
         """
-        data = artifact_bytes(path, data)
+        check_relpath(path, "artifact path")
+        if not isinstance(data, bytes):
+            if isinstance(data, bytearray | memoryview):
+                data = bytes(data)
+            else:
+                check_content(data, f"the bytes of artifact {path!r}")
         row = self.step(step)
-        digest = digest_of(data)
-        inline = len(data) <= self.inline_max_bytes
+        digest, size = content_digest(data)
+        inline = size <= self.inline_max_bytes
         event = BlobStored(step=step, attempt=attempt, run=row.run, workspace=row.workspace,
-                           epoch=row.epoch, digest=digest, size=len(data), path=path,
+                           epoch=row.epoch, digest=digest, size=size, path=path,
                            inline=inline)
         pin = self._pin_event(row, attempt, digest)
         if inline:
+            small = content_bytes(data, digest)
             # The pin, the bytes and `blob-stored` commit together: the blob is never
             # visible unpinned, so one transaction does what two would.
             now = self.clock()
             self._log.append([pin, event], guard=self._guard(),
-                             before=lambda conn: self._write_inline(conn, {digest: data}, now))
+                             before=lambda conn: self._write_inline(conn, {digest: small}, now))
         else:
             self.blobs.check_writable(digest)  # a store that refuses the put: pin nothing
             self.append(pin)  # committed before the file is written or deduplicated
-            self.blobs.put(data, digest, verified=True)
+            self.blobs.put_content(data, digest)
             self.append(event)
         return event
 

@@ -171,10 +171,10 @@ def restore(ledger: Ledger, workspace: str, to: str | os.PathLike[str], *,
     # never into the ledger's own directory or another workspace (by path and by the
     # identity of whatever exists of it); checked again once it exists
     ledger._check_root(workspace, target, None)
-    blobs: dict[str, bytes] = {}
+    sizes: dict[str, int] = {}  # every blob read through (hashed) once, in bounded pieces
     for path, digest in content.items():
-        if digest is not None and digest not in blobs:
-            blobs[digest] = ledger.read_blob(digest, verify=True)
+        if digest is not None and digest not in sizes:
+            sizes[digest] = sum(len(c) for c in ledger.blob_chunks(digest))
     try:
         os.makedirs(target, exist_ok=True)
     except (NotADirectoryError, FileExistsError) as exc:
@@ -195,9 +195,10 @@ def restore(ledger: Ledger, workspace: str, to: str | os.PathLike[str], *,
         if digest is None:
             absent += 1
             continue
-        out.put(path, blobs[digest], mode=fold.modes.get((workspace, path)))
+        # copied piece by piece, checked again
+        out.put(path, ledger.blob_chunks(digest), mode=fold.modes.get((workspace, path)))
         written += 1
-        size += len(blobs[digest])
+        size += sizes[digest]
     for path, digest in content.items():  # read back: what is on disk is what was committed
         if out.hash(path) != digest:
             raise InvalidInput(f"restored {path} does not read back as {digest}; check {target}")

@@ -22,16 +22,19 @@ from .errors import CorruptLedger, InvalidInput
 from .events import EVENT_TYPES, Planned, chain_hash, decode, envelope, journal_key
 from .log import READ_BATCH, ROW_COLUMNS, ROW_NAMES, ROW_TYPES, EventLog, Head, row_problem
 from .projections import (
+    Checkpoint,
     StepRow,
+    StepSpill,
     checkpoint,
-    fold_all,
-    read_refs,
-    read_steps,
+    fold_rows,
+    load_step,
     read_workspaces,
 )
+from .projections.steps import SELECT_COLUMNS
+from .projections.steps import VERSION as STEPS_VERSION
 from .invariants import Checker
 from .projections.workspaces import WorkspacesFold
-from .projections.refs import RefsFold, fold_tables
+from .projections.refs import RefsFold
 
 Progress = Callable[[int, int], None]
 
@@ -205,33 +208,28 @@ def verify(
 
         cp = checkpoint(conn)
         lag = max(0, head.seq - cp.last_seq)
+        n_steps = 0
         try:
-            fresh_refs = RefsFold()
-            fresh_ws = WorkspacesFold()
-            fresh = fold_all(log, refs=fresh_refs, ws=fresh_ws)
-            current = {r.step_id: r for r in read_steps(db, log)}
-            findings.extend(_compare_refs(fresh_refs, read_refs(db, log)))
-            findings.extend(_compare_workspaces(fresh_ws, read_workspaces(db, log)))
-            if blob_check is not None:
-                findings.extend(_durability(fresh, fresh_refs, blob_check))
+            with _Rebuilt(conn, log) as fresh:
+                n_steps = fresh.steps
+                findings.extend(_compare_tables(conn, db, log, fresh, cp, head.seq))
+                if blob_check is not None:
+                    findings.extend(_durability(conn, blob_check))
         except CorruptLedger as exc:  # an undecodable row or a broken lifecycle: report it
-            fresh = {}
+            n_steps = 0
             findings.append(Finding(
                 "projection", 0, f"the steps cannot be folded from the events: {exc.why}"
             ))
         except ROW_ERRORS as exc:  # a damaged projection row (NULL or wrong-typed cells)
-            fresh = {}
             findings.append(Finding(
                 "projection", 0, f"the projection tables cannot be read: {type(exc).__name__}: {exc}"
             ))
-        else:
-            findings.extend(_compare(fresh, current))
     return VerifyReport(
         ok=not findings,
         events=total,
         head_seq=head.seq,
         head_hash=head.hash.hex(),
-        steps=len(fresh),
+        steps=n_steps,
         projection_lag=lag,
         findings=findings,
         warnings=weakened.report(),
@@ -274,15 +272,115 @@ def _decode_row(row: tuple[Any, ...]) -> tuple[tuple[Any, ...], str | None]:
     return tuple(out), row_problem(tuple(out))
 
 
-def _durability(
-    steps: dict[str, StepRow], refs: RefsFold, blob_check: Callable[[str, int], str | None]
-) -> list[Finding]:
+#: The rebuild verify compares the tables with lives in these connection-private TEMP
+#: tables (disk-backed: SQLite's temp store), never in the ledger file.
+_FRESH: Final = {"steps": "verify_steps", "manifests": "verify_manifests",
+                 "manifest_entries": "verify_manifest_entries"}
+#: The steps table with a lagging tail folded over it (`_steps_with_tail`).
+_CURRENT_STEPS: Final = "verify_current_steps"
+
+
+class _Rebuilt:
+    """A rebuild folded beside the ledger's tables, not into them: finished steps and
+    every manifest go to TEMP tables as `rebuild` writes them to the real ones, so
+    memory follows the unfinished steps and live pins, not the events. The workspaces
+    fold (one row per workspace and path) and the live pins stay in memory. The TEMP
+    tables are dropped on exit; the ledger is only read."""
+
+    def __init__(self, conn: apsw.Connection, log: EventLog) -> None:
+        self.conn, self.log = conn, log
+        self.refs = RefsFold(drain_to=conn, tables=(f"temp.{_FRESH['manifests']}",
+                                                    f"temp.{_FRESH['manifest_entries']}"))
+        self.ws = WorkspacesFold()
+        self.steps = 0
+
+    def __enter__(self) -> _Rebuilt:
+        self._drop()
+        for table, temp in _FRESH.items():
+            _create_temp_like(self.conn, table, temp)
+        spill = StepSpill(self.conn, f"temp.{_FRESH['steps']}")
+        working: dict[str, StepRow] = {}
+        fold_rows(self.log, 0, working, spill.lookup, spill.evict, None, 0, self.refs, self.ws)
+        for row in working.values():
+            spill.evict(row)
+        spill.flush()
+        self.refs.drain(self.conn)  # the rest of the manifests (pins are compared in memory)
+        self.steps = self.conn.execute(f"SELECT count(*) FROM temp.{_FRESH['steps']}").fetchone()[0]
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._drop()
+
+    def _drop(self) -> None:
+        for temp in (*_FRESH.values(), _CURRENT_STEPS):
+            self.conn.execute(f"DROP TABLE IF EXISTS temp.{temp}")
+
+
+def _create_temp_like(conn: apsw.Connection, table: str, temp: str) -> None:
+    """CREATE TEMP TABLE `temp` from the very DDL of the ledger's `table` (same columns,
+    types, key)."""
+    row = conn.execute("SELECT sql FROM main.sqlite_schema WHERE type = 'table' AND name = ?",
+                       (table,)).fetchone()
+    prefix = f"CREATE TABLE {table}("
+    if row is None or not isinstance(row[0], str) or not row[0].startswith(prefix):
+        raise TypeError(f"the {table} table's schema is not the one stepledger created")
+    conn.execute(f"CREATE TEMP TABLE {temp}(" + row[0][len(prefix):])
+
+
+def _compare_tables(conn: apsw.Connection, db: Database, log: EventLog, fresh: _Rebuilt,
+                    cp: Checkpoint, head_seq: int) -> list[Finding]:
+    """The projection tables against the rebuild, compared in SQL (EXCEPT both ways,
+    spilled by SQLite, not held here). Tables an older version wrote (another
+    projection version) or that lag the log are read as `read_steps` & co. read them:
+    folded (the comparison then holds by construction) or, for steps, overlaid with the
+    lagging tail."""
+    if cp.version != STEPS_VERSION:
+        return []
+    out: list[Finding] = []
+    steps = "main.steps"
+    if cp.last_seq < head_seq:
+        steps = _steps_with_tail(conn, log, cp.last_seq)
+    else:
+        out += _compare_refs(conn, fresh.refs)
+        out += _compare_workspaces(fresh.ws, read_workspaces(db, log))
+    cols = SELECT_COLUMNS
+    fresh_steps = f"temp.{_FRESH['steps']}"
+    differ = conn.execute(
+        f"SELECT step_id FROM (SELECT {cols} FROM {fresh_steps} EXCEPT SELECT {cols} FROM {steps})"
+        f" UNION SELECT step_id FROM (SELECT {cols} FROM {steps} EXCEPT SELECT {cols} FROM"
+        f" {fresh_steps}) ORDER BY step_id").fetchall()
+    for (step_id,) in differ:
+        a, b = (conn.execute(f"SELECT {cols} FROM {t} WHERE step_id = ?", (step_id,)).fetchone()
+                for t in (fresh_steps, steps))
+        out.append(_step_finding(step_id, None if a is None else StepRow.from_tuple(a),
+                                 None if b is None else StepRow.from_tuple(b)))
+    return out
+
+
+def _steps_with_tail(conn: apsw.Connection, log: EventLog, last_seq: int) -> str:
+    """A TEMP copy of the steps table with the lagging tail folded over it (what
+    `read_steps` answers); its name. Dropped with the rebuild's tables."""
+    name = _CURRENT_STEPS
+    _create_temp_like(conn, "steps", name)
+    conn.execute(f"INSERT INTO temp.{name} SELECT * FROM main.steps")
+    overlay: dict[str, StepRow] = {}
+    fold_rows(log, last_seq, overlay, lambda s: load_step(conn, s), None, None, 0)
+    spill = StepSpill(conn, f"temp.{name}")
+    for row in overlay.values():
+        spill.evict(row)
+    spill.flush()
+    return f"temp.{name}"
+
+
+def _durability(conn: apsw.Connection, blob_check: Callable[[str, int], str | None]) -> list[Finding]:
     """I1: a visible manifest implies every blob it names is retrievable and intact."""
-    live = {(s.step_id, s.manifest_rev) for s in steps.values() if s.live}
     out = []
-    for step, rev, _role, path, digest, size in sorted(refs.entries):
-        if (step, rev) not in live:
-            continue
+    for step, rev, _role, path, digest, size in conn.execute(
+        f"SELECT e.step, e.manifest_rev, e.role, e.path, e.digest, e.size"
+        f" FROM temp.{_FRESH['manifest_entries']} e JOIN temp.{_FRESH['steps']} s"
+        " ON s.step_id = e.step AND s.manifest_rev = e.manifest_rev AND s.live"
+        " ORDER BY 1, 2, 3, 4, 5, 6"
+    ):  # a cursor, not a list: every committed step's entries can be many
         problem = blob_check(digest, size)
         if problem is not None:
             out.append(Finding(
@@ -292,13 +390,21 @@ def _durability(
     return out
 
 
-def _compare_refs(fresh: RefsFold, current: RefsFold) -> list[Finding]:
+def _compare_refs(conn: apsw.Connection, fresh: RefsFold) -> list[Finding]:
+    """Pins (live ones: few) compared in memory; manifests and their entries in SQL."""
     out = []
-    names = ("pins", "manifests", "manifest entries")
-    for name, a, b in zip(names, fold_tables(fresh), fold_tables(current), strict=True):
-        if a != b:
-            extra = [r for r in b if r not in a][:3]
-            missing = [r for r in a if r not in b][:3]
+    pins = conn.execute("SELECT step, attempt, digest, role, seq FROM main.pins ORDER BY 1,2,3"
+                        ).fetchall()
+    a = fresh.pin_rows()
+    diffs = [("pins", [r for r in pins if r not in a][:3], [r for r in a if r not in pins][:3])]
+    for name, table in (("manifests", "manifests"), ("manifest entries", "manifest_entries")):
+        cols = ", ".join(c[1] for c in conn.execute(f"PRAGMA main.table_info({table})"))
+        temp = f"temp.{_FRESH[table]}"
+        diffs.append((name, *(conn.execute(f"SELECT {cols} FROM {x} EXCEPT SELECT {cols} FROM {y}"
+                                           " LIMIT 3").fetchall()
+                              for x, y in ((f"main.{table}", temp), (temp, f"main.{table}")))))
+    for name, extra, missing in diffs:
+        if extra or missing:
             out.append(Finding(
                 "projection", 0, f"the {name} table differs from a rebuild:"
                 f" unexpected {extra}, missing {missing}",
@@ -320,21 +426,17 @@ def _compare_workspaces(fresh: WorkspacesFold, current: WorkspacesFold) -> list[
     return out
 
 
-def _compare(fresh: dict[str, StepRow], current: dict[str, StepRow]) -> list[Finding]:
-    out = []
-    for step_id in sorted(fresh.keys() | current.keys()):
-        a, b = fresh.get(step_id), current.get(step_id)
-        if a != b:
-            if a is None or b is None:
-                what = "is missing from the projection" if b is None else "has no events"
-            else:
-                diffs = [
-                    f"{c}={getattr(b, c)!r} (rebuild: {getattr(a, c)!r})"
-                    for c in StepRow.COLUMNS if getattr(a, c) != getattr(b, c)
-                ]
-                what = "differs from a rebuild: " + ", ".join(diffs)
-            out.append(Finding("projection", 0, f"step {step_id!r} {what}"))
-    return out
+def _step_finding(step_id: str, a: StepRow | None, b: StepRow | None) -> Finding:
+    """How step `step_id`'s row (`b`) differs from the rebuild's (`a`)."""
+    if a is None or b is None:
+        what = "is missing from the projection" if b is None else "has no events"
+    else:
+        diffs = [
+            f"{c}={getattr(b, c)!r} (rebuild: {getattr(a, c)!r})"
+            for c in StepRow.COLUMNS if getattr(a, c) != getattr(b, c)
+        ]
+        what = "differs from a rebuild: " + ", ".join(diffs)
+    return Finding("projection", 0, f"step {step_id!r} {what}")
 
 
 __all__ = ["Finding", "VerifyReport", "WeakenedPlans", "verify"]

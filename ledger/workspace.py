@@ -13,6 +13,10 @@ through, the root included) and files (checked for the leaf), and — unless the
 workspace opted in — any ``.git`` component. The same walk serves apply, compensate,
 settle, restore and snapshot, so a check at admit cannot be raced past.
 
+Nothing here holds a file whole: `hash` reads in bounded pieces, `open` hands out a
+descriptor, and `stage` writes its content piece by piece (from bytes or an iterable of
+them, such as a blob store's `chunks`).
+
 A write is staged first (`stage`: a temporary file beside its target, written and
 fsynced, outside the ledger's write lock) and made visible later (`install`: rename
 over the target, fsync the directory) under the lock. A staged file gets the mode the
@@ -35,11 +39,11 @@ import os
 import re
 import secrets
 import stat
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from typing import Final
 
-from .blobs import FileOps, digest_of
+from .blobs import FileOps, fd_chunks, hash_chunks
 from .errors import (
     InvalidInput,
     LedgerError,
@@ -59,7 +63,6 @@ _HFS_IGNORED: Final = dict.fromkeys([*range(0x200C, 0x2010), *range(0x202A, 0x20
                                      *range(0x206A, 0x2070), 0xFEFF])
 _READ_FLAGS: Final = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
 TMP_MARK: Final = ".stepledger-"
-READ_MAX: Final = 1 << 30
 #: Bytes of the target's name a temporary's name repeats (for a person reading a
 #: listing); the rest of the name is the mark, the stamp and the random part.
 TMP_PREFIX_BYTES_MAX: Final = 80
@@ -320,45 +323,51 @@ class WorkspaceDir:
 
     # -- reading -----------------------------------------------------------------------
 
-    def read(self, path: str) -> bytes | None:
-        """The file's current bytes, or None when it does not exist."""
+    @contextlib.contextmanager
+    def open(self, path: str) -> Iterator[int | None]:
+        """A read-only descriptor of the regular file at `path` (None: it does not
+        exist), closed on exit. A symlink or anything not a regular file is refused
+        (PathEscapes); opening never blocks (a FIFO is refused, not waited on)."""
         opened = self._open_parent(path, create=False)
         if opened is None:
-            return None
+            yield None
+            return
         dir_fd, leaf = opened
         try:
             try:
                 fd = os.open(leaf, _READ_FLAGS, dir_fd=dir_fd)
             except FileNotFoundError:
-                return None
+                fd = None
             except OSError as exc:
                 if exc.errno == errno.ELOOP:
                     raise self._escape(path, "it is a symlink") from None
                 raise
-            try:
-                st = os.fstat(fd)
-                if not stat.S_ISREG(st.st_mode):
-                    raise self._escape(path, "it is not a regular file")
-                if st.st_size > READ_MAX:
-                    raise InvalidInput(f"{path} is {st.st_size} bytes; the limit is {READ_MAX}")
-                chunks = []
-                while chunk := os.read(fd, 1 << 20):
-                    chunks.append(chunk)
-                return b"".join(chunks)
-            finally:
-                os.close(fd)
         finally:
             os.close(dir_fd)
+        if fd is None:
+            yield None
+            return
+        try:
+            if not stat.S_ISREG(os.fstat(fd).st_mode):
+                raise self._escape(path, "it is not a regular file")
+            yield fd
+        finally:
+            os.close(fd)
 
     def hash(self, path: str) -> str | None:
-        """sha256 of the file's bytes as they are on disk now (None: absent)."""
-        data = self.read(path)
-        return None if data is None else digest_of(data)
+        """sha256 of the file's bytes as they are on disk now (None: absent), read in
+        bounded pieces whatever the file's size."""
+        with self.open(path) as fd:
+            return None if fd is None else hash_chunks(fd_chunks(fd))[0]
 
     # -- writing -----------------------------------------------------------------------
 
-    def stage(self, path: str, data: bytes, *, mode: int | None = None) -> Staged:
-        """Write `data` to a fsynced temporary file beside `path` (parents created).
+    def stage(self, path: str, data: bytes | Iterable[bytes], *, mode: int | None = None
+              ) -> Staged:
+        """Write `data` (bytes, or pieces of them: held one piece at a time) to a fsynced
+        temporary file beside `path` (parents created). Whatever stops the copy — an OS
+        error, or a source that raises (a blob found corrupt by its last piece) — removes
+        the temporary file and propagates.
 
         The file gets `mode` when given (a recorded mode put back), else the permission
         bits of the file it will replace, else (a new file) 0o666 less the umask. It is
@@ -373,6 +382,8 @@ class WorkspaceDir:
         assert opened is not None
         dir_fd, leaf = opened
         tmp = temp_name(leaf, self.epoch, self.tag, _name_max(dir_fd))
+        h = hashlib.sha256()
+        size = 0
         try:
             pre_mode = _mode_of(leaf, dir_fd)
             want = mode if mode is not None else pre_mode
@@ -382,21 +393,26 @@ class WorkspaceDir:
                 if want is not None:
                     os.fchmod(fd, want & MODE_BITS)
                 final = stat.S_IMODE(os.fstat(fd).st_mode)
-                view = memoryview(data)
-                while view:
-                    self.ops.tick("ws-write")
-                    view = view[os.write(fd, view):]
+                for chunk in (data,) if isinstance(data, bytes) else data:
+                    h.update(chunk)
+                    size += len(chunk)
+                    view = memoryview(chunk)
+                    while view:
+                        self.ops.tick("ws-write")
+                        view = view[os.write(fd, view):]
                 self.ops.tick("ws-fsync")
                 os.fsync(fd)
             finally:
                 os.close(fd)
-        except OSError as exc:
+        except BaseException as exc:
             with contextlib.suppress(OSError):
                 os.unlink(tmp, dir_fd=dir_fd)
-            raise self._storage(path, exc) from None
+            if isinstance(exc, OSError):
+                raise self._storage(path, exc) from None
+            raise
         finally:
             os.close(dir_fd)
-        return Staged(path, tmp, digest_of(data), len(data), final, pre_mode,
+        return Staged(path, tmp, h.hexdigest(), size, final, pre_mode,
                       follows_target=mode is None and pre_mode is not None)
 
     def _storage(self, path: str, exc: OSError) -> LedgerError:
@@ -591,9 +607,11 @@ class WorkspaceDir:
         finally:
             os.close(dir_fd)
 
-    def put(self, path: str, data: bytes | None, *, mode: int | None = None) -> int | None:
-        """Make `path` hold `data` (None: absent) durably: stage + install, or remove.
-        `mode` as `stage` takes it; returns the file's mode now (None: removed)."""
+    def put(self, path: str, data: bytes | Iterable[bytes] | None, *,
+            mode: int | None = None) -> int | None:
+        """Make `path` hold `data` (None: absent; pieces: see `stage`) durably: stage +
+        install, or remove. `mode` as `stage` takes it; returns the file's mode now
+        (None: removed)."""
         if data is None:
             self.remove(path)
             return None

@@ -150,7 +150,7 @@ class StepsProjector:
         self.pending = {}
 
 
-def _fold_rows(
+def fold_rows(
     log: EventLog,
     after_seq: int,
     working: dict[str, StepRow],
@@ -161,7 +161,9 @@ def _fold_rows(
     refs: RefsFold | None = None,
     ws: WorkspacesFold | None = None,
 ) -> int:
-    """Fold raw event rows into `working` (and `refs`); return the last seq seen."""
+    """Fold raw event rows after `after_seq` into `working` (and `refs`, `ws`); return the
+    last seq seen. With `evict`, a step that finishes leaves `working` through it and
+    comes back through `lookup` (see `StepSpill`): memory follows the unfinished steps."""
     last = 0
     done = 0
     # locals: this loop runs once per event of the ledger
@@ -222,6 +224,37 @@ def _first(row: tuple[object, ...]) -> object:
     return row[0]
 
 
+class StepSpill:
+    """Finished step rows written out of memory into `table` (in key-ordered chunks)
+    and read back when a step continues: the `evict` / `lookup` pair `_fold_rows`
+    takes, so a fold's memory follows the unfinished steps. `rebuild` spills into the
+    ledger's ``steps``; `verify` into a connection-private TEMP table."""
+
+    CHUNK: Final = 5_000
+
+    def __init__(self, conn: apsw.Connection, table: str = "steps") -> None:
+        self.conn, self.table = conn, table
+        self.upsert = UPSERT_SQL.replace("INSERT INTO steps(", f"INSERT INTO {table}(", 1)
+        self.written: list[tuple[object, ...]] = []
+
+    def evict(self, row: StepRow) -> None:
+        self.written.append(row.as_tuple())
+        if len(self.written) >= self.CHUNK:
+            self.flush()
+
+    def lookup(self, step_id: str) -> StepRow | None:
+        self.flush()
+        row = self.conn.execute(f"SELECT {SELECT_COLUMNS} FROM {self.table} WHERE step_id = ?",
+                                (step_id,)).fetchone()
+        return None if row is None else StepRow.from_tuple(row)
+
+    def flush(self) -> None:
+        if self.written:
+            self.written.sort(key=_first)  # by step id (stable): B-tree inserts in key order
+            self.conn.executemany(self.upsert, self.written)
+            self.written.clear()
+
+
 def rebuild(db: Database, log: EventLog, progress: Progress | None = None) -> int:
     """Recompute every projection from the events and swap them in atomically.
 
@@ -239,34 +272,17 @@ def rebuild(db: Database, log: EventLog, progress: Progress | None = None) -> in
         for name, _ in indexes:
             conn.execute(f'DROP INDEX "{name}"')
         conn.execute("DELETE FROM steps")
-        written: list[tuple[object, ...]] = []
-
-        def flush_written() -> None:
-            written.sort(key=_first)  # by step id (stable): B-tree inserts in key order
-            conn.executemany(UPSERT_SQL, written)
-            written.clear()
-
-        def evict(row: StepRow) -> None:
-            written.append(row.as_tuple())
-            if len(written) >= 5_000:
-                flush_written()
-
-        def lookup(step_id: str) -> StepRow | None:
-            if written:
-                flush_written()
-            return load_step(conn, step_id)
-
+        spill = StepSpill(conn)
         working: dict[str, StepRow] = {}
         refs = RefsFold(drain_to=conn)  # manifests stream out; only live pins stay
         refs.clear_tables(conn)
         ws = WorkspacesFold()
         WorkspacesFold.clear_tables(conn)
-        last = _fold_rows(log, 0, working, lookup, evict, progress, total, refs, ws)
+        last = fold_rows(log, 0, working, spill.lookup, spill.evict, progress, total, refs, ws)
         ws.write(conn)
         for row in working.values():
-            evict(row)
-        if written:
-            flush_written()
+            spill.evict(row)
+        spill.flush()
         refs.write(conn)
         for _, sql in indexes:
             conn.execute(sql)
@@ -293,7 +309,7 @@ def catch_up(db: Database, log: EventLog) -> int:
         working: dict[str, StepRow] = {}
         refs = refs_mod.RefsBatch()  # the inline writer's netting, over the whole tail
         ws = WorkspacesFold(conn)
-        last = _fold_rows(
+        last = fold_rows(
             log, cp.last_seq, working, lambda s: load_step(conn, s), None, None, 0, refs, ws
         )
         if working:
@@ -313,7 +329,7 @@ def fold_all(
     """Every step (and, given `refs` / `ws`, every pin, manifest and workspace) folded in
     memory from seq 1."""
     working: dict[str, StepRow] = {}
-    _fold_rows(log, 0, working, lambda s: None, None, progress, log.count(), refs, ws)
+    fold_rows(log, 0, working, lambda s: None, None, progress, log.count(), refs, ws)
     return working
 
 
@@ -405,7 +421,7 @@ def read_steps(
             rows = [StepRow.from_tuple(r) for r in conn.execute(sql + " ORDER BY first_seq", params)]
             if cp.last_seq < head:
                 overlay: dict[str, StepRow] = {}
-                _fold_rows(
+                fold_rows(
                     log, cp.last_seq, overlay, lambda s: load_step(conn, s), None, None, 0
                 )
                 rows = [overlay.pop(r.step_id, r) for r in rows] + list(overlay.values())
@@ -420,10 +436,12 @@ def read_steps(
 __all__ = [
     "Checkpoint",
     "StepRow",
+    "StepSpill",
     "StepsProjector",
     "catch_up",
     "checkpoint",
     "fold_all",
+    "fold_rows",
     "load_step",
     "read_refs",
     "read_steps",

@@ -53,14 +53,17 @@ class RefsFold:
 
     DRAIN_AT: Final = 5_000
 
-    def __init__(self, drain_to: apsw.Connection | None = None) -> None:
+    def __init__(self, drain_to: apsw.Connection | None = None,
+                 tables: tuple[str, str] = ("manifests", "manifest_entries")) -> None:
         self.pins: dict[PinKey, tuple[str, int]] = {}
         self._by_attempt: dict[tuple[str, int], set[str]] = {}
         self.manifests: list[ManifestRow] = []
         self.entries: list[EntryRow] = []
         # With a connection, manifests and entries are written out as they accumulate
-        # (rebuild: memory bounded by live pins); without, they stay (verify compares).
+        # (rebuild into the ledger's tables, verify into TEMP ones named by `tables`:
+        # memory bounded by live pins); without, they stay in memory.
         self._drain_to = drain_to
+        self._tables = tables
 
     def fold(self, event: object, seq: int) -> None:
         # by kind, not class: rebuild folds slim events (projections.lite)
@@ -88,17 +91,20 @@ class RefsFold:
             self.manifests.append(manifest)
             self.entries.extend(entries)
             if self._drain_to is not None and len(self.entries) >= self.DRAIN_AT:
-                self._drain(self._drain_to)
+                self.drain(self._drain_to)
 
-    def _drain(self, conn: apsw.Connection) -> None:
+    def drain(self, conn: apsw.Connection) -> None:
+        """Write the manifests and entries folded since the last drain into this fold's
+        tables, and forget them (pins are written by `write` only)."""
         # OR REPLACE: a catch-up may fold again a manifest whose rows are already there
+        manifests, entries = self._tables
         conn.executemany(
-            "INSERT OR REPLACE INTO manifests(step, manifest_rev, attempt, digest, supersedes, seq)"
-            " VALUES (?,?,?,?,?,?)",
+            f"INSERT OR REPLACE INTO {manifests}(step, manifest_rev, attempt, digest, supersedes,"
+            " seq) VALUES (?,?,?,?,?,?)",
             self.manifests,
         )
         conn.executemany(
-            "INSERT OR REPLACE INTO manifest_entries(step, manifest_rev, role, path, digest, size)"
+            f"INSERT OR REPLACE INTO {entries}(step, manifest_rev, role, path, digest, size)"
             " VALUES (?,?,?,?,?,?)",
             self.entries,
         )
@@ -118,7 +124,7 @@ class RefsFold:
         conn.executemany(
             "INSERT INTO pins(step, attempt, digest, role, seq) VALUES (?,?,?,?,?)", self.pin_rows()
         )
-        self._drain(conn)
+        self.drain(conn)
 
 
 class RefsBatch(RefsFold):
@@ -154,7 +160,7 @@ class RefsBatch(RefsFold):
                 self.pin_rows(),
             )
         if self.manifests:
-            self._drain(conn)
+            self.drain(conn)
 
 
 def read_tables(conn: apsw.Connection) -> tuple[list[object], list[object], list[object]]:

@@ -36,35 +36,62 @@ from .workspace import WorkspaceDir, identity_of, temp_stamp
 if TYPE_CHECKING:
     from .ledger import Ledger
 
+#: One committed change of a path: (its workspace rev, digest or None for absent, mode).
+_Change = tuple[int, str | None, int | None]
+
 
 class CommittedFold:
     """Per (workspace, path): the digest of its committed content (None: absent) and
-    the mode recorded with it (`modes`; None: not recorded)."""
+    the mode recorded with it (`mode`; None: not recorded).
+
+    A path's committed content is its highest-rev committed change, whatever order the
+    events that commit them come in: the post-image of a write whose attempt published a
+    manifest (then or later — a retry may publish an attempt after a newer step wrote the
+    same path), or the pre-image a compensation put back (never a ``conflict``, which
+    left the path as found). Revs are the workspace's, so this is the order the changes
+    were applied in — the order the workspace projection's path hashes follow: once no
+    attempt is in flight, and nothing but steps changed the files, the two agree.
+    Writes of an attempt that never publishes (compensated, or still in flight) never
+    count; a rejected attempt has no applied writes (its `undone` puts back writes no
+    `fenced` recorded, leaving the path's rev alone)."""
 
     def __init__(self) -> None:
-        #: (step, attempt) -> (workspace, path) -> (post-image digest, its mode)
-        self.pending: dict[tuple[str, int], dict[tuple[str, str], tuple[str | None, int | None]]]
-        self.pending = {}
-        self.committed: dict[tuple[str, str], str | None] = {}
-        self.modes: dict[tuple[str, str], int | None] = {}
+        #: (step, attempt) -> (workspace, path) -> (rev, post-image digest, its mode)
+        self.pending: dict[tuple[str, int], dict[tuple[str, str], _Change]] = {}
+        #: (workspace, path) -> its highest-rev committed change
+        self.changes: dict[tuple[str, str], _Change] = {}
 
     def feed(self, event: object) -> None:
         if isinstance(event, Fenced) and event.workspace:
             writes = self.pending.setdefault((event.step, event.attempt), {})
             for w in event.writes:
-                writes[(event.workspace, w.path)] = (w.post_hash, w.post_mode)
+                writes[(event.workspace, w.path)] = (w.rev, w.post_hash, w.post_mode)
         elif isinstance(event, ManifestPublished):
-            for key, (digest, mode) in self.pending.pop((event.step, event.attempt), {}).items():
-                self.committed[key], self.modes[key] = digest, mode
+            for key, change in self.pending.pop((event.step, event.attempt), {}).items():
+                self._commit(key, change)
         elif isinstance(event, Compensated):
             self.pending.pop((event.step, event.attempt), None)
             for r in event.restored:
                 if r.outcome != "conflict":
-                    key = (event.workspace, r.path)
-                    self.committed[key], self.modes[key] = r.digest, r.mode
+                    self._commit((event.workspace, r.path), (r.rev, r.digest, r.mode))
+
+    def _commit(self, key: tuple[str, str], change: _Change) -> None:
+        held = self.changes.get(key)
+        if held is None or change[0] > held[0]:
+            self.changes[key] = change
+
+    @property
+    def committed(self) -> dict[tuple[str, str], str | None]:
+        """(workspace, path) -> the digest of its committed content (None: absent)."""
+        return {key: change[1] for key, change in self.changes.items()}
+
+    def mode(self, workspace: str, path: str) -> int | None:
+        """The mode recorded with the path's committed content (None: not recorded)."""
+        change = self.changes.get((workspace, path))
+        return None if change is None else change[2]
 
     def paths(self, workspace: str) -> dict[str, str | None]:
-        return {p: d for (w, p), d in sorted(self.committed.items()) if w == workspace}
+        return {p: c[1] for (w, p), c in sorted(self.changes.items()) if w == workspace}
 
 
 class RestoreReport(msgspec.Struct, kw_only=True):
@@ -196,7 +223,7 @@ def restore(ledger: Ledger, workspace: str, to: str | os.PathLike[str], *,
             absent += 1
             continue
         # copied piece by piece, checked again
-        out.put(path, ledger.blob_chunks(digest), mode=fold.modes.get((workspace, path)))
+        out.put(path, ledger.blob_chunks(digest), mode=fold.mode(workspace, path))
         written += 1
         size += sizes[digest]
     for path, digest in content.items():  # read back: what is on disk is what was committed

@@ -1,0 +1,228 @@
+"""Issue 11 review: restore commits each path's content in revision order, not publish order.
+
+The model-based fault machine found it: step ws-1 creates `lib/new.txt` and a power loss
+cuts it after `fenced` (before its publish); step ws-2 changes the file (fenced at a
+higher rev, published); ws-1 is retried and publishes late. `restore` then wrote ws-1's
+content — the last *published* — while the workspace projection (and the directory)
+held ws-2's. A path's committed content is its highest-rev committed change: the
+post-image of a write whose attempt published (whenever it did), or the pre-image a
+compensation put back. Here: the scenario through the library, the machine's own rule
+sequence with a real simulated power loss, and a property — after random step sequences,
+once nothing is in flight, restore's content is the projection's path state, and
+restore writes exactly that.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from pathlib import Path
+
+from conftest import FakeClock
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from test_model_faults import NEW_PATH, Crash, LedgerModel, replay
+
+import ledger.faults as F
+from ledger import Ledger
+from ledger.fences import StepPlan, Write
+from ledger.restore import committed_content
+
+
+def h(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+def _tree(root: Path) -> dict[str, str]:
+    """Every regular file under `root` -> its hash."""
+    return {str(p.relative_to(root)): h(p.read_bytes()) for p in root.rglob("*") if p.is_file()}
+
+
+def _projection(led: Ledger, ws: str) -> dict[str, str | None]:
+    return {p: digest for p, (_rev, digest) in led.workspace_paths(ws).items()}
+
+
+class World:
+    """A ledger on a fake clock and one workspace `w` under a live lease."""
+
+    def __init__(self, tmp: Path) -> None:
+        self.tmp = tmp
+        self.dir = tmp / "ws"
+        self.dir.mkdir()
+        self.ledger = Ledger.init(tmp / "ledger.db", clock=FakeClock())
+        self.ledger.add_workspace("w", str(self.dir))
+        self.epoch = self.ledger.acquire("w", "agent", ttl_s=3600).epoch
+
+    def apply(self, step: str, writes: dict[str, bytes | None]) -> str:
+        """Admit `step` writing `writes` against what the workspace holds now, apply it."""
+        plan = [Write(p, data, self.ledger.snapshot("w", p)[1]) for p, data in writes.items()]
+        assert self.ledger.admit("w", self.epoch, [StepPlan(step, plan)]) == [None]
+        return self.ledger.apply(step, epoch=self.epoch).verdict
+
+
+def test_a_late_publish_does_not_restore_the_older_content(tmp_path: Path) -> None:
+    """ws-1 creates lib/new.txt and stops after its apply; ws-2 changes the file and
+    commits; ws-1 publishes late. Restore must write ws-2's content (rev 2), not
+    ws-1's (published last). Before the fix it wrote b"one"."""
+    w = World(tmp_path)
+    assert w.apply("ws-1", {"lib/new.txt": b"one"}) == "applied"  # rev 1, not published
+    assert w.apply("ws-2", {"lib/new.txt": b"two"}) == "applied"  # rev 2
+    w.ledger.publish("ws-2")
+    w.ledger.ack("ws-2")
+    w.ledger.publish("ws-1")  # the retry of ws-1 finishes it: the later publish
+    w.ledger.ack("ws-1")
+    assert w.ledger.workspace_paths("w") == {"lib/new.txt": (2, h(b"two"))}
+    assert committed_content(w.ledger, "w") == {"lib/new.txt": h(b"two")}
+    w.ledger.release("w", w.epoch)
+    w.ledger.restore("w", tmp_path / "fresh")
+    assert (tmp_path / "fresh" / "lib" / "new.txt").read_bytes() == b"two"
+    assert _tree(tmp_path / "fresh") == _tree(w.dir) == _projection(w.ledger, "w")
+    assert F.i9_problems(w.ledger) == []
+    assert w.ledger.verify().ok
+
+
+def test_compensating_the_older_step_afterwards_leaves_the_newer_content(
+        tmp_path: Path) -> None:
+    """The older step, published late, is then compensated: its write is a conflict
+    (a newer step moved the path's rev), nothing goes back, the newer content stays."""
+    w = World(tmp_path)
+    w.apply("ws-1", {"lib/new.txt": b"one", "a.txt": b"a1"})
+    w.apply("ws-2", {"lib/new.txt": b"two"})
+    w.ledger.publish("ws-2")
+    w.ledger.publish("ws-1")
+    c = w.ledger.compensate("ws-1", epoch=w.epoch, reason="undo")
+    assert {(r.path, r.outcome) for r in c.restored} == {
+        ("lib/new.txt", "conflict"), ("a.txt", "restored")}
+    assert committed_content(w.ledger, "w") == {"a.txt": None, "lib/new.txt": h(b"two")}
+    assert committed_content(w.ledger, "w") == _projection(w.ledger, "w")
+    w.ledger.release("w", w.epoch)
+    w.ledger.restore("w", tmp_path / "fresh")
+    assert _tree(tmp_path / "fresh") == {"lib/new.txt": h(b"two")}
+
+
+def _after_fenced_commit() -> int:
+    """The disk operation (1-based, into the call) just after a one-path workspace
+    step's `fenced` commit is durable: the first operation after the rename that is
+    not the commit's own (the publish begins)."""
+    probe = LedgerModel()
+    try:
+        start = probe.disk.ops
+        probe.workspace_step(paths=(NEW_PATH,), content=3, crash=None)
+        trace = probe.disk.trace[start:]
+    finally:
+        probe.teardown()
+    rename = max(i for i, kind in enumerate(trace, 1) if kind == "ws-rename")
+    synced = next(i for i, kind in enumerate(trace, 1) if i > rename and kind == "db-sync")
+    return synced + 1
+
+
+def test_machine_regression_late_publish_then_restore() -> None:
+    """The machine's sequence (a real simulated power loss; every invariant after each
+    rule, among them: the restored directory holds what the projection says):
+
+        state.workspace_step(paths=('lib/new.txt',), content=3,
+                             crash=Crash('power', at=<after fenced>))
+        state.workspace_step(paths=('lib/new.txt',), content=0, crash=None)
+        state.retry(pick=0, crash=None)        # ws-1 publishes late
+        state.restore_workspace(crash=None)    # wrote ws-1's content before the fix
+    """
+    at = _after_fenced_commit()
+    seen: dict[str, object] = {}
+
+    def inspect(state: LedgerModel) -> None:
+        led = state.led
+        assert led is not None
+        seen["kinds"] = [(r.event.step, r.kind) for r in led.read()
+                         if r.kind in ("fenced", "manifest-published")]
+        root = Path(led.workspace("w").root)
+        seen["restored"] = (root / NEW_PATH).read_bytes()
+        seen["projection"] = _projection(led, "w")
+        seen["committed"] = committed_content(led, "w")
+
+    state = replay(LedgerModel,
+                   ("workspace_step", {"paths": (NEW_PATH,), "content": 3,
+                                       "crash": Crash("power", at=at)}),
+                   ("workspace_step", {"paths": (NEW_PATH,), "content": 0, "crash": None}),
+                   ("retry", {"pick": 0, "crash": None}),
+                   ("restore_workspace", {"crash": None}), inspect=inspect)
+    assert "cut by" in state.history[0], state.history
+    # the scenario happened: ws-1 fenced first, published after ws-2
+    assert seen["kinds"] == [("ws-1", "fenced"), ("ws-2", "fenced"),
+                             ("ws-2", "manifest-published"), ("ws-1", "manifest-published")]
+    assert h(seen["restored"]) == seen["projection"][NEW_PATH]  # type: ignore[arg-type,index]
+    assert seen["committed"] == seen["projection"]
+
+
+# --- the property: restore's content is the projection's, once nothing is in flight ------
+
+PATHS = ("a.txt", "lib/new.txt")
+CONTENTS = (b"x", b"y", b"zz", None)  # None: delete (or create, when absent)
+
+#: One action: ("step", paths, content index, then: "publish" | "hold" | "compensate"),
+#: ("late", pick): publish a held step; ("undo", pick): compensate any earlier step.
+ACTION = st.one_of(
+    st.tuples(st.just("step"), st.sets(st.sampled_from(PATHS), min_size=1, max_size=2),
+              st.integers(0, len(CONTENTS) - 1),
+              st.sampled_from(("publish", "hold", "compensate"))),
+    st.tuples(st.just("late"), st.integers(0, 7)),
+    st.tuples(st.just("undo"), st.integers(0, 7)),
+)
+
+
+@settings(max_examples=40, deadline=None, derandomize=True, database=None,
+          suppress_health_check=[HealthCheck.function_scoped_fixture,
+                                 HealthCheck.too_slow])
+@given(actions=st.lists(ACTION, min_size=1, max_size=8), finish=st.booleans())
+def test_restore_equals_the_projection_after_random_steps(
+        tmp_path_factory, actions: list[tuple], finish: bool) -> None:
+    """Steps writing overlapping paths, published at once, held and published late (in
+    any order), compensated (before or after newer steps wrote the same paths), the
+    ones still held published last (`finish`, newest first) or left in flight and
+    settled by a new epoch: afterwards committed_content equals the projection's path
+    hashes, and restore writes exactly those files."""
+    tmp = tmp_path_factory.mktemp("prop")
+    w = World(tmp)
+    led = w.ledger
+    held: list[str] = []
+    made: list[str] = []
+    for n, action in enumerate(actions):
+        if action[0] == "step":
+            _, paths, k, then = action
+            step = f"s{n}"
+            writes: dict[str, bytes | None] = {}
+            for i, p in enumerate(sorted(paths)):
+                data = CONTENTS[(k + i) % len(CONTENTS)]
+                if data is None and led.snapshot("w", p)[1] is None and not (w.dir / p).exists():
+                    data = b"new"  # nothing to delete: create it
+                writes[p] = data
+            if w.apply(step, writes) not in ("applied", "deduped"):
+                continue  # the fence said no: the attempt ended
+            made.append(step)
+            if then == "publish":
+                led.publish(step)
+            elif then == "hold":
+                held.append(step)
+            else:
+                led.compensate(step, epoch=w.epoch, reason="prop")
+        elif action[0] == "late" and held:
+            led.publish(held.pop(action[1] % len(held)))
+        elif action[0] == "undo" and made:
+            step = made[action[1] % len(made)]
+            if led.step(step).state not in ("compensated", "rejected"):
+                led.compensate(step, epoch=w.epoch, reason="prop")
+                if step in held:
+                    held.remove(step)  # ended: never published
+    if finish:
+        for step in reversed(held):
+            led.publish(step)
+    # a new epoch settles whatever is still in flight
+    lease = led.acquire("w", "agent", ttl_s=3600, force=True)
+    assert not led.unsettled("w", lease.epoch)
+    projection = _projection(led, "w")
+    assert committed_content(led, "w") == projection, actions
+    assert _tree(w.dir) == {p: d for p, d in projection.items() if d is not None}
+    led.release("w", lease.epoch)
+    report = led.restore("w", tmp / "fresh")
+    assert _tree(tmp / "fresh") == {p: d for p, d in projection.items() if d is not None}
+    assert report.paths == sum(d is not None for d in projection.values())
+    assert F.i9_problems(led) == []
+    led.close()

@@ -1924,8 +1924,9 @@ def restore_cmd(ctx: click.Context, ws_name: str | None, target: str, force: boo
     """Write a workspace's committed content to DIR, and make DIR its root.
 
     Each path stepledger knows goes back to its committed content: the post-image of
-    its last published write, or the pre-image a compensation put back; every blob is
-    checked before the first file is written. Files stepledger never wrote are not
+    its newest committed write (by revision, whenever its step published), or the
+    pre-image a compensation put back; every blob is checked before the first file is
+    written. Files stepledger never wrote are not
     in the ledger and are not restored. A workspace-restored event records DIR as the
     workspace's new root: steps write there from now on.
 

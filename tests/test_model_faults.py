@@ -55,8 +55,9 @@ after the fault fired under it: the client saw the answer). After every rule:
   ledger says once no workspace call is in doubt (a cut workspace step is not once its
   attempt ended: settled), or a recorded conflict — but not one settling should have
   taken back: the machine writes no file by hand, so the attempt's own unrecorded write,
-  holding its post-image while the attempt pinned a pre-image, is its leftover; the
-  checks themselves wrote nothing.
+  holding its post-image while the attempt pinned a pre-image, is its leftover; then
+  too, restore's committed content is the projection's path state (but where a recorded
+  conflict left a path); the checks themselves wrote nothing.
 
 Default: 50 examples x 20 rules, derandomized (the same run every time, ~5 s; the file
 ~25 s). STEPLEDGER_MODEL_FULL=1: 400 examples x 40 rules, random (~2-6 min).
@@ -122,6 +123,7 @@ from ledger import (
 from ledger.blobs import BlobStore
 from ledger.gc import collect
 from ledger.projections.steps import ENDED
+from ledger.restore import committed_content
 from ledger.steps import run_step, run_step_wrong_order
 
 FULL = os.environ.get("STEPLEDGER_MODEL_FULL", "") not in ("", "0")
@@ -936,6 +938,14 @@ class LedgerModel(RuleBasedStateMachine):
             if not in_flight:
                 paths = led.workspace_paths("w")
                 left = _left_for_a_human(led)
+                # what restore would write is what the projection says (revision order,
+                # whatever order the steps published in), but where a conflict was left
+                committed = committed_content(led, "w")
+                for path, (_rev, digest) in paths.items():
+                    if path not in left and committed.get(path, "?") != digest:
+                        self.fail(f"{path}: restore's committed content is"
+                                  f" {str(committed.get(path))[:12]}…, the projection's"
+                                  f" {str(digest)[:12]}…")
                 root = led.workspace("w").root  # moved by a restore
                 # app.py's v0 predates the ledger: a restore knows only what steps wrote
                 v0 = sha(V0) if root == self.ws_dir else None

@@ -1,16 +1,16 @@
 """Restore: materialize a workspace's committed content on a fresh directory.
 
 The literal "outlive the machine": every path the ledger knows at its committed content
-— its newest change by revision that is committed: the post-image of a write whose
-attempt published a manifest (then or later), or the pre-image a compensation put back
-— each a blob a manifest or a compensation record references (invariant I9), verified
-by hash as it is written. Revision order, not publish order: an attempt retried to its
-publish after a newer step wrote the same path does not bring its older bytes back. A `workspace-restored`
-event records the new root with its device and inode; steps write there from then on.
-The target is never the ledger's own directory nor inside another workspace. Files
-stepledger never wrote (untracked) are not in the ledger and are not restored. Each file
-gets the mode the ledger recorded for it (events written before modes were: 0o666 less
-the umask).
+— its newest committed change by revision: the post-image of a write whose attempt
+published a manifest (then or later), or the pre-image a compensation put back — each a
+blob a manifest or a compensation record references (invariant I9), verified by hash as
+it is written. Revision order, not publish order: an attempt retried to its publish
+after a newer step wrote the same path does not bring its older bytes back. A
+`workspace-restored` event records the new root with its device and inode; steps write
+there from then on. The target is never the ledger's own directory nor inside another
+workspace. Files stepledger never wrote (untracked) are not in the ledger and are not
+restored. Each file gets the mode the ledger recorded for it (events written before
+modes were: 0o666 less the umask).
 
 The target must be new or empty — or hold nothing but part of the committed content
 (a restore that was killed, midway or before its event): then the retry goes on where

@@ -1130,16 +1130,23 @@ def replay(machine: type[LedgerModel], *calls: tuple[str, dict[str, Any]],
     return state
 
 
-def _blob_ops_of_a_workspace_step() -> list[int]:
-    """The disk operations (1-based, into the call) of the post-image put a fresh
-    workspace step with a file-sized post-image makes inside `admit`."""
+def workspace_step_trace(paths: tuple[str, ...], content: int) -> list[str]:
+    """The kinds of the disk operations, in order, a fresh machine's uncut
+    `workspace_step(paths, content)` makes: a `Crash(..., at=i)` cuts it at the i-th
+    (1-based)."""
     probe = LedgerModel()
     try:
         start = probe.disk.ops
-        probe.workspace_step(paths=(WS_PATH,), content=2, crash=None)
-        trace = probe.disk.trace[start:]
+        probe.workspace_step(paths=paths, content=content, crash=None)
+        return probe.disk.trace[start:]
     finally:
         probe.teardown()
+
+
+def _blob_ops_of_a_workspace_step() -> list[int]:
+    """The disk operations (1-based, into the call) of the post-image put a fresh
+    workspace step with a file-sized post-image makes inside `admit`."""
+    trace = workspace_step_trace((WS_PATH,), 2)
     return [i for i, kind in enumerate(trace, 1) if kind in F.BLOB_KINDS]
 
 
@@ -1173,13 +1180,7 @@ def test_regression_kill_inside_admit_then_retry() -> None:
 def _kill_between_renames_and_fenced() -> int:
     """The disk operation (1-based, into the call) where a two-path workspace step's
     `fenced` commit starts: both renames have landed, nothing records them yet."""
-    probe = LedgerModel()
-    try:
-        start = probe.disk.ops
-        probe.workspace_step(paths=WS_PATHS, content=3, crash=None)
-        trace = probe.disk.trace[start:]
-    finally:
-        probe.teardown()
+    trace = workspace_step_trace(WS_PATHS, 3)
     last_rename = max(i for i, kind in enumerate(trace, 1) if kind == "ws-rename")
     return next(i for i, kind in enumerate(trace, 1) if i > last_rename and kind == "db-write")
 

@@ -20,7 +20,7 @@ from pathlib import Path
 from conftest import FakeClock
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from test_model_faults import NEW_PATH, Crash, LedgerModel, replay
+from test_model_faults import NEW_PATH, Crash, LedgerModel, replay, workspace_step_trace
 
 import ledger.faults as F
 from ledger import Ledger
@@ -101,15 +101,9 @@ def test_compensating_the_older_step_afterwards_leaves_the_newer_content(
 
 def _after_fenced_commit() -> int:
     """The disk operation (1-based, into the call) just after a one-path workspace
-    step's `fenced` commit is durable: the first operation after the rename that is
-    not the commit's own (the publish begins)."""
-    probe = LedgerModel()
-    try:
-        start = probe.disk.ops
-        probe.workspace_step(paths=(NEW_PATH,), content=3, crash=None)
-        trace = probe.disk.trace[start:]
-    finally:
-        probe.teardown()
+    step's `fenced` commit is durable (the first WAL sync after its rename): a cut
+    there keeps `fenced` and loses the publish."""
+    trace = workspace_step_trace((NEW_PATH,), 3)
     rename = max(i for i, kind in enumerate(trace, 1) if kind == "ws-rename")
     synced = next(i for i, kind in enumerate(trace, 1) if i > rename and kind == "db-sync")
     return synced + 1

@@ -299,13 +299,12 @@ def _check_contents(conn: apsw.Connection, path: str) -> int:
     return int(version)
 
 
-def _readonly_uri(path: str) -> str:
-    # With no -wal there is no live writer and nothing uncommitted; `immutable=1` reads
-    # the main file without creating -wal/-shm. With a -wal present, read through it.
+def _readonly_uri(path: str, *, immutable: bool = False) -> str:
+    """A read-only URI: `mode=ro` reads with SQLite's locks (consistent beside writers;
+    creates an empty -wal and a -shm when absent); `immutable=1` takes no locks and
+    creates nothing, so it is only consistent while no writer can run."""
     quoted = path.replace("?", "%3f").replace("#", "%23")
-    if os.path.exists(wal_path(path)):
-        return f"file:{quoted}?mode=ro"
-    return f"file:{quoted}?immutable=1"
+    return f"file:{quoted}?immutable=1" if immutable else f"file:{quoted}?mode=ro"
 
 
 def translate(exc: BaseException, path: str) -> LedgerError:
@@ -392,6 +391,8 @@ class Database:
         # exclusive one and, while anyone waits, steps aside for a few ms (bounded).
         self._lockq: int | None = None
         self._waiting = False
+        #: The lock files (-shm, -wal) a read-only open created: `close_refused` removes them.
+        self._created: list[str] = []
 
     # -- opening -------------------------------------------------------------------
 
@@ -405,65 +406,72 @@ class Database:
         busy_timeout_ms: int = BUSY_TIMEOUT_MS,
         vfs: str | None = None,
     ) -> Database:
-        """Open an existing ledger. Refused files are left byte-identical."""
+        """Open an existing ledger. Refused files are left byte-identical.
+
+        The file is judged first (plain-I/O header, then the schema allow-list through
+        a connection that creates nothing: `immutable=1` when no ``-wal`` exists), so a
+        refused file gets no ``-wal``/``-shm``. A read-only open of an accepted ledger
+        then reads with SQLite's real locks (`mode=ro`), which creates an empty ``-wal``
+        and a ``-shm`` when absent and never changes the file: its read transactions
+        are consistent snapshots while writers commit and checkpoint beside it. Only
+        where those cannot be created (read-only media, a directory it may not write)
+        does it read `immutable=1`, which is consistent because no writer can run there
+        without creating a ``-wal`` (`_refresh` reopens once one has).
+        """
         synchronous = _check_sync(synchronous)
         if not readonly:
             _refuse_symlinks(path)
         header = read_header(path)
-        # With a -wal present the read goes through it (mode=ro), which creates a -shm:
-        # a refused open removes the -shm it created (a refused file is left as found).
-        shm = path + "-shm"
-        shm_existed = os.path.lexists(shm)
-        through_wal = os.path.exists(wal_path(path))
+        version = _judge(path, header, busy_timeout_ms, vfs)
+        if not readonly:
+            return cls._open_writer(path, synchronous, busy_timeout_ms, vfs)
+        shm, wal = path + "-shm", wal_path(path)
+        shm_existed, wal_existed = os.path.lexists(shm), os.path.lexists(wal)
         try:
-            conn = apsw.Connection(
-                _readonly_uri(path),
-                flags=apsw.SQLITE_OPEN_READONLY | apsw.SQLITE_OPEN_URI,
-                **({"vfs": vfs} if vfs else {}),
-            )
-        except apsw.Error as exc:
-            _remove_created_shm(shm, shm_existed)
-            raise NotALedger(path, f"SQLite cannot open it: {exc}") from None
-        try:
-            _harden(conn, allow_triggers=False)
-            set_busy(conn, busy_timeout_ms)
-            version = _check_contents(conn, path)
+            conn = _reader(path, busy_timeout_ms, vfs, immutable=False)
+            version = _check_contents(conn, path)  # again: the file may have been swapped
+        except (apsw.CantOpenError, apsw.ReadOnlyError):
+            # No -shm can be created here. With no committed -wal content, reading the
+            # main file alone is complete, and no writer can run without creating one.
+            if os.path.exists(wal) and os.path.getsize(wal) > 0:
+                raise NotALedger(path, "its -wal holds committed data but no -shm can be"
+                                 " created beside it to read it (a read-only directory):"
+                                 " copy the ledger and its -wal somewhere writable"
+                                 ) from None
+            _remove_created(shm, shm_existed)
+            _remove_created(wal, wal_existed)
+            return cls._immutable_reader(path, busy_timeout_ms, vfs)
         except BaseException as exc:
-            with contextlib.suppress(apsw.Error):  # the error being raised says more
-                conn.close()
-            if through_wal:
-                _remove_created_shm(shm, shm_existed)
-            if isinstance(exc, NotALedger) and through_wal and header is not None:
-                # The main file's header is a ledger's: what SQLite read came from the -wal.
-                raise NotALedger(wal_path(path), f"the ledger's own header is fine, but through"
-                                 f" this -wal SQLite reads another database ({exc.why}): the"
-                                 " -wal belongs to another file; move it aside") from None
+            _remove_created(shm, shm_existed)
+            _remove_created(wal, wal_existed)
             if isinstance(exc, apsw.Error | UnicodeDecodeError):
                 raise NotALedger(path, f"SQLite cannot read it: {exc}") from None
             raise
-        if readonly:
-            db = cls(conn, path, version, readonly=True)
-            uri = _readonly_uri(path)
-            if "immutable=1" in uri:
-                st = os.stat(path)
-                db._immutable = (st.st_mtime_ns, st.st_size)
+        db = cls(conn, path, version, readonly=True)
+        db._created = [p for p, existed in ((shm, shm_existed), (wal, wal_existed)) if not existed]
+        return db
 
-                def reopen() -> apsw.Connection:
-                    fresh = apsw.Connection(_readonly_uri(path),
-                                            flags=apsw.SQLITE_OPEN_READONLY | apsw.SQLITE_OPEN_URI,
-                                            **({"vfs": vfs} if vfs else {}))
-                    _harden(fresh, allow_triggers=False)
-                    set_busy(fresh, busy_timeout_ms)
-                    _check_contents(fresh, path)
-                    return fresh
-
-                db._reopen = reopen
-            return db
+    @classmethod
+    def _immutable_reader(cls, path: str, busy_timeout_ms: int, vfs: str | None) -> Database:
+        """A reader of a ledger beside which no -shm can be created (see `open`)."""
         try:
-            conn.close()  # the last connection's close may write (a checkpoint): it can fail
-        except apsw.Error as exc:
+            st = os.stat(path)
+            conn = _reader(path, busy_timeout_ms, vfs, immutable=True)
+            version = _check_contents(conn, path)
+        except (apsw.Error, UnicodeDecodeError) as exc:
+            raise NotALedger(path, f"SQLite cannot read it: {exc}") from None
+        except OSError as exc:
             raise translate(exc, path) from None
-        return cls._open_writer(path, synchronous, busy_timeout_ms, vfs)
+        db = cls(conn, path, version, readonly=True)
+        db._immutable = (st.st_mtime_ns, st.st_size)
+
+        def reopen() -> apsw.Connection:
+            fresh = _reader(path, busy_timeout_ms, vfs, immutable=not os.path.exists(wal_path(path)))
+            _check_contents(fresh, path)
+            return fresh
+
+        db._reopen = reopen
+        return db
 
     @classmethod
     def _open_writer(
@@ -710,6 +718,16 @@ class Database:
             raise CorruptLedger(self.path, f"meta key {key!r} is missing")
         return value
 
+    def close_refused(self) -> None:
+        """Close a ledger its opener refused after it opened (damaged beyond the schema, off
+        its witness): errors of the close are suppressed (the refusal says more), and the
+        -shm and still empty -wal a read-only open created are removed, so a refused file
+        is left as it was found."""
+        with contextlib.suppress(LedgerError):
+            self.close()
+        for sidecar in self._created:
+            _remove_created(sidecar, existed=False)
+
     def close(self) -> None:
         """Close; a failing final checkpoint is an environment error (exit 3), typed —
         what was committed is durable in the WAL either way."""
@@ -725,13 +743,86 @@ class Database:
             raise translate(exc, self.path) from None
 
 
-def _remove_created_shm(shm: str, existed: bool) -> None:
-    """Remove the -shm a refused read-only open created (never one that was there)."""
+def _remove_created(sidecar: str, existed: bool) -> None:
+    """Remove the -shm, or the empty -wal, that a refused read-only open created (never
+    one that was there before the open)."""
     if existed:
         return
     with contextlib.suppress(OSError):
-        if os.path.isfile(shm) and not os.path.islink(shm):
-            os.unlink(shm)
+        st = os.lstat(sidecar)
+        if stat.S_ISREG(st.st_mode) and (sidecar.endswith("-shm") or st.st_size == 0):
+            os.unlink(sidecar)
+
+
+def _reader(path: str, busy_timeout_ms: int, vfs: str | None, *, immutable: bool
+            ) -> apsw.Connection:
+    """A hardened read-only connection (`immutable=1`: no locks, nothing created)."""
+    conn = apsw.Connection(_readonly_uri(path, immutable=immutable),
+                           flags=apsw.SQLITE_OPEN_READONLY | apsw.SQLITE_OPEN_URI,
+                           **({"vfs": vfs} if vfs else {}))
+    try:
+        _harden(conn, allow_triggers=False)
+        set_busy(conn, busy_timeout_ms)
+    except BaseException:
+        _close_quietly(conn)
+        raise
+    return conn
+
+
+#: How often `_judge` re-reads a file that a writer changed under it.
+JUDGE_TRIES: Final = 5
+
+
+def _file_state(path: str) -> tuple[int, int, int, bool]:
+    """What changes when a writer moves the file on: inode, size, mtime, a -wal."""
+    st = os.stat(path)
+    return st.st_ino, st.st_size, st.st_mtime_ns, os.path.exists(wal_path(path))
+
+
+def _judge(path: str, header: Header | None, busy_timeout_ms: int, vfs: str | None) -> int:
+    """Check the contents (application id, version, schema allow-list) without leaving a
+    file behind; return the version. With no -wal the check reads `immutable=1`, which
+    takes no locks: a refusal seen while a writer changed the file (a checkpoint, a new
+    -wal) may be a torn read, so the file is judged again, up to JUDGE_TRIES times. With
+    a -wal it reads through it, which creates a -shm; a refusal removes that -shm."""
+    shm = path + "-shm"
+    for tries_left in range(JUDGE_TRIES - 1, -1, -1):
+        shm_existed = os.path.lexists(shm)
+        through_wal = os.path.exists(wal_path(path))
+        try:
+            before = _file_state(path)
+        except OSError as exc:
+            raise translate(exc, path) from None
+        try:
+            conn = _reader(path, busy_timeout_ms, vfs, immutable=not through_wal)
+        except apsw.Error as exc:
+            _remove_created(shm, shm_existed)
+            raise NotALedger(path, f"SQLite cannot open it: {exc}") from None
+        try:
+            version = _check_contents(conn, path)
+        except BaseException as exc:
+            with contextlib.suppress(apsw.Error):  # the error being raised says more
+                conn.close()
+            if through_wal:
+                _remove_created(shm, shm_existed)
+            with contextlib.suppress(OSError):
+                if (tries_left and not through_wal and isinstance(exc, LedgerError | apsw.Error)
+                        and _file_state(path) != before):
+                    continue
+            if isinstance(exc, NotALedger) and through_wal and header is not None:
+                # The main file's header is a ledger's: what SQLite read came from the -wal.
+                raise NotALedger(wal_path(path), f"the ledger's own header is fine, but through"
+                                 f" this -wal SQLite reads another database ({exc.why}): the"
+                                 " -wal belongs to another file; move it aside") from None
+            if isinstance(exc, apsw.Error | UnicodeDecodeError):
+                raise NotALedger(path, f"SQLite cannot read it: {exc}") from None
+            raise
+        try:
+            conn.close()
+        except apsw.Error as exc:
+            raise translate(exc, path) from None
+        return version
+    raise AssertionError("unreachable: the last try returns or raises")
 
 
 def _refuse_symlinks(path: str) -> None:

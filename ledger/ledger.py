@@ -242,7 +242,7 @@ class Ledger(WorkspaceProtocol):
         try:
             ledger = cls(db, clock or time.time_ns, **options)
         except BaseException:
-            db.close()
+            db.close_refused()
             raise
         try:
             if resolve:
@@ -250,7 +250,7 @@ class Ledger(WorkspaceProtocol):
             if not readonly:
                 catch_up(db, ledger._log)
         except BaseException:
-            db.close()
+            db.close_refused()
             raise
         return ledger
 

@@ -171,6 +171,19 @@ def snapshot_dir(directory: Path) -> dict[str, bytes | None]:
     return out
 
 
+def lock_files_aside(snap: dict[str, Any]) -> dict[str, Any]:
+    """A snapshot without SQLite's lock files: a ``-shm`` (the WAL index, no data) and an
+    empty ``-wal``. A read-only open of an accepted ledger reads with SQLite's locks,
+    which creates those two; it must create nothing else (a refused file not even them)."""
+    out = {}
+    for name, value in snap.items():
+        data = value[0] if isinstance(value, tuple) else value
+        if name.endswith("-shm") or (name.endswith("-wal") and data == b""):
+            continue
+        out[name] = value
+    return out
+
+
 def raw_connection(path: Path | str) -> apsw.Connection:
     """A plain apsw connection, as an attacker or another tool would open the file."""
     return apsw.Connection(os.fspath(path))

@@ -124,9 +124,10 @@ def tree(root: Path) -> dict[str, tuple[Any, ...]]:
     """Every entry below `root`: kind, mode, size, mtime and sha256 (files), target (links).
 
     Symlinks are recorded, never followed. Directory mtimes are left out (a temporary file
-    created and removed again is not a change), and so is the content of a ``-shm`` file
-    (SQLite's shared-memory index: even a read updates it while a connection is open); its
-    existence is recorded."""
+    created and removed again is not a change), and so are SQLite's lock files, a regular
+    ``-shm`` (the shared-memory index: even a read updates it) and an empty ``-wal``: any
+    open of an accepted ledger, read-only ones included, creates them and the last
+    writer's close removes them. A refused file's are checked by the mutant sweep."""
     out: dict[str, tuple[Any, ...]] = {}
     for dirpath, dirnames, filenames in os.walk(root):
         for name in dirnames + filenames:
@@ -135,8 +136,9 @@ def tree(root: Path) -> dict[str, tuple[Any, ...]]:
             rel = os.path.relpath(p, root)
             if stat.S_ISLNK(st.st_mode):
                 out[rel] = ("link", os.readlink(p))
-            elif stat.S_ISREG(st.st_mode) and name.endswith("-shm"):
-                out[rel] = ("shm",)
+            elif stat.S_ISREG(st.st_mode) and (name.endswith("-shm") or (
+                    name.endswith("-wal") and st.st_size == 0)):
+                continue
             elif stat.S_ISREG(st.st_mode):
                 with open(p, "rb") as f:
                     digest = hashlib.sha256(f.read()).hexdigest()
@@ -1392,7 +1394,14 @@ def _mutant_worker(data: bytes, seeds: list[int], workdir: Path, out_fd: int,
                 signal.pause()
             result = _probe_mutant(str(target))
             signal.alarm(0)
-            changed = target.read_bytes() != mutant or sorted(os.listdir(workdir)) != ["blobs", "ledger.db"]
+            # An accepted file is read under SQLite's locks (an empty -wal and a -shm may
+            # appear beside it); a refused one gets nothing at all.
+            names = set(os.listdir(workdir)) - {"blobs", "ledger.db"}
+            if result["open"] == "ok":
+                names -= {"ledger.db-shm"}
+                if (workdir / "ledger.db-wal").exists() and not (workdir / "ledger.db-wal").stat().st_size:
+                    names -= {"ledger.db-wal"}
+            changed = target.read_bytes() != mutant or bool(names)
             out.write(json.dumps({"seed": seed, "kind": kind, "result": result, "changed": changed}) + "\n")
 
 

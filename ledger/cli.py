@@ -220,8 +220,9 @@ def _progress(label: str) -> Any:
     return update, finish
 
 
-def _open(ctx: click.Context, *, readonly: bool, witness_check: bool = True) -> Ledger:
-    return Ledger.open(ctx.obj["ledger_path"], readonly=readonly,
+def _open(ctx: click.Context, *, readonly: bool, witness_check: bool = True,
+          forensic: bool = False) -> Ledger:
+    return Ledger.open(ctx.obj["ledger_path"], readonly=readonly, forensic=forensic,
                        witness=ctx.obj.get("witness"), witness_check=witness_check)
 
 
@@ -504,7 +505,7 @@ def verify(ctx: click.Context, expect_head: str | None, as_json: bool) -> None:
         stepledger verify --expect-head "$(cat /other/volume/ledger.head)"
     """
     update, finish = _progress("verifying")
-    with _open(ctx, readonly=True, witness_check=False) as ledger:
+    with _open(ctx, readonly=True, witness_check=False, forensic=True) as ledger:
         try:
             report = ledger.verify(expect_head=expect_head, progress=update)
         finally:

@@ -53,6 +53,8 @@ APPLICATION_ID: Final = 0x53544C47  # 'STLG'
 SCHEMA_VERSION: Final = 3
 SQLITE_MAGIC: Final = b"SQLite format 3\x00"
 VALUE_SIZE_MAX: Final = 64 * 1024 * 1024  # SQLITE_LIMIT_LENGTH: bounds any row we read
+#: The collector's lock file, beside the ledger (GC holds it exclusively while it runs).
+GC_LOCK_NAME: Final = ".stepledger-gc.lock"
 #: How long a writer waits for the write lock before LedgerBusy (exit 3).
 BUSY_TIMEOUT_MS: Final = 30_000
 
@@ -278,8 +280,31 @@ def _harden(conn: apsw.Connection, *, allow_triggers: bool) -> None:
     conn.execute("PRAGMA mmap_size=0")
 
 
-def _check_contents(conn: apsw.Connection, path: str) -> int:
-    """Check the application id, the version and the schema allow-list; return the version."""
+def schema_changes(conn: apsw.Connection, version: int) -> list[str]:
+    """How the file's schema differs from the allow-list of `version`, one line per object
+    (added, dropped or changed); empty when it matches exactly."""
+    found = {(t, n): sql for t, n, _, sql in
+             conn.execute("SELECT type, name, tbl_name, sql FROM sqlite_schema")}
+    expected = {(t, n): sql for t, n, _, sql in expected_schema(version)}
+    out = []
+    for key in sorted(found.keys() | expected.keys()):
+        kind, name = key
+        if key not in found:
+            out.append(f"{kind} {name} was dropped")
+        elif key not in expected:
+            out.append(f"{kind} {name} was added")
+        elif found[key] != expected[key]:
+            out.append(f"{kind} {name} was changed")
+    return out
+
+
+def _check_contents(conn: apsw.Connection, path: str, *, forensic: bool = False) -> int:
+    """Check the application id, the version and the schema allow-list; return the version.
+
+    `forensic` (read-only opens for `verify`) accepts a schema that differs only outside
+    its tables (a dropped, changed or added trigger, view or index): every table reads as
+    a ledger's, so everything else can still be checked; `schema_changes` names the rest.
+    """
     application_id = conn.execute("PRAGMA application_id").fetchone()[0]
     if application_id != APPLICATION_ID:
         raise NotALedger(path, f"SQLite application_id is {application_id:#x}, not stepledger's")
@@ -291,6 +316,8 @@ def _check_contents(conn: apsw.Connection, path: str) -> int:
     found = frozenset(conn.execute("SELECT type, name, tbl_name, sql FROM sqlite_schema"))
     extra = found - expected_schema(version)
     missing = expected_schema(version) - found
+    if forensic and not {r for r in extra | missing if r[0] == "table"}:
+        return int(version)
     if extra or missing:
         names = sorted({f"{t} {n}" for t, n, _, _ in extra | missing})
         raise NotALedger(
@@ -393,6 +420,9 @@ class Database:
         self._waiting = False
         #: The lock files (-shm, -wal) a read-only open created: `close_refused` removes them.
         self._created: list[str] = []
+        #: A forensic open (see `open`) and how its schema differs from the allow-list.
+        self.forensic = False
+        self.schema_changes: tuple[str, ...] = ()
 
     # -- opening -------------------------------------------------------------------
 
@@ -405,8 +435,13 @@ class Database:
         synchronous: Synchronous = "FULL",
         busy_timeout_ms: int = BUSY_TIMEOUT_MS,
         vfs: str | None = None,
+        forensic: bool = False,
     ) -> Database:
         """Open an existing ledger. Refused files are left byte-identical.
+
+        `forensic` (read-only only: `verify`) also opens a ledger whose schema differs
+        outside its tables (its append-only triggers dropped, say) and lists how in
+        `schema_changes`, so that it can be examined rather than refused.
 
         The file is judged first (plain-I/O header, then the schema allow-list through
         a connection that creates nothing: `immutable=1` when no ``-wal`` exists), so a
@@ -419,17 +454,20 @@ class Database:
         without creating a ``-wal`` (`_refresh` reopens once one has).
         """
         synchronous = _check_sync(synchronous)
+        if forensic and not readonly:
+            raise InvalidInput("a forensic open is read-only: pass readonly=True")
         if not readonly:
             _refuse_symlinks(path)
         header = read_header(path)
-        version = _judge(path, header, busy_timeout_ms, vfs)
+        version = _judge(path, header, busy_timeout_ms, vfs, forensic)
         if not readonly:
             return cls._open_writer(path, synchronous, busy_timeout_ms, vfs)
         shm, wal = path + "-shm", wal_path(path)
         shm_existed, wal_existed = os.path.lexists(shm), os.path.lexists(wal)
         try:
             conn = _reader(path, busy_timeout_ms, vfs, immutable=False)
-            version = _check_contents(conn, path)  # again: the file may have been swapped
+            # again: the file may have been swapped
+            version = _check_contents(conn, path, forensic=forensic)
         except (apsw.CantOpenError, apsw.ReadOnlyError):
             # No -shm can be created here. With no committed -wal content, reading the
             # main file alone is complete, and no writer can run without creating one.
@@ -440,7 +478,7 @@ class Database:
                                  ) from None
             _remove_created(shm, shm_existed)
             _remove_created(wal, wal_existed)
-            return cls._immutable_reader(path, busy_timeout_ms, vfs)
+            return cls._immutable_reader(path, busy_timeout_ms, vfs, forensic)
         except BaseException as exc:
             _remove_created(shm, shm_existed)
             _remove_created(wal, wal_existed)
@@ -449,25 +487,33 @@ class Database:
             raise
         db = cls(conn, path, version, readonly=True)
         db._created = [p for p, existed in ((shm, shm_existed), (wal, wal_existed)) if not existed]
+        db._forensic(forensic)
         return db
 
+    def _forensic(self, forensic: bool) -> None:
+        self.forensic = forensic
+        if forensic:
+            self.schema_changes = tuple(schema_changes(self.conn, self.version))
+
     @classmethod
-    def _immutable_reader(cls, path: str, busy_timeout_ms: int, vfs: str | None) -> Database:
+    def _immutable_reader(cls, path: str, busy_timeout_ms: int, vfs: str | None,
+                          forensic: bool) -> Database:
         """A reader of a ledger beside which no -shm can be created (see `open`)."""
         try:
             st = os.stat(path)
             conn = _reader(path, busy_timeout_ms, vfs, immutable=True)
-            version = _check_contents(conn, path)
+            version = _check_contents(conn, path, forensic=forensic)
         except (apsw.Error, UnicodeDecodeError) as exc:
             raise NotALedger(path, f"SQLite cannot read it: {exc}") from None
         except OSError as exc:
             raise translate(exc, path) from None
         db = cls(conn, path, version, readonly=True)
         db._immutable = (st.st_mtime_ns, st.st_size)
+        db._forensic(forensic)
 
         def reopen() -> apsw.Connection:
             fresh = _reader(path, busy_timeout_ms, vfs, immutable=not os.path.exists(wal_path(path)))
-            _check_contents(fresh, path)
+            _check_contents(fresh, path, forensic=forensic)
             return fresh
 
         db._reopen = reopen
@@ -779,7 +825,8 @@ def _file_state(path: str) -> tuple[int, int, int, bool]:
     return st.st_ino, st.st_size, st.st_mtime_ns, os.path.exists(wal_path(path))
 
 
-def _judge(path: str, header: Header | None, busy_timeout_ms: int, vfs: str | None) -> int:
+def _judge(path: str, header: Header | None, busy_timeout_ms: int, vfs: str | None,
+           forensic: bool = False) -> int:
     """Check the contents (application id, version, schema allow-list) without leaving a
     file behind; return the version. With no -wal the check reads `immutable=1`, which
     takes no locks: a refusal seen while a writer changed the file (a checkpoint, a new
@@ -799,7 +846,7 @@ def _judge(path: str, header: Header | None, busy_timeout_ms: int, vfs: str | No
             _remove_created(shm, shm_existed)
             raise NotALedger(path, f"SQLite cannot open it: {exc}") from None
         try:
-            version = _check_contents(conn, path)
+            version = _check_contents(conn, path, forensic=forensic)
         except BaseException as exc:
             with contextlib.suppress(apsw.Error):  # the error being raised says more
                 conn.close()

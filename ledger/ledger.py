@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import hmac
-import math
 import os
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -79,7 +78,7 @@ from .projections import (
 )
 from .projections.steps import ENDED
 from .projections.steps import VERSION as STEPS_VERSION
-from .verify import Finding, VerifyReport, verify
+from .verify import Finding, VerifyReport, verify, window_problem
 from .witness import (
     AnchorRefused,
     Witness,
@@ -113,6 +112,15 @@ def artifact_bytes(path: str, data: object) -> bytes:
         raise InvalidInput(f"the bytes of artifact {path!r} must be bytes, not"
                            f" {type(data).__name__}")
     return bytes(data)
+
+
+def _check_options(*, inline_max_bytes: int = 0, hash_check_max_bytes: int = 0,
+                   compensation_window_s: float | None = None, **_: Any) -> None:
+    """Refuse out-of-range options (InvalidInput) before anything is opened or created."""
+    if inline_max_bytes < 0 or hash_check_max_bytes < 0:
+        raise InvalidInput("inline_max_bytes and hash_check_max_bytes must be >= 0")
+    if compensation_window_s is not None and window_problem(compensation_window_s):
+        raise InvalidInput(f"compensation_window_s {window_problem(compensation_window_s)}")
 
 
 def _refuse_anchor(events: Sequence[Event]) -> None:
@@ -151,23 +159,20 @@ class Ledger(WorkspaceProtocol):
         witness: str | os.PathLike[str] | None = None,
         witness_check: bool = True,
     ) -> None:
-        if inline_max_bytes < 0 or hash_check_max_bytes < 0:
-            raise InvalidInput("inline_max_bytes and hash_check_max_bytes must be >= 0")
-        if compensation_window_s is not None and compensation_window_s < 0:
-            raise InvalidInput("compensation_window_s must be >= 0")
+        _check_options(inline_max_bytes=inline_max_bytes, hash_check_max_bytes=hash_check_max_bytes,
+                       compensation_window_s=compensation_window_s)
         # A fact of the ledger, fixed at init (GC's pre-image pins and `compensate` must
         # agree on it whoever opens the file); the option only names it at creation, or
-        # for a ledger made before it was recorded.
+        # for a ledger made before it was recorded. A stored value out of range was put
+        # there by hand: refused, except by a forensic open (verify reports it).
         stored = db.meta_value("compensation_window_s")
-        if stored is not None:
-            try:
-                window = float(stored)
-            except ValueError:
-                window = math.nan
-            if not math.isfinite(window) or window < 0:
-                raise CorruptLedger(db.path, f"meta compensation_window_s is {stored[:40]!r},"
-                                    " not a number of seconds >= 0")
-            self.compensation_window_s = window
+        if stored is not None and window_problem(stored) is None:
+            self.compensation_window_s = float(stored)
+        elif stored is not None and not db.forensic:
+            raise CorruptLedger(db.path, f"meta compensation_window_s {window_problem(stored)}"
+                                " (the file was edited); run 'stepledger verify' to examine it")
+        elif stored is not None:
+            self.compensation_window_s = COMPENSATION_WINDOW_S_DEFAULT
         else:
             self.compensation_window_s = (COMPENSATION_WINDOW_S_DEFAULT
                                           if compensation_window_s is None else compensation_window_s)
@@ -213,10 +218,14 @@ class Ledger(WorkspaceProtocol):
         synchronous: Synchronous = "FULL",
         busy_timeout_ms: int = BUSY_TIMEOUT_MS,
         vfs: str | None = None,
+        forensic: bool = False,
         **options: Any,
     ) -> Ledger:
         """Open an existing ledger; refused files (not a ledger, newer, damaged) stay untouched.
 
+        `forensic` (with `readonly`: what `verify` opens) also opens a ledger that every
+        other open refuses for a schema changed outside its tables (dropped append-only
+        triggers) or an out-of-range meta fact, so that `verify` reports them as findings.
         A read-write open brings lagging projections up to the log first. `options`:
         `blob_root` (default ``<ledger dir>/blobs``), `inline_max_bytes`,
         `hash_check_max_bytes`, `on_op` (a hook called before each durable operation),
@@ -226,6 +235,7 @@ class Ledger(WorkspaceProtocol):
         (False: a read-only open that reports witness problems from `verify` instead
         of refusing).
         """
+        _check_options(**options)
         # Private: anchor_witness opens without resolving the witness (it replaces it).
         resolve = options.pop("_witness_resolve", True)
         if options.get("witness") is not None:
@@ -237,7 +247,7 @@ class Ledger(WorkspaceProtocol):
             cls.open(path, readonly=True, clock=clock, vfs=vfs, witness=options.get("witness")).close()
         db = Database.open(
             os.fspath(path), readonly=readonly, synchronous=synchronous,
-            busy_timeout_ms=busy_timeout_ms, vfs=vfs,
+            busy_timeout_ms=busy_timeout_ms, vfs=vfs, forensic=forensic,
         )
         try:
             ledger = cls(db, clock or time.time_ns, **options)
@@ -269,6 +279,7 @@ class Ledger(WorkspaceProtocol):
 
         `ledger.created` tells which happened. `options` as for `open`.
         """
+        _check_options(**options)  # bad input writes nothing, not even a file
         if options.get("witness") is not None:
             witness_path(options["witness"])  # a relative witness is refused before any I/O
         if os.path.exists(os.fspath(path)):

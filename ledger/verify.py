@@ -11,13 +11,15 @@ and verify proves the ledger still holds exactly that event at that seq.
 
 from __future__ import annotations
 
+import fcntl
+import os
 from collections.abc import Callable, Iterator
 from typing import Any, Final
 
 import apsw
 import msgspec
 
-from .db import ROW_ERRORS, Database
+from .db import GC_LOCK_NAME, ROW_ERRORS, Database
 from .errors import CorruptLedger, InvalidInput
 from .events import EVENT_TYPES, Planned, chain_hash, decode, envelope, journal_key
 from .log import READ_BATCH, ROW_COLUMNS, ROW_NAMES, ROW_TYPES, EventLog, Head, row_problem
@@ -30,6 +32,7 @@ from .projections import (
     load_step,
     read_workspaces,
 )
+from .projections.steps import NAME as STEPS_NAME
 from .projections.steps import SELECT_COLUMNS
 from .projections.steps import VERSION as STEPS_VERSION
 from .invariants import Checker
@@ -38,11 +41,32 @@ from .projections.refs import RefsFold
 
 Progress = Callable[[int, int], None]
 
+#: The legal range of ``meta.compensation_window_s``, in seconds. 0 would release every
+#: pre-image the moment its step is acked (nothing could be compensated), and a window
+#: past ten years keeps them forever (and overflows the nanosecond arithmetic of GC);
+#: neither is a choice stepledger offers, so such a stored value was put there by hand.
+COMPENSATION_WINDOW_S_MIN: Final = 1.0
+COMPENSATION_WINDOW_S_MAX: Final = 10 * 365 * 86400.0
+_HEX: Final = frozenset("0123456789abcdef")
+
+
+def window_problem(value: str | float) -> str | None:
+    """What is wrong with a compensation window (a stored meta text or an option), or None."""
+    try:
+        window = float(value)
+    except (TypeError, ValueError):
+        return f"is {str(value)[:40]!r}, not a number of seconds"
+    if not COMPENSATION_WINDOW_S_MIN <= window <= COMPENSATION_WINDOW_S_MAX:  # NaN fails too
+        return (f"is {str(value)[:40]}, outside {COMPENSATION_WINDOW_S_MIN:g}s to"
+                f" {COMPENSATION_WINDOW_S_MAX:g}s (ten years)")
+    return None
+
 
 class Finding(msgspec.Struct, frozen=True):
     """One thing verify found wrong. `seq` is 0 when it concerns no single event."""
 
-    check: str  # "integrity", "chain", "seq", "row", "head", "projection"
+    # "integrity", "chain", "seq", "row", "head", "projection", "schema", "meta", "blob", "gc"
+    check: str
     seq: int
     message: str
 
@@ -108,7 +132,7 @@ def verify(
 ) -> VerifyReport:
     """Every finding about the ledger; `blob_check(digest, size)` returns a problem
     (missing, corrupt) or None, and is asked about every blob a live manifest names."""
-    findings: list[Finding] = []
+    findings: list[Finding] = list(_schema(db))
     with db.snapshot() as conn:
         try:
             quick = [r[0] for r in conn.execute("PRAGMA quick_check")]
@@ -206,6 +230,9 @@ def verify(
             ))
             matched_expected = False
 
+        findings.extend(_meta_facts(conn))
+        findings.extend(_checkpoint_facts(conn, head.seq))
+        findings.extend(_blob_row_facts(conn))
         cp = checkpoint(conn)
         lag = max(0, head.seq - cp.last_seq)
         n_steps = 0
@@ -213,6 +240,7 @@ def verify(
             with _Rebuilt(conn, log) as fresh:
                 n_steps = fresh.steps
                 findings.extend(_compare_tables(conn, db, log, fresh, cp, head.seq))
+                findings.extend(_condemned_facts(conn, fresh, db.path))
                 if blob_check is not None:
                     findings.extend(_durability(conn, blob_check))
         except CorruptLedger as exc:  # an undecodable row or a broken lifecycle: report it
@@ -372,6 +400,129 @@ def _steps_with_tail(conn: apsw.Connection, log: EventLog, last_seq: int) -> str
     return f"temp.{name}"
 
 
+
+
+def _schema(db: Database) -> list[Finding]:
+    """A forensic open of a ledger whose schema differs outside its tables: each change.
+    Without its append-only triggers the events could be rewritten in place by anyone
+    who can write the file (the chain check below still sees what was)."""
+    return [Finding("schema", 0, f"VIOLATION: the schema differs from a stepledger"
+                    f" v{db.version} ledger: {change}") for change in db.schema_changes]
+
+
+def _meta_facts(conn: apsw.Connection) -> list[Finding]:
+    """The facts `meta` holds that openers act on: the ledger id (the chain's genesis),
+    its creation time, the compensation window (GC and `compensate` act on it)."""
+    out = []
+    meta: dict[Any, Any] = dict(conn.execute("SELECT key, value FROM meta").fetchall())
+    ledger_id = meta.get("ledger_id")
+    if not (isinstance(ledger_id, str) and len(ledger_id) == 32 and set(ledger_id) <= _HEX):
+        out.append(Finding("meta", 0, f"VIOLATION: meta ledger_id is {str(ledger_id)[:40]!r},"
+                           " not the 32 hex digits init writes"))
+    created = meta.get("created_ns")
+    if not (isinstance(created, str) and created.isascii() and created.isdigit()):
+        out.append(Finding("meta", 0, f"VIOLATION: meta created_ns is {str(created)[:40]!r},"
+                           " not a time in nanoseconds"))
+    window = meta.get("compensation_window_s")
+    if window is not None and window_problem(window) is not None:
+        out.append(Finding("meta", 0, f"VIOLATION: meta compensation_window_s"
+                           f" {window_problem(window)}: GC would release pre-images, and"
+                           " compensate would refuse or allow, on an edited window"))
+    return out
+
+
+def _checkpoint_facts(conn: apsw.Connection, head_seq: int) -> list[Finding]:
+    """The projection checkpoint: one row, at or behind the head, of a known version (a
+    checkpoint ahead of the log would make catch-up skip the events in between)."""
+    out = []
+    for name, last_seq, version in conn.execute(
+            "SELECT name, last_seq, version FROM projection_checkpoint"):
+        if name != STEPS_NAME:
+            out.append(Finding("projection", 0, f"VIOLATION: projection_checkpoint holds a row"
+                               f" {str(name)[:40]!r} no stepledger projection writes"))
+        elif not isinstance(last_seq, int) or not 0 <= last_seq <= head_seq:
+            out.append(Finding("projection", 0, f"VIOLATION: projection_checkpoint says the"
+                               f" projections folded event #{last_seq}, but the log ends at"
+                               f" #{head_seq}: catching up would skip events"))
+        elif not isinstance(version, int) or not 0 < version <= STEPS_VERSION:
+            out.append(Finding("projection", 0, f"VIOLATION: projection_checkpoint version"
+                               f" {version!r} is not one this stepledger wrote (<="
+                               f" {STEPS_VERSION})"))
+    return out
+
+
+def _blob_row_facts(conn: apsw.Connection) -> list[Finding]:
+    """Inline blob rows: a well-formed name and a size column that is the data's length
+    (audit and GC account by the column)."""
+    out = []
+    for digest, size, length in conn.execute(
+            "SELECT digest, size, length(data) FROM blob_data"
+            " WHERE size != length(data) OR length(digest) != 64"
+            " OR digest GLOB '*[^0-9a-f]*' LIMIT 20"):
+        out.append(Finding("blob", 0, f"VIOLATION: inline blob row {str(digest)[:16]}… says"
+                           f" {size} bytes and holds {length}, or is not named by a digest"))
+    return out
+
+
+def _condemned_facts(conn: apsw.Connection, fresh: _Rebuilt, db_path: str) -> list[Finding]:
+    """GC's condemned rows (its resumable state, not derived from events). A collector
+    writes well-formed rows (a digest, the stored blob's size and place, its 16-hex run
+    id) for stored orphans; a publish or a pin naming a condemned blob deletes its row in
+    the same transaction. A row naming a blob a manifest or a live artifact/post-image
+    pin holds exists only while a collector runs (between its condemn and its re-check),
+    so it is reported when none runs; `gc` re-checks such a row and spares the blob.
+    Read in SQL against the rebuild's manifests: memory does not follow the log."""
+    held = {d for (_s, _a, d), (role, _seq) in fresh.refs.pins.items() if role != "pre-image"}
+    running: bool | None = None
+    out = []
+    for digest, size, is_inline, condemned_ns, collection, stored, referenced in conn.execute(
+            "SELECT c.digest, c.size, c.inline, c.condemned_ns, c.collection, b.size,"
+            f" c.digest IN (SELECT digest FROM temp.{_FRESH['manifest_entries']})"
+            " FROM condemned c LEFT JOIN blob_data b ON b.digest = c.digest ORDER BY c.digest"):
+        why = None
+        if not (isinstance(digest, str) and len(digest) == 64 and set(digest) <= _HEX):
+            why = "is not named by a digest"
+        elif not (isinstance(collection, str) and len(collection) == 16 and set(collection) <= _HEX):
+            why = "names no collection a collector starts"
+        elif (is_inline not in (0, 1) or not isinstance(size, int) or size < 0
+              or not isinstance(condemned_ns, int) or condemned_ns < 0):
+            why = f"has size {size!r}, inline {is_inline!r}, time {condemned_ns!r}"
+        elif stored is not None and (not is_inline or stored != size):
+            why = (f"says {size} bytes {'inline' if is_inline else 'in a file'}, but the stored"
+                   f" blob is {stored} bytes inline")
+        elif referenced or digest in held:
+            if running is None:
+                running = _collector_running(db_path)
+            if not running:
+                why = (f"names a blob a {'manifest references' if referenced else 'live pin holds'},"
+                       " and no gc is running (planted, or left by a gc killed between"
+                       " condemning and re-checking: 'stepledger gc' re-checks and spares it)")
+        if why is not None:
+            out.append(Finding("gc", 0, f"VIOLATION: condemned row {str(digest)[:16]}…"
+                               f" (collection {str(collection)[:20]!r}) {why}"))
+            if len(out) >= 20:
+                break
+    return out
+
+
+def _collector_running(db_path: str) -> bool:
+    """Whether a collector holds the GC lock beside the ledger now (a shared probe)."""
+    try:
+        fd = os.open(os.path.join(os.path.dirname(db_path), GC_LOCK_NAME),
+                     os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW)
+    except OSError:
+        return False  # no lock file: no collector ever ran here
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return True
+    except OSError:
+        return False
+    finally:
+        os.close(fd)  # also releases the probe's lock (flock: per open file)
+    return False
+
+
 def _durability(conn: apsw.Connection, blob_check: Callable[[str, int], str | None]) -> list[Finding]:
     """I1: a visible manifest implies every blob it names is retrievable and intact."""
     out = []
@@ -439,4 +590,5 @@ def _step_finding(step_id: str, a: StepRow | None, b: StepRow | None) -> Finding
     return Finding("projection", 0, f"step {step_id!r} {what}")
 
 
-__all__ = ["Finding", "VerifyReport", "WeakenedPlans", "verify"]
+__all__ = ["COMPENSATION_WINDOW_S_MAX", "COMPENSATION_WINDOW_S_MIN", "Finding", "VerifyReport",
+           "WeakenedPlans", "verify", "window_problem"]

@@ -35,7 +35,7 @@ from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from typing import BinaryIO, Final
 
-from .errors import BlobCorrupt, BlobNotFound, ContentChanged, InvalidInput, StorageFailure
+from .errors import BlobCorrupt, BlobNotFound, ContentChanged, InvalidInput, NotWritable, StorageFailure
 from .events import check_digest
 
 TMP_DIR: Final = "tmp"
@@ -44,6 +44,10 @@ _DIGEST_NAME: Final = re.compile(r"[0-9a-f]{64}")
 TMP_SUFFIX: Final = ".tmp"
 CHUNK: Final = 1 << 20
 _DIR_FLAGS: Final = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+#: Blobs are every version of every file a step wrote (a `.env`'s tokens included): their
+#: directories are the owner's alone, and a blob file is read-only to its owner.
+BLOB_DIR_MODE: Final = 0o700
+BLOB_FILE_MODE: Final = 0o400
 
 
 class FileOps:
@@ -82,7 +86,7 @@ class FileOps:
 
     def mkdir(self, name: str, dir_fd: int) -> None:
         self.tick("mkdir")
-        os.mkdir(name, 0o755, dir_fd=dir_fd)
+        os.mkdir(name, BLOB_DIR_MODE, dir_fd=dir_fd)
 
 
 @dataclass(frozen=True)
@@ -431,7 +435,7 @@ class BlobStore:
             fd = os.open(
                 name,
                 os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC,
-                0o444,
+                BLOB_FILE_MODE,
                 dir_fd=tmp_fd_dir,
             )
             try:
@@ -509,6 +513,23 @@ class BlobStore:
         for entries in self._scan_dirs():
             for name, (size, mtime_ns) in entries.items():
                 yield BlobFile(name, size, mtime_ns)
+
+    def make_private(self) -> None:
+        """Take group and other access off the store's root directory (a store made before
+        blobs were private): no other user can reach a blob file through it, whatever the
+        file's own mode. Best effort: a root owned by someone else is left as it is."""
+        try:
+            fd = os.open(self.root, _DIR_FLAGS)
+        except OSError:
+            return  # none yet (created private on first put), or not ours to fix
+        try:
+            mode = stat.S_IMODE(os.fstat(fd).st_mode)
+            if mode & 0o077:
+                os.fchmod(fd, mode & ~0o077)
+        except OSError:
+            pass
+        finally:
+            os.close(fd)
 
     def files(self) -> dict[str, tuple[int, int]]:
         """`scan` as one dict, digest -> (size, mtime_ns): what GC and audit walk."""
@@ -666,6 +687,13 @@ def _hash_fd(fd: int) -> tuple[str, int]:
 
 
 def _storage_error(root: str, exc: OSError) -> Exception:
+    if exc.errno == errno.EROFS:
+        return NotWritable(root, "the blob store is on a read-only file system",
+                           "remount it read-write or copy the ledger somewhere writable")
+    if exc.errno in (errno.EACCES, errno.EPERM):
+        return NotWritable(root, f"this user may not write the blob store"
+                           f" ({exc.filename or root}: {os.strerror(exc.errno)})",
+                           "run as the ledger's owner or fix the store's permissions")
     if exc.errno == errno.ENOSPC:
         return StorageFailure(root, "the disk holding the blob store is full (ENOSPC)")
     if exc.errno == errno.EDQUOT:

@@ -45,6 +45,7 @@ from .errors import (
     LedgerNotFound,
     LedgerTooNew,
     NotALedger,
+    NotWritable,
     ReadOnlyLedger,
     StorageFailure,
 )
@@ -53,6 +54,11 @@ APPLICATION_ID: Final = 0x53544C47  # 'STLG'
 SCHEMA_VERSION: Final = 3
 SQLITE_MAGIC: Final = b"SQLite format 3\x00"
 VALUE_SIZE_MAX: Final = 64 * 1024 * 1024  # SQLITE_LIMIT_LENGTH: bounds any row we read
+#: The ledger holds every version of every file a step wrote: its directory (when
+#: stepledger creates it) and its files (the database, -wal, -shm, -lockq, the GC lock)
+#: are the owner's alone. SQLite gives the -wal and -shm the database file's mode.
+LEDGER_DIR_MODE: Final = 0o700
+LEDGER_FILE_MODE: Final = 0o600
 #: The collector's lock file, beside the ledger (GC holds it exclusively while it runs).
 GC_LOCK_NAME: Final = ".stepledger-gc.lock"
 #: How long a writer waits for the write lock before LedgerBusy (exit 3).
@@ -334,10 +340,46 @@ def _readonly_uri(path: str, *, immutable: bool = False) -> str:
     return f"file:{quoted}?immutable=1" if immutable else f"file:{quoted}?mode=ro"
 
 
+#: What SQLite and the OS raise when a file or directory cannot be written (the cause
+#: is then looked up by `not_writable`).
+_WRITE_REFUSED: Final = (apsw.CantOpenError, apsw.ReadOnlyError, apsw.PermissionsError)
+_WRITE_REFUSED_ERRNOS: Final = frozenset({errno.EROFS, errno.EACCES, errno.EPERM})
+
+
+def not_writable(path: str, what: str = "the ledger") -> NotWritable | None:
+    """Why `path` (a ledger file, or a directory of the ledger's) cannot be written here,
+    as a typed error naming the fix; None when nothing says so (another failure)."""
+    target = path if os.path.isdir(path) else os.path.dirname(os.path.abspath(path))
+    existing = target
+    while existing and not os.path.exists(existing):  # init: the nearest existing parent
+        existing = os.path.dirname(existing)
+    try:
+        if os.statvfs(existing or "/").f_flag & os.ST_RDONLY:
+            return NotWritable(path, f"{existing} is on a read-only file system",
+                               f"remount it read-write or copy {what} somewhere writable")
+    except OSError:
+        pass
+    if existing and not os.access(existing, os.W_OK | os.X_OK):
+        return NotWritable(path, f"this user may not create files in {existing} (a writer"
+                           f" creates the -wal and -shm beside the ledger, and blobs)",
+                           f"run as the owner of {what} or give this user write permission"
+                           " on the directory")
+    for p in (path, wal_path(path), path + "-shm"):
+        if os.path.isfile(p) and not os.access(p, os.W_OK):
+            return NotWritable(path, f"this user may not write {p}",
+                               "run as its owner or make it writable (chmod u+w)")
+    return None
+
+
 def translate(exc: BaseException, path: str) -> LedgerError:
     """Map an apsw or OS failure to our typed error (exit code 3 or 2)."""
     if isinstance(exc, LedgerError):
         return exc
+    if isinstance(exc, _WRITE_REFUSED) or (
+            isinstance(exc, OSError) and exc.errno in _WRITE_REFUSED_ERRNOS):
+        found = not_writable(path)
+        if found is not None:
+            return found
     if isinstance(exc, apsw.BusyError | apsw.LockedError):
         return LedgerBusy(path, BUSY_TIMEOUT_MS / 1000)
     if isinstance(exc, apsw.FullError):
@@ -461,6 +503,7 @@ class Database:
         header = read_header(path)
         version = _judge(path, header, busy_timeout_ms, vfs, forensic)
         if not readonly:
+            make_private(path)  # a ledger made before its files were private
             return cls._open_writer(path, synchronous, busy_timeout_ms, vfs)
         shm, wal = path + "-shm", wal_path(path)
         shm_existed, wal_existed = os.path.lexists(shm), os.path.lexists(wal)
@@ -577,6 +620,10 @@ class Database:
         parent = os.path.dirname(os.path.abspath(path))
         try:
             _makedirs_durably(parent)
+            with contextlib.suppress(FileExistsError):  # a concurrent init made it first
+                # created private before SQLite sees it (it would create it 0644 & ~umask)
+                os.close(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW
+                                 | os.O_CLOEXEC, LEDGER_FILE_MODE))
             conn = apsw.Connection(
                 path,
                 flags=apsw.SQLITE_OPEN_READWRITE | apsw.SQLITE_OPEN_CREATE
@@ -670,7 +717,7 @@ class Database:
     def _open_lockq(self, busy_timeout_ms: int) -> None:
         try:
             self._lockq = os.open(self.path + "-lockq", os.O_RDWR | os.O_CREAT | os.O_CLOEXEC,
-                                  0o644)
+                                  LEDGER_FILE_MODE)
         except OSError:
             self._lockq = None  # no fairness aid (a read-only directory): still correct
         set_busy(self.conn, busy_timeout_ms, self._announce_wait)
@@ -889,9 +936,24 @@ def _close_quietly(conn: apsw.Connection) -> None:
         conn.close(True)
 
 
+def make_private(path: str) -> None:
+    """Take group and other access off the ledger's own files (a ledger made before they
+    were created private): the database, its -wal, -shm and -lockq. Only ever removes
+    permissions, and never follows a symlink; best effort (a file owned by someone else
+    is left as it is). The directory is not touched: it may be the user's own."""
+    for p in (path, wal_path(path), path + "-shm", path + "-lockq"):
+        try:
+            st = os.lstat(p)
+            if stat.S_ISREG(st.st_mode) and st.st_mode & 0o077:
+                os.chmod(p, stat.S_IMODE(st.st_mode) & ~0o077)
+        except OSError:
+            continue
+
+
 def _makedirs_durably(directory: str) -> None:
-    """`os.makedirs`, then fsync the parent of every directory it created (a new
-    directory's entry is durable only once its parent is fsynced)."""
+    """`os.makedirs` (the ledger's own directory private), then fsync the parent of every
+    directory it created (a new directory's entry is durable only once its parent is
+    fsynced)."""
     missing = []
     d = directory
     while d and not os.path.isdir(d):
@@ -900,7 +962,7 @@ def _makedirs_durably(directory: str) -> None:
         if parent == d:
             break
         d = parent
-    os.makedirs(directory, exist_ok=True)
+    os.makedirs(directory, mode=LEDGER_DIR_MODE, exist_ok=True)  # the mode: the leaf only
     for created in reversed(missing):
         fd = os.open(os.path.dirname(created) or ".", os.O_RDONLY | os.O_DIRECTORY)
         try:

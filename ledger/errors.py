@@ -403,6 +403,17 @@ class StorageFailure(EnvironmentFailure):
         self.path, self.what = path, what
 
 
+class NotWritable(StorageFailure):
+    """The ledger or its blob store cannot be written where it is: a read-only file
+    system, or permissions. Retrying as it is fails the same way: the message names
+    the cause and its fix. Read-only commands still work there."""
+
+    def __init__(self, path: str, why: str, fix: str) -> None:
+        EnvironmentFailure.__init__(self, f"cannot write under {path}: {why}; {fix} (read-only"
+                                    " commands, such as verify, events and audit, work as it is)")
+        self.path, self.what = path, why
+
+
 __all__ = [
     "EXIT_ENVIRONMENT",
     "BlobCorrupt",
@@ -426,6 +437,7 @@ __all__ = [
     "LedgerNotFound",
     "LedgerTooNew",
     "NotALedger",
+    "NotWritable",
     "OperatorOnly",
     "PathEscapes",
     "PathForbidden",

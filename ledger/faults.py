@@ -132,7 +132,7 @@ from typing import Any
 import apsw
 
 from . import Ledger, Planned
-from .blobs import BlobStore, FileOps
+from .blobs import BLOB_DIR_MODE, BlobStore, FileOps
 from .errors import (
     LedgerError,
     LedgerNotFound,
@@ -646,7 +646,7 @@ class PowerLossFileOps(FileOps):
     def mkdir(self, name: str, dir_fd: int) -> None:
         d = _fd_path(dir_fd)
         self._check("mkdir", os.path.join(d, name))
-        os.mkdir(name, 0o755, dir_fd=dir_fd)
+        os.mkdir(name, BLOB_DIR_MODE, dir_fd=dir_fd)
         self.disk.ns_now[os.path.join(d, name)] = _DIR
         self.disk._pend(("dir", d), ("link", os.path.join(d, name), _DIR))
 

@@ -259,6 +259,7 @@ class Ledger(WorkspaceProtocol):
                 ledger._attach_witness()
             if not readonly:
                 catch_up(db, ledger._log)
+                ledger.blobs.make_private()  # a store made before blobs were private
         except BaseException:
             db.close_refused()
             raise

@@ -8,9 +8,13 @@ Each test failed on 984aaf7, before its fix.
 from __future__ import annotations
 
 import os
+import shutil
+import stat
 import subprocess
 import sys
+import tempfile
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -293,3 +297,154 @@ def test_stray_condemned_rows_are_findings(tmp_path: Path) -> None:
         assert len(_verify(path)) == 3
     finally:
         os.close(fd)
+
+
+# --- 13: the ledger keeps its secrets ----------------------------------------------------
+
+IS_ROOT = os.geteuid() == 0
+
+
+def _mode(p: Path) -> int:
+    return stat.S_IMODE(os.lstat(p).st_mode)
+
+
+def _as_nobody_read(path: Path) -> str:
+    """Try to read `path` as another local user (nobody, with cat): "read" or its error."""
+    r = subprocess.run(["cat", str(path)], capture_output=True,
+                       preexec_fn=lambda: (os.setgroups([]), os.setgid(65534), os.setuid(65534)))
+    return "read" if r.returncode == 0 else r.stderr.decode().strip().rsplit(": ", 1)[-1]
+
+
+@pytest.fixture
+def shared_tmp() -> Iterator[Path]:
+    """A directory every local user can reach (pytest's tmp_path is its owner's alone),
+    as a repository a ledger is made in usually is."""
+    d = Path(tempfile.mkdtemp(prefix="stepledger-modes-"))
+    d.chmod(0o755)
+    try:
+        yield d
+    finally:
+        shutil.rmtree(d, ignore_errors=True)
+
+
+def test_a_new_ledger_is_private_to_its_owner(shared_tmp: Path) -> None:
+    """Item 13: on 984aaf7, under umask 022, ledger.db was 0644 and blob files 0444 in
+    0755 directories: another local user read both versions of `TOKEN=` from them."""
+    (shared_tmp / ".env").write_text("TOKEN=first\n")
+    (shared_tmp / "big.bin").write_bytes(b"TOKEN=in a file blob\n" * 20_000)
+
+    def run(*argv: str) -> None:
+        r = subprocess.run([sys.executable, "-m", "ledger", *argv], cwd=shared_tmp, env=CLEAN,
+                           capture_output=True, text=True, preexec_fn=lambda: os.umask(0o022))
+        assert r.returncode == 0, r.stderr
+
+    run("init")
+    run("step", "store", "s1", ".env", "big.bin")
+    (shared_tmp / ".env").write_text("TOKEN=second\n")
+    run("step", "store", "s2", ".env")
+    run("gc", "--dry-run")
+    run("gc")
+    d = shared_tmp / ".stepledger"
+    assert _mode(d) == 0o700
+    files = [p for p in d.rglob("*") if p.is_file()]
+    blobs = [p for p in files if "blobs" in p.parts]
+    assert blobs and all(_mode(p) == 0o400 for p in blobs), {str(p): oct(_mode(p)) for p in blobs}
+    assert all(_mode(p) == 0o700 for p in d.rglob("*") if p.is_dir())
+    assert all(_mode(p) == 0o600 for p in files if p not in blobs), \
+        {str(p): oct(_mode(p)) for p in files}
+    with Ledger.open(d / "ledger.db") as led:  # while open: SQLite's -wal and -shm
+        led.append(Planned(step="s3", attempt=1))
+        assert _mode(d / "ledger.db-wal") == _mode(d / "ledger.db-shm") == 0o600
+    if IS_ROOT:  # the attack: another local user
+        assert _as_nobody_read(d / "ledger.db") == "Permission denied"
+        assert _as_nobody_read(blobs[0]) == "Permission denied"
+
+
+def test_an_existing_ledger_is_made_private_at_its_next_read_write_open(shared_tmp: Path) -> None:
+    """A ledger made before: its files and blob store lose group and other access at the
+    next read-write open (not at a read-only one, which never writes)."""
+    path = small_ledger(shared_tmp / "ledger.db")
+    blobs = shared_tmp / "blobs"
+    os.chmod(path, 0o644)
+    os.chmod(blobs, 0o755)
+    (shared_tmp / "ledger.db-lockq").chmod(0o644)
+    assert cli(path, "verify").returncode == 0
+    assert (_mode(path), _mode(blobs)) == (0o644, 0o755)
+    assert cli(path, "step", "store", "s9", "ledger.db-lockq").returncode == 0
+    assert (_mode(path), _mode(blobs), _mode(shared_tmp / "ledger.db-lockq")) == (0o600, 0o700, 0o600)
+    if IS_ROOT:
+        blob = next(p for p in blobs.rglob("*") if p.is_file())
+        assert _as_nobody_read(blob) == "Permission denied"
+
+
+# --- 17: a ledger that cannot be written where it is -------------------------------------
+
+
+def _permission_bits_apply() -> list[str]:
+    """A command prefix under which permission bits stop this process: nothing for a
+    normal user; for root (CI), setpriv dropping the capabilities that bypass them."""
+    if not IS_ROOT:
+        return []
+    if shutil.which("setpriv") is None:
+        pytest.skip("root, and no setpriv to drop CAP_DAC_OVERRIDE")
+    return ["setpriv", "--bounding-set=-dac_override,-dac_read_search"]
+
+
+def _cli_as(prefix: list[str], ledger: Path, *argv: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([*prefix, sys.executable, "-m", "ledger", "--ledger", str(ledger), *argv],
+                          capture_output=True, text=True, env=CLEAN, cwd=ledger.parent.parent)
+
+
+def test_a_read_only_ledger_directory_names_the_cause(tmp_path: Path) -> None:
+    """Item 17: on 984aaf7 a writer in a directory it may not write failed with exit 3
+    "… unable to open database file; free space or fix the disk". Real EACCES (the
+    permission bits, with root's override dropped)."""
+    prefix = _permission_bits_apply()
+    d = tmp_path / "led"
+    d.mkdir()
+    path = small_ledger(d / "ledger.db")
+    (tmp_path / "a.txt").write_text("a\n")
+    (tmp_path / "big.bin").write_bytes(b"b" * 100_000)
+    d.chmod(0o555)
+    try:
+        r = _cli_as(prefix, path, "step", "store", "s9", "a.txt")
+        assert r.returncode == 3, r
+        assert "may not create files in" in r.stderr and "free space" not in r.stderr, r.stderr
+        assert "write permission" in r.stderr
+        for argv in (("verify",), ("events", "--json"), ("audit",)):  # readers still work
+            assert _cli_as(prefix, path, *argv).returncode == 0, argv
+        d.chmod(0o755)
+        (d / "blobs").chmod(0o555)  # the ledger is writable, its blob store is not
+        r = _cli_as(prefix, path, "step", "store", "s9", "big.bin")
+        assert r.returncode == 3, r
+        assert "may not write the blob store" in r.stderr and "free space" not in r.stderr, r.stderr
+    finally:
+        d.chmod(0o755)
+        (d / "blobs").chmod(0o755)
+
+
+def test_a_read_only_file_system_names_the_cause(tmp_path: Path) -> None:
+    """Item 17 on a real read-only mount (a bind mount remounted read-only in a private
+    mount namespace): EROFS, named as such."""
+    d = tmp_path / "led"
+    d.mkdir()
+    path = small_ledger(d / "ledger.db")
+    (tmp_path / "a.txt").write_text("a\n")
+    ns = ["unshare", "-m"] if IS_ROOT else ["unshare", "-rm"]
+    script = ('mount --bind "$1" "$1" && mount -o remount,bind,ro "$1" && shift'
+              ' && exec "$@"')
+    probe = subprocess.run([*ns, "sh", "-c", script, "sh", str(d), "true"], capture_output=True)
+    if shutil.which("unshare") is None or probe.returncode != 0:
+        pytest.skip(f"no private read-only mount here: {probe.stderr!r}")
+
+    def run(*argv: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([*ns, "sh", "-c", script, "sh", str(d), sys.executable, "-m",
+                               "ledger", "--ledger", str(path), *argv],
+                              capture_output=True, text=True, env=CLEAN, cwd=tmp_path)
+
+    r = run("step", "store", "s9", "a.txt")
+    assert r.returncode == 3, r
+    assert "read-only file system" in r.stderr and "free space" not in r.stderr, r.stderr
+    r = run("--ledger", str(d / "sub" / "ledger.db"), "init")
+    assert r.returncode == 3 and "read-only file system" in r.stderr, r
+    assert run("verify").returncode == 0

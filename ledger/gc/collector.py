@@ -38,7 +38,7 @@ import apsw
 import msgspec
 
 from ..blobs import digest_of
-from ..db import GC_LOCK_NAME
+from ..db import GC_LOCK_NAME, LEDGER_FILE_MODE
 from ..errors import BlobCorrupt, EnvironmentFailure, InvalidInput
 from ..events import BlobCollected, Event, check_digest
 from .refs import GcRefused, compensation_refs_since, live_pins, pinned_now, read_references
@@ -118,7 +118,7 @@ def parse_duration(text: str | float | int) -> float:
 @contextlib.contextmanager
 def collector_lock(ledger: Ledger, *, wait: bool = False) -> Iterator[None]:
     path = os.path.join(os.path.dirname(ledger.path), GC_LOCK_NAME)
-    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, LEDGER_FILE_MODE)
     try:
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | (0 if wait else fcntl.LOCK_NB))

@@ -12,6 +12,7 @@ step's current state and can be rebuilt from the events at any time.
 """
 
 from .errors import (
+    AccessDenied,
     CompensationWindowClosed,
     ContentChanged,
     CorruptLedger,
@@ -75,6 +76,7 @@ from .witness import AnchorRefused, WitnessElsewhere, WitnessMismatch, WitnessMi
 __version__ = "0.1.0"
 
 __all__ = [
+    "AccessDenied",
     "Acked",
     "AnchorRefused",
     "AppliedWrite",

@@ -35,7 +35,7 @@ from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from typing import BinaryIO, Final
 
-from .errors import BlobCorrupt, BlobNotFound, ContentChanged, InvalidInput, NotWritable, StorageFailure
+from .errors import AccessDenied, BlobCorrupt, BlobNotFound, ContentChanged, InvalidInput, StorageFailure
 from .events import check_digest
 
 TMP_DIR: Final = "tmp"
@@ -688,10 +688,10 @@ def _hash_fd(fd: int) -> tuple[str, int]:
 
 def _storage_error(root: str, exc: OSError) -> Exception:
     if exc.errno == errno.EROFS:
-        return NotWritable(root, "the blob store is on a read-only file system",
+        return AccessDenied(root, "the blob store is on a read-only file system",
                            "remount it read-write or copy the ledger somewhere writable")
     if exc.errno in (errno.EACCES, errno.EPERM):
-        return NotWritable(root, f"this user may not write the blob store"
+        return AccessDenied(root, f"this user may not write the blob store"
                            f" ({exc.filename or root}: {os.strerror(exc.errno)})",
                            "run as the ledger's owner or fix the store's permissions")
     if exc.errno == errno.ENOSPC:

@@ -45,7 +45,7 @@ from .errors import (
     LedgerNotFound,
     LedgerTooNew,
     NotALedger,
-    NotWritable,
+    AccessDenied,
     ReadOnlyLedger,
     StorageFailure,
 )
@@ -233,7 +233,9 @@ def read_header(path: str) -> Header | None:
     except IsADirectoryError:
         raise NotALedger(path, "it is a directory") from None
     except PermissionError:
-        raise NotALedger(path, "it cannot be read: permission denied") from None
+        raise AccessDenied(path, "this user may not read it", "run as the ledger's owner"
+                           " (a ledger is private to it: it holds every version of every"
+                           " file its steps wrote)", readers_work=False) from None
     try:
         st = os.fstat(fd)
         if stat.S_ISDIR(st.st_mode):
@@ -341,12 +343,12 @@ def _readonly_uri(path: str, *, immutable: bool = False) -> str:
 
 
 #: What SQLite and the OS raise when a file or directory cannot be written (the cause
-#: is then looked up by `not_writable`).
+#: is then looked up by `access_denied`).
 _WRITE_REFUSED: Final = (apsw.CantOpenError, apsw.ReadOnlyError, apsw.PermissionsError)
 _WRITE_REFUSED_ERRNOS: Final = frozenset({errno.EROFS, errno.EACCES, errno.EPERM})
 
 
-def not_writable(path: str, what: str = "the ledger") -> NotWritable | None:
+def access_denied(path: str, what: str = "the ledger") -> AccessDenied | None:
     """Why `path` (a ledger file, or a directory of the ledger's) cannot be written here,
     as a typed error naming the fix; None when nothing says so (another failure)."""
     target = path if os.path.isdir(path) else os.path.dirname(os.path.abspath(path))
@@ -355,18 +357,18 @@ def not_writable(path: str, what: str = "the ledger") -> NotWritable | None:
         existing = os.path.dirname(existing)
     try:
         if os.statvfs(existing or "/").f_flag & os.ST_RDONLY:
-            return NotWritable(path, f"{existing} is on a read-only file system",
+            return AccessDenied(path, f"{existing} is on a read-only file system",
                                f"remount it read-write or copy {what} somewhere writable")
     except OSError:
         pass
     if existing and not os.access(existing, os.W_OK | os.X_OK):
-        return NotWritable(path, f"this user may not create files in {existing} (a writer"
+        return AccessDenied(path, f"this user may not create files in {existing} (a writer"
                            f" creates the -wal and -shm beside the ledger, and blobs)",
                            f"run as the owner of {what} or give this user write permission"
                            " on the directory")
     for p in (path, wal_path(path), path + "-shm"):
         if os.path.isfile(p) and not os.access(p, os.W_OK):
-            return NotWritable(path, f"this user may not write {p}",
+            return AccessDenied(path, f"this user may not write {p}",
                                "run as its owner or make it writable (chmod u+w)")
     return None
 
@@ -377,7 +379,7 @@ def translate(exc: BaseException, path: str) -> LedgerError:
         return exc
     if isinstance(exc, _WRITE_REFUSED) or (
             isinstance(exc, OSError) and exc.errno in _WRITE_REFUSED_ERRNOS):
-        found = not_writable(path)
+        found = access_denied(path)
         if found is not None:
             return found
     if isinstance(exc, apsw.BusyError | apsw.LockedError):

@@ -403,19 +403,21 @@ class StorageFailure(EnvironmentFailure):
         self.path, self.what = path, what
 
 
-class NotWritable(StorageFailure):
-    """The ledger or its blob store cannot be written where it is: a read-only file
-    system, or permissions. Retrying as it is fails the same way: the message names
-    the cause and its fix. Read-only commands still work there."""
+class AccessDenied(StorageFailure):
+    """The ledger or its blob store cannot be read or written where it is: a read-only
+    file system, or permissions (the ledger is private to its owner). Retrying as it is
+    fails the same way: the message names the cause and its fix."""
 
-    def __init__(self, path: str, why: str, fix: str) -> None:
-        EnvironmentFailure.__init__(self, f"cannot write under {path}: {why}; {fix} (read-only"
-                                    " commands, such as verify, events and audit, work as it is)")
+    def __init__(self, path: str, why: str, fix: str, *, readers_work: bool = True) -> None:
+        also = (" (read-only commands, such as verify, events and audit, work as it is)"
+                if readers_work else "")
+        EnvironmentFailure.__init__(self, f"no access to {path}: {why}; {fix}{also}")
         self.path, self.what = path, why
 
 
 __all__ = [
     "EXIT_ENVIRONMENT",
+    "AccessDenied",
     "BlobCorrupt",
     "BlobNotFound",
     "EXIT_NO",
@@ -437,7 +439,6 @@ __all__ = [
     "LedgerNotFound",
     "LedgerTooNew",
     "NotALedger",
-    "NotWritable",
     "OperatorOnly",
     "PathEscapes",
     "PathForbidden",

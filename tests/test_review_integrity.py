@@ -418,9 +418,16 @@ def test_a_read_only_ledger_directory_names_the_cause(tmp_path: Path) -> None:
         r = _cli_as(prefix, path, "step", "store", "s9", "big.bin")
         assert r.returncode == 3, r
         assert "may not write the blob store" in r.stderr and "free space" not in r.stderr, r.stderr
+        # another user's private ledger: named as such, not "not a stepledger ledger"
+        (d / "blobs").chmod(0o755)
+        os.chown(path, 65534, 65534) if IS_ROOT else path.chmod(0o000)
+        r = _cli_as(prefix, path, "events")
+        assert r.returncode == 3 and "may not read it" in r.stderr and "owner" in r.stderr, r
+        assert "not a stepledger ledger" not in r.stderr
     finally:
         d.chmod(0o755)
         (d / "blobs").chmod(0o755)
+        path.chmod(0o600)
 
 
 def test_a_read_only_file_system_names_the_cause(tmp_path: Path) -> None:

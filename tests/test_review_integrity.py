@@ -251,7 +251,7 @@ def test_the_window_option_is_range_checked(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize("sql, what", [
     ("UPDATE projection_checkpoint SET last_seq = last_seq + 1000", "catching up would skip"),
-    ("UPDATE projection_checkpoint SET version = 99", "version 99"),
+    ("UPDATE projection_checkpoint SET version = -1", "version -1"),
     ("INSERT INTO projection_checkpoint VALUES ('loot', 1, 1)", "'loot'"),
     ("UPDATE meta SET value = 'not-an-id' WHERE key = 'ledger_id'", "ledger_id"),
     ("UPDATE meta SET value = 'yesterday' WHERE key = 'created_ns'", "created_ns"),

@@ -78,7 +78,7 @@ from .projections import (
 )
 from .projections.steps import ENDED
 from .projections.steps import VERSION as STEPS_VERSION
-from .verify import Finding, VerifyReport, verify, window_problem
+from .verify import Finding, VerifyReport, exposure_warnings, verify, window_problem
 from .witness import (
     AnchorRefused,
     Witness,
@@ -1123,6 +1123,7 @@ class Ledger(WorkspaceProtocol):
             expect_head = Head(seen.seq, seen.hash)
         report = verify(self._db, self._log, expect_head=expect_head, progress=progress,
                         blob_check=self.blob_problem)
+        report.warnings.extend(exposure_warnings(self.path, self.blobs.root))
         if extra:
             report.findings.extend(extra)
             report.ok = False

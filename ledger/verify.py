@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import fcntl
 import os
+import stat
 from collections.abc import Callable, Iterator
 from typing import Any, Final
 
@@ -400,6 +401,21 @@ def _steps_with_tail(conn: apsw.Connection, log: EventLog, last_seq: int) -> str
     return f"temp.{name}"
 
 
+def exposure_warnings(path: str, blob_root: str) -> list[Finding]:
+    """Warnings (not damage) for a ledger other local users can read: the database file
+    or its blob store root open to group or others. A ledger holds every version of every
+    file its steps wrote; the next read-write open takes that access away."""
+    out = []
+    for what, p in (("the ledger file", path), ("the blob store", blob_root)):
+        try:
+            mode = stat.S_IMODE(os.lstat(p).st_mode)
+        except OSError:
+            continue
+        if mode & 0o077:
+            out.append(Finding("exposure", 0, f"{what} {p} is mode {mode:04o}: other local users"
+                               " can read every version of every file a step wrote; the next"
+                               " read-write open makes it private (or: chmod go-rwx)"))
+    return out
 
 
 def _schema(db: Database) -> list[Finding]:
@@ -591,4 +607,4 @@ def _step_finding(step_id: str, a: StepRow | None, b: StepRow | None) -> Finding
 
 
 __all__ = ["COMPENSATION_WINDOW_S_MAX", "COMPENSATION_WINDOW_S_MIN", "Finding", "VerifyReport",
-           "WeakenedPlans", "verify", "window_problem"]
+           "WeakenedPlans", "exposure_warnings", "verify", "window_problem"]

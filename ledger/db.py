@@ -38,6 +38,7 @@ from typing import Final, Literal
 import apsw
 
 from .errors import (
+    AccessDenied,
     CorruptLedger,
     InvalidInput,
     LedgerBusy,
@@ -45,7 +46,6 @@ from .errors import (
     LedgerNotFound,
     LedgerTooNew,
     NotALedger,
-    AccessDenied,
     ReadOnlyLedger,
     StorageFailure,
 )

@@ -945,6 +945,8 @@ FOREIGN: dict[str, Callable[[World, Path], Path]] = {
     "planted-view": lambda w, d: _planted(w, d, "CREATE VIEW evil AS SELECT * FROM events"),
     "planted-index": lambda w, d: _planted(w, d, "CREATE INDEX evil ON events(kind)"),
     "analyze-stat-table": lambda w, d: _planted(w, d, "ANALYZE"),
+    "dropped-append-only-triggers": lambda w, d: _planted(
+        w, d, "DROP TRIGGER events_no_update", "DROP TRIGGER events_no_delete"),
     "replaced-append-only-trigger": lambda w, d: _planted(
         w, d, "DROP TRIGGER events_no_update",
         "CREATE TRIGGER events_no_update BEFORE UPDATE ON events BEGIN SELECT 1; END"),
@@ -999,7 +1001,8 @@ FOREIGN_COMMANDS: list[tuple[str, ...]] = [
 #: A ledger whose schema differs only outside its tables: `verify` examines it (read-only,
 #: triggers and views never run) and reports the change (exit 1); the rest refuse it.
 SCHEMA_FINDINGS: Final = frozenset({"planted-trigger-calls-a-function", "planted-view",
-                                    "planted-index", "replaced-append-only-trigger"})
+                                    "planted-index", "replaced-append-only-trigger",
+                                    "dropped-append-only-triggers"})
 
 
 @pytest.mark.parametrize("kind", list(FOREIGN))

@@ -139,7 +139,8 @@ class Ledger(WorkspaceProtocol):
     ...     ledger.append(Planned(step="fetch", attempt=1))
 
     Writers open read-write (the default); inspection opens `readonly=True` and never
-    writes: not the file, not a ``-wal``, not a projection catch-up. Time is injected
+    writes: not the file, not its log, not a projection catch-up (it reads under SQLite's
+    locks, which may create an empty ``-wal`` and a ``-shm``). Time is injected
     (`clock` returns Unix nanoseconds), never read in leaf code.
     """
 

@@ -825,7 +825,9 @@ class Database:
 
     def close(self) -> None:
         """Close; a failing final checkpoint is an environment error (exit 3), typed —
-        what was committed is durable in the WAL either way."""
+        what was committed is durable in the WAL either way. A reader's close writes
+        nothing of the ledger (it cannot checkpoint): a failure there (releasing its
+        locks, say) is not reported."""
         if self._lockq is not None:
             with contextlib.suppress(OSError):
                 os.close(self._lockq)
@@ -835,7 +837,8 @@ class Database:
         except apsw.Error as exc:
             with contextlib.suppress(apsw.Error):
                 self.conn.close(True)
-            raise translate(exc, self.path) from None
+            if not self.readonly:
+                raise translate(exc, self.path) from None
 
 
 def _remove_created(sidecar: str, existed: bool) -> None:
@@ -884,7 +887,8 @@ def _judge(path: str, header: Header | None, busy_timeout_ms: int, vfs: str | No
     shm = path + "-shm"
     for tries_left in range(JUDGE_TRIES - 1, -1, -1):
         shm_existed = os.path.lexists(shm)
-        through_wal = os.path.exists(wal_path(path))
+        # (an empty -wal, as readers leave it, holds nothing to read through)
+        through_wal = os.path.exists(wal_path(path)) and os.path.getsize(wal_path(path)) > 0
         try:
             before = _file_state(path)
         except OSError as exc:
@@ -913,10 +917,7 @@ def _judge(path: str, header: Header | None, busy_timeout_ms: int, vfs: str | No
             if isinstance(exc, apsw.Error | UnicodeDecodeError):
                 raise NotALedger(path, f"SQLite cannot read it: {exc}") from None
             raise
-        try:
-            conn.close()
-        except apsw.Error as exc:
-            raise translate(exc, path) from None
+        _close_quietly(conn)  # a reader: its close writes nothing of the ledger
         return version
     raise AssertionError("unreachable: the last try returns or raises")
 

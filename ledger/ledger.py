@@ -237,6 +237,8 @@ class Ledger(WorkspaceProtocol):
         of refusing).
         """
         _check_options(**options)
+        if forensic and not readonly:
+            raise InvalidInput("a forensic open is read-only: pass readonly=True")
         # Private: anchor_witness opens without resolving the witness (it replaces it).
         resolve = options.pop("_witness_resolve", True)
         if options.get("witness") is not None:

@@ -60,11 +60,13 @@ class World:
         return run_cli(["--ledger", str(self.path), *args], env=env)
 
     def tree(self) -> dict[str, str]:
-        """Every file under the ledger's and the witness's directories (a -shm, SQLite's
-        shared-memory index, left out): what "nothing written" compares."""
+        """Every file under the ledger's and the witness's directories (SQLite's lock
+        files, a -shm and an empty -wal that a read-only open may create, left out):
+        what "nothing written" compares."""
         return {str(p.relative_to(self.tmp)): hashlib.sha256(p.read_bytes()).hexdigest()
                 for d in (self.store, self.vol) for p in sorted(d.rglob("*"))
-                if p.is_file() and not p.name.endswith("-shm")}
+                if p.is_file() and not p.name.endswith("-shm")
+                and not (p.name.endswith("-wal") and p.stat().st_size == 0)}
 
     def witnessed_head(self) -> tuple[int, bytes]:
         with Ledger.open(self.path, readonly=True, witness_check=False) as led:

@@ -35,7 +35,8 @@ from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from typing import BinaryIO, Final
 
-from .errors import AccessDenied, BlobCorrupt, BlobNotFound, ContentChanged, InvalidInput, StorageFailure
+from .errors import (AccessDenied, BlobCorrupt, BlobNotFound, ContentChanged, InvalidInput,
+                     StorageFailure)
 from .events import check_digest
 
 TMP_DIR: Final = "tmp"

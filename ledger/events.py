@@ -489,6 +489,12 @@ def journal_key(event: Event, v: int = EVENT_VERSION) -> str:
     if isinstance(event, BlobStored) and v >= 2:
         extra = ("path", "digest")
     parts.extend(getattr(event, name) for name in extra)
+    if isinstance(event, WorkspaceRestored) and event.ino is not None:
+        # A restore into a directory recreated at the same path (a killed restore's output
+        # deleted by hand, then retried) is a new restore onto a new directory, not a
+        # redelivery of the first: its identity is part of the key. Restores recorded
+        # before identities (None) keep their key.
+        parts.extend((event.dev, event.ino))
     return _key_encoder.encode(parts).decode()
 
 

@@ -220,3 +220,27 @@ def test_restore_equals_the_projection_after_random_steps(
     assert report.paths == sum(d is not None for d in projection.values())
     assert F.i9_problems(led) == []
     led.close()
+
+
+def test_a_restore_retried_into_a_recreated_directory_is_recorded_anew(tmp_path: Path) -> None:
+    """A restore whose event was recorded, its directory deleted by hand and the restore
+    retried at the same path: a new directory (new device/inode), so a new restore — not
+    a redelivery of the first with a different identity (IdempotencyConflict forever,
+    before the identity was part of the key). The retry into the same directory is still
+    answered by the journal."""
+    w = World(tmp_path)
+    assert w.apply("s1", {"a.txt": b"one"}) == "applied"
+    w.ledger.publish("s1")
+    w.ledger.ack("s1")
+    w.ledger.release("w", w.epoch)
+    target = tmp_path / "restored"
+    w.ledger.restore("w", target)
+    first = w.ledger.registration("w")
+    w.ledger.restore("w", target)  # the same directory: the journal answers
+    assert w.ledger.registration("w") == first
+    target.rename(tmp_path / "aside")  # kept: the new directory cannot reuse its inode
+    w.ledger.restore("w", target)  # recreated: a new restore, recorded
+    again = w.ledger.registration("w")
+    assert again.seq > first.seq and again.ino != first.ino
+    assert (target / "a.txt").read_bytes() == b"one"
+    assert w.ledger.verify().ok

@@ -227,6 +227,27 @@ def copy_ledger(src: Path | str, dst: Path | str) -> Path:
     return Path(dst)
 
 
+def damage_witness(witness: Path | str, how: str) -> None:
+    """Take a witness away the ways an attacker hiding a rollback would: ``deleted``,
+    ``empty``, ``zeros`` (zero-filled, its length kept), or ``unreadable`` (a directory
+    where the file was)."""
+    path = os.fspath(witness)
+    if how == "deleted":
+        os.unlink(path)
+    elif how == "empty":
+        with open(path, "wb"):
+            pass
+    elif how == "zeros":
+        size = os.path.getsize(path)
+        with open(path, "wb") as f:
+            f.write(bytes(size))
+    elif how == "unreadable":
+        os.unlink(path)
+        os.mkdir(path)
+    else:
+        raise ValueError(f"unknown witness damage {how!r}")
+
+
 @pytest.fixture
 def clock() -> FakeClock:
     return FakeClock()

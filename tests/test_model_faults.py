@@ -94,6 +94,7 @@ from typing import Any, ClassVar
 import apsw
 import faultfs as F
 import pytest
+from conftest import damage_witness
 from hypothesis import HealthCheck, Phase, reject, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import (
@@ -125,6 +126,7 @@ from ledger.gc import collect
 from ledger.projections.steps import ENDED
 from ledger.restore import committed_content
 from ledger.steps import run_step, run_step_wrong_order
+from ledger.witness import AnchorRefused, Witness, WitnessMismatch, WitnessMissing
 
 FULL = os.environ.get("STEPLEDGER_MODEL_FULL", "") not in ("", "0")
 DAY = 24 * 3600
@@ -370,9 +372,12 @@ def do_restore(led: Ledger, op: Op) -> str:
     (forced: the old lease may be live), then take a new epoch there, which settles the
     old one's attempts against the restored files."""
     target = op.args["target"]
-    if led.workspace("w").root != target:  # a retry after a cut restore: start it over
+    recorded = any(r.event.root == target for r in led.read(kind="workspace-restored"))
+    if not recorded:  # a retry after a restore cut before it was recorded: start it over
         shutil.rmtree(target, ignore_errors=True)
         led.restore("w", target, force=True)
+    # (recorded: the cut call landed; a later restore may have moved the root on since,
+    # and restoring into `target` again would be another call, not this one's retry)
     lease = led.acquire("w", "agent", ttl_s=DAY, force=True)
     return f"restored, epoch {lease.epoch}"
 
@@ -419,13 +424,19 @@ class LedgerModel(RuleBasedStateMachine):
         os.makedirs(self.ws_dir)
         with open(os.path.join(self.ws_dir, WS_PATH), "wb") as f:
             f.write(V0)
+        # the witness lives outside the ledger's directory and the workspace (another
+        # volume, in spirit); the ledger records where, so every open below uses it
+        self.vol = os.path.join(self.root, "vol")
+        os.makedirs(self.vol)
+        self.witness = os.path.join(self.vol, "ledger.witness")
         self.clock = F.Clock()
         self._hook = sys.unraisablehook
         sys.unraisablehook = lambda u: None  # apsw reports VFS errors SQLite swallowed
         self.gen = 0
         # the ledger, the workspace and the first lease exist before the disk starts
         # (power loss inside init is test_power_loss's sweep)
-        with Ledger.init(os.path.join(self._gdir(), "ledger.db"), clock=self.clock) as led:
+        with Ledger.init(os.path.join(self._gdir(), "ledger.db"), clock=self.clock,
+                         witness=self.witness) as led:
             led.add_workspace("w", self.ws_dir)
             self.acked_epoch = led.acquire("w", "agent", ttl_s=DAY).epoch
             self.acked_head = led.head()
@@ -441,6 +452,7 @@ class LedgerModel(RuleBasedStateMachine):
         self.last_op: dict[str, str] = {}  # step -> key of the latest call on it
         self.compensations: Counter[str] = Counter()  # step -> compensate calls attempted
         self.counters: Counter[str] = Counter()  # per kind: ids stay put when shrinking
+        self.copies: list[tuple[str, int]] = []  # kept copies of the ledger's directory: (dir, head seq)
         self._attach()
 
     # -- plumbing --------------------------------------------------------------------
@@ -471,7 +483,25 @@ class LedgerModel(RuleBasedStateMachine):
             raise InvariantBroken(f"the ledger does not reopen after the fault:"
                                   f" {type(exc).__name__}: {exc}") from exc
         led.blobs = BlobStore(led.blobs.root, self.fileops)
+        write = led._log.on_commit
+        if write is not None:
+            # The witness write is a disk operation of the machine too: a fault may land
+            # after COMMIT and before it (the ledger one commit ahead: an honest crash)
+            disk = self.disk
+
+            def on_commit(head: Any) -> None:
+                disk.tick("witness-write")
+                write(head)
+
+            led._log.on_commit = on_commit
+        self._witness_lag(led)
         self.led = led
+
+    def _witness_lag(self, led: Ledger) -> None:
+        """Count a reopen that found the ledger ahead of its witness (and accepted it)."""
+        if led.witness_lag:
+            self.STATS["accepted:witness-behind"] += 1
+            self.history.append(f"reopened {led.witness_lag} commit(s) ahead of the witness: accepted")
 
     def _bury(self) -> None:
         """Abandon the current Ledger like a SIGKILLed process: its connection is never
@@ -493,6 +523,8 @@ class LedgerModel(RuleBasedStateMachine):
         if db.conn.in_transaction:
             with contextlib.suppress(Exception):
                 db.conn.execute("ROLLBACK")
+        if led.witness is not None:
+            led.witness.close()  # so is the witness's fd
         self.zombies.append(led)
 
     def _power_loss(self, model: str, seed: int) -> None:
@@ -509,7 +541,8 @@ class LedgerModel(RuleBasedStateMachine):
         # WAL recovery, projections caught up) and closed; then the run goes on over it
         # through a fresh simulated disk whose durable baseline is that image
         try:
-            Ledger.open(self.path, clock=self.clock).close()
+            with Ledger.open(self.path, clock=self.clock) as led:
+                self._witness_lag(led)
         except Exception as exc:  # noqa: BLE001 - any refusal is the finding
             self.fail(f"the surviving image does not reopen: {type(exc).__name__}: {exc}")
         self._attach()
@@ -824,6 +857,134 @@ class LedgerModel(RuleBasedStateMachine):
                 shutil.rmtree(root)
             os.rename(real, root)
 
+    # -- rules: the witness taken away, the ledger rolled back (refused, nothing written) --
+
+    def _exit(self) -> str:
+        """The client process exits cleanly (the hostile witness rules act between
+        processes); returns the ledger's directory."""
+        assert self.led is not None
+        gdir = self._gdir()
+        self.led.close()
+        self.led = None
+        return gdir
+
+    def _opens_refused(self, what: str, error: type[Exception], gdir: str,
+                       anchor: bool = False) -> None:
+        """Every way in — open read-only, read-write, naming the witness, `init`, and (with
+        `anchor`) an operator's unforced `anchor_witness` (AnchorRefused) — must be refused
+        with exactly `error`, and nothing under the ledger's directory or the witness's
+        may change (no fresh witness either)."""
+        path = os.path.join(gdir, "ledger.db")
+        ways: dict[str, tuple[Callable[[], Any], type[Exception]]] = {
+            "open read-only": (lambda: Ledger.open(path, readonly=True, clock=self.clock), error),
+            "open": (lambda: Ledger.open(path, clock=self.clock), error),
+            "open --witness": (lambda: Ledger.open(path, witness=self.witness, clock=self.clock), error),
+            "init": (lambda: Ledger.init(path, clock=self.clock), error),
+        }
+        if anchor:
+            ways["anchor"] = (lambda: Ledger.anchor_witness(path, clock=self.clock), AnchorRefused)
+        before = (_tree(gdir), _tree(self.vol))
+        for way, (call, expected) in ways.items():
+            try:
+                opened = call()
+            except Exception as exc:  # noqa: BLE001 - the wrong answer is the finding
+                if type(exc) is not expected:
+                    self.fail(f"{what}: {way}: {type(exc).__name__}: {exc}"
+                              f" (expected {expected.__name__})")
+            else:
+                with contextlib.suppress(Exception):
+                    opened.close()
+                self.fail(f"{what}: {way} accepted (expected {expected.__name__})")
+        if (_tree(gdir), _tree(self.vol)) != before:
+            self.fail(f"{what}: refused, but something changed")
+        self.STATS[f"refused:{what}"] += 1
+
+    @rule(how=st.sampled_from(["deleted", "empty", "zeros"]))
+    def witness_lost(self, how: str) -> None:
+        """Between processes the witness is deleted, emptied or zero-filled: every way in is
+        refused (WitnessMissing), nothing written — no fresh witness started from whatever
+        head the file holds. Then the operator re-anchors it in place (`anchor_witness`,
+        which verifies the ledger first; through the machine's disk) and the run goes on
+        under the new witness."""
+        gdir = self._exit()
+        damage_witness(self.witness, how)
+        self.history.append(f"hostile: witness {how}")
+        self._opens_refused("witness_lost", WitnessMissing, gdir)
+        Ledger.anchor_witness(os.path.join(gdir, "ledger.db"), clock=self.clock, vfs=self.vfs.name)
+        self.STATS["anchored"] += 1
+        self.history.append("operator: witness anchored")
+        self._open()
+        assert self.led is not None
+        self.acked_head = self.led.head()
+
+    @rule()
+    def keep_copy(self) -> None:
+        """Someone keeps a copy of the ledger's directory as it is now (a backup, a VM
+        snapshot), for `rollback` to put back later; the newest two are kept."""
+        assert self.led is not None
+        self.counters["copy"] += 1
+        n = self.counters["copy"]
+        dst = os.path.join(self.root, "copies", f"c{n}")
+        shutil.copytree(self._gdir(), dst, ignore=shutil.ignore_patterns("*-shm"))
+        seq = self.led.head().seq
+        self.copies.append((dst, seq))
+        if len(self.copies) > 2:
+            shutil.rmtree(self.copies.pop(0)[0])
+        self.history.append(f"copy c{n} kept at #{seq}")
+        self.STATS["kept-copy"] += 1
+
+    def _older_copies(self) -> list[tuple[str, int]]:
+        """The kept copies behind the witnessed head. (A copy at the witnessed head of a
+        ledger one commit ahead of its witness is what an honest crash leaves: accepted.)"""
+        if not self.copies or self.led is None:
+            return []
+        seen = Witness(self.witness, self.led.ledger_id).read()
+        return [c for c in self.copies if seen is not None and c[1] < seen.seq]
+
+    @precondition(lambda self: bool(self._older_copies()))
+    @rule(pick=st.integers(0, 1))
+    def rollback(self, pick: int) -> None:
+        """Between processes the ledger's directory is rolled back to a kept copy older
+        than the witnessed head, its witness intact: every way in is refused,
+        WitnessMismatch, and so is an unforced anchor (AnchorRefused); nothing written.
+        Then the attack is undone (the current directory put back); the run goes on."""
+        self._rollback(pick, "intact")
+
+    @precondition(lambda self: bool(self._older_copies()))
+    @rule(pick=st.integers(0, 1), how=st.sampled_from(["deleted", "zeros"]))
+    def rollback_hidden(self, pick: int, how: str) -> None:
+        """`rollback`, with the witness deleted or zero-filled to hide it: refused all the
+        same (WitnessMissing), nothing written; then the directory and the witness are
+        put back."""
+        self._rollback(pick, how)
+
+    def _rollback(self, pick: int, witness: str) -> None:
+        copies = self._older_copies()
+        src, seq = copies[pick % len(copies)]
+        gdir = self._exit()
+        aside = gdir + ".now"
+        with open(self.witness, "rb") as f:
+            witnessed = f.read()
+        os.rename(gdir, aside)
+        try:
+            shutil.copytree(src, gdir)
+            self.history.append(f"hostile: rolled back to {os.path.basename(src)} (#{seq}),"
+                                f" witness {witness}")
+            if witness == "intact":
+                self._opens_refused("rollback", WitnessMismatch, gdir, anchor=True)
+            else:
+                damage_witness(self.witness, witness)
+                self._opens_refused("rollback_hidden", WitnessMissing, gdir)
+        finally:
+            shutil.rmtree(gdir)
+            os.rename(aside, gdir)
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(self.witness)
+            fd = os.open(self.witness, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+            with os.fdopen(fd, "wb") as f:
+                f.write(witnessed)
+        self._open()
+
     # -- rules: the faults ---------------------------------------------------------------
 
     @rule(model=st.sampled_from(F.MODELS + F.EXTRA_MODELS), seed=st.integers(0, 3))
@@ -1030,7 +1191,7 @@ class WrongOrderModel(LedgerModel):
     # only the rules this control is about (a rule set to None is no rule)
     append = abandoned_step = workspace_step = compensate = None  # type: ignore[assignment]
     rebuild = gc = acquire = restore_workspace = time_passes = redeliver = None  # type: ignore[assignment]
-    power_loss = None  # type: ignore[assignment]
+    power_loss = witness_lost = keep_copy = rollback = rollback_hidden = None  # type: ignore[assignment]
 
 
 class NoDirFsyncModel(LedgerModel):
@@ -1072,6 +1233,12 @@ def test_model_with_power_loss_and_process_kill() -> None:
     assert stats.get("power_loss", 0) > 0 and stats.get("process_kill", 0) > 0
     assert any(k.startswith("cut:power") for k in stats) and any(k.startswith("cut:kill") for k in stats)
     assert stats.get("refused:ledger_write", 0) > 0 and stats.get("refused:root_swap", 0) > 0
+    # the witness: taken away (then re-anchored), the ledger rolled back with it intact
+    # and with it taken away — refused every time; and an honest crash between COMMIT and
+    # the witness write, the ledger one commit ahead of it, accepted
+    for what in ("witness_lost", "rollback", "rollback_hidden"):
+        assert stats.get(f"refused:{what}", 0) > 0, what
+    assert stats.get("anchored", 0) > 0 and stats.get("accepted:witness-behind", 0) > 0
 
 
 def _find_counterexample(machine: type[LedgerModel], max_examples: int) -> str:

@@ -22,7 +22,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import CliOut, FakeClock, run_cli, tamper
+from conftest import CliOut, FakeClock, damage_witness, run_cli, tamper
 
 from ledger import InvalidInput, Ledger, LedgerError, PathForbidden, Planned, WitnessAnchored
 from ledger.blobs import digest_of
@@ -100,18 +100,6 @@ def rolled_back(world: World) -> None:
     copy_ledger(old, world.path)
 
 
-def damage(witness: Path, how: str) -> None:
-    if how == "deleted":
-        witness.unlink()
-    elif how == "empty":
-        witness.write_bytes(b"")
-    elif how == "zeros":
-        witness.write_bytes(bytes(len(witness.read_bytes())))
-    else:  # unreadable: a directory where the file was
-        witness.unlink()
-        witness.mkdir()
-
-
 # --- item 8: a missing, blank or relative witness fails closed ----------------------
 
 
@@ -123,7 +111,7 @@ def test_a_rolled_back_ledger_with_its_witness_removed_is_refused_by_every_opene
     verify reports it (exit 1); nothing is written — no fresh witness either."""
     world = World(tmp_path)
     rolled_back(world)
-    damage(world.witness, how)
+    damage_witness(world.witness, how)
     before = world.tree()
     refused = WitnessMissing if how != "unreadable" else LedgerError
     for readonly in (True, False):

@@ -1,9 +1,13 @@
 """Model-based fault testing: a hypothesis state machine over the public API, with power
 loss and process kill as rules, checking the invariants after every rule.
 
-One ledger is opened through `faultfs` (the fault-injecting apsw VFS and the blob-dir
-power-loss model: one simulated disk under the SQLite files and the blob store). The
-rules are public-API calls of a client —
+One witnessed ledger is opened through `faultfs` (the fault-injecting apsw VFS and the
+blob-dir power-loss model: one simulated disk under the SQLite files and the blob
+store). Its witness lives outside the ledger's directory and the workspace; the ledger
+records where, so every open uses it, and its write after each COMMIT is one more disk
+operation of the machine (a fault can land between the two: the ledger one commit ahead
+of its witness, an honest crash every reopen must accept). The rules are public-API
+calls of a client —
 
 - ``append`` a planned step; ``artifact_step``: `run_step` with an inline and/or a file
   blob; ``abandoned_step``: plan, store, compensate (orphans for GC);
@@ -19,6 +23,15 @@ rules are public-API calls of a client —
   starts in that embedded layout, ``ws/.stepledger/g<n>/ledger.db``) and ``root_swap``
   (between steps the root is swapped for a symlink to, or replaced by, a copy of
   itself: snapshot and admit must refuse, WorkspaceMoved; then it is swapped back);
+- hostile acts on the witness, between processes (the client exits cleanly first), after
+  which every way in — open read-only, read-write, naming the witness, ``init`` — must be
+  refused with exactly the error named and nothing under the ledger's directory or the
+  witness's written: ``witness_lost`` (deleted, emptied or zero-filled: WitnessMissing;
+  then the operator's ``anchor_witness`` re-anchors it in place and the run goes on under
+  the new witness); ``keep_copy`` keeps a copy of the ledger's directory (the newest
+  two), and ``rollback`` puts one older than the witnessed head back with the witness
+  intact (WitnessMismatch, and an unforced anchor: AnchorRefused) or, ``rollback_hidden``,
+  with the witness deleted or zero-filled (WitnessMissing); then the attack is undone;
 - ``retry`` a call whose outcome is unknown; ``redeliver`` an acknowledged one (its
   answer was lost: it must get the first answer and change nothing, I4) —
 
@@ -65,14 +78,18 @@ Default: 50 examples x 20 rules, derandomized (the same run every time, ~5 s; th
 Negative controls (each must fail; the shrunk counterexample is printed, ``-s``): the
 same machine with synchronous=OFF, with synchronous=NORMAL, and with the blob directory
 fsync removed (power loss shows them); an artifact step that publishes before it stores,
-with the kill as the only fault (a kill keeps the page cache: only ordering shows).
+with the kill as the only fault (a kill keeps the page cache: only ordering shows); a
+witness check that takes a missing witness for none, and one that lets a ledger behind
+its witness through (the witness rules show them).
 
 What the machine found is kept below as explicit rule sequences, each a regression test:
 a client-protocol finding, and a ledger bug (a rejected replay left the writes that had
 landed before a crash in the workspace, recorded nowhere; fixed in ledger/fences.py).
 Also kept: what it missed and a replay of a real project's history found (issue 11 item
 18: settling left a file the dead attempt had created as a conflict), which the
-workspace check above now catches.
+workspace check above now catches; the honest crash between COMMIT and the witness
+write, cut deterministically; and a client finding of the witnessed run (a retried
+restore redid a restore its cut call had recorded).
 """
 
 from __future__ import annotations
@@ -1277,6 +1294,52 @@ def test_negative_control_no_blob_dir_fsync_is_caught() -> None:
     assert "missing" in text or "I1" in text
 
 
+def _witness_fails_open(real: Callable[[Ledger], int]) -> Callable[[Ledger], int]:
+    """THE BROKEN CHECK (negative control): a missing, empty or zero-filled witness is
+    taken for no witness at all — the defect of issue 11 item 8 (a writer then starts a
+    fresh witness from whatever head the file holds)."""
+
+    def check_witness(self: Ledger) -> int:
+        assert self.witness is not None
+        if self.witness.read() is None:
+            return 0
+        return real(self)
+
+    return check_witness
+
+
+def _witness_behind_accepted(real: Callable[[Ledger], int]) -> Callable[[Ledger], int]:
+    """THE BROKEN CHECK (negative control): a present witness is read, but a ledger behind
+    it or off its chain is let through (only a missing witness is refused)."""
+
+    def check_witness(self: Ledger) -> int:
+        try:
+            return real(self)
+        except WitnessMissing:
+            raise
+        except WitnessMismatch:
+            return 0
+
+    return check_witness
+
+
+@pytest.mark.parametrize("broken", [_witness_fails_open, _witness_behind_accepted],
+                         ids=["missing-witness-fails-open", "rollback-let-through"])
+def test_negative_control_a_witness_check_that_fails_open_is_caught(
+        monkeypatch: pytest.MonkeyPatch, broken: Callable[..., Any]) -> None:
+    """Negative controls for the witness rules: with `Ledger.check_witness` broken, the
+    same machine finds an open that should have been refused (witness_lost or
+    rollback_hidden; rollback)."""
+    monkeypatch.setattr(Ledger, "check_witness", broken(Ledger.check_witness))
+    text = _find_counterexample(LedgerModel, 300)
+    if broken is _witness_fails_open:
+        assert "witness_lost" in text or "rollback_hidden" in text, text
+        assert "expected WitnessMissing" in text, text
+    else:
+        assert "state.rollback(" in text and "keep_copy" in text, text
+        assert "expected WitnessMismatch" in text or "expected AnchorRefused" in text, text
+
+
 # --- regressions: counterexamples the machine found, as explicit rule sequences ----------
 
 
@@ -1418,3 +1481,49 @@ def test_regression_settling_takes_back_the_file_the_attempt_created() -> None:
         assert "cut by" in state.history[0], (crash, state.history)
         assert sorted(restored) == [(WS_PATH, "restored"), (NEW_PATH, "restored")], (crash, restored)
         assert not created, crash
+
+
+def _witness_write_op(rule: str, **kwargs: Any) -> int:
+    """The disk operation (1-based, into the call) of the first witness write of `rule`
+    run on a fresh machine: its first commit has landed, the witness does not know it."""
+    probe = LedgerModel()
+    try:
+        start = probe.disk.ops
+        getattr(probe, rule)(**kwargs, crash=None)
+        trace = probe.disk.trace[start:]
+    finally:
+        probe.teardown()
+    return trace.index("witness-write") + 1
+
+
+def test_regression_a_crash_between_commit_and_the_witness_write_is_accepted() -> None:
+    """The honest crash the witness must accept: the call is cut after its COMMIT and
+    before the witness heard of it (a kill, a power loss), so the ledger reopens one
+    commit ahead of its witness — accepted, every invariant holds, and the retry
+    finishes the call under the same witness."""
+    at = _witness_write_op("artifact_step", inline=0, file=0)
+    for crash in (Crash("kill", at=at), Crash("power", at=at, model="drop")):
+        state = replay(LedgerModel, ("artifact_step", {"inline": 0, "file": 0, "crash": crash}),
+                       ("retry", {"pick": 0, "crash": None}))
+        assert "cut by" in state.history[0], (crash, state.history)
+        assert any("ahead of the witness: accepted" in h for h in state.history), state.history
+        assert state.ops["art#1"].acked, (crash, state.history)
+
+
+def test_regression_a_restore_retried_after_a_later_restore() -> None:
+    """Found by the witnessed machine (its rules moved the default run onto it):
+
+        state.restore_workspace(crash=Crash('kill', at=16))  # recorded, then the kill
+        state.restore_workspace(crash=None)                  # the root moves on
+        state.retry(crash=None, pick=0)                      # IdempotencyConflict
+
+    Not a ledger bug: the model's client redid the restore into the first target because
+    the root was no longer there, which is another call (a new directory: another
+    identity), not a retry; the journal rightly refused it. A retried restore now asks
+    the ledger whether its restore was recorded; the same with a power loss."""
+    at = _witness_write_op("restore_workspace")
+    for crash in (Crash("kill", at=at), Crash("power", at=at, model="drop")):
+        state = replay(LedgerModel, ("restore_workspace", {"crash": crash}),
+                       ("restore_workspace", {"crash": None}), ("retry", {"pick": 0, "crash": None}))
+        assert "cut by" in state.history[0], (crash, state.history)
+        assert state.ops["restore#1"].answer.startswith("restored"), (crash, state.history)

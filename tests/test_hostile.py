@@ -6,7 +6,9 @@ symlinks in the workspace and at every level of the blob store; digests of the w
 length, case or alphabet; a planted blob with the right name and the wrong bytes; foreign
 SQLite files with planted triggers and views; hundreds of seeded byte-level mutants of a
 real ledger file; oversized payloads and step ids; malformed JSON to every JSON-reading
-input (`step plan FILE|-`, `step publish --receipt FILE|-`).
+input (`step plan FILE|-`, `step publish --receipt FILE|-`); a witnessed ledger whose
+whole directory (blob store included) is rolled back under an intact witness, or whose
+witness is deleted, emptied or zero-filled (section 12).
 
 Every case goes through the library and through the CLI (in-process, `CliRunner`). A
 refused call must raise a `LedgerError` (the CLI: exit 2, or 1 where the protocol says
@@ -52,7 +54,7 @@ from typing import Any, Final
 import apsw
 import pytest
 from click.testing import CliRunner, Result
-from conftest import CLEAN_ENV, FakeClock, error_output_problem, tamper
+from conftest import CLEAN_ENV, FakeClock, damage_witness, error_output_problem, tamper
 
 import ledger as ledger_pkg
 from ledger import (
@@ -74,6 +76,7 @@ from ledger.cli import cli
 from ledger.errors import BlobCorrupt, BlobNotFound
 from ledger.fences import TTL_MAX_S, Write
 from ledger.steps import run_step
+from ledger.witness import AnchorRefused, WitnessMismatch, WitnessMissing
 
 FULL = os.environ.get("STEPLEDGER_HOSTILE_FULL") == "1"
 MUTANTS = 5_000 if FULL else 300
@@ -278,6 +281,12 @@ class World:
     def inputs(self) -> Path:
         return self.root / "in"
 
+    @property
+    def witness(self) -> Path:
+        """Where a witnessed world's witness is (`build_world(witnessed=True)`): outside
+        the ledger's directory, inside the root every check compares."""
+        return self.root / "vol" / "ledger.witness"
+
     big = sha256(BIG)  # committed artifact of art-file, a blob file
     post1 = sha256(V1)  # committed post-image of s1 (app.py), a blob file
     open_ = sha256(OPEN_BYTES)  # in-flight artifact of step "open", a blob file, pinned
@@ -294,10 +303,12 @@ class World:
         return self.blobs / digest[:2] / digest
 
 
-def build_world(root: Path, clock: Callable[[], int] | None = None) -> World:
+def build_world(root: Path, clock: Callable[[], int] | None = None,
+                witnessed: bool = False) -> World:
     """A closed ledger: two committed artifact steps (inline and file blobs), workspace w
     with a live lease (7 days), s1 committed (a file post-image and a new file in a new
-    directory), s2 applied but not published, "open" storing an artifact (in flight)."""
+    directory), s2 applied but not published, "open" storing an artifact (in flight).
+    `witnessed`: the ledger records its witness at `World.witness` from the start."""
     w = World(root)
     w.ws.mkdir(parents=True)
     (w.ws / "app.py").write_bytes(V0)
@@ -310,6 +321,9 @@ def build_world(root: Path, clock: Callable[[], int] | None = None) -> World:
     options: dict[str, Any] = {"inline_max_bytes": INLINE_MAX}
     if clock is not None:
         options["clock"] = clock
+    if witnessed:
+        w.witness.parent.mkdir()
+        options["witness"] = w.witness
     with Ledger.init(w.db, **options) as led:
         run_step(led, "art-inline", {"out/a.txt": SMALL})
         run_step(led, "art-file", {"out/big.bin": BIG, "out/s.txt": b"tiny"})
@@ -1999,3 +2013,101 @@ def test_error_message_spans_many_lines(world: World) -> None:
     tried("foreign-sqlite")
     run_cli(world.db, "verify", match="malformed")
     assert changes(before, world.snap()) == []
+
+
+# === 12. the witness taken away, the ledger rolled back ====================================
+# tests/test_review_witness.py covers a rolled-back ledger file whose witness is also taken
+# away. Here the rest, on a full world (blobs, a workspace): the whole ledger directory,
+# blob store included, put back from an older copy under an intact witness; and the witness
+# deleted, emptied or zero-filled under a ledger that was not rolled back. Every library
+# entry point and every command refuses (typed; the CLI one line, exit 1, naming the way
+# back); `verify` reports it; every file under the root, the witness's included, unchanged.
+
+WITNESS_ATTACKS = ["rolled-back", "witness-deleted", "witness-empty", "witness-zeros"]
+
+
+@pytest.fixture
+def witnessed(scratch: Path, monkeypatch: pytest.MonkeyPatch) -> World:
+    w = build_world(scratch / "world", witnessed=True)
+    monkeypatch.chdir(w.inputs)
+    return w
+
+
+def _attack_witness(w: World, attack: str, scratch: Path) -> None:
+    if attack == "rolled-back":
+        backup = scratch / "backup"  # the ledger's directory as it was: closed, no -wal
+        shutil.copytree(w.db.parent, backup, symlinks=True)
+        with w.open() as led:
+            run_step(led, "newer", {"out/newer.bin": BIG + b"newer"})  # a new blob file
+        shutil.rmtree(w.db.parent)
+        shutil.copytree(backup, w.db.parent, symlinks=True)
+    else:
+        damage_witness(w.witness, attack.removeprefix("witness-"))
+
+
+WITNESS_COMMANDS: list[tuple[str, ...]] = [
+    *FOREIGN_COMMANDS, ("--witness", "{witness}", "events"),
+    ("--workspace", "w", "workspace", "snapshot", "app.py"),
+    ("--workspace", "w", "step", "plan", "--epoch", "{epoch}", "-"),
+]
+
+
+@pytest.mark.parametrize("attack", WITNESS_ATTACKS)
+def test_a_witness_taken_away_or_a_rolled_back_directory_is_refused_by_the_library(
+        witnessed: World, scratch: Path, attack: str) -> None:
+    w = witnessed
+    _attack_witness(w, attack, scratch)
+    error = WitnessMismatch if attack == "rolled-back" else WitnessMissing
+    ways: dict[str, Callable[[], object]] = {
+        "open read-only": lambda: Ledger.open(w.db, readonly=True),
+        "open": lambda: Ledger.open(w.db),
+        "open --witness": lambda: Ledger.open(w.db, witness=w.witness),
+        "open read-only --witness": lambda: Ledger.open(w.db, readonly=True, witness=w.witness),
+        "init": lambda: Ledger.init(w.db),
+        "init --witness": lambda: Ledger.init(w.db, witness=w.witness),
+    }
+    before = w.snap()
+    failures = []
+    for way, call in ways.items():
+        tried("witness")
+        got = outcome(call)
+        if got != f"typed:{error.__name__}":
+            failures.append(f"{way}: {got}, expected {error.__name__}")
+    if attack == "rolled-back":  # the witness says history was lost: only --force anchors
+        tried("witness")
+        with pytest.raises(AnchorRefused, match="--force"):
+            Ledger.anchor_witness(w.db)
+    with Ledger.open(w.db, readonly=True, witness_check=False) as led:
+        report = led.verify()
+    assert not report.ok and "witness" in {f.check for f in report.findings}, report.findings
+    assert not failures, "\n".join(failures)
+    assert changes(before, w.snap()) == []
+
+
+@pytest.mark.parametrize("attack", WITNESS_ATTACKS)
+def test_a_witness_taken_away_or_a_rolled_back_directory_is_refused_by_the_cli(
+        witnessed: World, scratch: Path, attack: str) -> None:
+    w = witnessed
+    _attack_witness(w, attack, scratch)
+    before = w.snap()
+    plan = json.dumps({"step": uid("late"), "writes": [{"path": "late.txt", "pre_hash": None,
+                                                         "content": "x"}]})
+    commands = [tuple(a.format(witness=w.witness, epoch=w.epoch) for a in argv)
+                for argv in WITNESS_COMMANDS]
+    if attack == "rolled-back":
+        commands.append(("witness", "anchor"))  # refused without --force (AnchorRefused)
+    for argv in commands:
+        r = run_cli(w.db, *argv, codes=(1,), category="witness",
+                    input=plan if argv[-1] == "-" else None)
+        if argv == ("verify",):
+            assert "witness" in r.stdout, r.stdout
+        elif argv == ("witness", "anchor"):
+            assert "AnchorRefused" in r.stderr and "--force" in r.stderr, r.stderr
+        else:  # the error names the witness and the way back
+            assert "Witness" in r.stderr and "witness anchor" in r.stderr, (argv, r.stderr)
+        assert changes(before, w.snap()) == [], argv
+    r = run_cli(w.db, "witness", "show", "--json", codes=(0,), category="witness")
+    state = "mismatch" if attack == "rolled-back" else attack.removeprefix("witness-").replace(
+        "deleted", "missing").replace("empty", "blank").replace("zeros", "blank")
+    assert json.loads(r.stdout)["state"] == state, r.stdout
+    assert changes(before, w.snap()) == []

@@ -1360,17 +1360,24 @@ def replay(machine: type[LedgerModel], *calls: tuple[str, dict[str, Any]],
     return state
 
 
-def workspace_step_trace(paths: tuple[str, ...], content: int) -> list[str]:
+def rule_trace(rule: str, *before: tuple[str, dict[str, Any]], **kwargs: Any) -> list[str]:
     """The kinds of the disk operations, in order, a fresh machine's uncut
-    `workspace_step(paths, content)` makes: a `Crash(..., at=i)` cuts it at the i-th
-    (1-based)."""
+    `rule(**kwargs)` makes after the rules `before`: a `Crash(..., at=i)` cuts it at the
+    i-th (1-based)."""
     probe = LedgerModel()
     try:
+        for name, args in before:
+            getattr(probe, name)(**args)
         start = probe.disk.ops
-        probe.workspace_step(paths=paths, content=content, crash=None)
+        getattr(probe, rule)(**kwargs, crash=None)
         return probe.disk.trace[start:]
     finally:
         probe.teardown()
+
+
+def workspace_step_trace(paths: tuple[str, ...], content: int) -> list[str]:
+    """`rule_trace` of a fresh machine's `workspace_step(paths, content)`."""
+    return rule_trace("workspace_step", paths=paths, content=content)
 
 
 def _blob_ops_of_a_workspace_step() -> list[int]:
@@ -1486,14 +1493,7 @@ def test_regression_settling_takes_back_the_file_the_attempt_created() -> None:
 def _witness_write_op(rule: str, **kwargs: Any) -> int:
     """The disk operation (1-based, into the call) of the first witness write of `rule`
     run on a fresh machine: its first commit has landed, the witness does not know it."""
-    probe = LedgerModel()
-    try:
-        start = probe.disk.ops
-        getattr(probe, rule)(**kwargs, crash=None)
-        trace = probe.disk.trace[start:]
-    finally:
-        probe.teardown()
-    return trace.index("witness-write") + 1
+    return rule_trace(rule, **kwargs).index("witness-write") + 1
 
 
 def test_regression_a_crash_between_commit_and_the_witness_write_is_accepted() -> None:
@@ -1540,25 +1540,19 @@ def test_regression_restore_after_a_settled_conflict_agrees_with_workspace_paths
         state.workspace_step(paths=('app.py',), content=0,
                              crash=Crash('power', at=66, model='drop', seed=0))
         state.restore_workspace(crash=None)   # app.py absent there (never published)
-        state.restore_workspace(crash=None)   # workspace app.py holds None, the ledger
-                                              # says ws-1's post-image
+        state.restore_workspace(crash=None)   # "app.py: restore's committed content is
+                                              # None, the projection's" ws-1's post-image
 
     ws-1 is fenced (app.py rev 1, its post-image) and never published; the power loss
     lands after `fenced`. The first restore writes the committed content (app.py is not
     in it: its v0 predates the ledger), and the new epoch settles ws-1: the pre-image
     cannot be put back over nothing, `compensated` records a conflict (digest None).
     `workspace_paths` still says app.py is ws-1's post-image, rev 1; the second restore
-    writes app.py absent. The ledger's two views of the committed workspace disagree.
+    writes app.py absent (and `committed_content` says so). The ledger's two views of the
+    committed workspace disagree once the new root's WorkspaceRestored ends the conflict.
     Left for the owners of restore/settling (the same sequence fails on the machine
     without a witness at the equivalent operation); kept as a strict xfail."""
-    probe = LedgerModel()
-    try:
-        probe.acquire(crash=None)
-        start = probe.disk.ops
-        probe.workspace_step(paths=(WS_PATH,), content=0, crash=None)
-        trace = probe.disk.trace[start:]
-    finally:
-        probe.teardown()
+    trace = rule_trace("workspace_step", ("acquire", {"crash": None}), paths=(WS_PATH,), content=0)
     renamed = max(i for i, kind in enumerate(trace, 1) if kind == "ws-rename")
     at = next(i for i, kind in enumerate(trace, 1) if i > renamed and kind == "witness-write")
     replay(LedgerModel, ("acquire", {"crash": None}),

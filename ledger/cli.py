@@ -2,7 +2,7 @@
 
 Each command parses its arguments, calls the public API and formats the result.
 Results go to stdout, progress and logs to stderr, so `--json` output is pure.
-Exit codes (DESIGN.md "The command line"): 0 success; 1 the answer is no (a
+Exit codes (docs/design.md "The command line"): 0 success; 1 the answer is no (a
 violation found, or the protocol refused); 2 usage or bad input, including a file
 that is not a usable ledger; 3 the environment failed (disk full, I/O error, lock
 timeout). User errors are one line on stderr, never a traceback.
@@ -725,7 +725,7 @@ def _check_live(ledger: Ledger, row: StepRow, epoch: int | None) -> None:
 
 
 def _check_settled(ledger: Ledger, workspace: str, epoch: int, but: str = "") -> None:
-    """New work starts only after the older epochs are settled (DESIGN.md "Epochs and
+    """New work starts only after the older epochs are settled (docs/design.md "Epochs and
     leases"): refuse while a step of an older epoch is still in flight on the workspace
     (an acquire that died before its settle). The core checks only the applied step's
     own epoch."""

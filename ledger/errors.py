@@ -2,7 +2,7 @@
 
 One root (`LedgerError`), a few children callers catch. Each carries the fact, the
 subject and the remedy in its message, and an `exit_code` the CLI maps to
-(DESIGN.md "The command line"): 1 the answer is no (a violation or a protocol
+(docs/design.md "The command line"): 1 the answer is no (a violation or a protocol
 refusal), 2 usage or bad input (including a file that is not a usable ledger),
 3 the environment failed (disk full, I/O error, lock timeout).
 """

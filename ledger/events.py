@@ -1,6 +1,6 @@
 """Events: the facts a ledger records, as one msgspec tagged union.
 
-Every transition of every step is one immutable event (DESIGN.md "Events and the
+Every transition of every step is one immutable event (docs/design.md "Events and the
 attempt lifecycle"). This module owns their shapes, validation at the boundary,
 deterministic encoding, journal-key derivation and the chain hash. It does no I/O
 and imports neither apsw nor click.
@@ -467,7 +467,7 @@ def validate(event: Event) -> bytes:
 
 
 def journal_key(event: Event, v: int = EVENT_VERSION) -> str:
-    """The idempotency key DESIGN.md derives for an event (of encoding version `v`).
+    """The idempotency key docs/design.md derives for an event (of encoding version `v`).
 
     A step transition is keyed ``(step, attempt, kind[, digest])`` — a `blob-stored` by
     ``(step, attempt, kind, path, digest)`` from version 2 on; workspace, lease and GC
@@ -475,7 +475,7 @@ def journal_key(event: Event, v: int = EVENT_VERSION) -> str:
     """
     parts: list[Any]
     if isinstance(event, Fenced):
-        # Applying is keyed (workspace, step, attempt): article 003's (step_id, base_rev)
+        # Applying is keyed (workspace, step, attempt): the (step_id, base_rev) key of the usual fencing recipe
         # made exact. With the journal off (a comparison mode) every apply is new.
         parts = ["apply", event.workspace, event.step, event.attempt]
         if not event.journal:

@@ -1,6 +1,6 @@
 """Workspaces, epoch leases, revision fences, the apply journal, compensation.
 
-DESIGN.md "The commit protocol" steps 1–2 and "Epochs and leases", as methods mixed
+docs/design.md "The commit protocol" steps 1–2 and "Epochs and leases", as methods mixed
 into `Ledger` (`WorkspaceProtocol`). The order is the point:
 
 1. plan (`admit`, `plan_step`, `replan`): a durable `planned` event with each write's

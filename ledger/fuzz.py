@@ -1,4 +1,4 @@
-"""`stepledger fuzz`: interleaving search over the fence protocol (issue: article 003 §7).
+"""`stepledger fuzz`: interleaving search over the fence protocol (docs/design.md "Fence modes").
 
 A fixed plan of four chained steps over two files is driven, one op at a time, by a
 schedule that mixes the main line (``advance``) with the ordinary interferences of an

@@ -192,7 +192,7 @@ class EventLog:
     ) -> list[RecordedEvent]:
         """Append events atomically; return them as recorded, in order.
 
-        Each event is validated and keyed as DESIGN.md says (`events.journal_key`). A
+        Each event is validated and keyed as docs/design.md says (`events.journal_key`). A
         key already recorded with the same event yields the original row with
         `deduped=True`; with a different event, IdempotencyConflict. An illegal
         transition raises IllegalTransition. On any error nothing is written.

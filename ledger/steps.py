@@ -12,8 +12,8 @@ is continued from what the ledger recorded, transition by transition — journal
 keys make each one idempotent (a pin, a store, a publish, an ack already recorded
 is returned, not repeated).
 
-Replay policy (the open question of background article 000): replay under the same
-step id and let the ledger decide. The first manifest to land wins; a replay of a
+Replay policy (a step that died between its blob upload and its manifest, replayed
+with byte-different output): replay under the same step id and let the ledger decide. The first manifest to land wins; a replay of a
 committed step is answered from the ledger. An attempt that died before publishing
 is either continued by the same runner (as here) or ended by whoever knows it is
 dead (`Ledger.compensate`, or a new epoch's settling for workspace-writing steps),

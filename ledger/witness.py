@@ -1,7 +1,7 @@
 """The witness: the chain head, kept outside the ledger file, after every commit.
 
 A hash chain cannot see its own tail cut off, nor the whole store replaced by an older
-genuine copy (DESIGN.md "Integrity"). A witness can: a small file the user places
+genuine copy (docs/design.md "Integrity"). A witness can: a small file the user places
 elsewhere — another volume, the orchestrator's storage — that receives the head after
 every commit. On open, the ledger's chain must contain the witnessed head:
 

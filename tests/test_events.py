@@ -423,7 +423,7 @@ def test_appended_events_read_back_identical(ledger: Ledger) -> None:
 
 # --- journal keys ----------------------------------------------------------------------
 
-# DESIGN.md: a transition is keyed (step, attempt, kind[, digest]); publish and ack by
+# docs/design.md: a transition is keyed (step, attempt, kind[, digest]); publish and ack by
 # the manifest revision. Written out here, not derived from `key_extra`.
 STEP_EVENTS_AND_EXTRA: list[tuple[Any, list[Any]]] = [
     (Planned(step="s", attempt=2, run="r", epoch=3), []),
@@ -446,7 +446,7 @@ def test_journal_key_of_a_step_transition(event: Any, extra: list[Any]) -> None:
 
 
 def test_apply_is_keyed_by_workspace_step_and_attempt() -> None:
-    """DESIGN.md: applying is keyed (workspace, step, attempt); with the journal off (the
+    """docs/design.md: applying is keyed (workspace, step, attempt); with the journal off (the
     comparison mode) every apply gets a key of its own, so nothing dedupes it."""
     assert json.loads(journal_key(Fenced(step="s", attempt=2, workspace="w", rev=9))) == [
         "apply", "w", "s", 2,

@@ -1,6 +1,6 @@
 """Revision fences, the apply journal, epoch leases and compensation (issue 4).
 
-The verdict table of shared/background/003 (as the issue states it) is asserted cell by
+The fence-mode verdict table (docs/design.md "Fence modes") is asserted cell by
 cell; each column switches one mechanism off, so a cell where a mechanism matters shows
 the other outcome in the neighbouring column.
 """
@@ -211,7 +211,7 @@ def test_chained_siblings_apply_in_order(tmp_path: Path) -> None:
 
 
 def test_plan_fence_refuses_even_an_undisturbed_second_step(tmp_path: Path) -> None:
-    """The article's point: a plan-level fence is loud in the wrong places."""
+    """The table's point: a plan-level fence is loud in the wrong places."""
     w = World(tmp_path, "plan", True)
     w.admit(w.write("s1", "v1", "v0"), w.write("s2", "v2", "v1"))
     assert w.apply("s1") == "applied"
@@ -499,8 +499,8 @@ def test_a_rejection_without_evidence_leaves_matching_bytes_as_a_conflict(
     assert w.ledger.verify().ok
 
 
-def test_article_003_verdict_rules(tmp_path: Path) -> None:
-    """Section 10 of the article: reject and re-plan; replay the stored result;
+def test_fence_verdict_rules(tmp_path: Path) -> None:
+    """The verdict rules: reject and re-plan; replay the stored result;
     compensate to the checkpoint; accept a rebase."""
     w = World(tmp_path)
     w.admit(w.write("s1", "v1", "v0"), w.write("s2", "v2", "v1"))

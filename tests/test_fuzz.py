@@ -158,7 +158,7 @@ def test_fence_none_search_finds_and_shrinks_to_a_minimal_order() -> None:
 
 
 def test_a_human_edit_through_stepledger_is_a_lost_update_without_the_fence() -> None:
-    """The article's concurrent edit: P1 and P3 both fail (the rev moved)."""
+    """The classic concurrent edit: P1 and P3 both fail (the rev moved)."""
     ops = ["human_edit:a.py:ledger", "advance"]
     v = fuzz.run_schedule(ops, fence="none")
     assert v is not None and v.prop == "P1" and "P3" in v.also, v

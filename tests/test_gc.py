@@ -1,4 +1,4 @@
-"""The collector and the byte audit (ledger/gc; DESIGN.md "GC", "Read side", I8).
+"""The collector and the byte audit (ledger/gc; docs/design.md "GC", "Read side", I8).
 
 Behaviour in one process: the grace floor, dry runs that change nothing, what is never
 collected (referenced by any manifest revision or a compensation record, pinned, young),
@@ -6,8 +6,8 @@ what is (old orphans, inline and file, each recorded as `blob-collected`; stray 
 files), pre-image pins ending with the compensation window, bounded runs that resume,
 the collector lock, failing closed, and the audit reconciling exactly against counts
 made without the ledger (os.walk and a second SQL connection) on random workloads.
-Races between processes are in test_gc_races.py; /work/shared/reference/gc-anchors.md
-names the real bug behind each case.
+Races between processes are in test_gc_races.py; each case guards against a failure
+other systems' collectors have shipped (docs/testing.md).
 
 Blob ages are file mtimes (wall clock) and inline rows' `stored_ns` (ledger clock), so
 the ledgers here run on `WallClock` (wall time plus an offset tests move forward) and

@@ -1,6 +1,6 @@
 """Hostile inputs: every bad input gets a typed error naming the problem, and writes nothing.
 
-The issue's corpus, run in CI (DESIGN.md "Bad input"; reference/reliability.md §2.4):
+The issue's corpus, run in CI (docs/design.md "Bad input"):
 artifact and workspace paths with ``..``, absolute paths, NUL and control bytes;
 symlinks in the workspace and at every level of the blob store; digests of the wrong
 length, case or alphabet; a planted blob with the right name and the wrong bytes; foreign

@@ -171,7 +171,7 @@ WS_CONTENT = [_bytes(f"ws-small-{j}", 900 + j) for j in range(2)] + \
 
 
 class InvariantBroken(AssertionError):
-    """An invariant of DESIGN.md does not hold (the message says which)."""
+    """An invariant of docs/design.md does not hold (the message says which)."""
 
 
 class UnexpectedFailure(AssertionError):

@@ -191,7 +191,7 @@ def test_regression_crash_inside_init_leaves_a_file_init_refuses(scratch: str) -
     header but before the schema's commit frame: the main file is a header page with no
     schema and the -wal holds 32 bytes and no frame. `Database.create` calls that "not a
     ledger" (`_never_initialized` gives up as soon as a -wal has any byte), so the path is
-    refused forever — though DESIGN/db.py promise "a SQLite file that never held a schema
+    refused forever — though docs/design.md and db.py promise "a SQLite file that never held a schema
     (a crash inside init) is initialized". With a random subset of the unsynced writes
     kept (or garbage, or a prefix), the -wal holds whole frames that never committed: the
     full sweep met that 34-35 times per model until `_never_initialized` asked SQLite,

@@ -1,6 +1,6 @@
 """Projections: the inline `steps` table equals a rebuild and an independent model.
 
-The reference model below is written from DESIGN.md's lifecycle, not from
+The reference model below is written from docs/design.md's lifecycle, not from
 `ledger.projections.steps.fold`, so a bug in the fold shows up as a disagreement.
 """
 
@@ -97,7 +97,7 @@ class Refused(Exception):
 
 
 def model_key(e: Any) -> tuple[Any, ...]:
-    """DESIGN.md: (step, attempt, kind[, digest]); publish and ack add the manifest rev."""
+    """docs/design.md: (step, attempt, kind[, digest]); publish and ack add the manifest rev."""
     if isinstance(e, WorkspaceAdded):
         return ("workspace-added", e.workspace)
     kind = type(e).__struct_config__.tag
@@ -111,7 +111,7 @@ def model_key(e: Any) -> tuple[Any, ...]:
 
 
 def model_refuses(row: dict[str, Any] | None, e: Any) -> str | None:
-    """Why DESIGN.md's lifecycle refuses `e` after `row` (None: it is legal)."""
+    """Why docs/design.md's lifecycle refuses `e` after `row` (None: it is legal)."""
     if isinstance(e, Planned):
         if row is None:
             return None if e.attempt == 1 else "first attempt is not 1"

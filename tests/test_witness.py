@@ -1,4 +1,4 @@
-"""The witness: the chain head outside the ledger file (DESIGN.md "Integrity").
+"""The witness: the chain head outside the ledger file (docs/design.md "Integrity").
 
 An honest crash leaves the ledger at most one commit ahead of its witness (accepted);
 a ledger behind its witness, or off its chain, is refused at open — read-only or

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""The best append ratio any CPython implementation of DESIGN.md can reach here.
+"""The best append ratio any CPython implementation of docs/design.md can reach here.
 
     .venv/bin/python tools/bench_ceiling.py            # ~1 minute
     .venv/bin/python tools/bench_ceiling.py --json

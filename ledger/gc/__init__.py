@@ -1,4 +1,4 @@
-"""The collector and the byte audit (DESIGN.md "GC", "Read side", invariant I8).
+"""The collector and the byte audit (docs/design.md "GC", "Read side", invariant I8).
 
     from ledger import Ledger
     from ledger.gc import audit, collect

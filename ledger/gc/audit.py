@@ -1,6 +1,6 @@
 """The byte audit: does what is stored match the committed steps?
 
-Every stored byte lands in exactly one bucket, first match wins (DESIGN.md "Read side"):
+Every stored byte lands in exactly one bucket, first match wins (docs/design.md "Read side"):
 referenced by a manifest (any revision) or a compensation record, pinned (in flight,
 or a pre-image inside its compensation window), orphan inside the grace window, orphan
 outside it (what GC reclaims now), temporary file. So

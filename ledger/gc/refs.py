@@ -161,7 +161,7 @@ def pinned_now(conn: apsw.Connection, digest: str, now_ns: int, window_ns: int) 
 def _pin_expired(role: str, state: str | None, pinned_attempt: int, attempt: int | None,
                  updated_ns: int | None, now_ns: int, window_ns: int) -> bool:
     """A pre-image pin stops holding once its step is acked and the compensation window
-    has passed (DESIGN.md "GC"); every other live pin holds."""
+    has passed (docs/design.md "GC"); every other live pin holds."""
     return (role == "pre-image" and state == "acked" and attempt == pinned_attempt
             and updated_ns is not None and now_ns - updated_ns > window_ns)
 

@@ -1,6 +1,6 @@
 """Step state: the attempt lifecycle as a fold over events.
 
-`fold` is the one place the lifecycle of DESIGN.md lives. The writer calls it on a
+`fold` is the one place the lifecycle of docs/design.md lives. The writer calls it on a
 copy before it INSERTs an event (an illegal transition raises and nothing is
 written); `rebuild` and the read-only catch-up call it in place over the log.
 Folding is idempotent per row: an event at or below the row's `last_seq` is

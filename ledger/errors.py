@@ -415,29 +415,142 @@ class AccessDenied(StorageFailure):
         self.path, self.what = path, why
 
 
+# --- the collector, workspaces and the witness ---------------------------------------
+
+#: How an operator re-anchors a witness (named by the witness errors).
+ANCHOR_COMMAND = "stepledger --ledger {ledger} witness anchor --witness {witness}"
+
+
+class IllegalWorkspaceTransition(IllegalTransition):
+    """A workspace or lease event that does not follow from the workspace's state."""
+
+    def __init__(self, workspace: str, kind: str, why: str) -> None:
+        Exception.__init__(
+            self,
+            f"workspace {workspace!r}: {kind} is not allowed ({why});"
+            f" inspect it with 'stepledger lease show --workspace {workspace}'",
+        )
+        self.step, self.attempt, self.kind, self.why = workspace, 0, kind, why
+        self.workspace = workspace
+
+
+class GcRefused(ProtocolRefused):
+    """GC (or audit) found something it cannot be sure about; it deleted nothing."""
+
+    def __init__(self, why: str) -> None:
+        super().__init__(
+            f"gc refused to delete anything: {why}; run 'stepledger verify' and"
+            " 'stepledger audit', fix the cause, then run gc again"
+        )
+        self.why = why
+
+
+class CollectorBusy(EnvironmentFailure):
+    def __init__(self, path: str) -> None:
+        super().__init__(
+            f"another stepledger gc holds {path}; this run did nothing. Two collectors"
+            " are safe but the second is wasted work: retry later, or pass --wait"
+        )
+        self.path = path
+
+
+class WitnessMismatch(HeadMismatch):
+    """The ledger does not contain the head its witness recorded: history was cut off,
+    rolled back or rewritten. Nothing was written."""
+
+    def __init__(self, ledger_path: str, witness_path: str, why: str, remedy: str = "") -> None:
+        Exception.__init__(
+            self,
+            f"ledger {ledger_path} fails its witness {witness_path}: {why}. "
+            + (remedy or "Its history was cut off, rolled back or rewritten (or this is not"
+               " the ledger the witness belongs to); the ledger was not changed. Restore the"
+               " newest copy, or inspect it with 'stepledger verify' (which reports, not"
+               " refuses); to keep this history anyway, re-anchor with '"
+               + ANCHOR_COMMAND.format(ledger=ledger_path, witness=witness_path)
+               + " --force' (recorded)"),
+        )
+        self.expected, self.why = witness_path, why
+        self.ledger_path, self.witness_path = ledger_path, witness_path
+
+
+class WitnessMissing(WitnessMismatch):
+    """A witnessed ledger whose witness is missing, empty or zero-filled, or whose
+    location is recorded nowhere (`witness_path` None): it fails closed (a rolled-back
+    copy with its witness deleted looks exactly like this). Nothing was written."""
+
+    def __init__(self, ledger_path: str, witness_path: str | None, why: str) -> None:
+        command = ANCHOR_COMMAND.format(ledger=ledger_path, witness=witness_path or "/ABSOLUTE/PATH")
+        if witness_path is None:
+            Exception.__init__(
+                self, f"ledger {ledger_path} is witnessed but records no witness location"
+                f" ({why}); the ledger was not changed. Pass its witness once with --witness"
+                f" /ABSOLUTE/PATH (a writer then records it), or, once 'stepledger verify' is"
+                f" clean, start a new one with '{command}'")
+            self.expected, self.why = "", why
+            self.ledger_path, self.witness_path = ledger_path, ""
+            return
+        super().__init__(
+            ledger_path, witness_path, why,
+            "A witnessed ledger is not opened without its witness: the ledger was not"
+            f" changed. Restore the witness file, or, once 'stepledger verify' is clean,"
+            f" start a new one with '{command}'",
+        )
+
+
+class WitnessElsewhere(InvalidInput):
+    """A witness was named that is not the one the ledger records. Nothing was written."""
+
+    def __init__(self, ledger_path: str, given: str, recorded: str, seq: int) -> None:
+        super().__init__(
+            f"ledger {ledger_path} is witnessed by {recorded} (recorded at event #{seq}),"
+            f" not {given}; drop --witness/STEPLEDGER_WITNESS to use the recorded one, or move"
+            f" the witness with '{ANCHOR_COMMAND.format(ledger=ledger_path, witness=given)}'"
+        )
+        self.ledger_path, self.given, self.recorded, self.seq = ledger_path, given, recorded, seq
+
+
+class AnchorRefused(ProtocolRefused):
+    """`anchor_witness` found problems and was not forced. Nothing was written."""
+
+    def __init__(self, ledger_path: str, problems: list[str]) -> None:
+        shown = "; ".join(problems[:3]) + (f"; and {len(problems) - 3} more"
+                                           if len(problems) > 3 else "")
+        super().__init__(
+            f"ledger {ledger_path} was not re-anchored: {shown}. Run 'stepledger verify' and"
+            " fix or restore the ledger first; to anchor this history anyway, add --force"
+            " (the findings are recorded in the witness-anchored event)"
+        )
+        self.ledger_path, self.problems = ledger_path, problems
+
+
 __all__ = [
-    "EXIT_ENVIRONMENT",
+    "ANCHOR_COMMAND",
     "AccessDenied",
+    "AnchorRefused",
     "BlobCorrupt",
     "BlobNotFound",
-    "EXIT_NO",
-    "EXIT_USAGE",
+    "CollectorBusy",
     "CompensationConflict",
     "CompensationWindowClosed",
     "ContentChanged",
     "ContentFileEscapes",
     "CorruptLedger",
+    "EXIT_ENVIRONMENT",
+    "EXIT_NO",
+    "EXIT_USAGE",
     "EnvironmentFailure",
+    "GcRefused",
     "HeadMismatch",
     "IdempotencyConflict",
     "IllegalTransition",
-    "ManifestConflict",
+    "IllegalWorkspaceTransition",
     "InvalidInput",
     "LeaseHeld",
     "LedgerBusy",
     "LedgerError",
     "LedgerNotFound",
     "LedgerTooNew",
+    "ManifestConflict",
     "NotALedger",
     "OperatorOnly",
     "PathEscapes",
@@ -452,6 +565,9 @@ __all__ = [
     "UnknownStep",
     "UnknownWorkspace",
     "Unsettled",
+    "WitnessElsewhere",
+    "WitnessMismatch",
+    "WitnessMissing",
     "WorkspaceMoved",
     "WorkspaceOverlap",
 ]

@@ -126,6 +126,28 @@ class Write:
 
 
 @dataclass(frozen=True)
+class FileRead:
+    """What a planner read of one workspace path: its bytes and the facts to fence on.
+
+    `pre_hash` is the sha256 of exactly `content` (None, like `content`: the file did
+    not exist) and `rev` the path's revision read just before it, so a write planned
+    from this read is refused if anything — another step or a person's edit — changed
+    the path after the planner saw it. `write(new)` builds that write.
+    """
+
+    workspace: str
+    path: str
+    rev: int
+    pre_hash: str | None
+    content: bytes | None
+
+    def write(self, content: Content | None) -> Write:
+        """The write that changes this path from what was read to `content` (None:
+        delete it), fenced on this read's revision and hash."""
+        return Write(self.path, content, pre_hash=self.pre_hash, base_rev=self.rev)
+
+
+@dataclass(frozen=True)
 class StepPlan:
     """A step as a planner emits it: its writes and declared artifacts."""
 
@@ -495,6 +517,36 @@ class WorkspaceProtocol:
         with self._db.snapshot() as conn:
             state = load_path(conn, workspace, path)
         return (0 if state is None else state[0]), self._wsdir(row).hash(path)
+
+    def read_file(self: Ledger, workspace: str, path: str, *,
+                  max_bytes: int | None = None) -> FileRead:
+        """Read a workspace file as a planner must: its bytes, with the sha256 of those
+        very bytes and the path's rev, taken together (`FileRead`).
+
+        Plan writes from this (`read.write(new_content)`), not from a later `snapshot`:
+        a person's edit between the planner's read and a snapshot would be hashed into
+        the plan and applied over. The rev is read before the bytes, so a step applied
+        in between makes the plan stale, never wrongly fresh. A file larger than
+        `max_bytes` is refused (InvalidInput) rather than read whole.
+        """
+        row = self.workspace(workspace)
+        check_relpath(path)
+        if max_bytes is not None and max_bytes < 0:
+            raise InvalidInput(f"max_bytes must be 0 or more, not {max_bytes}")
+        with self._db.snapshot() as conn:
+            state = load_path(conn, workspace, path)
+        rev = 0 if state is None else state[0]
+        with self._wsdir(row).open(path) as fd:
+            if fd is None:
+                return FileRead(workspace, path, rev, None, None)
+            size = os.fstat(fd).st_size
+            if max_bytes is not None and size > max_bytes:
+                raise InvalidInput(
+                    f"{workspace}:{path} holds {size} bytes, more than max_bytes={max_bytes};"
+                    " read it with a larger limit, or plan it from a file (Write content"
+                    " may be an open binary file)")
+            content = b"".join(fd_chunks(fd))
+        return FileRead(workspace, path, rev, digest_of(content), content)
 
     # -- leases --------------------------------------------------------------------------
 

@@ -36,7 +36,16 @@ from typing import Final
 import apsw
 import msgspec
 
-from .errors import CorruptLedger, HeadMismatch, InvalidInput, ProtocolRefused, StorageFailure
+from .errors import (
+    ANCHOR_COMMAND,
+    AnchorRefused,
+    CorruptLedger,
+    InvalidInput,
+    StorageFailure,
+    WitnessElsewhere,
+    WitnessMismatch,
+    WitnessMissing,
+)
 from .events import WitnessAnchored, WitnessState, decode
 
 MAGIC: Final = b"SLW1"
@@ -45,76 +54,6 @@ _BODY: Final = struct.Struct(">4s32sQ32s32s")  # magic, ledger id, seq, hash, ke
 
 
 #: The operator command that re-anchors a witness, named by every refusal it can lift.
-ANCHOR_COMMAND: Final = "stepledger --ledger {ledger} witness anchor --witness {witness}"
-
-
-class WitnessMismatch(HeadMismatch):
-    """The ledger does not contain the head its witness recorded: history was cut off,
-    rolled back or rewritten. Nothing was written."""
-
-    def __init__(self, ledger_path: str, witness_path: str, why: str, remedy: str = "") -> None:
-        Exception.__init__(
-            self,
-            f"ledger {ledger_path} fails its witness {witness_path}: {why}. "
-            + (remedy or "Its history was cut off, rolled back or rewritten (or this is not"
-               " the ledger the witness belongs to); the ledger was not changed. Restore the"
-               " newest copy, or inspect it with 'stepledger verify' (which reports, not"
-               " refuses); to keep this history anyway, re-anchor with '"
-               + ANCHOR_COMMAND.format(ledger=ledger_path, witness=witness_path)
-               + " --force' (recorded)"),
-        )
-        self.expected, self.why = witness_path, why
-        self.ledger_path, self.witness_path = ledger_path, witness_path
-
-
-class WitnessMissing(WitnessMismatch):
-    """A witnessed ledger whose witness is missing, empty or zero-filled, or whose
-    location is recorded nowhere (`witness_path` None): it fails closed (a rolled-back
-    copy with its witness deleted looks exactly like this). Nothing was written."""
-
-    def __init__(self, ledger_path: str, witness_path: str | None, why: str) -> None:
-        command = ANCHOR_COMMAND.format(ledger=ledger_path, witness=witness_path or "/ABSOLUTE/PATH")
-        if witness_path is None:
-            Exception.__init__(
-                self, f"ledger {ledger_path} is witnessed but records no witness location"
-                f" ({why}); the ledger was not changed. Pass its witness once with --witness"
-                f" /ABSOLUTE/PATH (a writer then records it), or, once 'stepledger verify' is"
-                f" clean, start a new one with '{command}'")
-            self.expected, self.why = "", why
-            self.ledger_path, self.witness_path = ledger_path, ""
-            return
-        super().__init__(
-            ledger_path, witness_path, why,
-            "A witnessed ledger is not opened without its witness: the ledger was not"
-            f" changed. Restore the witness file, or, once 'stepledger verify' is clean,"
-            f" start a new one with '{command}'",
-        )
-
-
-class WitnessElsewhere(InvalidInput):
-    """A witness was named that is not the one the ledger records. Nothing was written."""
-
-    def __init__(self, ledger_path: str, given: str, recorded: str, seq: int) -> None:
-        super().__init__(
-            f"ledger {ledger_path} is witnessed by {recorded} (recorded at event #{seq}),"
-            f" not {given}; drop --witness/STEPLEDGER_WITNESS to use the recorded one, or move"
-            f" the witness with '{ANCHOR_COMMAND.format(ledger=ledger_path, witness=given)}'"
-        )
-        self.ledger_path, self.given, self.recorded, self.seq = ledger_path, given, recorded, seq
-
-
-class AnchorRefused(ProtocolRefused):
-    """`anchor_witness` found problems and was not forced. Nothing was written."""
-
-    def __init__(self, ledger_path: str, problems: list[str]) -> None:
-        shown = "; ".join(problems[:3]) + (f"; and {len(problems) - 3} more"
-                                           if len(problems) > 3 else "")
-        super().__init__(
-            f"ledger {ledger_path} was not re-anchored: {shown}. Run 'stepledger verify' and"
-            " fix or restore the ledger first; to anchor this history anyway, add --force"
-            " (the findings are recorded in the witness-anchored event)"
-        )
-        self.ledger_path, self.problems = ledger_path, problems
 
 
 def witness_path(path: str | os.PathLike[str]) -> str:

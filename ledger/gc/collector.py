@@ -39,7 +39,7 @@ import msgspec
 
 from ..blobs import digest_of
 from ..db import GC_LOCK_NAME, LEDGER_FILE_MODE
-from ..errors import BlobCorrupt, EnvironmentFailure, InvalidInput
+from ..errors import BlobCorrupt, CollectorBusy, EnvironmentFailure, InvalidInput
 from ..events import BlobCollected, Event, check_digest
 from .refs import GcRefused, compensation_refs_since, live_pins, pinned_now, read_references
 
@@ -51,15 +51,6 @@ DEFAULT_GRACE_S: Final = 24 * 3600
 MIN_GRACE_S: Final = 3600
 BATCH: Final = 500
 Progress = Callable[[int, int], None]
-
-
-class CollectorBusy(EnvironmentFailure):
-    def __init__(self, path: str) -> None:
-        super().__init__(
-            f"another stepledger gc holds {path}; this run did nothing. Two collectors"
-            " are safe but the second is wasted work: retry later, or pass --wait"
-        )
-        self.path = path
 
 
 class GcReport(msgspec.Struct, kw_only=True):

@@ -21,7 +21,7 @@ from typing import Annotated, Final, Union
 import apsw
 import msgspec
 
-from ..errors import ProtocolRefused
+from ..errors import GcRefused
 from ..events import EVENT_VERSION
 
 
@@ -59,17 +59,6 @@ class _Compensated(msgspec.Struct, tag="compensated", tag_field="kind"):
 #: Reads only the digests a manifest or a compensation names (still validated: a bad
 #: digest fails closed), not the whole event: GC and audit decode every one of them.
 _refs_decoder = msgspec.json.Decoder(Union[_Published, _Compensated])
-
-
-class GcRefused(ProtocolRefused):
-    """GC (or audit) found something it cannot be sure about; it deleted nothing."""
-
-    def __init__(self, why: str) -> None:
-        super().__init__(
-            f"gc refused to delete anything: {why}; run 'stepledger verify' and"
-            " 'stepledger audit', fix the cause, then run gc again"
-        )
-        self.why = why
 
 
 @dataclass

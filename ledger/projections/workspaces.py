@@ -20,7 +20,7 @@ from typing import ClassVar, Final
 import apsw
 import msgspec
 
-from ..errors import IllegalTransition
+from ..errors import IllegalWorkspaceTransition
 from ..events import (
     Compensated,
     Fenced,
@@ -40,19 +40,6 @@ KINDS: Final = frozenset(
 )
 #: The events that say where a workspace lives and what it may write; the newest wins.
 REGISTRATION_KINDS: Final = ("workspace-added", "workspace-restored", "workspace-rebound")
-
-
-class IllegalWorkspaceTransition(IllegalTransition):
-    """A workspace or lease event that does not follow from the workspace's state."""
-
-    def __init__(self, workspace: str, kind: str, why: str) -> None:
-        Exception.__init__(
-            self,
-            f"workspace {workspace!r}: {kind} is not allowed ({why});"
-            f" inspect it with 'stepledger lease show --workspace {workspace}'",
-        )
-        self.step, self.attempt, self.kind, self.why = workspace, 0, kind, why
-        self.workspace = workspace
 
 
 class WsRow(msgspec.Struct, kw_only=True, gc=False):

@@ -27,7 +27,7 @@ from typing import Any
 from .blobs import digest_of
 from .errors import IdempotencyConflict, IllegalTransition, ReplanRefused, StaleEpoch
 from .events import Acked, Planned
-from .fences import StepPlan, Write
+from .fences import StepPlan
 from .ledger import Ledger
 
 Echo = Callable[[str], None] | None
@@ -75,11 +75,10 @@ class Agent:
 
     def plan(self, i: int) -> None:
         step = f"s{i:02d}"
-        root = self.ledger.workspace(WS).root
         path, _ = step_change(i, b"")
-        rev, pre = self.ledger.snapshot(WS, path)
-        _, new = step_change(i, _read(root, path))
-        self.ledger.admit(WS, self.epoch, [StepPlan(step, [Write(path, new, pre, rev)],
+        read = self.ledger.read_file(WS, path)  # the bytes planned from, with their hash
+        _, new = step_change(i, read.content or b"")
+        self.ledger.admit(WS, self.epoch, [StepPlan(step, [read.write(new)],
                                                     artifacts=tuple(step_outputs(i)), run=RUN)])
         self.counts["steps_started"] += 1
 
@@ -167,9 +166,8 @@ def _first_worker(ledger: Ledger, repo: str, check: Callable[[str, bool], None],
     epoch = ledger.acquire(WS, "worker-1", ttl_s=600).epoch
     # Recording the files as they are (a write whose new content is its current
     # content) makes them committed content: restore can rebuild them anywhere.
-    ledger.admit(WS, epoch, [StepPlan("s00", [
-        Write(p, _read(repo, p), digest_of(_read(repo, p)), 0) for p in sorted(INITIAL)
-    ], run=RUN)])
+    reads = [ledger.read_file(WS, p) for p in sorted(INITIAL)]
+    ledger.admit(WS, epoch, [StepPlan("s00", [r.write(r.content) for r in reads], run=RUN)])
     counts["steps_started"] += 1
     ledger.apply("s00", epoch=epoch)
     ledger.publish("s00")

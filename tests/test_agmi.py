@@ -45,7 +45,7 @@ ATTACKS = ["tamper", "truncate", "delete_middle", "reorder", "forge", "cross_rep
            "rollback_replay", "metadata_tamper", "snapshot_rollback"]
 TAIL_AND_ROLLBACK = ["truncate", "forge", "rollback_replay", "snapshot_rollback"]  # T2, T5, T7, T9
 
-#: agmi's verdict per edit, pinned: README's table is rendered from these. The open
+#: agmi's verdict per edit, pinned: docs/guarantees.md's table is rendered from these. The open
 #: re-hashes the rows from the witnessed head on and requires a tail past it to carry the
 #: witness key's tag, so T5 (a forged insertion at the tail) is refused at open too.
 EXPECTED = {
@@ -105,7 +105,7 @@ def _how(row: dict[str, Any]) -> str:
 
 
 def combined_markdown(measured: dict[str, list[dict[str, Any]]]) -> str:
-    """One table for README: agmi's edit labels and verdict words, both configurations."""
+    """One table for docs/guarantees.md: agmi's edit labels and verdict words, both configurations."""
     w, plain = measured["stepledger+witness"], measured["stepledger"]
     version = importlib.metadata.version("agent-memory-integrity")
     lines = [
@@ -201,12 +201,11 @@ def test_the_careful_attacker_left_no_projection_evidence_for_the_cut_tail(
         assert trunc["outcome"].projections_rederived is True
 
 
-def test_readme_agmi_table_is_current(measured: dict[str, list[dict[str, Any]]]) -> None:
-    """README.md's agmi table (between the agmi markers) is what this run renders."""
-    text = (ROOT / "README.md").read_text()
+def test_guarantees_agmi_table_is_current(measured: dict[str, list[dict[str, Any]]]) -> None:
+    """docs/guarantees.md's agmi table (between the agmi markers) is what this run renders."""
+    text = (ROOT / "docs" / "guarantees.md").read_text()
     found = re.search(r"<!-- agmi:begin -->\n(.*?)\n<!-- agmi:end -->", text, re.DOTALL)
-    if found is None:
-        pytest.skip("README.md has no <!-- agmi:begin --> … <!-- agmi:end --> table yet")
+    assert found is not None, "docs/guarantees.md lost its <!-- agmi:begin --> … <!-- agmi:end --> markers"
     assert found[1].strip() == combined_markdown(measured)
 
 
@@ -246,7 +245,7 @@ def test_with_a_witness_a_rechained_edit_is_refused_at_open(store: StepledgerAda
 
 @pytest.mark.parametrize("store", [StepledgerAdapter], indirect=True)
 def test_without_a_witness_a_rechained_edit_is_invisible(store: StepledgerAdapter) -> None:
-    """The limit README must state: without an anchor, verify names an edit only if its
+    """The limit docs/guarantees.md must state: without an anchor, verify names an edit only if its
     author did not recompute the chain."""
     store.edit(_edit_middle_and_rechain)
     store.reload()

@@ -5,7 +5,8 @@ Results go to stdout, progress and logs to stderr, so `--json` output is pure.
 Exit codes (docs/design.md "The command line"): 0 success; 1 the answer is no (a
 violation found, or the protocol refused); 2 usage or bad input, including a file
 that is not a usable ledger; 3 the environment failed (disk full, I/O error, lock
-timeout). User errors are one line on stderr, never a traceback.
+timeout); 130 interrupted (Ctrl-C). Every error is one line on stderr, never a traceback;
+a usage error click reports too.
 
 This is the only module that imports click.
 """
@@ -22,6 +23,7 @@ import json
 import math
 import os
 import re
+import signal
 import sqlite3
 import stat
 import sys
@@ -79,13 +81,62 @@ class Refusal(Exception):
         self.error, self.document, self.note = error, document, note
 
 
-class LedgerGroup(click.Group):
+class _NamesItsParse(click.Command):
+    """A usage error of this command's parse names this command (its --help), even when
+    click raised it without a context (a flag given a value)."""
+
+    def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
+        try:
+            return super().parse_args(ctx, args)
+        except click.UsageError as exc:
+            if exc.ctx is None:
+                exc.ctx = ctx
+            raise
+
+
+class LedgerCommand(_NamesItsParse, click.Command):
+    """Every command of the command line."""
+
+
+class LedgerSubgroup(_NamesItsParse, click.Group):
+    """A group below `stepledger` (workspace, lease, step, witness)."""
+
+    command_class = LedgerCommand
+    group_class = type  # its groups are of its class
+
+
+class LedgerGroup(_NamesItsParse, click.Group):
     """The one place errors leave the command line: every refusal and error becomes one
     line `stepledger: error: TYPE: message` on stderr and its exit code, and under
-    --json one error object on stdout (docs/cli-json.md "Errors")."""
+    --json one error object on stdout (docs/cli-json.md "Errors"). Usage errors (click's
+    own: a bad option, a missing argument, an unknown command, wherever parsed) are one
+    such line too, `UsageError`, exit 2, naming the --help to read; an interrupt (Ctrl-C)
+    is `Interrupted`, exit 130."""
+
+    command_class = LedgerCommand
+    group_class = LedgerSubgroup
+
+    def main(self, args: Sequence[str] | None = None, prog_name: str | None = None,
+             complete_var: str | None = None, standalone_mode: bool = True,
+             **extra: Any) -> Any:
+        if not standalone_mode:
+            return super().main(args, prog_name, complete_var, standalone_mode, **extra)
+        argv = sys.argv[1:] if args is None else list(args)
+        prog_name = prog_name or self.name or "stepledger"
+        self._main_shell_completion(extra, prog_name, complete_var)
+        ctx: click.Context | None = None
+        try:
+            with self.make_context(prog_name, argv, **extra) as ctx:
+                self.invoke(ctx)
+        except click.exceptions.Exit as exc:  # --help, --version
+            sys.exit(exc.exit_code)
+        except click.ClickException as exc:
+            _fail_usage(exc, ctx, _json_requested(ctx, argv))
+        except (KeyboardInterrupt, click.Abort):
+            _fail_interrupted(ctx, _json_requested(ctx, argv))
+        sys.exit(0)
 
     def invoke(self, ctx: click.Context) -> Any:
-        raw_args = tuple(ctx.args)  # what the subcommands will parse
         try:
             return super().invoke(ctx)
         except Refusal as refusal:
@@ -110,10 +161,55 @@ class LedgerGroup(click.Group):
             _fail(ctx, f"{exc.strerror or exc} ({exc.filename or 'no file'})", EXIT_ENVIRONMENT,
                   "EnvironmentFailure",
                   {"errno": errno.errorcode.get(exc.errno or 0), "filename": _jsonable(exc.filename)})
-        except click.ClickException as exc:
-            if not (_wants_json(ctx) or "--json" in raw_args):  # (a parse stopped before it)
-                raise  # click's own usage message, as ever
-            _fail(ctx, exc.format_message(), exc.exit_code, "UsageError", as_json=True)
+        except EOFError:
+            _fail(ctx, "the input ended before it was complete; give it whole", EXIT_USAGE,
+                  "InvalidInput")
+
+
+#: The exit code of a command interrupted by SIGINT (Ctrl-C): 128 + the signal's number.
+EXIT_INTERRUPTED = 130
+
+
+def _json_requested(ctx: click.Context | None, argv: Sequence[str]) -> bool:
+    """--json was given: parsed (it is eager), or among the arguments of a parse that
+    stopped before reaching it."""
+    if ctx is not None and _wants_json(ctx):
+        return True
+    args = list(argv)
+    return "--json" in (args[:args.index("--")] if "--" in args else args)
+
+
+def _fail_usage(exc: click.ClickException, ctx: click.Context | None, as_json: bool) -> None:
+    """A usage error click raised, as one line naming the --help to read: exit 2."""
+    where = getattr(exc, "ctx", None) or ctx
+    if isinstance(exc, click.exceptions.NoArgsIsHelpError):  # a group without its command
+        group = exc.ctx.command
+        names = group.list_commands(exc.ctx) if isinstance(group, click.Group) else []
+        message = f"missing a command: one of {', '.join(names)}"
+    else:
+        message = exc.format_message().strip()
+    message = message[:-1] if message.endswith(".") and not message.endswith("..") else message
+    command = where.command_path if where is not None else "stepledger"
+    if not command.startswith("stepledger"):  # (an embedding caller's program name)
+        command = " ".join(["stepledger", *command.split()[1:]])
+    _fail(where, f"{message}; see '{command} --help'", EXIT_USAGE, "UsageError",
+          as_json=as_json)
+
+
+def _fail_interrupted(ctx: click.Context | None, as_json: bool) -> None:
+    """Ctrl-C (SIGINT): exit 130 with one line. What an interrupted command leaves is what
+    a crash leaves: its transaction in progress rolled back, what it committed kept."""
+    try:  # a second Ctrl-C must not cut the one line short
+        previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    except ValueError:  # (not the main thread)
+        previous = None
+    try:
+        _fail(ctx, "interrupted (SIGINT); what it committed is kept, a transaction in progress"
+              " was rolled back, as after a crash: run it again, or 'stepledger verify'",
+              EXIT_INTERRUPTED, "Interrupted", as_json=as_json)
+    finally:
+        if previous is not None:
+            signal.signal(signal.SIGINT, previous)
 
 
 INT64_MAX = 2**63 - 1  # SQLite's INTEGER: larger numbers cannot be stored or compared
@@ -164,14 +260,14 @@ def _fail_typed(ctx: click.Context, exc: LedgerError,
     _fail(ctx, message, exc.exit_code, type(exc).__name__, error_facts(exc), document)
 
 
-def _fail(ctx: click.Context, message: str, code: int, type_name: str,
+def _fail(ctx: click.Context | None, message: str, code: int, type_name: str,
           facts: dict[str, Any] | None = None, document: dict[str, Any] | None = None,
           *, as_json: bool = False) -> None:
     """Exit `code` with one line on stderr naming `type_name`; under --json also print
     one JSON object on stdout: `document` (the command's answer, if it has one) with
     `"ok": false` and `"error": {"type", "message", "exit_code", ...facts}`."""
     message = " ".join(message.split())  # one line, whatever an error quotes
-    if as_json or _wants_json(ctx):
+    if as_json or (ctx is not None and _wants_json(ctx)):
         error = {**(facts or {}), "type": type_name, "message": message, "exit_code": code}
         _emit_json({**(document or {}), "ok": False, "error": error})
     click.echo(f"stepledger: error: {type_name}: {message}", err=True)
@@ -273,7 +369,7 @@ def _event_detail(r: RecordedEvent) -> str:
 # -- the group ----------------------------------------------------------------------
 
 
-@click.group(cls=LedgerGroup, context_settings={"help_option_names": ["-h", "--help"]})
+@click.group("stepledger", cls=LedgerGroup, context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(__version__, prog_name="stepledger")
 @click.option(
     "--ledger",
@@ -336,7 +432,8 @@ def cli(ctx: click.Context, ledger_path: str, workspace: str | None, witness: st
 
     \b
     Exit codes: 0 ok, 1 the answer is no (violation or refusal),
-    2 usage or bad input (incl. a file that is not a ledger), 3 environment failure.
+    2 usage or bad input (incl. a file that is not a ledger), 3 environment failure,
+    130 interrupted (Ctrl-C: what was committed is kept, nothing half done).
     """
     ctx.ensure_object(dict)
     ctx.obj["ledger_path"] = ledger_path

@@ -220,7 +220,7 @@ def cli_problem(r: Result, codes: tuple[int, ...]) -> str | None:
         return f"exit {r.exit_code}, expected {codes}; stderr: {r.stderr[-500:]!r}"
     if r.stderr.startswith("stepledger: error:") and r.stderr.count("\n") != 1:
         return f"the error is not one line: {r.stderr!r}"
-    if r.exit_code in (2, 3) and "Usage:" not in r.stderr:  # click's own usage errors aside
+    if r.exit_code in (2, 3):  # click's own usage errors too: one line, UsageError
         if not r.stderr.startswith("stepledger: error:"):
             return f"exit {r.exit_code} without a 'stepledger: error:' line: {r.stderr!r}"
         problem = error_output_problem(r.exit_code, r.stdout, r.stderr)

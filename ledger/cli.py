@@ -818,7 +818,8 @@ def _check_live(ledger: Ledger, row: StepRow, epoch: int | None) -> None:
         return
     lease = ledger.lease(row.workspace)
     if not lease.live or lease.epoch != epoch:
-        raise StaleEpoch(row.workspace, epoch, lease.epoch if lease.live else None)
+        raise StaleEpoch(row.workspace, epoch, lease.epoch if lease.live else None,
+                         latest=lease.epoch, holder=lease.holder)
 
 
 def _check_settled(ledger: Ledger, workspace: str, epoch: int, but: str = "") -> None:
@@ -1579,28 +1580,50 @@ def manifest_json(m: Manifest) -> dict[str, Any]:
 @step.command("store", epilog=_examples(
     "stepledger step store build-7 out/report.xml logs/test.log",
     "stepledger step store s1 out/log.txt --json   # a writing step's declared artifact",
+    "stepledger step store build-7 /tmp/run/report.xml --as out/report.xml",
+    "stepledger step store build-7 ../a.log ../b.log --as logs/a.log --as logs/b.log",
 ))
 @click.argument("step_id", metavar="STEP")
-@click.argument("files", nargs=-1, required=True, type=click.Path(exists=True, dir_okay=False))
+@click.argument("files", nargs=-1, required=True, metavar="FILE...",
+                type=click.Path(exists=True, dir_okay=False))
+@click.option("--as", "names", multiple=True, metavar="NAME",
+              help="Record the k-th FILE as the artifact NAME (repeatable: one --as per FILE,"
+                   " in order), so a FILE may be anywhere (an absolute path, outside the"
+                   " current directory). NAME is a relative path like out/report.xml.")
 @click.option("--run", default="", help="The run this step belongs to (when it starts).")
 @json_option
 @click.pass_context
-def step_store(ctx: click.Context, step_id: str, files: tuple[str, ...], run: str, as_json: bool) -> None:
+def step_store(ctx: click.Context, step_id: str, files: tuple[str, ...], names: tuple[str, ...],
+               run: str, as_json: bool) -> None:
     """Store FILEs as the step's artifacts, durably, and print their digests.
 
-    Each artifact is named by its path as given (relative, e.g. out/report.xml). The
+    Each artifact is named by its path as given (relative, e.g. out/report.xml), or by
+    its --as NAME: a file from anywhere (/tmp/run/report.xml --as out/report.xml). The
     step's attempt is planned first if none is in flight. On a committed step the new
     blobs take effect only through a supersede (publish --expected-rev LIVE_REV).
     Small files go inside the ledger, large ones into the blob store beside it,
     streamed: a file is never held in memory whole, whatever its size.
     """
-    for name in files:
-        check_relpath(os.path.normpath(name) if not os.path.isabs(name) else name, "artifact path")
+    if names and len(names) != len(files):
+        raise click.UsageError(f"give one --as NAME per FILE, in order: {len(files)} FILE(s),"
+                               f" {len(names)} --as", ctx)
+    artifacts = list(zip(names, files, strict=True)) if names else [
+        (_artifact_name(f), f) for f in files]
+    seen: dict[str, str] = {}
+    for name, file in artifacts:
+        if names and name.startswith("/"):
+            raise InvalidInput(f"--as {name!r} is absolute; an artifact's name is a relative"
+                               " path like out/report.xml")
+        check_relpath(name, "artifact name (--as NAME)" if names else "artifact path")
+        if name in seen:
+            raise InvalidInput(f"artifact {name!r} given twice ({seen[name]} and {file});"
+                               " name each file once" + ("" if names else " (--as NAME)"))
+        seen[name] = file
     contents: dict[str, bytes | BinaryIO] = {}
     ctx.call_on_close(lambda: [c.close() for c in contents.values() if not isinstance(c, bytes)])
-    for name in files:
-        what = f"artifact file {name}"
-        contents[os.path.normpath(name)] = _input_content(_open_input(name, what), what)
+    for name, file in artifacts:
+        what = f"artifact file {file}"
+        contents[name] = _input_content(_open_input(file, what), what)
     with _open(ctx, readonly=False) as ledger:
         row = ledger.plan(step_id, run=run, artifacts=tuple(contents))
         if row.live:
@@ -1612,12 +1635,26 @@ def step_store(ctx: click.Context, step_id: str, files: tuple[str, ...], run: st
         stored = [ledger.store(step_id, row.attempt, p, data) for p, data in contents.items()]
     if as_json:
         _emit_json({"step": step_id, "attempt": row.attempt, "stored": [
-            {"path": e.path, "digest": e.digest, "size": e.size, "inline": e.inline} for e in stored
+            {"path": e.path, "digest": e.digest, "size": e.size, "inline": e.inline,
+             "file": seen[e.path]} for e in stored
         ]})
         return
     for e in stored:
         where = "inline" if e.inline else "file"
-        click.echo(f"{e.digest}  {e.size:>10}  {where:<6}  {e.path}")
+        click.echo(f"{e.digest}  {e.size:>10}  {where:<6}  {e.path}"
+                   + (f"  (from {seen[e.path]})" if seen[e.path] != e.path else ""))
+
+
+def _artifact_name(file: str) -> str:
+    """The artifact name of a FILE given without --as: its path, normalized; one that is
+    absolute or leaves the current directory names no artifact (InvalidInput: --as)."""
+    name = os.path.normpath(file)
+    if os.path.isabs(name) or name == ".." or name.startswith("../"):
+        where = "is absolute" if os.path.isabs(name) else "leaves the current directory"
+        raise InvalidInput(f"artifact path {file!r} {where}; give FILE relative to the"
+                           " current directory, or name the artifact with --as NAME (e.g."
+                           f" --as out/{os.path.basename(name) or 'file'})")
+    return name
 
 
 def _receipt_arg(raw: bytes) -> bytes | dict[str, Any]:

@@ -266,13 +266,32 @@ class StaleEpoch(ProtocolRefused):
     """An effect carried an epoch that is not the workspace's live one: a zombie, a late
     receipt, or a lease that expired. Nothing was written."""
 
-    def __init__(self, workspace: str, epoch: int, live: int | None, why: str = "") -> None:
+    def __init__(self, workspace: str, epoch: int, live: int | None, why: str = "", *,
+                 latest: int | None = None, holder: str = "") -> None:
+        # `latest`: the workspace's newest epoch issued, and `holder` its holder, when the
+        # caller knows them (the live epoch, when there is one, is the newest).
         have = "no live lease" if live is None else f"live epoch {live}"
-        super().__init__(
-            f"workspace {workspace!r}: epoch {epoch} is not live ({have}{why and '; ' + why});"
-            " this worker was superseded: stop, and let the live epoch's holder continue"
-            " (or 'stepledger lease acquire' a new epoch)"
-        )
+        newest = live if latest is None else latest
+        why = why and f"; {why}"
+        if newest is not None and epoch > newest:
+            issued = "no epoch was ever issued" if newest == 0 else (
+                f"the live epoch is {live}" if live == newest else
+                f"the newest is {newest}, not live")
+            message = (f"epoch {epoch} was never issued ({issued}{why}); an epoch comes from"
+                       " 'stepledger lease acquire', which prints it: use that one")
+        elif newest is not None and epoch < newest:
+            by = f"epoch {newest}" + (f", holder {holder!r}" if holder else "")
+            state = "" if live == newest else ", itself no longer live"
+            message = (f"epoch {epoch} is not live: the lease was taken over by {by}{state}"
+                       f"{why}; this worker must stop: the newer epoch's holder continues")
+        elif newest is not None:
+            message = (f"epoch {epoch} is not live: the lease expired or was released, and an"
+                       f" ended lease is never revived{why}; 'stepledger lease acquire' a new"
+                       " epoch")
+        else:
+            message = (f"epoch {epoch} is not live ({have}{why}); stop, and 'stepledger lease"
+                       " acquire' a new epoch")
+        super().__init__(f"workspace {workspace!r}: {message}")
         self.workspace, self.epoch, self.live = workspace, epoch, live
 
 
@@ -284,7 +303,7 @@ class LeaseHeld(ProtocolRefused):
         import datetime as dt
 
         until = dt.datetime.fromtimestamp(expires_ns / 1e9, dt.timezone.utc).isoformat(
-            timespec="seconds")
+            timespec="milliseconds").replace("+00:00", "Z")  # as every time printed
         super().__init__(
             f"workspace {workspace!r} is leased by {holder!r} (epoch {epoch}) until"
             f" {until}; {remedy}"

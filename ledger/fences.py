@@ -367,7 +367,9 @@ class WorkspaceProtocol:
         except OSError:
             st = None
         if st is None or not stat.S_ISDIR(st.st_mode):
-            raise InvalidInput(f"workspace directory {root} does not exist; create it first")
+            raise InvalidInput(f"workspace directory {root} does not exist; create it first"
+                               if st is None else f"workspace directory {root} is not a"
+                               " directory (a file, a device or a FIFO); give a directory")
         ident = identity_of(st)
 
         def build(conn: apsw.Connection, now: int) -> list[Event]:
@@ -602,8 +604,7 @@ class WorkspaceProtocol:
                 raise UnknownWorkspace(workspace)
             live = row.live_epoch(now)
             if live != epoch:
-                raise StaleEpoch(workspace, epoch, live, "an expired lease is never revived;"
-                                 " acquire a new one")
+                raise StaleEpoch(workspace, epoch, live, latest=row.epoch, holder=row.holder)
             return [LeaseRenewed(workspace=workspace, epoch=epoch,
                                  expires_ns=max(row.expires_ns, now + ttl_ns))]
 
@@ -618,7 +619,8 @@ class WorkspaceProtocol:
             if row is None:
                 raise UnknownWorkspace(workspace)
             if row.epoch != epoch:
-                raise StaleEpoch(workspace, epoch, row.live_epoch(now))
+                raise StaleEpoch(workspace, epoch, row.live_epoch(now), latest=row.epoch,
+                                 holder=row.holder)
             return [LeaseReleased(workspace=workspace, epoch=epoch)]
 
         self._log.append(build)
@@ -630,7 +632,7 @@ class WorkspaceProtocol:
             raise UnknownWorkspace(workspace)
         live = row.live_epoch(now)
         if live != epoch:
-            raise StaleEpoch(workspace, epoch, live)
+            raise StaleEpoch(workspace, epoch, live, latest=row.epoch, holder=row.holder)
         return row
 
     def unsettled(self: Ledger, workspace: str, epoch: int) -> list[str]:

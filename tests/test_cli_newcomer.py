@@ -1,0 +1,189 @@
+"""Issue 12's command line, as a newcomer meets it: messages that say what happened,
+`step store --as`, `workspace read`, and the text output's nits (plurals, times, CSV
+booleans, a lease TTL a person can type commands in)."""
+
+from __future__ import annotations
+
+import base64
+import csv
+import io
+import json
+import pathlib
+import re
+from typing import Any
+
+import pytest
+
+from conftest import CliOut, digest_of, run_cli
+
+from ledger import Ledger
+from ledger.errors import LeaseHeld, StaleEpoch
+
+h = digest_of
+ISO_Z = re.compile(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z")
+
+
+class World:
+    """A ledger, a workspace `w` holding app.py = "v0", the CLI in-process."""
+
+    def __init__(self, tmp: pathlib.Path) -> None:
+        self.tmp = tmp
+        self.ledger = tmp / "state" / "ledger.db"
+        self.dir = tmp / "ws"
+        self.dir.mkdir()
+        (self.dir / "app.py").write_text("v0")
+        assert self("init").code == 0
+        assert self("workspace", "add", "w", str(self.dir)).code == 0
+
+    def __call__(self, *args: str, input: str | bytes | None = None) -> CliOut:
+        return run_cli(["--ledger", str(self.ledger), *args], input=input)
+
+    def acquire(self, holder: str = "agent-1", *extra: str) -> int:
+        r = self("--workspace", "w", "lease", "acquire", "--holder", holder, "--json", *extra)
+        assert r.code == 0, r
+        return int(r.json["epoch"])
+
+    def plan(self, doc: dict[str, Any], epoch: int) -> CliOut:
+        return self("--workspace", "w", "step", "plan", "--epoch", str(epoch), "-", "--json",
+                    input=json.dumps(doc))
+
+    def count(self) -> int:
+        with Ledger.open(self.ledger, readonly=True) as led:
+            return led.count()
+
+    def state(self) -> dict[str, bytes]:
+        return {str(p.relative_to(self.ledger.parent)): p.read_bytes()
+                for p in sorted(self.ledger.parent.rglob("*")) if p.is_file()}
+
+
+@pytest.fixture
+def world(tmp_path: pathlib.Path, monkeypatch: pytest.MonkeyPatch) -> World:
+    monkeypatch.chdir(tmp_path)
+    return World(tmp_path)
+
+
+def one_error(r: CliOut, code: int, type_name: str) -> str:
+    assert r.code == code, r
+    assert r.err.count("\n") == 1 and r.err.startswith(f"stepledger: error: {type_name}: "), r
+    return r.err
+
+
+# --- misleading messages ----------------------------------------------------------------
+
+
+def test_a_regular_file_as_workspace_directory_is_not_a_directory(world: World) -> None:
+    (world.tmp / "run.sh").write_text("#!/bin/sh\n")
+    count = world.count()
+    err = one_error(world("workspace", "add", "w3", "./run.sh"), 2, "InvalidInput")
+    assert "is not a directory" in err and "does not exist" not in err
+    err = one_error(world("workspace", "add", "w4", "./nowhere"), 2, "InvalidInput")
+    assert "does not exist" in err  # (and what is missing still says so)
+    assert world.count() == count
+
+
+def test_an_epoch_above_the_live_one_was_never_issued(world: World) -> None:
+    world.acquire()
+    live = world.acquire("agent-2", "--force")
+    assert live == 2
+    count = world.count()
+    doc = {"step": "s1", "writes": [{"path": "app.py", "pre_hash": h("v0"), "content": "v1"}]}
+    for r in (world.plan(doc, 7),
+              world("--workspace", "w", "lease", "heartbeat", "--epoch", "7"),
+              world("--workspace", "w", "lease", "release", "--epoch", "7")):
+        err = one_error(r, 1, "StaleEpoch")
+        assert "epoch 7 was never issued (the live epoch is 2)" in err, err
+        assert "'stepledger lease acquire'" in err and "superseded" not in err
+    assert world.count() == count
+
+
+def test_a_zombie_hears_it_was_taken_over_by_whom(world: World) -> None:
+    zombie = world.acquire("agent-1")
+    world.acquire("agent-2", "--force")
+    r = world("--workspace", "w", "lease", "heartbeat", "--epoch", str(zombie), "--json")
+    err = one_error(r, 1, "StaleEpoch")
+    assert (f"epoch {zombie} is not live: the lease was taken over by epoch 2, holder"
+            " 'agent-2'") in err
+    assert "this worker must stop" in err and "never revived" not in err
+    assert r.json["error"]["live"] == 2 and r.json["error"]["epoch"] == zombie  # facts as ever
+
+
+def test_an_expired_lease_is_never_revived_and_says_so(tmp_path: pathlib.Path) -> None:
+    (tmp_path / "ws").mkdir()
+    now = [10**18]
+    with Ledger.init(tmp_path / "l.db", clock=lambda: now[0]) as led:
+        led.add_workspace("w", str(tmp_path / "ws"))
+        epoch = led.acquire("w", "agent-1", 60).epoch
+        now[0] += 61 * 10**9
+        with pytest.raises(StaleEpoch, match="expired or was released, and an ended lease is"
+                           " never revived") as caught:
+            led.heartbeat("w", epoch, 60)
+        assert "taken over" not in str(caught.value)
+
+
+def test_lease_held_prints_its_time_like_everything_else(world: World) -> None:
+    world.acquire()
+    err = one_error(world("--workspace", "w", "lease", "acquire", "--holder", "b"), 1,
+                    "LeaseHeld")
+    assert "+00:00" not in err and ISO_Z.search(err), err
+    shown = world("--workspace", "w", "lease", "show", "--json").json
+    assert f"until {shown['expires']};" in err  # the very form `lease show` prints
+    assert str(LeaseHeld("w", 1, "a", 0)).count("1970-01-01T00:00:00.000Z") == 1
+
+
+# --- step store --as ----------------------------------------------------------------------
+
+
+def test_store_refuses_an_absolute_file_without_as_and_names_the_fix(world: World) -> None:
+    outside = world.tmp / "elsewhere" / "report.xml"
+    outside.parent.mkdir()
+    outside.write_text("<ok/>")
+    before = world.state()
+    for file in (str(outside), f"../{world.tmp.name}/elsewhere/report.xml"):
+        err = one_error(world("step", "store", "build-7", file), 2, "InvalidInput")
+        assert "--as NAME" in err and "relative to the workspace" not in err, err
+    assert world.state() == before
+
+
+def test_store_as_names_a_file_from_anywhere(world: World) -> None:
+    outside = world.tmp / "elsewhere"
+    outside.mkdir()
+    (outside / "report.xml").write_text("<ok/>")
+    (world.tmp / "log.txt").write_text("log")
+    r = world("step", "store", "build-7", str(outside / "report.xml"), "log.txt",
+              "--as", "out/report.xml", "--as", "logs/test.log", "--json")
+    assert r.code == 0, r
+    assert [(s["path"], s["file"], s["digest"]) for s in r.json["stored"]] == [
+        ("out/report.xml", str(outside / "report.xml"), h("<ok/>")),
+        ("logs/test.log", "log.txt", h("log"))]
+    assert world("step", "publish", "build-7").code == 0
+    with Ledger.open(world.ledger, readonly=True) as led:
+        manifest = led.manifest("build-7")
+        assert manifest is not None
+        assert {e.path for e in manifest.artifacts} == {"out/report.xml", "logs/test.log"}
+    text = world("step", "store", "build-8", str(outside / "report.xml"), "--as", "r.xml")
+    assert text.code == 0 and text.out.rstrip().endswith(f"r.xml  (from {outside}/report.xml)")
+
+
+@pytest.mark.parametrize("names, type_name, words", [
+    (["a.txt"], "UsageError", "give one --as NAME per FILE, in order: 2 FILE(s), 1 --as"),
+    (["a", "b", "c"], "UsageError", "2 FILE(s), 3 --as"),
+    (["/abs/a", "b"], "InvalidInput", "is absolute; an artifact's name is a relative path"),
+    (["../a", "b"], "InvalidInput", "escapes its root"),
+    (["a//b", "b"], "InvalidInput", "not normalized"),
+    (["same", "same"], "InvalidInput", "artifact 'same' given twice"),
+])
+def test_store_as_names_are_checked_like_any_artifact_path(
+        world: World, names: list[str], type_name: str, words: str) -> None:
+    (world.tmp / "a.txt").write_text("a")
+    (world.tmp / "b.txt").write_text("b")
+    before = world.state()
+    argv = ["step", "store", "s1", "a.txt", "b.txt"]
+    for n in names:
+        argv += ["--as", n]
+    for extra in ((), ("--json",)):
+        r = world(*argv, *extra)
+        err = one_error(r, 2, type_name)
+        assert words in err, err
+        if type_name == "UsageError":
+            assert err.endswith("; see 'stepledger step store --help'\n")
+    assert world.state() == before

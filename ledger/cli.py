@@ -296,6 +296,11 @@ def _iso(time_ns: int) -> str:
     ).replace("+00:00", "Z")
 
 
+def _n(count: int, noun: str, plural: str = "") -> str:
+    """`count noun`, the noun in its plural unless the count is one: "1 step", "2 steps"."""
+    return f"{count} {noun if count == 1 else plural or noun + 's'}"
+
+
 def _progress(label: str) -> Any:
     """A progress callback drawing a bar on a terminal (stderr), silent otherwise."""
     if not sys.stderr.isatty():
@@ -358,6 +363,10 @@ def _event_detail(r: RecordedEvent) -> str:
     for k, v in ev.items():
         if v in ((), [], None, "", False) and k != "expected_rev":
             continue
+        if k.endswith("_ns") and isinstance(v, int) and not isinstance(v, bool):
+            k, v = k[:-3], _iso(v)  # a time, printed as every time is
+        if isinstance(v, bool):
+            v = "true" if v else "false"
         if isinstance(v, str) and len(v) == 64:
             v = v[:12] + "…"
         if isinstance(v, list | tuple):
@@ -553,7 +562,8 @@ def show(ctx: click.Context, step: str, as_json: bool) -> None:
         click.echo(f"  run {row.run}" + (f", workspace {row.workspace}" if row.workspace else ""))
     if row.manifest_rev >= 0:
         live = f"live, {row.manifest_digest}" if row.live else "not live"
-        click.echo(f"  manifest revision {row.manifest_rev} ({live}), {row.committed_bytes} bytes")
+        click.echo(f"  manifest revision {row.manifest_rev} ({live}),"
+                   f" {_n(row.committed_bytes, 'byte')}")
     for r in timeline:
         click.echo(f"  {r.seq:>8}  {_iso(r.time_ns)}  #{r.attempt} {r.kind:<18} {_event_detail(r)}")
 
@@ -576,7 +586,7 @@ def rebuild(ctx: click.Context, as_json: bool) -> None:
     if as_json:
         _emit_json({"steps": n_steps, "events": n_events})
     else:
-        click.echo(f"rebuilt {n_steps} steps from {n_events} events")
+        click.echo(f"rebuilt {_n(n_steps, 'step')} from {_n(n_events, 'event')}")
 
 
 @cli.command()
@@ -614,12 +624,13 @@ def verify(ctx: click.Context, expect_head: str | None, as_json: bool) -> None:
             click.echo(f"VIOLATION [{f.check}] {f.message}")
         for f in report.warnings:
             click.echo(f"WARNING [{f.check}] {f.message}")
-        lag = f", projections lag {report.projection_lag} events" if report.projection_lag else ""
-        verdict = "ok" if report.ok else f"{len(report.findings)} finding(s)"
+        lag = (f", projections lag {_n(report.projection_lag, 'event')}"
+               if report.projection_lag else "")
+        verdict = "ok" if report.ok else _n(len(report.findings), "finding")
         if report.warnings:
-            verdict += f", {len(report.warnings)} warning(s)"
+            verdict += f", {_n(len(report.warnings), 'warning')}"
         click.echo(
-            f"verify: {verdict} — {report.events} events, {report.steps} steps,"
+            f"verify: {verdict} — {_n(report.events, 'event')}, {_n(report.steps, 'step')},"
             f" head {report.head_seq}:{report.head_hash[:16]}…{lag}"
         )
     if not report.ok:
@@ -734,9 +745,17 @@ def _write_rows(rows: Iterator[dict[str, Any]], fmt: str, out: Any) -> None:
         if writer is None:
             writer = csv.DictWriter(out, fieldnames=list(row))
             writer.writeheader()
-        writer.writerow(
-            {k: json.dumps(v) if isinstance(v, dict | list) else v for k, v in row.items()}
-        )
+        writer.writerow({k: _csv_value(v) for k, v in row.items()})
+
+
+def _csv_value(value: Any) -> Any:
+    """A CSV cell: a boolean as true/false (as in JSON, not Python's True), an object or
+    a list as its JSON text, None as an empty cell."""
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, dict | list):
+        return json.dumps(value)
+    return value
 
 
 # -- workspaces, leases and the workspace step protocol ------------------------------
@@ -778,6 +797,10 @@ class Duration(click.ParamType):
 
 
 DURATION = Duration()
+
+#: `lease acquire` and `lease heartbeat`'s default TTL: time for a person typing commands
+#: between them (the library's default, for a harness that heartbeats, is 60 s).
+CLI_LEASE_TTL = "10m"
 
 
 def workspace_option(f: F) -> F:
@@ -1022,8 +1045,10 @@ def lease() -> None:
 ))
 @workspace_option
 @click.option("--holder", required=True, metavar="NAME", help="Who holds the lease (shown to others).")
-@click.option("--ttl", type=DURATION, default="60s", show_default=True,
-              help="How long the lease lives without a heartbeat: 60s, 10m, 24h (at most 7d).")
+@click.option("--ttl", type=DURATION, default=CLI_LEASE_TTL, show_default=True,
+              help="How long the lease lives without a heartbeat: 60s, 10m, 24h (at most 7d)."
+                   f" The default, {CLI_LEASE_TTL}, leaves a person typing commands time; the"
+                   " library's Ledger.acquire defaults to 60s (a harness heartbeats).")
 @click.option("--force", is_flag=True, help="Take over even while another lease is live (its epoch dies now).")
 @json_option
 @click.pass_context
@@ -1063,8 +1088,9 @@ def lease_acquire(ctx: click.Context, ws_name: str | None, holder: str, ttl: flo
     "stepledger --workspace w lease heartbeat --epoch 3 --ttl 10m"))
 @workspace_option
 @epoch_option("The live epoch to extend.")
-@click.option("--ttl", type=DURATION, default="60s", show_default=True,
-              help="Extend the lease to now + TTL (never shortens it).")
+@click.option("--ttl", type=DURATION, default=CLI_LEASE_TTL, show_default=True,
+              help="Extend the lease to now + TTL (never shortens it). The default is"
+                   f" {CLI_LEASE_TTL}, as for 'lease acquire' (the library's: 60s).")
 @json_option
 @click.pass_context
 def lease_heartbeat(ctx: click.Context, ws_name: str | None, epoch: int | None, ttl: float,
@@ -1715,7 +1741,7 @@ def step_publish(ctx: click.Context, step_id: str, expected_rev: int, receipt_fi
     if as_json:
         _emit_json(manifest_json(m))
         return
-    click.echo(f"step {m.step}: manifest r{m.manifest_rev} {m.digest} ({m.size} bytes)")
+    click.echo(f"step {m.step}: manifest r{m.manifest_rev} {m.digest} ({_n(m.size, 'byte')})")
     for e in (*m.writes, *m.artifacts):
         click.echo(f"  {e.digest}  {e.size:>10}  {e.path}")
 
@@ -1784,15 +1810,17 @@ def metrics(ctx: click.Context, as_json: bool) -> None:
          (f"{le.expired} expired of {le.ended} ended ({le.released} released,"
           f" {le.preempted} preempted); {le.live} live")),
         ("ambiguous reconciliations", str(am.count),
-         (f"{am.settled_applies} apply found its write on disk, {am.already_restores}"
-          " compensation found the pre-image back")),
+         (f"{_n(am.settled_applies, 'apply', 'applies')} found"
+          f" {'its write' if am.settled_applies == 1 else 'their writes'} on disk,"
+          f" {_n(am.already_restores, 'compensation')} found the pre-image back")),
         ("compensation success rate", _rate(cs.rate),
          (f"{cs.succeeded} clean of {cs.with_restores} with writes ({cs.conflicted}"
-          f" conflicted); {cs.compensations} compensations in all")),
+          f" conflicted); {_n(cs.compensations, 'compensation')} in all")),
         ("time to resume (median)", _secs(tr.median),
-         f"max {_secs(tr.max)} over {tr.resumes} new epochs; {tr.unresumed} applied nothing yet"),
+         f"max {_secs(tr.max)} over {_n(tr.resumes, 'new epoch')}; {tr.unresumed} applied"
+         " nothing yet"),
         ("plan drift (mean)", "-" if dr.mean is None else f"{dr.mean:.2f}",
-         (f"max {'-' if dr.max is None else dr.max} over {dr.writes} planned writes;"
+         (f"max {'-' if dr.max is None else dr.max} over {_n(dr.writes, 'planned write')};"
           f" {dr.drifted} drifted")),
         ("weakened attempts", str(m.weakened.attempts),
          (f"fence plan {m.weakened.fence_plan}, fence none {m.weakened.fence_none},"
@@ -1801,7 +1829,7 @@ def metrics(ctx: click.Context, as_json: bool) -> None:
     click.echo(f"{'METRIC':<27} {'VALUE':>8}  DETAIL")
     for label, value, detail in rows:
         click.echo(f"{label:<27} {value:>8}  {detail}")
-    click.echo(f"over {m.events} events", err=True)
+    click.echo(f"over {_n(m.events, 'event')}", err=True)
 
 
 @cli.command()
@@ -1824,7 +1852,7 @@ def blobs(ctx: click.Context, as_json: bool) -> None:
         click.echo(f"{r['digest']}  {r['size']:>10}  {r['where']:<6}  {status}")
     temps = [r for r in rows if r["where"] == "temp"]
     if temps:
-        click.echo(f"{len(temps)} leftover temporary file(s)", err=True)
+        click.echo(f"{_n(len(temps), 'leftover temporary file')}", err=True)
 
 
 # -- gc, audit, restore ---------------------------------------------------------------
@@ -1916,7 +1944,7 @@ def gc_cmd(ctx: click.Context, grace: float, force: bool, dry_run: bool,
         _echo_gc(report)
     if report.stopped:
         bound = "--max-runtime" if report.stopped == "max-runtime" else "--max-delete"
-        click.echo(f"stepledger: gc stopped at {bound}; {report.remaining} condemned blob(s)"
+        click.echo(f"stepledger: gc stopped at {bound}; {_n(report.remaining, 'condemned blob')}"
                    " remain for the next run", err=True)
 
 
@@ -1939,7 +1967,7 @@ def _echo_gc(r: Any) -> None:
                         f"incl. {earlier} condemned by an earlier run" if earlier > 0 else ""))
         click.echo(_row("temp files to remove", r.temp_removed, r.temp_removed_bytes,
                         f"{r.temp_kept} kept (young or pinned)"))
-        click.echo(f"gc: would collect {r.remaining} blob(s), {_size(r.orphan_bytes)};"
+        click.echo(f"gc: would collect {_n(r.remaining, 'blob')}, {_size(r.orphan_bytes)};"
                    " nothing changed")
         return
     click.echo(_row("collected", r.collected, r.reclaimed_bytes))
@@ -1953,7 +1981,7 @@ def _echo_gc(r: Any) -> None:
     click.echo(_row("spared", r.spared, "-", "condemned, then referenced, pinned or fresh: kept"))
     click.echo(_row("remaining", r.remaining, "-", "still condemned (the next run resumes)"))
     stopped = f"; stopped at --{r.stopped}" if r.stopped else ""
-    click.echo(f"gc: collected {r.collected} blob(s), reclaimed {_size(r.reclaimed_bytes)}"
+    click.echo(f"gc: collected {_n(r.collected, 'blob')}, reclaimed {_size(r.reclaimed_bytes)}"
                f" in {r.elapsed_s:.2f}s{stopped}")
 
 
@@ -2004,7 +2032,7 @@ def _echo_audit(r: Any) -> None:
                     "steps in flight and the bytes they stored"))
     click.echo(_row("", "BLOBS", "BYTES"))
     click.echo(_row("stored", r.stored_blobs + r.temporary.count, r.stored_bytes,
-                    f"{r.inline.count} inline, {r.files.count} files,"
+                    f"{r.inline.count} inline, {_n(r.files.count, 'file')},"
                     f" {r.temporary.count} temporary"))
     click.echo(_row("referenced", r.referenced.count, r.referenced.bytes,
                     "named by a manifest (any revision) or a compensation"))
@@ -2037,7 +2065,7 @@ def _echo_audit(r: Any) -> None:
     if not r.reconciled:
         click.echo("VIOLATION [reconcile] the buckets do not add up to the bytes stored")
     n = r.violations + (0 if r.reconciled else 1)
-    click.echo(f"audit: {'ok' if r.ok else f'{n} violation(s)'} ({r.elapsed_s:.2f}s)")
+    click.echo(f"audit: {'ok' if r.ok else _n(n, 'violation')} ({r.elapsed_s:.2f}s)")
 
 
 @cli.command("restore", epilog=_examples(
@@ -2092,10 +2120,10 @@ def restore_cmd(ctx: click.Context, ws_name: str | None, target: str, force: boo
     if as_json:
         _emit_json(msgspec.to_builtins(report) | {"lease_was_live": live})
     else:
-        absent = f", {report.absent} path(s) absent (deleted)" if report.absent else ""
+        absent = f", {_n(report.absent, 'path')} absent (deleted)" if report.absent else ""
         again = " (already recorded)" if report.deduped else ""
-        click.echo(f"restored workspace {report.workspace} to {report.root}: {report.paths}"
-                   f" path(s), {_size(report.bytes)}{absent}; rev {report.rev},"
+        click.echo(f"restored workspace {report.workspace} to {report.root}:"
+                   f" {_n(report.paths, 'path')}, {_size(report.bytes)}{absent}; rev {report.rev},"
                    f" event #{report.seq}{again}")
     if live:
         click.echo(f"stepledger: the lease of epoch {before.epoch} ({before.holder}) was live:"
@@ -2164,7 +2192,7 @@ def witness_anchor(ctx: click.Context, target: str | None, force: bool, as_json:
     click.echo(f"anchored witness {out['witness']} at head #{out['head_seq']}, {was};"
                f" recorded as event #{out['seq']}")
     if out["forced"]:
-        click.echo(f"forced over {len(out['overridden'])} finding(s), recorded in the event")
+        click.echo(f"forced over {_n(len(out['overridden']), 'finding')}, recorded in the event")
 
 
 @witness_group.command("show", epilog=_examples("stepledger witness show",
@@ -2186,7 +2214,7 @@ def witness_show(ctx: click.Context, as_json: bool) -> None:
     click.echo(f"witness {status.witness}{where}: {status.state}")
     if status.witnessed_seq is not None:
         click.echo(f"holds head #{status.witnessed_seq}; the ledger is at #{status.head_seq}"
-                   f" ({status.lag} commit(s) ahead)")
+                   f" ({_n(status.lag or 0, 'commit')} ahead)")
     if status.problem:
         click.echo(status.problem)
 
@@ -2252,8 +2280,9 @@ def chaos(n: int, wrong_order: bool, power_loss: bool, models: tuple[str, ...],
             click.echo(f"{r.index:>5}  {r.operation:<28}  {r.after_crash:<12}  {r.after_replay}")
         order = "WRONG order (manifest before blobs)" if wrong_order else "correct order"
         click.echo(
-            f"chaos: {report.artifacts} artifacts, {order}: {report.indices} crash points,"
-            f" {report.violations} violations after crash,"
+            f"chaos: {_n(report.artifacts, 'artifact')}, {order}:"
+            f" {_n(report.indices, 'crash point')}, {_n(report.violations, 'violation')} after"
+            " crash,"
             f" {report.committed_after_replay}/{report.indices} committed after replay"
             f" ({report.elapsed_s:.1f}s)"
         )
@@ -2297,7 +2326,7 @@ def _chaos_faults(power_loss: bool, models: tuple[str, ...], persistent: bool,
              "unexpected": r.unexpected, "duplicated": r.duplicated,
              "failures": r.failures[:20], "elapsed_s": round(r.elapsed_s, 2)} for r in reports]})
     else:
-        click.echo(f"chaos: a workload of {total} operations")
+        click.echo(f"chaos: a workload of {_n(total, 'operation')}")
         for r in reports:
             click.echo("  " + r.line())
             for f in r.failures[:10]:
@@ -2353,8 +2382,9 @@ def fuzz(seeds: int, fence: str, journal: bool, start: int, length: int, no_shri
         _emit_json(report.as_dict())
     else:
         d = report.as_dict()
-        click.echo(f"fuzz: {report.seeds} seeds, fence={fence}, journal={'on' if journal else 'off'}:"
-                   f" {report.violations} violations, {report.events} events"
+        click.echo(f"fuzz: {_n(report.seeds, 'seed')}, fence={fence},"
+                   f" journal={'on' if journal else 'off'}: {_n(report.violations, 'violation')},"
+                   f" {_n(report.events, 'event')}"
                    f" in {report.elapsed_s:.1f}s")
         if report.violations and report.first is not None:
             click.echo(f"first: seed {d['seed']}: {d['property']} — {d['detail']}")

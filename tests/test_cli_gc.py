@@ -140,7 +140,7 @@ def test_gc_collects_aged_orphans_only(store: Store) -> None:
     for label in ("scanned", "referenced", "kept: live", "kept: young", "orphans found",
                   "collected", "temp files removed", "recovered", "spared", "remaining"):
         assert label in again.out, label
-    assert "collected 0 blob(s), reclaimed 0 B" in again.out
+    assert "collected 0 blobs, reclaimed 0 B" in again.out
 
 
 def test_a_grace_window_under_an_hour_needs_force(store: Store) -> None:
@@ -232,7 +232,7 @@ def test_gc_refuses_when_a_referenced_blob_was_removed_by_hand(store: Store) -> 
     assert audit.json["dangling"] == [{"digest": h(BIG), "named_by": ["s0 r0 big.bin"]}]
     human = run(store.path, "audit")
     assert human.code == 1 and f"VIOLATION [dangling] blob {h(BIG)}" in human.out
-    assert "s0 r0 big.bin" in human.out and "audit: 1 violation(s)" in human.out
+    assert "s0 r0 big.bin" in human.out and "audit: 1 violation" in human.out
 
 
 def test_gc_on_something_that_is_not_a_ledger_is_exit_2_and_untouched(tmp_path: pathlib.Path) -> None:
@@ -376,7 +376,7 @@ def test_restore_round_trip_and_its_exits(world: RestoreWorld) -> None:
     again.mkdir()
     r = run(world.path, "restore", "--workspace", "w", "--to", str(again))
     assert r.code == 0, r
-    assert f"restored workspace w to {again.resolve()}: 2 path(s)" in r.out
+    assert f"restored workspace w to {again.resolve()}: 2 paths" in r.out
     assert (again / "app.py").read_bytes() == b"v1" and r.err == ""
 
 

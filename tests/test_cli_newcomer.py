@@ -187,3 +187,60 @@ def test_store_as_names_are_checked_like_any_artifact_path(
         if type_name == "UsageError":
             assert err.endswith("; see 'stepledger step store --help'\n")
     assert world.state() == before
+
+
+# --- nits ---------------------------------------------------------------------------------
+
+
+ONE_PLURAL = re.compile(r"(?<![\d.])1 (steps|events|compensations|blobs|paths|findings|warnings"
+                        r"|violations|files|bytes|seeds|artifacts|commits|operations|applies"
+                        r"|new epochs|planned writes|crash points)\b")
+
+
+def test_text_output_says_1_step_not_1_steps(world: World) -> None:
+    (world.tmp / "a.txt").write_text("a")
+    assert world("step", "store", "a1", "a.txt").code == 0
+    assert world("step", "compensate", "a1", "--reason", "bad").code == 0
+    outputs = {argv: world(*argv.split()) for argv in
+               ("rebuild", "verify", "metrics", "steps", "show a1", "events", "audit",
+                "gc --dry-run", "blobs", "workspace show w")}
+    for argv, r in outputs.items():
+        assert r.code == 0, (argv, r)
+        text = r.out + r.err
+        assert not ONE_PLURAL.search(text), (argv, ONE_PLURAL.search(text), text)
+        assert "(s)" not in text, (argv, text)
+    assert outputs["rebuild"].out.startswith("rebuilt 1 step from ")
+    assert " 1 step," in outputs["verify"].out
+    assert "1 compensation in all" in outputs["metrics"].out
+    assert "0 applies found their writes on disk, 0 compensations" in outputs["metrics"].out
+
+
+def test_events_text_prints_times_not_nanoseconds(world: World) -> None:
+    world.acquire()
+    r = world("events", "--kind", "lease-acquired")
+    assert r.code == 0 and "expires_ns=" not in r.out, r.out
+    expires = world("--workspace", "w", "lease", "show", "--json").json["expires"]
+    assert f"expires={expires}" in r.out and ISO_Z.fullmatch(expires)
+
+
+def test_csv_export_prints_booleans_as_true_and_false(world: World) -> None:
+    (world.tmp / "a.txt").write_text("a")
+    for step in ("kept", "open"):
+        assert world("step", "store", step, "a.txt").code == 0
+    assert world("step", "publish", "kept").code == 0
+    r = world("export", "--what", "steps", "--format", "csv")
+    assert r.code == 0 and "True" not in r.out and "False" not in r.out
+    rows = {row["step_id"]: row for row in csv.DictReader(io.StringIO(r.out))}
+    assert rows["kept"]["live"] == "true" and rows["open"]["live"] == "false"
+    jsonl = [json.loads(line) for line in
+             world("export", "--what", "steps").out.splitlines()]
+    assert {row["step_id"]: row["live"] for row in jsonl} == {"kept": True, "open": False}
+
+
+def test_the_cli_lease_lasts_10_minutes_by_default(world: World) -> None:
+    lease = world("--workspace", "w", "lease", "acquire", "--holder", "me", "--json").json
+    assert 590 < lease["remaining_s"] <= 600
+    hb = world("--workspace", "w", "lease", "heartbeat", "--epoch", "1", "--json").json
+    assert 590 < hb["remaining_s"] <= 600
+    shown = world("lease", "acquire", "--help").out
+    assert "default: 10m" in shown and "60s" in shown  # and the library's default, named

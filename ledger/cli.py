@@ -53,7 +53,7 @@ from .errors import (
     Unsettled,
 )
 from .events import KINDS, Manifest, RecordedEvent, WitnessAnchored, check_relpath, to_builtins
-from .fences import FENCE_MODES, ApplyResult, Compensation, Lease, StepPlan, Write
+from .fences import FENCE_MODES, ApplyResult, Compensation, FileRead, Lease, StepPlan, Write
 from .fences import settle_conflicts
 from .ledger import DEFAULT_PATH, Ledger
 from .projections import StepRow
@@ -428,6 +428,7 @@ def cli(ctx: click.Context, ledger_path: str, workspace: str | None, witness: st
     Drive a workspace from a harness in any language:
         stepledger workspace add w ./repo
         stepledger --workspace w lease acquire --holder agent-1 --ttl 10m --json
+        stepledger --workspace w workspace read app.py --json   # rev, pre_hash to plan with
         stepledger --workspace w step plan --epoch 1 plan.json
         stepledger step apply s1 --epoch 1 --json > receipt.json
         stepledger step publish s1 --receipt receipt.json && stepledger step ack s1
@@ -893,7 +894,7 @@ def workspace() -> None:
     \b
         stepledger workspace add w ./repo
         stepledger workspace show w --json
-        stepledger --workspace w workspace snapshot app.py    # base_rev + pre_hash to plan with
+        stepledger --workspace w workspace read app.py   # the bytes; rev + pre_hash to plan with
     """
 
 
@@ -1000,6 +1001,52 @@ def workspace_show(ctx: click.Context, name: str | None, as_json: bool) -> None:
         click.echo(f"  {p['rev']:>6}  {(p['hash'] or 'absent')[:16]:<16}  {p['path']}")
 
 
+@workspace.command("read", epilog=_examples(
+    "stepledger --workspace w workspace read app.py > app.py.seen   # rev, pre_hash: stderr",
+    "stepledger workspace read app.py --workspace w --json | jq -r .pre_hash",
+))
+@click.argument("path", metavar="PATH")
+@workspace_option
+@json_option
+@click.pass_context
+def workspace_read(ctx: click.Context, path: str, ws_name: str | None, as_json: bool) -> None:
+    """Read PATH as a planner must: its bytes, with their sha256 and the path's rev. Read-only.
+
+    This is where a plan's pre_hash comes from: the hash of exactly the bytes the planner
+    read, taken as it read them, and base_rev the rev read with them. A write planned
+    from them is refused if anything (another step, a person's edit) changed the path
+    after this read. The bytes go to stdout unchanged, and one line to stderr:
+    '# rev N pre_hash HASH' ('pre_hash absent': no such file; plan it with
+    "pre_hash": null). --json prints them in one object (content as text when it is
+    UTF-8, else content_base64). Files up to 1 GiB.
+    """
+    name = _workspace(ctx, ws_name)
+    with _open(ctx, readonly=True) as ledger:
+        got = ledger.read_file(name, path, max_bytes=INPUT_FILE_MAX)
+    if as_json:
+        _emit_json(file_read_json(got))
+        return
+    if got.content is not None:
+        sys.stdout.flush()
+        sys.stdout.buffer.write(got.content)
+        sys.stdout.buffer.flush()
+    click.echo(f"# rev {got.rev} pre_hash {got.pre_hash or 'absent'}", err=True)
+
+
+def file_read_json(got: FileRead) -> dict[str, Any]:
+    """The `workspace read --json` document (docs/cli-json.md)."""
+    out: dict[str, Any] = {"workspace": got.workspace, "path": got.path, "rev": got.rev,
+                           "pre_hash": got.pre_hash, "exists": got.content is not None,
+                           "size_bytes": None, "content": None}
+    if got.content is not None:
+        out["size_bytes"] = len(got.content)
+        try:
+            out["content"] = got.content.decode("utf-8")
+        except UnicodeDecodeError:
+            out["content_base64"] = base64.b64encode(got.content).decode("ascii")
+    return out
+
+
 @workspace.command("snapshot", epilog=_examples(
     "stepledger --workspace w workspace snapshot app.py src/util.py --json",
 ))
@@ -1009,9 +1056,13 @@ def workspace_show(ctx: click.Context, name: str | None, as_json: bool) -> None:
 @click.pass_context
 def workspace_snapshot(ctx: click.Context, paths: tuple[str, ...], ws_name: str | None,
                        as_json: bool) -> None:
-    """Read what a planner plans against: each PATH's rev and the sha256 on disk. Read-only.
+    """Each PATH's rev and the sha256 of what is on disk NOW. Read-only.
 
-    Put them in the plan's write as base_rev and pre_hash (null: the file is absent).
+    Not a planner's pre_hash: it hashes the disk at this moment, not the bytes the
+    planner read, so a person's edit made between the planner's read and this snapshot
+    would be hashed in and applied over without a refusal. When planning, take rev and
+    pre_hash from 'stepledger workspace read' (the bytes and their hash together). A
+    snapshot answers "what is there now" (null: the file is absent).
     """
     name = _workspace(ctx, ws_name)
     with _open(ctx, readonly=True) as ledger:

@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from conftest import CliOut, digest_of, run_cli
+from conftest import CliOut, digest_of, lock_files_aside, run_cli
 
 from ledger import Ledger
 from ledger.errors import LeaseHeld, StaleEpoch
@@ -244,3 +244,77 @@ def test_the_cli_lease_lasts_10_minutes_by_default(world: World) -> None:
     assert 590 < hb["remaining_s"] <= 600
     shown = world("lease", "acquire", "--help").out
     assert "default: 10m" in shown and "60s" in shown  # and the library's default, named
+
+
+# --- workspace read: the planner's read ---------------------------------------------------
+
+
+def read_raw(world: World, *args: str) -> Any:
+    from click.testing import CliRunner
+
+    from conftest import CLEAN_ENV
+    from ledger.cli import cli
+
+    return CliRunner().invoke(cli, ["--ledger", str(world.ledger), *args], env=CLEAN_ENV)
+
+
+def test_workspace_read_prints_the_bytes_unchanged_and_the_facts_on_stderr(world: World) -> None:
+    data = b"line 1\r\nno newline at the end \xff\x00"
+    (world.dir / "bin.dat").write_bytes(data)
+    before = world.state()
+    r = read_raw(world, "--workspace", "w", "workspace", "read", "bin.dat")
+    assert r.exit_code == 0 and r.stdout_bytes == data
+    assert r.stderr == f"# rev 0 pre_hash {h(data)}\n"
+    js = world("workspace", "read", "bin.dat", "--workspace", "w", "--json")
+    assert js.code == 0 and js.json == {
+        "workspace": "w", "path": "bin.dat", "rev": 0, "pre_hash": h(data), "exists": True,
+        "size_bytes": len(data), "content": None,
+        "content_base64": base64.b64encode(data).decode()}
+    text = world("--workspace", "w", "workspace", "read", "app.py", "--json").json
+    assert text["content"] == "v0" and "content_base64" not in text and text["size_bytes"] == 2
+    absent = read_raw(world, "--workspace", "w", "workspace", "read", "new/file.txt")
+    assert absent.exit_code == 0 and absent.stdout_bytes == b""
+    assert absent.stderr == "# rev 0 pre_hash absent\n"
+    assert world("--workspace", "w", "workspace", "read", "new/file.txt", "--json").json == {
+        "workspace": "w", "path": "new/file.txt", "rev": 0, "pre_hash": None, "exists": False,
+        "size_bytes": None, "content": None}
+    assert lock_files_aside(world.state()) == lock_files_aside(before)  # read-only
+    err = one_error(world("--workspace", "w", "workspace", "read", "../x"), 2, "InvalidInput")
+    assert "escapes its root" in err
+    one_error(world("workspace", "read", "app.py"), 2, "InvalidInput")  # which workspace?
+
+
+def test_a_plan_from_workspace_read_is_fenced_on_what_was_read(world: World) -> None:
+    epoch = world.acquire()
+    assert world.plan({"step": "s1", "writes": [
+        {"path": "app.py", "pre_hash": h("v0"), "content": "v1"}]}, epoch).code == 0
+    assert world("step", "apply", "s1", "--epoch", str(epoch)).code == 0
+    seen = world("--workspace", "w", "workspace", "read", "app.py", "--json").json
+    assert (seen["rev"], seen["content"], seen["pre_hash"]) == (1, "v1", h("v1"))
+
+    # the planner read v1; a person edits the file before the plan is made: the plan
+    # built from the read is refused, where a snapshot taken now would hide the edit
+    (world.dir / "app.py").write_text("a person's edit")
+    snap = world("--workspace", "w", "workspace", "snapshot", "app.py", "--json").json
+    assert snap["paths"][0]["pre_hash"] == h("a person's edit")  # not what the planner saw
+    write = {"path": "app.py", "base_rev": seen["rev"], "pre_hash": seen["pre_hash"],
+             "content": seen["content"] + " and the agent's change"}
+    assert world.plan({"step": "s2", "writes": [write]}, epoch).code == 0
+    r = world("step", "apply", "s2", "--epoch", str(epoch), "--json")
+    err = one_error(r, 1, "StepRejected")
+    assert r.json["verdict"] == "rejected:pre_hash", err
+    assert (world.dir / "app.py").read_text() == "a person's edit"  # not applied over
+
+    # read again, plan again: applied
+    again = world("--workspace", "w", "workspace", "read", "app.py", "--json").json
+    write = {"path": "app.py", "base_rev": again["rev"], "pre_hash": again["pre_hash"],
+             "content": again["content"] + ", kept"}
+    assert world.plan({"step": "s3", "writes": [write]}, epoch).code == 0
+    assert world("step", "apply", "s3", "--epoch", str(epoch)).code == 0
+    assert (world.dir / "app.py").read_text() == "a person's edit, kept"
+
+
+def test_snapshot_help_sends_planners_to_workspace_read(world: World) -> None:
+    shown = world("workspace", "snapshot", "--help").out
+    assert "NOW" in shown and "stepledger workspace read" in shown
+    assert "workspace read" in world("workspace", "--help").out

@@ -1682,7 +1682,8 @@ def step_store(ctx: click.Context, step_id: str, files: tuple[str, ...], names: 
     streamed: a file is never held in memory whole, whatever its size.
     """
     if names and len(names) != len(files):
-        raise click.UsageError(f"give one --as NAME per FILE, in order: {len(files)} FILE(s),"
+        shown = f"{len(files)} FILE{'' if len(files) == 1 else 's'}"
+        raise click.UsageError(f"give one --as NAME per FILE, in order: {shown},"
                                f" {len(names)} --as", ctx)
     artifacts = list(zip(names, files, strict=True)) if names else [
         (_artifact_name(f), f) for f in files]

@@ -379,7 +379,7 @@ class CompensationConflict(ProtocolRefused):
     def __init__(self, paths: list[str]) -> None:
         shown = ", ".join(paths[:10]) + (" …" if len(paths) > 10 else "")
         super().__init__(
-            f"{len(paths)} path(s) conflict, left as they are (a human decides): {shown};"
+            f"{len(paths)} {'path' if len(paths) == 1 else 'paths'} conflict, left as they are (a human decides): {shown};"
             " inspect them and edit or revert them by hand"
         )
         self.paths = paths

@@ -113,7 +113,7 @@ def check_relpath(path: object, what: str = "path") -> str:
             f"{what} {path!r} contains a control character or backslash; use '/' separators"
         )
     if path[0] == "/":
-        raise InvalidInput(f"{what} {path!r} is absolute; give it relative to the workspace")
+        raise InvalidInput(f"{what} {path!r} is absolute; give it relative to its root (the workspace, or the step's artifact names)")
     parts = path.split("/")
     if "" in parts or "." in parts or ".." in parts:
         part = next(p for p in parts if p in ("", ".", ".."))

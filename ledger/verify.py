@@ -118,7 +118,7 @@ class WeakenedPlans:
 
     def report(self) -> list[Finding]:
         more = self.count - len(self.warnings)
-        return self.warnings + ([Finding("weakened-fence", 0, f"{more} more attempt(s) were"
+        return self.warnings + ([Finding("weakened-fence", 0, f"{more} more {'attempt was' if more == 1 else 'attempts were'}"
                                          " planned with the fence or the journal off")]
                                 if more else [])
 
@@ -177,7 +177,7 @@ def verify(
             if seq != expected_seq:
                 findings.append(Finding(
                     "seq", seq, f"expected event #{expected_seq} next, found #{seq}:"
-                    f" {seq - expected_seq} event(s) missing or reordered",
+                    f" {seq - expected_seq} {'event' if seq - expected_seq == 1 else 'events'} missing or reordered",
                 ))
             expected_seq = seq + 1
             if bytes(prev_hash) != prev:

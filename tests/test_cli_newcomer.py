@@ -165,8 +165,8 @@ def test_store_as_names_a_file_from_anywhere(world: World) -> None:
 
 
 @pytest.mark.parametrize("names, type_name, words", [
-    (["a.txt"], "UsageError", "give one --as NAME per FILE, in order: 2 FILE(s), 1 --as"),
-    (["a", "b", "c"], "UsageError", "2 FILE(s), 3 --as"),
+    (["a.txt"], "UsageError", "give one --as NAME per FILE, in order: 2 FILEs, 1 --as"),
+    (["a", "b", "c"], "UsageError", "2 FILEs, 3 --as"),
     (["/abs/a", "b"], "InvalidInput", "is absolute; an artifact's name is a relative path"),
     (["../a", "b"], "InvalidInput", "escapes its root"),
     (["a//b", "b"], "InvalidInput", "not normalized"),

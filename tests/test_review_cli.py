@@ -429,5 +429,5 @@ def test_verify_lists_weakened_attempts_up_to_a_bound(tmp_path: pathlib.Path) ->
         report = led.verify()
     assert report.ok and not report.findings
     assert len(report.warnings) == 51 and report.warnings[-1].seq == 0
-    assert "5 more attempt(s)" in report.warnings[-1].message
+    assert "5 more attempts were" in report.warnings[-1].message
     assert "only against the workspace rev" in report.warnings[0].message

@@ -154,7 +154,7 @@ def test_without_evidence_a_created_file_stays_a_conflict_and_acquire_says_so(
     assert r.json["settled"] == ["s1"]
     assert r.json["conflicts"] == [{"step": "s1", "attempt": 1, "path": "new.txt", "rev": 0,
                                     "digest": h("created")}]
-    assert "s1:new.txt" in r.err and "1 path(s) conflict" in r.err
+    assert "s1:new.txt" in r.err and "1 path conflict" in r.err
     assert f"the lease is held (epoch {w.epoch + 1})" in r.err
     assert r.err.count("\n") == 1  # one line
     shown = w.cli("--workspace", "w", "lease", "show", "--json").json

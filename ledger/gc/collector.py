@@ -181,7 +181,7 @@ def _run(ledger: Ledger, report: GcReport, grace_s: float, now_ns: int | None, d
     present = inline.keys() | files.keys()
     missing = sorted(holders.referenced - present)
     if missing:
-        raise GcRefused(f"{len(missing)} referenced blob(s) are missing, e.g. {missing[0][:12]}…;"
+        raise GcRefused(f"{len(missing)} referenced {'blob is' if len(missing) == 1 else 'blobs are'} missing, e.g. {missing[0][:12]}…;"
                         " a referenced blob is never collected, so something else removed it")
 
     candidates: dict[str, tuple[int, bool]] = {}

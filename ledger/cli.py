@@ -57,7 +57,7 @@ from .fences import FENCE_MODES, ApplyResult, Compensation, FileRead, Lease, Ste
 from .fences import settle_conflicts
 from .ledger import DEFAULT_PATH, Ledger
 from .projections import StepRow
-from .projections.steps import STATES
+from .projections.steps import IN_FLIGHT, STATES
 from .projections.workspaces import WsRow
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -369,6 +369,13 @@ def _event_detail(r: RecordedEvent) -> str:
             v = "true" if v else "false"
         if isinstance(v, str) and len(v) == 64:
             v = v[:12] + "…"
+        if k == "restored" and isinstance(v, list | tuple):
+            # What a compensation did, per outcome: a conflict is not shown as restored.
+            by: dict[str, list[str]] = {}
+            for x in v:
+                by.setdefault(x.get("outcome", "restored"), []).append(x.get("path", "?"))
+            parts.extend(f"{outcome}={','.join(paths)}" for outcome, paths in by.items())
+            continue
         if isinstance(v, list | tuple):
             v = ",".join(x if isinstance(x, str) else x.get("path", "?") for x in v)
         parts.append(f"{k}={v}")
@@ -512,25 +519,32 @@ def events(
 
 
 @cli.command()
-@click.option("--state", type=click.Choice(STATES), help="Only steps in this state.")
+@click.option("--state", "states", type=click.Choice(STATES), multiple=True,
+              help="Only steps in this state (repeat it for several).")
+@click.option("--in-flight", is_flag=True,
+              help="Only steps in flight: planned, fenced or blob-stored (finish or replay them).")
 @json_option
 @click.pass_context
-def steps(ctx: click.Context, state: str | None, as_json: bool) -> None:
+def steps(ctx: click.Context, states: tuple[str, ...], in_flight: bool, as_json: bool) -> None:
     """List steps and their current state (their latest attempt's). Read-only.
 
     A step is committed when it has a live manifest.
 
     \b
-        stepledger steps --state blob-stored     # in flight: replay these
+        stepledger steps --in-flight             # after a crash: replay or settle these
+        stepledger steps --state blob-stored --state fenced
         stepledger steps --json | jq '.[] | select(.committed)'
     """
+    wanted = set(states) | (set(IN_FLIGHT) if in_flight else set())
     with _open(ctx, readonly=True) as ledger:
-        rows = ledger.steps(state)
+        rows = ledger.steps(next(iter(wanted)) if len(wanted) == 1 else None)
+    rows = [r for r in rows if not wanted or r.state in wanted]
     if as_json:
         _emit_json([step_json(r) for r in rows])
         return
     if not rows:
-        click.echo("no steps" + (f" in state {state}" if state else ""), err=True)
+        shown = " or ".join(sorted(wanted))
+        click.echo("no steps" + (f" in state {shown}" if wanted else ""), err=True)
         return
     click.echo(f"{'STEP':<32} {'STATE':<18} {'ATTEMPT':>7} {'EPOCH':>5} {'MANIFEST':>8} {'BYTES':>10} {'LAST':>8}")
     for r in rows:

@@ -318,3 +318,38 @@ def test_snapshot_help_sends_planners_to_workspace_read(world: World) -> None:
     shown = world("workspace", "snapshot", "--help").out
     assert "NOW" in shown and "stepledger workspace read" in shown
     assert "workspace read" in world("workspace", "--help").out
+
+
+def test_steps_lists_several_states_and_the_in_flight_ones(world: World) -> None:
+    epoch = world.acquire()
+    read = world("--workspace", "w", "workspace", "read", "app.py", "--json").json
+    for step in ("a", "b"):
+        write = {"path": f"{step}.txt", "pre_hash": None, "content": step}
+        assert world.plan({"step": step, "writes": [write]}, epoch).code == 0
+    assert world("step", "apply", "a", "--epoch", str(epoch)).code == 0
+    write = {"path": "app.py", "pre_hash": read["pre_hash"], "content": "v1"}
+    assert world.plan({"step": "c", "writes": [write]}, epoch).code == 0
+    for step in ("c",):
+        assert world("step", "apply", step, "--epoch", str(epoch)).code == 0
+        assert world("step", "publish", step).code == 0
+        assert world("step", "ack", step, "--epoch", str(epoch)).code == 0
+    names = lambda r: sorted(row["step_id"] for row in r.json)  # noqa: E731
+    assert names(world("steps", "--in-flight", "--json")) == ["a", "b"]
+    assert names(world("steps", "--state", "planned", "--state", "acked", "--json")) == ["b", "c"]
+    assert names(world("steps", "--state", "fenced", "--json")) == ["a"]
+    r = world("steps", "--state", "compensated")
+    assert r.code == 0 and r.err.strip() == "no steps in state compensated"
+
+
+def test_show_says_a_settled_conflict_is_a_conflict_not_restored(world: World) -> None:
+    epoch = world.acquire()
+    read = world("--workspace", "w", "workspace", "read", "app.py", "--json").json
+    write = {"path": "app.py", "pre_hash": read["pre_hash"], "content": "v1"}
+    assert world.plan({"step": "s1", "writes": [write]}, epoch).code == 0
+    assert world("step", "apply", "s1", "--epoch", str(epoch)).code == 0
+    (world.dir / "app.py").write_text("a person's edit")  # then the worker dies
+    r = world("--workspace", "w", "lease", "acquire", "--holder", "agent-2", "--force")
+    assert r.code == 1, r  # settling left a conflict for a human
+    shown = world("show", "s1").out
+    line = next(x for x in shown.splitlines()[1:] if "compensated" in x)
+    assert "conflict=app.py" in line and "restored=app.py" not in line, line

@@ -114,9 +114,9 @@ def test_the_runbook_after_a_crash_runs_as_printed(tmp_path: Path) -> None:
         assert "Traceback" not in done.stderr
     assert "verify: ok" in got["stepledger verify"].stdout
     assert "epoch 1 held by agent-1" in got["stepledger lease show"].stdout
-    assert "edit-1" not in got["stepledger steps --state planned"].stdout
-    assert re.search(r"edit-1 +fenced", got["stepledger steps --state fenced"].stdout)
-    assert re.search(r"build-7 +blob-stored", got["stepledger steps --state blob-stored"].stdout)
+    in_flight = got["stepledger steps --in-flight"].stdout
+    assert re.search(r"edit-1 +fenced", in_flight), in_flight
+    assert re.search(r"build-7 +blob-stored", in_flight), in_flight
     acquire = next(d for c, d in got.items() if c.startswith("stepledger lease acquire"))
     assert "epoch 2" in acquire.stdout and "edit-1" in acquire.stdout  # settled
     assert re.search(r"edit-1 +compensated", got["stepledger steps --state compensated"].stdout)

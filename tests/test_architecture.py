@@ -1,0 +1,265 @@
+"""The storage boundary, as a ratchet (docs/storage.md).
+
+The end state: outside the SQLite store's folder (``ledger/store/sqlite/``) no module
+imports a SQLite driver (apsw, sqlite3, sqlite_utils) and no string holds SQL, and the
+package has no import cycle. Until the migration is done, the modules that still do are
+listed below with exactly what they hold: a module that gains a driver import, SQL or a
+cycle fails, and so does one that lost some without its entry being lowered (a stale
+entry), so every commit that moves storage code tightens the lists.
+
+The module graph is read from the source (AST), every import counted: at module level,
+inside functions (lazy imports) and under ``if TYPE_CHECKING:``.
+"""
+
+from __future__ import annotations
+
+import ast
+import re
+from pathlib import Path
+
+import pytest
+
+PACKAGE = Path(__file__).resolve().parent.parent / "ledger"
+#: Where a SQLite driver and SQL text may live.
+SQLITE_STORE = "store/sqlite/"
+DRIVERS = frozenset({"apsw", "sqlite3", "sqlite_utils"})
+
+#: Modules outside the SQLite store that still import a driver (to be emptied).
+DRIVER_IMPORTERS: dict[str, frozenset[str]] = {
+    "cli.py": frozenset({"apsw", "sqlite3", "sqlite_utils"}),
+    "db.py": frozenset({"apsw"}),
+    "faults.py": frozenset({"apsw"}),
+    "fences.py": frozenset({"apsw"}),
+    "gc/collector.py": frozenset({"apsw"}),
+    "gc/refs.py": frozenset({"apsw"}),
+    "ledger.py": frozenset({"apsw"}),
+    "log.py": frozenset({"apsw"}),
+    "projections/__init__.py": frozenset({"apsw"}),
+    "projections/refs.py": frozenset({"apsw"}),
+    "projections/workspaces.py": frozenset({"apsw"}),
+    "verify.py": frozenset({"apsw"}),
+    "witness.py": frozenset({"apsw"}),
+}
+
+#: How many SQL strings each module outside the SQLite store still holds (to be emptied).
+SQL_STRINGS: dict[str, int] = {
+    "cli.py": 3,
+    "db.py": 32,
+    "faults.py": 5,
+    "fences.py": 11,
+    "gc/audit.py": 8,
+    "gc/collector.py": 12,
+    "gc/refs.py": 6,
+    "ledger.py": 12,
+    "log.py": 9,
+    "projections/__init__.py": 18,
+    "projections/refs.py": 12,
+    "projections/steps.py": 1,
+    "projections/workspaces.py": 12,
+    "verify.py": 19,
+    "witness.py": 3,
+}
+
+#: Import cycles still present, each as the set of its modules (to be emptied).
+CYCLES: list[frozenset[str]] = [
+    frozenset({"ledger.fences", "ledger.ledger", "ledger.restore"}),
+]
+
+#: What makes a string SQL: a statement keyword at its start, or a clause keyword in it
+#: (upper case, as this code base writes SQL; prose does not shout).
+_SQL = re.compile(
+    r"^\s*(SELECT|INSERT|UPDATE|DELETE|CREATE|DROP|PRAGMA|BEGIN|COMMIT|ROLLBACK|SAVEPOINT"
+    r"|RELEASE|WITH|ALTER|REPLACE)\b|\b(FROM|WHERE|VALUES|JOIN|ORDER BY|GROUP BY|ON CONFLICT"
+    r"|INTO)\s", re.M)
+
+
+def _modules() -> dict[str, Path]:
+    """Dotted module name -> file, for every module of the package."""
+    out = {}
+    for path in sorted(PACKAGE.rglob("*.py")):
+        parts = path.relative_to(PACKAGE.parent).with_suffix("").parts
+        if parts[-1] == "__init__":
+            parts = parts[:-1]
+        out[".".join(parts)] = path
+    return out
+
+
+def _rel(path: Path) -> str:
+    return path.relative_to(PACKAGE).as_posix()
+
+
+def _outside_store(path: Path) -> bool:
+    return not _rel(path).startswith(SQLITE_STORE)
+
+
+def _docstrings(tree: ast.AST) -> set[int]:
+    out = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Module | ast.ClassDef | ast.FunctionDef | ast.AsyncFunctionDef):
+            body = node.body
+            if body and isinstance(body[0], ast.Expr) and isinstance(body[0].value, ast.Constant):
+                out.add(id(body[0].value))
+    return out
+
+
+def sql_strings(tree: ast.AST) -> list[tuple[int, str]]:
+    """Every string (an f-string counts once) that reads as SQL; docstrings excluded."""
+    skip = _docstrings(tree)
+    for node in ast.walk(tree):
+        if isinstance(node, ast.JoinedStr):
+            skip.update(id(v) for v in ast.walk(node) if v is not node)
+    out = []
+    for node in ast.walk(tree):
+        if id(node) in skip:
+            continue
+        if isinstance(node, ast.Constant) and isinstance(node.value, str):
+            text = node.value
+        elif isinstance(node, ast.JoinedStr):
+            text = "".join(v.value if isinstance(v, ast.Constant) else "{}" for v in node.values)
+        else:
+            continue
+        if _SQL.search(text):
+            out.append((node.lineno, text))
+    return out
+
+
+def driver_imports(tree: ast.AST) -> set[str]:
+    out = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            out.update(a.name.split(".")[0] for a in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            out.add(node.module.split(".")[0])
+    return out & DRIVERS
+
+
+def import_graph() -> dict[str, set[str]]:
+    """Module -> the package modules it imports (lazy and TYPE_CHECKING ones included).
+    ``from . import x`` names the submodule when there is one, else the package."""
+    mods = _modules()
+    graph: dict[str, set[str]] = {}
+    for name, path in mods.items():
+        package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+        targets: set[str] = set()
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Import):
+                targets.update(a.name for a in node.names)
+            elif isinstance(node, ast.ImportFrom):
+                if node.level:
+                    base = package
+                    for _ in range(node.level - 1):
+                        base = base.rpartition(".")[0]
+                    full = base + ("." + node.module if node.module else "")
+                else:
+                    full = node.module or ""
+                for a in node.names:
+                    targets.add(f"{full}.{a.name}" if f"{full}.{a.name}" in mods else full)
+        graph[name] = {t for t in targets if t in mods and t != name}
+    return graph
+
+
+def cycles(graph: dict[str, set[str]]) -> list[frozenset[str]]:
+    """The strongly connected components of more than one module (Tarjan)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on: set[str] = set()
+    out: list[frozenset[str]] = []
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on.add(v)
+        for w in sorted(graph[v]):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            scc = set()
+            while True:
+                w = stack.pop()
+                on.discard(w)
+                scc.add(w)
+                if w == v:
+                    break
+            if len(scc) > 1:
+                out.append(frozenset(scc))
+
+    for v in sorted(graph):
+        if v not in index:
+            visit(v)
+    return out
+
+
+def _trees() -> dict[str, ast.AST]:
+    return {_rel(p): ast.parse(p.read_text()) for p in _modules().values() if _outside_store(p)}
+
+
+def test_sqlite_drivers_only_where_listed() -> None:
+    found = {rel: frozenset(d) for rel, tree in _trees().items() if (d := driver_imports(tree))}
+    gained = {r: sorted(d - DRIVER_IMPORTERS.get(r, frozenset())) for r, d in found.items()
+              if d - DRIVER_IMPORTERS.get(r, frozenset())}
+    assert not gained, f"a SQLite driver imported outside ledger/{SQLITE_STORE}: {gained}"
+    stale = {r: sorted(d - found.get(r, frozenset())) for r, d in DRIVER_IMPORTERS.items()
+             if d - found.get(r, frozenset())}
+    assert not stale, f"stale DRIVER_IMPORTERS entries (lower them): {stale}"
+
+
+def test_sql_only_where_listed() -> None:
+    found = {rel: n for rel, tree in _trees().items() if (n := len(sql_strings(tree)))}
+    more = {r: (n, SQL_STRINGS.get(r, 0)) for r, n in found.items() if n > SQL_STRINGS.get(r, 0)}
+    assert not more, (f"SQL text outside ledger/{SQLITE_STORE} (found, allowed): {more};"
+                      " move it into the SQLite store behind the storage interface")
+    stale = {r: (found.get(r, 0), n) for r, n in SQL_STRINGS.items() if found.get(r, 0) < n}
+    assert not stale, f"stale SQL_STRINGS entries (found, listed; lower them): {stale}"
+
+
+def test_no_new_import_cycles() -> None:
+    found = cycles(import_graph())
+    new = [sorted(c) for c in found if c not in CYCLES]
+    assert not new, f"import cycles (lazy and TYPE_CHECKING imports count): {new}"
+    gone = [sorted(c) for c in CYCLES if c not in found]
+    assert not gone, f"stale CYCLES entries (remove them): {gone}"
+
+
+@pytest.mark.parametrize("text, sql", [
+    ("SELECT seq FROM events", True),
+    ("INSERT OR IGNORE INTO pins(step) VALUES (?)", True),
+    (" WHERE step_id = ?", True),
+    ("PRAGMA data_version", True),
+    ("the step was selected from the events", False),
+    ("stepledger: error: UsageError", False),
+])
+def test_the_sql_detector(text: str, sql: bool) -> None:
+    assert bool(sql_strings(ast.parse(f"x = {text!r}"))) is sql
+
+
+def test_the_detectors_see_lazy_and_type_checking_imports() -> None:
+    tree = ast.parse("from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    import apsw\n"
+                     "def f():\n    import sqlite3\n")
+    assert driver_imports(tree) == {"apsw", "sqlite3"}
+    assert cycles({"a": {"b"}, "b": {"a"}, "c": {"a"}}) == [frozenset({"a", "b"})]
+
+
+def test_the_standard_workload_does_the_same_durable_operations(tmp_path: Path) -> None:
+    """The fault harness's standard workload, run on a disk that never fails, performs
+    exactly the durable operations it did before the storage boundary was drawn (the
+    ledger file's writes, syncs and truncates, the blob store's and the workspace's file
+    operations, in order): moving code behind the interface must not move a write, an
+    fsync or a rename, or every crash point of the fault sweeps would mean another thing.
+    A change that alters them on purpose regenerates the file and says why."""
+    import json
+
+    from ledger import faults
+
+    total, trace = faults.count_ops(faults.StandardWorkload(), str(tmp_path))
+    saved = json.loads((Path(__file__).parent / "standard_workload_ops.json").read_text())
+    runs: list[list[object]] = []
+    for op in trace:
+        if runs and runs[-1][0] == op:
+            runs[-1][1] += 1  # type: ignore[operator]
+        else:
+            runs.append([op, 1])
+    assert (total, runs) == (saved["total"], saved["trace"])

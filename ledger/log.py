@@ -13,7 +13,6 @@ IdempotencyConflict and writes nothing.
 
 from __future__ import annotations
 
-import re
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any, Final, Protocol
 
@@ -28,13 +27,14 @@ from .errors import (
     InvalidInput,
     LedgerError,
 )
+from .store import ROW_NAMES, ROW_TYPES, Head
+from .store.base import check_row, row_problem, row_to_recorded
 from .events import (
     EVENT_VERSION,
     Envelope,
     Event,
     RecordedEvent,
     chain_hash,
-    decode,
     envelope,
     genesis_hash,
     journal_key,
@@ -55,31 +55,6 @@ ROW_COLUMNS: Final = (
     "seq, time_ns, workspace, run, step, attempt, epoch, rev, journal_key, kind, v,"
     " payload, prev_hash, hash"
 )
-
-
-_HEAD_RE: Final = re.compile(r"([0-9]+):([0-9a-fA-F]{64})", re.ASCII)
-
-
-class Head(msgspec.Struct, frozen=True):
-    """The chain head: the last seq and its hash (seq 0: an empty ledger)."""
-
-    seq: int
-    hash: bytes
-
-    def __str__(self) -> str:
-        return f"{self.seq}:{self.hash.hex()}"
-
-    @classmethod
-    def parse(cls, text: str) -> Head:
-        # A strict grammar: int() and bytes.fromhex() alone would also take "1_0", "+1",
-        # non-ASCII digits and spaces between hex pairs.
-        match = _HEAD_RE.fullmatch(text.strip()) if isinstance(text, str) else None
-        if match is None:
-            raise InvalidInput(
-                f"head {text!r} is not SEQ:HASH (a seq and 64 hex characters), as printed"
-                " by 'stepledger head'"
-            )
-        return cls(int(match[1]), bytes.fromhex(match[2]))
 
 
 class Projector(Protocol):
@@ -106,38 +81,6 @@ class _Duplicate(Exception):
 
 #: Kinds whose events name blobs that the guard checks.
 GUARDED_KINDS: Final = frozenset({"blob-stored", "manifest-published"})
-
-
-#: The storage class each ROW_COLUMNS cell must hold (STRICT checks it on write; a
-#: damaged record header can still yield NULL or another class on read).
-ROW_TYPES: Final = (int, int, str, str, str, int, int, int, str, str, int, bytes, bytes, bytes)
-ROW_NAMES: Final = tuple(c.strip() for c in ROW_COLUMNS.split(","))
-
-
-def row_problem(row: tuple[Any, ...]) -> str | None:
-    """What is wrong with the cell types of an events row (None: every cell as declared)."""
-    if len(row) != len(ROW_TYPES):
-        return f"it has {len(row)} columns"
-    for name, value, want in zip(ROW_NAMES, row, ROW_TYPES, strict=True):
-        if type(value) is not want:
-            return f"its {name} is {type(value).__name__}, not {want.__name__}"
-    return None
-
-
-def check_row(row: tuple[Any, ...]) -> tuple[Any, ...]:
-    """`row` if its cells hold their declared types, else ValueError naming the cell."""
-    if tuple(map(type, row)) != ROW_TYPES:
-        raise ValueError(row_problem(row) or "a cell of the wrong type")
-    return row
-
-
-def row_to_recorded(row: tuple[Any, ...], *, deduped: bool = False) -> RecordedEvent:
-    (seq, time_ns, _ws, _run, _step, _attempt, _epoch, _rev, key, kind, v, payload,
-     prev_hash, digest) = row
-    return RecordedEvent(
-        seq=seq, time_ns=time_ns, journal_key=key, kind=kind, hash=digest,
-        prev_hash=prev_hash, event=decode(payload, v), v=v, deduped=deduped,
-    )
 
 
 class EventLog:

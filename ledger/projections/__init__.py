@@ -26,6 +26,7 @@ from ..db import Database
 from ..errors import CorruptLedger, IllegalTransition, InvalidInput
 from ..events import StepEvent
 from ..log import FOLD_COLUMNS, EventLog
+from ..store import Checkpoint
 from . import refs as refs_mod
 from . import steps as steps_mod
 from . import workspaces as ws_mod
@@ -47,11 +48,6 @@ Progress = Callable[[int, int], None]
 #: How many unfinished steps a rebuild keeps in memory before it writes them all out.
 WORKING_SET_MAX: Final = 50_000
 _FINISHED: Final = frozenset({ACKED, REJECTED, COMPENSATED})
-
-
-class Checkpoint(msgspec.Struct, frozen=True):
-    last_seq: int
-    version: int
 
 
 def checkpoint(conn: apsw.Connection, name: str = steps_mod.NAME) -> Checkpoint:

@@ -1,0 +1,231 @@
+"""The storage interface: what the ledger needs from a store, and nothing else.
+
+docs/storage.md is the design. In short: a `Store` hands out read views (`read()`: one
+consistent snapshot) and write transactions (`transaction()`: everything inside commits
+or nothing does). The append loop — journal answers, the fast and slow paths, the guard
+and projector calls — is written once, in `store.base.TxBase`; a backend provides a few
+primitives under it. Rows cross the boundary as plain tuples in `ROW_NAMES` order (no
+struct per row on the hot paths). This module holds types and Protocols only: no driver,
+no SQL. The SQLite store lives in `ledger.store.sqlite`.
+
+Designed with a second backend in view (PostgreSQL: per-connection transactions, no file
+header and no ``-wal``, bytes in the database, many writers at once): a transaction names
+its `Scope` (the workspace it is confined to, or the whole ledger), takes its time from
+the store (`Tx.time_ns`), and the head it appends after is the head of that scope.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import AbstractContextManager
+from typing import Any, Final, Protocol
+
+import msgspec
+
+from ..errors import InvalidInput
+from ..events import Envelope, Event, RecordedEvent
+
+#: An event row: seq, time_ns, workspace, run, step, attempt, epoch, rev, journal_key,
+#: kind, v, payload, prev_hash, hash.
+EventRow = tuple[int, int, str, str, str, int, int, int, str, str, int, bytes, bytes, bytes]
+ROW_NAMES: Final = ("seq", "time_ns", "workspace", "run", "step", "attempt", "epoch", "rev",
+                    "journal_key", "kind", "v", "payload", "prev_hash", "hash")
+#: The type each cell of an `EventRow` holds (a damaged row can yield another on read).
+ROW_TYPES: Final = (int, int, str, str, str, int, int, int, str, str, int, bytes, bytes, bytes)
+#: What the folds read of an event: seq, time_ns, kind, v, payload.
+FoldRow = tuple[int, int, str, int, bytes]
+#: An event ready to append: the event, its encoded payload, journal key, kind, envelope.
+Prepared = tuple[Event, bytes, str, str, Envelope]
+
+_HEAD_RE: Final = re.compile(r"([0-9]+):([0-9a-fA-F]{64})", re.ASCII)
+
+
+class Head(msgspec.Struct, frozen=True):
+    """The chain head: the last seq and its hash (seq 0: an empty ledger)."""
+
+    seq: int
+    hash: bytes
+
+    def __str__(self) -> str:
+        return f"{self.seq}:{self.hash.hex()}"
+
+    @classmethod
+    def parse(cls, text: str) -> Head:
+        # A strict grammar: int() and bytes.fromhex() alone would also take "1_0", "+1",
+        # non-ASCII digits and spaces between hex pairs.
+        match = _HEAD_RE.fullmatch(text.strip()) if isinstance(text, str) else None
+        if match is None:
+            raise InvalidInput(
+                f"head {text!r} is not SEQ:HASH (a seq and 64 hex characters), as printed"
+                " by 'stepledger head'"
+            )
+        return cls(int(match[1]), bytes.fromhex(match[2]))
+
+
+class Checkpoint(msgspec.Struct, frozen=True):
+    """How far the inline projections have folded the log, and in which version."""
+
+    last_seq: int
+    version: int
+
+
+class Scope(msgspec.Struct, frozen=True):
+    """What a write transaction is confined to: one workspace, or (None) the whole ledger.
+    A store may let transactions of different scopes run at once; SQLite has one writer
+    and ignores it."""
+
+    workspace: str | None = None
+
+
+class BlobStat(msgspec.Struct, frozen=True):
+    """A stored blob: its size, where it is (`inline`: in the ledger, written with a
+    transaction; else the blob backend), and when it was stored or last freshened."""
+
+    digest: str
+    size: int
+    inline: bool
+    mtime_ns: int
+
+
+class EventQuery(msgspec.Struct, frozen=True, kw_only=True):
+    """Which events to read: seq > `after_seq`, optionally one step's (and attempt's),
+    some kinds', one run's in one workspace; at most `limit`; in seq order, or newest
+    first (`descending`)."""
+
+    after_seq: int = 0
+    step: str | None = None
+    attempt: int | None = None
+    kinds: frozenset[str] | None = None
+    run: str | None = None
+    workspace: str | None = None
+    limit: int | None = None
+    descending: bool = False
+
+
+class StoreInfo(msgspec.Struct, kw_only=True):
+    """What a store is: where (a path or a URL), its schema version, how it was opened.
+    `schema_changes` (a forensic open only): how its schema differs from what this
+    version creates."""
+
+    location: str
+    version: int
+    readonly: bool
+    forensic: bool = False
+    schema_changes: tuple[str, ...] = ()
+
+
+class DuplicateKey(Exception):
+    """A backend primitive met a row that is already there (a journal key, a seq): the
+    append loop asks the journal what it holds. `error`: the backend's own exception."""
+
+    def __init__(self, error: BaseException | None = None) -> None:
+        super().__init__("duplicate key")
+        self.error = error
+
+
+class Held(Exception):
+    """`Store.exclusive(name)` found the lock held by another process (`where`: the
+    lock, as the store names it)."""
+
+    def __init__(self, name: str, where: str) -> None:
+        super().__init__(f"{name} is held: {where}")
+        self.name, self.where = name, where
+
+
+class Projector(Protocol):
+    """Inline projections, updated in the append transaction.
+
+    `check` folds one event into a copy of the current state and returns the change
+    (raising IllegalTransition for an illegal one); `accept` keeps a change once its
+    event is certain to be inserted; `flush` writes every kept change and the
+    checkpoint. `committed` is called after COMMIT (the projector may cache what it
+    wrote); `forget` drops any cache (another connection wrote, or we rolled back).
+    """
+
+    def begin(self, tx: Any) -> None: ...
+    def check(self, event: Any, seq: int, time_ns: int) -> object: ...
+    def accept(self, change: object) -> None: ...
+    def flush(self, tx: Any, last_seq: int) -> None: ...
+    def committed(self) -> None: ...
+    def forget(self) -> None: ...
+
+
+class ReadView(Protocol):
+    """One consistent snapshot of the ledger (inside a `Tx`: the transaction's own)."""
+
+    def head(self) -> Head: ...
+    def count(self) -> int: ...
+    def events(self, query: EventQuery = ...) -> Iterator[EventRow]: ...
+    def fold_rows(self, after_seq: int = 0) -> Iterator[FoldRow]: ...
+    def checked_rows(self, after_seq: int = 0) -> Iterator[tuple[EventRow, str | None]]: ...
+    def journal_lookup(self, key: str) -> EventRow | None: ...
+    def journal_newest(self, prefix: str) -> EventRow | None: ...
+    def checkpoint(self) -> Checkpoint: ...
+    def meta(self, key: str) -> str | None: ...
+    def meta_all(self) -> dict[str, object]: ...
+    def blob_stat(self, digest: str) -> BlobStat | None: ...
+    def inline_blob(self, digest: str) -> tuple[int, bytes] | None: ...
+    def inline_blobs(self) -> Iterator[BlobStat]: ...
+
+
+Guard = Callable[[Any, Event], None]
+
+
+class Tx(ReadView, Protocol):
+    """A write transaction: any exception rolls all of it back."""
+
+    scope: Scope
+
+    @property
+    def time_ns(self) -> int:
+        """This transaction's time: its events' `time_ns`, and the clock leases are
+        judged by inside it (read once, when first asked)."""
+        ...
+
+    def append(self, prepared: Sequence[Prepared], *, head: Head,
+               projector: Projector | None, guard: Guard | None) -> list[RecordedEvent]: ...
+    def put_inline(self, blobs: Mapping[str, bytes], stored_ns: int) -> None: ...
+    def delete_inline(self, digest: str) -> None: ...
+    def set_meta(self, key: str, value: str) -> None: ...
+
+
+class BlobBackend(Protocol):
+    """Blob bytes outside a transaction (SQLite: the inline rows and the blob files;
+    PostgreSQL: chunk rows). Every read checks the size it is given and the hash."""
+
+    root: str | None  # a directory (what a workspace may not overlap); None: in the database
+
+    def stat(self, digest: str) -> BlobStat | None: ...
+    def read(self, digest: str, *, size: int | None = None, verify: bool = True) -> bytes: ...
+    def chunks(self, digest: str, *, size: int | None = None) -> Iterator[bytes]: ...
+
+
+class Store(Protocol):
+    """A ledger's storage."""
+
+    info: StoreInfo
+    blobs: BlobBackend
+    #: Called with "commit" just before each COMMIT (the chaos harness counts these).
+    on_op: Callable[[str], None] | None
+
+    @property
+    def genesis(self) -> bytes: ...
+    @property
+    def view(self) -> ReadView:
+        """Reads outside a read transaction: each call sees the latest commit."""
+        ...
+
+    def read(self) -> AbstractContextManager[ReadView]: ...
+    def transaction(self, scope: Scope = ...) -> AbstractContextManager[Tx]: ...
+    def generation(self) -> object: ...
+    def exclusive(self, name: str, *, wait: bool = False) -> AbstractContextManager[None]: ...
+    def held_elsewhere(self, name: str) -> bool: ...
+    def close(self, *, refused: bool = False) -> None: ...
+
+
+__all__ = [
+    "ROW_NAMES", "ROW_TYPES", "BlobBackend", "BlobStat", "Checkpoint", "DuplicateKey",
+    "EventQuery", "EventRow", "FoldRow", "Guard", "Head", "Held", "Prepared", "Projector",
+    "ReadView", "Scope", "Store", "StoreInfo", "Tx",
+]

@@ -1,0 +1,194 @@
+"""What every store shares: the append loop, and reading event rows back as events.
+
+`TxBase.append` is the one place an append is decided (docs/storage.md "Append, written
+once"): each event is checked by the projector (an illegal transition raises), guarded
+(a blob that is not durable, a dead epoch), chained and inserted; a journal key already
+recorded is answered by `_answer` — the original event, or IdempotencyConflict. A backend
+provides four primitives: `_insert_many` and `_insert_one` (raising `DuplicateKey`), a
+savepoint (`_savepoint`, `_rollback_savepoint`, `_release_savepoint`) and
+`journal_lookup`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from ..errors import IdempotencyConflict, IllegalTransition, LedgerError
+from ..events import EVENT_VERSION, Envelope, RecordedEvent, chain_hash, decode
+from . import ROW_NAMES, ROW_TYPES, DuplicateKey, EventRow, Guard, Head, Prepared, Projector
+
+#: Kinds whose events name blobs that the guard checks.
+GUARDED_KINDS = frozenset({"blob-stored", "manifest-published"})
+
+
+def row_problem(row: tuple[Any, ...]) -> str | None:
+    """What is wrong with the cell types of an events row (None: every cell as declared)."""
+    if len(row) != len(ROW_TYPES):
+        return f"it has {len(row)} columns"
+    for name, value, want in zip(ROW_NAMES, row, ROW_TYPES, strict=True):
+        if type(value) is not want:
+            return f"its {name} is {type(value).__name__}, not {want.__name__}"
+    return None
+
+
+def check_row(row: tuple[Any, ...]) -> tuple[Any, ...]:
+    """`row` if its cells hold their declared types, else ValueError naming the cell."""
+    if tuple(map(type, row)) != ROW_TYPES:
+        raise ValueError(row_problem(row) or "a cell of the wrong type")
+    return row
+
+
+def row_to_recorded(row: tuple[Any, ...], *, deduped: bool = False) -> RecordedEvent:
+    (seq, time_ns, _ws, _run, _step, _attempt, _epoch, _rev, key, kind, v, payload,
+     prev_hash, digest) = row
+    return RecordedEvent(
+        seq=seq, time_ns=time_ns, journal_key=key, kind=kind, hash=digest,
+        prev_hash=prev_hash, event=decode(payload, v), v=v, deduped=deduped,
+    )
+
+
+class _Duplicate(Exception):
+    """The fast path met a journal key already recorded: retry row by row."""
+
+
+class TxBase:
+    """The append loop of a write transaction, over a backend's primitives."""
+
+    # -- the primitives a backend provides -------------------------------------------
+
+    def _insert_many(self, rows: list[EventRow]) -> None:
+        """Insert every row, or raise DuplicateKey having inserted none."""
+        raise NotImplementedError
+
+    def _insert_one(self, row: EventRow) -> None:
+        """Insert the row, or raise DuplicateKey."""
+        raise NotImplementedError
+
+    def _savepoint(self) -> None:
+        raise NotImplementedError
+
+    def _rollback_savepoint(self) -> None:
+        raise NotImplementedError
+
+    def _release_savepoint(self) -> None:
+        raise NotImplementedError
+
+    def journal_lookup(self, key: str) -> EventRow | None:
+        raise NotImplementedError
+
+    # -- the loop ----------------------------------------------------------------------
+
+    def append(self, prepared: Sequence[Prepared], *, head: Head, time_ns: int,
+               projector: Projector | None, guard: Guard | None) -> list[RecordedEvent]:
+        """Append `prepared` after `head` at `time_ns`; return each as recorded (a
+        redelivery: the original, `deduped`). Raises what refuses the first refused event
+        (IllegalTransition, IdempotencyConflict, the guard's error)."""
+        # Fast path: every event is new; rows go in with one multi-row insert. A journal
+        # key already present (a redelivery that the lifecycle allows, such as a second
+        # pin) rolls the savepoint back and takes the slow path, which inserts row by row
+        # and answers each duplicate.
+        if len(prepared) == 1:  # nothing to batch: row by row, no savepoint
+            return self._append_rows(prepared, head, time_ns, projector, guard, fast=False)
+        self._savepoint()
+        try:
+            recorded = self._append_rows(prepared, head, time_ns, projector, guard, fast=True)
+        except (_Duplicate, LedgerError):
+            # A refusal on the fast path may come after an unseen duplicate: the slow
+            # path answers exactly, naming the first refused event.
+            self._rollback_savepoint()
+            recorded = self._append_rows(prepared, head, time_ns, projector, guard, fast=False)
+        self._release_savepoint()
+        return recorded
+
+    def _append_rows(
+        self,
+        prepared: Sequence[Prepared],
+        head: Head,
+        time_ns: int,
+        projector: Projector | None,
+        guard: Guard | None,
+        *,
+        fast: bool,
+    ) -> list[RecordedEvent]:
+        if projector is not None:
+            projector.begin(self)
+        seq, prev = head.seq, head.hash
+        recorded: list[RecordedEvent] = []
+        rows = []
+        for event, payload, key, kind, env in prepared:
+            change = None
+            if projector is not None:
+                try:
+                    change = projector.check(event, seq + 1, time_ns)
+                except IllegalTransition:
+                    # A redelivery of an old transition is legal: the journal answers.
+                    original = self._answer(key, kind, env, payload)
+                    if original is None:
+                        if guard is not None and env.epoch > 0:
+                            guard(self, event)  # a dead epoch is the truer answer (StaleEpoch)
+                        raise
+                    recorded.append(original)
+                    continue
+            if guard is not None and (kind in GUARDED_KINDS or env.epoch > 0):
+                # A redelivery is answered by the journal even if the guard refuses
+                # it: it reports the past (its blob may be gone since), and a different
+                # payload under its key is a conflict, not a blob error. The journal is
+                # asked only after a refusal (a fresh event costs no lookup); on the
+                # fast path a refusal sends the whole batch down the slow path.
+                try:
+                    guard(self, event)
+                except LedgerError:
+                    if fast:
+                        raise
+                    original = self._answer(key, kind, env, payload)
+                    if original is None:
+                        raise
+                    recorded.append(original)
+                    continue
+            digest = chain_hash(prev, seq + 1, time_ns, env, key, kind, EVENT_VERSION, payload)
+            row = (seq + 1, time_ns, env.workspace, env.run, env.step, env.attempt, env.epoch,
+                   env.rev, key, kind, EVENT_VERSION, payload, prev, digest)
+            if fast:
+                rows.append(row)
+            else:
+                try:
+                    self._insert_one(row)
+                except DuplicateKey as dup:
+                    original = self._answer(key, kind, env, payload)
+                    if original is None:
+                        raise (dup.error or dup) from None
+                    recorded.append(original)
+                    continue
+            recorded.append(
+                RecordedEvent(seq=seq + 1, time_ns=time_ns, journal_key=key, kind=kind,
+                              hash=digest, prev_hash=prev, event=event)  # type: ignore[arg-type]
+            )
+            seq, prev = seq + 1, digest
+            if projector is not None:
+                projector.accept(change)
+        if rows:
+            try:
+                self._insert_many(rows)
+            except DuplicateKey:
+                raise _Duplicate from None
+        return recorded
+
+    def _answer(self, key: str, kind: str, env: Envelope, payload: bytes) -> RecordedEvent | None:
+        """The one place a redelivery is judged: the event recorded under `key` if it is
+        this one (`deduped`), IdempotencyConflict if it is another, None if none is."""
+        row = self.journal_lookup(key)
+        if row is None:
+            return None
+        same = (
+            row[9] == kind
+            and bytes(row[11]) == payload
+            and (row[2], row[3], row[4], row[5], row[6], row[7])
+            == (env.workspace, env.run, env.step, env.attempt, env.epoch, env.rev)
+        )
+        if not same:
+            raise IdempotencyConflict(key, row[0])
+        return row_to_recorded(row, deduped=True)
+
+
+__all__ = ["GUARDED_KINDS", "TxBase", "check_row", "row_problem", "row_to_recorded"]

@@ -1,0 +1,326 @@
+"""The SQLite store: a ledger in one SQLite file (WAL) and its blob files beside it.
+
+`SqliteStore` implements `ledger.store.Store` over one apsw connection (`Database`:
+opened defensively, schema allow-listed, ``BEGIN IMMEDIATE`` writes). `SqliteView` is a
+read snapshot of that connection, `SqliteTx` a write transaction: the append loop is
+`TxBase`'s; this module provides its primitives (a multi-row insert, a single insert, a
+savepoint, the journal lookup). Inline blobs (up to the ledger's inline threshold) live
+in the `blob_data` table and are written in the transaction that records them; larger
+ones are files (`ledger.blobs.BlobStore`).
+
+Every read maps what SQLite raises to a typed error (`read_error`): an undecodable or
+wrongly typed cell is CorruptLedger, like a failing read.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import fcntl
+import os
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from typing import Any, Final
+
+import apsw
+
+from ...blobs import BlobStore
+from ...db import GC_LOCK_NAME, LEDGER_FILE_MODE, ROW_ERRORS, Database, read_error
+from ...errors import CorruptLedger
+from ...events import genesis_hash
+from .. import (
+    BlobStat,
+    Checkpoint,
+    DuplicateKey,
+    EventQuery,
+    EventRow,
+    FoldRow,
+    Head,
+    Held,
+    Scope,
+    StoreInfo,
+)
+from ..base import TxBase
+from . import events as ev
+
+#: The projection checkpoint's row (the inline projections are checkpointed together).
+CHECKPOINT_NAME: Final = "steps"
+#: What `exclusive(name)` locks: a file beside the ledger, held with flock.
+LOCK_FILES: Final = {"gc": GC_LOCK_NAME}
+
+_SELECT_CHECKPOINT: Final = "SELECT last_seq, version FROM projection_checkpoint WHERE name = ?"
+_SELECT_META: Final = "SELECT value FROM meta WHERE key = ?"
+_UPSERT_META: Final = ("INSERT INTO meta(key, value) VALUES (?, ?)"
+                       " ON CONFLICT(key) DO UPDATE SET value = excluded.value")
+_INLINE_SIZE: Final = "SELECT size FROM blob_data WHERE digest = ?"
+_INLINE_BLOB: Final = "SELECT size, data FROM blob_data WHERE digest = ?"
+_INLINE_DATA: Final = "SELECT data FROM blob_data WHERE digest = ?"
+_INLINE_FRESHEN: Final = "UPDATE blob_data SET stored_ns = ? WHERE digest = ?"
+_INLINE_PUT: Final = ("INSERT OR REPLACE INTO blob_data(digest, size, data, stored_ns)"
+                      " VALUES (?,?,?,?)")
+_INLINE_DELETE: Final = "DELETE FROM blob_data WHERE digest = ?"
+_INLINE_ALL: Final = "SELECT digest, size, stored_ns FROM blob_data ORDER BY digest"
+
+
+class SqliteView:
+    """Reads of the store's connection (inside `read()`: one snapshot)."""
+
+    def __init__(self, store: SqliteStore) -> None:
+        self._store = store
+        self._db = store.db
+
+    # Transitional (docs/storage.md "Migration"): code not yet moved behind the interface
+    # runs its SQL through the view; it goes when the last caller has moved.
+    def execute(self, sql: str, params: Any = ()) -> apsw.Cursor:
+        return self._db.conn.execute(sql, params)
+
+    def executemany(self, sql: str, params: Iterable[Any]) -> apsw.Cursor:
+        return self._db.conn.executemany(sql, params)
+
+    # -- events ------------------------------------------------------------------------
+
+    def head(self) -> Head:
+        try:
+            row = self._db.conn.execute(ev.HEAD_SQL).fetchone()
+        except apsw.Error as exc:
+            raise read_error(exc, self._db.path) from None
+        if row is None:
+            return Head(0, self._store.genesis)
+        if not isinstance(row[1], bytes):
+            raise CorruptLedger(self._db.path, f"event #{row[0]}'s hash is not a blob")
+        return Head(row[0], row[1])
+
+    def count(self) -> int:
+        return int(self._db.conn.execute(ev.COUNT_SQL).fetchone()[0])
+
+    def events(self, query: EventQuery = EventQuery()) -> Iterator[EventRow]:
+        """Event rows matching `query`, in bounded batches (each its own statement)."""
+        sql, params = ev.query_sql(query)
+        start = query.after_seq
+        if query.descending:
+            start = 2**63 - 1
+        return self._paged(sql, params, start, query.limit)  # type: ignore[return-value]
+
+    def fold_rows(self, after_seq: int = 0) -> Iterator[FoldRow]:
+        sql, params = ev.query_sql(EventQuery(after_seq=after_seq), ev.FOLD_COLUMNS)
+        return self._paged(sql, params, after_seq, None)  # type: ignore[return-value]
+
+    def _paged(self, sql: str, params: list[Any], start: int, limit: int | None
+               ) -> Iterator[tuple[Any, ...]]:
+        rows = ev.paged(self._db.conn, sql, params, start, limit)
+        while True:
+            try:
+                row = next(rows)
+            except StopIteration:
+                return
+            except (apsw.Error, UnicodeDecodeError) as exc:
+                raise read_error(exc, self._db.path) from None
+            yield row
+
+    def checked_rows(self, after_seq: int = 0) -> Iterator[tuple[EventRow, str | None]]:
+        """Every row after `after_seq` with what is wrong with its cells (None: nothing);
+        an invalid UTF-8 cell is named, not raised. A failing read raises apsw.Error
+        (verify reports how far it got)."""
+        return ev.checked_rows(self._db.conn, after_seq)  # type: ignore[return-value]
+
+    def journal_lookup(self, key: str) -> EventRow | None:
+        return self._db.conn.execute(ev.JOURNAL_SQL, (key,)).fetchone()  # type: ignore[no-any-return]
+
+    def journal_newest(self, prefix: str, kind: str | None = None) -> EventRow | None:
+        """The newest event whose journal key starts with `prefix` (and, given `kind`, of
+        that kind): a seek on the key's index, however long the log."""
+        low, high = ev.prefix_range(prefix)
+        if kind is None:
+            return self._db.conn.execute(ev.JOURNAL_RANGE_SQL.format(""),  # type: ignore[no-any-return]
+                                         (low, high)).fetchone()
+        return self._db.conn.execute(ev.JOURNAL_RANGE_SQL.format(" AND kind = ?"),  # type: ignore[no-any-return]
+                                     (low, high, kind)).fetchone()
+
+    # -- projections, meta -------------------------------------------------------------
+
+    def checkpoint(self) -> Checkpoint | None:
+        row = self._db.conn.execute(_SELECT_CHECKPOINT, (CHECKPOINT_NAME,)).fetchone()
+        return None if row is None else Checkpoint(row[0], row[1])
+
+    def meta(self, key: str) -> str | None:
+        """A meta value; None if the key is absent (CorruptLedger if it cannot be read)."""
+        return self._db.meta_value(key)
+
+    def meta_all(self) -> dict[str, object]:
+        return dict(self._db.conn.execute("SELECT key, value FROM meta").fetchall())
+
+    # -- blobs -------------------------------------------------------------------------
+
+    def blob_size(self, digest: str) -> tuple[int, bool] | None:
+        """(size, inline) of a stored blob — the inline row, else the blob file —, looked
+        up now: never cached across calls."""
+        row = self._db.conn.execute(_INLINE_SIZE, (digest,)).fetchone()
+        if row is not None:
+            return int(row[0]), True
+        size = self._store.files.size(digest)
+        return None if size is None else (size, False)
+
+    def inline_blob(self, digest: str) -> tuple[int, bytes] | None:
+        """(recorded size, bytes) of an inline blob row; None when there is none."""
+        row = self._db.conn.execute(_INLINE_BLOB, (digest,)).fetchone()
+        return None if row is None else (row[0], row[1])
+
+    def inline_blobs(self) -> Iterator[BlobStat]:
+        for digest, size, stored_ns in self._db.conn.execute(_INLINE_ALL):
+            yield BlobStat(digest, size, True, stored_ns)
+
+
+class SqliteTx(SqliteView, TxBase):
+    """A ``BEGIN IMMEDIATE`` transaction (the store holds the write lock)."""
+
+    def __init__(self, store: SqliteStore, scope: Scope) -> None:
+        super().__init__(store)
+        self.scope = scope
+        self._time_ns: int | None = None
+
+    @property
+    def time_ns(self) -> int:
+        if self._time_ns is None:
+            self._time_ns = self._store.clock()
+        return self._time_ns
+
+    # -- TxBase's primitives -------------------------------------------------------------
+
+    def _insert_many(self, rows: list[EventRow]) -> None:
+        try:
+            self._db.conn.executemany(ev.INSERT_SQL, rows)
+        except apsw.ConstraintError as exc:
+            raise DuplicateKey(exc) from None
+
+    def _insert_one(self, row: EventRow) -> None:
+        try:
+            self._db.conn.execute(ev.INSERT_SQL, row)
+        except apsw.ConstraintError as exc:
+            raise DuplicateKey(exc) from None
+
+    def _savepoint(self) -> None:
+        self._db.conn.execute("SAVEPOINT append_batch")
+
+    def _rollback_savepoint(self) -> None:
+        self._db.conn.execute("ROLLBACK TO append_batch")
+
+    def _release_savepoint(self) -> None:
+        self._db.conn.execute("RELEASE append_batch")
+
+    # -- other writes ------------------------------------------------------------------
+
+    def put_inline(self, blobs: Mapping[str, bytes], stored_ns: int) -> None:
+        """Write inline blob rows: a damaged row is rewritten, an intact one freshened
+        (its `stored_ns`: GC's grace window counts from it)."""
+        conn = self._db.conn
+        for digest, data in blobs.items():
+            found = conn.execute(_INLINE_DATA, (digest,)).fetchone()
+            if found is not None and bytes(found[0]) == data:
+                conn.execute(_INLINE_FRESHEN, (stored_ns, digest))
+            else:
+                conn.execute(_INLINE_PUT, (digest, len(data), data, stored_ns))
+
+    def delete_inline(self, digest: str) -> None:
+        self._db.conn.execute(_INLINE_DELETE, (digest,))
+
+    def set_meta(self, key: str, value: str) -> None:
+        self._db.conn.execute(_UPSERT_META, (key, value))
+
+
+class SqliteStore:
+    """A ledger file and its blob files (see the module docstring)."""
+
+    def __init__(self, db: Database, clock: Callable[[], int], files: BlobStore | None = None
+                 ) -> None:
+        self.db = db
+        self.clock = clock
+        root = os.path.join(os.path.dirname(db.path), "blobs")
+        self.files = files if files is not None else BlobStore(root)
+        self._view = SqliteView(self)
+        self._genesis: bytes | None = None
+
+    @property
+    def info(self) -> StoreInfo:
+        db = self.db
+        return StoreInfo(location=db.path, version=db.version, readonly=db.readonly,
+                         forensic=db.forensic, schema_changes=db.schema_changes)
+
+    @property
+    def on_op(self) -> Callable[[str], None] | None:
+        return self.db.on_op
+
+    @on_op.setter
+    def on_op(self, value: Callable[[str], None] | None) -> None:
+        self.db.on_op = value
+
+    @property
+    def genesis(self) -> bytes:
+        if self._genesis is None:
+            self._genesis = genesis_hash(self.db.meta("ledger_id"))
+        return self._genesis
+
+    @property
+    def view(self) -> SqliteView:
+        return self._view
+
+    @contextlib.contextmanager
+    def read(self) -> Iterator[SqliteView]:
+        """A read transaction: every read inside sees one state (inside a transaction:
+        the transaction's)."""
+        with self.db.snapshot():
+            yield self._view
+
+    @contextlib.contextmanager
+    def transaction(self, scope: Scope = Scope()) -> Iterator[SqliteTx]:
+        with self.db.transaction():
+            yield SqliteTx(self, scope)
+
+    def generation(self) -> int:
+        """Changes when another connection commits (``PRAGMA data_version``)."""
+        return int(self.db.conn.execute("PRAGMA data_version").fetchone()[0])
+
+    # -- locks beside the ledger -------------------------------------------------------
+
+    def _lock_path(self, name: str) -> str:
+        return os.path.join(os.path.dirname(self.db.path), LOCK_FILES[name])
+
+    @contextlib.contextmanager
+    def exclusive(self, name: str, *, wait: bool = False) -> Iterator[None]:
+        """Hold lock `name` (a flock on a file beside the ledger) for the block; Held
+        when another process holds it and not `wait`."""
+        path = self._lock_path(name)
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, LEDGER_FILE_MODE)
+        try:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | (0 if wait else fcntl.LOCK_NB))
+            except OSError as exc:
+                if exc.errno in (errno.EWOULDBLOCK, errno.EAGAIN):
+                    raise Held(name, path) from None
+                raise
+            yield
+        finally:
+            os.close(fd)
+
+    def held_elsewhere(self, name: str) -> bool:
+        """Whether another process holds lock `name` now (a shared probe; creates nothing)."""
+        try:
+            fd = os.open(self._lock_path(name), os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW)
+        except OSError:
+            return False  # no lock file: nobody ever held it here
+        try:
+            fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+        except BlockingIOError:
+            return True
+        except OSError:
+            return False
+        finally:
+            os.close(fd)  # also releases the probe's lock (flock: per open file)
+        return False
+
+    def close(self, *, refused: bool = False) -> None:
+        if refused:
+            self.db.close_refused()
+        else:
+            self.db.close()
+
+
+__all__ = ["CHECKPOINT_NAME", "Held", "ROW_ERRORS", "SqliteStore", "SqliteTx", "SqliteView"]

@@ -1,0 +1,372 @@
+"""What any store must do (docs/storage.md "The contract").
+
+`StoreContract` is a set of tests written against `ledger.store`'s interface only: a store
+runs them by subclassing it in a test module (its name then starts with ``Test``) and
+giving `opener`, a module-level function ``opener(location, clock, create) -> Store``
+(module-level: the concurrency tests call it in other processes), and `location`. This
+module is not collected itself (its name does not start with ``test_``).
+
+Covered: append, a redelivery answered, a conflict and an illegal transition writing
+nothing, a failing transaction rolled back, the head and the chain; event reads by every
+query field, paged; the journal lookup and the newest key under a prefix (a step named
+like a kind is not taken for one); inline blobs; meta; a read view isolated from later
+commits; writers in two processes on two scopes; `exclusive` against another process.
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+import time
+from collections.abc import Callable, Iterator, Sequence
+from pathlib import Path
+from typing import Any, ClassVar
+
+import pytest
+
+from ledger import IdempotencyConflict, IllegalTransition
+from ledger.events import (
+    EVENT_VERSION,
+    Acked,
+    BlobPinned,
+    Event,
+    LeaseAcquired,
+    Planned,
+    RecordedEvent,
+    chain_hash,
+    envelope,
+    journal_key,
+)
+from ledger.log import EventLog
+from ledger.store import EventQuery, Head, Held, Scope, Store
+
+Opener = Callable[[str, Callable[[], int], bool], Store]
+DIGEST = "ab" * 32
+
+
+class _Clock:
+    def __init__(self) -> None:
+        self.now = 1_700_000_000_000_000_000
+
+    def __call__(self) -> int:
+        self.now += 1_000
+        return self.now
+
+
+def append(store: Store, events: Sequence[Event], *, projector: Any = None,
+           guard: Any = None, scope: Scope = Scope()) -> list[RecordedEvent]:
+    """Append `events` in one transaction, as the log does."""
+    prepared = EventLog._prepare(events)
+    with store.transaction(scope) as tx:
+        return tx.append(prepared, head=tx.head(), time_ns=tx.time_ns, projector=projector,
+                         guard=guard)
+
+
+class Refusing:
+    """A projector that refuses every event of step ``refused`` (an illegal transition)."""
+
+    def begin(self, tx: Any) -> None:
+        pass
+
+    def check(self, event: Any, seq: int, time_ns: int) -> object:
+        if getattr(event, "step", "") == "refused":
+            raise IllegalTransition("refused", 1, "planned", "refused by the test")
+        return None
+
+    def accept(self, change: object) -> None:
+        pass
+
+    def flush(self, tx: Any, last_seq: int) -> None:
+        pass
+
+    def committed(self) -> None:
+        pass
+
+    def forget(self) -> None:
+        pass
+
+
+def _writer(opener: Opener, location: str, name: str, n: int, ready: Any) -> None:
+    """Another process: append `n` events on scope `name`, one transaction each."""
+    store = opener(location, _Clock(), False)
+    ready.wait(30)
+    try:
+        for i in range(n):
+            append(store, [Planned(step=f"{name}-{i}", attempt=1, workspace=name)],
+                   scope=Scope(name))
+    finally:
+        store.close()
+
+
+def _holder(opener: Opener, location: str, held: Any, release: Any) -> None:
+    """Another process: hold lock "gc" until told to let go."""
+    store = opener(location, _Clock(), False)
+    try:
+        with store.exclusive("gc"):
+            held.set()
+            release.wait(30)
+    finally:
+        store.close()
+
+
+class StoreContract:
+    """The contract (see the module docstring). Subclasses set `opener` and `location`."""
+
+    opener: ClassVar[Opener]
+
+    def location(self, tmp_path: Path) -> str:
+        raise NotImplementedError
+
+    @pytest.fixture
+    def where(self, tmp_path: Path) -> str:
+        return self.location(tmp_path)
+
+    @pytest.fixture
+    def store(self, where: str) -> Iterator[Store]:
+        store = type(self).opener(where, _Clock(), True)
+        yield store
+        store.close()
+
+    def other(self, where: str) -> Store:
+        """A second connection to the same store (another writer or reader)."""
+        return type(self).opener(where, _Clock(), False)
+
+    # -- append --------------------------------------------------------------------------
+
+    def test_an_empty_store_has_the_genesis_head(self, store: Store) -> None:
+        assert store.view.head() == Head(0, store.genesis)
+        assert store.view.count() == 0
+        assert list(store.view.events()) == []
+
+    def test_append_chains_and_moves_the_head(self, store: Store) -> None:
+        first = append(store, [Planned(step="a", attempt=1)])
+        assert [r.seq for r in first] == [1]
+        assert first[0].prev_hash == store.genesis and not first[0].deduped
+        more = append(store, [Planned(step="b", attempt=1), Planned(step="c", attempt=1)])
+        assert [r.seq for r in more] == [2, 3]
+        assert more[0].prev_hash == first[0].hash and more[1].prev_hash == more[0].hash
+        assert store.view.head() == Head(3, more[1].hash)
+        rows = list(store.view.events())
+        assert [r[0] for r in rows] == [1, 2, 3]
+        for row in rows:
+            seq, time_ns, ws, run, step, attempt, epoch, rev, key, kind, v, payload, prev, h = row
+            event = Planned(step=step, attempt=attempt)
+            env = envelope(event)
+            assert (kind, v, key) == ("planned", EVENT_VERSION, journal_key(event))
+            assert chain_hash(prev, seq, time_ns, env, key, kind, v, payload) == h
+        # one transaction, one time
+        assert rows[1][1] == rows[2][1] != rows[0][1]
+
+    def test_a_redelivery_is_answered_and_writes_nothing(self, store: Store) -> None:
+        first = append(store, [Planned(step="a", attempt=1, run="r")])[0]
+        again = append(store, [Planned(step="a", attempt=1, run="r")])[0]
+        assert again.deduped and (again.seq, again.hash) == (first.seq, first.hash)
+        assert again.event == first.event
+        assert store.view.count() == 1
+
+    def test_a_batch_with_a_redelivery_answers_it_in_place(self, store: Store) -> None:
+        append(store, [Planned(step="a", attempt=1)])
+        out = append(store, [Planned(step="b", attempt=1), Planned(step="a", attempt=1),
+                             Planned(step="c", attempt=1)])
+        assert [(r.seq, r.deduped) for r in out] == [(2, False), (1, True), (3, False)]
+        assert store.view.count() == 3
+
+    def test_a_conflict_writes_nothing(self, store: Store) -> None:
+        append(store, [Planned(step="a", attempt=1, run="r")])
+        head = store.view.head()
+        with pytest.raises(IdempotencyConflict):
+            append(store, [Planned(step="a", attempt=1, run="other")])
+        with pytest.raises(IdempotencyConflict):  # the whole batch, not just the conflict
+            append(store, [Planned(step="b", attempt=1), Planned(step="a", attempt=1, run="x")])
+        assert store.view.head() == head and store.view.count() == 1
+
+    def test_an_illegal_transition_writes_nothing_but_a_redelivery_is_answered(
+            self, store: Store) -> None:
+        with pytest.raises(IllegalTransition):
+            append(store, [Planned(step="ok", attempt=1), Planned(step="refused", attempt=1)],
+                   projector=Refusing())
+        assert store.view.count() == 0
+        recorded = append(store, [Planned(step="refused", attempt=1)])[0]  # no projector
+        again = append(store, [Planned(step="refused", attempt=1)], projector=Refusing())[0]
+        assert again.deduped and again.seq == recorded.seq
+
+    def test_a_guard_refusal_writes_nothing(self, store: Store) -> None:
+        def guard(tx: Any, event: Event) -> None:
+            raise IllegalTransition("a", 1, "blob-pinned", "no")
+
+        with pytest.raises(IllegalTransition):
+            append(store, [Planned(step="a", attempt=1),
+                           BlobPinned(step="a", attempt=1, digest=DIGEST, epoch=1)], guard=guard)
+        assert store.view.count() == 0
+
+    def test_a_failing_transaction_rolls_back_everything(self, store: Store) -> None:
+        with pytest.raises(RuntimeError), store.transaction() as tx:
+            tx.put_inline({DIGEST: b"x"}, 1)
+            tx.set_meta("k", "v")
+            tx.append(EventLog._prepare([Planned(step="a", attempt=1)]), head=tx.head(),
+                      time_ns=tx.time_ns, projector=None, guard=None)
+            assert tx.count() == 1  # the transaction sees its own writes
+            raise RuntimeError("the builder failed")
+        view = store.view
+        assert view.count() == 0 and view.meta("k") is None and view.blob_size(DIGEST) is None
+
+    def test_the_transaction_time_is_read_once(self, store: Store) -> None:
+        with store.transaction() as tx:
+            assert tx.time_ns == tx.time_ns
+
+    # -- reading -------------------------------------------------------------------------
+
+    def _log(self, store: Store) -> list[Any]:
+        """2,500 events (more than one page) of several steps, attempts, kinds, runs."""
+        events: list[Event] = []
+        for i in range(500):
+            step, run, ws = f"s{i % 7}-{i}", f"r{i % 3}", f"w{i % 2}"
+            events += [Planned(step=step, attempt=1, run=run, workspace=ws),
+                       BlobPinned(step=step, attempt=1, run=run, workspace=ws, digest=DIGEST),
+                       Planned(step=step, attempt=2, run=run, workspace=ws),
+                       BlobPinned(step=step, attempt=2, run=run, workspace=ws, digest=DIGEST),
+                       Acked(step=step, attempt=2, run=run, workspace=ws)]
+        append(store, events[:1200])
+        append(store, events[1200:])
+        return list(store.view.events())
+
+    def test_event_queries(self, store: Store) -> None:
+        rows = self._log(store)
+        assert [r[0] for r in rows] == list(range(1, 2501))
+        view = store.view
+
+        def expect(q: EventQuery) -> list[Any]:
+            got = [r for r in rows if r[0] > q.after_seq
+                   and (q.step is None or r[4] == q.step)
+                   and (q.attempt is None or r[5] == q.attempt)
+                   and (q.kinds is None or r[9] in q.kinds)
+                   and (q.run is None or r[3] == q.run)
+                   and (q.workspace is None or r[2] == q.workspace)]
+            if q.descending:
+                got.reverse()
+            return got if q.limit is None else got[:q.limit]
+
+        for q in [EventQuery(), EventQuery(after_seq=1999), EventQuery(after_seq=2500),
+                  EventQuery(step="s3-3"), EventQuery(step="s3-3", attempt=2),
+                  EventQuery(kinds=frozenset({"acked"})),
+                  EventQuery(kinds=frozenset({"acked", "planned"}), run="r1"),
+                  EventQuery(run="r2", workspace="w1"), EventQuery(limit=2001),
+                  EventQuery(after_seq=10, limit=5), EventQuery(descending=True, limit=3),
+                  EventQuery(descending=True, kinds=frozenset({"planned"}), run="r0",
+                             workspace="w0", limit=1),
+                  EventQuery(descending=True, after_seq=2490), EventQuery(limit=0)]:
+            assert list(view.events(q)) == expect(q), q
+
+    def test_fold_rows_are_the_folds_columns(self, store: Store) -> None:
+        rows = self._log(store)
+        assert list(store.view.fold_rows(100)) == [(r[0], r[1], r[9], r[10], r[11])
+                                                   for r in rows if r[0] > 100]
+
+    def test_checked_rows_name_no_problem_in_a_sound_log(self, store: Store) -> None:
+        rows = self._log(store)
+        assert list(store.view.checked_rows()) == [(r, None) for r in rows]
+
+    def test_journal_lookup(self, store: Store) -> None:
+        recorded = append(store, [Planned(step="a", attempt=1), Planned(step="b", attempt=1)])
+        row = store.view.journal_lookup(journal_key(Planned(step="b", attempt=1)))
+        assert row is not None and row[0] == recorded[1].seq and row[13] == recorded[1].hash
+        assert store.view.journal_lookup(journal_key(Planned(step="c", attempt=1))) is None
+
+    def test_journal_newest_under_a_prefix(self, store: Store) -> None:
+        def lease(ws: str, epoch: int) -> LeaseAcquired:
+            return LeaseAcquired(workspace=ws, epoch=epoch, holder="h", expires_ns=1)
+
+        append(store, [lease("w", 1), lease("w", 2), lease("wx", 9), lease("w\u00e9", 7),
+                       Planned(step="lease-acquired", attempt=1),  # a step named like a kind
+                       lease("w", 3), lease("v", 5)])
+        prefix = journal_key(lease("w", 1)).rsplit(",", 1)[0] + ","  # ["lease-acquired","w",
+        newest = store.view.journal_newest(prefix)
+        assert newest is not None and newest[9] == "lease-acquired" and newest[0] == 6
+        assert store.view.journal_newest('["lease-acquired",') is not None
+        assert store.view.journal_newest('["lease-acquired",', "lease-acquired")[0] == 7  # type: ignore[index]
+        assert store.view.journal_newest('["lease-acquired",1')[9] == "planned"  # type: ignore[index]
+        assert store.view.journal_newest('["lease-acquired",1', "lease-acquired") is None
+        assert store.view.journal_newest('["lease-released",') is None
+
+    # -- inline blobs, meta ------------------------------------------------------------
+
+    def test_inline_blobs(self, store: Store) -> None:
+        other = "cd" * 32
+        with store.transaction() as tx:
+            tx.put_inline({DIGEST: b"hello", other: b"x" * 10}, 100)
+        view = store.view
+        assert view.blob_size(DIGEST) == (5, True)
+        assert view.inline_blob(DIGEST) == (5, b"hello")
+        assert [(b.digest, b.size, b.inline, b.mtime_ns) for b in view.inline_blobs()] == [
+            (DIGEST, 5, True, 100), (other, 10, True, 100)]
+        with store.transaction() as tx:
+            tx.put_inline({DIGEST: b"hello"}, 200)  # the same bytes: freshened
+        assert next(iter(view.inline_blobs())).mtime_ns == 200
+        with store.transaction() as tx:
+            tx.delete_inline(DIGEST)
+        assert view.blob_size(DIGEST) is None and view.inline_blob(DIGEST) is None
+
+    def test_meta(self, store: Store) -> None:
+        assert store.view.meta("nothing") is None
+        with store.transaction() as tx:
+            tx.set_meta("k", "v1")
+            tx.set_meta("k", "v2")
+        assert store.view.meta("k") == "v2"
+        assert store.view.meta_all()["k"] == "v2"
+
+    # -- isolation and concurrency -----------------------------------------------------
+
+    def test_a_read_view_is_one_snapshot(self, store: Store, where: str) -> None:
+        append(store, [Planned(step="a", attempt=1)])
+        other = self.other(where)
+        try:
+            before = store.generation()
+            with store.read() as view:
+                head = view.head()
+                append(other, [Planned(step="b", attempt=1)])
+                assert view.head() == head and view.count() == 1
+                assert [r[4] for r in view.events()] == ["a"]
+            assert store.view.head().seq == 2
+            assert store.generation() != before  # another connection committed
+        finally:
+            other.close()
+
+    def test_writers_in_two_processes_on_two_scopes(self, store: Store, where: str) -> None:
+        ctx = multiprocessing.get_context("spawn")
+        ready = ctx.Event()
+        procs = [ctx.Process(target=_writer, args=(type(self).opener, where, f"w{i}", 40, ready))
+                 for i in range(2)]
+        for p in procs:
+            p.start()
+        ready.set()
+        for p in procs:
+            p.join(120)
+            assert p.exitcode == 0
+        rows = list(store.view.events())
+        assert [r[0] for r in rows] == list(range(1, 81))
+        prev = store.genesis
+        for r in rows:
+            assert r[12] == prev
+            prev = r[13]
+        assert sorted(r[4] for r in rows) == sorted(f"w{i}-{j}" for i in range(2) for j in range(40))
+
+    def test_exclusive_against_another_process(self, store: Store, where: str) -> None:
+        assert not store.held_elsewhere("gc")
+        ctx = multiprocessing.get_context("spawn")
+        held, release = ctx.Event(), ctx.Event()
+        p = ctx.Process(target=_holder, args=(type(self).opener, where, held, release))
+        p.start()
+        try:
+            assert held.wait(60)
+            assert store.held_elsewhere("gc")
+            with pytest.raises(Held), store.exclusive("gc"):
+                pass
+        finally:
+            release.set()
+            p.join(60)
+        assert p.exitcode == 0
+        deadline = time.monotonic() + 10
+        while store.held_elsewhere("gc") and time.monotonic() < deadline:
+            time.sleep(0.01)
+        with store.exclusive("gc"):
+            pass
+

@@ -1,0 +1,98 @@
+"""Text edits (the reference filesystem server's ``edit_file``) and unified diffs.
+
+An edit replaces `oldText` with `newText`. It must match exactly once: first exactly,
+then — as the reference server does — line by line ignoring each line's leading and
+trailing whitespace, the replacement re-indented like the lines it replaces. An edit
+that matches nowhere, or more than once, is refused: a wrong-place edit is worse than
+none. A file written with CRLF line endings keeps them (the edit's LF become CRLF).
+"""
+
+from __future__ import annotations
+
+import difflib
+from collections.abc import Sequence
+from typing import Final
+
+#: Diffs shown to an agent are cut to this many lines.
+DIFF_LINES_MAX: Final = 400
+#: Files larger than this are not diffed (difflib is quadratic at worst).
+DIFF_INPUT_MAX: Final = 2 * 1024 * 1024
+
+
+class EditRefused(Exception):
+    """An edit that cannot be applied; the message is one line for the agent."""
+
+
+def _indent(line: str) -> str:
+    return line[: len(line) - len(line.lstrip())]
+
+
+def apply_edits(text: str, edits: Sequence[tuple[str, str]], path: str) -> str:
+    """`text` with every edit applied in order (see the module)."""
+    crlf = "\r\n" in text and text.count("\r\n") == text.count("\n")
+    if crlf:
+        text = text.replace("\r\n", "\n")
+    for n, (old, new) in enumerate(edits, 1):
+        old = old.replace("\r\n", "\n")
+        new = new.replace("\r\n", "\n")
+        if old == "":
+            raise EditRefused(f"edit {n} of {path}: oldText is empty; give the exact text to"
+                              " replace (to write a whole file, use write_file)")
+        count = text.count(old)
+        if count == 1:
+            text = text.replace(old, new, 1)
+            continue
+        if count > 1:
+            raise EditRefused(f"edit {n} of {path}: oldText occurs {count} times; include more"
+                              " surrounding lines so it matches exactly once")
+        text = _apply_by_lines(text, old, new, n, path)
+    return text.replace("\n", "\r\n") if crlf else text
+
+
+def _apply_by_lines(text: str, old: str, new: str, n: int, path: str) -> str:
+    lines = text.split("\n")
+    old_lines = old.split("\n")
+    while old_lines and old_lines[-1].strip() == "":
+        old_lines.pop()
+    if not old_lines:
+        raise EditRefused(f"edit {n} of {path}: oldText is only whitespace")
+    want = [x.strip() for x in old_lines]
+    hits = [i for i in range(len(lines) - len(want) + 1)
+            if [x.strip() for x in lines[i:i + len(want)]] == want]
+    if not hits:
+        raise EditRefused(f"edit {n} of {path}: oldText was not found (not even ignoring"
+                          " indentation); read the file again and copy the text exactly")
+    if len(hits) > 1:
+        raise EditRefused(f"edit {n} of {path}: oldText matches {len(hits)} places ignoring"
+                          " indentation; include more surrounding lines")
+    i = hits[0]
+    base = _indent(lines[i])
+    old_base = _indent(old_lines[0])
+    out = []
+    for line in new.split("\n"):
+        if line.startswith(old_base):
+            out.append(base + line[len(old_base):])
+        else:
+            out.append(base + line.lstrip() if line.strip() else line)
+    return "\n".join([*lines[:i], *out, *lines[i + len(want):]])
+
+
+def unified_diff(before: bytes | None, after: bytes | None, path: str, *,
+                 before_label: str = "", after_label: str = "") -> str:
+    """A git-style unified diff of two versions of one file, cut to DIFF_LINES_MAX
+    lines ('' when they are equal). Bytes that are not UTF-8 are shown replaced."""
+    if before == after:
+        return ""
+    if len(before or b"") > DIFF_INPUT_MAX or len(after or b"") > DIFF_INPUT_MAX:
+        return f"(no diff: {path} is larger than {DIFF_INPUT_MAX} bytes)"
+    a = [] if before is None else before.decode("utf-8", "replace").splitlines(keepends=True)
+    b = [] if after is None else after.decode("utf-8", "replace").splitlines(keepends=True)
+    lines = list(difflib.unified_diff(
+        a, b, fromfile=f"a/{path}" + (f" ({before_label})" if before_label else ""),
+        tofile=f"b/{path}" + (f" ({after_label})" if after_label else "")))
+    out = []
+    for line in lines[:DIFF_LINES_MAX]:
+        out.append(line if line.endswith("\n") else line + "\n\\ No newline at end of file\n")
+    if len(lines) > DIFF_LINES_MAX:
+        out.append(f"... ({len(lines) - DIFF_LINES_MAX} more diff lines not shown)\n")
+    return "".join(out)

@@ -1,0 +1,443 @@
+"""Confined, read-mostly walks of a workspace directory for the MCP tools.
+
+The ledger's public API reads and writes files (`Ledger.read_file`, steps); listing a
+directory, walking a tree, searching, a directory's metadata and creating an empty
+directory are done here, under the same boundary rules the library applies to a file:
+
+- the root is reached from ``/`` one component at a time without following a symlink
+  and must be the directory the workspace was registered as (device and inode);
+- below it every directory is opened relative to its parent with ``O_NOFOLLOW``: a
+  symlink is never followed (a listing shows it as a symlink, a walk does not enter it,
+  a path through one is refused);
+- the ledger's own directory (by device and inode, whatever its name), the ledger file,
+  its witness and ``.git`` (any case, unless the workspace allows git) are never listed,
+  entered, or created into; stepledger's own temporaries are not listed;
+- every walk is bounded (entries scanned, entries returned, depth, time), so a huge tree
+  answers with a truncated result instead of hanging or filling memory.
+
+Nothing here imports the MCP SDK.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import fnmatch
+import os
+import re
+import stat
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import Final
+
+_DIR_FLAGS: Final = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+_PASS_FLAGS: Final = getattr(os, "O_PATH", os.O_RDONLY) | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+#: Code points HFS+ ignores in names: ".gi\u200ct" is ".git" there (as git's is_hfs_dotgit).
+_HFS_IGNORED: Final = dict.fromkeys([*range(0x200C, 0x2010), *range(0x202A, 0x202F),
+                                     *range(0x206A, 0x2070), 0xFEFF])
+#: stepledger's staged temporaries: ``.<name>.stepledger-<stamp>.tmp``.
+_TEMP_NAME: Final = re.compile(r"^\..*\.stepledger-[0-9a-f-]+\.tmp$")
+_BAD_CHARS: Final = re.compile(r"[\x00-\x1f\x7f\\]")
+
+
+class FsRefused(Exception):
+    """A path or operation the boundary refuses; the message is one line for the agent."""
+
+
+def is_git_name(name: str) -> bool:
+    return name.translate(_HFS_IGNORED).rstrip(". ").casefold() == ".git"
+
+
+def _identity(st: os.stat_result) -> tuple[int, int]:
+    return (st.st_dev, st.st_ino)
+
+
+@dataclass
+class Boundary:
+    """What no walk lists or enters: identities of the ledger's directory, blob root and
+    files (ledger file, witness), and whether ``.git`` is allowed."""
+
+    dirs: frozenset[tuple[int, int]] = frozenset()
+    files: frozenset[tuple[int, int]] = frozenset()
+    allow_git: bool = False
+    paths: tuple[str, ...] = ()  # their resolved paths: refused by name too (any case)
+
+    @classmethod
+    def of(cls, dirs: list[str], files: list[str], allow_git: bool) -> Boundary:
+        def ids(paths: list[str]) -> frozenset[tuple[int, int]]:
+            out = set()
+            for p in paths:
+                with contextlib.suppress(OSError):
+                    out.add(_identity(os.stat(p)))
+            return frozenset(out)
+
+        return cls(ids(dirs), ids(files), allow_git,
+                   tuple(os.path.realpath(p) for p in [*dirs, *files]))
+
+    def names(self, root: str, rel: str) -> bool:
+        """Whether `root/rel` is, or lies under, one of the ledger's paths by name,
+        case-insensitively (a case-insensitive file system reaches them under any case)."""
+        inside = root.rstrip("/").casefold() + "/"
+        target = (inside + rel).casefold()
+        for p in self.paths:
+            q = p.casefold()
+            if q.startswith(inside) and (target == q or target.startswith(q + "/")):
+                return True
+        return False
+
+    def hides(self, name: str, st: os.stat_result | None) -> bool:
+        """Whether an entry is kept out of every listing."""
+        if not self.allow_git and is_git_name(name):
+            return True
+        if _TEMP_NAME.match(name):
+            return True
+        if st is not None and _identity(st) in (self.dirs | self.files):
+            return True
+        return False
+
+
+@dataclass
+class Entry:
+    path: str  # relative to the workspace root ('' is the root)
+    name: str
+    kind: str  # file, directory, symlink, other
+    size: int = 0
+    mtime_ns: int = 0
+
+
+@dataclass
+class Walk:
+    """The result of a bounded walk: what was found and whether a bound stopped it."""
+
+    entries: list[Entry] = field(default_factory=list)
+    truncated: bool = False
+    why: str = ""
+
+
+def _kind(st: os.stat_result) -> str:
+    if stat.S_ISREG(st.st_mode):
+        return "file"
+    if stat.S_ISDIR(st.st_mode):
+        return "directory"
+    if stat.S_ISLNK(st.st_mode):
+        return "symlink"
+    return "other"
+
+
+def check_rel(rel: str) -> list[str]:
+    """The components of a workspace-relative path ('' for the root), refusing what no
+    plain relative path holds. (`..` never gets here: the path layer refuses it.)"""
+    if rel == "":
+        return []
+    if _BAD_CHARS.search(rel):
+        raise FsRefused(f"path {rel!r} contains a control character or backslash; use '/'"
+                        " separators")
+    parts = rel.split("/")
+    if any(p in ("", ".", "..") for p in parts):
+        raise FsRefused(f"path {rel!r} is not a plain relative path")
+    return parts
+
+
+class Confined:
+    """One workspace directory, walked without following symlinks (see the module)."""
+
+    def __init__(self, name: str, root: str, identity: tuple[int, int] | None,
+                 boundary: Boundary) -> None:
+        self.name, self.root, self.identity, self.boundary = name, root, identity, boundary
+
+    # -- descriptors ----------------------------------------------------------------------
+
+    def _open_root(self) -> int:
+        parts = [p for p in self.root.split("/") if p]
+        fd = os.open("/", _PASS_FLAGS if parts else _DIR_FLAGS)
+        try:
+            for i, part in enumerate(parts):
+                last = i == len(parts) - 1
+                try:
+                    child = os.open(part, _DIR_FLAGS if last else _PASS_FLAGS, dir_fd=fd)
+                except OSError as exc:
+                    if exc.errno in (errno.ELOOP, errno.ENOTDIR):
+                        raise FsRefused(f"workspace {self.name!r} root {self.root} is now a"
+                                        " symlink or not a directory: it moved; re-register"
+                                        " it") from None
+                    if exc.errno == errno.ENOENT:
+                        raise FsRefused(f"workspace {self.name!r} root {self.root} does not"
+                                        " exist") from None
+                    raise
+                os.close(fd)
+                fd = child
+            if self.identity is not None and _identity(os.fstat(fd)) != self.identity:
+                raise FsRefused(f"workspace {self.name!r} root {self.root} is another directory"
+                                " than the one registered (moved or replaced); re-register it")
+        except BaseException:
+            os.close(fd)
+            raise
+        return fd
+
+    def _check_names(self, rel: str) -> list[str]:
+        parts = check_rel(rel)
+        if parts and self.boundary.names(self.root, rel):
+            raise FsRefused(f"path {rel!r} is the ledger's own: out of the agent's reach")
+        return parts
+
+    def _refuse_component(self, rel: str, part: str, st: os.stat_result | None) -> None:
+        if not self.boundary.allow_git and is_git_name(part):
+            raise FsRefused(f"path {rel!r} is .git or inside it: git's internals are out of"
+                            " the agent's reach")
+        if st is not None and _identity(st) in self.boundary.dirs | self.boundary.files:
+            raise FsRefused(f"path {rel!r} is the ledger's own: out of the agent's reach")
+
+    @contextlib.contextmanager
+    def open_dir(self, rel: str) -> Iterator[int]:
+        """A descriptor of the directory at `rel` (the root for ''), every component
+        opened without following symlinks and checked against the boundary."""
+        parts = self._check_names(rel)
+        fd = self._open_root()
+        try:
+            for i, part in enumerate(parts):
+                shown = "/".join(parts[: i + 1])
+                try:
+                    st = os.stat(part, dir_fd=fd, follow_symlinks=False)
+                except FileNotFoundError:
+                    raise FsRefused(f"{shown!r} does not exist") from None
+                self._refuse_component(rel, part, st)
+                if stat.S_ISLNK(st.st_mode):
+                    raise FsRefused(f"{shown!r} is a symlink; symlinks are not followed")
+                if not stat.S_ISDIR(st.st_mode):
+                    raise FsRefused(f"{shown!r} is not a directory")
+                try:
+                    child = os.open(part, _DIR_FLAGS, dir_fd=fd)
+                except OSError as exc:
+                    if exc.errno in (errno.ELOOP, errno.ENOTDIR):
+                        raise FsRefused(f"{shown!r} is a symlink or not a directory") from None
+                    raise
+                os.close(fd)
+                fd = child
+                if _identity(os.fstat(fd)) in self.boundary.dirs:
+                    raise FsRefused(f"path {rel!r} is the ledger's own: out of the agent's"
+                                    " reach")
+            yield fd
+        finally:
+            os.close(fd)
+
+    def lstat(self, rel: str) -> os.stat_result | None:
+        """The entry at `rel` itself (a symlink is not followed); None when absent."""
+        parts = self._check_names(rel)
+        if not parts:
+            fd = self._open_root()
+            try:
+                return os.fstat(fd)
+            finally:
+                os.close(fd)
+        try:
+            with self.open_dir("/".join(parts[:-1])) as fd:
+                try:
+                    st = os.stat(parts[-1], dir_fd=fd, follow_symlinks=False)
+                except FileNotFoundError:
+                    return None
+        except FsRefused as exc:
+            if "does not exist" in str(exc):
+                return None
+            raise
+        self._refuse_component(rel, parts[-1], st)
+        return st
+
+    # -- listings -------------------------------------------------------------------------
+
+    def _scan(self, fd: int, base: str, max_scan: int) -> tuple[list[Entry], bool]:
+        """The visible entries of the open directory `fd`, sorted by name; at most
+        `max_scan` are read (True: more were there)."""
+        out: list[Entry] = []
+        more = False
+        with os.scandir(fd) as it:
+            for n, de in enumerate(it):
+                if n >= max_scan:
+                    more = True
+                    break
+                try:
+                    st = de.stat(follow_symlinks=False)
+                except OSError:
+                    continue  # gone meanwhile
+                if self.boundary.hides(de.name, st):
+                    continue
+                path = f"{base}/{de.name}" if base else de.name
+                out.append(Entry(path, de.name, _kind(st), st.st_size if stat.S_ISREG(st.st_mode) else 0,
+                                 st.st_mtime_ns))
+        out.sort(key=lambda e: e.name)
+        return out, more
+
+    def list_dir(self, rel: str, *, max_entries: int) -> Walk:
+        with self.open_dir(rel) as fd:
+            entries, more = self._scan(fd, rel, max_entries * 4)
+        walk = Walk(entries[:max_entries])
+        if more or len(entries) > max_entries:
+            walk.truncated, walk.why = True, f"more than {max_entries} entries"
+        return walk
+
+    def walk(self, rel: str, *, max_entries: int, max_depth: int, max_scan: int,
+             deadline_s: float, exclude: list[str] | None = None) -> Walk:
+        """Entries below `rel`, depth first in name order (a directory before its
+        contents), never entering a symlink or a hidden directory; bounded."""
+        walk = Walk()
+        scanned = 0
+        stop = time.monotonic() + deadline_s
+        patterns = exclude or []
+
+        def excluded(path: str, name: str) -> bool:
+            return any(fnmatch.fnmatchcase(name, p) or fnmatch.fnmatchcase(path, p)
+                       or glob_match(path, p) for p in patterns)
+
+        def visit(fd: int, base: str, depth: int) -> bool:
+            nonlocal scanned
+            entries, more = self._scan(fd, base, max_scan - scanned + 1)
+            scanned += len(entries)
+            if more or scanned > max_scan:
+                walk.truncated, walk.why = True, f"more than {max_scan} entries scanned"
+                return False
+            for e in entries:
+                if time.monotonic() > stop:
+                    walk.truncated, walk.why = True, f"took longer than {deadline_s:g}s"
+                    return False
+                if excluded(e.path, e.name):
+                    continue
+                if len(walk.entries) >= max_entries:
+                    walk.truncated, walk.why = True, f"more than {max_entries} entries"
+                    return False
+                walk.entries.append(e)
+                if e.kind == "directory" and depth < max_depth:
+                    try:
+                        child = os.open(e.name, _DIR_FLAGS, dir_fd=fd)
+                    except OSError:
+                        continue  # swapped for a symlink, gone, unreadable: not entered
+                    try:
+                        if _identity(os.fstat(child)) in self.boundary.dirs:
+                            continue
+                        if not visit(child, e.path, depth + 1):
+                            return False
+                    finally:
+                        os.close(child)
+                elif e.kind == "directory":
+                    walk.truncated, walk.why = True, f"deeper than {max_depth} levels"
+            return True
+
+        with self.open_dir(rel) as fd:
+            visit(fd, rel, 1)
+        return walk
+
+    # -- the one write: an empty directory ------------------------------------------------
+
+    def mkdir(self, rel: str) -> list[str]:
+        """Create the directory at `rel` and any missing parents (like ``mkdir -p``),
+        each created relative to its parent without following symlinks. Returns the
+        directories created (none: it was there already)."""
+        parts = self._check_names(rel)
+        if not parts:
+            return []
+        created: list[str] = []
+        fd = self._open_root()
+        try:
+            for i, part in enumerate(parts):
+                shown = "/".join(parts[: i + 1])
+                self._refuse_component(rel, part, None)
+                try:
+                    st = os.stat(part, dir_fd=fd, follow_symlinks=False)
+                except FileNotFoundError:
+                    st = None
+                if st is None:
+                    with contextlib.suppress(FileExistsError):
+                        os.mkdir(part, 0o777, dir_fd=fd)
+                        created.append(shown)
+                        os.fsync(fd)
+                    st = os.stat(part, dir_fd=fd, follow_symlinks=False)
+                self._refuse_component(rel, part, st)
+                if stat.S_ISLNK(st.st_mode):
+                    raise FsRefused(f"{shown!r} is a symlink; symlinks are not followed")
+                if not stat.S_ISDIR(st.st_mode):
+                    raise FsRefused(f"{shown!r} exists and is not a directory")
+                child = os.open(part, _DIR_FLAGS, dir_fd=fd)
+                os.close(fd)
+                fd = child
+                if _identity(os.fstat(fd)) in self.boundary.dirs:
+                    raise FsRefused(f"path {rel!r} is the ledger's own: out of the agent's reach")
+        finally:
+            os.close(fd)
+        return created
+
+    def rmdir_empty(self, rel: str) -> bool:
+        """Remove the directory at `rel` if it is empty (never anything else)."""
+        parts = check_rel(rel)
+        if not parts:
+            return False
+        try:
+            with self.open_dir("/".join(parts[:-1])) as fd:
+                st = os.stat(parts[-1], dir_fd=fd, follow_symlinks=False)
+                if not stat.S_ISDIR(st.st_mode):
+                    return False
+                os.rmdir(parts[-1], dir_fd=fd)
+                os.fsync(fd)
+                return True
+        except (OSError, FsRefused):
+            return False
+
+    def chmod_file(self, rel: str, mode: int) -> None:
+        """Set the permission bits of the regular file at `rel` (no symlink followed)."""
+        parts = check_rel(rel)
+        with self.open_dir("/".join(parts[:-1])) as dfd:
+            fd = os.open(parts[-1], os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC,
+                         dir_fd=dfd)
+            try:
+                if stat.S_ISREG(os.fstat(fd).st_mode):
+                    os.fchmod(fd, stat.S_IMODE(mode))
+            finally:
+                os.close(fd)
+
+
+def glob_match(path: str, pattern: str) -> bool:
+    """Whether the relative `path` matches the glob `pattern`: ``*`` and ``?`` stay
+    inside one component, ``**`` spans any number of them; a pattern without ``/``
+    matches the last component (``*.py`` finds every Python file)."""
+    if "/" not in pattern and "**" not in pattern:
+        return fnmatch.fnmatchcase(path.rsplit("/", 1)[-1], pattern)
+    return _glob_re(pattern).fullmatch(path) is not None
+
+
+_GLOB_CACHE: dict[str, re.Pattern[str]] = {}
+
+
+def _glob_re(pattern: str) -> re.Pattern[str]:
+    got = _GLOB_CACHE.get(pattern)
+    if got is not None:
+        return got
+    out, i = [], 0
+    while i < len(pattern):
+        c = pattern[i]
+        if pattern.startswith("**/", i):
+            out.append("(?:.*/)?")
+            i += 3
+            continue
+        if pattern.startswith("**", i):
+            out.append(".*")
+            i += 2
+            continue
+        if c == "*":
+            out.append("[^/]*")
+        elif c == "?":
+            out.append("[^/]")
+        elif c == "[":
+            j = pattern.find("]", i + 1)
+            if j == -1:
+                out.append(re.escape(c))
+            else:
+                body = pattern[i + 1:j].replace("\\", "\\\\")
+                if body.startswith("!"):
+                    body = "^" + body[1:]
+                out.append(f"[{body}]")
+                i = j
+        else:
+            out.append(re.escape(c))
+        i += 1
+    if len(_GLOB_CACHE) > 256:
+        _GLOB_CACHE.clear()
+    got = _GLOB_CACHE[pattern] = re.compile("".join(out))
+    return got

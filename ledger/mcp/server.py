@@ -1,0 +1,506 @@
+"""`stepledger mcp`: the file tools of `ledger.mcp.service` as an MCP server.
+
+Built on the official MCP SDK (2.x, ``mcp.server.mcpserver.MCPServer``). Each tool is
+a thin function: its arguments, typed and described for the agent (the schema
+`list_tools` shows), are handed to `FileTools`, and its `Result` becomes a
+`CallToolResult` — the text an agent reads, the structured document a program reads,
+`is_error` for a failure or a conflict. Every failure is one line; arguments that do
+not fit the schema (a missing field, a wrong type, an unknown name) are one line too.
+
+One server process serves one MCP client over stdio (each client spawns its own): the
+client's view (what it read and wrote) is the process's. Over streamable HTTP, a view
+per ``Mcp-Session-Id``; a request without one shares the server's default view.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import os
+import re
+from collections import OrderedDict
+from collections.abc import Callable, Sequence
+from typing import Annotated, Any, Final
+
+from mcp.server.mcpserver import Context, MCPServer
+from mcp.server.mcpserver.exceptions import ToolError
+from mcp.server.transport_security import TransportSecuritySettings
+from mcp.types import CallToolResult, TextContent, ToolAnnotations
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from ledger import InvalidInput, Ledger, __version__
+
+from .service import ClientView, FileTools, Limits, Result, one_line
+
+LOOPBACK: Final = ("127.0.0.1", "localhost", "::1")
+
+INSTRUCTIONS: Final = """\
+File tools for a workspace whose every write is a stepledger step: fenced, journaled,
+undoable. Read a file (read_text_file) before you write or edit it: each read returns
+the file's rev and sha256, and your next write of that path is applied only if the file
+still holds what you read — if a person or another agent changed it meanwhile, you get
+a conflict with a diff instead of an overwrite. Give a write a requestId (a UUID) so a
+retry is answered from the ledger, never applied twice. history, undo, status and audit
+show and revert what was done. Paths are relative to the first allowed directory, or
+absolute inside one (list_allowed_directories)."""
+
+# -- argument types (their descriptions are what an agent reads in list_tools) -------------
+
+PathArg = Annotated[str, Field(description="A file path: relative to the first allowed"
+                               " directory (e.g. 'src/app.py'), or absolute inside an allowed"
+                               " directory. '..', '~' and symlinks are refused.")]
+DirArg = Annotated[str, Field(description="A directory path: '.' for the workspace root,"
+                              " relative to it, or absolute inside an allowed directory.")]
+ExpectedHash = Annotated[str | None, Field(
+    default=None, description="Optional: the sha256 the file must hold now (as a read"
+    " returned it; 'absent' for a file that must not exist). Without it the write is fenced"
+    " on what this session last read or wrote of the path; an existing file this session"
+    " never read is refused until you read it.")]
+RequestId = Annotated[str | None, Field(
+    default=None, description="Optional but recommended: a unique id for this change (a"
+    " UUID). Retrying with the same id returns the first result from the ledger instead of"
+    " applying the change twice. Use a new id for a new change.")]
+
+
+class Edit(BaseModel):
+    """One text replacement."""
+
+    model_config = ConfigDict(extra="forbid")
+    oldText: Annotated[str, Field(description="The exact text to replace, copied from the file"
+                                  " with enough surrounding lines to match exactly once.")]
+    newText: Annotated[str, Field(description="The text that replaces it.")]
+
+
+class FileChange(BaseModel):
+    """One file of a multi-file change: exactly one of content, edits or delete."""
+
+    model_config = ConfigDict(extra="forbid")
+    path: PathArg
+    content: Annotated[str | None, Field(default=None, description="The file's complete new"
+                                         " content (creates or replaces it).")] = None
+    edits: Annotated[list[Edit] | None, Field(default=None, description="Text replacements"
+                                              " applied in order, as edit_file.")] = None
+    delete: Annotated[bool, Field(default=False, description="true: delete the file.")] = False
+    expectedHash: ExpectedHash = None
+
+
+def _result(r: Result) -> CallToolResult:
+    return CallToolResult(content=[TextContent(type="text", text=t) for t in r.texts],
+                          structured_content=r.data, is_error=r.is_error)
+
+
+def _error(message: str) -> CallToolResult:
+    message = one_line(message)
+    return CallToolResult(content=[TextContent(type="text", text=message)],
+                          structured_content={"status": "error", "error": message}, is_error=True)
+
+
+def _validation_line(tool: str, exc: ValidationError) -> str:
+    parts = []
+    for err in exc.errors()[:5]:
+        where = ".".join(str(x) for x in err.get("loc", ()) if x != "arguments") or "arguments"
+        parts.append(f"{where}: {one_line(err.get('msg', 'invalid'))}")
+    more = f" (and {exc.error_count() - 5} more)" if exc.error_count() > 5 else ""
+    return f"invalid arguments for {tool}: " + "; ".join(parts) + more
+
+
+class StepledgerServer(MCPServer):
+    """The MCP server of `stepledger mcp` over one `FileTools`."""
+
+    def __init__(self, tools: FileTools, *, name: str = "stepledger") -> None:
+        super().__init__(name, title="stepledger", version=__version__,
+                         instructions=INSTRUCTIONS, log_level="WARNING",
+                         website_url=None)
+        self.tools = tools
+        self._views: OrderedDict[str, ClientView] = OrderedDict()
+        self._params: dict[str, frozenset[str]] = {}
+        self._register()
+
+    # -- plumbing -------------------------------------------------------------------------
+
+    def view(self, ctx: Context | None) -> ClientView:
+        """The calling client's view: per HTTP session, else the process's own."""
+        key = ""
+        if ctx is not None:
+            try:
+                headers = ctx.headers
+            except Exception:  # no request context (a direct call): the process's view
+                headers = None
+            if headers is not None:
+                key = str(headers.get("mcp-session-id") or "")
+        got = self._views.get(key)
+        if got is None:
+            got = self._views[key] = ClientView()
+            while len(self._views) > 256:
+                self._views.popitem(last=False)
+        self._views.move_to_end(key)
+        return got
+
+    @staticmethod
+    def who(ctx: Context | None) -> str:
+        """Who made a step, as its `run` records it: ``mcp:<client name>``."""
+        name = ""
+        try:
+            params = ctx.session.client_params if ctx is not None else None
+            if params is not None and params.client_info is not None:
+                name = f"{params.client_info.name} {params.client_info.version or ''}".strip()
+        except Exception:
+            name = ""
+        name = re.sub(r"[\x00-\x1f\x7f]", "", name)[:120] or "unnamed client"
+        return f"mcp:{name}"
+
+    async def call_tool(self, name: str, arguments: dict[str, Any],
+                        context: Context[Any, Any] | None = None) -> Any:
+        allowed = self._params.get(name)
+        if allowed is not None and isinstance(arguments, dict):
+            unknown = sorted(set(arguments) - allowed)
+            if unknown:
+                return _error(f"invalid arguments for {name}: unknown argument"
+                              f" {', '.join(repr(u) for u in unknown)}; it takes"
+                              f" {', '.join(sorted(allowed))}")
+        try:
+            return await super().call_tool(name, arguments, context)
+        except ToolError as exc:
+            if isinstance(exc.__cause__, ValidationError):
+                return _error(_validation_line(name, exc.__cause__))
+            return _error(str(exc))
+
+    def _tool(self, fn: Callable[..., CallToolResult], *, read_only: bool,
+              destructive: bool = False, idempotent: bool = False, title: str) -> None:
+        self.add_tool(fn, name=fn.__name__, title=title, description=fn.__doc__,
+                      annotations=ToolAnnotations(title=title, read_only_hint=read_only,
+                                                  destructive_hint=destructive,
+                                                  idempotent_hint=idempotent,
+                                                  open_world_hint=False),
+                      structured_output=False)
+        import inspect
+        self._params[fn.__name__] = frozenset(
+            p for p in inspect.signature(fn).parameters if p != "ctx")
+
+    def _run(self, method: Callable[..., Result], *args: Any, **kwargs: Any) -> CallToolResult:
+        return _result(self.tools.call(method, *args, **kwargs))
+
+    # -- the tools --------------------------------------------------------------------------
+
+    def _register(self) -> None:
+        t = self.tools
+
+        def read_text_file(
+            path: PathArg,
+            head: Annotated[int | None, Field(default=None, ge=0, description="Only the first N"
+                                              " lines.")] = None,
+            tail: Annotated[int | None, Field(default=None, ge=0, description="Only the last N"
+                                              " lines.")] = None,
+            ctx: Context | None = None,
+        ) -> CallToolResult:
+            """Read a text file (UTF-8). Returns its content, and its rev and sha256: your next
+            write or edit of this path is applied only if the file still holds what you read.
+            Read a file before you write or edit it."""
+            return self._run(t.read_text_file, self.view(ctx), path, head, tail)
+
+        def read_multiple_files(
+            paths: Annotated[list[str], Field(description="File paths (as for"
+                                              " read_text_file), at most 100.")],
+            ctx: Context | None = None,
+        ) -> CallToolResult:
+            """Read several text files at once; each comes with its rev and sha256, and a file
+            that cannot be read reports its error without failing the others."""
+            return self._run(t.read_multiple_files, self.view(ctx), paths)
+
+        def write_file(
+            path: PathArg,
+            content: Annotated[str, Field(description="The file's complete new content.")],
+            expectedHash: ExpectedHash = None,
+            requestId: RequestId = None,
+            ctx: Context | None = None,
+        ) -> CallToolResult:
+            """Create a file or replace its whole content, as one committed, undoable step.
+            Fenced: an existing file must still hold what this session read (or expectedHash);
+            if it changed, nothing is written and you get a conflict with the current hash and
+            a diff from what you read. A new file must not have appeared meanwhile."""
+            return self._run(t.write_file, self.view(ctx), path, content, expectedHash,
+                             requestId, self.who(ctx))
+
+        def edit_file(
+            path: PathArg,
+            edits: Annotated[list[Edit], Field(description="Replacements, applied in order;"
+                                               " each oldText must match exactly once.")],
+            dryRun: Annotated[bool, Field(default=False, description="true: only show the diff,"
+                                          " write nothing.")] = False,
+            expectedHash: ExpectedHash = None,
+            requestId: RequestId = None,
+            ctx: Context | None = None,
+        ) -> CallToolResult:
+            """Edit a text file by exact text replacements (whitespace-tolerant line matching
+            as a fallback) and return the git-style diff. The edits are made to the content
+            this session read; if the file changed since, nothing is written and you get a
+            conflict with a diff. One committed, undoable step."""
+            return self._run(t.edit_file, self.view(ctx), path,
+                             [(e.oldText, e.newText) for e in edits], dryRun, expectedHash,
+                             requestId, self.who(ctx))
+
+        def write_files(
+            files: Annotated[list[FileChange], Field(description="The files of the change:"
+                                                     " each with content, edits or delete.")],
+            dryRun: Annotated[bool, Field(default=False, description="true: only show the"
+                                          " diffs of the edits, write nothing.")] = False,
+            requestId: RequestId = None,
+            ctx: Context | None = None,
+        ) -> CallToolResult:
+            """Write, edit or delete several files of one workspace as ONE atomic step: every
+            file lands or none does (a conflict on one refuses them all). Each file is fenced
+            as in write_file/edit_file. Undo reverts them together."""
+            return self._run(t.write_files, self.view(ctx),
+                             [{"path": f.path, "content": f.content, "delete": f.delete,
+                               "expectedHash": f.expectedHash,
+                               "edits": None if f.edits is None else
+                               [(e.oldText, e.newText) for e in f.edits]} for f in files],
+                             requestId, self.who(ctx), dryRun)
+
+        def delete_file(
+            path: PathArg,
+            expectedHash: ExpectedHash = None,
+            requestId: RequestId = None,
+            ctx: Context | None = None,
+        ) -> CallToolResult:
+            """Delete a file, as one committed step that undo can revert. Fenced like
+            write_file: the file must still hold what this session read (read it first)."""
+            return self._run(t.delete_file, self.view(ctx), path, expectedHash, requestId,
+                             self.who(ctx))
+
+        def create_directory(path: DirArg, ctx: Context | None = None) -> CallToolResult:
+            """Create a directory and any missing parents (succeeds if it exists). Symlinks are
+            not followed; the ledger's own directory and .git are refused. Not a step: files
+            written into it are."""
+            return self._run(t.create_directory, self.view(ctx), path)
+
+        def list_directory(path: DirArg, ctx: Context | None = None) -> CallToolResult:
+            """List a directory: [FILE], [DIR] and [LINK] (a symlink, never followed) entries,
+            by name. The ledger's own directory, .git and stepledger's temporaries are not
+            shown; a huge directory is cut short (said so)."""
+            return self._run(t.list_directory, self.view(ctx), path)
+
+        def list_directory_with_sizes(
+            path: DirArg,
+            sortBy: Annotated[str, Field(default="name", pattern="^(name|size)$",
+                                         description="'name' or 'size'.")] = "name",
+            ctx: Context | None = None,
+        ) -> CallToolResult:
+            """List a directory as list_directory does, with file sizes and totals."""
+            return self._run(t.list_directory, self.view(ctx), path, True, sortBy)
+
+        def directory_tree(
+            path: DirArg,
+            excludePatterns: Annotated[list[str] | None, Field(
+                default=None, description="Glob patterns of paths to leave out, e.g."
+                " 'node_modules', '**/*.pyc'.")] = None,
+            maxDepth: Annotated[int | None, Field(default=None, ge=1, le=64, description="How"
+                                                  " many levels to descend.")] = None,
+            ctx: Context | None = None,
+        ) -> CallToolResult:
+            """A recursive tree of a directory as JSON ({name, type, children}); symlinks are
+            listed, never followed. Bounded in entries, depth and time: a huge tree comes back
+            truncated, with the reason."""
+            return self._run(t.directory_tree, self.view(ctx), path, excludePatterns or [], maxDepth)
+
+        def move_file(
+            source: Annotated[str, Field(description="The file or directory to move (path as"
+                                         " for read_text_file).")],
+            destination: Annotated[str, Field(description="Where it goes; must not exist.")],
+            requestId: RequestId = None,
+            ctx: Context | None = None,
+        ) -> CallToolResult:
+            """Move or rename a file or a directory (with its files) within a workspace, as
+            one committed, undoable step: the source is deleted fenced on the bytes read, the
+            destination created fenced on its absence. Never replaces anything."""
+            return self._run(t.move_file, self.view(ctx), source, destination, requestId,
+                             self.who(ctx))
+
+        def search_files(
+            path: DirArg,
+            pattern: Annotated[str, Field(description="A glob ('*.py', 'src/**/test_*.py') or"
+                                          " plain text found case-insensitively in names.")],
+            excludePatterns: Annotated[list[str] | None, Field(
+                default=None, description="Glob patterns of paths to skip.")] = None,
+            ctx: Context | None = None,
+        ) -> CallToolResult:
+            """Find files and directories below a directory by name or glob. Symlinks are not
+            followed; results are bounded (said so when cut short)."""
+            return self._run(t.search_files, self.view(ctx), path, pattern, excludePatterns or [])
+
+        def get_file_info(path: DirArg, ctx: Context | None = None) -> CallToolResult:
+            """Metadata of a file or directory: type, size, times, permissions; for a file also
+            its rev and sha256 (the hash a write's expectedHash compares with)."""
+            return self._run(t.get_file_info, self.view(ctx), path)
+
+        def list_allowed_directories(ctx: Context | None = None) -> CallToolResult:
+            """The directories this server may read and write (its stepledger workspaces).
+            Relative paths are inside the first one."""
+            return self._run(t.list_allowed_directories, self.view(ctx))
+
+        def history(
+            path: Annotated[str | None, Field(default=None, description="A file path; omit it"
+                                              " for every path.")] = None,
+            limit: Annotated[int, Field(default=20, ge=1, le=200, description="How many steps,"
+                                        " newest first.")] = 20,
+            ctx: Context | None = None,
+        ) -> CallToolResult:
+            """The steps that changed a file (or any file): when, by whom (which client), what
+            each did to which path, and what became of it (committed, refused, undone). Any
+            step id shown can be given to undo."""
+            return self._run(t.history, self.view(ctx), path, limit)
+
+        def undo(
+            step: Annotated[str | None, Field(default=None, description="The step to undo (as a"
+                                              " write or history returned it), or the requestId"
+                                              " of the change. Omit it: this session's last"
+                                              " committed change.")] = None,
+            ctx: Context | None = None,
+        ) -> CallToolResult:
+            """Undo one committed change: each file it wrote goes back to what it held before
+            (a file it created is removed). Fenced: a file changed since (by a person or a
+            later step) is left exactly as found and reported, never overwritten."""
+            return self._run(t.undo, self.view(ctx), step, self.who(ctx))
+
+        def status(ctx: Context | None = None) -> CallToolResult:
+            """The ledger and its workspaces now: each workspace's rev and lease (who holds it,
+            until when), steps in flight, anything an interrupted server left unsettled (the
+            next write settles it), and what this session has read and done."""
+            return self._run(t.status, self.view(ctx))
+
+        def audit(
+            limit: Annotated[int, Field(default=50, ge=1, le=500, description="How many of the"
+                                        " newest events.")] = 50,
+            verify: Annotated[bool, Field(default=False, description="true: also verify the"
+                                          " whole ledger (hash chain, projections, fences,"
+                                          " blobs); slower on a big ledger.")] = False,
+            ctx: Context | None = None,
+        ) -> CallToolResult:
+            """The audit log: the newest events of the served workspaces — every step planned,
+            applied, committed, refused or undone, with who and when, and every lease taken
+            (over). With verify, the ledger's tamper-evident check."""
+            return self._run(t.audit, self.view(ctx), limit, verify)
+
+        reads = [read_text_file, read_multiple_files, list_directory, list_directory_with_sizes,
+                 directory_tree, search_files, get_file_info, list_allowed_directories, history,
+                 status, audit]
+        for fn in reads:
+            self._tool(fn, read_only=True, idempotent=True, title=fn.__name__.replace("_", " "))
+        for fn in (write_file, edit_file, write_files, move_file):
+            self._tool(fn, read_only=False, destructive=True, title=fn.__name__.replace("_", " "))
+        self._tool(delete_file, read_only=False, destructive=True, title="delete file")
+        self._tool(create_directory, read_only=False, idempotent=True, title="create directory")
+        self._tool(undo, read_only=False, destructive=True, idempotent=True, title="undo")
+
+
+# -- opening the ledger and its workspaces -------------------------------------------------
+
+
+def _workspace_name(root: str, taken: set[str]) -> str:
+    base = re.sub(r"[^A-Za-z0-9._-]", "-", os.path.basename(root.rstrip("/")))[:64] or "workspace"
+    name, n = base, 1
+    while name in taken:
+        n += 1
+        name = f"{base}-{n}"
+    return name
+
+
+def open_workspaces(specs: Sequence[str], ledger_path: str | None, *,
+                    witness: str | None = None, create: bool = True,
+                    echo: Callable[[str], None] | None = None
+                    ) -> tuple[Ledger, list[str], dict[str, str]]:
+    """The ledger and the names of the workspaces to serve, from ``--workspace`` values:
+    a directory (registered under its base name if it is not yet a workspace) or the
+    NAME of a registered workspace. Without `ledger_path` the ledger is the first
+    directory's ``.stepledger/ledger.db``, created if absent (when `create`)."""
+    if not specs:
+        raise InvalidInput("give the workspace to serve: --workspace DIR (e.g. --workspace .)")
+    if ledger_path is None:
+        first = specs[0]
+        if not os.path.isdir(first):
+            raise InvalidInput(f"--workspace {first}: not a directory (a workspace NAME needs"
+                               " --ledger PATH, the ledger that registered it)")
+        ledger_path = os.path.join(os.path.realpath(first), ".stepledger", "ledger.db")
+    if os.path.exists(ledger_path):
+        ledger = Ledger.open(ledger_path, witness=witness)
+    elif create:
+        ledger = Ledger.init(ledger_path, witness=witness)
+        if echo is not None:
+            echo(f"stepledger mcp: created ledger {os.path.abspath(ledger_path)}")
+    else:
+        ledger = Ledger.open(ledger_path, witness=witness)  # raises LedgerNotFound
+    try:
+        names: list[str] = []
+        given: dict[str, str] = {}
+        for spec in specs:
+            rows = {w.name: w for w in ledger.workspaces()}
+            if os.path.isdir(spec):
+                real = os.path.realpath(spec)
+                name = next((w.name for w in rows.values() if w.root == real), None)
+                if name is None:
+                    name = _workspace_name(real, set(rows))
+                    ledger.add_workspace(name, real)
+                    if echo is not None:
+                        echo(f"stepledger mcp: registered workspace {name!r} ({real})")
+                given[name] = os.path.abspath(spec)
+            elif spec in rows:
+                name = spec
+            else:
+                raise InvalidInput(f"--workspace {spec}: neither a directory nor a workspace of"
+                                   f" {ledger.path} (stepledger workspace list)")
+            if name in names:
+                raise InvalidInput(f"--workspace {spec}: workspace {name!r} is given twice")
+            names.append(name)
+    except BaseException:
+        ledger.close()
+        raise
+    return ledger, names, given
+
+
+def check_bind(host: str, allow_remote: bool) -> None:
+    """Refuse a non-loopback HTTP bind unless the operator forces it: the server has no
+    authentication, so whoever reaches the port could read and write the workspace."""
+    loopback = host in LOOPBACK
+    if not loopback:
+        try:
+            loopback = ipaddress.ip_address(host).is_loopback
+        except ValueError:
+            loopback = False
+    if not loopback and not allow_remote:
+        raise InvalidInput(f"--host {host} is not a loopback address: stepledger mcp has no"
+                           " authentication, so anyone who can reach the port could read and"
+                           " write the workspace; serve 127.0.0.1 (the default) and put an"
+                           " authenticating proxy in front, or pass --allow-remote if something"
+                           " else guards the port")
+
+
+def serve(specs: Sequence[str], *, ledger_path: str | None = None, witness: str | None = None,
+          http: bool = False, host: str = "127.0.0.1", port: int = 8765,
+          allow_remote: bool = False, lease_ttl_s: float = 20.0, lease_wait_s: float = 30.0,
+          lease_linger_s: float = 0.2, limits: Limits | None = None,
+          echo: Callable[[str], None] | None = None) -> None:
+    """Run `stepledger mcp` until the client goes away (stdio) or it is interrupted."""
+    if http:
+        check_bind(host, allow_remote)
+    ledger, names, given = open_workspaces(specs, ledger_path, witness=witness, echo=echo)
+    with ledger:
+        tools = FileTools(ledger, names, lease_ttl_s=lease_ttl_s, lease_wait_s=lease_wait_s,
+                          lease_linger_s=lease_linger_s, limits=limits, given_roots=given)
+        try:
+            server = StepledgerServer(tools)
+            if echo is not None:
+                where = f"http://{host}:{port}/mcp" if http else "stdio"
+                served = ", ".join(f"{w.name} ({w.root})" for w in tools.workspaces)
+                echo(f"stepledger mcp: serving {served} from {ledger.path} over {where}")
+            if not http:
+                server.run("stdio")
+                return
+            security = None
+            if host not in LOOPBACK:
+                security = TransportSecuritySettings(enable_dns_rebinding_protection=False)
+            server.run("streamable-http", host=host, port=port, transport_security=security)
+        finally:
+            tools.close()
+
+
+__all__ = ["StepledgerServer", "check_bind", "open_workspaces", "serve"]
+

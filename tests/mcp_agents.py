@@ -1,0 +1,91 @@
+"""Helpers for the `stepledger mcp` tests: servers in-process and over stdio, driven
+with the official MCP SDK's client (`mcp.Client`)."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import sys
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+from mcp import Client, StdioServerParameters
+from mcp.types import CallToolResult
+
+from ledger.mcp.server import StepledgerServer, open_workspaces
+from ledger.mcp.service import FileTools, Limits
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def stepledger_command() -> str:
+    """The installed `stepledger` console script of this interpreter's environment."""
+    beside = Path(sys.executable).with_name("stepledger")
+    found = str(beside) if beside.exists() else shutil.which("stepledger")
+    assert found, "the stepledger command is not installed (pip install -e '.[test]')"
+    return found
+
+
+def server_env(**extra: str) -> dict[str, str]:
+    """The environment a spawned server gets: ours, minus the user's stepledger defaults."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("STEPLEDGER_")}
+    env.update(extra)
+    return env
+
+
+def text(result: CallToolResult) -> str:
+    return "\n".join(getattr(b, "text", "") for b in result.content)
+
+
+class Agent:
+    """One MCP client session, with helpers that call a tool and return its result."""
+
+    def __init__(self, client: Client) -> None:
+        self.client = client
+
+    async def call(self, tool: str, **args: Any) -> CallToolResult:
+        return await self.client.call_tool(tool, args)
+
+    async def ok(self, tool: str, **args: Any) -> dict[str, Any]:
+        r = await self.call(tool, **args)
+        assert not r.is_error, (tool, args, text(r))
+        assert isinstance(r.structured_content, dict)
+        return r.structured_content
+
+    async def fails(self, tool: str, **args: Any) -> CallToolResult:
+        r = await self.call(tool, **args)
+        assert r.is_error, (tool, args, text(r))
+        return r
+
+
+def make_server(workspaces: list[str], ledger_path: str | None = None,
+                limits: Limits | None = None, **kw: Any) -> StepledgerServer:
+    ledger, names, given = open_workspaces(workspaces, ledger_path)
+    tools = FileTools(ledger, names, given_roots=given, limits=limits, **kw)
+    return StepledgerServer(tools)
+
+
+@contextlib.asynccontextmanager
+async def inprocess(workspaces: list[str], ledger_path: str | None = None,
+                    **kw: Any) -> AsyncIterator[Agent]:
+    """An agent talking to a server of its own in this process (as its own process
+    would: its own ledger connection, its own view)."""
+    server = make_server(workspaces, ledger_path, **kw)
+    try:
+        async with Client(server) as client:
+            yield Agent(client)
+    finally:
+        server.tools.close()
+        server.tools.ledger.close()
+
+
+@contextlib.asynccontextmanager
+async def over_stdio(*args: str, env: dict[str, str] | None = None,
+                     cwd: str | None = None) -> AsyncIterator[Agent]:
+    """An agent that spawned `stepledger mcp ARGS` and talks to it over stdio."""
+    params = StdioServerParameters(command=stepledger_command(), args=["mcp", *args],
+                                   env=env or server_env(), cwd=cwd)
+    async with Client(params, read_timeout_seconds=60) as client:
+        yield Agent(client)

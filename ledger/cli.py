@@ -36,7 +36,7 @@ import click
 import msgspec
 
 from . import __version__
-from .db import _readonly_uri
+from .store.sqlite.file import _readonly_uri
 from .errors import (
     EXIT_ENVIRONMENT,
     EXIT_NO,

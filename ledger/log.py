@@ -19,7 +19,7 @@ from typing import Any, Final, Protocol
 import apsw
 import msgspec
 
-from .db import ROW_ERRORS, Database, read_error
+from .store.sqlite.file import ROW_ERRORS, Database, read_error
 from .errors import (
     CorruptLedger,
     IdempotencyConflict,

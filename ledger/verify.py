@@ -20,7 +20,7 @@ from typing import Any, Final
 import apsw
 import msgspec
 
-from .db import GC_LOCK_NAME, ROW_ERRORS, Database
+from .store.sqlite.file import GC_LOCK_NAME, ROW_ERRORS, Database
 from .errors import CorruptLedger, InvalidInput
 from .events import EVENT_TYPES, Planned, chain_hash, decode, envelope, journal_key
 from .log import READ_BATCH, ROW_COLUMNS, ROW_NAMES, ROW_TYPES, EventLog, Head, row_problem

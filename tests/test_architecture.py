@@ -27,7 +27,6 @@ DRIVERS = frozenset({"apsw", "sqlite3", "sqlite_utils"})
 #: Modules outside the SQLite store that still import a driver (to be emptied).
 DRIVER_IMPORTERS: dict[str, frozenset[str]] = {
     "cli.py": frozenset({"apsw", "sqlite3", "sqlite_utils"}),
-    "db.py": frozenset({"apsw"}),
     "faults.py": frozenset({"apsw"}),
     "fences.py": frozenset({"apsw"}),
     "gc/collector.py": frozenset({"apsw"}),
@@ -44,7 +43,6 @@ DRIVER_IMPORTERS: dict[str, frozenset[str]] = {
 #: How many SQL strings each module outside the SQLite store still holds (to be emptied).
 SQL_STRINGS: dict[str, int] = {
     "cli.py": 3,
-    "db.py": 32,
     "faults.py": 5,
     "fences.py": 11,
     "gc/audit.py": 8,

@@ -20,7 +20,7 @@ from ledger import (
     Planned,
     ReadOnlyLedger,
 )
-from ledger import db as dbmod
+from ledger.store.sqlite import file as dbmod
 
 from conftest import FakeClock, commit_step, copy_ledger, snapshot_dir
 
@@ -34,7 +34,7 @@ def test_init_creates_a_wal_ledger(tmp_path: Path, clock: FakeClock) -> None:
     with Ledger.init(path, clock=clock) as led:
         assert led.created
         assert not led.readonly
-        conn = led._db.conn
+        conn = led._store.db.conn
         assert conn.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
         assert conn.execute("PRAGMA application_id").fetchone()[0] == dbmod.APPLICATION_ID
         assert conn.execute("PRAGMA user_version").fetchone()[0] == dbmod.SCHEMA_VERSION

@@ -70,7 +70,7 @@ from ledger import (
     Planned,
     StaleEpoch,
 )
-from ledger import db as dbmod
+from ledger.store.sqlite import file as dbmod
 from ledger import fences as fences_mod
 from ledger.cli import cli
 from ledger.errors import BlobCorrupt, BlobNotFound

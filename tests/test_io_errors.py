@@ -321,7 +321,7 @@ def test_regression_settled_apply_records_a_rename_never_made_durable(tmp_path) 
     led = Ledger.init(tmp_path / "ledger.db")
     ops = F.FailingFileOps([F.Fault({"ws-dirfsync"})])
     led.blobs = BlobStore(led.blobs.root, ops)
-    led._db.on_op = ops.trace.append  # interleave "commit" with the file operations
+    led._store.db.on_op = ops.trace.append  # interleave "commit" with the file operations
     try:
         led.add_workspace("w", str(ws))
         epoch = led.acquire("w", "agent", ttl_s=3600).epoch

@@ -143,7 +143,7 @@ def test_a_readonly_ledger_opened_without_a_writer_sees_later_commits(
         with Ledger.open(path) as writer:  # an agent starts working
             for i in range(20):
                 writer.append(Planned(step=f"s{i}", attempt=1))
-            writer._db.conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+            writer._store.db.conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
             assert len(writer.steps()) == 20
             assert len(reader.steps()) == 20  # today: 0, forever
             assert reader.count() == 20
@@ -205,7 +205,7 @@ sys.stdin.readline()
 if role == "greedy":
     end, n = time.monotonic() + 8.0, 0
     while time.monotonic() < end:
-        with led._db.transaction():
+        with led._store.db.transaction():
             time.sleep(0.02)
         n += 1
     print(json.dumps({{"commits": n, "end": time.monotonic()}}), flush=True)

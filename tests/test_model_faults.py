@@ -532,7 +532,7 @@ class LedgerModel(RuleBasedStateMachine):
         if led is None:
             return
         assert self.disk.dead
-        db = led._db
+        db = led._store.db
         if db._lockq is not None:
             with contextlib.suppress(OSError):
                 os.close(db._lockq)
@@ -576,7 +576,7 @@ class LedgerModel(RuleBasedStateMachine):
                 self.led.close()
         for z in self.zombies:
             with contextlib.suppress(Exception):
-                z._db.conn.close(True)
+                z._store.db.conn.close(True)
         for v in self.vfss:
             with contextlib.suppress(Exception):
                 v.unregister()

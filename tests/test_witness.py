@@ -173,7 +173,7 @@ def test_silent_wal_damage_is_reported_not_passed(setup: tuple[Path, Path], tmp_
     rng = random.Random(7)
     ledger = Ledger.init(path, witness=w)
     try:
-        ledger._db.conn.execute("PRAGMA wal_autocheckpoint=0")  # keep the history in the WAL
+        ledger._store.db.conn.execute("PRAGMA wal_autocheckpoint=0")  # keep the history in the WAL
         append(ledger, 40)
         committed = ledger.head().seq
         outcomes = {"silent loss without witness": 0, "refused by witness": 0,

@@ -474,9 +474,13 @@ def summarize(kind: str, reps: list[dict[str, dict[str, Any]]]) -> dict[str, Any
 
 
 def code_digest() -> str:
-    """sha256 over the sources these figures depend on (gc, blobs, log, db, ledger)."""
+    """sha256 over the sources these figures depend on (gc, blobs, log, the store, ledger)."""
     base = os.path.dirname(os.path.abspath(ledger.__file__))
-    names = ["blobs.py", "db.py", "events.py", "ledger.py", "log.py"]
+    names = ["blobs.py", "events.py", "ledger.py", "log.py"]
+    names += [os.path.join("store", n) for n in sorted(os.listdir(os.path.join(base, "store")))
+              if n.endswith(".py")]
+    names += [os.path.join("store", "sqlite", n)
+              for n in sorted(os.listdir(os.path.join(base, "store", "sqlite"))) if n.endswith(".py")]
     names += [os.path.join("gc", n) for n in sorted(os.listdir(os.path.join(base, "gc")))
               if n.endswith(".py")]
     names += [os.path.join("projections", n)

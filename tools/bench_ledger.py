@@ -32,7 +32,7 @@ of those blobs inside the append (a stat, and a re-hash on publish) count as our
 The raw baseline writes, for the same events, the exact row the ledger writes (same
 journal keys, payload bytes, envelope columns and 32-byte hashes, precomputed outside
 the timed region) into a table created from the ledger's own DDL for ``events``
-(``ledger.db.MIGRATIONS``: seq INTEGER PRIMARY KEY, journal_key TEXT NOT NULL UNIQUE,
+(``ledger.store.sqlite.schema.MIGRATIONS``: seq INTEGER PRIMARY KEY, journal_key TEXT NOT NULL UNIQUE,
 index events_step(step, seq)): the table and its indexes only, none of the ledger's
 triggers on ``events`` nor its projection tables (steps, checkpoint, pins,
 manifests). Whatever those cost is counted as ours.
@@ -118,7 +118,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # tools/: fsinfo
 from fsinfo import fs_info  # noqa: E402
 import ledger
 from ledger import Acked, BlobStored, Ledger, ManifestEntry, ManifestPublished, Planned
-from ledger.db import BUSY_TIMEOUT_MS, MIGRATIONS
+from ledger.store.sqlite.file import BUSY_TIMEOUT_MS, MIGRATIONS
 from ledger.events import (
     EVENT_VERSION,
     AnyEvent,

@@ -58,7 +58,7 @@ The numbers
   durable file creates, in the same order: a fresh database with the same pragmas
   (WAL, ``synchronous=FULL``, default page size and auto-checkpoint, the ledger's
   busy timeout), the real ``events`` table and ``events_step`` index (DDL taken from
-  ``ledger.db.MIGRATIONS[1]``, without the ledger's triggers and projection tables)
+  ``ledger.store.sqlite.schema.MIGRATIONS[1]``, without the ledger's triggers and projection tables)
   and the real ``blob_data`` table. Each transaction is ``BEGIN IMMEDIATE; INSERT
   ...; COMMIT`` of the same event rows ours commits together, whose journal key,
   payload and hash columns have the lengths ours wrote for the same events (read back
@@ -113,7 +113,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # tools/: fsinfo
 from fsinfo import fs_info  # noqa: E402
 import ledger
 from ledger import Ledger
-from ledger.db import BUSY_TIMEOUT_MS, MIGRATIONS
+from ledger.store.sqlite.file import BUSY_TIMEOUT_MS, MIGRATIONS
 from ledger.steps import run_step
 
 KiB = 1024
@@ -217,7 +217,7 @@ def open_ours(path: str, on_op: Callable[[str], None] | None = None) -> Ledger:
 
 def ledger_conn(led: Ledger) -> apsw.Connection:
     """The ledger's apsw connection: for the untimed WAL-frame diagnostic only."""
-    return led._db.conn  # noqa: SLF001 - private, diagnostics only
+    return led._store.db.conn  # noqa: SLF001 - private, diagnostics only
 
 
 # -- raw floor -------------------------------------------------------------------------

@@ -68,7 +68,7 @@ import apsw
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # tools/: fsinfo
 from fsinfo import mount_of  # noqa: E402
 from ledger import Ledger, StepPlan, Write
-from ledger.db import BUSY_TIMEOUT_MS
+from ledger.store.sqlite.file import BUSY_TIMEOUT_MS
 from ledger.errors import (
     LeaseHeld,
     LedgerBusy,
@@ -748,7 +748,7 @@ def check(
     path = os.path.join(root, LEDGER)
     counts: dict[str, Any] = {}
     with Ledger.open(path) as led:
-        conn = led._db.conn
+        conn = led._store.db.conn
         counts["events"] = led.count()
         # -- nothing lost: every acked step is committed; nothing extra ---------------
         rows = {r.step_id: r for r in led.steps()}

@@ -38,7 +38,7 @@ import apsw
 import msgspec
 
 from ..blobs import digest_of
-from ..db import GC_LOCK_NAME, LEDGER_FILE_MODE
+from ..store.sqlite.file import GC_LOCK_NAME, LEDGER_FILE_MODE
 from ..errors import BlobCorrupt, CollectorBusy, EnvironmentFailure, InvalidInput
 from ..events import BlobCollected, Event, check_digest
 from .refs import GcRefused, compensation_refs_since, live_pins, pinned_now, read_references

@@ -22,7 +22,7 @@ from typing import Final
 import apsw
 import msgspec
 
-from ..db import Database
+from ..store.sqlite.file import Database
 from ..errors import CorruptLedger, IllegalTransition, InvalidInput
 from ..events import StepEvent
 from ..log import FOLD_COLUMNS, EventLog

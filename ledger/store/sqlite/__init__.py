@@ -24,7 +24,7 @@ from typing import Any, Final
 import apsw
 
 from ...blobs import BlobStore
-from ...db import GC_LOCK_NAME, LEDGER_FILE_MODE, ROW_ERRORS, Database, read_error
+from .file import GC_LOCK_NAME, LEDGER_FILE_MODE, ROW_ERRORS, Database, read_error
 from ...errors import CorruptLedger
 from ...events import genesis_hash
 from .. import (

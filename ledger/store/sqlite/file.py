@@ -14,13 +14,12 @@ is checked, since SQLite can answer ``delete`` on an I/O error without raising),
 write transaction (a deferred read-then-write fails with BUSY_SNAPSHOT at once,
 which no busy handler can retry).
 
-This module knows tables, not events; it imports nothing of ours but errors.
+This module knows tables, not events; of ours it imports only errors and the schema.
 """
 
 from __future__ import annotations
 
 import contextlib
-import errno
 import fcntl
 import os
 import random
@@ -32,16 +31,14 @@ import time
 import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from functools import cache
 from typing import Final, Literal
 
 import apsw
 
-from .errors import (
+from ...errors import (
     AccessDenied,
     CorruptLedger,
     InvalidInput,
-    LedgerBusy,
     LedgerError,
     LedgerNotFound,
     LedgerTooNew,
@@ -49,11 +46,25 @@ from .errors import (
     ReadOnlyLedger,
     StorageFailure,
 )
+from .errors import (
+    BUSY_TIMEOUT_MS,
+    ROW_ERRORS,
+    VALUE_SIZE_MAX,
+    access_denied,
+    read_error,
+    translate,
+    wal_path,
+)
+from .schema import (
+    APPLICATION_ID,
+    MIGRATIONS,
+    SCHEMA_VERSION,
+    check_contents,
+    expected_schema,
+    schema_changes,
+)
 
-APPLICATION_ID: Final = 0x53544C47  # 'STLG'
-SCHEMA_VERSION: Final = 3
 SQLITE_MAGIC: Final = b"SQLite format 3\x00"
-VALUE_SIZE_MAX: Final = 64 * 1024 * 1024  # SQLITE_LIMIT_LENGTH: bounds any row we read
 #: The ledger holds every version of every file a step wrote: its directory (when
 #: stepledger creates it) and its files (the database, -wal, -shm, -lockq, the GC lock)
 #: are the owner's alone. SQLite gives the -wal and -shm the database file's mode.
@@ -61,148 +72,8 @@ LEDGER_DIR_MODE: Final = 0o700
 LEDGER_FILE_MODE: Final = 0o600
 #: The collector's lock file, beside the ledger (GC holds it exclusively while it runs).
 GC_LOCK_NAME: Final = ".stepledger-gc.lock"
-#: How long a writer waits for the write lock before LedgerBusy (exit 3).
-BUSY_TIMEOUT_MS: Final = 30_000
 
 Synchronous = Literal["FULL", "EXTRA", "NORMAL", "OFF"]
-
-# Each version's statements, applied in order to reach it. The allow-list of a version
-# is whatever these statements produce in an empty database, so the two cannot drift.
-MIGRATIONS: Final[dict[int, str]] = {
-    1: """
-CREATE TABLE meta(
-  key TEXT PRIMARY KEY,
-  value TEXT NOT NULL
-) STRICT;
-
-CREATE TABLE events(
-  seq INTEGER PRIMARY KEY,
-  time_ns INTEGER NOT NULL,
-  workspace TEXT NOT NULL,
-  run TEXT NOT NULL,
-  step TEXT NOT NULL,
-  attempt INTEGER NOT NULL,
-  epoch INTEGER NOT NULL,
-  rev INTEGER NOT NULL,
-  journal_key TEXT NOT NULL UNIQUE,
-  kind TEXT NOT NULL,
-  v INTEGER NOT NULL,
-  payload BLOB NOT NULL,
-  prev_hash BLOB NOT NULL,
-  hash BLOB NOT NULL
-) STRICT;
-
-CREATE INDEX events_step ON events(step, seq);
-
-CREATE TRIGGER events_no_update BEFORE UPDATE ON events
-BEGIN SELECT RAISE(ABORT, 'stepledger events are append-only: UPDATE refused'); END;
-
-CREATE TRIGGER events_no_delete BEFORE DELETE ON events
-BEGIN SELECT RAISE(ABORT, 'stepledger events are append-only: DELETE refused'); END;
-
-CREATE TRIGGER events_no_replace BEFORE INSERT ON events
-WHEN EXISTS (SELECT 1 FROM events WHERE seq = NEW.seq OR journal_key = NEW.journal_key)
-BEGIN SELECT RAISE(ABORT, 'stepledger events are append-only: REPLACE refused'); END;
-
-CREATE TABLE projection_checkpoint(
-  name TEXT PRIMARY KEY,
-  last_seq INTEGER NOT NULL,
-  version INTEGER NOT NULL
-) STRICT, WITHOUT ROWID;
-
-CREATE TABLE steps(
-  step_id TEXT PRIMARY KEY,
-  run TEXT NOT NULL,
-  workspace TEXT NOT NULL,
-  state TEXT NOT NULL,
-  attempt INTEGER NOT NULL,
-  epoch INTEGER NOT NULL,
-  rev INTEGER NOT NULL,
-  manifest_rev INTEGER NOT NULL,
-  manifest_digest TEXT,
-  live INTEGER NOT NULL,
-  committed_bytes INTEGER NOT NULL,
-  stored_bytes INTEGER NOT NULL,
-  first_seq INTEGER NOT NULL,
-  last_seq INTEGER NOT NULL,
-  updated_ns INTEGER NOT NULL
-) STRICT, WITHOUT ROWID;
-
-CREATE TABLE blob_data(
-  digest TEXT PRIMARY KEY,
-  size INTEGER NOT NULL,
-  data BLOB NOT NULL,
-  stored_ns INTEGER NOT NULL
-) STRICT;
-
-CREATE TABLE pins(
-  step TEXT NOT NULL,
-  attempt INTEGER NOT NULL,
-  digest TEXT NOT NULL,
-  role TEXT NOT NULL,
-  seq INTEGER NOT NULL,
-  PRIMARY KEY(step, attempt, digest)
-) STRICT, WITHOUT ROWID;
-
-CREATE INDEX pins_digest ON pins(digest);
-
-CREATE TABLE manifests(
-  step TEXT NOT NULL,
-  manifest_rev INTEGER NOT NULL,
-  attempt INTEGER NOT NULL,
-  digest TEXT NOT NULL,
-  supersedes TEXT,
-  seq INTEGER NOT NULL,
-  PRIMARY KEY(step, manifest_rev)
-) STRICT, WITHOUT ROWID;
-
-CREATE TABLE manifest_entries(
-  step TEXT NOT NULL,
-  manifest_rev INTEGER NOT NULL,
-  role TEXT NOT NULL,
-  path TEXT NOT NULL,
-  digest TEXT NOT NULL,
-  size INTEGER NOT NULL,
-  PRIMARY KEY(step, manifest_rev, role, path)
-) STRICT, WITHOUT ROWID;
-
-CREATE INDEX manifest_entries_digest ON manifest_entries(digest);
-""",
-    # Workspaces (issue 4): revisions, per-path revisions and hashes, the lease.
-    2: """
-CREATE TABLE workspaces(
-  name TEXT PRIMARY KEY,
-  root TEXT NOT NULL,
-  rev INTEGER NOT NULL,
-  epoch INTEGER NOT NULL,
-  holder TEXT NOT NULL,
-  expires_ns INTEGER NOT NULL,
-  released INTEGER NOT NULL,
-  acquired_ns INTEGER NOT NULL,
-  last_seq INTEGER NOT NULL
-) STRICT, WITHOUT ROWID;
-
-CREATE TABLE ws_paths(
-  workspace TEXT NOT NULL,
-  path TEXT NOT NULL,
-  rev INTEGER NOT NULL,
-  hash TEXT,
-  seq INTEGER NOT NULL,
-  PRIMARY KEY(workspace, path)
-) STRICT, WITHOUT ROWID;
-""",
-    # GC (issue 5): blobs a collector condemned and has not collected yet. Not derived
-    # from events: the collector's own resumable state; a publish or a pin un-condemns.
-    3: """
-CREATE TABLE condemned(
-  digest TEXT PRIMARY KEY,
-  size INTEGER NOT NULL,
-  inline INTEGER NOT NULL,
-  condemned_ns INTEGER NOT NULL,
-  collection TEXT NOT NULL
-) STRICT, WITHOUT ROWID;
-""",
-}
 
 
 @dataclass(frozen=True)
@@ -212,10 +83,6 @@ class Header:
     application_id: int
     user_version: int
     wal: bool
-
-
-def wal_path(path: str) -> str:
-    return path + "-wal"
 
 
 def read_header(path: str) -> Header | None:
@@ -265,17 +132,6 @@ def read_header(path: str) -> Header | None:
     return Header(application_id, user_version, wal=head[18] == 2)
 
 
-@cache
-def expected_schema(version: int) -> frozenset[tuple[str, str, str, str | None]]:
-    """The exact sqlite_schema rows a ledger of `version` holds (the allow-list)."""
-    conn = apsw.Connection(":memory:")
-    for v in range(1, version + 1):
-        conn.execute(MIGRATIONS[v])
-    rows = conn.execute("SELECT type, name, tbl_name, sql FROM sqlite_schema").fetchall()
-    conn.close()
-    return frozenset(rows)
-
-
 def _harden(conn: apsw.Connection, *, allow_triggers: bool) -> None:
     """Settings from SQLite's security.html for a file we did not write."""
     conn.config(apsw.SQLITE_DBCONFIG_DEFENSIVE, 1)
@@ -288,134 +144,12 @@ def _harden(conn: apsw.Connection, *, allow_triggers: bool) -> None:
     conn.execute("PRAGMA mmap_size=0")
 
 
-def schema_changes(conn: apsw.Connection, version: int) -> list[str]:
-    """How the file's schema differs from the allow-list of `version`, one line per object
-    (added, dropped or changed); empty when it matches exactly."""
-    found = {(t, n): sql for t, n, _, sql in
-             conn.execute("SELECT type, name, tbl_name, sql FROM sqlite_schema")}
-    expected = {(t, n): sql for t, n, _, sql in expected_schema(version)}
-    out = []
-    for key in sorted(found.keys() | expected.keys()):
-        kind, name = key
-        if key not in found:
-            out.append(f"{kind} {name} was dropped")
-        elif key not in expected:
-            out.append(f"{kind} {name} was added")
-        elif found[key] != expected[key]:
-            out.append(f"{kind} {name} was changed")
-    return out
-
-
-def _check_contents(conn: apsw.Connection, path: str, *, forensic: bool = False) -> int:
-    """Check the application id, the version and the schema allow-list; return the version.
-
-    `forensic` (read-only opens for `verify`) accepts a schema that differs only outside
-    its tables (a dropped, changed or added trigger, view or index): every table reads as
-    a ledger's, so everything else can still be checked; `schema_changes` names the rest.
-    """
-    application_id = conn.execute("PRAGMA application_id").fetchone()[0]
-    if application_id != APPLICATION_ID:
-        raise NotALedger(path, f"SQLite application_id is {application_id:#x}, not stepledger's")
-    version = conn.execute("PRAGMA user_version").fetchone()[0]
-    if version > SCHEMA_VERSION:
-        raise LedgerTooNew(path, version, SCHEMA_VERSION)
-    if version < 1:
-        raise NotALedger(path, "it has no stepledger schema version")
-    found = frozenset(conn.execute("SELECT type, name, tbl_name, sql FROM sqlite_schema"))
-    extra = found - expected_schema(version)
-    missing = expected_schema(version) - found
-    if forensic and not {r for r in extra | missing if r[0] == "table"}:
-        return int(version)
-    if extra or missing:
-        names = sorted({f"{t} {n}" for t, n, _, _ in extra | missing})
-        raise NotALedger(
-            path, f"its schema differs from a stepledger v{version} ledger: {', '.join(names)}"
-        )
-    return int(version)
-
-
 def _readonly_uri(path: str, *, immutable: bool = False) -> str:
     """A read-only URI: `mode=ro` reads with SQLite's locks (consistent beside writers;
     creates an empty -wal and a -shm when absent); `immutable=1` takes no locks and
     creates nothing, so it is only consistent while no writer can run."""
     quoted = path.replace("?", "%3f").replace("#", "%23")
     return f"file:{quoted}?immutable=1" if immutable else f"file:{quoted}?mode=ro"
-
-
-#: What SQLite and the OS raise when a file or directory cannot be written (the cause
-#: is then looked up by `access_denied`).
-_WRITE_REFUSED: Final = (apsw.CantOpenError, apsw.ReadOnlyError, apsw.PermissionsError)
-_WRITE_REFUSED_ERRNOS: Final = frozenset({errno.EROFS, errno.EACCES, errno.EPERM})
-
-
-def access_denied(path: str, what: str = "the ledger") -> AccessDenied | None:
-    """Why `path` (a ledger file, or a directory of the ledger's) cannot be written here,
-    as a typed error naming the fix; None when nothing says so (another failure)."""
-    target = path if os.path.isdir(path) else os.path.dirname(os.path.abspath(path))
-    existing = target
-    while existing and not os.path.exists(existing):  # init: the nearest existing parent
-        existing = os.path.dirname(existing)
-    try:
-        if os.statvfs(existing or "/").f_flag & os.ST_RDONLY:
-            return AccessDenied(path, f"{existing} is on a read-only file system",
-                               f"remount it read-write or copy {what} somewhere writable")
-    except OSError:
-        pass
-    if existing and not os.access(existing, os.W_OK | os.X_OK):
-        return AccessDenied(path, f"this user may not create files in {existing} (a writer"
-                           f" creates the -wal and -shm beside the ledger, and blobs)",
-                           f"run as the owner of {what} or give this user write permission"
-                           " on the directory")
-    for p in (path, wal_path(path), path + "-shm"):
-        if os.path.isfile(p) and not os.access(p, os.W_OK):
-            return AccessDenied(path, f"this user may not write {p}",
-                               "run as its owner or make it writable (chmod u+w)")
-    return None
-
-
-def translate(exc: BaseException, path: str) -> LedgerError:
-    """Map an apsw or OS failure to our typed error (exit code 3 or 2)."""
-    if isinstance(exc, LedgerError):
-        return exc
-    if isinstance(exc, _WRITE_REFUSED) or (
-            isinstance(exc, OSError) and exc.errno in _WRITE_REFUSED_ERRNOS):
-        found = access_denied(path)
-        if found is not None:
-            return found
-    if isinstance(exc, apsw.BusyError | apsw.LockedError):
-        return LedgerBusy(path, BUSY_TIMEOUT_MS / 1000)
-    if isinstance(exc, apsw.FullError):
-        return StorageFailure(path, "the disk is full")
-    if isinstance(exc, apsw.CorruptError | apsw.NotADBError):
-        return CorruptLedger(path, str(exc))
-    if isinstance(exc, apsw.TooBigError):
-        return InvalidInput(f"a value is too large for the ledger (SQLite's limit is"
-                            f" {VALUE_SIZE_MAX} bytes): {exc}")
-    if isinstance(exc, OSError) and exc.errno == errno.ENOSPC:
-        return StorageFailure(path, "the disk is full")
-    if isinstance(exc, apsw.IOError | apsw.CantOpenError | OSError | apsw.ReadOnlyError):
-        return StorageFailure(path, f"{type(exc).__name__}: {exc}")
-    raise exc
-
-
-#: What reading a damaged row can raise: apsw decodes TEXT strictly (UnicodeDecodeError), a
-#: damaged record header yields NULL or another storage class (TypeError, ValueError).
-ROW_ERRORS: Final = (UnicodeDecodeError, TypeError, ValueError, KeyError, IndexError)
-
-
-def read_error(exc: BaseException, path: str) -> LedgerError:
-    """Map a failure while *reading* the ledger to a typed error: what translate() knows,
-    and any other SQLite error or undecodable row as a damaged ledger (exit 2)."""
-    if isinstance(exc, LedgerError):
-        return exc
-    if isinstance(exc, apsw.Error):
-        try:
-            return translate(exc, path)
-        except apsw.Error:
-            return CorruptLedger(path, f"SQLite cannot read it: {exc}")
-    if isinstance(exc, ROW_ERRORS):
-        return CorruptLedger(path, f"a row cannot be read ({type(exc).__name__}: {exc})")
-    raise exc
 
 
 def set_busy(conn: apsw.Connection, timeout_ms: int,
@@ -512,7 +246,7 @@ class Database:
         try:
             conn = _reader(path, busy_timeout_ms, vfs, immutable=False)
             # again: the file may have been swapped
-            version = _check_contents(conn, path, forensic=forensic)
+            version = check_contents(conn, path, forensic=forensic)
         except (apsw.CantOpenError, apsw.ReadOnlyError):
             # No -shm can be created here. With no committed -wal content, reading the
             # main file alone is complete, and no writer can run without creating one.
@@ -547,7 +281,7 @@ class Database:
         try:
             st = os.stat(path)
             conn = _reader(path, busy_timeout_ms, vfs, immutable=True)
-            version = _check_contents(conn, path, forensic=forensic)
+            version = check_contents(conn, path, forensic=forensic)
         except (apsw.Error, UnicodeDecodeError) as exc:
             raise NotALedger(path, f"SQLite cannot read it: {exc}") from None
         except OSError as exc:
@@ -558,7 +292,7 @@ class Database:
 
         def reopen() -> apsw.Connection:
             fresh = _reader(path, busy_timeout_ms, vfs, immutable=not os.path.exists(wal_path(path)))
-            _check_contents(fresh, path, forensic=forensic)
+            check_contents(fresh, path, forensic=forensic)
             return fresh
 
         db._reopen = reopen
@@ -578,7 +312,7 @@ class Database:
         try:
             _harden(conn, allow_triggers=False)
             set_busy(conn, busy_timeout_ms)
-            version = _check_contents(conn, path)  # again: the file may have been swapped
+            version = check_contents(conn, path)  # again: the file may have been swapped
             conn.config(apsw.SQLITE_DBCONFIG_ENABLE_TRIGGER, 1)  # our own, just verified
             _set_wal(conn, path)
             conn.execute(f"PRAGMA synchronous={_check_sync(synchronous)}")
@@ -664,7 +398,7 @@ class Database:
             # Put the header (application id, version) into the main file so that the
             # plain-I/O header check recognises the ledger from now on.
             conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
-            version = _check_contents(conn, path)
+            version = check_contents(conn, path)
             db = cls(conn, path, version, readonly=False)
             db._open_lockq(busy_timeout_ms)
             return db, created
@@ -899,7 +633,7 @@ def _judge(path: str, header: Header | None, busy_timeout_ms: int, vfs: str | No
             _remove_created(shm, shm_existed)
             raise NotALedger(path, f"SQLite cannot open it: {exc}") from None
         try:
-            version = _check_contents(conn, path, forensic=forensic)
+            version = check_contents(conn, path, forensic=forensic)
         except BaseException as exc:
             with contextlib.suppress(apsw.Error):  # the error being raised says more
                 conn.close()
@@ -1082,3 +816,11 @@ def _check_sync(value: str) -> str:
     if value not in ("FULL", "EXTRA", "NORMAL", "OFF"):
         raise InvalidInput(f"synchronous={value!r} is not one of FULL, EXTRA, NORMAL, OFF")
     return value
+
+
+__all__ = [
+    "APPLICATION_ID", "BUSY_TIMEOUT_MS", "GC_LOCK_NAME", "LEDGER_DIR_MODE", "LEDGER_FILE_MODE",
+    "MIGRATIONS", "ROW_ERRORS", "SCHEMA_VERSION", "SQLITE_MAGIC", "VALUE_SIZE_MAX", "Database",
+    "Header", "Synchronous", "access_denied", "expected_schema", "make_private", "read_error",
+    "read_header", "schema_changes", "set_busy", "translate", "wal_path",
+]

@@ -1,0 +1,102 @@
+"""What SQLite and the OS raise, as stepledger's typed errors (exit code 3 or 2)."""
+
+from __future__ import annotations
+
+import errno
+import os
+from typing import Final
+
+import apsw
+
+from ...errors import (
+    AccessDenied,
+    CorruptLedger,
+    InvalidInput,
+    LedgerBusy,
+    LedgerError,
+    StorageFailure,
+)
+
+VALUE_SIZE_MAX: Final = 64 * 1024 * 1024  # SQLITE_LIMIT_LENGTH: bounds any row we read
+#: How long a writer waits for the write lock before LedgerBusy (exit 3).
+BUSY_TIMEOUT_MS: Final = 30_000
+
+
+def wal_path(path: str) -> str:
+    return path + "-wal"
+
+
+#: What SQLite and the OS raise when a file or directory cannot be written (the cause
+#: is then looked up by `access_denied`).
+_WRITE_REFUSED: Final = (apsw.CantOpenError, apsw.ReadOnlyError, apsw.PermissionsError)
+_WRITE_REFUSED_ERRNOS: Final = frozenset({errno.EROFS, errno.EACCES, errno.EPERM})
+
+
+def access_denied(path: str, what: str = "the ledger") -> AccessDenied | None:
+    """Why `path` (a ledger file, or a directory of the ledger's) cannot be written here,
+    as a typed error naming the fix; None when nothing says so (another failure)."""
+    target = path if os.path.isdir(path) else os.path.dirname(os.path.abspath(path))
+    existing = target
+    while existing and not os.path.exists(existing):  # init: the nearest existing parent
+        existing = os.path.dirname(existing)
+    try:
+        if os.statvfs(existing or "/").f_flag & os.ST_RDONLY:
+            return AccessDenied(path, f"{existing} is on a read-only file system",
+                               f"remount it read-write or copy {what} somewhere writable")
+    except OSError:
+        pass
+    if existing and not os.access(existing, os.W_OK | os.X_OK):
+        return AccessDenied(path, f"this user may not create files in {existing} (a writer"
+                           f" creates the -wal and -shm beside the ledger, and blobs)",
+                           f"run as the owner of {what} or give this user write permission"
+                           " on the directory")
+    for p in (path, wal_path(path), path + "-shm"):
+        if os.path.isfile(p) and not os.access(p, os.W_OK):
+            return AccessDenied(path, f"this user may not write {p}",
+                               "run as its owner or make it writable (chmod u+w)")
+    return None
+
+
+def translate(exc: BaseException, path: str) -> LedgerError:
+    """Map an apsw or OS failure to our typed error (exit code 3 or 2)."""
+    if isinstance(exc, LedgerError):
+        return exc
+    if isinstance(exc, _WRITE_REFUSED) or (
+            isinstance(exc, OSError) and exc.errno in _WRITE_REFUSED_ERRNOS):
+        found = access_denied(path)
+        if found is not None:
+            return found
+    if isinstance(exc, apsw.BusyError | apsw.LockedError):
+        return LedgerBusy(path, BUSY_TIMEOUT_MS / 1000)
+    if isinstance(exc, apsw.FullError):
+        return StorageFailure(path, "the disk is full")
+    if isinstance(exc, apsw.CorruptError | apsw.NotADBError):
+        return CorruptLedger(path, str(exc))
+    if isinstance(exc, apsw.TooBigError):
+        return InvalidInput(f"a value is too large for the ledger (SQLite's limit is"
+                            f" {VALUE_SIZE_MAX} bytes): {exc}")
+    if isinstance(exc, OSError) and exc.errno == errno.ENOSPC:
+        return StorageFailure(path, "the disk is full")
+    if isinstance(exc, apsw.IOError | apsw.CantOpenError | OSError | apsw.ReadOnlyError):
+        return StorageFailure(path, f"{type(exc).__name__}: {exc}")
+    raise exc
+
+
+#: What reading a damaged row can raise: apsw decodes TEXT strictly (UnicodeDecodeError), a
+#: damaged record header yields NULL or another storage class (TypeError, ValueError).
+ROW_ERRORS: Final = (UnicodeDecodeError, TypeError, ValueError, KeyError, IndexError)
+
+
+def read_error(exc: BaseException, path: str) -> LedgerError:
+    """Map a failure while *reading* the ledger to a typed error: what translate() knows,
+    and any other SQLite error or undecodable row as a damaged ledger (exit 2)."""
+    if isinstance(exc, LedgerError):
+        return exc
+    if isinstance(exc, apsw.Error):
+        try:
+            return translate(exc, path)
+        except apsw.Error:
+            return CorruptLedger(path, f"SQLite cannot read it: {exc}")
+    if isinstance(exc, ROW_ERRORS):
+        return CorruptLedger(path, f"a row cannot be read ({type(exc).__name__}: {exc})")
+    raise exc

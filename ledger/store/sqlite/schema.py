@@ -1,0 +1,213 @@
+"""The ledger's schema: its migrations, the allow-list they imply, and the check of a file
+against it (application id, version, every schema object).
+
+The allow-list of a version is whatever its migrations produce in an empty database, so
+the two cannot drift.
+"""
+
+from __future__ import annotations
+
+from functools import cache
+from typing import Final
+
+import apsw
+
+from ...errors import LedgerTooNew, NotALedger
+
+APPLICATION_ID: Final = 0x53544C47  # 'STLG'
+SCHEMA_VERSION: Final = 3
+
+# Each version's statements, applied in order to reach it. The allow-list of a version
+# is whatever these statements produce in an empty database, so the two cannot drift.
+MIGRATIONS: Final[dict[int, str]] = {
+    1: """
+CREATE TABLE meta(
+  key TEXT PRIMARY KEY,
+  value TEXT NOT NULL
+) STRICT;
+
+CREATE TABLE events(
+  seq INTEGER PRIMARY KEY,
+  time_ns INTEGER NOT NULL,
+  workspace TEXT NOT NULL,
+  run TEXT NOT NULL,
+  step TEXT NOT NULL,
+  attempt INTEGER NOT NULL,
+  epoch INTEGER NOT NULL,
+  rev INTEGER NOT NULL,
+  journal_key TEXT NOT NULL UNIQUE,
+  kind TEXT NOT NULL,
+  v INTEGER NOT NULL,
+  payload BLOB NOT NULL,
+  prev_hash BLOB NOT NULL,
+  hash BLOB NOT NULL
+) STRICT;
+
+CREATE INDEX events_step ON events(step, seq);
+
+CREATE TRIGGER events_no_update BEFORE UPDATE ON events
+BEGIN SELECT RAISE(ABORT, 'stepledger events are append-only: UPDATE refused'); END;
+
+CREATE TRIGGER events_no_delete BEFORE DELETE ON events
+BEGIN SELECT RAISE(ABORT, 'stepledger events are append-only: DELETE refused'); END;
+
+CREATE TRIGGER events_no_replace BEFORE INSERT ON events
+WHEN EXISTS (SELECT 1 FROM events WHERE seq = NEW.seq OR journal_key = NEW.journal_key)
+BEGIN SELECT RAISE(ABORT, 'stepledger events are append-only: REPLACE refused'); END;
+
+CREATE TABLE projection_checkpoint(
+  name TEXT PRIMARY KEY,
+  last_seq INTEGER NOT NULL,
+  version INTEGER NOT NULL
+) STRICT, WITHOUT ROWID;
+
+CREATE TABLE steps(
+  step_id TEXT PRIMARY KEY,
+  run TEXT NOT NULL,
+  workspace TEXT NOT NULL,
+  state TEXT NOT NULL,
+  attempt INTEGER NOT NULL,
+  epoch INTEGER NOT NULL,
+  rev INTEGER NOT NULL,
+  manifest_rev INTEGER NOT NULL,
+  manifest_digest TEXT,
+  live INTEGER NOT NULL,
+  committed_bytes INTEGER NOT NULL,
+  stored_bytes INTEGER NOT NULL,
+  first_seq INTEGER NOT NULL,
+  last_seq INTEGER NOT NULL,
+  updated_ns INTEGER NOT NULL
+) STRICT, WITHOUT ROWID;
+
+CREATE TABLE blob_data(
+  digest TEXT PRIMARY KEY,
+  size INTEGER NOT NULL,
+  data BLOB NOT NULL,
+  stored_ns INTEGER NOT NULL
+) STRICT;
+
+CREATE TABLE pins(
+  step TEXT NOT NULL,
+  attempt INTEGER NOT NULL,
+  digest TEXT NOT NULL,
+  role TEXT NOT NULL,
+  seq INTEGER NOT NULL,
+  PRIMARY KEY(step, attempt, digest)
+) STRICT, WITHOUT ROWID;
+
+CREATE INDEX pins_digest ON pins(digest);
+
+CREATE TABLE manifests(
+  step TEXT NOT NULL,
+  manifest_rev INTEGER NOT NULL,
+  attempt INTEGER NOT NULL,
+  digest TEXT NOT NULL,
+  supersedes TEXT,
+  seq INTEGER NOT NULL,
+  PRIMARY KEY(step, manifest_rev)
+) STRICT, WITHOUT ROWID;
+
+CREATE TABLE manifest_entries(
+  step TEXT NOT NULL,
+  manifest_rev INTEGER NOT NULL,
+  role TEXT NOT NULL,
+  path TEXT NOT NULL,
+  digest TEXT NOT NULL,
+  size INTEGER NOT NULL,
+  PRIMARY KEY(step, manifest_rev, role, path)
+) STRICT, WITHOUT ROWID;
+
+CREATE INDEX manifest_entries_digest ON manifest_entries(digest);
+""",
+    # Workspaces (issue 4): revisions, per-path revisions and hashes, the lease.
+    2: """
+CREATE TABLE workspaces(
+  name TEXT PRIMARY KEY,
+  root TEXT NOT NULL,
+  rev INTEGER NOT NULL,
+  epoch INTEGER NOT NULL,
+  holder TEXT NOT NULL,
+  expires_ns INTEGER NOT NULL,
+  released INTEGER NOT NULL,
+  acquired_ns INTEGER NOT NULL,
+  last_seq INTEGER NOT NULL
+) STRICT, WITHOUT ROWID;
+
+CREATE TABLE ws_paths(
+  workspace TEXT NOT NULL,
+  path TEXT NOT NULL,
+  rev INTEGER NOT NULL,
+  hash TEXT,
+  seq INTEGER NOT NULL,
+  PRIMARY KEY(workspace, path)
+) STRICT, WITHOUT ROWID;
+""",
+    # GC (issue 5): blobs a collector condemned and has not collected yet. Not derived
+    # from events: the collector's own resumable state; a publish or a pin un-condemns.
+    3: """
+CREATE TABLE condemned(
+  digest TEXT PRIMARY KEY,
+  size INTEGER NOT NULL,
+  inline INTEGER NOT NULL,
+  condemned_ns INTEGER NOT NULL,
+  collection TEXT NOT NULL
+) STRICT, WITHOUT ROWID;
+""",
+}
+
+
+@cache
+def expected_schema(version: int) -> frozenset[tuple[str, str, str, str | None]]:
+    """The exact sqlite_schema rows a ledger of `version` holds (the allow-list)."""
+    conn = apsw.Connection(":memory:")
+    for v in range(1, version + 1):
+        conn.execute(MIGRATIONS[v])
+    rows = conn.execute("SELECT type, name, tbl_name, sql FROM sqlite_schema").fetchall()
+    conn.close()
+    return frozenset(rows)
+
+
+def schema_changes(conn: apsw.Connection, version: int) -> list[str]:
+    """How the file's schema differs from the allow-list of `version`, one line per object
+    (added, dropped or changed); empty when it matches exactly."""
+    found = {(t, n): sql for t, n, _, sql in
+             conn.execute("SELECT type, name, tbl_name, sql FROM sqlite_schema")}
+    expected = {(t, n): sql for t, n, _, sql in expected_schema(version)}
+    out = []
+    for key in sorted(found.keys() | expected.keys()):
+        kind, name = key
+        if key not in found:
+            out.append(f"{kind} {name} was dropped")
+        elif key not in expected:
+            out.append(f"{kind} {name} was added")
+        elif found[key] != expected[key]:
+            out.append(f"{kind} {name} was changed")
+    return out
+
+
+def check_contents(conn: apsw.Connection, path: str, *, forensic: bool = False) -> int:
+    """Check the application id, the version and the schema allow-list; return the version.
+
+    `forensic` (read-only opens for `verify`) accepts a schema that differs only outside
+    its tables (a dropped, changed or added trigger, view or index): every table reads as
+    a ledger's, so everything else can still be checked; `schema_changes` names the rest.
+    """
+    application_id = conn.execute("PRAGMA application_id").fetchone()[0]
+    if application_id != APPLICATION_ID:
+        raise NotALedger(path, f"SQLite application_id is {application_id:#x}, not stepledger's")
+    version = conn.execute("PRAGMA user_version").fetchone()[0]
+    if version > SCHEMA_VERSION:
+        raise LedgerTooNew(path, version, SCHEMA_VERSION)
+    if version < 1:
+        raise NotALedger(path, "it has no stepledger schema version")
+    found = frozenset(conn.execute("SELECT type, name, tbl_name, sql FROM sqlite_schema"))
+    extra = found - expected_schema(version)
+    missing = expected_schema(version) - found
+    if forensic and not {r for r in extra | missing if r[0] == "table"}:
+        return int(version)
+    if extra or missing:
+        names = sorted({f"{t} {n}" for t, n, _, _ in extra | missing})
+        raise NotALedger(
+            path, f"its schema differs from a stepledger v{version} ledger: {', '.join(names)}"
+        )
+    return int(version)

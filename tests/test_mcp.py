@@ -24,7 +24,8 @@ import pytest
 from mcp_agents import ROOT, inprocess, text
 
 from ledger import Ledger
-from ledger.mcp.service import Limits, holder_is_dead, holder_name
+from ledger.mcp.leases import holder_is_dead, holder_name
+from ledger.mcp.service import Limits
 
 REFERENCE_TOOLS = {"read_text_file", "read_multiple_files", "write_file", "edit_file",
                    "create_directory", "list_directory", "list_directory_with_sizes",

@@ -127,6 +127,25 @@ def test_two_clients_two_processes_one_workspace(repo: Path) -> None:
     run(go)
 
 
+def test_servers_started_at_once_on_a_fresh_workspace(repo: Path) -> None:
+    """Four clients spawn their servers at the same moment on a directory without a
+    ledger: one creates it, all register the same workspace, every write lands."""
+    async def go() -> None:
+        async def client(n: int) -> None:
+            async with over_stdio("--workspace", str(repo)) as agent:
+                await agent.ok("write_file", path=f"c{n}.txt", content=f"{n}\n")
+
+        async with anyio.create_task_group() as tg:
+            for n in range(4):
+                tg.start_soon(client, n)
+        assert sorted(p.name for p in repo.glob("c*.txt")) == [f"c{n}.txt" for n in range(4)]
+        with Ledger.open(repo / ".stepledger" / "ledger.db", readonly=True) as led:
+            assert [w.name for w in led.workspaces()] == ["repo"]
+        verify_clean(repo)
+
+    run(go)
+
+
 async def _killed_write(repo: Path, tmp_path: Path, stage: str, tool: str,
                         args: dict[str, Any]) -> None:
     """Start a server paused at `stage` of its next write, make the write, SIGKILL the

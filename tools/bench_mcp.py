@@ -3,8 +3,8 @@
 
 Run from the repository root::
 
-    .venv/bin/python tools/bench_mcp.py            # 1 and 4 clients, 300 calls each
-    .venv/bin/python tools/bench_mcp.py --quick    # 100 calls per client
+    .venv/bin/python tools/bench_mcp.py            # 1 and 4 clients, 300 calls each, 3 rounds
+    .venv/bin/python tools/bench_mcp.py --quick    # 100 calls per client, 1 round
     .venv/bin/python tools/bench_mcp.py --json     # machine-readable results on stdout
     .venv/bin/python tools/bench_mcp.py --dir DIR  # scratch directories under DIR
 
@@ -29,7 +29,9 @@ the wall time of the whole run.
   server does, with no fsync, no history, no fence.
 
 The ratio is stepledger / plain in the same run, same disk: the price of the ledger's
-durability and fencing, per call, next to the protocol round trip.
+durability and fencing, per call, next to the protocol round trip. Each case runs
+`--rounds` times, the two servers alternating, and the medians are compared (on a
+shared machine a single round swings by a factor of two).
 """
 
 from __future__ import annotations
@@ -38,6 +40,7 @@ import argparse
 import json
 import os
 import shutil
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -142,11 +145,8 @@ async def _run(kind: str, workspace: Path, clients: int, calls: int) -> dict[str
     times: list[float] = []
     errors: list[str] = []
     start = anyio.Event()
-    ready = 0
-    wall = 0.0
 
     async def one(n: int) -> None:
-        nonlocal ready
         await _client(params, f"{kind}-{n}", calls, times, errors, start)
 
     async with anyio.create_task_group() as tg:
@@ -180,6 +180,8 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true", help="100 calls per client")
     parser.add_argument("--calls", type=int, help="calls per client (default 300)")
     parser.add_argument("--clients", type=int, nargs="+", default=[1, 4])
+    parser.add_argument("--rounds", type=int, help="rounds per case, alternating the two"
+                        " servers (default 3; --quick: 1); the medians are compared")
     parser.add_argument("--json", action="store_true", help="results as JSON on stdout")
     parser.add_argument("--dir", help="where the scratch workspaces go")
     parser.add_argument("--serve-plain", metavar="DIR", help=argparse.SUPPRESS)
@@ -190,30 +192,40 @@ def main() -> None:
     import anyio
 
     calls = args.calls or (100 if args.quick else 300)
+    rounds = args.rounds or (1 if args.quick else 3)
     rows = []
     with tempfile.TemporaryDirectory(dir=args.dir, prefix="bench-mcp-") as tmp:
         for clients in args.clients:
-            got = {}
-            for kind in ("plain", "stepledger"):
-                ws = Path(tmp) / f"{kind}-{clients}"
-                ws.mkdir()
-                got[kind] = anyio.run(_run, kind, ws, clients, calls)
-                if got[kind]["errors"]:
-                    sys.exit(f"{kind} with {clients} clients: {got[kind]['errors']} calls failed:"
-                             f" {got[kind]['first_error']}")
-            rows.append({"clients": clients, "calls": got["plain"]["calls"],
-                         "stepledger": got["stepledger"], "plain": got["plain"],
-                         "ratio": got["stepledger"]["calls_per_s"] / got["plain"]["calls_per_s"]})
+            got: dict[str, list[dict[str, Any]]] = {"plain": [], "stepledger": []}
+            for r in range(rounds):  # alternating, so a change of load hits both sides
+                for kind in ("plain", "stepledger"):
+                    ws = Path(tmp) / f"{kind}-{clients}-{r}"
+                    ws.mkdir()
+                    one = anyio.run(_run, kind, ws, clients, calls)
+                    if one["errors"]:
+                        sys.exit(f"{kind} with {clients} clients: {one['errors']} calls failed:"
+                                 f" {one['first_error']}")
+                    got[kind].append(one)
+            med = {k: statistics.median(x["calls_per_s"] for x in v) for k, v in got.items()}
+            rows.append({"clients": clients, "calls": clients * calls, "rounds": rounds,
+                         "stepledger_calls_per_s": med["stepledger"],
+                         "plain_calls_per_s": med["plain"],
+                         "ratio": med["stepledger"] / med["plain"],
+                         "ratios_per_round": [s["calls_per_s"] / p["calls_per_s"] for s, p in
+                                              zip(got["stepledger"], got["plain"], strict=True)],
+                         "runs": got})
         fs = _fs(Path(tmp))
     if args.json:
         print(json.dumps({"fs": fs, "calls_per_client": calls, "rows": rows}, indent=2))
         return
     print(f"stepledger mcp vs a plain MCP file server, over stdio ({fs}; {calls} calls per"
-          " client, write_file and edit_file alternating)")
-    print(f"{'clients':>7} {'calls':>6} {'stepledger calls/s':>19} {'plain calls/s':>14} {'ratio':>7}")
+          f" client, write_file and edit_file alternating; median of {rounds} rounds)")
+    print(f"{'clients':>7} {'calls':>6} {'stepledger calls/s':>19} {'plain calls/s':>14}"
+          f" {'ratio':>7}  per round")
     for r in rows:
-        print(f"{r['clients']:>7} {r['calls']:>6} {r['stepledger']['calls_per_s']:>19.0f}"
-              f" {r['plain']['calls_per_s']:>14.0f} {r['ratio']:>6.2f}x")
+        per = " ".join(f"{x:.2f}" for x in r["ratios_per_round"])
+        print(f"{r['clients']:>7} {r['calls']:>6} {r['stepledger_calls_per_s']:>19.0f}"
+              f" {r['plain_calls_per_s']:>14.0f} {r['ratio']:>6.2f}x  {per}")
     print("target: >= 0.5x")
 
 

@@ -404,6 +404,28 @@ def _workspace_name(root: str, taken: set[str]) -> str:
     return name
 
 
+def _register(ledger: Ledger, real: str, echo: Callable[[str], None] | None) -> str:
+    """The name of the workspace whose root is `real`, registering it if none is (under
+    its base name; another server registering at the same time is no harm: the same
+    name and directory again is a no-op, a name taken meanwhile is chosen again)."""
+    for _ in range(5):
+        rows = {w.name: w for w in ledger.workspaces()}
+        name = next((w.name for w in rows.values() if w.root == real), None)
+        if name is not None:
+            return name
+        name = _workspace_name(real, set(rows))
+        try:
+            ledger.add_workspace(name, real)
+        except InvalidInput:
+            if name not in {w.name for w in ledger.workspaces()}:
+                raise  # not a race: the directory itself is refused
+            continue
+        if echo is not None:
+            echo(f"stepledger mcp: registered workspace {name!r} ({real})")
+        return name
+    raise InvalidInput(f"could not register {real} as a workspace: its name kept being taken")
+
+
 def open_workspaces(specs: Sequence[str], ledger_path: str | None, *,
                     witness: str | None = None, create: bool = True,
                     echo: Callable[[str], None] | None = None
@@ -420,11 +442,9 @@ def open_workspaces(specs: Sequence[str], ledger_path: str | None, *,
             raise InvalidInput(f"--workspace {first}: not a directory (a workspace NAME needs"
                                " --ledger PATH, the ledger that registered it)")
         ledger_path = os.path.join(os.path.realpath(first), ".stepledger", "ledger.db")
-    if os.path.exists(ledger_path):
-        ledger = Ledger.open(ledger_path, witness=witness)
-    elif create:
+    if create:  # init opens the ledger that is there; several servers may start at once
         ledger = Ledger.init(ledger_path, witness=witness)
-        if echo is not None:
+        if ledger.created and echo is not None:
             echo(f"stepledger mcp: created ledger {os.path.abspath(ledger_path)}")
     else:
         ledger = Ledger.open(ledger_path, witness=witness)  # raises LedgerNotFound
@@ -435,12 +455,7 @@ def open_workspaces(specs: Sequence[str], ledger_path: str | None, *,
             rows = {w.name: w for w in ledger.workspaces()}
             if os.path.isdir(spec):
                 real = os.path.realpath(spec)
-                name = next((w.name for w in rows.values() if w.root == real), None)
-                if name is None:
-                    name = _workspace_name(real, set(rows))
-                    ledger.add_workspace(name, real)
-                    if echo is not None:
-                        echo(f"stepledger mcp: registered workspace {name!r} ({real})")
+                name = _register(ledger, real, echo)
                 given[name] = os.path.abspath(spec)
             elif spec in rows:
                 name = spec

@@ -31,30 +31,25 @@ from __future__ import annotations
 
 import contextlib
 import datetime as dt
-import fcntl
 import hashlib
 import logging
 import os
-import random
 import re
-import socket
 import stat
 import threading
 import time
 import uuid
 from collections import OrderedDict, deque
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Final
 
 from ledger import (
-    BlobNotFound,
     Compensated,
     CompensationWindowClosed,
     Fenced,
     IllegalTransition,
     LeaseAcquired,
-    LeaseHeld,
     LeaseReleased,
     Ledger,
     LedgerError,
@@ -67,12 +62,12 @@ from ledger import (
     StaleEpoch,
     StepPlan,
     StepRow,
-    UnknownStep,
     Write,
 )
 
 from .edits import EditRefused, apply_edits, unified_diff
 from .fs import Boundary, Confined, Entry, FsRefused, glob_match
+from .leases import LeaseBusy, Leases, holder_name
 
 log = logging.getLogger("stepledger.mcp")
 
@@ -190,58 +185,6 @@ class Workspace:
     fs: Confined
 
 
-# -- the lease holder -----------------------------------------------------------------------
-
-
-def _start_time(pid: int) -> str | None:
-    """The process's start time (clock ticks since boot, Linux), to tell a reused pid."""
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            raw = f.read().decode("ascii", "replace")
-    except OSError:
-        return None
-    fields = raw[raw.rfind(")") + 2:].split()
-    return fields[19] if len(fields) > 19 else None
-
-
-def holder_name() -> str:
-    host = re.sub(r"[^A-Za-z0-9.-]", "-", socket.gethostname())[:64] or "host"
-    return f"stepledger-mcp@{host}:{os.getpid()}:{_start_time(os.getpid()) or 0}"
-
-
-def holder_is_dead(holder: str) -> bool:
-    """Whether `holder` names a stepledger-mcp process of this machine that is gone (or
-    a zombie, or whose pid now belongs to another process). Unknown holders are alive."""
-    m = re.fullmatch(r"stepledger-mcp@(?P<host>[^:]+):(?P<pid>\d+):(?P<start>\d+)", holder)
-    if m is None:
-        return False
-    host = re.sub(r"[^A-Za-z0-9.-]", "-", socket.gethostname())[:64] or "host"
-    if m["host"] != host:
-        return False
-    pid = int(m["pid"])
-    if pid == os.getpid():
-        return holder != holder_name()  # our own name: a lease this process left is ours
-    if os.path.isdir("/proc"):
-        try:
-            with open(f"/proc/{pid}/stat", "rb") as f:
-                raw = f.read().decode("ascii", "replace")
-        except FileNotFoundError:
-            return True
-        except OSError:
-            return False
-        rest = raw[raw.rfind(")") + 2:].split()
-        if rest and rest[0] in ("Z", "X"):
-            return True
-        return m["start"] != "0" and len(rest) > 19 and rest[19] != m["start"]
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return True
-    except OSError:
-        return False
-    return False
-
-
 # -- a test seam ----------------------------------------------------------------------------
 
 #: Tests only: ``STAGE:MARKER`` makes a write stop for good at STAGE (after-admit,
@@ -289,17 +232,12 @@ class FileTools:
             raise ToolFailure("serve at least one workspace")
         self.ledger = ledger
         self.lock = threading.RLock()
-        self.lease_ttl_s, self.lease_wait_s = lease_ttl_s, lease_wait_s
-        self.lease_linger_s = lease_linger_s
-        self._held: dict[str, list[Any]] = {}  # workspace -> [epoch, keep-until (monotonic)]
-        self._slots: dict[str, _Slot] = {}
-        self._timer: threading.Timer | None = None
-        self._last_write = 0.0
-        self._reused = False
-        self._closed = False
         self.limits = limits or Limits()
-        self.holder = holder or holder_name()
         self.notices: deque[str] = deque(maxlen=50)
+        self.leases = Leases(ledger, self.lock, self.notices, holder=holder or holder_name(),
+                             ttl_s=lease_ttl_s, wait_s=lease_wait_s, linger_s=lease_linger_s)
+        self.holder = self.leases.holder
+        self.lease_ttl_s = lease_ttl_s
         ledger_dir = os.path.dirname(os.path.abspath(ledger.path))
         witness = ledger.witness_status().witness
         self.workspaces: list[Workspace] = []
@@ -315,6 +253,7 @@ class FileTools:
                 name, reg.root, tuple(sorted(prefixes, key=len, reverse=True)), reg.allow_git,
                 Confined(name, reg.root, reg.identity, boundary)))
         self.default = self.workspaces[0]
+        self.leases.workspaces = [w.name for w in self.workspaces]
 
     # -- plumbing -----------------------------------------------------------------------
 
@@ -366,7 +305,7 @@ class FileTools:
     def _fail(self, exc: BaseException) -> ToolFailure:
         if isinstance(exc, ToolFailure):
             return exc
-        if isinstance(exc, LedgerError | FsRefused | EditRefused):
+        if isinstance(exc, LedgerError | FsRefused | EditRefused | LeaseBusy):
             return ToolFailure(one_line(str(exc)))
         if isinstance(exc, OSError):
             return ToolFailure(one_line(f"{exc.strerror or exc}"
@@ -405,135 +344,9 @@ class FileTools:
             raise ToolFailure(f"{shown} is not UTF-8 text (byte {exc.start} is not valid"
                               " UTF-8): a binary file is not read as text") from None
 
-    # -- leases -------------------------------------------------------------------------
-
-    def _slot(self, ws: Workspace) -> _Slot:
-        slot = self._slots.get(ws.name)
-        if slot is None:
-            slot = self._slots[ws.name] = _Slot(self.ledger.path, ws.name)
-        return slot
-
-    @contextlib.contextmanager
-    def _lease(self, ws: Workspace) -> Iterator[int]:
-        """The workspace's lease for one call (held under `self.lock`).
-
-        Taken fresh — first this machine's slot for the workspace (a lock file beside
-        the ledger: servers queue there instead of polling the ledger), then `acquire`
-        (waiting a bounded time for a live holder of another kind; a dead local holder
-        is taken over) — or, when this server took it less than `lease_linger_s` ago
-        and nobody waits for the slot, the lease it still holds. Released after the
-        call when someone waits, else after `lease_linger_s` without a write."""
-        held = self._held.get(ws.name)
-        slot = self._slot(ws)
-        now = time.monotonic()
-        if held is not None and (now >= held[1] or slot.waiters()):
-            self._let_go(ws)
-            held = None
-        self._reused = held is not None
-        if held is None:
-            epoch, expires = self._take(ws, slot)
-            held = self._held[ws.name] = [epoch, expires]
-        try:
-            yield held[0]
-        except StaleEpoch:
-            self._held.pop(ws.name, None)  # taken over: it is not ours to release
-            slot.release()
-            raise
-        finally:
-            if ws.name in self._held:
-                if self.lease_linger_s <= 0 or slot.waiters():
-                    self._let_go(ws)
-                else:
-                    self._idle_release_later()
-
-    def _take(self, ws: Workspace, slot: _Slot) -> tuple[int, float]:
-        deadline = time.monotonic() + self.lease_wait_s
-        if not slot.acquire(deadline):
-            raise ToolFailure(f"workspace {ws.name!r}: another stepledger mcp server kept it"
-                              f" busy for {self.lease_wait_s:g}s; nothing was written; retry the"
-                              " call (with the same requestId)")
-        delay = 0.002
-        try:
-            while True:
-                try:
-                    lease = self.ledger.acquire(ws.name, holder=self.holder,
-                                                ttl_s=self.lease_ttl_s)
-                    break
-                except LeaseHeld as held:
-                    if holder_is_dead(held.holder):
-                        lease = self.ledger.acquire(ws.name, holder=self.holder,
-                                                    ttl_s=self.lease_ttl_s, force=True)
-                        self.notices.append(f"{iso(time.time_ns())}: took over workspace"
-                                            f" {ws.name!r} from {held.holder} (that process"
-                                            " is gone)")
-                        break
-                    if time.monotonic() >= deadline:
-                        raise ToolFailure(one_line(
-                            f"workspace {ws.name!r} stayed leased by {held.holder} for"
-                            f" {self.lease_wait_s:g}s; nothing was written; retry the call"
-                            " (with the same requestId)")) from None
-                    time.sleep(delay * (0.5 + random.random()))
-                    delay = min(delay * 2, 0.1)
-        except BaseException:
-            slot.release()
-            raise
-        for c in lease.conflicts:
-            self.notices.append(f"{iso(time.time_ns())}: settling step {c.step} left {c.path}"
-                                " as found (it no longer held what that step wrote): a person"
-                                " decides")
-        # kept no longer than half its TTL, so a kept lease never lapses mid-call
-        return lease.epoch, time.monotonic() + self.lease_ttl_s / 2
-
-    def _let_go(self, ws: Workspace) -> None:
-        held = self._held.pop(ws.name, None)
-        if held is not None:
-            with contextlib.suppress(LedgerError):
-                self.ledger.release(ws.name, held[0])
-        self._slot(ws).release()
-
-    def _idle_release_later(self) -> None:
-        self._last_write = time.monotonic()
-        if self._timer is None:
-            self._schedule_idle()
-
-    def _schedule_idle(self) -> None:
-        # look every 20 ms: a server that starts waiting gets the lease within that
-        self._timer = threading.Timer(min(self.lease_linger_s, 0.02), self._idle)
-        self._timer.daemon = True
-        self._timer.start()
-
-    def _idle(self) -> None:
-        try:
-            with self.lock:
-                self._timer = None
-                if not self._held or self._closed:
-                    return
-                idle = time.monotonic() - self._last_write >= self.lease_linger_s
-                kept = 0
-                for ws in self.workspaces:
-                    if ws.name in self._held:
-                        if idle or self._slot(ws).waiters():
-                            self._let_go(ws)
-                        else:
-                            kept += 1
-                if kept:
-                    self._schedule_idle()
-        except Exception:  # a timer thread never raises: the next call or close cleans up
-            log.exception("releasing an idle lease")
-
     def close(self) -> None:
-        """Release every lease this server still holds (and its slots)."""
-        with self.lock:
-            self._closed = True
-            if self._timer is not None:
-                self._timer.cancel()
-                self._timer = None
-            for ws in self.workspaces:
-                with contextlib.suppress(Exception):
-                    self._let_go(ws)
-            for slot in self._slots.values():
-                slot.close()
-            self._slots.clear()
+        """Release every lease this server still holds."""
+        self.leases.close()
 
     # -- reads --------------------------------------------------------------------------
 
@@ -645,7 +458,7 @@ class FileTools:
             try:
                 return self._commit_once(view, build, ws, request_id, who, matches)
             except StaleEpoch:
-                if not self._reused:
+                if not self.leases.reused:
                     raise
             # the lease this server kept between calls was taken over (forced): nothing
             # of this call was committed; take a lease anew and run it once more
@@ -656,7 +469,7 @@ class FileTools:
                      matches: Callable[[tuple[PlannedWrite, ...]], bool]) -> Result:
         step = self._step_id(ws, request_id)
         if request_id is not None and self.ledger.find_step(step) is not None:
-            with self._lease(ws) as epoch:
+            with self.leases.hold(ws.name) as epoch:
                 return self._replay(view, ws, step, epoch, matches)
         try:
             change = build()
@@ -670,7 +483,7 @@ class FileTools:
         if size > self.limits.write_bytes:
             raise ToolFailure(f"the new content is {size} bytes, more than the"
                               f" {self.limits.write_bytes} one call may write")
-        with self._lease(ws) as epoch:
+        with self.leases.hold(ws.name) as epoch:
             if request_id is not None and self.ledger.find_step(step) is not None:
                 return self._replay(view, ws, step, epoch, matches)  # raced a retry
             plans = [StepPlan(step, change.writes, run=who)]
@@ -925,7 +738,12 @@ class FileTools:
                 template, seen = self._fence(view, ws_, rel, f.get("expectedHash"), what=tool)
                 assert template is not None
                 before = None
-                if kind == "edits" and template.pre_hash is not None:
+                if (kind == "edits" and template.pre_hash is not None and seen is not None
+                        and seen.hash == template.pre_hash and seen.content is not None):
+                    # the bytes the client read, kept: the edits are made to them, and
+                    # the ledger's fence refuses them if the file no longer holds them
+                    before = seen.content
+                elif kind == "edits" and template.pre_hash is not None:
                     got = self._read(ws_, rel)
                     if got.pre_hash == template.pre_hash and (
                             template.base_rev is None or got.rev == template.base_rev):
@@ -1245,12 +1063,12 @@ class FileTools:
                                   " undo")
             for retry in (False, True):
                 try:
-                    with self._lease(ws) as epoch:
+                    with self.leases.hold(ws.name) as epoch:
                         comp = self.ledger.compensate(step, epoch=epoch,
                                                       reason=one_line(f"undo by {who}")[:200])
                     break
                 except StaleEpoch:
-                    if retry or not self._reused:  # a kept lease taken over: once more
+                    if retry or not self.leases.reused:  # a kept lease taken over: once more
                         raise
                 except CompensationWindowClosed as exc:
                     raise ToolFailure(one_line(str(exc)) + " (write the old content back with"
@@ -1420,78 +1238,6 @@ class FileTools:
         return out
 
 
-class _Slot:
-    """This machine's queue for one workspace's lease among stepledger mcp servers: two
-    lock files beside the ledger (``<ledger>-mcp-<id>.lock`` and ``.wait``). A server
-    takes the ``.lock`` exclusively (flock) before it acquires the lease and lets it go
-    after the release; while it waits for it, it holds ``.wait`` shared, which tells the
-    holder to release instead of keeping the lease for its next call. A SIGKILLed holder's
-    locks go with it. Where the files cannot be made (a read-only directory) there is no
-    queue: servers then wait on the lease itself."""
-
-    def __init__(self, ledger_path: str, workspace: str) -> None:
-        base = f"{ledger_path}-mcp-{hashlib.sha256(workspace.encode()).hexdigest()[:12]}"
-        self.fds: list[int] | None = []
-        for suffix in (".lock", ".wait"):
-            try:
-                self.fds.append(os.open(base + suffix, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC,
-                                        0o600))
-            except OSError:
-                for fd in self.fds:
-                    os.close(fd)
-                self.fds = None
-                break
-        self.held = False
-
-    def acquire(self, deadline: float) -> bool:
-        """Take the slot, waiting until `deadline` (monotonic); False if it stayed taken."""
-        if self.fds is None or self.held:
-            return True
-        lock, wait = self.fds
-        announced = False
-        delay = 0.0005
-        try:
-            while True:
-                try:
-                    fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                    self.held = True
-                    return True
-                except BlockingIOError:
-                    pass
-                if not announced:
-                    fcntl.flock(wait, fcntl.LOCK_SH)
-                    announced = True
-                if time.monotonic() >= deadline:
-                    return False
-                time.sleep(delay)
-                delay = min(delay * 2, 0.002)
-        finally:
-            if announced:
-                fcntl.flock(wait, fcntl.LOCK_UN)
-
-    def waiters(self) -> bool:
-        """Whether another server waits for the slot."""
-        if self.fds is None:
-            return False
-        try:
-            fcntl.flock(self.fds[1], fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            return True
-        fcntl.flock(self.fds[1], fcntl.LOCK_UN)
-        return False
-
-    def release(self) -> None:
-        if self.fds is not None and self.held:
-            fcntl.flock(self.fds[0], fcntl.LOCK_UN)
-        self.held = False
-
-    def close(self) -> None:
-        self.release()
-        for fd in self.fds or ():
-            os.close(fd)
-        self.fds = None
-
-
 class _Stale(Exception):
     """An edit of a file that changed since the client read it, whose read bytes the
     server no longer has: refused before anything is planned."""
@@ -1509,5 +1255,4 @@ class _Unread(Exception):
         self.ws, self.rel, self.rev, self.hash, self.what = ws, rel, rev, digest, what
 
 
-__all__ = ["ClientView", "FileTools", "Limits", "Result", "Seen", "ToolFailure",
-           "holder_is_dead", "holder_name", "one_line"]
+__all__ = ["ClientView", "FileTools", "Limits", "Result", "Seen", "ToolFailure", "one_line"]

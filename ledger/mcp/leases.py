@@ -1,0 +1,323 @@
+"""The workspace leases of `stepledger mcp`: one per write, never one per server.
+
+Every MCP client spawns its own server, so several processes write one ledger; a
+server that held a workspace's lease for its life would lock the others out. Here a
+write takes the lease for itself (`Leases.hold`):
+
+1. this machine's slot for the workspace (`_Slot`: a lock file beside the ledger) —
+   servers queue there, one non-blocking ``flock`` try at a time, instead of polling
+   the ledger's write lock with `acquire`s that would slow the holder's commits;
+2. ``Ledger.acquire`` with a short TTL: a new epoch, which settles whatever an older
+   epoch left in flight (a SIGKILLed server's applied, unpublished write is put back).
+   A live holder of another kind (a person's ``stepledger lease acquire``, a server on
+   another machine) is waited for with backoff, for a bounded time; a holder that is a
+   stepledger mcp process of this machine that is gone is taken over at once
+   (`holder_is_dead`: its pid is dead, a zombie, or another process's now).
+
+After the write the lease is released — unless nobody waits for the slot, in which case
+it is kept for this server's next write for at most `linger_s` (and never past half its
+TTL): a lone agent's consecutive writes skip an acquire and a release each. A timer
+looks every 20 ms and lets the lease go as soon as another server waits, or once the
+server has been idle for `linger_s`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import datetime as dt
+import fcntl
+import hashlib
+import logging
+import os
+import random
+import re
+import socket
+import threading
+import time
+from collections import deque
+from collections.abc import Iterator
+from typing import Any
+
+from ledger import LeaseHeld, Ledger, LedgerError, StaleEpoch
+
+log = logging.getLogger("stepledger.mcp")
+
+
+class LeaseBusy(Exception):
+    """The lease stayed taken for the whole wait; the message is one line."""
+
+
+def _iso_now() -> str:
+    return dt.datetime.now(dt.timezone.utc).isoformat(timespec="milliseconds").replace(
+        "+00:00", "Z")
+
+
+# -- the holder's name ----------------------------------------------------------------------
+
+
+def _start_time(pid: int) -> str | None:
+    """The process's start time (clock ticks since boot, Linux), to tell a reused pid."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            raw = f.read().decode("ascii", "replace")
+    except OSError:
+        return None
+    fields = raw[raw.rfind(")") + 2:].split()
+    return fields[19] if len(fields) > 19 else None
+
+
+def _host() -> str:
+    return re.sub(r"[^A-Za-z0-9.-]", "-", socket.gethostname())[:64] or "host"
+
+
+def holder_name() -> str:
+    """``stepledger-mcp@HOST:PID:START``: who holds a lease, precisely enough to tell
+    later whether that process is still alive."""
+    return f"stepledger-mcp@{_host()}:{os.getpid()}:{_start_time(os.getpid()) or 0}"
+
+
+def holder_is_dead(holder: str) -> bool:
+    """Whether `holder` names a stepledger mcp process of this machine that is gone (or
+    a zombie, or whose pid now belongs to another process). Unknown holders are alive."""
+    m = re.fullmatch(r"stepledger-mcp@(?P<host>[^:]+):(?P<pid>\d+):(?P<start>\d+)", holder)
+    if m is None or m["host"] != _host():
+        return False
+    pid = int(m["pid"])
+    if pid == os.getpid():
+        return holder != holder_name()
+    if os.path.isdir("/proc"):
+        try:
+            with open(f"/proc/{pid}/stat", "rb") as f:
+                raw = f.read().decode("ascii", "replace")
+        except FileNotFoundError:
+            return True
+        except OSError:
+            return False
+        rest = raw[raw.rfind(")") + 2:].split()
+        if rest and rest[0] in ("Z", "X"):
+            return True
+        return m["start"] != "0" and len(rest) > 19 and rest[19] != m["start"]
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return True
+    except OSError:
+        return False
+    return False
+
+
+# -- this machine's queue -------------------------------------------------------------------
+
+
+class _Slot:
+    """This machine's queue for one workspace's lease among stepledger mcp servers: two
+    lock files beside the ledger (``<ledger>-mcp-<id>.lock`` and ``.wait``, 0600). A
+    server takes the ``.lock`` exclusively (flock) before it acquires the lease and lets
+    it go after the release; while it waits for it, it holds ``.wait`` shared, which
+    tells the holder to release rather than keep the lease for its next write. A
+    SIGKILLed holder's locks go with it. Where the files cannot be made (a read-only
+    directory) there is no queue: servers then wait on the lease itself."""
+
+    def __init__(self, ledger_path: str, workspace: str) -> None:
+        base = f"{ledger_path}-mcp-{hashlib.sha256(workspace.encode()).hexdigest()[:12]}"
+        self.fds: list[int] | None = []
+        for suffix in (".lock", ".wait"):
+            try:
+                self.fds.append(os.open(base + suffix, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC,
+                                        0o600))
+            except OSError:
+                for fd in self.fds:
+                    os.close(fd)
+                self.fds = None
+                break
+        self.held = False
+
+    def acquire(self, deadline: float) -> bool:
+        """Take the slot, waiting until `deadline` (monotonic); False if it stayed taken."""
+        if self.fds is None or self.held:
+            return True
+        lock, wait = self.fds
+        announced = False
+        delay = 0.0002
+        try:
+            while True:
+                try:
+                    fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                    self.held = True
+                    return True
+                except BlockingIOError:
+                    pass
+                if not announced:
+                    fcntl.flock(wait, fcntl.LOCK_SH)
+                    announced = True
+                if time.monotonic() >= deadline:
+                    return False
+                time.sleep(delay)  # a non-blocking try is one syscall: poll finely
+                delay = min(delay * 2, 0.0005)
+        finally:
+            if announced:
+                fcntl.flock(wait, fcntl.LOCK_UN)
+
+    def waiters(self) -> bool:
+        """Whether another server waits for the slot."""
+        if self.fds is None:
+            return False
+        try:
+            fcntl.flock(self.fds[1], fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            return True
+        fcntl.flock(self.fds[1], fcntl.LOCK_UN)
+        return False
+
+    def release(self) -> None:
+        if self.fds is not None and self.held:
+            fcntl.flock(self.fds[0], fcntl.LOCK_UN)
+        self.held = False
+
+    def close(self) -> None:
+        self.release()
+        for fd in self.fds or ():
+            os.close(fd)
+        self.fds = None
+
+
+# -- the leases of one server ---------------------------------------------------------------
+
+
+class Leases:
+    """The leases one server takes, keeps briefly and releases (see the module). Every
+    method runs under `lock`, the server's lock around its ledger calls."""
+
+    def __init__(self, ledger: Ledger, lock: threading.RLock, notices: deque[str], *,
+                 holder: str, ttl_s: float, wait_s: float, linger_s: float) -> None:
+        self.ledger, self.lock, self.notices = ledger, lock, notices
+        self.holder, self.ttl_s, self.wait_s, self.linger_s = holder, ttl_s, wait_s, linger_s
+        self.workspaces: list[str] = []
+        self._held: dict[str, tuple[int, float]] = {}  # workspace -> (epoch, keep until)
+        self._slots: dict[str, _Slot] = {}
+        self._timer: threading.Timer | None = None
+        self._last_write = 0.0
+        self._closed = False
+        #: whether the last `hold` used a lease kept from an earlier write (a StaleEpoch
+        #: then means it was taken over meanwhile, and the call may run once more)
+        self.reused = False
+
+    def _slot(self, ws: str) -> _Slot:
+        slot = self._slots.get(ws)
+        if slot is None:
+            slot = self._slots[ws] = _Slot(self.ledger.path, ws)
+        return slot
+
+    @contextlib.contextmanager
+    def hold(self, ws: str) -> Iterator[int]:
+        """The workspace's live epoch for one call: the lease kept from this server's
+        last write if nobody waits for it, else a new one."""
+        held = self._held.get(ws)
+        slot = self._slot(ws)
+        if held is not None and (time.monotonic() >= held[1] or slot.waiters()):
+            self._let_go(ws)
+            held = None
+        self.reused = held is not None
+        if held is None:
+            held = self._held[ws] = self._take(ws, slot)
+        try:
+            yield held[0]
+        except StaleEpoch:
+            self._held.pop(ws, None)  # taken over: not ours to release any more
+            slot.release()
+            raise
+        finally:
+            if ws in self._held:
+                if self.linger_s <= 0 or slot.waiters():
+                    self._let_go(ws)
+                else:
+                    self._last_write = time.monotonic()
+                    if self._timer is None:
+                        self._schedule()
+
+    def _take(self, ws: str, slot: _Slot) -> tuple[int, float]:
+        deadline = time.monotonic() + self.wait_s
+        if not slot.acquire(deadline):
+            raise LeaseBusy(f"workspace {ws!r}: another stepledger mcp server kept it busy"
+                            f" for {self.wait_s:g}s; nothing was written; retry the call (with"
+                            " the same requestId)")
+        delay = 0.002
+        try:
+            while True:
+                try:
+                    lease = self.ledger.acquire(ws, holder=self.holder, ttl_s=self.ttl_s)
+                    break
+                except LeaseHeld as held:
+                    if holder_is_dead(held.holder):
+                        lease = self.ledger.acquire(ws, holder=self.holder, ttl_s=self.ttl_s,
+                                                    force=True)
+                        self.notices.append(f"{_iso_now()}: took over workspace {ws!r} from"
+                                            f" {held.holder} (that process is gone)")
+                        break
+                    if time.monotonic() >= deadline:
+                        raise LeaseBusy(f"workspace {ws!r} stayed leased by {held.holder} for"
+                                        f" {self.wait_s:g}s; nothing was written; retry the"
+                                        " call (with the same requestId)") from None
+                    time.sleep(delay * (0.5 + random.random()))
+                    delay = min(delay * 2, 0.1)
+        except BaseException:
+            slot.release()
+            raise
+        for c in lease.conflicts:
+            self.notices.append(f"{_iso_now()}: settling step {c.step} left {c.path} as found"
+                                " (it no longer held what that step wrote): a person decides")
+        if lease.unsettled:
+            self.notices.append(f"{_iso_now()}: settling failed for"
+                                f" {', '.join(lease.unsettled)}; writes are refused until"
+                                " 'stepledger lease settle' succeeds")
+        # kept no longer than half its TTL, so a kept lease never lapses mid-call
+        return lease.epoch, time.monotonic() + self.ttl_s / 2
+
+    def _let_go(self, ws: str) -> None:
+        held = self._held.pop(ws, None)
+        if held is not None:
+            with contextlib.suppress(LedgerError):
+                self.ledger.release(ws, held[0])
+        self._slot(ws).release()
+
+    def _schedule(self) -> None:
+        # look every 20 ms: a server that starts waiting gets the lease within that
+        self._timer = threading.Timer(min(self.linger_s, 0.02), self._idle)
+        self._timer.daemon = True
+        self._timer.start()
+
+    def _idle(self) -> None:
+        try:
+            with self.lock:
+                self._timer = None
+                if not self._held or self._closed:
+                    return
+                idle = time.monotonic() - self._last_write >= self.linger_s
+                for ws in list(self._held):
+                    if idle or self._slot(ws).waiters():
+                        self._let_go(ws)
+                if self._held:
+                    self._schedule()
+        except Exception:  # a timer thread never raises: the next call or close cleans up
+            log.exception("releasing an idle lease")
+
+    def live(self) -> dict[str, Any]:
+        """The leases kept now (workspace -> epoch)."""
+        return {ws: held[0] for ws, held in self._held.items()}
+
+    def close(self) -> None:
+        """Release every lease kept, close the slots; later calls take leases anew."""
+        with self.lock:
+            self._closed = True
+            if self._timer is not None:
+                self._timer.cancel()
+                self._timer = None
+            for ws in list(self._held):
+                with contextlib.suppress(Exception):
+                    self._let_go(ws)
+            for slot in self._slots.values():
+                slot.close()
+            self._slots.clear()
+
+
+__all__ = ["LeaseBusy", "Leases", "holder_is_dead", "holder_name"]

@@ -394,50 +394,26 @@ class Confined:
 
 
 def glob_match(path: str, pattern: str) -> bool:
-    """Whether the relative `path` matches the glob `pattern`: ``*`` and ``?`` stay
-    inside one component, ``**`` spans any number of them; a pattern without ``/``
-    matches the last component (``*.py`` finds every Python file)."""
+    """Whether the relative `path` matches the glob `pattern`: ``*``, ``?`` and ``[...]``
+    stay inside one component, a ``**`` component spans any number of them; a pattern
+    without ``/`` matches the last component (``*.py`` finds every Python file).
+
+    Matched component by component (`fnmatch`, which does not backtrack without bound)
+    over a table of (pattern component, path component) pairs: no agent-written pattern
+    can make it take longer than that table, whatever its stars."""
     if "/" not in pattern and "**" not in pattern:
         return fnmatch.fnmatchcase(path.rsplit("/", 1)[-1], pattern)
-    return _glob_re(pattern).fullmatch(path) is not None
-
-
-_GLOB_CACHE: dict[str, re.Pattern[str]] = {}
-
-
-def _glob_re(pattern: str) -> re.Pattern[str]:
-    got = _GLOB_CACHE.get(pattern)
-    if got is not None:
-        return got
-    out, i = [], 0
-    while i < len(pattern):
-        c = pattern[i]
-        if pattern.startswith("**/", i):
-            out.append("(?:.*/)?")
-            i += 3
+    pat = [p for p in pattern.split("/") if p]
+    parts = [p for p in path.split("/") if p]
+    # reach[j]: the pattern so far can match the first j path components
+    reach = [True] + [False] * len(parts)
+    for p in pat:
+        if p == "**":
+            first = next((j for j, r in enumerate(reach) if r), None)
+            reach = [first is not None and j >= first for j in range(len(parts) + 1)]
             continue
-        if pattern.startswith("**", i):
-            out.append(".*")
-            i += 2
-            continue
-        if c == "*":
-            out.append("[^/]*")
-        elif c == "?":
-            out.append("[^/]")
-        elif c == "[":
-            j = pattern.find("]", i + 1)
-            if j == -1:
-                out.append(re.escape(c))
-            else:
-                body = pattern[i + 1:j].replace("\\", "\\\\")
-                if body.startswith("!"):
-                    body = "^" + body[1:]
-                out.append(f"[{body}]")
-                i = j
-        else:
-            out.append(re.escape(c))
-        i += 1
-    if len(_GLOB_CACHE) > 256:
-        _GLOB_CACHE.clear()
-    got = _GLOB_CACHE[pattern] = re.compile("".join(out))
-    return got
+        reach = [False] + [reach[j - 1] and fnmatch.fnmatchcase(parts[j - 1], p)
+                           for j in range(1, len(parts) + 1)]
+        if not any(reach):
+            return False
+    return reach[-1]

@@ -323,6 +323,11 @@ class FileTools:
             return Result([str(failure)], {"status": "error", "error": str(failure)}, True)
 
     def _read(self, ws: Workspace, rel: str) -> Any:
+        st = ws.fs.lstat(rel)
+        if st is not None and stat.S_ISREG(st.st_mode) and st.st_size > self.limits.read_bytes:
+            raise ToolFailure(f"{self.show(ws, rel)} holds {st.st_size} bytes, more than the"
+                              f" {self.limits.read_bytes} one read returns; it is not read or"
+                              " written through this server (get_file_info gives its hash)")
         return self.ledger.read_file(ws.name, rel, max_bytes=self.limits.read_bytes)
 
     def _content_of(self, seen: Seen | None) -> bytes | None:
@@ -712,6 +717,9 @@ class FileTools:
             if len(kinds) != 1:
                 raise ToolFailure(f"{self.show(ws, rel)}: give exactly one of content, edits or"
                                   " delete")
+            if kinds[0] == "edits" and len(f["edits"]) > 1000:
+                raise ToolFailure(f"{self.show(ws, rel)}: {len(f['edits'])} edits; one call"
+                                  " makes at most 1000 (write the whole file instead)")
             resolved.append((ws, rel, kinds[0], f))
         ws = resolved[0][0]
         if any(r[0] is not ws for r in resolved):
@@ -1114,22 +1122,21 @@ class FileTools:
         if path is not None:
             target = self.resolve(path)
         names = {w.name: w for w in self.workspaces}
-        found: OrderedDict[str, tuple[RecordedEvent, Planned]] = OrderedDict()
+
+        def touches(r: RecordedEvent) -> bool:
+            e = r.event
+            return isinstance(e, Planned) and e.workspace in names and (
+                target is None or (e.workspace == target[0].name
+                                   and any(w.path == target[1] for w in e.writes)))
+
         with self.lock:
-            for r in self.ledger.read(kind="planned"):
+            newest, complete = self._newest(touches, limit, kind="planned",
+                                            key=lambda r: r.event.step)  # type: ignore[union-attr]
+            steps = []
+            for r in reversed(newest):
                 e = r.event
                 assert isinstance(e, Planned)
-                if e.workspace not in names:
-                    continue
-                if target is not None and (e.workspace != target[0].name or
-                                           all(w.path != target[1] for w in e.writes)):
-                    continue
-                found.pop(e.step, None)
-                found[e.step] = (r, e)
-                if len(found) > limit:
-                    found.popitem(last=False)
-            steps = []
-            for step, (r, e) in reversed(found.items()):
+                step = e.step
                 row = self.ledger.find_step(step)
                 ws = names[e.workspace]
                 steps.append({
@@ -1144,18 +1151,57 @@ class FileTools:
                  + ", ".join(f"{f['path']} {f['change']}" for f in s["files"][:10])
                  + (" …" if len(s["files"]) > 10 else "") for s in steps]
         shown = self.show(*target) if target else "the workspaces"
+        if not complete:
+            lines.append(f"(older steps not searched: the scan stopped after"
+                         f" {self.limits.walk_seconds:g}s)")
         return Result([f"History of {shown} (newest first):\n" + ("\n".join(lines) or "no steps")],
-                      {"path": shown, "steps": steps})
+                      {"path": shown, "steps": steps, "complete": complete})
+
+    def _newest(self, match: Callable[[RecordedEvent], bool], want: int, *,
+                kind: str | None = None, key: Callable[[RecordedEvent], Any] | None = None
+                ) -> tuple[list[RecordedEvent], bool]:
+        """The newest `want` events that `match` (oldest first; with `key`, the newest
+        one per key), scanning back from the head in growing windows, for at most
+        `walk_seconds`: (the events, whether the scan reached the first event). Memory
+        follows `want` and the window, never the log."""
+        hi = self.ledger.head().seq
+        window = 1024
+        found: list[RecordedEvent] = []
+        seen: set[Any] = set()
+        deadline = time.monotonic() + self.limits.walk_seconds
+        while hi > 0 and len(found) < want:
+            lo = max(0, hi - window)
+            chunk: list[RecordedEvent] = []
+            events = self.ledger.read(lo, kind=kind)
+            try:
+                for r in events:
+                    if r.seq > hi:
+                        break
+                    if match(r):
+                        chunk.append(r)
+            finally:
+                close = getattr(events, "close", None)
+                if close is not None:
+                    close()
+            for r in reversed(chunk):
+                k = key(r) if key is not None else r.seq
+                if k not in seen and len(found) < want:
+                    seen.add(k)
+                    found.append(r)
+            hi, window = lo, min(window * 4, 1 << 20)
+            if hi > 0 and time.monotonic() > deadline:
+                return list(reversed(found)), False
+        return list(reversed(found)), True
 
     def status(self, view: ClientView) -> Result:
         """Leases, steps in flight, anything left unsettled, and this session's view."""
         now = time.time_ns()
         out = []
         with self.lock:
-            rows = self.ledger.steps()
+            rows = [r for state in sorted(IN_FLIGHT) for r in self.ledger.steps(state)]
             for ws in self.workspaces:
                 lease = self.ledger.lease(ws.name)
-                flight = [r.step_id for r in rows if r.workspace == ws.name and r.state in IN_FLIGHT]
+                flight = [r.step_id for r in rows if r.workspace == ws.name]
                 # in flight under an epoch that is no longer live: the next write settles it
                 unsettled = (self.ledger.unsettled(ws.name, lease.epoch if lease.live else
                                                    lease.epoch + 1) if lease.epoch else [])
@@ -1163,9 +1209,7 @@ class FileTools:
                     "workspace": ws.name, "root": ws.root, "rev": self.ledger.workspace(ws.name).rev,
                     "lease": {"epoch": lease.epoch, "holder": lease.holder, "live": lease.live,
                               "expires": iso(lease.expires_ns) if lease.expires_ns else None},
-                    "in_flight": flight, "unsettled": unsettled,
-                    "steps": sum(1 for r in rows if r.workspace == ws.name),
-                    "committed": sum(1 for r in rows if r.workspace == ws.name and r.live)})
+                    "in_flight": flight, "unsettled": unsettled})
         data = {"ledger": self.ledger.path, "holder": self.holder, "time": iso(now),
                 "lease_ttl_s": self.lease_ttl_s, "workspaces": out,
                 "session": {"paths_seen": len(view), "steps": list(view.steps)[-20:]},
@@ -1173,9 +1217,8 @@ class FileTools:
         lines = [f"ledger {self.ledger.path}; this server is {self.holder}"]
         for w in out:
             lease = w["lease"]
-            lines.append(f"workspace {w['workspace']} ({w['root']}): rev {w['rev']},"
-                         f" {w['committed']} committed of {w['steps']} steps; lease epoch"
-                         f" {lease['epoch']} " + (f"held by {lease['holder']} until"
+            lines.append(f"workspace {w['workspace']} ({w['root']}): rev {w['rev']}; lease"
+                         f" epoch {lease['epoch']} " + (f"held by {lease['holder']} until"
                                                   f" {lease['expires']}" if lease["live"] else "free")
                          + (f"; in flight: {', '.join(w['in_flight'][:10])}" if w["in_flight"] else "")
                          + (f"; UNSETTLED: {', '.join(w['unsettled'][:10])}" if w["unsettled"] else ""))
@@ -1190,17 +1233,15 @@ class FileTools:
         if not 1 <= limit <= self.limits.audit_events:
             raise ToolFailure(f"limit must be 1 to {self.limits.audit_events}")
         names = {w.name for w in self.workspaces}
-        events: deque[dict[str, Any]] = deque(maxlen=limit)
-        counts: dict[str, int] = {}
         with self.lock:
-            for r in self.ledger.read():
-                e = r.event
-                if getattr(e, "workspace", None) not in names:
-                    continue
-                counts[r.kind] = counts.get(r.kind, 0) + 1
-                events.append(self._event_json(r))
+            newest, complete = self._newest(
+                lambda r: getattr(r.event, "workspace", None) in names, limit)
             report = self.ledger.verify() if verify else None
-        data: dict[str, Any] = {"events": list(events), "counts": counts}
+        events = [self._event_json(r) for r in newest]
+        counts: dict[str, int] = {}
+        for r in newest:
+            counts[r.kind] = counts.get(r.kind, 0) + 1
+        data: dict[str, Any] = {"events": events, "counts": counts, "complete": complete}
         lines = [f"{e['time']}  #{e['seq']}  {e['kind']}  {e.get('step', '')}  {e.get('detail', '')}".rstrip()
                  for e in events]
         if report is not None:

@@ -15,6 +15,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -316,6 +317,31 @@ def test_a_huge_tree_is_cut_short_not_walked_whole(repo: Path) -> None:
             assert listing["truncated"] is True and len(listing["entries"]) == 10
             shallow = await agent.ok("directory_tree", path="deep", maxDepth=3)
             assert shallow["truncated"] is True
+    run(go)
+
+
+def test_agent_written_patterns_and_sizes_stay_bounded(repo: Path) -> None:
+    """A pattern built to backtrack, an oversized file, too many edits: each answers at
+    once with a result or one line."""
+    (repo / ("a" * 200)).mkdir()
+    (repo / ("a" * 200) / ("a" * 240 + ".txt")).write_text("x")
+    (repo / "huge.txt").write_bytes(b"x" * 5000)
+    evil = "*a" * 30 + "b/" + "**/" * 40 + "*a" * 30 + "b"
+
+    async def go() -> None:
+        async with inprocess([str(repo)], limits=Limits(read_bytes=4096)) as agent:
+            started = time.monotonic()
+            found = await agent.ok("search_files", path=".", pattern=evil,
+                                   excludePatterns=["*a" * 30 + "b"])
+            tree = await agent.ok("directory_tree", path=".", excludePatterns=[evil])
+            assert time.monotonic() - started < 5
+            assert found["matches"] == [] and tree["truncated"] is False
+            r = await agent.fails("read_text_file", path="huge.txt")
+            assert "5000 bytes" in text(r) and "\n" not in text(r)
+            await agent.ok("read_text_file", path="README.txt")
+            r = await agent.fails("edit_file", path="README.txt",
+                                  edits=[{"oldText": "h", "newText": "H"}] * 1001)
+            assert "at most 1000" in text(r)
     run(go)
 
 

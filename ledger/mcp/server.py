@@ -14,9 +14,12 @@ per ``Mcp-Session-Id``; a request without one shares the server's default view.
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import ipaddress
 import os
 import re
+import time
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from typing import Annotated, Any, Final
@@ -27,7 +30,7 @@ from mcp.server.transport_security import TransportSecuritySettings
 from mcp.types import CallToolResult, TextContent, ToolAnnotations
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from ledger import InvalidInput, Ledger, __version__
+from ledger import InvalidInput, Ledger, NotALedger, __version__
 
 from .service import ClientView, FileTools, Limits, Result, one_line
 
@@ -426,6 +429,36 @@ def _register(ledger: Ledger, real: str, echo: Callable[[str], None] | None) -> 
     raise InvalidInput(f"could not register {real} as a workspace: its name kept being taken")
 
 
+def _init(ledger_path: str, witness: str | None) -> Ledger:
+    """`Ledger.init`, safe when several servers start at once on a fresh workspace (as
+    an agent's sub-agents do): the servers of this machine take turns on a lock file in
+    the ledger's directory, and a file that another process is still creating (not yet
+    a ledger, and new) is waited for, a few seconds at most."""
+    directory = os.path.dirname(os.path.abspath(ledger_path))
+    lock_fd = None
+    with contextlib.suppress(OSError):
+        os.makedirs(directory, mode=0o700, exist_ok=True)
+        lock_fd = os.open(os.path.join(directory, os.path.basename(ledger_path) + "-mcp-init.lock"),
+                          os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+        fcntl.flock(lock_fd, fcntl.LOCK_EX)
+    try:
+        deadline = time.monotonic() + 5
+        while True:
+            try:
+                return Ledger.init(ledger_path, witness=witness)
+            except NotALedger:
+                try:
+                    young = time.time() - os.stat(ledger_path).st_mtime < 5
+                except OSError:
+                    young = True
+                if not young or time.monotonic() > deadline:
+                    raise
+                time.sleep(0.05)
+    finally:
+        if lock_fd is not None:
+            os.close(lock_fd)
+
+
 def open_workspaces(specs: Sequence[str], ledger_path: str | None, *,
                     witness: str | None = None, create: bool = True,
                     echo: Callable[[str], None] | None = None
@@ -442,8 +475,8 @@ def open_workspaces(specs: Sequence[str], ledger_path: str | None, *,
             raise InvalidInput(f"--workspace {first}: not a directory (a workspace NAME needs"
                                " --ledger PATH, the ledger that registered it)")
         ledger_path = os.path.join(os.path.realpath(first), ".stepledger", "ledger.db")
-    if create:  # init opens the ledger that is there; several servers may start at once
-        ledger = Ledger.init(ledger_path, witness=witness)
+    if create:
+        ledger = _init(ledger_path, witness)
         if ledger.created and echo is not None:
             echo(f"stepledger mcp: created ledger {os.path.abspath(ledger_path)}")
     else:

@@ -264,8 +264,16 @@ class WorkspaceDir:
         """The boundary of a write to `path`, checked now without creating anything
         (admit): the names, the root, then the identity of every directory that exists on
         the way and of the file. A symlink on the way is left for the walk at apply to
-        refuse (PathEscapes) — it may be gone by then; the boundary is judged again there."""
+        refuse (PathEscapes) — it may be gone by then; the boundary is judged again there.
+        A name of the shape stepledger gives its own temporaries is refused too: the next
+        apply, settle or gc of the workspace removes such files as a crash's leftovers."""
         self.check_path(path)
+        leaf = path.rsplit("/", 1)[-1]
+        if temp_stamp(leaf) is not None:
+            raise PathForbidden(
+                self.name, path, "its name has the shape of stepledger's own temporary files"
+                f" ('.NAME{TMP_MARK}EPOCH-TAG-RANDOM.tmp'), which are removed as a crash's"
+                " leftovers", "give the file another name")
         with contextlib.suppress(PathEscapes):
             opened = self._open_parent(path, create=False)
             if opened is not None:

@@ -419,17 +419,18 @@ def test_create_directory_refuses_a_name_that_is_not_utf8(repo: Path) -> None:
     run(go)
 
 
-@pytest.mark.xfail(strict=True, reason="a file the agent writes under a name shaped like"
-                   " stepledger's own temporaries (.x.stepledger-<epoch>-<tag>-<rand>.tmp) is"
-                   " committed, hidden from every listing, and deleted by the next epoch's"
-                   " temporary sweep: a committed change silently lost")
 def test_a_name_shaped_like_a_stepledger_temporary_is_refused_or_kept(repo: Path) -> None:
+    """Was a hole: such a file was committed, hidden from every listing, and deleted by
+    the next epoch's temporary sweep (a committed change silently lost). The library now
+    refuses the name at admit (PathForbidden)."""
     name = ".notes.stepledger-1-abcdef12-abcdef12.tmp"
 
     async def go() -> None:
         async with inprocess([str(repo)]) as agent:
             r = await agent.call("write_file", path=name, content="agent's notes\n")
             if r.is_error:
+                assert "temporary files" in text(r), text(r)
+                assert not (repo / name).exists()
                 return  # refused: safe
             await agent.ok("write_file", path="a.txt", content="a\n")
             await anyio.sleep(0.5)  # past the linger: the next write takes a new epoch

@@ -96,3 +96,15 @@ def test_max_bytes_refuses_a_larger_file_instead_of_reading_it(world) -> None:
     assert ledger.read_file("repo", "app.py", max_bytes=3).content == b"v0\n"
     with pytest.raises(InvalidInput):
         ledger.read_file("repo", "app.py", max_bytes=-1)
+
+
+def test_a_write_named_like_stepledgers_temporaries_is_refused_at_admit(world) -> None:
+    """Such a file would be committed, then removed by the next apply's or settle's sweep
+    of a crash's leftovers: a committed change silently lost."""
+    ledger, repo, epoch = world
+    name = ".x.stepledger-1-abcdef12-abcdef12.tmp"
+    before = ledger.count()
+    with pytest.raises(PathForbidden, match="temporary files"):
+        ledger.admit("repo", epoch, [StepPlan("s1", [Write(f"sub/{name}", b"x", None)])])
+    assert ledger.count() == before and not (repo / "sub").exists()
+    ledger.admit("repo", epoch, [StepPlan("s2", [Write(".x.stepledger-notes.txt", b"x", None)])])

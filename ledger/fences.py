@@ -32,7 +32,6 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Final, Literal
 
-import apsw
 import msgspec
 
 from .blobs import (
@@ -95,6 +94,7 @@ from .projections.workspaces import (
     load_registration,
     load_workspace,
 )
+from .store import Tx
 from .workspace import Boundary, FileIdentity, Staged, WorkspaceDir, attempt_tag, identity_of
 
 if TYPE_CHECKING:
@@ -372,9 +372,9 @@ class WorkspaceProtocol:
                                " directory (a file, a device or a FIFO); give a directory")
         ident = identity_of(st)
 
-        def build(conn: apsw.Connection, now: int) -> list[Event]:
+        def build(tx: Tx, now: int) -> list[Event]:
             self._check_root(name, real, ident)  # under the lock: two adds cannot race
-            reg = load_registration(conn, name)
+            reg = load_registration(tx, name)
             if reg is None:
                 if rebind:
                     raise InvalidInput(f"workspace {name!r} was never added; add it without"
@@ -573,8 +573,8 @@ class WorkspaceProtocol:
         check_step_id(holder)
         ttl_ns = _check_ttl(ttl_s)
 
-        def build(conn: apsw.Connection, now: int) -> list[Event]:
-            row = load_workspace(conn, workspace)
+        def build(tx: Tx, now: int) -> list[Event]:
+            row = load_workspace(tx, workspace)
             if row is None:
                 raise UnknownWorkspace(workspace)
             live = row.live_epoch(now)
@@ -598,8 +598,8 @@ class WorkspaceProtocol:
         """Extend the live lease; an expired one is never revived (StaleEpoch)."""
         ttl_ns = _check_ttl(ttl_s)
 
-        def build(conn: apsw.Connection, now: int) -> list[Event]:
-            row = load_workspace(conn, workspace)
+        def build(tx: Tx, now: int) -> list[Event]:
+            row = load_workspace(tx, workspace)
             if row is None:
                 raise UnknownWorkspace(workspace)
             live = row.live_epoch(now)
@@ -614,8 +614,8 @@ class WorkspaceProtocol:
     def release(self: Ledger, workspace: str, epoch: int) -> Lease:
         """Give the lease up (idempotent for the same epoch)."""
 
-        def build(conn: apsw.Connection, now: int) -> list[Event]:
-            row = load_workspace(conn, workspace)
+        def build(tx: Tx, now: int) -> list[Event]:
+            row = load_workspace(tx, workspace)
             if row is None:
                 raise UnknownWorkspace(workspace)
             if row.epoch != epoch:
@@ -626,8 +626,8 @@ class WorkspaceProtocol:
         self._log.append(build)
         return self.lease(workspace)
 
-    def _live_epoch(self: Ledger, conn: apsw.Connection, workspace: str, epoch: int, now: int) -> WsRow:
-        row = load_workspace(conn, workspace)
+    def _live_epoch(self: Ledger, tx: Tx, workspace: str, epoch: int, now: int) -> WsRow:
+        row = load_workspace(tx, workspace)
         if row is None:
             raise UnknownWorkspace(workspace)
         live = row.live_epoch(now)
@@ -968,7 +968,7 @@ class WorkspaceProtocol:
         return None if found is None else found[0]
 
     @staticmethod
-    def _write_inline(conn: apsw.Connection, blobs: dict[str, bytes], now: int) -> None:
+    def _write_inline(conn: Any, blobs: dict[str, bytes], now: int) -> None:
         """Write inline blob rows (re-writing a damaged row; freshening an intact one)."""
         for digest, data in blobs.items():
             found = conn.execute("SELECT data FROM blob_data WHERE digest = ?", (digest,)).fetchone()
@@ -1017,9 +1017,9 @@ class WorkspaceProtocol:
                         staged[w.path] = wsdir.stage(w.path, self.blob_chunks(w.post_hash))
             holder: list[ApplyResult] = []
 
-            def build(conn: apsw.Connection, now: int) -> list[Event]:
+            def build(tx: Tx, now: int) -> list[Event]:
                 holder.clear()
-                return self._fence(conn, now, planned, attempt, epoch, key, ws, wsdir, staged,
+                return self._fence(tx, now, planned, attempt, epoch, key, ws, wsdir, staged,
                                    holder, pinned_now)
 
             try:
@@ -1101,7 +1101,7 @@ class WorkspaceProtocol:
 
     def _fence(
         self: Ledger,
-        conn: apsw.Connection,
+        tx: Tx,
         now: int,
         planned: Planned,
         attempt: int,
@@ -1116,10 +1116,10 @@ class WorkspaceProtocol:
         """The checks and the renames, under the write lock (inside the transaction).
         `pinned_now`: the pre-images this call pinned (see `_undo_landed`)."""
         step, name = planned.step, planned.workspace
-        cur = load_step(conn, step)
+        cur = load_step(tx, step)
         assert cur is not None
         if planned.journal:
-            hit = conn.execute("SELECT seq, payload FROM events WHERE journal_key = ?",
+            hit = tx.execute("SELECT seq, payload FROM events WHERE journal_key = ?",
                                (key,)).fetchone()
             if hit is not None:
                 ev = self._attempt_events(step, attempt)
@@ -1130,10 +1130,10 @@ class WorkspaceProtocol:
                 raise _Answered(self._end_result(step, attempt, ev))
         # Not a redelivery of an apply that happened: a new effect, so the epoch first
         # (a zombie hears StaleEpoch even when its attempt was settled meanwhile).
-        ws = self._live_epoch(conn, name, epoch, now)
+        ws = self._live_epoch(tx, name, epoch, now)
         if cur.attempt != attempt or cur.state in ENDED:
             raise _Answered(self._end_result(step, attempt, self._attempt_events(step, attempt)))
-        older = [r[0] for r in conn.execute(
+        older = [r[0] for r in tx.execute(
             "SELECT step_id FROM steps WHERE workspace = ? AND epoch > 0 AND epoch < ?"
             " AND state IN (?, ?, ?) LIMIT 6", (name, epoch, *sorted(IN_FLIGHT)),
         )]
@@ -1153,7 +1153,7 @@ class WorkspaceProtocol:
             holder.append(verdict)
             # A crash may have cut the first apply after some renames: a rejection must
             # not leave them behind, recorded nowhere (nothing would ever reconcile them).
-            undone = self._undo_landed(conn, planned, wsdir, disk, pinned_now)
+            undone = self._undo_landed(tx, planned, wsdir, disk, pinned_now)
             return [Rejected(step=step, attempt=attempt, run=planned.run, workspace=name,
                              epoch=epoch, reason=reason, detail=detail,  # type: ignore[arg-type]
                              undone=undone)]
@@ -1169,7 +1169,7 @@ class WorkspaceProtocol:
                               plan_rev=plan_rev)
         if planned.fence in ("step", "plan"):
             for w in planned.writes:
-                state = load_path(conn, name, w.path)
+                state = load_path(tx, name, w.path)
                 path_rev = 0 if state is None else state[0]
                 if planned.fence == "step" and path_rev != w.base_rev:
                     return reject("stale_rev", f"{w.path} is at rev {path_rev}, planned"
@@ -1210,7 +1210,7 @@ class WorkspaceProtocol:
 
     def _undo_landed(
         self: Ledger,
-        conn: apsw.Connection,
+        tx: Tx,
         planned: Planned,
         wsdir: WorkspaceDir,
         disk: dict[str, str | None],
@@ -1229,13 +1229,13 @@ class WorkspaceProtocol:
         Without the evidence — a human may have written those very bytes — or when the
         pre-image cannot be read, it is a ``conflict``: left as found, and recorded.
         """
-        reached = self._reached_apply(conn, planned, exclude=pinned_now)
+        reached = self._reached_apply(tx, planned, exclude=pinned_now)
         out: list[Restored] = []
         for w in reversed(planned.writes):  # the reverse of the order apply renamed in
             now = disk[w.path]
             if now != w.post_hash or w.post_hash == w.pre_hash:
                 continue
-            state = load_path(conn, planned.workspace, w.path)
+            state = load_path(tx, planned.workspace, w.path)
             path_rev = 0 if state is None else state[0]
             if path_rev != w.base_rev:
                 continue  # recorded as someone else's since: not this attempt's to undo
@@ -1288,8 +1288,8 @@ class WorkspaceProtocol:
             wsdir = self._wsdir(ws_row, step, attempt, epoch)
             self._remove_temporaries(wsdir, planned.writes, ws_row.epoch)
 
-        def build(conn: apsw.Connection, now: int) -> list[Event]:
-            cur = load_step(conn, step)
+        def build(tx: Tx, now: int) -> list[Event]:
+            cur = load_step(tx, step)
             if cur is None:
                 raise UnknownStep(step)
             if cur.attempt == attempt and cur.state == COMPENSATED or cur.attempt != attempt:
@@ -1298,7 +1298,7 @@ class WorkspaceProtocol:
                 raise IllegalTransition(step, attempt, "compensated", "the attempt was rejected:"
                                         " nothing was applied")
             if cur.live:
-                published = conn.execute(
+                published = tx.execute(
                     "SELECT max(time_ns) FROM events WHERE step = ? AND kind = 'manifest-published'",
                     (step,),
                 ).fetchone()[0]
@@ -1309,8 +1309,8 @@ class WorkspaceProtocol:
             rev = 0
             if writing:
                 assert planned is not None and wsdir is not None and epoch is not None
-                ws = self._live_epoch(conn, planned.workspace, epoch, now)
-                restored, rev = self._undo(conn, planned, ev, ws, wsdir)
+                ws = self._live_epoch(tx, planned.workspace, epoch, now)
+                restored, rev = self._undo(tx, planned, ev, ws, wsdir)
             return [Compensated(step=step, attempt=attempt, run=cur.run, workspace=cur.workspace,
                                 epoch=epoch if writing else cur.epoch, reason=reason,
                                 restored=tuple(restored), rev=rev)]
@@ -1332,7 +1332,7 @@ class WorkspaceProtocol:
 
     def _undo(
         self: Ledger,
-        conn: apsw.Connection,
+        tx: Tx,
         planned: Planned,
         ev: _AttemptEvents,
         ws: WsRow,
@@ -1356,7 +1356,7 @@ class WorkspaceProtocol:
         rev = ws.rev
         reached: bool | None = None  # the attempt's evidence (`_reached_apply`), read once
         for w in reversed(planned.writes):
-            state = load_path(conn, name, w.path)
+            state = load_path(tx, name, w.path)
             path_rev = 0 if state is None else state[0]
             try:
                 disk = wsdir.hash(w.path)
@@ -1377,7 +1377,7 @@ class WorkspaceProtocol:
                 if disk != post or pre == post:
                     continue  # its bytes are not there: nothing of this attempt to undo
                 if reached is None:
-                    reached = self._reached_apply(conn, planned)
+                    reached = self._reached_apply(tx, planned)
                 if not reached:
                     # The post-image is there, but no call of this attempt got as far as
                     # its renames (apply pins the pre-images it finds before any): someone
@@ -1415,7 +1415,7 @@ class WorkspaceProtocol:
 
     @staticmethod
     def _reached_apply(
-        conn: apsw.Connection, planned: Planned, exclude: frozenset[str] = frozenset()
+        tx: Tx, planned: Planned, exclude: frozenset[str] = frozenset()
     ) -> bool:
         """Whether the attempt recorded the evidence its apply commits before any rename:
         a pin of a pre-image (role ``pre-image``, `_pin_pre_images`) whose digest is not in
@@ -1434,7 +1434,7 @@ class WorkspaceProtocol:
         base rev, has those bytes taken back (they are the attempt's post-image, in the
         store). Without the evidence nothing is taken back: a ``conflict``, left as found.
         """
-        for (payload,) in conn.execute(
+        for (payload,) in tx.execute(
             "SELECT payload FROM events WHERE step = ? AND attempt = ? AND kind = 'blob-pinned'",
             (planned.step, planned.attempt),
         ):

@@ -9,7 +9,6 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from types import TracebackType
 from typing import Any
 
-import apsw
 import msgspec
 
 from .blobs import (
@@ -65,7 +64,9 @@ from .fences import (
     Receipt,
     WorkspaceProtocol,
 )
-from .log import ROW_COLUMNS, EventLog, Head
+from .log import EventLog, Head
+from .store import Tx
+from .store.sqlite.events import ROW_COLUMNS
 from .store.sqlite import SqliteStore
 from .projections import (
     StepRow,
@@ -178,13 +179,12 @@ class Ledger(WorkspaceProtocol):
         else:
             self.compensation_window_s = (COMPENSATION_WINDOW_S_DEFAULT
                                           if compensation_window_s is None else compensation_window_s)
-            if created and not db.readonly:
-                with db.transaction() as conn:
-                    conn.execute("INSERT INTO meta(key, value) VALUES ('compensation_window_s', ?)",
-                                 (repr(float(self.compensation_window_s)),))
         root = blob_root if blob_root is not None else os.path.join(os.path.dirname(db.path), "blobs")
         #: The ledger's storage (docs/storage.md): the SQLite file and its blob files.
         self._store = SqliteStore(db, clock, BlobStore(root, FileOps(on_op)))
+        if stored is None and created and not db.readonly:
+            with self._store.transaction() as tx:
+                tx.set_meta("compensation_window_s", repr(float(self.compensation_window_s)))
         self._store.on_op = on_op
         # Transitional (docs/storage.md "Migration"): the code not yet moved behind the
         # storage interface still reaches the file through it.
@@ -194,7 +194,7 @@ class Ledger(WorkspaceProtocol):
         self.inline_max_bytes = inline_max_bytes
         self.hash_check_max_bytes = hash_check_max_bytes
         self._steps = StepsProjector()
-        self._log = EventLog(db, clock, None if db.readonly else self._steps)
+        self._log = EventLog(self._store, None if db.readonly else self._steps)
         if not witness_check and not db.readonly:
             raise InvalidInput("witness_check=False is for read-only inspection; a writer"
                                " keeps the witness (to replace one, use anchor_witness)")
@@ -358,26 +358,22 @@ class Ledger(WorkspaceProtocol):
                 witness=path, head_seq=head.seq, head_hash=head.hash.hex(),
                 previous_state="ok" if legacy else "none"))
 
-    def _before_commit(self, conn: apsw.Connection, head: Head) -> None:
+    def _before_commit(self, tx: Tx, head: Head) -> None:
         """Inside every write transaction, before COMMIT: refuse if another process
         re-anchored the witness since this one looked (its commits would not be under the
         new witness); tag the new head with the witness's key."""
-        newest = newest_anchor_seq(conn)
+        newest = newest_anchor_seq(tx)
         if newest != self._anchor_seq and not (self._anchoring and newest == head.seq):
-            found = recorded_anchor(conn, self.path)
+            found = recorded_anchor(tx, self.path)
             where = found[1].witness if found is not None else "?"
             raise WitnessMismatch(
                 self.path, where, f"the witness was anchored at {where} by another process"
                 f" (event #{newest}) after this one opened the ledger",
                 "Nothing was written: open the ledger again (it then uses the new witness)")
         if self.witness is not None:
-            conn.execute(
-                "INSERT INTO meta(key, value) VALUES ('witness_tag', ?)"
-                " ON CONFLICT(key) DO UPDATE SET value = excluded.value",
-                (self.witness.tag(head.seq, head.hash),),
-            )
+            tx.set_meta("witness_tag", self.witness.tag(head.seq, head.hash))
 
-    def _append_anchor(self, event: WitnessAnchored | Callable[[apsw.Connection, int], Sequence[Event]]
+    def _append_anchor(self, event: WitnessAnchored | Callable[[Tx, int], Sequence[Event]]
                        ) -> RecordedEvent:
         """Append this process's own `witness-anchored` event (which the re-anchoring
         check in `_before_commit` lets through)."""
@@ -457,9 +453,9 @@ class Ledger(WorkspaceProtocol):
         try:
             new = Witness(target, led.ledger_id)
 
-            def build(conn: apsw.Connection, _time_ns: int) -> list[Event]:
-                head = led._log.head()
-                if head != verified or newest_anchor_seq(conn) != anchor_seq:
+            def build(tx: Tx, _time_ns: int) -> list[Event]:
+                head = tx.head()
+                if head != verified or newest_anchor_seq(tx) != anchor_seq:
                     raise AnchorRefused(led.path, [
                         f"the ledger changed while it was verified (head #{head.seq}, verified"
                         f" #{verified.seq}): run the anchor again"])
@@ -615,7 +611,7 @@ class Ledger(WorkspaceProtocol):
 
     # -- blobs -----------------------------------------------------------------------
 
-    def _blob_size(self, conn: apsw.Connection, digest: str) -> tuple[int, bool] | None:
+    def _blob_size(self, conn: Any, digest: str) -> tuple[int, bool] | None:
         """(size, inline) of a stored blob, looked up now — never cached across calls."""
         row = conn.execute("SELECT size FROM blob_data WHERE digest = ?", (digest,)).fetchone()
         if row is not None:
@@ -623,7 +619,7 @@ class Ledger(WorkspaceProtocol):
         size = self.blobs.size(digest)
         return None if size is None else (size, False)
 
-    def _check_blob(self, conn: apsw.Connection, digest: str, size: int, *, deep: bool) -> None:
+    def _check_blob(self, conn: Any, digest: str, size: int, *, deep: bool) -> None:
         """Raise BlobNotFound / BlobCorrupt unless the blob is present with `size` bytes
         (and, when `deep` or small enough, hashes to its name)."""
         row = conn.execute("SELECT size, data FROM blob_data WHERE digest = ?", (digest,)).fetchone()
@@ -641,14 +637,13 @@ class Ledger(WorkspaceProtocol):
         if deep or size <= self.hash_check_max_bytes:
             self.blobs.check(digest)
 
-    def _guard(self) -> Callable[[apsw.Connection, Event], None]:
+    def _guard(self) -> Callable[[Tx, Event], None]:
         """The check the log runs inside an append transaction, before inserting an event
         that names blobs: refuse it unless every blob is durable. A blob checked once is
         not checked again within the same transaction."""
         seen: set[tuple[object, ...]] = set()
-        log = self._log
 
-        def guard(conn: apsw.Connection, event: Event) -> None:
+        def guard(tx: Tx, event: Event) -> None:
             if isinstance(event, StepEvent) and event.epoch > 0 and event.workspace:
                 # I5: a writing step's every new effect carries its epoch, which must be
                 # the workspace's live one at this transaction's time.
@@ -656,14 +651,14 @@ class Ledger(WorkspaceProtocol):
                 if key not in seen:
                     # the projector's view: this transaction's earlier events included
                     ws = self._steps.ws.row(event.workspace)
-                    live = None if ws is None else ws.live_epoch(log.txn_time_ns)
+                    live = None if ws is None else ws.live_epoch(tx.time_ns)
                     if live != event.epoch:
                         raise StaleEpoch(event.workspace, event.epoch, live)
                     seen.add(key)
             if isinstance(event, BlobStored):
                 if (event.digest, event.size, event.inline) in seen:
                     return
-                found = self._blob_size(conn, event.digest)
+                found = self._blob_size(tx, event.digest)
                 if found is None:
                     raise BlobNotFound(event.digest, "store the bytes before recording blob-stored")
                 if found != (event.size, event.inline):
@@ -674,7 +669,7 @@ class Ledger(WorkspaceProtocol):
             elif isinstance(event, ManifestPublished):
                 for entry in (*event.writes, *event.artifacts):
                     if (entry.digest, entry.size) not in seen:
-                        self._check_blob(conn, entry.digest, entry.size, deep=False)
+                        self._check_blob(tx, entry.digest, entry.size, deep=False)
                         seen.add((entry.digest, entry.size))
 
         return guard
@@ -742,13 +737,11 @@ class Ledger(WorkspaceProtocol):
             # Unless another connection wrote since our last commit, the tables are as we
             # left them — caught up (at open, then by every append): serve the row from
             # what this connection committed, or read it with a single query.
-            conn = self._db.conn
-            version = conn.execute("PRAGMA data_version").fetchone()[0]
-            if version == self._log._data_version:
+            if self._log.fresh():
                 cached = self._steps.cache.get(step_id)
                 if cached is not None:
                     return cached.__copy__()
-                return load_step(conn, step_id)
+                return load_step(self._db.conn, step_id)
         rows = read_steps(self._db, self._log, step_id=step_id)
         return rows[0] if rows else None
 

@@ -14,7 +14,7 @@ from __future__ import annotations
 import fcntl
 import os
 import stat
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any, Final
 
 import apsw
@@ -23,7 +23,7 @@ import msgspec
 from .store.sqlite.file import GC_LOCK_NAME, ROW_ERRORS, Database
 from .errors import CorruptLedger, InvalidInput
 from .events import EVENT_TYPES, Planned, chain_hash, decode, envelope, journal_key
-from .log import READ_BATCH, ROW_COLUMNS, ROW_NAMES, ROW_TYPES, EventLog, Head, row_problem
+from .log import EventLog, Head
 from .projections import (
     Checkpoint,
     StepRow,
@@ -149,7 +149,7 @@ def verify(
         done = 0
         checker = Checker()
         weakened = WeakenedPlans()
-        rows = _checked_rows(conn)
+        rows = log.store.view.checked_rows()
         while True:
             try:
                 got = next(rows, None)
@@ -263,42 +263,6 @@ def verify(
         findings=findings,
         warnings=weakened.report(),
     )
-
-
-_TEXT_COLUMNS: Final = frozenset({"workspace", "run", "step", "journal_key", "kind"})
-_SQL: Final = f"SELECT {ROW_COLUMNS} FROM events WHERE seq > ? ORDER BY seq LIMIT ?"
-#: The same with TEXT cells read as bytes: apsw decodes TEXT strictly, so one invalid
-#: UTF-8 cell fails its whole batch; that batch is read again this way, row by row.
-_RAW_SQL: Final = "SELECT {} FROM events WHERE seq > ? ORDER BY seq LIMIT ?".format(", ".join(
-    f"CASE WHEN typeof({c}) = 'text' THEN CAST({c} AS BLOB) ELSE {c} END" if c in _TEXT_COLUMNS
-    else c for c in ROW_NAMES))
-
-
-def _checked_rows(conn: apsw.Connection) -> Iterator[tuple[tuple[Any, ...], str | None]]:
-    """Every events row in seq order with what is wrong with its cells (None: nothing)."""
-    last = 0
-    while True:
-        try:
-            got = [(r, None if tuple(map(type, r)) == ROW_TYPES else row_problem(r))
-                   for r in conn.execute(_SQL, (last, READ_BATCH)).fetchall()]
-        except UnicodeDecodeError:
-            got = [_decode_row(r) for r in conn.execute(_RAW_SQL, (last, READ_BATCH)).fetchall()]
-        yield from got
-        if len(got) < READ_BATCH:
-            return
-        last = got[-1][0][0]
-
-
-def _decode_row(row: tuple[Any, ...]) -> tuple[tuple[Any, ...], str | None]:
-    """The row with its TEXT cells decoded, and what is wrong with it (None: nothing)."""
-    out = list(row)
-    for i, name in enumerate(ROW_NAMES):
-        if name in _TEXT_COLUMNS and isinstance(out[i], bytes):
-            try:
-                out[i] = out[i].decode("utf-8")
-            except UnicodeDecodeError:
-                return tuple(out), f"its {name} is not valid UTF-8"
-    return tuple(out), row_problem(tuple(out))
 
 
 #: The rebuild verify compares the tables with lives in these connection-private TEMP

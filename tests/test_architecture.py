@@ -28,11 +28,7 @@ DRIVERS = frozenset({"apsw", "sqlite3", "sqlite_utils"})
 DRIVER_IMPORTERS: dict[str, frozenset[str]] = {
     "cli.py": frozenset({"apsw", "sqlite3", "sqlite_utils"}),
     "faults.py": frozenset({"apsw"}),
-    "fences.py": frozenset({"apsw"}),
-    "gc/collector.py": frozenset({"apsw"}),
     "gc/refs.py": frozenset({"apsw"}),
-    "ledger.py": frozenset({"apsw"}),
-    "log.py": frozenset({"apsw"}),
     "projections/__init__.py": frozenset({"apsw"}),
     "projections/refs.py": frozenset({"apsw"}),
     "projections/workspaces.py": frozenset({"apsw"}),
@@ -48,13 +44,12 @@ SQL_STRINGS: dict[str, int] = {
     "gc/audit.py": 8,
     "gc/collector.py": 12,
     "gc/refs.py": 6,
-    "ledger.py": 12,
-    "log.py": 9,
+    "ledger.py": 9,
     "projections/__init__.py": 18,
     "projections/refs.py": 12,
     "projections/steps.py": 1,
     "projections/workspaces.py": 12,
-    "verify.py": 19,
+    "verify.py": 17,
     "witness.py": 3,
 }
 

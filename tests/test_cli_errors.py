@@ -372,9 +372,9 @@ _INTERRUPT_IN_TXN = textwrap.dedent("""
     import os, signal, sys
     import ledger.fences as fences
     real = fences.load_workspace
-    def load_workspace(conn, workspace):
-        row = real(conn, workspace)
-        assert conn.in_transaction
+    def load_workspace(tx, workspace):
+        row = real(tx, workspace)
+        assert tx._db.conn.in_transaction  # the heartbeat's BEGIN IMMEDIATE is open
         os.kill(os.getpid(), signal.SIGINT)  # KeyboardInterrupt at the next bytecode
         return row
     fences.load_workspace = load_workspace

@@ -29,7 +29,7 @@ from ledger import (
 )
 from ledger import events as ev
 from ledger.errors import BlobNotFound
-from ledger import log as logmod
+from ledger.store.sqlite import events as eventsmod
 
 BLOBS = {digest_of(data): data for data in (b"one", b"two", b"three")}
 D1, D2, D3 = BLOBS
@@ -450,11 +450,11 @@ def _expected(all_events: list[Any], q: dict[str, Any]) -> list[int]:
     return out if q.get("limit") is None else out[: q["limit"]]
 
 
-@pytest.mark.parametrize("read_batch", [logmod.READ_BATCH, 1, 2, 3])
+@pytest.mark.parametrize("read_batch", [eventsmod.READ_BATCH, 1, 2, 3])
 def test_read_filters_and_pages(mixed: Ledger, monkeypatch, read_batch: int) -> None:
     all_events = list(mixed.read())
     assert [r.seq for r in all_events] == list(range(1, 14))
-    monkeypatch.setattr(logmod, "READ_BATCH", read_batch)
+    monkeypatch.setattr(eventsmod, "READ_BATCH", read_batch)
     assert [r.seq for r in mixed.read()] == list(range(1, 14))
     for q in READS:
         got = list(mixed.read(**q))

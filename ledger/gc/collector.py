@@ -34,13 +34,13 @@ import time
 from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Final
 
-import apsw
 import msgspec
 
 from ..blobs import digest_of
 from ..store.sqlite.file import GC_LOCK_NAME, LEDGER_FILE_MODE
 from ..errors import BlobCorrupt, CollectorBusy, EnvironmentFailure, InvalidInput
 from ..events import BlobCollected, Event, check_digest
+from ..store import Tx
 from .refs import GcRefused, compensation_refs_since, live_pins, pinned_now, read_references
 
 if TYPE_CHECKING:
@@ -302,12 +302,12 @@ def _collect_copies(ledger: Ledger, report: GcReport, dupes: list[str], grace_ns
     """Remove old file copies of blobs whose inline row is intact (one transaction)."""
     done = {"n": 0, "bytes": 0}
 
-    def build(conn: apsw.Connection, txn_now: int) -> list[Event]:
+    def build(tx: Tx, txn_now: int) -> list[Event]:
         now = txn_now if now_ns is None else now_ns
         done.update(n=0, bytes=0)
         events: list[Event] = []
         for digest in dupes:
-            row = conn.execute("SELECT data FROM blob_data WHERE digest = ?", (digest,)).fetchone()
+            row = tx.execute("SELECT data FROM blob_data WHERE digest = ?", (digest,)).fetchone()
             if row is None or digest_of(bytes(row[0])) != digest:
                 continue  # the row went or is damaged: the file may be the good copy
             found = ledger.blobs.stat(digest)
@@ -336,14 +336,14 @@ def _collect_batch(ledger: Ledger, report: GcReport, batch: list[str], reference
     counts = {"collected": 0, "reclaimed": 0, "recovered": 0, "spared": 0}
     spared: list[str] = []
 
-    def build(conn: apsw.Connection, txn_now: int) -> list[Event]:
+    def build(tx: Tx, txn_now: int) -> list[Event]:
         now = txn_now if now_ns is None else now_ns  # an injected time holds for the run
         counts.update(collected=0, reclaimed=0, recovered=0, spared=0)
         spared.clear()
-        late_refs = compensation_refs_since(conn, head_seq)
+        late_refs = compensation_refs_since(tx, head_seq)
         events: list[Event] = []
         for digest in batch:
-            row = conn.execute("SELECT size, inline FROM condemned WHERE digest = ?",
+            row = tx.execute("SELECT size, inline FROM condemned WHERE digest = ?",
                                (digest,)).fetchone()
             if row is None:
                 counts["spared"] += 1  # un-condemned since (a pin or a publish named it)
@@ -351,23 +351,23 @@ def _collect_batch(ledger: Ledger, report: GcReport, batch: list[str], reference
             size, was_inline = int(row[0]), bool(row[1])
 
             def spare() -> None:
-                conn.execute("DELETE FROM condemned WHERE digest = ?", (digest,))  # noqa: B023
+                tx.execute("DELETE FROM condemned WHERE digest = ?", (digest,))  # noqa: B023
                 counts["spared"] += 1
                 spared.append(digest)  # noqa: B023
 
-            if (digest in referenced or digest in late_refs or conn.execute(
+            if (digest in referenced or digest in late_refs or tx.execute(
                     "SELECT 1 FROM manifest_entries WHERE digest = ? LIMIT 1", (digest,)
-            ).fetchone() is not None or pinned_now(conn, digest, now, window_ns)):
+            ).fetchone() is not None or pinned_now(tx, digest, now, window_ns)):
                 spare()
                 continue
             reason = "orphan"
-            inline_row = conn.execute("SELECT size, stored_ns FROM blob_data WHERE digest = ?",
+            inline_row = tx.execute("SELECT size, stored_ns FROM blob_data WHERE digest = ?",
                                       (digest,)).fetchone()
             if inline_row is not None:
                 if now - int(inline_row[1]) < grace_ns:
                     spare()  # freshened by a dedup hit since it was condemned
                     continue
-                conn.execute("DELETE FROM blob_data WHERE digest = ?", (digest,))
+                tx.execute("DELETE FROM blob_data WHERE digest = ?", (digest,))
                 size, was_inline = int(inline_row[0]), True
                 with contextlib.suppress(OSError, BlobCorrupt):
                     ledger.blobs.delete(digest)  # a stray file copy, if one exists
@@ -383,7 +383,7 @@ def _collect_batch(ledger: Ledger, report: GcReport, batch: list[str], reference
                         continue
                     ledger.blobs.delete(digest)  # unlink + directory fsync
                     size, was_inline = found.size, False
-            conn.execute("DELETE FROM condemned WHERE digest = ?", (digest,))
+            tx.execute("DELETE FROM condemned WHERE digest = ?", (digest,))
             if reason == "orphan":
                 counts["collected"] += 1
                 counts["reclaimed"] += size

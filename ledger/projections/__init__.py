@@ -25,8 +25,8 @@ import msgspec
 from ..store.sqlite.file import Database
 from ..errors import CorruptLedger, IllegalTransition, InvalidInput
 from ..events import StepEvent
-from ..log import FOLD_COLUMNS, EventLog
-from ..store import Checkpoint
+from ..log import EventLog
+from ..store import Checkpoint, Tx
 from . import refs as refs_mod
 from . import steps as steps_mod
 from . import workspaces as ws_mod
@@ -82,16 +82,16 @@ class StepsProjector:
     CACHE_MAX: Final = 10_000
 
     def __init__(self) -> None:
-        self.conn: apsw.Connection | None = None
+        self.conn: Tx | None = None
         self.pending: dict[str, StepRow] = {}
         self.cache: dict[str, StepRow] = {}
         self.refs = refs_mod.RefsBatch()
         self.ws = WorkspacesFold()
 
-    def begin(self, conn: apsw.Connection) -> None:
-        self.conn, self.pending = conn, {}
+    def begin(self, tx: Tx) -> None:
+        self.conn, self.pending = tx, {}
         self.refs = refs_mod.RefsBatch()
-        self.ws = WorkspacesFold(conn)
+        self.ws = WorkspacesFold(tx)  # type: ignore[arg-type]
 
     def current(self, step_id: str) -> StepRow | None:
         """The step's row as this transaction sees it (pending changes included)."""
@@ -124,7 +124,7 @@ class StepsProjector:
         if kind in ws_mod.KINDS:
             self.ws.apply(event, seq, time_ns)
 
-    def flush(self, conn: apsw.Connection, last_seq: int) -> None:
+    def flush(self, conn: Tx, last_seq: int) -> None:  # type: ignore[override]
         if self.pending:
             conn.executemany(UPSERT_SQL, [r.as_tuple() for r in self.pending.values()])
         # A pin or a manifest naming a blob un-condemns it (GC re-checks anyway).
@@ -168,10 +168,10 @@ def fold_rows(
     refs_kinds, finished = refs_mod.KINDS, _FINISHED
     step_fold, get, pop = fold, working.get, working.pop
     bad = (msgspec.DecodeError, msgspec.ValidationError, InvalidInput, ValueError, TypeError)
-    for seq, time_ns, kind, v, payload in log.rows(after_seq, columns=FOLD_COLUMNS):
+    for seq, time_ns, kind, v, payload in log.store.view.fold_rows(after_seq):
         if not (type(seq) is int and type(time_ns) is int and type(kind) is str
                 and type(v) is int and type(payload) is bytes):
-            raise CorruptLedger(log.db.path, f"event #{seq!r} has a cell of the wrong type"
+            raise CorruptLedger(log.path, f"event #{seq!r} has a cell of the wrong type"
                                 " (a damaged row)")
         last = seq  # type: ignore[assignment]
         done += 1
@@ -182,12 +182,12 @@ def fold_rows(
         try:
             event = decode_for_fold(kind, payload, v)  # type: ignore[arg-type]
         except bad as exc:
-            raise CorruptLedger(log.db.path, f"event #{seq} cannot be decoded: {exc}") from None
+            raise CorruptLedger(log.path, f"event #{seq} cannot be decoded: {exc}") from None
         if ws is not None and kind in ws_kinds:
             try:
                 ws.validate(event, time_ns)  # type: ignore[arg-type]
             except IllegalTransition as exc:
-                raise CorruptLedger(log.db.path, f"event #{seq} breaks the lifecycle: {exc}") from None
+                raise CorruptLedger(log.path, f"event #{seq} breaks the lifecycle: {exc}") from None
             ws.apply(event, seq, time_ns)  # type: ignore[arg-type]
         if kind not in step_kinds:
             continue
@@ -200,7 +200,7 @@ def fold_rows(
         try:
             current = step_fold(current, event, seq, time_ns)  # type: ignore[arg-type]
         except IllegalTransition as exc:
-            raise CorruptLedger(log.db.path, f"event #{seq} breaks the lifecycle: {exc}") from None
+            raise CorruptLedger(log.path, f"event #{seq} breaks the lifecycle: {exc}") from None
         assert current is not None
         if evict is not None and current.state in finished:
             pop(step_id, None)

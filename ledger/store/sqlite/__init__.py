@@ -95,26 +95,12 @@ class SqliteView:
     def events(self, query: EventQuery = EventQuery()) -> Iterator[EventRow]:
         """Event rows matching `query`, in bounded batches (each its own statement)."""
         sql, params = ev.query_sql(query)
-        start = query.after_seq
-        if query.descending:
-            start = 2**63 - 1
-        return self._paged(sql, params, start, query.limit)  # type: ignore[return-value]
+        start = 2**63 - 1 if query.descending else query.after_seq
+        return ev.paged(self._db, sql, params, start, query.limit)  # type: ignore[return-value]
 
     def fold_rows(self, after_seq: int = 0) -> Iterator[FoldRow]:
         sql, params = ev.query_sql(EventQuery(after_seq=after_seq), ev.FOLD_COLUMNS)
-        return self._paged(sql, params, after_seq, None)  # type: ignore[return-value]
-
-    def _paged(self, sql: str, params: list[Any], start: int, limit: int | None
-               ) -> Iterator[tuple[Any, ...]]:
-        rows = ev.paged(self._db.conn, sql, params, start, limit)
-        while True:
-            try:
-                row = next(rows)
-            except StopIteration:
-                return
-            except (apsw.Error, UnicodeDecodeError) as exc:
-                raise read_error(exc, self._db.path) from None
-            yield row
+        return ev.paged(self._db, sql, params, after_seq, None)  # type: ignore[return-value]
 
     def checked_rows(self, after_seq: int = 0) -> Iterator[tuple[EventRow, str | None]]:
         """Every row after `after_seq` with what is wrong with its cells (None: nothing);
@@ -173,9 +159,21 @@ class SqliteTx(SqliteView, TxBase):
     """A ``BEGIN IMMEDIATE`` transaction (the store holds the write lock)."""
 
     def __init__(self, store: SqliteStore, scope: Scope) -> None:
-        super().__init__(store)
+        self._store, self._db = store, store.db  # (SqliteView's, set here: one call less)
         self.scope = scope
         self._time_ns: int | None = None
+        self._cm = store.db.transaction()
+        # a writer's connection is not replaced while it writes: the transitional SQL
+        # runs on it directly (no call per statement)
+        self.execute = store.db.conn.execute  # type: ignore[method-assign]
+        self.executemany = store.db.conn.executemany  # type: ignore[method-assign]
+
+    def __enter__(self) -> SqliteTx:
+        self._cm.__enter__()
+        return self
+
+    def __exit__(self, *exc: Any) -> bool | None:
+        return self._cm.__exit__(*exc)
 
     @property
     def time_ns(self) -> int:
@@ -235,7 +233,8 @@ class SqliteStore:
         self.clock = clock
         root = os.path.join(os.path.dirname(db.path), "blobs")
         self.files = files if files is not None else BlobStore(root)
-        self._view = SqliteView(self)
+        #: Reads outside a read transaction (each statement sees the latest commit).
+        self.view = SqliteView(self)
         self._genesis: bytes | None = None
 
     @property
@@ -258,25 +257,20 @@ class SqliteStore:
             self._genesis = genesis_hash(self.db.meta("ledger_id"))
         return self._genesis
 
-    @property
-    def view(self) -> SqliteView:
-        return self._view
-
     @contextlib.contextmanager
     def read(self) -> Iterator[SqliteView]:
         """A read transaction: every read inside sees one state (inside a transaction:
         the transaction's)."""
         with self.db.snapshot():
-            yield self._view
+            yield self.view
 
-    @contextlib.contextmanager
-    def transaction(self, scope: Scope = Scope()) -> Iterator[SqliteTx]:
-        with self.db.transaction():
-            yield SqliteTx(self, scope)
+    def transaction(self, scope: Scope = Scope()) -> SqliteTx:
+        """``BEGIN IMMEDIATE`` … ``COMMIT`` (`with store.transaction() as tx:`)."""
+        return SqliteTx(self, scope)
 
     def generation(self) -> int:
         """Changes when another connection commits (``PRAGMA data_version``)."""
-        return int(self.db.conn.execute("PRAGMA data_version").fetchone()[0])
+        return self.db.conn.execute("PRAGMA data_version").fetchone()[0]  # type: ignore[no-any-return]
 
     # -- locks beside the ledger -------------------------------------------------------
 

@@ -13,6 +13,8 @@ import apsw
 
 from ...store import ROW_NAMES, ROW_TYPES, EventQuery
 from ...store.base import row_problem
+from .errors import read_error
+from .file import Database
 
 READ_BATCH: Final = 2_000
 
@@ -62,21 +64,25 @@ def query_sql(q: EventQuery, columns: str = ROW_COLUMNS) -> tuple[str, list[Any]
     if q.workspace is not None:
         where.append("workspace = ?")
         params.append(q.workspace)
-    order = "DESC" if q.descending else ""
-    return (f"SELECT {columns} FROM events WHERE {' AND '.join(where)}"
-            f" ORDER BY seq {order} LIMIT ?".replace("  ", " "), params)
+    order = "seq DESC" if q.descending else "seq"
+    return f"SELECT {columns} FROM events WHERE {' AND '.join(where)} ORDER BY {order} LIMIT ?", params
 
 
-def paged(conn: apsw.Connection, sql: str, params: list[Any], start: int, limit: int | None,
-          descending: bool = False) -> Iterator[tuple[Any, ...]]:
-    """Rows of `sql` in batches of READ_BATCH, paging on the first column (seq)."""
+def paged(db: Database, sql: str, params: list[Any], start: int, limit: int | None
+          ) -> Iterator[tuple[Any, ...]]:
+    """Rows of `sql` in batches of READ_BATCH, paging on the first column (seq); a failed
+    read is a typed error (`read_error`). The fold loop runs through this once per event:
+    rows are yielded straight from each batch."""
     remaining = limit
     last = start
     while True:
         batch = READ_BATCH if remaining is None else min(READ_BATCH, remaining)
         if batch <= 0:
             return
-        got = conn.execute(sql, (last, *params, batch)).fetchall()
+        try:
+            got = db.conn.execute(sql, (last, *params, batch)).fetchall()
+        except (apsw.Error, UnicodeDecodeError) as exc:
+            raise read_error(exc, db.path) from None
         yield from got
         if len(got) < batch:
             return

@@ -871,10 +871,7 @@ class WorkspaceProtocol:
                  if n <= self.inline_max_bytes}
         large = {d: c for d, (c, n) in contents.items() if n > self.inline_max_bytes}
         now = self.clock()
-        self._log.append(
-            [*planned, *pins], guard=self._guard(),
-            before=(lambda conn: self._write_inline(conn, small, now)) if small else None,
-        )
+        self._log.append([*planned, *pins], guard=self._guard(), inline=small, inline_ns=now)
         for d, c in large.items():  # pinned (committed) before the file is written
             self.blobs.put_content(c, d)
         return [None] * len(plans)
@@ -894,8 +891,8 @@ class WorkspaceProtocol:
             if small:
                 now = self.clock()
                 inline = content_bytes(data, digest)
-                with self._db.transaction() as conn:
-                    self._write_inline(conn, {digest: inline}, now)
+                with self._store.transaction() as tx:
+                    tx.put_inline({digest: inline}, now)
             else:
                 self.blobs.put_content(data, digest)
 
@@ -941,9 +938,10 @@ class WorkspaceProtocol:
                 writes.append(PlannedWrite(path=w.path, base_rev=0 if state is None else state[0],
                                            pre_hash=w.pre_hash, post_hash=w.post_hash))
         for w in writes:
-            if w.post_hash is not None and self._blob_size_now(w.post_hash) is None:
+            found = None if w.post_hash is None else self._blob_now(w.post_hash)
+            if w.post_hash is not None and found is None:
                 raise BlobNotFound(w.post_hash, f"the post-image of {w.path} is gone; plan anew")
-            if w.post_hash is not None and not self._is_inline(w.post_hash):
+            if found is not None and not found[1]:
                 # a file post-image whose name may never have been made durable (a failed
                 # directory fsync): put it again — the dedup path fsyncs file and directory
                 # (and reads nothing from the source, streamed as it would be otherwise)
@@ -957,28 +955,14 @@ class WorkspaceProtocol:
         self._log.append([planned, *pins], guard=self._guard())
         return planned.attempt
 
-    def _is_inline(self: Ledger, digest: str) -> bool:
-        with self._db.snapshot() as conn:
-            return conn.execute("SELECT 1 FROM blob_data WHERE digest = ?",
-                                (digest,)).fetchone() is not None
-
     def _blob_size_now(self: Ledger, digest: str) -> int | None:
-        with self._db.snapshot() as conn:
-            found = self._blob_size(conn, digest)
+        found = self._blob_now(digest)
         return None if found is None else found[0]
 
-    @staticmethod
-    def _write_inline(conn: Any, blobs: dict[str, bytes], now: int) -> None:
-        """Write inline blob rows (re-writing a damaged row; freshening an intact one)."""
-        for digest, data in blobs.items():
-            found = conn.execute("SELECT data FROM blob_data WHERE digest = ?", (digest,)).fetchone()
-            if found is not None and bytes(found[0]) == data:
-                conn.execute("UPDATE blob_data SET stored_ns = ? WHERE digest = ?", (now, digest))
-            else:
-                conn.execute(
-                    "INSERT OR REPLACE INTO blob_data(digest, size, data, stored_ns) VALUES (?,?,?,?)",
-                    (digest, len(data), data, now),
-                )
+    def _blob_now(self: Ledger, digest: str) -> tuple[int, bool] | None:
+        """(size, inline) of a stored blob, looked up now."""
+        with self._store.read() as view:
+            return view.blob_size(digest)
 
     # -- applying ------------------------------------------------------------------------
 
@@ -1087,9 +1071,7 @@ class WorkspaceProtocol:
         for d in large:
             self.blobs.check_writable(d)  # a store that refuses the put: pin nothing
         now = self.clock()
-        recorded = self._log.append(
-            pins, guard=self._guard(),
-            before=(lambda conn: self._write_inline(conn, small, now)) if small else None)
+        recorded = self._log.append(pins, guard=self._guard(), inline=small, inline_ns=now)
         for d, path in large.items():
             with wsdir.open(path) as fd:
                 if fd is None:

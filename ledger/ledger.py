@@ -18,7 +18,6 @@ from .blobs import (
     check_content,
     content_bytes,
     content_digest,
-    digest_of,
 )
 from .store.sqlite.file import BUSY_TIMEOUT_MS, Database, Synchronous
 from .errors import (
@@ -65,7 +64,7 @@ from .fences import (
     WorkspaceProtocol,
 )
 from .log import EventLog, Head
-from .store import Tx
+from .store import ReadView, Tx
 from .store.sqlite.events import ROW_COLUMNS
 from .store.sqlite import SqliteStore
 from .projections import (
@@ -611,31 +610,10 @@ class Ledger(WorkspaceProtocol):
 
     # -- blobs -----------------------------------------------------------------------
 
-    def _blob_size(self, conn: Any, digest: str) -> tuple[int, bool] | None:
-        """(size, inline) of a stored blob, looked up now — never cached across calls."""
-        row = conn.execute("SELECT size FROM blob_data WHERE digest = ?", (digest,)).fetchone()
-        if row is not None:
-            return int(row[0]), True
-        size = self.blobs.size(digest)
-        return None if size is None else (size, False)
-
-    def _check_blob(self, conn: Any, digest: str, size: int, *, deep: bool) -> None:
+    def _check_blob(self, view: ReadView, digest: str, size: int, *, deep: bool) -> None:
         """Raise BlobNotFound / BlobCorrupt unless the blob is present with `size` bytes
         (and, when `deep` or small enough, hashes to its name)."""
-        row = conn.execute("SELECT size, data FROM blob_data WHERE digest = ?", (digest,)).fetchone()
-        if row is not None:
-            if row[0] != size or len(row[1]) != size:
-                raise BlobCorrupt(digest, f"the inline row holds {len(row[1])} bytes, {size} recorded")
-            if digest_of(row[1]) != digest:
-                raise BlobCorrupt(digest, "the inline row's bytes do not hash to its name")
-            return
-        found = self.blobs.size(digest)
-        if found is None:
-            raise BlobNotFound(digest)
-        if found != size:
-            raise BlobCorrupt(digest, f"the file holds {found} bytes, {size} were recorded")
-        if deep or size <= self.hash_check_max_bytes:
-            self.blobs.check(digest)
+        view.check_blob(digest, size, hash_file=deep or size <= self.hash_check_max_bytes)
 
     def _guard(self) -> Callable[[Tx, Event], None]:
         """The check the log runs inside an append transaction, before inserting an event
@@ -658,7 +636,7 @@ class Ledger(WorkspaceProtocol):
             if isinstance(event, BlobStored):
                 if (event.digest, event.size, event.inline) in seen:
                     return
-                found = self._blob_size(tx, event.digest)
+                found = tx.blob_size(event.digest)
                 if found is None:
                     raise BlobNotFound(event.digest, "store the bytes before recording blob-stored")
                 if found != (event.size, event.inline):
@@ -677,33 +655,20 @@ class Ledger(WorkspaceProtocol):
     def read_blob(self, digest: str, *, size: int | None = None, verify: bool = True) -> bytes:
         """A blob's bytes (inline row or file), checked against `size` and its hash."""
         check_digest(digest)
-        with self._db.snapshot() as conn:
-            row = conn.execute("SELECT data FROM blob_data WHERE digest = ?", (digest,)).fetchone()
-        if row is None:
-            return self.blobs.read(digest, size=size, verify=verify)
-        data = bytes(row[0])
-        if size is not None and len(data) != size:
-            raise BlobCorrupt(digest, f"the inline row holds {len(data)} bytes, {size} recorded")
-        if verify and digest_of(data) != digest:
-            raise BlobCorrupt(digest, "the inline row's bytes do not hash to its name")
-        return data
+        return self._store.blobs.read(digest, size=size, verify=verify)
 
     def blob_chunks(self, digest: str, *, size: int | None = None) -> Iterator[bytes]:
         """A blob's bytes in bounded pieces (an inline row is one piece): BlobNotFound at
         once when it is missing; its size and hash are checked by the time the last piece
         is read (BlobCorrupt then: whoever wrote the pieces somewhere discards them)."""
         check_digest(digest)
-        with self._db.snapshot() as conn:
-            row = conn.execute("SELECT data FROM blob_data WHERE digest = ?", (digest,)).fetchone()
-        if row is None:
-            return self.blobs.chunks(digest, size=size)
-        return iter((self.read_blob(digest, size=size),))
+        return self._store.blobs.chunks(digest, size=size)
 
     def check_blob(self, digest: str, size: int, *, deep: bool = True) -> None:
         """Raise BlobNotFound / BlobCorrupt unless the blob is intact (re-hashed if `deep`)."""
         check_digest(digest)
-        with self._db.snapshot() as conn:
-            self._check_blob(conn, digest, size, deep=deep)
+        with self._store.read() as view:
+            self._check_blob(view, digest, size, deep=deep)
 
     def blob_list(self) -> list[dict[str, Any]]:
         """Every stored blob (inline rows, files) and leftover temporary file, with its
@@ -712,13 +677,11 @@ class Ledger(WorkspaceProtocol):
         referenced = {e[4] for e in refs.entries}
         pinned = {d for (_s, _a, d) in refs.pins}
         out: list[dict[str, Any]] = []
-        with self._db.snapshot() as conn:
-            for digest, size, stored_ns in conn.execute(
-                "SELECT digest, size, stored_ns FROM blob_data ORDER BY digest"
-            ):
-                out.append({"digest": digest, "size": size, "where": "inline",
-                            "mtime_ns": stored_ns, "referenced": digest in referenced,
-                            "pinned": digest in pinned})
+        with self._store.read() as view:
+            for b in view.inline_blobs():
+                out.append({"digest": b.digest, "size": b.size, "where": "inline",
+                            "mtime_ns": b.mtime_ns, "referenced": b.digest in referenced,
+                            "pinned": b.digest in pinned})
         for f in self.blobs.scan():
             out.append({"digest": f.digest, "size": f.size, "where": "file",
                         "mtime_ns": f.mtime_ns, "referenced": f.digest in referenced,
@@ -826,8 +789,8 @@ class Ledger(WorkspaceProtocol):
             # The pin, the bytes and `blob-stored` commit together: the blob is never
             # visible unpinned, so one transaction does what two would.
             now = self.clock()
-            self._log.append([pin, event], guard=self._guard(),
-                             before=lambda conn: self._write_inline(conn, {digest: small}, now))
+            self._log.append([pin, event], guard=self._guard(), inline={digest: small},
+                             inline_ns=now)
         else:
             self.blobs.check_writable(digest)  # a store that refuses the put: pin nothing
             self.append(pin)  # committed before the file is written or deduplicated
@@ -879,9 +842,7 @@ class Ledger(WorkspaceProtocol):
         now = self.clock()
         try:
             recorded = self._log.append(
-                [*stored, event], guard=self._guard(),
-                before=(lambda conn: self._write_inline(conn, small, now)) if small else None,
-            )
+                [*stored, event], guard=self._guard(), inline=small, inline_ns=now)
         except IllegalTransition:
             # a concurrent runner of the same attempt published first: its manifest won
             if self.step(step).live:

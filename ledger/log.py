@@ -16,7 +16,7 @@ IdempotencyConflict and writes nothing.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Final
 
 import msgspec
@@ -67,7 +67,8 @@ class EventLog:
         self,
         events: Sequence[Event] | Builder,
         *,
-        before: Callable[[Tx], None] | None = None,
+        inline: Mapping[str, bytes] | None = None,
+        inline_ns: int = 0,
         guard: Guard | None = None,
     ) -> list[RecordedEvent]:
         """Append events atomically; return them as recorded, in order.
@@ -77,9 +78,10 @@ class EventLog:
         `deduped=True`; with a different event, IdempotencyConflict. An illegal
         transition raises IllegalTransition. On any error nothing is written.
         `events` may be a builder, `build(tx, time_ns)`, run under the write lock.
-        `before(tx)` runs first inside the transaction (to write rows the events
-        need, such as inline blob bytes); `guard(tx, event)` runs before the insert
-        of each new `blob-stored` or `manifest-published` and raises to refuse it.
+        `inline` (digest -> bytes, stored at `inline_ns`) is written first inside the
+        transaction: the inline blob bytes the events name commit with them.
+        `guard(tx, event)` runs before the insert of each new `blob-stored` or
+        `manifest-published` (and each event under an epoch) and raises to refuse it.
         """
         build = events if callable(events) else None
         prepared = [] if build is not None else self._prepare(events)  # type: ignore[arg-type]
@@ -88,8 +90,8 @@ class EventLog:
             with self.store.transaction() as tx:
                 self._sync()
                 head = self._head if self._head is not None else tx.head()
-                if before is not None:
-                    before(tx)
+                if inline:
+                    tx.put_inline(inline, inline_ns)
                 # the events' time, and the clock guards judge lease expiry by: the log
                 # alone can re-check every decision
                 time_ns = tx.time_ns

@@ -93,15 +93,14 @@ def audit(
     report = AuditReport(now_ns=now, grace_s=grace_s, deep=deep)
     grace_ns = int(grace_s * 1e9)
     window_ns = int(ledger.compensation_window_s * 1e9)
-    with ledger._db.snapshot() as conn:
+    with ledger._store.read() as conn:
         try:
             holders = read_references(conn)
         except GcRefused as exc:
             report.problems.append(exc.why)
             holders = None
         pins = live_pins(conn, now, window_ns)
-        inline = {d: (int(n), int(t)) for d, n, t in
-                  conn.execute("SELECT digest, size, stored_ns FROM blob_data")}
+        inline = {b.digest: (int(b.size), int(b.mtime_ns)) for b in conn.inline_blobs()}
         report.committed_steps = int(conn.execute(
             "SELECT count(*) FROM steps WHERE live = 1").fetchone()[0])
         # from the live steps outward (CROSS JOIN keeps SQLite from starting at the

@@ -166,11 +166,10 @@ def _run(ledger: Ledger, report: GcReport, grace_s: float, now_ns: int | None, d
     grace_ns = int(grace_s * 1e9)
     window_ns = int(ledger.compensation_window_s * 1e9)
     db = ledger._db
-    with db.snapshot() as conn:
+    with ledger._store.read() as conn:
         holders = read_references(conn)
         pins = live_pins(conn, now, window_ns)
-        inline = {d: (int(n), int(t)) for d, n, t in
-                  conn.execute("SELECT digest, size, stored_ns FROM blob_data")}
+        inline = {b.digest: (int(b.size), int(b.mtime_ns)) for b in conn.inline_blobs()}
         condemned = {d: (int(n), bool(i)) for d, n, i in
                      conn.execute("SELECT digest, size, inline FROM condemned")}
     try:
@@ -307,8 +306,8 @@ def _collect_copies(ledger: Ledger, report: GcReport, dupes: list[str], grace_ns
         done.update(n=0, bytes=0)
         events: list[Event] = []
         for digest in dupes:
-            row = tx.execute("SELECT data FROM blob_data WHERE digest = ?", (digest,)).fetchone()
-            if row is None or digest_of(bytes(row[0])) != digest:
+            row = tx.inline_blob(digest)
+            if row is None or digest_of(bytes(row[1])) != digest:
                 continue  # the row went or is damaged: the file may be the good copy
             found = ledger.blobs.stat(digest)
             if found is None or now - found.mtime_ns < grace_ns:
@@ -361,14 +360,13 @@ def _collect_batch(ledger: Ledger, report: GcReport, batch: list[str], reference
                 spare()
                 continue
             reason = "orphan"
-            inline_row = tx.execute("SELECT size, stored_ns FROM blob_data WHERE digest = ?",
-                                      (digest,)).fetchone()
+            inline_row = tx.inline_stat(digest)
             if inline_row is not None:
-                if now - int(inline_row[1]) < grace_ns:
+                if now - inline_row.mtime_ns < grace_ns:
                     spare()  # freshened by a dedup hit since it was condemned
                     continue
-                tx.execute("DELETE FROM blob_data WHERE digest = ?", (digest,))
-                size, was_inline = int(inline_row[0]), True
+                tx.delete_inline(digest)
+                size, was_inline = inline_row.size, True
                 with contextlib.suppress(OSError, BlobCorrupt):
                     ledger.blobs.delete(digest)  # a stray file copy, if one exists
             else:

@@ -40,6 +40,7 @@ from .. import (
     StoreInfo,
 )
 from ..base import TxBase
+from . import blobs as bl
 from . import events as ev
 
 #: The projection checkpoint's row (the inline projections are checkpointed together).
@@ -51,15 +52,6 @@ _SELECT_CHECKPOINT: Final = "SELECT last_seq, version FROM projection_checkpoint
 _SELECT_META: Final = "SELECT value FROM meta WHERE key = ?"
 _UPSERT_META: Final = ("INSERT INTO meta(key, value) VALUES (?, ?)"
                        " ON CONFLICT(key) DO UPDATE SET value = excluded.value")
-_INLINE_SIZE: Final = "SELECT size FROM blob_data WHERE digest = ?"
-_INLINE_BLOB: Final = "SELECT size, data FROM blob_data WHERE digest = ?"
-_INLINE_DATA: Final = "SELECT data FROM blob_data WHERE digest = ?"
-_INLINE_FRESHEN: Final = "UPDATE blob_data SET stored_ns = ? WHERE digest = ?"
-_INLINE_PUT: Final = ("INSERT OR REPLACE INTO blob_data(digest, size, data, stored_ns)"
-                      " VALUES (?,?,?,?)")
-_INLINE_DELETE: Final = "DELETE FROM blob_data WHERE digest = ?"
-_INLINE_ALL: Final = "SELECT digest, size, stored_ns FROM blob_data ORDER BY digest"
-
 
 class SqliteView:
     """Reads of the store's connection (inside `read()`: one snapshot)."""
@@ -134,24 +126,34 @@ class SqliteView:
     def meta_all(self) -> dict[str, object]:
         return dict(self._db.conn.execute("SELECT key, value FROM meta").fetchall())
 
-    # -- blobs -------------------------------------------------------------------------
+    # -- blobs (docs/storage.md: the inline row, else the blob file) ---------------------
 
     def blob_size(self, digest: str) -> tuple[int, bool] | None:
         """(size, inline) of a stored blob — the inline row, else the blob file —, looked
         up now: never cached across calls."""
-        row = self._db.conn.execute(_INLINE_SIZE, (digest,)).fetchone()
+        row = self._db.conn.execute(bl.INLINE_SIZE, (digest,)).fetchone()
         if row is not None:
             return int(row[0]), True
         size = self._store.files.size(digest)
         return None if size is None else (size, False)
 
+    def check_blob(self, digest: str, size: int, *, hash_file: bool) -> None:
+        """Raise BlobNotFound / BlobCorrupt unless the blob is present with `size` bytes and
+        hashes to its name (an inline row is always re-hashed; a file when `hash_file`)."""
+        bl.check_blob(self, self._store.files, digest, size, hash_file=hash_file)
+
     def inline_blob(self, digest: str) -> tuple[int, bytes] | None:
         """(recorded size, bytes) of an inline blob row; None when there is none."""
-        row = self._db.conn.execute(_INLINE_BLOB, (digest,)).fetchone()
+        row = self._db.conn.execute(bl.INLINE_BLOB, (digest,)).fetchone()
         return None if row is None else (row[0], row[1])
 
+    def inline_stat(self, digest: str) -> BlobStat | None:
+        """An inline blob row's size and stored time (no bytes read); None: none."""
+        row = self._db.conn.execute(bl.INLINE_STAT, (digest,)).fetchone()
+        return None if row is None else BlobStat(digest, int(row[0]), True, int(row[1]))
+
     def inline_blobs(self) -> Iterator[BlobStat]:
-        for digest, size, stored_ns in self._db.conn.execute(_INLINE_ALL):
+        for digest, size, stored_ns in self._db.conn.execute(bl.INLINE_ALL):
             yield BlobStat(digest, size, True, stored_ns)
 
 
@@ -211,14 +213,14 @@ class SqliteTx(SqliteView, TxBase):
         (its `stored_ns`: GC's grace window counts from it)."""
         conn = self._db.conn
         for digest, data in blobs.items():
-            found = conn.execute(_INLINE_DATA, (digest,)).fetchone()
+            found = conn.execute(bl.INLINE_DATA, (digest,)).fetchone()
             if found is not None and bytes(found[0]) == data:
-                conn.execute(_INLINE_FRESHEN, (stored_ns, digest))
+                conn.execute(bl.INLINE_FRESHEN, (stored_ns, digest))
             else:
-                conn.execute(_INLINE_PUT, (digest, len(data), data, stored_ns))
+                conn.execute(bl.INLINE_PUT, (digest, len(data), data, stored_ns))
 
     def delete_inline(self, digest: str) -> None:
-        self._db.conn.execute(_INLINE_DELETE, (digest,))
+        self._db.conn.execute(bl.INLINE_DELETE, (digest,))
 
     def set_meta(self, key: str, value: str) -> None:
         self._db.conn.execute(_UPSERT_META, (key, value))
@@ -232,7 +234,10 @@ class SqliteStore:
         self.db = db
         self.clock = clock
         root = os.path.join(os.path.dirname(db.path), "blobs")
+        #: The blob files (what the inline threshold leaves out of the ledger file).
         self.files = files if files is not None else BlobStore(root)
+        #: Blob bytes outside a transaction: the inline rows, else the files.
+        self.blobs = bl.SqliteBlobs(self)
         #: Reads outside a read transaction (each statement sees the latest commit).
         self.view = SqliteView(self)
         self._genesis: bytes | None = None

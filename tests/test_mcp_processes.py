@@ -12,7 +12,9 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import json
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -22,7 +24,7 @@ from typing import Any
 
 import anyio
 import pytest
-from mcp import Client
+from mcp import Client, StdioServerParameters
 
 from mcp_agents import over_stdio, server_env, stepledger_command, text
 
@@ -84,6 +86,30 @@ def test_a_scripted_session_over_stdio(repo: Path) -> None:
             bad = await agent.fails("read_text_file", path="../../etc/passwd")
             assert "\n" not in text(bad)
         verify_clean(repo)
+
+    run(go)
+
+
+def test_the_readme_client_configuration_serves_the_project(repo: Path) -> None:
+    """The `.mcp.json` the README shows, started the way a client starts it (its command
+    and arguments, in the project's directory), serves that project."""
+    readme = (Path(__file__).resolve().parent.parent / "README.md").read_text()
+    block = re.search(r"cat > \.mcp\.json <<'EOF'\n(.*?)\nEOF\n", readme, re.S)
+    assert block, "the README lost its client configuration"
+    entry = json.loads(block[1])["mcpServers"]["stepledger"]
+    assert entry["command"] == "stepledger"
+    params = StdioServerParameters(command=stepledger_command(), args=entry["args"],
+                                   env=server_env(), cwd=str(repo))
+
+    async def go() -> None:
+        async with Client(params, read_timeout_seconds=60) as client:
+            r = await client.call_tool("list_allowed_directories", {})
+            assert r.structured_content["directories"][0]["path"] == str(repo.resolve())
+            r = await client.call_tool("write_file", {"path": "from-client.txt",
+                                                      "content": "hi\n"})
+            assert not r.is_error, text(r)
+        assert (repo / "from-client.txt").read_text() == "hi\n"
+        assert (repo / ".stepledger" / "ledger.db").exists()
 
     run(go)
 

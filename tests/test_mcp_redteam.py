@@ -386,9 +386,6 @@ def test_huge_content_and_huge_files_are_refused_before_anything_is_written(
     run(go)
 
 
-@pytest.mark.xfail(strict=True, reason="create_directory has no bound on a path's length or"
-                   " depth (fs.check_rel skips events.check_relpath): one call makes"
-                   " thousands of nested directories no write may ever use")
 def test_create_directory_is_bounded_like_every_other_path(repo: Path) -> None:
     deep = ("d" * 10 + "/") * 380  # 4180 characters: longer than any write may name
 
@@ -406,9 +403,6 @@ def test_create_directory_is_bounded_like_every_other_path(repo: Path) -> None:
         subprocess.run(["rm", "-rf", str(repo / ("d" * 10))], check=False)
 
 
-@pytest.mark.xfail(strict=True, reason="create_directory accepts a name that is not UTF-8 (a"
-                   " lone surrogate becomes a raw byte on disk), which every write refuses"
-                   " and which then breaks the listings (see the non-UTF-8 name test)")
 def test_create_directory_refuses_a_name_that_is_not_utf8(repo: Path) -> None:
     async def go() -> None:
         async with inprocess([str(repo)]) as agent:
@@ -440,10 +434,6 @@ def test_a_name_shaped_like_a_stepledger_temporary_is_refused_or_kept(repo: Path
     run(go)
 
 
-@pytest.mark.xfail(strict=True, reason="edit_file's whitespace-tolerant fallback"
-                   " (edits._apply_by_lines) is O(file lines x oldText lines) and runs under"
-                   " the server's lock: a 40 KB file and a 30 KB oldText stall every call of"
-                   " the server for seconds (quadratically more for bigger ones)")
 def test_a_whitespace_tolerant_edit_is_not_quadratic(repo: Path) -> None:
     (repo / "big.txt").write_text("a\n" * 20_000)
 
@@ -459,9 +449,6 @@ def test_a_whitespace_tolerant_edit_is_not_quadratic(repo: Path) -> None:
     run(go)
 
 
-@pytest.mark.xfail(strict=True, reason="move_file of a directory silently leaves behind what"
-                   " the walk hides (a nested .git, stepledger temporaries) and reports the"
-                   " directory moved; it should refuse as it does for a symlink inside")
 def test_moving_a_directory_never_leaves_part_of_it_behind(repo: Path) -> None:
     (repo / "pkg" / ".git").mkdir(parents=True)
     (repo / "pkg" / ".git" / "HEAD").write_text("ref: refs/heads/main\n")
@@ -483,10 +470,6 @@ def test_moving_a_directory_never_leaves_part_of_it_behind(repo: Path) -> None:
 # =====================================================================================
 
 
-@pytest.mark.xfail(strict=True, reason="a file name that is not UTF-8 in the workspace (put"
-                   " there by a person, a build, an old archive) makes list_directory /"
-                   " directory_tree / search_files return a lone surrogate the SDK cannot"
-                   " serialize: the stdio server dies with a traceback and the call hangs")
 def test_a_file_name_that_is_not_utf8_does_not_kill_the_server(repo: Path) -> None:
     with open(os.fsencode(repo) + b"/caf\xe9.txt", "wb") as f:
         f.write(b"latin-1 name\n")
@@ -605,10 +588,6 @@ def test_a_malformed_client_gets_answers_never_a_write(repo: Path) -> None:
         _close(proc)
 
 
-@pytest.mark.xfail(strict=True, reason="a request the SDK's stdio reader cannot validate (a"
-                   " lone-surrogate \\u escape, valid JSON text) is dropped without an answer:"
-                   " the client waits forever for its id (SDK stdin_reader sends the"
-                   " exception nowhere); the server could answer -32602/-32700 itself")
 def test_a_request_the_sdk_cannot_decode_still_gets_an_answer(repo: Path) -> None:
     proc = _raw_stdio(repo)
     try:
@@ -711,10 +690,6 @@ def test_a_second_client_reusing_a_request_id_cannot_pass_another_change_for_it(
     run(go)
 
 
-@pytest.mark.xfail(strict=True, reason="step ids are mcp:<workspace>:<requestId> and both may"
-                   " hold ':': requestId 'x:r1' in workspace 'app' IS step r1 of workspace"
-                   " 'app:x', and _replay never checks the step's workspace: the write is"
-                   " answered 'Already applied' and nothing is written")
 def test_a_request_id_never_names_a_step_of_another_workspace(tmp_path: Path) -> None:
     app, other = tmp_path / "app", tmp_path / "other"
     app.mkdir()
@@ -736,10 +711,6 @@ def test_a_request_id_never_names_a_step_of_another_workspace(tmp_path: Path) ->
     run(go)
 
 
-@pytest.mark.xfail(strict=True, reason="leases._Slot: a flock held on the lock file beside the"
-                   " ledger (a SIGSTOPped or hung server, any local process) locks every server"
-                   " out of writing for good, though the ledger's lease is free: the queue"
-                   " overrides the lease's TTL instead of falling back to Ledger.acquire")
 def test_a_lock_file_held_by_a_stuck_process_does_not_lock_writers_out(repo: Path) -> None:
     async def go() -> None:
         async with inprocess([str(repo)], lease_wait_s=1.0) as agent:
@@ -759,9 +730,6 @@ def test_a_lock_file_held_by_a_stuck_process_does_not_lock_writers_out(repo: Pat
     run(go)
 
 
-@pytest.mark.xfail(strict=True, reason="leases._Slot.acquire announces itself with a BLOCKING"
-                   " flock(LOCK_SH) on the .wait file: a process holding it exclusively hangs"
-                   " the write (and the whole server, under its lock) past --lease-wait")
 def test_a_held_wait_file_never_hangs_a_write_past_its_lease_wait(repo: Path) -> None:
     async def go() -> None:
         async with inprocess([str(repo)], lease_wait_s=0.5) as agent:
@@ -808,9 +776,6 @@ def test_a_lock_file_replaced_by_a_fifo_or_a_directory_does_not_hang_or_fail(
     run(go)
 
 
-@pytest.mark.xfail(strict=True, reason="leases._Slot opens the lock files beside the ledger"
-                   " with O_CREAT and without O_NOFOLLOW: a symlink planted there makes every"
-                   " server create (as its user, root here) a file wherever it points")
 def test_the_lock_file_is_never_followed_through_a_symlink(repo: Path, tmp_path: Path) -> None:
     target = tmp_path / "elsewhere" / "planted"
     target.parent.mkdir()
@@ -829,9 +794,6 @@ def test_the_lock_file_is_never_followed_through_a_symlink(repo: Path, tmp_path:
     run(go)
 
 
-@pytest.mark.xfail(strict=True, reason="FileTools._commit holds the server's lock while"
-                   " Leases.hold waits for the lease (up to --lease-wait, 30 s): every read of"
-                   " that server waits too, though docs/mcp.md says reads never wait for it")
 def test_reads_never_wait_for_the_lease(repo: Path) -> None:
     async def go() -> None:
         async with inprocess([str(repo)], lease_wait_s=2.0) as agent:
@@ -855,10 +817,6 @@ def test_reads_never_wait_for_the_lease(repo: Path) -> None:
     run(go)
 
 
-@pytest.mark.xfail(strict=True, reason="two servers of the same two workspaces (one ledger):"
-                   " each keeps one workspace's lease (the linger) while it waits for the"
-                   " other's under its own lock, so neither idle timer can let go: both writes"
-                   " fail after --lease-wait (Leases.hold keeps other workspaces' leases)")
 def test_two_servers_of_two_workspaces_never_deadlock(tmp_path: Path) -> None:
     a_dir, b_dir = tmp_path / "A", tmp_path / "B"
     a_dir.mkdir()
@@ -954,10 +912,6 @@ def test_a_sigkill_between_two_files_of_one_change_leaves_nothing_half_applied(
     run(go)
 
 
-@pytest.mark.xfail(strict=True, reason="an undo (Ledger.compensate) SIGKILLed between two"
-                   " files is left half-undone: one file back, the other still the step's;"
-                   " the step stays 'committed', status shows nothing unsettled, the next"
-                   " server's epoch does not finish or roll it back, verify is clean")
 def test_a_sigkill_in_the_middle_of_an_undo_leaves_nothing_half_undone(repo: Path) -> None:
     (repo / "a.txt").write_text("a0\n")
     (repo / "b.txt").write_text("b0\n")
@@ -1013,10 +967,6 @@ def _paused_write(repo: Path, tmp_path: Path, stage: str, tool: str,
     run(go)
 
 
-@pytest.mark.xfail(strict=True, reason="requestId journal: a step that died after admit (its"
-                   " pre-image never stored as a blob) is 'matched' by ANY edits on that path"
-                   " (service.write_files.matches: pre-image gone -> paths only): a retry with"
-                   " other edits is answered 'Already applied' with the FIRST edits written")
 def test_a_retry_with_the_same_request_id_but_other_edits_is_not_the_first(
         repo: Path, tmp_path: Path) -> None:
     first = {"path": "README.txt", "requestId": "rid-1",
@@ -1056,9 +1006,6 @@ def test_http_on_loopback_refuses_a_rebound_host_and_a_foreign_origin(repo: Path
         assert out.returncode == 2 and "no authentication" in out.stderr, (host, out.stderr)
 
 
-@pytest.mark.xfail(strict=True, reason="server.serve: a loopback address other than 127.0.0.1"
-                   " / localhost / ::1 (e.g. --host 127.0.0.2, accepted by check_bind) turns"
-                   " the SDK's DNS-rebinding protection OFF: any Host and Origin are served")
 def test_http_on_any_loopback_address_keeps_dns_rebinding_protection(repo: Path) -> None:
     port = free_port()
     with http_server(repo, "127.0.0.2", port):

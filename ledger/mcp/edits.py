@@ -56,16 +56,15 @@ def _apply_by_lines(text: str, old: str, new: str, n: int, path: str) -> str:
         old_lines.pop()
     if not old_lines:
         raise EditRefused(f"edit {n} of {path}: oldText is only whitespace")
-    want = [x.strip() for x in old_lines]
-    hits = [i for i in range(len(lines) - len(want) + 1)
-            if [x.strip() for x in lines[i:i + len(want)]] == want]
+    hits = _find_lines([x.strip() for x in lines], [x.strip() for x in old_lines])
     if not hits:
         raise EditRefused(f"edit {n} of {path}: oldText was not found (not even ignoring"
                           " indentation); read the file again and copy the text exactly")
     if len(hits) > 1:
-        raise EditRefused(f"edit {n} of {path}: oldText matches {len(hits)} places ignoring"
+        raise EditRefused(f"edit {n} of {path}: oldText matches more than one place ignoring"
                           " indentation; include more surrounding lines")
     i = hits[0]
+    want = old_lines
     base = _indent(lines[i])
     old_base = _indent(old_lines[0])
     out = []
@@ -75,6 +74,34 @@ def _apply_by_lines(text: str, old: str, new: str, n: int, path: str) -> str:
         else:
             out.append(base + line.lstrip() if line.strip() else line)
     return "\n".join([*lines[:i], *out, *lines[i + len(want):]])
+
+
+def _find_lines(haystack: list[str], needle: list[str]) -> list[int]:
+    """Where the line sequence `needle` starts in `haystack`: at most the first two
+    places. Each distinct line becomes one character and the search is `str.find`'s,
+    so the time follows the lengths, never their product (an agent-written oldText of
+    10,000 lines against a 20,000-line file answers at once)."""
+    ids: dict[str, str] = {}
+
+    def code(line: str) -> str:
+        got = ids.get(line)
+        if got is None:
+            n = len(ids)
+            if n >= 0x10F000:
+                raise EditRefused("the file has too many distinct lines for a match that"
+                                  " ignores indentation; give oldText exactly")
+            got = ids[line] = chr(n + 0x800 if n >= 0xD800 else n)  # no surrogates
+        return got
+
+    hay = "".join(code(x) for x in haystack)
+    if any(x not in ids for x in needle):
+        return []  # a line the file does not have
+    pin = "".join(ids[x] for x in needle)
+    first = hay.find(pin)
+    if first < 0:
+        return []
+    second = hay.find(pin, first + 1)
+    return [first] if second < 0 else [first, second]
 
 
 def unified_diff(before: bytes | None, after: bytes | None, path: str, *,

@@ -108,11 +108,14 @@ class Entry:
 
 @dataclass
 class Walk:
-    """The result of a bounded walk: what was found and whether a bound stopped it."""
+    """The result of a bounded walk: what was found and whether a bound stopped it;
+    `hidden`, the paths left out (the ledger's, .git, temporaries, names that are not
+    UTF-8: a name no tool can pass back is not shown)."""
 
     entries: list[Entry] = field(default_factory=list)
     truncated: bool = False
     why: str = ""
+    hidden: list[str] = field(default_factory=list)
 
 
 def _kind(st: os.stat_result) -> str:
@@ -125,18 +128,43 @@ def _kind(st: os.stat_result) -> str:
     return "other"
 
 
+#: As the ledger bounds every path a step may name (events.PATH_MAX, NAME_MAX).
+PATH_MAX: Final = 4096
+NAME_MAX: Final = 255
+
+
 def check_rel(rel: str) -> list[str]:
     """The components of a workspace-relative path ('' for the root), refusing what no
-    plain relative path holds. (`..` never gets here: the path layer refuses it.)"""
+    plain relative path holds — the same bounds a write's path has: at most 4096
+    characters, components of at most 255 bytes, valid UTF-8. (`..` never gets here:
+    the path layer refuses it.)"""
     if rel == "":
         return []
     if _BAD_CHARS.search(rel):
         raise FsRefused(f"path {rel!r} contains a control character or backslash; use '/'"
                         " separators")
+    if len(rel) > PATH_MAX:
+        raise FsRefused(f"path of {len(rel)} characters is too long; the limit is {PATH_MAX}")
+    try:
+        rel.encode("utf-8")
+    except UnicodeEncodeError:
+        raise FsRefused(f"path {rel!r} is not valid UTF-8 text (a lone surrogate)") from None
     parts = rel.split("/")
     if any(p in ("", ".", "..") for p in parts):
         raise FsRefused(f"path {rel!r} is not a plain relative path")
+    for p in parts:
+        if len(p.encode("utf-8")) > NAME_MAX:
+            raise FsRefused(f"path {rel!r}: a component of {len(p.encode())} bytes is too long;"
+                            f" the limit is {NAME_MAX}")
     return parts
+
+
+def _utf8(name: str) -> bool:
+    try:
+        name.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
 
 
 class Confined:
@@ -245,9 +273,10 @@ class Confined:
 
     # -- listings -------------------------------------------------------------------------
 
-    def _scan(self, fd: int, base: str, max_scan: int) -> tuple[list[Entry], bool]:
+    def _scan(self, fd: int, base: str, max_scan: int,
+              hidden: list[str] | None = None) -> tuple[list[Entry], bool]:
         """The visible entries of the open directory `fd`, sorted by name; at most
-        `max_scan` are read (True: more were there)."""
+        `max_scan` are read (True: more were there). What is left out goes to `hidden`."""
         out: list[Entry] = []
         more = False
         with os.scandir(fd) as it:
@@ -259,18 +288,21 @@ class Confined:
                     st = de.stat(follow_symlinks=False)
                 except OSError:
                     continue  # gone meanwhile
-                if self.boundary.hides(de.name, st):
-                    continue
                 path = f"{base}/{de.name}" if base else de.name
+                if self.boundary.hides(de.name, st) or not _utf8(de.name):
+                    if hidden is not None:
+                        hidden.append(path)
+                    continue
                 out.append(Entry(path, de.name, _kind(st), st.st_size if stat.S_ISREG(st.st_mode) else 0,
                                  st.st_mtime_ns))
         out.sort(key=lambda e: e.name)
         return out, more
 
     def list_dir(self, rel: str, *, max_entries: int) -> Walk:
+        hidden: list[str] = []
         with self.open_dir(rel) as fd:
-            entries, more = self._scan(fd, rel, max_entries * 4)
-        walk = Walk(entries[:max_entries])
+            entries, more = self._scan(fd, rel, max_entries * 4, hidden)
+        walk = Walk(entries[:max_entries], hidden=hidden)
         if more or len(entries) > max_entries:
             walk.truncated, walk.why = True, f"more than {max_entries} entries"
         return walk
@@ -290,7 +322,7 @@ class Confined:
 
         def visit(fd: int, base: str, depth: int) -> bool:
             nonlocal scanned
-            entries, more = self._scan(fd, base, max_scan - scanned + 1)
+            entries, more = self._scan(fd, base, max_scan - scanned + 1, walk.hidden)
             scanned += len(entries)
             if more or scanned > max_scan:
                 walk.truncated, walk.why = True, f"more than {max_scan} entries scanned"

@@ -14,11 +14,17 @@ write takes the lease for itself (`Leases.hold`):
    stepledger mcp process of this machine that is gone is taken over at once
    (`holder_is_dead`: its pid is dead, a zombie, or another process's now).
 
+The slot is only a queue, never the arbiter: its files are opened without following a
+symlink and only if they are regular files, waiting never blocks, and a slot that stays
+taken for a second (a stopped or stuck process may hold the file) is passed over — the
+lease itself decides then, as it would without the queue.
+
 After the write the lease is released — unless nobody waits for the slot, in which case
 it is kept for this server's next write for at most `linger_s` (and never past half its
 TTL): a lone agent's consecutive writes skip an acquire and a release each. A timer
 looks every 20 ms and lets the lease go as soon as another server waits, or once the
-server has been idle for `linger_s`.
+server has been idle for `linger_s`; a server keeps at most one workspace's lease, so
+two servers never each keep one while waiting for the other's.
 """
 
 from __future__ import annotations
@@ -32,6 +38,7 @@ import os
 import random
 import re
 import socket
+import stat
 import threading
 import time
 from collections import deque
@@ -109,6 +116,26 @@ def holder_is_dead(holder: str) -> bool:
 # -- this machine's queue -------------------------------------------------------------------
 
 
+def open_lock_file(path: str) -> int | None:
+    """A descriptor of the lock file at `path` (created 0600 if absent), or None when it
+    cannot serve as one: never through a symlink (O_NOFOLLOW: a link planted beside the
+    ledger is not followed to create a file elsewhere), never blocking (a FIFO put there),
+    and only a regular file."""
+    try:
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK
+                     | os.O_CLOEXEC, 0o600)
+    except OSError:
+        return None
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            os.close(fd)
+            return None
+    except OSError:
+        os.close(fd)
+        return None
+    return fd
+
+
 class _Slot:
     """This machine's queue for one workspace's lease among stepledger mcp servers: two
     lock files beside the ledger (``<ledger>-mcp-<id>.lock`` and ``.wait``, 0600). A
@@ -122,14 +149,13 @@ class _Slot:
         base = f"{ledger_path}-mcp-{hashlib.sha256(workspace.encode()).hexdigest()[:12]}"
         self.fds: list[int] | None = []
         for suffix in (".lock", ".wait"):
-            try:
-                self.fds.append(os.open(base + suffix, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC,
-                                        0o600))
-            except OSError:
-                for fd in self.fds:
-                    os.close(fd)
+            fd = open_lock_file(base + suffix)
+            if fd is None:
+                for other in self.fds:
+                    os.close(other)
                 self.fds = None
                 break
+            self.fds.append(fd)
         self.held = False
 
     def acquire(self, deadline: float) -> bool:
@@ -148,8 +174,11 @@ class _Slot:
                 except BlockingIOError:
                     pass
                 if not announced:
-                    fcntl.flock(wait, fcntl.LOCK_SH)
-                    announced = True
+                    try:  # never blocks: whoever holds it exclusively must not stall us
+                        fcntl.flock(wait, fcntl.LOCK_SH | fcntl.LOCK_NB)
+                        announced = True
+                    except BlockingIOError:
+                        pass
                 if time.monotonic() >= deadline:
                     return False
                 time.sleep(delay)  # a non-blocking try is one syscall: poll finely
@@ -189,13 +218,18 @@ class Leases:
     method runs under `lock`, the server's lock around its ledger calls."""
 
     def __init__(self, ledger: Ledger, lock: threading.RLock, notices: deque[str], *,
-                 holder: str, ttl_s: float, wait_s: float, linger_s: float) -> None:
+                 holder: str, ttl_s: float, wait_s: float, linger_s: float,
+                 write_lock: threading.RLock | None = None) -> None:
         self.ledger, self.lock, self.notices = ledger, lock, notices
+        #: held by the server across each write: the idle timer never lets a lease go
+        #: while a write uses it
+        self.write_lock = write_lock or threading.RLock()
         self.holder, self.ttl_s, self.wait_s, self.linger_s = holder, ttl_s, wait_s, linger_s
         self.workspaces: list[str] = []
         self._held: dict[str, tuple[int, float]] = {}  # workspace -> (epoch, keep until)
         self._slots: dict[str, _Slot] = {}
         self._timer: threading.Timer | None = None
+        self._tmu = threading.Lock()  # guards _timer
         self._last_write = 0.0
         self._closed = False
         #: whether the last `hold` used a lease kept from an earlier write (a StaleEpoch
@@ -210,13 +244,17 @@ class Leases:
 
     @contextlib.contextmanager
     def hold(self, ws: str) -> Iterator[int]:
-        """The workspace's live epoch for one call: the lease kept from this server's
-        last write if nobody waits for it, else a new one."""
+        """The workspace's live epoch for one call (the caller holds `write_lock`): the
+        lease kept from this server's last write if nobody waits for it, else a new one —
+        after letting go of every lease kept for another workspace, so that two servers
+        each keeping one never wait for each other's."""
         held = self._held.get(ws)
         slot = self._slot(ws)
         if held is not None and (time.monotonic() >= held[1] or slot.waiters()):
             self._let_go(ws)
             held = None
+        for other in [w for w in self._held if w != ws]:
+            self._let_go(other)
         self.reused = held is not None
         if held is None:
             held = self._held[ws] = self._take(ws, slot)
@@ -232,25 +270,27 @@ class Leases:
                     self._let_go(ws)
                 else:
                     self._last_write = time.monotonic()
-                    if self._timer is None:
-                        self._schedule()
+                    self._schedule(only_if_none=True)
 
     def _take(self, ws: str, slot: _Slot) -> tuple[int, float]:
-        deadline = time.monotonic() + self.wait_s
-        if not slot.acquire(deadline):
-            raise LeaseBusy(f"workspace {ws!r}: another stepledger mcp server kept it busy"
-                            f" for {self.wait_s:g}s; nothing was written; retry the call (with"
-                            " the same requestId)")
+        """Take the slot, then the lease. The slot is only a queue: if it stays taken
+        for a second (or half the wait) — a stuck or stopped process may hold the file —
+        the lease itself decides, as it would without the queue."""
+        start = time.monotonic()
+        deadline = start + self.wait_s
+        slot.acquire(min(deadline, start + min(1.0, self.wait_s / 2)))
         delay = 0.002
         try:
             while True:
                 try:
-                    lease = self.ledger.acquire(ws, holder=self.holder, ttl_s=self.ttl_s)
+                    with self.lock:
+                        lease = self.ledger.acquire(ws, holder=self.holder, ttl_s=self.ttl_s)
                     break
                 except LeaseHeld as held:
                     if holder_is_dead(held.holder):
-                        lease = self.ledger.acquire(ws, holder=self.holder, ttl_s=self.ttl_s,
-                                                    force=True)
+                        with self.lock:
+                            lease = self.ledger.acquire(ws, holder=self.holder,
+                                                        ttl_s=self.ttl_s, force=True)
                         self.notices.append(f"{_iso_now()}: took over workspace {ws!r} from"
                                             f" {held.holder} (that process is gone)")
                         break
@@ -276,20 +316,31 @@ class Leases:
     def _let_go(self, ws: str) -> None:
         held = self._held.pop(ws, None)
         if held is not None:
-            with contextlib.suppress(LedgerError):
+            with self.lock, contextlib.suppress(LedgerError):
                 self.ledger.release(ws, held[0])
         self._slot(ws).release()
 
-    def _schedule(self) -> None:
+    def _schedule(self, *, only_if_none: bool = False) -> None:
         # look every 20 ms: a server that starts waiting gets the lease within that
-        self._timer = threading.Timer(min(self.linger_s, 0.02), self._idle)
-        self._timer.daemon = True
-        self._timer.start()
+        with self._tmu:
+            if only_if_none and self._timer is not None:
+                return
+            self._timer = threading.Timer(min(self.linger_s, 0.02), self._idle)
+            self._timer.daemon = True
+            self._timer.start()
 
     def _idle(self) -> None:
         try:
-            with self.lock:
-                self._timer = None
+            if not self.write_lock.acquire(blocking=False):  # a write uses the lease
+                if self._held and not self._closed:
+                    self._schedule()
+                else:
+                    with self._tmu:
+                        self._timer = None
+                return
+            try:
+                with self._tmu:
+                    self._timer = None
                 if not self._held or self._closed:
                     return
                 idle = time.monotonic() - self._last_write >= self.linger_s
@@ -298,6 +349,8 @@ class Leases:
                         self._let_go(ws)
                 if self._held:
                     self._schedule()
+            finally:
+                self.write_lock.release()
         except Exception:  # a timer thread never raises: the next call or close cleans up
             log.exception("releasing an idle lease")
 
@@ -307,11 +360,12 @@ class Leases:
 
     def close(self) -> None:
         """Release every lease kept, close the slots; later calls take leases anew."""
-        with self.lock:
+        with self.write_lock:
             self._closed = True
-            if self._timer is not None:
-                self._timer.cancel()
-                self._timer = None
+            with self._tmu:
+                if self._timer is not None:
+                    self._timer.cancel()
+                    self._timer = None
             for ws in list(self._held):
                 with contextlib.suppress(Exception):
                     self._let_go(ws)

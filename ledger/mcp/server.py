@@ -17,8 +17,10 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import ipaddress
+import json
 import os
 import re
+import threading
 import time
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
@@ -27,11 +29,12 @@ from typing import Annotated, Any, Final
 from mcp.server.mcpserver import Context, MCPServer
 from mcp.server.mcpserver.exceptions import ToolError
 from mcp.server.transport_security import TransportSecuritySettings
-from mcp.types import CallToolResult, TextContent, ToolAnnotations
+from mcp.types import CallToolResult, TextContent, ToolAnnotations, jsonrpc_message_adapter
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from ledger import InvalidInput, Ledger, NotALedger, __version__
 
+from .leases import open_lock_file
 from .service import ClientView, FileTools, Limits, Result, one_line
 
 LOOPBACK: Final = ("127.0.0.1", "localhost", "::1")
@@ -86,9 +89,88 @@ class FileChange(BaseModel):
     expectedHash: ExpectedHash = None
 
 
+def _clean(value: Any) -> Any:
+    """`value` with every lone surrogate (a file name that is not UTF-8, decoded with
+    surrogateescape) shown as U+FFFD: the SDK cannot serialize one, and would fail the
+    whole connection."""
+    if isinstance(value, str):
+        try:
+            value.encode("utf-8")
+            return value
+        except UnicodeEncodeError:
+            return value.encode("utf-8", "surrogateescape").decode("utf-8", "replace")
+    if isinstance(value, dict):
+        return {_clean(k): _clean(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_clean(v) for v in value]
+    return value
+
+
 def _result(r: Result) -> CallToolResult:
-    return CallToolResult(content=[TextContent(type="text", text=t) for t in r.texts],
-                          structured_content=r.data, is_error=r.is_error)
+    return CallToolResult(content=[TextContent(type="text", text=_clean(t)) for t in r.texts],
+                          structured_content=_clean(r.data), is_error=r.is_error)
+
+
+#: The argument `guard_stdin` puts in place of a tool call's arguments that could not be
+#: decoded, so that the call is answered (an error) instead of dropped.
+UNDECODABLE: Final = "__stepledger_undecodable_request__"
+
+
+def _repair(line: bytes) -> bytes:
+    """A stdin line the SDK would drop without an answer (it fails the SDK's validation,
+    e.g. a lone-surrogate escape in a string), turned into a request it answers with an
+    error: a tool call's arguments replaced by one the server refuses with one line,
+    any other method renamed to one that does not exist. Anything else passes as is."""
+    try:
+        jsonrpc_message_adapter.validate_json(line, by_name=False)
+        return line
+    except Exception:
+        pass
+    try:
+        msg = json.loads(line)
+    except ValueError:
+        return line  # not JSON at all: no id to answer
+    if not isinstance(msg, dict) or not isinstance(msg.get("id"), int | str) \
+            or not isinstance(msg.get("method"), str):
+        return line  # a notification or a response: nobody waits for an answer
+    why = "the request could not be decoded (text that is not valid Unicode, or a field of"\
+          " the wrong shape); nothing was done"
+    params = msg.get("params")
+    name = params.get("name") if isinstance(params, dict) else None
+    if msg["method"] == "tools/call" and isinstance(name, str):
+        fixed = {"jsonrpc": "2.0", "id": _clean(msg["id"]), "method": "tools/call",
+                 "params": {"name": _clean(name), "arguments": {UNDECODABLE: why}}}
+    else:
+        fixed = {"jsonrpc": "2.0", "id": _clean(msg["id"]),
+                 "method": "stepledger/undecodable-request", "params": {}}
+    return json.dumps(fixed).encode() + b"\n"
+
+
+def guard_stdin() -> None:
+    """Put a filter between the process's stdin and the SDK's stdio transport (a pipe
+    on fd 0, fed by a thread line by line through `_repair`), so that every request
+    with an id gets an answer. The filter ends when stdin does."""
+    try:
+        source = os.dup(0)
+        read_end, write_end = os.pipe()
+        os.dup2(read_end, 0)
+        os.close(read_end)
+    except OSError:
+        return  # no stdin to guard: the SDK reads what there is
+
+    def pump() -> None:
+        with os.fdopen(source, "rb") as src, os.fdopen(write_end, "wb") as dst:
+            for line in src:
+                try:
+                    dst.write(_repair(line))
+                    dst.flush()
+                except BrokenPipeError:
+                    return
+                except Exception:  # never lose a line to the filter itself
+                    dst.write(line)
+                    dst.flush()
+
+    threading.Thread(target=pump, name="stepledger-mcp-stdin", daemon=True).start()
 
 
 def _error(message: str) -> CallToolResult:
@@ -153,6 +235,8 @@ class StepledgerServer(MCPServer):
 
     async def call_tool(self, name: str, arguments: dict[str, Any],
                         context: Context[Any, Any] | None = None) -> Any:
+        if isinstance(arguments, dict) and UNDECODABLE in arguments:
+            return _error(f"{name}: {arguments[UNDECODABLE]}")
         allowed = self._params.get(name)
         if allowed is not None and isinstance(arguments, dict):
             unknown = sorted(set(arguments) - allowed)
@@ -436,13 +520,19 @@ def _init(ledger_path: str, witness: str | None) -> Ledger:
     a ledger, and new) is waited for, a few seconds at most."""
     directory = os.path.dirname(os.path.abspath(ledger_path))
     lock_fd = None
+    deadline = time.monotonic() + 5
     with contextlib.suppress(OSError):
         os.makedirs(directory, mode=0o700, exist_ok=True)
-        lock_fd = os.open(os.path.join(directory, os.path.basename(ledger_path) + "-mcp-init.lock"),
-                          os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
-        fcntl.flock(lock_fd, fcntl.LOCK_EX)
+        lock_fd = open_lock_file(ledger_path + "-mcp-init.lock")
+    while lock_fd is not None:  # never blocks: a stuck holder delays a start 5 s at most
+        try:
+            fcntl.flock(lock_fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            break
+        except BlockingIOError:
+            if time.monotonic() > deadline:
+                break
+            time.sleep(0.01)
     try:
-        deadline = time.monotonic() + 5
         while True:
             try:
                 return Ledger.init(ledger_path, witness=witness)
@@ -521,6 +611,20 @@ def check_bind(host: str, allow_remote: bool) -> None:
                            " else guards the port")
 
 
+def transport_security(host: str) -> TransportSecuritySettings:
+    """DNS-rebinding protection for whatever address is bound: only requests whose Host
+    (and Origin, when sent) name that address or a loopback name are served — so a web
+    page that rebinds a name to the port gets 421/403, on 127.0.0.2 as on 127.0.0.1."""
+    def bracket(h: str) -> str:
+        return f"[{h}]" if ":" in h and not h.startswith("[") else h
+
+    names = list(dict.fromkeys([bracket(host), "127.0.0.1", "localhost", "[::1]"]))
+    return TransportSecuritySettings(
+        enable_dns_rebinding_protection=True,
+        allowed_hosts=[f"{n}:*" for n in names],
+        allowed_origins=[f"http://{n}:*" for n in names])
+
+
 def serve(specs: Sequence[str], *, ledger_path: str | None = None, witness: str | None = None,
           http: bool = False, host: str = "127.0.0.1", port: int = 8765,
           allow_remote: bool = False, lease_ttl_s: float = 20.0, lease_wait_s: float = 30.0,
@@ -540,12 +644,11 @@ def serve(specs: Sequence[str], *, ledger_path: str | None = None, witness: str 
                 served = ", ".join(f"{w.name} ({w.root})" for w in tools.workspaces)
                 echo(f"stepledger mcp: serving {served} from {ledger.path} over {where}")
             if not http:
+                guard_stdin()
                 server.run("stdio")
                 return
-            security = None
-            if host not in LOOPBACK:
-                security = TransportSecuritySettings(enable_dns_rebinding_protection=False)
-            server.run("streamable-http", host=host, port=port, transport_security=security)
+            server.run("streamable-http", host=host, port=port,
+                       transport_security=transport_security(host))
         finally:
             tools.close()
 

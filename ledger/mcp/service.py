@@ -40,7 +40,7 @@ import threading
 import time
 import uuid
 from collections import OrderedDict, deque
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Final
 
@@ -73,7 +73,12 @@ log = logging.getLogger("stepledger.mcp")
 
 IN_FLIGHT: Final = frozenset({"planned", "fenced", "blob-stored"})
 COMMITTED: Final = frozenset({"manifest-published", "acked"})
-_REQUEST_ID: Final = re.compile(r"[A-Za-z0-9._:/@+=-]{1,128}")
+#: No ':' in a requestId: its step id, mcp:<workspace>:<requestId>, is split at the
+#: last ':', so no two (workspace, requestId) pairs name one step.
+_REQUEST_ID: Final = re.compile(r"[A-Za-z0-9._/@+=-]{1,128}")
+#: The intent record of an undo: a step of no workspace, planned before the compensation
+#: and ended after it, so a server killed in between leaves it for the next to finish.
+UNDO_PREFIX: Final = "mcp-undo:"
 _HEX64: Final = re.compile(r"[0-9a-f]{64}")
 
 
@@ -231,10 +236,14 @@ class FileTools:
         if not workspaces:
             raise ToolFailure("serve at least one workspace")
         self.ledger = ledger
+        #: around every ledger call (reads too: they never wait for a lease)
         self.lock = threading.RLock()
+        #: one change at a time per server: held across a write's lease wait and its step
+        self.write_lock = threading.RLock()
         self.limits = limits or Limits()
         self.notices: deque[str] = deque(maxlen=50)
         self.leases = Leases(ledger, self.lock, self.notices, holder=holder or holder_name(),
+                             write_lock=self.write_lock,
                              ttl_s=lease_ttl_s, wait_s=lease_wait_s, linger_s=lease_linger_s)
         self.holder = self.leases.holder
         self.lease_ttl_s = lease_ttl_s
@@ -446,7 +455,7 @@ class FileTools:
     def _check_request_id(self, request_id: str | None) -> None:
         if request_id is not None and not _REQUEST_ID.fullmatch(request_id):
             raise ToolFailure(f"requestId {request_id!r} must be 1 to 128 characters of"
-                              " letters, digits and ._:/@+=- (a UUID is ideal)")
+                              " letters, digits and ._/@+=- (a UUID is ideal)")
 
     def _step_id(self, ws: Workspace, request_id: str | None) -> str:
         return f"mcp:{ws.name}:{request_id or uuid.uuid4().hex}"
@@ -459,7 +468,7 @@ class FileTools:
         """Plan, apply, publish and ack one change as one step (see the module); a retry
         with the same requestId is answered from the ledger."""
         self._check_request_id(request_id)
-        with self.lock:
+        with self.write_lock:
             try:
                 return self._commit_once(view, build, ws, request_id, who, matches)
             except StaleEpoch:
@@ -469,26 +478,39 @@ class FileTools:
             # of this call was committed; take a lease anew and run it once more
             return self._commit_once(view, build, ws, request_id, who, matches)
 
+    @contextlib.contextmanager
+    def _step_lease(self, ws: Workspace) -> Iterator[int]:
+        """The workspace's lease for one change, then the ledger lock: the wait for the
+        lease holds only `write_lock`, so reads go on meanwhile. A lease just taken (not
+        kept from the last write) first finishes any undo a killed server left."""
+        with self.leases.hold(ws.name) as epoch, self.lock:
+            if not self.leases.reused:
+                self._finish_undos(ws, epoch)
+            yield epoch
+
     def _commit_once(self, view: ClientView, build: Callable[[], _Change], ws: Workspace,
                      request_id: str | None, who: str,
                      matches: Callable[[tuple[PlannedWrite, ...]], bool]) -> Result:
         step = self._step_id(ws, request_id)
-        if request_id is not None and self.ledger.find_step(step) is not None:
-            with self.leases.hold(ws.name) as epoch:
+        with self.lock:
+            known = request_id is not None and self.ledger.find_step(step) is not None
+        if known:
+            with self._step_lease(ws) as epoch:
                 return self._replay(view, ws, step, epoch, matches)
-        try:
-            change = build()
-        except _Unread as unread:
-            return self._unread_conflict(unread)
-        except _Stale as stale:
-            return self._conflict(view, _Change("edit", ws, [stale.write],
-                                                {stale.write.path: stale.seen}, {}),
-                                  "", "rejected:pre_hash", {})
+        with self.lock:
+            try:
+                change = build()
+            except _Unread as unread:
+                return self._unread_conflict(unread)
+            except _Stale as stale:
+                return self._conflict(view, _Change("edit", ws, [stale.write],
+                                                    {stale.write.path: stale.seen}, {}),
+                                      "", "rejected:pre_hash", {})
         size = sum(len(c) for c in change.posts.values() if c is not None)
         if size > self.limits.write_bytes:
             raise ToolFailure(f"the new content is {size} bytes, more than the"
                               f" {self.limits.write_bytes} one call may write")
-        with self.leases.hold(ws.name) as epoch:
+        with self._step_lease(ws) as epoch:
             if request_id is not None and self.ledger.find_step(step) is not None:
                 return self._replay(view, ws, step, epoch, matches)  # raced a retry
             plans = [StepPlan(step, change.writes, run=who)]
@@ -545,7 +567,8 @@ class FileTools:
         """Answer a retried requestId from what the ledger recorded for its step."""
         row = self.ledger.step(step)
         planned, fenced, ended = self._latest_attempt(step, row.attempt)
-        if planned is None or not matches(planned.writes):
+        if row.workspace != ws.name or planned is None or planned.workspace != ws.name \
+                or not matches(planned.writes):
             raise ToolFailure(f"requestId of step {step} was already used for a different"
                               " change; give every change its own requestId (a UUID)")
         if row.live:
@@ -808,8 +831,13 @@ class FileTools:
                     if p.pre_hash is not None:
                         with contextlib.suppress(LedgerError):
                             before = self.ledger.read_blob(p.pre_hash)
+                        if before is None:  # never stored (died before its apply):
+                            with contextlib.suppress(LedgerError, ToolFailure, FsRefused):
+                                got = self._read(ws, rel)  # the file, if it still holds it
+                                if got.pre_hash == p.pre_hash:
+                                    before = got.content
                     if before is None:
-                        continue  # the pre-image is gone: the paths are all we can compare
+                        return False  # cannot be told apart from another change: refused
                     try:
                         post = post_of(rel, kind, f, before)
                     except (ToolFailure, EditRefused):
@@ -849,6 +877,11 @@ class FileTools:
                 if walk.truncated:
                     raise ToolFailure(f"{self.show(ws, srel)} is too big to move as one step"
                                       f" ({walk.why})")
+                if walk.hidden:
+                    raise ToolFailure(f"{self.show(ws, srel)} holds {len(walk.hidden)} entries"
+                                      " the tools leave alone (.git, stepledger's temporaries,"
+                                      " the ledger's own, names that are not UTF-8): it is not"
+                                      " moved, so nothing of it is left behind")
                 odd = [e for e in walk.entries if e.kind not in ("file", "directory")]
                 if odd:
                     raise ToolFailure(f"{self.show(ws, odd[0].path)} is a {odd[0].kind}: a"
@@ -896,8 +929,10 @@ class FileTools:
                 recorded[s].post_hash is None and recorded[d].pre_hash is None
                 and recorded[d].post_hash == recorded[s].pre_hash for s, d in pairs)
 
-        result = self._commit(view, build, ws, request_id, who, matches)
-        if not result.is_error:
+        with self.write_lock:
+            result = self._commit(view, build, ws, request_id, who, matches)
+            if result.is_error:
+                return result
             with self.lock:
                 for dst, mode in modes.items():
                     with contextlib.suppress(OSError, FsRefused):
@@ -1055,34 +1090,44 @@ class FileTools:
 
     def undo(self, view: ClientView, step: str | None = None, who: str = "mcp") -> Result:
         """Compensate one step back to its pre-images, fenced: a path that no longer holds
-        what the step wrote (a person's or a later step's change) is left as found."""
+        what the step wrote (a person's or a later step's change) is left as found.
+
+        Journaled: an intent step (``mcp-undo:…``, no workspace) is planned first and
+        ended after, so an undo killed half-way — one file back, another not — is found
+        by the next server that takes the lease and finished (`_finish_undos`)."""
         step = self._resolve_step(view, step)
-        with self.lock:
-            row = self.ledger.step(step)
-            ws = next((w for w in self.workspaces if w.name == row.workspace), None)
-            if ws is None:
-                raise ToolFailure(f"step {step} is not a change of a workspace this server"
-                                  " serves")
-            if row.state == "rejected":
-                raise ToolFailure(f"step {step} was refused when made: nothing of it was"
-                                  " written, nothing to undo")
-            if row.state == "compensated" and row.manifest_rev < 0:
-                raise ToolFailure(f"step {step} never committed (it was settled): nothing to"
-                                  " undo")
+        with self.write_lock:
+            with self.lock:
+                row = self.ledger.step(step)
+                ws = next((w for w in self.workspaces if w.name == row.workspace), None)
+                if ws is None:
+                    raise ToolFailure(f"step {step} is not a change of a workspace this server"
+                                      " serves")
+                if row.state == "rejected":
+                    raise ToolFailure(f"step {step} was refused when made: nothing of it was"
+                                      " written, nothing to undo")
+                if row.state == "compensated" and row.manifest_rev < 0:
+                    raise ToolFailure(f"step {step} never committed (it was settled): nothing"
+                                      " to undo")
+            intent: str | None = None
             for retry in (False, True):
                 try:
-                    with self.leases.hold(ws.name) as epoch:
+                    with self._step_lease(ws) as epoch:
+                        intent = self._undo_intent(step)  # after any unfinished one is done
                         comp = self.ledger.compensate(step, epoch=epoch,
                                                       reason=one_line(f"undo by {who}")[:200])
+                        self._end_intent(intent, done=True)
                     break
                 except StaleEpoch:
                     if retry or not self.leases.reused:  # a kept lease taken over: once more
                         raise
-                except CompensationWindowClosed as exc:
-                    raise ToolFailure(one_line(str(exc)) + " (write the old content back with"
-                                      " write_file; history shows it)") from None
-                except IllegalTransition as exc:
-                    raise ToolFailure(one_line(str(exc))) from None
+                except (CompensationWindowClosed, IllegalTransition) as exc:
+                    if intent is not None:
+                        with self.lock:
+                            self._end_intent(intent, done=False)
+                    extra = (" (write the old content back with write_file; history shows it)"
+                             if isinstance(exc, CompensationWindowClosed) else "")
+                    raise ToolFailure(one_line(str(exc)) + extra) from None
         files = []
         for r in comp.restored:
             if r.outcome != "conflict":
@@ -1101,6 +1146,47 @@ class FileTools:
         return Result([f"{head}: step {step}.\n" + "\n".join(lines)], {
             "status": "undone", "step": step, "workspace": ws.name, "deduped": comp.deduped,
             "files": files, "conflicts": len(conflicts)}, bool(conflicts))
+
+    def _undo_intent(self, step: str) -> str:
+        """Plan the intent record of undoing `step` (its id in `run`); returns its id."""
+        intent = UNDO_PREFIX + hashlib.sha256(step.encode()).hexdigest()[:40]
+        self.ledger.plan(intent, run=step)
+        return intent
+
+    def _end_intent(self, intent: str, *, done: bool) -> None:
+        """An undo's intent record ends: published (the undo happened) or compensated
+        (it was refused: nothing to finish)."""
+        row = self.ledger.find_step(intent)
+        if row is None or row.state not in IN_FLIGHT:
+            return
+        if done:
+            self.ledger.publish(intent)
+            self.ledger.ack(intent)
+        else:
+            self.ledger.compensate(intent, reason="the undo was refused")
+
+    def _pending_undos(self) -> list[StepRow]:
+        return [r for r in self.ledger.steps("planned") if r.step_id.startswith(UNDO_PREFIX)]
+
+    def _finish_undos(self, ws: Workspace, epoch: int) -> None:
+        """Finish every undo of `ws` a server left half-done (its intent still planned):
+        the compensation again — paths already back are recorded as such, the others
+        put back, fenced as ever — then the intent ends."""
+        for intent in self._pending_undos():
+            target = self.ledger.find_step(intent.run)
+            if target is None or target.workspace != ws.name:
+                continue
+            try:
+                self.ledger.compensate(intent.run, epoch=epoch,
+                                       reason="undo finished after its server stopped")
+                self._end_intent(intent.step_id, done=True)
+                self.notices.append(f"{iso(time.time_ns())}: finished the undo of"
+                                    f" {intent.run} that a stopped server had begun")
+            except (CompensationWindowClosed, IllegalTransition):
+                self._end_intent(intent.step_id, done=False)
+            except LedgerError as exc:
+                self.notices.append(f"{iso(time.time_ns())}: could not finish the undo of"
+                                    f" {intent.run}: {one_line(str(exc))}")
 
     def _outcome(self, row: StepRow | None) -> str:
         if row is None:
@@ -1205,6 +1291,10 @@ class FileTools:
                 # in flight under an epoch that is no longer live: the next write settles it
                 unsettled = (self.ledger.unsettled(ws.name, lease.epoch if lease.live else
                                                    lease.epoch + 1) if lease.epoch else [])
+                unsettled += [f"undo of {i.run} (begun, not finished: the next write finishes"
+                               " it)" for i in self._pending_undos()
+                              if (t := self.ledger.find_step(i.run)) is not None
+                              and t.workspace == ws.name]
                 out.append({
                     "workspace": ws.name, "root": ws.root, "rev": self.ledger.workspace(ws.name).rev,
                     "lease": {"epoch": lease.epoch, "holder": lease.holder, "live": lease.live,

@@ -94,7 +94,7 @@ from .projections.workspaces import (
     load_registration,
     load_workspace,
 )
-from .store import Tx
+from .store import EventQuery, Tx
 from .workspace import Boundary, FileIdentity, Staged, WorkspaceDir, attempt_tag, identity_of
 
 if TYPE_CHECKING:
@@ -407,8 +407,8 @@ class WorkspaceProtocol:
         """Where workspace `name` lives and what it may write (its newest
         `workspace-added`/`-restored`/`-rebound` event); UnknownWorkspace if never added."""
         check_step_id(name)
-        with self._db.snapshot() as conn:
-            reg = load_registration(conn, name)
+        with self._store.read() as view:
+            reg = load_registration(view, name)
         if reg is None:
             raise UnknownWorkspace(name)
         return reg
@@ -900,12 +900,10 @@ class WorkspaceProtocol:
         """The plan revision a run was first admitted at (fence "plan")."""
         if not run:
             return None
-        with self._db.snapshot() as conn:
-            for (payload,) in conn.execute(
-                "SELECT payload FROM events WHERE kind = 'planned' AND run = ? AND workspace = ?"
-                " ORDER BY seq LIMIT 1", (run, workspace),
-            ):
-                event = msgspec.json.decode(payload)
+        query = EventQuery(kinds=frozenset({"planned"}), run=run, workspace=workspace, limit=1)
+        with self._store.read() as view:
+            for row in view.events(query):
+                event = msgspec.json.decode(row[11])
                 value = event.get("plan_rev")
                 return None if value is None else int(value)
         return None
@@ -1101,12 +1099,11 @@ class WorkspaceProtocol:
         cur = load_step(tx, step)
         assert cur is not None
         if planned.journal:
-            hit = tx.execute("SELECT seq, payload FROM events WHERE journal_key = ?",
-                               (key,)).fetchone()
+            hit = tx.journal_lookup(key)
             if hit is not None:
                 ev = self._attempt_events(step, attempt)
                 if cur.attempt == attempt and cur.state not in ENDED:
-                    fenced = msgspec.json.decode(hit[1], type=Fenced)
+                    fenced = msgspec.json.decode(hit[11], type=Fenced)
                     raise _Answered(ApplyResult(verdict="deduped", step=step, attempt=attempt,
                                                 receipt=_receipt(fenced, hit[0])))
                 raise _Answered(self._end_result(step, attempt, ev))
@@ -1280,10 +1277,8 @@ class WorkspaceProtocol:
                 raise IllegalTransition(step, attempt, "compensated", "the attempt was rejected:"
                                         " nothing was applied")
             if cur.live:
-                published = tx.execute(
-                    "SELECT max(time_ns) FROM events WHERE step = ? AND kind = 'manifest-published'",
-                    (step,),
-                ).fetchone()[0]
+                published = max((r[1] for r in tx.events(EventQuery(
+                    step=step, kinds=frozenset({"manifest-published"})))), default=None)
                 age_s = (now - (published or now)) / 1e9
                 if age_s > self.compensation_window_s:
                     raise CompensationWindowClosed(step, age_s, self.compensation_window_s)
@@ -1416,11 +1411,10 @@ class WorkspaceProtocol:
         base rev, has those bytes taken back (they are the attempt's post-image, in the
         store). Without the evidence nothing is taken back: a ``conflict``, left as found.
         """
-        for (payload,) in tx.execute(
-            "SELECT payload FROM events WHERE step = ? AND attempt = ? AND kind = 'blob-pinned'",
-            (planned.step, planned.attempt),
-        ):
-            pin = msgspec.json.decode(payload, type=BlobPinned)
+        query = EventQuery(step=planned.step, attempt=planned.attempt,
+                           kinds=frozenset({"blob-pinned"}))
+        for row in tx.events(query):
+            pin = msgspec.json.decode(row[11], type=BlobPinned)
             if pin.role == "pre-image" and pin.digest not in exclude:
                 return True
         return False

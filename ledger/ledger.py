@@ -64,8 +64,7 @@ from .fences import (
     WorkspaceProtocol,
 )
 from .log import EventLog, Head
-from .store import ReadView, Tx
-from .store.sqlite.events import ROW_COLUMNS
+from .store import EventQuery, ReadView, Tx
 from .store.sqlite import SqliteStore
 from .projections import (
     StepRow,
@@ -321,9 +320,9 @@ class Ledger(WorkspaceProtocol):
         witnessed ledger whose witness is missing, blank or unknown (`WitnessMissing`);
         a ledger behind its witness or off its chain (`WitnessMismatch`).
         """
-        with self._db.snapshot() as conn:
-            found = recorded_anchor(conn, self.path)
-            legacy = found is None and self._db.meta_value("witness_tag") is not None
+        with self._store.read() as view:
+            found = recorded_anchor(view, self.path)
+            legacy = found is None and view.meta("witness_tag") is not None
         self._anchor_seq = found[0] if found is not None else 0
         self.witnessed = found is not None or legacy
         given, path = self._witness_given, self._witness_given
@@ -411,9 +410,9 @@ class Ledger(WorkspaceProtocol):
         target = None if witness is None else witness_path(witness)
         with cls.open(path, readonly=True, clock=clock, vfs=vfs, witness_check=False,
                       _witness_resolve=False) as ro:
-            with ro._db.snapshot() as conn:
-                found = recorded_anchor(conn, ro.path)
-                legacy = found is None and ro._db.meta_value("witness_tag") is not None
+            with ro._store.read() as view:
+                found = recorded_anchor(view, ro.path)
+                legacy = found is None and view.meta("witness_tag") is not None
             old = found[1].witness if found is not None else (target if legacy else None)
             if target is None:
                 if old is None:
@@ -441,8 +440,8 @@ class Ledger(WorkspaceProtocol):
                     raise InvalidInput(f"{target} is not a witness of ledger {ro.path} ({twhy});"
                                        " name a new file, or remove that one first")
             report = verify(ro._db, ro._log, progress=progress, blob_check=ro.blob_problem)
-            with ro._db.snapshot() as conn:
-                problems.extend(message for _seq, message in anchor_problems(conn))
+            with ro._store.read() as view:
+                problems.extend(message for _seq, message in anchor_problems(view))
             problems.extend(f"[{f.check}] {f.message}" for f in report.findings)
             if problems and not force:
                 raise AnchorRefused(ro.path, problems)
@@ -510,8 +509,8 @@ class Ledger(WorkspaceProtocol):
             assert self.witness is not None
             return WitnessMismatch(self.path, self.witness.path, why)
 
-        with self._db.snapshot() as conn:
-            head = self._log.head()
+        with self._store.read() as view:
+            head = view.head()
             if head.seq < seen.seq:
                 raise refuse(f"the ledger ends at event #{head.seq}, its witness recorded"
                              f" #{seen.seq}")
@@ -519,9 +518,8 @@ class Ledger(WorkspaceProtocol):
             # not taken from their hash column: a tail edit cannot keep its old hash.
             prev = self._log.genesis if seen.seq == 0 else None
             expected = max(seen.seq, 1)
-            for row in conn.execute(
-                f"SELECT {ROW_COLUMNS} FROM events WHERE seq >= ? ORDER BY seq", (expected,)
-            ):
+            commits: set[object] = set()  # events of one append share their time
+            for row in view.events(EventQuery(after_seq=expected - 1)):
                 (seq, time_ns, ws, run, step, attempt, epoch, rev, key, kind, v, payload,
                  prev_hash, digest) = row
                 if seq != expected or (prev is not None and bytes(prev_hash) != prev):
@@ -534,19 +532,20 @@ class Ledger(WorkspaceProtocol):
                 if seq == seen.seq and bytes(digest) != seen.hash:
                     raise refuse(f"event #{seq} is not the one the witness recorded"
                                  " (history rewritten)")
+                if seq > seen.seq:
+                    commits.add(time_ns)
                 prev, expected = bytes(digest), seq + 1
             if head.seq > seen.seq:
                 # Ahead of the witness: an honest crash between COMMIT and the witness
                 # write leaves a tail tagged with the witness's key; a forged tail cannot.
-                found = conn.execute("SELECT value FROM meta WHERE key = 'witness_tag'").fetchone()
-                if found is None or not hmac.compare_digest(
-                        str(found[0]), self.witness.tag(head.seq, head.hash)):
+                tag = view.meta_all().get("witness_tag")
+                if tag is None or not hmac.compare_digest(
+                        str(tag), self.witness.tag(head.seq, head.hash)):
                     raise refuse(f"events #{seen.seq + 1}-#{head.seq} after the witnessed head"
                                  " were not written under this witness (forged, or written"
                                  " by a process without --witness)")
-            # events of one append share their time: count the commits after the witness
-            return int(conn.execute("SELECT count(DISTINCT time_ns) FROM events WHERE seq > ?",
-                                    (seen.seq,)).fetchone()[0])
+            # the commits after the witness
+            return len(commits)
 
     @property
     def blobs(self) -> BlobStore:
@@ -811,10 +810,9 @@ class Ledger(WorkspaceProtocol):
         when the attempt's plan declared other artifacts (another runner planned it):
         the caller goes step by step, where `publish` says what is missing."""
         step = row.step_id
-        with self._db.snapshot() as conn:
-            hit = conn.execute("SELECT payload, v FROM events WHERE journal_key = ?",
-                               (journal_key(Planned(step=step, attempt=attempt)),)).fetchone()
-        planned = None if hit is None else decode(hit[0], hit[1])
+        with self._store.read() as view:
+            hit = view.journal_lookup(journal_key(Planned(step=step, attempt=attempt)))
+        planned = None if hit is None else decode(hit[11], hit[10])
         if not isinstance(planned, Planned) or planned.workspace or planned.artifacts != tuple(
                 sorted(outputs)):
             return None
@@ -1102,8 +1100,8 @@ class Ledger(WorkspaceProtocol):
     def _witness_findings(self) -> tuple[list[Finding], Witnessed | None]:
         """What verify reports about the witness (what opening with the check on would
         refuse, a tail written without it, the recorded anchors), and the head it holds."""
-        with self._db.snapshot() as conn:
-            extra = [Finding("witness", seq, message) for seq, message in anchor_problems(conn)]
+        with self._store.read() as view:
+            extra = [Finding("witness", seq, message) for seq, message in anchor_problems(view)]
         if self._witness_unknown:
             extra.append(Finding("witness", 0, "the ledger is witnessed but records no witness"
                                  " location (witnessed by an older stepledger): pass its"

@@ -33,7 +33,6 @@ import struct
 from dataclasses import dataclass
 from typing import Final
 
-import apsw
 import msgspec
 
 from .errors import (
@@ -47,6 +46,7 @@ from .errors import (
     WitnessMissing,
 )
 from .events import WitnessAnchored, WitnessState, decode
+from .store import EventQuery, ReadView
 
 MAGIC: Final = b"SLW1"
 SLOT: Final = 128
@@ -82,29 +82,25 @@ def same_location(a: str, b: str) -> bool:
         return False
 
 
-#: The journal keys of `witness-anchored` events, `["witness-anchored","","/…",N]`, lie in
-#: this range (a step named "witness-anchored" keys `["witness-anchored",1,…]`, outside
-#: it): the UNIQUE index on journal_key finds the anchors with a seek, however long the log.
-_ANCHOR_KEY_RANGE: Final = ('["witness-anchored","",', '["witness-anchored","",#')
+#: The journal keys of `witness-anchored` events, `["witness-anchored","","/…",N]`, all start
+#: with this (a step named "witness-anchored" keys `["witness-anchored",1,…]`, which does
+#: not): the store finds the anchors by a seek on the journal key, however long the log.
+ANCHOR_KEY_PREFIX: Final = '["witness-anchored","",'
 
 
-def newest_anchor_seq(conn: apsw.Connection) -> int:
+def newest_anchor_seq(view: ReadView) -> int:
     """The seq of the newest `witness-anchored` event (0: none), by an index seek."""
-    row = conn.execute("SELECT max(seq) FROM events WHERE journal_key > ? AND journal_key < ?"
-                       " AND kind = 'witness-anchored'", _ANCHOR_KEY_RANGE).fetchone()
-    return int(row[0] or 0)
+    row = view.journal_newest(ANCHOR_KEY_PREFIX, "witness-anchored")
+    return 0 if row is None else int(row[0])
 
 
-def recorded_anchor(conn: apsw.Connection, path: str) -> tuple[int, WitnessAnchored] | None:
+def recorded_anchor(view: ReadView, path: str) -> tuple[int, WitnessAnchored] | None:
     """The newest `witness-anchored` event (its seq and event); None if never witnessed
     this way. Reads through the journal-key index; `verify` re-derives every key."""
-    row = conn.execute(
-        "SELECT seq, v, payload FROM events WHERE journal_key > ? AND journal_key < ?"
-        " AND kind = 'witness-anchored' ORDER BY seq DESC LIMIT 1", _ANCHOR_KEY_RANGE,
-    ).fetchone()
+    row = view.journal_newest(ANCHOR_KEY_PREFIX, "witness-anchored")
     if row is None:
         return None
-    seq, v, payload = row
+    seq, v, payload = row[0], row[10], row[11]
     try:
         event = decode(payload, v)
     except (msgspec.DecodeError, msgspec.ValidationError, InvalidInput, ValueError,
@@ -115,17 +111,15 @@ def recorded_anchor(conn: apsw.Connection, path: str) -> tuple[int, WitnessAncho
     return seq, event
 
 
-def anchor_problems(conn: apsw.Connection) -> list[tuple[int, str]]:
+def anchor_problems(view: ReadView) -> list[tuple[int, str]]:
     """What is wrong with the recorded anchors, found by a scan of the kind column (not
     the key index): each names the head it was anchored at (its predecessor) and the
     location it replaced, and the newest is the one openers find. Read-only."""
     out: list[tuple[int, str]] = []
     last: WitnessAnchored | None = None
     last_seq = 0
-    for seq, v, payload, prev_hash in conn.execute(
-        "SELECT seq, v, payload, prev_hash FROM events WHERE kind = 'witness-anchored'"
-        " ORDER BY seq"
-    ):
+    for row in view.events(EventQuery(kinds=frozenset({"witness-anchored"}))):
+        seq, v, payload, prev_hash = row[0], row[10], row[11], row[12]
         try:
             event = decode(payload, v)
         except (msgspec.DecodeError, msgspec.ValidationError, InvalidInput, ValueError,
@@ -143,7 +137,7 @@ def anchor_problems(conn: apsw.Connection) -> list[tuple[int, str]]:
                              f" before it (event #{last_seq}) is {last.witness}"))
         last, last_seq = event, seq
     try:
-        found = recorded_anchor(conn, "")
+        found = recorded_anchor(view, "")
     except CorruptLedger as exc:
         out.append((last_seq, exc.why))
         return out

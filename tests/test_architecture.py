@@ -33,24 +33,21 @@ DRIVER_IMPORTERS: dict[str, frozenset[str]] = {
     "projections/refs.py": frozenset({"apsw"}),
     "projections/workspaces.py": frozenset({"apsw"}),
     "verify.py": frozenset({"apsw"}),
-    "witness.py": frozenset({"apsw"}),
 }
 
 #: How many SQL strings each module outside the SQLite store still holds (to be emptied).
 SQL_STRINGS: dict[str, int] = {
     "cli.py": 3,
     "faults.py": 5,
-    "fences.py": 7,
-    "gc/audit.py": 7,
+    "fences.py": 3,
+    "gc/audit.py": 6,
     "gc/collector.py": 8,
-    "gc/refs.py": 6,
-    "ledger.py": 4,
+    "gc/refs.py": 3,
     "projections/__init__.py": 18,
     "projections/refs.py": 12,
     "projections/steps.py": 1,
-    "projections/workspaces.py": 12,
+    "projections/workspaces.py": 10,
     "verify.py": 17,
-    "witness.py": 3,
 }
 
 #: Import cycles still present, each as the set of its modules (to be emptied).

@@ -22,6 +22,7 @@ import msgspec
 
 from ..errors import BlobCorrupt
 from ..events import BlobCollected, decode
+from ..store import EventQuery
 from ..projections.steps import IN_FLIGHT
 from .collector import DEFAULT_GRACE_S
 from .refs import GcRefused, live_pins, read_references
@@ -116,8 +117,8 @@ def audit(
             f"SELECT count(*), coalesce(sum(stored_bytes), 0) FROM steps"
             f" WHERE state IN ({placeholders})", tuple(IN_FLIGHT)).fetchone()
         report.pending_steps, report.pending_bytes = int(n), int(b)
-        for v, payload in conn.execute("SELECT v, payload FROM events WHERE kind = 'blob-collected'"):
-            event = decode(payload, v)
+        for row in conn.events(EventQuery(kinds=frozenset({"blob-collected"}))):
+            event = decode(row[11], row[10])
             assert isinstance(event, BlobCollected)
             report.collected.add(event.size)
         condemned = {d for (d,) in conn.execute("SELECT digest FROM condemned")}

@@ -16,12 +16,13 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass, field
-from typing import Annotated, Final, Union
+from typing import Annotated, Any, Final, Union
 
 import apsw
 import msgspec
 
 from ..errors import GcRefused
+from ..store import EventQuery
 from ..events import EVENT_VERSION
 
 
@@ -74,17 +75,16 @@ class Holders:
         return digest in self.referenced
 
 
-def read_references(conn: apsw.Connection, *, cross_check: bool = True) -> Holders:
+def read_references(conn: Any, *, cross_check: bool = True) -> Holders:
     """Referenced digests, from the events (ground truth), checked against the tables.
 
     GC cross-checks (fail closed: it is about to delete); audit, which only reports,
     takes the manifests from the tables and decodes only the compensation records."""
     out = Holders()
-    out.head_seq = int(conn.execute("SELECT coalesce(max(seq), 0) FROM events").fetchone()[0])
-    kinds = "('manifest-published', 'compensated')" if cross_check else "('compensated')"
-    for seq, kind, v, payload in conn.execute(
-        f"SELECT seq, kind, v, payload FROM events WHERE kind IN {kinds} ORDER BY seq"
-    ):
+    out.head_seq = conn.head().seq
+    kinds = frozenset({"manifest-published", "compensated"} if cross_check else {"compensated"})
+    for row in conn.events(EventQuery(kinds=kinds)):
+        seq, kind, v, payload = row[0], row[9], row[10], row[11]
         try:
             if v > EVENT_VERSION:
                 raise ValueError(f"event version {v} is newer than this stepledger")
@@ -110,13 +110,11 @@ def read_references(conn: apsw.Connection, *, cross_check: bool = True) -> Holde
     return out
 
 
-def compensation_refs_since(conn: apsw.Connection, seq: int) -> set[str]:
+def compensation_refs_since(conn: Any, seq: int) -> set[str]:
     """Digests compensations recorded after `seq` (the collector's re-check)."""
     out: set[str] = set()
-    for _v, payload in conn.execute(
-        "SELECT v, payload FROM events WHERE seq > ? AND kind = 'compensated'", (seq,)
-    ):
-        event = _refs_decoder.decode(payload)
+    for row in conn.events(EventQuery(after_seq=seq, kinds=frozenset({"compensated"}))):
+        event = _refs_decoder.decode(row[11])
         assert isinstance(event, _Compensated)
         out.update(r.digest for r in event.restored if r.outcome != "conflict" and r.digest)
     _check_hex(out, "a compensation record")

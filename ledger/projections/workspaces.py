@@ -21,6 +21,7 @@ import apsw
 import msgspec
 
 from ..errors import IllegalWorkspaceTransition
+from ..store import ReadView
 from ..events import (
     Compensated,
     Fenced,
@@ -285,24 +286,23 @@ class Registration(msgspec.Struct, frozen=True, kw_only=True):
         return None if self.dev is None or self.ino is None else (self.dev, self.ino)
 
 
-def load_registration(conn: apsw.Connection, name: str) -> Registration | None:
+def load_registration(view: ReadView, name: str) -> Registration | None:
     """The workspace's newest registration event, read from the log by its journal keys
-    (an index lookup per kind: `["workspace-added", name]` and the keys that extend
+    (an index seek per kind: `["workspace-added", name]` and the newest key extending
     `["workspace-restored", name, ...]` / `["workspace-rebound", name, ...]`); None
     when it was never added."""
     added = journal_key(WorkspaceAdded(workspace=name, root="/"))  # ["workspace-added", name]
-    rows = conn.execute("SELECT seq, v, payload FROM events WHERE journal_key = ?",
-                        (added,)).fetchall()
+    rows = [row for row in [view.journal_lookup(added)] if row is not None]
     for kind in REGISTRATION_KINDS[1:]:
-        # every key extending [kind, name]: its "," then the extras ("-" sorts after ",")
+        # every key extending [kind, name]: its "," then the extras
         prefix = added.replace('"workspace-added"', msgspec.json.encode(kind).decode(), 1)[:-1]
-        rows += conn.execute(
-            "SELECT seq, v, payload FROM events WHERE journal_key > ? AND journal_key < ?"
-            " ORDER BY seq DESC LIMIT 1", (prefix + ",", prefix + "-")).fetchall()
+        row = view.journal_newest(prefix + ",")
+        if row is not None:
+            rows.append(row)
     best = max(rows, default=None, key=lambda r: int(r[0]))
     if best is None:
         return None
-    event = decode(bytes(best[2]), int(best[1]))
+    event = decode(bytes(best[11]), int(best[10]))
     if not isinstance(event, WorkspaceAdded | WorkspaceRestored | WorkspaceRebound):
         raise TypeError(f"event #{best[0]} under a workspace registration key is a"
                         f" {type(event).__name__}")

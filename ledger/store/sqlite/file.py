@@ -350,9 +350,17 @@ class Database:
                                 busy_timeout_ms=busy_timeout_ms, vfs=vfs), False
         except FileNotFoundError:
             pass
-        except NotALedger:
+        except NotALedger as refused:
             if not _never_initialized(path):
-                raise
+                # Judged while a concurrent init was midway (page 1 switched to WAL, no
+                # schema yet), looked at again after it finished: the file is a ledger
+                # now. Judge it once more; a file that is not a ledger is refused again,
+                # untouched.
+                try:
+                    return cls.open(path, synchronous=synchronous,
+                                    busy_timeout_ms=busy_timeout_ms, vfs=vfs), False
+                except NotALedger:
+                    raise refused from None
         parent = os.path.dirname(os.path.abspath(path))
         try:
             _makedirs_durably(parent)

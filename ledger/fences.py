@@ -84,16 +84,10 @@ from .events import (
     check_step_id,
     journal_key,
 )
-from .projections import checkpoint, load_step, read_workspaces
-from .projections.steps import COMPENSATED, ENDED, IN_FLIGHT, PLANNED, REJECTED
+from .projections import checkpoint, read_workspaces
+from .projections.steps import COMPENSATED, ENDED, PLANNED, REJECTED
 from .projections.steps import VERSION as STEPS_VERSION
-from .projections.workspaces import (
-    Registration,
-    WsRow,
-    load_path,
-    load_registration,
-    load_workspace,
-)
+from .projections.workspaces import Registration, WsRow, load_registration
 from .store import EventQuery, Tx
 from .workspace import Boundary, FileIdentity, Staged, WorkspaceDir, attempt_tag, identity_of
 
@@ -463,10 +457,10 @@ class WorkspaceProtocol:
     def workspace(self: Ledger, name: str) -> WsRow:
         """A workspace's row (revision, lease); UnknownWorkspace if it was never added."""
         check_step_id(name)
-        with self._db.snapshot() as conn:
+        with self._store.read() as conn:
             cp = checkpoint(conn)
             if cp.version == STEPS_VERSION and cp.last_seq >= self._log.head().seq:
-                row = load_workspace(conn, name)  # caught up: one row, not the whole fold
+                row = conn.workspace(name)  # caught up: one row, not the whole fold
             else:
                 row = read_workspaces(self._db, self._log).rows.get(name)
         if row is None:
@@ -516,8 +510,8 @@ class WorkspaceProtocol:
         its bytes on disk now, None when absent)."""
         row = self.workspace(workspace)
         check_relpath(path)
-        with self._db.snapshot() as conn:
-            state = load_path(conn, workspace, path)
+        with self._store.read() as conn:
+            state = conn.path_state(workspace, path)
         return (0 if state is None else state[0]), self._wsdir(row).hash(path)
 
     def read_file(self: Ledger, workspace: str, path: str, *,
@@ -535,8 +529,8 @@ class WorkspaceProtocol:
         check_relpath(path)
         if max_bytes is not None and max_bytes < 0:
             raise InvalidInput(f"max_bytes must be 0 or more, not {max_bytes}")
-        with self._db.snapshot() as conn:
-            state = load_path(conn, workspace, path)
+        with self._store.read() as conn:
+            state = conn.path_state(workspace, path)
         rev = 0 if state is None else state[0]
         with self._wsdir(row).open(path) as fd:
             if fd is None:
@@ -574,7 +568,7 @@ class WorkspaceProtocol:
         ttl_ns = _check_ttl(ttl_s)
 
         def build(tx: Tx, now: int) -> list[Event]:
-            row = load_workspace(tx, workspace)
+            row = tx.workspace(workspace)
             if row is None:
                 raise UnknownWorkspace(workspace)
             live = row.live_epoch(now)
@@ -599,7 +593,7 @@ class WorkspaceProtocol:
         ttl_ns = _check_ttl(ttl_s)
 
         def build(tx: Tx, now: int) -> list[Event]:
-            row = load_workspace(tx, workspace)
+            row = tx.workspace(workspace)
             if row is None:
                 raise UnknownWorkspace(workspace)
             live = row.live_epoch(now)
@@ -615,7 +609,7 @@ class WorkspaceProtocol:
         """Give the lease up (idempotent for the same epoch)."""
 
         def build(tx: Tx, now: int) -> list[Event]:
-            row = load_workspace(tx, workspace)
+            row = tx.workspace(workspace)
             if row is None:
                 raise UnknownWorkspace(workspace)
             if row.epoch != epoch:
@@ -627,7 +621,7 @@ class WorkspaceProtocol:
         return self.lease(workspace)
 
     def _live_epoch(self: Ledger, tx: Tx, workspace: str, epoch: int, now: int) -> WsRow:
-        row = load_workspace(tx, workspace)
+        row = tx.workspace(workspace)
         if row is None:
             raise UnknownWorkspace(workspace)
         live = row.live_epoch(now)
@@ -639,12 +633,9 @@ class WorkspaceProtocol:
         """Steps of the workspace whose latest attempt, of an epoch before `epoch`, is
         still in flight (planned, fenced, blob-stored)."""
         check_int(epoch, "epoch")
-        with self._db.snapshot() as conn:
-            return [r[0] for r in conn.execute(
-                "SELECT step_id FROM steps WHERE workspace = ? AND epoch > 0 AND epoch < ?"
-                " AND state IN (?, ?, ?) ORDER BY first_seq",
-                (workspace, epoch, *sorted(IN_FLIGHT)),
-            )]
+        with self._store.read() as view:
+            return [step for step, _attempt in view.steps_in_flight(workspace, epoch,
+                                                                    oldest_first=True)]
 
     def settle(self: Ledger, workspace: str, epoch: int) -> list[Compensation]:
         """Compensate every attempt of an older epoch still in flight, under `epoch`.
@@ -680,10 +671,8 @@ class WorkspaceProtocol:
         for row in self.workspaces():
             if row.epoch == 0:
                 continue
-            with self._db.snapshot() as conn:
-                steps = [(r[0], int(r[1])) for r in conn.execute(
-                    "SELECT step_id, attempt FROM steps WHERE workspace = ? AND epoch > 0"
-                    " AND state IN (?, ?, ?)", (row.name, *sorted(IN_FLIGHT)))]
+            with self._store.read() as view:
+                steps = view.steps_in_flight(row.name)
             dirs: set[str] = set()
             for step, attempt in steps:
                 planned = self._attempt_events(step, attempt).planned
@@ -790,7 +779,7 @@ class WorkspaceProtocol:
         overlap: list[str] = []
         fresh: list[tuple[StepPlan, int]] = []
         again: dict[tuple[str, int, str], tuple[Content, int]] = {}
-        with self._db.snapshot() as conn:
+        with self._store.read() as conn:
             for p in plans:
                 check_step_id(p.step)
                 for a in p.artifacts:
@@ -799,7 +788,7 @@ class WorkspaceProtocol:
                 for w in p.writes:  # the boundary, now: nothing is recorded for a refusal
                     wsdir.check_write(w.path)
                     wsdir.check_fits(w.path)  # a name the disk cannot hold never applies
-                row = load_step(conn, p.step)
+                row = conn.step(p.step)
                 if row is not None and (row.live or row.state not in ENDED):
                     # in flight or committed: a retried admission if it is the recorded
                     # plan (PlanConflict otherwise). A crash between the planned commit
@@ -825,7 +814,7 @@ class WorkspaceProtocol:
                         contents[post] = (w.content, size)
                     current = sim.get(w.path)
                     if current is None:
-                        state = load_path(conn, workspace, w.path)
+                        state = conn.path_state(workspace, w.path)
                         current = 0 if state is None else state[0]
                     base = current if w.base_rev is None else w.base_rev
                     if w.path in last_post and (
@@ -926,13 +915,13 @@ class WorkspaceProtocol:
         ws = self.workspace(old.workspace)
         wsdir = self._wsdir(ws)
         writes = []
-        with self._db.snapshot() as conn:
+        with self._store.read() as conn:
             for w in old.writes:
                 disk = wsdir.hash(w.path)
                 if disk != w.pre_hash:
                     raise ReplanRefused(step, f"{w.path} no longer holds the content it was"
                                         " planned against")
-                state = load_path(conn, old.workspace, w.path)
+                state = conn.path_state(old.workspace, w.path)
                 writes.append(PlannedWrite(path=w.path, base_rev=0 if state is None else state[0],
                                            pre_hash=w.pre_hash, post_hash=w.post_hash))
         for w in writes:
@@ -1096,7 +1085,7 @@ class WorkspaceProtocol:
         """The checks and the renames, under the write lock (inside the transaction).
         `pinned_now`: the pre-images this call pinned (see `_undo_landed`)."""
         step, name = planned.step, planned.workspace
-        cur = load_step(tx, step)
+        cur = tx.step(step)
         assert cur is not None
         if planned.journal:
             hit = tx.journal_lookup(key)
@@ -1112,10 +1101,7 @@ class WorkspaceProtocol:
         ws = self._live_epoch(tx, name, epoch, now)
         if cur.attempt != attempt or cur.state in ENDED:
             raise _Answered(self._end_result(step, attempt, self._attempt_events(step, attempt)))
-        older = [r[0] for r in tx.execute(
-            "SELECT step_id FROM steps WHERE workspace = ? AND epoch > 0 AND epoch < ?"
-            " AND state IN (?, ?, ?) LIMIT 6", (name, epoch, *sorted(IN_FLIGHT)),
-        )]
+        older = [step for step, _attempt in tx.steps_in_flight(name, epoch, limit=6)]
         if older:  # settle first, then new work (an acquire that died mid-settle)
             raise Unsettled(name, older)
         if planned.epoch != epoch:
@@ -1148,7 +1134,7 @@ class WorkspaceProtocol:
                               plan_rev=plan_rev)
         if planned.fence in ("step", "plan"):
             for w in planned.writes:
-                state = load_path(tx, name, w.path)
+                state = tx.path_state(name, w.path)
                 path_rev = 0 if state is None else state[0]
                 if planned.fence == "step" and path_rev != w.base_rev:
                     return reject("stale_rev", f"{w.path} is at rev {path_rev}, planned"
@@ -1214,7 +1200,7 @@ class WorkspaceProtocol:
             now = disk[w.path]
             if now != w.post_hash or w.post_hash == w.pre_hash:
                 continue
-            state = load_path(tx, planned.workspace, w.path)
+            state = tx.path_state(planned.workspace, w.path)
             path_rev = 0 if state is None else state[0]
             if path_rev != w.base_rev:
                 continue  # recorded as someone else's since: not this attempt's to undo
@@ -1268,7 +1254,7 @@ class WorkspaceProtocol:
             self._remove_temporaries(wsdir, planned.writes, ws_row.epoch)
 
         def build(tx: Tx, now: int) -> list[Event]:
-            cur = load_step(tx, step)
+            cur = tx.step(step)
             if cur is None:
                 raise UnknownStep(step)
             if cur.attempt == attempt and cur.state == COMPENSATED or cur.attempt != attempt:
@@ -1333,7 +1319,7 @@ class WorkspaceProtocol:
         rev = ws.rev
         reached: bool | None = None  # the attempt's evidence (`_reached_apply`), read once
         for w in reversed(planned.writes):
-            state = load_path(tx, name, w.path)
+            state = tx.path_state(name, w.path)
             path_rev = 0 if state is None else state[0]
             try:
                 disk = wsdir.hash(w.path)

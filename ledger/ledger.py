@@ -71,7 +71,6 @@ from .projections import (
     StepsProjector,
     catch_up,
     checkpoint,
-    load_step,
     read_refs,
     read_steps,
     rebuild,
@@ -703,7 +702,7 @@ class Ledger(WorkspaceProtocol):
                 cached = self._steps.cache.get(step_id)
                 if cached is not None:
                     return cached.__copy__()
-                return load_step(self._db.conn, step_id)
+                return self._store.view.step(step_id)
         rows = read_steps(self._db, self._log, step_id=step_id)
         return rows[0] if rows else None
 
@@ -1062,9 +1061,9 @@ class Ledger(WorkspaceProtocol):
         Only a read-only open of a file written by an older or interrupted version sees a
         lag; read-write opens catch up first.
         """
-        with self._db.snapshot() as conn:
-            cp = checkpoint(conn)
-            head = self._log.head().seq
+        with self._store.read() as view:
+            cp = checkpoint(view)
+            head = view.head().seq
         return head if cp.version != STEPS_VERSION else max(0, head - cp.last_seq)
 
     # -- maintenance -----------------------------------------------------------------

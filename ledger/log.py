@@ -103,7 +103,7 @@ class EventLog:
                                      projector=self.projector, guard=guard)
                 new = [r for r in recorded if not r.deduped]
                 if self.projector is not None and new:
-                    self.projector.flush(tx, new[-1].seq)
+                    tx.write_projection(self.projector.flush(new[-1].seq))
                 if new and self.before_commit is not None:
                     self.before_commit(tx, Head(new[-1].seq, new[-1].hash))
         except BaseException:

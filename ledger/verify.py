@@ -30,11 +30,11 @@ from .projections import (
     StepSpill,
     checkpoint,
     fold_rows,
-    load_step,
     read_workspaces,
 )
 from .projections.steps import NAME as STEPS_NAME
-from .projections.steps import SELECT_COLUMNS
+from .store.sqlite.tables import STEP_COLUMNS as SELECT_COLUMNS
+from .store.sqlite.tables import load_step
 from .projections.steps import VERSION as STEPS_VERSION
 from .invariants import Checker
 from .projections.workspaces import WorkspacesFold
@@ -234,7 +234,7 @@ def verify(
         findings.extend(_meta_facts(conn))
         findings.extend(_checkpoint_facts(conn, head.seq))
         findings.extend(_blob_row_facts(conn))
-        cp = checkpoint(conn)
+        cp = checkpoint(log.store.view)
         lag = max(0, head.seq - cp.last_seq)
         n_steps = 0
         try:

@@ -9,9 +9,10 @@ module is not collected itself (its name does not start with ``test_``).
 Covered: append, a redelivery answered, a conflict and an illegal transition writing
 nothing, a failing transaction rolled back, the head and the chain; event reads by every
 query field, paged; the journal lookup and the newest key under a prefix (a step named
-like a kind is not taken for one); inline blobs, blob bytes read, streamed and checked
-by one rule (64 MiB in bounded memory); meta; a read view isolated from later commits;
-writers in two processes on two scopes; `exclusive` against another process.
+like a kind is not taken for one); the projection rows written and read back; inline
+blobs, blob bytes read, streamed and checked by one rule (64 MiB in bounded memory);
+meta; a read view isolated from later commits; writers in two processes on two scopes;
+`exclusive` against another process.
 """
 
 from __future__ import annotations
@@ -40,7 +41,11 @@ from ledger.events import (
     journal_key,
 )
 from ledger.log import EventLog
-from ledger.store import EventQuery, Head, Held, Scope, Store
+import msgspec
+
+from ledger.projections.steps import StepRow
+from ledger.projections.workspaces import WsRow
+from ledger.store import Checkpoint, EventQuery, Head, Held, ProjectionChanges, Scope, Store
 
 Opener = Callable[[str, Callable[[], int], bool], Store]
 DIGEST = "ab" * 32
@@ -78,8 +83,8 @@ class Refusing:
     def accept(self, change: object) -> None:
         pass
 
-    def flush(self, tx: Any, last_seq: int) -> None:
-        pass
+    def flush(self, last_seq: int) -> ProjectionChanges:
+        return ProjectionChanges()
 
     def committed(self) -> None:
         pass
@@ -363,6 +368,45 @@ class StoreContract:
             tracemalloc.stop()
         assert got == (digest, n * piece)
         assert put_peak < 16 * piece and read_peak < 16 * piece, (put_peak, read_peak)
+
+    def test_projection_rows_round_trip(self, store: Store) -> None:
+        step = StepRow(step_id="s", run="r", workspace="w", state="planned", attempt=1,
+                       epoch=2, rev=0, manifest_rev=-1, manifest_digest=None, live=False,
+                       committed_bytes=0, stored_bytes=0, first_seq=1, last_seq=1, updated_ns=5)
+        done = msgspec.structs.replace(step, step_id="t", state="acked", first_seq=2)
+        ws = WsRow(name="w", root="/r", rev=1, epoch=2, holder="h", expires_ns=9, acquired_ns=3,
+                   last_seq=2)
+        assert store.view.checkpoint() is None and store.view.step("s") is None
+        with store.transaction() as tx:
+            tx.write_projection(ProjectionChanges(
+                steps=[step.as_tuple(), done.as_tuple()], workspaces=[ws.as_tuple()],
+                paths=[("w", "a.txt", 1, DIGEST, 2), ("w", "gone", 1, None, 2)],
+                pins=[("s", 1, DIGEST, "artifact", 1), ("s", 1, "cd" * 32, "pre-image", 1)],
+                manifests=[("t", 0, 1, DIGEST, None, 2)],
+                entries=[("t", 0, "artifact", "a", DIGEST, 3)],
+                checkpoint=Checkpoint(2, 4)))
+        view = store.view
+        assert view.checkpoint() == Checkpoint(2, 4)
+        assert view.step("s") == step and view.steps() == [step, done]
+        assert view.steps(state="acked") == [done] and view.steps(step_id="s") == [step]
+        assert view.steps_in_flight("w") == [("s", 1)]
+        assert view.steps_in_flight("w", 2) == [] and view.steps_in_flight("w", 3) == [("s", 1)]
+        assert view.steps_in_flight("w", 3, limit=1, oldest_first=True) == [("s", 1)]
+        assert view.workspace("w") == ws and view.workspace_rows() == [ws]
+        assert view.path_state("w", "a.txt") == (1, DIGEST, 2)
+        assert view.path_state("w", "gone") == (1, None, 2) and view.path_state("w", "x") is None
+        assert sorted(view.path_rows()) == [("w", "a.txt", 1, DIGEST, 2), ("w", "gone", 1, None, 2)]
+        assert sorted(view.pin_rows()) == [("s", 1, DIGEST, "artifact", 1),
+                                           ("s", 1, "cd" * 32, "pre-image", 1)]
+        assert view.manifest_rows() == [("t", 0, 1, DIGEST, None, 2)]
+        assert view.entry_rows() == [("t", 0, "artifact", "a", DIGEST, 3)]
+        with store.transaction() as tx:  # an ack releases only the roles it names
+            tx.write_projection(ProjectionChanges(releases=[("s", 1, True)],
+                                                  released_on_ack=("artifact", "post-image")))
+        assert view.pin_rows() == [("s", 1, "cd" * 32, "pre-image", 1)]
+        with store.transaction() as tx:  # an end releases them all
+            tx.write_projection(ProjectionChanges(releases=[("s", 1, False)]))
+        assert view.pin_rows() == [] and view.checkpoint() == Checkpoint(2, 4)
 
     def test_meta(self, store: Store) -> None:
         assert store.view.meta("nothing") is None

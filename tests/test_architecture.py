@@ -30,8 +30,6 @@ DRIVER_IMPORTERS: dict[str, frozenset[str]] = {
     "faults.py": frozenset({"apsw"}),
     "gc/refs.py": frozenset({"apsw"}),
     "projections/__init__.py": frozenset({"apsw"}),
-    "projections/refs.py": frozenset({"apsw"}),
-    "projections/workspaces.py": frozenset({"apsw"}),
     "verify.py": frozenset({"apsw"}),
 }
 
@@ -39,14 +37,12 @@ DRIVER_IMPORTERS: dict[str, frozenset[str]] = {
 SQL_STRINGS: dict[str, int] = {
     "cli.py": 3,
     "faults.py": 5,
-    "fences.py": 3,
     "gc/audit.py": 6,
     "gc/collector.py": 8,
     "gc/refs.py": 3,
-    "projections/__init__.py": 18,
-    "projections/refs.py": 12,
-    "projections/steps.py": 1,
-    "projections/workspaces.py": 10,
+    "projections/__init__.py": 7,
+    "projections/refs.py": 6,
+    "projections/workspaces.py": 2,
     "verify.py": 17,
 }
 

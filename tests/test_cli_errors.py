@@ -370,14 +370,14 @@ def test_ctrl_c_during_a_long_command_exits_130_with_one_line(tmp_path: pathlib.
 #: signal, sent to itself while the heartbeat's transaction is open (BEGIN IMMEDIATE).
 _INTERRUPT_IN_TXN = textwrap.dedent("""
     import os, signal, sys
-    import ledger.fences as fences
-    real = fences.load_workspace
-    def load_workspace(tx, workspace):
-        row = real(tx, workspace)
+    from ledger.store.sqlite import SqliteTx
+    real = SqliteTx.workspace
+    def workspace(tx, name):
+        row = real(tx, name)
         assert tx._db.conn.in_transaction  # the heartbeat's BEGIN IMMEDIATE is open
         os.kill(os.getpid(), signal.SIGINT)  # KeyboardInterrupt at the next bytecode
         return row
-    fences.load_workspace = load_workspace
+    SqliteTx.workspace = workspace
     from ledger.cli import main
     sys.argv[0] = "stepledger"
     main()

@@ -387,7 +387,7 @@ def test_inline_projection_equals_rebuild_and_model(blob_root: Path, data: st.Da
             assert as_rows(ledger.steps()) == model.rows()
             assert ledger.rebuild() == len(model.steps)
             assert table(ledger) == model.rows()
-            assert proj.checkpoint(ledger._store.db.conn) == proj.Checkpoint(model.seq, steps_mod.VERSION)
+            assert proj.checkpoint(ledger._store.view) == proj.Checkpoint(model.seq, steps_mod.VERSION)
             assert ledger.verify().ok
     for outcome, count in outcomes.items():
         hypothesis.event(f"{getattr(outcome, '__name__', outcome)}: {min(count, 5)}+")
@@ -450,7 +450,7 @@ def test_lagging_projection_is_read_without_writing_then_caught_up(
     assert lock_files_aside(snapshot_dir(tmp_path)) == before  # read-only: not a byte written
     with Ledger.open(path, clock=FakeClock()) as led:  # read-write: catches the tables up
         assert table(led) == expected
-        assert proj.checkpoint(led._store.db.conn) == proj.Checkpoint(head, steps_mod.VERSION)
+        assert proj.checkpoint(led._store.view) == proj.Checkpoint(head, steps_mod.VERSION)
         assert led.verify().projection_lag == 0
     assert table_of(path) == (expected, (head, steps_mod.VERSION))
 
@@ -520,7 +520,7 @@ def test_rebuild_of_a_large_ledger(tmp_path: Path) -> None:
         assert all(of == total for _, of in calls)
         assert [d for d, _ in calls] == sorted(d for d, _ in calls)
         assert (10_000, total) in calls
-        assert proj.checkpoint(led._store.db.conn).last_seq == total
+        assert proj.checkpoint(led._store.view).last_seq == total
         assert led.step("step-00007").state == "compensated"
 
 

@@ -66,7 +66,8 @@ from ledger.events import (  # noqa: E402
     manifest_digest,
     validate,
 )
-from ledger.projections.steps import UPSERT_SQL, StepRow, fold  # noqa: E402
+from ledger.projections.steps import StepRow, fold  # noqa: E402
+from ledger.store.sqlite.tables import UPSERT_STEP as UPSERT_SQL  # noqa: E402
 
 CHECKPOINT_SQL = (
     "INSERT INTO projection_checkpoint(name, last_seq, version) VALUES ('steps', ?, 0)"

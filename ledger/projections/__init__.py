@@ -17,7 +17,7 @@ and every one of them can be rebuilt from the events at any time.
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Final
+from typing import Any, Final
 
 import apsw
 import msgspec
@@ -26,19 +26,18 @@ from ..store.sqlite.file import Database
 from ..errors import CorruptLedger, IllegalTransition, InvalidInput
 from ..events import StepEvent
 from ..log import EventLog
-from ..store import Checkpoint, Tx
+from ..store import Checkpoint, ProjectionChanges, ReadView
+from ..store.sqlite.tables import SET_CHECKPOINT, STEP_COLUMNS, UPSERT_PATH, UPSERT_STEP, UPSERT_WS
 from . import refs as refs_mod
 from . import steps as steps_mod
 from . import workspaces as ws_mod
 from .lite import decode_for_fold
 from .refs import RefsFold
-from .workspaces import WorkspacesFold, WsRow
+from .workspaces import WorkspacesFold
 from .steps import (
     ACKED,
     COMPENSATED,
     REJECTED,
-    SELECT_COLUMNS,
-    UPSERT_SQL,
     StepRow,
     fold,
 )
@@ -50,54 +49,45 @@ WORKING_SET_MAX: Final = 50_000
 _FINISHED: Final = frozenset({ACKED, REJECTED, COMPENSATED})
 
 
-def checkpoint(conn: apsw.Connection, name: str = steps_mod.NAME) -> Checkpoint:
-    row = conn.execute(
-        "SELECT last_seq, version FROM projection_checkpoint WHERE name = ?", (name,)
-    ).fetchone()
-    return Checkpoint(0, steps_mod.VERSION) if row is None else Checkpoint(row[0], row[1])
+def checkpoint(view: ReadView) -> Checkpoint:
+    """How far the inline projections have folded (none yet: nothing, this version)."""
+    cp = view.checkpoint()
+    return Checkpoint(0, steps_mod.VERSION) if cp is None else cp
 
 
-def _set_checkpoint(conn: apsw.Connection, last_seq: int) -> None:
-    conn.execute(
-        "INSERT INTO projection_checkpoint(name, last_seq, version) VALUES (?, ?, ?)"
-        " ON CONFLICT(name) DO UPDATE SET last_seq = excluded.last_seq, version = excluded.version",
-        (steps_mod.NAME, last_seq, steps_mod.VERSION),
-    )
-
-
-def load_step(conn: apsw.Connection, step_id: str) -> StepRow | None:
-    row = conn.execute(f"SELECT {SELECT_COLUMNS} FROM steps WHERE step_id = ?", (step_id,)).fetchone()
-    return None if row is None else StepRow.from_tuple(row)
+def _set_checkpoint(conn: Any, last_seq: int) -> None:
+    conn.execute(SET_CHECKPOINT, (steps_mod.NAME, last_seq, steps_mod.VERSION))
 
 
 class StepsProjector:
-    """The inline projections (see `ledger.log.Projector`): step rows, pins, manifests.
+    """The inline projections (see `ledger.store.Projector`): step rows, pins, manifests,
+    workspaces.
 
-    Step rows are folded on a copy and written once per transaction (`flush`), and so
-    are the ref tables' changes, netted in memory (`RefsBatch`). Rows this
-    connection committed are cached for the next append (the log drops the cache when
-    another connection commits, via `PRAGMA data_version`).
+    Step rows are folded on a copy and handed to the store once per transaction
+    (`flush`), and so are the ref tables' changes, netted in memory (`RefsBatch`), and
+    the workspaces'. Rows this connection committed are cached for the next append (the
+    log drops the cache when another connection commits: the store's generation).
     """
 
     CACHE_MAX: Final = 10_000
 
     def __init__(self) -> None:
-        self.conn: Tx | None = None
+        self.view: ReadView | None = None
         self.pending: dict[str, StepRow] = {}
         self.cache: dict[str, StepRow] = {}
         self.refs = refs_mod.RefsBatch()
         self.ws = WorkspacesFold()
 
-    def begin(self, tx: Tx) -> None:
-        self.conn, self.pending = tx, {}
+    def begin(self, view: ReadView) -> None:
+        self.view, self.pending = view, {}
         self.refs = refs_mod.RefsBatch()
-        self.ws = WorkspacesFold(tx)  # type: ignore[arg-type]
+        self.ws = WorkspacesFold(view.workspace, view.path_state)
 
     def current(self, step_id: str) -> StepRow | None:
         """The step's row as this transaction sees it (pending changes included)."""
         row = self.pending.get(step_id) or self.cache.get(step_id)
-        if row is None and self.conn is not None:
-            row = load_step(self.conn, step_id)
+        if row is None and self.view is not None:
+            row = self.view.step(step_id)
         return row
 
     def check(
@@ -124,16 +114,13 @@ class StepsProjector:
         if kind in ws_mod.KINDS:
             self.ws.apply(event, seq, time_ns)
 
-    def flush(self, conn: Tx, last_seq: int) -> None:  # type: ignore[override]
-        if self.pending:
-            conn.executemany(UPSERT_SQL, [r.as_tuple() for r in self.pending.values()])
+    def flush(self, last_seq: int) -> ProjectionChanges:
+        """Every change kept in this transaction, and the new checkpoint."""
+        refs = self.refs
         # A pin or a manifest naming a blob un-condemns it (GC re-checks anyway).
-        named = {d for (_s, _a, d) in self.refs.pins} | {e[4] for e in self.refs.entries}
-        self.refs.write(conn)
-        self.ws.write(conn)
-        if named:
-            conn.executemany("DELETE FROM condemned WHERE digest = ?", [(d,) for d in named])
-        _set_checkpoint(conn, last_seq)
+        named = {d for (_s, _a, d) in refs.pins} | {e[4] for e in refs.entries}
+        return refs.changes([r.as_tuple() for r in self.pending.values()], self.ws.changes(),
+                            named, Checkpoint(last_seq, steps_mod.VERSION))
 
     def committed(self) -> None:
         if len(self.cache) + len(self.pending) > self.CACHE_MAX:
@@ -230,7 +217,7 @@ class StepSpill:
 
     def __init__(self, conn: apsw.Connection, table: str = "steps") -> None:
         self.conn, self.table = conn, table
-        self.upsert = UPSERT_SQL.replace("INSERT INTO steps(", f"INSERT INTO {table}(", 1)
+        self.upsert = UPSERT_STEP.replace("INSERT INTO steps(", f"INSERT INTO {table}(", 1)
         self.written: list[tuple[object, ...]] = []
 
     def evict(self, row: StepRow) -> None:
@@ -240,7 +227,7 @@ class StepSpill:
 
     def lookup(self, step_id: str) -> StepRow | None:
         self.flush()
-        row = self.conn.execute(f"SELECT {SELECT_COLUMNS} FROM {self.table} WHERE step_id = ?",
+        row = self.conn.execute(f"SELECT {STEP_COLUMNS} FROM {self.table} WHERE step_id = ?",
                                 (step_id,)).fetchone()
         return None if row is None else StepRow.from_tuple(row)
 
@@ -275,7 +262,9 @@ def rebuild(db: Database, log: EventLog, progress: Progress | None = None) -> in
         ws = WorkspacesFold()
         WorkspacesFold.clear_tables(conn)
         last = fold_rows(log, 0, working, spill.lookup, spill.evict, progress, total, refs, ws)
-        ws.write(conn)
+        rows, paths = ws.changes()
+        conn.executemany(UPSERT_WS, rows)
+        conn.executemany(UPSERT_PATH, paths)
         for row in working.values():
             spill.evict(row)
         spill.flush()
@@ -292,27 +281,24 @@ def catch_up(db: Database, log: EventLog) -> int:
     A projection version change means a full rebuild; a lagging checkpoint folds the
     tail into the tables. Both write rows and checkpoint in one transaction.
     """
-    with db.snapshot() as conn:
-        cp = checkpoint(conn)
-        head = log.head().seq
+    store = log.store
+    with store.read() as view:
+        cp = checkpoint(view)
+        head = view.head().seq
     if cp.version != steps_mod.VERSION:
         rebuild(db, log)
         return head
     if cp.last_seq >= head:
         return 0
-    with db.transaction() as conn:
-        cp = checkpoint(conn)
+    with store.transaction() as tx:
+        cp = checkpoint(tx)
         working: dict[str, StepRow] = {}
         refs = refs_mod.RefsBatch()  # the inline writer's netting, over the whole tail
-        ws = WorkspacesFold(conn)
-        last = fold_rows(
-            log, cp.last_seq, working, lambda s: load_step(conn, s), None, None, 0, refs, ws
-        )
-        if working:
-            conn.executemany(UPSERT_SQL, [r.as_tuple() for r in working.values()])
-        refs.write(conn)
-        ws.write(conn)
-        _set_checkpoint(conn, max(last, cp.last_seq))
+        ws = WorkspacesFold(tx.workspace, tx.path_state)
+        last = fold_rows(log, cp.last_seq, working, tx.step, None, None, 0, refs, ws)
+        tx.write_projection(refs.changes(
+            [r.as_tuple() for r in working.values()], ws.changes(), set(),
+            Checkpoint(max(last, cp.last_seq), steps_mod.VERSION)))
         return last - cp.last_seq
 
 
@@ -329,62 +315,35 @@ def fold_all(
     return working
 
 
-def _check_types(table: str, row: tuple[object, ...], types: tuple[object, ...]) -> None:
-    """A projection row's cells hold their declared storage class (a damaged record can
-    yield NULL or another class): TypeError, which the read snapshot reports as
-    CorruptLedger."""
-    for value, want in zip(row, types, strict=True):
-        if isinstance(want, tuple):
-            if value is None and None in want:
-                continue
-            want = want[0]
-        if type(value) is not want:
-            raise TypeError(f"a {table} row holds a {type(value).__name__} where a"
-                            f" {want.__name__} belongs")  # type: ignore[union-attr]
-
-
 def read_workspaces(db: Database, log: EventLog) -> WorkspacesFold:
     """Every workspace and path state as of now, read-only: the tables, or a fold when
     they lag the log."""
-    with db.snapshot() as conn:
-        cp = checkpoint(conn)
-        if cp.version != steps_mod.VERSION or cp.last_seq < log.head().seq:
+    with log.store.read() as view:
+        cp = checkpoint(view)
+        if cp.version != steps_mod.VERSION or cp.last_seq < view.head().seq:
             fold = WorkspacesFold()
             fold_all(log, ws=fold)
             return fold
         fold = WorkspacesFold()
-        for row in conn.execute(ws_mod.SELECT_WS):
-            r = WsRow.from_tuple(row)
+        for r in view.workspace_rows():
             fold.rows[r.name] = r
-        for row in conn.execute("SELECT workspace, path, rev, hash, seq FROM ws_paths"):
-            _check_types("ws_paths", row, (str, str, int, (str, None), int))
-            wsname, path, rev, digest, seq = row
-            fold.paths[(wsname, path)] = (rev, digest, seq)
+        for wsname, path, rev, digest, seq in view.path_rows():
+            fold.paths[(wsname, path)] = (rev, digest, seq)  # type: ignore[index,assignment]
     return fold
 
 
 def read_refs(db: Database, log: EventLog) -> RefsFold:
     """Pins and manifests as of now, read-only: the tables, or a fold when they lag."""
     fold = RefsFold()
-    with db.snapshot() as conn:
-        cp = checkpoint(conn)
-        if cp.version != steps_mod.VERSION or cp.last_seq < log.head().seq:
+    with log.store.read() as view:
+        cp = checkpoint(view)
+        if cp.version != steps_mod.VERSION or cp.last_seq < view.head().seq:
             fold_all(log, refs=fold)
             return fold
-        for row in conn.execute("SELECT step, attempt, digest, role, seq FROM pins"):
-            _check_types("pins", row, (str, int, str, str, int))
-            step, attempt, digest, role, seq = row
-            fold.pins[(step, attempt, digest)] = (role, seq)
-        fold.manifests = conn.execute(
-            "SELECT step, manifest_rev, attempt, digest, supersedes, seq FROM manifests"
-        ).fetchall()
-        for row in fold.manifests:
-            _check_types("manifests", row, (str, int, int, str, (str, None), int))
-        fold.entries = conn.execute(
-            "SELECT step, manifest_rev, role, path, digest, size FROM manifest_entries"
-        ).fetchall()
-        for row in fold.entries:
-            _check_types("manifest_entries", row, (str, int, str, str, str, int))
+        for step, attempt, digest, role, seq in view.pin_rows():
+            fold.pins[(step, attempt, digest)] = (role, seq)  # type: ignore[index,assignment]
+        fold.manifests = view.manifest_rows()  # type: ignore[assignment]
+        fold.entries = view.entry_rows()  # type: ignore[assignment]
     return fold
 
 
@@ -398,28 +357,16 @@ def read_steps(
     """
     if state is not None and state not in steps_mod.STATES:
         raise InvalidInput(f"state {state!r} is not one of {', '.join(steps_mod.STATES)}")
-    with db.snapshot() as conn:
-        cp = checkpoint(conn)
-        head = log.head().seq
+    with log.store.read() as view:
+        cp = checkpoint(view)
+        head = view.head().seq
         if cp.version != steps_mod.VERSION:
             rows = list(fold_all(log).values())
         else:
-            where, params = [], []
-            if state is not None:
-                where.append("state = ?")
-                params.append(state)
-            if step_id is not None:
-                where.append("step_id = ?")
-                params.append(step_id)
-            sql = f"SELECT {SELECT_COLUMNS} FROM steps"
-            if where:
-                sql += " WHERE " + " AND ".join(where)
-            rows = [StepRow.from_tuple(r) for r in conn.execute(sql + " ORDER BY first_seq", params)]
+            rows = view.steps(state=state, step_id=step_id)
             if cp.last_seq < head:
                 overlay: dict[str, StepRow] = {}
-                fold_rows(
-                    log, cp.last_seq, overlay, lambda s: load_step(conn, s), None, None, 0
-                )
+                fold_rows(log, cp.last_seq, overlay, view.step, None, None, 0)
                 rows = [overlay.pop(r.step_id, r) for r in rows] + list(overlay.values())
     out = [
         r for r in rows
@@ -438,7 +385,6 @@ __all__ = [
     "checkpoint",
     "fold_all",
     "fold_rows",
-    "load_step",
     "read_refs",
     "read_steps",
     "read_workspaces",

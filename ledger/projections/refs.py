@@ -15,11 +15,11 @@ two cannot drift unseen.
 
 from __future__ import annotations
 
-from typing import Final
+from typing import Any, Final
 
-import apsw
 
 from ..events import ManifestPublished
+from ..store import Checkpoint, ProjectionChanges
 from .lite import SlimPublished
 
 VERSION: Final = 1
@@ -53,7 +53,7 @@ class RefsFold:
 
     DRAIN_AT: Final = 5_000
 
-    def __init__(self, drain_to: apsw.Connection | None = None,
+    def __init__(self, drain_to: Any | None = None,
                  tables: tuple[str, str] = ("manifests", "manifest_entries")) -> None:
         self.pins: dict[PinKey, tuple[str, int]] = {}
         self._by_attempt: dict[tuple[str, int], set[str]] = {}
@@ -93,7 +93,7 @@ class RefsFold:
             if self._drain_to is not None and len(self.entries) >= self.DRAIN_AT:
                 self.drain(self._drain_to)
 
-    def drain(self, conn: apsw.Connection) -> None:
+    def drain(self, conn: Any) -> None:
         """Write the manifests and entries folded since the last drain into this fold's
         tables, and forget them (pins are written by `write` only)."""
         # OR REPLACE: a catch-up may fold again a manifest whose rows are already there
@@ -111,7 +111,7 @@ class RefsFold:
         self.manifests, self.entries = [], []
 
     @staticmethod
-    def clear_tables(conn: apsw.Connection) -> None:
+    def clear_tables(conn: Any) -> None:
         conn.execute("DELETE FROM pins")
         conn.execute("DELETE FROM manifests")
         conn.execute("DELETE FROM manifest_entries")
@@ -119,7 +119,7 @@ class RefsFold:
     def pin_rows(self) -> list[tuple[str, int, str, str, int]]:
         return sorted((s, a, d, role, seq) for (s, a, d), (role, seq) in self.pins.items())
 
-    def write(self, conn: apsw.Connection) -> None:
+    def write(self, conn: Any) -> None:
         """Write what this fold holds into the (cleared) ref tables, inside a transaction."""
         conn.executemany(
             "INSERT INTO pins(step, attempt, digest, role, seq) VALUES (?,?,?,?,?)", self.pin_rows()
@@ -145,34 +145,18 @@ class RefsBatch(RefsFold):
         if kind in _ENDS:
             self.releases.append((event.step, event.attempt, kind == "acked"))  # type: ignore[attr-defined]
 
-    def write(self, conn: apsw.Connection) -> None:
-        acked = [(s, a, *RELEASED_ON_ACK) for s, a, ack in self.releases if ack]
-        ended = [(s, a) for s, a, ack in self.releases if not ack]
-        if acked:
-            conn.executemany(
-                "DELETE FROM pins WHERE step = ? AND attempt = ? AND role IN (?, ?)", acked
-            )
-        if ended:
-            conn.executemany("DELETE FROM pins WHERE step = ? AND attempt = ?", ended)
-        if self.pins:
-            conn.executemany(
-                "INSERT OR IGNORE INTO pins(step, attempt, digest, role, seq) VALUES (?,?,?,?,?)",
-                self.pin_rows(),
-            )
-        if self.manifests:
-            self.drain(conn)
-
-
-def read_tables(conn: apsw.Connection) -> tuple[list[object], list[object], list[object]]:
-    """The ref tables' rows in a canonical order (for comparison with a fold)."""
-    pins = conn.execute("SELECT step, attempt, digest, role, seq FROM pins ORDER BY 1,2,3").fetchall()
-    manifests = conn.execute(
-        "SELECT step, manifest_rev, attempt, digest, supersedes, seq FROM manifests ORDER BY 1,2"
-    ).fetchall()
-    entries = conn.execute(
-        "SELECT step, manifest_rev, role, path, digest, size FROM manifest_entries ORDER BY 1,2,3,4"
-    ).fetchall()
-    return pins, manifests, entries
+    def changes(self, steps: list[tuple[object, ...]],
+                workspaces: tuple[list[tuple[object, ...]], list[tuple[object, ...]]],
+                uncondemn: set[str], checkpoint: Checkpoint) -> ProjectionChanges:
+        """This transaction's ref changes — the releases, the pins taken (net), the
+        manifests and their entries — with the other projections' (every field given:
+        one allocation, no default made per transaction)."""
+        return ProjectionChanges(
+            steps=steps, releases=self.releases, released_on_ack=RELEASED_ON_ACK,
+            pins=self.pin_rows() if self.pins else [],  # type: ignore[arg-type]
+            manifests=self.manifests, entries=self.entries,  # type: ignore[arg-type]
+            workspaces=workspaces[0], paths=workspaces[1], uncondemn=uncondemn,
+            checkpoint=checkpoint)
 
 
 def fold_tables(fold: RefsFold) -> tuple[list[object], list[object], list[object]]:
@@ -184,5 +168,5 @@ def fold_tables(fold: RefsFold) -> tuple[list[object], list[object], list[object
 
 
 __all__ = [
-    "KINDS", "NAME", "VERSION", "RefsBatch", "RefsFold", "fold_tables", "read_tables",
+    "KINDS", "NAME", "VERSION", "RefsBatch", "RefsFold", "fold_tables",
 ]

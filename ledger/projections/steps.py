@@ -101,15 +101,6 @@ _STEP_TYPES: Final[dict[str, type]] = {
     c: str if c in ("step_id", "run", "workspace", "state", "manifest_digest") else int
     for c in StepRow.COLUMNS
 }
-SELECT_COLUMNS: Final = ", ".join(StepRow.COLUMNS)
-# Updated in place (not REPLACE, which deletes and reinserts the row).
-UPSERT_SQL: Final = (
-    f"INSERT INTO steps({SELECT_COLUMNS}) VALUES ({', '.join('?' * 15)})"
-    " ON CONFLICT(step_id) DO UPDATE SET "
-    + ", ".join(f"{c} = excluded.{c}" for c in StepRow.COLUMNS[1:])
-)
-
-
 #: The tags of step transitions (StepEvent subclasses).
 STEP_KIND_TAGS: Final = frozenset(
     t.__struct_config__.tag for t in EVENT_TYPES.values() if issubclass(t, StepEvent)

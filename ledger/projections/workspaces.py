@@ -15,9 +15,8 @@ writer calls them per event (validate, then — if the event is inserted — app
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import ClassVar, Final
+from typing import Any, ClassVar, Final
 
-import apsw
 import msgspec
 
 from ..errors import IllegalWorkspaceTransition
@@ -85,39 +84,16 @@ class WsRow(msgspec.Struct, kw_only=True, gc=False):
 
 PathState = tuple[int, str | None, int]  # (rev, hash or None for absent, seq)
 
-SELECT_WS: Final = "SELECT " + ", ".join(WsRow.COLUMNS) + " FROM workspaces"
-UPSERT_WS: Final = (
-    f"INSERT INTO workspaces({', '.join(WsRow.COLUMNS)}) VALUES ({', '.join('?' * 9)})"
-    " ON CONFLICT(name) DO UPDATE SET "
-    + ", ".join(f"{c} = excluded.{c}" for c in WsRow.COLUMNS[1:])
-)
-UPSERT_PATH: Final = (
-    "INSERT INTO ws_paths(workspace, path, rev, hash, seq) VALUES (?,?,?,?,?)"
-    " ON CONFLICT(workspace, path) DO UPDATE SET rev = excluded.rev, hash = excluded.hash,"
-    " seq = excluded.seq"
-)
-
-
-def load_workspace(conn: apsw.Connection, name: str) -> WsRow | None:
-    row = conn.execute(SELECT_WS + " WHERE name = ?", (name,)).fetchone()
-    return None if row is None else WsRow.from_tuple(row)
-
-
-def load_path(conn: apsw.Connection, workspace: str, path: str) -> PathState | None:
-    row = conn.execute(
-        "SELECT rev, hash, seq FROM ws_paths WHERE workspace = ? AND path = ?", (workspace, path)
-    ).fetchone()
-    return None if row is None else (int(row[0]), row[1], int(row[2]))
-
-
 class WorkspacesFold:
-    """Workspace rows and path states, loaded lazily (from a connection) and folded.
+    """Workspace rows and path states, loaded lazily (through `loader`, `path_loader`:
+    the store's current rows) and folded; a pure function of the events and those rows.
 
-    Without a connection it folds from nothing (rebuild, verify, read-only lag).
+    Without loaders it folds from nothing (rebuild, verify, read-only lag).
     """
 
-    def __init__(self, conn: apsw.Connection | None = None) -> None:
-        self.conn = conn
+    def __init__(self, loader: Callable[[str], WsRow | None] | None = None,
+                 path_loader: Callable[[str, str], PathState | None] | None = None) -> None:
+        self.loader, self.path_loader = loader, path_loader
         self.rows: dict[str, WsRow | None] = {}
         self.paths: dict[tuple[str, str], PathState | None] = {}
         self.dirty_rows: set[str] = set()
@@ -127,13 +103,13 @@ class WorkspacesFold:
 
     def row(self, name: str) -> WsRow | None:
         if name not in self.rows:
-            self.rows[name] = None if self.conn is None else load_workspace(self.conn, name)
+            self.rows[name] = None if self.loader is None else self.loader(name)
         return self.rows[name]
 
     def path(self, workspace: str, path: str) -> PathState | None:
         key = (workspace, path)
         if key not in self.paths:
-            self.paths[key] = None if self.conn is None else load_path(self.conn, workspace, path)
+            self.paths[key] = None if self.path_loader is None else self.path_loader(workspace, path)
         return self.paths[key]
 
     def path_rev(self, workspace: str, path: str) -> int:
@@ -235,23 +211,20 @@ class WorkspacesFold:
 
     # -- tables --------------------------------------------------------------------------
 
-    def write(self, conn: apsw.Connection) -> None:
-        """Write the rows and paths this fold changed."""
-        if self.dirty_rows:
-            conn.executemany(
-                UPSERT_WS, [r.as_tuple() for n in sorted(self.dirty_rows)
-                            if (r := self.rows[n]) is not None]
-            )
-        if self.dirty_paths:
-            conn.executemany(
-                UPSERT_PATH, [(ws, p, *s) for (ws, p) in sorted(self.dirty_paths)
-                              if (s := self.paths[(ws, p)]) is not None]
-            )
+    def changes(self) -> tuple[list[tuple[object, ...]], list[tuple[object, ...]]]:
+        """The rows and paths this fold changed since the last call (as table rows, in
+        key order), for the store to write."""
+        if not self.dirty_rows and not self.dirty_paths:
+            return [], []  # (most appends: no workspace event)
+        rows = [r.as_tuple() for n in sorted(self.dirty_rows) if (r := self.rows[n]) is not None]
+        paths = [(ws, p, *s) for (ws, p) in sorted(self.dirty_paths)
+                 if (s := self.paths[(ws, p)]) is not None]
         self.dirty_rows.clear()
         self.dirty_paths.clear()
+        return rows, paths
 
     @staticmethod
-    def clear_tables(conn: apsw.Connection) -> None:
+    def clear_tables(conn: Any) -> None:
         conn.execute("DELETE FROM workspaces")
         conn.execute("DELETE FROM ws_paths")
 
@@ -260,14 +233,6 @@ class WorkspacesFold:
         rows = sorted(r.as_tuple() for r in self.rows.values() if r is not None)
         paths = sorted((ws, p, *s) for (ws, p), s in self.paths.items() if s is not None)
         return rows, paths  # type: ignore[return-value]
-
-
-def read_tables(conn: apsw.Connection) -> tuple[list[tuple[object, ...]], list[tuple[object, ...]]]:
-    rows = conn.execute(SELECT_WS + " ORDER BY name").fetchall()
-    paths = conn.execute(
-        "SELECT workspace, path, rev, hash, seq FROM ws_paths ORDER BY workspace, path"
-    ).fetchall()
-    return [tuple(r) for r in rows], [tuple(p) for p in paths]
 
 
 class Registration(msgspec.Struct, frozen=True, kw_only=True):
@@ -320,8 +285,5 @@ __all__ = [
     "Registration",
     "WorkspacesFold",
     "WsRow",
-    "load_path",
     "load_registration",
-    "load_workspace",
-    "read_tables",
 ]

@@ -36,11 +36,15 @@ from .. import (
     FoldRow,
     Head,
     Held,
+    ProjectionChanges,
     Scope,
     StoreInfo,
 )
 from ..base import TxBase
+from ...projections.steps import IN_FLIGHT, StepRow
+from ...projections.workspaces import PathState, WsRow
 from . import blobs as bl
+from . import tables as tb
 from . import events as ev
 
 #: The projection checkpoint's row (the inline projections are checkpointed together).
@@ -48,13 +52,18 @@ CHECKPOINT_NAME: Final = "steps"
 #: What `exclusive(name)` locks: a file beside the ledger, held with flock.
 LOCK_FILES: Final = {"gc": GC_LOCK_NAME}
 
-_SELECT_CHECKPOINT: Final = "SELECT last_seq, version FROM projection_checkpoint WHERE name = ?"
 _SELECT_META: Final = "SELECT value FROM meta WHERE key = ?"
 _UPSERT_META: Final = ("INSERT INTO meta(key, value) VALUES (?, ?)"
                        " ON CONFLICT(key) DO UPDATE SET value = excluded.value")
 
 class SqliteView:
-    """Reads of the store's connection (inside `read()`: one snapshot)."""
+    """Reads of the store's connection (inside `read()`: one snapshot).
+
+    Rows are fetched whole (`fetchall`) before they are decoded: a cursor left open by a
+    row that fails to decode would keep its table locked (a comprehension's frame, held
+    by the traceback, holds the cursor), and the caller's cleanup — verify drops its
+    scratch tables — would fail.
+    """
 
     def __init__(self, store: SqliteStore) -> None:
         self._store = store
@@ -116,8 +125,53 @@ class SqliteView:
     # -- projections, meta -------------------------------------------------------------
 
     def checkpoint(self) -> Checkpoint | None:
-        row = self._db.conn.execute(_SELECT_CHECKPOINT, (CHECKPOINT_NAME,)).fetchone()
+        row = self._db.conn.execute(tb.SELECT_CHECKPOINT, (CHECKPOINT_NAME,)).fetchone()
         return None if row is None else Checkpoint(row[0], row[1])
+
+    def step(self, step_id: str) -> StepRow | None:
+        return tb.load_step(self._db.conn, step_id)
+
+    def steps(self, *, state: str | None = None, step_id: str | None = None) -> list[StepRow]:
+        """The step rows (of one state, or one step), oldest first."""
+        sql, params = tb.select_steps(state, step_id)
+        return [StepRow.from_tuple(r) for r in self._db.conn.execute(sql, params).fetchall()]
+
+    def steps_in_flight(self, workspace: str, before_epoch: int | None = None, *,
+                        limit: int | None = None, oldest_first: bool = False
+                        ) -> list[tuple[str, int]]:
+        sql = tb.in_flight_sql(before_epoch is not None, oldest_first, limit is not None)
+        params: list[object] = [workspace]
+        if before_epoch is not None:
+            params.append(before_epoch)
+        params.extend(sorted(IN_FLIGHT))
+        if limit is not None:
+            params.append(limit)
+        return [(r[0], int(r[1])) for r in self._db.conn.execute(sql, params).fetchall()]
+
+    def workspace(self, name: str) -> WsRow | None:
+        return tb.load_workspace(self._db.conn, name)
+
+    def workspace_rows(self) -> list[WsRow]:
+        return [WsRow.from_tuple(r) for r in self._db.conn.execute(tb.SELECT_WS).fetchall()]
+
+    def path_state(self, workspace: str, path: str) -> PathState | None:
+        return tb.load_path(self._db.conn, workspace, path)
+
+    def path_rows(self) -> list[tuple[object, ...]]:
+        """(workspace, path, rev, hash, seq) of every path a step wrote."""
+        return [tb.check_types("ws_paths", r)
+                for r in self._db.conn.execute(tb.SELECT_PATHS).fetchall()]
+
+    def pin_rows(self) -> list[tuple[object, ...]]:
+        return [tb.check_types("pins", r) for r in self._db.conn.execute(tb.SELECT_PINS).fetchall()]
+
+    def manifest_rows(self) -> list[tuple[object, ...]]:
+        return [tb.check_types("manifests", r)
+                for r in self._db.conn.execute(tb.SELECT_MANIFESTS).fetchall()]
+
+    def entry_rows(self) -> list[tuple[object, ...]]:
+        return [tb.check_types("manifest_entries", r)
+                for r in self._db.conn.execute(tb.SELECT_ENTRIES).fetchall()]
 
     def meta(self, key: str) -> str | None:
         """A meta value; None if the key is absent (CorruptLedger if it cannot be read)."""
@@ -153,8 +207,8 @@ class SqliteView:
         return None if row is None else BlobStat(digest, int(row[0]), True, int(row[1]))
 
     def inline_blobs(self) -> Iterator[BlobStat]:
-        for digest, size, stored_ns in self._db.conn.execute(bl.INLINE_ALL):
-            yield BlobStat(digest, size, True, stored_ns)
+        rows = self._db.conn.execute(bl.INLINE_ALL).fetchall()
+        return iter([BlobStat(digest, size, True, stored_ns) for digest, size, stored_ns in rows])
 
 
 class SqliteTx(SqliteView, TxBase):
@@ -224,6 +278,9 @@ class SqliteTx(SqliteView, TxBase):
 
     def set_meta(self, key: str, value: str) -> None:
         self._db.conn.execute(_UPSERT_META, (key, value))
+
+    def write_projection(self, changes: ProjectionChanges) -> None:
+        tb.write_projection(self._db.conn, changes, CHECKPOINT_NAME)
 
 
 class SqliteStore:

@@ -488,6 +488,21 @@ class FileTools:
                 self._finish_undos(ws, epoch)
             yield epoch
 
+    def _build(self, view: ClientView, ws: Workspace, build: Callable[[], _Change]
+               ) -> _Change | Result:
+        """The call's change, built under the ledger lock from what the client has seen —
+        or the conflict it gets instead: an existing file it never read ("read it first"),
+        or a file changed since it read it (nothing is written either way)."""
+        with self.lock:
+            try:
+                return build()
+            except _Unread as unread:
+                return self._unread_conflict(unread)
+            except _Stale as stale:
+                return self._conflict(view, _Change("edit", ws, [stale.write],
+                                                    {stale.write.path: stale.seen}, {}),
+                                      "", "rejected:pre_hash", {})
+
     def _commit_once(self, view: ClientView, build: Callable[[], _Change], ws: Workspace,
                      request_id: str | None, who: str,
                      matches: Callable[[tuple[PlannedWrite, ...]], bool]) -> Result:
@@ -497,15 +512,9 @@ class FileTools:
         if known:
             with self._step_lease(ws) as epoch:
                 return self._replay(view, ws, step, epoch, matches)
-        with self.lock:
-            try:
-                change = build()
-            except _Unread as unread:
-                return self._unread_conflict(unread)
-            except _Stale as stale:
-                return self._conflict(view, _Change("edit", ws, [stale.write],
-                                                    {stale.write.path: stale.seen}, {}),
-                                      "", "rejected:pre_hash", {})
+        change = self._build(view, ws, build)
+        if isinstance(change, Result):
+            return change
         size = sum(len(c) for c in change.posts.values() if c is not None)
         if size > self.limits.write_bytes:
             raise ToolFailure(f"the new content is {size} bytes, more than the"
@@ -799,15 +808,9 @@ class FileTools:
             return _Change(tool, ws, writes, seen_by, posts, diffs)
 
         if dry_run:
-            with self.lock:
-                try:
-                    change = build()
-                except _Unread as unread:
-                    return self._unread_conflict(unread)
-                except _Stale as stale:
-                    return self._conflict(view, _Change("edit", ws, [stale.write],
-                                                        {stale.write.path: stale.seen}, {}),
-                                          "", "rejected:pre_hash", {})
+            change = self._build(view, ws, build)
+            if isinstance(change, Result):
+                return change
             text = "\n".join(f"```diff\n{d}```" for d in change.diffs.values() if d) or "no change"
             return Result([f"Dry run: nothing was written.\n{text}"], {
                 "status": "dry-run", "files": [{"path": self.show(ws, w.path),

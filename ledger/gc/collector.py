@@ -25,9 +25,6 @@ doubt about what references a blob deletes nothing (`GcRefused`). Nothing here c
 from __future__ import annotations
 
 import contextlib
-import errno
-import fcntl
-import os
 import re
 import secrets
 import time
@@ -37,10 +34,9 @@ from typing import TYPE_CHECKING, Final
 import msgspec
 
 from ..blobs import digest_of
-from ..store.sqlite.file import GC_LOCK_NAME, LEDGER_FILE_MODE
 from ..errors import BlobCorrupt, CollectorBusy, EnvironmentFailure, InvalidInput
 from ..events import BlobCollected, Event, check_digest
-from ..store import Tx
+from ..store import Held, Tx
 from .refs import GcRefused, compensation_refs_since, live_pins, pinned_now, read_references
 
 if TYPE_CHECKING:
@@ -108,18 +104,14 @@ def parse_duration(text: str | float | int) -> float:
 
 @contextlib.contextmanager
 def collector_lock(ledger: Ledger, *, wait: bool = False) -> Iterator[None]:
-    path = os.path.join(os.path.dirname(ledger.path), GC_LOCK_NAME)
-    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, LEDGER_FILE_MODE)
-    try:
+    """Hold the ledger's GC lock (the store's `exclusive("gc")`) for the block;
+    CollectorBusy when another collector holds it and not `wait`."""
+    with contextlib.ExitStack() as stack:
         try:
-            fcntl.flock(fd, fcntl.LOCK_EX | (0 if wait else fcntl.LOCK_NB))
-        except OSError as exc:
-            if exc.errno in (errno.EWOULDBLOCK, errno.EAGAIN):
-                raise CollectorBusy(path) from None
-            raise
+            stack.enter_context(ledger._store.exclusive("gc", wait=wait))
+        except Held as held:
+            raise CollectorBusy(held.where) from None
         yield
-    finally:
-        os.close(fd)
 
 
 class _Nothing(Exception):

@@ -6,11 +6,14 @@ from __future__ import annotations
 import contextlib
 import os
 import shutil
+import signal
 import sys
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
+import anyio
+import pytest
 from mcp import Client, StdioServerParameters
 from mcp.types import CallToolResult
 
@@ -89,3 +92,36 @@ async def over_stdio(*args: str, env: dict[str, str] | None = None,
                                    env=env or server_env(), cwd=cwd)
     async with Client(params, read_timeout_seconds=60) as client:
         yield Agent(client)
+
+
+@pytest.fixture
+def repo(tmp_path: Path) -> Path:
+    root = tmp_path / "repo"
+    (root / "src").mkdir(parents=True)
+    (root / "src" / "app.py").write_text('def main():\n    print("v0")\n')
+    (root / "README.txt").write_text("hello\n")
+    return root
+
+
+async def killed_write(repo: Path, tmp_path: Path, stage: str, tool: str,
+                       args: dict[str, Any]) -> None:
+    """Start a server paused at `stage` (the test seam) of a write of `args["path"]`,
+    which the agent reads first, make the write, and SIGKILL the server there."""
+    marker = tmp_path / f"paused-{stage}"
+    env = server_env(STEPLEDGER_MCP_TEST_PAUSE=f"{stage}:{marker}")
+    with contextlib.suppress(Exception, BaseExceptionGroup):
+        async with over_stdio("--workspace", str(repo), "--lease-ttl", "10m",
+                              env=env) as agent:
+            await agent.ok("read_text_file", path=args["path"])
+
+            async def call() -> None:
+                with contextlib.suppress(Exception):
+                    await agent.call(tool, **args)
+
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(call)
+                with anyio.fail_after(60):
+                    while not marker.exists() or not marker.read_text():
+                        await anyio.sleep(0.02)
+                os.kill(int(marker.read_text()), signal.SIGKILL)
+                tg.cancel_scope.cancel()

@@ -22,7 +22,7 @@ from typing import Any
 import anyio
 import pytest
 
-from mcp_agents import ROOT, inprocess, text
+from mcp_agents import ROOT, inprocess, repo, text
 
 from ledger import Ledger
 from ledger.mcp.leases import holder_is_dead, holder_name
@@ -37,15 +37,6 @@ OURS = {"write_files", "delete_file", "history", "undo", "status", "audit"}
 
 def sha(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
-
-
-@pytest.fixture
-def repo(tmp_path: Path) -> Path:
-    root = tmp_path / "repo"
-    (root / "src").mkdir(parents=True)
-    (root / "src" / "app.py").write_text('def main():\n    print("v0")\n')
-    (root / "README.txt").write_text("hello\n")
-    return root
 
 
 def run(fn: Any, *args: Any) -> Any:

@@ -15,7 +15,6 @@ import hashlib
 import json
 import os
 import re
-import signal
 import socket
 import subprocess
 import time
@@ -26,7 +25,7 @@ import anyio
 import pytest
 from mcp import Client, StdioServerParameters
 
-from mcp_agents import over_stdio, server_env, stepledger_command, text
+from mcp_agents import killed_write, over_stdio, server_env, stepledger_command, text
 
 from ledger import Ledger
 
@@ -172,30 +171,6 @@ def test_servers_started_at_once_on_a_fresh_workspace(repo: Path) -> None:
     run(go)
 
 
-async def _killed_write(repo: Path, tmp_path: Path, stage: str, tool: str,
-                        args: dict[str, Any]) -> None:
-    """Start a server paused at `stage` of its next write, make the write, SIGKILL the
-    server there."""
-    marker = tmp_path / f"paused-{stage}"
-    env = server_env(STEPLEDGER_MCP_TEST_PAUSE=f"{stage}:{marker}")
-    with contextlib.suppress(Exception, BaseExceptionGroup):
-        async with over_stdio("--workspace", str(repo), "--lease-ttl", "10m",
-                              env=env) as agent:
-            await agent.ok("read_text_file", path="app.py")
-
-            async def call() -> None:
-                with contextlib.suppress(Exception):
-                    await agent.call(tool, **args)
-
-            async with anyio.create_task_group() as tg:
-                tg.start_soon(call)
-                with anyio.fail_after(60):
-                    while not marker.exists() or not marker.read_text():
-                        await anyio.sleep(0.02)
-                os.kill(int(marker.read_text()), signal.SIGKILL)
-                tg.cancel_scope.cancel()
-
-
 @pytest.mark.parametrize("stage", ["after-admit", "after-apply", "after-publish"])
 def test_a_sigkilled_server_is_settled_by_the_next(repo: Path, tmp_path: Path,
                                                    stage: str) -> None:
@@ -205,7 +180,7 @@ def test_a_sigkilled_server_is_settled_by_the_next(repo: Path, tmp_path: Path,
     retry with the same requestId is answered from the ledger: applied exactly once."""
     args = {"path": "app.py", "edits": [{"oldText": "v0", "newText": "v1"}],
             "requestId": "killed-1"}
-    run(_killed_write, repo, tmp_path, stage, "edit_file", args)
+    run(killed_write, repo, tmp_path, stage, "edit_file", args)
     after_kill = (repo / "app.py").read_text()
     assert after_kill == ('print("v1")\n' if stage != "after-admit" else 'print("v0")\n')
     with Ledger.open(repo / ".stepledger" / "ledger.db", readonly=True) as led:
@@ -246,7 +221,7 @@ def test_a_persons_edit_after_the_kill_is_never_settled_away(repo: Path,
     back. Settling leaves the person's bytes as found (a notice says so), and the retry
     is a conflict, not a second try over the edit."""
     args = {"path": "app.py", "content": "agent\n", "requestId": "killed-2"}
-    run(_killed_write, repo, tmp_path, "after-apply", "write_file", args)
+    run(killed_write, repo, tmp_path, "after-apply", "write_file", args)
     assert (repo / "app.py").read_text() == "agent\n"
     (repo / "app.py").write_text("the person's fix\n")
 

@@ -19,7 +19,6 @@ import http.client
 import json
 import os
 import select
-import signal
 import socket
 import stat
 import subprocess
@@ -33,7 +32,16 @@ import anyio
 import pytest
 from mcp import Client, StdioServerParameters
 
-from mcp_agents import Agent, inprocess, over_stdio, server_env, stepledger_command, text
+from mcp_agents import (
+    Agent,
+    inprocess,
+    killed_write,
+    over_stdio,
+    repo,
+    server_env,
+    stepledger_command,
+    text,
+)
 
 from ledger import Ledger
 
@@ -44,15 +52,6 @@ def sha(data: bytes) -> str:
 
 def run(fn: Any, *args: Any) -> Any:
     return anyio.run(fn, *args)
-
-
-@pytest.fixture
-def repo(tmp_path: Path) -> Path:
-    root = tmp_path / "repo"
-    (root / "src").mkdir(parents=True)
-    (root / "src" / "app.py").write_text('def main():\n    print("v0")\n')
-    (root / "README.txt").write_text("hello\n")
-    return root
 
 
 def ledger_of(repo: Path) -> Path:
@@ -940,38 +939,11 @@ def test_a_sigkill_in_the_middle_of_an_undo_leaves_nothing_half_undone(repo: Pat
     run(go)
 
 
-def _paused_write(repo: Path, tmp_path: Path, stage: str, tool: str,
-                  args: dict[str, Any]) -> None:
-    """A server stopped for good at `stage` of a write (the test seam), then SIGKILLed."""
-    marker = tmp_path / f"paused-{stage}"
-    env = server_env(STEPLEDGER_MCP_TEST_PAUSE=f"{stage}:{marker}")
-
-    async def go() -> None:
-        with contextlib.suppress(Exception, BaseExceptionGroup):
-            async with over_stdio("--workspace", str(repo), "--lease-ttl", "10m",
-                                  env=env) as agent:
-                await agent.ok("read_text_file", path=args["path"])
-
-                async def call() -> None:
-                    with contextlib.suppress(Exception):
-                        await agent.call(tool, **args)
-
-                async with anyio.create_task_group() as tg:
-                    tg.start_soon(call)
-                    with anyio.fail_after(30):
-                        while not marker.exists() or not marker.read_text():
-                            await anyio.sleep(0.02)
-                    os.kill(int(marker.read_text()), signal.SIGKILL)
-                    tg.cancel_scope.cancel()
-
-    run(go)
-
-
 def test_a_retry_with_the_same_request_id_but_other_edits_is_not_the_first(
         repo: Path, tmp_path: Path) -> None:
     first = {"path": "README.txt", "requestId": "rid-1",
              "edits": [{"oldText": "hello", "newText": "FIRST"}]}
-    _paused_write(repo, tmp_path, "after-admit", "edit_file", first)
+    run(killed_write, repo, tmp_path, "after-admit", "edit_file", first)
     assert (repo / "README.txt").read_text() == "hello\n"
 
     async def go() -> None:

@@ -11,7 +11,6 @@ and verify proves the ledger still holds exactly that event at that seq.
 
 from __future__ import annotations
 
-import fcntl
 import os
 import stat
 from collections.abc import Callable
@@ -20,7 +19,7 @@ from typing import Any, Final
 import apsw
 import msgspec
 
-from .store.sqlite.file import GC_LOCK_NAME, ROW_ERRORS, Database
+from .store.sqlite.file import GC_LOCK_NAME, ROW_ERRORS, Database, flock_held
 from .errors import CorruptLedger, InvalidInput
 from .events import EVENT_TYPES, Planned, chain_hash, decode, envelope, journal_key
 from .log import EventLog, Head
@@ -487,20 +486,7 @@ def _condemned_facts(conn: apsw.Connection, fresh: _Rebuilt, db_path: str) -> li
 
 def _collector_running(db_path: str) -> bool:
     """Whether a collector holds the GC lock beside the ledger now (a shared probe)."""
-    try:
-        fd = os.open(os.path.join(os.path.dirname(db_path), GC_LOCK_NAME),
-                     os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW)
-    except OSError:
-        return False  # no lock file: no collector ever ran here
-    try:
-        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
-    except BlockingIOError:
-        return True
-    except OSError:
-        return False
-    finally:
-        os.close(fd)  # also releases the probe's lock (flock: per open file)
-    return False
+    return flock_held(os.path.join(os.path.dirname(db_path), GC_LOCK_NAME))
 
 
 def _durability(conn: apsw.Connection, blob_check: Callable[[str, int], str | None]) -> list[Finding]:

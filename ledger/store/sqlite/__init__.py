@@ -24,7 +24,7 @@ from typing import Any, Final
 import apsw
 
 from ...blobs import BlobStore
-from .file import GC_LOCK_NAME, LEDGER_FILE_MODE, ROW_ERRORS, Database, read_error
+from .file import GC_LOCK_NAME, LEDGER_FILE_MODE, ROW_ERRORS, Database, flock_held, read_error
 from ...errors import CorruptLedger
 from ...events import genesis_hash
 from .. import (
@@ -358,19 +358,7 @@ class SqliteStore:
 
     def held_elsewhere(self, name: str) -> bool:
         """Whether another process holds lock `name` now (a shared probe; creates nothing)."""
-        try:
-            fd = os.open(self._lock_path(name), os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW)
-        except OSError:
-            return False  # no lock file: nobody ever held it here
-        try:
-            fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
-        except BlockingIOError:
-            return True
-        except OSError:
-            return False
-        finally:
-            os.close(fd)  # also releases the probe's lock (flock: per open file)
-        return False
+        return flock_held(self._lock_path(name))
 
     def close(self, *, refused: bool = False) -> None:
         if refused:

@@ -716,6 +716,24 @@ def _makedirs_durably(directory: str) -> None:
             os.close(fd)
 
 
+def flock_held(path: str) -> bool:
+    """Whether another process holds an exclusive flock on the file at `path` now (a
+    shared probe that creates nothing; no file: nobody ever held it)."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW)
+    except OSError:
+        return False
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return True
+    except OSError:
+        return False
+    finally:
+        os.close(fd)  # also releases the probe's lock (flock: per open file)
+    return False
+
+
 def _never_initialized(path: str) -> bool:
     """Whether `path` is what a crash inside `init` leaves: an empty file, or a SQLite
     header that never held a schema (schema cookie, user version and application id all
@@ -829,6 +847,6 @@ def _check_sync(value: str) -> str:
 __all__ = [
     "APPLICATION_ID", "BUSY_TIMEOUT_MS", "GC_LOCK_NAME", "LEDGER_DIR_MODE", "LEDGER_FILE_MODE",
     "MIGRATIONS", "ROW_ERRORS", "SCHEMA_VERSION", "SQLITE_MAGIC", "VALUE_SIZE_MAX", "Database",
-    "Header", "Synchronous", "access_denied", "expected_schema", "make_private", "read_error",
-    "read_header", "schema_changes", "set_busy", "translate", "wal_path",
+    "Header", "Synchronous", "access_denied", "expected_schema", "flock_held", "make_private",
+    "read_error", "read_header", "schema_changes", "set_busy", "translate", "wal_path",
 ]

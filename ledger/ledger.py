@@ -556,6 +556,18 @@ class Ledger(WorkspaceProtocol):
         self._store.files = files
 
     @property
+    def store(self) -> SqliteStore:
+        """The ledger's storage (docs/storage.md): read views, write transactions, blob
+        bytes, named locks. GC, audit, verify and restore work through it."""
+        return self._store
+
+    @property
+    def log(self) -> EventLog:
+        """The event log: the only writer of events (append, with builders run under the
+        write lock), and their reader."""
+        return self._log
+
+    @property
     def path(self) -> str:
         return self._db.path
 

@@ -556,7 +556,7 @@ class Ledger(WorkspaceProtocol):
         self._store.files = files
 
     @property
-    def store(self) -> SqliteStore:
+    def storage(self) -> SqliteStore:
         """The ledger's storage (docs/storage.md): read views, write transactions, blob
         bytes, named locks. GC, audit, verify and restore work through it."""
         return self._store

@@ -462,19 +462,19 @@ class WorkspaceProtocol:
             if cp.version == STEPS_VERSION and cp.last_seq >= self._log.head().seq:
                 row = conn.workspace(name)  # caught up: one row, not the whole fold
             else:
-                row = read_workspaces(self._db, self._log).rows.get(name)
+                row = read_workspaces(self._log).rows.get(name)
         if row is None:
             raise UnknownWorkspace(name)
         return row
 
     def workspaces(self: Ledger) -> list[WsRow]:
-        fold = read_workspaces(self._db, self._log)
+        fold = read_workspaces(self._log)
         return sorted((r for r in fold.rows.values() if r is not None), key=lambda r: r.name)
 
     def workspace_paths(self: Ledger, name: str) -> dict[str, tuple[int, str | None]]:
         """Every path a step wrote: its rev and the hash of the content it should hold."""
         self.workspace(name)
-        fold = read_workspaces(self._db, self._log)
+        fold = read_workspaces(self._log)
         return {p: (s[0], s[1]) for (w, p), s in sorted(fold.paths.items())
                 if w == name and s is not None}
 

@@ -262,7 +262,7 @@ class Ledger(WorkspaceProtocol):
             if resolve:
                 ledger._attach_witness()
             if not readonly:
-                catch_up(db, ledger._log)
+                catch_up(ledger._log)
                 ledger.blobs.make_private()  # a store made before blobs were private
         except BaseException:
             db.close_refused()
@@ -304,7 +304,7 @@ class Ledger(WorkspaceProtocol):
         try:
             ledger._attach_witness()
             if not created:
-                catch_up(db, ledger._log)
+                catch_up(ledger._log)
         except BaseException:
             db.close()
             raise
@@ -438,7 +438,7 @@ class Ledger(WorkspaceProtocol):
                 if tstate == "damaged":
                     raise InvalidInput(f"{target} is not a witness of ledger {ro.path} ({twhy});"
                                        " name a new file, or remove that one first")
-            report = verify(ro._db, ro._log, progress=progress, blob_check=ro.blob_problem)
+            report = verify(ro._store, ro._log, progress=progress, blob_check=ro.blob_problem)
             with ro._store.read() as view:
                 problems.extend(message for _seq, message in anchor_problems(view))
             problems.extend(f"[{f.check}] {f.message}" for f in report.findings)
@@ -683,7 +683,7 @@ class Ledger(WorkspaceProtocol):
     def blob_list(self) -> list[dict[str, Any]]:
         """Every stored blob (inline rows, files) and leftover temporary file, with its
         holders: `referenced` (named by some manifest revision) and `pinned`. Read-only."""
-        refs = read_refs(self._db, self._log)
+        refs = read_refs(self._log)
         referenced = {e[4] for e in refs.entries}
         pinned = {d for (_s, _a, d) in refs.pins}
         out: list[dict[str, Any]] = []
@@ -715,7 +715,7 @@ class Ledger(WorkspaceProtocol):
                 if cached is not None:
                     return cached.__copy__()
                 return self._store.view.step(step_id)
-        rows = read_steps(self._db, self._log, step_id=step_id)
+        rows = read_steps(self._log, step_id=step_id)
         return rows[0] if rows else None
 
     def plan(
@@ -1045,7 +1045,7 @@ class Ledger(WorkspaceProtocol):
 
     def steps(self, state: str | None = None) -> list[StepRow]:
         """Every step's current state (optionally only those in `state`), oldest first."""
-        return read_steps(self._db, self._log, state=state)
+        return read_steps(self._log, state=state)
 
     def step(self, step_id: str) -> StepRow:
         """One step's current state; UnknownStep if it has no events."""
@@ -1084,7 +1084,7 @@ class Ledger(WorkspaceProtocol):
         """Refold every projection from the events, atomically; return the step count."""
         self._log._forget()  # cached rows and head describe the tables being replaced
         try:
-            return rebuild(self._db, self._log, progress)
+            return rebuild(self._log, progress)
         finally:
             self._log._forget()
 
@@ -1100,7 +1100,7 @@ class Ledger(WorkspaceProtocol):
         extra, seen = self._witness_findings()
         if seen is not None and expect_head is None:
             expect_head = Head(seen.seq, seen.hash)
-        report = verify(self._db, self._log, expect_head=expect_head, progress=progress,
+        report = verify(self._store, self._log, expect_head=expect_head, progress=progress,
                         blob_check=self.blob_problem)
         report.warnings.extend(exposure_warnings(self.path, self.blobs.root))
         if extra:

@@ -16,28 +16,25 @@ import stat
 from collections.abc import Callable
 from typing import Any, Final
 
-import apsw
 import msgspec
 
-from .store.sqlite.file import GC_LOCK_NAME, ROW_ERRORS, Database, flock_held
 from .errors import CorruptLedger, InvalidInput
 from .events import EVENT_TYPES, Planned, chain_hash, decode, envelope, journal_key
+from .invariants import Checker
 from .log import EventLog, Head
 from .projections import (
     Checkpoint,
     StepRow,
-    StepSpill,
     checkpoint,
+    fold_into,
     fold_rows,
     read_workspaces,
 )
-from .projections.steps import NAME as STEPS_NAME
-from .store.sqlite.tables import STEP_COLUMNS as SELECT_COLUMNS
-from .store.sqlite.tables import load_step
-from .projections.steps import VERSION as STEPS_VERSION
-from .invariants import Checker
-from .projections.workspaces import WorkspacesFold
 from .projections.refs import RefsFold
+from .projections.steps import NAME as STEPS_NAME
+from .projections.steps import VERSION as STEPS_VERSION
+from .projections.workspaces import WorkspacesFold
+from .store import ROW_ERRORS, ReadView, RowsUnreadable, Scratch, Store
 
 Progress = Callable[[int, int], None]
 
@@ -123,7 +120,7 @@ class WeakenedPlans:
 
 
 def verify(
-    db: Database,
+    store: Store,
     log: EventLog,
     *,
     expect_head: Head | None = None,
@@ -132,14 +129,10 @@ def verify(
 ) -> VerifyReport:
     """Every finding about the ledger; `blob_check(digest, size)` returns a problem
     (missing, corrupt) or None, and is asked about every blob a live manifest names."""
-    findings: list[Finding] = list(_schema(db))
-    with db.snapshot() as conn:
-        try:
-            quick = [r[0] for r in conn.execute("PRAGMA quick_check")]
-        except apsw.Error as exc:
-            quick = [str(exc)]
-        if quick != ["ok"]:
-            findings.extend(Finding("integrity", 0, f"SQLite quick_check: {m}") for m in quick[:20])
+    findings: list[Finding] = list(_schema(store))
+    with store.read() as view:
+        findings.extend(Finding("integrity", 0, f"SQLite quick_check: {m}")
+                        for m in view.integrity_problems()[:20])
 
         total = log.count()
         prev = log.genesis
@@ -148,11 +141,11 @@ def verify(
         done = 0
         checker = Checker()
         weakened = WeakenedPlans()
-        rows = log.store.view.checked_rows()
+        rows = view.checked_rows()
         while True:
             try:
                 got = next(rows, None)
-            except apsw.Error as exc:  # SQLite cannot read the rest of the table
+            except RowsUnreadable as exc:  # the store cannot read the rest of the table
                 findings.append(Finding("row", 0, f"the events table cannot be read past"
                                         f" event #{expected_seq - 1}: {exc}"))
                 break
@@ -230,19 +223,20 @@ def verify(
             ))
             matched_expected = False
 
-        findings.extend(_meta_facts(conn))
-        findings.extend(_checkpoint_facts(conn, head.seq))
-        findings.extend(_blob_row_facts(conn))
-        cp = checkpoint(log.store.view)
+        findings.extend(_meta_facts(view))
+        findings.extend(_checkpoint_facts(view, head.seq))
+        findings.extend(_blob_row_facts(view))
+        cp = checkpoint(view)
         lag = max(0, head.seq - cp.last_seq)
         n_steps = 0
         try:
-            with _Rebuilt(conn, log) as fresh:
-                n_steps = fresh.steps
-                findings.extend(_compare_tables(conn, db, log, fresh, cp, head.seq))
-                findings.extend(_condemned_facts(conn, fresh, db.path))
+            with view.scratch() as fresh:
+                refs, ws, _ = fold_into(log, fresh)
+                n_steps = fresh.step_count()
+                findings.extend(_compare_tables(view, fresh, refs, ws, log, cp, head.seq))
+                findings.extend(_condemned_facts(store, fresh, refs))
                 if blob_check is not None:
-                    findings.extend(_durability(conn, blob_check))
+                    findings.extend(_durability(fresh, blob_check))
         except CorruptLedger as exc:  # an undecodable row or a broken lifecycle: report it
             n_steps = 0
             findings.append(Finding(
@@ -264,104 +258,24 @@ def verify(
     )
 
 
-#: The rebuild verify compares the tables with lives in these connection-private TEMP
-#: tables (disk-backed: SQLite's temp store), never in the ledger file.
-_FRESH: Final = {"steps": "verify_steps", "manifests": "verify_manifests",
-                 "manifest_entries": "verify_manifest_entries"}
-#: The steps table with a lagging tail folded over it (`_steps_with_tail`).
-_CURRENT_STEPS: Final = "verify_current_steps"
-
-
-class _Rebuilt:
-    """A rebuild folded beside the ledger's tables, not into them: finished steps and
-    every manifest go to TEMP tables as `rebuild` writes them to the real ones, so
-    memory follows the unfinished steps and live pins, not the events. The workspaces
-    fold (one row per workspace and path) and the live pins stay in memory. The TEMP
-    tables are dropped on exit; the ledger is only read."""
-
-    def __init__(self, conn: apsw.Connection, log: EventLog) -> None:
-        self.conn, self.log = conn, log
-        self.refs = RefsFold(drain_to=conn, tables=(f"temp.{_FRESH['manifests']}",
-                                                    f"temp.{_FRESH['manifest_entries']}"))
-        self.ws = WorkspacesFold()
-        self.steps = 0
-
-    def __enter__(self) -> _Rebuilt:
-        self._drop()
-        for table, temp in _FRESH.items():
-            _create_temp_like(self.conn, table, temp)
-        spill = StepSpill(self.conn, f"temp.{_FRESH['steps']}")
-        working: dict[str, StepRow] = {}
-        fold_rows(self.log, 0, working, spill.lookup, spill.evict, None, 0, self.refs, self.ws)
-        for row in working.values():
-            spill.evict(row)
-        spill.flush()
-        self.refs.drain(self.conn)  # the rest of the manifests (pins are compared in memory)
-        self.steps = self.conn.execute(f"SELECT count(*) FROM temp.{_FRESH['steps']}").fetchone()[0]
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self._drop()
-
-    def _drop(self) -> None:
-        for temp in (*_FRESH.values(), _CURRENT_STEPS):
-            self.conn.execute(f"DROP TABLE IF EXISTS temp.{temp}")
-
-
-def _create_temp_like(conn: apsw.Connection, table: str, temp: str) -> None:
-    """CREATE TEMP TABLE `temp` from the very DDL of the ledger's `table` (same columns,
-    types, key)."""
-    row = conn.execute("SELECT sql FROM main.sqlite_schema WHERE type = 'table' AND name = ?",
-                       (table,)).fetchone()
-    prefix = f"CREATE TABLE {table}("
-    if row is None or not isinstance(row[0], str) or not row[0].startswith(prefix):
-        raise TypeError(f"the {table} table's schema is not the one stepledger created")
-    conn.execute(f"CREATE TEMP TABLE {temp}(" + row[0][len(prefix):])
-
-
-def _compare_tables(conn: apsw.Connection, db: Database, log: EventLog, fresh: _Rebuilt,
-                    cp: Checkpoint, head_seq: int) -> list[Finding]:
-    """The projection tables against the rebuild, compared in SQL (EXCEPT both ways,
-    spilled by SQLite, not held here). Tables an older version wrote (another
-    projection version) or that lag the log are read as `read_steps` & co. read them:
-    folded (the comparison then holds by construction) or, for steps, overlaid with the
-    lagging tail."""
+def _compare_tables(view: ReadView, fresh: Scratch, refs: RefsFold, ws: WorkspacesFold,
+                    log: EventLog, cp: Checkpoint, head_seq: int) -> list[Finding]:
+    """The projection tables against the rebuild, compared by the store (spilled there,
+    not held here). Tables an older version wrote (another projection version) or that
+    lag the log are read as `read_steps` & co. read them: folded (the comparison then
+    holds by construction) or, for steps, overlaid with the lagging tail."""
     if cp.version != STEPS_VERSION:
         return []
     out: list[Finding] = []
-    steps = "main.steps"
     if cp.last_seq < head_seq:
-        steps = _steps_with_tail(conn, log, cp.last_seq)
+        overlay: dict[str, StepRow] = {}
+        fold_rows(log, cp.last_seq, overlay, view.step, None, None, 0)
+        fresh.overlay_steps([r.as_tuple() for r in overlay.values()])
     else:
-        out += _compare_refs(conn, fresh.refs)
-        out += _compare_workspaces(fresh.ws, read_workspaces(db, log))
-    cols = SELECT_COLUMNS
-    fresh_steps = f"temp.{_FRESH['steps']}"
-    differ = conn.execute(
-        f"SELECT step_id FROM (SELECT {cols} FROM {fresh_steps} EXCEPT SELECT {cols} FROM {steps})"
-        f" UNION SELECT step_id FROM (SELECT {cols} FROM {steps} EXCEPT SELECT {cols} FROM"
-        f" {fresh_steps}) ORDER BY step_id").fetchall()
-    for (step_id,) in differ:
-        a, b = (conn.execute(f"SELECT {cols} FROM {t} WHERE step_id = ?", (step_id,)).fetchone()
-                for t in (fresh_steps, steps))
-        out.append(_step_finding(step_id, None if a is None else StepRow.from_tuple(a),
-                                 None if b is None else StepRow.from_tuple(b)))
+        out += _compare_refs(view, fresh, refs)
+        out += _compare_workspaces(ws, read_workspaces(log))
+    out += [_step_finding(step_id, a, b) for step_id, a, b in fresh.step_differences()]
     return out
-
-
-def _steps_with_tail(conn: apsw.Connection, log: EventLog, last_seq: int) -> str:
-    """A TEMP copy of the steps table with the lagging tail folded over it (what
-    `read_steps` answers); its name. Dropped with the rebuild's tables."""
-    name = _CURRENT_STEPS
-    _create_temp_like(conn, "steps", name)
-    conn.execute(f"INSERT INTO temp.{name} SELECT * FROM main.steps")
-    overlay: dict[str, StepRow] = {}
-    fold_rows(log, last_seq, overlay, lambda s: load_step(conn, s), None, None, 0)
-    spill = StepSpill(conn, f"temp.{name}")
-    for row in overlay.values():
-        spill.evict(row)
-    spill.flush()
-    return f"temp.{name}"
 
 
 def exposure_warnings(path: str, blob_root: str) -> list[Finding]:
@@ -381,19 +295,20 @@ def exposure_warnings(path: str, blob_root: str) -> list[Finding]:
     return out
 
 
-def _schema(db: Database) -> list[Finding]:
+def _schema(store: Store) -> list[Finding]:
     """A forensic open of a ledger whose schema differs outside its tables: each change.
     Without its append-only triggers the events could be rewritten in place by anyone
     who can write the file (the chain check below still sees what was)."""
+    info = store.info
     return [Finding("schema", 0, f"VIOLATION: the schema differs from a stepledger"
-                    f" v{db.version} ledger: {change}") for change in db.schema_changes]
+                    f" v{info.version} ledger: {change}") for change in info.schema_changes]
 
 
-def _meta_facts(conn: apsw.Connection) -> list[Finding]:
+def _meta_facts(view: ReadView) -> list[Finding]:
     """The facts `meta` holds that openers act on: the ledger id (the chain's genesis),
     its creation time, the compensation window (GC and `compensate` act on it)."""
     out = []
-    meta: dict[Any, Any] = dict(conn.execute("SELECT key, value FROM meta").fetchall())
+    meta: dict[Any, Any] = view.meta_all()
     ledger_id = meta.get("ledger_id")
     if not (isinstance(ledger_id, str) and len(ledger_id) == 32 and set(ledger_id) <= _HEX):
         out.append(Finding("meta", 0, f"VIOLATION: meta ledger_id is {str(ledger_id)[:40]!r},"
@@ -410,12 +325,11 @@ def _meta_facts(conn: apsw.Connection) -> list[Finding]:
     return out
 
 
-def _checkpoint_facts(conn: apsw.Connection, head_seq: int) -> list[Finding]:
+def _checkpoint_facts(view: ReadView, head_seq: int) -> list[Finding]:
     """The projection checkpoint: one row, at or behind the head (a checkpoint ahead of
     the log would make catch-up skip the events in between), with a version number."""
     out = []
-    for name, last_seq, version in conn.execute(
-            "SELECT name, last_seq, version FROM projection_checkpoint"):
+    for name, last_seq, version in view.checkpoint_rows():
         if name != STEPS_NAME:
             out.append(Finding("projection", 0, f"VIOLATION: projection_checkpoint holds a row"
                                f" {str(name)[:40]!r} no stepledger projection writes"))
@@ -430,34 +344,30 @@ def _checkpoint_facts(conn: apsw.Connection, head_seq: int) -> list[Finding]:
     return out
 
 
-def _blob_row_facts(conn: apsw.Connection) -> list[Finding]:
+def _blob_row_facts(view: ReadView) -> list[Finding]:
     """Inline blob rows: a well-formed name and a size column that is the data's length
     (audit and GC account by the column)."""
     out = []
-    for digest, size, length in conn.execute(
-            "SELECT digest, size, length(data) FROM blob_data"
-            " WHERE size != length(data) OR length(digest) != 64"
-            " OR digest GLOB '*[^0-9a-f]*' LIMIT 20"):
+    for digest, size, length in view.inline_row_problems(20):
         out.append(Finding("blob", 0, f"VIOLATION: inline blob row {str(digest)[:16]}… says"
                            f" {size} bytes and holds {length}, or is not named by a digest"))
     return out
 
 
-def _condemned_facts(conn: apsw.Connection, fresh: _Rebuilt, db_path: str) -> list[Finding]:
+def _condemned_facts(store: Store, fresh: Scratch, refs: RefsFold) -> list[Finding]:
     """GC's condemned rows (its resumable state, not derived from events). A collector
     writes well-formed rows (a digest, the stored blob's size and place, its 16-hex run
     id) for stored orphans; a publish or a pin naming a condemned blob deletes its row in
     the same transaction. A row naming a blob a manifest or a live artifact/post-image
     pin holds exists only while a collector runs (between its condemn and its re-check),
     so it is reported when none runs; `gc` re-checks such a row and spares the blob.
-    Read in SQL against the rebuild's manifests: memory does not follow the log."""
-    held = {d for (_s, _a, d), (role, _seq) in fresh.refs.pins.items() if role != "pre-image"}
+    Read by the store against the rebuild's manifests: memory does not follow the log."""
+    held = {d for (_s, _a, d), (role, _seq) in refs.pins.items() if role != "pre-image"}
     running: bool | None = None
     out = []
-    for digest, size, is_inline, condemned_ns, collection, stored, referenced in conn.execute(
-            "SELECT c.digest, c.size, c.inline, c.condemned_ns, c.collection, b.size,"
-            f" c.digest IN (SELECT digest FROM temp.{_FRESH['manifest_entries']})"
-            " FROM condemned c LEFT JOIN blob_data b ON b.digest = c.digest ORDER BY c.digest"):
+    for c in fresh.condemned_checks():
+        digest, size, is_inline, condemned_ns, collection = (
+            c.digest, c.size, c.inline, c.condemned_ns, c.collection)
         why = None
         if not (isinstance(digest, str) and len(digest) == 64 and set(digest) <= _HEX):
             why = "is not named by a digest"
@@ -466,14 +376,14 @@ def _condemned_facts(conn: apsw.Connection, fresh: _Rebuilt, db_path: str) -> li
         elif (is_inline not in (0, 1) or not isinstance(size, int) or size < 0
               or not isinstance(condemned_ns, int) or condemned_ns < 0):
             why = f"has size {size!r}, inline {is_inline!r}, time {condemned_ns!r}"
-        elif stored is not None and (not is_inline or stored != size):
+        elif c.stored_inline is not None and (not is_inline or c.stored_inline != size):
             why = (f"says {size} bytes {'inline' if is_inline else 'in a file'}, but the stored"
-                   f" blob is {stored} bytes inline")
-        elif referenced or digest in held:
+                   f" blob is {c.stored_inline} bytes inline")
+        elif c.referenced or digest in held:
             if running is None:
-                running = _collector_running(db_path)
+                running = store.held_elsewhere("gc")  # a collector is running now
             if not running:
-                why = (f"names a blob a {'manifest references' if referenced else 'live pin holds'},"
+                why = (f"names a blob a {'manifest references' if c.referenced else 'live pin holds'},"
                        " and no gc is running (planted, or left by a gc killed between"
                        " condemning and re-checking: 'stepledger gc' re-checks and spares it)")
         if why is not None:
@@ -484,20 +394,10 @@ def _condemned_facts(conn: apsw.Connection, fresh: _Rebuilt, db_path: str) -> li
     return out
 
 
-def _collector_running(db_path: str) -> bool:
-    """Whether a collector holds the GC lock beside the ledger now (a shared probe)."""
-    return flock_held(os.path.join(os.path.dirname(db_path), GC_LOCK_NAME))
-
-
-def _durability(conn: apsw.Connection, blob_check: Callable[[str, int], str | None]) -> list[Finding]:
+def _durability(fresh: Scratch, blob_check: Callable[[str, int], str | None]) -> list[Finding]:
     """I1: a visible manifest implies every blob it names is retrievable and intact."""
     out = []
-    for step, rev, _role, path, digest, size in conn.execute(
-        f"SELECT e.step, e.manifest_rev, e.role, e.path, e.digest, e.size"
-        f" FROM temp.{_FRESH['manifest_entries']} e JOIN temp.{_FRESH['steps']} s"
-        " ON s.step_id = e.step AND s.manifest_rev = e.manifest_rev AND s.live"
-        " ORDER BY 1, 2, 3, 4, 5, 6"
-    ):  # a cursor, not a list: every committed step's entries can be many
+    for step, rev, _role, path, digest, size in fresh.live_entries():
         problem = blob_check(digest, size)
         if problem is not None:
             out.append(Finding(
@@ -507,19 +407,13 @@ def _durability(conn: apsw.Connection, blob_check: Callable[[str, int], str | No
     return out
 
 
-def _compare_refs(conn: apsw.Connection, fresh: RefsFold) -> list[Finding]:
-    """Pins (live ones: few) compared in memory; manifests and their entries in SQL."""
+def _compare_refs(view: ReadView, fresh: Scratch, refs: RefsFold) -> list[Finding]:
+    """Pins (live ones: few) compared in memory; manifests and their entries by the store."""
     out = []
-    pins = conn.execute("SELECT step, attempt, digest, role, seq FROM main.pins ORDER BY 1,2,3"
-                        ).fetchall()
-    a = fresh.pin_rows()
+    pins = sorted(view.pin_rows())
+    a = refs.pin_rows()
     diffs = [("pins", [r for r in pins if r not in a][:3], [r for r in a if r not in pins][:3])]
-    for name, table in (("manifests", "manifests"), ("manifest entries", "manifest_entries")):
-        cols = ", ".join(c[1] for c in conn.execute(f"PRAGMA main.table_info({table})"))
-        temp = f"temp.{_FRESH[table]}"
-        diffs.append((name, *(conn.execute(f"SELECT {cols} FROM {x} EXCEPT SELECT {cols} FROM {y}"
-                                           " LIMIT 3").fetchall()
-                              for x, y in ((f"main.{table}", temp), (temp, f"main.{table}")))))
+    diffs += fresh.ref_differences()
     for name, extra, missing in diffs:
         if extra or missing:
             out.append(Finding(

@@ -9,7 +9,8 @@ module is not collected itself (its name does not start with ``test_``).
 Covered: append, a redelivery answered, a conflict and an illegal transition writing
 nothing, a failing transaction rolled back, the head and the chain; event reads by every
 query field, paged; the journal lookup and the newest key under a prefix (a step named
-like a kind is not taken for one); the projection rows written and read back; inline
+like a kind is not taken for one); the projection rows written and read back; what GC
+and audit read, the condemned rows; a rebuild's sink and verify's scratch copy; inline
 blobs, blob bytes read, streamed and checked by one rule (64 MiB in bounded memory);
 meta; a read view isolated from later commits; writers in two processes on two scopes;
 `exclusive` against another process.
@@ -407,6 +408,100 @@ class StoreContract:
         with store.transaction() as tx:  # an end releases them all
             tx.write_projection(ProjectionChanges(releases=[("s", 1, False)]))
         assert view.pin_rows() == [] and view.checkpoint() == Checkpoint(2, 4)
+
+    def _projection(self, store: Store) -> tuple[StepRow, StepRow]:
+        """A live (acked, committed) step t with a manifest naming DIGEST, an in-flight
+        step s pinning DIGEST and a pre-image."""
+        step = StepRow(step_id="s", run="r", workspace="w", state="planned", attempt=1,
+                       epoch=2, rev=0, manifest_rev=-1, manifest_digest=None, live=False,
+                       committed_bytes=0, stored_bytes=7, first_seq=1, last_seq=1, updated_ns=5)
+        done = msgspec.structs.replace(step, step_id="t", state="acked", first_seq=2,
+                                       manifest_rev=0, manifest_digest=DIGEST, live=True,
+                                       stored_bytes=3)
+        with store.transaction() as tx:
+            tx.write_projection(ProjectionChanges(
+                steps=[step.as_tuple(), done.as_tuple()],
+                pins=[("s", 1, DIGEST, "artifact", 1), ("s", 1, "cd" * 32, "pre-image", 1)],
+                manifests=[("t", 0, 1, DIGEST, None, 2)],
+                entries=[("t", 0, "artifact", "a", DIGEST, 3)],
+                checkpoint=Checkpoint(2, 4)))
+        return step, done
+
+    def test_what_gc_and_audit_read(self, store: Store) -> None:
+        self._projection(store)
+        view = store.view
+        assert sorted(view.pin_holds()) == [(DIGEST, "artifact", "planned", 1, 1, 5),
+                                            ("cd" * 32, "pre-image", "planned", 1, 1, 5)]
+        assert view.pin_holds(DIGEST) == [(DIGEST, "artifact", "planned", 1, 1, 5)]
+        assert view.pin_holds("ef" * 32) == []
+        assert view.manifest_digests() == {DIGEST}
+        assert view.names_digest(DIGEST) and not view.names_digest("cd" * 32)
+        assert view.entries_naming(DIGEST, 5) == [("t", 0, "a")]
+        assert view.live_entries() == [(DIGEST, 3)] and view.live_step_count() == 1
+        assert view.step_totals(frozenset({"planned", "fenced"})) == (1, 7)
+        assert view.step_totals(frozenset({"rejected"})) == (0, 0)
+
+    def test_condemned_rows(self, store: Store) -> None:
+        view = store.view
+        assert view.condemned() == {} and view.condemned_count() == 0
+        with store.transaction() as tx:
+            tx.condemn([(DIGEST, 3, True), ("cd" * 32, 9, False)], 11, "0" * 16)
+            tx.condemn([(DIGEST, 99, False)], 12, "1" * 16)  # one already there stays
+        assert view.condemned() == {DIGEST: (3, True), "cd" * 32: (9, False)}
+        assert view.condemned_entry(DIGEST) == (3, True) and view.condemned_count() == 2
+        with store.transaction() as tx:
+            tx.uncondemn([DIGEST, "ef" * 32])
+        assert view.condemned() == {"cd" * 32: (9, False)} and view.condemned_entry(DIGEST) is None
+
+    def test_a_rebuild_sink_replaces_every_projection_row(self, store: Store) -> None:
+        step, done = self._projection(store)
+        fresh = msgspec.structs.replace(step, state="fenced")
+        with store.transaction() as tx:
+            with tx.rebuild_projections() as sink:
+                assert sink.step_count() == 0 and sink.step("s") is None  # emptied
+                sink.put_steps([fresh.as_tuple()])
+                assert sink.step("s") == fresh
+                sink.put_manifests([("t", 0, 1, DIGEST, None, 2)],
+                                   [("t", 0, "artifact", "b", DIGEST, 4)])
+                sink.put_pins([("s", 1, DIGEST, "artifact", 1)])
+                sink.put_workspaces([WsRow(name="w", root="/r", rev=1, epoch=2, holder="h",
+                                           expires_ns=9, acquired_ns=3, last_seq=2).as_tuple()],
+                                    [("w", "b", 1, DIGEST, 2)])
+                assert sink.step_count() == 1
+        view = store.view
+        assert view.steps() == [fresh] and view.pin_rows() == [("s", 1, DIGEST, "artifact", 1)]
+        assert view.entry_rows() == [("t", 0, "artifact", "b", DIGEST, 4)]
+        assert view.path_rows() == [("w", "b", 1, DIGEST, 2)]
+        assert view.manifest_digests() == {DIGEST} and view.names_digest(DIGEST)  # indexes back
+
+    def test_a_failed_rebuild_leaves_the_tables(self, store: Store) -> None:
+        step, done = self._projection(store)
+        with pytest.raises(RuntimeError), store.transaction() as tx:
+            with tx.rebuild_projections() as sink:
+                sink.put_steps([])
+                raise RuntimeError("the fold failed")
+        assert store.view.steps() == [step, done]
+
+    def test_a_scratch_copy_compares_without_writing(self, store: Store) -> None:
+        step, done = self._projection(store)
+        with store.transaction() as tx:
+            tx.condemn([(DIGEST, 3, True)], 11, "0" * 16)
+        changed = msgspec.structs.replace(done, stored_bytes=4)
+        with store.read() as view, view.scratch() as scratch:
+            scratch.put_steps([step.as_tuple(), changed.as_tuple()])
+            scratch.put_manifests([("t", 0, 1, DIGEST, None, 2)],
+                                  [("t", 0, "artifact", "a", DIGEST, 3)])
+            assert scratch.step_count() == 2 and scratch.step("t") == changed
+            assert scratch.step_differences() == [("t", changed, done)]
+            assert [d for d in scratch.ref_differences() if d[1] or d[2]] == []
+            assert list(scratch.live_entries()) == [("t", 0, "artifact", "a", DIGEST, 3)]
+            (check,) = list(scratch.condemned_checks())
+            assert (check.digest, check.size, check.referenced) == (DIGEST, 3, True)
+            scratch.overlay_steps([changed.as_tuple()])  # a lagging tail folded over
+            assert scratch.step_differences() == []
+        assert store.view.steps() == [step, done]  # the ledger's tables are untouched
+        with store.read() as view, view.scratch() as scratch:
+            assert scratch.step_count() == 0  # a fresh copy each time
 
     def test_meta(self, store: Store) -> None:
         assert store.view.meta("nothing") is None

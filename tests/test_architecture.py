@@ -28,22 +28,12 @@ DRIVERS = frozenset({"apsw", "sqlite3", "sqlite_utils"})
 DRIVER_IMPORTERS: dict[str, frozenset[str]] = {
     "cli.py": frozenset({"apsw", "sqlite3", "sqlite_utils"}),
     "faults.py": frozenset({"apsw"}),
-    "gc/refs.py": frozenset({"apsw"}),
-    "projections/__init__.py": frozenset({"apsw"}),
-    "verify.py": frozenset({"apsw"}),
 }
 
 #: How many SQL strings each module outside the SQLite store still holds (to be emptied).
 SQL_STRINGS: dict[str, int] = {
     "cli.py": 3,
     "faults.py": 5,
-    "gc/audit.py": 6,
-    "gc/collector.py": 8,
-    "gc/refs.py": 3,
-    "projections/__init__.py": 7,
-    "projections/refs.py": 6,
-    "projections/workspaces.py": 2,
-    "verify.py": 17,
 }
 
 #: Import cycles still present, each as the set of its modules (to be emptied).

@@ -391,7 +391,7 @@ def test_pre_hash_is_taught_as_the_hash_of_what_was_read() -> None:
 
 def test_architecture_maps_every_part() -> None:
     text = (ROOT / "ARCHITECTURE.md").read_text()
-    for part in ("gc/collector.py", "gc/refs.py", "gc/audit.py", "restore.py", "witness.py",
+    for part in ("gc/collector.py", "gc/holders.py", "gc/audit.py", "restore.py", "witness.py",
                  "-lockq", "verify.py"):
         assert part in text, part
 

@@ -18,7 +18,7 @@ from .collector import (
     collect,
     parse_duration,
 )
-from .refs import GcRefused
+from .holders import GcRefused
 
 __all__ = [
     "DEFAULT_GRACE_S",

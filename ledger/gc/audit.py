@@ -25,7 +25,7 @@ from ..events import BlobCollected, decode
 from ..store import EventQuery
 from ..projections.steps import IN_FLIGHT
 from .collector import DEFAULT_GRACE_S
-from .refs import GcRefused, live_pins, read_references
+from .holders import GcRefused, live_pins, read_references
 
 if TYPE_CHECKING:
     from ..ledger import Ledger
@@ -94,7 +94,7 @@ def audit(
     report = AuditReport(now_ns=now, grace_s=grace_s, deep=deep)
     grace_ns = int(grace_s * 1e9)
     window_ns = int(ledger.compensation_window_s * 1e9)
-    with ledger._store.read() as conn:
+    with ledger.storage.read() as conn:
         try:
             holders = read_references(conn)
         except GcRefused as exc:
@@ -102,29 +102,19 @@ def audit(
             holders = None
         pins = live_pins(conn, now, window_ns)
         inline = {b.digest: (int(b.size), int(b.mtime_ns)) for b in conn.inline_blobs()}
-        report.committed_steps = int(conn.execute(
-            "SELECT count(*) FROM steps WHERE live = 1").fetchone()[0])
-        # from the live steps outward (CROSS JOIN keeps SQLite from starting at the
-        # entries' digest index and probing a step for each of them)
-        live_entries = conn.execute(
-            "SELECT e.digest, e.size FROM steps s CROSS JOIN manifest_entries e"
-            " ON e.step = s.step_id AND e.manifest_rev = s.manifest_rev WHERE s.live = 1"
-        ).fetchall()
+        report.committed_steps = conn.live_step_count()
+        live_entries = conn.live_entries()
         report.committed_bytes = sum(int(n) for _d, n in live_entries)
         report.committed_bytes_distinct = sum(dict(live_entries).values())
-        placeholders = ", ".join("?" * len(IN_FLIGHT))
-        n, b = conn.execute(
-            f"SELECT count(*), coalesce(sum(stored_bytes), 0) FROM steps"
-            f" WHERE state IN ({placeholders})", tuple(IN_FLIGHT)).fetchone()
-        report.pending_steps, report.pending_bytes = int(n), int(b)
+        report.pending_steps, report.pending_bytes = conn.step_totals(IN_FLIGHT)
         for row in conn.events(EventQuery(kinds=frozenset({"blob-collected"}))):
             event = decode(row[11], row[10])
             assert isinstance(event, BlobCollected)
             report.collected.add(event.size)
-        condemned = {d for (d,) in conn.execute("SELECT digest FROM condemned")}
+        condemned = set(conn.condemned())
         report.condemned = len(condemned)
         if holders is None:  # the events could not be read: count from the tables
-            referenced = {d for (d,) in conn.execute("SELECT DISTINCT digest FROM manifest_entries")}
+            referenced = conn.manifest_digests()
         else:
             referenced = holders.referenced
     try:
@@ -177,11 +167,10 @@ def audit(
     present = inline.keys() | files.keys()
     dangling = sorted(referenced - present)
     if dangling:
-        with ledger._db.snapshot() as conn:
+        with ledger.storage.read() as conn:
             for digest in dangling:  # who names it: looked up only for what is missing
-                names = [f"{step} r{rev} {path}" for step, rev, path in conn.execute(
-                    "SELECT step, manifest_rev, path FROM manifest_entries WHERE digest = ?"
-                    " LIMIT 5", (digest,))] or ["a compensation record"]
+                names = [f"{step} r{rev} {path}" for step, rev, path
+                         in conn.entries_naming(digest, 5)] or ["a compensation record"]
                 report.dangling.append({"digest": digest, "named_by": names})
     report.collected_unrecorded = len((condemned - present) - referenced)
     if deep:

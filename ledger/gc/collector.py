@@ -37,7 +37,7 @@ from ..blobs import digest_of
 from ..errors import BlobCorrupt, CollectorBusy, EnvironmentFailure, InvalidInput
 from ..events import BlobCollected, Event, check_digest
 from ..store import Held, Tx
-from .refs import GcRefused, compensation_refs_since, live_pins, pinned_now, read_references
+from .holders import GcRefused, compensation_refs_since, live_pins, pinned_now, read_references
 
 if TYPE_CHECKING:
     from ..ledger import Ledger
@@ -108,7 +108,7 @@ def collector_lock(ledger: Ledger, *, wait: bool = False) -> Iterator[None]:
     CollectorBusy when another collector holds it and not `wait`."""
     with contextlib.ExitStack() as stack:
         try:
-            stack.enter_context(ledger._store.exclusive("gc", wait=wait))
+            stack.enter_context(ledger.storage.exclusive("gc", wait=wait))
         except Held as held:
             raise CollectorBusy(held.where) from None
         yield
@@ -157,13 +157,12 @@ def _run(ledger: Ledger, report: GcReport, grace_s: float, now_ns: int | None, d
     now = now_ns if now_ns is not None else ledger.clock()
     grace_ns = int(grace_s * 1e9)
     window_ns = int(ledger.compensation_window_s * 1e9)
-    db = ledger._db
-    with ledger._store.read() as conn:
+    store = ledger.storage
+    with store.read() as conn:
         holders = read_references(conn)
         pins = live_pins(conn, now, window_ns)
         inline = {b.digest: (int(b.size), int(b.mtime_ns)) for b in conn.inline_blobs()}
-        condemned = {d: (int(n), bool(i)) for d, n, i in
-                     conn.execute("SELECT digest, size, inline FROM condemned")}
+        condemned = conn.condemned()
     try:
         files = ledger.blobs.files()
         temps = list(ledger.blobs.temp_files())
@@ -215,12 +214,8 @@ def _run(ledger: Ledger, report: GcReport, grace_s: float, now_ns: int | None, d
 
     # Phase 1: condemn, in one transaction.
     if candidates:
-        with db.transaction() as conn:
-            conn.executemany(
-                "INSERT OR IGNORE INTO condemned(digest, size, inline, condemned_ns, collection)"
-                " VALUES (?, ?, ?, ?, ?)",
-                [(d, n, int(i), now, report.collection) for d, (n, i) in candidates.items()],
-            )
+        with store.transaction() as tx:
+            tx.condemn([(d, n, i) for d, (n, i) in candidates.items()], now, report.collection)
     if dupes:
         _collect_copies(ledger, report, dupes, grace_ns, now_ns)
     # Phase 2: re-check, unlink, record — batch by batch, each under BEGIN IMMEDIATE.
@@ -242,8 +237,7 @@ def _run(ledger: Ledger, report: GcReport, grace_s: float, now_ns: int | None, d
         done += len(batch)
         if progress is not None:
             progress(done, total)
-    with db.snapshot() as conn:
-        report.remaining = int(conn.execute("SELECT count(*) FROM condemned").fetchone()[0])
+    report.remaining = store.view.condemned_count()
     # Stray temporary files: the leftovers of puts that died. A put in progress pinned
     # its digest (the temp file is named after it) first, so it is never taken.
     if not report.stopped:
@@ -264,8 +258,8 @@ def _run(ledger: Ledger, report: GcReport, grace_s: float, now_ns: int | None, d
 
 
 def _pins_snapshot(ledger: Ledger, now: int, window_ns: int) -> dict[str, str]:
-    with ledger._db.snapshot() as conn:
-        return live_pins(conn, now, window_ns)
+    with ledger.storage.read() as view:
+        return live_pins(view, now, window_ns)
 
 
 _TEMP_NAME: Final = re.compile(r"([0-9a-f]{64})\.[0-9a-f]+\.tmp")
@@ -315,7 +309,7 @@ def _collect_copies(ledger: Ledger, report: GcReport, dupes: list[str], grace_ns
         return events
 
     try:
-        ledger._log.append(build)
+        ledger.log.append(build)
     except _Nothing:
         return
     report.collected += done["n"]
@@ -334,21 +328,19 @@ def _collect_batch(ledger: Ledger, report: GcReport, batch: list[str], reference
         late_refs = compensation_refs_since(tx, head_seq)
         events: list[Event] = []
         for digest in batch:
-            row = tx.execute("SELECT size, inline FROM condemned WHERE digest = ?",
-                               (digest,)).fetchone()
+            row = tx.condemned_entry(digest)
             if row is None:
                 counts["spared"] += 1  # un-condemned since (a pin or a publish named it)
                 continue
-            size, was_inline = int(row[0]), bool(row[1])
+            size, was_inline = row
 
             def spare() -> None:
-                tx.execute("DELETE FROM condemned WHERE digest = ?", (digest,))  # noqa: B023
+                tx.uncondemn((digest,))  # noqa: B023
                 counts["spared"] += 1
                 spared.append(digest)  # noqa: B023
 
-            if (digest in referenced or digest in late_refs or tx.execute(
-                    "SELECT 1 FROM manifest_entries WHERE digest = ? LIMIT 1", (digest,)
-            ).fetchone() is not None or pinned_now(tx, digest, now, window_ns)):
+            if (digest in referenced or digest in late_refs or tx.names_digest(digest)
+                    or pinned_now(tx, digest, now, window_ns)):
                 spare()
                 continue
             reason = "orphan"
@@ -373,7 +365,7 @@ def _collect_batch(ledger: Ledger, report: GcReport, batch: list[str], reference
                         continue
                     ledger.blobs.delete(digest)  # unlink + directory fsync
                     size, was_inline = found.size, False
-            tx.execute("DELETE FROM condemned WHERE digest = ?", (digest,))
+            tx.uncondemn((digest,))
             if reason == "orphan":
                 counts["collected"] += 1
                 counts["reclaimed"] += size
@@ -384,12 +376,12 @@ def _collect_batch(ledger: Ledger, report: GcReport, batch: list[str], reference
         return events
 
     try:
-        ledger._log.append(build)
+        ledger.log.append(build)
     except _Nothing:
         # Nothing to record: only condemnations to lift (always safe to lift).
         if spared:
-            with ledger._db.transaction() as conn:
-                conn.executemany("DELETE FROM condemned WHERE digest = ?", [(d,) for d in spared])
+            with ledger.storage.transaction() as tx:
+                tx.uncondemn(spared)
         report.spared += counts["spared"]
         return
     report.collected += counts["collected"]

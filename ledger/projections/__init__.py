@@ -5,10 +5,11 @@ together with their checkpoint (the last folded seq and the projection version),
 and every one of them can be rebuilt from the events at any time.
 
 - `StepsProjector` is the inline writer the log calls inside each append.
-- `rebuild` refolds everything into the tables inside one ``BEGIN IMMEDIATE``:
-  readers see the old tables or the new ones, never a mix. It folds in memory and
-  writes each row once, keeping only unfinished steps in memory (finished ones are
-  written out and dropped), so memory follows the live steps, not the events.
+- `rebuild` refolds everything into the tables inside one write transaction: readers
+  see the old tables or the new ones, never a mix. It folds in memory and writes each
+  row once through the store's rebuild sink, keeping only unfinished steps in memory
+  (finished ones are written out and dropped), so memory follows the live steps, not
+  the events.
 - `catch_up` folds a lagging tail (after an upgrade or a projection change) on the
   first read-write open; `read_steps` folds it in memory for read-only callers, who
   never write.
@@ -17,17 +18,14 @@ and every one of them can be rebuilt from the events at any time.
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any, Final
+from typing import Final
 
-import apsw
 import msgspec
 
-from ..store.sqlite.file import Database
 from ..errors import CorruptLedger, IllegalTransition, InvalidInput
 from ..events import StepEvent
 from ..log import EventLog
-from ..store import Checkpoint, ProjectionChanges, ReadView
-from ..store.sqlite.tables import SET_CHECKPOINT, STEP_COLUMNS, UPSERT_PATH, UPSERT_STEP, UPSERT_WS
+from ..store import Checkpoint, ProjectionChanges, ProjectionSink, ReadView
 from . import refs as refs_mod
 from . import steps as steps_mod
 from . import workspaces as ws_mod
@@ -53,10 +51,6 @@ def checkpoint(view: ReadView) -> Checkpoint:
     """How far the inline projections have folded (none yet: nothing, this version)."""
     cp = view.checkpoint()
     return Checkpoint(0, steps_mod.VERSION) if cp is None else cp
-
-
-def _set_checkpoint(conn: Any, last_seq: int) -> None:
-    conn.execute(SET_CHECKPOINT, (steps_mod.NAME, last_seq, steps_mod.VERSION))
 
 
 class StepsProjector:
@@ -208,16 +202,15 @@ def _first(row: tuple[object, ...]) -> object:
 
 
 class StepSpill:
-    """Finished step rows written out of memory into `table` (in key-ordered chunks)
-    and read back when a step continues: the `evict` / `lookup` pair `_fold_rows`
+    """Finished step rows written out of memory through a `ProjectionSink` (in key-ordered
+    chunks) and read back when a step continues: the `evict` / `lookup` pair `fold_rows`
     takes, so a fold's memory follows the unfinished steps. `rebuild` spills into the
-    ledger's ``steps``; `verify` into a connection-private TEMP table."""
+    ledger's own tables; `verify` into its scratch copy."""
 
     CHUNK: Final = 5_000
 
-    def __init__(self, conn: apsw.Connection, table: str = "steps") -> None:
-        self.conn, self.table = conn, table
-        self.upsert = UPSERT_STEP.replace("INSERT INTO steps(", f"INSERT INTO {table}(", 1)
+    def __init__(self, sink: ProjectionSink) -> None:
+        self.sink = sink
         self.written: list[tuple[object, ...]] = []
 
     def evict(self, row: StepRow) -> None:
@@ -227,55 +220,49 @@ class StepSpill:
 
     def lookup(self, step_id: str) -> StepRow | None:
         self.flush()
-        row = self.conn.execute(f"SELECT {STEP_COLUMNS} FROM {self.table} WHERE step_id = ?",
-                                (step_id,)).fetchone()
-        return None if row is None else StepRow.from_tuple(row)
+        return self.sink.step(step_id)  # type: ignore[no-any-return]
 
     def flush(self) -> None:
         if self.written:
             self.written.sort(key=_first)  # by step id (stable): B-tree inserts in key order
-            self.conn.executemany(self.upsert, self.written)
+            self.sink.put_steps(self.written)
             self.written.clear()
 
 
-def rebuild(db: Database, log: EventLog, progress: Progress | None = None) -> int:
+def fold_into(log: EventLog, sink: ProjectionSink, progress: Progress | None = None,
+              total: int = 0) -> tuple[RefsFold, WorkspacesFold, int]:
+    """Fold the whole log into `sink` (step rows and manifests: what memory does not
+    keep); return the refs fold (its live pins), the workspaces fold and the last seq."""
+    spill = StepSpill(sink)
+    working: dict[str, StepRow] = {}
+    refs = RefsFold(drain_to=sink)  # manifests stream out; only live pins stay
+    ws = WorkspacesFold()
+    last = fold_rows(log, 0, working, spill.lookup, spill.evict, progress, total, refs, ws)
+    for row in working.values():
+        spill.evict(row)
+    spill.flush()
+    refs.drain(sink)
+    return refs, ws, last
+
+
+def rebuild(log: EventLog, progress: Progress | None = None) -> int:
     """Recompute every projection from the events and swap them in atomically.
 
     Returns the number of steps. Runs in one write transaction.
     """
-    with db.transaction() as conn:
+    with log.store.transaction() as tx:
         total = log.count()
-        # A bulk load: the secondary indexes (random digests) are dropped and rebuilt
-        # once at the end, from the same SQL, inside this transaction (DDL is
-        # transactional: a crash leaves them as they were).
-        indexes = conn.execute(
-            "SELECT name, sql FROM sqlite_schema WHERE type = 'index' AND sql IS NOT NULL"
-            " AND tbl_name IN ('pins', 'manifest_entries') ORDER BY name"
-        ).fetchall()
-        for name, _ in indexes:
-            conn.execute(f'DROP INDEX "{name}"')
-        conn.execute("DELETE FROM steps")
-        spill = StepSpill(conn)
-        working: dict[str, StepRow] = {}
-        refs = RefsFold(drain_to=conn)  # manifests stream out; only live pins stay
-        refs.clear_tables(conn)
-        ws = WorkspacesFold()
-        WorkspacesFold.clear_tables(conn)
-        last = fold_rows(log, 0, working, spill.lookup, spill.evict, progress, total, refs, ws)
-        rows, paths = ws.changes()
-        conn.executemany(UPSERT_WS, rows)
-        conn.executemany(UPSERT_PATH, paths)
-        for row in working.values():
-            spill.evict(row)
-        spill.flush()
-        refs.write(conn)
-        for _, sql in indexes:
-            conn.execute(sql)
-        _set_checkpoint(conn, last or log.head().seq)
-        return int(conn.execute("SELECT count(*) FROM steps").fetchone()[0])
+        with tx.rebuild_projections() as sink:
+            refs, ws, last = fold_into(log, sink, progress, total)
+            sink.put_workspaces(*ws.changes())
+            refs.write(sink)
+            steps = sink.step_count()
+        tx.write_projection(ProjectionChanges(
+            checkpoint=Checkpoint(last or tx.head().seq, steps_mod.VERSION)))
+        return steps
 
 
-def catch_up(db: Database, log: EventLog) -> int:
+def catch_up(log: EventLog) -> int:
     """Bring the tables up to the log on a read-write open; return events folded.
 
     A projection version change means a full rebuild; a lagging checkpoint folds the
@@ -286,7 +273,7 @@ def catch_up(db: Database, log: EventLog) -> int:
         cp = checkpoint(view)
         head = view.head().seq
     if cp.version != steps_mod.VERSION:
-        rebuild(db, log)
+        rebuild(log)
         return head
     if cp.last_seq >= head:
         return 0
@@ -315,7 +302,7 @@ def fold_all(
     return working
 
 
-def read_workspaces(db: Database, log: EventLog) -> WorkspacesFold:
+def read_workspaces(log: EventLog) -> WorkspacesFold:
     """Every workspace and path state as of now, read-only: the tables, or a fold when
     they lag the log."""
     with log.store.read() as view:
@@ -332,7 +319,7 @@ def read_workspaces(db: Database, log: EventLog) -> WorkspacesFold:
     return fold
 
 
-def read_refs(db: Database, log: EventLog) -> RefsFold:
+def read_refs(log: EventLog) -> RefsFold:
     """Pins and manifests as of now, read-only: the tables, or a fold when they lag."""
     fold = RefsFold()
     with log.store.read() as view:
@@ -348,7 +335,7 @@ def read_refs(db: Database, log: EventLog) -> RefsFold:
 
 
 def read_steps(
-    db: Database, log: EventLog, *, state: str | None = None, step_id: str | None = None
+    log: EventLog, *, state: str | None = None, step_id: str | None = None
 ) -> list[StepRow]:
     """Current step rows, exactly as a caught-up projection would hold them. Read-only.
 
@@ -384,6 +371,7 @@ __all__ = [
     "catch_up",
     "checkpoint",
     "fold_all",
+    "fold_into",
     "fold_rows",
     "read_refs",
     "read_steps",

@@ -15,11 +15,10 @@ two cannot drift unseen.
 
 from __future__ import annotations
 
-from typing import Any, Final
-
+from typing import Final
 
 from ..events import ManifestPublished
-from ..store import Checkpoint, ProjectionChanges
+from ..store import Checkpoint, EntryRow, ProjectionChanges, ProjectionSink, RebuildSink
 from .lite import SlimPublished
 
 VERSION: Final = 1
@@ -34,7 +33,6 @@ RELEASED_ON_ACK: Final = ("artifact", "post-image")
 
 PinKey = tuple[str, int, str]
 ManifestRow = tuple[str, int, int, str, str | None, int]
-EntryRow = tuple[str, int, str, str, str, int]
 
 
 def manifest_rows(event: ManifestPublished | SlimPublished, seq: int) -> tuple[ManifestRow, list[EntryRow]]:
@@ -53,17 +51,15 @@ class RefsFold:
 
     DRAIN_AT: Final = 5_000
 
-    def __init__(self, drain_to: Any | None = None,
-                 tables: tuple[str, str] = ("manifests", "manifest_entries")) -> None:
+    def __init__(self, drain_to: ProjectionSink | None = None) -> None:
         self.pins: dict[PinKey, tuple[str, int]] = {}
         self._by_attempt: dict[tuple[str, int], set[str]] = {}
         self.manifests: list[ManifestRow] = []
         self.entries: list[EntryRow] = []
-        # With a connection, manifests and entries are written out as they accumulate
-        # (rebuild into the ledger's tables, verify into TEMP ones named by `tables`:
-        # memory bounded by live pins); without, they stay in memory.
+        # With a sink, manifests and entries are written out as they accumulate (rebuild
+        # into the ledger's tables, verify into its scratch copy: memory bounded by live
+        # pins); without, they stay in memory.
         self._drain_to = drain_to
-        self._tables = tables
 
     def fold(self, event: object, seq: int) -> None:
         # by kind, not class: rebuild folds slim events (projections.lite)
@@ -93,38 +89,19 @@ class RefsFold:
             if self._drain_to is not None and len(self.entries) >= self.DRAIN_AT:
                 self.drain(self._drain_to)
 
-    def drain(self, conn: Any) -> None:
-        """Write the manifests and entries folded since the last drain into this fold's
-        tables, and forget them (pins are written by `write` only)."""
-        # OR REPLACE: a catch-up may fold again a manifest whose rows are already there
-        manifests, entries = self._tables
-        conn.executemany(
-            f"INSERT OR REPLACE INTO {manifests}(step, manifest_rev, attempt, digest, supersedes,"
-            " seq) VALUES (?,?,?,?,?,?)",
-            self.manifests,
-        )
-        conn.executemany(
-            f"INSERT OR REPLACE INTO {entries}(step, manifest_rev, role, path, digest, size)"
-            " VALUES (?,?,?,?,?,?)",
-            self.entries,
-        )
+    def drain(self, sink: ProjectionSink) -> None:
+        """Write the manifests and entries folded since the last drain into `sink`, and
+        forget them (pins are written by `write` only)."""
+        sink.put_manifests(self.manifests, self.entries)
         self.manifests, self.entries = [], []
-
-    @staticmethod
-    def clear_tables(conn: Any) -> None:
-        conn.execute("DELETE FROM pins")
-        conn.execute("DELETE FROM manifests")
-        conn.execute("DELETE FROM manifest_entries")
 
     def pin_rows(self) -> list[tuple[str, int, str, str, int]]:
         return sorted((s, a, d, role, seq) for (s, a, d), (role, seq) in self.pins.items())
 
-    def write(self, conn: Any) -> None:
-        """Write what this fold holds into the (cleared) ref tables, inside a transaction."""
-        conn.executemany(
-            "INSERT INTO pins(step, attempt, digest, role, seq) VALUES (?,?,?,?,?)", self.pin_rows()
-        )
-        self.drain(conn)
+    def write(self, sink: RebuildSink) -> None:
+        """Write what this fold holds into a rebuild's (emptied) ref tables."""
+        sink.put_pins(self.pin_rows())
+        self.drain(sink)
 
 
 class RefsBatch(RefsFold):

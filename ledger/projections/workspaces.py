@@ -15,7 +15,7 @@ writer calls them per event (validate, then — if the event is inserted — app
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any, ClassVar, Final
+from typing import ClassVar, Final
 
 import msgspec
 
@@ -222,11 +222,6 @@ class WorkspacesFold:
         self.dirty_rows.clear()
         self.dirty_paths.clear()
         return rows, paths
-
-    @staticmethod
-    def clear_tables(conn: Any) -> None:
-        conn.execute("DELETE FROM workspaces")
-        conn.execute("DELETE FROM ws_paths")
 
     def table_rows(self) -> tuple[list[tuple[object, ...]], list[tuple[object, ...]]]:
         """This fold's content in the tables' canonical order (for comparison)."""

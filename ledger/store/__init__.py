@@ -38,6 +38,17 @@ FoldRow = tuple[int, int, str, int, bytes]
 #: An event ready to append: the event, its encoded payload, journal key, kind, envelope.
 Prepared = tuple[Event, bytes, str, str, Envelope]
 
+#: What reading a damaged row can raise in any store: a strictly decoded text cell
+#: (UnicodeDecodeError), a cell of another type than declared (TypeError, ValueError), a
+#: short or odd row (KeyError, IndexError). Readers report these as damage, typed.
+ROW_ERRORS: Final = (UnicodeDecodeError, TypeError, ValueError, KeyError, IndexError)
+#: A pin and what decides whether it still holds (docs/design.md "GC"): digest, role,
+#: the step's state, the pinned attempt, the step's latest attempt, its last update
+#: (the last three None: the step has no row).
+PinHold = tuple[str, str, "str | None", int, "int | None", "int | None"]
+#: A manifest entry: step, manifest_rev, role, path, digest, size.
+EntryRow = tuple[str, int, str, str, str, int]
+
 _HEAD_RE: Final = re.compile(r"([0-9]+):([0-9a-fA-F]{64})", re.ASCII)
 
 
@@ -152,6 +163,76 @@ class Held(Exception):
         self.name, self.where = name, where
 
 
+class RowsUnreadable(Exception):
+    """The store cannot read the events past some point (verify reports how far it got)."""
+
+
+class CondemnedCheck(msgspec.Struct, frozen=True):
+    """A condemned row as verify checks it, its cells as stored (a planted row may hold
+    anything): the blob, its size and place, when and by which collection it was
+    condemned; `stored_inline`: the size of the inline row under that digest (None:
+    none); `referenced`: whether a manifest of the rebuild names it."""
+
+    digest: object
+    size: object
+    inline: object
+    condemned_ns: object
+    collection: object
+    stored_inline: object
+    referenced: bool
+
+
+class ProjectionSink(Protocol):
+    """Where a whole-log fold puts what it does not keep in memory (docs/storage.md
+    "Rebuild and verify"): finished step rows and manifests, written as the fold goes
+    and read back when a step continues, so memory follows the unfinished steps. A
+    rebuild's sink is the ledger's own (emptied) projection tables, inside its write
+    transaction; verify's is a private scratch copy (`Scratch`)."""
+
+    def put_steps(self, rows: Sequence[tuple[object, ...]]) -> None:
+        """Upsert step rows (as `StepRow.as_tuple()`), given in step-id order."""
+        ...
+
+    def step(self, step_id: str) -> Any: ...
+    def put_manifests(self, manifests: Sequence[tuple[object, ...]],
+                      entries: Sequence[tuple[object, ...]]) -> None: ...
+    def step_count(self) -> int: ...
+
+
+class RebuildSink(ProjectionSink, Protocol):
+    """The ledger's projection tables, emptied for a rebuild (`Tx.rebuild_projections`)."""
+
+    def put_pins(self, rows: Sequence[tuple[object, ...]]) -> None: ...
+    def put_workspaces(self, rows: Sequence[tuple[object, ...]],
+                       paths: Sequence[tuple[object, ...]]) -> None: ...
+
+
+class Scratch(ProjectionSink, Protocol):
+    """A rebuild folded beside the ledger's tables, never into them (`ReadView.scratch`):
+    verify compares it with the tables. Gone when its block exits."""
+
+    def overlay_steps(self, rows: Sequence[tuple[object, ...]]) -> None:
+        """Make the current steps the ledger's step table with `rows` (a lagging tail
+        folded in memory) upserted over it, as `read_steps` answers."""
+        ...
+
+    def step_differences(self) -> list[tuple[str, Any, Any]]:
+        """(step id, the rebuild's row, the current row), for each step whose rows
+        differ (None: the step has no row there), in step-id order."""
+        ...
+
+    def ref_differences(self) -> list[tuple[str, list[Any], list[Any]]]:
+        """For the manifests and the manifest entries: (what, up to 3 rows the tables
+        hold and the rebuild does not, up to 3 the rebuild holds and they do not)."""
+        ...
+
+    def live_entries(self) -> Iterator[EntryRow]:
+        """The entries of the rebuild's live manifests (each committed step's), ordered."""
+        ...
+
+    def condemned_checks(self) -> Iterator[CondemnedCheck]: ...
+
+
 class Projector(Protocol):
     """Inline projections, updated in the append transaction.
 
@@ -213,6 +294,55 @@ class ReadView(Protocol):
     def inline_stat(self, digest: str) -> BlobStat | None: ...
     def inline_blobs(self) -> Iterator[BlobStat]: ...
 
+    # -- what GC and audit read ---------------------------------------------------------
+    def pin_holds(self, digest: str | None = None) -> list[PinHold]:
+        """Every pin (of `digest` only, when given) with what decides whether it holds."""
+        ...
+
+    def manifest_digests(self) -> set[str]:
+        """Every digest a manifest entry names (live or superseded)."""
+        ...
+
+    def names_digest(self, digest: str) -> bool:
+        """Whether a manifest entry names `digest`."""
+        ...
+
+    def entries_naming(self, digest: str, limit: int) -> list[tuple[str, int, str]]:
+        """(step, manifest_rev, path) of up to `limit` entries naming `digest`."""
+        ...
+
+    def live_entries(self) -> list[tuple[str, int]]:
+        """(digest, size) of every entry of a committed step's live manifest."""
+        ...
+
+    def live_step_count(self) -> int: ...
+    def step_totals(self, states: frozenset[str]) -> tuple[int, int]:
+        """(steps, their stored bytes) of the steps in `states`."""
+        ...
+
+    def condemned(self) -> dict[str, tuple[int, bool]]:
+        """GC's condemned rows: digest -> (size, inline)."""
+        ...
+
+    def condemned_entry(self, digest: str) -> tuple[int, bool] | None: ...
+    def condemned_count(self) -> int: ...
+
+    # -- what verify reads (forensics: cells as stored) ---------------------------------
+    def integrity_problems(self) -> list[str]:
+        """What the storage engine's own consistency check reports (empty: nothing)."""
+        ...
+
+    def checkpoint_rows(self) -> list[tuple[object, object, object]]:
+        """Every projection checkpoint row as stored: (name, last_seq, version)."""
+        ...
+
+    def inline_row_problems(self, limit: int) -> list[tuple[object, object, object]]:
+        """Up to `limit` inline blob rows not named by a digest or whose size column is
+        not their data's length: (digest, size, length)."""
+        ...
+
+    def scratch(self) -> AbstractContextManager[Scratch]: ...
+
 
 Guard = Callable[[Any, Event], None]
 
@@ -234,6 +364,17 @@ class Tx(ReadView, Protocol):
     def delete_inline(self, digest: str) -> None: ...
     def set_meta(self, key: str, value: str) -> None: ...
     def write_projection(self, changes: ProjectionChanges) -> None: ...
+    def rebuild_projections(self) -> AbstractContextManager[RebuildSink]:
+        """Empty every projection table for a rebuild and hand out the sink it writes
+        through (a store may drop and rebuild its secondary indexes around it)."""
+        ...
+
+    def condemn(self, rows: Sequence[tuple[str, int, bool]], condemned_ns: int,
+                collection: str) -> None:
+        """Record GC's condemned rows (digest, size, inline); one already there stays."""
+        ...
+
+    def uncondemn(self, digests: Iterable[str]) -> None: ...
 
 
 class BlobBackend(Protocol):
@@ -275,8 +416,9 @@ class Store(Protocol):
 
 
 __all__ = [
-    "ROW_NAMES", "ROW_TYPES", "BlobBackend", "BlobStat", "Checkpoint", "DuplicateKey",
-    "EventQuery", "EventRow", "FoldRow", "Guard", "Head", "Held", "Prepared",
-    "ProjectionChanges", "Projector",
-    "ReadView", "Scope", "Store", "StoreInfo", "Tx",
+    "ROW_ERRORS", "ROW_NAMES", "ROW_TYPES", "BlobBackend", "BlobStat", "Checkpoint",
+    "CondemnedCheck", "DuplicateKey", "EntryRow", "EventQuery", "EventRow", "FoldRow",
+    "Guard", "Head", "Held", "PinHold", "Prepared", "ProjectionChanges", "ProjectionSink",
+    "Projector", "ReadView", "RebuildSink", "RowsUnreadable", "Scope", "Scratch", "Store",
+    "StoreInfo", "Tx",
 ]

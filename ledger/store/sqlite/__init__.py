@@ -18,7 +18,7 @@ import contextlib
 import errno
 import fcntl
 import os
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from typing import Any, Final
 
 import apsw
@@ -36,7 +36,9 @@ from .. import (
     FoldRow,
     Head,
     Held,
+    PinHold,
     ProjectionChanges,
+    RowsUnreadable,
     Scope,
     StoreInfo,
 )
@@ -46,6 +48,7 @@ from ...projections.workspaces import PathState, WsRow
 from . import blobs as bl
 from . import tables as tb
 from . import events as ev
+from . import scratch as sc
 
 #: The projection checkpoint's row (the inline projections are checkpointed together).
 CHECKPOINT_NAME: Final = "steps"
@@ -68,14 +71,6 @@ class SqliteView:
     def __init__(self, store: SqliteStore) -> None:
         self._store = store
         self._db = store.db
-
-    # Transitional (docs/storage.md "Migration"): code not yet moved behind the interface
-    # runs its SQL through the view; it goes when the last caller has moved.
-    def execute(self, sql: str, params: Any = ()) -> apsw.Cursor:
-        return self._db.conn.execute(sql, params)
-
-    def executemany(self, sql: str, params: Iterable[Any]) -> apsw.Cursor:
-        return self._db.conn.executemany(sql, params)
 
     # -- events ------------------------------------------------------------------------
 
@@ -105,9 +100,17 @@ class SqliteView:
 
     def checked_rows(self, after_seq: int = 0) -> Iterator[tuple[EventRow, str | None]]:
         """Every row after `after_seq` with what is wrong with its cells (None: nothing);
-        an invalid UTF-8 cell is named, not raised. A failing read raises apsw.Error
+        an invalid UTF-8 cell is named, not raised. A failing read raises RowsUnreadable
         (verify reports how far it got)."""
-        return ev.checked_rows(self._db.conn, after_seq)  # type: ignore[return-value]
+        rows = ev.checked_rows(self._db.conn, after_seq)
+        while True:
+            try:
+                got = next(rows, None)
+            except apsw.Error as exc:
+                raise RowsUnreadable(str(exc)) from None
+            if got is None:
+                return
+            yield got  # type: ignore[misc]
 
     def journal_lookup(self, key: str) -> EventRow | None:
         return self._db.conn.execute(ev.JOURNAL_SQL, (key,)).fetchone()  # type: ignore[no-any-return]
@@ -210,6 +213,68 @@ class SqliteView:
         rows = self._db.conn.execute(bl.INLINE_ALL).fetchall()
         return iter([BlobStat(digest, size, True, stored_ns) for digest, size, stored_ns in rows])
 
+    # -- what GC and audit read ---------------------------------------------------------
+
+    def pin_holds(self, digest: str | None = None) -> list[PinHold]:
+        conn = self._db.conn
+        if digest is None:
+            return conn.execute(tb.PIN_HOLDS).fetchall()  # type: ignore[no-any-return]
+        return conn.execute(tb.PIN_HOLDS + " WHERE p.digest = ?",  # type: ignore[no-any-return]
+                            (digest,)).fetchall()
+
+    def manifest_digests(self) -> set[str]:
+        return {r[0] for r in self._db.conn.execute(tb.MANIFEST_DIGESTS).fetchall()}
+
+    def names_digest(self, digest: str) -> bool:
+        return self._db.conn.execute(tb.NAMES_DIGEST, (digest,)).fetchone() is not None
+
+    def entries_naming(self, digest: str, limit: int) -> list[tuple[str, int, str]]:
+        return self._db.conn.execute(tb.ENTRIES_NAMING,  # type: ignore[no-any-return]
+                                     (digest, limit)).fetchall()
+
+    def live_entries(self) -> list[tuple[str, int]]:
+        return self._db.conn.execute(tb.LIVE_ENTRIES).fetchall()  # type: ignore[no-any-return]
+
+    def live_step_count(self) -> int:
+        return int(self._db.conn.execute(tb.LIVE_STEPS).fetchone()[0])
+
+    def step_totals(self, states: frozenset[str]) -> tuple[int, int]:
+        n, b = self._db.conn.execute(tb.STEP_TOTALS.format(", ".join("?" * len(states))),
+                                     tuple(sorted(states))).fetchone()
+        return int(n), int(b)
+
+    def condemned(self) -> dict[str, tuple[int, bool]]:
+        return {d: (int(n), bool(i))
+                for d, n, i in self._db.conn.execute(tb.SELECT_CONDEMNED).fetchall()}
+
+    def condemned_entry(self, digest: str) -> tuple[int, bool] | None:
+        row = self._db.conn.execute(tb.SELECT_ONE_CONDEMNED, (digest,)).fetchone()
+        return None if row is None else (int(row[0]), bool(row[1]))
+
+    def condemned_count(self) -> int:
+        return int(self._db.conn.execute(tb.COUNT_CONDEMNED).fetchone()[0])
+
+    # -- what verify reads -------------------------------------------------------------
+
+    def integrity_problems(self) -> list[str]:
+        """SQLite's ``quick_check`` (a failing check is its own problem)."""
+        try:
+            found = [r[0] for r in self._db.conn.execute("PRAGMA quick_check")]
+        except apsw.Error as exc:
+            return [str(exc)]
+        return [] if found == ["ok"] else found
+
+    def checkpoint_rows(self) -> list[tuple[object, object, object]]:
+        return self._db.conn.execute(tb.CHECKPOINT_ROWS).fetchall()  # type: ignore[no-any-return]
+
+    def inline_row_problems(self, limit: int) -> list[tuple[object, object, object]]:
+        return self._db.conn.execute(tb.INLINE_ROW_PROBLEMS,  # type: ignore[no-any-return]
+                                     (limit,)).fetchall()
+
+    def scratch(self) -> contextlib.AbstractContextManager[sc.Scratch]:
+        """A rebuild's scratch copy in TEMP tables beside this view (`ledger.store.Scratch`)."""
+        return sc.scratch(self._db.conn)
+
 
 class SqliteTx(SqliteView, TxBase):
     """A ``BEGIN IMMEDIATE`` transaction (the store holds the write lock)."""
@@ -219,10 +284,6 @@ class SqliteTx(SqliteView, TxBase):
         self.scope = scope
         self._time_ns: int | None = None
         self._cm = store.db.transaction()
-        # a writer's connection is not replaced while it writes: the transitional SQL
-        # runs on it directly (no call per statement)
-        self.execute = store.db.conn.execute  # type: ignore[method-assign]
-        self.executemany = store.db.conn.executemany  # type: ignore[method-assign]
 
     def __enter__(self) -> SqliteTx:
         self._cm.__enter__()
@@ -281,6 +342,17 @@ class SqliteTx(SqliteView, TxBase):
 
     def write_projection(self, changes: ProjectionChanges) -> None:
         tb.write_projection(self._db.conn, changes, CHECKPOINT_NAME)
+
+    def rebuild_projections(self) -> contextlib.AbstractContextManager[sc.RebuildSink]:
+        return sc.rebuilding(self._db.conn)
+
+    def condemn(self, rows: Sequence[tuple[str, int, bool]], condemned_ns: int,
+                collection: str) -> None:
+        self._db.conn.executemany(tb.CONDEMN, [(d, n, int(i), condemned_ns, collection)
+                                               for d, n, i in rows])
+
+    def uncondemn(self, digests: Iterable[str]) -> None:
+        self._db.conn.executemany(tb.UNCONDEMN, [(d,) for d in digests])
 
 
 class SqliteStore:

@@ -8,6 +8,8 @@ from typing import Final
 
 import apsw
 
+from .. import ROW_ERRORS  # what a damaged row raises: declared by the interface
+
 from ...errors import (
     AccessDenied,
     CorruptLedger,
@@ -80,11 +82,6 @@ def translate(exc: BaseException, path: str) -> LedgerError:
     if isinstance(exc, apsw.IOError | apsw.CantOpenError | OSError | apsw.ReadOnlyError):
         return StorageFailure(path, f"{type(exc).__name__}: {exc}")
     raise exc
-
-
-#: What reading a damaged row can raise: apsw decodes TEXT strictly (UnicodeDecodeError), a
-#: damaged record header yields NULL or another storage class (TypeError, ValueError).
-ROW_ERRORS: Final = (UnicodeDecodeError, TypeError, ValueError, KeyError, IndexError)
 
 
 def read_error(exc: BaseException, path: str) -> LedgerError:

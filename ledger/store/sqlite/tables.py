@@ -43,14 +43,38 @@ UPSERT_PATH: Final = (
 
 _RELEASE_ACKED: Final = "DELETE FROM pins WHERE step = ? AND attempt = ? AND role IN (?, ?)"
 _RELEASE_ENDED: Final = "DELETE FROM pins WHERE step = ? AND attempt = ?"
-_ADD_PINS: Final = ("INSERT OR IGNORE INTO pins(step, attempt, digest, role, seq)"
+ADD_PINS: Final = ("INSERT OR IGNORE INTO pins(step, attempt, digest, role, seq)"
                     " VALUES (?,?,?,?,?)")
 # OR REPLACE: a catch-up may fold again a manifest whose rows are already there
 ADD_MANIFESTS: Final = ("INSERT OR REPLACE INTO {}(step, manifest_rev, attempt, digest,"
                         " supersedes, seq) VALUES (?,?,?,?,?,?)")
 ADD_ENTRIES: Final = ("INSERT OR REPLACE INTO {}(step, manifest_rev, role, path, digest, size)"
                       " VALUES (?,?,?,?,?,?)")
-_UNCONDEMN: Final = "DELETE FROM condemned WHERE digest = ?"
+UNCONDEMN: Final = "DELETE FROM condemned WHERE digest = ?"
+CONDEMN: Final = ("INSERT OR IGNORE INTO condemned(digest, size, inline, condemned_ns, collection)"
+                  " VALUES (?, ?, ?, ?, ?)")
+SELECT_CONDEMNED: Final = "SELECT digest, size, inline FROM condemned"
+SELECT_ONE_CONDEMNED: Final = "SELECT size, inline FROM condemned WHERE digest = ?"
+COUNT_CONDEMNED: Final = "SELECT count(*) FROM condemned"
+#: Pins with what decides whether they hold (`ledger.store.PinHold`).
+PIN_HOLDS: Final = ("SELECT p.digest, p.role, s.state, p.attempt, s.attempt, s.updated_ns"
+                    " FROM pins p LEFT JOIN steps s ON s.step_id = p.step")
+MANIFEST_DIGESTS: Final = "SELECT DISTINCT digest FROM manifest_entries"
+NAMES_DIGEST: Final = "SELECT 1 FROM manifest_entries WHERE digest = ? LIMIT 1"
+ENTRIES_NAMING: Final = ("SELECT step, manifest_rev, path FROM manifest_entries WHERE digest = ?"
+                         " LIMIT ?")
+# from the live steps outward (CROSS JOIN keeps SQLite from starting at the entries'
+# digest index and probing a step for each of them)
+LIVE_ENTRIES: Final = ("SELECT e.digest, e.size FROM steps s CROSS JOIN manifest_entries e"
+                       " ON e.step = s.step_id AND e.manifest_rev = s.manifest_rev"
+                       " WHERE s.live = 1")
+LIVE_STEPS: Final = "SELECT count(*) FROM steps WHERE live = 1"
+STEP_TOTALS: Final = ("SELECT count(*), coalesce(sum(stored_bytes), 0) FROM steps"
+                      " WHERE state IN ({})")
+CHECKPOINT_ROWS: Final = "SELECT name, last_seq, version FROM projection_checkpoint"
+INLINE_ROW_PROBLEMS: Final = ("SELECT digest, size, length(data) FROM blob_data"
+                              " WHERE size != length(data) OR length(digest) != 64"
+                              " OR digest GLOB '*[^0-9a-f]*' LIMIT ?")
 
 SELECT_CHECKPOINT: Final = "SELECT last_seq, version FROM projection_checkpoint WHERE name = ?"
 SET_CHECKPOINT: Final = (
@@ -97,7 +121,7 @@ def write_projection(conn: apsw.Connection, changes: ProjectionChanges, checkpoi
         if ended:
             conn.executemany(_RELEASE_ENDED, ended)
     if changes.pins:
-        conn.executemany(_ADD_PINS, changes.pins)
+        conn.executemany(ADD_PINS, changes.pins)
     if changes.manifests:
         conn.executemany(ADD_MANIFESTS.format("manifests"), changes.manifests)
         conn.executemany(ADD_ENTRIES.format("manifest_entries"), changes.entries)
@@ -106,7 +130,7 @@ def write_projection(conn: apsw.Connection, changes: ProjectionChanges, checkpoi
     if changes.paths:
         conn.executemany(UPSERT_PATH, changes.paths)
     if changes.uncondemn:
-        conn.executemany(_UNCONDEMN, [(d,) for d in changes.uncondemn])
+        conn.executemany(UNCONDEMN, [(d,) for d in changes.uncondemn])
     if changes.checkpoint is not None:
         conn.execute(SET_CHECKPOINT, (checkpoint_name, changes.checkpoint.last_seq,
                                       changes.checkpoint.version))

@@ -16,13 +16,12 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass, field
-from typing import Annotated, Any, Final, Union
+from typing import Annotated, Final, Union
 
-import apsw
 import msgspec
 
 from ..errors import GcRefused
-from ..store import EventQuery
+from ..store import EventQuery, PinHold, ReadView
 from ..events import EVENT_VERSION
 
 
@@ -75,7 +74,7 @@ class Holders:
         return digest in self.referenced
 
 
-def read_references(conn: Any, *, cross_check: bool = True) -> Holders:
+def read_references(conn: ReadView, *, cross_check: bool = True) -> Holders:
     """Referenced digests, from the events (ground truth), checked against the tables.
 
     GC cross-checks (fail closed: it is about to delete); audit, which only reports,
@@ -98,7 +97,7 @@ def read_references(conn: Any, *, cross_check: bool = True) -> Holders:
                                          if r.outcome != "conflict" and r.digest is not None)
     _check_hex(out.manifest_refs, "a manifest")
     _check_hex(out.compensation_refs, "a compensation record")
-    table = {r[0] for r in conn.execute("SELECT DISTINCT digest FROM manifest_entries")}
+    table = conn.manifest_digests()
     if not cross_check:
         out.manifest_refs = table
     if table != out.manifest_refs:
@@ -110,7 +109,7 @@ def read_references(conn: Any, *, cross_check: bool = True) -> Holders:
     return out
 
 
-def compensation_refs_since(conn: Any, seq: int) -> set[str]:
+def compensation_refs_since(conn: ReadView, seq: int) -> set[str]:
     """Digests compensations recorded after `seq` (the collector's re-check)."""
     out: set[str] = set()
     for row in conn.events(EventQuery(after_seq=seq, kinds=frozenset({"compensated"}))):
@@ -121,34 +120,24 @@ def compensation_refs_since(conn: Any, seq: int) -> set[str]:
     return out
 
 
-def live_pins(conn: apsw.Connection, now_ns: int, window_ns: int) -> dict[str, str]:
+def live_pins(conn: ReadView, now_ns: int, window_ns: int) -> dict[str, str]:
     """digest -> the role of a pin that still holds it."""
     out: dict[str, str] = {}
-    for digest, role, state, pinned_attempt, attempt, updated_ns in conn.execute(
-        "SELECT p.digest, p.role, s.state, p.attempt, s.attempt, s.updated_ns"
-        " FROM pins p LEFT JOIN steps s ON s.step_id = p.step"
-    ):
-        if _pin_expired(role, state, pinned_attempt, attempt, updated_ns, now_ns, window_ns):
-            continue
-        out.setdefault(digest, role)
+    for hold in conn.pin_holds():
+        if not _pin_expired(hold, now_ns, window_ns):
+            out.setdefault(hold[0], hold[1])
     return out
 
 
-def pinned_now(conn: apsw.Connection, digest: str, now_ns: int, window_ns: int) -> bool:
+def pinned_now(conn: ReadView, digest: str, now_ns: int, window_ns: int) -> bool:
     """Whether a live pin holds `digest` (the collector's re-check, inside its lock)."""
-    for role, state, pinned_attempt, attempt, updated_ns in conn.execute(
-        "SELECT p.role, s.state, p.attempt, s.attempt, s.updated_ns"
-        " FROM pins p LEFT JOIN steps s ON s.step_id = p.step WHERE p.digest = ?", (digest,)
-    ):
-        if not _pin_expired(role, state, pinned_attempt, attempt, updated_ns, now_ns, window_ns):
-            return True
-    return False
+    return any(not _pin_expired(h, now_ns, window_ns) for h in conn.pin_holds(digest))
 
 
-def _pin_expired(role: str, state: str | None, pinned_attempt: int, attempt: int | None,
-                 updated_ns: int | None, now_ns: int, window_ns: int) -> bool:
+def _pin_expired(hold: PinHold, now_ns: int, window_ns: int) -> bool:
     """A pre-image pin stops holding once its step is acked and the compensation window
     has passed (docs/design.md "GC"); every other live pin holds."""
+    _digest, role, state, pinned_attempt, attempt, updated_ns = hold
     return (role == "pre-image" and state == "acked" and attempt == pinned_attempt
             and updated_ns is not None and now_ns - updated_ns > window_ns)
 

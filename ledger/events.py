@@ -405,11 +405,67 @@ AnyEvent = Union[
     WitnessAnchored,
 ]
 
-EVENT_TYPES: Final[dict[str, type[Event]]] = {
-    t.__struct_config__.tag: t for t in AnyEvent.__args__  # type: ignore[attr-defined]
-}
+
+
+class KindSpec(msgspec.Struct, frozen=True, kw_only=True):
+    """What the ledger does with one event kind: the one place a kind is declared
+    (`KIND_SPECS`). Every kind list is derived from it, and tests/test_kinds.py fails
+    when a kind has no declaration, no decoder, no fold its declaration names, or no
+    documentation.
+
+    `folds`: the projections that fold it (``steps``, ``workspaces``, ``refs``; none: it
+    is recorded only). `guarded`: the blobs it names must be durable (checked at append,
+    in its transaction). `names_blobs`: GC keeps the blobs it names, forever (a manifest;
+    a compensation record's restored pre-images)."""
+
+    type: type[Event]
+    folds: frozenset[str] = frozenset()
+    guarded: bool = False
+    names_blobs: bool = False
+
+
+def _spec(t: type[Event], *folds: str, guarded: bool = False, names_blobs: bool = False
+          ) -> tuple[str, KindSpec]:
+    return t.__struct_config__.tag, KindSpec(  # type: ignore[return-value]
+        type=t, folds=frozenset(folds), guarded=guarded, names_blobs=names_blobs)
+
+
+#: Every event kind, declared once (docs/design.md "Events and the attempt lifecycle").
+KIND_SPECS: Final[dict[str, KindSpec]] = dict([
+    _spec(Planned, "steps"),
+    _spec(Fenced, "steps", "workspaces"),
+    _spec(BlobPinned, "steps", "refs"),
+    _spec(BlobStored, "steps", guarded=True),
+    _spec(ManifestPublished, "steps", "refs", guarded=True, names_blobs=True),
+    _spec(Acked, "steps", "refs"),
+    _spec(Compensated, "steps", "refs", "workspaces", names_blobs=True),
+    _spec(Rejected, "steps", "refs"),
+    _spec(WorkspaceAdded, "workspaces"),
+    _spec(WorkspaceRestored, "workspaces"),
+    _spec(WorkspaceRebound, "workspaces"),
+    _spec(LeaseAcquired, "workspaces"),
+    _spec(LeaseRenewed, "workspaces"),
+    _spec(LeaseReleased, "workspaces"),
+    _spec(BlobCollected),
+    _spec(WitnessAnchored),
+])
+#: The projections a kind may name in `KindSpec.folds`.
+PROJECTIONS: Final = ("steps", "workspaces", "refs")
+
+EVENT_TYPES: Final[dict[str, type[Event]]] = {k: s.type for k, s in KIND_SPECS.items()}
 KINDS: Final = tuple(EVENT_TYPES)
 STEP_KINDS: Final = tuple(k for k, t in EVENT_TYPES.items() if issubclass(t, StepEvent))
+#: Kinds whose blobs the append guard checks durable.
+GUARDED_KINDS: Final = frozenset(k for k, s in KIND_SPECS.items() if s.guarded)
+#: Kinds whose named blobs GC keeps.
+BLOB_NAMING_KINDS: Final = frozenset(k for k, s in KIND_SPECS.items() if s.names_blobs)
+
+
+def kinds_folded_by(projection: str) -> frozenset[str]:
+    """The kinds projection `projection` folds (as `KIND_SPECS` declares them)."""
+    if projection not in PROJECTIONS:
+        raise ValueError(f"no projection {projection!r}; there are {', '.join(PROJECTIONS)}")
+    return frozenset(k for k, s in KIND_SPECS.items() if projection in s.folds)
 
 _encoder = msgspec.json.Encoder(order="deterministic")
 _decoder = msgspec.json.Decoder(AnyEvent)
@@ -622,10 +678,16 @@ def to_builtins(event: Event) -> dict[str, Any]:
 
 
 __all__ = [
+    "BLOB_NAMING_KINDS",
     "EVENT_TYPES",
+    "GUARDED_KINDS",
+    "KIND_SPECS",
+    "KindSpec",
+    "PROJECTIONS",
     "EVENT_VERSION",
     "KINDS",
     "STEP_KINDS",
+    "kinds_folded_by",
     "Acked",
     "AnyEvent",
     "AppliedWrite",

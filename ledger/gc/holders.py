@@ -22,7 +22,7 @@ import msgspec
 
 from ..errors import GcRefused
 from ..store import EventQuery, PinHold, ReadView
-from ..events import EVENT_VERSION
+from ..events import BLOB_NAMING_KINDS, EVENT_VERSION
 
 
 #: 64 characters, checked as decoded; that they are lower-case hex is checked for all the
@@ -81,7 +81,7 @@ def read_references(conn: ReadView, *, cross_check: bool = True) -> Holders:
     takes the manifests from the tables and decodes only the compensation records."""
     out = Holders()
     out.head_seq = conn.head().seq
-    kinds = frozenset({"manifest-published", "compensated"} if cross_check else {"compensated"})
+    kinds = BLOB_NAMING_KINDS if cross_check else BLOB_NAMING_KINDS - {"manifest-published"}
     for row in conn.events(EventQuery(kinds=kinds)):
         seq, kind, v, payload = row[0], row[9], row[10], row[11]
         try:

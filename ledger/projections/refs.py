@@ -17,15 +17,13 @@ from __future__ import annotations
 
 from typing import Final
 
-from ..events import ManifestPublished
+from ..events import ManifestPublished, kinds_folded_by
 from ..store import Checkpoint, EntryRow, ProjectionChanges, ProjectionSink, RebuildSink
 from .lite import SlimPublished
 
 VERSION: Final = 1
 NAME: Final = "refs"
-KINDS: Final = frozenset(
-    {"blob-pinned", "acked", "compensated", "rejected", "manifest-published"}
-)
+KINDS: Final = kinds_folded_by("refs")
 #: The kinds that release an attempt's pins.
 _ENDS: Final = frozenset({"acked", "compensated", "rejected"})
 #: Pins an ack releases; pre-images stay until the compensation window passes.

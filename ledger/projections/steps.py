@@ -19,7 +19,7 @@ from typing import ClassVar, Final
 import msgspec
 
 from ..errors import IllegalTransition
-from ..events import EVENT_TYPES, AnyEvent, ManifestPublished, StepEvent
+from ..events import AnyEvent, ManifestPublished, kinds_folded_by
 from .lite import SlimEvent, SlimPublished
 
 #: Bump when the fold or the table changes: the next read-write open rebuilds.
@@ -101,10 +101,8 @@ _STEP_TYPES: Final[dict[str, type]] = {
     c: str if c in ("step_id", "run", "workspace", "state", "manifest_digest") else int
     for c in StepRow.COLUMNS
 }
-#: The tags of step transitions (StepEvent subclasses).
-STEP_KIND_TAGS: Final = frozenset(
-    t.__struct_config__.tag for t in EVENT_TYPES.values() if issubclass(t, StepEvent)
-)
+#: The tags of step transitions (the kinds the steps projection folds: `KIND_SPECS`).
+STEP_KIND_TAGS: Final = kinds_folded_by("steps")
 
 
 def fold(row: StepRow | None, event: AnyEvent | SlimEvent, seq: int, time_ns: int) -> StepRow | None:

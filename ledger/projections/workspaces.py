@@ -32,12 +32,10 @@ from ..events import (
     WorkspaceRestored,
     decode,
     journal_key,
+    kinds_folded_by,
 )
 
-KINDS: Final = frozenset(
-    {"workspace-added", "workspace-restored", "workspace-rebound", "lease-acquired",
-     "lease-renewed", "lease-released", "fenced", "compensated"}
-)
+KINDS: Final = kinds_folded_by("workspaces")
 #: The events that say where a workspace lives and what it may write; the newest wins.
 REGISTRATION_KINDS: Final = ("workspace-added", "workspace-restored", "workspace-rebound")
 

@@ -15,11 +15,9 @@ from collections.abc import Sequence
 from typing import Any
 
 from ..errors import IdempotencyConflict, IllegalTransition, LedgerError
-from ..events import EVENT_VERSION, Envelope, RecordedEvent, chain_hash, decode
+from ..events import EVENT_VERSION, GUARDED_KINDS, Envelope, RecordedEvent, chain_hash, decode
 from . import ROW_NAMES, ROW_TYPES, DuplicateKey, EventRow, Guard, Head, Prepared, Projector
 
-#: Kinds whose events name blobs that the guard checks.
-GUARDED_KINDS = frozenset({"blob-stored", "manifest-published"})
 
 
 def row_problem(row: tuple[Any, ...]) -> str | None:

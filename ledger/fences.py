@@ -89,7 +89,7 @@ from .projections.steps import COMPENSATED, ENDED, PLANNED, REJECTED
 from .projections.steps import VERSION as STEPS_VERSION
 from .projections.workspaces import Registration, WsRow, load_registration
 from .store import EventQuery, Tx
-from .workspace import Boundary, FileIdentity, Staged, WorkspaceDir, attempt_tag, identity_of
+from .workdir import Boundary, FileIdentity, Staged, WorkspaceDir, attempt_tag, identity_of
 
 if TYPE_CHECKING:
     from .ledger import Ledger

@@ -33,7 +33,7 @@ from .events import (
     WorkspaceRestored,
     check_step_id,
 )
-from .workspace import WorkspaceDir, identity_of, temp_stamp
+from .workdir import WorkspaceDir, identity_of, temp_stamp
 
 if TYPE_CHECKING:
     from .ledger import Ledger

@@ -23,9 +23,8 @@ import msgspec
 
 from .errors import CorruptLedger, InvalidInput
 from .events import Event, RecordedEvent, envelope, journal_key, kind_of, validate
-from .store import ROW_NAMES, ROW_TYPES, EventQuery, Head, Prepared, Projector, Tx
+from .store import ROW_NAMES, ROW_TYPES, EventQuery, Head, Prepared, Projector, Store, Tx
 from .store.base import GUARDED_KINDS, check_row, row_problem, row_to_recorded
-from .store.sqlite import ROW_ERRORS, SqliteStore
 
 BATCH_SIZE_MAX: Final = 100_000
 
@@ -37,9 +36,12 @@ Guard = Callable[[Tx, Event], None]
 class EventLog:
     """The ledger's events: append, read, head."""
 
-    def __init__(self, store: SqliteStore, projector: Projector | None = None) -> None:
+    def __init__(self, store: Store, projector: Projector | None = None) -> None:
         self.store = store
         self.projector = projector
+        #: What reading an undecodable row raises (named CorruptLedger by `read`).
+        self._decode_errors: tuple[type[Exception], ...] = (
+            msgspec.DecodeError, msgspec.ValidationError, InvalidInput, *store.row_errors)
         # The head after our last commit, valid while the store's generation says no
         # other connection has committed since.
         self._head: Head | None = None
@@ -165,7 +167,7 @@ class EventLog:
         for row in self.store.view.events(query):
             try:
                 yield row_to_recorded(check_row(row))
-            except (msgspec.DecodeError, msgspec.ValidationError, InvalidInput, *ROW_ERRORS) as exc:
+            except self._decode_errors as exc:
                 raise CorruptLedger(self.path, f"event #{row[0]} cannot be decoded: {exc}") from None
 
     def count(self) -> int:

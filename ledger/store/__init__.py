@@ -228,7 +228,7 @@ class Tx(ReadView, Protocol):
         judged by inside it (read once, when first asked)."""
         ...
 
-    def append(self, prepared: Sequence[Prepared], *, head: Head,
+    def append(self, prepared: Sequence[Prepared], *, head: Head, time_ns: int,
                projector: Projector | None, guard: Guard | None) -> list[RecordedEvent]: ...
     def put_inline(self, blobs: Mapping[str, bytes], stored_ns: int) -> None: ...
     def delete_inline(self, digest: str) -> None: ...
@@ -258,6 +258,9 @@ class Store(Protocol):
     blobs: BlobBackend
     #: Called with "commit" just before each COMMIT (the chaos harness counts these).
     on_op: Callable[[str], None] | None
+    #: What decoding a damaged row's cells may raise besides msgspec's errors (the
+    #: driver's cell types: the log names such a row CorruptLedger).
+    row_errors: tuple[type[Exception], ...]
 
     @property
     def genesis(self) -> bytes: ...

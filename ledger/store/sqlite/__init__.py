@@ -286,6 +286,8 @@ class SqliteTx(SqliteView, TxBase):
 class SqliteStore:
     """A ledger file and its blob files (see the module docstring)."""
 
+    row_errors = ROW_ERRORS
+
     def __init__(self, db: Database, clock: Callable[[], int], files: BlobStore | None = None
                  ) -> None:
         self.db = db

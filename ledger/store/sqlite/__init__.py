@@ -286,7 +286,7 @@ class SqliteTx(SqliteView, TxBase):
 class SqliteStore:
     """A ledger file and its blob files (see the module docstring)."""
 
-    row_errors = ROW_ERRORS
+    row_errors: tuple[type[Exception], ...] = ROW_ERRORS
 
     def __init__(self, db: Database, clock: Callable[[], int], files: BlobStore | None = None
                  ) -> None:

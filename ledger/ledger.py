@@ -615,20 +615,25 @@ class Ledger:
 
     @property
     def path(self) -> str:
-        return self._db.path
+        """Where the ledger is (the store's location: the SQLite file's path)."""
+        return self._store.info.location
 
     @property
     def readonly(self) -> bool:
-        return self._db.readonly
+        return self._store.info.readonly
 
     @property
     def ledger_id(self) -> str:
-        return self._db.meta("ledger_id")
+        """The ledger's id (meta, fixed at init; the genesis hash binds the chain to it)."""
+        value = self._store.view.meta("ledger_id")
+        if value is None:
+            raise CorruptLedger(self.path, "meta key 'ledger_id' is missing")
+        return value
 
     def close(self) -> None:
         if self.witness is not None:
             self.witness.close()
-        self._db.close()
+        self._store.close()
 
     def __enter__(self) -> Ledger:
         return self
@@ -751,7 +756,7 @@ class Ledger:
     def find_step(self, step_id: str) -> StepRow | None:
         """A step's current state, or None if it has no events."""
         check_step_id(step_id)
-        if not self._db.readonly:
+        if not self.readonly:
             # Unless another connection wrote since our last commit, the tables are as we
             # left them — caught up (at open, then by every append): serve the row from
             # what this connection committed, or read it with a single query.
@@ -1165,7 +1170,7 @@ class Ledger:
 
     def head(self) -> Head:
         """The chain head (seq and hash); record it elsewhere to detect a cut-off tail."""
-        with self._db.snapshot():
+        with self._store.read():
             return self._log.head()
 
     def read(
@@ -1200,7 +1205,7 @@ class Ledger:
     def timeline(self, step_id: str) -> list[RecordedEvent]:
         """Every event of one step, in order; UnknownStep if it has none."""
         check_step_id(step_id)
-        with self._db.snapshot():
+        with self._store.read():
             events = list(self._log.read(step=step_id))
         if not events:
             raise UnknownStep(step_id)

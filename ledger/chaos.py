@@ -27,7 +27,7 @@ from typing import Any
 
 from .errors import LedgerError
 from .ledger import Ledger
-from .steps import run_step, run_step_wrong_order
+from .runner import run_step, run_step_wrong_order
 
 STEP_ID = "chaos-step"
 

@@ -142,7 +142,7 @@ from .fences import StepPlan, Write
 from .gc import audit, collect
 from .projections.steps import ENDED
 from .restore import CommittedFold
-from .steps import run_step
+from .runner import run_step
 
 MODELS: tuple[str, ...] = ("drop", "random", "garbage", "prefix")
 #: Not swept by default: "torn" turns every unsynced data write into garbage (and drops

@@ -1,7 +1,10 @@
 """Workspaces, epoch leases, revision fences, the apply journal, compensation.
 
-docs/design.md "The commit protocol" steps 1–2 and "Epochs and leases", as methods mixed
-into `Ledger` (`WorkspaceProtocol`). The order is the point:
+docs/design.md "The commit protocol" steps 1–2 and "Epochs and leases": `Workspaces`, the
+collaborator `Ledger` composes (`ledger.workspace_protocol`; the `Ledger` methods of the
+same names delegate to it), working through the ledger's `Core` (`ledger.core`) — the
+log, the storage, the clock, the options — never the `Ledger` itself. The order is the
+point:
 
 1. plan (`admit`, `plan_step`, `replan`): a durable `planned` event with each write's
    path, base_rev, pre_hash and post-image digest; the post-images are pinned and
@@ -30,7 +33,7 @@ import os
 import stat
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Final, Literal
+from typing import Any, Final, Literal
 
 import msgspec
 
@@ -84,15 +87,13 @@ from .events import (
     check_step_id,
     journal_key,
 )
-from .projections import checkpoint, read_workspaces
+from .core import Core
+from .projections import checkpoint
 from .projections.steps import COMPENSATED, ENDED, PLANNED, REJECTED
 from .projections.steps import VERSION as STEPS_VERSION
 from .projections.workspaces import Registration, WsRow, load_registration
 from .store import EventQuery, Tx
-from .workspace import Boundary, FileIdentity, Staged, WorkspaceDir, attempt_tag, identity_of
-
-if TYPE_CHECKING:
-    from .ledger import Ledger
+from .workdir import FileIdentity, Staged, WorkspaceDir, attempt_tag, identity_of
 
 FenceMode = Literal["step", "plan", "none"]
 FENCE_MODES: Final = ("step", "plan", "none")
@@ -328,14 +329,20 @@ def _check_ttl(ttl_s: float) -> int:
     return int(ttl_s * 1_000_000_000)
 
 
-class WorkspaceProtocol:
-    """The workspace half of `Ledger` (mixed in; see the module docstring)."""
+class Workspaces:
+    """The workspace protocol: registrations, leases, admission, the fenced apply,
+    compensation and settling (see the module docstring), over the ledger's `Core`."""
 
-    compensation_window_s: float = COMPENSATION_WINDOW_S_DEFAULT
+    def __init__(self, core: Core) -> None:
+        #: What this works through (the log, the storage, the clock, the options, …).
+        self.core = core
+        self._log = core.log
+        self._storage = core.storage
+        self._options = core.options
 
     # -- workspaces ----------------------------------------------------------------------
 
-    def add_workspace(self: Ledger, name: str, root: str | os.PathLike[str], *,
+    def add_workspace(self, name: str, root: str | os.PathLike[str], *,
                       allow_git: bool = False, rebind: bool = False) -> WsRow:
         """Register a workspace: a named, existing directory, recorded resolved with its
         device and inode (every later walk checks them).
@@ -367,7 +374,7 @@ class WorkspaceProtocol:
         ident = identity_of(st)
 
         def build(tx: Tx, now: int) -> list[Event]:
-            self._check_root(name, real, ident)  # under the lock: two adds cannot race
+            self.check_root(name, real, ident)  # under the lock: two adds cannot race
             reg = load_registration(tx, name)
             if reg is None:
                 if rebind:
@@ -397,24 +404,17 @@ class WorkspaceProtocol:
             self._log.append(build)
         return self.workspace(name)
 
-    def registration(self: Ledger, name: str) -> Registration:
+    def registration(self, name: str) -> Registration:
         """Where workspace `name` lives and what it may write (its newest
         `workspace-added`/`-restored`/`-rebound` event); UnknownWorkspace if never added."""
         check_step_id(name)
-        with self._store.read() as view:
+        with self._storage.read() as view:
             reg = load_registration(view, name)
         if reg is None:
             raise UnknownWorkspace(name)
         return reg
 
-    def _boundary(self: Ledger) -> Boundary:
-        """The ledger's own files no workspace walk may touch: its directory (the file,
-        ``-wal``/``-shm``/``-lockq``, the GC lock), the blob root, the witness."""
-        files = [self._db.path] + ([self.witness.path] if self.witness is not None else [])
-        return Boundary.of(os.path.dirname(os.path.abspath(self._db.path)), self.blobs.root,
-                           files)
-
-    def _check_root(self: Ledger, name: str, real: str, ident: FileIdentity | None) -> None:
+    def check_root(self, name: str, real: str, ident: FileIdentity | None) -> None:
         """Refuse a root that is, contains or lies inside another workspace's root, or is
         the ledger's own directory or inside its blob root: by resolved path, and by
         device and inode of the root (None: it does not exist yet) and of its ancestors
@@ -432,7 +432,7 @@ class WorkspaceProtocol:
         def inside(a: str, b: str) -> bool:
             return a == b or a.startswith(b.rstrip("/") + "/")
 
-        boundary = self._boundary()
+        boundary = self.core.boundary()
         mine = ancestors(real)  # identity -> path, the root itself included when it exists
         ledger_dir, blob_root = boundary.dir_paths
         if real == ledger_dir or (ident is not None and ident in boundary.dirs - boundary.stores):
@@ -454,39 +454,39 @@ class WorkspaceProtocol:
                 continue
             raise WorkspaceOverlap(real, other.name, other.root, how)
 
-    def workspace(self: Ledger, name: str) -> WsRow:
+    def workspace(self, name: str) -> WsRow:
         """A workspace's row (revision, lease); UnknownWorkspace if it was never added."""
         check_step_id(name)
-        with self._store.read() as conn:
+        with self._storage.read() as conn:
             cp = checkpoint(conn)
             if cp.version == STEPS_VERSION and cp.last_seq >= self._log.head().seq:
                 row = conn.workspace(name)  # caught up: one row, not the whole fold
             else:
-                row = read_workspaces(self._log).rows.get(name)
+                row = self.core.workspace_fold().rows.get(name)
         if row is None:
             raise UnknownWorkspace(name)
         return row
 
-    def workspaces(self: Ledger) -> list[WsRow]:
-        fold = read_workspaces(self._log)
+    def workspaces(self) -> list[WsRow]:
+        fold = self.core.workspace_fold()
         return sorted((r for r in fold.rows.values() if r is not None), key=lambda r: r.name)
 
-    def workspace_paths(self: Ledger, name: str) -> dict[str, tuple[int, str | None]]:
+    def workspace_paths(self, name: str) -> dict[str, tuple[int, str | None]]:
         """Every path a step wrote: its rev and the hash of the content it should hold."""
         self.workspace(name)
-        fold = read_workspaces(self._log)
+        fold = self.core.workspace_fold()
         return {p: (s[0], s[1]) for (w, p), s in sorted(fold.paths.items())
                 if w == name and s is not None}
 
-    def _wsdir(self: Ledger, row: WsRow, step: str = "", attempt: int = 0,
+    def _wsdir(self, row: WsRow, step: str = "", attempt: int = 0,
                epoch: int = 0) -> WorkspaceDir:
         """The workspace's directory, confined (its registered identity, the ledger's
         boundary, its `.git` opt-in); staging for `step`'s `attempt` under `epoch` (the
         stamp its temporaries carry, see `_remove_temporaries`)."""
         reg = self.registration(row.name)
-        return WorkspaceDir(row.name, row.root, self.blobs.ops,
+        return WorkspaceDir(row.name, row.root, self.core.files().ops,
                             identity=reg.identity if reg.root == row.root else None,
-                            boundary=self._boundary(), allow_git=reg.allow_git,
+                            boundary=self.core.boundary(), allow_git=reg.allow_git,
                             epoch=epoch, tag=attempt_tag(step, attempt))
 
     @staticmethod
@@ -505,16 +505,16 @@ class WorkspaceProtocol:
         wsdir.remove_temporaries({w.path.rpartition("/")[0] for w in writes},
                                  lambda e, t: e < epoch or (e == epoch and t == tag))
 
-    def snapshot(self: Ledger, workspace: str, path: str) -> tuple[int, str | None]:
+    def snapshot(self, workspace: str, path: str) -> tuple[int, str | None]:
         """What a planner reads before it plans a write: (the path's rev, the sha256 of
         its bytes on disk now, None when absent)."""
         row = self.workspace(workspace)
         check_relpath(path)
-        with self._store.read() as conn:
+        with self._storage.read() as conn:
             state = conn.path_state(workspace, path)
         return (0 if state is None else state[0]), self._wsdir(row).hash(path)
 
-    def read_file(self: Ledger, workspace: str, path: str, *,
+    def read_file(self, workspace: str, path: str, *,
                   max_bytes: int | None = None) -> FileRead:
         """Read a workspace file as a planner must: its bytes, with the sha256 of those
         very bytes and the path's rev, taken together (`FileRead`).
@@ -529,7 +529,7 @@ class WorkspaceProtocol:
         check_relpath(path)
         if max_bytes is not None and max_bytes < 0:
             raise InvalidInput(f"max_bytes must be 0 or more, not {max_bytes}")
-        with self._store.read() as conn:
+        with self._storage.read() as conn:
             state = conn.path_state(workspace, path)
         rev = 0 if state is None else state[0]
         with self._wsdir(row).open(path) as fd:
@@ -546,15 +546,15 @@ class WorkspaceProtocol:
 
     # -- leases --------------------------------------------------------------------------
 
-    def lease(self: Ledger, workspace: str) -> Lease:
+    def lease(self, workspace: str) -> Lease:
         row = self.workspace(workspace)
-        now = self.clock()
+        now = self.core.clock()
         return Lease(workspace=workspace, epoch=row.epoch, holder=row.holder,
                      expires_ns=row.expires_ns, live=row.live_epoch(now) is not None,
                      released=row.released)
 
     def acquire(
-        self: Ledger, workspace: str, holder: str, ttl_s: float = 60, *, force: bool = False
+        self, workspace: str, holder: str, ttl_s: float = 60, *, force: bool = False
     ) -> Lease:
         """Start a new epoch (previous + 1) on the workspace and settle the older ones.
 
@@ -588,7 +588,7 @@ class WorkspaceProtocol:
                      settled=tuple(c.step for c in settled), unsettled=tuple(failed),
                      conflicts=settle_conflicts(settled))
 
-    def heartbeat(self: Ledger, workspace: str, epoch: int, ttl_s: float = 60) -> Lease:
+    def heartbeat(self, workspace: str, epoch: int, ttl_s: float = 60) -> Lease:
         """Extend the live lease; an expired one is never revived (StaleEpoch)."""
         ttl_ns = _check_ttl(ttl_s)
 
@@ -605,7 +605,7 @@ class WorkspaceProtocol:
         self._log.append(build)
         return self.lease(workspace)
 
-    def release(self: Ledger, workspace: str, epoch: int) -> Lease:
+    def release(self, workspace: str, epoch: int) -> Lease:
         """Give the lease up (idempotent for the same epoch)."""
 
         def build(tx: Tx, now: int) -> list[Event]:
@@ -620,7 +620,7 @@ class WorkspaceProtocol:
         self._log.append(build)
         return self.lease(workspace)
 
-    def _live_epoch(self: Ledger, tx: Tx, workspace: str, epoch: int, now: int) -> WsRow:
+    def _live_epoch(self, tx: Tx, workspace: str, epoch: int, now: int) -> WsRow:
         row = tx.workspace(workspace)
         if row is None:
             raise UnknownWorkspace(workspace)
@@ -629,15 +629,15 @@ class WorkspaceProtocol:
             raise StaleEpoch(workspace, epoch, live, latest=row.epoch, holder=row.holder)
         return row
 
-    def unsettled(self: Ledger, workspace: str, epoch: int) -> list[str]:
+    def unsettled(self, workspace: str, epoch: int) -> list[str]:
         """Steps of the workspace whose latest attempt, of an epoch before `epoch`, is
         still in flight (planned, fenced, blob-stored)."""
         check_int(epoch, "epoch")
-        with self._store.read() as view:
+        with self._storage.read() as view:
             return [step for step, _attempt in view.steps_in_flight(workspace, epoch,
                                                                     oldest_first=True)]
 
-    def settle(self: Ledger, workspace: str, epoch: int) -> list[Compensation]:
+    def settle(self, workspace: str, epoch: int) -> list[Compensation]:
         """Compensate every attempt of an older epoch still in flight, under `epoch`.
 
         Raises the first failure after trying every step (the others are settled)."""
@@ -648,7 +648,7 @@ class WorkspaceProtocol:
         return done
 
     def _settle(
-        self: Ledger, workspace: str, epoch: int
+        self, workspace: str, epoch: int
     ) -> tuple[list[Compensation], dict[str, LedgerError]]:
         done: list[Compensation] = []
         failed: dict[str, LedgerError] = {}
@@ -661,7 +661,7 @@ class WorkspaceProtocol:
                 failed[step] = exc
         return done, failed
 
-    def _remove_abandoned_temporaries(self: Ledger, now: int) -> int:
+    def remove_abandoned_temporaries(self, now: int) -> int:
         """Remove, in every workspace, the temporaries that applies of attempts still in
         flight left when they were killed and that no live stager can own (an epoch older
         than the live one; any epoch once the lease has lapsed). gc calls it: it reaches
@@ -671,7 +671,7 @@ class WorkspaceProtocol:
         for row in self.workspaces():
             if row.epoch == 0:
                 continue
-            with self._store.read() as view:
+            with self._storage.read() as view:
                 steps = view.steps_in_flight(row.name)
             dirs: set[str] = set()
             for step, attempt in steps:
@@ -687,7 +687,7 @@ class WorkspaceProtocol:
 
     # -- reading an attempt --------------------------------------------------------------
 
-    def _attempt_events(self: Ledger, step: str, attempt: int) -> _AttemptEvents:
+    def _attempt_events(self, step: str, attempt: int) -> _AttemptEvents:
         out = _AttemptEvents()
         for recorded in self._log.read(step=step):
             e = recorded.event
@@ -701,7 +701,7 @@ class WorkspaceProtocol:
                 out.end = (recorded.seq, e)
         return out
 
-    def _end_result(self: Ledger, step: str, attempt: int, ev: _AttemptEvents) -> ApplyResult:
+    def _end_result(self, step: str, attempt: int, ev: _AttemptEvents) -> ApplyResult:
         if ev.end is None:
             raise IllegalTransition(step, attempt, "fenced", "the attempt is not over")
         end = ev.end[1]
@@ -715,7 +715,7 @@ class WorkspaceProtocol:
     # -- planning ------------------------------------------------------------------------
 
     def plan_step(
-        self: Ledger,
+        self,
         step: str,
         *,
         workspace: str,
@@ -734,7 +734,7 @@ class WorkspaceProtocol:
         return out[0]
 
     def admit(
-        self: Ledger,
+        self,
         workspace: str,
         epoch: int,
         plans: Sequence[StepPlan],
@@ -779,7 +779,7 @@ class WorkspaceProtocol:
         overlap: list[str] = []
         fresh: list[tuple[StepPlan, int]] = []
         again: dict[tuple[str, int, str], tuple[Content, int]] = {}
-        with self._store.read() as conn:
+        with self._storage.read() as conn:
             for p in plans:
                 check_step_id(p.step)
                 for a in p.artifacts:
@@ -845,7 +845,7 @@ class WorkspaceProtocol:
                 batch += [e, Rejected(step=e.step, attempt=e.attempt, run=e.run,
                                       workspace=workspace, epoch=epoch, reason="overlap",
                                       detail=detail)]
-            self._log.append(batch, guard=self._guard())
+            self._log.append(batch, guard=self.core.guard())
             verdicts = {e.step: ApplyResult(verdict="rejected:overlap", step=e.step,
                                             attempt=e.attempt, detail=detail,
                                             facts={"paths": overlap}) for e in planned}
@@ -857,16 +857,16 @@ class WorkspaceProtocol:
                                        workspace=workspace, epoch=epoch, digest=d,
                                        role="post-image"))
         small = {d: content_bytes(c, d) for d, (c, n) in contents.items()
-                 if n <= self.inline_max_bytes}
-        large = {d: c for d, (c, n) in contents.items() if n > self.inline_max_bytes}
-        now = self.clock()
-        self._log.append([*planned, *pins], guard=self._guard(), inline=small, inline_ns=now)
+                 if n <= self._options.inline_max_bytes}
+        large = {d: c for d, (c, n) in contents.items() if n > self._options.inline_max_bytes}
+        now = self.core.clock()
+        self._log.append([*planned, *pins], guard=self.core.guard(), inline=small, inline_ns=now)
         for d, c in large.items():  # pinned (committed) before the file is written
-            self.blobs.put_content(c, d)
+            self.core.files().put_content(c, d)
         return [None] * len(plans)
 
     def _restore_post_images(
-        self: Ledger, contents: dict[tuple[str, int, str], tuple[Content, int]]
+        self, contents: dict[tuple[str, int, str], tuple[Content, int]]
     ) -> None:
         """Store again each post-image an in-flight attempt planned (and pinned) whose
         bytes are missing."""
@@ -874,37 +874,37 @@ class WorkspaceProtocol:
             planned = self._attempt_events(step, attempt).planned
             if planned is None or digest not in {w.post_hash for w in planned.writes}:
                 continue  # not what the recorded plan says: the recorded plan stands
-            small = size <= self.inline_max_bytes
-            if small and self._blob_size_now(digest) is not None:
+            small = size <= self._options.inline_max_bytes
+            if small and self.core.blob_size(digest) is not None:
                 continue  # an inline row is durable with its transaction
             if small:
-                now = self.clock()
+                now = self.core.clock()
                 inline = content_bytes(data, digest)
-                with self._store.transaction() as tx:
+                with self._storage.transaction() as tx:
                     tx.put_inline({digest: inline}, now)
             else:
-                self.blobs.put_content(data, digest)
+                self.core.files().put_content(data, digest)
 
-    def _run_plan_rev(self: Ledger, run: str, workspace: str) -> int | None:
+    def _run_plan_rev(self, run: str, workspace: str) -> int | None:
         """The plan revision a run was first admitted at (fence "plan")."""
         if not run:
             return None
         query = EventQuery(kinds=frozenset({"planned"}), run=run, workspace=workspace, limit=1)
-        with self._store.read() as view:
+        with self._storage.read() as view:
             for row in view.events(query):
                 event = msgspec.json.decode(row[11])
                 value = event.get("plan_rev")
                 return None if value is None else int(value)
         return None
 
-    def replan(self: Ledger, step: str, *, epoch: int) -> int:
+    def replan(self, step: str, *, epoch: int) -> int:
         """Re-stamp the step's ended attempt onto the current revisions, as a new attempt.
 
         Allowed when every write's pre_hash still holds on disk; the new attempt keeps the
         writes, post-images, fence mode and the run's plan rev, and gets the path revs of
         now as its bases. Returns the new attempt number. ReplanRefused otherwise.
         """
-        row = self.step(step)
+        row = self.core.step(step)
         if row.live:
             raise ReplanRefused(step, "it is committed; compensate it first")
         if row.state not in ENDED:
@@ -915,7 +915,7 @@ class WorkspaceProtocol:
         ws = self.workspace(old.workspace)
         wsdir = self._wsdir(ws)
         writes = []
-        with self._store.read() as conn:
+        with self._storage.read() as conn:
             for w in old.writes:
                 disk = wsdir.hash(w.path)
                 if disk != w.pre_hash:
@@ -925,42 +925,33 @@ class WorkspaceProtocol:
                 writes.append(PlannedWrite(path=w.path, base_rev=0 if state is None else state[0],
                                            pre_hash=w.pre_hash, post_hash=w.post_hash))
         for w in writes:
-            found = None if w.post_hash is None else self._blob_now(w.post_hash)
+            found = None if w.post_hash is None else self.core.blob_size(w.post_hash)
             if w.post_hash is not None and found is None:
                 raise BlobNotFound(w.post_hash, f"the post-image of {w.path} is gone; plan anew")
             if found is not None and not found[1]:
                 # a file post-image whose name may never have been made durable (a failed
                 # directory fsync): put it again — the dedup path fsyncs file and directory
                 # (and reads nothing from the source, streamed as it would be otherwise)
-                self.blobs.put_stream(self.blob_chunks(w.post_hash), w.post_hash)
+                self.core.files().put_stream(self.core.blob_chunks(w.post_hash), w.post_hash)
         planned = msgspec.structs.replace(
             old, attempt=row.attempt + 1, epoch=epoch, writes=tuple(writes), rev=ws.rev,
         )
         pins = [BlobPinned(step=step, attempt=planned.attempt, run=old.run, workspace=old.workspace,
                            epoch=epoch, digest=d, role="post-image")
                 for d in dict.fromkeys(w.post_hash for w in writes if w.post_hash is not None)]
-        self._log.append([planned, *pins], guard=self._guard())
+        self._log.append([planned, *pins], guard=self.core.guard())
         return planned.attempt
-
-    def _blob_size_now(self: Ledger, digest: str) -> int | None:
-        found = self._blob_now(digest)
-        return None if found is None else found[0]
-
-    def _blob_now(self: Ledger, digest: str) -> tuple[int, bool] | None:
-        """(size, inline) of a stored blob, looked up now."""
-        with self._store.read() as view:
-            return view.blob_size(digest)
 
     # -- applying ------------------------------------------------------------------------
 
-    def apply(self: Ledger, step: str, attempt: int | None = None, *, epoch: int) -> ApplyResult:
+    def apply(self, step: str, attempt: int | None = None, *, epoch: int) -> ApplyResult:
         """Fence and apply the attempt's writes under the live `epoch` (see the module).
 
         Returns the verdict; a rejection is recorded (the attempt ends) when the attempt
         was still planned. Raises StaleEpoch for a dead epoch and Unsettled when an older
         epoch's attempt is still in flight; writes nothing then.
         """
-        row = self.step(step)
+        row = self.core.step(step)
         attempt = row.attempt if attempt is None else attempt
         ev = self._attempt_events(step, attempt)
         planned = ev.planned
@@ -979,13 +970,13 @@ class WorkspaceProtocol:
         try:
             # A dead epoch stages nothing (staging creates parent directories: no new
             # effect under it); the fence refuses it under the lock (StaleEpoch).
-            if (fresh or not planned.journal) and ws.live_epoch(self.clock()) == epoch:
+            if (fresh or not planned.journal) and ws.live_epoch(self.core.clock()) == epoch:
                 pinned_now = self._pin_pre_images(planned, attempt, epoch, wsdir)
                 self._remove_temporaries(wsdir, planned.writes, ws.epoch)
                 for w in planned.writes:
                     if w.post_hash is not None:
                         # copied piece by piece, verified by the end of the copy
-                        staged[w.path] = wsdir.stage(w.path, self.blob_chunks(w.post_hash))
+                        staged[w.path] = wsdir.stage(w.path, self.core.blob_chunks(w.post_hash))
             holder: list[ApplyResult] = []
 
             def build(tx: Tx, now: int) -> list[Event]:
@@ -994,7 +985,7 @@ class WorkspaceProtocol:
                                    holder, pinned_now)
 
             try:
-                recorded = self._log.append(build, guard=self._guard())
+                recorded = self._log.append(build, guard=self.core.guard())
             except _Answered as answered:
                 return answered.result  # type: ignore[no-any-return]
             event = recorded[0].event
@@ -1015,7 +1006,7 @@ class WorkspaceProtocol:
                 wsdir.remove_created_dirs()
 
     def _pin_pre_images(
-        self: Ledger, planned: Planned, attempt: int, epoch: int, wsdir: WorkspaceDir
+        self, planned: Planned, attempt: int, epoch: int, wsdir: WorkspaceDir
     ) -> frozenset[str]:
         """Pin and store what each path holds now, if it is the planned pre-image (durable
         before any rename: settling and compensation put it back). Returns the digests
@@ -1038,13 +1029,13 @@ class WorkspaceProtocol:
                 if fd is None:
                     continue
                 data = None
-                if os.fstat(fd).st_size <= self.inline_max_bytes:
+                if os.fstat(fd).st_size <= self._options.inline_max_bytes:
                     data = b"".join(fd_chunks(fd))
                     digest = digest_of(data)
                 else:
                     digest = hash_chunks(fd_chunks(fd))[0]
             if (digest == w.pre_hash or planned.fence == "none") and digest not in posts:
-                if data is not None and len(data) <= self.inline_max_bytes:
+                if data is not None and len(data) <= self._options.inline_max_bytes:
                     small[digest] = data
                 else:
                     large.setdefault(digest, w.path)
@@ -1056,20 +1047,20 @@ class WorkspaceProtocol:
             for d in (*small, *large)
         ]
         for d in large:
-            self.blobs.check_writable(d)  # a store that refuses the put: pin nothing
-        now = self.clock()
-        recorded = self._log.append(pins, guard=self._guard(), inline=small, inline_ns=now)
+            self.core.files().check_writable(d)  # a store that refuses the put: pin nothing
+        now = self.core.clock()
+        recorded = self._log.append(pins, guard=self.core.guard(), inline=small, inline_ns=now)
         for d, path in large.items():
             with wsdir.open(path) as fd:
                 if fd is None:
                     continue
                 with contextlib.suppress(ContentChanged):
-                    self.blobs.put_stream(fd_chunks(fd), d)
+                    self.core.files().put_stream(fd_chunks(fd), d)
         return frozenset(r.event.digest for r in recorded  # type: ignore[union-attr]
                          if not r.deduped)
 
     def _fence(
-        self: Ledger,
+        self,
         tx: Tx,
         now: int,
         planned: Planned,
@@ -1174,7 +1165,7 @@ class WorkspaceProtocol:
                        journal=planned.journal)]
 
     def _undo_landed(
-        self: Ledger,
+        self,
         tx: Tx,
         planned: Planned,
         wsdir: WorkspaceDir,
@@ -1210,7 +1201,7 @@ class WorkspaceProtocol:
             try:  # the pre-image is copied piece by piece, checked before it is renamed
                 # an edit's post-image carries the pre-image's mode
                 mode = wsdir.put(w.path, None if w.pre_hash is None
-                                 else self.blob_chunks(w.pre_hash))
+                                 else self.core.blob_chunks(w.pre_hash))
             except (BlobNotFound, BlobCorrupt):
                 out.append(Restored(path=w.path, rev=path_rev, digest=now, outcome="conflict"))
                 continue
@@ -1222,7 +1213,7 @@ class WorkspaceProtocol:
     # -- compensating --------------------------------------------------------------------
 
     def compensate(
-        self: Ledger,
+        self,
         step: str,
         attempt: int | None = None,
         *,
@@ -1238,7 +1229,7 @@ class WorkspaceProtocol:
         window). A step that writes the workspace needs its live `epoch`; pins are
         released. A redelivery returns the first compensation.
         """
-        row = self.step(step)
+        row = self.core.step(step)
         attempt = row.attempt if attempt is None else attempt
         ev = self._attempt_events(step, attempt)
         planned = ev.planned
@@ -1266,8 +1257,8 @@ class WorkspaceProtocol:
                 published = max((r[1] for r in tx.events(EventQuery(
                     step=step, kinds=frozenset({"manifest-published"})))), default=None)
                 age_s = (now - (published or now)) / 1e9
-                if age_s > self.compensation_window_s:
-                    raise CompensationWindowClosed(step, age_s, self.compensation_window_s)
+                if age_s > self._options.compensation_window_s:
+                    raise CompensationWindowClosed(step, age_s, self._options.compensation_window_s)
             restored: list[Restored] = []
             rev = 0
             if writing:
@@ -1279,14 +1270,14 @@ class WorkspaceProtocol:
                                 restored=tuple(restored), rev=rev)]
 
         try:
-            recorded = self._log.append(build, guard=self._guard())[0]
+            recorded = self._log.append(build, guard=self.core.guard())[0]
         except _Answered as answered:
             return answered.result  # type: ignore[no-any-return]
         event = recorded.event
         assert isinstance(event, Compensated)
         return Compensation(step=step, attempt=attempt, seq=recorded.seq, restored=event.restored)
 
-    def _answer_compensation(self: Ledger, step: str, attempt: int) -> Compensation:
+    def _answer_compensation(self, step: str, attempt: int) -> Compensation:
         ev = self._attempt_events(step, attempt)
         if ev.end is not None and isinstance(ev.end[1], Compensated):
             return Compensation(step=step, attempt=attempt, seq=ev.end[0],
@@ -1294,7 +1285,7 @@ class WorkspaceProtocol:
         raise IllegalTransition(step, attempt, "compensated", "it is not the latest attempt")
 
     def _undo(
-        self: Ledger,
+        self,
         tx: Tx,
         planned: Planned,
         ev: _AttemptEvents,
@@ -1353,7 +1344,7 @@ class WorkspaceProtocol:
                 continue
             if disk == post and post != pre:
                 try:  # the pre-image is copied piece by piece, checked before it is renamed
-                    mode = wsdir.put(w.path, None if pre is None else self.blob_chunks(pre),
+                    mode = wsdir.put(w.path, None if pre is None else self.core.blob_chunks(pre),
                                      mode=pre_mode)
                 except (BlobNotFound, BlobCorrupt):
                     out.append(Restored(path=w.path, rev=path_rev, digest=disk,
@@ -1407,7 +1398,7 @@ class WorkspaceProtocol:
 
     # -- receipts ------------------------------------------------------------------------
 
-    def check_receipt(self: Ledger, receipt: Receipt | dict[str, Any] | bytes | str) -> Receipt:
+    def check_receipt(self, receipt: Receipt | dict[str, Any] | bytes | str) -> Receipt:
         """Parse a receipt handed back by an executor and check it against the ledger.
 
         A receipt that is empty, malformed, or does not match the recorded apply is
@@ -1446,6 +1437,6 @@ __all__ = [
     "Receipt",
     "SettleConflict",
     "StepPlan",
-    "WorkspaceProtocol",
+    "Workspaces",
     "Write",
 ]

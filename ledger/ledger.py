@@ -1,4 +1,10 @@
-"""`Ledger`: the one obvious entry point, composing the file, the log and the read side."""
+"""`Ledger`: the one obvious entry point, composing the file, the log and the read side.
+
+It holds the storage, the event log and the inline projector, keeps the witness, and
+implements the artifact protocol (plan, store, publish, ack) itself; the workspace
+protocol is a collaborator it composes (`fences.Workspaces`, handed the ledger's
+`core.Core`), and restore a function over that collaborator. Neither imports this module.
+"""
 
 from __future__ import annotations
 
@@ -58,12 +64,20 @@ from .events import (
     journal_key,
     manifest_digest,
 )
+from .core import Clock, Core, Options
 from .fences import (
     COMPENSATION_WINDOW_S_DEFAULT,
+    ApplyResult,
+    Compensation,
+    FenceMode,
+    FileRead,
+    Lease,
     Receipt,
-    WorkspaceProtocol,
+    StepPlan,
+    Workspaces,
+    Write,
 )
-from .log import EventLog, Head
+from .log import EventLog, Guard, Head
 from .store import EventQuery, ReadView, Tx
 from .store.sqlite import SqliteStore
 from .projections import (
@@ -73,10 +87,13 @@ from .projections import (
     checkpoint,
     read_refs,
     read_steps,
+    read_workspaces,
     rebuild,
 )
 from .projections.steps import ENDED
 from .projections.steps import VERSION as STEPS_VERSION
+from .projections.workspaces import Registration, WsRow
+from .restore import RestoreReport, restore
 from .verify import Finding, VerifyReport, exposure_warnings, verify, window_problem
 from .witness import (
     AnchorRefused,
@@ -92,8 +109,8 @@ from .witness import (
     same_location,
     witness_path,
 )
+from .workdir import Boundary
 
-Clock = Callable[[], int]
 Progress = Callable[[int, int], None]
 
 DEFAULT_PATH = os.path.join(".stepledger", "ledger.db")
@@ -131,7 +148,7 @@ def _refuse_anchor(events: Sequence[Event]) -> None:
                            " append does not take one")
 
 
-class Ledger(WorkspaceProtocol):
+class Ledger:
     """A stepledger ledger file.
 
     >>> with Ledger.init("ws/.stepledger/ledger.db") as ledger:   # doctest: +SKIP
@@ -141,6 +158,10 @@ class Ledger(WorkspaceProtocol):
     writes: not the file, not its log, not a projection catch-up (it reads under SQLite's
     locks, which may create an empty ``-wal`` and a ``-shm``). Time is injected
     (`clock` returns Unix nanoseconds), never read in leaf code.
+
+    The workspace protocol (registrations, leases, admit, apply, compensate, settle) is
+    `workspace_protocol`, a `fences.Workspaces`; the methods of the same names here
+    delegate to it.
     """
 
     INLINE_MAX_DEFAULT = INLINE_MAX_DEFAULT
@@ -167,29 +188,31 @@ class Ledger(WorkspaceProtocol):
         # there by hand: refused, except by a forensic open (verify reports it).
         stored = db.meta_value("compensation_window_s")
         if stored is not None and window_problem(stored) is None:
-            self.compensation_window_s = float(stored)
+            window = float(stored)
         elif stored is not None and not db.forensic:
             raise CorruptLedger(db.path, f"meta compensation_window_s {window_problem(stored)}"
                                 " (the file was edited); run 'stepledger verify' to examine it")
         elif stored is not None:
-            self.compensation_window_s = COMPENSATION_WINDOW_S_DEFAULT
+            window = COMPENSATION_WINDOW_S_DEFAULT
         else:
-            self.compensation_window_s = (COMPENSATION_WINDOW_S_DEFAULT
-                                          if compensation_window_s is None else compensation_window_s)
+            window = (COMPENSATION_WINDOW_S_DEFAULT
+                      if compensation_window_s is None else compensation_window_s)
+        #: The options the protocol reads, fixed at open.
+        self.options = Options(inline_max_bytes=inline_max_bytes,
+                               hash_check_max_bytes=hash_check_max_bytes,
+                               compensation_window_s=window)
         root = blob_root if blob_root is not None else os.path.join(os.path.dirname(db.path), "blobs")
         #: The ledger's storage (docs/storage.md): the SQLite file and its blob files.
         self._store = SqliteStore(db, clock, BlobStore(root, FileOps(on_op)))
         if stored is None and created and not db.readonly:
             with self._store.transaction() as tx:
-                tx.set_meta("compensation_window_s", repr(float(self.compensation_window_s)))
+                tx.set_meta("compensation_window_s", repr(float(window)))
         self._store.on_op = on_op
         # Transitional (docs/storage.md "Migration"): the code not yet moved behind the
         # storage interface still reaches the file through it.
         self._db = db
         self.clock = clock
         self.created = created
-        self.inline_max_bytes = inline_max_bytes
-        self.hash_check_max_bytes = hash_check_max_bytes
         self._steps = StepsProjector()
         self._log = EventLog(self._store, None if db.readonly else self._steps)
         if not witness_check and not db.readonly:
@@ -207,6 +230,29 @@ class Ledger(WorkspaceProtocol):
         self._witness_unknown = False  # witnessed, but where is recorded nowhere
         self._anchor_seq = 0  # the newest witness-anchored event when this process looked
         self._anchoring = False  # this process is appending its own witness-anchored event
+        #: What the workspace protocol and restore work through (never this object).
+        self._core = Core(
+            log=self._log, storage=self._store, options=self.options, clock=clock,
+            guard=self._guard, boundary=self._boundary, step=self.step,
+            files=lambda: self._store.files,
+            workspace_fold=lambda: read_workspaces(self._log))
+        #: The workspace protocol (`fences.Workspaces`).
+        self.workspace_protocol = Workspaces(self._core)
+
+    @property
+    def inline_max_bytes(self) -> int:
+        """Artifacts up to this size live inside the ledger file."""
+        return self.options.inline_max_bytes
+
+    @property
+    def hash_check_max_bytes(self) -> int:
+        """Blobs up to this size are re-hashed before a publish commits."""
+        return self.options.hash_check_max_bytes
+
+    @property
+    def compensation_window_s(self) -> float:
+        """How long a committed step may still be compensated (a fact of the ledger)."""
+        return self.options.compensation_window_s
 
     # -- opening ---------------------------------------------------------------------
 
@@ -569,20 +615,25 @@ class Ledger(WorkspaceProtocol):
 
     @property
     def path(self) -> str:
-        return self._db.path
+        """Where the ledger is (the store's location: the SQLite file's path)."""
+        return self._store.info.location
 
     @property
     def readonly(self) -> bool:
-        return self._db.readonly
+        return self._store.info.readonly
 
     @property
     def ledger_id(self) -> str:
-        return self._db.meta("ledger_id")
+        """The ledger's id (meta, fixed at init; the genesis hash binds the chain to it)."""
+        value = self._store.view.meta("ledger_id")
+        if value is None:
+            raise CorruptLedger(self.path, "meta key 'ledger_id' is missing")
+        return value
 
     def close(self) -> None:
         if self.witness is not None:
             self.witness.close()
-        self._db.close()
+        self._store.close()
 
     def __enter__(self) -> Ledger:
         return self
@@ -625,7 +676,7 @@ class Ledger(WorkspaceProtocol):
         (and, when `deep` or small enough, hashes to its name)."""
         view.check_blob(digest, size, hash_file=deep or size <= self.hash_check_max_bytes)
 
-    def _guard(self) -> Callable[[Tx, Event], None]:
+    def _guard(self) -> Guard:
         """The check the log runs inside an append transaction, before inserting an event
         that names blobs: refuse it unless every blob is durable. A blob checked once is
         not checked again within the same transaction."""
@@ -671,8 +722,7 @@ class Ledger(WorkspaceProtocol):
         """A blob's bytes in bounded pieces (an inline row is one piece): BlobNotFound at
         once when it is missing; its size and hash are checked by the time the last piece
         is read (BlobCorrupt then: whoever wrote the pieces somewhere discards them)."""
-        check_digest(digest)
-        return self._store.blobs.chunks(digest, size=size)
+        return self._core.blob_chunks(digest, size=size)
 
     def check_blob(self, digest: str, size: int, *, deep: bool = True) -> None:
         """Raise BlobNotFound / BlobCorrupt unless the blob is intact (re-hashed if `deep`)."""
@@ -706,7 +756,7 @@ class Ledger(WorkspaceProtocol):
     def find_step(self, step_id: str) -> StepRow | None:
         """A step's current state, or None if it has no events."""
         check_step_id(step_id)
-        if not self._db.readonly:
+        if not self.readonly:
             # Unless another connection wrote since our last commit, the tables are as we
             # left them — caught up (at open, then by every append): serve the row from
             # what this connection committed, or read it with a single query.
@@ -963,10 +1013,10 @@ class Ledger(WorkspaceProtocol):
                 w = applied[path]
                 if w.post_hash is None:
                     continue  # a deletion names no blob
-                size = self._blob_size_now(w.post_hash)
-                if size is None:
+                found = self._core.blob_size(w.post_hash)
+                if found is None:
                     raise BlobNotFound(w.post_hash, f"the post-image of {path} is gone")
-                entries.append(ManifestEntry(path=path, digest=w.post_hash, size=size))
+                entries.append(ManifestEntry(path=path, digest=w.post_hash, size=found[0]))
             writes = tuple(entries)
         event = ManifestPublished(
             step=step, attempt=attempt, run=row.run, workspace=row.workspace,
@@ -1008,11 +1058,109 @@ class Ledger(WorkspaceProtocol):
                                  epoch=row.epoch if epoch is None else epoch,
                                  manifest_rev=max(row.manifest_rev, 0)))
 
-    def restore(self, workspace: str, to: str | os.PathLike[str], *, force: bool = False) -> Any:
-        """Materialize the workspace's committed content under `to` (see `ledger.restore`)."""
-        from .restore import restore
+    # -- the workspace protocol: `workspace_protocol` (fences.Workspaces) does it ----------
 
-        return restore(self, workspace, to, force=force)
+    def add_workspace(self, name: str, root: str | os.PathLike[str], *,
+                      allow_git: bool = False, rebind: bool = False) -> WsRow:
+        """Register (or, with `rebind`, re-register) a workspace directory."""
+        return self.workspace_protocol.add_workspace(name, root, allow_git=allow_git, rebind=rebind)
+
+    def registration(self, name: str) -> Registration:
+        """Where workspace `name` lives and what it may write."""
+        return self.workspace_protocol.registration(name)
+
+    def workspace(self, name: str) -> WsRow:
+        """A workspace's row (revision, lease); UnknownWorkspace if it was never added."""
+        return self.workspace_protocol.workspace(name)
+
+    def workspaces(self) -> list[WsRow]:
+        """Every workspace's row, by name."""
+        return self.workspace_protocol.workspaces()
+
+    def workspace_paths(self, name: str) -> dict[str, tuple[int, str | None]]:
+        """Every path a step wrote: its rev and the hash of the content it should hold."""
+        return self.workspace_protocol.workspace_paths(name)
+
+    def snapshot(self, workspace: str, path: str) -> tuple[int, str | None]:
+        """(the path's rev, the sha256 of its bytes on disk now, None when absent)."""
+        return self.workspace_protocol.snapshot(workspace, path)
+
+    def read_file(self, workspace: str, path: str, *, max_bytes: int | None = None) -> FileRead:
+        """A workspace file's bytes with their sha256 and the path's rev, taken together."""
+        return self.workspace_protocol.read_file(workspace, path, max_bytes=max_bytes)
+
+    def lease(self, workspace: str) -> Lease:
+        """The workspace's lease as the ledger holds it."""
+        return self.workspace_protocol.lease(workspace)
+
+    def acquire(self, workspace: str, holder: str, ttl_s: float = 60, *,
+                force: bool = False) -> Lease:
+        """Start a new epoch on the workspace and settle the older ones."""
+        return self.workspace_protocol.acquire(workspace, holder, ttl_s, force=force)
+
+    def heartbeat(self, workspace: str, epoch: int, ttl_s: float = 60) -> Lease:
+        """Extend the live lease; an expired one is never revived (StaleEpoch)."""
+        return self.workspace_protocol.heartbeat(workspace, epoch, ttl_s)
+
+    def release(self, workspace: str, epoch: int) -> Lease:
+        """Give the lease up (idempotent for the same epoch)."""
+        return self.workspace_protocol.release(workspace, epoch)
+
+    def unsettled(self, workspace: str, epoch: int) -> list[str]:
+        """Steps of the workspace still in flight under an epoch before `epoch`."""
+        return self.workspace_protocol.unsettled(workspace, epoch)
+
+    def settle(self, workspace: str, epoch: int) -> list[Compensation]:
+        """Compensate every attempt of an older epoch still in flight, under `epoch`."""
+        return self.workspace_protocol.settle(workspace, epoch)
+
+    def plan_step(self, step: str, *, workspace: str, epoch: int, writes: Sequence[Write] = (),
+                  artifacts: Sequence[str] = (), run: str = "", fence: FenceMode = "step",
+                  journal: bool = True, plan_rev: int | None = None,
+                  irreversible: bool = False) -> ApplyResult | None:
+        """Plan one step that writes the workspace (a batch of one; see `admit`)."""
+        return self.workspace_protocol.plan_step(
+            step, workspace=workspace, epoch=epoch, writes=writes, artifacts=artifacts, run=run,
+            fence=fence, journal=journal, plan_rev=plan_rev, irreversible=irreversible)
+
+    def admit(self, workspace: str, epoch: int, plans: Sequence[StepPlan], *,
+              fence: FenceMode = "step", journal: bool = True,
+              plan_rev: int | None = None) -> list[ApplyResult | None]:
+        """Admit a plan (steps submitted together) under the live `epoch`."""
+        return self.workspace_protocol.admit(workspace, epoch, plans, fence=fence,
+                                             journal=journal, plan_rev=plan_rev)
+
+    def replan(self, step: str, *, epoch: int) -> int:
+        """Re-stamp the step's ended attempt onto the current revisions, as a new attempt."""
+        return self.workspace_protocol.replan(step, epoch=epoch)
+
+    def apply(self, step: str, attempt: int | None = None, *, epoch: int) -> ApplyResult:
+        """Fence and apply the attempt's writes under the live `epoch`."""
+        return self.workspace_protocol.apply(step, attempt, epoch=epoch)
+
+    def compensate(self, step: str, attempt: int | None = None, *, reason: str = "",
+                   epoch: int | None = None) -> Compensation:
+        """End the attempt, undoing its workspace writes where that is safe."""
+        return self.workspace_protocol.compensate(step, attempt, reason=reason, epoch=epoch)
+
+    def check_receipt(self, receipt: Receipt | dict[str, Any] | bytes | str) -> Receipt:
+        """Parse an executor's receipt and check it against the apply the ledger recorded."""
+        return self.workspace_protocol.check_receipt(receipt)
+
+    def _remove_abandoned_temporaries(self, now: int) -> int:
+        """The collector's sweep of dead stagers' temporaries (see the protocol's)."""
+        return self.workspace_protocol.remove_abandoned_temporaries(now)
+
+    def _boundary(self) -> Boundary:
+        """The ledger's own files no workspace walk may touch: its directory (the file,
+        ``-wal``/``-shm``/``-lockq``, the GC lock), the blob root, the witness."""
+        files = [self.path] + ([self.witness.path] if self.witness is not None else [])
+        return Boundary.of(os.path.dirname(os.path.abspath(self.path)), self.blobs.root, files)
+
+    def restore(self, workspace: str, to: str | os.PathLike[str], *,
+                force: bool = False) -> RestoreReport:
+        """Materialize the workspace's committed content under `to` (see `ledger.restore`)."""
+        return restore(self.workspace_protocol, workspace, to, force=force)
 
     def _append_unchecked(self, event: Event) -> RecordedEvent:
         """Append without the blob guard. Test-only: the chaos harness's broken protocol."""
@@ -1022,7 +1170,7 @@ class Ledger(WorkspaceProtocol):
 
     def head(self) -> Head:
         """The chain head (seq and hash); record it elsewhere to detect a cut-off tail."""
-        with self._db.snapshot():
+        with self._store.read():
             return self._log.head()
 
     def read(
@@ -1057,7 +1205,7 @@ class Ledger(WorkspaceProtocol):
     def timeline(self, step_id: str) -> list[RecordedEvent]:
         """Every event of one step, in order; UnknownStep if it has none."""
         check_step_id(step_id)
-        with self._db.snapshot():
+        with self._store.read():
             events = list(self._log.read(step=step_id))
         if not events:
             raise UnknownStep(step_id)

@@ -23,11 +23,12 @@ import msgspec
 
 from .errors import CorruptLedger, InvalidInput
 from .events import Event, RecordedEvent, envelope, journal_key, kind_of, validate
-from .store import ROW_NAMES, ROW_TYPES, EventQuery, Head, Prepared, Projector, Tx
+from .store import ROW_ERRORS, ROW_NAMES, ROW_TYPES, EventQuery, Head, Prepared, Projector, Store, Tx
 from .store.base import GUARDED_KINDS, check_row, row_problem, row_to_recorded
-from .store.sqlite import ROW_ERRORS, SqliteStore
 
 BATCH_SIZE_MAX: Final = 100_000
+#: What reading an undecodable row raises (named CorruptLedger by `read`).
+_DECODE_ERRORS: Final = (msgspec.DecodeError, msgspec.ValidationError, InvalidInput, *ROW_ERRORS)
 
 #: A builder: events decided inside the transaction, at its time.
 Builder = Callable[[Tx, int], Sequence[Event]]
@@ -37,7 +38,7 @@ Guard = Callable[[Tx, Event], None]
 class EventLog:
     """The ledger's events: append, read, head."""
 
-    def __init__(self, store: SqliteStore, projector: Projector | None = None) -> None:
+    def __init__(self, store: Store, projector: Projector | None = None) -> None:
         self.store = store
         self.projector = projector
         # The head after our last commit, valid while the store's generation says no
@@ -165,7 +166,7 @@ class EventLog:
         for row in self.store.view.events(query):
             try:
                 yield row_to_recorded(check_row(row))
-            except (msgspec.DecodeError, msgspec.ValidationError, InvalidInput, *ROW_ERRORS) as exc:
+            except _DECODE_ERRORS as exc:
                 raise CorruptLedger(self.path, f"event #{row[0]} cannot be decoded: {exc}") from None
 
     def count(self) -> int:

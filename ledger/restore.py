@@ -15,13 +15,17 @@ modes were: 0o666 less the umask).
 The target must be new or empty — or hold nothing but part of the committed content
 (a restore that was killed, midway or before its event): then the retry goes on where
 it stopped, removes the dead one's temporaries, and records the restore.
+
+`restore` works through the workspace protocol (`fences.Workspaces`) and the ledger's
+`Core` it holds: the log and one read view of the storage, never the `Ledger` (this
+module does not import it; `Ledger.restore` calls in).
 """
 
 from __future__ import annotations
 
 import errno
 import os
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 import msgspec
 
@@ -33,10 +37,10 @@ from .events import (
     WorkspaceRestored,
     check_step_id,
 )
-from .workspace import WorkspaceDir, identity_of, temp_stamp
-
-if TYPE_CHECKING:
-    from .ledger import Ledger
+from .fences import Workspaces
+from .log import EventLog
+from .store import Store
+from .workdir import WorkspaceDir, identity_of, temp_stamp
 
 #: One committed change of a path: (its workspace rev, digest or None for absent, mode).
 _Change = tuple[int, str | None, int | None]
@@ -97,6 +101,10 @@ class CommittedFold:
 
 
 class RestoreReport(msgspec.Struct, kw_only=True):
+    """What a restore wrote: `paths` files (`bytes` in all) and `absent` paths left out
+    (committed as deleted) under `root`, the workspace at `rev`; `seq`: its
+    `workspace-restored` event (`deduped`: the journal answered, nothing was recorded)."""
+
     workspace: str
     root: str
     paths: int
@@ -107,17 +115,28 @@ class RestoreReport(msgspec.Struct, kw_only=True):
     deduped: bool = False
 
 
-def _committed_fold(ledger: Ledger) -> CommittedFold:
+class Events(Protocol):
+    """Where the events are: a `Ledger`, or its `Core`."""
+
+    @property
+    def storage(self) -> Store: ...
+    @property
+    def log(self) -> EventLog: ...
+
+
+def _committed_fold(source: Events) -> CommittedFold:
+    """The whole log folded, in one consistent snapshot of the storage."""
     fold = CommittedFold()
-    with ledger._db.snapshot():
-        for recorded in ledger._log.read():
+    with source.storage.read():
+        for recorded in source.log.read():
             fold.feed(recorded.event)
     return fold
 
 
-def committed_content(ledger: Ledger, workspace: str) -> dict[str, str | None]:
-    """Each path the ledger knows in `workspace` -> the digest of its committed content."""
-    return _committed_fold(ledger).paths(workspace)
+def committed_content(source: Events, workspace: str) -> dict[str, str | None]:
+    """Each path the ledger (or its `Core`) knows in `workspace` -> the digest of its
+    committed content."""
+    return _committed_fold(source).paths(workspace)
 
 
 def _own_partial(workspace: str, target: str, content: dict[str, str | None]) -> set[str] | None:
@@ -174,7 +193,7 @@ def _check_target(target: str, to: object) -> None:
                                " 255 bytes; give a shorter path")
 
 
-def restore(ledger: Ledger, workspace: str, to: str | os.PathLike[str], *,
+def restore(workspaces: Workspaces, workspace: str, to: str | os.PathLike[str], *,
             force: bool = False) -> RestoreReport:
     """Write the workspace's committed content under `to` (new or empty) and record it.
 
@@ -185,12 +204,13 @@ def restore(ledger: Ledger, workspace: str, to: str | os.PathLike[str], *,
     attempts against the restored files.
     """
     check_step_id(workspace)
-    row = ledger.workspace(workspace)
-    reg = ledger.registration(workspace)
-    if row.live_epoch(ledger.clock()) is not None and not force:
+    core = workspaces.core
+    row = workspaces.workspace(workspace)
+    reg = workspaces.registration(workspace)
+    if row.live_epoch(core.clock()) is not None and not force:
         raise LeaseHeld(workspace, row.epoch, row.holder, row.expires_ns)
     target = os.path.realpath(os.fspath(to))
-    fold = _committed_fold(ledger)
+    fold = _committed_fold(core)
     content = fold.paths(workspace)
     temps = _own_partial(workspace, target, content)  # a killed restore's output: resumed
     if temps is None:
@@ -199,11 +219,11 @@ def restore(ledger: Ledger, workspace: str, to: str | os.PathLike[str], *,
     _check_target(target, to)
     # never into the ledger's own directory or another workspace (by path and by the
     # identity of whatever exists of it); checked again once it exists
-    ledger._check_root(workspace, target, None)
+    workspaces.check_root(workspace, target, None)
     sizes: dict[str, int] = {}  # every blob read through (hashed) once, in bounded pieces
     for path, digest in content.items():
         if digest is not None and digest not in sizes:
-            sizes[digest] = sum(len(c) for c in ledger.blob_chunks(digest))
+            sizes[digest] = sum(len(c) for c in core.blob_chunks(digest))
     try:
         os.makedirs(target, exist_ok=True)
     except (NotADirectoryError, FileExistsError) as exc:
@@ -215,9 +235,9 @@ def restore(ledger: Ledger, workspace: str, to: str | os.PathLike[str], *,
         raise InvalidInput(f"restore target {to} cannot be created ({exc.strerror}); give a"
                            " shorter path to a new or empty directory") from None
     st = os.stat(target)
-    ledger._check_root(workspace, target, identity_of(st))
-    out = WorkspaceDir(workspace, target, ledger.blobs.ops, identity=identity_of(st),
-                       boundary=ledger._boundary(), allow_git=reg.allow_git)
+    workspaces.check_root(workspace, target, identity_of(st))
+    out = WorkspaceDir(workspace, target, core.files().ops, identity=identity_of(st),
+                       boundary=core.boundary(), allow_git=reg.allow_git)
     out.remove_temporaries(temps, lambda epoch, _tag: epoch == 0)
     written = absent = size = 0
     for path, digest in content.items():
@@ -225,17 +245,17 @@ def restore(ledger: Ledger, workspace: str, to: str | os.PathLike[str], *,
             absent += 1
             continue
         # copied piece by piece, checked again
-        out.put(path, ledger.blob_chunks(digest), mode=fold.mode(workspace, path))
+        out.put(path, core.blob_chunks(digest), mode=fold.mode(workspace, path))
         written += 1
         size += sizes[digest]
     for path, digest in content.items():  # read back: what is on disk is what was committed
         if out.hash(path) != digest:
             raise InvalidInput(f"restored {path} does not read back as {digest}; check {target}")
-    recorded = ledger.append(WorkspaceRestored(workspace=workspace, root=target, rev=row.rev,
-                                               paths=written, dev=st.st_dev, ino=st.st_ino,
-                                               allow_git=reg.allow_git))
+    event = WorkspaceRestored(workspace=workspace, root=target, rev=row.rev, paths=written,
+                              dev=st.st_dev, ino=st.st_ino, allow_git=reg.allow_git)
+    recorded = core.log.append([event], guard=core.guard())[0]
     return RestoreReport(workspace=workspace, root=target, paths=written, absent=absent,
                          bytes=size, rev=row.rev, seq=recorded.seq, deduped=recorded.deduped)
 
 
-__all__ = ["CommittedFold", "RestoreReport", "committed_content", "restore"]
+__all__ = ["CommittedFold", "Events", "RestoreReport", "committed_content", "restore"]

@@ -51,7 +51,7 @@ from ledger.events import (
 )
 from ledger.gc import AuditReport, CollectorBusy, audit, collect
 from ledger.projections.steps import IN_FLIGHT
-from ledger.steps import run_step
+from ledger.runner import run_step
 
 #: Every process of a race test uses the same threshold: above it a blob is a file.
 INLINE_MAX = 64

@@ -18,7 +18,7 @@ from ledger import (
 )
 from ledger.errors import BlobCorrupt, BlobNotFound, ManifestConflict
 from ledger.events import manifest_digest
-from ledger.steps import run_step, run_step_wrong_order
+from ledger.runner import run_step, run_step_wrong_order
 
 SMALL = b"small artifact\n" * 10  # inline
 LARGE = os.urandom(200_000)  # a file (default inline limit 64 KiB)

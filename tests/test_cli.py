@@ -14,7 +14,7 @@ from conftest import lock_files_aside
 
 from ledger import Ledger
 from ledger.cli import cli
-from ledger.steps import run_step
+from ledger.runner import run_step
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 

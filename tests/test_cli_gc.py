@@ -20,7 +20,7 @@ from conftest import CliOut, FakeClock, digest_of, lock_files_aside, run_cli
 from ledger import Ledger
 from ledger.fences import StepPlan, Write
 from ledger.gc.collector import collector_lock
-from ledger.steps import run_step
+from ledger.runner import run_step
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 DAY_S = 86400

@@ -27,7 +27,7 @@ import pytest
 from ledger import Ledger, Planned
 from ledger.errors import EXIT_ENVIRONMENT, StorageFailure
 from ledger.gc import audit, collect
-from ledger.steps import run_step
+from ledger.runner import run_step
 
 FULL = F.full_mode()
 

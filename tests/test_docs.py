@@ -200,7 +200,7 @@ def with_ledger(tmp_path: Path) -> Path:
     """A directory holding `.stepledger/ledger.db` with a committed step and an orphan."""
     python(tmp_path, """
 from ledger import Ledger
-from ledger.steps import run_step
+from ledger.runner import run_step
 with Ledger.init(".stepledger/ledger.db") as ledger:
     run_step(ledger, "build-1", {"report.txt": b"ok\\n"})
     ledger.plan("build-2", artifacts=["log.txt"])

@@ -310,7 +310,7 @@ def test_settle_never_overwrites_a_human_edit(tmp_path: Path) -> None:
     (w.dir / "app.py").write_text("human")
     new = w.ledger.acquire("w", "agent-2", ttl_s=3600, force=True)
     assert w.disk() == "human"
-    comp = w.ledger._answer_compensation("s1", 1)
+    comp = w.ledger.workspace_protocol._answer_compensation("s1", 1)
     assert [r.outcome for r in comp.restored] == ["conflict"]
     with pytest.raises(ReplanRefused):
         w.ledger.replan("s1", epoch=new.epoch)
@@ -546,3 +546,31 @@ def test_creating_and_deleting_files(tmp_path: Path) -> None:
     assert (w.dir / "pkg" / "new.py").read_text() == "x"
     w.admit(StepPlan("exists", [Write("app.py", b"y", None)]))  # planned as absent
     assert w.apply("exists") == "rejected:pre_hash"
+
+
+# --- the workspace protocol is a collaborator, not a mixin ----------------------------
+
+
+def test_the_ledger_delegates_the_workspace_protocol(tmp_path: Path) -> None:
+    """Every public method of `Workspaces` the ledger offers has the same parameters on
+    `Ledger` (one-line delegations), and the two answer alike."""
+    import inspect
+
+    from ledger.fences import Workspaces
+
+    internal = {"check_root", "remove_abandoned_temporaries"}  # restore's and gc's
+    names = sorted(n for n, v in vars(Workspaces).items()
+                   if callable(v) and not n.startswith("_") and n not in internal)
+    assert {"acquire", "add_workspace", "admit", "apply", "compensate", "settle"} <= set(names)
+    for name in names:
+        ours, theirs = inspect.signature(getattr(Ledger, name)), inspect.signature(
+            getattr(Workspaces, name))
+        assert [(p.name, p.kind, p.default) for p in ours.parameters.values()] == [
+            (p.name, p.kind, p.default) for p in theirs.parameters.values()], name
+        assert ours.return_annotation == theirs.return_annotation, name
+    assert not issubclass(Ledger, Workspaces)
+    w = World(tmp_path)
+    protocol = w.ledger.workspace_protocol
+    assert isinstance(protocol, Workspaces)
+    assert w.ledger.lease("w") == protocol.lease("w")
+    assert w.ledger.workspaces() == protocol.workspaces() == [w.ledger.workspace("w")]

@@ -65,7 +65,7 @@ from ledger.gc import (
     parse_duration,
 )
 from ledger.gc.collector import collector_lock
-from ledger.steps import run_step
+from ledger.runner import run_step
 
 DAY = 86400
 SMALL = b"a small artifact"  # inline (<= INLINE_MAX bytes)

@@ -46,7 +46,7 @@ import ledger.gc.collector as collector_mod
 from ledger import Ledger
 from ledger.events import BlobCollected
 from ledger.gc import audit, collect
-from ledger.steps import run_step
+from ledger.runner import run_step
 
 DAY = 86400
 WORKERS = Path(__file__).with_name("gc_workers.py")

@@ -75,7 +75,7 @@ from ledger import fences as fences_mod
 from ledger.cli import cli
 from ledger.errors import BlobCorrupt, BlobNotFound
 from ledger.fences import TTL_MAX_S, Write
-from ledger.steps import run_step
+from ledger.runner import run_step
 from ledger.witness import AnchorRefused, WitnessMismatch, WitnessMissing
 
 FULL = os.environ.get("STEPLEDGER_HOSTILE_FULL") == "1"

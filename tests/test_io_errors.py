@@ -30,7 +30,7 @@ from ledger.blobs import TMP_DIR, BlobStore
 from ledger.errors import LedgerError, StorageFailure
 from ledger.fences import StepPlan, Write
 from ledger.gc import collect
-from ledger.steps import run_step
+from ledger.runner import run_step
 
 FULL = F.full_mode()
 WRITE_SAMPLE = 50

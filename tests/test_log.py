@@ -481,7 +481,7 @@ def test_two_connections_interleaved_keep_one_chain(tmp_path) -> None:
     """The head and step rows each connection caches are dropped when the other one
     commits (PRAGMA data_version): interleaved writers extend one dense, valid chain."""
     from ledger import Acked, Ledger, Planned
-    from ledger.steps import run_step
+    from ledger.runner import run_step
 
     path = tmp_path / "shared.db"
     a = Ledger.init(path)

@@ -567,7 +567,7 @@ def test_holder_names_tell_a_dead_local_process() -> None:
 def test_the_core_never_imports_the_integration() -> None:
     """The runtime core works without the extra: importing the library, the CLI and
     running a command load neither ledger.mcp nor the SDK."""
-    code = ("import sys, ledger, ledger.cli, ledger.steps, ledger.gc\n"
+    code = ("import sys, ledger, ledger.cli, ledger.runner, ledger.gc\n"
             "from click.testing import CliRunner\n"
             "CliRunner().invoke(ledger.cli.cli, ['--help'])\n"
             "bad = sorted(m for m in sys.modules if m == 'mcp' or m.startswith(('mcp.', 'ledger.mcp')))\n"

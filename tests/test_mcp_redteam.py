@@ -99,7 +99,7 @@ def one_line_error(r: Any) -> str:
 #: of one multi-file change, a real kill, not an exception.
 KILLER = """
 import os, sys
-import ledger.workspace as w
+import ledger.workdir as w
 orig = w.WorkspaceDir.install
 count = [0]
 def install(self, staged):

@@ -142,7 +142,7 @@ from ledger.blobs import BlobStore
 from ledger.gc import collect
 from ledger.projections.steps import ENDED
 from ledger.restore import committed_content
-from ledger.steps import run_step, run_step_wrong_order
+from ledger.runner import run_step, run_step_wrong_order
 from ledger.witness import AnchorRefused, Witness, WitnessMismatch, WitnessMissing
 
 FULL = os.environ.get("STEPLEDGER_MODEL_FULL", "") not in ("", "0")
@@ -298,7 +298,7 @@ def do_artifact(led: Ledger, op: Op) -> str:
 
 def do_artifact_wrong_order(led: Ledger, op: Op) -> str:
     """THE BROKEN PROTOCOL (negative control): the manifest is published before its blobs
-    are stored (`ledger.steps.run_step_wrong_order`)."""
+    are stored (`ledger.runner.run_step_wrong_order`)."""
     run_step_wrong_order(led, op.step, op.args["outputs"])
     m = led.manifest(op.step)
     return f"committed:{m.digest if m is not None else '?'}"

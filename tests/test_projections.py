@@ -573,7 +573,7 @@ def test_catch_up_refolds_pins_and_manifests(tmp_path) -> None:
     import apsw
 
     from ledger import Ledger
-    from ledger.steps import run_step
+    from ledger.runner import run_step
 
     path = tmp_path / "lag.db"
     with Ledger.init(path) as lg:

@@ -26,7 +26,7 @@ from pathlib import Path
 import pytest
 from conftest import CliOut, FakeClock, run_cli
 
-import ledger.workspace
+import ledger.workdir
 from ledger import Ledger
 from ledger.errors import InvalidInput, PathEscapes
 from ledger.fences import StepPlan, Write
@@ -243,8 +243,8 @@ def test_the_next_apply_removes_what_a_killed_apply_staged(tmp_path: Path) -> No
     _kill_mid_staging(w)
     names = _strangers(w)
     # a sibling step staging under the live epoch right now: its temporary is kept
-    sibling = w.dir / "d0" / ledger.workspace.temp_name(
-        "x.bin", w.epoch, ledger.workspace.attempt_tag("sibling", 1))
+    sibling = w.dir / "d0" / ledger.workdir.temp_name(
+        "x.bin", w.epoch, ledger.workdir.attempt_tag("sibling", 1))
     sibling.write_bytes(b"live")
     assert w.apply("s1") == "applied"
     assert w.temporaries() == [str(sibling.relative_to(w.dir))]
@@ -314,7 +314,7 @@ def test_a_name_the_file_system_cannot_hold_is_refused_at_admit(
     """A file system with a smaller NAME_MAX (eCryptfs: 143 bytes): refused when the
     plan is admitted (exit 2, nothing recorded), never admitted to fail at every apply."""
     w = World(tmp_path)
-    monkeypatch.setattr(ledger.workspace, "_name_max", lambda where: 143)
+    monkeypatch.setattr(ledger.workdir, "_name_max", lambda where: 143)
     head = w.ledger.head()
     with pytest.raises(InvalidInput, match="holds at most 143") as err:
         w.ledger.admit("w", w.epoch, [StepPlan("s1", [Write("x" * 144, b"n", None)])])
@@ -347,7 +347,7 @@ def test_long_names_on_the_command_line(tmp_path: Path, monkeypatch: pytest.Monk
     assert plan("s1", "漢" * 85).code == 0
     assert cli("step", "apply", "s1", "--epoch", "1").code == 0
     assert (tmp_path / "ws" / ("漢" * 85)).read_text() == "x"
-    monkeypatch.setattr(ledger.workspace, "_name_max", lambda where: 143)
+    monkeypatch.setattr(ledger.workdir, "_name_max", lambda where: 143)
     refused = plan("s2", "y" * 144)
     assert refused.code == 2 and "holds at most 143" in refused.err, refused
     assert cli("step", "apply", "s2", "--epoch", "1").code == 2  # never planned

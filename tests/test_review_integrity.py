@@ -24,7 +24,7 @@ from conftest import FakeClock, digest_of, raw_connection, run_cli
 from ledger import Ledger
 from ledger.errors import InvalidInput, NotALedger
 from ledger.events import Compensated, Planned
-from ledger.steps import run_step
+from ledger.runner import run_step
 
 CLEAN = {k: v for k, v in os.environ.items() if not k.startswith("STEPLEDGER_")}
 SLOW = os.environ.get("STEPLEDGER_SLOW") == "1"

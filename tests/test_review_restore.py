@@ -25,7 +25,7 @@ from test_model_faults import NEW_PATH, Crash, LedgerModel, replay, workspace_st
 import ledger.faults as F
 from ledger import Ledger
 from ledger.fences import StepPlan, Write
-from ledger.restore import committed_content
+from ledger.restore import RestoreReport, committed_content
 
 
 def h(data: bytes) -> str:
@@ -234,9 +234,10 @@ def test_a_restore_retried_into_a_recreated_directory_is_recorded_anew(tmp_path:
     w.ledger.ack("s1")
     w.ledger.release("w", w.epoch)
     target = tmp_path / "restored"
-    w.ledger.restore("w", target)
+    report = w.ledger.restore("w", target)
+    assert isinstance(report, RestoreReport) and (report.paths, report.deduped) == (1, False)
     first = w.ledger.registration("w")
-    w.ledger.restore("w", target)  # the same directory: the journal answers
+    assert w.ledger.restore("w", target).deduped  # the same directory: the journal answers
     assert w.ledger.registration("w") == first
     target.rename(tmp_path / "aside")  # kept: the new directory cannot reuse its inode
     w.ledger.restore("w", target)  # recreated: a new restore, recorded

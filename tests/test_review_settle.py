@@ -24,7 +24,7 @@ from ledger import Ledger
 from ledger.errors import StorageFailure
 from ledger.events import LeaseAcquired
 from ledger.fences import StepPlan, Write
-from ledger.workspace import WorkspaceDir
+from ledger.workdir import WorkspaceDir
 
 h = digest_of
 MODIFIED = 40  # the review used 300; 40 shows the same and keeps the test fast

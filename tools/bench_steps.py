@@ -10,7 +10,7 @@ Run from the repository root::
 
 What a step is
 --------------
-``ledger.steps.run_step(ledger, step_id, outputs)``: plan -> per artifact (pin ->
+``ledger.runner.run_step(ledger, step_id, outputs)``: plan -> per artifact (pin ->
 durable bytes -> blob-stored) -> publish the manifest -> ack, in four cases: 1 and 4
 artifacts of 4 KiB (inline: up to ``inline_max_bytes``, 64 KiB by default, the bytes
 live in the ledger file) and of 256 KiB (files in the content-addressed blob store).
@@ -114,7 +114,7 @@ from fsinfo import fs_info  # noqa: E402
 import ledger
 from ledger import Ledger
 from ledger.store.sqlite.file import BUSY_TIMEOUT_MS, MIGRATIONS
-from ledger.steps import run_step
+from ledger.runner import run_step
 
 KiB = 1024
 TARGET = 0.8

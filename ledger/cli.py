@@ -2331,7 +2331,7 @@ def chaos(n: int, wrong_order: bool, power_loss: bool, models: tuple[str, ...],
     if power_loss or io_errors:
         _chaos_faults(power_loss, models, persistent, points, seed, workdir, as_json)
         return
-    from .chaos import run_chaos
+    from .testing.chaos import run_chaos
 
     update, finish = _progress("crash points")
     try:
@@ -2361,7 +2361,7 @@ def _chaos_faults(power_loss: bool, models: tuple[str, ...], persistent: bool,
     import shutil
     import tempfile
 
-    from . import faults
+    from .testing import faults
 
     if power_loss and models == ():
         models = faults.MODELS
@@ -2435,7 +2435,7 @@ def fuzz(seeds: int, fence: str, journal: bool, start: int, length: int, no_shri
         stepledger fuzz --seeds 300 --fence none     # finds a lost update, shrinks it
         stepledger fuzz --fence none --no-journal --json
     """
-    from . import fuzz as fuzz_mod
+    from .testing import fuzz as fuzz_mod
 
     update, finish = _progress("seeds")
     try:

@@ -26,7 +26,6 @@ DRIVERS = frozenset({"apsw", "sqlite3", "sqlite_utils"})
 
 #: Modules outside the SQLite store that still import a driver (to be emptied).
 DRIVER_IMPORTERS: dict[str, frozenset[str]] = {
-    "cli.py": frozenset({"apsw", "sqlite3", "sqlite_utils"}),
     "gc/refs.py": frozenset({"apsw"}),
     "projections/__init__.py": frozenset({"apsw"}),
     "verify.py": frozenset({"apsw"}),
@@ -34,7 +33,6 @@ DRIVER_IMPORTERS: dict[str, frozenset[str]] = {
 
 #: How many SQL strings each module outside the SQLite store still holds (to be emptied).
 SQL_STRINGS: dict[str, int] = {
-    "cli.py": 3,
     "gc/audit.py": 6,
     "gc/collector.py": 8,
     "gc/refs.py": 3,

@@ -689,7 +689,7 @@ def export(ctx: click.Context, what: str, fmt: str) -> None:
             if what == "steps" and ledger.projection_lag() > 0:
                 _write_rows((step_json(r) for r in ledger.steps()), fmt, out)
             else:
-                with exported_rows(path, what) as rows:  # type: ignore[arg-type]
+                with exported_rows(path, what) as rows:
                     _write_rows(rows, fmt, out)
         except LedgerError:
             raise

@@ -14,7 +14,7 @@ import contextlib
 import json
 import sqlite3
 from collections.abc import Iterator
-from typing import Any, Final, Literal
+from typing import Any, Final
 
 import sqlite_utils
 
@@ -55,9 +55,9 @@ def _decoded(path: str, rows: Iterator[dict[str, Any]], what: str) -> Iterator[d
 
 
 @contextlib.contextmanager
-def exported_rows(path: str, what: Literal["events", "steps"]) -> Iterator[Iterator[dict[str, Any]]]:
-    """The rows of table `what` of the ledger file at `path`, in order, as dicts (see the
-    module docstring); the connection is closed when the block ends."""
+def exported_rows(path: str, what: str) -> Iterator[Iterator[dict[str, Any]]]:
+    """The rows of table `what` (``events`` or ``steps``) of the ledger file at `path`, in
+    order, as dicts (see the module docstring); the connection is closed with the block."""
     conn = None
     try:
         conn = sqlite3.connect(_readonly_uri(path), uri=True)

@@ -93,6 +93,7 @@ from .fences import (
 )
 from .ledger import DEFAULT_PATH, Ledger
 from .log import Head
+from .plans import Plan, check_settled, load_plan
 from .projections import StepRow
 from .verify import Finding, VerifyReport
 from .witness import WitnessStatus
@@ -149,6 +150,7 @@ __all__ = [
     "PathEscapes",
     "PathForbidden",
     "PlanConflict",
+    "Plan",
     "Planned",
     "PlannedWrite",
     "ProtocolRefused",
@@ -180,5 +182,7 @@ __all__ = [
     "WorkspaceRebound",
     "WorkspaceRestored",
     "Write",
+    "check_settled",
     "journal_key",
+    "load_plan",
 ]

@@ -55,7 +55,9 @@ class FileOps:
     """The file system calls the blob store makes; override to inject faults.
 
     `on_op(name)` is called before each durable-relevant operation: ``write``,
-    ``fsync``, ``rename``, ``dirfsync``, ``unlink``, ``mkdir``.
+    ``fsync``, ``rename``, ``dirfsync``, ``unlink``, ``mkdir``. This default calls `os`
+    directly; a fault harness hands `BlobStore` its own subclass (this module imports
+    none).
     """
 
     def __init__(self, on_op: Callable[[str], None] | None = None) -> None:

@@ -24,41 +24,38 @@ import math
 import os
 import re
 import signal
-import sqlite3
-import stat
 import sys
 import tempfile
 from collections.abc import Callable, Iterator, Sequence
-from typing import Annotated, Any, BinaryIO, Literal, TypeVar
+from typing import Any, BinaryIO, TypeVar
 
-import apsw
 import click
 import msgspec
 
 from . import __version__
-from .store.sqlite.file import _readonly_uri
 from .errors import (
     EXIT_ENVIRONMENT,
     EXIT_NO,
     EXIT_USAGE,
     CompensationConflict,
-    ContentFileEscapes,
     CorruptLedger,
     IllegalTransition,
     InvalidInput,
     LedgerError,
-    OperatorOnly,
     StaleEpoch,
     StepRejected,
     Unsettled,
 )
 from .events import KINDS, Manifest, RecordedEvent, WitnessAnchored, check_relpath, to_builtins
-from .fences import FENCE_MODES, ApplyResult, Compensation, FileRead, Lease, StepPlan, Write
+from .fences import FENCE_MODES, ApplyResult, Compensation, FileRead, Lease
 from .fences import settle_conflicts
 from .ledger import DEFAULT_PATH, Ledger
+from .plans import INPUT_FILE_MAX, check_settled, input_content, load_plan, open_input
 from .projections import StepRow
 from .projections.steps import IN_FLIGHT, STATES
 from .projections.workspaces import WsRow
+from .store.sqlite import errors as sqlite_errors
+from .store.sqlite.export import exported_rows, unexportable
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -143,13 +140,14 @@ class LedgerGroup(_NamesItsParse, click.Group):
             _fail_typed(ctx, refusal.error, refusal.document, refusal.note)
         except LedgerError as exc:
             _fail_typed(ctx, exc)
-        except apsw.BusyError:
+        # The store's errors no boundary mapped (each maps its own): what they mean.
+        except sqlite_errors.BUSY_ERRORS:
             _fail(ctx, "the ledger stayed locked by another writer; retry later",
                   EXIT_ENVIRONMENT, "LedgerBusy", {"path": _ledger_path(ctx)})
-        except (apsw.FullError, apsw.IOError) as exc:
+        except sqlite_errors.STORAGE_ERRORS as exc:
             _fail(ctx, f"storage failed: {exc}; free space or fix the disk, then retry",
                   EXIT_ENVIRONMENT, "StorageFailure", {"path": _ledger_path(ctx), "what": str(exc)})
-        except (apsw.Error, UnicodeDecodeError) as exc:
+        except sqlite_errors.DAMAGE_ERRORS as exc:
             # A last resort: a read boundary missed a damaged row (each maps it itself).
             path = _ledger_path(ctx)
             why = f"{type(exc).__name__}: {exc}"
@@ -683,47 +681,21 @@ def export(ctx: click.Context, what: str, fmt: str) -> None:
         stepledger export --what events > events.jsonl
         stepledger export --what steps --format csv > steps.csv
     """
-    import sqlite_utils
-
     path = ctx.obj["ledger_path"]
     # validates the file before anything reads it; the output is spooled, so a damaged
     # row fails the command before anything is printed
     with _open(ctx, readonly=True) as ledger, _Spool() as out:
-        lagging = what == "steps" and ledger.projection_lag() > 0
-        rows: Iterator[dict[str, Any]]
-        conn = None
         try:
-            if lagging:
-                rows = (step_json(r) for r in ledger.steps())
+            if what == "steps" and ledger.projection_lag() > 0:
+                _write_rows((step_json(r) for r in ledger.steps()), fmt, out)
             else:
-                conn = sqlite3.connect(_readonly_uri(path), uri=True)
-                conn.execute("PRAGMA trusted_schema=OFF")
-                db = sqlite_utils.Database(conn)
-                if what == "events":
-                    rows = (_export_event(r) for r in db.query("SELECT * FROM events ORDER BY seq"))
-                else:
-                    rows = (
-                        dict(r, live=bool(r["live"]))
-                        for r in db.query("SELECT * FROM steps ORDER BY first_seq")
-                    )
-            _write_rows(rows, fmt, out)
+                with exported_rows(path, what) as rows:
+                    _write_rows(rows, fmt, out)
         except LedgerError:
             raise
-        except (sqlite3.Error, ValueError, TypeError, KeyError) as exc:  # a damaged row
-            raise CorruptLedger(path, f"a row cannot be exported ({type(exc).__name__}: {exc})"
-                                ) from None
-        finally:
-            if conn is not None:
-                conn.close()
+        except (ValueError, TypeError, KeyError) as exc:  # a row that cannot be written
+            raise unexportable(path, exc) from None
         out.done()
-
-
-def _export_event(row: dict[str, Any]) -> dict[str, Any]:
-    row = dict(row)
-    row["payload"] = json.loads(row["payload"])
-    row["prev_hash"] = bytes(row["prev_hash"]).hex()
-    row["hash"] = bytes(row["hash"]).hex()
-    return row
 
 
 class _Spool:
@@ -858,16 +830,6 @@ def _check_live(ledger: Ledger, row: StepRow, epoch: int | None) -> None:
     if not lease.live or lease.epoch != epoch:
         raise StaleEpoch(row.workspace, epoch, lease.epoch if lease.live else None,
                          latest=lease.epoch, holder=lease.holder)
-
-
-def _check_settled(ledger: Ledger, workspace: str, epoch: int, but: str = "") -> None:
-    """New work starts only after the older epochs are settled (docs/design.md "Epochs and
-    leases"): refuse while a step of an older epoch is still in flight on the workspace
-    (an acquire that died before its settle). The core checks only the applied step's
-    own epoch."""
-    pending = [s for s in ledger.unsettled(workspace, epoch) if s != but]
-    if pending:
-        raise Unsettled(workspace, pending)
 
 
 def workspace_json(row: WsRow, now_ns: int) -> dict[str, Any]:
@@ -1262,225 +1224,6 @@ def step() -> None:
     """
 
 
-# The plan a harness hands to `step plan` (docs/cli-json.md "The plan format").
-_Digest = Annotated[str, msgspec.Meta(pattern=r"^[0-9a-f]{64}\Z")]
-_NonNegative = Annotated[int, msgspec.Meta(ge=0)]
-
-
-class PlanWriteDoc(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
-    path: str
-    pre_hash: _Digest | None  # required: null means the file must not exist
-    base_rev: _NonNegative | None = None
-    content: str | None = None
-    content_b64: str | None = None
-    content_file: str | None = None
-    delete: bool = False
-
-
-class PlanStepDoc(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
-    step: str
-    writes: list[PlanWriteDoc] = []
-    artifacts: list[str] = []
-    run: str | None = None
-    irreversible: bool = False
-
-
-class PlanDoc(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
-    steps: Annotated[list[PlanStepDoc], msgspec.Meta(min_length=1)]
-    run: str = ""
-    # Accepted only at the protective defaults (older plans spell them out): the
-    # operator turns a protection off on the command line, never the plan's author.
-    fence: Literal["step", "plan", "none"] = "step"
-    journal: bool = True
-    plan_rev: _NonNegative | None = None
-
-
-class SinglePlanDoc(PlanStepDoc, forbid_unknown_fields=True, kw_only=True):
-    fence: Literal["step", "plan", "none"] = "step"
-    journal: bool = True
-    plan_rev: _NonNegative | None = None
-
-
-assert set(FENCE_MODES) == {"step", "plan", "none"}
-
-
-INPUT_FILE_MAX = 1 << 30  # bytes of one input file (artifact, plan content_file)
-#: Input files up to this size are read into memory; larger ones stay open and are
-#: streamed into the blob store (hashed, then copied, never held whole).
-INPUT_READ_MAX = 1 << 20
-
-
-_INPUT_FLAGS = os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC
-
-
-def open_confined(base_dir: str, relpath: str, what: str) -> int:
-    """A read descriptor of `relpath` inside `base_dir` (the caller closes it), opened
-    one component at a time relative to its parent's descriptor with ``O_NOFOLLOW``:
-    an absolute path, a ``..`` component or a symlink anywhere below `base_dir` (the
-    file itself included) raises ContentFileEscapes, so the file read is inside
-    `base_dir` even if a component is swapped for a symlink meanwhile. `base_dir`
-    itself may be reached through symlinks (the operator chose it). Non-blocking."""
-    if relpath.startswith("/"):
-        raise ContentFileEscapes(relpath, base_dir, "an absolute path")
-    if ".." in relpath.split("/"):
-        raise ContentFileEscapes(relpath, base_dir, "a '..' component")
-    check_relpath(relpath, f"{what} path")
-    parts = relpath.split("/")
-    try:
-        fd = os.open(base_dir, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
-    except OSError as exc:
-        raise InvalidInput(f"{what}: the plan's directory {base_dir}:"
-                           f" {exc.strerror or exc}") from None
-    try:
-        for i, part in enumerate(parts):
-            last = i == len(parts) - 1
-            flags = (_INPUT_FLAGS if last else os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
-            try:
-                child = os.open(part, flags | os.O_NOFOLLOW, dir_fd=fd)
-            except OSError as exc:
-                if exc.errno == errno.ELOOP or (exc.errno == errno.ENOTDIR and not last):
-                    raise ContentFileEscapes(relpath, base_dir, f"{'/'.join(parts[:i + 1])!r}"
-                                             " is a symlink or not a directory") from None
-                raise InvalidInput(f"{what}: {exc.strerror or exc}") from None
-            os.close(fd)
-            fd = child
-    except BaseException:
-        os.close(fd)
-        raise
-    return fd
-
-
-def _open_input(path: str, what: str) -> int:
-    """A read-only descriptor of an input file, opened without blocking (a FIFO is
-    refused by `_input_content`, not waited on); InvalidInput naming `what`."""
-    try:
-        return os.open(path, _INPUT_FLAGS)
-    except OSError as exc:
-        raise InvalidInput(f"{what}: {exc.strerror or exc}") from None
-
-
-def _input_content(fd: int, what: str) -> bytes | BinaryIO:
-    """The content of an opened input file (the descriptor is taken over): a regular
-    file of at most INPUT_FILE_MAX bytes. Up to INPUT_READ_MAX it is read into bytes;
-    a larger one is returned as an open binary file, which the ledger hashes and
-    streams without holding it whole — the caller closes it. A FIFO, a device or a
-    directory is refused (InvalidInput naming `what`) before anything is read."""
-    try:
-        st = os.fstat(fd)
-        if not stat.S_ISREG(st.st_mode):
-            raise InvalidInput(f"{what} is not a regular file (a FIFO, a device or a"
-                               " directory); give a regular file")
-        if st.st_size > INPUT_FILE_MAX:
-            raise InvalidInput(f"{what} is {st.st_size} bytes; the limit is {INPUT_FILE_MAX}")
-        f = os.fdopen(fd, "rb")
-    except BaseException:
-        os.close(fd)
-        raise
-    if st.st_size > INPUT_READ_MAX:
-        return f
-    try:
-        data = f.read(INPUT_READ_MAX + 1)
-    except OSError as exc:
-        f.close()
-        raise InvalidInput(f"{what}: {exc.strerror or exc}") from None
-    if len(data) > INPUT_READ_MAX:
-        return f  # it grew since: streamed like a large file (the ledger reads from offset 0)
-    f.close()
-    return data
-
-
-def _close_contents(plans: Sequence[StepPlan]) -> None:
-    """Close the input files `parse_plan` left open (large content_file writes)."""
-    for p in plans:
-        for w in p.writes:
-            if w.content is not None and not isinstance(w.content, bytes):
-                w.content.close()
-
-
-def parse_plan(raw: bytes, base_dir: str) -> tuple[PlanDoc, list[StepPlan]]:
-    """Decode and check a plan document; InvalidInput (naming the field) when it is bad.
-
-    Reads content files, confined to `base_dir` (`open_confined`), but touches no ledger.
-    A content file larger than INPUT_READ_MAX is handed on open (streamed by the ledger,
-    never held whole): close them with `_close_contents` when the plan is done with.
-    """
-    if not raw.strip():
-        raise InvalidInput("the plan is empty; give a JSON object (see docs/cli-json.md"
-                           " 'The plan format')")
-    try:
-        obj = msgspec.json.decode(raw)
-    except msgspec.DecodeError as exc:
-        raise InvalidInput(f"the plan is not JSON: {exc}") from None
-    except RecursionError:
-        raise InvalidInput("the plan is nested too deeply to be a plan; give a JSON object"
-                           " (see docs/cli-json.md 'The plan format')") from None
-    if not isinstance(obj, dict):
-        raise InvalidInput("the plan must be a JSON object: {\"steps\": [...]} or one step"
-                           " {\"step\": ..., \"writes\": [...]}")
-    try:
-        if "steps" in obj:
-            doc = msgspec.convert(obj, PlanDoc)
-        else:
-            single = msgspec.convert(obj, SinglePlanDoc)
-            doc = PlanDoc(steps=[single], run="", fence=single.fence, journal=single.journal,
-                          plan_rev=single.plan_rev)
-    except msgspec.ValidationError as exc:
-        hint = ""
-        if "pre_hash" in str(exc):
-            hint = ("; pre_hash is the sha256 (64 lowercase hex) of the content the write was"
-                    " planned against, or null when the file must not exist")
-        raise InvalidInput(f"bad plan: {exc}{hint}") from None
-    if doc.fence != "step":
-        raise OperatorOnly("fence", doc.fence, f"--fence {doc.fence}")
-    if not doc.journal:
-        raise OperatorOnly("journal", False, "--no-journal")
-    opened: list[BinaryIO] = []
-    try:
-        return doc, _plan_steps(doc, "steps" in obj, base_dir, opened)
-    except BaseException:
-        for f in opened:
-            f.close()
-        raise
-
-
-def _plan_steps(doc: PlanDoc, batch: bool, base_dir: str, opened: list[BinaryIO]) -> list[StepPlan]:
-    """`parse_plan`'s steps, their content read (or, large, opened: added to `opened`)."""
-    plans = []
-    for i, s in enumerate(doc.steps):
-        writes = []
-        for j, w in enumerate(s.writes):
-            where = f"$.steps[{i}].writes[{j}] ({w.path})" if batch else f"$.writes[{j}] ({w.path})"
-            given = [k for k in ("content", "content_b64", "content_file")
-                     if getattr(w, k) is not None] + (["delete"] if w.delete else [])
-            if len(given) != 1:
-                raise InvalidInput(f"bad plan: {where}: give exactly one of content, content_b64,"
-                                   f" content_file or \"delete\": true (got {', '.join(given) or 'none'})")
-            content: bytes | None
-            if w.content is not None:
-                try:
-                    content = w.content.encode()
-                except UnicodeEncodeError:
-                    raise InvalidInput(f"bad plan: {where}: content is not valid UTF-8 text (a"
-                                       " lone surrogate); use content_b64") from None
-            elif w.content_b64 is not None:
-                try:
-                    content = base64.b64decode(w.content_b64, validate=True)
-                except ValueError:
-                    raise InvalidInput(f"bad plan: {where}: content_b64 is not valid base64") from None
-            elif w.content_file is not None:
-                what = f"bad plan: {where}: content_file"
-                content = _input_content(open_confined(base_dir, w.content_file, what),
-                                         f"{what} {os.path.join(base_dir, w.content_file)}")
-                if not isinstance(content, bytes):
-                    opened.append(content)
-            else:
-                content = None  # delete
-            writes.append(Write(w.path, content, w.pre_hash, w.base_rev))
-        plans.append(StepPlan(s.step, tuple(writes), tuple(s.artifacts),
-                              doc.run if s.run is None else s.run, s.irreversible))
-    return plans
-
-
 @step.command("plan", epilog=_examples(
     "stepledger --workspace w step plan --epoch 3 plan.json",
     "echo '{\"step\": \"s1\", \"writes\": [{\"path\": \"app.py\", \"base_rev\": 0,"
@@ -1514,13 +1257,14 @@ def step_plan(ctx: click.Context, plan_file: str, ws_name: str | None, epoch: in
     with click.open_file(plan_file, "rb") as f:
         raw = f.read()
     base_dir = os.getcwd() if plan_file == "-" else os.path.dirname(os.path.abspath(plan_file))
-    doc, plans = parse_plan(raw, base_dir)
-    ctx.call_on_close(lambda: _close_contents(plans))
+    plan = load_plan(raw, base_dir)
+    ctx.call_on_close(plan.close)
+    plans = plan.steps
     with _open(ctx, readonly=False) as ledger:
-        _check_settled(ledger, name, epoch)
+        check_settled(ledger, name, epoch)
         before = {p.step: ledger.find_step(p.step) for p in plans}
         verdicts = ledger.admit(name, epoch, plans, fence=fence,  # type: ignore[arg-type]
-                                journal=journal, plan_rev=doc.plan_rev)
+                                journal=journal, plan_rev=plan.plan_rev)
         rows = []
         for p, v in zip(plans, verdicts, strict=True):
             if v is not None:
@@ -1583,7 +1327,7 @@ def step_apply(ctx: click.Context, step_id: str, attempt: int | None, epoch: int
     with _open(ctx, readonly=False) as ledger:
         row = ledger.step(step_id)
         if row.workspace and row.state == "planned" and attempt in (None, row.attempt):
-            _check_settled(ledger, row.workspace, epoch, but=step_id)
+            check_settled(ledger, row.workspace, epoch, but=step_id)
         result = ledger.apply(step_id, attempt, epoch=epoch)
     if not as_json:
         r = result.receipt
@@ -1715,7 +1459,7 @@ def step_store(ctx: click.Context, step_id: str, files: tuple[str, ...], names: 
     ctx.call_on_close(lambda: [c.close() for c in contents.values() if not isinstance(c, bytes)])
     for name, file in artifacts:
         what = f"artifact file {file}"
-        contents[name] = _input_content(_open_input(file, what), what)
+        contents[name] = input_content(open_input(file, what), what)
     with _open(ctx, readonly=False) as ledger:
         row = ledger.plan(step_id, run=run, artifacts=tuple(contents))
         if row.live:
@@ -2331,7 +2075,7 @@ def chaos(n: int, wrong_order: bool, power_loss: bool, models: tuple[str, ...],
     if power_loss or io_errors:
         _chaos_faults(power_loss, models, persistent, points, seed, workdir, as_json)
         return
-    from .chaos import run_chaos
+    from .testing.chaos import run_chaos
 
     update, finish = _progress("crash points")
     try:
@@ -2361,7 +2105,7 @@ def _chaos_faults(power_loss: bool, models: tuple[str, ...], persistent: bool,
     import shutil
     import tempfile
 
-    from . import faults
+    from .testing import faults
 
     if power_loss and models == ():
         models = faults.MODELS
@@ -2435,7 +2179,7 @@ def fuzz(seeds: int, fence: str, journal: bool, start: int, length: int, no_shri
         stepledger fuzz --seeds 300 --fence none     # finds a lost update, shrinks it
         stepledger fuzz --fence none --no-journal --json
     """
-    from . import fuzz as fuzz_mod
+    from .testing import fuzz as fuzz_mod
 
     update, finish = _progress("seeds")
     try:

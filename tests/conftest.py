@@ -311,7 +311,7 @@ def ledger(ledger_path: Path, clock: FakeClock) -> Iterator[Ledger]:
 def scratch(request: pytest.FixtureRequest) -> Iterator[str]:
     """A directory for one module's fault-harness runs, on the harness's scratch root
     (/dev/shm where writable), removed afterwards."""
-    from ledger.faults import scratch_root
+    from ledger.testing.faults import scratch_root
 
     name = request.module.__name__.rsplit(".", 1)[-1].removeprefix("test_").replace("_", "-")
     d = tempfile.mkdtemp(prefix=f"{name}-", dir=scratch_root())

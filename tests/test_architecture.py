@@ -26,14 +26,10 @@ DRIVERS = frozenset({"apsw", "sqlite3", "sqlite_utils"})
 
 #: Modules outside the SQLite store that still import a driver (to be emptied).
 DRIVER_IMPORTERS: dict[str, frozenset[str]] = {
-    "cli.py": frozenset({"apsw", "sqlite3", "sqlite_utils"}),
-    "faults.py": frozenset({"apsw"}),
 }
 
 #: How many SQL strings each module outside the SQLite store still holds (to be emptied).
 SQL_STRINGS: dict[str, int] = {
-    "cli.py": 3,
-    "faults.py": 5,
 }
 
 #: Import cycles still present, each as the set of its modules (to be emptied).
@@ -226,7 +222,7 @@ def test_the_standard_workload_does_the_same_durable_operations(tmp_path: Path) 
     A change that alters them on purpose regenerates the file and says why."""
     import json
 
-    from ledger import faults
+    from ledger.testing import faults
 
     total, trace = faults.count_ops(faults.StandardWorkload(), str(tmp_path))
     saved = json.loads((Path(__file__).parent / "standard_workload_ops.json").read_text())
@@ -267,3 +263,69 @@ def test_no_mixin_and_no_private_reach_ins() -> None:
             if (isinstance(node, ast.Attribute) and node.attr in ("_db", "_log", "_store")
                     and not (isinstance(node.value, ast.Name) and node.value.id == "self")):
                 raise AssertionError(f"{name}:{node.lineno}: reaches into .{node.attr}")
+
+
+#: The test machinery (faults, chaos, fuzz): nothing outside it imports it, but the CLI's
+#: ``chaos`` and ``fuzz`` commands, inside their functions.
+TESTING = "ledger.testing"
+LAZY_TESTING_IMPORTERS = frozenset({"cli.py"})
+
+
+def machinery_imports(tree: ast.Module, package: str) -> list[tuple[int, bool]]:
+    """Where a module of `package` (dotted) imports the test machinery: (line, whether
+    inside a function)."""
+    lazy = {id(n) for f in ast.walk(tree) if isinstance(f, ast.FunctionDef | ast.AsyncFunctionDef)
+            for n in ast.walk(f)}
+    out = []
+    for node in ast.walk(tree):
+        names: list[str] = []
+        if isinstance(node, ast.Import):
+            names = [a.name for a in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                parent = package
+                for _ in range(node.level - 1):
+                    parent = parent.rpartition(".")[0]
+                base = parent + ("." + base if base else "")
+            names = [base] + [f"{base}.{a.name}" for a in node.names]
+        if any(n == TESTING or n.startswith(TESTING + ".") for n in names):
+            out.append((node.lineno, id(node) in lazy))
+    return out
+
+
+def _testing_violations(sources: dict[str, str]) -> dict[str, list[int]]:
+    """Per module (path relative to ledger/) outside ledger/testing/: the lines importing
+    it that are not allowed (anything but a lazy import in an allowed module)."""
+    out = {}
+    for rel, text in sources.items():
+        if rel.startswith("testing/"):
+            continue
+        package = ".".join(["ledger", *Path(rel).parent.parts])
+        bad = [line for line, lazy in machinery_imports(ast.parse(text), package)
+               if not (lazy and rel in LAZY_TESTING_IMPORTERS)]
+        if bad:
+            out[rel] = bad
+    return out
+
+
+def test_the_runtime_never_imports_the_test_machinery() -> None:
+    sources = {_rel(p): p.read_text() for p in _modules().values()}
+    assert not _testing_violations(sources), (
+        "ledger.testing imported outside ledger/testing/ (only cli.py may, inside a command"
+        f" function): {_testing_violations(sources)}")
+    assert machinery_imports(ast.parse(sources["cli.py"]), "ledger"), "the checker sees cli's"
+
+
+@pytest.mark.parametrize("rel, source, bad", [
+    ("blobs.py", "from .testing import faults\n", [1]),
+    ("blobs.py", "import ledger.testing.faults as F\n", [1]),
+    ("store/sqlite/file.py", "def f():\n    from ...testing.faults import Fault\n", [2]),
+    ("cli.py", "from .testing import fuzz\n", [1]),  # the CLI too, at module level
+    ("cli.py", "def chaos():\n    from .testing import faults\n", []),
+    ("ledger.py", "from . import testing\n", [1]),
+    ("gc/audit.py", "from ..testing_notes import x\nfrom .testing import y\n", []),
+    ("testing/fuzz.py", "from .faults import Fault\n", []),
+])
+def test_the_testing_checker_catches_a_violation(rel: str, source: str, bad: list[int]) -> None:
+    assert _testing_violations({rel: source}).get(rel, []) == bad

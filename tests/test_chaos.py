@@ -7,7 +7,7 @@ import pathlib
 
 from click.testing import CliRunner
 
-from ledger.chaos import run_chaos
+from ledger.testing.chaos import run_chaos
 from ledger.cli import cli
 
 

@@ -21,7 +21,7 @@ import tempfile
 import time
 from collections.abc import Iterator
 
-import faultfs as F
+from ledger.testing import faults as F
 import pytest
 
 from ledger import Ledger, Planned

@@ -1,4 +1,4 @@
-"""Interleaving search over the fence protocol (`ledger.fuzz`, `stepledger fuzz`).
+"""Interleaving search over the fence protocol (`ledger.testing.fuzz`, `stepledger fuzz`).
 
 With the fences on, no schedule of {advance, human_edit, preempt, retry, replan,
 duplicate_delivery, late_receipt} may violate P1 (fence), P2 (one apply per journal
@@ -28,7 +28,8 @@ from hypothesis.stateful import (
     run_state_machine_as_test,
 )
 
-from ledger import Ledger, fuzz
+from ledger import Ledger
+from ledger.testing import fuzz
 from ledger.errors import InvalidInput, StaleEpoch
 from ledger.events import (
     Acked,

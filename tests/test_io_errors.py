@@ -2,7 +2,7 @@
 Nth write / fsync / rename / dirfsync / mkdir / unlink (the blob store's FileOps seam) and
 workspace operation fails — once, and persistently.
 
-Each point runs `faultfs.StandardWorkload` with the fault; the client retries a failed
+Each point runs `faults.StandardWorkload` with the fault; the client retries a failed
 operation once in-process. Then two checks: a power loss right after the workload (what
 was acknowledged must be on the platter: an fsync error retried into success shows up
 here as a lost commit, since a failed fsync loses its pages in the model) and a process
@@ -22,7 +22,7 @@ import tempfile
 from collections import Counter
 from pathlib import Path
 
-import faultfs as F
+from ledger.testing import faults as F
 import pytest
 
 from ledger import Ledger, Planned
@@ -235,7 +235,7 @@ def test_regression_io_error_inside_init_escapes_untyped(scratch: str) -> None:
     assert untyped == []
 
 
-def test_regression_close_lets_an_untyped_apsw_error_escape(scratch: str) -> None:
+def test_regression_close_lets_an_untyped_driver_error_escape(scratch: str) -> None:
     """`Ledger.close` -> `Database.close` -> ``conn.close()``: the closing checkpoint's
     I/O error escapes as apsw.IOError (also out of ``with Ledger.open(...)``)."""
     root = _fresh(scratch)

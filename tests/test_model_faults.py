@@ -1,8 +1,8 @@
 """Model-based fault testing: a hypothesis state machine over the public API, with power
 loss and process kill as rules, checking the invariants after every rule.
 
-One witnessed ledger is opened through `faultfs` (the fault-injecting apsw VFS and the
-blob-dir power-loss model: one simulated disk under the SQLite files and the blob
+One witnessed ledger is opened through `ledger.testing.faults` (the fault-injecting VFS and
+the blob-dir power-loss model: one simulated disk under the SQLite files and the blob
 store). Its witness lives outside the ledger's directory and the workspace; the ledger
 records where, so every open uses it, and its write after each COMMIT is one more disk
 operation of the machine (a fault can land between the two: the ledger one commit ahead
@@ -40,7 +40,7 @@ and the faults:
 - ``power_loss(model, seed)``: the machine loses power now. What the platter holds per
   `model` (unsynced writes dropped / a random subset / garbage / a prefix / torn, the
   SQLite files and the blob directory together; the workspace keeps what was done to
-  it, see faultfs "Limits") is written to a fresh directory, reopened there with the
+  it, see ledger.testing.faults "Limits") is written to a fresh directory, reopened there with the
   ordinary VFS (WAL recovery, projections caught up) and closed, and the run goes on
   over it through a fresh simulated disk whose durable baseline is that image;
 - ``process_kill()``: the current `Ledger` is abandoned like a SIGKILLed process — it
@@ -109,7 +109,7 @@ from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 import apsw
-import faultfs as F
+from ledger.testing import faults as F
 import pytest
 from conftest import damage_witness
 from hypothesis import HealthCheck, Phase, reject, settings

@@ -1,9 +1,9 @@
 """Power loss at every operation of a workload, for the SQLite files and the blob directory.
 
-The workload (`faultfs.StandardWorkload`): init, appends, an artifact step with inline and
+The workload (`faults.StandardWorkload`): init, appends, an artifact step with inline and
 file blobs, a compensated step whose blobs become orphans, a workspace step (fence, apply,
 publish, ack), a rebuild, a GC run, more appends. At each chosen operation index the
-simulated machine loses power (`faultfs.MODELS`: unsynced writes dropped, a random subset
+simulated machine loses power (`faults.MODELS`: unsynced writes dropped, a random subset
 kept, garbage written, a prefix kept — the SQLite files and the blob directory sharing the
 crash point); the platter is reopened with the ordinary VFS and checked: verify (chain,
 seq, projections == rebuild, I3/I4/I5, I1 durability), every step classified, GC audit
@@ -24,7 +24,7 @@ import tempfile
 from pathlib import Path
 
 import apsw
-import faultfs as F
+from ledger.testing import faults as F
 import pytest
 
 from ledger import Ledger, Planned

@@ -22,7 +22,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from test_model_faults import NEW_PATH, Crash, LedgerModel, replay, workspace_step_trace
 
-import ledger.faults as F
+from ledger.testing import faults as F
 from ledger import Ledger
 from ledger.fences import StepPlan, Write
 from ledger.restore import RestoreReport, committed_content

@@ -1,4 +1,9 @@
-"""What SQLite and the OS raise, as stepledger's typed errors (exit code 3 or 2)."""
+"""What SQLite and the OS raise, as stepledger's typed errors (exit code 3 or 2).
+
+Most failures are mapped where they happen (`translate`, `read_error`). What the driver
+raises past every boundary is told apart by `BUSY_ERRORS`, `STORAGE_ERRORS` and
+`DAMAGE_ERRORS` (the command line's last resort catches through them, so it imports no
+driver)."""
 
 from __future__ import annotations
 
@@ -97,3 +102,14 @@ def read_error(exc: BaseException, path: str) -> LedgerError:
     if isinstance(exc, ROW_ERRORS):
         return CorruptLedger(path, f"a row cannot be read ({type(exc).__name__}: {exc})")
     raise exc
+
+
+#: The driver's errors, by what they mean when no boundary mapped them (catch them in this
+#: order: each later tuple holds the earlier ones' types): the ledger stayed locked by
+#: another writer (LedgerBusy, exit 3) ...
+BUSY_ERRORS: Final = (apsw.BusyError,)
+#: ... the storage failed: a full disk, an I/O error (StorageFailure, exit 3) ...
+STORAGE_ERRORS: Final = (apsw.FullError, apsw.IOError)
+#: ... anything else of the driver's, or a TEXT cell it cannot decode: the file is
+#: damaged (CorruptLedger, exit 2).
+DAMAGE_ERRORS: Final = (apsw.Error, UnicodeDecodeError)

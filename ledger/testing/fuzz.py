@@ -59,11 +59,11 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Final, Self
 
-from .errors import IdempotencyConflict, InvalidInput, ProtocolRefused, ReplanRefused
-from .events import AppliedWrite, Planned, PlannedWrite, kind_of
-from .fences import FENCE_MODES, ApplyResult, Receipt, StepPlan, Write
-from .ledger import Ledger
-from .projections.steps import (
+from .. import (AppliedWrite, ApplyResult, IdempotencyConflict, InvalidInput, Ledger, Planned,
+               PlannedWrite, ProtocolRefused, Receipt, ReplanRefused, StepPlan, Write)
+from ..events import kind_of
+from ..fences import FENCE_MODES
+from ..projections.steps import (
     ACKED,
     ENDED,
     FENCED,

@@ -1,13 +1,16 @@
 """Power loss, I/O errors and disk full under a stepledger ledger: one simulated disk.
 
 The test suite's harness, shipped so that ``stepledger chaos --power-loss`` and
-``--io-errors`` run the same sweeps on a user's own machine (tests import it as
-`faultfs`). It imports nothing beyond the stdlib and apsw. One `PowerLossDisk` sits under
-both halves of a ledger's storage and gives them a single operation counter, so "crash
-at operation k" is one instant for the SQLite files and the blob directory alike:
+``--io-errors`` run the same sweeps on a user's own machine. It imports nothing beyond
+the stdlib and the ledger; what is the SQLite driver's (the VFS, what plain SQLite reads
+of a file) is the SQLite store's, in `ledger.store.sqlite.faultvfs`. One `PowerLossDisk`
+sits under both halves of a ledger's storage and gives them a single operation counter,
+so "crash at operation k" is one instant for the SQLite files and the blob directory
+alike:
 
-- the SQLite files, through `FaultVFS`, an apsw VFS over the default unix VFS that
-  counts and intercepts ``xWrite`` / ``xTruncate`` / ``xSync``;
+- the SQLite files, through `FaultVFS` (the store's fault VFS, over the default unix
+  VFS), which reports every ``xWrite`` / ``xTruncate`` / ``xSync`` to the disk
+  (``sql_op``: count it, fail it, or lose power) before doing it;
 - the blob directory, through `PowerLossFileOps`, a `ledger.blobs.FileOps` (the blob
   store's seam: ``write``, ``fsync``, ``rename``, ``dirfsync``, ``unlink``, ``mkdir``).
   The workspace directory's operations (``ws-write``, ``ws-fsync``, ``ws-rename``, ...)
@@ -61,7 +64,7 @@ API
     ``quota=bytes`` on the disk: writes past that many bytes fail as disk full until
     ``disk.quota`` is raised or set to None ("space freed").
 ``FaultVFS(disk)``
-    a registered apsw VFS over the default one; ``vfs=FaultVFS(disk).name``; a context
+    a registered SQLite VFS over the default one; ``vfs=FaultVFS(disk).name``; a context
     manager (unregisters on exit).
 ``PowerLossFileOps(disk, skip=())``
     ``ledger.blobs = BlobStore(root, PowerLossFileOps(disk))``; `skip` turns ``fsync``
@@ -121,7 +124,6 @@ import os
 import random
 import re
 import shutil
-import sys
 import tempfile
 import time
 import zlib
@@ -129,20 +131,18 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-import apsw
-
-from . import Ledger, Planned
-from .blobs import BLOB_DIR_MODE, BlobStore, FileOps
-from .errors import (
+from .. import Ledger, Planned, StepPlan, Write
+from ..blobs import BLOB_DIR_MODE, BlobStore, FileOps
+from ..errors import (
     LedgerError,
     LedgerNotFound,
     NotALedger,
 )
-from .fences import StepPlan, Write
-from .gc import audit, collect
-from .projections.steps import ENDED
-from .restore import CommittedFold
-from .runner import run_step
+from ..gc import audit, collect
+from ..projections.steps import ENDED
+from ..restore import CommittedFold
+from ..runner import run_step
+from ..store.sqlite.faultvfs import FaultVFS, quiet_vfs_errors, recover_wal, sqlite_view
 
 MODELS: tuple[str, ...] = ("drop", "random", "garbage", "prefix")
 #: Not swept by default: "torn" turns every unsynced data write into garbage (and drops
@@ -381,9 +381,9 @@ class PowerLossDisk:
                 with open(out, "wb") as f:
                     f.write(ino.get(ns[path], b""))  # type: ignore[arg-type]
 
-    # -- the SQLite side (called by FaultFile) ---------------------------------------
+    # -- the SQLite side (called by the store's fault VFS, `FaultVFS`) -------------
 
-    def track_sql(self, path: str) -> None:
+    def sql_opened(self, path: str) -> None:
         if path not in self.sql:
             try:
                 with open(path, "rb") as f:
@@ -395,6 +395,35 @@ class PowerLossDisk:
         if not self.crashed:
             self.sql[path] = None
             self.pending.pop(("sql", path), None)
+
+    def sql_op(self, kind: str, path: str, nbytes: int = 0) -> str | None:
+        """Count one SQLite file operation (``db-write`` of `nbytes`, ``db-sync``,
+        ``db-truncate``): None (do it), "skip" (a negative control swallowed its failure:
+        report success, do nothing), "eio" or "full" (fail it); PowerLost at the crash."""
+        verdict = self.tick(kind, path)
+        if verdict is not None:
+            if kind == "db-sync":
+                self._lose(("sql", path))
+                if self.swallow_sync_errors:  # negative control: "retried into success"
+                    self.swallowed += 1
+                    return "skip"
+            return verdict
+        if kind == "db-write" and not self.charge(nbytes):
+            self.failed.append((self.ops, "db-write", "full"))
+            if self.swallow_full:
+                self.swallowed += 1
+                return "skip"
+            return "full"
+        return None
+
+    def sql_written(self, path: str, offset: int, data: bytes) -> None:
+        self._pend(("sql", path), (offset, data))
+
+    def sql_truncated(self, path: str, size: int) -> None:
+        self._pend(("sql", path), ("T", size))
+
+    def sql_synced(self, path: str) -> None:
+        self._durable(("sql", path))
 
     # -- the blob-store side (called by PowerLossFileOps) ----------------------------
 
@@ -453,93 +482,6 @@ def _apply_ns(ns: dict[str, int | str], op: tuple[Any, ...]) -> None:
         ns[op[1]] = op[2]
     elif op[0] == "unlink":
         ns.pop(op[1], None)
-
-
-# --- the SQLite side: an apsw VFS ------------------------------------------------------
-
-
-_SQLITE_ERR = {
-    ("db-write", "eio"): apsw.SQLITE_IOERR_WRITE,
-    ("db-sync", "eio"): apsw.SQLITE_IOERR_FSYNC,
-    ("db-truncate", "eio"): apsw.SQLITE_IOERR_TRUNCATE,
-    ("db-write", "full"): apsw.SQLITE_FULL,
-    ("db-sync", "full"): apsw.SQLITE_IOERR_FSYNC,
-    ("db-truncate", "full"): apsw.SQLITE_FULL,
-}
-
-
-class FaultFile(apsw.VFSFile):
-    """One SQLite file: real I/O plus the model's bookkeeping."""
-
-    def __init__(self, vfs: FaultVFS, name: Any, flags: list[int]) -> None:
-        super().__init__(vfs.parent, name, flags)
-        self.disk = vfs.disk
-        self.path = name.filename() if isinstance(name, apsw.URIFilename) else name
-        self.disk.track_sql(self.path)
-
-    def _tick(self, kind: str) -> None:
-        try:
-            verdict = self.disk.tick(kind, self.path)
-        except PowerLost:
-            raise apsw.exception_for(apsw.SQLITE_IOERR) from None
-        if verdict is not None:
-            if kind == "db-sync":
-                self.disk._lose(("sql", self.path))
-                if self.disk.swallow_sync_errors:  # negative control: "retried into success"
-                    self.disk.swallowed += 1
-                    return
-            raise apsw.exception_for(_SQLITE_ERR[(kind, verdict)])
-
-    def xWrite(self, data: bytes, offset: int) -> None:
-        self._tick("db-write")
-        if not self.disk.charge(len(data)):
-            self.disk.failed.append((self.disk.ops, "db-write", "full"))
-            if self.disk.swallow_full:
-                self.disk.swallowed += 1
-                return
-            raise apsw.exception_for(apsw.SQLITE_FULL)
-        super().xWrite(data, offset)
-        self.disk._pend(("sql", self.path), (offset, bytes(data)))
-
-    def xTruncate(self, size: int) -> None:
-        self._tick("db-truncate")
-        super().xTruncate(size)
-        self.disk._pend(("sql", self.path), ("T", size))
-
-    def xSync(self, flags: int) -> None:
-        failed_before = len(self.disk.failed)
-        self._tick("db-sync")
-        if len(self.disk.failed) != failed_before:
-            return  # a swallowed failure (negative control): nothing became durable
-        if self.disk.real_fsync:
-            super().xSync(flags)
-        self.disk._durable(("sql", self.path))
-
-
-class FaultVFS(apsw.VFS):
-    """An apsw VFS (over the default one) whose files live on `disk`."""
-
-    _names = itertools.count()
-
-    def __init__(self, disk: PowerLossDisk, name: str | None = None, parent: str = "") -> None:
-        self.disk, self.parent = disk, parent
-        self.name = name or f"faultfs{os.getpid()}-{next(self._names)}"
-        super().__init__(self.name, parent)
-
-    def xOpen(self, name: Any, flags: list[int]) -> apsw.VFSFile:
-        if name is None:  # an anonymous temporary file: not part of the ledger
-            return apsw.VFSFile(self.parent, name, flags)
-        return FaultFile(self, name, flags)
-
-    def xDelete(self, name: str, syncdir: bool) -> None:
-        super().xDelete(name, syncdir)
-        self.disk.sql_deleted(name)
-
-    def __enter__(self):  # returns self (typing.Self needs 3.11 in annotations)
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.unregister()
 
 
 # --- the blob-store side: the FileOps seam -------------------------------------------
@@ -978,7 +920,7 @@ def run_with_disk(disk: PowerLossDisk, root: str, fn: Callable[[Env], Any], *,
     The ledger is closed afterwards; `disk.freeze()` + `disk.materialize(root, image)`
     then give what a power loss leaves."""
     disk.adopt_tree(os.path.join(root, "blobs"))
-    with _ignore_unraisable(), FaultVFS(disk) as vfs:
+    with quiet_vfs_errors(), FaultVFS(disk) as vfs:
         env = Env(root, disk, vfs.name, PowerLossFileOps(disk, skip=skip), synchronous=synchronous)
         try:
             fn(env)
@@ -1006,21 +948,6 @@ class PointResult:
     @property
     def ok(self) -> bool:
         return not self.problems
-
-
-def _ignore_unraisable() -> contextlib.AbstractContextManager[None]:
-    """apsw reports VFS exceptions SQLite swallowed through sys.unraisablehook."""
-
-    @contextlib.contextmanager
-    def ctx() -> Iterator[None]:
-        old = sys.unraisablehook
-        sys.unraisablehook = lambda u: None
-        try:
-            yield
-        finally:
-            sys.unraisablehook = old
-
-    return ctx()
 
 
 def i9_problems(led: Ledger) -> list[str]:
@@ -1088,10 +1015,10 @@ KNOWN_BUGS = {
     "gc-double-collect": "GC records blob-collected for a blob whose unlink was never made"
                          " durable; after power loss the file is back and the next GC"
                          " records it again (test_regression_gc_records_a_collection_that_is_not_durable)",
-    "close-untyped": "Ledger.close lets apsw.IOError / apsw.FullError escape when the"
-                     " closing checkpoint fails (test_regression_close_lets_an_untyped_apsw_error_escape)",
-    "init-untyped": "an I/O error inside Ledger.init escapes as apsw.SQLError ('cannot"
-                    " rollback - no transaction is active') or apsw.IOError"
+    "close-untyped": "Ledger.close lets the SQLite driver's IOError / FullError escape when"
+                     " the closing checkpoint fails (test_regression_close_lets_an_untyped_driver_error_escape)",
+    "init-untyped": "an I/O error inside Ledger.init escapes as the SQLite driver's SQLError"
+                    " ('cannot rollback - no transaction is active') or IOError"
                     " (test_regression_io_error_inside_init_escapes_untyped)",
 }
 
@@ -1105,31 +1032,6 @@ KNOWN_BENIGN = {
 }
 
 
-def sqlite_view(path: str) -> dict[str, Any] | None:
-    """What plain SQLite (WAL recovery included) reads from a copy of the ledger file."""
-    tmp = tempfile.mkdtemp(prefix="view-", dir=os.path.dirname(path))
-    try:
-        for suffix in ("", "-wal"):
-            if os.path.exists(path + suffix):
-                shutil.copyfile(path + suffix, os.path.join(tmp, "l.db" + suffix))
-        if not os.path.exists(os.path.join(tmp, "l.db")):
-            return None
-        conn = apsw.Connection(os.path.join(tmp, "l.db"))
-        try:
-            return {
-                "quick_check": conn.execute("PRAGMA quick_check").fetchone()[0],
-                "application_id": conn.execute("PRAGMA application_id").fetchone()[0],
-                "user_version": conn.execute("PRAGMA user_version").fetchone()[0],
-                "schema": conn.execute("SELECT count(*) FROM sqlite_schema").fetchone()[0],
-            }
-        finally:
-            conn.close()
-    except apsw.Error:
-        return None
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
-
-
 def _open_after_crash(path: str, clock: Clock, init_acked: bool,
                       problems: list[str], known: list[str]) -> Ledger | None:
     """Ledger.open (read-write: catches projections up); the two known refusals are
@@ -1141,9 +1043,7 @@ def _open_after_crash(path: str, clock: Clock, init_acked: bool,
         if view is not None and view["quick_check"] == "ok" and view["schema"] > 0 \
                 and view["application_id"] == 0x53544C47 and isinstance(exc, NotALedger):
             known.append("header-in-wal")
-            conn = apsw.Connection(path)  # what an operator would do: let SQLite recover it
-            conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
-            conn.close()
+            recover_wal(path)  # what an operator would do: let SQLite recover it
             try:
                 return Ledger.open(path, clock=clock)
             except LedgerError as again:
@@ -1250,7 +1150,7 @@ def run_point(
         ws_root = workload.prepare(run_root)
         disk.adopt_tree(os.path.join(run_root, "blobs"))
         ops = PowerLossFileOps(disk, skip=skip)
-        with _ignore_unraisable(), FaultVFS(disk) as vfs:
+        with quiet_vfs_errors(), FaultVFS(disk) as vfs:
             env = Env(run_root, disk, vfs.name, ops, synchronous=synchronous, retries=retries,
                       ws_root=ws_root)
             try:

@@ -25,9 +25,8 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from .errors import LedgerError
-from .ledger import Ledger
-from .runner import run_step, run_step_wrong_order
+from .. import Ledger, LedgerError
+from ..runner import run_step, run_step_wrong_order
 
 STEP_ID = "chaos-step"
 

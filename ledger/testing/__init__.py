@@ -1,0 +1,15 @@
+"""stepledger's test machinery, shipped so that it runs on a user's own machine.
+
+- `faults`: power loss, I/O errors and disk full under a ledger (one simulated disk
+  under the SQLite files and the blob store), the crash and fault sweeps behind
+  ``stepledger chaos --power-loss`` / ``--io-errors`` and the test suite's fault tests;
+  the SQLite half of it (the fault VFS) is the SQLite store's,
+  `ledger.store.sqlite.faultvfs`.
+- `chaos`: ``stepledger chaos``, a real process SIGKILLed at every operation of a step.
+- `fuzz`: ``stepledger fuzz``, the interleaving search over the fence protocol, its
+  checkers and its shrinker.
+
+The runtime never imports this package: the library works without it, and only the
+``chaos`` and ``fuzz`` commands import it, inside their functions
+(tests/test_architecture.py checks both).
+"""

@@ -3,7 +3,7 @@
 Every transition of every step is one immutable event (docs/design.md "Events and the
 attempt lifecycle"). This module owns their shapes, validation at the boundary,
 deterministic encoding, journal-key derivation and the chain hash. It does no I/O
-and imports neither apsw nor click.
+and imports neither the SQLite driver nor click.
 
 Schema evolution: a new field gets a default; renaming or retyping a field needs a
 new tag or an upcaster keyed by the row's `v`. Never silently reuse a tag.

@@ -20,12 +20,11 @@ import msgspec
 from .blobs import (
     BlobStore,
     Content,
-    FileOps,
     check_content,
     content_bytes,
     content_digest,
 )
-from .store.sqlite.file import BUSY_TIMEOUT_MS, Database, Synchronous
+from .store.sqlite.file import BUSY_TIMEOUT_MS, Synchronous
 from .errors import (
     BlobCorrupt,
     BlobNotFound,
@@ -78,7 +77,7 @@ from .fences import (
     Write,
 )
 from .log import EventLog, Guard, Head
-from .store import EventQuery, ReadView, Tx
+from .store import EventQuery, ReadView, Store, Tx
 from .store.sqlite import SqliteStore
 from .projections import (
     StepRow,
@@ -168,14 +167,12 @@ class Ledger:
 
     def __init__(
         self,
-        db: Database,
+        store: Store,
         clock: Clock,
         created: bool = False,
         *,
-        blob_root: str | os.PathLike[str] | None = None,
         inline_max_bytes: int = INLINE_MAX_DEFAULT,
         hash_check_max_bytes: int = HASH_CHECK_MAX_DEFAULT,
-        on_op: Callable[[str], None] | None = None,
         compensation_window_s: float | None = None,
         witness: str | os.PathLike[str] | None = None,
         witness_check: bool = True,
@@ -186,11 +183,12 @@ class Ledger:
         # agree on it whoever opens the file); the option only names it at creation, or
         # for a ledger made before it was recorded. A stored value out of range was put
         # there by hand: refused, except by a forensic open (verify reports it).
-        stored = db.meta_value("compensation_window_s")
+        info = store.info
+        stored = store.view.meta("compensation_window_s")
         if stored is not None and window_problem(stored) is None:
             window = float(stored)
-        elif stored is not None and not db.forensic:
-            raise CorruptLedger(db.path, f"meta compensation_window_s {window_problem(stored)}"
+        elif stored is not None and not info.forensic:
+            raise CorruptLedger(info.location, f"meta compensation_window_s {window_problem(stored)}"
                                 " (the file was edited); run 'stepledger verify' to examine it")
         elif stored is not None:
             window = COMPENSATION_WINDOW_S_DEFAULT
@@ -201,21 +199,16 @@ class Ledger:
         self.options = Options(inline_max_bytes=inline_max_bytes,
                                hash_check_max_bytes=hash_check_max_bytes,
                                compensation_window_s=window)
-        root = blob_root if blob_root is not None else os.path.join(os.path.dirname(db.path), "blobs")
-        #: The ledger's storage (docs/storage.md): the SQLite file and its blob files.
-        self._store = SqliteStore(db, clock, BlobStore(root, FileOps(on_op)))
-        if stored is None and created and not db.readonly:
-            with self._store.transaction() as tx:
+        #: The ledger's storage (docs/storage.md): on SQLite, the file and its blob files.
+        self._store = store
+        if stored is None and created and not info.readonly:
+            with store.transaction() as tx:
                 tx.set_meta("compensation_window_s", repr(float(window)))
-        self._store.on_op = on_op
-        # Transitional (docs/storage.md "Migration"): the code not yet moved behind the
-        # storage interface still reaches the file through it.
-        self._db = db
         self.clock = clock
         self.created = created
         self._steps = StepsProjector()
-        self._log = EventLog(self._store, None if db.readonly else self._steps)
-        if not witness_check and not db.readonly:
+        self._log = EventLog(store, None if info.readonly else self._steps)
+        if not witness_check and not info.readonly:
             raise InvalidInput("witness_check=False is for read-only inspection; a writer"
                                " keeps the witness (to replace one, use anchor_witness)")
         #: The witness in use (the one given, else the one the ledger records); None if
@@ -295,23 +288,20 @@ class Ledger:
             # through a read-only open first: closing a read-write connection checkpoints
             # the WAL, which would change a file that is about to be refused.
             cls.open(path, readonly=True, clock=clock, vfs=vfs, witness=options.get("witness")).close()
-        db = Database.open(
-            os.fspath(path), readonly=readonly, synchronous=synchronous,
+        clock = clock or time.time_ns
+        store = SqliteStore.open(
+            os.fspath(path), clock=clock, readonly=readonly, synchronous=synchronous,
             busy_timeout_ms=busy_timeout_ms, vfs=vfs, forensic=forensic,
-        )
+            blob_root=options.pop("blob_root", None), on_op=options.pop("on_op", None))
         try:
-            ledger = cls(db, clock or time.time_ns, **options)
-        except BaseException:
-            db.close_refused()
-            raise
-        try:
+            ledger = cls(store, clock, **options)
             if resolve:
                 ledger._attach_witness()
             if not readonly:
                 catch_up(ledger._log)
                 ledger.blobs.make_private()  # a store made before blobs were private
         except BaseException:
-            db.close_refused()
+            store.close(refused=True)
             raise
         return ledger
 
@@ -339,20 +329,18 @@ class Ledger:
                          witness_check=options.get("witness_check", True)).close()
             except NotALedger:
                 pass  # `Database.create` judges it: an interrupted init is finished, else refused
-        db, created = Database.create(
-            os.fspath(path), synchronous=synchronous, busy_timeout_ms=busy_timeout_ms, vfs=vfs
-        )
+        clock = clock or time.time_ns
+        store, created = SqliteStore.create(
+            os.fspath(path), clock=clock, synchronous=synchronous,
+            busy_timeout_ms=busy_timeout_ms, vfs=vfs,
+            blob_root=options.pop("blob_root", None), on_op=options.pop("on_op", None))
         try:
-            ledger = cls(db, clock or time.time_ns, created, **options)
-        except BaseException:
-            db.close()
-            raise
-        try:
+            ledger = cls(store, clock, created, **options)
             ledger._attach_witness()
             if not created:
                 catch_up(ledger._log)
         except BaseException:
-            db.close()
+            store.close()
             raise
         return ledger
 

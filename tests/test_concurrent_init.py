@@ -72,3 +72,31 @@ def test_many_processes_creating_one_ledger_all_get_it(tmp_path: Path) -> None:
         assert not failed, failed
         with Ledger.open(str(path)) as led:
             assert led.verify().ok
+
+
+def test_switching_a_new_file_to_wal_waits_for_another_writer(tmp_path: Path) -> None:
+    """SQLite answers ``PRAGMA journal_mode=WAL`` with SQLITE_BUSY at once, without the busy
+    handler, while another connection holds a write lock on the file — what a second
+    process creating the same ledger at the same moment does. `Database.create` waits for it, as
+    long as the busy timeout (it reported "locked for 30s" at once)."""
+    import threading
+
+    import apsw
+
+    path = tmp_path / "ledger.db"
+    path.touch()
+    reader = apsw.Connection(str(path))
+    reader.execute("BEGIN IMMEDIATE")  # a write lock on the file, still in rollback mode
+    released = threading.Event()
+
+    def release() -> None:
+        released.wait(0.3)
+        reader.execute("COMMIT")
+
+    threading.Thread(target=release).start()
+    db, created = dbmod.Database.create(str(path))
+    try:
+        assert created and db.conn.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
+    finally:
+        db.close()
+        reader.close()

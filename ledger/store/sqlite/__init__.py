@@ -23,8 +23,17 @@ from typing import Any, Final
 
 import apsw
 
-from ...blobs import BlobStore
-from .file import GC_LOCK_NAME, LEDGER_FILE_MODE, ROW_ERRORS, Database, flock_held, read_error
+from ...blobs import BlobStore, FileOps
+from .file import (
+    BUSY_TIMEOUT_MS,
+    GC_LOCK_NAME,
+    LEDGER_FILE_MODE,
+    ROW_ERRORS,
+    Database,
+    Synchronous,
+    flock_held,
+    read_error,
+)
 from ...errors import CorruptLedger
 from ...events import genesis_hash
 from .. import (
@@ -357,6 +366,43 @@ class SqliteTx(SqliteView, TxBase):
 
 class SqliteStore:
     """A ledger file and its blob files (see the module docstring)."""
+
+    @classmethod
+    def open(cls, path: str, *, clock: Callable[[], int], readonly: bool = False,
+             synchronous: Synchronous = "FULL", busy_timeout_ms: int = BUSY_TIMEOUT_MS,
+             vfs: str | None = None, forensic: bool = False,
+             blob_root: str | os.PathLike[str] | None = None,
+             on_op: Callable[[str], None] | None = None) -> SqliteStore:
+        """Open the ledger file at `path` (refused files stay untouched: `Database.open`)
+        and its blob files (`blob_root`, default ``<ledger dir>/blobs``)."""
+        db = Database.open(path, readonly=readonly, synchronous=synchronous,
+                           busy_timeout_ms=busy_timeout_ms, vfs=vfs, forensic=forensic)
+        return cls._over(db, clock, blob_root, on_op)
+
+    @classmethod
+    def create(cls, path: str, *, clock: Callable[[], int], synchronous: Synchronous = "FULL",
+               busy_timeout_ms: int = BUSY_TIMEOUT_MS, vfs: str | None = None,
+               blob_root: str | os.PathLike[str] | None = None,
+               on_op: Callable[[str], None] | None = None) -> tuple[SqliteStore, bool]:
+        """Create the ledger file at `path`, or open the one there; and whether it was
+        created (`Database.create`)."""
+        db, created = Database.create(path, synchronous=synchronous,
+                                      busy_timeout_ms=busy_timeout_ms, vfs=vfs)
+        return cls._over(db, clock, blob_root, on_op), created
+
+    @classmethod
+    def _over(cls, db: Database, clock: Callable[[], int],
+              blob_root: str | os.PathLike[str] | None,
+              on_op: Callable[[str], None] | None) -> SqliteStore:
+        try:
+            root = blob_root if blob_root is not None else os.path.join(
+                os.path.dirname(db.path), "blobs")
+            store = cls(db, clock, BlobStore(root, FileOps(on_op)))
+            store.on_op = on_op
+        except BaseException:
+            db.close_refused()
+            raise
+        return store
 
     def __init__(self, db: Database, clock: Callable[[], int], files: BlobStore | None = None
                  ) -> None:

@@ -314,7 +314,7 @@ class Database:
             set_busy(conn, busy_timeout_ms)
             version = check_contents(conn, path)  # again: the file may have been swapped
             conn.config(apsw.SQLITE_DBCONFIG_ENABLE_TRIGGER, 1)  # our own, just verified
-            _set_wal(conn, path)
+            _set_wal(conn, path, busy_timeout_ms)
             conn.execute(f"PRAGMA synchronous={_check_sync(synchronous)}")
             db = cls(conn, path, version, readonly=False)
             db._open_lockq(busy_timeout_ms)
@@ -379,7 +379,7 @@ class Database:
         try:
             _harden(conn, allow_triggers=True)
             set_busy(conn, busy_timeout_ms)
-            _set_wal(conn, path)
+            _set_wal(conn, path, busy_timeout_ms)
             conn.execute(f"PRAGMA synchronous={_check_sync(synchronous)}")
             created = False
             conn.execute("BEGIN IMMEDIATE")
@@ -831,8 +831,22 @@ def _wal_has_frames(path: str) -> bool:
     return size >= WAL_HEADER + WAL_FRAME_HEADER + max(page_size, 512)
 
 
-def _set_wal(conn: apsw.Connection, path: str) -> None:
-    mode = conn.execute("PRAGMA journal_mode=WAL").fetchone()[0]
+def _set_wal(conn: apsw.Connection, path: str, busy_timeout_ms: int = BUSY_TIMEOUT_MS) -> None:
+    # Switching a new file to WAL needs its exclusive lock, and SQLite answers SQLITE_BUSY
+    # at once, without the busy handler, while another connection holds any lock on it:
+    # two processes creating one ledger at the same moment. Retried here, for as long as
+    # the busy timeout would have waited.
+    deadline = time.monotonic() + busy_timeout_ms / 1000
+    pause = 0.001
+    while True:
+        try:
+            mode = conn.execute("PRAGMA journal_mode=WAL").fetchone()[0]
+            break
+        except apsw.BusyError:
+            if time.monotonic() >= deadline:
+                raise
+            time.sleep(pause)
+            pause = min(pause * 2, 0.05)
     if str(mode).lower() != "wal":
         raise StorageFailure(path, f"SQLite answered journal_mode={mode!r} instead of 'wal'")
 

@@ -192,6 +192,12 @@ class Receipt(msgspec.Struct, frozen=True, kw_only=True):
     settled: bool = False
 
 
+#: What an apply came to (`ApplyResult.outcome`).
+Outcome = Literal["applied", "deduped", "rejected", "compensated"]
+#: Why an attempt was rejected (`ApplyResult.reason`; the `rejected` event records it).
+RejectReason = Literal["stale_rev", "pre_hash", "stale_epoch", "overlap"]
+
+
 class ApplyResult(msgspec.Struct, frozen=True, kw_only=True):
     """The verdict of an apply and, when the writes are (or were) applied, the receipt.
 
@@ -214,6 +220,20 @@ class ApplyResult(msgspec.Struct, frozen=True, kw_only=True):
     @property
     def applied(self) -> bool:
         return self.verdict in ("applied", "deduped")
+
+    @property
+    def outcome(self) -> Outcome:
+        """The verdict without its reason: ``applied``, ``deduped``, ``rejected`` or
+        ``compensated`` (`verdict` keeps the ``rejected:<reason>`` text of the JSON
+        contract)."""
+        return self.verdict.partition(":")[0]  # type: ignore[return-value]
+
+    @property
+    def reason(self) -> RejectReason | None:
+        """Why the attempt was rejected (``pre_hash``, ``stale_rev``, ``overlap``, …);
+        None unless `outcome` is ``rejected``."""
+        kind, _, why = self.verdict.partition(":")
+        return why if kind == "rejected" else None  # type: ignore[return-value]
 
 
 class Compensation(msgspec.Struct, frozen=True, kw_only=True):

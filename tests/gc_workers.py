@@ -170,7 +170,7 @@ def in_flight(ledger: Ledger, step: str, outputs: dict[str, bytes]) -> list[str]
 
 
 def present(ledger: Ledger, digest: str) -> bool:
-    with ledger._store.db.snapshot() as conn:
+    with ledger._store.db.read_transaction() as conn:
         if conn.execute("SELECT 1 FROM blob_data WHERE digest = ?", (digest,)).fetchone():
             return True
     return ledger.blobs.stat(digest) is not None

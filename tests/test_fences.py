@@ -574,3 +574,15 @@ def test_the_ledger_delegates_the_workspace_protocol(tmp_path: Path) -> None:
     assert isinstance(protocol, Workspaces)
     assert w.ledger.lease("w") == protocol.lease("w")
     assert w.ledger.workspaces() == protocol.workspaces() == [w.ledger.workspace("w")]
+
+
+def test_an_apply_result_is_typed_beside_its_verdict_text() -> None:
+    """`outcome` and `reason` are the verdict as types (the JSON contract keeps the text)."""
+    from ledger.fences import ApplyResult
+
+    rejected = ApplyResult(verdict="rejected:pre_hash", step="s", attempt=1)
+    assert (rejected.outcome, rejected.reason, rejected.applied) == ("rejected", "pre_hash", False)
+    for verdict in ("applied", "deduped", "compensated"):
+        done = ApplyResult(verdict=verdict, step="s", attempt=1)
+        assert (done.outcome, done.reason) == (verdict, None)
+    assert ApplyResult(verdict="deduped", step="s", attempt=1).applied

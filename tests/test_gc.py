@@ -104,13 +104,13 @@ def collected_events(ledger: Ledger) -> list[BlobCollected]:
 
 
 def condemned(ledger: Ledger) -> set[str]:
-    with ledger._store.db.snapshot() as conn:
+    with ledger._store.db.read_transaction() as conn:
         return {d for (d,) in conn.execute("SELECT digest FROM condemned")}
 
 
 def blob_count(ledger: Ledger) -> int:
     """Inline rows + files under the blob root (os.walk: links not followed)."""
-    with ledger._store.db.snapshot() as conn:
+    with ledger._store.db.read_transaction() as conn:
         rows = int(conn.execute("SELECT count(*) FROM blob_data").fetchone()[0])
     return rows + walk_bytes(ledger.blobs.root)[1]
 
@@ -370,7 +370,7 @@ def test_compensation_records_keep_the_pre_images_restore_needs(tmp_path: Path,
         comp = w.ledger.compensate("s1", epoch=w.epoch, reason="tests failed")
         assert [r.outcome for r in comp.restored] == ["restored"] and w.disk() == "v0"
         # the pins are released; only the compensation record holds v0 now
-        with w.ledger._store.db.snapshot() as conn:
+        with w.ledger._store.db.read_transaction() as conn:
             assert conn.execute("SELECT count(*) FROM pins").fetchone()[0] == 0
         clock.advance(400 * DAY)
         age_everything(w.ledger, 400 * DAY)
@@ -685,7 +685,7 @@ class Workload:
             except CompensationWindowClosed:
                 pass
         elif op == "temp":
-            with led._store.db.snapshot() as conn:
+            with led._store.db.read_transaction() as conn:
                 pins = [d for (d,) in conn.execute("SELECT digest FROM pins")]
             digest = rng.choice(pins) if pins and rng.random() < 0.5 else sha(
                 rng.randbytes(8))
@@ -693,7 +693,7 @@ class Workload:
                        data=rng.randbytes(rng.randint(0, 300)))
         elif op == "age":
             files = [os.path.join(d, n) for d, _, ns in os.walk(led.blobs.root) for n in ns]
-            with led._store.db.snapshot() as conn:
+            with led._store.db.read_transaction() as conn:
                 rows = [d for (d,) in conn.execute("SELECT digest FROM blob_data")]
             seconds = rng.choice([1800, 3 * 3600, 2 * DAY])
             if files and (not rows or rng.random() < 0.6):

@@ -231,7 +231,7 @@ def test_dedup_onto_an_old_orphan_with_gc_before_publish(tmp_path: Path,
         age_everything(writer, 3 * DAY)
         file_path = Path(writer.blobs.root, sha(data["l"])[:2], sha(data["l"]))
         inode = file_path.stat().st_ino
-        with gc._store.db.snapshot() as conn:
+        with gc._store.db.read_transaction() as conn:
             (old_ns,) = conn.execute("SELECT stored_ns FROM blob_data WHERE digest = ?",
                                      (sha(data["s"]),)).fetchone()
         if condemned_first:
@@ -241,7 +241,7 @@ def test_dedup_onto_an_old_orphan_with_gc_before_publish(tmp_path: Path,
         row = writer.plan("new", artifacts=tuple(data))
         # the inline artifact first: its dedup (pin, freshen, blob-stored) is one commit
         writer.store("new", row.attempt, "s", data["s"])
-        with gc._store.db.snapshot() as conn:
+        with gc._store.db.read_transaction() as conn:
             (new_ns,) = conn.execute("SELECT stored_ns FROM blob_data WHERE digest = ?",
                                      (sha(data["s"]),)).fetchone()
         assert new_ns > old_ns  # the inline dedup freshened the row
@@ -250,7 +250,7 @@ def test_dedup_onto_an_old_orphan_with_gc_before_publish(tmp_path: Path,
         writer.store("new", row.attempt, "l", data["l"])
         assert not armed[0] and len(reports) == 2  # GC ran inside the dedup put
         assert file_path.stat().st_ino == inode  # the "already exists" path was taken
-        with gc._store.db.snapshot() as conn:
+        with gc._store.db.read_transaction() as conn:
             assert conn.execute("SELECT count(*) FROM condemned").fetchone()[0] == 0
         age_everything(writer, 3 * DAY)  # and the writer stalls again before publishing
         reports.append(collect(gc))

@@ -441,7 +441,7 @@ class SqliteStore:
     def read(self) -> Iterator[SqliteView]:
         """A read transaction: every read inside sees one state (inside a transaction:
         the transaction's)."""
-        with self.db.snapshot():
+        with self.db.read_transaction():
             yield self.view
 
     def transaction(self, scope: Scope = Scope()) -> SqliteTx:

@@ -513,7 +513,7 @@ class Database:
         self._immutable = None if os.path.exists(wal_path(self.path)) else (st.st_mtime_ns, st.st_size)
 
     @contextlib.contextmanager
-    def snapshot(self) -> Iterator[apsw.Connection]:
+    def read_transaction(self) -> Iterator[apsw.Connection]:
         """A read transaction: every query inside sees one consistent state."""
         conn = self.conn
         if conn.in_transaction:

@@ -378,6 +378,13 @@ class Ledger:
         if self.readonly:
             return
         self._log.on_commit = lambda head: witness.write(head.seq, head.hash)
+        if self.witness_lag:
+            # An honest crash left the ledger ahead of its witness, and check_witness
+            # proved the tail was written under it: catch the witness up now, so a crash
+            # of this writer between its own COMMIT and witness write leaves one commit
+            # ahead again, never two.
+            head = self.head()
+            witness.write(head.seq, head.hash)
         if found is None:
             # First use (or a ledger witnessed before locations were recorded): start
             # the witness from here if it is blank, and record where it is.

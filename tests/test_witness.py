@@ -72,6 +72,30 @@ def test_an_honest_crash_one_commit_ahead_is_accepted(setup: tuple[Path, Path]) 
         assert ledger.witness_lag == 0
 
 
+def test_two_honest_crashes_in_a_row_stay_one_commit_ahead(setup: tuple[Path, Path]) -> None:
+    """A writer that opens a ledger one commit ahead of its witness (an honest crash)
+    catches the witness up at once: a second crash between its own COMMIT and witness
+    write leaves the ledger one commit ahead again, not two — which verify (rightly)
+    calls a tail written without the witness. Found by the model-based machine (a power
+    loss, a reopen, a kill)."""
+    path, w = setup
+    with Ledger.init(path, witness=w) as ledger:
+        append(ledger, 2)
+        ledger._log.on_commit = None  # dies between COMMIT and the witness write
+        append(ledger, 1, "first-crash")
+    with Ledger.open(path, witness=w) as ledger:
+        assert ledger.witness_lag == 1
+        ledger._log.on_commit = None  # and again, in the next process
+        append(ledger, 1, "second-crash")
+    with Ledger.open(path, witness=w, readonly=True) as ledger:
+        assert ledger.witness_lag == 1
+        assert ledger.verify().ok
+    with Ledger.open(path, witness=w) as ledger:
+        assert ledger.witness_lag == 1  # what this open found; it caught the witness up
+    with Ledger.open(path, witness=w, readonly=True) as ledger:
+        assert ledger.witness_lag == 0
+
+
 def test_a_tail_written_without_the_witness_is_refused(setup: tuple[Path, Path]) -> None:
     path, w = setup
     with Ledger.init(path, witness=w) as ledger:

@@ -246,6 +246,8 @@ def verify(
             findings.append(Finding(
                 "projection", 0, f"the projection tables cannot be read: {type(exc).__name__}: {exc}"
             ))
+        except RowsUnreadable as exc:  # the store cannot read them (a damaged page)
+            findings.append(Finding("projection", 0, f"the projection tables cannot be read: {exc}"))
     return VerifyReport(
         ok=not findings,
         events=total,

@@ -2111,3 +2111,16 @@ def test_a_witness_taken_away_or_a_rolled_back_directory_is_refused_by_the_cli(
         "deleted", "missing").replace("empty", "blank").replace("zeros", "blank")
     assert json.loads(r.stdout)["state"] == state, r.stdout
     assert changes(before, w.snap()) == []
+
+
+def test_regression_a_verify_that_cannot_build_its_scratch_copy_reports_it(scratch: Path) -> None:
+    """Two mutants of the full sweep (a flipped bit, set bytes: a trigger changed and a
+    page malformed): the forensic open accepted them, verify's scratch copy could not be
+    made (SQLite: 'database disk image is malformed'), and verify raised CorruptLedger
+    (exit 2) instead of reporting it — leaving the -wal/-shm of the accepted open beside a
+    file it then refused. Now a finding (exit 1), like every other unreadable part."""
+    template = build_mutant_template(scratch / "t")
+    for seed, _kind, result, changed in run_mutants(template.db, [20241344, 20242251],
+                                                    template.blobs, scratch, 1):
+        assert result is not None and result["cli verify"] == "exit 1", (seed, result)
+        assert changed is False, seed

@@ -16,7 +16,7 @@ from typing import Final
 import apsw
 
 from ...projections.steps import StepRow
-from .. import CondemnedCheck, EntryRow
+from .. import CondemnedCheck, EntryRow, RowsUnreadable
 from . import tables as tb
 
 #: The rebuild verify compares the tables with: TEMP tables (disk-backed: SQLite's temp
@@ -159,12 +159,17 @@ class Scratch(TableSink):
 
 @contextlib.contextmanager
 def scratch(conn: apsw.Connection) -> Iterator[Scratch]:
+    """The scratch copy for the block; what SQLite cannot read while making or comparing
+    it (a damaged page, a malformed schema) is RowsUnreadable, which verify reports."""
     s = Scratch(conn)
-    s.create()
     try:
+        s.create()
         yield s
+    except apsw.Error as exc:
+        raise RowsUnreadable(f"{type(exc).__name__}: {exc}") from None
     finally:
-        s.drop()
+        with contextlib.suppress(apsw.Error):
+            s.drop()
 
 
 def _create_temp_like(conn: apsw.Connection, table: str, temp: str) -> None:

@@ -15,19 +15,16 @@ from __future__ import annotations
 
 import base64
 import codecs
-import csv
 import datetime as dt
 import errno
 import functools
-import json
 import math
 import os
 import re
 import signal
 import sys
-import tempfile
 from collections.abc import Callable, Iterator, Sequence
-from typing import Any, BinaryIO, TypeVar
+from typing import TYPE_CHECKING, Any, BinaryIO, TypeVar
 
 import click
 import msgspec
@@ -47,15 +44,23 @@ from .errors import (
     Unsettled,
 )
 from .events import KINDS, Manifest, RecordedEvent, WitnessAnchored, check_relpath, to_builtins
-from .fences import FENCE_MODES, ApplyResult, Compensation, FileRead, Lease
-from .fences import settle_conflicts
-from .ledger import DEFAULT_PATH, Ledger
-from .plans import INPUT_FILE_MAX, check_settled, input_content, load_plan, open_input
-from .projections import StepRow
-from .projections.steps import IN_FLIGHT, STATES
-from .projections.workspaces import WsRow
-from .store.sqlite import errors as sqlite_errors
-from .store.sqlite.export import exported_rows, unexportable
+
+# A command imports what it uses (the ledger, plans, the store's errors, gc, export, ...)
+# when it runs: `stepledger --help` or one command's run pays for no other's imports
+# (docs/performance.md "The command line"). Its options' choices are spelled out here;
+# tests/test_cli_fast.py checks they are the library's.
+if TYPE_CHECKING:
+    from .fences import ApplyResult, Compensation, FileRead, Lease
+    from .ledger import Ledger
+    from .projections import StepRow
+    from .projections.workspaces import WsRow
+
+#: `ledger.DEFAULT_PATH`, `fences.FENCE_MODES`, `projections.steps.STATES` and `IN_FLIGHT`.
+DEFAULT_PATH = os.path.join(".stepledger", "ledger.db")
+FENCE_MODES = ("step", "plan", "none")
+STATES = ("planned", "fenced", "blob-stored", "manifest-published", "acked", "compensated",
+          "rejected")
+IN_FLIGHT = frozenset({"planned", "fenced", "blob-stored"})
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -140,28 +145,41 @@ class LedgerGroup(_NamesItsParse, click.Group):
             _fail_typed(ctx, refusal.error, refusal.document, refusal.note)
         except LedgerError as exc:
             _fail_typed(ctx, exc)
-        # The store's errors no boundary mapped (each maps its own): what they mean.
-        except sqlite_errors.BUSY_ERRORS:
-            _fail(ctx, "the ledger stayed locked by another writer; retry later",
-                  EXIT_ENVIRONMENT, "LedgerBusy", {"path": _ledger_path(ctx)})
-        except sqlite_errors.STORAGE_ERRORS as exc:
-            _fail(ctx, f"storage failed: {exc}; free space or fix the disk, then retry",
-                  EXIT_ENVIRONMENT, "StorageFailure", {"path": _ledger_path(ctx), "what": str(exc)})
-        except sqlite_errors.DAMAGE_ERRORS as exc:
-            # A last resort: a read boundary missed a damaged row (each maps it itself).
-            path = _ledger_path(ctx)
-            why = f"{type(exc).__name__}: {exc}"
-            _fail(ctx, f"ledger {path} is damaged ({why}); run 'stepledger verify' and restore"
-                  " it from a backup", EXIT_USAGE, "CorruptLedger", {"path": path, "why": why})
-        except OSError as exc:
-            if exc.errno == errno.EPIPE:
-                sys.exit(0)  # the reader of our output went away (| head)
-            _fail(ctx, f"{exc.strerror or exc} ({exc.filename or 'no file'})", EXIT_ENVIRONMENT,
-                  "EnvironmentFailure",
-                  {"errno": errno.errorcode.get(exc.errno or 0), "filename": _jsonable(exc.filename)})
-        except EOFError:
-            _fail(ctx, "the input ended before it was complete; give it whole", EXIT_USAGE,
-                  "InvalidInput")
+        except (click.ClickException, click.exceptions.Exit, click.Abort):
+            raise  # click's own (--help included): `main` reports them
+        except Exception as exc:
+            _fail_unmapped(ctx, exc)
+
+
+def _fail_unmapped(ctx: click.Context, exc: Exception) -> None:
+    """An exception no typed error carried: the store's (what it means), the OS's, EOF;
+    anything else propagates (a bug: its traceback is the report)."""
+    from .store.sqlite import errors as sqlite_errors
+
+    try:
+        raise exc
+    # The store's errors no boundary mapped (each maps its own): what they mean.
+    except sqlite_errors.BUSY_ERRORS:
+        _fail(ctx, "the ledger stayed locked by another writer; retry later",
+              EXIT_ENVIRONMENT, "LedgerBusy", {"path": _ledger_path(ctx)})
+    except sqlite_errors.STORAGE_ERRORS as exc:
+        _fail(ctx, f"storage failed: {exc}; free space or fix the disk, then retry",
+              EXIT_ENVIRONMENT, "StorageFailure", {"path": _ledger_path(ctx), "what": str(exc)})
+    except sqlite_errors.DAMAGE_ERRORS as exc:
+        # A last resort: a read boundary missed a damaged row (each maps it itself).
+        path = _ledger_path(ctx)
+        why = f"{type(exc).__name__}: {exc}"
+        _fail(ctx, f"ledger {path} is damaged ({why}); run 'stepledger verify' and restore"
+              " it from a backup", EXIT_USAGE, "CorruptLedger", {"path": path, "why": why})
+    except OSError as exc:
+        if exc.errno == errno.EPIPE:
+            sys.exit(0)  # the reader of our output went away (| head)
+        _fail(ctx, f"{exc.strerror or exc} ({exc.filename or 'no file'})", EXIT_ENVIRONMENT,
+              "EnvironmentFailure",
+              {"errno": errno.errorcode.get(exc.errno or 0), "filename": _jsonable(exc.filename)})
+    except EOFError:
+        _fail(ctx, "the input ended before it was complete; give it whole", EXIT_USAGE,
+              "InvalidInput")
 
 
 #: The exit code of a command interrupted by SIGINT (Ctrl-C): 128 + the signal's number.
@@ -321,6 +339,8 @@ def _progress(label: str) -> Any:
 
 def _open(ctx: click.Context, *, readonly: bool, witness_check: bool = True,
           forensic: bool = False) -> Ledger:
+    from .ledger import Ledger
+
     return Ledger.open(ctx.obj["ledger_path"], readonly=readonly, forensic=forensic,
                        witness=ctx.obj.get("witness"), witness_check=witness_check)
 
@@ -467,6 +487,8 @@ def init(ctx: click.Context, as_json: bool) -> None:
     \b
         stepledger --ledger ws/.stepledger/ledger.db init
     """
+    from .ledger import Ledger
+
     path = ctx.obj["ledger_path"]
     with Ledger.init(path, witness=ctx.obj.get("witness")) as ledger:
         info = {"path": os.path.abspath(path), "created": ledger.created, "ledger_id": ledger.ledger_id}
@@ -681,6 +703,8 @@ def export(ctx: click.Context, what: str, fmt: str) -> None:
         stepledger export --what events > events.jsonl
         stepledger export --what steps --format csv > steps.csv
     """
+    from .store.sqlite.export import exported_rows, unexportable
+
     path = ctx.obj["ledger_path"]
     # validates the file before anything reads it; the output is spooled, so a damaged
     # row fails the command before anything is printed
@@ -706,6 +730,8 @@ class _Spool:
         self._file: Any = None
 
     def __enter__(self) -> _Spool:
+        import tempfile
+
         self._file = tempfile.SpooledTemporaryFile(max_size=32 * 1024 * 1024, mode="w+",
                                                    encoding="utf-8", newline="")
         return self
@@ -724,6 +750,9 @@ class _Spool:
 
 
 def _write_rows(rows: Iterator[dict[str, Any]], fmt: str, out: Any) -> None:
+    import csv
+    import json
+
     writer = None
     for row in rows:
         if fmt == "jsonl":
@@ -741,6 +770,8 @@ def _csv_value(value: Any) -> Any:
     if isinstance(value, bool):
         return "true" if value else "false"
     if isinstance(value, dict | list):
+        import json
+
         return json.dumps(value)
     return value
 
@@ -996,6 +1027,8 @@ def workspace_read(ctx: click.Context, path: str, ws_name: str | None, as_json: 
     "pre_hash": null). --json prints them in one object (content as text when it is
     UTF-8, else content_base64). Files up to 1 GiB.
     """
+    from .plans import INPUT_FILE_MAX
+
     name = _workspace(ctx, ws_name)
     with _open(ctx, readonly=True) as ledger:
         got = ledger.read_file(name, path, max_bytes=INPUT_FILE_MAX)
@@ -1184,6 +1217,8 @@ def lease_settle(ctx: click.Context, ws_name: str | None, epoch: int | None, as_
     `lease acquire` does this itself; run it when an apply answers Unsettled. Exit 1
     when a path conflicts (it was changed since: nothing was overwritten, a human decides).
     """
+    from .fences import settle_conflicts
+
     name = _workspace(ctx, ws_name)
     epoch = _need_epoch(epoch, "settling")
     with _open(ctx, readonly=False) as ledger:
@@ -1252,6 +1287,8 @@ def step_plan(ctx: click.Context, plan_file: str, ws_name: str | None, epoch: in
     Only the operator turns a protection off (--fence plan|none, --no-journal): a plan
     that sets "fence" or "journal" otherwise is refused (exit 2, OperatorOnly).
     """
+    from .plans import check_settled, load_plan
+
     name = _workspace(ctx, ws_name)
     epoch = _need_epoch(epoch, "planning")
     with click.open_file(plan_file, "rb") as f:
@@ -1323,6 +1360,8 @@ def step_apply(ctx: click.Context, step_id: str, attempt: int | None, epoch: int
     when rejected (stale_rev, pre_hash, overlap) or the attempt already ended
     (compensated), or when the epoch is not live (a zombie: StaleEpoch).
     """
+    from .plans import check_settled
+
     epoch = _need_epoch(epoch, "applying")
     with _open(ctx, readonly=False) as ledger:
         row = ledger.step(step_id)
@@ -1439,6 +1478,8 @@ def step_store(ctx: click.Context, step_id: str, files: tuple[str, ...], names: 
     Small files go inside the ledger, large ones into the blob store beside it,
     streamed: a file is never held in memory whole, whatever its size.
     """
+    from .plans import input_content, open_input
+
     if names and len(names) != len(files):
         shown = f"{len(files)} FILE{'' if len(files) == 1 else 's'}"
         raise click.UsageError(f"give one --as NAME per FILE, in order: {shown},"
@@ -1987,6 +2028,8 @@ def witness_anchor(ctx: click.Context, target: str | None, force: bool, as_json:
     the old witness says the ledger lost history, unless --force. Exit 0 anchored,
     1 refused, 2 bad input (a relative path, a file that is not a witness), 3 storage.
     """
+    from .ledger import Ledger
+
     update, finish = _progress("verifying")
     try:
         recorded = Ledger.anchor_witness(ctx.obj["ledger_path"], target or ctx.obj.get("witness"),

@@ -11,94 +11,142 @@ step's current state and can be rebuilt from the events at any time.
         print(ledger.step("fetch").state)        # planned
 """
 
-from .errors import (
-    AccessDenied,
-    AnchorRefused,
-    BlobCorrupt,
-    BlobNotFound,
-    CollectorBusy,
-    CompensationConflict,
-    CompensationWindowClosed,
-    ContentChanged,
-    ContentFileEscapes,
-    CorruptLedger,
-    EnvironmentFailure,
-    GcRefused,
-    HeadMismatch,
-    IdempotencyConflict,
-    IllegalTransition,
-    IllegalWorkspaceTransition,
-    InvalidInput,
-    LeaseHeld,
-    LedgerBusy,
-    LedgerError,
-    LedgerNotFound,
-    LedgerTooNew,
-    ManifestConflict,
-    NotALedger,
-    OperatorOnly,
-    PathEscapes,
-    PathForbidden,
-    PlanConflict,
-    ProtocolRefused,
-    ReadOnlyLedger,
-    ReplanRefused,
-    StaleEpoch,
-    StepRejected,
-    StorageFailure,
-    UnknownStep,
-    UnknownWorkspace,
-    Unsettled,
-    WitnessElsewhere,
-    WitnessMismatch,
-    WitnessMissing,
-    WorkspaceMoved,
-    WorkspaceOverlap,
-)
-from .events import (
-    Acked,
-    AppliedWrite,
-    BlobCollected,
-    BlobPinned,
-    BlobStored,
-    Compensated,
-    Event,
-    Fenced,
-    LeaseAcquired,
-    LeaseReleased,
-    LeaseRenewed,
-    ManifestEntry,
-    ManifestPublished,
-    Planned,
-    PlannedWrite,
-    RecordedEvent,
-    Rejected,
-    Restored,
-    StepEvent,
-    WitnessAnchored,
-    WorkspaceAdded,
-    WorkspaceRebound,
-    WorkspaceRestored,
-    journal_key,
-)
-from .fences import (
-    ApplyResult,
-    Compensation,
-    FileRead,
-    Lease,
-    Receipt,
-    SettleConflict,
-    StepPlan,
-    Write,
-)
-from .ledger import DEFAULT_PATH, Ledger
-from .log import Head
-from .plans import Plan, check_settled, load_plan
-from .projections import StepRow
-from .verify import Finding, VerifyReport
-from .witness import WitnessStatus
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:  # what a type checker sees; at run time, __getattr__ below
+    from .errors import (
+        AccessDenied,
+        AnchorRefused,
+        BlobCorrupt,
+        BlobNotFound,
+        CollectorBusy,
+        CompensationConflict,
+        CompensationWindowClosed,
+        ContentChanged,
+        ContentFileEscapes,
+        CorruptLedger,
+        EnvironmentFailure,
+        GcRefused,
+        HeadMismatch,
+        IdempotencyConflict,
+        IllegalTransition,
+        IllegalWorkspaceTransition,
+        InvalidInput,
+        LeaseHeld,
+        LedgerBusy,
+        LedgerError,
+        LedgerNotFound,
+        LedgerTooNew,
+        ManifestConflict,
+        NotALedger,
+        OperatorOnly,
+        PathEscapes,
+        PathForbidden,
+        PlanConflict,
+        ProtocolRefused,
+        ReadOnlyLedger,
+        ReplanRefused,
+        StaleEpoch,
+        StepRejected,
+        StorageFailure,
+        UnknownStep,
+        UnknownWorkspace,
+        Unsettled,
+        WitnessElsewhere,
+        WitnessMismatch,
+        WitnessMissing,
+        WorkspaceMoved,
+        WorkspaceOverlap,
+    )
+    from .events import (
+        Acked,
+        AppliedWrite,
+        BlobCollected,
+        BlobPinned,
+        BlobStored,
+        Compensated,
+        Event,
+        Fenced,
+        LeaseAcquired,
+        LeaseReleased,
+        LeaseRenewed,
+        ManifestEntry,
+        ManifestPublished,
+        Planned,
+        PlannedWrite,
+        RecordedEvent,
+        Rejected,
+        Restored,
+        StepEvent,
+        WitnessAnchored,
+        WorkspaceAdded,
+        WorkspaceRebound,
+        WorkspaceRestored,
+        journal_key,
+    )
+    from .fences import (
+        ApplyResult,
+        Compensation,
+        FileRead,
+        Lease,
+        Receipt,
+        SettleConflict,
+        StepPlan,
+        Write,
+    )
+    from .ledger import DEFAULT_PATH, Ledger
+    from .log import Head
+    from .plans import Plan, check_settled, load_plan
+    from .projections import StepRow
+    from .verify import Finding, VerifyReport
+    from .witness import WitnessStatus
 
 __version__ = "0.1.0"
+
+#: Each public name -> the submodule it is imported from, on first use (PEP 562): `import
+#: ledger.cli` or `import ledger.errors` does not import the whole library.
+_EXPORTS: dict[str, tuple[str, ...]] = {
+    "errors": ("AccessDenied", "AnchorRefused", "BlobCorrupt", "BlobNotFound", "CollectorBusy",
+        "CompensationConflict", "CompensationWindowClosed", "ContentChanged",
+        "ContentFileEscapes", "CorruptLedger", "EnvironmentFailure", "GcRefused",
+        "HeadMismatch", "IdempotencyConflict", "IllegalTransition",
+        "IllegalWorkspaceTransition", "InvalidInput", "LeaseHeld", "LedgerBusy",
+        "LedgerError", "LedgerNotFound", "LedgerTooNew", "ManifestConflict", "NotALedger",
+        "OperatorOnly", "PathEscapes", "PathForbidden", "PlanConflict", "ProtocolRefused",
+        "ReadOnlyLedger", "ReplanRefused", "StaleEpoch", "StepRejected", "StorageFailure",
+        "UnknownStep", "UnknownWorkspace", "Unsettled", "WitnessElsewhere",
+        "WitnessMismatch", "WitnessMissing", "WorkspaceMoved", "WorkspaceOverlap"),
+    "events": ("Acked", "AppliedWrite", "BlobCollected", "BlobPinned", "BlobStored", "Compensated",
+        "Event", "Fenced", "LeaseAcquired", "LeaseReleased", "LeaseRenewed",
+        "ManifestEntry", "ManifestPublished", "Planned", "PlannedWrite", "RecordedEvent",
+        "Rejected", "Restored", "StepEvent", "WitnessAnchored", "WorkspaceAdded",
+        "WorkspaceRebound", "WorkspaceRestored", "journal_key"),
+    "fences": ("ApplyResult", "Compensation", "FileRead", "Lease", "Receipt", "SettleConflict",
+        "StepPlan", "Write"),
+    "ledger": ("DEFAULT_PATH", "Ledger"),
+    "log": ("Head",),
+    "plans": ("Plan", "check_settled", "load_plan"),
+    "projections": ("StepRow",),
+    "verify": ("Finding", "VerifyReport"),
+    "witness": ("WitnessStatus",),
+}
+_WHERE = {name: module for module, names in _EXPORTS.items() for name in names}
+
+
+def __getattr__(name: str) -> object:
+    module = _WHERE.get(name)
+    if module is None:
+        raise AttributeError(f"module 'ledger' has no attribute {name!r}")
+    from importlib import import_module
+
+    value = getattr(import_module(f".{module}", __name__), name)
+    globals()[name] = value  # found once
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *__all__})
+
 
 __all__ = [
     "AccessDenied",

@@ -15,19 +15,16 @@ from __future__ import annotations
 
 import base64
 import codecs
-import csv
 import datetime as dt
 import errno
 import functools
-import json
 import math
 import os
 import re
 import signal
 import sys
-import tempfile
 from collections.abc import Callable, Iterator, Sequence
-from typing import Any, BinaryIO, TypeVar
+from typing import TYPE_CHECKING, Any, BinaryIO, TypeVar
 
 import click
 import msgspec
@@ -47,15 +44,25 @@ from .errors import (
     Unsettled,
 )
 from .events import KINDS, Manifest, RecordedEvent, WitnessAnchored, check_relpath, to_builtins
-from .fences import FENCE_MODES, ApplyResult, Compensation, FileRead, Lease
-from .fences import settle_conflicts
-from .ledger import DEFAULT_PATH, Ledger
-from .plans import INPUT_FILE_MAX, check_settled, input_content, load_plan, open_input
-from .projections import StepRow
-from .projections.steps import IN_FLIGHT, STATES
-from .projections.workspaces import WsRow
-from .store.sqlite import errors as sqlite_errors
-from .store.sqlite.export import exported_rows, unexportable
+
+# A command imports what it uses (the ledger, plans, the store's errors, gc, export, ...)
+# when it runs: `stepledger --help` or one command's run pays for no other's imports
+# (docs/performance.md "The command line"). Its options' choices are spelled out here;
+# tests/test_cli_fast.py checks they are the library's.
+if TYPE_CHECKING:
+    from .events import BlobStored
+    from .fences import ApplyResult, Compensation, FileRead, Lease
+    from .ledger import Ledger
+    from .plans import Plan
+    from .projections import StepRow
+    from .projections.workspaces import WsRow
+
+#: `ledger.DEFAULT_PATH`, `fences.FENCE_MODES`, `projections.steps.STATES` and `IN_FLIGHT`.
+DEFAULT_PATH = os.path.join(".stepledger", "ledger.db")
+FENCE_MODES = ("step", "plan", "none")
+STATES = ("planned", "fenced", "blob-stored", "manifest-published", "acked", "compensated",
+          "rejected")
+IN_FLIGHT = frozenset({"planned", "fenced", "blob-stored"})
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -140,28 +147,41 @@ class LedgerGroup(_NamesItsParse, click.Group):
             _fail_typed(ctx, refusal.error, refusal.document, refusal.note)
         except LedgerError as exc:
             _fail_typed(ctx, exc)
-        # The store's errors no boundary mapped (each maps its own): what they mean.
-        except sqlite_errors.BUSY_ERRORS:
-            _fail(ctx, "the ledger stayed locked by another writer; retry later",
-                  EXIT_ENVIRONMENT, "LedgerBusy", {"path": _ledger_path(ctx)})
-        except sqlite_errors.STORAGE_ERRORS as exc:
-            _fail(ctx, f"storage failed: {exc}; free space or fix the disk, then retry",
-                  EXIT_ENVIRONMENT, "StorageFailure", {"path": _ledger_path(ctx), "what": str(exc)})
-        except sqlite_errors.DAMAGE_ERRORS as exc:
-            # A last resort: a read boundary missed a damaged row (each maps it itself).
-            path = _ledger_path(ctx)
-            why = f"{type(exc).__name__}: {exc}"
-            _fail(ctx, f"ledger {path} is damaged ({why}); run 'stepledger verify' and restore"
-                  " it from a backup", EXIT_USAGE, "CorruptLedger", {"path": path, "why": why})
-        except OSError as exc:
-            if exc.errno == errno.EPIPE:
-                sys.exit(0)  # the reader of our output went away (| head)
-            _fail(ctx, f"{exc.strerror or exc} ({exc.filename or 'no file'})", EXIT_ENVIRONMENT,
-                  "EnvironmentFailure",
-                  {"errno": errno.errorcode.get(exc.errno or 0), "filename": _jsonable(exc.filename)})
-        except EOFError:
-            _fail(ctx, "the input ended before it was complete; give it whole", EXIT_USAGE,
-                  "InvalidInput")
+        except (click.ClickException, click.exceptions.Exit, click.Abort):
+            raise  # click's own (--help included): `main` reports them
+        except Exception as exc:
+            _fail_unmapped(ctx, exc)
+
+
+def _fail_unmapped(ctx: click.Context, exc: Exception) -> None:
+    """An exception no typed error carried: the store's (what it means), the OS's, EOF;
+    anything else propagates (a bug: its traceback is the report)."""
+    from .store.sqlite import errors as sqlite_errors
+
+    try:
+        raise exc
+    # The store's errors no boundary mapped (each maps its own): what they mean.
+    except sqlite_errors.BUSY_ERRORS:
+        _fail(ctx, "the ledger stayed locked by another writer; retry later",
+              EXIT_ENVIRONMENT, "LedgerBusy", {"path": _ledger_path(ctx)})
+    except sqlite_errors.STORAGE_ERRORS as exc:
+        _fail(ctx, f"storage failed: {exc}; free space or fix the disk, then retry",
+              EXIT_ENVIRONMENT, "StorageFailure", {"path": _ledger_path(ctx), "what": str(exc)})
+    except sqlite_errors.DAMAGE_ERRORS as exc:
+        # A last resort: a read boundary missed a damaged row (each maps it itself).
+        path = _ledger_path(ctx)
+        why = f"{type(exc).__name__}: {exc}"
+        _fail(ctx, f"ledger {path} is damaged ({why}); run 'stepledger verify' and restore"
+              " it from a backup", EXIT_USAGE, "CorruptLedger", {"path": path, "why": why})
+    except OSError as exc:
+        if exc.errno == errno.EPIPE:
+            sys.exit(0)  # the reader of our output went away (| head)
+        _fail(ctx, f"{exc.strerror or exc} ({exc.filename or 'no file'})", EXIT_ENVIRONMENT,
+              "EnvironmentFailure",
+              {"errno": errno.errorcode.get(exc.errno or 0), "filename": _jsonable(exc.filename)})
+    except EOFError:
+        _fail(ctx, "the input ended before it was complete; give it whole", EXIT_USAGE,
+              "InvalidInput")
 
 
 #: The exit code of a command interrupted by SIGINT (Ctrl-C): 128 + the signal's number.
@@ -321,6 +341,8 @@ def _progress(label: str) -> Any:
 
 def _open(ctx: click.Context, *, readonly: bool, witness_check: bool = True,
           forensic: bool = False) -> Ledger:
+    from .ledger import Ledger
+
     return Ledger.open(ctx.obj["ledger_path"], readonly=readonly, forensic=forensic,
                        witness=ctx.obj.get("witness"), witness_check=witness_check)
 
@@ -467,6 +489,8 @@ def init(ctx: click.Context, as_json: bool) -> None:
     \b
         stepledger --ledger ws/.stepledger/ledger.db init
     """
+    from .ledger import Ledger
+
     path = ctx.obj["ledger_path"]
     with Ledger.init(path, witness=ctx.obj.get("witness")) as ledger:
         info = {"path": os.path.abspath(path), "created": ledger.created, "ledger_id": ledger.ledger_id}
@@ -681,6 +705,8 @@ def export(ctx: click.Context, what: str, fmt: str) -> None:
         stepledger export --what events > events.jsonl
         stepledger export --what steps --format csv > steps.csv
     """
+    from .store.sqlite.export import exported_rows, unexportable
+
     path = ctx.obj["ledger_path"]
     # validates the file before anything reads it; the output is spooled, so a damaged
     # row fails the command before anything is printed
@@ -706,6 +732,8 @@ class _Spool:
         self._file: Any = None
 
     def __enter__(self) -> _Spool:
+        import tempfile
+
         self._file = tempfile.SpooledTemporaryFile(max_size=32 * 1024 * 1024, mode="w+",
                                                    encoding="utf-8", newline="")
         return self
@@ -724,6 +752,9 @@ class _Spool:
 
 
 def _write_rows(rows: Iterator[dict[str, Any]], fmt: str, out: Any) -> None:
+    import csv
+    import json
+
     writer = None
     for row in rows:
         if fmt == "jsonl":
@@ -741,6 +772,8 @@ def _csv_value(value: Any) -> Any:
     if isinstance(value, bool):
         return "true" if value else "false"
     if isinstance(value, dict | list):
+        import json
+
         return json.dumps(value)
     return value
 
@@ -795,6 +828,18 @@ def workspace_option(f: F) -> F:
         "--workspace", "ws_name", metavar="NAME",
         help=f"The workspace (default: the global --workspace, or {ENV_WORKSPACE}).",
     )(f)
+
+
+def fence_options(f: F) -> F:
+    """`--fence` and `--journal/--no-journal`: the operator's protections (step plan, run)."""
+    f = click.option("--journal/--no-journal", default=True, show_default=True,
+                     help="--no-journal: a redelivered apply applies again. Recorded;"
+                          " verify warns.")(f)
+    return click.option("--fence", type=click.Choice(FENCE_MODES), default="step",
+                        show_default=True,
+                        help="The operator's choice of fence: 'plan' checks only the workspace"
+                             " rev, 'none' nothing (a human's edit is overwritten). Recorded;"
+                             " verify warns.")(f)
 
 
 def _workspace(ctx: click.Context, ws_name: str | None) -> str:
@@ -996,6 +1041,8 @@ def workspace_read(ctx: click.Context, path: str, ws_name: str | None, as_json: 
     "pre_hash": null). --json prints them in one object (content as text when it is
     UTF-8, else content_base64). Files up to 1 GiB.
     """
+    from .plans import INPUT_FILE_MAX
+
     name = _workspace(ctx, ws_name)
     with _open(ctx, readonly=True) as ledger:
         got = ledger.read_file(name, path, max_bytes=INPUT_FILE_MAX)
@@ -1184,6 +1231,8 @@ def lease_settle(ctx: click.Context, ws_name: str | None, epoch: int | None, as_
     `lease acquire` does this itself; run it when an apply answers Unsettled. Exit 1
     when a path conflicts (it was changed since: nothing was overwritten, a human decides).
     """
+    from .fences import settle_conflicts
+
     name = _workspace(ctx, ws_name)
     epoch = _need_epoch(epoch, "settling")
     with _open(ctx, readonly=False) as ledger:
@@ -1221,6 +1270,9 @@ def step() -> None:
         stepledger step apply s1 --epoch 3 --json > applied.json
         stepledger step publish s1 --receipt applied.json
         stepledger step ack s1
+    \b
+    The same in one process (a harness's one call per step; safe to re-run):
+        stepledger --workspace w step run plan.json out/log.txt --epoch 3 --json
     """
 
 
@@ -1233,11 +1285,7 @@ def step() -> None:
 @click.argument("plan_file", metavar="FILE|-", type=click.Path(dir_okay=False, allow_dash=True, exists=True))
 @workspace_option
 @epoch_option("The live epoch the steps run under.")
-@click.option("--fence", type=click.Choice(FENCE_MODES), default="step", show_default=True,
-              help="The operator's choice of fence: 'plan' checks only the workspace rev,"
-                   " 'none' nothing (a human's edit is overwritten). Recorded; verify warns.")
-@click.option("--journal/--no-journal", default=True, show_default=True,
-              help="--no-journal: a redelivered apply applies again. Recorded; verify warns.")
+@fence_options
 @json_option
 @click.pass_context
 def step_plan(ctx: click.Context, plan_file: str, ws_name: str | None, epoch: int | None,
@@ -1254,42 +1302,64 @@ def step_plan(ctx: click.Context, plan_file: str, ws_name: str | None, epoch: in
     """
     name = _workspace(ctx, ws_name)
     epoch = _need_epoch(epoch, "planning")
+    plan = _read_plan(ctx, plan_file)
+    with _open(ctx, readonly=False) as ledger:
+        rows, rejected = _admit(ledger, name, epoch, plan, fence, journal)
+    document = {"workspace": name, "epoch": epoch, "ok": rejected is None, "steps": rows}
+    if not as_json:
+        _echo_admitted(rows)
+    if rejected is not None:
+        raise Refusal(_rejection(rejected), document if as_json else None)
+    if as_json:
+        _emit_json(document)
+
+
+def _read_plan(ctx: click.Context, plan_file: str) -> Plan:
+    """The plan in FILE (or stdin, -), checked; its content files are closed with `ctx`."""
+    from .plans import load_plan
+
     with click.open_file(plan_file, "rb") as f:
         raw = f.read()
     base_dir = os.getcwd() if plan_file == "-" else os.path.dirname(os.path.abspath(plan_file))
     plan = load_plan(raw, base_dir)
     ctx.call_on_close(plan.close)
+    return plan
+
+
+def _admit(ledger: Ledger, name: str, epoch: int, plan: Plan, fence: str, journal: bool
+           ) -> tuple[list[dict[str, Any]], ApplyResult | None]:
+    """Admit `plan` (`step plan`'s work, after the settled check): one row per step as
+    `step plan --json` prints it, and the first rejected step's verdict (None: none)."""
+    from .plans import check_settled
+
+    check_settled(ledger, name, epoch)
     plans = plan.steps
-    with _open(ctx, readonly=False) as ledger:
-        check_settled(ledger, name, epoch)
-        before = {p.step: ledger.find_step(p.step) for p in plans}
-        verdicts = ledger.admit(name, epoch, plans, fence=fence,  # type: ignore[arg-type]
-                                journal=journal, plan_rev=plan.plan_rev)
-        rows = []
-        for p, v in zip(plans, verdicts, strict=True):
-            if v is not None:
-                rows.append({"step": p.step, "attempt": v.attempt, "verdict": v.verdict,
-                             "detail": v.detail})
-                continue
-            row = ledger.step(p.step)
-            old = before[p.step]
-            fresh = old is None or row.attempt != old.attempt
-            rows.append({"step": p.step, "attempt": row.attempt,
-                         "verdict": "admitted" if fresh else "unchanged",
-                         "detail": "" if fresh else f"attempt {row.attempt} is {row.state}"
-                         + (" (committed)" if row.live else "")
-                         + "; this plan is the one recorded for it"})
-    rejected = [(r, v) for r, v in zip(rows, verdicts, strict=True)
-                if r["verdict"].startswith("rejected")]
-    document = {"workspace": name, "epoch": epoch, "ok": not rejected, "steps": rows}
-    if not as_json:
-        for r in rows:
-            click.echo(f"{r['verdict']:<18} {r['step']}  attempt {r['attempt']}"
-                       + (f"  ({r['detail']})" if r["detail"] else ""))
-    if rejected:
-        raise Refusal(_rejection(rejected[0][1]), document if as_json else None)
-    if as_json:
-        _emit_json(document)
+    before = {p.step: ledger.find_step(p.step) for p in plans}
+    verdicts = ledger.admit(name, epoch, plans, fence=fence,  # type: ignore[arg-type]
+                            journal=journal, plan_rev=plan.plan_rev)
+    rows = []
+    for p, v in zip(plans, verdicts, strict=True):
+        if v is not None:
+            rows.append({"step": p.step, "attempt": v.attempt, "verdict": v.verdict,
+                         "detail": v.detail})
+            continue
+        row = ledger.step(p.step)
+        old = before[p.step]
+        fresh = old is None or row.attempt != old.attempt
+        rows.append({"step": p.step, "attempt": row.attempt,
+                     "verdict": "admitted" if fresh else "unchanged",
+                     "detail": "" if fresh else f"attempt {row.attempt} is {row.state}"
+                     + (" (committed)" if row.live else "")
+                     + "; this plan is the one recorded for it"})
+    rejected = next((v for r, v in zip(rows, verdicts, strict=True)
+                     if r["verdict"].startswith("rejected")), None)
+    return rows, rejected
+
+
+def _echo_admitted(rows: list[dict[str, Any]]) -> None:
+    for r in rows:
+        click.echo(f"{r['verdict']:<18} {r['step']}  attempt {r['attempt']}"
+                   + (f"  ({r['detail']})" if r["detail"] else ""))
 
 
 def _rejection(result: ApplyResult) -> StepRejected:
@@ -1323,6 +1393,8 @@ def step_apply(ctx: click.Context, step_id: str, attempt: int | None, epoch: int
     when rejected (stale_rev, pre_hash, overlap) or the attempt already ended
     (compensated), or when the epoch is not live (a zombie: StaleEpoch).
     """
+    from .plans import check_settled
+
     epoch = _need_epoch(epoch, "applying")
     with _open(ctx, readonly=False) as ledger:
         row = ledger.step(step_id)
@@ -1330,23 +1402,32 @@ def step_apply(ctx: click.Context, step_id: str, attempt: int | None, epoch: int
             check_settled(ledger, row.workspace, epoch, but=step_id)
         result = ledger.apply(step_id, attempt, epoch=epoch)
     if not as_json:
-        r = result.receipt
-        where = f" — workspace {r.workspace} rev {r.rev}" if r is not None else ""
-        detail = f" ({result.detail})" if result.detail else ""
-        click.echo(f"step {result.step} attempt {result.attempt}: {result.verdict}{where}{detail}")
-        if r is not None:
-            for w in r.writes:
-                pre, post = (w.pre_hash or "absent")[:12], (w.post_hash or "deleted")[:12]
-                click.echo(f"  rev {w.rev:>6}  {pre} -> {post}  {w.path}")
-            if result.applied:
-                click.echo("receipt: " + msgspec.json.encode(r).decode())
+        _echo_apply(result)
     if not result.applied:
-        error: LedgerError = (_rejection(result) if result.verdict.startswith("rejected:")
-                              else IllegalTransition(result.step, result.attempt, "fenced",
-                                                     f"the attempt is {result.verdict}"))
-        raise Refusal(error, apply_json(result) if as_json else None)
+        raise Refusal(_not_applied(result), apply_json(result) if as_json else None)
     if as_json:
         _emit_json(apply_json(result))
+
+
+def _echo_apply(result: ApplyResult) -> None:
+    r = result.receipt
+    where = f" — workspace {r.workspace} rev {r.rev}" if r is not None else ""
+    detail = f" ({result.detail})" if result.detail else ""
+    click.echo(f"step {result.step} attempt {result.attempt}: {result.verdict}{where}{detail}")
+    if r is not None:
+        for w in r.writes:
+            pre, post = (w.pre_hash or "absent")[:12], (w.post_hash or "deleted")[:12]
+            click.echo(f"  rev {w.rev:>6}  {pre} -> {post}  {w.path}")
+        if result.applied:
+            click.echo("receipt: " + msgspec.json.encode(r).decode())
+
+
+def _not_applied(result: ApplyResult) -> LedgerError:
+    """The typed error of an apply that did not apply: rejected, or the attempt ended."""
+    if result.verdict.startswith("rejected:"):
+        return _rejection(result)
+    return IllegalTransition(result.step, result.attempt, "fenced",
+                             f"the attempt is {result.verdict}")
 
 
 @step.command("replan", epilog=_examples("stepledger step replan s1 --epoch 4"))
@@ -1439,6 +1520,28 @@ def step_store(ctx: click.Context, step_id: str, files: tuple[str, ...], names: 
     Small files go inside the ledger, large ones into the blob store beside it,
     streamed: a file is never held in memory whole, whatever its size.
     """
+    contents, seen = _artifact_inputs(ctx, files, names)
+    with _open(ctx, readonly=False) as ledger:
+        row = ledger.plan(step_id, run=run, artifacts=tuple(contents))
+        if row.live:
+            click.echo(
+                f"step {step_id} is committed (manifest r{row.manifest_rev}); these blobs"
+                f" replace it only when you supersede: 'stepledger step publish {step_id}"
+                f" --expected-rev {row.manifest_rev}'", err=True,
+            )
+        stored = [ledger.store(step_id, row.attempt, p, data) for p, data in contents.items()]
+    if as_json:
+        _emit_json({"step": step_id, "attempt": row.attempt, "stored": stored_json(stored, seen)})
+        return
+    _echo_stored(stored, seen)
+
+
+def _artifact_inputs(ctx: click.Context, files: tuple[str, ...], names: tuple[str, ...]
+                     ) -> tuple[dict[str, bytes | BinaryIO], dict[str, str]]:
+    """FILEs and their --as NAMEs (`step store`, `step run`), checked and opened: artifact
+    name -> its content (a large file left open, closed with `ctx`), and -> the FILE."""
+    from .plans import input_content, open_input
+
     if names and len(names) != len(files):
         shown = f"{len(files)} FILE{'' if len(files) == 1 else 's'}"
         raise click.UsageError(f"give one --as NAME per FILE, in order: {shown},"
@@ -1460,21 +1563,16 @@ def step_store(ctx: click.Context, step_id: str, files: tuple[str, ...], names: 
     for name, file in artifacts:
         what = f"artifact file {file}"
         contents[name] = input_content(open_input(file, what), what)
-    with _open(ctx, readonly=False) as ledger:
-        row = ledger.plan(step_id, run=run, artifacts=tuple(contents))
-        if row.live:
-            click.echo(
-                f"step {step_id} is committed (manifest r{row.manifest_rev}); these blobs"
-                f" replace it only when you supersede: 'stepledger step publish {step_id}"
-                f" --expected-rev {row.manifest_rev}'", err=True,
-            )
-        stored = [ledger.store(step_id, row.attempt, p, data) for p, data in contents.items()]
-    if as_json:
-        _emit_json({"step": step_id, "attempt": row.attempt, "stored": [
-            {"path": e.path, "digest": e.digest, "size": e.size, "inline": e.inline,
-             "file": seen[e.path]} for e in stored
-        ]})
-        return
+    return contents, seen
+
+
+def stored_json(stored: Sequence[BlobStored], seen: dict[str, str]) -> list[dict[str, Any]]:
+    """The `stored` list of `step store --json` (and `step run --json`)."""
+    return [{"path": e.path, "digest": e.digest, "size": e.size, "inline": e.inline,
+             "file": seen[e.path]} for e in stored]
+
+
+def _echo_stored(stored: Sequence[BlobStored], seen: dict[str, str]) -> None:
     for e in stored:
         where = "inline" if e.inline else "file"
         click.echo(f"{e.digest}  {e.size:>10}  {where:<6}  {e.path}"
@@ -1551,6 +1649,10 @@ def step_publish(ctx: click.Context, step_id: str, expected_rev: int, receipt_fi
     if as_json:
         _emit_json(manifest_json(m))
         return
+    _echo_manifest(m)
+
+
+def _echo_manifest(m: Manifest) -> None:
     click.echo(f"step {m.step}: manifest r{m.manifest_rev} {m.digest} ({_n(m.size, 'byte')})")
     for e in (*m.writes, *m.artifacts):
         click.echo(f"  {e.digest}  {e.size:>10}  {e.path}")
@@ -1569,9 +1671,133 @@ def step_ack(ctx: click.Context, step_id: str, epoch: int | None, as_json: bool)
             _check_live(ledger, row, epoch)
         r = ledger.ack(step_id, epoch=epoch)
     if as_json:
-        _emit_json({"step": step_id, "seq": r.seq, "deduped": r.deduped})
+        _emit_json(ack_json(step_id, r))
     else:
-        click.echo(f"step {step_id}: acked" + (" (already)" if r.deduped else ""))
+        _echo_ack(step_id, r)
+
+
+def ack_json(step_id: str, r: RecordedEvent) -> dict[str, Any]:
+    return {"step": step_id, "seq": r.seq, "deduped": r.deduped}
+
+
+def _echo_ack(step_id: str, r: RecordedEvent) -> None:
+    click.echo(f"step {step_id}: acked" + (" (already)" if r.deduped else ""))
+
+
+#: The crash tests' seam (tests/test_cli_run.py): `step run` SIGKILLs itself at the stage
+#: this names — after-plan, after-apply, after-store, after-publish — as a crash would.
+RUN_KILL_ENV = "STEPLEDGER_STEP_RUN_TEST_KILL"
+
+
+def _killed_here(stage: str) -> None:
+    if os.environ.get(RUN_KILL_ENV) == stage:
+        os.kill(os.getpid(), signal.SIGKILL)
+
+
+@step.command("run", epilog=_examples(
+    "stepledger step run plan.json --epoch 3 --json            # plan, apply, publish, ack",
+    "stepledger step run plan.json out/log.txt --epoch 3       # and store an artifact",
+    "stepledger step run plan.json /tmp/pytest.log --as logs/pytest.log --epoch 3",
+    "planner | stepledger step run - --epoch 3 --json          # the plan on stdin",
+))
+@click.argument("plan_file", metavar="PLAN|-", type=click.Path(dir_okay=False, allow_dash=True, exists=True))
+@click.argument("files", nargs=-1, metavar="[FILE]...", type=click.Path(exists=True, dir_okay=False))
+@click.option("--as", "names", multiple=True, metavar="NAME",
+              help="Store the k-th FILE as the artifact NAME (one --as per FILE, in order),"
+                   " as for 'step store'.")
+@workspace_option
+@epoch_option("The live epoch the step runs under.")
+@fence_options
+@json_option
+@click.pass_context
+def step_run(ctx: click.Context, plan_file: str, files: tuple[str, ...], names: tuple[str, ...],
+             ws_name: str | None, epoch: int | None, fence: str, journal: bool,
+             as_json: bool) -> None:
+    """Run one step whole from its plan: plan, apply, store, publish, ack, in one process.
+
+    PLAN is one step in the format of 'step plan' (docs/cli-json.md "The plan format");
+    each artifact it declares ("artifacts") is a FILE given here (named by its path, or
+    by --as NAME), stored before the publish. The same as 'step plan', 'step apply',
+    'step store', 'step publish' and 'step ack' one after the other, with the same
+    checks, in one process. Run it again after a crash anywhere: the journal answers
+    what was done (the same plan is the recorded one, the apply is deduplicated) and it
+    goes on from there; a committed step changes nothing (its ack at most, if lost).
+    Exit 1 when the fence rejects the step (nothing of it stays in the workspace) or
+    the protocol refuses it; 2 bad input, nothing written.
+    """
+    name = _workspace(ctx, ws_name)
+    epoch = _need_epoch(epoch, "running a step")
+    plan = _read_plan(ctx, plan_file)
+    if len(plan.steps) != 1:
+        raise InvalidInput(f"the plan holds {_n(len(plan.steps), 'step')}; 'step run' runs one"
+                           " step (give a batch to 'step plan', then apply each step)")
+    planned = plan.steps[0]
+    contents, seen = _artifact_inputs(ctx, files, names)
+    if set(contents) != set(planned.artifacts):
+        missing = sorted(set(planned.artifacts) - set(contents))
+        extra = sorted(set(contents) - set(planned.artifacts))
+        raise InvalidInput(
+            f"step {planned.step}: the plan's artifacts and the FILEs given differ"
+            + (f"; no FILE for {', '.join(missing)}" if missing else "")
+            + (f"; not in the plan's artifacts: {', '.join(extra)}" if extra else "")
+            + " (give one FILE per declared artifact, named by its path or --as NAME)")
+    doc: dict[str, Any] = {"workspace": name, "epoch": epoch, "step": planned.step,
+                           "attempt": None, "ok": True, "committed": False,
+                           "already_committed": False, "plan": None, "apply": None,
+                           "stored": [], "manifest": None, "ack": None}
+    with _open(ctx, readonly=False) as ledger:
+        try:
+            _run_step(ledger, name, epoch, plan, fence, journal, contents, seen, doc, as_json)
+        except Refusal as refusal:
+            raise Refusal(refusal.error, doc if as_json else None) from None
+        except LedgerError as exc:  # how far it got goes with the error
+            raise Refusal(exc, doc if as_json else None) from None
+    if as_json:
+        _emit_json(doc)
+
+
+def _run_step(ledger: Ledger, name: str, epoch: int, plan: Plan, fence: str, journal: bool,
+              contents: dict[str, bytes | BinaryIO], seen: dict[str, str],
+              doc: dict[str, Any], as_json: bool) -> None:
+    """`step run`'s protocol, each part filling its key of `doc` as the command that does
+    it alone prints it (`plan`: a row of `step plan`, `apply`, `stored`, `manifest`,
+    `ack`); a refusal raises Refusal."""
+    step_id = plan.steps[0].step
+    found = ledger.find_step(step_id)
+    doc["already_committed"] = found is not None and found.live
+    rows, rejected = _admit(ledger, name, epoch, plan, fence, journal)
+    doc["plan"], doc["attempt"] = rows[0], rows[0]["attempt"]
+    if not as_json:
+        _echo_admitted(rows)
+    if rejected is not None:
+        raise Refusal(_rejection(rejected))
+    _killed_here("after-plan")
+    result = ledger.apply(step_id, rows[0]["attempt"], epoch=epoch)
+    doc["apply"] = apply_json(result)
+    if not as_json:
+        _echo_apply(result)
+    if not result.applied:
+        raise Refusal(_not_applied(result))
+    _killed_here("after-apply")
+    row = ledger.step(step_id)
+    if not row.live:  # a committed step's manifest names its artifacts already
+        stored = [ledger.store(step_id, result.attempt, p, data) for p, data in contents.items()]
+        doc["stored"] = stored_json(stored, seen)
+        if not as_json:
+            _echo_stored(stored, seen)
+        _killed_here("after-store")
+        _check_live(ledger, row, epoch)
+    m = ledger.publish(step_id, receipt=result.receipt)
+    doc["manifest"], doc["committed"] = manifest_json(m), True
+    if not as_json:
+        _echo_manifest(m)
+    _killed_here("after-publish")
+    if ledger.step(step_id).state != "acked":
+        _check_live(ledger, row, epoch)
+    r = ledger.ack(step_id, epoch=epoch)
+    doc["ack"] = ack_json(step_id, r)
+    if not as_json:
+        _echo_ack(step_id, r)
 
 
 # -- metrics --------------------------------------------------------------------------
@@ -1987,6 +2213,8 @@ def witness_anchor(ctx: click.Context, target: str | None, force: bool, as_json:
     the old witness says the ledger lost history, unless --force. Exit 0 anchored,
     1 refused, 2 bad input (a relative path, a file that is not a witness), 3 storage.
     """
+    from .ledger import Ledger
+
     update, finish = _progress("verifying")
     try:
         recorded = Ledger.anchor_witness(ctx.obj["ledger_path"], target or ctx.obj.get("witness"),

@@ -414,12 +414,10 @@ def test_ctrl_c_inside_a_transaction_leaves_what_a_crash_leaves(tmp_path: pathli
 
 def test_click_abort_is_an_interrupt_too(monkeypatch: pytest.MonkeyPatch,
                                          tmp_path: pathlib.Path) -> None:
-    import ledger.cli as cli_mod
-
     def abort(*_args: object, **_kwargs: object) -> None:
         raise click.Abort()
 
-    monkeypatch.setattr(cli_mod.Ledger, "open", abort)
+    monkeypatch.setattr(Ledger, "open", abort)  # the class the CLI imports when it opens one
     r = CliRunner().invoke(cli, ["--ledger", str(tmp_path / "l.db"), "steps"], env=CLEAN_ENV)
     _interrupted_ok(r.exit_code, r.stderr)
     assert r.stdout == ""

@@ -23,7 +23,6 @@ result or its own error. A lone caller takes exactly the path it always took.
 
 from __future__ import annotations
 
-import copy
 import threading
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any, Final
@@ -62,14 +61,18 @@ class _Call:
 
 def _copy_error(exc: BaseException) -> BaseException:
     """A copy of `exc` to raise in one more thread (the same object if it cannot be
-    copied faithfully): a failure every caller of a group shares."""
+    copied faithfully): a failure every caller of a group shares, each raising its own."""
+    cls = type(exc)
     try:
-        new = copy.copy(exc)
+        new = cls.__new__(cls, *exc.args)  # no __init__: its arguments are the class's own
+        new.args = exc.args
+        new.__dict__.update(getattr(exc, "__dict__", {}))
     except Exception:
         return exc
-    if type(new) is not type(exc) or str(new) != str(exc):
+    if str(new) != str(exc):
         return exc
     new.__cause__, new.__context__ = exc.__cause__, exc.__context__
+    new.__suppress_context__ = exc.__suppress_context__
     return new.with_traceback(exc.__traceback__)
 
 

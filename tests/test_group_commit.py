@@ -363,3 +363,63 @@ def test_sigkill_during_group_commits(tmp_path: Path) -> None:
                 run_step(led, row.step_id, {"out.txt": row.step_id.encode() * 100})
         assert all(r.state == "acked" for r in led.steps())
         assert led.verify().ok
+
+
+def test_asyncio_tasks_share_commits_and_get_their_own_results(led: Any) -> None:
+    """16 asyncio tasks on one AsyncLedger: real coroutines, each task its own steps and
+    results (an async `outputs` is awaited, and not called for a committed step)."""
+    import asyncio
+
+    from ledger.aio import AsyncLedger
+    from ledger.aio import run_step as arun_step
+
+    called: list[str] = []
+
+    async def main() -> dict[str, Any]:
+        aled = AsyncLedger(led, max_workers=16)
+        out: dict[str, Any] = {}
+
+        async def task(t: int) -> None:
+            for n in range(4):
+                step = f"a{t}-{n}"
+
+                async def produce(step: str = step) -> dict[str, bytes]:
+                    called.append(step)
+                    return {"out.txt": step.encode() * 20}
+
+                out[step] = await arun_step(aled, step, produce)
+
+        await asyncio.gather(*(task(t) for t in range(16)))
+        again = await aled.run_step("a0-0", lambda: {"out.txt": b"never called"})
+        assert not again.ran and again.manifest == out["a0-0"].manifest
+        assert (await aled.head()).seq == led.head().seq
+        events = await aled.read(step="a3-1")
+        assert [e.kind for e in events][-1] == "acked"
+        assert len(await aled.steps()) == 64
+        assert (await aled.verify()).ok
+        await aled.aclose()
+        return out
+
+    results = asyncio.run(main())
+    assert sorted(called) == sorted(results) and len(results) == 64
+    for step, res in results.items():
+        (entry,) = res.manifest.artifacts
+        assert led.read_blob(entry.digest) == step.encode() * 20
+        assert led.step(step).state == "acked"
+
+
+def test_async_errors_are_each_tasks_own(led: Any) -> None:
+    import asyncio
+
+    from ledger.aio import AsyncLedger
+
+    async def main() -> list[Any]:
+        async with AsyncLedger(led) as aled:
+            return await asyncio.gather(
+                aled.append(planned("x")), aled.append(Acked(step="nope", attempt=1)),
+                aled.append(planned("y")), return_exceptions=True)
+
+    out = asyncio.run(main())
+    assert isinstance(out[0], RecordedEvent) and isinstance(out[2], RecordedEvent)
+    assert isinstance(out[1], IllegalTransition)
+    assert {s.step_id for s in led.steps()} == {"x", "y"}

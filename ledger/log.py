@@ -142,6 +142,24 @@ class EventLog:
                 return self._alone(call)
         cond = self._cond
         with cond:
+            alone = not self._leading and not self._queue
+            if alone:
+                self._leading = True
+        if alone:
+            # Nobody committing, nobody waiting: the lone caller's path, no queue.
+            try:
+                with lock:
+                    if not self._queue:
+                        return self._alone(call)
+                    with cond:  # others queued while this one waited for the lock
+                        self._queue.insert(0, call)
+                    self._lead()
+            finally:
+                with cond:
+                    self._leading = False
+                    cond.notify_all()  # the next leader, or the callers it committed
+            return self._outcome(call)
+        with cond:
             self._queue.append(call)
             while not call.done:
                 if self._leading:
@@ -155,6 +173,10 @@ class EventLog:
                     cond.acquire()
                     self._leading = False
                     cond.notify_all()
+        return self._outcome(call)
+
+    @staticmethod
+    def _outcome(call: _Call) -> list[RecordedEvent]:
         if call.error is not None:
             raise call.error
         assert call.result is not None

@@ -1,9 +1,9 @@
 """Group commit: appends from several threads share one transaction and one fsync, each
 caller with its own result, its own journal answer and its own error.
 
-A group is formed deterministically: the test thread holds the store's lock, the callers
-queue one after another (the first one leads and waits for the lock, the others wait for
-it), and releasing the lock lets the leader take them all, in the order they queued.
+A group is formed deterministically: the test marks the log as if a leader were
+committing, the callers queue one after another, and clearing the mark lets the first
+caller to wake lead and take them all, in the order they queued.
 Nothing here measures time; the waits are for a state, bounded only against a hang.
 """
 
@@ -83,15 +83,19 @@ def group(ledger: Ledger, calls: list[Callable[[], Any]]) -> list[Any]:
             outcomes[i] = exc
 
     threads = []
-    ledger.storage.lock.acquire()
+    log = ledger.log
+    with log._cond:
+        log._leading = True  # as if a leader were committing: every caller queues
     try:
         for i in range(len(calls)):
             t = threading.Thread(target=worker, args=(i,))
             t.start()
             threads.append(t)
-            _wait_for(lambda n=i + 1: len(ledger.log._queue) == n)
+            _wait_for(lambda n=i + 1: len(log._queue) == n)
     finally:
-        ledger.storage.lock.release()
+        with log._cond:
+            log._leading = False  # the first caller to wake leads, and takes them all
+            log._cond.notify_all()
     for t in threads:
         t.join(HANG_S)
         assert not t.is_alive()

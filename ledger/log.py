@@ -12,12 +12,20 @@ lock, flushes the projector and calls the commit hooks.
 Journal keys make appends idempotent: the same key with the same event returns the
 original row and writes nothing; the same key with a different event raises
 IdempotencyConflict and writes nothing.
+
+Group commit (docs/design.md "Group commit"): appends from several threads at once share
+one transaction and one fsync. The first caller to find nobody committing leads: it takes
+every append waiting, runs each under its own savepoint inside one write transaction (a
+caller's refusal rolls back its part alone and is raised to it alone), calls
+`before_commit` once with the final head, commits once, and hands each caller its own
+result or its own error. A lone caller takes exactly the path it always took.
 """
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from typing import Final
+from typing import Any, Final
 
 import msgspec
 
@@ -33,6 +41,39 @@ _DECODE_ERRORS: Final = (msgspec.DecodeError, msgspec.ValidationError, InvalidIn
 #: A builder: events decided inside the transaction, at its time.
 Builder = Callable[[Tx, int], Sequence[Event]]
 Guard = Callable[[Tx, Event], None]
+#: The most appends one group transaction takes (the rest wait for the next one).
+GROUP_MAX: Final = 256
+
+
+class _Call:
+    """One caller's append, waiting for (or run by) a group transaction's leader."""
+
+    __slots__ = ("prepared", "build", "inline", "inline_ns", "guard", "done", "result", "error")
+
+    def __init__(self, prepared: list[Prepared], build: Builder | None,
+                 inline: Mapping[str, bytes] | None, inline_ns: int, guard: Guard | None) -> None:
+        self.prepared, self.build, self.inline, self.inline_ns, self.guard = (
+            prepared, build, inline, inline_ns, guard)
+        self.done = False
+        self.result: list[RecordedEvent] | None = None
+        self.error: BaseException | None = None
+
+
+def _copy_error(exc: BaseException) -> BaseException:
+    """A copy of `exc` to raise in one more thread (the same object if it cannot be
+    copied faithfully): a failure every caller of a group shares, each raising its own."""
+    cls = type(exc)
+    try:
+        new = cls.__new__(cls, *exc.args)  # no __init__: its arguments are the class's own
+        new.args = exc.args
+        new.__dict__.update(getattr(exc, "__dict__", {}))
+    except Exception:
+        return exc
+    if str(new) != str(exc):
+        return exc
+    new.__cause__, new.__context__ = exc.__cause__, exc.__context__
+    new.__suppress_context__ = exc.__suppress_context__
+    return new.with_traceback(exc.__traceback__)
 
 
 class EventLog:
@@ -49,6 +90,12 @@ class EventLog:
         self.on_commit: Callable[[Head], None] | None = None
         #: Called inside the transaction, before COMMIT, with the head it will commit.
         self.before_commit: Callable[[Tx, Head], None] | None = None
+        #: Concurrent appends (threads) share one transaction and one fsync; off: each
+        #: append is its own transaction, the threads taking turns.
+        self.group_commit = True
+        self._cond = threading.Condition(threading.Lock())
+        self._queue: list[_Call] = []
+        self._leading = False
 
     @property
     def path(self) -> str:
@@ -86,22 +133,94 @@ class EventLog:
         """
         build = events if callable(events) else None
         prepared = [] if build is not None else self._prepare(events)  # type: ignore[arg-type]
+        call = _Call(prepared, build, inline, inline_ns, guard)
+        lock = self.store.lock
+        if not self.group_commit or lock._is_owned():
+            # Group commit off, or this thread is inside its own transaction or read
+            # already (a nested append): alone, as it always was.
+            with lock:
+                return self._alone(call)
+        cond = self._cond
+        with cond:
+            alone = not self._leading and not self._queue
+            if alone:
+                self._leading = True
+        if alone:
+            # Nobody committing, nobody waiting: the lone caller's path, no queue.
+            try:
+                with lock:
+                    if not self._queue:
+                        return self._alone(call)
+                    with cond:  # others queued while this one waited for the lock
+                        self._queue.insert(0, call)
+                    self._lead()
+            finally:
+                with cond:
+                    self._leading = False
+                    cond.notify_all()  # the next leader, or the callers it committed
+            return self._outcome(call)
+        with cond:
+            self._queue.append(call)
+            while not call.done:
+                if self._leading:
+                    cond.wait()  # the leader's transaction may take this call too
+                    continue
+                self._leading = True
+                cond.release()
+                try:
+                    self._lead()
+                finally:
+                    cond.acquire()
+                    self._leading = False
+                    cond.notify_all()
+        return self._outcome(call)
 
+    @staticmethod
+    def _outcome(call: _Call) -> list[RecordedEvent]:
+        if call.error is not None:
+            raise call.error
+        assert call.result is not None
+        return call.result
+
+    def _lead(self) -> None:
+        """Commit the appends waiting (this thread's among them, or first in line)."""
+        with self.store.lock:  # held until the hooks after COMMIT have run
+            with self._cond:
+                batch, self._queue = self._queue[:GROUP_MAX], self._queue[GROUP_MAX:]
+            try:
+                if len(batch) == 1:
+                    call = batch[0]
+                    try:
+                        call.result = self._alone(call)
+                    except BaseException as exc:
+                        call.error = exc
+                        if not isinstance(exc, Exception):
+                            raise
+                else:
+                    self._group(batch)
+            finally:
+                with self._cond:
+                    for call in batch:
+                        call.done = True
+
+    def _alone(self, call: _Call) -> list[RecordedEvent]:
+        """One append, one transaction (the caller holds the store's lock)."""
+        prepared = call.prepared
         try:
             with self.store.transaction() as tx:
                 self._sync()
                 head = self._head if self._head is not None else tx.head()
-                if inline:
-                    tx.put_inline(inline, inline_ns)
+                if call.inline:
+                    tx.put_inline(call.inline, call.inline_ns)
                 # the events' time, and the clock guards judge lease expiry by: the log
                 # alone can re-check every decision
                 time_ns = tx.time_ns
-                if build is not None:
+                if call.build is not None:
                     # Events decided under the write lock, at this transaction's time
                     # (a lease, a fence): nothing can change between the check and them.
-                    prepared = self._prepare(build(tx, time_ns))
+                    prepared = self._prepare(call.build(tx, time_ns))
                 recorded = tx.append(prepared, head=head, time_ns=time_ns,
-                                     projector=self.projector, guard=guard)
+                                     projector=self.projector, guard=call.guard)
                 new = [r for r in recorded if not r.deduped]
                 if self.projector is not None and new:
                     tx.write_projection(self.projector.flush(new[-1].seq))
@@ -117,6 +236,70 @@ class EventLog:
         if new and self.on_commit is not None:
             self.on_commit(self._head)  # type: ignore[arg-type]
         return recorded
+
+    def _group(self, batch: list[_Call]) -> None:
+        """Several appends, one transaction: each under its own savepoint (a refusal
+        undoes that part only and goes to its caller), one `before_commit` with the
+        final head, one COMMIT, one `on_commit`. A failure of the transaction itself
+        (the COMMIT, a driver error, `before_commit`) goes to every caller whose part
+        stood. The caller holds the store's lock."""
+        projector = self.projector
+        kept: list[tuple[_Call, list[RecordedEvent]]] = []
+        try:
+            with self.store.transaction() as tx:
+                self._sync()
+                start = head = self._head if self._head is not None else tx.head()
+                time_ns = tx.time_ns  # one transaction, one time for every part
+                for call in batch:
+                    tx.open_part()
+                    try:
+                        if call.inline:
+                            tx.put_inline(call.inline, call.inline_ns)
+                        prepared = (call.prepared if call.build is None
+                                    else self._prepare(call.build(tx, time_ns)))
+                        recorded = tx.append(prepared, head=head, time_ns=time_ns,
+                                             projector=projector, guard=call.guard)
+                        new = [r for r in recorded if not r.deduped]
+                        if projector is not None and new:
+                            # each part writes its own projection changes, inside its
+                            # savepoint: undoing the part undoes them
+                            tx.write_projection(projector.flush(new[-1].seq))
+                    except BaseException as exc:
+                        if not tx.undo_part(exc):
+                            raise
+                        call.error = exc  # this caller's alone; the others go on
+                        continue
+                    tx.close_part()
+                    if projector is not None:
+                        # the rows it cached describe the tables before this part: the
+                        # next part reads them from the transaction
+                        projector.forget()
+                    if new:
+                        head = Head(new[-1].seq, new[-1].hash)
+                    kept.append((call, recorded))
+                if head.seq != start.seq and self.before_commit is not None:
+                    self.before_commit(tx, head)
+        except BaseException as exc:
+            self._forget()
+            for call in batch:
+                if call.error is None:
+                    call.error = _copy_error(exc)
+            if not isinstance(exc, Exception):
+                raise
+            return
+        if projector is not None:
+            projector.forget()
+        if head.seq != start.seq:
+            self._head = head
+            if self.on_commit is not None:
+                try:
+                    self.on_commit(head)
+                except Exception as exc:  # committed, but the caller must hear it
+                    for call, _recorded in kept:
+                        call.error = _copy_error(exc)
+                    return
+        for call, recorded in kept:
+            call.result = recorded
 
     @staticmethod
     def _prepare(events: Sequence[Event]) -> list[Prepared]:

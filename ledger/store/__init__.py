@@ -376,6 +376,14 @@ class Tx(ReadView, Protocol):
 
     def uncondemn(self, digests: Iterable[str]) -> None: ...
 
+    # One caller's part of a group commit (docs/design.md "Group commit"): a savepoint.
+    def open_part(self) -> None: ...
+    def close_part(self) -> None: ...
+    def undo_part(self, exc: BaseException) -> bool:
+        """Roll the part back after `exc` (True), or say the transaction cannot go on
+        (False: `exc` may have ended it; every part fails)."""
+        ...
+
 
 class BlobBackend(Protocol):
     """Blob bytes outside a transaction (SQLite: the inline rows and the blob files;
@@ -399,6 +407,10 @@ class Store(Protocol):
     blobs: BlobBackend
     #: Called with "commit" just before each COMMIT (the chaos harness counts these).
     on_op: Callable[[str], None] | None
+    #: Re-entrant; held by every use of the store's connection (transactions, read
+    #: transactions, each read of `view`): threads take turns, none sees another's
+    #: uncommitted writes.
+    lock: Any
 
     @property
     def genesis(self) -> bytes: ...

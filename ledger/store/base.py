@@ -75,6 +75,43 @@ class TxBase:
     def journal_lookup(self, key: str) -> EventRow | None:
         raise NotImplementedError
 
+    # A group commit's primitives (docs/design.md "Group commit"): a savepoint around one
+    # caller's share of the transaction, and whether an error left the transaction as it
+    # was (a refusal of ours does; a driver's I/O error may have rolled it all back).
+
+    def _open_part(self) -> None:
+        raise NotImplementedError
+
+    def _undo_part(self) -> None:
+        raise NotImplementedError
+
+    def _close_part(self) -> None:
+        raise NotImplementedError
+
+    def _intact(self, exc: BaseException) -> bool:
+        raise NotImplementedError
+
+    # -- one caller's part of a group transaction --------------------------------------
+
+    def open_part(self) -> None:
+        """Start one caller's part of a shared transaction (a savepoint)."""
+        self._open_part()
+
+    def close_part(self) -> None:
+        """Keep the part (it commits with the transaction)."""
+        self._close_part()
+
+    def undo_part(self, exc: BaseException) -> bool:
+        """Roll the part back after `exc` and say so (True): the other parts stand. False:
+        `exc` may have ended the whole transaction (nothing undone; the group fails)."""
+        if not isinstance(exc, Exception) or not self._intact(exc):
+            return False
+        try:
+            self._undo_part()
+        except Exception:
+            return False
+        return True
+
     # -- the loop ----------------------------------------------------------------------
 
     def append(self, prepared: Sequence[Prepared], *, head: Head, time_ns: int,

@@ -10,6 +10,12 @@ ones are files (`ledger.blobs.BlobStore`).
 
 Every read maps what SQLite raises to a typed error (`read_error`): an undecodable or
 wrongly typed cell is CorruptLedger, like a failing read.
+
+Threads: the store's one connection is used by one thread at a time. `SqliteStore.lock`
+(re-entrant) is held by every write transaction, every read transaction and every read
+outside one (`store.view`'s methods; an iterator holds it for each step), so a thread
+never reads another thread's uncommitted transaction and no two threads use the
+connection at once (docs/design.md "Group commit").
 """
 
 from __future__ import annotations
@@ -17,7 +23,9 @@ from __future__ import annotations
 import contextlib
 import errno
 import fcntl
+import functools
 import os
+import threading
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from typing import Any, Final
 
@@ -285,8 +293,55 @@ class SqliteView:
         return sc.scratch(self._db.conn)
 
 
+class _LockedIterator:
+    """An iterator over the connection that holds the store's lock for each step."""
+
+    __slots__ = ("_it", "_lock")
+
+    def __init__(self, it: Iterator[Any], lock: Any) -> None:
+        self._it, self._lock = it, lock
+
+    def __iter__(self) -> _LockedIterator:
+        return self
+
+    def __next__(self) -> Any:
+        with self._lock:
+            return next(self._it)
+
+
+#: The view's methods that hand out a lazy iterator over the connection.
+_ITERATING: Final = frozenset({"events", "fold_rows", "checked_rows"})
+
+
+def _locked(name: str, fn: Callable[..., Any]) -> Callable[..., Any]:
+    if name in _ITERATING:
+        @functools.wraps(fn)
+        def iterate(self: SqliteView, *args: Any, **kwargs: Any) -> Any:
+            lock = self._store.lock
+            with lock:
+                return _LockedIterator(iter(fn(self, *args, **kwargs)), lock)
+        return iterate
+
+    @functools.wraps(fn)
+    def call(self: SqliteView, *args: Any, **kwargs: Any) -> Any:
+        with self._store.lock:
+            return fn(self, *args, **kwargs)
+    return call
+
+
+class _LockedView(SqliteView):
+    """`store.view`: each read outside a transaction holds the store's lock (a thread
+    in a transaction holds it already: the lock is re-entrant)."""
+
+
+for _name, _fn in list(vars(SqliteView).items()):
+    if not _name.startswith("_") and callable(_fn):
+        setattr(_LockedView, _name, _locked(_name, _fn))
+
+
 class SqliteTx(SqliteView, TxBase):
-    """A ``BEGIN IMMEDIATE`` transaction (the store holds the write lock)."""
+    """A ``BEGIN IMMEDIATE`` transaction (the store holds the write lock, and this thread
+    the store's `lock`)."""
 
     def __init__(self, store: SqliteStore, scope: Scope) -> None:
         self._store, self._db = store, store.db  # (SqliteView's, set here: one call less)
@@ -295,11 +350,20 @@ class SqliteTx(SqliteView, TxBase):
         self._cm = store.db.transaction()
 
     def __enter__(self) -> SqliteTx:
-        self._cm.__enter__()
+        lock = self._store.lock
+        lock.acquire()
+        try:
+            self._cm.__enter__()
+        except BaseException:
+            lock.release()
+            raise
         return self
 
     def __exit__(self, *exc: Any) -> bool | None:
-        return self._cm.__exit__(*exc)
+        try:
+            return self._cm.__exit__(*exc)
+        finally:
+            self._store.lock.release()
 
     @property
     def time_ns(self) -> int:
@@ -329,6 +393,22 @@ class SqliteTx(SqliteView, TxBase):
 
     def _release_savepoint(self) -> None:
         self._db.conn.execute("RELEASE append_batch")
+
+    def _open_part(self) -> None:
+        self._db.conn.execute("SAVEPOINT group_part")
+
+    def _undo_part(self) -> None:
+        conn = self._db.conn
+        conn.execute("ROLLBACK TO group_part")
+        conn.execute("RELEASE group_part")
+
+    def _close_part(self) -> None:
+        self._db.conn.execute("RELEASE group_part")
+
+    def _intact(self, exc: BaseException) -> bool:
+        # A driver error (I/O, disk full, ...) may have rolled the whole transaction
+        # back: it ends the group. A refusal of ours leaves the transaction as it was.
+        return not isinstance(exc, apsw.Error) and self._db.conn.in_transaction
 
     # -- other writes ------------------------------------------------------------------
 
@@ -413,8 +493,12 @@ class SqliteStore:
         self.files = files if files is not None else BlobStore(root)
         #: Blob bytes outside a transaction: the inline rows, else the files.
         self.blobs = bl.SqliteBlobs(self)
+        #: Held by every use of the connection (re-entrant): a write transaction, a read
+        #: transaction, each read outside one (`view`). Threads take turns; none reads
+        #: another's uncommitted transaction.
+        self.lock = threading.RLock()
         #: Reads outside a read transaction (each statement sees the latest commit).
-        self.view = SqliteView(self)
+        self.view: SqliteView = _LockedView(self)
         self._genesis: bytes | None = None
 
     @property
@@ -434,14 +518,15 @@ class SqliteStore:
     @property
     def genesis(self) -> bytes:
         if self._genesis is None:
-            self._genesis = genesis_hash(self.db.meta("ledger_id"))
+            with self.lock:
+                self._genesis = genesis_hash(self.db.meta("ledger_id"))
         return self._genesis
 
     @contextlib.contextmanager
     def read(self) -> Iterator[SqliteView]:
         """A read transaction: every read inside sees one state (inside a transaction:
         the transaction's)."""
-        with self.db.read_transaction():
+        with self.lock, self.db.read_transaction():
             yield self.view
 
     def transaction(self, scope: Scope = Scope()) -> SqliteTx:
@@ -450,7 +535,8 @@ class SqliteStore:
 
     def generation(self) -> int:
         """Changes when another connection commits (``PRAGMA data_version``)."""
-        return self.db.conn.execute("PRAGMA data_version").fetchone()[0]  # type: ignore[no-any-return]
+        with self.lock:
+            return self.db.conn.execute("PRAGMA data_version").fetchone()[0]  # type: ignore[no-any-return]
 
     # -- locks beside the ledger -------------------------------------------------------
 
@@ -479,10 +565,11 @@ class SqliteStore:
         return flock_held(self._lock_path(name))
 
     def close(self, *, refused: bool = False) -> None:
-        if refused:
-            self.db.close_refused()
-        else:
-            self.db.close()
+        with self.lock:
+            if refused:
+                self.db.close_refused()
+            else:
+                self.db.close()
 
 
 __all__ = ["CHECKPOINT_NAME", "Held", "ROW_ERRORS", "SqliteStore", "SqliteTx", "SqliteView"]

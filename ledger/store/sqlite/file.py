@@ -152,8 +152,32 @@ def _readonly_uri(path: str, *, immutable: bool = False) -> str:
     return f"file:{quoted}?immutable=1" if immutable else f"file:{quoted}?mode=ro"
 
 
+@dataclass
+class WriteStats:
+    """Where a writer's time goes, as plain counters (`tools/bench_contention.py` reads
+    them): what waiting for the write lock, holding it and committing cost."""
+
+    transactions: int = 0
+    #: transactions that found the write lock taken, and the busy handler's calls and sleeps
+    waited: int = 0
+    busy_calls: int = 0
+    busy_sleep_s: float = 0.0
+    #: stepping aside for a waiting writer before BEGIN (`_yield_to_waiters`)
+    yields: int = 0
+    yield_s: float = 0.0
+    #: entering `transaction()` until BEGIN IMMEDIATE returned (yield and wait included)
+    wait_s: float = 0.0
+    #: BEGIN returned until COMMIT returned (the lock held); the COMMIT statement alone
+    held_s: float = 0.0
+    commit_s: float = 0.0
+    #: the WAL checkpoints this connection ran on its commit path
+    checkpoints: int = 0
+    checkpoint_s: float = 0.0
+
+
 def set_busy(conn: apsw.Connection, timeout_ms: int,
-             on_wait: Callable[[], None] | None = None) -> None:
+             on_wait: Callable[[], None] | None = None,
+             stats: WriteStats | None = None) -> None:
     """Wait for the write lock polling every 0.2-3 ms (jittered) until `timeout_ms`.
 
     SQLite's default handler sleeps 1, 2, 5 … up to 100 ms between tries, and the WAL
@@ -171,9 +195,15 @@ def set_busy(conn: apsw.Connection, timeout_ms: int,
             start[0] = now
             if on_wait is not None:
                 on_wait()  # announce the wait: a committing writer yields to it
+            if stats is not None:
+                stats.waited += 1
         if now - start[0] >= deadline:
             return False
-        time.sleep(random.uniform(0.0002, 0.001 if prior_calls < 50 else 0.003))
+        pause = random.uniform(0.0002, 0.001 if prior_calls < 50 else 0.003)
+        time.sleep(pause)
+        if stats is not None:
+            stats.busy_calls += 1
+            stats.busy_sleep_s += pause
         return True
 
     conn.set_busy_handler(handler)
@@ -196,6 +226,7 @@ class Database:
         # exclusive one and, while anyone waits, steps aside for a few ms (bounded).
         self._lockq: int | None = None
         self._waiting = False
+        self.stats = WriteStats()
         #: The lock files (-shm, -wal) a read-only open created: `close_refused` removes them.
         self._created: list[str] = []
         #: A forensic open (see `open`) and how its schema differs from the allow-list.
@@ -435,7 +466,8 @@ class Database:
         """
         if self.readonly:
             raise ReadOnlyLedger(self.path)
-        conn = self.conn
+        conn, stats = self.conn, self.stats
+        t0 = time.perf_counter()
         self._yield_to_waiters()
         try:
             conn.execute("BEGIN IMMEDIATE")
@@ -443,11 +475,18 @@ class Database:
             raise translate(exc, self.path) from None
         finally:
             self._end_wait()
+        t1 = time.perf_counter()
+        stats.transactions += 1
+        stats.wait_s += t1 - t0
         try:
             yield conn
             if self.on_op is not None:
                 self.on_op("commit")
+            t2 = time.perf_counter()
             conn.execute("COMMIT")
+            t3 = time.perf_counter()
+            stats.commit_s += t3 - t2
+            stats.held_s += t3 - t1
         except BaseException as exc:
             if conn.in_transaction:
                 with contextlib.suppress(apsw.Error):
@@ -464,7 +503,19 @@ class Database:
                                   LEDGER_FILE_MODE)
         except OSError:
             self._lockq = None  # no fairness aid (a read-only directory): still correct
-        set_busy(self.conn, busy_timeout_ms, self._announce_wait)
+        set_busy(self.conn, busy_timeout_ms, self._announce_wait, self.stats)
+        self.conn.set_wal_hook(self._wal_hook)
+
+    def _wal_hook(self, conn: apsw.Connection, name: str, pages: int) -> int:
+        """SQLite's own autocheckpoint (a PASSIVE checkpoint by the committer whose
+        commit took the -wal past 1000 pages), timed."""
+        if pages >= 1000:
+            t0 = time.perf_counter()
+            with contextlib.suppress(apsw.Error):
+                conn.wal_checkpoint(name)
+            self.stats.checkpoints += 1
+            self.stats.checkpoint_s += time.perf_counter() - t0
+        return apsw.SQLITE_OK
 
     def _announce_wait(self) -> None:
         if self._lockq is not None and not self._waiting:
@@ -487,7 +538,10 @@ class Database:
         try:
             fcntl.flock(self._lockq, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
+            t0 = time.perf_counter()
             time.sleep(0.002)  # someone waits: let it take the lock
+            self.stats.yields += 1
+            self.stats.yield_s += time.perf_counter() - t0
             return
         except OSError:
             return
@@ -862,5 +916,5 @@ __all__ = [
     "APPLICATION_ID", "BUSY_TIMEOUT_MS", "GC_LOCK_NAME", "LEDGER_DIR_MODE", "LEDGER_FILE_MODE",
     "MIGRATIONS", "ROW_ERRORS", "SCHEMA_VERSION", "SQLITE_MAGIC", "VALUE_SIZE_MAX", "Database",
     "Header", "Synchronous", "access_denied", "expected_schema", "flock_held", "make_private",
-    "read_error", "read_header", "schema_changes", "set_busy", "translate", "wal_path",
+    "read_error", "read_header", "schema_changes", "set_busy", "translate", "wal_path", "WriteStats",
 ]

@@ -74,7 +74,7 @@ def child(args: argparse.Namespace) -> None:
     profile = None
     if args.cprofile:
         import cProfile
-        profile = cProfile.Profile()
+        profile = cProfile.Profile(time.process_time)
     with Ledger.open(path) as led:
         epoch = led.acquire(ws, f"writer-{i}", ttl_s=3600).epoch
         sys.stdout.write("ready\n")

@@ -205,7 +205,7 @@ def set_busy(conn: apsw.Connection, timeout_ms: int, stats: WriteStats | None = 
     conn.set_busy_handler(handler)
 
 
-#: Linux's open-file-description locks (fcntl F_OFD_SETLK/SETLKW) on one byte of the
+#: Linux's open-file-description locks (fcntl F_OFD_SETLK/SETLKW) on bytes of the
 #: -lockq: per open file like flock, so two connections of one process exclude each
 #: other, released by the kernel when the process dies. Elsewhere: flock on the file.
 _OFD: Final = (getattr(fcntl, "F_OFD_SETLK", None), getattr(fcntl, "F_OFD_SETLKW", None))
@@ -242,11 +242,14 @@ class WriterQueue:
     no queue: a poller sleeps past the release, and a writer that commits and begins
     again within microseconds wins every gap a sleeping poller leaves).
 
-    Two locks, a turnstile and the room (ARCHITECTURE.md, "Writers and the write
-    lock"): a writer takes the turnstile, then the room, then lets go of the
-    turnstile. Only the turnstile's holder ever waits for the room, so when the room
-    is let go it goes to that waiter — the writer that just left queues at the
-    turnstile behind it and cannot take the room back first — and no writer starves.
+    Three bytes of the file (ARCHITECTURE.md, "Writers and the write lock"): the room
+    is the lock. A writer takes it at once if it is free; otherwise it queues: it
+    takes the turnstile (waiting), then the room (waiting), then lets the turnstile
+    go, so only one waiter at a time waits on the room. A free room may be taken past
+    the queue (the lock is not left idle while the next in line is scheduled, and a
+    writer's transactions run back to back with warm caches) until a waiter has
+    waited STARVING_AFTER_S: it raises the flag, and while the flag is up everyone
+    queues at the turnstile — the writer that just left behind the one waiting there.
     (Without byte-range locks per open file, off Linux: the room alone, as flock.)
 
     The kernel's lock waits have no timeout; a wait runs in a helper thread while the
@@ -271,7 +274,7 @@ class WriterQueue:
         self._helper: threading.Thread | None = None
 
     def try_take(self) -> bool:
-        """Take the lock if nobody holds it or queues for it, without waiting."""
+        """Take the lock if it is free and no waiter has raised the flag, without waiting."""
         with self._mutex:
             if self._waiting:
                 return False  # the helper waits on this file already: join its wait

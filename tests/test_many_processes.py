@@ -319,3 +319,22 @@ def test_the_writers_queue_hands_the_lock_to_a_waiter_in_another_process(
         out, _ = p.communicate(timeout=60)
         assert p.returncode == 0 and int(out.split()[-1]) == 1  # it waited, once
         assert holder.step("queued").state == "planned"
+
+
+def test_write_lock_holds_the_queue_across_transactions(tmp_path: Path) -> None:
+    """`Database.write_lock` keeps the queue's lock between the transactions inside it
+    (no other writer commits in between); they take nothing themselves."""
+    from ledger import LedgerBusy
+
+    path = tmp_path / "ledger.db"
+    Ledger.init(path).close()
+    with Ledger.open(path) as one, Ledger.open(path, busy_timeout_ms=50) as other:
+        db = one._store.db
+        with db.write_lock():
+            one.append(Planned(step="a", attempt=1))
+            with db.write_lock():  # reentrant
+                one.append(Planned(step="b", attempt=1))
+            with pytest.raises(LedgerBusy):  # still held between the transactions
+                other.append(Planned(step="c", attempt=1))
+        other.append(Planned(step="c", attempt=1))
+        assert {s.step_id for s in one.steps()} == {"a", "b", "c"}

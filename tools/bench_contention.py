@@ -32,9 +32,11 @@ Ratios, not absolute numbers: the machine is shared and noisy.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import json
 import os
+import resource
 import shutil
 import statistics
 import subprocess
@@ -95,7 +97,10 @@ def child(args: argparse.Namespace) -> None:
                 break
             if before is None and t0 >= start:
                 before, cpu0 = dataclasses.replace(db.stats), time.process_time()
+                ru0 = resource.getrusage(resource.RUSAGE_SELF)
             step = f"p{i}-s{k:06d}"
+            held = db.write_lock() if args.hold_step else contextlib.nullcontext()
+            held.__enter__()
             rev, pre = led.snapshot(ws, FILE)
             with_artifact = args.artifact_every > 0 and k % args.artifact_every == 0
             plan = StepPlan(step, [Write(FILE, content(i, k), pre, rev)],
@@ -109,10 +114,12 @@ def child(args: argparse.Namespace) -> None:
                 led.store(step, applied.attempt, "out/log.txt", artifact(i, k))
             led.publish(step)
             led.ack(step, epoch=epoch)
+            held.__exit__(None, None, None)
             t1 = time.monotonic()
             if t0 >= start and t1 <= end:
                 lat.append(t1 - t0)
                 after, cpu1 = dataclasses.replace(db.stats), time.process_time()
+                ru1 = resource.getrusage(resource.RUSAGE_SELF)
             k += 1
         if profile is not None:
             profile.disable()
@@ -121,6 +128,7 @@ def child(args: argparse.Namespace) -> None:
         if before is not None and after is not None:
             a, b = dataclasses.asdict(after), dataclasses.asdict(before)
             stats = {key: a[key] - b[key] for key in a}
+            stats["switches"] = (ru1.ru_nvcsw + ru1.ru_nivcsw) - (ru0.ru_nvcsw + ru0.ru_nivcsw)
         json.dump({"index": i, "latencies": lat, "stats": stats, "cpu_s": cpu1 - cpu0,
                    "steps_run": k}, sys.stdout)
         sys.stdout.write("\n")
@@ -163,6 +171,8 @@ def case(parent: str | None, n: int, args: argparse.Namespace) -> dict[str, Any]
                "--artifact-every", str(args.artifact_every), "--warmup", str(args.warmup)]
         if args.cprofile:
             cmd += ["--cprofile", root]
+        if args.hold_step:
+            cmd.append("--hold-step")
         procs = [subprocess.Popen([*cmd, "--index", str(i)], stdin=subprocess.PIPE,
                                   stdout=subprocess.PIPE, text=True, cwd=ROOT)
                  for i in range(n)]
@@ -249,6 +259,8 @@ def main() -> None:
                     help="skip the in-process bench_fences step")
     ap.add_argument("--cprofile", default=None, metavar="DIR",
                     help="keep each writer's cProfile stats under DIR/n<N>/ (slows them)")
+    ap.add_argument("--hold-step", action="store_true",
+                    help="each writer holds the write lock across its whole step")
     ap.add_argument("--json", action="store_true")
     ap.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--root", help=argparse.SUPPRESS)
@@ -315,7 +327,8 @@ def main() -> None:
               f"  {ps.get('wait_s', 0):.2f} / {ps.get('held_s', 0):.2f} /"
               f" {ps.get('commit_s', 0):.2f} / {ps.get('checkpoint_s', 0):.2f};"
               f" {ps.get('busy_calls', 0):.1f} sleeps ({ps.get('busy_sleep_s', 0):.2f} ms),"
-              f" {ps.get('yields', 0):.2f} yields ({ps.get('yield_s', 0):.2f} ms){verdict}")
+              f" {ps.get('yields', 0):.2f} yields ({ps.get('yield_s', 0):.2f} ms),"
+              f" {ps.get('switches', 0):.1f} context switches{verdict}")
     if result["bench_fences_step_per_s"]:
         print(f"  bench_fences.py's step in-process, same rounds: "
               f"{result['bench_fences_step_per_s']} steps/s")

@@ -399,6 +399,7 @@ class Database:
         self._lockq: int | None = None
         self._queue: WriterQueue | None = None
         self._busy_timeout_s = BUSY_TIMEOUT_MS / 1000
+        self._held = 0  # depth of `write_lock`
         # The checkpoint policy (`_wal_hook`, `_checkpoint`).
         self._wal_pages = 0
         self._checkpoint_at = CHECKPOINT_PAGES
@@ -647,7 +648,7 @@ class Database:
         t0 = time.perf_counter()
         # (inside a transaction BEGIN fails as it did before: the queue is left alone,
         # its lock belongs to the transaction already open)
-        queued = not conn.in_transaction and self._take_write_lock()
+        queued = not conn.in_transaction and not self._held and self._take_write_lock()
         try:
             try:
                 conn.execute("BEGIN IMMEDIATE")
@@ -673,6 +674,28 @@ class Database:
                     raise translate(exc, self.path) from exc
                 raise
         finally:
+            if queued and self._queue is not None and self._lockq is not None:
+                self._queue.release()
+        if self._checkpoint_due and not self._held:
+            self._checkpoint()
+
+    @contextlib.contextmanager
+    def write_lock(self) -> Iterator[None]:
+        """Hold the writers' queue lock across several transactions (one step's), so
+        that no other writer commits between them; `transaction` inside takes nothing."""
+        if self._held:
+            self._held += 1
+            try:
+                yield
+            finally:
+                self._held -= 1
+            return
+        queued = self._take_write_lock()
+        self._held = 1
+        try:
+            yield
+        finally:
+            self._held = 0
             if queued and self._queue is not None and self._lockq is not None:
                 self._queue.release()
         if self._checkpoint_due:
@@ -705,13 +728,13 @@ class Database:
 
     def _checkpoint(self) -> None:
         """A PASSIVE checkpoint, out of the writers' way: it copies what no reader still
-        needs from the -wal into the file (fsynced) while other writers commit. When it
-        copied everything the next writer starts the -wal over; when readers still read
-        older frames it could not, and is tried again once the -wal has grown by another
-        CHECKPOINT_PAGES — not after every commit, which is what SQLite's autocheckpoint
-        does then (each attempt an fsync of the file). A failure is left to the next
-        attempt, as SQLite's own autocheckpoint leaves it (the commit was durable in the
-        -wal already)."""
+        needs from the -wal into the file (fsynced) while other writers commit. The next
+        writer starts the -wal over if it copied everything and no reader is reading
+        the -wal then; otherwise the -wal grows on, and this connection checkpoints
+        again once it has grown by another CHECKPOINT_PAGES — not after every commit,
+        which is what SQLite's autocheckpoint does then (each attempt an fsync of the
+        file). A failure is left to the next attempt, as SQLite's own autocheckpoint
+        leaves it (the commit was durable in the -wal already)."""
         self._checkpoint_due = False
         t0 = time.perf_counter()
         try:
@@ -720,8 +743,8 @@ class Database:
             log, done = self._wal_pages, -1
         self.stats.checkpoints += 1
         self.stats.checkpoint_s += time.perf_counter() - t0
-        self._checkpoint_at = (CHECKPOINT_PAGES if 0 <= log <= done
-                               else self._wal_pages + CHECKPOINT_PAGES)
+        del log, done  # complete or not: the -wal starts over only when no reader is in it
+        self._checkpoint_at = self._wal_pages + CHECKPOINT_PAGES
 
     def _take_write_lock(self) -> bool:
         """Take the writers' queue lock (see `WriterQueue`); False where there is none.

@@ -171,7 +171,7 @@ class WriteStats:
     #: BEGIN returned until COMMIT returned (the lock held); the COMMIT statement alone
     held_s: float = 0.0
     commit_s: float = 0.0
-    #: the WAL checkpoints this connection ran on its commit path
+    #: the WAL checkpoints this connection ran (after its commits, the lock let go)
     checkpoints: int = 0
     checkpoint_s: float = 0.0
 

@@ -252,3 +252,89 @@ def test_a_waiting_writer_is_not_starved_by_a_busy_one(
     # ... so the other writer gets a turn while the greedy one is still writing
     assert victim["ok"], f"{victim} while the other writer committed {greedy['commits']} times"
     assert victim["done"] < greedy["end"]
+
+
+# -- the writers' queue (store/sqlite/file.py, WriterQueue) ------------------------------
+
+
+def test_a_writer_queued_behind_a_long_transaction_gets_LedgerBusy_then_the_lock(
+    tmp_path: Path,
+) -> None:
+    """The queue's wait ends at the busy timeout (the kernel's lock wait has none), and
+    the wait it gave up does not keep the lock: once the holder commits, the next
+    transaction of the writer that gave up goes through."""
+    from ledger import LedgerBusy
+
+    path = tmp_path / "ledger.db"
+    Ledger.init(path).close()
+    with Ledger.open(path) as holder, Ledger.open(path, busy_timeout_ms=50) as late:
+        with holder._store.db.transaction():
+            queue = late._store.db._queue
+            assert queue is not None and not queue.try_take()  # one process, two writers
+            with pytest.raises(LedgerBusy):
+                late.append(Planned(step="late", attempt=1))
+            with pytest.raises(LedgerBusy):  # the same wait, joined again, still held
+                late.append(Planned(step="late", attempt=1))
+        late.append(Planned(step="late", attempt=1))
+        holder.append(Planned(step="holder", attempt=1))
+        assert {s.step_id for s in holder.steps()} == {"late", "holder"}
+
+
+def _turnstile_taken(path: Path) -> bool:
+    """Whether some writer holds the queue's turnstile (a waiter for the room does)."""
+    import fcntl
+    import struct
+
+    probe = os.open(f"{path}-lockq", os.O_RDWR)
+    try:
+        got = fcntl.fcntl(probe, fcntl.F_OFD_GETLK,
+                          struct.pack("hhqqi4x", fcntl.F_WRLCK, os.SEEK_SET, 0, 1, 0))
+    finally:
+        os.close(probe)
+    return struct.unpack("hhqqi4x", got)[0] != fcntl.F_UNLCK
+
+
+@pytest.mark.skipif(not hasattr(__import__("fcntl"), "F_OFD_GETLK"), reason="Linux OFD locks")
+def test_the_writers_queue_hands_the_lock_to_a_waiter_in_another_process(
+    tmp_path: Path,
+) -> None:
+    """A writer of another process queues (holding the turnstile, blocked on the room)
+    while this one holds the lock, and gets it once this one commits."""
+    import time
+
+    path = tmp_path / "ledger.db"
+    Ledger.init(path).close()
+    code = (f"import sys; sys.path.insert(0, {str(TOOL.parents[1])!r})\n"
+            "from ledger import Ledger\nfrom ledger.events import Planned\n"
+            f"led = Ledger.open({str(path)!r})\nprint('ready', flush=True)\n"
+            "led.append(Planned(step='queued', attempt=1))\n"
+            "print(led._store.db.stats.waited, flush=True)\nled.close()\n")
+    with Ledger.open(path) as holder:
+        with holder._store.db.transaction():
+            p = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
+            assert p.stdout is not None and p.stdout.readline().strip() == "ready"
+            while not _turnstile_taken(path) and p.poll() is None:
+                time.sleep(0.01)
+            assert p.poll() is None  # queued, not done: the lock is held here
+        out, _ = p.communicate(timeout=60)
+        assert p.returncode == 0 and int(out.split()[-1]) == 1  # it waited, once
+        assert holder.step("queued").state == "planned"
+
+
+def test_write_lock_holds_the_queue_across_transactions(tmp_path: Path) -> None:
+    """`Database.write_lock` keeps the queue's lock between the transactions inside it
+    (no other writer commits in between); they take nothing themselves."""
+    from ledger import LedgerBusy
+
+    path = tmp_path / "ledger.db"
+    Ledger.init(path).close()
+    with Ledger.open(path) as one, Ledger.open(path, busy_timeout_ms=50) as other:
+        db = one._store.db
+        with db.write_lock():
+            one.append(Planned(step="a", attempt=1))
+            with db.write_lock():  # reentrant
+                one.append(Planned(step="b", attempt=1))
+            with pytest.raises(LedgerBusy):  # still held between the transactions
+                other.append(Planned(step="c", attempt=1))
+        other.append(Planned(step="c", attempt=1))
+        assert {s.step_id for s in one.steps()} == {"a", "b", "c"}

@@ -248,6 +248,7 @@ def run_writer(c: Child, steps: int, artifact_every: int) -> None:
             elapsed_s=t_end - t_start, leaks=leaks.as_dict(), verdicts=dict(verdicts),
             step_latency_s={"p50": _pct(step_lat, 0.5), "p99": _pct(step_lat, 0.99),
                             "max": max(step_lat, default=0.0)},
+            step_latencies_ms=[round(x * 1e3, 2) for x in step_lat],
             op_latency_max_s={op: max(v) for op, v in lat.items()},
         )
         c.save(result)
@@ -661,10 +662,13 @@ def run(
         "scratch": root, "fs": mount_of(root)[1], "cpus": os.cpu_count(),
         "python": sys.version.split()[0], "sqlite": apsw.sqlite_lib_version(),
     }
+    step_ms = [x for w in writer_results for x in w.get("step_latencies_ms", ())]
     report["throughput"] = {
         "writers_elapsed_s": round(writers_s, 2),
         "steps": total_steps,
         "steps_per_s": round(total_steps / writers_s, 1),
+        "step_p50_ms": round(_pct(step_ms, 0.5), 1),
+        "step_p99_ms": round(_pct(step_ms, 0.99), 1),
         "writer_events": writer_events,
         "writer_events_per_s": round(writer_events / writers_s, 1),
         "all_events": all_events,
@@ -879,7 +883,8 @@ def summary(report: dict[str, Any]) -> str:
         (f"  scratch {cfg['scratch']} ({cfg['fs']}), {cfg['cpus']} CPUs, Python {cfg['python']},"
          f" SQLite {cfg['sqlite']}"),
         f"  elapsed {tp['writers_elapsed_s']} s (go -> last writer done)",
-        (f"  writers: {tp['steps']} steps, {tp['steps_per_s']} steps/s;"
+        (f"  writers: {tp['steps']} steps, {tp['steps_per_s']} steps/s (step p50"
+         f" {tp['step_p50_ms']} ms, p99 {tp['step_p99_ms']} ms);"
          f" {tp['writer_events']} events, {tp['writer_events_per_s']} events/s"),
         f"  all events (writers + contenders): {tp['all_events']}, {tp['all_events_per_s']} events/s",
         (f"  readers: {tp['reads_steps']} steps() + {tp['reads_audit']} audits,"

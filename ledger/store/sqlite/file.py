@@ -27,6 +27,7 @@ import shutil
 import stat
 import struct
 import tempfile
+import threading
 import time
 import uuid
 from collections.abc import Callable, Iterator
@@ -41,6 +42,7 @@ from ...errors import (
     InvalidInput,
     LedgerError,
     LedgerNotFound,
+    LedgerBusy,
     LedgerTooNew,
     NotALedger,
     ReadOnlyLedger,
@@ -70,6 +72,8 @@ SQLITE_MAGIC: Final = b"SQLite format 3\x00"
 #: are the owner's alone. SQLite gives the -wal and -shm the database file's mode.
 LEDGER_DIR_MODE: Final = 0o700
 LEDGER_FILE_MODE: Final = 0o600
+#: The -wal size (pages) at which a writer checkpoints, as SQLite's autocheckpoint would.
+CHECKPOINT_PAGES: Final = 1000
 #: The collector's lock file, beside the ledger (GC holds it exclusively while it runs).
 GC_LOCK_NAME: Final = ".stepledger-gc.lock"
 
@@ -152,15 +156,35 @@ def _readonly_uri(path: str, *, immutable: bool = False) -> str:
     return f"file:{quoted}?immutable=1" if immutable else f"file:{quoted}?mode=ro"
 
 
-def set_busy(conn: apsw.Connection, timeout_ms: int,
-             on_wait: Callable[[], None] | None = None) -> None:
-    """Wait for the write lock polling every 0.2-3 ms (jittered) until `timeout_ms`.
+@dataclass
+class WriteStats:
+    """Where a writer's time goes, as plain counters (`tools/bench_contention.py` reads
+    them): what waiting for the write lock, holding it and committing cost."""
 
-    SQLite's default handler sleeps 1, 2, 5 … up to 100 ms between tries, and the WAL
-    write lock has no queue: a writer that commits and begins again within microseconds
-    wins every time a sleeping waiter is not looking, so under load a waiter starved
-    for more than 5 s (tests/test_many_processes.py). Short jittered polls catch the
-    gaps between another writer's transactions.
+    transactions: int = 0
+    #: transactions that waited in the writers' queue; the busy handler's calls and sleeps
+    waited: int = 0
+    busy_calls: int = 0
+    busy_sleep_s: float = 0.0
+    #: entering `transaction()` until BEGIN IMMEDIATE returned (the queue's wait included)
+    wait_s: float = 0.0
+    #: BEGIN returned until COMMIT returned (the lock held); the COMMIT statement alone
+    held_s: float = 0.0
+    commit_s: float = 0.0
+    #: the WAL checkpoints this connection ran (after its commits, the lock let go)
+    checkpoints: int = 0
+    checkpoint_s: float = 0.0
+
+
+def set_busy(conn: apsw.Connection, timeout_ms: int, stats: WriteStats | None = None) -> None:
+    """Wait for a lock SQLite reports busy polling every 0.2-3 ms (jittered) until
+    `timeout_ms`.
+
+    Between stepledger's writers the write lock is taken in `WriterQueue` first, so
+    this handler only runs against what does not queue there: a reader's snapshot
+    during WAL recovery, a closing connection's checkpoint, another program's
+    connection, an init's transaction. SQLite's default handler sleeps 1, 2, 5 … up to
+    100 ms between tries and its lock has no queue: short jittered polls catch the gaps.
     """
     start: list[float] = [0.0]
     deadline = timeout_ms / 1000
@@ -169,14 +193,192 @@ def set_busy(conn: apsw.Connection, timeout_ms: int,
         now = time.monotonic()
         if prior_calls == 0:
             start[0] = now
-            if on_wait is not None:
-                on_wait()  # announce the wait: a committing writer yields to it
         if now - start[0] >= deadline:
             return False
-        time.sleep(random.uniform(0.0002, 0.001 if prior_calls < 50 else 0.003))
+        pause = random.uniform(0.0002, 0.001 if prior_calls < 50 else 0.003)
+        time.sleep(pause)
+        if stats is not None:
+            stats.busy_calls += 1
+            stats.busy_sleep_s += pause
         return True
 
     conn.set_busy_handler(handler)
+
+
+#: Linux's open-file-description locks (fcntl F_OFD_SETLK/SETLKW) on bytes of the
+#: -lockq: per open file like flock, so two connections of one process exclude each
+#: other, released by the kernel when the process dies. Elsewhere: flock on the file.
+_OFD: Final = (getattr(fcntl, "F_OFD_SETLK", None), getattr(fcntl, "F_OFD_SETLKW", None))
+_OFD_GETLK: Final = getattr(fcntl, "F_OFD_GETLK", 0)
+#: The bytes of the -lockq locked: the turnstile, the room (the writer lock) and the flag
+#: of a waiter that waited longer than STARVING_AFTER_S.
+_TURN, _ROOM, _STARVING = 0, 1, 2
+#: How long a queued writer lets others take the lock before it, from the moment it
+#: queued: then it raises the flag, and every writer queues behind it until it is in.
+STARVING_AFTER_S: Final = 0.02
+
+
+def _range_lock(fd: int, byte: int, kind: int, wait: bool) -> bool:
+    """Lock (F_WRLCK) or unlock (F_UNLCK) one byte; False when it is held (non-blocking)."""
+    cmd = _OFD[1] if wait else _OFD[0]
+    try:
+        fcntl.fcntl(fd, cmd, struct.pack("hhqqi4x", kind, os.SEEK_SET, byte, 1, 0))
+    except (BlockingIOError, PermissionError):  # EAGAIN / EACCES: another holds it
+        return False
+    return True
+
+
+def _held_by_another(fd: int, byte: int) -> bool:
+    """Whether another open file holds a lock on the byte (F_OFD_GETLK)."""
+    got = fcntl.fcntl(fd, _OFD_GETLK, struct.pack("hhqqi4x", fcntl.F_WRLCK, os.SEEK_SET,
+                                                   byte, 1, 0))
+    return struct.unpack("hhqqi4x", got)[0] != fcntl.F_UNLCK
+
+
+class WriterQueue:
+    """The write lock stepledger's writers take before ``BEGIN IMMEDIATE`` and hold
+    until after ``COMMIT``, on ``<ledger>-lockq``: a waiter blocks in the kernel and
+    wakes the moment the lock is let go, instead of polling SQLite's lock (which has
+    no queue: a poller sleeps past the release, and a writer that commits and begins
+    again within microseconds wins every gap a sleeping poller leaves).
+
+    Three bytes of the file (ARCHITECTURE.md, "Writers and the write lock"): the room
+    is the lock. A writer takes it at once if it is free; otherwise it queues: it
+    takes the turnstile (waiting), then the room (waiting), then lets the turnstile
+    go, so only one waiter at a time waits on the room. A free room may be taken past
+    the queue (the lock is not left idle while the next in line is scheduled, and a
+    writer's transactions run back to back with warm caches) until a waiter has
+    waited STARVING_AFTER_S: it raises the flag, and while the flag is up everyone
+    queues at the turnstile — the writer that just left behind the one waiting there.
+    (Without byte-range locks per open file, off Linux: the room alone, as flock.)
+
+    The kernel's lock waits have no timeout; a wait runs in a helper thread while the
+    caller waits for it up to the busy timeout. A wait given up is kept: the helper
+    lets the lock go as soon as it gets it, or hands it to the next `wait`.
+    """
+
+    def __init__(self, fd: int) -> None:
+        self.fd = fd
+        self.ranges = _OFD[0] is not None and _OFD[1] is not None
+        self._start_helper_state()
+
+    def _start_helper_state(self) -> None:
+        self._pid = os.getpid()  # a forked child has no helper thread: it starts its own
+        self._mutex = threading.Lock()
+        self._go = threading.Semaphore(0)       # a wait to run (or the close)
+        self._granted = threading.Semaphore(0)  # the helper took the lock for the caller
+        self._waiting = False  # the helper is in a blocking wait
+        self._wanted = False   # a caller wants what that wait takes
+        self._taken = False    # what the last wait came to
+        self._closed = False
+        self._helper: threading.Thread | None = None
+
+    def try_take(self) -> bool:
+        """Take the lock if it is free and no waiter has raised the flag, without waiting."""
+        with self._mutex:
+            if self._waiting:
+                return False  # the helper waits on this file already: join its wait
+        if not self.ranges:
+            try:
+                fcntl.flock(self.fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                return False
+            return True
+        if _held_by_another(self.fd, _STARVING):
+            return False  # a waiter waited too long: queue behind it
+        return _range_lock(self.fd, _ROOM, fcntl.F_WRLCK, wait=False)
+
+    def wait(self, timeout_s: float) -> bool:
+        """Wait (blocked in the kernel) up to `timeout_s` for the lock; whether it is held.
+        OSError when the wait failed."""
+        if self._pid != os.getpid():
+            self._start_helper_state()
+        with self._mutex:
+            self._wanted = True
+            if not self._waiting:
+                self._waiting = True
+                if self._helper is None:
+                    self._helper = threading.Thread(target=self._run, daemon=True,
+                                                    name="stepledger-writer-queue")
+                    self._helper.start()
+                self._go.release()
+        deadline = time.monotonic() + timeout_s
+        patience = STARVING_AFTER_S if self.ranges else timeout_s
+        flag = False
+        try:
+            while not self._granted.acquire(
+                    timeout=max(0.0, min(deadline - time.monotonic(), patience))):
+                if time.monotonic() >= deadline:
+                    with self._mutex:
+                        if self._wanted:  # not granted: the helper lets it go when it gets it
+                            self._wanted = False
+                            return False
+                    self._granted.acquire()  # granted between the timeout and the mutex
+                    break
+                # waited long enough: from now on nobody takes the lock past the queue
+                # (held by another already: the same effect while that waiter waits)
+                flag = flag or _range_lock(self.fd, _STARVING, fcntl.F_WRLCK, wait=False)
+                patience = timeout_s if flag else STARVING_AFTER_S
+        finally:
+            if flag:
+                _range_lock(self.fd, _STARVING, fcntl.F_UNLCK, wait=False)
+        if not self._taken:
+            raise OSError("the writers' queue wait failed")
+        return True
+
+    def release(self) -> None:
+        if self.ranges:
+            _range_lock(self.fd, _ROOM, fcntl.F_UNLCK, wait=False)
+        else:
+            fcntl.flock(self.fd, fcntl.LOCK_UN)
+
+    def _take(self) -> None:
+        if not self.ranges:
+            fcntl.flock(self.fd, fcntl.LOCK_EX)
+            return
+        _range_lock(self.fd, _TURN, fcntl.F_WRLCK, wait=True)
+        try:
+            _range_lock(self.fd, _ROOM, fcntl.F_WRLCK, wait=True)
+        finally:
+            _range_lock(self.fd, _TURN, fcntl.F_UNLCK, wait=False)
+
+    def _run(self) -> None:
+        while True:
+            self._go.acquire()
+            if self._closed:
+                break
+            try:
+                self._take()
+                taken = True
+            except OSError:
+                taken = False
+            with self._mutex:
+                self._waiting = False
+                if self._wanted:
+                    self._wanted, self._taken = False, taken
+                    self._granted.release()
+                    continue
+            if taken:
+                self.release()  # nobody wants it any more
+            if self._closed:
+                break
+        with contextlib.suppress(OSError):
+            os.close(self.fd)
+
+    def close(self) -> None:
+        """Close the file, or leave it to the helper while its wait is under way (its
+        descriptor must not be reused under it)."""
+        with self._mutex:
+            self._closed = True
+            helper = self._helper if self._pid == os.getpid() else None
+            waiting = self._waiting
+            if helper is not None:
+                self._go.release()  # ends an idle helper; a waiting one ends after its wait
+        if helper is None:
+            with contextlib.suppress(OSError):
+                os.close(self.fd)
+        elif not waiting:
+            helper.join(timeout=5)
 
 
 class Database:
@@ -195,7 +397,14 @@ class Database:
         # shared flock on `<ledger>-lockq`; a writer about to BEGIN first tries an
         # exclusive one and, while anyone waits, steps aside for a few ms (bounded).
         self._lockq: int | None = None
-        self._waiting = False
+        self._queue: WriterQueue | None = None
+        self._busy_timeout_s = BUSY_TIMEOUT_MS / 1000
+        self._held = 0  # depth of `write_lock`
+        # The checkpoint policy (`_wal_hook`, `_checkpoint`).
+        self._wal_pages = 0
+        self._checkpoint_at = CHECKPOINT_PAGES
+        self._checkpoint_due = False
+        self.stats = WriteStats()
         #: The lock files (-shm, -wal) a read-only open created: `close_refused` removes them.
         self._created: list[str] = []
         #: A forensic open (see `open`) and how its schema differs from the allow-list.
@@ -435,63 +644,123 @@ class Database:
         """
         if self.readonly:
             raise ReadOnlyLedger(self.path)
-        conn = self.conn
-        self._yield_to_waiters()
+        conn, stats = self.conn, self.stats
+        t0 = time.perf_counter()
+        # (inside a transaction BEGIN fails as it did before: the queue is left alone,
+        # its lock belongs to the transaction already open)
+        queued = not conn.in_transaction and not self._held and self._take_write_lock()
         try:
-            conn.execute("BEGIN IMMEDIATE")
-        except apsw.Error as exc:
-            raise translate(exc, self.path) from None
+            try:
+                conn.execute("BEGIN IMMEDIATE")
+            except apsw.Error as exc:
+                raise translate(exc, self.path) from None
+            t1 = time.perf_counter()
+            stats.transactions += 1
+            stats.wait_s += t1 - t0
+            try:
+                yield conn
+                if self.on_op is not None:
+                    self.on_op("commit")
+                t2 = time.perf_counter()
+                conn.execute("COMMIT")
+                t3 = time.perf_counter()
+                stats.commit_s += t3 - t2
+                stats.held_s += t3 - t1
+            except BaseException as exc:
+                if conn.in_transaction:
+                    with contextlib.suppress(apsw.Error):
+                        conn.execute("ROLLBACK")
+                if isinstance(exc, apsw.Error):
+                    raise translate(exc, self.path) from exc
+                raise
         finally:
-            self._end_wait()
-        try:
-            yield conn
-            if self.on_op is not None:
-                self.on_op("commit")
-            conn.execute("COMMIT")
-        except BaseException as exc:
-            if conn.in_transaction:
-                with contextlib.suppress(apsw.Error):
-                    conn.execute("ROLLBACK")
-            if isinstance(exc, apsw.Error):
-                raise translate(exc, self.path) from exc
-            raise
+            if queued and self._queue is not None and self._lockq is not None:
+                self._queue.release()
+        if self._checkpoint_due and not self._held:
+            self._checkpoint()
 
-    # -- fairness between writers ----------------------------------------------------
+    @contextlib.contextmanager
+    def write_lock(self) -> Iterator[None]:
+        """Hold the writers' queue lock across several transactions (one step's), so
+        that no other writer commits between them; `transaction` inside takes nothing."""
+        if self._held:
+            self._held += 1
+            try:
+                yield
+            finally:
+                self._held -= 1
+            return
+        queued = self._take_write_lock()
+        self._held = 1
+        try:
+            yield
+        finally:
+            self._held = 0
+            if queued and self._queue is not None and self._lockq is not None:
+                self._queue.release()
+        if self._checkpoint_due:
+            self._checkpoint()
+
+    # -- the writers' queue -----------------------------------------------------------
 
     def _open_lockq(self, busy_timeout_ms: int) -> None:
+        set_busy(self.conn, busy_timeout_ms, self.stats)
+        self.conn.set_wal_hook(self._wal_hook)
+        self._busy_timeout_s = busy_timeout_ms / 1000
         try:
             self._lockq = os.open(self.path + "-lockq", os.O_RDWR | os.O_CREAT | os.O_CLOEXEC,
                                   LEDGER_FILE_MODE)
         except OSError:
-            self._lockq = None  # no fairness aid (a read-only directory): still correct
-        set_busy(self.conn, busy_timeout_ms, self._announce_wait)
-
-    def _announce_wait(self) -> None:
-        if self._lockq is not None and not self._waiting:
-            with contextlib.suppress(OSError):
-                fcntl.flock(self._lockq, fcntl.LOCK_SH | fcntl.LOCK_NB)
-                self._waiting = True
-
-    def _end_wait(self) -> None:
-        if self._waiting and self._lockq is not None:
-            with contextlib.suppress(OSError):
-                fcntl.flock(self._lockq, fcntl.LOCK_UN)
-            self._waiting = False
-
-    def _yield_to_waiters(self) -> None:
-        """Before taking the write lock: if another writer is waiting for it, step aside
-        once, for about two of its polls (~2 ms), so a busy writer cannot starve it.
-        Once, not until nobody waits: under constant contention someone always does."""
-        if self._lockq is None:
+            self._lockq = None  # no queue (a read-only directory): SQLite's lock alone
             return
+        self._queue = WriterQueue(self._lockq)
+
+    def _wal_hook(self, _conn: apsw.Connection, _name: str, pages: int) -> int:
+        """After each of this connection's commits, with the -wal's size in pages: note
+        a checkpoint due; `transaction` runs it once the writers' queue is let go (see
+        `_checkpoint`). Replaces SQLite's autocheckpoint, which runs inside the COMMIT
+        — under the queue's lock, every other writer waiting on it."""
+        if pages < self._wal_pages:  # the -wal started over
+            self._checkpoint_at = CHECKPOINT_PAGES
+        self._wal_pages = pages
+        self._checkpoint_due = pages >= self._checkpoint_at
+        return apsw.SQLITE_OK
+
+    def _checkpoint(self) -> None:
+        """A PASSIVE checkpoint, out of the writers' way: it copies what no reader still
+        needs from the -wal into the file (fsynced) while other writers commit. The next
+        writer starts the -wal over if it copied everything and no reader is reading
+        the -wal then; otherwise the -wal grows on, and this connection checkpoints
+        again once it has grown by another CHECKPOINT_PAGES — not after every commit,
+        which is what SQLite's autocheckpoint does then (each attempt an fsync of the
+        file). A failure is left to the next attempt, as SQLite's own autocheckpoint
+        leaves it (the commit was durable in the -wal already)."""
+        self._checkpoint_due = False
+        t0 = time.perf_counter()
         try:
-            fcntl.flock(self._lockq, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            time.sleep(0.002)  # someone waits: let it take the lock
-            return
+            log, done = self.conn.wal_checkpoint(mode=apsw.SQLITE_CHECKPOINT_PASSIVE)
+        except apsw.Error:
+            log, done = self._wal_pages, -1
+        self.stats.checkpoints += 1
+        self.stats.checkpoint_s += time.perf_counter() - t0
+        del log, done  # complete or not: the -wal starts over only when no reader is in it
+        self._checkpoint_at = self._wal_pages + CHECKPOINT_PAGES
+
+    def _take_write_lock(self) -> bool:
+        """Take the writers' queue lock (see `WriterQueue`); False where there is none.
+        LedgerBusy when it stays held for the busy timeout."""
+        queue = self._queue
+        if queue is None or self._lockq is None:
+            return False
+        if queue.try_take():
+            return True
+        self.stats.waited += 1
+        try:
+            if queue.wait(self._busy_timeout_s):
+                return True
         except OSError:
-            return
-        fcntl.flock(self._lockq, fcntl.LOCK_UN)
+            return False  # the queue failed (it never should): SQLite's own lock still holds
+        raise LedgerBusy(self.path, self._busy_timeout_s)
 
     def _refresh(self) -> None:
         """Reopen an `immutable=1` reader whose file a writer has changed since."""
@@ -570,10 +839,12 @@ class Database:
         what was committed is durable in the WAL either way. A reader's close writes
         nothing of the ledger (it cannot checkpoint): a failure there (releasing its
         locks, say) is not reported."""
-        if self._lockq is not None:
+        if self._queue is not None and self._lockq is not None:
+            self._queue.close()  # closes the -lockq (or leaves it to a wait still under way)
+        elif self._lockq is not None:
             with contextlib.suppress(OSError):
                 os.close(self._lockq)
-            self._lockq = None
+        self._lockq, self._queue = None, None
         try:
             self.conn.close()
         except apsw.Error as exc:
@@ -862,5 +1133,5 @@ __all__ = [
     "APPLICATION_ID", "BUSY_TIMEOUT_MS", "GC_LOCK_NAME", "LEDGER_DIR_MODE", "LEDGER_FILE_MODE",
     "MIGRATIONS", "ROW_ERRORS", "SCHEMA_VERSION", "SQLITE_MAGIC", "VALUE_SIZE_MAX", "Database",
     "Header", "Synchronous", "access_denied", "expected_schema", "flock_held", "make_private",
-    "read_error", "read_header", "schema_changes", "set_busy", "translate", "wal_path",
+    "read_error", "read_header", "schema_changes", "set_busy", "translate", "wal_path", "WriteStats", "WriterQueue",
 ]

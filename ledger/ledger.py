@@ -29,6 +29,7 @@ from .errors import (
     BlobCorrupt,
     BlobNotFound,
     CorruptLedger,
+    IdempotencyConflict,
     IllegalTransition,
     InvalidInput,
     ManifestConflict,
@@ -893,10 +894,14 @@ class Ledger:
             **common, manifest_rev=row.manifest_rev + 1, expected_rev=-1,  # type: ignore[arg-type]
             digest=manifest_digest(step, (), artifacts), artifacts=artifacts,
         )
+        # The runner's caller learns the manifest when run_step returns, whichever commit
+        # records the ack: recording it with the manifest saves a commit and changes no
+        # answer (a crash before the return is answered from the journal on a re-run).
+        ack = Acked(**common, manifest_rev=event.manifest_rev)  # type: ignore[arg-type]
         now = self.clock()
         try:
             recorded = self._log.append(
-                [*stored, event], guard=self._guard(), inline=small, inline_ns=now)
+                [*stored, event, ack], guard=self._guard(), inline=small, inline_ns=now)
         except IllegalTransition:
             # a concurrent runner of the same attempt published first: its manifest won
             if self.step(step).live:
@@ -904,7 +909,52 @@ class Ledger:
                 assert manifest is not None
                 return manifest
             raise
-        return Manifest.from_event(event, recorded[-1].seq, True)
+        return Manifest.from_event(event, recorded[-2].seq, True)
+
+    def _step_in_one_commit(
+        self, step: str, prev: StepRow | None, run: str,
+        outputs: Mapping[str, tuple[str, bytes]],
+    ) -> tuple[int, Manifest] | None:
+        """A fresh artifact-only attempt whose artifacts all fit inline, in ONE
+        transaction: `planned`, every `blob-pinned`, the inline bytes with every
+        `blob-stored`, `manifest-published` and `acked` (the runner's fastest path).
+
+        Nothing is written outside the transaction, so the plan is durable before any
+        write the attempt makes exactly as in the three-commit order: all of it commits,
+        or none of it does. `prev` is the step's row as the runner saw it (None: no
+        attempt yet; otherwise its latest attempt ended). Returns (attempt, manifest),
+        or None having written nothing when another runner planned the step meanwhile
+        (the caller continues what that runner planned)."""
+        assert all(len(data) <= self.inline_max_bytes for _, data in outputs.values())
+        attempt = 1 if prev is None else prev.attempt + 1
+        manifest_rev = 0 if prev is None else prev.manifest_rev + 1
+        common = {"step": step, "attempt": attempt, "run": run, "workspace": "", "epoch": 0}
+        paths = tuple(sorted(outputs))
+        artifacts = tuple(ManifestEntry(path=path, digest=outputs[path][0],
+                                        size=len(outputs[path][1])) for path in paths)
+        published = ManifestPublished(
+            **common, manifest_rev=manifest_rev, expected_rev=-1,  # type: ignore[arg-type]
+            digest=manifest_digest(step, (), artifacts), artifacts=artifacts)
+        events: list[Event] = [
+            Planned(**common, artifacts=paths),  # type: ignore[arg-type]
+            *(BlobPinned(**common, digest=d, role="artifact")  # type: ignore[arg-type]
+              for d in dict.fromkeys(digest for digest, _ in outputs.values())),
+            *(BlobStored(**common, digest=digest, size=len(data), path=path,  # type: ignore[arg-type]
+                         inline=True) for path, (digest, data) in sorted(outputs.items())),
+            published,
+            Acked(**common, manifest_rev=manifest_rev),  # type: ignore[arg-type]
+        ]
+        small = {digest: data for digest, data in outputs.values()}
+        try:
+            recorded = self._log.append(events, guard=self._guard(), inline=small,
+                                        inline_ns=self.clock())
+        except (IllegalTransition, IdempotencyConflict):
+            return None  # a concurrent runner planned this attempt first: nothing written
+        if recorded[-2].deduped:
+            # Another runner recorded this very attempt with identical content first: the
+            # journal answered, and its manifest is the one that stands.
+            return None
+        return attempt, Manifest.from_event(published, recorded[-2].seq, True)
 
     def manifest(self, step: str, manifest_rev: int | None = None) -> Manifest | None:
         """The step's live manifest (or revision `manifest_rev`, live or not); None if none."""

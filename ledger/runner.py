@@ -2,9 +2,14 @@
 
     local write -> pin -> durable blobs -> blob-stored -> manifest (commit point) -> ack
 
-A fresh attempt takes three commits: `planned` with every artifact's pin (before any
-byte is written), then — the files made durable first — the inline bytes, every
-`blob-stored` and `manifest-published` in one transaction, then `acked`.
+A fresh attempt whose artifacts all fit inline is ONE commit: `planned`, every pin,
+the inline bytes with every `blob-stored`, `manifest-published` and `acked` (nothing is
+written outside the ledger, so the plan is durable before any write either way). With
+a file blob among them it is two: `planned` with every artifact's pin (before any byte
+is written), then — the files made durable first — the inline bytes, every
+`blob-stored`, `manifest-published` and `acked` in one transaction. The ack goes with
+the manifest: the caller learns the result when `run_step` returns, and a crash before
+that is answered from the journal on a re-run.
 
 `run_step` is safe to call again with the same step id after a crash at any point:
 a committed step returns its live manifest and runs nothing; an attempt in flight
@@ -63,22 +68,32 @@ def run_step(ledger: Ledger, step: str, outputs: Outputs, *, run: str = "") -> S
     produced = {path: artifact_bytes(path, data) for path, data in produced.items()}
     digested = {path: (digest_of(data), data) for path, data in produced.items()}
     fresh = row is None or row.state in ENDED
+    if fresh and all(len(data) <= ledger.inline_max_bytes for _, data in digested.values()):
+        # Every artifact fits inline: nothing is written outside the ledger, so the whole
+        # attempt — plan, pins, bytes, stores, manifest, ack — is one commit.
+        done = ledger._step_in_one_commit(step, row, run, digested)
+        if done is not None:
+            return StepResult(step, done[0], done[1], ran=True)
+        row = ledger.find_step(step)  # another runner planned it meanwhile: continue that
+        fresh = False
     row = ledger.plan(step, run=run, artifacts=tuple(produced),
                        pins=[d for d, _ in digested.values()] if fresh else ())
     if row.live:  # a concurrent runner committed it meanwhile
         manifest = ledger.manifest(step)
         assert manifest is not None
+        if row.state != "acked":
+            ledger.ack(step, row.attempt)
         return StepResult(step, row.attempt, manifest, ran=False)
     attempt = row.attempt
     if fresh and row.state == "planned":
-        # This call planned the attempt (its pins committed with it): every blob-stored
-        # and the manifest go in one transaction — 3 commits a step (plan, publish, ack).
+        # This call planned the attempt (its pins committed with it) and a file blob is
+        # among its artifacts: the files are made durable, then every blob-stored, the
+        # manifest and the ack go in one transaction — 2 commits a step.
         try:
             fast = ledger._store_and_publish(row, attempt, digested)
         except BlobNotFound:
             fast = None  # a blob vanished before the commit: the step-by-step path below
         if fast is not None:
-            ledger.ack(step, attempt)
             return StepResult(step, attempt, fast, ran=True)
     # Continuing an attempt found in flight (a replay): transition by transition.
     for path in sorted(produced):

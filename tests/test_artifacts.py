@@ -8,6 +8,7 @@ import pathlib
 
 import pytest
 
+from ledger.gc.audit import audit
 from ledger import (
     BlobStored,
     IllegalTransition,
@@ -242,30 +243,81 @@ def test_pin_then_store_is_one_pin(ledger: Ledger) -> None:
     assert [p.seq for p in pins] == [first.seq]
 
 
-# --- the runner's fast path: three commits a step --------------------------------------
+# --- the runner's fast paths: one commit inline, two with a file ---------------------
 
 
-def test_a_fresh_step_is_three_commits_pins_first(tmp_path: pathlib.Path) -> None:
-    """plan + every pin; (the file made durable) every blob-stored + the manifest; ack.
-    The file is written only after the pins commit, and the manifest commits with the
-    stores, after the file is durable."""
+def test_a_fresh_step_with_a_file_is_two_commits_pins_first(tmp_path: pathlib.Path) -> None:
+    """plan + every pin; (the file made durable) every blob-stored + the manifest + the
+    ack. The file is written only after the pins commit, and the manifest commits with
+    the stores, after the file is durable."""
     ops: list[str] = []
     with Ledger.init(tmp_path / "l.db", on_op=ops.append) as lg:
         ops.clear()
         run_step(lg, "s", {"a.txt": SMALL, "b.bin": LARGE, "c.txt": b"c"})
-        assert ops.count("commit") == 3, ops
+        assert ops.count("commit") == 2, ops
         first, second = ops.index("commit"), ops.index("commit", ops.index("commit") + 1)
         assert first < ops.index("write") < ops.index("dirfsync", ops.index("rename")) < second
         kinds = [r.kind for r in lg.timeline("s")]
         assert kinds == ["planned"] + ["blob-pinned"] * 3 + ["blob-stored"] * 3 + [
             "manifest-published", "acked"]
-        # one transaction's events share its time: the plan and its pins, then the stores
-        # and the manifest, then the ack
+        # one transaction's events share its time: the plan and its pins, then the stores,
+        # the manifest and the ack
         times = [r.time_ns for r in lg.timeline("s")]
-        assert len(set(times[:4])) == 1 and len(set(times[4:8])) == 1, times
-        assert times[0] < times[4] < times[8]
+        assert len(set(times[:4])) == 1 and len(set(times[4:])) == 1, times
+        assert times[0] < times[4]
         assert lg.classify("s") == "committed" and lg.verify().ok
         assert [b["pinned"] for b in lg.blob_list()] == [False] * 3  # the ack released them
+
+
+def test_a_fresh_inline_step_is_one_commit(tmp_path: pathlib.Path) -> None:
+    """Every artifact inline: plan, pins, bytes, stores, manifest and ack in one
+    transaction — the same events, in the same order, as the multi-commit path."""
+    ops: list[str] = []
+    with Ledger.init(tmp_path / "l.db", on_op=ops.append) as lg:
+        ops.clear()
+        result = run_step(lg, "s", {"a.txt": SMALL, "c.txt": b"c", "d.txt": b"c"})
+        assert result.ran and result.attempt == 1
+        assert ops.count("commit") == 1 and "write" not in ops, ops
+        kinds = [r.kind for r in lg.timeline("s")]
+        # c.txt and d.txt share a blob: one pin for it
+        assert kinds == ["planned"] + ["blob-pinned"] * 2 + ["blob-stored"] * 3 + [
+            "manifest-published", "acked"]
+        assert len({r.time_ns for r in lg.timeline("s")}) == 1
+        assert lg.classify("s") == "committed" and lg.verify().ok and audit(lg, deep=True).ok
+        assert [b["pinned"] for b in lg.blob_list()] == [False] * 2
+        assert lg.manifest("s") == result.manifest
+        again = run_step(lg, "s", {"a.txt": b"other"})
+        assert not again.ran and again.manifest == result.manifest
+
+
+def test_a_fresh_inline_attempt_after_a_compensated_one_is_one_commit(ledger: Ledger) -> None:
+    """Attempt 2 of a step whose attempt 1 was compensated: one commit, a new manifest."""
+    row = ledger.plan("s", artifacts=["a.txt"])
+    ledger.compensate("s", row.attempt)
+    result = run_step(ledger, "s", {"a.txt": SMALL})
+    assert result.ran and result.attempt == 2
+    assert ledger.step("s").state == "acked" and ledger.manifest("s") == result.manifest
+    assert ledger.verify().ok
+
+
+def test_the_one_commit_path_yields_to_a_runner_that_planned_first(
+        ledger: Ledger, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Another runner planned attempt 1 between this runner's look and its commit: the
+    one-commit transaction writes nothing, and this runner continues that attempt."""
+    ledger.plan("s", artifacts=["a.txt"])
+    real = ledger.find_step
+    looks = [None]  # the runner's first look saw no step yet
+
+    def find_step(step: str) -> object:
+        return looks.pop() if looks else real(step)
+
+    monkeypatch.setattr(ledger, "find_step", find_step)
+    head = ledger.head().seq
+    result = run_step(ledger, "s", {"a.txt": SMALL})
+    assert result.ran and result.attempt == 1
+    kinds = [r.kind for r in ledger.timeline("s")]
+    assert kinds.count("planned") == 1 and kinds[-2:] == ["manifest-published", "acked"]
+    assert ledger.head().seq > head and ledger.verify().ok
 
 
 def test_a_blob_gone_before_the_commit_falls_back_and_still_commits(
@@ -289,8 +341,9 @@ def test_a_blob_gone_before_the_commit_falls_back_and_still_commits(
     assert ledger.read_blob(sha(LARGE)) == LARGE
 
 
+@pytest.mark.parametrize("data", [LARGE, SMALL], ids=["file: two commits", "inline: one commit"])
 def test_the_fast_path_only_publishes_what_the_plan_declared(
-        ledger: Ledger, monkeypatch: pytest.MonkeyPatch) -> None:
+        ledger: Ledger, monkeypatch: pytest.MonkeyPatch, data: bytes) -> None:
     """Another runner planned the attempt, with other artifacts, between this runner's
     look and its plan: the runner does not publish its own set in one commit; step by
     step, publish names what is missing."""
@@ -303,9 +356,13 @@ def test_the_fast_path_only_publishes_what_the_plan_declared(
 
     monkeypatch.setattr(ledger, "find_step", find_step)
     stores: list[str] = []
-    monkeypatch.setattr(ledger, "_store_and_publish",
-                        lambda *a: stores.append("fast") or Ledger._store_and_publish(ledger, *a))
+    fast = "_store_and_publish" if data is LARGE else "_step_in_one_commit"
+    real_fast = getattr(Ledger, fast)
+    monkeypatch.setattr(ledger, fast, lambda *a: stores.append("fast") or real_fast(ledger, *a))
+    head = ledger.head().seq
     with pytest.raises(IllegalTransition, match="never stored: b.txt"):
-        run_step(ledger, "s", {"a.txt": SMALL})
+        run_step(ledger, "s", {"a.txt": data})
     assert stores == ["fast"]  # it was asked, and declined
+    # what the step-by-step path recorded: a.txt's pin and store, no manifest
+    assert [r.kind for r in ledger.read(head)] == ["blob-pinned", "blob-stored"]
     assert ledger.manifest("s") is None and ledger.verify().ok

@@ -8,8 +8,8 @@ Run from the repository root::
     .venv/bin/python tools/bench_group.py --quick    # fewer steps and repetitions
     .venv/bin/python tools/bench_group.py --json     # machine-readable results on stdout
 
-Each step is ``ledger.runner.run_step`` with one 4 KiB artifact (inline): plan with its
-pin, the bytes + ``blob-stored`` + ``manifest-published``, ``acked`` — 3 commits when
+Each step is ``ledger.runner.run_step`` with one 4 KiB artifact (inline): plan, pin,
+the bytes, ``blob-stored``, ``manifest-published`` and ``acked`` — 1 commit when
 alone, on a ledger with default options (WAL, ``synchronous=FULL``). Cases, each on a
 fresh ledger, interleaved in every repetition:
 
@@ -255,7 +255,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"  scratch: {fs['fstype']} on {fs['mount']}; raw COMMIT {fsync['FULL']:.2f} ms"
           f" (FULL) vs {fsync['OFF']:.2f} ms (OFF): fsync per commit"
           f" {fsync['FULL'] - fsync['OFF']:.2f} ms")
-    print("  step: run_step, one 4 KiB inline artifact (3 commits alone); medians, ratio ="
+    print("  step: run_step, one 4 KiB inline artifact (1 commit alone); medians, ratio ="
           " median of per-rep ratios [min-max]")
     print(f"  {'case':24} {'steps/s':>9} {'vs 1':>20} {'commits/step':>13} {'cpu ms/step':>12}")
     for name in CASES:

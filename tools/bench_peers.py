@@ -33,7 +33,7 @@ build; stepledger opens apsw with ``synchronous=FULL``.
 The workloads
 -------------
 1. ``step-4k``: a step that records a 4 KiB result. stepledger: ``run_step`` (plan ->
-   4 KiB inline artifact -> publish -> ack: 3 commits); SqliteSaver: one ``put`` whose
+   4 KiB inline artifact -> publish -> ack, all in 1 commit); SqliteSaver: one ``put`` whose
    ``channel_values`` carry 4 KiB; eventsourcing: one event carrying 4 KiB, saved;
    DBOS: one workflow whose step returns 4 KiB. steps/s.
 2. ``append-small``: stepledger ``append(Planned(...))`` (a new step each call),

@@ -23,24 +23,30 @@ Each ledger commit is ``BEGIN IMMEDIATE ... COMMIT`` on a WAL database with
 ``synchronous=FULL``: the COMMIT appends the transaction's dirty pages to the WAL and
 fsyncs it once (plus, whenever the WAL passes 1000 pages, SQLite's auto-checkpoint).
 
-* ``planned`` with every artifact's ``blob-pinned`` (1 commit): the plan must be
-  durable before any write, so that a crash at any later point is seen and the step
-  is continued or compensated, never lost; the pins are taken before the bytes are
-  written or deduplicated, so a concurrent GC can never collect a blob the step will
-  name (``run_step`` knows every artifact's digest when it plans).
+* all artifacts inline: ONE commit holding ``planned``, every ``blob-pinned``, the
+  inline bytes in ``blob_data``, every ``blob-stored``, ``manifest-published`` and
+  ``acked``. Nothing is written outside the ledger file, so the plan is durable before
+  any write the step makes (they are the same commit), and a crash leaves all of it or
+  none.
+* with a file artifact, two commits: ``planned`` with every artifact's
+  ``blob-pinned`` (1 commit) — the plan must be durable before any write, so that a
+  crash at any later point is seen and the step is continued or compensated, never
+  lost; the pins are taken before the bytes are written or deduplicated, so a
+  concurrent GC can never collect a blob the step will name (``run_step`` knows every
+  artifact's digest when it plans);
 * per file artifact, one durable file create: write a temporary file
   (``O_CREAT|O_EXCL``), fsync it, rename it into its fan-out directory
   ``<blobs>/<first two hex>/<sha256>``, fsync that directory. Only then may an event
-  name the blob.
-* every ``blob-stored`` and the ``manifest-published`` (1 commit): the inline bytes go
-  into ``blob_data`` in this transaction, which records that every blob is durable and
-  publishes the manifest — the commit point: the step's outputs become visible
-  atomically, and only after every blob it names is durable (the guard re-checks each
-  one inside the transaction).
-* ``acked`` (1 commit): the runner learned the manifest (pins are released).
+  name the blob;
+* then every ``blob-stored``, the ``manifest-published`` and the ``acked`` (1 commit):
+  the inline bytes go into ``blob_data`` in this transaction, which records that every
+  blob is durable and publishes the manifest — the commit point: the step's outputs
+  become visible atomically, and only after every blob it names is durable (the guard
+  re-checks each one inside the transaction). The ack (pins released) goes with it:
+  the runner's caller learns the manifest when ``run_step`` returns either way.
 
-So a fresh step is 3 commits whatever its artifacts, plus k durable file creates in
-the file cases. (A replay that continues an attempt found in flight goes transition by
+So a fresh step is 1 commit inline and 2 with file blobs, plus k durable file creates
+in the file cases. (A replay that continues an attempt found in flight goes transition by
 transition instead: ``store`` per artifact, ``publish``, ``ack``.) The script counts
 these instead of trusting this text: ours through the ledger's
 ``on_op`` hook (``Ledger.init(path, on_op=...)``; "commit", "write", "fsync",
@@ -379,36 +385,25 @@ class RawRows:
 Prepared = tuple[list[tuple[Any, ...]], list[bytes]]
 
 
-def _floor_step(conn: apsw.Connection, blobs: RawBlobs, step: Prepared, inline: bool) -> None:
-    """Ours' three commits: the plan with every pin; (the file blobs made durable
-    first) the inline bytes, every blob-stored and the manifest; the ack."""
+def floor_step_inline(conn: apsw.Connection, blobs: RawBlobs, step: Prepared) -> None:
+    """Ours' one commit when every artifact is inline: every event row and inline blob."""
+    one_step_inline(conn, blobs, step)
+
+
+def floor_step_file(conn: apsw.Connection, blobs: RawBlobs, step: Prepared) -> None:
+    """Ours' two commits: the plan with every pin; (the file blobs made durable first)
+    every blob-stored, the manifest and the ack."""
     rows, datas = step
     k = len(datas)
     ex = conn.execute
     ex("BEGIN IMMEDIATE")
     conn.executemany(EVENT_INSERT, rows[:1 + k])  # planned + a pin per artifact
     ex("COMMIT")
-    digests = [hashlib.sha256(data).hexdigest() for data in datas]
-    if not inline:
-        for data, digest in zip(datas, digests):
-            blobs.create(data, digest)
+    for data in datas:
+        blobs.create(data, hashlib.sha256(data).hexdigest())
     ex("BEGIN IMMEDIATE")
-    if inline:
-        for data, digest in zip(datas, digests):
-            ex(BLOB_INSERT, (digest, len(data), data, TIME_NS))
-    conn.executemany(EVENT_INSERT, rows[1 + k:2 + 2 * k])  # blob-stored x k + published
+    conn.executemany(EVENT_INSERT, rows[1 + k:])  # blob-stored x k + published + acked
     ex("COMMIT")
-    ex("BEGIN IMMEDIATE")
-    ex(EVENT_INSERT, rows[2 + 2 * k])
-    ex("COMMIT")
-
-
-def floor_step_inline(conn: apsw.Connection, blobs: RawBlobs, step: Prepared) -> None:
-    _floor_step(conn, blobs, step, inline=True)
-
-
-def floor_step_file(conn: apsw.Connection, blobs: RawBlobs, step: Prepared) -> None:
-    _floor_step(conn, blobs, step, inline=False)
 
 
 def one_step_inline(conn: apsw.Connection, blobs: RawBlobs, step: Prepared) -> None:
@@ -688,10 +683,10 @@ def print_report(res: dict[str, Any]) -> None:
     p("")
     p("Durable operations per step (counted: ours via on_op, raw via commit hook and its own"
       " file calls)")
-    p("  commits: planned + every artifact's blob-pinned (durable before any write, GC-safe);"
-      " every blob-stored")
-    p("  + manifest-published (the commit point; inline bytes in this same transaction);"
-      " acked.")
+    p("  commits: all inline: one (planned, pins, inline bytes, blob-stored, manifest, ack)."
+      " With a file:")
+    p("  planned + every artifact's blob-pinned (durable before any write, GC-safe); every"
+      " blob-stored + manifest-published + acked.")
     p("  file create: tmp write + fsync + rename into blobs/xx/ + dir fsync, between the"
       " plan's commit and the publish.")
     for c in res["cases"]:

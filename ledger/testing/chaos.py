@@ -1,7 +1,8 @@
 """`stepledger chaos`: kill a real process at every operation of a step, then check.
 
 The whole artifact protocol of one N-artifact step (plan with its pins, durable blob
-files, then inline rows, every `blob-stored` and the publish in one commit, ack) runs in a forked child that kills
+files, then inline rows, every `blob-stored`, the publish and the ack in one commit; a
+step whose artifacts are all inline is one commit) runs in a forked child that kills
 itself with SIGKILL just before operation k — every file write, fsync, rename,
 directory fsync, mkdir and SQLite COMMIT is an operation — for every k from 1 to
 the total. The parent then reopens the ledger from the file, classifies the step
@@ -96,9 +97,10 @@ def _label_phases(ledger: Ledger, counter: _Counter) -> None:
         wrap(name)
 
 
-#: The runner's calls, named in the table (`_store_and_publish`: its fast path).
-PHASES = {"plan": "plan", "store": "store",
-          "_store_and_publish": "store + publish", "publish": "publish", "ack": "ack"}
+#: The runner's calls, named in the table (`_step_in_one_commit`, `_store_and_publish`:
+#: its fast paths).
+PHASES = {"_step_in_one_commit": "whole step", "plan": "plan", "store": "store",
+          "_store_and_publish": "store + publish + ack", "publish": "publish", "ack": "ack"}
 
 
 def _protocol(path: str, outputs: dict[str, bytes], wrong_order: bool, on_op: Callable[[str], None] | None) -> None:

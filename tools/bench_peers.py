@@ -43,10 +43,10 @@ The workloads
 4. Concurrency: workload 1 with 1, 4 and 16 writers (threads), total steps/s. Two
    modes where the system allows both: ``own`` (each writer its own object and
    connection on the same file) and ``shared`` (all writers call one object). The
-   ``shared`` stepledger variant runs only if a probe (4 threads, one Ledger) finishes
-   without an error and the ledger verifies; otherwise it is skipped with a note.
-   Whatever the installed stepledger does for concurrent appends (serialized
-   transactions today; group commit when it lands) is what the figures show.
+   ``shared`` stepledger variant runs only if a probe (8 threads, one Ledger) finishes
+   without an error and the ledger verifies; otherwise it is skipped with a note. In
+   ``shared`` mode stepledger's concurrent appends share transactions and fsyncs
+   (group commit); in ``own`` mode each writer is its own connection and commit.
 
 Each workload and writer count also runs a raw apsw control in the same round: each
 writer its own connection (WAL, ``synchronous=FULL``) doing ``BEGIN IMMEDIATE; INSERT;
@@ -54,6 +54,15 @@ COMMIT`` of one row (a unique key and a 4 KiB or a ~100-byte value; the bulk con
 inserts 100 rows per transaction). Every system's rate is divided by it (``/raw``) and
 by stepledger's in the same round (``/ours``: its ``own`` variant, or the ``shared``
 one for shared rows when it ran).
+
+``stepledger floor`` is the ceiling of the design on SQLite: raw apsw executing exactly
+the statements one stepledger step commits (its five event rows, the inline blob row
+and the step, manifest, entry and checkpoint rows, read off a real ``run_step`` through
+the connection's exec trace and replayed with the step id and seq substituted) on a
+real ledger file, with no Python logic around them. The ``ceiling`` line divides it by
+the fastest peer: no implementation committing those rows can do better than that.
+``cpu ms/op`` is the process's CPU time over the measurement divided by the operations
+(every thread's; with several writers it includes the waiting ones' spinning, if any).
 
 Method: each round measures every system of a workload once, in an order that rotates
 from round to round, on fresh files (set up untimed; DBOS's one system database lives
@@ -218,6 +227,75 @@ class Stepledger:
         return ops, lambda: [lg.close() for lg in ledgers]
 
 
+class StepledgerFloor:
+    """The design's SQL floor for step-4k: raw apsw executing exactly the statements a
+    stepledger step commits (its five event rows, the inline blob row, the step,
+    manifest, entry and checkpoint rows), on a real ledger file (its indexes and
+    triggers), with no Python logic around them. Read off one real `run_step` through
+    the connection's exec trace, then replayed with the step id and seq substituted.
+    What no implementation of the same rows on SQLite can beat; `/floor` in the table."""
+
+    name = "stepledger floor"
+    modes = ("own",)
+    workloads = ("step-4k",)
+    settings: dict[str, Any] = {}
+    TEMPLATE = "tmpl/s0"
+
+    def _template(self, d: str) -> list[tuple[str, tuple[Any, ...]]]:
+        path = os.path.join(d, "template.db")
+        with Ledger.init(path) as lg:
+            run_step(lg, "warm", {"result.bin": RESULT})
+            conn = lg.storage.db.conn  # type: ignore[attr-defined]
+            seen: list[tuple[str, tuple[Any, ...]]] = []
+
+            def trace(_cur: Any, sql: str, bindings: Any) -> bool:
+                seen.append((sql, tuple(bindings or ())))
+                return True
+
+            conn.set_exec_trace(trace)
+            try:
+                run_step(lg, self.TEMPLATE, {"result.bin": RESULT})
+            finally:
+                conn.set_exec_trace(None)
+        begin = next(i for i, (sql, _) in enumerate(seen) if sql.startswith("BEGIN"))
+        end = next(i for i, (sql, _) in enumerate(seen) if sql.startswith("COMMIT"))
+        return [(sql, b) for sql, b in seen[begin + 1:end]
+                if sql.lstrip().split(None, 1)[0].upper() in ("INSERT", "DELETE")]
+
+    def setup(self, d: str, workload: str, writers: int, mode: str) -> Setup:
+        template = self._template(d)
+        path = os.path.join(d, "floor.db")
+        Ledger.init(path).close()
+        old, oldb = self.TEMPLATE, self.TEMPLATE.encode()
+        conns = []
+        for _ in range(writers):
+            c = apsw.Connection(path)
+            c.setbusytimeout(30_000)
+            c.execute("PRAGMA journal_mode=WAL")
+            c.execute("PRAGMA synchronous=FULL")
+            conns.append(c)
+        self.settings = {"synchronous": conns[0].execute("PRAGMA synchronous").get,
+                         "journal_mode": conns[0].execute("PRAGMA journal_mode").get}
+
+        def make(w: int, c: apsw.Connection) -> Op:
+            def op(i: int) -> None:
+                new, newb = f"w{w}/s{i}", f"w{w}/s{i}".encode()
+                c.execute("BEGIN IMMEDIATE")
+                seq = c.execute("SELECT coalesce(max(seq), 0) FROM events").get
+                for sql, b in template:
+                    if sql.startswith("INSERT INTO events("):
+                        seq += 1
+                        b = (seq,) + b[1:]
+                    b = tuple(x.replace(old, new) if type(x) is str
+                              else x.replace(oldb, newb) if type(x) is bytes and oldb in x
+                              else x for x in b)
+                    c.execute(sql, b)
+                c.execute("COMMIT")
+            return op
+
+        return [make(w, c) for w, c in enumerate(conns)], lambda: [c.close() for c in conns]
+
+
 class LangGraph:
     name = "langgraph SqliteSaver"
     modes = ("own", "shared")
@@ -361,8 +439,9 @@ class Dbos:
 
 
 def measure(system: Any, scratch: str, workload: str, writers: int, mode: str,
-            total: int) -> tuple[float | None, str | None]:
-    """Ops/s of `total` ops split over `writers` threads; (None, error) if one failed."""
+            total: int) -> tuple[float | None, str | None, float | None]:
+    """(ops/s, None, process CPU ms per op) of `total` ops split over `writers` threads;
+    (None, error, None) if one failed."""
     d = tempfile.mkdtemp(prefix="m-", dir=scratch)
     ops, close = system.setup(d, workload, writers, mode)
     per = max(1, total // writers)
@@ -388,18 +467,18 @@ def measure(system: Any, scratch: str, workload: str, writers: int, mode: str,
         t.start()
     gc.collect()
     barrier.wait()
-    t0 = time.perf_counter()
+    t0, c0 = time.perf_counter(), time.process_time()
     for t in threads:
         t.join()
-    elapsed = time.perf_counter() - t0
+    elapsed, cpu = time.perf_counter() - t0, time.process_time() - c0
     try:
         close()
     finally:
         shutil.rmtree(d, ignore_errors=True)
     if errors:
-        return None, errors[0]
+        return None, errors[0], None
     units = per * writers * (BULK if workload == "bulk-100" else 1)
-    return units / elapsed, None
+    return units / elapsed, None, cpu * 1e3 / (per * writers)
 
 
 def probe_shared(scratch: str) -> str:
@@ -460,6 +539,7 @@ class Row:
     rates: list[float] = field(default_factory=list)
     to_raw: list[float] = field(default_factory=list)
     to_ours: list[float] = field(default_factory=list)
+    cpu_ms: list[float] = field(default_factory=list)
     error: str | None = None
 
     @property
@@ -472,6 +552,7 @@ class Row:
                 "mode": self.mode, "ops_s": None if self.error else med(self.rates),
                 "to_raw": None if self.error else med(self.to_raw),
                 "to_stepledger": None if self.error else med(self.to_ours),
+                "cpu_ms_per_op": None if self.error else med(self.cpu_ms),
                 "to_raw_spread": [min(self.to_raw), max(self.to_raw)] if self.to_raw else None,
                 "rounds": self.rates, "error": self.error}
 
@@ -502,7 +583,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     skipped: dict[str, str] = {}
     versions: dict[str, str] = {"stepledger": getattr(ledger, "__version__", "") or _version("stepledger"),
                                 "apsw": apsw.apswversion(), "python": platform.python_version()}
-    systems: list[Any] = [Raw(), Stepledger()]
+    systems: list[Any] = [Raw(), Stepledger(), StepledgerFloor()]
     for name, dist, make in (("langgraph SqliteSaver", "langgraph-checkpoint-sqlite", LangGraph),
                              ("eventsourcing", "eventsourcing", EventSourcing),
                              ("dbos", "dbos", lambda: Dbos(os.path.join(scratch, "dbos")))):
@@ -540,7 +621,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                     if row.error:
                         continue
                     log(f"round {r + 1}/{sizes.rounds} {workload} x{writers} {system.name} ({mode})")
-                    rate, err = measure(system, scratch, workload, writers, mode, total)
+                    rate, err, cpu = measure(system, scratch, workload, writers, mode, total)
                     if err:
                         row.error = err
                         log(f"  error: {err}")
@@ -551,6 +632,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                         continue
                     assert rate is not None
                     row.rates.append(rate)
+                    assert cpu is not None
+                    row.cpu_ms.append(cpu)
                     got[(system.name, mode)] = rate
                 raw = got.get(("raw apsw", "own"))
                 for (name, mode), rate in got.items():
@@ -598,7 +681,7 @@ def targets(summary: list[dict[str, Any]], writer_counts: list[int]) -> list[dic
     out = []
 
     def peer(name: str) -> bool:
-        return name not in ("stepledger", "raw apsw")
+        return name not in ("stepledger", "raw apsw", StepledgerFloor.name)
 
     def check(what: str, workload: str, writers: int, goal: float,
               pred: Callable[[str], bool]) -> None:
@@ -621,6 +704,14 @@ def targets(summary: list[dict[str, Any]], writer_counts: list[int]) -> list[dic
               TARGET_SINGLE, peer)
     check("bulk-100: >= 1.0x eventsourcing's 100-event save", "bulk-100", 1, TARGET_BULK,
           lambda n: n == "eventsourcing")
+    # The ceiling: the same rows as raw SQL (no Python around them) against the fastest
+    # peer — what any implementation committing these rows on SQLite could reach.
+    floor = best(summary, "step-4k", 1, lambda n: n == StepledgerFloor.name)
+    theirs = best(summary, "step-4k", 1, peer)
+    if floor and theirs:
+        out.append({"target": "ceiling: step-4k's rows as raw SQL vs the fastest peer",
+                    "goal": TARGET_SINGLE, "ratio": floor[1] / theirs[1], "pass": None,
+                    "ours": floor[0], "peer": theirs[0], "info": True})
     return out
 
 
@@ -640,20 +731,22 @@ def print_table(res: dict[str, Any]) -> None:
     for note in res["notes"]:
         p(note)
     p("")
-    head = f"{'system':<24}{'workload':<14}{'writers':>7}  {'mode':<7}{'ops/s':>10}{'/raw':>8}{'/ours':>8}"
+    head = (f"{'system':<24}{'workload':<14}{'writers':>7}  {'mode':<7}{'ops/s':>10}{'/raw':>8}"
+            f"{'/ours':>8}{'cpu ms/op':>11}")
     p(head)
     p("-" * len(head))
     for r in res["rows"]:
         unit = " ev" if r["workload"] == "bulk-100" else ""
         line = (f"{r['system']:<24}{r['workload']:<14}{r['writers']:>7}  {r['mode']:<7}"
                 f"{fmt(r['ops_s'], ',.0f'):>10}{fmt(r['to_raw'], '.2f'):>8}"
-                f"{fmt(r['to_stepledger'], '.2f'):>8}{unit}")
+                f"{fmt(r['to_stepledger'], '.2f'):>8}"
+                f"{fmt(r['cpu_ms_per_op'] / (BULK if unit else 1) if r['cpu_ms_per_op'] else None, '.3f'):>11}{unit}")
         if r["error"]:
             line += f"  ERROR {r['error'][:80]}"
         p(line)
     p("")
     for t in res["targets"]:
-        verdict = {True: "PASS", False: "FAIL", None: "n/a"}[t["pass"]]
+        verdict = "info" if t.get("info") else {True: "PASS", False: "FAIL", None: "n/a"}[t["pass"]]
         detail = (f"{t['ratio']:.2f}x ({t['ours']} vs {t['peer']})" if t["ratio"] is not None
                   else t["note"])
         p(f"{verdict:<5} {t['target']} (goal {t['goal']}x): {detail}")

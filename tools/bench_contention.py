@@ -26,6 +26,11 @@ Beside each figure: the CPU the machine spent (both cores = 2.0), and from the w
 `Database.stats` where a transaction's time went — waiting for the write lock (busy
 handler sleeps, stepping aside for a waiter), holding it, its COMMIT, checkpoints.
 
+``--floor`` runs the same windows with no stepledger code at all: each writer does the
+fenced step's commits (counted from a real step) as raw one-row SQLite transactions on
+one shared file, and its durable file replace. Its ratios are the ceiling of N
+processes on one SQLite file on this machine: no library above SQLite does better.
+
 Ratios, not absolute numbers: the machine is shared and noisy.
 """
 
@@ -70,7 +75,101 @@ def artifact(i: int, k: int) -> bytes:
 # -- a writer process --------------------------------------------------------------------
 
 
+def step_commits(parent: str | None, artifact_every: int) -> list[int]:
+    """How many COMMITs each of `artifact_every` consecutive fenced steps makes (counted
+    through the ledger's `on_op` hook on one writer): what `--floor` replays."""
+    root = tempfile.mkdtemp(prefix="bench-contention-count-", dir=parent)
+    try:
+        ops: list[str] = []
+        with Ledger.init(os.path.join(root, LEDGER), on_op=ops.append) as led:
+            d = os.path.join(root, "ws")
+            os.makedirs(d)
+            with open(os.path.join(d, FILE), "wb") as f:
+                f.write(b"initial\n")
+            led.add_workspace("w0", d)
+            epoch = led.acquire("w0", "count", ttl_s=3600).epoch
+            counts = []
+            for k in range(max(1, artifact_every)):
+                ops.clear()
+                rev, pre = led.snapshot("w0", FILE)
+                art = artifact_every > 0 and k % artifact_every == 0
+                step = f"c{k}"
+                led.admit("w0", epoch, [StepPlan(step, [Write(FILE, content(0, k), pre, rev)],
+                                                 artifacts=("out/log.txt",) if art else ())])
+                attempt = led.apply(step, epoch=epoch).attempt
+                if art:
+                    led.store(step, attempt, "out/log.txt", artifact(0, k))
+                led.publish(step)
+                led.ack(step, epoch=epoch)
+                counts.append(ops.count("commit"))
+        return counts
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+
+
+def floor_child(args: argparse.Namespace) -> None:
+    """`--floor`: the same step as raw SQL and raw file calls, no stepledger code — per
+    step, as many one-row ``BEGIN IMMEDIATE; INSERT; COMMIT`` transactions as the fenced
+    step commits, on one shared database file (WAL, ``synchronous=FULL``, SQLite's own
+    busy handler), and the workspace file replaced durably (temporary file written and
+    fsynced, renamed, directory fsynced) where the step applies it. What N processes on
+    one SQLite file can do on this machine whatever runs above it."""
+    import apsw
+    i = args.index
+    conn = apsw.Connection(os.path.join(args.root, "floor.db"))
+    conn.setbusytimeout(30_000)
+    conn.execute("PRAGMA journal_mode=WAL")
+    conn.execute("PRAGMA synchronous=FULL")
+    commits = [int(x) for x in args.floor_commits.split(",")]
+    wsdir = os.path.join(args.root, "ws", f"w{i}")
+    target = os.path.join(wsdir, FILE)
+    sys.stdout.write("ready\n")
+    sys.stdout.flush()
+    start, end = (float(x) for x in sys.stdin.readline().split())
+    while time.monotonic() < start - args.warmup:
+        time.sleep(0.0005)
+    lat: list[float] = []
+    cpu0 = cpu1 = 0.0
+    started = False
+    payload = b"x" * 300
+    k = 0
+    while True:
+        t0 = time.monotonic()
+        if t0 >= end:
+            break
+        if not started and t0 >= start:
+            started, cpu0 = True, time.process_time()
+        n = commits[k % len(commits)]
+        for c in range(n):
+            conn.execute("BEGIN IMMEDIATE")
+            conn.execute("INSERT INTO t(key, value) VALUES (?, ?)", (f"{i}/{k}/{c}", payload))
+            conn.execute("COMMIT")
+            if c == 1:  # the apply: the workspace file replaced durably, then `fenced`
+                tmp = f"{target}.tmp"
+                fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+                os.write(fd, content(i, k))
+                os.fsync(fd)
+                os.close(fd)
+                os.rename(tmp, target)
+                dfd = os.open(wsdir, os.O_RDONLY)
+                os.fsync(dfd)
+                os.close(dfd)
+        t1 = time.monotonic()
+        if t0 >= start and t1 <= end:
+            lat.append(t1 - t0)
+            cpu1 = time.process_time()
+        k += 1
+    conn.close()
+    json.dump({"index": i, "latencies": lat, "stats": {}, "cpu_s": cpu1 - cpu0,
+               "steps_run": k}, sys.stdout)
+    sys.stdout.write("\n")
+    sys.stdout.flush()
+
+
 def child(args: argparse.Namespace) -> None:
+    if args.floor_commits:
+        floor_child(args)
+        return
     path = os.path.join(args.root, LEDGER)
     ws, i = f"w{args.index}", args.index
     profile = None
@@ -173,6 +272,14 @@ def case(parent: str | None, n: int, args: argparse.Namespace) -> dict[str, Any]
             cmd += ["--cprofile", root]
         if args.hold_step:
             cmd.append("--hold-step")
+        if args.floor:
+            import apsw
+            c = apsw.Connection(os.path.join(root, "floor.db"))
+            c.execute("PRAGMA journal_mode=WAL")
+            c.execute("CREATE TABLE t(id INTEGER PRIMARY KEY, key TEXT NOT NULL UNIQUE,"
+                      " value BLOB)")
+            c.close()
+            cmd += ["--floor-commits", args.floor]
         procs = [subprocess.Popen([*cmd, "--index", str(i)], stdin=subprocess.PIPE,
                                   stdout=subprocess.PIPE, text=True, cwd=ROOT)
                  for i in range(n)]
@@ -261,8 +368,13 @@ def main() -> None:
                     help="keep each writer's cProfile stats under DIR/n<N>/ (slows them)")
     ap.add_argument("--hold-step", action="store_true",
                     help="each writer holds the write lock across its whole step")
+    ap.add_argument("--floor", action="store_const", const="count",
+                    help="no stepledger: each writer does the step's commits as raw one-row"
+                    " SQLite transactions and its durable file replace (the ceiling of N"
+                    " processes on one SQLite file here)")
     ap.add_argument("--json", action="store_true")
     ap.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
+    ap.add_argument("--floor-commits", default=None, help=argparse.SUPPRESS)
     ap.add_argument("--root", help=argparse.SUPPRESS)
     ap.add_argument("--index", type=int, default=0, help=argparse.SUPPRESS)
     args = ap.parse_args()
@@ -270,6 +382,9 @@ def main() -> None:
         child(args)
         return
     parent = "/dev/shm" if args.shm else args.dir
+    if args.floor == "count":
+        args.floor = ",".join(map(str, step_commits(parent, args.artifact_every)))
+        args.no_reference = True
     ns = [int(x) for x in args.procs.split(",")]
     if 1 not in ns:
         ns.insert(0, 1)
@@ -304,6 +419,8 @@ def main() -> None:
             "verdict": None if n == 1 else ("PASS" if rate / base >= TARGET else "FAIL"),
         })
     result = {
+        "mode": "floor" if args.floor else "hold-step" if args.hold_step else "stepledger",
+        "floor_commits_per_step": [int(x) for x in args.floor.split(",")] if args.floor else None,
         "fs": mount_of(parent or tempfile.gettempdir())[1], "cpus": os.cpu_count(),
         "rounds": args.rounds, "seconds": args.seconds, "artifact_every": args.artifact_every,
         "target": TARGET, "rows": rows,
@@ -313,6 +430,9 @@ def main() -> None:
     if args.json:
         print(json.dumps(result))
         return
+    if args.floor:
+        print(f"FLOOR: no stepledger code; per step {args.floor} raw one-row commits (the"
+              " fenced step's, counted) and one durable file replace")
     print(f"fenced steps, N writer processes on N workspaces of one ledger ({result['fs']},"
           f" {result['cpus']} CPUs, synchronous=FULL); median of {args.rounds} rounds of"
           f" {args.seconds:g} s")

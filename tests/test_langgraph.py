@@ -35,7 +35,7 @@ SUITE = "langgraph-checkpoint-conformance 0.0.2"
 
 
 def render(report: Any) -> str:
-    """The report as the README shows it: one table, a column per capability."""
+    """The report as the README shows it: one line, each capability and its tests."""
     data = report.to_dict()
     names = sorted(data["results"])
     cells = []
@@ -44,11 +44,9 @@ def render(report: Any) -> str:
         mark = {True: "✅", False: "❌", None: "skipped"}[r["passed"]]
         cells.append(f"{mark} {r['tests_passed']}/{r['tests_passed'] + r['tests_failed']}")
     passed = sum(1 for r in data["results"].values() if r["passed"] is True)
-    return "\n".join([
-        BEGIN, "| " + " | ".join(names) + " |", "|" + "---|" * len(names),
-        "| " + " | ".join(cells) + " |",
-        f"<!-- {SUITE}: {data['conformance_level']}, {passed}/{len(names)} capabilities"
-        " passed -->", END])
+    line = " · ".join(f"{name} {cell}" for name, cell in zip(names, cells, strict=True))
+    return "\n".join([BEGIN, f"{line} — **{data['conformance_level']}**, {passed}/{len(names)}"
+                      f" capabilities passed ({SUITE})", END])
 
 
 def every_capability_passed(report: Any) -> bool:

@@ -568,7 +568,7 @@ class LedgerSaver(BaseCheckpointSaver[str]):
                 workspace, epoch = self._owner(thread) if thread else ("", 0)
                 events.append(Compensated(step=step, attempt=self._index.rows[step].attempt,
                                           run=_run_name(thread), workspace=workspace,
-                                          epoch=epoch, reason=reason))
+                                          epoch=epoch, reason=reason, release=True))
             recorded = self._commit(events, {}, {e.run for e in events})  # type: ignore[attr-defined]
             if self._applied(recorded):
                 self._mark(events)

@@ -247,27 +247,30 @@ class LedgerSaver(BaseCheckpointSaver[str]):
 
     def _catch_up(self) -> None:
         """Fold every event after the index's seq (another process's, or ours appended
-        while another thread's were). Called under `_lock`."""
+        while another thread's were). A step's blobs are read only if it is still live
+        at the end: a pruned checkpoint's may be collected already. Under `_lock`."""
         index = self._index
+        published: dict[str, tuple[ManifestEntry, ...]] = {}
+        last = index.seq
         for recorded in self.ledger.read(index.seq):
-            self._fold(recorded)
-            index.seq = recorded.seq
-
-    def _fold(self, recorded: RecordedEvent) -> None:
-        event = recorded.event
-        step = getattr(event, "step", "")
-        if not step.startswith(PREFIX):
-            return
-        index = self._index
-        if isinstance(event, Planned):
-            index.rows[step] = _Row(event.attempt, index.rows[step].manifest_rev
-                                    if step in index.rows else -1, False)
-        elif isinstance(event, ManifestPublished):
-            row = index.rows.setdefault(step, _Row(event.attempt, -1, False))
-            row.manifest_rev, row.live = event.manifest_rev, True
-            self._index_manifest(step, event.artifacts)
-        elif isinstance(event, Compensated):
-            index.end(step)
+            last = recorded.seq
+            event = recorded.event
+            step = getattr(event, "step", "")
+            if not step.startswith(PREFIX):
+                continue
+            if isinstance(event, Planned):
+                prev = index.rows.get(step)
+                index.rows[step] = _Row(event.attempt, prev.manifest_rev if prev else -1, False)
+            elif isinstance(event, ManifestPublished):
+                row = index.rows.setdefault(step, _Row(event.attempt, -1, False))
+                row.manifest_rev, row.live = event.manifest_rev, True
+                published[step] = event.artifacts
+            elif isinstance(event, Compensated):
+                published.pop(step, None)
+                index.end(step)
+        for step, artifacts in published.items():
+            self._index_manifest(step, artifacts)
+        index.seq = last
 
     def _index_manifest(self, step: str, artifacts: Sequence[ManifestEntry]) -> None:
         """Index a committed step from its blobs (a step another process wrote)."""

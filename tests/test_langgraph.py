@@ -335,3 +335,13 @@ def test_without_release_gc_reclaims_nothing(tmp_path: Path) -> None:
         assert len(list(saver.list({"configurable": {"thread_id": "t"}}))) == 1
         assert collect_now(ledger).reclaimed_bytes == 0
         saver.close()
+
+
+def test_the_langgraph_docs_snippets_run_as_printed(tmp_path: Path) -> None:
+    from docblocks import blocks, run_python
+    python = [b for b in blocks(ROOT / "docs" / "langgraph.md") if b.lang == "python"]
+    assert len(python) >= 2
+    for i, block in enumerate(python):
+        cwd = tmp_path / str(i)
+        cwd.mkdir()
+        run_python(block, cwd, "docs/langgraph.md")

@@ -258,11 +258,17 @@ class Acked(StepEvent, frozen=True, kw_only=True, tag="acked"):
 
 
 class Compensated(StepEvent, frozen=True, kw_only=True, tag="compensated"):
-    """The attempt ended; its writes were undone where that was safe."""
+    """The attempt ended; its writes were undone where that was safe.
+
+    `release`: the step's manifest revisions published so far stop holding their blobs
+    (an artifact-only step deleted on purpose: a pruned LangGraph checkpoint); GC may
+    reclaim whatever no other manifest, compensation record or pin holds. False (every
+    compensation before it existed): a manifest revision holds its blobs forever."""
 
     reason: Text = ""
     restored: Annotated[tuple[Restored, ...], Meta(max_length=ITEMS_MAX)] = ()
     rev: NonNegative = 0
+    release: bool = False
 
 
 class Rejected(StepEvent, frozen=True, kw_only=True, tag="rejected"):

@@ -654,15 +654,32 @@ class Ledger:
         _refuse_anchor([event])
         return self._log.append([event], guard=self._guard())[0]
 
-    def append_batch(self, events: Sequence[Event]) -> list[RecordedEvent]:
+    def append_batch(self, events: Sequence[Event], *,
+                     inline: Mapping[str, bytes] | None = None) -> list[RecordedEvent]:
         """Append many events in one transaction: all of them are written, or none.
 
         Like `append`, a `blob-stored` or `manifest-published` event is accepted only if
         every blob it names is present with its size (publishing before the content is
-        durable is impossible through this API).
+        durable is impossible through this API). `inline` (digest -> bytes, each at most
+        `inline_max_bytes`) are blob bytes written into the ledger file in this very
+        transaction, so a batch that stores small blobs is one commit (the step
+        runner's fast path, for callers that build their own steps: ledger.langgraph).
         """
         events = list(events)
         _refuse_anchor(events)
+        small: dict[str, bytes] = {}
+        for digest, data in (inline or {}).items():
+            if not isinstance(data, bytes) or len(data) > self.inline_max_bytes:
+                raise InvalidInput(f"inline blob {str(digest)[:12]} must be bytes of at most"
+                                   f" {self.inline_max_bytes} bytes; store a larger one as a"
+                                   " blob file first (ledger.blobs.put)")
+            if content_digest(data)[0] != check_digest(digest, "inline blob digest"):
+                raise InvalidInput(f"inline blob {digest[:12]} does not hold the bytes named by"
+                                   " its digest; key each one by the sha256 of its bytes")
+            small[digest] = data
+        if small:
+            return self._log.append(events, guard=self._guard(), inline=small,
+                                    inline_ns=self.clock())
         return self._log.append(events, guard=self._guard())
 
     # -- blobs -----------------------------------------------------------------------

@@ -233,7 +233,7 @@ def _run(ledger: Ledger, report: GcReport, grace_s: float, now_ns: int | None, d
         size = BATCH if budget is None else min(BATCH, budget)
         batch, todo = todo[:size], todo[size:]
         _collect_batch(ledger, report, batch, holders.referenced, holders.head_seq, grace_ns,
-                       window_ns, now_ns)
+                       window_ns, now_ns, holders.released)
         done += len(batch)
         if progress is not None:
             progress(done, total)
@@ -316,8 +316,20 @@ def _collect_copies(ledger: Ledger, report: GcReport, dupes: list[str], grace_ns
     report.reclaimed_bytes += done["bytes"]
 
 
+def _named_now(tx: Tx, digest: str, released: dict[str, int]) -> bool:
+    """Whether a manifest entry the tables hold names `digest` and still holds it (not
+    let go of by a releasing compensation: a pruned checkpoint's revisions do not)."""
+    if not tx.names_digest(digest):
+        return False
+    if not released:
+        return True
+    return any(rev > released.get(step, -1)
+               for step, rev, _path in tx.entries_naming(digest, 1_000_000))
+
+
 def _collect_batch(ledger: Ledger, report: GcReport, batch: list[str], referenced: set[str],
-                   head_seq: int, grace_ns: int, window_ns: int, now_ns: int | None) -> None:
+                   head_seq: int, grace_ns: int, window_ns: int, now_ns: int | None,
+                   released: dict[str, int] | None = None) -> None:
     counts = {"collected": 0, "reclaimed": 0, "recovered": 0, "spared": 0}
     spared: list[str] = []
 
@@ -339,7 +351,7 @@ def _collect_batch(ledger: Ledger, report: GcReport, batch: list[str], reference
                 counts["spared"] += 1
                 spared.append(digest)  # noqa: B023
 
-            if (digest in referenced or digest in late_refs or tx.names_digest(digest)
+            if (digest in referenced or digest in late_refs or _named_now(tx, digest, released or {})
                     or pinned_now(tx, digest, now, window_ns)):
                 spare()
                 continue

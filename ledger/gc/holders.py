@@ -48,12 +48,16 @@ def _check_hex(digests: set[str], what: str) -> None:
 
 
 class _Published(msgspec.Struct, tag="manifest-published", tag_field="kind"):
+    step: str = ""
+    manifest_rev: int = 0
     writes: tuple[_Ref, ...] = ()
     artifacts: tuple[_Ref, ...] = ()
 
 
 class _Compensated(msgspec.Struct, tag="compensated", tag_field="kind"):
+    step: str = ""
     restored: tuple[_Restored, ...] = ()
+    release: bool = False
 
 
 #: Reads only the digests a manifest or a compensation names (still validated: a bad
@@ -69,6 +73,13 @@ class Holders:
     compensation_refs: set[str] = field(default_factory=set)
     manifest_refs: set[str] = field(default_factory=set)
     head_seq: int = 0
+    #: step -> the newest manifest revision a releasing compensation let go of: that
+    #: revision and the older ones no longer hold their blobs.
+    released: dict[str, int] = field(default_factory=dict)
+
+    def entry_holds(self, step: str, manifest_rev: int) -> bool:
+        """Whether a manifest entry of (step, revision) still holds its blob."""
+        return manifest_rev > self.released.get(step, -1)
 
     def holds(self, digest: str) -> bool:
         return digest in self.referenced
@@ -81,8 +92,11 @@ def read_references(conn: ReadView, *, cross_check: bool = True) -> Holders:
     takes the manifests from the tables and decodes only the compensation records."""
     out = Holders()
     out.head_seq = conn.head().seq
-    kinds = BLOB_NAMING_KINDS if cross_check else BLOB_NAMING_KINDS - {"manifest-published"}
-    for row in conn.events(EventQuery(kinds=kinds)):
+    # Manifests are read from the events either way: a releasing compensation (a
+    # pruned checkpoint) un-references the revisions its step published before it.
+    latest: dict[str, int] = {}
+    by_manifest: list[tuple[str, int, list[str]]] = []
+    for row in conn.events(EventQuery(kinds=BLOB_NAMING_KINDS)):
         seq, kind, v, payload = row[0], row[9], row[10], row[11]
         try:
             if v > EVENT_VERSION:
@@ -91,10 +105,15 @@ def read_references(conn: ReadView, *, cross_check: bool = True) -> Holders:
         except (msgspec.DecodeError, msgspec.ValidationError, ValueError) as exc:
             raise GcRefused(f"{kind} event #{seq} cannot be decoded ({exc})") from None
         if isinstance(event, _Published):
-            out.manifest_refs.update(e.digest for e in (*event.writes, *event.artifacts))
+            digests = [e.digest for e in (*event.writes, *event.artifacts)]
+            out.manifest_refs.update(digests)
+            by_manifest.append((event.step, event.manifest_rev, digests))
+            latest[event.step] = max(latest.get(event.step, -1), event.manifest_rev)
         elif isinstance(event, _Compensated):
             out.compensation_refs.update(r.digest for r in event.restored
                                          if r.outcome != "conflict" and r.digest is not None)
+            if event.release and event.step in latest:
+                out.released[event.step] = latest[event.step]
     _check_hex(out.manifest_refs, "a manifest")
     _check_hex(out.compensation_refs, "a compensation record")
     table = conn.manifest_digests()
@@ -105,7 +124,11 @@ def read_references(conn: ReadView, *, cross_check: bool = True) -> Holders:
         missing = sorted(out.manifest_refs - table)[:3]
         raise GcRefused(f"the manifest tables disagree with the events (unexpected {extra},"
                         f" missing {missing}); run 'stepledger rebuild'")
-    out.referenced = out.manifest_refs | out.compensation_refs
+    held = out.manifest_refs
+    if out.released:
+        held = {d for step, rev, digests in by_manifest if out.entry_holds(step, rev)
+                for d in digests}
+    out.referenced = held | out.compensation_refs
     return out
 
 

@@ -1,0 +1,21 @@
+"""A LangGraph checkpoint saver on the ledger (the ``[langgraph]`` extra).
+
+    from ledger import Ledger
+    from ledger.langgraph import LedgerSaver
+
+    with Ledger.init(".stepledger/ledger.db") as ledger:
+        graph = builder.compile(checkpointer=LedgerSaver(ledger))
+
+Every checkpoint and every pending write is one artifact-only step, committed in one
+transaction; channel values are content-addressed blobs, so a value that did not change
+between checkpoints is stored once. Deleting and pruning end steps (events, never a
+DELETE), and `ledger.gc.collect` reclaims what they released. A worker that `claim`s a
+thread writes under an epoch: after a takeover its writes are refused inside the append
+transaction (`StaleEpoch`). docs/langgraph.md has the mapping and why.
+
+Nothing else in the package imports this module: `import ledger` stays LangGraph-free.
+"""
+
+from .saver import LedgerSaver, Ownership
+
+__all__ = ["LedgerSaver", "Ownership"]

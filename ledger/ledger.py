@@ -933,8 +933,8 @@ class Ledger:
         outputs: Mapping[str, tuple[str, bytes]],
     ) -> tuple[int, Manifest] | None:
         """A fresh artifact-only attempt whose artifacts all fit inline, in ONE
-        transaction: `planned`, every `blob-pinned`, the inline bytes with every
-        `blob-stored`, `manifest-published` and `acked` (the runner's fastest path).
+        transaction: `planned`, the inline bytes with every `blob-stored`,
+        `manifest-published` and `acked` (the runner's fastest path).
 
         Nothing is written outside the transaction, so the plan is durable before any
         write the attempt makes exactly as in the three-commit order: all of it commits,
@@ -952,10 +952,11 @@ class Ledger:
         published = ManifestPublished(
             **common, manifest_rev=manifest_rev, expected_rev=-1,  # type: ignore[arg-type]
             digest=manifest_digest(step, (), artifacts), artifacts=artifacts)
+        # No `blob-pinned`: a pin holds a blob between commits (written before it is
+        # stored, stored before it is published); here it is stored and published in the
+        # same transaction that makes it exist, so no moment needs holding.
         events: list[Event] = [
             Planned(**common, artifacts=paths),  # type: ignore[arg-type]
-            *(BlobPinned(**common, digest=d, role="artifact")  # type: ignore[arg-type]
-              for d in dict.fromkeys(digest for digest, _ in outputs.values())),
             *(BlobStored(**common, digest=digest, size=len(data), path=path,  # type: ignore[arg-type]
                          inline=True) for path, (digest, data) in sorted(outputs.items())),
             published,

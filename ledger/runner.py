@@ -2,8 +2,8 @@
 
     local write -> pin -> durable blobs -> blob-stored -> manifest (commit point) -> ack
 
-A fresh attempt whose artifacts all fit inline is ONE commit: `planned`, every pin,
-the inline bytes with every `blob-stored`, `manifest-published` and `acked` (nothing is
+A fresh attempt whose artifacts all fit inline is ONE commit: `planned`, the inline
+bytes with every `blob-stored` (no pins: nothing exists before that commit to hold), `manifest-published` and `acked` (nothing is
 written outside the ledger, so the plan is durable before any write either way). With
 a file blob among them it is two: `planned` with every artifact's pin (before any byte
 is written), then — the files made durable first — the inline bytes, every

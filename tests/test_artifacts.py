@@ -270,8 +270,8 @@ def test_a_fresh_step_with_a_file_is_two_commits_pins_first(tmp_path: pathlib.Pa
 
 
 def test_a_fresh_inline_step_is_one_commit(tmp_path: pathlib.Path) -> None:
-    """Every artifact inline: plan, pins, bytes, stores, manifest and ack in one
-    transaction — the same events, in the same order, as the multi-commit path."""
+    """Every artifact inline: plan, bytes, stores, manifest and ack in one transaction —
+    the multi-commit path's events, in its order, without the pins."""
     ops: list[str] = []
     with Ledger.init(tmp_path / "l.db", on_op=ops.append) as lg:
         ops.clear()
@@ -279,9 +279,8 @@ def test_a_fresh_inline_step_is_one_commit(tmp_path: pathlib.Path) -> None:
         assert result.ran and result.attempt == 1
         assert ops.count("commit") == 1 and "write" not in ops, ops
         kinds = [r.kind for r in lg.timeline("s")]
-        # c.txt and d.txt share a blob: one pin for it
-        assert kinds == ["planned"] + ["blob-pinned"] * 2 + ["blob-stored"] * 3 + [
-            "manifest-published", "acked"]
+        # no pins: the blobs come into existence in the commit that publishes them
+        assert kinds == ["planned"] + ["blob-stored"] * 3 + ["manifest-published", "acked"]
         assert len({r.time_ns for r in lg.timeline("s")}) == 1
         assert lg.classify("s") == "committed" and lg.verify().ok and audit(lg, deep=True).ok
         assert [b["pinned"] for b in lg.blob_list()] == [False] * 2

@@ -3,11 +3,12 @@
 The mapping, in short:
 
 - a checkpoint is one artifact-only step, ``langgraph/checkpoint/<key>`` (run: the
-  thread id), committed in ONE transaction (planned, pins, inline bytes, blob-stored,
+  thread id), committed in ONE transaction (planned, inline bytes, blob-stored,
   manifest-published, acked; a file blob is written and fsynced before it). Its
   artifacts: ``checkpoint`` (the body: ids, parent, the checkpoint without its values,
-  the metadata, and per channel its version and value digest) and ``values/<i>``, one
-  blob per channel value. A value whose version did not change is named by digest,
+  the metadata, and per channel its version and value digest — and the value itself
+  when it serializes to at most EMBED_MAX bytes) and ``values/<i>``, one blob per
+  larger channel value. A value whose version did not change is named by digest,
   not stored again: the manifest of every checkpoint names every value it needs, so
   each checkpoint is self-contained and pruning its ancestors never strands it.
 - a pending write is one step, ``langgraph/write/<key of thread, ns, checkpoint, task,
@@ -59,7 +60,6 @@ from ..blobs import digest_of
 from ..errors import BlobNotFound, IdempotencyConflict, IllegalTransition, InvalidInput, StaleEpoch
 from ..events import (
     Acked,
-    BlobPinned,
     BlobStored,
     Compensated,
     Event,
@@ -78,6 +78,10 @@ BODY_PATH = "checkpoint"
 WRITE_PATH = "write"
 #: A claim's lease, unless the caller gives one; a claimant renews it as it writes.
 CLAIM_TTL_S_DEFAULT = 300.0
+#: A channel value serialized to at most this many bytes rides in the checkpoint body
+#: (a counter, a flag, a short string): one blob and three events fewer per value. A
+#: larger one is a content-addressed blob of its own, stored once while it is unchanged.
+EMBED_MAX = 512
 #: Steps ended per transaction by delete/prune (bounds one transaction's size).
 END_BATCH_MAX = 500
 PRUNE_STRATEGIES = ("keep_latest", "delete")
@@ -105,6 +109,9 @@ class _Value:
     type: str
     digest: str
     size: int
+    #: the serialized value itself when it is at most EMBED_MAX bytes: carried in the
+    #: checkpoint body, not stored as a blob of its own
+    data: bytes | None = None
 
 
 @dataclass
@@ -304,7 +311,7 @@ class LedgerSaver(BaseCheckpointSaver[str]):
 
     def _step_events(self, step: str, thread_id: str, artifacts: Sequence[tuple[str, str, int]],
                      *, replace: bool = False) -> list[Event]:
-        """A fresh attempt of `step` committed whole: planned, pins, blob-stored,
+        """A fresh attempt of `step` committed whole: planned, blob-stored,
         manifest-published, acked (`replace`: the live attempt is ended first)."""
         row = self._index.rows.get(step)
         workspace, epoch = self._owner(thread_id)
@@ -319,9 +326,9 @@ class LedgerSaver(BaseCheckpointSaver[str]):
         manifest_rev = 0 if row is None else row.manifest_rev + 1
         inline_max = self.ledger.inline_max_bytes
         entries = tuple(ManifestEntry(path=p, digest=d, size=s) for p, d, s in sorted(artifacts))
+        # No pins: every blob is stored and published in this one transaction, so there
+        # is no moment between them when GC could see it unreferenced.
         events.append(Planned(**common, attempt=attempt, artifacts=tuple(e.path for e in entries)))
-        events += [BlobPinned(**common, attempt=attempt, digest=d, role="artifact")
-                   for d in dict.fromkeys(e.digest for e in entries)]
         events += [BlobStored(**common, attempt=attempt, digest=e.digest, size=e.size,
                               path=e.path, inline=e.size <= inline_max) for e in entries]
         events.append(ManifestPublished(**common, attempt=attempt, manifest_rev=manifest_rev,
@@ -412,21 +419,26 @@ class LedgerSaver(BaseCheckpointSaver[str]):
                     elif channel in values:
                         type_, blob = self.serde.dumps_typed(values[channel])
                         digest = digest_of(blob)
-                        data[digest] = blob
-                        chosen[channel] = _Value(version, type_, digest, len(blob))
-                paths = {channel: f"values/{i}" for i, channel in enumerate(sorted(chosen))}
+                        if len(blob) <= EMBED_MAX:
+                            chosen[channel] = _Value(version, type_, digest, len(blob), blob)
+                        else:
+                            data[digest] = blob
+                            chosen[channel] = _Value(version, type_, digest, len(blob))
+                blobs = sorted(ch for ch, v in chosen.items() if v.data is None)
+                paths = {channel: f"values/{i}" for i, channel in enumerate(blobs)}
                 doc = _encode({
                     "thread_id": thread, "checkpoint_ns": ns, "checkpoint_id": cid,
                     "parent_checkpoint_id": parent,
                     "body": list(self.serde.dumps_typed({"checkpoint": body_checkpoint,
                                                          "metadata": md})),
                     "values": {ch: [v.version, v.type, v.digest, v.size]
+                               + ([] if v.data is None else [v.data])
                                for ch, v in chosen.items()},
                 })
                 body_digest = digest_of(doc)
                 data[body_digest] = doc
                 artifacts = [(BODY_PATH, body_digest, len(doc))]
-                artifacts += [(paths[ch], v.digest, v.size) for ch, v in chosen.items()]
+                artifacts += [(paths[ch], chosen[ch].digest, chosen[ch].size) for ch in blobs]
                 events = self._step_events(step, thread, artifacts)
             try:
                 recorded = self._commit(events, data, {thread})
@@ -491,9 +503,13 @@ class LedgerSaver(BaseCheckpointSaver[str]):
                 for _step, w in made:
                     self._index.add_write(thread, ns, cid, w)
 
+    def _load(self, v: _Value) -> Any:
+        """A channel value: from the body when embedded, else from its blob."""
+        blob = v.data if v.data is not None else self.ledger.read_blob(v.digest, size=v.size)
+        return self.serde.loads_typed((v.type, blob))
+
     def _tuple(self, c: _Checkpoint) -> CheckpointTuple:
-        values = {ch: self.serde.loads_typed((v.type, self.ledger.read_blob(v.digest, size=v.size)))
-                  for ch, v in c.values.items()}
+        values = {ch: self._load(v) for ch, v in c.values.items()}
         stored = self._index.writes.get((c.thread_id, c.ns, c.checkpoint_id), {})
         pending = []
         for key in sorted(stored, key=lambda k: writes_sort_key(stored[k].task_path, *k)):
@@ -637,9 +653,7 @@ class LedgerSaver(BaseCheckpointSaver[str]):
             writes = {key: list(ws.values()) for key, ws in self._index.writes.items()
                       if key[0] == src}
         for c in sorted(sources, key=lambda c: c.checkpoint_id):
-            values = {ch: self.serde.loads_typed((v.type, self.ledger.read_blob(v.digest,
-                                                                                 size=v.size)))
-                      for ch, v in c.values.items()}
+            values = {ch: self._load(v) for ch, v in c.values.items()}
             conf: RunnableConfig = {"configurable": {"thread_id": dst, "checkpoint_ns": c.ns}}
             if c.parent_id:
                 conf["configurable"]["checkpoint_id"] = c.parent_id

@@ -66,7 +66,7 @@ def test_events_filters_and_json(filled: pathlib.Path) -> None:
     code, out, _ = run("events", "--step", "s1", "--json", ledger=filled)
     assert code == 0
     events = json.loads(out)
-    assert [e["kind"] for e in events] == ["planned", "blob-pinned", "blob-stored", "manifest-published", "acked"]
+    assert [e["kind"] for e in events] == ["planned", "blob-stored", "manifest-published", "acked"]
     assert events[0]["journal_key"] == '["s1",1,"planned"]'
     assert all(len(e["hash"]) == 64 for e in events)
     code, out, _ = run("events", "--kind", "acked", "--after", "5", "--limit", "1", "--json", ledger=filled)
@@ -80,7 +80,7 @@ def test_show_timeline(filled: pathlib.Path) -> None:
     assert code == 0 and "step s2: acked, attempt 1, committed" in out
     code, out, _ = run("show", "s2", "--json", ledger=filled)
     data = json.loads(out)
-    assert data["step"]["state"] == "acked" and len(data["events"]) == 5
+    assert data["step"]["state"] == "acked" and len(data["events"]) == 4
     code, _, err = run("show", "nope", ledger=filled)
     assert code == 2 and err.count("\n") == 1 and "stepledger steps" in err
 
@@ -110,7 +110,7 @@ def test_read_only_commands_write_nothing(filled: pathlib.Path) -> None:
 def test_export_jsonl_and_csv(filled: pathlib.Path) -> None:
     code, out, _ = run("export", ledger=filled)
     lines = [json.loads(line) for line in out.splitlines()]
-    assert code == 0 and len(lines) == 18 and lines[0]["payload"]["kind"] == "planned"
+    assert code == 0 and len(lines) == 15 and lines[0]["payload"]["kind"] == "planned"
     code, out, _ = run("export", "--what", "steps", "--format", "csv", ledger=filled)
     assert out.splitlines()[0].startswith("step_id,run,workspace,state")
     assert len(out.splitlines()) == 5
@@ -118,7 +118,7 @@ def test_export_jsonl_and_csv(filled: pathlib.Path) -> None:
 
 def test_rebuild(filled: pathlib.Path) -> None:
     code, out, _ = run("rebuild", "--json", ledger=filled)
-    assert code == 0 and json.loads(out) == {"steps": 4, "events": 18}
+    assert code == 0 and json.loads(out) == {"steps": 4, "events": 15}
 
 
 @pytest.mark.parametrize(

@@ -2104,6 +2104,76 @@ def _echo_audit(r: Any) -> None:
     click.echo(f"audit: {'ok' if r.ok else _n(n, 'violation')} ({r.elapsed_s:.2f}s)")
 
 
+
+@cli.command("stats", epilog=_examples(
+    "stepledger stats",
+    "stepledger stats --by week --top 5",
+    "stepledger stats --json | jq '.sealable'",
+))
+@click.option("--by", "by", type=click.Choice(["hour", "day", "week"]), default="day",
+              show_default=True, help="The growth table's bucket.")
+@click.option("--top", type=click.IntRange(min=0), default=20, show_default=True,
+              help="How many runs to list, largest first (0: every run).")
+@json_option
+@click.pass_context
+def stats_cmd(ctx: click.Context, by: str, top: int, as_json: bool) -> None:
+    """What the ledger holds and how it grew. Read-only.
+
+    Events by kind, steps by state, runs (their steps, states, events and bytes, the
+    largest first), blobs (inline rows and files, bucketed as `audit` does), events and
+    bytes per hour, day or week, and what sealing would take out of the ledger file:
+    the runs whose every step is settled (acked, compensated or rejected). An event's
+    bytes are its payload, journal key and hashes.
+    """
+    from .stats import stats
+
+    with _open(ctx, readonly=True) as ledger:
+        report = stats(ledger, by=by, top=top)
+    if as_json:
+        _emit_json(report.as_dict())
+        return
+    r = report
+    click.echo(f"stats: {r.path}: {_short(r.file_bytes)} on disk, head #{r.head_seq}")
+    click.echo(f"  {_n(r.events.count, 'event')} ({_short(r.events.bytes)}),"
+               f" {_n(r.steps, 'step')}, {_n(r.runs_total, 'run')}")
+    if r.by_state:
+        click.echo("  steps by state: " + ", ".join(f"{k} {v}" for k, v in r.by_state.items()))
+    if r.by_kind:
+        click.echo("  events by kind: " + ", ".join(
+            f"{k} {c.count} ({_short(c.bytes)})" for k, c in r.by_kind.items()))
+    b = r.blobs
+    click.echo(f"  blobs: {b['inline'].count} inline ({_short(b['inline'].bytes)}),"
+               f" {_n(b['files'].count, 'file')} ({_short(b['files'].bytes)});"
+               f" referenced {_short(b['referenced'].bytes)}, pinned {_short(b['pinned'].bytes)},"
+               f" orphan {_short(b['orphan_young'].bytes + b['orphan_old'].bytes)},"
+               f" temporary {_short(b['temporary'].bytes)}")
+    share = f", {r.sealable.bytes * 100 // r.events.bytes}% of the events' bytes" if r.events.bytes else ""
+    click.echo(f"  sealable: {r.sealable_runs} of {_n(r.runs_total, 'run')} settled,"
+               f" {_n(r.sealable.count, 'event')} ({_short(r.sealable.bytes)}{share})")
+    if r.runs:
+        shown = f"the {len(r.runs)} largest" if len(r.runs) < r.runs_total else "every run"
+        click.echo(f"  runs ({shown}):")
+        click.echo(f"    {'RUN':<28} {'STEPS':>6} {'EVENTS':>8} {'BYTES':>10}  {'SETTLED':<7}  STATES")
+        for run in r.runs:
+            states = ", ".join(f"{k} {v}" for k, v in sorted(run.states.items()))
+            click.echo(f"    {(run.run or '(no run)')[:28]:<28} {run.steps:>6} {run.events:>8}"
+                       f" {_short(run.event_bytes):>10}  {'yes' if run.settled else 'no':<7}  {states}")
+    if r.growth:
+        click.echo(f"  growth by {r.bucket}:")
+        for g in r.growth:
+            click.echo(f"    {_iso(g.start_ns)[:16 if r.bucket == 'hour' else 10]:<17}"
+                       f" {g.events:>8} events {_short(g.bytes):>10}")
+
+
+def _short(n: int) -> str:
+    """Bytes, in a binary unit once past a KiB."""
+    value, unit = float(n), "B"
+    for next_unit in ("KiB", "MiB", "GiB", "TiB"):
+        if value < 1024:
+            break
+        value, unit = value / 1024, next_unit
+    return f"{n} B" if unit == "B" else f"{value:.1f} {unit}"
+
 @cli.command("restore", epilog=_examples(
     "stepledger restore --workspace repo --to /mnt/fresh/repo",
     "stepledger --workspace repo restore --to ./repo-restored --json",

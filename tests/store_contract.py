@@ -265,6 +265,23 @@ class StoreContract:
                   EventQuery(descending=True, after_seq=2490), EventQuery(limit=0)]:
             assert list(view.events(q)) == expect(q), q
 
+    def test_event_totals(self, store: Store) -> None:
+        """What `stepledger stats` reads: per (run, kind) and per time bucket."""
+        rows = self._log(store)
+        by_run, by_time = store.view.event_totals(10**6)
+        expect: dict[tuple[str, str], tuple[int, int, int, int]] = {}
+        buckets: dict[int, tuple[int, int]] = {}
+        for r in rows:
+            size = len(r[11]) + len(r[8].encode()) + 64
+            n, b, t0, t1 = expect.get((r[3], r[9]), (0, 0, r[1], r[1]))
+            expect[(r[3], r[9])] = (n + 1, b + size, min(t0, r[1]), max(t1, r[1]))
+            start = r[1] // 10**6 * 10**6
+            n, b = buckets.get(start, (0, 0))
+            buckets[start] = (n + 1, b + size)
+        assert [(run, kind) for run, kind, *_ in by_run] == sorted(expect)
+        assert {(run, kind): tuple(rest) for run, kind, *rest in by_run} == expect
+        assert by_time == [(t, n, b) for t, (n, b) in sorted(buckets.items())]
+
     def test_fold_rows_are_the_folds_columns(self, store: Store) -> None:
         rows = self._log(store)
         assert list(store.view.fold_rows(100)) == [(r[0], r[1], r[9], r[10], r[11])

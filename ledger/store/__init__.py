@@ -316,6 +316,13 @@ class ReadView(Protocol):
         ...
 
     def live_step_count(self) -> int: ...
+    def event_totals(self, bucket_ns: int) -> tuple[list[tuple[str, str, int, int, int, int]],
+                                                     list[tuple[int, int, int]]]:
+        """What `stepledger stats` reads: per (run, kind) (run, kind, events, bytes, first
+        time_ns, last time_ns), and per time bucket of `bucket_ns` (bucket start, events,
+        bytes), in order. An event's bytes: its payload, journal key and two hashes."""
+        ...
+
     def step_totals(self, states: frozenset[str]) -> tuple[int, int]:
         """(steps, their stored bytes) of the steps in `states`."""
         ...

@@ -252,6 +252,15 @@ class SqliteView:
     def live_entries(self) -> list[tuple[str, int]]:
         return self._db.conn.execute(tb.LIVE_ENTRIES).fetchall()  # type: ignore[no-any-return]
 
+    def event_totals(self, bucket_ns: int) -> tuple[list[tuple[str, str, int, int, int, int]],
+                                                     list[tuple[int, int, int]]]:
+        conn = self._db.conn
+        by_run = [(str(r), str(k), int(n), int(b), int(t0), int(t1))
+                  for r, k, n, b, t0, t1 in conn.execute(ev.TOTALS_BY_RUN_SQL)]
+        by_time = [(int(t), int(n), int(b)) for t, n, b in
+                   conn.execute(ev.TOTALS_BY_TIME_SQL, (bucket_ns, bucket_ns, bucket_ns))]
+        return by_run, by_time
+
     def live_step_count(self) -> int:
         return int(self._db.conn.execute(tb.LIVE_STEPS).fetchone()[0])
 

@@ -26,6 +26,12 @@ INSERT_SQL: Final = (
 FOLD_COLUMNS: Final = "seq, time_ns, kind, v, payload"
 HEAD_SQL: Final = "SELECT seq, hash FROM events ORDER BY seq DESC LIMIT 1"
 COUNT_SQL: Final = "SELECT count(*) FROM events"
+#: an event's bytes as `stepledger stats` counts them: payload, journal key, two hashes
+_EVENT_BYTES: Final = "length(payload) + length(CAST(journal_key AS BLOB)) + 64"
+TOTALS_BY_RUN_SQL: Final = (f"SELECT run, kind, count(*), sum({_EVENT_BYTES}), min(time_ns),"
+                            " max(time_ns) FROM events GROUP BY run, kind ORDER BY run, kind")
+TOTALS_BY_TIME_SQL: Final = (f"SELECT (time_ns / ?) * ?, count(*), sum({_EVENT_BYTES})"
+                             " FROM events GROUP BY time_ns / ? ORDER BY 1")
 JOURNAL_SQL: Final = f"SELECT {ROW_COLUMNS} FROM events WHERE journal_key = ?"
 #: The newest event whose journal key lies in [low, high) (a seek on the key's index).
 JOURNAL_RANGE_SQL: Final = (f"SELECT {ROW_COLUMNS} FROM events WHERE journal_key >= ?"

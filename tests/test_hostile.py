@@ -1366,10 +1366,16 @@ LIB_SURFACES: dict[str, Callable[[Ledger], Any]] = {
     "workspaces": lambda led: led.workspaces(),
     "blob_list": lambda led: led.blob_list(),
     "classify": lambda led: [led.classify(s) for s in ("art-file", "s1")],
+    "stats": lambda led: _stats(led),
 }
+
+
+def _stats(led: Ledger) -> Any:
+    from ledger.stats import stats
+    return stats(led)
 CLI_SURFACES: list[tuple[str, ...]] = [
     ("verify",), ("events", "--json"), ("steps", "--json"), ("export",), ("show", "s1"),
-    ("audit", "--deep"),
+    ("audit", "--deep"), ("stats", "--json"),
 ]
 
 

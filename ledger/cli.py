@@ -2261,11 +2261,12 @@ def witness_show(ctx: click.Context, as_json: bool) -> None:
 
 
 class _BackupGroup(LedgerSubgroup):
-    """`stepledger backup DEST` takes a backup (the `take` command); `backup verify` and
-    `backup restore` are its other commands."""
+    """`stepledger backup DEST` takes a backup (the `take` command) when DEST is written
+    as a path (it holds a "/": `/mnt/b`, `./b`); `backup verify` and `backup restore` are
+    its other commands, and any other word is an unknown command, as in every group."""
 
     def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
-        if args and args[0] not in self.commands and args[0] not in ("-h", "--help"):
+        if args and args[0] not in self.commands and os.sep in args[0]:
             args = ["take", *args]
         return super().parse_args(ctx, args)
 
@@ -2279,7 +2280,8 @@ class _BackupGroup(LedgerSubgroup):
 def backup_group() -> None:
     """Back up the whole ledger while writers run; restore it on a fresh machine.
 
-    'backup DEST' (short for 'backup take DEST') writes a consistent copy of the ledger
+    'backup DEST' (short for 'backup take DEST'; DEST written as a path: /mnt/b, ./b)
+    writes a consistent copy of the ledger
     — events, projections, inline and file blobs — into the directory DEST, verifies it
     and only then writes its completion marker (BACKUP.json). Run it again into the same
     DEST: only what changed is copied. 'backup verify DEST' checks a backup;

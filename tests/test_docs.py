@@ -220,6 +220,7 @@ SETUP: dict[str, Callable[[Path], Path] | None] = {
     "GC and audit from Python": empty,
     "The witness": empty,
     "Checking a ledger": with_ledger,
+    "Backups": with_ledger,
 }
 
 

@@ -351,6 +351,9 @@ def _check_copy(copy: Ledger, marker_head: Head, where: str, *, deep: bool
         except BlobNotFound as exc:
             needs = _Needs({}, {}, 0)
             problems.append(f"blob {exc.digest[:12]}… is missing from the backup")
+        except BlobCorrupt as exc:
+            needs = _Needs({}, {}, 0)
+            problems.append(f"blob {exc.digest[:12]}… is corrupt in the backup ({exc.why})")
     for digest, size in needs.required.items():
         problem = blob_check(digest, size)
         if problem is not None:
@@ -593,8 +596,9 @@ def _unchanged(previous: BackupMarker, where: str, dest_files: BlobStore, *, dee
     try:
         with copy.storage.read() as view:
             needs = _needs(view)
-    except BlobNotFound as exc:
-        raise BackupInvalid(where, f"blob {exc.digest[:12]}… is missing from it") from None
+    except (BlobNotFound, BlobCorrupt) as exc:
+        raise BackupInvalid(where, f"blob {exc.digest[:12]}… is missing or damaged in it"
+                            ) from None
     finally:
         copy.close()
     for digest, size in {**needs.required, **needs.optional}.items():

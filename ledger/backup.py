@@ -507,6 +507,8 @@ def _backup_locked(source: Ledger, path: str, where: str, previous: BackupMarker
     for name in os.listdir(tmp):  # what a killed backup left (never part of one)
         if _SNAP_RE.fullmatch(name):
             os.unlink(os.path.join(tmp, name))
+    for leftover in list(dest_files.temp_files()):  # a killed copy's (DEST is ours: locked)
+        dest_files.delete_temp(leftover.name)
     snap = os.path.join(tmp, f"snap-{secrets.token_hex(6)}.db")
     source.storage.snapshot(snap)
     try:

@@ -294,3 +294,28 @@ def test_another_ledgers_backup_is_refused(tmp_path: Path, world: World) -> None
     with pytest.raises(BackupInvalid, match="not of"):
         backup(tmp_path / "other" / "ledger.db", dest)
     assert (dest / MARKER).read_bytes() == marker
+
+
+def test_gc_waits_for_a_backup(tmp_path: Path, world: World) -> None:
+    from ledger import CollectorBusy
+    from ledger.backup import _gc_held
+    from ledger.gc import collect
+
+    with Ledger.open(world.path, readonly=True) as reader, _gc_held(reader) as held:
+        assert held
+        with pytest.raises(CollectorBusy):
+            collect(world.ledger, grace_s=3600)
+    collect(world.ledger, grace_s=3600)  # after it: runs
+
+
+def test_a_killed_copys_temporaries_are_removed(tmp_path: Path, world: World) -> None:
+    dest = tmp_path / "b"
+    backup(world.path, dest)
+    (dest / MARKER).unlink()
+    tmp = dest / "blobs" / "tmp"
+    tmp.mkdir(exist_ok=True)
+    (tmp / ("ab" * 32 + ".deadbeef0000.tmp")).write_bytes(b"half")
+    (dest / "tmp" / "snap-0123456789ab.db").write_bytes(b"half")
+    backup(world.path, dest)
+    assert list(tmp.iterdir()) == [] and list((dest / "tmp").iterdir()) == []
+    check_backup(dest)

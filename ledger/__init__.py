@@ -17,6 +17,8 @@ if TYPE_CHECKING:  # what a type checker sees; at run time, __getattr__ below
     from .errors import (
         AccessDenied,
         AnchorRefused,
+        BackupIncomplete,
+        BackupInvalid,
         BlobCorrupt,
         BlobNotFound,
         CollectorBusy,
@@ -106,7 +108,7 @@ __version__ = "0.1.0"
 #: Each public name -> the submodule it is imported from, on first use (PEP 562): `import
 #: ledger.cli` or `import ledger.errors` does not import the whole library.
 _EXPORTS: dict[str, tuple[str, ...]] = {
-    "errors": ("AccessDenied", "AnchorRefused", "BlobCorrupt", "BlobNotFound", "CollectorBusy",
+    "errors": ("AccessDenied", "AnchorRefused", "BackupIncomplete", "BackupInvalid", "BlobCorrupt", "BlobNotFound", "CollectorBusy",
         "CompensationConflict", "CompensationWindowClosed", "ContentChanged",
         "ContentFileEscapes", "CorruptLedger", "EnvironmentFailure", "GcRefused",
         "HeadMismatch", "IdempotencyConflict", "IllegalTransition",
@@ -154,6 +156,8 @@ __all__ = [
     "AnchorRefused",
     "AppliedWrite",
     "ApplyResult",
+    "BackupIncomplete",
+    "BackupInvalid",
     "BlobCollected",
     "BlobCorrupt",
     "BlobNotFound",

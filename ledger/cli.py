@@ -2327,6 +2327,158 @@ def witness_show(ctx: click.Context, as_json: bool) -> None:
         click.echo(status.problem)
 
 
+# -- backups ------------------------------------------------------------------------
+
+
+class _BackupGroup(LedgerSubgroup):
+    """`stepledger backup DEST` takes a backup (the `take` command) when DEST is written
+    as a path (it holds a "/": `/mnt/b`, `./b`); `backup verify` and `backup restore` are
+    its other commands, and any other word is an unknown command, as in every group."""
+
+    def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
+        if args and args[0] not in self.commands and os.sep in args[0]:
+            args = ["take", *args]
+        return super().parse_args(ctx, args)
+
+
+@cli.group("backup", cls=_BackupGroup, epilog=_examples(
+    "stepledger backup /mnt/backup/ledger          # take one (again: only what changed)",
+    "stepledger backup verify /mnt/backup/ledger   # check one, read-only",
+    "stepledger backup restore /mnt/backup/ledger ./new/.stepledger",
+    "stepledger --ledger ./new/.stepledger/ledger.db restore --workspace w --to ./w",
+))
+def backup_group() -> None:
+    """Back up the whole ledger while writers run; restore it on a fresh machine.
+
+    'backup DEST' (short for 'backup take DEST'; DEST written as a path: /mnt/b, ./b)
+    writes a consistent copy of the ledger
+    — events, projections, inline and file blobs — into the directory DEST, verifies it
+    and only then writes its completion marker (BACKUP.json). Run it again into the same
+    DEST: only what changed is copied. 'backup verify DEST' checks a backup;
+    'backup restore DEST LEDGER_DIR' makes a ledger of it (docs/operations.md "Backups").
+    """
+
+
+@backup_group.command("take", epilog=_examples(
+    "stepledger backup /mnt/backup/ledger",
+    "stepledger backup take /mnt/backup/ledger --json",
+    "stepledger backup /mnt/backup/ledger --deep   # re-hash the blobs already there",
+))
+@click.argument("dest", metavar="DEST", type=click.Path(file_okay=True, dir_okay=True))
+@click.option("--deep", is_flag=True, help="Re-hash every blob already in DEST before"
+              " trusting it (default: its size; blobs copied now are always hashed).")
+@json_option
+@click.pass_context
+def backup_take(ctx: click.Context, dest: str, deep: bool, as_json: bool) -> None:
+    """Write a consistent, verified backup of the ledger into the directory DEST.
+
+    Online: the database snapshot is one read transaction, writers go on; gc waits
+    (its lock) until the backup is done. Incremental: blobs already in DEST are not
+    copied again, and a DEST that already holds the ledger's head is only checked.
+    DEST holds the snapshot, the blob files it needs and BACKUP.json, written last:
+    without it a directory is never taken for a backup.
+
+    \b
+    Exit codes: 0 backed up (or already up to date); 1 a blob the ledger needs is
+    missing; 2 DEST is refused (inside the ledger's directory, a file, another
+    ledger's backup, other files) or the copy failed its check (no marker written);
+    3 storage failed.
+    """
+    from .backup import backup
+
+    update, finish = _progress("copying blobs")
+    try:
+        report = backup(ctx.obj["ledger_path"], dest, deep=deep, progress=update,
+                        witness=ctx.obj.get("witness"))
+    finally:
+        finish()
+    if as_json:
+        _emit_json(report)
+        return
+    if report.unchanged:
+        click.echo(f"backup {report.dest} is up to date: head #{report.head_seq},"
+                   f" {_n(report.blobs, 'blob file')} present; nothing copied")
+        return
+    click.echo(f"backed up head #{report.head_seq} to {report.dest}: {report.db}"
+               f" ({_size(report.db_bytes)}), {_n(report.blobs, 'blob file')}"
+               f" ({_n(report.blobs_copied, 'copied', 'copied')}, {_size(report.bytes_copied)};"
+               f" {report.blobs_skipped} already there); verified ({report.elapsed_s:.2f}s)")
+
+
+@backup_group.command("verify", epilog=_examples(
+    "stepledger backup verify /mnt/backup/ledger",
+    "stepledger backup verify /mnt/backup/ledger --shallow --json",
+))
+@click.argument("dest", metavar="DEST", type=click.Path(file_okay=True, dir_okay=True))
+@click.option("--shallow", is_flag=True, help="Check blob files by size, not by re-hashing.")
+@json_option
+@click.pass_context
+def backup_verify(ctx: click.Context, dest: str, shallow: bool, as_json: bool) -> None:
+    """Check a backup whole, read-only: its marker, its database's digest, verify at
+    the marker's head, every blob it needs re-hashed (--shallow: sizes).
+
+    \b
+    Exit codes: 0 complete and sound; 2 incomplete (BackupIncomplete: take it again)
+    or damaged, edited or not a backup (BackupInvalid).
+    """
+    from .backup import check_backup
+
+    found = check_backup(dest, deep=not shallow)
+    if as_json:
+        _emit_json(found)
+        return
+    click.echo(f"backup {found.path}: ok — ledger {found.ledger_id} at head #{found.head_seq},"
+               f" {_n(found.blobs, 'blob file')} ({_size(found.blob_bytes)}), taken"
+               f" {_iso(found.created_ns)}")
+
+
+@backup_group.command("restore", epilog=_examples(
+    "stepledger backup restore /mnt/backup/ledger ./new/.stepledger",
+    "stepledger backup restore /mnt/backup/ledger ./new/.stepledger \\",
+    "  --witness /other/volume/new.witness      # the backup was witnessed",
+))
+@click.argument("backup_dir", metavar="BACKUP_DIR",
+                type=click.Path(file_okay=True, dir_okay=True))
+@click.argument("ledger_dir", metavar="LEDGER_DIR",
+                type=click.Path(file_okay=True, dir_okay=True))
+@click.option("--witness", "new_witness", metavar="PATH", type=click.Path(dir_okay=False),
+              help="A new witness for the restored ledger, absolute (required when the"
+              " backup was witnessed; default: the global --witness).")
+@json_option
+@click.pass_context
+def backup_restore(ctx: click.Context, backup_dir: str, ledger_dir: str,
+                   new_witness: str | None, as_json: bool) -> None:
+    """Make a ledger of a backup: LEDGER_DIR (new or empty) receives its database and
+    blob files, checked whole first, verified after.
+
+    A restored ledger is behind its old witness by construction: a witnessed backup
+    needs --witness PATH, a new file, anchored at the backup's head (the
+    witness-anchored event records what it replaced). Then restore each workspace:
+    'stepledger --ledger LEDGER_DIR/ledger.db restore --workspace NAME --to DIR'.
+
+    \b
+    Exit codes: 0 restored; 2 the backup is incomplete or damaged, LEDGER_DIR is not
+    new or empty, or --witness is missing or not a new absolute path.
+    """
+    from .backup import restore_backup
+
+    update, finish = _progress("copying blobs")
+    try:
+        got = restore_backup(backup_dir, ledger_dir, witness=new_witness or ctx.obj.get("witness"),
+                             progress=update)
+    finally:
+        finish()
+    if as_json:
+        _emit_json(got)
+        return
+    witness = (f"; new witness {got.witness} anchored at event #{got.anchored_seq}"
+               if got.witness else "")
+    click.echo(f"restored ledger {got.path}: head #{got.head_seq},"
+               f" {_n(got.blobs, 'blob file')} ({_size(got.blob_bytes)}); verified{witness}")
+    for name in got.workspaces:
+        click.echo(f"next: stepledger --ledger {got.path} restore --workspace {name} --to DIR")
+
+
 @cli.command()
 @click.option("--artifacts", "n", type=click.IntRange(1, 50), default=5, show_default=True,
               help="Artifacts in the step (alternating inline and file blobs).")

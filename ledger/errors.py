@@ -213,6 +213,29 @@ class CorruptLedger(LedgerError):
         self.path, self.why = path, why
 
 
+class BackupInvalid(LedgerError):
+    """A backup directory that cannot be used as one: damaged (its marker or database
+    digest does not match, a blob is missing or corrupt, it fails verify), or another
+    ledger's. Nothing was written."""
+
+    exit_code = EXIT_USAGE
+
+    def __init__(self, path: str, why: str, fix: str = "take the backup again ('stepledger"
+                 " backup DEST') into a new directory") -> None:
+        super().__init__(f"backup {path} is not usable: {why}; {fix}")
+        self.path, self.why = path, why
+
+
+class BackupIncomplete(BackupInvalid):
+    """A backup directory without its completion marker: a backup interrupted before it
+    finished (or never one). It is never taken for complete."""
+
+    def __init__(self, path: str, why: str) -> None:
+        LedgerError.__init__(self, f"incomplete backup {path}: {why}; it was interrupted before"
+                             " it was complete: take it again ('stepledger backup DEST')")
+        self.path, self.why = path, why
+
+
 class BlobNotFound(LedgerError):
     """A blob that should be stored is not there."""
 

@@ -27,7 +27,7 @@ from typing import Any, ClassVar
 
 import pytest
 
-from ledger import BlobCorrupt, BlobNotFound, IdempotencyConflict, IllegalTransition
+from ledger import BlobCorrupt, BlobNotFound, IdempotencyConflict, IllegalTransition, LedgerError
 from ledger.blobs import digest_of, hash_chunks
 from ledger.events import (
     EVENT_VERSION,
@@ -527,6 +527,31 @@ class StoreContract:
             tx.set_meta("k", "v2")
         assert store.view.meta("k") == "v2"
         assert store.view.meta_all()["k"] == "v2"
+
+    def test_a_snapshot_is_a_store_of_its_own(self, store: Store, where: str) -> None:
+        append(store, [Planned(step="a", attempt=1), Planned(step="b", attempt=1)])
+        with store.transaction() as tx:
+            tx.put_inline({digest_of(b"x"): b"x"}, 1)
+            tx.set_meta("k", "v")
+        target = where + "-snapshot"
+        other = self.other(where)
+        try:
+            with other.read() as view:  # a reader elsewhere does not stop it
+                store.snapshot(target)
+                assert view.count() == 2
+        finally:
+            other.close()
+        append(store, [Planned(step="c", attempt=1)])  # after it: not in it
+        copy = type(self).opener(target, _Clock(), False)
+        try:
+            assert copy.view.count() == 2
+            assert copy.view.head() == Head(2, list(store.view.events())[1][13])
+            assert copy.genesis == store.genesis
+            assert copy.view.meta("k") == "v" and copy.view.inline_blob(digest_of(b"x")) is not None
+        finally:
+            copy.close()
+        with pytest.raises(LedgerError):
+            store.snapshot(target)  # never over an existing file
 
     # -- isolation and concurrency -----------------------------------------------------
 

@@ -221,6 +221,7 @@ SETUP: dict[str, Callable[[Path], Path] | None] = {
     "The witness": empty,
     "Checking a ledger": with_ledger,
     "What the ledger holds: `stepledger stats`": with_ledger,
+    "Backups": with_ledger,
 }
 
 

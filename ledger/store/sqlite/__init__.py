@@ -573,6 +573,11 @@ class SqliteStore:
         """Whether another process holds lock `name` now (a shared probe; creates nothing)."""
         return flock_held(self._lock_path(name))
 
+    def snapshot(self, path: str) -> None:
+        """`VACUUM INTO` a new file (`Database.snapshot`): one read transaction."""
+        with self.lock:
+            self.db.snapshot(path)
+
     def close(self, *, refused: bool = False) -> None:
         with self.lock:
             if refused:

@@ -1,0 +1,321 @@
+"""Issue 18: `stepledger backup` — an online, consistent, incremental, verified copy of
+a whole ledger, and a whole ledger restored from it on a fresh machine.
+
+- the seed scenario: a ledger with committed workspace steps and file artifacts is
+  backed up, then everything else is deleted (ledger directory, workspace); the ledger
+  restored from the backup onto fresh directories, `restore --workspace` gives back the
+  committed tree, and verify is ok;
+- incremental: a second backup of an unchanged ledger copies nothing; after more steps
+  only the new blobs are copied; the older database file is replaced;
+- completion: no marker, no backup (an interrupted one is refused as incomplete); a
+  failed check leaves no marker;
+- a witnessed ledger: the restore refuses without a new witness, and with one anchors
+  it at the backup's head and records what it replaced;
+- bad destinations and hostile backups: typed refusals, nothing written;
+- the command line: `backup`, `backup verify`, `backup restore`, --json, one-line errors.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from ledger import BackupIncomplete, BackupInvalid, InvalidInput, Ledger, WitnessMissing
+from ledger.backup import MARKER, backup, check_backup, read_backup, restore_backup
+from ledger.cli import cli
+from ledger.fences import StepPlan, Write
+
+BIG = 100 * 1024  # above the inline threshold: a blob file
+
+
+def h(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+def tree(root: Path) -> dict[str, str]:
+    return {str(p.relative_to(root)): h(p.read_bytes()) for p in root.rglob("*") if p.is_file()}
+
+
+def content(i: int, size: int) -> bytes:
+    return (f"{i}:".encode() * (size // 3 + 1))[:size]
+
+
+class World:
+    """A ledger with workspace `w` and committed steps writing files (small and large)
+    and storing artifacts (small and large)."""
+
+    def __init__(self, tmp: Path, *, witness: str | None = None) -> None:
+        self.tmp = tmp
+        self.ws = tmp / "ws"
+        self.ws.mkdir()
+        self.path = tmp / "src" / "ledger.db"
+        self.ledger = Ledger.init(self.path, witness=witness)
+        self.ledger.add_workspace("w", str(self.ws))
+        self.epoch = self.ledger.acquire("w", "agent", ttl_s=3600).epoch
+        self.steps = 0
+
+    def step(self, writes: dict[str, bytes], artifact: bytes | None = None) -> str:
+        self.steps += 1
+        sid = f"s{self.steps}"
+        led = self.ledger
+        plan = [Write(p, data, led.snapshot("w", p)[1]) for p, data in writes.items()]
+        assert led.admit("w", self.epoch, [StepPlan(sid, plan)]) == [None]
+        result = led.apply(sid, epoch=self.epoch)
+        assert result.verdict == "applied"
+        if artifact is not None:
+            led.store(sid, result.attempt, f"out/{sid}.bin", artifact)
+        led.publish(sid, result.attempt)
+        led.ack(sid, result.attempt)
+        return sid
+
+    def populate(self, n: int = 4) -> None:
+        for i in range(n):
+            self.step({f"f{i}.txt": content(i, 40), f"big{i}.bin": content(i, BIG)},
+                      artifact=content(100 + i, BIG + i) if i % 2 else b"small artifact")
+
+    def close(self) -> None:
+        self.ledger.close()
+
+
+@pytest.fixture
+def world(tmp_path: Path) -> World:
+    w = World(tmp_path)
+    w.populate()
+    yield w
+    w.close()
+
+
+def file_blobs(root: Path) -> set[str]:
+    return {p.name for p in (root / "blobs").glob("??/*") if p.is_file()}
+
+
+# -- the seed scenario ------------------------------------------------------------------
+
+
+def test_seed_scenario_nothing_survives_but_the_backup(tmp_path: Path) -> None:
+    w = World(tmp_path)
+    w.populate()
+    committed = tree(w.ws)
+    head = w.ledger.head()
+    w.close()
+    dest = tmp_path / "backup"
+    report = backup(w.path, dest)
+    assert report.verified and not report.unchanged and report.head_seq == head.seq
+    assert report.blobs_copied == report.blobs > 0
+    # everything but the backup is gone
+    shutil.rmtree(tmp_path / "src")
+    shutil.rmtree(w.ws)
+    fresh = tmp_path / "fresh"
+    restored = restore_backup(dest, fresh / "ledger")
+    assert restored.head_seq == head.seq and restored.workspaces == ["w"]
+    assert restored.path == str(fresh / "ledger" / "ledger.db")
+    with Ledger.open(restored.path) as led:
+        assert led.head() == head
+        assert led.verify().ok
+        led.restore("w", fresh / "ws", force=True)
+        assert led.verify().ok
+    assert tree(fresh / "ws") == committed
+    assert len(committed) == 8
+
+
+def test_the_cli_round_trip(tmp_path: Path, world: World) -> None:
+    committed = tree(world.ws)
+    world.close()
+    runner = CliRunner()
+    dest = tmp_path / "b"
+    got = runner.invoke(cli, ["--ledger", str(world.path), "backup", str(dest), "--json"])
+    assert got.exit_code == 0, got.output
+    doc = json.loads(got.output)
+    assert doc["verified"] and doc["blobs_copied"] == doc["blobs"]
+    got = runner.invoke(cli, ["backup", "verify", str(dest), "--json"])
+    assert got.exit_code == 0, got.output
+    assert json.loads(got.output)["head_seq"] == doc["head_seq"]
+    shutil.rmtree(tmp_path / "src")
+    shutil.rmtree(world.ws)
+    got = runner.invoke(cli, ["backup", "restore", str(dest), str(tmp_path / "new")])
+    assert got.exit_code == 0, got.output
+    assert "restore --workspace" in got.output  # the next step is named
+    new = str(tmp_path / "new" / "ledger.db")
+    got = runner.invoke(cli, ["--ledger", new, "restore", "--workspace", "w",
+                              "--to", str(tmp_path / "ws2"), "--force"])
+    assert got.exit_code == 0, got.output
+    assert tree(tmp_path / "ws2") == committed
+    assert runner.invoke(cli, ["--ledger", new, "verify"]).exit_code == 0
+
+
+# -- incremental ------------------------------------------------------------------------
+
+
+def test_a_second_backup_of_an_unchanged_ledger_copies_nothing(tmp_path: Path,
+                                                                world: World) -> None:
+    dest = tmp_path / "b"
+    first = backup(world.path, dest)
+    second = backup(world.path, dest)
+    assert second.unchanged and second.blobs_copied == 0 and second.bytes_copied == 0
+    assert second.db == first.db
+    deep = backup(world.path, dest, deep=True)
+    assert deep.unchanged and deep.blobs_copied == 0
+
+
+def test_after_more_steps_only_new_blobs_are_copied(tmp_path: Path, world: World) -> None:
+    dest = tmp_path / "b"
+    first = backup(world.path, dest)
+    world.step({"late.bin": content(77, BIG)})
+    second = backup(world.path, dest)
+    assert not second.unchanged and second.head_seq > first.head_seq
+    assert second.blobs_copied == 1 and second.blobs_skipped == first.blobs
+    dbs = sorted(p.name for p in dest.glob("ledger-*.db"))
+    assert dbs == [second.db]  # the older snapshot is no longer part of the backup
+    check_backup(dest)
+
+
+def test_a_backup_is_taken_while_a_writer_holds_a_transaction(tmp_path: Path,
+                                                              world: World) -> None:
+    other = Ledger.open(world.path)
+    try:
+        with other.storage.transaction() as tx:  # the write lock, held
+            tx.set_meta("busy", "1")
+            report = backup(world.path, tmp_path / "b")  # a reader: not blocked
+        assert report.head_seq == world.ledger.head().seq
+    finally:
+        other.close()
+
+
+# -- completion -------------------------------------------------------------------------
+
+
+def test_an_interrupted_backup_is_incomplete(tmp_path: Path, world: World) -> None:
+    dest = tmp_path / "b"
+    backup(world.path, dest)
+    (dest / MARKER).unlink()  # as if killed before the marker
+    with pytest.raises(BackupIncomplete, match="take it again"):
+        read_backup(dest)
+    with pytest.raises(BackupIncomplete):
+        restore_backup(dest, tmp_path / "r")
+    assert not (tmp_path / "r").exists()
+    again = backup(world.path, dest)  # taken again: complete
+    assert not again.unchanged and again.blobs_copied == 0
+    check_backup(dest)
+
+
+def test_a_failed_check_leaves_no_marker(tmp_path: Path, world: World,
+                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    import ledger.backup as bk
+
+    def broken(*_a: object, **_k: object) -> None:
+        raise BackupInvalid("x", "injected")
+
+    monkeypatch.setattr(bk, "_check_copy", broken)
+    with pytest.raises(BackupInvalid, match="injected"):
+        backup(world.path, tmp_path / "b")
+    assert not (tmp_path / "b" / MARKER).exists()
+    assert list((tmp_path / "b").glob("ledger-*.db")) == []
+
+
+# -- the witness -------------------------------------------------------------------------
+
+
+def test_a_witnessed_ledger_restores_with_a_new_witness(tmp_path: Path) -> None:
+    (tmp_path / "wv").mkdir()
+    w = World(tmp_path, witness=str(tmp_path / "wv" / "ledger.witness"))
+    w.populate(2)
+    head = w.ledger.head()
+    w.close()
+    dest = tmp_path / "b"
+    backup(w.path, dest)
+    assert read_backup(dest).witnessed
+    shutil.rmtree(tmp_path / "src")
+    shutil.rmtree(tmp_path / "wv")  # the fresh machine has no witness either
+    with pytest.raises(InvalidInput, match="--witness"):
+        restore_backup(dest, tmp_path / "r")
+    assert not (tmp_path / "r").exists()
+    (tmp_path / "wv2").mkdir()
+    new = str(tmp_path / "wv2" / "new.witness")
+    got = restore_backup(dest, tmp_path / "r", witness=new)
+    assert got.witness == new and got.anchored_seq == head.seq + 1
+    with Ledger.open(got.path) as led:
+        assert led.witness_status().state == "ok"
+        assert led.verify().ok
+
+
+def test_a_restore_on_the_same_machine_is_forced_over_the_newer_witness(tmp_path: Path) -> None:
+    (tmp_path / "wv").mkdir()
+    old_witness = str(tmp_path / "wv" / "ledger.witness")
+    w = World(tmp_path, witness=old_witness)
+    w.populate(1)
+    dest = tmp_path / "b"
+    backup(w.path, dest)
+    w.step({"after.txt": b"after the backup"})  # the witness moves past the backup
+    w.close()
+    # a plain copy of the backup's database would be refused as rolled back
+    shutil.copy(dest / read_backup(dest).db, tmp_path / "copy.db")
+    with pytest.raises(WitnessMissing.__mro__[1]):  # WitnessMismatch
+        Ledger.open(tmp_path / "copy.db", readonly=True)
+    got = restore_backup(dest, tmp_path / "r", witness=str(tmp_path / "wv" / "restored.witness"))
+    with Ledger.open(got.path) as led:
+        anchor = list(led.read())[-1].event
+        assert anchor.previous == old_witness and anchor.previous_state == "mismatch"
+        assert anchor.forced and anchor.overridden
+        assert led.verify().ok
+
+
+# -- bad destinations ------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("where", ["inside", "equal", "parent", "file", "other-files"])
+def test_bad_destinations_are_refused_with_nothing_written(tmp_path: Path, world: World,
+                                                           where: str) -> None:
+    dest = {"inside": world.path.parent / "bk", "equal": world.path.parent,
+            "parent": tmp_path, "file": tmp_path / "f", "other-files": tmp_path / "o"}[where]
+    if where == "file":
+        dest.write_text("x")
+    if where == "other-files":
+        dest.mkdir()
+        (dest / "notes.txt").write_text("mine")
+    before = sorted(os.listdir(world.path.parent))
+    with pytest.raises(InvalidInput):
+        backup(world.path, dest)
+    assert sorted(os.listdir(world.path.parent)) == before
+    assert not (world.path.parent / "bk").exists()
+
+
+def test_another_ledgers_backup_is_refused(tmp_path: Path, world: World) -> None:
+    dest = tmp_path / "b"
+    backup(world.path, dest)
+    other = Ledger.init(tmp_path / "other" / "ledger.db")
+    other.close()
+    marker = (dest / MARKER).read_bytes()
+    with pytest.raises(BackupInvalid, match="not of"):
+        backup(tmp_path / "other" / "ledger.db", dest)
+    assert (dest / MARKER).read_bytes() == marker
+
+
+def test_gc_waits_for_a_backup(tmp_path: Path, world: World) -> None:
+    from ledger import CollectorBusy
+    from ledger.backup import _gc_held
+    from ledger.gc import collect
+
+    with Ledger.open(world.path, readonly=True) as reader, _gc_held(reader) as held:
+        assert held
+        with pytest.raises(CollectorBusy):
+            collect(world.ledger, grace_s=3600)
+    collect(world.ledger, grace_s=3600)  # after it: runs
+
+
+def test_a_killed_copys_temporaries_are_removed(tmp_path: Path, world: World) -> None:
+    dest = tmp_path / "b"
+    backup(world.path, dest)
+    (dest / MARKER).unlink()
+    tmp = dest / "blobs" / "tmp"
+    tmp.mkdir(exist_ok=True)
+    (tmp / ("ab" * 32 + ".deadbeef0000.tmp")).write_bytes(b"half")
+    (dest / "tmp" / "snap-0123456789ab.db").write_bytes(b"half")
+    backup(world.path, dest)
+    assert list(tmp.iterdir()) == [] and list((dest / "tmp").iterdir()) == []
+    check_backup(dest)

@@ -2340,6 +2340,15 @@ class _BackupGroup(LedgerSubgroup):
             args = ["take", *args]
         return super().parse_args(ctx, args)
 
+    def resolve_command(self, ctx: click.Context, args: list[str]) -> Any:
+        name = args[0] if args else ""
+        if name and name not in self.commands and not name.startswith("-"):
+            raise click.UsageError(
+                f"No such command {name!r}; to back up into a directory named {name},"
+                f" write it as a path: 'stepledger backup ./{name}' (or 'backup take {name}')",
+                ctx)
+        return super().resolve_command(ctx, args)
+
 
 @cli.group("backup", cls=_BackupGroup, epilog=_examples(
     "stepledger backup /mnt/backup/ledger          # take one (again: only what changed)",

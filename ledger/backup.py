@@ -658,6 +658,17 @@ def restore_backup(
             raise InvalidInput(f"restore target {target_dir} is not a directory; give a new or"
                                " empty directory")
         leftovers = set(os.listdir(target_dir)) - {BLOBS_DIR, os.path.basename(restoring)}
+        if name in leftovers and leftovers <= {name, name + "-wal", name + "-shm",
+                                               name + "-lockq"}:
+            # Only the restored ledger is there: a restore that died after renaming it
+            # into place, before (or while) anchoring its new witness, or one that ended.
+            raise InvalidInput(
+                f"restore target {target_dir} already holds the restored ledger {name}"
+                " (a restore that died before anchoring its witness, or one that"
+                f" finished): check it with 'stepledger --ledger {target} verify'; a"
+                " witnessed one whose witness was never anchored is finished with"
+                f" 'stepledger --ledger {target} witness anchor --witness NEW --force'"
+                " (nothing was written)")
         if leftovers:
             raise InvalidInput(f"restore target {target_dir} is not empty"
                                f" ({', '.join(sorted(leftovers)[:3])}); give a new or empty"

@@ -244,6 +244,42 @@ def test_a_witnessed_ledger_restores_with_a_new_witness(tmp_path: Path) -> None:
         assert led.verify().ok
 
 
+def test_a_restore_killed_before_its_witness_says_how_to_finish(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The restore died after renaming the ledger into place, before anchoring its new
+    witness: running it again is refused with the command that finishes it (nothing
+    written), and that command gives a ledger that verifies under the new witness."""
+    (tmp_path / "wv").mkdir()
+    w = World(tmp_path, witness=str(tmp_path / "wv" / "ledger.witness"))
+    w.populate(1)
+    w.close()
+    dest = tmp_path / "b"
+    backup(w.path, dest)
+    shutil.rmtree(tmp_path / "src")
+    shutil.rmtree(tmp_path / "wv")
+    (tmp_path / "wv2").mkdir()
+    new = str(tmp_path / "wv2" / "new.witness")
+
+    class Died(Exception):
+        pass
+
+    def die(*_a: object, **_k: object) -> None:
+        raise Died
+
+    monkeypatch.setattr(Ledger, "anchor_witness", die)
+    with pytest.raises(Died):
+        restore_backup(dest, tmp_path / "r", witness=new)
+    monkeypatch.undo()
+    before = sorted(p.name for p in (tmp_path / "r").iterdir())
+    with pytest.raises(InvalidInput, match="witness anchor --witness NEW --force"):
+        restore_backup(dest, tmp_path / "r", witness=new)
+    assert sorted(p.name for p in (tmp_path / "r").iterdir()) == before
+    target = tmp_path / "r" / read_backup(dest).source_name
+    Ledger.anchor_witness(target, new, force=True)
+    with Ledger.open(target) as led:
+        assert led.witness_status().state == "ok" and led.verify().ok
+
+
 def test_a_restore_on_the_same_machine_is_forced_over_the_newer_witness(tmp_path: Path) -> None:
     (tmp_path / "wv").mkdir()
     old_witness = str(tmp_path / "wv" / "ledger.witness")

@@ -61,7 +61,7 @@ if TYPE_CHECKING:
 DEFAULT_PATH = os.path.join(".stepledger", "ledger.db")
 FENCE_MODES = ("step", "plan", "none")
 STATES = ("planned", "fenced", "blob-stored", "manifest-published", "acked", "compensated",
-          "rejected")
+          "rejected", "sealed")
 IN_FLIGHT = frozenset({"planned", "fenced", "blob-stored"})
 
 F = TypeVar("F", bound=Callable[..., Any])

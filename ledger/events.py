@@ -437,7 +437,7 @@ class Sealed(Event, frozen=True, kw_only=True, tag="run-sealed"):
 
     key_extra: ClassVar[tuple[str, ...]] = ("sealed_run", "archive_digest")
     sealed_run: StepId
-    archive: Annotated[str, Meta(min_length=1, max_length=NAME_MAX, pattern=r"^[A-Za-z0-9._-]+\Z")]
+    archive: Name
     archive_digest: Digest
     events: NonNegative
     size_bytes: NonNegative = 0

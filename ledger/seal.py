@@ -540,14 +540,25 @@ def vacuum(ledger: Ledger) -> tuple[int, int]:
     checkpoint); return the file's size before and after, in bytes."""
     if ledger.readonly:
         raise ReadOnlyLedger(ledger.path)
-    before = os.path.getsize(ledger.path)
+    before = file_bytes(ledger.path)
     ledger.storage.vacuum()
-    return before, os.path.getsize(ledger.path)
+    return before, file_bytes(ledger.path)
+
+
+def file_bytes(path: str) -> int:
+    """The ledger file's size with its WAL (what the disk holds for it)."""
+    total = 0
+    for p in (path, path + "-wal"):
+        try:
+            total += os.path.getsize(p)
+        except FileNotFoundError:
+            pass
+    return total
 
 
 __all__ = [
     "ARCHIVE_SUFFIX", "ArchiveReport", "RunCandidate", "SealInfo", "SealReport",
     "SealableReport", "SealedVerifyReport", "archive_digest", "archive_name",
-    "default_archive_dir", "gap_digest", "gaps_of", "read_archive", "read_archived_blob",
+    "default_archive_dir", "file_bytes", "gap_digest", "gaps_of", "read_archive", "read_archived_blob",
     "seal_run", "sealable", "sealed_runs", "vacuum", "verify_archive", "verify_sealed",
 ]

@@ -448,8 +448,10 @@ def verify_archive(path: str, ledger: Ledger | None = None, *,
 
 
 def read_archive(path: str) -> Iterator[RecordedEvent]:
-    """The archived events, in seq order, read in place (the file is not changed; check
-    it first with `verify_archive`)."""
+    """The archived events, in seq order, read in place (the file is not changed). The
+    whole archive is verified first (`verify_archive`): a damaged one is ArchiveInvalid
+    before any event is yielded."""
+    verify_archive(path)
     with ArchiveFile(path) as archive:
         for row in archive.rows():
             try:

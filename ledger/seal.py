@@ -250,6 +250,8 @@ class SealReport(msgspec.Struct, kw_only=True):
     blob_bytes: int
     size_bytes: int
     adopted: bool = False
+    #: inline blobs the seal removed from the ledger (the archive holds them)
+    inline_removed: int = 0
 
 
 def _header(ledger: Ledger, plan: _Plan) -> dict[str, str]:
@@ -321,12 +323,22 @@ def seal_run(ledger: Ledger, run: str, archive_dir: str | None = None, *,
         if removed != len(seqs):
             raise CorruptLedger(ledger.path, f"sealing run {run!r} removed {removed} rows,"
                                 f" not the {len(seqs)} archived")
+        # The inline bytes the archive now holds and nothing left in the ledger names
+        # (no manifest, no pin: read in this transaction, under the write lock) leave
+        # with the rows: no blob-collected event each. Blob files are GC's.
+        for b in plan.blobs:
+            if (tx.inline_stat(b.digest) is not None and not tx.names_digest(b.digest)
+                    and not tx.pin_holds(b.digest)):
+                tx.delete_inline(b.digest)
+                dropped.append(b.digest)
+
+    dropped: list[str] = []
 
     recorded = ledger.log.append(build, after=delete)
     return SealReport(run=run, seal_seq=recorded[0].seq, archive=path, events=len(seqs),
                       gaps=len(plan.gaps), steps=len(plan.steps), blobs=len(plan.blobs),
                       blob_bytes=sum(b.size for b in plan.blobs),
-                      size_bytes=plan.size_bytes, adopted=adopted)
+                      size_bytes=plan.size_bytes, adopted=adopted, inline_removed=len(dropped))
 
 
 # -- archives --------------------------------------------------------------------------

@@ -193,7 +193,6 @@ def test_gc_collects_only_what_nothing_else_holds_and_the_archive_keeps_it(
         ledger: Ledger) -> None:
     _populate(ledger, runs=2)
     big0 = bytes([0]) * (ledger.inline_max_bytes * 3)
-    digests = {b.digest: b.size for b in []}
     report = seal_run(ledger, "run0")
     seal = next(r.event for r in ledger.read(0, kind="run-sealed"))
     digests = {b.digest for b in seal.blobs}
@@ -202,12 +201,16 @@ def test_gc_collects_only_what_nothing_else_holds_and_the_archive_keeps_it(
     shared = hashlib.sha256(b"same bytes").hexdigest()
     assert {big_digest, shared} <= digests
     later = ledger.clock() + 10 * 86400 * 10**9
+    before = audit(ledger, now_ns=later)
+    assert before.ok and before.archived.count == len(digests)
+    assert before.orphan_archived.count == 1  # the big file: only run0 named it
     gc = collect(ledger, grace_s=0, force=True, now_ns=later)
     assert gc.collected >= 1
     assert ledger.storage.blobs.stat(big_digest) is None  # only run0 named it
     assert ledger.storage.blobs.stat(shared) is not None  # run1's manifests name it too
     assert read_archived_blob(report.archive, big_digest) == big0
-    assert audit(ledger, now_ns=later).ok
+    after = audit(ledger, now_ns=later)
+    assert after.ok and after.orphan_archived.count == 0
     assert verify_sealed(ledger).ok
 
 

@@ -402,3 +402,18 @@ def test_the_cli_seals_lists_verifies_and_shows(ledger: Ledger) -> None:
         assert again.append(Acked(step="r1-s0", attempt=1, run="run1")).deduped
         with pytest.raises(StepSealed):
             again.append(Acked(step="r0-s0", attempt=1, run="run0"))
+
+
+def test_a_witnessed_ledger_seals_and_reopens(tmp_path: Path) -> None:
+    path = str(tmp_path / ".stepledger" / "ledger.db")
+    witness = str(tmp_path / "elsewhere" / "ledger.witness")
+    os.makedirs(os.path.dirname(witness))
+    with Ledger.init(path, witness=witness) as ledger:
+        _populate(ledger, runs=2, big=False)
+        seal_run(ledger, "run1")
+        head = ledger.head()
+    with Ledger.open(path) as again:  # the recorded witness is checked at open
+        assert again.head() == head
+        report = again.verify()
+        assert report.ok, report.findings
+        assert verify_sealed(again).ok

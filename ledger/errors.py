@@ -191,6 +191,43 @@ class IllegalTransition(ProtocolRefused):
         self.step, self.attempt, self.kind, self.why = step, attempt, kind, why
 
 
+class StepSealed(IllegalTransition):
+    """An event for a step of a sealed run: its events were archived and their journal
+    keys left the ledger, so a redelivery cannot be answered from it; the tombstone the
+    seal left refuses it instead (docs/design.md "Sealed runs")."""
+
+    def __init__(self, step: str, attempt: int, kind: str, seal_seq: int) -> None:
+        Exception.__init__(
+            self,
+            f"step {step!r} attempt {attempt}: {kind} is not allowed (the step's run was"
+            f" sealed by event #{seal_seq}: its events are archived, none may follow);"
+            " find its archive with 'stepledger seal list' and use a new step id",
+        )
+        self.step, self.attempt, self.kind, self.why = step, attempt, kind, "sealed"
+        self.seal_seq = seal_seq
+
+
+class NotSealable(ProtocolRefused):
+    """A run that may not be sealed (yet): something live or unsettled needs it."""
+
+    def __init__(self, run: str, why: str) -> None:
+        super().__init__(f"run {run!r} cannot be sealed: {why}; nothing was archived")
+        self.run, self.why = run, why
+
+
+class ArchiveInvalid(LedgerError):
+    """A file offered as a seal archive that is not one, is damaged, or belongs to another
+    ledger or seal. It is only read, never changed."""
+
+    exit_code = EXIT_USAGE
+
+    def __init__(self, path: str, why: str) -> None:
+        super().__init__(f"{path} is not a usable stepledger archive ({why}); it was left"
+                         " untouched: check the path, or 'stepledger seal list' for this"
+                         " ledger's archives")
+        self.path, self.why = path, why
+
+
 class IdempotencyConflict(ProtocolRefused):
     def __init__(self, journal_key: str, seq: int) -> None:
         super().__init__(
@@ -568,6 +605,9 @@ class AnchorRefused(ProtocolRefused):
 __all__ = [
     "ANCHOR_COMMAND",
     "AccessDenied",
+    "ArchiveInvalid",
+    "NotSealable",
+    "StepSealed",
     "AnchorRefused",
     "BlobCorrupt",
     "BlobNotFound",

@@ -392,6 +392,60 @@ class WitnessAnchored(Event, frozen=True, kw_only=True, tag="witness-anchored"):
     overridden: Annotated[tuple[Text, ...], Meta(max_length=ITEMS_MAX)] = ()
 
 
+SettledState = Literal["acked", "compensated", "rejected"]
+
+
+class SealGap(Struct, frozen=True, array_like=True):
+    """One contiguous range of rows a seal removed: seqs `first_seq`..`last_seq`, the
+    hash of the row before it (`prev_hash`: what the first removed row chained to), the
+    hash of its last row (`last_hash`: what the next row left chains to) and `digest`,
+    the sha256 over the removed rows' hashes in seq order (`gap_digest`)."""
+
+    first_seq: Annotated[int, Meta(ge=1, le=INT64_MAX)]
+    last_seq: Annotated[int, Meta(ge=1, le=INT64_MAX)]
+    prev_hash: Digest
+    last_hash: Digest
+    digest: Digest
+
+
+class SealedStep(Struct, frozen=True, array_like=True):
+    """A sealed step's tombstone: its id, its latest attempt, how that attempt ended and
+    its latest manifest revision (-1: none)."""
+
+    step: StepId
+    attempt: Attempt
+    state: SettledState
+    manifest_rev: Annotated[int, Meta(ge=-1, le=INT64_MAX)]
+
+
+class SealedBlob(Struct, frozen=True, array_like=True):
+    """A blob the sealed run named, copied into its archive."""
+
+    digest: Digest
+    size: NonNegative
+
+
+class Sealed(Event, frozen=True, kw_only=True, tag="run-sealed"):
+    """Run `sealed_run`'s events left the ledger for the archive `archive` (a file name in
+    the ledger's archive directory, whose rows hash to `archive_digest`).
+
+    `gaps` let `verify` of the ledger alone check the chain across every hole the
+    removal left; `steps` are the tombstones the steps projection keeps (a later event
+    for one of them is refused, `StepSealed`); `blobs` were copied into the archive, and
+    no longer held by the ledger for this run (GC may collect those nothing else holds).
+    The run is `sealed_run`, not `run`: a seal belongs to no run's events."""
+
+    key_extra: ClassVar[tuple[str, ...]] = ("sealed_run", "archive_digest")
+    sealed_run: StepId
+    archive: Name
+    archive_digest: Digest
+    events: NonNegative
+    size_bytes: NonNegative = 0
+    gaps: Annotated[tuple[SealGap, ...], Meta(max_length=ITEMS_MAX * 10)] = ()
+    steps: Annotated[tuple[SealedStep, ...], Meta(max_length=ITEMS_MAX * 10)] = ()
+    blobs: Annotated[tuple[SealedBlob, ...], Meta(max_length=ITEMS_MAX * 10)] = ()
+
+
 AnyEvent = Union[
     Planned,
     Fenced,
@@ -409,6 +463,7 @@ AnyEvent = Union[
     LeaseReleased,
     BlobCollected,
     WitnessAnchored,
+    Sealed,
 ]
 
 
@@ -454,6 +509,7 @@ KIND_SPECS: Final[dict[str, KindSpec]] = dict([
     _spec(LeaseReleased, "workspaces"),
     _spec(BlobCollected),
     _spec(WitnessAnchored),
+    _spec(Sealed, "steps", "refs"),
 ])
 #: The projections a kind may name in `KindSpec.folds`.
 PROJECTIONS: Final = ("steps", "workspaces", "refs")
@@ -461,6 +517,8 @@ PROJECTIONS: Final = ("steps", "workspaces", "refs")
 EVENT_TYPES: Final[dict[str, type[Event]]] = {k: s.type for k, s in KIND_SPECS.items()}
 KINDS: Final = tuple(EVENT_TYPES)
 STEP_KINDS: Final = tuple(k for k, t in EVENT_TYPES.items() if issubclass(t, StepEvent))
+#: The seal's kind: folded by the steps projection (its tombstones) though it is no step's.
+SEAL_KIND: Final = "run-sealed"
 #: Kinds whose blobs the append guard checks durable.
 GUARDED_KINDS: Final = frozenset(k for k, s in KIND_SPECS.items() if s.guarded)
 #: Kinds whose named blobs GC keeps.
@@ -716,6 +774,11 @@ __all__ = [
     "Rejected",
     "Restored",
     "StepEvent",
+    "SEAL_KIND",
+    "SealGap",
+    "Sealed",
+    "SealedBlob",
+    "SealedStep",
     "WitnessAnchored",
     "WorkspaceAdded",
     "WorkspaceRebound",

@@ -41,6 +41,9 @@ _DECODE_ERRORS: Final = (msgspec.DecodeError, msgspec.ValidationError, InvalidIn
 #: A builder: events decided inside the transaction, at its time.
 Builder = Callable[[Tx, int], Sequence[Event]]
 Guard = Callable[[Tx, Event], None]
+#: Run inside the transaction after its events and projection rows are written (a seal
+#: deletes the rows its event covers there: docs/design.md "Sealed runs").
+After = Callable[[Tx, list[RecordedEvent]], None]
 #: The most appends one group transaction takes (the rest wait for the next one).
 GROUP_MAX: Final = 256
 
@@ -48,12 +51,15 @@ GROUP_MAX: Final = 256
 class _Call:
     """One caller's append, waiting for (or run by) a group transaction's leader."""
 
-    __slots__ = ("prepared", "build", "inline", "inline_ns", "guard", "done", "result", "error")
+    __slots__ = ("prepared", "build", "inline", "inline_ns", "guard", "after", "done", "result",
+                 "error")
 
     def __init__(self, prepared: list[Prepared], build: Builder | None,
-                 inline: Mapping[str, bytes] | None, inline_ns: int, guard: Guard | None) -> None:
+                 inline: Mapping[str, bytes] | None, inline_ns: int, guard: Guard | None,
+                 after: After | None = None) -> None:
         self.prepared, self.build, self.inline, self.inline_ns, self.guard = (
             prepared, build, inline, inline_ns, guard)
+        self.after = after
         self.done = False
         self.result: list[RecordedEvent] | None = None
         self.error: BaseException | None = None
@@ -118,6 +124,7 @@ class EventLog:
         inline: Mapping[str, bytes] | None = None,
         inline_ns: int = 0,
         guard: Guard | None = None,
+        after: After | None = None,
     ) -> list[RecordedEvent]:
         """Append events atomically; return them as recorded, in order.
 
@@ -130,12 +137,14 @@ class EventLog:
         transaction: the inline blob bytes the events name commit with them.
         `guard(tx, event)` runs before the insert of each new `blob-stored` or
         `manifest-published` (and each event under an epoch) and raises to refuse it.
+        `after(tx, recorded)` runs in the transaction once the events and their projection
+        rows are written (an append with it is never grouped with others').
         """
         build = events if callable(events) else None
         prepared = [] if build is not None else self._prepare(events)  # type: ignore[arg-type]
-        call = _Call(prepared, build, inline, inline_ns, guard)
+        call = _Call(prepared, build, inline, inline_ns, guard, after)
         lock = self.store.lock
-        if not self.group_commit or lock._is_owned():
+        if not self.group_commit or lock._is_owned() or after is not None:
             # Group commit off, or this thread is inside its own transaction or read
             # already (a nested append): alone, as it always was.
             with lock:
@@ -224,6 +233,8 @@ class EventLog:
                 new = [r for r in recorded if not r.deduped]
                 if self.projector is not None and new:
                     tx.write_projection(self.projector.flush(new[-1].seq))
+                if call.after is not None:
+                    call.after(tx, recorded)
                 if new and self.before_commit is not None:
                     self.before_commit(tx, Head(new[-1].seq, new[-1].hash))
         except BaseException:

@@ -119,6 +119,68 @@ class WeakenedPlans:
                                 if more else [])
 
 
+def _seq_finding(expected_seq: int, seq: int) -> Finding:
+    return Finding("seq", seq, f"expected event #{expected_seq} next, found #{seq}:"
+                   f" {seq - expected_seq} {'event' if seq - expected_seq == 1 else 'events'}"
+                   " missing or reordered")
+
+
+class SealGaps:
+    """The chain across the holes seals left (docs/design.md "Sealed runs"), checked from
+    the ledger alone. Each `run-sealed` event (itself in the chain) lists the ranges it
+    removed, with the hash the first removed row chained to, the hash of the last one and
+    a digest over all of them. Every hole the walk finds must be tiled exactly by such
+    ranges, linked end to end: the row before it has the first range's `prev_hash`, each
+    range's `last_hash` is the next one's `prev_hash`, and the row after it chains to the
+    last range's `last_hash`. A hole nothing explains is reported as the seq and chain
+    findings it always was; a range that tiles no hole (its rows are still there) too."""
+
+    def __init__(self) -> None:
+        self.gaps: dict[int, tuple[int, bytes, bytes, int]] = {}  # first -> (last, prev, last hash, seal)
+        self.findings: list[Finding] = []
+
+    def feed(self, seq: int, event: Any) -> None:
+        for gap in event.gaps:
+            if not gap.first_seq <= gap.last_seq < seq:
+                self.findings.append(Finding("chain", seq, f"VIOLATION: seal #{seq} names"
+                                             f" events #{gap.first_seq}..#{gap.last_seq},"
+                                             " which do not all precede it"))
+                continue
+            if gap.first_seq in self.gaps:
+                self.findings.append(Finding("chain", seq, f"VIOLATION: seal #{seq} names"
+                                             f" events from #{gap.first_seq}, which an"
+                                             " earlier seal already removed"))
+                continue
+            self.gaps[gap.first_seq] = (gap.last_seq, bytes.fromhex(gap.prev_hash),
+                                        bytes.fromhex(gap.last_hash), seq)
+
+    def resolve(self, jumps: list[tuple[int, bytes, int, bytes]]) -> list[Finding]:
+        out = list(self.findings)
+        used: set[int] = set()
+        for first, before, after_seq, after_prev in jumps:
+            at, link, tiled = first, before, []
+            while at < after_seq and at in self.gaps:
+                last, prev_hash, last_hash, _seal = self.gaps[at]
+                if prev_hash != link:
+                    break
+                tiled.append(at)
+                at, link = last + 1, last_hash
+            if at == after_seq and link == after_prev:
+                used.update(tiled)
+                continue
+            out.append(_seq_finding(first, after_seq))
+            if after_prev != before:
+                out.append(Finding("chain", after_seq, f"event #{after_seq} does not link to"
+                                   " the event before it (deleted, inserted or reordered"
+                                   " history)"))
+        for first in sorted(self.gaps.keys() - used):
+            last, _p, _l, seal = self.gaps[first]
+            out.append(Finding("chain", seal, f"VIOLATION: seal #{seal} says events"
+                               f" #{first}..#{last} were removed, but the ledger's rows do"
+                               " not show that hole (rows kept, or a forged seal)"))
+        return out
+
+
 def verify(
     store: Store,
     log: EventLog,
@@ -141,6 +203,8 @@ def verify(
         done = 0
         checker = Checker()
         weakened = WeakenedPlans()
+        seals = SealGaps()
+        jumps: list[tuple[int, bytes, int, bytes]] = []
         rows = view.checked_rows()
         while True:
             try:
@@ -166,23 +230,25 @@ def verify(
                 continue
             (seq, time_ns, ws, run, step, attempt, epoch, rev, key, kind, v, payload,
              prev_hash, digest) = row
-            if seq != expected_seq:
-                findings.append(Finding(
-                    "seq", seq, f"expected event #{expected_seq} next, found #{seq}:"
-                    f" {seq - expected_seq} {'event' if seq - expected_seq == 1 else 'events'} missing or reordered",
-                ))
-            expected_seq = seq + 1
-            if bytes(prev_hash) != prev:
+            if seq != expected_seq and seq > expected_seq:
+                # A hole: a seal's removal (its gaps, checked at the end) or damage.
+                jumps.append((expected_seq, prev, seq, bytes(prev_hash)))
+            elif seq != expected_seq:
+                findings.append(_seq_finding(expected_seq, seq))
+            if seq == expected_seq and bytes(prev_hash) != prev:
                 findings.append(Finding(
                     "chain", seq, f"event #{seq} does not link to the event before it"
                     " (deleted, inserted or reordered history)",
                 ))
+            expected_seq = seq + 1
             try:
                 event = decode(payload, v)
             except (msgspec.DecodeError, InvalidInput, ValueError, TypeError) as exc:
                 findings.append(Finding("row", seq, f"event #{seq} cannot be decoded: {exc}"))
                 prev = bytes(digest)
                 continue
+            if kind == "run-sealed":
+                seals.feed(seq, event)  # type: ignore[arg-type]
             checker.feed(seq, time_ns, event)
             weakened.feed(seq, event)
             env = envelope(event)
@@ -213,6 +279,7 @@ def verify(
                     ))
         if progress is not None:
             progress(done, total)
+        findings.extend(seals.resolve(jumps))
         findings.extend(Finding(b.invariant, b.seq, f"VIOLATION: {b.message}")
                         for b in checker.breaches)
         head = log.head()

@@ -210,6 +210,19 @@ with Ledger.init(".stepledger/ledger.db") as ledger:
     return tmp_path
 
 
+def with_runs(tmp_path: Path) -> Path:
+    """A directory holding `.stepledger/ledger.db` with a settled run, build-42."""
+    python(tmp_path, """
+from ledger import Ledger
+from ledger.runner import run_step
+with Ledger.init(".stepledger/ledger.db") as ledger:
+    for i in range(3):
+        run_step(ledger, f"build-42/s{i}", {"report.txt": b"ok %d\\n" % i}, run="build-42")
+    run_step(ledger, "build-43/s0", {"report.txt": b"later\\n"}, run="build-43")
+""")
+    return tmp_path
+
+
 #: The state each section's blocks run in (in order, in one directory per section).
 SETUP: dict[str, Callable[[Path], Path] | None] = {
     "Where the ledger lives": empty,
@@ -222,6 +235,7 @@ SETUP: dict[str, Callable[[Path], Path] | None] = {
     "Checking a ledger": with_ledger,
     "What the ledger holds: `stepledger stats`": with_ledger,
     "Backups": with_ledger,
+    "Sealing": with_runs,
 }
 
 

@@ -36,15 +36,17 @@ from .steps import (
     ACKED,
     COMPENSATED,
     REJECTED,
+    SEALED,
     StepRow,
     fold,
+    tombstones,
 )
 
 Progress = Callable[[int, int], None]
 
 #: How many unfinished steps a rebuild keeps in memory before it writes them all out.
 WORKING_SET_MAX: Final = 50_000
-_FINISHED: Final = frozenset({ACKED, REJECTED, COMPENSATED})
+_FINISHED: Final = frozenset({ACKED, REJECTED, COMPENSATED, SEALED})
 
 
 def checkpoint(view: ReadView) -> Checkpoint:
@@ -90,6 +92,8 @@ class StepsProjector:
         kind = event.__struct_config__.tag  # type: ignore[attr-defined]
         if kind in ws_mod.KINDS:
             self.ws.validate(event, time_ns)
+        if kind == "run-sealed":  # its tombstones replace its steps' rows
+            return event, seq, time_ns, tombstones(event, seq, time_ns)  # type: ignore[arg-type]
         if not isinstance(event, StepEvent):
             return (event, seq, time_ns, None) if kind in ws_mod.KINDS else None
         row = self.current(event.step)
@@ -100,7 +104,10 @@ class StepsProjector:
         if change is None:
             return
         event, seq, time_ns, row = change  # type: ignore[misc]
-        if row is not None:
+        if isinstance(row, list):
+            for r in row:
+                self.pending[r.step_id] = r
+        elif row is not None:
             self.pending[row.step_id] = row
         kind = event.__struct_config__.tag
         if kind in refs_mod.KINDS:
@@ -174,6 +181,14 @@ def fold_rows(
             continue
         if refs is not None and kind in refs_kinds:
             refs.fold(event, seq)  # type: ignore[arg-type]
+        if kind == "run-sealed":
+            for row in tombstones(event, seq, time_ns):  # type: ignore[arg-type]
+                pop(row.step_id, None)
+                if evict is not None:
+                    evict(row)
+                else:
+                    working[row.step_id] = row
+            continue
         step_id = event.step  # type: ignore[union-attr]
         current = get(step_id)
         if current is None and not (kind == "planned" and event.attempt == 1):  # type: ignore[union-attr]

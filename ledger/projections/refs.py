@@ -80,12 +80,24 @@ class RefsFold:
                 digests.discard(digest)
             if not digests:
                 del self._by_attempt[attempt]
+        elif kind == "run-sealed":
+            # The sealed steps' manifests and pins leave with their archived events.
+            self.drop({s.step for s in event.steps})  # type: ignore[attr-defined]
         elif kind == "manifest-published":
             manifest, entries = manifest_rows(event, seq)  # type: ignore[arg-type]
             self.manifests.append(manifest)
             self.entries.extend(entries)
             if self._drain_to is not None and len(self.entries) >= self.DRAIN_AT:
                 self.drain(self._drain_to)
+
+    def drop(self, steps: set[str]) -> None:
+        """Forget every pin, manifest and entry of `steps` (a seal archived them)."""
+        for key in [k for k in self.pins if k[0] in steps]:
+            del self.pins[key]
+        for key in [k for k in self._by_attempt if k[0] in steps]:
+            del self._by_attempt[key]
+        self.manifests = [m for m in self.manifests if m[0] not in steps]
+        self.entries = [e for e in self.entries if e[0] not in steps]
 
     def drain(self, sink: ProjectionSink) -> None:
         """Write the manifests and entries folded since the last drain into `sink`, and
@@ -113,11 +125,14 @@ class RefsBatch(RefsFold):
     def __init__(self) -> None:
         super().__init__()
         self.releases: list[tuple[str, int, bool]] = []  # (step, attempt, ack only)
+        self.dropped: list[str] = []  # steps a seal archived: their rows leave the tables
 
     def fold(self, event: object, seq: int) -> None:
         super().fold(event, seq)
         kind = event.__struct_config__.tag  # type: ignore[attr-defined]
-        if kind in _ENDS:
+        if kind == "run-sealed":
+            self.dropped.extend(s.step for s in event.steps)  # type: ignore[attr-defined]
+        elif kind in _ENDS:
             self.releases.append((event.step, event.attempt, kind == "acked"))  # type: ignore[attr-defined]
 
     def changes(self, steps: list[tuple[object, ...]],
@@ -131,7 +146,7 @@ class RefsBatch(RefsFold):
             pins=self.pin_rows() if self.pins else [],  # type: ignore[arg-type]
             manifests=self.manifests, entries=self.entries,  # type: ignore[arg-type]
             workspaces=workspaces[0], paths=workspaces[1], uncondemn=uncondemn,
-            checkpoint=checkpoint)
+            checkpoint=checkpoint, dropped_steps=self.dropped)
 
 
 def fold_tables(fold: RefsFold) -> tuple[list[object], list[object], list[object]]:

@@ -18,8 +18,8 @@ from typing import ClassVar, Final
 
 import msgspec
 
-from ..errors import IllegalTransition
-from ..events import AnyEvent, ManifestPublished, kinds_folded_by
+from ..errors import IllegalTransition, StepSealed
+from ..events import AnyEvent, ManifestPublished, Sealed, kinds_folded_by
 from .lite import SlimEvent, SlimPublished
 
 #: Bump when the fold or the table changes: the next read-write open rebuilds.
@@ -28,7 +28,11 @@ NAME: Final = "steps"
 
 PLANNED, FENCED, STORED = "planned", "fenced", "blob-stored"
 PUBLISHED, ACKED, COMPENSATED, REJECTED = "manifest-published", "acked", "compensated", "rejected"
-STATES: Final = (PLANNED, FENCED, STORED, PUBLISHED, ACKED, COMPENSATED, REJECTED)
+#: A sealed step's tombstone (docs/design.md "Sealed runs"): its events are archived.
+SEALED = "sealed"
+STATES: Final = (PLANNED, FENCED, STORED, PUBLISHED, ACKED, COMPENSATED, REJECTED, SEALED)
+#: The states a run's steps must all be in for the run to be sealed.
+SETTLED: Final = frozenset({ACKED, COMPENSATED, REJECTED})
 #: States in which the attempt is over: only here may a new attempt begin.
 ENDED: Final = frozenset({COMPENSATED, REJECTED})
 #: States in which the attempt may still change.
@@ -101,8 +105,20 @@ _STEP_TYPES: Final[dict[str, type]] = {
     c: str if c in ("step_id", "run", "workspace", "state", "manifest_digest") else int
     for c in StepRow.COLUMNS
 }
-#: The tags of step transitions (the kinds the steps projection folds: `KIND_SPECS`).
+#: The tags the steps projection folds (`KIND_SPECS`): the step transitions, each folded
+#: by `fold`, and the seal (`tombstones`).
 STEP_KIND_TAGS: Final = kinds_folded_by("steps")
+
+
+def tombstones(event: Sealed, seq: int, time_ns: int) -> list[StepRow]:
+    """The rows a `run-sealed` event leaves for its steps: a function of the event alone,
+    so the inline projection (which had the steps' rows) and a rebuild (which never sees
+    their archived events) agree."""
+    assert event.__struct_config__.tag == "run-sealed"
+    return [StepRow(step_id=s.step, run=event.sealed_run, workspace="", state=SEALED,
+                    attempt=s.attempt, epoch=0, rev=0, manifest_rev=s.manifest_rev,
+                    manifest_digest=None, live=False, committed_bytes=0, stored_bytes=0,
+                    first_seq=seq, last_seq=seq, updated_ns=time_ns) for s in event.steps]
 
 
 def fold(row: StepRow | None, event: AnyEvent | SlimEvent, seq: int, time_ns: int) -> StepRow | None:
@@ -112,10 +128,12 @@ def fold(row: StepRow | None, event: AnyEvent | SlimEvent, seq: int, time_ns: in
     are not step transitions leave the row alone and return it.
     """
     kind = event.__struct_config__.tag
-    if kind not in STEP_KIND_TAGS:
-        return row
+    if kind not in STEP_KIND_TAGS or kind == "run-sealed":
+        return row  # not a transition (the seal's rows: `tombstones`)
     if row is not None and seq <= row.last_seq:
         return row  # already folded
+    if row is not None and row.state == SEALED:
+        raise StepSealed(event.step, event.attempt, kind, row.first_seq)
     # Dispatch on the kind, not the class: rebuild folds slim events (projections.lite).
     if kind == "planned":
         expected = 1 if row is None else row.attempt + 1
@@ -223,7 +241,10 @@ __all__ = [
     "PUBLISHED",
     "REJECTED",
     "STATES",
+    "SEALED",
+    "SETTLED",
     "STORED",
     "StepRow",
     "fold",
+    "tombstones",
 ]

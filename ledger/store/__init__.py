@@ -98,6 +98,8 @@ class ProjectionChanges(msgspec.Struct, kw_only=True):
     paths: list[tuple[object, ...]] = msgspec.field(default_factory=list)
     uncondemn: set[str] = msgspec.field(default_factory=set)
     checkpoint: Checkpoint | None = None
+    #: Steps a seal archived: their manifests, entries and pins leave the tables.
+    dropped_steps: list[str] = msgspec.field(default_factory=list)
 
 
 class Scope(msgspec.Struct, frozen=True):
@@ -382,6 +384,11 @@ class Tx(ReadView, Protocol):
         ...
 
     def uncondemn(self, digests: Iterable[str]) -> None: ...
+    def seal_rows(self, run: str, ranges: Sequence[tuple[int, int]], seal_seq: int) -> int:
+        """Register `ranges` (first, last seq) as sealed by event `seal_seq` (already
+        appended in this transaction) and delete `run`'s rows inside them; return how
+        many (docs/design.md "Sealed runs")."""
+        ...
 
     # One caller's part of a group commit (docs/design.md "Group commit"): a savepoint.
     def open_part(self) -> None: ...

@@ -41,6 +41,7 @@ from .file import (
     Synchronous,
     flock_held,
     read_error,
+    translate,
 )
 from ...errors import CorruptLedger
 from ...events import genesis_hash
@@ -452,6 +453,20 @@ class SqliteTx(SqliteView, TxBase):
     def uncondemn(self, digests: Iterable[str]) -> None:
         self._db.conn.executemany(tb.UNCONDEMN, [(d,) for d in digests])
 
+    def seal_rows(self, run: str, ranges: Sequence[tuple[int, int]], seal_seq: int) -> int:
+        conn = self._db.conn
+        conn.executemany(_ADD_SEALED_RANGE, [(a, b, run, seal_seq) for a, b in ranges])
+        removed = 0
+        for a, b in ranges:
+            conn.execute(_DELETE_SEALED, (a, b, run))
+            removed += conn.changes()
+        return removed
+
+
+_ADD_SEALED_RANGE = ("INSERT INTO sealed_ranges(first_seq, last_seq, run, seal_seq)"
+                     " VALUES (?, ?, ?, ?)")
+_DELETE_SEALED = "DELETE FROM events WHERE seq BETWEEN ? AND ? AND run = ?"
+
 
 class SqliteStore:
     """A ledger file and its blob files (see the module docstring)."""
@@ -577,6 +592,20 @@ class SqliteStore:
         """`VACUUM INTO` a new file (`Database.snapshot`): one read transaction."""
         with self.lock:
             self.db.snapshot(path)
+    def vacuum(self) -> None:
+        """Rewrite the file without its free pages (VACUUM), then checkpoint the WAL into
+        it and truncate the WAL: deleted rows (a seal's) shrink the file only so."""
+        with self.lock:
+            conn = self.db.conn
+            # VACUUM works through an attached copy; the hardened connection allows none
+            attached = conn.limit(apsw.SQLITE_LIMIT_ATTACHED, 1)
+            try:
+                conn.execute("VACUUM")
+                conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+            except apsw.Error as exc:
+                raise translate(exc, self.db.path) from None
+            finally:
+                conn.limit(apsw.SQLITE_LIMIT_ATTACHED, attached)
 
     def close(self, *, refused: bool = False) -> None:
         with self.lock:

@@ -15,7 +15,7 @@ import apsw
 from ...errors import LedgerTooNew, NotALedger
 
 APPLICATION_ID: Final = 0x53544C47  # 'STLG'
-SCHEMA_VERSION: Final = 3
+SCHEMA_VERSION: Final = 4
 
 # Each version's statements, applied in order to reach it. The allow-list of a version
 # is whatever these statements produce in an empty database, so the two cannot drift.
@@ -152,6 +152,31 @@ CREATE TABLE condemned(
   condemned_ns INTEGER NOT NULL,
   collection TEXT NOT NULL
 ) STRICT, WITHOUT ROWID;
+""",
+    # Sealed runs (issue 18): the ranges of rows a seal removed, and the one exception to
+    # the append-only rule. A DELETE of an events row is allowed only inside a range
+    # registered here, of that range's run, whose `run-sealed` event is already in the
+    # log after it: the seal's own transaction inserts its event, then its ranges, then
+    # deletes. Every other DELETE is refused as before. The index finds a run's rows.
+    4: """
+CREATE TABLE sealed_ranges(
+  first_seq INTEGER PRIMARY KEY,
+  last_seq INTEGER NOT NULL,
+  run TEXT NOT NULL,
+  seal_seq INTEGER NOT NULL
+) STRICT;
+
+CREATE INDEX events_run ON events(run, seq);
+
+DROP TRIGGER events_no_delete;
+
+CREATE TRIGGER events_no_delete BEFORE DELETE ON events
+WHEN NOT EXISTS (
+  SELECT 1 FROM sealed_ranges r JOIN events s ON s.seq = r.seal_seq
+  WHERE r.first_seq = (SELECT max(first_seq) FROM sealed_ranges WHERE first_seq <= OLD.seq)
+    AND OLD.seq <= r.last_seq AND OLD.run = r.run AND r.seal_seq > r.last_seq
+    AND s.kind = 'run-sealed')
+BEGIN SELECT RAISE(ABORT, 'stepledger events are append-only: DELETE refused'); END;
 """,
 }
 

@@ -41,6 +41,9 @@ UPSERT_PATH: Final = (
     " seq = excluded.seq"
 )
 
+_DROP_ENTRIES: Final = "DELETE FROM manifest_entries WHERE step = ?"
+_DROP_MANIFESTS: Final = "DELETE FROM manifests WHERE step = ?"
+_DROP_PINS: Final = "DELETE FROM pins WHERE step = ?"
 _RELEASE_ACKED: Final = "DELETE FROM pins WHERE step = ? AND attempt = ? AND role IN (?, ?)"
 _RELEASE_ENDED: Final = "DELETE FROM pins WHERE step = ? AND attempt = ?"
 ADD_PINS: Final = ("INSERT OR IGNORE INTO pins(step, attempt, digest, role, seq)"
@@ -109,7 +112,8 @@ def write_projection(conn: apsw.Connection, changes: ProjectionChanges, checkpoi
     """One transaction's inline projection changes, in this order: step rows; pins
     released (an ack: its artifact and post-image pins; an end: all), pins taken (deletes
     first: every pin still pending was taken after the last release of its attempt);
-    manifests and their entries; workspace rows and paths; blobs un-condemned (a pin or a
+    manifests and their entries; the manifests, entries and pins of steps a seal
+    archived; workspace rows and paths; blobs un-condemned (a pin or a
     manifest named them); the checkpoint."""
     if changes.steps:
         conn.executemany(UPSERT_STEP, changes.steps)
@@ -125,6 +129,11 @@ def write_projection(conn: apsw.Connection, changes: ProjectionChanges, checkpoi
     if changes.manifests:
         conn.executemany(ADD_MANIFESTS.format("manifests"), changes.manifests)
         conn.executemany(ADD_ENTRIES.format("manifest_entries"), changes.entries)
+    if changes.dropped_steps:
+        dropped = [(s,) for s in changes.dropped_steps]
+        conn.executemany(_DROP_ENTRIES, dropped)
+        conn.executemany(_DROP_MANIFESTS, dropped)
+        conn.executemany(_DROP_PINS, dropped)
     if changes.workspaces:
         conn.executemany(UPSERT_WS, changes.workspaces)
     if changes.paths:

@@ -1,0 +1,578 @@
+"""Sealed runs: a settled run's events move into a verifiable archive file, and the
+ledger keeps one `run-sealed` event in their place (docs/design.md "Sealed runs").
+
+- `sealable(ledger)` says which runs could be sealed and what that would remove.
+- `seal_run(ledger, run)` writes the archive durably, checks it, then in one
+  transaction appends the seal event (its gaps, tombstones and archived blobs) and
+  deletes the run's rows — the only DELETE the events table's trigger allows.
+- `verify_archive(path, ledger=)` re-checks an archive on its own (every row's hash,
+  each gap's digest, every blob) and against the seal that names it; a foreign or
+  damaged file is refused with `ArchiveInvalid`.
+- `read_archive(path)` reads an archived run in place; `sealed_runs(ledger)` lists the
+  seals; `verify_sealed(ledger)` verifies the ledger and every archive together.
+
+Nothing a live or unsettled run needs is archived: every step of the run must be
+settled (acked, compensated, rejected), hold no pin, take no lease and write no
+workspace (a workspace's revisions are folded from its steps' events).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any, Final
+
+import msgspec
+
+from .errors import ArchiveInvalid, CorruptLedger, InvalidInput, NotSealable, ReadOnlyLedger
+from .events import (
+    Event,
+    RecordedEvent,
+    SealedBlob,
+    SealedStep,
+    SealGap,
+    Sealed,
+    chain_hash,
+    check_step_id,
+    decode,
+    envelope,
+)
+from .ledger import Ledger
+from .projections.steps import SEALED, SETTLED
+from .store import EventQuery, EventRow, ReadView, Tx
+from .store.base import check_row, row_to_recorded
+from .store.sqlite.archive import ArchiveFile, remove_stray_temporaries, write_archive
+from .verify import Finding, VerifyReport
+
+ARCHIVE_SUFFIX: Final = ".slarchive"
+ARCHIVE_FORMAT: Final = "stepledger-archive/1"
+_DOMAIN: Final = b"stepledger/seal/v1\x00"
+#: The header keys every archive has.
+_HEADER_KEYS: Final = frozenset({"format", "ledger_id", "run", "events", "first_seq",
+                                 "archive_digest", "gaps", "blobs", "size_bytes"})
+#: Kinds a sealable run may not hold: its steps' revisions of a workspace.
+_WORKSPACE_KINDS: Final = frozenset({"fenced"})
+
+
+def gap_digest(hashes: Sequence[bytes]) -> str:
+    """sha256 over a gap's removed rows' hashes, in seq order."""
+    return hashlib.sha256(_DOMAIN + b"gap\x00" + b"".join(hashes)).hexdigest()
+
+
+def archive_digest(ledger_id: str, run: str, hashes: Sequence[bytes]) -> str:
+    """sha256 naming an archive's rows: the ledger, the run and every row's hash."""
+    return hashlib.sha256(_DOMAIN + ledger_id.encode() + b"\x00" + run.encode("utf-8")
+                          + b"\x00" + b"".join(hashes)).hexdigest()
+
+
+def default_archive_dir(ledger: Ledger) -> str:
+    """``archive/`` beside the ledger file (inside ``.stepledger/``)."""
+    return os.path.join(os.path.dirname(os.path.abspath(ledger.path)), "archive")
+
+
+def archive_name(ledger_id: str, run: str, first_seq: int) -> str:
+    """The archive's file name: the ledger, the run, the first archived seq. A seal
+    removes the rows from `first_seq`, so no later seal of the run can reuse the name."""
+    run_tag = hashlib.sha256(run.encode("utf-8")).hexdigest()[:16]
+    return f"{ledger_id[:12]}-{run_tag}-{first_seq}{ARCHIVE_SUFFIX}"
+
+
+def gaps_of(rows: Sequence[EventRow]) -> list[SealGap]:
+    """The contiguous seq ranges of `rows` (in seq order) as the seal records them."""
+    out: list[SealGap] = []
+    start = 0
+    for i in range(1, len(rows) + 1):
+        if i == len(rows) or rows[i][0] != rows[i - 1][0] + 1:
+            part = rows[start:i]
+            out.append(SealGap(part[0][0], part[-1][0], bytes(part[0][12]).hex(),
+                               bytes(part[-1][13]).hex(), gap_digest([bytes(r[13]) for r in part])))
+            start = i
+    return out
+
+
+# -- what may be sealed ----------------------------------------------------------------
+
+
+class RunCandidate(msgspec.Struct, kw_only=True):
+    """One run as `sealable` sees it: its steps, events and their bytes, and why it may
+    not be sealed now (None: it may)."""
+
+    run: str
+    steps: int
+    events: int
+    size_bytes: int
+    sealable: bool
+    why: str | None = None
+
+
+class SealableReport(msgspec.Struct, kw_only=True):
+    """Which runs could be sealed and what sealing them would remove (events, and their
+    payload bytes: the rows' main part; the file shrinks after `vacuum`)."""
+
+    runs: list[RunCandidate]
+    sealable_runs: int
+    events: int
+    size_bytes: int
+    ledger_events: int
+
+
+def sealable(ledger: Ledger) -> SealableReport:
+    """Every run with steps in the ledger, and whether it could be sealed now (judged
+    from the step rows and the pins; `seal_run` re-checks every event). Read-only."""
+    per_run: dict[str, list[Any]] = {}
+    with ledger.storage.read() as view:
+        pinned = {r[0] for r in view.pin_rows()}
+        for step in view.steps():
+            if step.run:
+                per_run.setdefault(step.run, []).append(step)
+        counts: dict[str, list[int]] = {run: [0, 0] for run in per_run}
+        for row in view.events():
+            c = counts.get(row[3])
+            if c is not None:
+                c[0] += 1
+                c[1] += len(row[11])
+        total = view.count()
+    runs = []
+    for run, steps in sorted(per_run.items()):
+        why = _step_problem(steps, pinned)
+        n, size = counts[run]
+        if why is None and n == 0:
+            why = "it is sealed already"
+        runs.append(RunCandidate(run=run, steps=len(steps), events=n, size_bytes=size,
+                                 sealable=why is None, why=why))
+    ok = [r for r in runs if r.sealable]
+    return SealableReport(runs=runs, sealable_runs=len(ok), events=sum(r.events for r in ok),
+                          size_bytes=sum(r.size_bytes for r in ok), ledger_events=total)
+
+
+def _step_problem(steps: Sequence[Any], pinned: set[str]) -> str | None:
+    live = [s for s in steps if s.state not in SETTLED and s.state != SEALED]
+    if live:
+        return (f"step {live[0].step_id!r} is {live[0].state} (every step must be acked,"
+                " compensated or rejected)")
+    for s in steps:
+        if s.epoch > 0 or s.rev > 0:
+            return (f"step {s.step_id!r} ran under a lease of workspace {s.workspace!r}"
+                    " (runs that write a workspace are not sealed: its revisions and"
+                    " restore are folded from their events)")
+        if s.step_id in pinned:
+            return f"step {s.step_id!r} still holds a pin (its compensation window is open)"
+    if steps and all(s.state == SEALED for s in steps):
+        return "it is sealed already"
+    return None
+
+
+class _Plan(msgspec.Struct, kw_only=True):
+    run: str
+    rows: list[Any]
+    gaps: list[SealGap]
+    steps: list[SealedStep]
+    blobs: list[SealedBlob]
+    digest: str
+    size_bytes: int
+    name: str
+
+
+def _plan(ledger: Ledger, view: ReadView, run: str) -> _Plan:
+    """Everything the seal of `run` will record, read in one snapshot; NotSealable when
+    something live or unsettled needs the run."""
+    rows = list(view.events(EventQuery(run=run)))
+    if not rows:
+        raise NotSealable(run, "the ledger holds no events of it (never run, or sealed"
+                          " already: 'stepledger seal list')")
+    by_step: dict[str, int] = {}
+    digests: dict[str, int] = {}
+    for row in rows:
+        try:
+            check_row(row)
+            event = decode(row[11], row[10])
+        except (ValueError, msgspec.DecodeError, msgspec.ValidationError, InvalidInput) as exc:
+            raise CorruptLedger(ledger.path, f"event #{row[0]} cannot be read: {exc}") from None
+        kind = row[9]
+        if not row[4]:
+            raise NotSealable(run, f"event #{row[0]} ({kind}) belongs to no step")
+        if row[6] > 0 or kind in _WORKSPACE_KINDS or getattr(event, "writes", ()) and kind == "planned":
+            raise NotSealable(run, f"step {row[4]!r} writes a workspace (event #{row[0]}, {kind});"
+                              " runs that write a workspace are not sealed: its revisions and"
+                              " restore are folded from their events")
+        if kind == "compensated" and (event.restored or event.rev):  # type: ignore[union-attr]
+            raise NotSealable(run, f"step {row[4]!r} restored workspace paths (event #{row[0]})")
+        by_step[row[4]] = by_step.get(row[4], 0) + 1
+        if kind == "manifest-published":
+            for e in (*event.writes, *event.artifacts):  # type: ignore[union-attr]
+                digests[e.digest] = e.size
+        elif kind == "blob-stored":
+            digests.setdefault(event.digest, event.size)  # type: ignore[union-attr]
+    pinned = {r[0] for r in view.pin_rows()}
+    tombstones = []
+    step_rows = []
+    for step_id in sorted(by_step):
+        step = view.step(step_id)
+        if step is None:
+            raise CorruptLedger(ledger.path, f"step {step_id!r} has events but no row")
+        step_rows.append(step)
+        others = sum(1 for _ in view.events(EventQuery(step=step_id)))
+        if others != by_step[step_id]:
+            raise NotSealable(run, f"step {step_id!r} has events of another run too")
+        tombstones.append(SealedStep(step_id, step.attempt, step.state, step.manifest_rev))
+    why = _step_problem(step_rows, pinned)
+    if why is not None:
+        raise NotSealable(run, why)
+    blobs = []
+    for digest, size in sorted(digests.items()):
+        found = ledger.storage.blobs.stat(digest)
+        if found is None:
+            continue  # collected before (an unpublished artifact): nothing to keep
+        blobs.append(SealedBlob(digest, found.size))
+    ledger_id = ledger.ledger_id
+    return _Plan(run=run, rows=rows, gaps=gaps_of(rows), steps=tombstones, blobs=blobs,
+                 digest=archive_digest(ledger_id, run, [bytes(r[13]) for r in rows]),
+                 size_bytes=sum(len(r[11]) for r in rows),
+                 name=archive_name(ledger_id, run, rows[0][0]))
+
+
+# -- sealing ---------------------------------------------------------------------------
+
+
+class SealReport(msgspec.Struct, kw_only=True):
+    """What `seal_run` did: the seal event's seq, the archive, what left the ledger.
+    `adopted`: an archive a crashed seal had written was found intact and used."""
+
+    run: str
+    seal_seq: int
+    archive: str
+    events: int
+    gaps: int
+    steps: int
+    blobs: int
+    blob_bytes: int
+    size_bytes: int
+    adopted: bool = False
+    #: inline blobs the seal removed from the ledger (the archive holds them)
+    inline_removed: int = 0
+
+
+def _header(ledger: Ledger, plan: _Plan) -> dict[str, str]:
+    return {
+        "format": ARCHIVE_FORMAT, "ledger_id": ledger.ledger_id, "run": plan.run,
+        "events": str(len(plan.rows)), "first_seq": str(plan.rows[0][0]),
+        "archive_digest": plan.digest, "blobs": str(len(plan.blobs)),
+        "size_bytes": str(plan.size_bytes),
+        "gaps": json.dumps(msgspec.to_builtins(plan.gaps)),
+    }
+
+
+def seal_run(ledger: Ledger, run: str, archive_dir: str | None = None, *,
+             on_op: Callable[[str], None] | None = None) -> SealReport:
+    """Seal `run`: archive its events and blobs, then remove them from the ledger.
+
+    The archive is written first (durably) and verified; then one transaction appends
+    the `run-sealed` event and deletes the run's rows. A crash before that COMMIT
+    leaves the run whole in the ledger and at most an archive no seal names, which the
+    next `seal_run` of the run adopts (when intact and of the same rows) or replaces.
+    Raises NotSealable (nothing written) when something live or unsettled needs it.
+    """
+    check_step_id(run)
+    if ledger.readonly:
+        raise ReadOnlyLedger(ledger.path)
+    directory = archive_dir or default_archive_dir(ledger)
+    with ledger.storage.read() as view:
+        plan = _plan(ledger, view, run)
+    os.makedirs(directory, mode=0o700, exist_ok=True)
+    remove_stray_temporaries(directory)
+    path = os.path.join(directory, plan.name)
+    adopted = False
+    if os.path.exists(path):
+        try:
+            found = verify_archive(path)
+            adopted = found.archive_digest == plan.digest and found.blobs == len(plan.blobs)
+        except ArchiveInvalid:
+            adopted = False
+    if not adopted:
+        blob_bytes = ((b.digest, ledger.storage.blobs.read(b.digest, size=b.size))
+                      for b in plan.blobs)
+        write_archive(path, _header(ledger, plan), plan.rows, blob_bytes, on_op=on_op)
+        checked = verify_archive(path)
+        if checked.archive_digest != plan.digest:
+            raise ArchiveInvalid(path, "it does not hold the rows just written")
+    event = Sealed(sealed_run=run, archive=plan.name, archive_digest=plan.digest,
+                   events=len(plan.rows), size_bytes=plan.size_bytes, gaps=tuple(plan.gaps),
+                   steps=tuple(plan.steps), blobs=tuple(plan.blobs))
+    seqs = [r[0] for r in plan.rows]
+
+    def build(tx: Tx, _time_ns: int) -> Sequence[Event]:
+        # Under the write lock: the run must be exactly what was archived.
+        now = [r[0] for r in tx.events(EventQuery(run=run))]
+        if now != seqs:
+            raise NotSealable(run, "its events changed while it was being archived; seal"
+                              " it again")
+        for s in plan.steps:
+            row = tx.step(s.step)
+            if row is None or row.state != s.state or row.attempt != s.attempt:
+                raise NotSealable(run, f"step {s.step!r} changed while it was being archived")
+        return [event]
+
+    def delete(tx: Tx, recorded: list[RecordedEvent]) -> None:
+        seal = recorded[0]
+        if seal.deduped:
+            raise CorruptLedger(ledger.path, f"run {run!r} was sealed by event #{seal.seq}"
+                                " but its rows are still there")
+        removed = tx.seal_rows(run, [(g.first_seq, g.last_seq) for g in plan.gaps], seal.seq)
+        if removed != len(seqs):
+            raise CorruptLedger(ledger.path, f"sealing run {run!r} removed {removed} rows,"
+                                f" not the {len(seqs)} archived")
+        # The inline bytes the archive now holds and nothing left in the ledger names
+        # (no manifest, no pin: read in this transaction, under the write lock) leave
+        # with the rows: no blob-collected event each. Blob files are GC's.
+        for b in plan.blobs:
+            if (tx.inline_stat(b.digest) is not None and not tx.names_digest(b.digest)
+                    and not tx.pin_holds(b.digest)):
+                tx.delete_inline(b.digest)
+                dropped.append(b.digest)
+
+    dropped: list[str] = []
+
+    recorded = ledger.log.append(build, after=delete)
+    return SealReport(run=run, seal_seq=recorded[0].seq, archive=path, events=len(seqs),
+                      gaps=len(plan.gaps), steps=len(plan.steps), blobs=len(plan.blobs),
+                      blob_bytes=sum(b.size for b in plan.blobs),
+                      size_bytes=plan.size_bytes, adopted=adopted, inline_removed=len(dropped))
+
+
+# -- archives --------------------------------------------------------------------------
+
+
+class ArchiveReport(msgspec.Struct, kw_only=True):
+    """An archive checked: `ok` when it is intact and (given a ledger) a seal of that
+    ledger names it with the same gaps; `findings` say what is not."""
+
+    path: str
+    ok: bool
+    ledger_id: str
+    run: str
+    events: int
+    blobs: int
+    archive_digest: str
+    seal_seq: int = 0
+    findings: list[Finding] = msgspec.field(default_factory=list)
+
+
+def _seal_events(ledger: Ledger) -> dict[str, tuple[int, Sealed]]:
+    out: dict[str, tuple[int, Sealed]] = {}
+    for row in ledger.storage.view.events(EventQuery(kinds=frozenset({"run-sealed"}))):
+        event = decode(row[11], row[10])
+        assert isinstance(event, Sealed)
+        out[event.archive_digest] = (row[0], event)
+    return out
+
+
+def verify_archive(path: str, ledger: Ledger | None = None, *,
+                   seals: dict[str, tuple[int, Sealed]] | None = None) -> ArchiveReport:
+    """Check the archive at `path` row by row: its format and header, every row's chain
+    hash and its link to the row before it within each gap, each gap's digest and the
+    archive's, every blob's bytes. Any of that wrong: ArchiveInvalid (the file is
+    damaged or not an archive). With `ledger`: it must be that ledger's, and a seal in it
+    must name it with the same gaps, events and blobs (else a finding: a stray archive
+    of a seal that never committed, or one that does not match its seal)."""
+    with ArchiveFile(path) as archive:
+        header = archive.header
+        missing = _HEADER_KEYS - header.keys()
+        if missing or header.get("format") != ARCHIVE_FORMAT:
+            raise ArchiveInvalid(path, f"its header lacks {', '.join(sorted(missing))}"
+                                 if missing else f"its format is {header.get('format')!r}")
+        problems = archive.integrity_problems()
+        if problems:
+            raise ArchiveInvalid(path, f"SQLite quick_check: {problems[0]}")
+        run = header["run"]
+        try:
+            gaps = msgspec.convert(json.loads(header["gaps"]), tuple[SealGap, ...])
+            n_events, n_blobs = int(header["events"]), int(header["blobs"])
+        except (ValueError, TypeError, msgspec.ValidationError) as exc:
+            raise ArchiveInvalid(path, f"its header cannot be read: {exc}") from None
+        hashes: list[bytes] = []
+        rows: list[Any] = []
+        prev_row: Any = None
+        for row in archive.rows():
+            try:
+                check_row(row)
+                event = decode(row[11], row[10])
+            except (ValueError, msgspec.DecodeError, msgspec.ValidationError,
+                    InvalidInput) as exc:
+                raise ArchiveInvalid(path, f"archived event #{row[0]} cannot be read: {exc}") from None
+            (seq, time_ns, ws, row_run, step, attempt, epoch, rev, key, kind, v, payload,
+             prev_hash, digest) = row
+            env = envelope(event)
+            if (ws, row_run, step, attempt, epoch, rev) != (
+                    env.workspace, env.run, env.step, env.attempt, env.epoch, env.rev):
+                raise ArchiveInvalid(path, f"archived event #{seq}'s columns disagree with its payload")
+            if row_run != run:
+                raise ArchiveInvalid(path, f"archived event #{seq} is of run {row_run!r}, not {run!r}")
+            if chain_hash(bytes(prev_hash), seq, time_ns, env, key, kind, v, payload) != bytes(digest):
+                raise ArchiveInvalid(path, f"archived event #{seq} does not match its hash")
+            if prev_row is not None and seq == prev_row[0] + 1 and bytes(prev_hash) != bytes(prev_row[13]):
+                raise ArchiveInvalid(path, f"archived event #{seq} does not link to #{seq - 1}")
+            hashes.append(bytes(digest))
+            rows.append((seq, prev_hash, digest))
+            prev_row = row
+        if len(rows) != n_events:
+            raise ArchiveInvalid(path, f"it holds {len(rows)} events, its header says {n_events}")
+        if not rows:
+            raise ArchiveInvalid(path, "it holds no events")
+        found_gaps = gaps_of([(s, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, p, d) for s, p, d in rows])
+        if tuple(found_gaps) != gaps:
+            raise ArchiveInvalid(path, "its rows do not form the gaps its header records")
+        digest_now = archive_digest(header["ledger_id"], run, hashes)
+        if digest_now != header["archive_digest"]:
+            raise ArchiveInvalid(path, "its rows do not hash to the digest its header records")
+        blob_count = 0
+        for digest, size, data in archive.blobs():
+            blob_count += 1
+            if (not isinstance(data, bytes) or size != len(data)
+                    or hashlib.sha256(data).hexdigest() != digest):
+                raise ArchiveInvalid(path, f"archived blob {str(digest)[:12]}… does not hash to its name")
+        if blob_count != n_blobs:
+            raise ArchiveInvalid(path, f"it holds {blob_count} blobs, its header says {n_blobs}")
+    report = ArchiveReport(path=path, ok=True, ledger_id=header["ledger_id"], run=run,
+                           events=n_events, blobs=n_blobs, archive_digest=digest_now)
+    if ledger is not None:
+        if header["ledger_id"] != ledger.ledger_id:
+            raise ArchiveInvalid(path, f"it belongs to ledger {header['ledger_id'][:12]}…, not"
+                                 f" {ledger.ledger_id[:12]}…")
+        if seals is None:
+            seals = _seal_events(ledger)
+        named = seals.get(digest_now)
+        if named is None:
+            report.ok = False
+            report.findings.append(Finding("seal", 0, f"no seal in the ledger names {path}"
+                                           " (a seal interrupted before its commit: seal the"
+                                           " run again to adopt it, or delete the file)"))
+        else:
+            seq, seal = named
+            report.seal_seq = seq
+            if (seal.gaps != gaps or seal.events != n_events or len(seal.blobs) != n_blobs
+                    or seal.sealed_run != run):
+                report.ok = False
+                report.findings.append(Finding("seal", seq, f"VIOLATION: seal #{seq} and"
+                                               f" {path} disagree on the run's rows"))
+    return report
+
+
+def read_archive(path: str) -> Iterator[RecordedEvent]:
+    """The archived events, in seq order, read in place (the file is not changed). The
+    whole archive is verified first (`verify_archive`): a damaged one is ArchiveInvalid
+    before any event is yielded."""
+    verify_archive(path)
+    with ArchiveFile(path) as archive:
+        for row in archive.rows():
+            try:
+                yield row_to_recorded(check_row(row))
+            except (ValueError, msgspec.DecodeError, msgspec.ValidationError,
+                    InvalidInput) as exc:
+                raise ArchiveInvalid(path, f"archived event #{row[0]} cannot be read: {exc}") from None
+
+
+def read_archived_blob(path: str, digest: str) -> bytes | None:
+    """An archived blob's bytes (hash-checked), or None when the archive lacks it."""
+    with ArchiveFile(path) as archive:
+        data = archive.blob(digest)
+    if data is not None and hashlib.sha256(data).hexdigest() != digest:
+        raise ArchiveInvalid(path, f"archived blob {digest[:12]}… does not hash to its name")
+    return data
+
+
+class SealInfo(msgspec.Struct, kw_only=True):
+    """One seal recorded in the ledger, and whether its archive is where it belongs."""
+
+    run: str
+    seal_seq: int
+    archive: str
+    events: int
+    steps: int
+    blobs: int
+    size_bytes: int
+    present: bool
+
+
+def sealed_runs(ledger: Ledger, archive_dir: str | None = None) -> list[SealInfo]:
+    """Every seal in the ledger, oldest first. Read-only."""
+    directory = archive_dir or default_archive_dir(ledger)
+    out = []
+    for seq, seal in sorted(_seal_events(ledger).values(), key=lambda p: p[0]):
+        out.append(SealInfo(run=seal.sealed_run, seal_seq=seq, archive=seal.archive,
+                            events=seal.events, steps=len(seal.steps), blobs=len(seal.blobs),
+                            size_bytes=seal.size_bytes,
+                            present=os.path.isfile(os.path.join(directory, seal.archive))))
+    return out
+
+
+class SealedVerifyReport(msgspec.Struct, kw_only=True):
+    """`verify` of the ledger plus every archive its seals name."""
+
+    ok: bool
+    ledger: VerifyReport
+    archives: list[ArchiveReport]
+    findings: list[Finding]
+
+
+def verify_sealed(ledger: Ledger, archive_dir: str | None = None) -> SealedVerifyReport:
+    """Verify the ledger (the chain across every seal's gaps, from the ledger alone), then
+    each archive its seals name, row by row, against its seal. A missing or damaged
+    archive, or one in the directory no seal names, is a finding."""
+    directory = archive_dir or default_archive_dir(ledger)
+    report = ledger.verify()
+    seals = _seal_events(ledger)
+    archives, findings = [], []
+    seen: set[str] = set()
+    for seq, seal in sorted(seals.values(), key=lambda p: p[0]):
+        path = os.path.join(directory, seal.archive)
+        seen.add(seal.archive)
+        if not os.path.isfile(path):
+            findings.append(Finding("seal", seq, f"the archive of seal #{seq} (run"
+                                    f" {seal.sealed_run!r}) is missing: {path}"))
+            continue
+        try:
+            got = verify_archive(path, ledger, seals=seals)
+        except ArchiveInvalid as exc:
+            findings.append(Finding("seal", seq, f"the archive of seal #{seq}: {exc}"))
+            continue
+        archives.append(got)
+        findings.extend(got.findings)
+    if os.path.isdir(directory):
+        for name in sorted(os.listdir(directory)):
+            if name.endswith(ARCHIVE_SUFFIX) and name not in seen:
+                findings.append(Finding("seal", 0, f"{os.path.join(directory, name)} is named"
+                                        " by no seal (an interrupted seal's: seal the run"
+                                        " again to adopt it, or delete it)"))
+    return SealedVerifyReport(ok=report.ok and not findings, ledger=report, archives=archives,
+                              findings=findings)
+
+
+def vacuum(ledger: Ledger) -> tuple[int, int]:
+    """Give the pages sealing freed back to the file system (SQLite VACUUM, then a WAL
+    checkpoint); return the file's size before and after, in bytes."""
+    if ledger.readonly:
+        raise ReadOnlyLedger(ledger.path)
+    before = file_bytes(ledger.path)
+    ledger.storage.vacuum()
+    return before, file_bytes(ledger.path)
+
+
+def file_bytes(path: str) -> int:
+    """The ledger file's size with its WAL (what the disk holds for it)."""
+    total = 0
+    for p in (path, path + "-wal"):
+        try:
+            total += os.path.getsize(p)
+        except FileNotFoundError:
+            pass
+    return total
+
+
+__all__ = [
+    "ARCHIVE_SUFFIX", "ArchiveReport", "RunCandidate", "SealInfo", "SealReport",
+    "SealableReport", "SealedVerifyReport", "archive_digest", "archive_name",
+    "default_archive_dir", "file_bytes", "gap_digest", "gaps_of", "read_archive", "read_archived_blob",
+    "seal_run", "sealable", "sealed_runs", "vacuum", "verify_archive", "verify_sealed",
+]

@@ -10,7 +10,8 @@ run and kind, by time bucket; the step rows) plus the blob accounting `audit` do
 - **blobs**: inline rows and files, and how `audit` buckets them (referenced, pinned,
   orphans, temporary files);
 - **growth**: events and bytes per hour, day or week;
-- **sealable**: the runs whose every step is settled (acked, compensated or rejected),
+- **sealable**: the runs `ledger.seal` could seal now (every step settled — acked,
+  compensated or rejected — no pin held, no workspace written, not sealed yet), and
   what sealing them would take out of the ledger file. Steps recorded without a run
   are never sealable (a seal archives whole runs).
 """
@@ -23,13 +24,10 @@ from typing import TYPE_CHECKING, Final
 import msgspec
 
 from .errors import InvalidInput
-from .projections.steps import ACKED, COMPENSATED, REJECTED
 
 if TYPE_CHECKING:
     from .ledger import Ledger
 
-#: The states a step of a sealable run may be in: nothing in it can still change.
-SETTLED: Final = frozenset({ACKED, COMPENSATED, REJECTED})
 #: Growth buckets `--by` accepts, in nanoseconds.
 BUCKETS: Final = {"hour": 3600 * 10**9, "day": 86400 * 10**9, "week": 7 * 86400 * 10**9}
 
@@ -48,7 +46,7 @@ class RunStats(msgspec.Struct, kw_only=True):
     committed_bytes: int = 0  # bytes its live manifests name
     first_ns: int = 0
     last_ns: int = 0
-    settled: bool = False  # every step acked, compensated or rejected: sealable
+    settled: bool = False  # sealable now (ledger.seal.sealable)
 
 
 class Growth(msgspec.Struct, kw_only=True):
@@ -110,9 +108,15 @@ def stats(ledger: Ledger, *, by: str = "day", top: int = 20) -> StatsReport:
         r.steps += 1
         r.states[row.state] = r.states.get(row.state, 0) + 1
         r.committed_bytes += row.committed_bytes if row.live else 0
+    # What sealing would take out: the runs `ledger.seal` would seal now (every step
+    # settled, no pin held, no workspace written, not sealed yet), with their events'
+    # bytes as counted here.
+    from .seal import sealable as seal_candidates
+
+    candidates = {c.run for c in seal_candidates(ledger).runs if c.sealable}
     sealable, sealable_runs = Count(), 0
     for r in runs.values():
-        r.settled = bool(r.run) and r.steps > 0 and set(r.states) <= SETTLED
+        r.settled = r.run in candidates
         if r.settled:
             sealable_runs += 1
             sealable.count += r.events
@@ -135,4 +139,4 @@ def stats(ledger: Ledger, *, by: str = "day", top: int = 20) -> StatsReport:
     )
 
 
-__all__ = ["BUCKETS", "SETTLED", "Count", "Growth", "RunStats", "StatsReport", "stats"]
+__all__ = ["BUCKETS", "Count", "Growth", "RunStats", "StatsReport", "stats"]

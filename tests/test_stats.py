@@ -74,9 +74,10 @@ def check(led: Ledger, r: StatsReport) -> list[str]:
     listed = {x.run: [x.events, x.event_bytes] for x in r.runs}
     if r.runs_total != len(runs) or any(listed[k] != v for k, v in runs.items() if k in listed):
         problems.append(f"runs {listed} vs {runs}")
-    settled = {run for run in runs if run and all(
-        s.state in ("acked", "compensated", "rejected") for s in steps if s.run == run)
-        and any(s.run == run for s in steps)}
+    from ledger.seal import sealable
+    settled = {c.run for c in sealable(led).runs if c.sealable}
+    if any(s.state not in ("acked", "compensated", "rejected") for s in steps if s.run in settled):
+        problems.append(f"a sealable run {settled} holds a step not settled")
     expect = [sum(runs[x][0] for x in settled), sum(runs[x][1] for x in settled)]
     if [r.sealable.count, r.sealable.bytes] != expect or r.sealable_runs != len(settled):
         problems.append(f"sealable {r.sealable} {r.sealable_runs} vs {expect} {settled}")

@@ -57,6 +57,7 @@ from .errors import (
     BlobNotFound,
     CorruptLedger,
     InvalidInput,
+    LedgerError,
     LedgerNotFound,
     LedgerTooNew,
     NotALedger,
@@ -74,6 +75,10 @@ MARKER: Final = "BACKUP.json"
 FORMAT: Final = "stepledger-backup"
 FORMAT_VERSION: Final = 1
 BLOBS_DIR: Final = "blobs"
+#: Sealed runs' archive files (ledger.seal), under the same name in DEST as beside the
+#: ledger: a backup holds every archive its snapshot's seals name.
+ARCHIVE_DIR: Final = "archive"
+_ARCHIVE_RE: Final = re.compile(r"[0-9a-f]{12}-[0-9a-f]{16}-[0-9]+\.slarchive", re.ASCII)
 TMP_DIR: Final = "tmp"
 LOCK_NAME: Final = ".backup.lock"
 _DB_NAME_RE: Final = re.compile(r"ledger-[0-9]+-[0-9a-f]{12}\.db", re.ASCII)
@@ -109,6 +114,9 @@ class BackupMarker(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     witness: str  # the witness location the ledger recorded ("" none)
     created_ns: int
     stepledger: str
+    #: (file name, bytes, sha256) of every sealed run's archive the snapshot's seals name
+    #: and the ledger's archive directory held, all in DEST/archive
+    archives: tuple[tuple[str, int, str], ...] = ()
     digest: str = ""
 
 
@@ -128,7 +136,10 @@ class BackupReport(msgspec.Struct, kw_only=True):
     bytes_copied: int
     blobs_skipped: int
     pinned_absent: int  # blobs only a pin names that were already collected (not needed)
-    gc_held: bool
+    archives: int = 0  # sealed runs' archive files the backup holds
+    archives_copied: int = 0
+    archives_absent: list[str] = msgspec.field(default_factory=list)  # named, not found
+    gc_held: bool = False
     verified: bool
     elapsed_s: float
 
@@ -280,7 +291,37 @@ def read_backup(path: str | os.PathLike[str]) -> BackupMarker:
     if digest != marker.db_sha256:
         raise BackupInvalid(where, f"its database {marker.db} does not hash to the marker's"
                             " sha256 (damaged or replaced)")
+    for name, size, _sha in marker.archives:
+        if not _ARCHIVE_RE.fullmatch(name):
+            raise BackupInvalid(where, f"{MARKER} names files stepledger never writes")
+        try:
+            ast = os.lstat(os.path.join(where, ARCHIVE_DIR, name))
+        except FileNotFoundError:
+            raise BackupInvalid(where, f"its archive {name} is missing") from None
+        if not stat.S_ISREG(ast.st_mode) or ast.st_size != size:
+            raise BackupInvalid(where, f"its archive {name} is not the {size}-byte file the"
+                                " marker names (truncated or replaced)")
     return marker
+
+
+def _check_archives(archives: tuple[tuple[str, int, str], ...], where: str, copy: Ledger
+                    ) -> None:
+    """Every archive listed hashes to its sha256 and verifies as the archive of a seal in
+    the backup's own database (ledger.seal.verify_archive)."""
+    from .seal import verify_archive
+
+    for name, _size, sha in archives:
+        path = os.path.join(where, ARCHIVE_DIR, name)
+        if _sha256_file(path)[0] != sha:
+            raise BackupInvalid(where, f"its archive {name} does not hash to the marker's"
+                                " sha256 (damaged or replaced)")
+        try:
+            report = verify_archive(path, copy)
+        except LedgerError as exc:
+            raise BackupInvalid(where, f"its archive {name} is damaged: {exc}") from None
+        if not report.ok:
+            raise BackupInvalid(where, f"its archive {name} does not match its seal: "
+                                + "; ".join(f.message for f in report.findings[:2]))
 
 
 # -- what a snapshot needs ------------------------------------------------------------------
@@ -375,6 +416,8 @@ def check_backup(path: str | os.PathLike[str], *, deep: bool = True) -> BackupCh
         _check_identity(copy, marker, where)
         needs, size = _check_copy(copy, Head(marker.head_seq, bytes.fromhex(marker.head_hash)),
                                   where, deep=deep)
+        if deep:
+            _check_archives(marker.archives, where, copy)
     finally:
         copy.close()
     return BackupCheck(path=where, db=marker.db, ledger_id=marker.ledger_id,
@@ -411,7 +454,7 @@ def _check_dest(dest: str, ledger_dir: str) -> None:
         if not os.path.isdir(dest):
             raise InvalidInput(f"backup destination {dest} is not a directory; give a new"
                                " directory or an earlier backup of this ledger")
-        ours = {MARKER, BLOBS_DIR, TMP_DIR, LOCK_NAME}
+        ours = {MARKER, BLOBS_DIR, ARCHIVE_DIR, TMP_DIR, LOCK_NAME}
         foreign = [n for n in os.listdir(dest) if n not in ours
                    and not _DB_NAME_RE.fullmatch(n) and not n.startswith(f".{MARKER}.")]
         if foreign:
@@ -522,6 +565,9 @@ def _backup_locked(source: Ledger, path: str, where: str, previous: BackupMarker
                 found = recorded_anchor(view, snap)
                 witnessed = found is not None or view.meta("witness_tag") is not None
             ledger_id = snapshot.ledger_id
+            from .seal import default_archive_dir, sealed_runs
+            archive_names = sorted({s.archive for s in sealed_runs(snapshot)})
+            archive_src = default_archive_dir(source)
         finally:
             snapshot.close()
         copied = skipped = bytes_copied = 0
@@ -535,6 +581,7 @@ def _backup_locked(source: Ledger, path: str, where: str, previous: BackupMarker
                 bytes_copied += size
             if progress is not None:
                 progress(i + 1, len(todo))
+        archives, archives_copied, absent = _copy_archives(archive_names, archive_src, where)
         name = f"ledger-{snap_head.seq}-{snap_head.hash.hex()[:12]}.db"
         db = os.path.join(where, name)
         os.rename(snap, db)
@@ -544,6 +591,9 @@ def _backup_locked(source: Ledger, path: str, where: str, previous: BackupMarker
         try:
             # just copied (hashed on the way) or present: sizes, unless deep
             _check_copy(copy, snap_head, where, deep=deep)
+            # every archive copied now is verified against the snapshot's seals (one
+            # already in DEST was when it was copied, and its sha256 still matches)
+            _check_archives(tuple(a for a in archives if a[0] in archives_copied), where, copy)
         finally:
             copy.close()
         os.chmod(db, _FILE_MODE)
@@ -555,7 +605,7 @@ def _backup_locked(source: Ledger, path: str, where: str, previous: BackupMarker
             blob_count=len(needs.required) + len(needs.optional),
             blob_bytes=sum(needs.required.values()) + sum(needs.optional.values()),
             witnessed=witnessed, witness=found[1].witness if found is not None else "",
-            created_ns=clock(), stepledger=__version__)
+            created_ns=clock(), stepledger=__version__, archives=tuple(archives))
         marker = msgspec.structs.replace(marker, digest=_marker_digest(marker))
         _write_atomically(where, MARKER, msgspec.json.format(_encoder.encode(marker)) + b"\n")
     except BaseException:
@@ -573,7 +623,39 @@ def _backup_locked(source: Ledger, path: str, where: str, previous: BackupMarker
         head_hash=snap_head.hash.hex(), unchanged=False, db_bytes=db_bytes,
         blobs=marker.blob_count, blob_bytes=marker.blob_bytes, blobs_copied=copied,
         bytes_copied=bytes_copied, blobs_skipped=skipped, pinned_absent=needs.pinned_absent,
+        archives=len(archives), archives_copied=len(archives_copied), archives_absent=absent,
         gc_held=False, verified=True, elapsed_s=0.0)
+
+
+def _copy_archives(names: list[str], src_dir: str, where: str
+                   ) -> tuple[list[tuple[str, int, str]], set[str], list[str]]:
+    """Copy the named archive files from the ledger's archive directory into
+    DEST/archive (one already there with the same sha256 is kept: archives never change
+    once written). Returns (name, bytes, sha256) of each held, the names copied now, and
+    the names a seal names that the archive directory does not hold (moved or deleted
+    by hand: reported, and the backup goes on — the ledger verifies without them)."""
+    dest_dir = os.path.join(where, ARCHIVE_DIR)
+    held: list[tuple[str, int, str]] = []
+    copied: set[str] = set()
+    absent: list[str] = []
+    for name in names:
+        src = os.path.join(src_dir, name)
+        if not os.path.isfile(src):
+            absent.append(name)
+            continue
+        sha, size = _sha256_file(src)
+        dst = os.path.join(dest_dir, name)
+        if os.path.isfile(dst) and not os.path.islink(dst) and _sha256_file(dst) == (sha, size):
+            held.append((name, size, sha))
+            continue
+        os.makedirs(dest_dir, _DIR_MODE, exist_ok=True)
+        tmp = os.path.join(dest_dir, f".{name}.{secrets.token_hex(4)}.tmp")
+        _copy_file(src, tmp, sha, "archive")
+        os.replace(tmp, dst)
+        _fsync_dir(dest_dir)
+        held.append((name, size, sha))
+        copied.add(name)
+    return held, copied, absent
 
 
 def _present(files: BlobStore, digest: str, size: int, *, deep: bool) -> bool:
@@ -603,6 +685,12 @@ def _unchanged(previous: BackupMarker, where: str, dest_files: BlobStore, *, dee
                             ) from None
     finally:
         copy.close()
+    if deep:
+        copy = _open_copy(os.path.join(where, previous.db), dest_files.root, where)
+        try:
+            _check_archives(previous.archives, where, copy)
+        finally:
+            copy.close()
     for digest, size in {**needs.required, **needs.optional}.items():
         if not _present(dest_files, digest, size, deep=deep):
             raise BackupInvalid(where, f"blob {digest[:12]}… is missing or damaged in it",
@@ -613,7 +701,7 @@ def _unchanged(previous: BackupMarker, where: str, dest_files: BlobStore, *, dee
         head_hash=previous.head_hash, unchanged=True, db_bytes=previous.db_bytes,
         blobs=previous.blob_count, blob_bytes=previous.blob_bytes, blobs_copied=0,
         bytes_copied=0, blobs_skipped=previous.blob_count, pinned_absent=needs.pinned_absent,
-        gc_held=False, verified=True, elapsed_s=0.0)
+        archives=len(previous.archives), gc_held=False, verified=True, elapsed_s=0.0)
 
 
 # -- restoring a whole ledger ---------------------------------------------------------------
@@ -657,7 +745,8 @@ def restore_backup(
         if not os.path.isdir(target_dir):
             raise InvalidInput(f"restore target {target_dir} is not a directory; give a new or"
                                " empty directory")
-        leftovers = set(os.listdir(target_dir)) - {BLOBS_DIR, os.path.basename(restoring)}
+        leftovers = set(os.listdir(target_dir)) - {BLOBS_DIR, ARCHIVE_DIR,
+                                                   os.path.basename(restoring)}
         if name in leftovers and leftovers <= {name, name + "-wal", name + "-shm",
                                                name + "-lockq"}:
             # Only the restored ledger is there: a restore that died after renaming it
@@ -678,6 +767,7 @@ def restore_backup(
         _check_identity(copy, marker, where)
         needs, _size = _check_copy(copy, Head(marker.head_seq, bytes.fromhex(marker.head_hash)),
                                    where, deep=True)
+        _check_archives(marker.archives, where, copy)
         workspaces = sorted(row.name for row in copy.workspaces())
     finally:
         copy.close()
@@ -701,6 +791,14 @@ def restore_backup(
         files.put_stream(backup_files.chunks(digest, size=size), digest)
         if progress is not None:
             progress(i + 1, len(todo))
+    if marker.archives:
+        archive_dir = os.path.join(target_dir, ARCHIVE_DIR)
+        os.makedirs(archive_dir, _DIR_MODE, exist_ok=True)
+        for name, _size, sha in marker.archives:
+            tmp = os.path.join(archive_dir, f".{name}.restoring")
+            _copy_file(os.path.join(where, ARCHIVE_DIR, name), tmp, sha, "archive")
+            os.replace(tmp, os.path.join(archive_dir, name))
+        _fsync_dir(archive_dir)
     _copy_file(os.path.join(where, marker.db), restoring, marker.db_sha256)
     os.rename(restoring, target)
     _fsync_dir(target_dir)
@@ -723,7 +821,7 @@ def restore_backup(
         elapsed_s=round(time.perf_counter() - started, 6))
 
 
-def _copy_file(src: str, dst: str, sha256: str) -> None:
+def _copy_file(src: str, dst: str, sha256: str, what: str = "database") -> None:
     """Copy `src` to the new file `dst` (0600), hashing on the way (it must be `sha256`:
     the backup did not change under the copy), fsynced."""
     h = hashlib.sha256()
@@ -746,7 +844,7 @@ def _copy_file(src: str, dst: str, sha256: str) -> None:
         os.close(fin)
     if h.hexdigest() != sha256:
         os.unlink(dst)
-        raise BackupInvalid(os.path.dirname(src), "its database changed while it was copied")
+        raise BackupInvalid(os.path.dirname(src), f"its {what} changed while it was copied")
 
 
 __all__ = ["BackupCheck", "BackupMarker", "BackupReport", "RestoredLedger", "backup",

@@ -2412,6 +2412,13 @@ def backup_take(ctx: click.Context, dest: str, deep: bool, as_json: bool) -> Non
                f" ({_size(report.db_bytes)}), {_n(report.blobs, 'blob file')}"
                f" ({_n(report.blobs_copied, 'copied', 'copied')}, {_size(report.bytes_copied)};"
                f" {report.blobs_skipped} already there); verified ({report.elapsed_s:.2f}s)")
+    if report.archives or report.archives_absent:
+        click.echo(f"  {_n(report.archives, 'sealed-run archive')} ({report.archives_copied}"
+                   " copied now)")
+    for name in report.archives_absent:
+        click.echo(f"  warning: archive {name}, named by a seal, is not in the ledger's"
+                   " archive directory: not in this backup (the ledger verifies without it)",
+                   err=True)
 
 
 @backup_group.command("verify", epilog=_examples(

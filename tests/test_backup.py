@@ -30,6 +30,7 @@ from ledger import BackupIncomplete, BackupInvalid, InvalidInput, Ledger, Witnes
 from ledger.backup import MARKER, backup, check_backup, read_backup, restore_backup
 from ledger.cli import cli
 from ledger.fences import StepPlan, Write
+from ledger.runner import run_step
 
 BIG = 100 * 1024  # above the inline threshold: a blob file
 
@@ -355,3 +356,58 @@ def test_a_killed_copys_temporaries_are_removed(tmp_path: Path, world: World) ->
     backup(world.path, dest)
     assert list(tmp.iterdir()) == [] and list((dest / "tmp").iterdir()) == []
     check_backup(dest)
+
+
+# -- sealed runs: their archives are part of the whole ledger ---------------------------
+
+
+def test_sealed_runs_archives_are_backed_up_and_restored(tmp_path: Path) -> None:
+    """A ledger with a sealed run: the backup holds the run's archive (listed in the
+    marker, verified against the snapshot's seal), a second backup copies it no more,
+    and a restore on a fresh machine brings it back: the ledger and every archive
+    verify there. A damaged archive in the backup is refused."""
+    from ledger.seal import sealed_runs, seal_run, verify_sealed
+
+    src = tmp_path / "src" / "ledger.db"
+    with Ledger.init(src) as led:
+        for i in range(3):
+            run_step(led, f"r1/s{i}", {"report.txt": b"ok %d\n" % i}, run="r1")
+        run_step(led, "r2/s0", {"report.txt": b"later\n"}, run="r2")
+        seal_run(led, "r1")
+    dest = tmp_path / "b"
+    first = backup(src, dest)
+    assert first.archives == first.archives_copied == 1 and first.archives_absent == []
+    (name, _size, _sha), = read_backup(dest).archives
+    with Ledger.open(src) as led:
+        run_step(led, "r2/s1", {"report.txt": b"more\n"}, run="r2")
+    second = backup(src, dest)
+    assert second.archives == 1 and second.archives_copied == 0
+    shutil.rmtree(tmp_path / "src")  # nothing survives but the backup
+    got = restore_backup(dest, tmp_path / "r")
+    with Ledger.open(got.path) as led:
+        assert [s.run for s in sealed_runs(led)] == ["r1"] and sealed_runs(led)[0].present
+        report = verify_sealed(led)
+        assert report.ok, report.findings
+    archive = dest / "archive" / name
+    os.chmod(archive, 0o600)
+    data = bytearray(archive.read_bytes())
+    data[-100] ^= 0xFF
+    archive.write_bytes(bytes(data))
+    with pytest.raises(BackupInvalid, match="archive"):
+        check_backup(dest)
+    with pytest.raises(BackupInvalid, match="archive"):
+        restore_backup(dest, tmp_path / "r2")
+    assert not (tmp_path / "r2").exists()
+
+
+def test_an_archive_moved_away_by_hand_is_reported_not_fatal(tmp_path: Path) -> None:
+    from ledger.seal import default_archive_dir, seal_run
+
+    src = tmp_path / "src" / "ledger.db"
+    with Ledger.init(src) as led:
+        run_step(led, "r1/s0", {"report.txt": b"ok\n"}, run="r1")
+        seal_run(led, "r1")
+        shutil.rmtree(default_archive_dir(led))
+    report = backup(src, tmp_path / "b")
+    assert report.archives == 0 and len(report.archives_absent) == 1
+    check_backup(tmp_path / "b")

@@ -2137,7 +2137,8 @@ def stats_cmd(ctx: click.Context, by: str, top: int, as_json: bool) -> None:
     click.echo(f"  {_n(r.events.count, 'event')} ({_short(r.events.bytes)}),"
                f" {_n(r.steps, 'step')}, {_n(r.runs_total, 'run')}")
     if r.by_state:
-        click.echo("  steps by state: " + ", ".join(f"{k} {v}" for k, v in r.by_state.items()))
+        click.echo("  steps by state: " + ", ".join(
+            f"{k} {v} ({_short(r.bytes_by_state.get(k, 0))} stored)" for k, v in r.by_state.items()))
     if r.by_kind:
         click.echo("  events by kind: " + ", ".join(
             f"{k} {c.count} ({_short(c.bytes)})" for k, c in r.by_kind.items()))

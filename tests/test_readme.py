@@ -83,15 +83,20 @@ def test_readme_shell_blocks_run_as_printed(tmp_path: Path) -> None:
 
 
 def test_the_cli_quickstart_leaves_what_it_says(tmp_path: Path) -> None:
-    """The shell quickstart's outcome: the workspace step and the artifact step are
-    committed, the fenced write is on disk, and verify and audit hold."""
+    """The shell quickstart's outcome: the workspace step is committed and its write on
+    disk, the artifact step's run sealed into an archive, verify and audit hold, and the
+    backup restored elsewhere holds the archive too."""
     block = next(b for b in ALL if b.lang == "sh" and "stepledger init" in b.code)
     run_shell(block.code, tmp_path, "README.md", block.where("README.md"))
     repo = tmp_path / "repo"
     assert (repo / "app.py").read_text() == 'print("v1")\n'
     steps = run_shell("stepledger steps --json", repo, "README.md", "steps").stdout
     states = {s["step_id"]: (s["state"], s["committed"]) for s in json.loads(steps)}
-    assert states == {"edit-1": ("acked", True), "tests-1": ("acked", True)}
+    # the artifact step's run was sealed: its tombstone stays, its events are archived
+    assert states == {"edit-1": ("acked", True), "tests-1": ("sealed", False)}
+    assert len(list((repo / ".stepledger" / "archive").iterdir())) == 1
+    fresh = tmp_path / "fresh" / ".stepledger"  # the restored copy, with the archive
+    assert (fresh / "ledger.db").is_file() and len(list((fresh / "archive").iterdir())) == 1
 
 
 def test_the_readme_is_for_users() -> None:

@@ -69,6 +69,11 @@ def check(led: Ledger, r: StatsReport) -> list[str]:
     states: dict[str, int] = {}
     for s in steps:
         states[s.state] = states.get(s.state, 0) + 1
+    stored: dict[str, int] = {}
+    for st in steps:
+        stored[st.state] = stored.get(st.state, 0) + st.stored_bytes
+    if r.bytes_by_state != stored:
+        problems.append(f"bytes by state {r.bytes_by_state} vs {stored}")
     if (r.steps, r.by_state) != (len(steps), states):
         problems.append(f"steps {r.steps} {r.by_state} vs {len(steps)} {states}")
     listed = {x.run: [x.events, x.event_bytes] for x in r.runs}
@@ -122,6 +127,7 @@ def test_the_checker_catches_a_wrong_figure(filled: pathlib.Path) -> None:
             msgspec.structs.replace(r, events=msgspec.structs.replace(r.events, bytes=1)),
             msgspec.structs.replace(r, by_state={**r.by_state, "acked": 2}),
             msgspec.structs.replace(r, sealable_runs=2),
+            msgspec.structs.replace(r, bytes_by_state={**r.bytes_by_state, "acked": 0}),
             msgspec.structs.replace(r, blobs={**r.blobs, "files": r.blobs["inline"]}),
             msgspec.structs.replace(r, growth=r.growth[:1]),
         ]

@@ -21,9 +21,13 @@ turn, so each run's rows interleave with nine others' (ten gaps per run, not one
    hold them); the file is vacuumed and measured again.
 3. The ledger plus every archive is verified (`ledger.seal.verify_sealed`: the ledger's
    chain across every gap, then each archive row by row against its seal) — timed.
+4. The sealed ledger is backed up (`ledger.backup.backup`: snapshot, blobs, archives,
+   verify, marker) into a fresh directory — timed — then again into the same one, the
+   ledger unchanged — timed, with the blobs and archives it copied.
 
 Targets (issue 18): the ledger file shrinks >= 5x; verify of ledger plus archives runs
-within 1.5x of verifying the unsealed ledger. The archives' own bytes are printed too:
+within 1.5x of verifying the unsealed ledger; a second backup of the unchanged ledger
+copies no blob or archive again and costs <= 0.1x the first. The archives' own bytes are printed too:
 sealing moves history out of the ledger file, it does not delete it.
 """
 
@@ -42,12 +46,14 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from ledger import Ledger  # noqa: E402
+from ledger.backup import backup  # noqa: E402
 from ledger.events import Acked, BlobStored, ManifestEntry, ManifestPublished, Planned, manifest_digest  # noqa: E402
 from ledger.gc.collector import collect  # noqa: E402
 from ledger.seal import file_bytes, seal_run, vacuum, verify_sealed  # noqa: E402
 
 SHRINK_TARGET = 5.0
 VERIFY_TARGET = 1.5
+BACKUP_TARGET = 0.1
 EVENTS_PER_STEP = 4
 STEPS_PER_BATCH = 25
 CONCURRENT_RUNS = 10
@@ -129,6 +135,16 @@ def main() -> int:
             verify_after_s = time.perf_counter() - t
             assert full.ok, (full.ledger.findings[:3], full.findings[:3])
             remaining = ledger.count()
+        dest = os.path.join(scratch, "backup")
+        t = time.perf_counter()
+        first = backup(path, dest)
+        backup_first_s = time.perf_counter() - t
+        t = time.perf_counter()
+        again = backup(path, dest)
+        backup_again_s = time.perf_counter() - t
+        log(f"backup {backup_first_s:.2f}s ({first.archives} archives), again"
+            f" {backup_again_s:.3f}s ({again.blobs_copied} blobs, {again.archives_copied}"
+            " archives copied)")
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
     shrink = before / after
@@ -142,6 +158,11 @@ def main() -> int:
         "verify_before_s": verify_before_s, "verify_after_s": verify_after_s,
         "verify_ratio": verify_ratio, "verify_target": VERIFY_TARGET,
         "verify_pass": verify_ratio <= VERIFY_TARGET,
+        "backup_first_s": backup_first_s, "backup_again_s": backup_again_s,
+        "backup_again_copied": again.blobs_copied + again.archives_copied,
+        "backup_ratio": backup_again_s / backup_first_s, "backup_target": BACKUP_TARGET,
+        "backup_pass": (backup_again_s / backup_first_s <= BACKUP_TARGET
+                        and again.blobs_copied + again.archives_copied == 0),
     }
     if args.json:
         print(json.dumps(results, indent=2))
@@ -154,7 +175,11 @@ def main() -> int:
               f" {'PASS' if results['verify_pass'] else 'FAIL'}")
         print(f"archives: {archives / 2**20:.1f} MiB in {sealed_runs} files (history moved,"
               " not deleted)")
-    return 0 if results["shrink_pass"] and results["verify_pass"] else 1
+        print(f"backup: first {backup_first_s:.2f}s, the unchanged ledger again"
+              f" {backup_again_s:.3f}s copying {results['backup_again_copied']} files:"
+              f" {results['backup_ratio']:.3f}x (target <= {BACKUP_TARGET:g}x, nothing copied)"
+              f" {'PASS' if results['backup_pass'] else 'FAIL'}")
+    return 0 if results["shrink_pass"] and results["verify_pass"] and results["backup_pass"] else 1
 
 
 if __name__ == "__main__":

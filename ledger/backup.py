@@ -461,6 +461,19 @@ def _check_dest(dest: str, ledger_dir: str) -> None:
             raise InvalidInput(f"backup destination {dest} holds files that are not a"
                                f" stepledger backup ({', '.join(sorted(foreign)[:3])}); give a"
                                " new or empty directory, or an earlier backup of this ledger")
+        _own_directories(dest, "backup destination")
+
+
+def _own_directories(root: str, what: str) -> None:
+    """The directories a backup or a restore writes inside `root` must be its own: a
+    symlink (or a file) in the place of blobs/, archive/ or tmp/ would send its writes
+    elsewhere. Refused, nothing written."""
+    for sub in (BLOBS_DIR, ARCHIVE_DIR, TMP_DIR):
+        place = os.path.join(root, sub)
+        if os.path.lexists(place) and (os.path.islink(place) or not os.path.isdir(place)):
+            raise InvalidInput(f"{what} {root}: its {sub}/ is a symlink or not a"
+                               f" directory; remove {place} (a backup writes only into"
+                               " directories of its own)")
 
 
 @contextlib.contextmanager
@@ -745,6 +758,16 @@ def restore_backup(
         if not os.path.isdir(target_dir):
             raise InvalidInput(f"restore target {target_dir} is not a directory; give a new or"
                                " empty directory")
+        _own_directories(target_dir, "restore target")
+        archive_dir = os.path.join(target_dir, ARCHIVE_DIR)
+        if os.path.isdir(archive_dir):  # only what a killed restore of this backup left
+            stray = [n for n in os.listdir(archive_dir)
+                     if n not in {a[0] for a in marker.archives}
+                     and n not in {f".{a[0]}.restoring" for a in marker.archives}]
+            if stray:
+                raise InvalidInput(f"restore target {target_dir} has an archive directory"
+                                   f" holding other files ({', '.join(sorted(stray)[:3])}); give"
+                                   " a new or empty directory (nothing was written)")
         leftovers = set(os.listdir(target_dir)) - {BLOBS_DIR, ARCHIVE_DIR,
                                                    os.path.basename(restoring)}
         if name in leftovers and leftovers <= {name, name + "-wal", name + "-shm",

@@ -18,6 +18,7 @@ workspace (a workspace's revisions are folded from its steps' events).
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
@@ -280,14 +281,19 @@ def seal_run(ledger: Ledger, run: str, archive_dir: str | None = None, *,
     directory = archive_dir or default_archive_dir(ledger)
     with ledger.storage.read() as view:
         plan = _plan(ledger, view, run)
-    os.makedirs(directory, mode=0o700, exist_ok=True)
+    try:
+        os.makedirs(directory, mode=0o700, exist_ok=True)
+    except (OSError, RecursionError, ValueError) as exc:
+        raise InvalidInput(f"archive directory {directory[:200]} cannot be created ({type(exc).__name__});"
+                           " give a directory that exists or can be made") from None
     remove_stray_temporaries(directory)
     path = os.path.join(directory, plan.name)
     adopted = False
     if os.path.exists(path):
         try:
             found = verify_archive(path)
-            adopted = found.archive_digest == plan.digest and found.blobs == len(plan.blobs)
+            adopted = (found.archive_digest == plan.digest
+                       and found.blob_set == sorted((b.digest, b.size) for b in plan.blobs))
         except ArchiveInvalid:
             adopted = False
     if not adopted:
@@ -334,7 +340,13 @@ def seal_run(ledger: Ledger, run: str, archive_dir: str | None = None, *,
 
     dropped: list[str] = []
 
-    recorded = ledger.log.append(build, after=delete)
+    try:
+        recorded = ledger.log.append(build, after=delete)
+    except NotSealable:
+        if not adopted:  # written for rows that were not sealed: no seal will ever name it
+            with contextlib.suppress(OSError):
+                os.unlink(path)
+        raise
     return SealReport(run=run, seal_seq=recorded[0].seq, archive=path, events=len(seqs),
                       gaps=len(plan.gaps), steps=len(plan.steps), blobs=len(plan.blobs),
                       blob_bytes=sum(b.size for b in plan.blobs),
@@ -357,6 +369,8 @@ class ArchiveReport(msgspec.Struct, kw_only=True):
     archive_digest: str
     seal_seq: int = 0
     findings: list[Finding] = msgspec.field(default_factory=list)
+    #: every (digest, size) the archive holds, sorted: what a seal's `blobs` must equal
+    blob_set: list[tuple[str, int]] = msgspec.field(default_factory=list)
 
 
 def _seal_events(ledger: Ledger) -> dict[str, tuple[int, Sealed]]:
@@ -427,15 +441,18 @@ def verify_archive(path: str, ledger: Ledger | None = None, *,
         if digest_now != header["archive_digest"]:
             raise ArchiveInvalid(path, "its rows do not hash to the digest its header records")
         blob_count = 0
+        held: list[tuple[str, int]] = []
         for digest, size, data in archive.blobs():
             blob_count += 1
+            held.append((str(digest), int(size) if isinstance(size, int) else -1))
             if (not isinstance(data, bytes) or size != len(data)
                     or hashlib.sha256(data).hexdigest() != digest):
                 raise ArchiveInvalid(path, f"archived blob {str(digest)[:12]}… does not hash to its name")
         if blob_count != n_blobs:
             raise ArchiveInvalid(path, f"it holds {blob_count} blobs, its header says {n_blobs}")
     report = ArchiveReport(path=path, ok=True, ledger_id=header["ledger_id"], run=run,
-                           events=n_events, blobs=n_blobs, archive_digest=digest_now)
+                           events=n_events, blobs=n_blobs, archive_digest=digest_now,
+                           blob_set=sorted(held))
     if ledger is not None:
         if header["ledger_id"] != ledger.ledger_id:
             raise ArchiveInvalid(path, f"it belongs to ledger {header['ledger_id'][:12]}…, not"
@@ -451,11 +468,16 @@ def verify_archive(path: str, ledger: Ledger | None = None, *,
         else:
             seq, seal = named
             report.seal_seq = seq
-            if (seal.gaps != gaps or seal.events != n_events or len(seal.blobs) != n_blobs
-                    or seal.sealed_run != run):
+            if (seal.gaps != gaps or seal.events != n_events or seal.sealed_run != run
+                    or sorted((b.digest, b.size) for b in seal.blobs) != report.blob_set):
                 report.ok = False
                 report.findings.append(Finding("seal", seq, f"VIOLATION: seal #{seq} and"
-                                               f" {path} disagree on the run's rows"))
+                                               f" {path} disagree on the run's rows or blobs"))
+            elif os.path.basename(path) != seal.archive:
+                report.ok = False
+                report.findings.append(Finding("seal", seq, f"VIOLATION: {path} is the archive"
+                                               f" seal #{seq} names {seal.archive}: a file"
+                                               " moved or copied under another name"))
     return report
 
 
@@ -539,6 +561,11 @@ def verify_sealed(ledger: Ledger, archive_dir: str | None = None) -> SealedVerif
             continue
         archives.append(got)
         findings.extend(got.findings)
+        if got.seal_seq != seq:
+            findings.append(Finding("seal", seq, f"VIOLATION: {path}, where seal #{seq} (run"
+                                    f" {seal.sealed_run!r}) keeps its archive, holds"
+                                    f" {'the archive of seal #' + str(got.seal_seq) if got.seal_seq else 'an archive no seal names'}"
+                                    " (replaced by hand): the run's archived history is not there"))
     if os.path.isdir(directory):
         for name in sorted(os.listdir(directory)):
             if name.endswith(ARCHIVE_SUFFIX) and name not in seen:

@@ -411,3 +411,46 @@ def test_an_archive_moved_away_by_hand_is_reported_not_fatal(tmp_path: Path) -> 
     report = backup(src, tmp_path / "b")
     assert report.archives == 0 and len(report.archives_absent) == 1
     check_backup(tmp_path / "b")
+
+
+@pytest.mark.parametrize("sub", ["archive", "blobs", "tmp"])
+def test_a_symlinked_directory_in_dest_is_refused_before_any_write(
+        tmp_path: Path, world: World, sub: str) -> None:
+    """DEST/archive, DEST/blobs or DEST/tmp a symlink to elsewhere: a backup would
+    write outside DEST. Refused before anything is written, there or anywhere."""
+    world.populate(1)
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    dest = tmp_path / "b"
+    dest.mkdir()
+    (dest / sub).symlink_to(outside)
+    with pytest.raises(InvalidInput, match=f"its {sub}/ is a symlink"):
+        backup(world.path, dest)
+    assert list(outside.iterdir()) == [] and sorted(p.name for p in dest.iterdir()) == [sub]
+
+
+@pytest.mark.parametrize("how", ["archive-symlink", "blobs-symlink", "archive-foreign"])
+def test_a_restore_target_with_others_directories_is_refused(
+        tmp_path: Path, world: World, how: str) -> None:
+    """A restore target whose archive/ or blobs/ is a symlink (writes would land
+    outside it) or whose archive/ holds files that are not this backup's is not an
+    empty target: refused, nothing written."""
+    world.populate(1)
+    world.close()
+    dest = tmp_path / "b"
+    backup(world.path, dest)
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    (outside / "precious.txt").write_text("keep")
+    target = tmp_path / "r"
+    target.mkdir()
+    if how == "archive-foreign":
+        (target / "archive").mkdir()
+        (target / "archive" / "precious.txt").write_text("keep")
+    else:
+        (target / how.split("-")[0]).symlink_to(outside)
+    before = sorted(str(p) for p in tmp_path.rglob("*") if "b" != p.parts[-1])
+    with pytest.raises(InvalidInput):
+        restore_backup(dest, target)
+    assert sorted(str(p) for p in tmp_path.rglob("*") if "b" != p.parts[-1]) == before
+    assert [p.name for p in outside.iterdir()] == ["precious.txt"]

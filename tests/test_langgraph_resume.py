@@ -56,7 +56,8 @@ with (Ledger.open(db) if os.path.exists(db) else Ledger.init(db)) as ledger:
 def run(script: Path, *args: str, env: dict[str, str] | None = None) -> dict[str, object]:
     done = subprocess.run([sys.executable, str(script), *args], capture_output=True, text=True,
                           env={**os.environ, "PYTHONPATH": str(ROOT), **(env or {})},
-                          timeout=120, check=True)
+                          timeout=120)
+    assert done.returncode == 0, f"{args}: exit {done.returncode}\n{done.stderr[-4000:]}"
     return json.loads(done.stdout.strip().splitlines()[-1])  # type: ignore[no-any-return]
 
 

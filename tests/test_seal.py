@@ -417,3 +417,95 @@ def test_a_witnessed_ledger_seals_and_reopens(tmp_path: Path) -> None:
         report = again.verify()
         assert report.ok, report.findings
         assert verify_sealed(again).ok
+
+
+# -- the outside review's attacks (each failed before its fix) ----------------------------
+
+
+def _rewrite(src: str, dst: str, blobs_of: object) -> None:
+    """Write `dst` as a self-consistent archive with `src`'s header and rows and the
+    blobs `blobs_of(original_blobs)` returns (bytes that hash to their names)."""
+    from ledger.store.sqlite.archive import ArchiveFile, write_archive
+
+    with ArchiveFile(src) as a:
+        header, rows = dict(a.header), list(a.rows())
+        blobs = [(d, bytes(x)) for d, _s, x in a.blobs()]
+    if os.path.exists(dst):
+        os.unlink(dst)
+    write_archive(dst, header, rows, blobs_of(blobs))  # type: ignore[operator]
+
+
+def _evil(blobs: list[tuple[str, bytes]]) -> list[tuple[str, bytes]]:
+    import hashlib
+    return [(hashlib.sha256(b"EVIL%d" % i).hexdigest(), b"EVIL%d" % i) for i in range(len(blobs))]
+
+
+def test_an_archive_copied_over_another_seals_is_a_finding(ledger: Ledger) -> None:
+    """One seal's archive copied over another's (or two swapped) hashes and chains
+    perfectly: verify must still see that the file at seal A's name is not A's."""
+    _populate(ledger, runs=2, steps=2, big=False)
+    a, b = seal_run(ledger, "run0"), seal_run(ledger, "run1")
+    assert verify_sealed(ledger).ok
+    os.chmod(a.archive, 0o600)
+    shutil.copy(b.archive, a.archive)
+    report = verify_sealed(ledger)
+    assert not report.ok
+    assert any("replaced by hand" in f.message for f in report.findings), report.findings
+
+
+def test_an_archive_whose_blobs_were_swapped_is_a_finding(ledger: Ledger) -> None:
+    """Same header and rows, other (self-consistent) blobs: the seal's blob list
+    disagrees, and verify says so."""
+    _populate(ledger, runs=1, steps=2, big=False)
+    rep = seal_run(ledger, "run0")
+    _rewrite(rep.archive, rep.archive, _evil)
+    report = verify_sealed(ledger)
+    assert not report.ok and any("blobs" in f.message for f in report.findings), report.findings
+
+
+def test_a_planted_archive_with_other_blobs_is_not_adopted(ledger: Ledger) -> None:
+    """An archive planted before the seal with the right rows but other blobs: adopting
+    it would delete the only copy of the run's inline blobs. It is replaced instead."""
+    from ledger import seal as S
+    from ledger.store.sqlite.archive import write_archive
+
+    _populate(ledger, runs=1, steps=2, big=False)
+    with ledger.storage.read() as view:
+        plan = S._plan(ledger, view, "run0")
+    directory = S.default_archive_dir(ledger)
+    os.makedirs(directory, exist_ok=True)
+    path = os.path.join(directory, plan.name)
+    real = [(b.digest, ledger.storage.blobs.read(b.digest, size=b.size)) for b in plan.blobs]
+    write_archive(path, S._header(ledger, plan), plan.rows, _evil(real))
+    rep = seal_run(ledger, "run0")
+    assert not rep.adopted
+    assert verify_sealed(ledger).ok
+    for digest, data in real:
+        assert read_archived_blob(rep.archive, digest) == data
+
+
+def test_a_seal_refused_by_a_concurrent_change_leaves_no_archive(
+        ledger: Ledger, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The run changed between the archive's write and the seal's transaction: the seal
+    is refused, and the archive it wrote for rows it never sealed is removed (verify
+    stays clean)."""
+    from ledger import seal as S
+
+    _populate(ledger, runs=1, steps=2, big=False)
+    real_write = S.write_archive
+
+    def write_then_change(*a: object, **k: object) -> None:
+        real_write(*a, **k)  # type: ignore[arg-type]
+        run_step(ledger, "r0-late", {"out.txt": b"late"}, run="run0")  # another writer
+
+    monkeypatch.setattr(S, "write_archive", write_then_change)
+    with pytest.raises(NotSealable, match="changed"):
+        seal_run(ledger, "run0")
+    assert os.listdir(S.default_archive_dir(ledger)) == []
+    assert verify_sealed(ledger).ok
+
+
+def test_an_archive_dir_that_cannot_be_made_is_a_typed_error(ledger: Ledger) -> None:
+    _populate(ledger, runs=1, steps=1, big=False)
+    with pytest.raises(InvalidInput, match="archive directory"):
+        seal_run(ledger, "run0", archive_dir=str(Path(ledger.path).parent / ("d/" * 3000)))

@@ -83,7 +83,10 @@ TMP_DIR: Final = "tmp"
 LOCK_NAME: Final = ".backup.lock"
 _DB_NAME_RE: Final = re.compile(r"ledger-[0-9]+-[0-9a-f]{12}\.db", re.ASCII)
 _SNAP_RE: Final = re.compile(r"snap-[0-9a-f]{12}\.db", re.ASCII)
-_MARKER_MAX_BYTES: Final = 64 * 1024
+#: The largest marker read: one lists every sealed run's archive (about 150 bytes each),
+#: so this bounds a backup to about 400,000 archives. The writer refuses to write a
+#: larger one (it could not be read back).
+_MARKER_MAX_BYTES: Final = 64 * 1024 * 1024
 _CHUNK: Final = 1 << 20
 _DIR_MODE: Final = 0o700
 _FILE_MODE: Final = 0o400
@@ -226,6 +229,18 @@ def _write_atomically(directory: str, name: str, data: bytes) -> None:
     _fsync_dir(directory)
 
 
+def _read_at_most(fd: int, limit: int) -> bytes:
+    """Up to `limit` bytes of `fd` (os.read may return fewer than asked in one call)."""
+    parts, got = [], 0
+    while got < limit:
+        chunk = os.read(fd, min(_CHUNK, limit - got))
+        if not chunk:
+            break
+        parts.append(chunk)
+        got += len(chunk)
+    return b"".join(parts)
+
+
 def read_backup(path: str | os.PathLike[str]) -> BackupMarker:
     """The marker of the complete backup at `path`, after checking it and the database
     file it names (present, a regular file, its size and sha256). Read-only.
@@ -258,7 +273,7 @@ def read_backup(path: str | os.PathLike[str]) -> BackupMarker:
     try:
         if not stat.S_ISREG(os.fstat(fd).st_mode):
             raise BackupInvalid(where, f"{MARKER} is not a regular file")
-        raw = os.read(fd, _MARKER_MAX_BYTES + 1)
+        raw = _read_at_most(fd, _MARKER_MAX_BYTES + 1)
     finally:
         os.close(fd)
     if len(raw) > _MARKER_MAX_BYTES:
@@ -620,7 +635,12 @@ def _backup_locked(source: Ledger, path: str, where: str, previous: BackupMarker
             witnessed=witnessed, witness=found[1].witness if found is not None else "",
             created_ns=clock(), stepledger=__version__, archives=tuple(archives))
         marker = msgspec.structs.replace(marker, digest=_marker_digest(marker))
-        _write_atomically(where, MARKER, msgspec.json.format(_encoder.encode(marker)) + b"\n")
+        encoded = msgspec.json.format(_encoder.encode(marker)) + b"\n"
+        if len(encoded) > _MARKER_MAX_BYTES:
+            raise BackupInvalid(where, f"its marker would be {len(encoded)} bytes, more than"
+                                f" a reader accepts ({_MARKER_MAX_BYTES})", "seal fewer,"
+                                " larger runs, or split the ledger")
+        _write_atomically(where, MARKER, encoded)
     except BaseException:
         if os.path.basename(snap) != (previous.db if previous is not None else None):
             with contextlib.suppress(OSError):

@@ -454,3 +454,31 @@ def test_a_restore_target_with_others_directories_is_refused(
         restore_backup(dest, target)
     assert sorted(str(p) for p in tmp_path.rglob("*") if "b" != p.parts[-1]) == before
     assert [p.name for p in outside.iterdir()] == ["precious.txt"]
+
+
+def test_a_marker_listing_many_archives_reads_back(tmp_path: Path, world: World) -> None:
+    """The writer never writes a marker the reader refuses: found by bench_growth, whose
+    900 sealed runs made a 100 KiB marker that the 64 KiB read limit then refused.
+    Here 20,000 archive entries (files of their listed size) round-trip."""
+    import msgspec
+
+    from ledger import backup as B
+
+    world.populate(1)
+    world.close()
+    dest = tmp_path / "b"
+    backup(world.path, dest)
+    marker = read_backup(dest)
+    (dest / "archive").mkdir()
+    entries = []
+    for i in range(20_000):
+        name = f"{'a' * 12}-{i:016x}-{i + 1}.slarchive"
+        (dest / "archive" / name).write_bytes(b"")
+        entries.append((name, 0, "0" * 64))
+    marker = msgspec.structs.replace(marker, archives=tuple(entries), digest="")
+    marker = msgspec.structs.replace(marker, digest=B._marker_digest(marker))
+    raw = msgspec.json.format(B._encoder.encode(marker)) + b"\n"
+    assert len(raw) > 1_000_000
+    os.chmod(dest / MARKER, 0o600)
+    (dest / MARKER).write_bytes(raw)
+    assert len(read_backup(dest).archives) == 20_000

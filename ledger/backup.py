@@ -323,15 +323,18 @@ def _check_archives(archives: tuple[tuple[str, int, str], ...], where: str, copy
                     ) -> None:
     """Every archive listed hashes to its sha256 and verifies as the archive of a seal in
     the backup's own database (ledger.seal.verify_archive)."""
-    from .seal import verify_archive
+    from .seal import _seal_events, verify_archive
 
+    if not archives:
+        return
+    seals = _seal_events(copy)  # read once: each archive is checked against its seal
     for name, _size, sha in archives:
         path = os.path.join(where, ARCHIVE_DIR, name)
         if _sha256_file(path)[0] != sha:
             raise BackupInvalid(where, f"its archive {name} does not hash to the marker's"
                                 " sha256 (damaged or replaced)")
         try:
-            report = verify_archive(path, copy)
+            report = verify_archive(path, copy, seals=seals)
         except LedgerError as exc:
             raise BackupInvalid(where, f"its archive {name} is damaged: {exc}") from None
         if not report.ok:

@@ -1,4 +1,5 @@
-"""Shared fixtures: a fake clock, a ledger on tmp_path, and event-building helpers.
+"""Shared fixtures: a fake clock, a ledger on tmp_path, event-building helpers, and a
+throwaway PostgreSQL server (`pg_server`, one per session; `pg_url`, a database per test).
 
 Every ledger in the tests runs on the fake clock; nothing reads wall time. Fixtures
 expose the helpers (`digest`, `commit_step`, ...); module-level code imports them with
@@ -8,8 +9,10 @@ expose the helpers (`digest`, `commit_step`, ...); module-level code imports the
 from __future__ import annotations
 
 import hashlib
+import itertools
 import json
 import os
+import re
 import shutil
 import tempfile
 from collections.abc import Callable, Iterable, Iterator
@@ -30,6 +33,7 @@ from ledger import (
     Planned,
     RecordedEvent,
 )
+from ledger.testing.pgserver import INSTALL_HINT, PgServer, find_bindir
 
 START_NS = 1_700_000_000_000_000_000
 
@@ -319,3 +323,56 @@ def scratch(request: pytest.FixtureRequest) -> Iterator[str]:
         yield d
     finally:
         shutil.rmtree(d, ignore_errors=True)
+
+
+# --- PostgreSQL: one throwaway server per session, a fresh database per test ---------------
+
+#: Set when a test needing PostgreSQL was skipped because it is not installed.
+_PG_SKIPPED: list[str] = []
+_pg_db_numbers = itertools.count(1)
+
+
+@pytest.fixture(scope="session")
+def pg_bindir() -> str:
+    """The PostgreSQL server binaries' directory. Without them the test is skipped with
+    the install hint, or fails when STEPLEDGER_REQUIRE_PG=1 (CI)."""
+    bindir = find_bindir()
+    if bindir is None:
+        if os.environ.get("STEPLEDGER_REQUIRE_PG") == "1":
+            pytest.fail(f"STEPLEDGER_REQUIRE_PG=1: {INSTALL_HINT}", pytrace=False)
+        _PG_SKIPPED.append(INSTALL_HINT)
+        pytest.skip(INSTALL_HINT)
+    return bindir
+
+
+@pytest.fixture(scope="session")
+def pg_server(pg_bindir: str) -> Iterator[PgServer]:
+    """One `ledger.testing.pgserver.PgServer` for the session, also on 127.0.0.1 (so a
+    proxy can sit in front of it), closed at the end."""
+    server = PgServer.start(tcp=True)
+    try:
+        yield server
+    finally:
+        server.close()
+
+
+@pytest.fixture
+def pg_url(pg_server: PgServer, request: pytest.FixtureRequest) -> Iterator[str]:
+    """The URL of a fresh database on the session's server, dropped after the test."""
+    slug = re.sub(r"[^a-z0-9]+", "_", request.node.name.lower()).strip("_")
+    name = f"t{next(_pg_db_numbers)}_{slug}"[:63]
+    if not pg_server.running:  # an earlier test stopped or killed it
+        pg_server.restart()
+    url = pg_server.create_database(name)
+    try:
+        yield url
+    finally:
+        try:
+            pg_server.drop_database(name)
+        except Exception:  # noqa: BLE001 - a test that killed the server, say
+            pass
+
+
+def pytest_terminal_summary(terminalreporter: Any) -> None:
+    if _PG_SKIPPED:
+        terminalreporter.write_line(f"PostgreSQL tests skipped: {_PG_SKIPPED[0]}")

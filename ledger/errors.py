@@ -482,6 +482,20 @@ class StorageFailure(EnvironmentFailure):
         self.path, self.what = path, what
 
 
+class DatabaseUnavailable(EnvironmentFailure):
+    """The database server could not be reached, or the connection was lost (a
+    PostgreSQL ledger). A transaction in flight may or may not have committed: retry
+    with the same journal key, which answers either way."""
+
+    def __init__(self, location: str, what: str) -> None:
+        super().__init__(
+            f"the database at {location} is unavailable: {what}; start the server or fix"
+            " the URL, then retry with the same journal key (a commit cut off may still"
+            " have been durable)"
+        )
+        self.path, self.what = location, what
+
+
 class AccessDenied(StorageFailure):
     """The ledger or its blob store cannot be read or written where it is: a read-only
     file system, or permissions (the ledger is private to its owner). Retrying as it is
@@ -644,6 +658,7 @@ __all__ = [
     "StaleEpoch",
     "StepRejected",
     "StorageFailure",
+    "DatabaseUnavailable",
     "UnknownStep",
     "UnknownWorkspace",
     "Unsettled",

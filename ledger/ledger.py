@@ -79,6 +79,7 @@ from .fences import (
 )
 from .log import EventLog, Guard, Head
 from .store import EventQuery, ReadView, Store, Tx
+from .store.postgres import PgStore, is_url
 from .store.sqlite import SqliteStore
 from .projections import (
     StepRow,
@@ -146,6 +147,15 @@ def _refuse_anchor(events: Sequence[Event]) -> None:
         raise InvalidInput("a witness-anchored event is recorded by Ledger.anchor_witness"
                            " ('stepledger witness anchor'), which verifies the ledger first;"
                            " append does not take one")
+
+
+def _url_options(*, vfs: str | None, blob_root: object) -> None:
+    """Refuse the SQLite-only options for a ledger in PostgreSQL (bad input writes nothing)."""
+    if vfs is not None:
+        raise InvalidInput("vfs is a SQLite option; a postgresql:// ledger has no file")
+    if blob_root is not None:
+        raise InvalidInput("blob_root is a SQLite option; a postgresql:// ledger keeps its"
+                           " blobs in the database")
 
 
 class Ledger:
@@ -289,11 +299,17 @@ class Ledger:
             # through a read-only open first: closing a read-write connection checkpoints
             # the WAL, which would change a file that is about to be refused.
             cls.open(path, readonly=True, clock=clock, vfs=vfs, witness=options.get("witness")).close()
-        clock = clock or time.time_ns
-        store = SqliteStore.open(
-            os.fspath(path), clock=clock, readonly=readonly, synchronous=synchronous,
-            busy_timeout_ms=busy_timeout_ms, vfs=vfs, forensic=forensic,
-            blob_root=options.pop("blob_root", None), on_op=options.pop("on_op", None))
+        if is_url(path):
+            _url_options(vfs=vfs, blob_root=options.pop("blob_root", None))
+            store: Store = PgStore.open(str(path), clock=clock, readonly=readonly,
+                                        forensic=forensic, on_op=options.pop("on_op", None))
+            clock = store.clock  # lease expiry is judged by the database's clock
+        else:
+            clock = clock or time.time_ns
+            store = SqliteStore.open(
+                os.fspath(path), clock=clock, readonly=readonly, synchronous=synchronous,
+                busy_timeout_ms=busy_timeout_ms, vfs=vfs, forensic=forensic,
+                blob_root=options.pop("blob_root", None), on_op=options.pop("on_op", None))
         try:
             ledger = cls(store, clock, **options)
             if resolve:
@@ -324,6 +340,18 @@ class Ledger:
         _check_options(**options)  # bad input writes nothing, not even a file
         if options.get("witness") is not None:
             witness_path(options["witness"])  # a relative witness is refused before any I/O
+        if is_url(path):
+            _url_options(vfs=vfs, blob_root=options.pop("blob_root", None))
+            pg, created = PgStore.create(str(path), clock=clock, on_op=options.pop("on_op", None))
+            try:
+                ledger = cls(pg, pg.clock, created, **options)
+                ledger._attach_witness()
+                if not created:
+                    catch_up(ledger._log)
+            except BaseException:
+                pg.close()
+                raise
+            return ledger
         if os.path.exists(os.fspath(path)):
             try:
                 cls.open(path, readonly=True, clock=clock, vfs=vfs, witness=options.get("witness"),
@@ -598,7 +626,7 @@ class Ledger:
         self._store.files = files
 
     @property
-    def storage(self) -> SqliteStore:
+    def storage(self) -> Store:
         """The ledger's storage (docs/storage.md): read views, write transactions, blob
         bytes, named locks. GC, audit, verify and restore work through it."""
         return self._store
@@ -1217,7 +1245,10 @@ class Ledger:
     def _boundary(self) -> Boundary:
         """The ledger's own files no workspace walk may touch: its directory (the file,
         ``-wal``/``-shm``/``-lockq``, the GC lock), the blob root, the witness."""
-        files = [self.path] + ([self.witness.path] if self.witness is not None else [])
+        witness = [self.witness.path] if self.witness is not None else []
+        if self.blobs.root is None:  # a ledger in a database: only the witness is local
+            return Boundary.of(None, None, witness)
+        files = [self.path] + witness
         return Boundary.of(os.path.dirname(os.path.abspath(self.path)), self.blobs.root, files)
 
     def restore(self, workspace: str, to: str | os.PathLike[str], *,
@@ -1313,7 +1344,8 @@ class Ledger:
             expect_head = Head(seen.seq, seen.hash)
         report = verify(self._store, self._log, expect_head=expect_head, progress=progress,
                         blob_check=self.blob_problem)
-        report.warnings.extend(exposure_warnings(self.path, self.blobs.root))
+        if self.blobs.root is not None:
+            report.warnings.extend(exposure_warnings(self.path, self.blobs.root))
         if extra:
             report.findings.extend(extra)
             report.ok = False

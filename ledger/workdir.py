@@ -133,8 +133,13 @@ class Boundary:
     leaf_paths: tuple[str, ...] = ()
 
     @classmethod
-    def of(cls, ledger_dir: str, blob_root: str, files: list[str]) -> Boundary:
-        """The boundary of a ledger (missing paths count by name only)."""
+    def of(cls, ledger_dir: str | None, blob_root: str | None, files: list[str]) -> Boundary:
+        """The boundary of a ledger (missing paths count by name only; a ledger in a
+        database has no directory or blob root here: None)."""
+        if ledger_dir is None or blob_root is None:
+            return cls(frozenset(), frozenset(), frozenset(
+                identity_of(os.stat(p)) for p in files if os.path.exists(p)),
+                (), tuple(os.path.realpath(p) for p in files))
         def ids(paths: list[str]) -> frozenset[FileIdentity]:
             out = set()
             for p in paths:

@@ -301,9 +301,33 @@ def ledger_path(tmp_path: Path) -> Path:
     return tmp_path / "ledger.db"
 
 
+def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
+    """A module that sets ``BOTH_STORES = True`` runs each test that takes the `ledger`
+    (or `ledger_location`) fixture on both stores: SQLite and PostgreSQL."""
+    if getattr(metafunc.module, "BOTH_STORES", False) and (
+            "ledger" in metafunc.fixturenames or "ledger_location" in metafunc.fixturenames):
+        only = metafunc.definition.get_closest_marker("sqlite_only") is not None
+        metafunc.parametrize("store_kind", ["sqlite"] if only else ["sqlite", "postgres"],
+                             indirect=True)
+
+
 @pytest.fixture
-def ledger(ledger_path: Path, clock: FakeClock) -> Iterator[Ledger]:
-    led = Ledger.init(ledger_path, clock=clock)
+def store_kind(request: pytest.FixtureRequest) -> str:
+    """Which store the `ledger` fixture makes (the default: SQLite)."""
+    return getattr(request, "param", "sqlite")
+
+
+@pytest.fixture
+def ledger_location(store_kind: str, ledger_path: Path, request: pytest.FixtureRequest) -> str:
+    """Where the test's ledger is: a SQLite file, or a fresh PostgreSQL database's URL."""
+    if store_kind == "postgres":
+        return request.getfixturevalue("pg_url")
+    return str(ledger_path)
+
+
+@pytest.fixture
+def ledger(ledger_location: str, clock: FakeClock) -> Iterator[Ledger]:
+    led = Ledger.init(ledger_location, clock=clock)
     assert led.created
     try:
         yield led

@@ -135,6 +135,10 @@ class StoreContract:
         yield store
         store.close()
 
+    def snapshot_target(self, where: str) -> str:
+        """Where `snapshot` writes its copy (a new file)."""
+        return where + "-snapshot"
+
     def other(self, where: str) -> Store:
         """A second connection to the same store (another writer or reader)."""
         return type(self).opener(where, _Clock(), False)
@@ -533,7 +537,7 @@ class StoreContract:
         with store.transaction() as tx:
             tx.put_inline({digest_of(b"x"): b"x"}, 1)
             tx.set_meta("k", "v")
-        target = where + "-snapshot"
+        target = self.snapshot_target(where)
         other = self.other(where)
         try:
             with other.read() as view:  # a reader elsewhere does not stop it

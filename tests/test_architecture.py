@@ -22,7 +22,13 @@ import pytest
 PACKAGE = Path(__file__).resolve().parent.parent / "ledger"
 #: Where a SQLite driver and SQL text may live.
 SQLITE_STORE = "store/sqlite/"
+#: The PostgreSQL store's folder: SQL text and the PostgreSQL driver, no SQLite driver.
+POSTGRES_STORE = "store/postgres/"
 DRIVERS = frozenset({"apsw", "sqlite3", "sqlite_utils"})
+PG_DRIVERS = frozenset({"psycopg", "psycopg_pool"})
+#: Modules outside the PostgreSQL store that may import its driver: the throwaway
+#: server the tests, benchmarks and demo start (it creates and drops databases).
+PG_DRIVER_IMPORTERS = frozenset({"testing/pgserver.py"})
 
 #: Modules outside the SQLite store that still import a driver (to be emptied).
 DRIVER_IMPORTERS: dict[str, frozenset[str]] = {
@@ -30,6 +36,7 @@ DRIVER_IMPORTERS: dict[str, frozenset[str]] = {
 
 #: How many SQL strings each module outside the SQLite store still holds (to be emptied).
 SQL_STRINGS: dict[str, int] = {
+    "testing/pgserver.py": 4,  # CREATE/DROP DATABASE, ending sessions, finding a database
 }
 
 #: Import cycles still present, each as the set of its modules (to be emptied).
@@ -59,7 +66,7 @@ def _rel(path: Path) -> str:
 
 
 def _outside_store(path: Path) -> bool:
-    return not _rel(path).startswith(SQLITE_STORE)
+    return not _rel(path).startswith((SQLITE_STORE, POSTGRES_STORE))
 
 
 def _docstrings(tree: ast.AST) -> set[int]:
@@ -100,7 +107,7 @@ def driver_imports(tree: ast.AST) -> set[str]:
             out.update(a.name.split(".")[0] for a in node.names)
         elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
             out.add(node.module.split(".")[0])
-    return out & DRIVERS
+    return out & (DRIVERS | PG_DRIVERS)
 
 
 def import_graph() -> dict[str, set[str]]:
@@ -168,13 +175,25 @@ def _trees() -> dict[str, ast.AST]:
 
 
 def test_sqlite_drivers_only_where_listed() -> None:
-    found = {rel: frozenset(d) for rel, tree in _trees().items() if (d := driver_imports(tree))}
+    found = {rel: frozenset(d) for rel, tree in _trees().items()
+             if (d := driver_imports(tree) & DRIVERS)}
     gained = {r: sorted(d - DRIVER_IMPORTERS.get(r, frozenset())) for r, d in found.items()
               if d - DRIVER_IMPORTERS.get(r, frozenset())}
     assert not gained, f"a SQLite driver imported outside ledger/{SQLITE_STORE}: {gained}"
     stale = {r: sorted(d - found.get(r, frozenset())) for r, d in DRIVER_IMPORTERS.items()
              if d - found.get(r, frozenset())}
     assert not stale, f"stale DRIVER_IMPORTERS entries (lower them): {stale}"
+
+
+def test_postgres_driver_only_in_its_store() -> None:
+    trees = {_rel(p): ast.parse(p.read_text()) for p in _modules().values()}
+    found = {rel for rel, tree in trees.items() if driver_imports(tree) & PG_DRIVERS}
+    outside = sorted(r for r in found if not r.startswith(POSTGRES_STORE)
+                     and r not in PG_DRIVER_IMPORTERS)
+    assert not outside, f"psycopg imported outside ledger/{POSTGRES_STORE}: {outside}"
+    sqlite_in_pg = sorted(r for r, tree in trees.items() if r.startswith(POSTGRES_STORE)
+                          and driver_imports(tree) & DRIVERS)
+    assert not sqlite_in_pg, f"a SQLite driver in the PostgreSQL store: {sqlite_in_pg}"
 
 
 def test_sql_only_where_listed() -> None:

@@ -30,8 +30,8 @@ def sha(data: bytes) -> str:
 
 
 @pytest.fixture
-def ledger(tmp_path: pathlib.Path) -> Ledger:
-    with Ledger.init(tmp_path / "ledger.db") as lg:
+def ledger(ledger_location: str) -> Ledger:
+    with Ledger.init(ledger_location) as lg:
         yield lg
 
 
@@ -39,6 +39,7 @@ def blob_file(ledger: Ledger, digest: str) -> pathlib.Path:
     return pathlib.Path(ledger.blobs.root) / digest[:2] / digest
 
 
+@pytest.mark.sqlite_only
 def test_small_artifacts_inline_large_ones_as_files(ledger: Ledger) -> None:
     result = run_step(ledger, "s", {"a.txt": SMALL, "b.bin": LARGE})
     assert result.ran and result.manifest.manifest_rev == 0
@@ -69,6 +70,7 @@ def test_identical_content_is_stored_once(ledger: Ledger) -> None:
     assert sorted((b["where"], b["size"]) for b in listed) == [("file", len(LARGE)), ("inline", len(SMALL))]
 
 
+@pytest.mark.sqlite_only
 def test_publish_refuses_a_missing_blob_and_writes_nothing(ledger: Ledger) -> None:
     row = ledger.plan("s", artifacts=["b.bin"])
     ledger.store("s", row.attempt, "b.bin", LARGE)
@@ -82,6 +84,7 @@ def test_publish_refuses_a_missing_blob_and_writes_nothing(ledger: Ledger) -> No
     assert result.ran and ledger.classify("s") == "committed"
 
 
+@pytest.mark.sqlite_only
 def test_publish_refuses_a_corrupt_small_blob(ledger: Ledger) -> None:
     data = os.urandom(100_000)  # a file, below the hash-check limit
     row = ledger.plan("s", artifacts=["f"])
@@ -202,6 +205,7 @@ def test_wrong_order_leaves_a_dangling_manifest_the_checker_catches(ledger: Ledg
     assert not report.ok and any(f.check == "durability" for f in report.findings)
 
 
+@pytest.mark.sqlite_only
 def test_stray_temp_files_are_ignored_by_readers(ledger: Ledger) -> None:
     run_step(ledger, "s", {"b": LARGE})
     tmp = pathlib.Path(ledger.blobs.root) / "tmp"
@@ -213,6 +217,7 @@ def test_stray_temp_files_are_ignored_by_readers(ledger: Ledger) -> None:
         ledger.read_blob(sha(b"x"))
 
 
+@pytest.mark.sqlite_only
 def test_inline_row_corruption_is_detected(ledger: Ledger, tmp_path: pathlib.Path) -> None:
     import apsw
 
@@ -365,3 +370,7 @@ def test_the_fast_path_only_publishes_what_the_plan_declared(
     # what the step-by-step path recorded: a.txt's pin and store, no manifest
     assert [r.kind for r in ledger.read(head)] == ["blob-pinned", "blob-stored"]
     assert ledger.manifest("s") is None and ledger.verify().ok
+
+
+#: The `ledger` fixture runs each test on SQLite and on PostgreSQL (tests/conftest.py).
+BOTH_STORES = True

@@ -602,3 +602,6 @@ def test_conflict_and_illegal_are_not_invalid_input() -> None:
     assert not issubclass(IdempotencyConflict, InvalidInput)
     assert not issubclass(InvalidInput, IllegalTransition)
 
+
+#: The `ledger` fixture runs each test on SQLite and on PostgreSQL (tests/conftest.py).
+BOTH_STORES = True

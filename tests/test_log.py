@@ -82,6 +82,7 @@ def _rows(path: Path | str) -> list[tuple[Any, ...]]:
         conn.close()
 
 
+@pytest.mark.sqlite_only
 @pytest.mark.parametrize(("sql", "what"), REFUSED_SQL)
 def test_raw_sql_cannot_change_events(ledger: Ledger, commit_step, sql: str, what: str) -> None:
     commit_step(ledger, "s")
@@ -97,6 +98,7 @@ def test_raw_sql_cannot_change_events(ledger: Ledger, commit_step, sql: str, wha
     assert ledger.verify().ok
 
 
+@pytest.mark.sqlite_only
 def test_the_refusals_come_from_our_triggers(ledger: Ledger, commit_step, tmp_path: Path) -> None:
     commit_step(ledger, "s")
     ledger.close()
@@ -502,3 +504,7 @@ def test_two_connections_interleaved_keep_one_chain(tmp_path) -> None:
     finally:
         a.close()
         b.close()
+
+
+#: The `ledger` fixture runs each test on SQLite and on PostgreSQL (tests/conftest.py).
+BOTH_STORES = True

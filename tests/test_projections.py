@@ -524,6 +524,7 @@ def test_rebuild_of_a_large_ledger(tmp_path: Path) -> None:
         assert led.step("step-00007").state == "compensated"
 
 
+@pytest.mark.sqlite_only
 @pytest.mark.parametrize("working_set", [1, 2, 5])
 def test_rebuild_with_a_small_working_set(ledger: Ledger, monkeypatch, working_set: int) -> None:
     """Evicting unfinished steps mid-rebuild must not lose or double-count anything."""
@@ -545,6 +546,7 @@ def test_rebuild_with_a_small_working_set(ledger: Ledger, monkeypatch, working_s
     assert ledger.step("s1").stored_bytes == len(b"s1-") + len(b"s1-2-")
 
 
+@pytest.mark.sqlite_only
 def test_rebuild_of_an_empty_ledger(ledger: Ledger) -> None:
     calls: list[tuple[int, int]] = []
     assert ledger.rebuild(progress=lambda d, t: calls.append((d, t))) == 0
@@ -552,6 +554,7 @@ def test_rebuild_of_an_empty_ledger(ledger: Ledger) -> None:
     assert table(ledger) == []
 
 
+@pytest.mark.sqlite_only
 def test_rebuild_repairs_an_edited_projection(ledger: Ledger, tmp_path: Path) -> None:
     ledger.append_batch(commit_events("s", ledger=ledger) + [Planned(step="t", attempt=1)])
     good = table(ledger)
@@ -665,3 +668,7 @@ def test_rebuild_skips_constraints_verify_still_checks_them(tmp_path: Path) -> N
         report = led.verify()
         assert not report.ok
         assert any(f.seq == rec.seq for f in report.findings), report.findings
+
+
+#: The `ledger` fixture runs each test on SQLite and on PostgreSQL (tests/conftest.py).
+BOTH_STORES = True

@@ -1,0 +1,849 @@
+"""The PostgreSQL store: a ledger in a PostgreSQL database, its blobs in it too.
+
+`PgStore` implements `ledger.store.Store` over one psycopg connection (autocommit, with
+explicit transactions), so it behaves as the SQLite store does: `PgView` reads it (a
+``REPEATABLE READ`` transaction inside `read()`: one snapshot), `PgTx` writes it (a
+``READ COMMITTED`` transaction that first takes the ledger's chain lock, an advisory
+transaction lock, so appends are serialized exactly where the hash chain needs them: the
+head a transaction appends after cannot move under it). The append loop is `TxBase`'s;
+this module provides its primitives. Blob bytes live in the database (`blobs.PgFiles`:
+chunk rows and a pointer row committed in one transaction before any event names them).
+
+Time: a transaction's time (`Tx.time_ns`: its events' time, and the clock leases are
+judged by) is the database server's ``clock_timestamp()``, never a worker's, unless a
+clock is injected (tests).
+
+Threads: as on SQLite, `lock` (re-entrant) is held by every use of the connection.
+
+Errors: a lost connection is `DatabaseUnavailable` (the next use reconnects); a commit
+cut off may or may not have committed, which a retry with the same journal key answers.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import threading
+import zlib
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from typing import Any, Final
+from urllib.parse import urlsplit, urlunsplit
+
+from ...errors import (
+    AccessDenied,
+    CorruptLedger,
+    DatabaseUnavailable,
+    InvalidInput,
+    LedgerError,
+    LedgerNotFound,
+    LedgerTooNew,
+    ReadOnlyLedger,
+    StorageFailure,
+)
+from ...events import genesis_hash
+from ...projections.steps import IN_FLIGHT, StepRow
+from ...projections.workspaces import PathState, WsRow
+from .. import (
+    BlobStat,
+    Checkpoint,
+    DuplicateKey,
+    EventQuery,
+    EventRow,
+    FoldRow,
+    Head,
+    Held,
+    PinHold,
+    ProjectionChanges,
+    RowsUnreadable,
+    Scope,
+    StoreInfo,
+)
+from ..base import TxBase, row_problem
+from . import schema as sch
+from .driver import _first_line, _psycopg
+from . import sql as q
+
+#: URL schemes a PostgreSQL ledger is named by.
+SCHEMES: Final = ("postgresql", "postgres")
+CHECKPOINT_NAME: Final = "steps"
+READ_BATCH: Final = 2_000
+#: The advisory lock class of every stepledger lock ('STLG' as a signed 32-bit int).
+LOCK_CLASS: Final = 0x53544C47
+#: How long a connection attempt may take.
+CONNECT_TIMEOUT_S: Final = 10
+
+
+def is_url(location: object) -> bool:
+    """Whether `location` names a PostgreSQL ledger (a ``postgresql://`` URL)."""
+    return isinstance(location, str) and location.split("://", 1)[0].lower() in SCHEMES \
+        and "://" in location
+
+
+def display_url(url: str) -> str:
+    """`url` as messages show it: its password replaced by ``***``."""
+    try:
+        parts = urlsplit(url)
+    except ValueError:
+        return "postgresql://(unparsable URL)"
+    netloc = parts.netloc
+    if "@" in netloc:
+        userinfo, host = netloc.rsplit("@", 1)
+        if ":" in userinfo:
+            userinfo = userinfo.split(":", 1)[0] + ":***"
+        netloc = f"{userinfo}@{host}"
+    query = "&".join("password=***" if p.lower().startswith("password=") else p
+                     for p in parts.query.split("&")) if parts.query else ""
+    return urlunsplit((parts.scheme, netloc, parts.path, query, ""))
+
+
+def _lock_key(name: str) -> int:
+    """A stable signed 32-bit key for lock `name` (crc32: the same in every process)."""
+    k = zlib.crc32(name.encode())
+    return k - (1 << 32) if k >= 1 << 31 else k
+
+
+class PgView:
+    """Reads of the store's connection (inside `read()`: one snapshot)."""
+
+    def __init__(self, store: PgStore) -> None:
+        self._store = store
+
+    def _all(self, sql: str, params: Sequence[object] = ()) -> list[tuple[Any, ...]]:
+        return self._store._run(sql, params).fetchall()  # type: ignore[no-any-return]
+
+    def _one(self, sql: str, params: Sequence[object] = ()) -> tuple[Any, ...] | None:
+        return self._store._run(sql, params).fetchone()  # type: ignore[no-any-return]
+
+    # -- events ------------------------------------------------------------------------
+
+    def head(self) -> Head:
+        row = self._one(q.HEAD)
+        if row is None:
+            return Head(0, self._store.genesis)
+        if not isinstance(row[1], bytes):
+            raise CorruptLedger(self._store.location, f"event #{row[0]}'s hash is not bytes")
+        return Head(row[0], row[1])
+
+    def count(self) -> int:
+        return int(self._one(q.COUNT)[0])  # type: ignore[index]
+
+    def events(self, query: EventQuery = EventQuery()) -> Iterator[EventRow]:
+        sql, params = q.query(query)
+        start = 2**63 - 1 if query.descending else query.after_seq
+        return self._paged(sql, params, start, query.limit)  # type: ignore[return-value]
+
+    def fold_rows(self, after_seq: int = 0) -> Iterator[FoldRow]:
+        sql, params = q.query(EventQuery(after_seq=after_seq), q.FOLD_COLUMNS)
+        return self._paged(sql, params, after_seq, None)  # type: ignore[return-value]
+
+    def _paged(self, sql: str, params: list[Any], start: int, limit: int | None
+               ) -> Iterator[tuple[Any, ...]]:
+        remaining, last = limit, start
+        while True:
+            batch = READ_BATCH if remaining is None else min(READ_BATCH, remaining)
+            if batch <= 0:
+                return
+            got = self._all(sql, (last, *params, batch))
+            yield from got
+            if len(got) < batch:
+                return
+            last = got[-1][0]
+            if remaining is not None:
+                remaining -= len(got)
+
+    def checked_rows(self, after_seq: int = 0) -> Iterator[tuple[EventRow, str | None]]:
+        """Every row after `after_seq` with what is wrong with its cells (the columns'
+        types make most damage impossible here; None: nothing)."""
+        last = after_seq
+        while True:
+            try:
+                got = self._all(q.CHECKED, (last, READ_BATCH))
+            except LedgerError as exc:
+                raise RowsUnreadable(str(exc)) from None
+            for r in got:
+                yield r, row_problem(r)  # type: ignore[misc]
+            if len(got) < READ_BATCH:
+                return
+            last = got[-1][0]
+
+    def journal_lookup(self, key: str) -> EventRow | None:
+        return self._one(q.JOURNAL, (key,))  # type: ignore[return-value]
+
+    def journal_newest(self, prefix: str, kind: str | None = None) -> EventRow | None:
+        from ..sqlite.events import prefix_range
+        low, high = prefix_range(prefix)
+        if kind is None:
+            return self._one(q.JOURNAL_RANGE.format(""), (low, high))  # type: ignore[return-value]
+        return self._one(q.JOURNAL_RANGE.format(" AND kind = %s"),  # type: ignore[return-value]
+                         (low, high, kind))
+
+    # -- projections, meta -------------------------------------------------------------
+
+    def checkpoint(self) -> Checkpoint | None:
+        row = self._one(q.SELECT_CHECKPOINT, (CHECKPOINT_NAME,))
+        return None if row is None else Checkpoint(row[0], row[1])
+
+    def step(self, step_id: str) -> StepRow | None:
+        row = self._one(q.SELECT_STEP, (step_id,))
+        return None if row is None else StepRow.from_tuple(row)
+
+    def steps(self, *, state: str | None = None, step_id: str | None = None) -> list[StepRow]:
+        sql, params = q.select_steps(state, step_id)
+        return [StepRow.from_tuple(r) for r in self._all(sql, params)]
+
+    def steps_in_flight(self, workspace: str, before_epoch: int | None = None, *,
+                        limit: int | None = None, oldest_first: bool = False
+                        ) -> list[tuple[str, int]]:
+        sql = q.in_flight(before_epoch is not None, oldest_first, limit is not None)
+        params: list[object] = [workspace]
+        if before_epoch is not None:
+            params.append(before_epoch)
+        params.extend(sorted(IN_FLIGHT))
+        if limit is not None:
+            params.append(limit)
+        return [(r[0], int(r[1])) for r in self._all(sql, params)]
+
+    def workspace(self, name: str) -> WsRow | None:
+        row = self._one(q.SELECT_ONE_WS, (name,))
+        return None if row is None else WsRow.from_tuple(row)
+
+    def workspace_rows(self) -> list[WsRow]:
+        return [WsRow.from_tuple(r) for r in self._all(q.SELECT_WS)]
+
+    def path_state(self, workspace: str, path: str) -> PathState | None:
+        row = self._one(q.SELECT_PATH, (workspace, path))
+        return None if row is None else (int(row[0]), row[1], int(row[2]))
+
+    def path_rows(self) -> list[tuple[object, ...]]:
+        return self._all(q.SELECT_PATHS)
+
+    def pin_rows(self) -> list[tuple[object, ...]]:
+        return self._all(q.SELECT_PINS)
+
+    def manifest_rows(self) -> list[tuple[object, ...]]:
+        return self._all(q.SELECT_MANIFESTS)
+
+    def entry_rows(self) -> list[tuple[object, ...]]:
+        return self._all(q.SELECT_ENTRIES)
+
+    def meta(self, key: str) -> str | None:
+        row = self._one("SELECT value FROM meta WHERE key = %s", (key,))
+        return None if row is None else row[0]
+
+    def meta_all(self) -> dict[str, object]:
+        return dict(self._all("SELECT key, value FROM meta"))  # type: ignore[arg-type]
+
+    # -- blobs: the inline row, else the blob's chunk rows ------------------------------
+
+    def blob_size(self, digest: str) -> tuple[int, bool] | None:
+        row = self._one(q.INLINE_SIZE, (digest,))
+        if row is not None:
+            return int(row[0]), True
+        row = self._one("SELECT size FROM blob_files WHERE digest = %s", (digest,))
+        return None if row is None else (int(row[0]), False)
+
+    def check_blob(self, digest: str, size: int, *, hash_file: bool) -> None:
+        from ..sqlite.blobs import check_blob
+        check_blob(self, self._store.files, digest, size, hash_file=hash_file)
+
+    def inline_blob(self, digest: str) -> tuple[int, bytes] | None:
+        row = self._one(q.INLINE_BLOB, (digest,))
+        return None if row is None else (row[0], row[1])
+
+    def inline_stat(self, digest: str) -> BlobStat | None:
+        row = self._one(q.INLINE_STAT, (digest,))
+        return None if row is None else BlobStat(digest, int(row[0]), True, int(row[1]))
+
+    def inline_blobs(self) -> Iterator[BlobStat]:
+        return iter([BlobStat(d, n, True, t) for d, n, t in self._all(q.INLINE_ALL)])
+
+    # -- what GC and audit read ---------------------------------------------------------
+
+    def pin_holds(self, digest: str | None = None) -> list[PinHold]:
+        if digest is None:
+            return self._all(q.PIN_HOLDS)  # type: ignore[return-value]
+        return self._all(q.PIN_HOLDS + " WHERE p.digest = %s", (digest,))  # type: ignore[return-value]
+
+    def manifest_digests(self) -> set[str]:
+        return {r[0] for r in self._all(q.MANIFEST_DIGESTS)}
+
+    def names_digest(self, digest: str) -> bool:
+        return self._one(q.NAMES_DIGEST, (digest,)) is not None
+
+    def entries_naming(self, digest: str, limit: int) -> list[tuple[str, int, str]]:
+        return self._all(q.ENTRIES_NAMING, (digest, limit))  # type: ignore[return-value]
+
+    def live_entries(self) -> list[tuple[str, int]]:
+        return self._all(q.LIVE_ENTRIES)  # type: ignore[return-value]
+
+    def event_totals(self, bucket_ns: int) -> tuple[list[tuple[str, str, int, int, int, int]],
+                                                     list[tuple[int, int, int]]]:
+        by_run = [(str(r), str(k), int(n), int(b), int(t0), int(t1))
+                  for r, k, n, b, t0, t1 in self._all(q.TOTALS_BY_RUN)]
+        by_time = [(int(t), int(n), int(b)) for t, n, b in
+                   self._all(q.TOTALS_BY_TIME, (bucket_ns, bucket_ns))]
+        return by_run, by_time
+
+    def live_step_count(self) -> int:
+        return int(self._one(q.LIVE_STEPS)[0])  # type: ignore[index]
+
+    def step_totals(self, states: frozenset[str]) -> tuple[int, int]:
+        n, b = self._one(q.STEP_TOTALS, (sorted(states),))  # type: ignore[misc]
+        return int(n), int(b)
+
+    def condemned(self) -> dict[str, tuple[int, bool]]:
+        return {d: (int(n), bool(i)) for d, n, i in self._all(q.SELECT_CONDEMNED)}
+
+    def condemned_entry(self, digest: str) -> tuple[int, bool] | None:
+        row = self._one(q.SELECT_ONE_CONDEMNED, (digest,))
+        return None if row is None else (int(row[0]), bool(row[1]))
+
+    def condemned_count(self) -> int:
+        return int(self._one(q.COUNT_CONDEMNED)[0])  # type: ignore[index]
+
+    # -- what verify reads -------------------------------------------------------------
+
+    def integrity_problems(self) -> list[str]:
+        """The blob pointer rows whose chunks do not add up (PostgreSQL checks its own
+        pages; what it cannot see is a pointer row that lies)."""
+        rows = self._all(
+            "SELECT f.digest, f.size, f.chunks, count(c.n), coalesce(sum(octet_length(c.data)), 0)"
+            " FROM blob_files f LEFT JOIN blob_chunks c ON c.digest = f.digest"
+            " GROUP BY f.digest, f.size, f.chunks"
+            " HAVING count(c.n) <> f.chunks OR coalesce(sum(octet_length(c.data)), 0) <> f.size"
+            " ORDER BY f.digest LIMIT 20")
+        return [f"blob {d}: its pointer row says {n} bytes in {k} chunks, {got_k} chunks"
+                f" of {got_n} bytes are stored" for d, n, k, got_k, got_n in rows]
+
+    def checkpoint_rows(self) -> list[tuple[object, object, object]]:
+        return self._all(q.CHECKPOINT_ROWS)  # type: ignore[return-value]
+
+    def inline_row_problems(self, limit: int) -> list[tuple[object, object, object]]:
+        return self._all(q.INLINE_ROW_PROBLEMS, (limit,))  # type: ignore[return-value]
+
+    def scratch(self) -> contextlib.AbstractContextManager[Any]:
+        from .scratch import scratch
+        return scratch(self._store)
+
+
+class _LockedIterator:
+    __slots__ = ("_it", "_lock")
+
+    def __init__(self, it: Iterator[Any], lock: Any) -> None:
+        self._it, self._lock = it, lock
+
+    def __iter__(self) -> _LockedIterator:
+        return self
+
+    def __next__(self) -> Any:
+        with self._lock:
+            return next(self._it)
+
+
+_ITERATING: Final = frozenset({"events", "fold_rows", "checked_rows"})
+
+
+def _locked(name: str, fn: Callable[..., Any]) -> Callable[..., Any]:
+    if name in _ITERATING:
+        @functools.wraps(fn)
+        def iterate(self: PgView, *args: Any, **kwargs: Any) -> Any:
+            lock = self._store.lock
+            with lock:
+                return _LockedIterator(iter(fn(self, *args, **kwargs)), lock)
+        return iterate
+
+    @functools.wraps(fn)
+    def call(self: PgView, *args: Any, **kwargs: Any) -> Any:
+        with self._store.lock:
+            return fn(self, *args, **kwargs)
+    return call
+
+
+class _LockedView(PgView):
+    """`store.view`: each read outside a transaction holds the store's lock."""
+
+
+for _name, _fn in list(vars(PgView).items()):
+    if not _name.startswith("_") and callable(_fn):
+        setattr(_LockedView, _name, _locked(_name, _fn))
+
+
+class PgTx(PgView, TxBase):
+    """A write transaction holding the ledger's chain lock (see the module docstring)."""
+
+    def __init__(self, store: PgStore, scope: Scope) -> None:
+        self._store = store
+        self.scope = scope
+        self._time_ns: int | None = None
+
+    def __enter__(self) -> PgTx:
+        store = self._store
+        if store.readonly:
+            raise ReadOnlyLedger(store.location)
+        store.lock.acquire()
+        try:
+            store._begin(write=True)
+        except BaseException:
+            store.lock.release()
+            raise
+        return self
+
+    def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
+        store = self._store
+        try:
+            if exc_type is None:
+                if store.on_op is not None:
+                    store.on_op("commit")
+                store._end(commit=True)
+            else:
+                store._end(commit=False)
+        finally:
+            store.lock.release()
+
+    @property
+    def time_ns(self) -> int:
+        if self._time_ns is None:
+            self._time_ns = self._store.now_ns()
+        return self._time_ns
+
+    # -- TxBase's primitives -------------------------------------------------------------
+
+    def _insert_many(self, rows: list[EventRow]) -> None:
+        psycopg = _psycopg()
+        try:
+            self._store._run_many(q.INSERT_EVENT, rows)
+        except psycopg.errors.UniqueViolation as exc:  # (`_translated` lets it through)
+            raise DuplicateKey(exc) from None
+
+    def _insert_one(self, row: EventRow) -> None:
+        cur = self._store._run(q.INSERT_EVENT_OR_NOTHING, row)
+        if cur.rowcount != 1:
+            raise DuplicateKey()
+
+    def _savepoint(self) -> None:
+        self._store._run("SAVEPOINT append_batch")
+
+    def _rollback_savepoint(self) -> None:
+        self._store._run("ROLLBACK TO SAVEPOINT append_batch")
+
+    def _release_savepoint(self) -> None:
+        self._store._run("RELEASE SAVEPOINT append_batch")
+
+    def _open_part(self) -> None:
+        self._store._run("SAVEPOINT group_part")
+
+    def _undo_part(self) -> None:
+        self._store._run("ROLLBACK TO SAVEPOINT group_part")
+        self._store._run("RELEASE SAVEPOINT group_part")
+
+    def _close_part(self) -> None:
+        self._store._run("RELEASE SAVEPOINT group_part")
+
+    def _intact(self, exc: BaseException) -> bool:
+        # A refusal of ours leaves the transaction as it was; a driver error (a lost
+        # connection, a statement the server refused) ends the group.
+        psycopg = _psycopg()
+        if isinstance(exc, (psycopg.Error, DatabaseUnavailable, StorageFailure)):
+            return False
+        conn = self._store._conn
+        return conn is not None and not conn.broken and \
+            conn.info.transaction_status == psycopg.pq.TransactionStatus.INTRANS
+
+    # -- other writes ------------------------------------------------------------------
+
+    def put_inline(self, blobs: Mapping[str, bytes], stored_ns: int) -> None:
+        for digest, data in blobs.items():
+            found = self._one(q.INLINE_DATA, (digest,))
+            if found is not None and bytes(found[0]) == data:
+                self._store._run(q.INLINE_FRESHEN, (stored_ns, digest))
+            else:
+                self._store._run(q.INLINE_PUT, (digest, len(data), data, stored_ns))
+
+    def delete_inline(self, digest: str) -> None:
+        self._store._run(q.INLINE_DELETE, (digest,))
+
+    def set_meta(self, key: str, value: str) -> None:
+        self._store._run("INSERT INTO meta(key, value) VALUES (%s, %s)"
+                         " ON CONFLICT(key) DO UPDATE SET value = excluded.value", (key, value))
+
+    def write_projection(self, changes: ProjectionChanges) -> None:
+        """One transaction's inline projection changes, in the SQLite store's order."""
+        run = self._store._run_many
+        if changes.steps:
+            run(q.UPSERT_STEP, changes.steps)
+        if changes.releases:
+            acked = [(s, a, *changes.released_on_ack) for s, a, ack in changes.releases if ack]
+            ended = [(s, a) for s, a, ack in changes.releases if not ack]
+            if acked:
+                run(q.RELEASE_ACKED, acked)
+            if ended:
+                run(q.RELEASE_ENDED, ended)
+        if changes.pins:
+            run(q.ADD_PINS, changes.pins)
+        if changes.manifests:
+            run(q.ADD_MANIFESTS.format("manifests"), changes.manifests)
+            run(q.ADD_ENTRIES.format("manifest_entries"), changes.entries)
+        if changes.dropped_steps:
+            dropped = [(s,) for s in changes.dropped_steps]
+            run(q.DROP_ENTRIES, dropped)
+            run(q.DROP_MANIFESTS, dropped)
+            run(q.DROP_PINS, dropped)
+        if changes.workspaces:
+            run(q.UPSERT_WS, changes.workspaces)
+        if changes.paths:
+            run(q.UPSERT_PATH, changes.paths)
+        if changes.uncondemn:
+            run(q.UNCONDEMN, [(d,) for d in sorted(changes.uncondemn)])
+        if changes.checkpoint is not None:
+            self._store._run(q.SET_CHECKPOINT, (CHECKPOINT_NAME, changes.checkpoint.last_seq,
+                                                changes.checkpoint.version))
+
+    def rebuild_projections(self) -> contextlib.AbstractContextManager[Any]:
+        from .scratch import rebuilding
+        return rebuilding(self._store)
+
+    def condemn(self, rows: Sequence[tuple[str, int, bool]], condemned_ns: int,
+                collection: str) -> None:
+        self._store._run_many(q.CONDEMN, [(d, n, int(i), condemned_ns, collection)
+                                          for d, n, i in rows])
+
+    def uncondemn(self, digests: Iterable[str]) -> None:
+        self._store._run_many(q.UNCONDEMN, [(d,) for d in digests])
+
+    def seal_rows(self, run: str, ranges: Sequence[tuple[int, int]], seal_seq: int) -> int:
+        self._store._run_many(q.ADD_SEALED_RANGE, [(a, b, run, seal_seq) for a, b in ranges])
+        removed = 0
+        for a, b in ranges:
+            removed += self._store._run(q.DELETE_SEALED, (a, b, run)).rowcount
+        return removed
+
+
+class PgStore:
+    """A ledger in a PostgreSQL database (see the module docstring)."""
+
+    def __init__(self, url: str, *, clock: Callable[[], int] | None = None,
+                 readonly: bool = False, forensic: bool = False,
+                 on_op: Callable[[str], None] | None = None) -> None:
+        self.url = url
+        self.location = display_url(url)
+        self.injected_clock = clock
+        self.readonly = readonly
+        self.forensic = forensic
+        self.on_op = on_op
+        self.lock = threading.RLock()
+        self._conn: Any = None
+        self._depth = 0  # open transactions of this connection (read or write)
+        self._writing = False
+        self._genesis: bytes | None = None
+        self.version = sch.SCHEMA_VERSION
+        self.schema_changes: tuple[str, ...] = ()
+        self._schema = ""
+        self._chain_key = 0
+        self._gc_key = 0
+        self.view: PgView = _LockedView(self)
+        from .blobs import PgBlobs, PgFiles
+        #: Blob bytes: the inline rows, else the chunk rows (`PgFiles`).
+        self.files = PgFiles(self)
+        self.blobs = PgBlobs(self)
+        self._held: dict[str, Any] = {}
+
+    # -- opening -----------------------------------------------------------------------
+
+    @classmethod
+    def open(cls, url: str, *, clock: Callable[[], int] | None = None, readonly: bool = False,
+             forensic: bool = False, on_op: Callable[[str], None] | None = None) -> PgStore:
+        """Open the ledger at `url`: LedgerNotFound if the database holds none,
+        NotALedger / LedgerTooNew as the SQLite store (nothing is written to a database
+        that is refused)."""
+        store = cls(url, clock=clock, readonly=readonly, forensic=forensic, on_op=on_op)
+        try:
+            with store.lock:
+                conn = store._connect()
+                version = sch.read_marker(conn, store.location)
+                if version is None:
+                    raise LedgerNotFound(store.location)
+                store._judge(conn, version)
+        except BaseException:
+            store.close(refused=True)
+            raise
+        return store
+
+    @classmethod
+    def create(cls, url: str, *, clock: Callable[[], int] | None = None,
+               on_op: Callable[[str], None] | None = None) -> tuple[PgStore, bool]:
+        """Create the ledger's tables in the database at `url` (one transaction, under a
+        lock, so that two concurrent inits make one ledger), or open the one there; and
+        whether it was created."""
+        import uuid
+        store = cls(url, clock=clock, on_op=on_op)
+        try:
+            with store.lock:
+                conn = store._connect()
+                version = sch.read_marker(conn, store.location)
+                created = False
+                if version is None:
+                    with store._translated():
+                        conn.execute("BEGIN")
+                        try:
+                            conn.execute("SELECT pg_advisory_xact_lock(%s, %s)",
+                                         (LOCK_CLASS, _lock_key("init:" + store._schema)))
+                            if sch.read_marker(conn, store.location) is None:
+                                for stmt in sch.create_statements():
+                                    conn.execute(stmt)
+                                conn.execute(
+                                    "INSERT INTO meta(key, value) VALUES ('ledger_id', %s),"
+                                    " ('created_ns', ((extract(epoch FROM clock_timestamp())"
+                                    " * 1000000)::bigint * 1000)::text)", (uuid.uuid4().hex,))
+                                created = True
+                            conn.execute("COMMIT")
+                        except BaseException:
+                            if not conn.broken:
+                                conn.execute("ROLLBACK")
+                            raise
+                    version = sch.read_marker(conn, store.location)
+                store._judge(conn, version)  # type: ignore[arg-type]
+        except BaseException:
+            store.close(refused=True)
+            raise
+        return store, created
+
+    def _judge(self, conn: Any, version: int) -> None:
+        self.version = version
+        if version != sch.SCHEMA_VERSION:
+            raise LedgerTooNew(self.location, version, sch.SCHEMA_VERSION) \
+                if version > sch.SCHEMA_VERSION else _too_old(self.location, version)
+        self.schema_changes = sch.check_schema(conn, self.location, forensic=self.forensic)
+        ledger_id = self.view.meta("ledger_id")
+        if not isinstance(ledger_id, str) or not ledger_id:
+            raise CorruptLedger(self.location, "meta has no ledger_id (the chain's genesis)")
+
+    def _connect(self) -> Any:
+        psycopg = _psycopg()
+        if self._conn is not None and not self._conn.closed and not self._conn.broken:
+            return self._conn
+        if self._depth:
+            raise DatabaseUnavailable(self.location, "the connection was lost inside a"
+                                      " transaction, which did not commit")
+        try:
+            conn = psycopg.connect(self.url, autocommit=True, connect_timeout=CONNECT_TIMEOUT_S,
+                                   application_name="stepledger")
+        except psycopg.ProgrammingError as exc:
+            raise InvalidInput(f"{self.location} is not a usable PostgreSQL URL: "
+                               f"{_first_line(exc)}") from None
+        except psycopg.OperationalError as exc:
+            msg = _first_line(exc)
+            if "password authentication failed" in msg or "permission denied" in msg \
+                    or "role" in msg and "does not exist" in msg:
+                raise AccessDenied(self.location, msg, "check the user and password in the"
+                                   " URL", readers_work=False) from None
+            if "database" in msg and "does not exist" in msg:
+                raise LedgerNotFound(self.location) from None
+            raise DatabaseUnavailable(self.location, msg) from None
+        except (ValueError, TypeError) as exc:
+            raise InvalidInput(f"{self.location} is not a usable PostgreSQL URL: {exc}") from None
+        try:
+            enc = conn.execute("SHOW server_encoding").fetchone()[0]
+            if enc.upper() not in ("UTF8", "UTF-8"):
+                conn.close()
+                raise InvalidInput(f"the database at {self.location} uses encoding {enc}; a"
+                                   " ledger needs UTF8 (CREATE DATABASE ... ENCODING 'UTF8')")
+            schema = conn.execute("SELECT current_schema()").fetchone()[0]
+        except psycopg.OperationalError as exc:
+            raise DatabaseUnavailable(self.location, _first_line(exc)) from None
+        self._schema = schema or ""
+        self._chain_key = _lock_key("chain:" + self._schema)
+        self._gc_key = _lock_key("gc:" + self._schema)
+        self._conn = conn
+        return conn
+
+    # -- running statements --------------------------------------------------------------
+
+    @contextlib.contextmanager
+    def _translated(self) -> Iterator[None]:
+        psycopg = _psycopg()
+        try:
+            yield
+        except psycopg.errors.UniqueViolation:
+            raise
+        except psycopg.OperationalError as exc:
+            raise DatabaseUnavailable(self.location, _first_line(exc)) from None
+        except psycopg.errors.ReadOnlySqlTransaction:
+            raise ReadOnlyLedger(self.location) from None
+        except psycopg.Error as exc:
+            if isinstance(exc, psycopg.errors.InsufficientPrivilege) and \
+                    "append-only" in str(exc):
+                raise CorruptLedger(self.location, _first_line(exc)) from None
+            raise StorageFailure(self.location, f"{type(exc).__name__}: {_first_line(exc)}") \
+                from None
+
+    def _run(self, sql: str, params: Sequence[object] | None = None, *, raw: bool = False) -> Any:
+        """Execute one statement on the connection (reconnecting outside a transaction)."""
+        conn = self._connect()
+        if raw:
+            return conn.execute(sql, params)
+        with self._translated():
+            return conn.execute(sql, params)
+
+    def _run_many(self, sql: str, rows: Sequence[Sequence[object]], *, raw: bool = False) -> None:
+        conn = self._connect()
+        if raw:
+            with conn.cursor() as cur:
+                cur.executemany(sql, rows)
+            return
+        with self._translated(), conn.cursor() as cur:
+            cur.executemany(sql, rows)
+
+    def _begin(self, *, write: bool) -> None:
+        if self._depth:
+            if write and not self._writing:
+                raise RuntimeError("a write transaction inside a read transaction")
+            self._depth += 1
+            return
+        conn = self._connect()
+        with self._translated():
+            if write:
+                conn.execute("BEGIN ISOLATION LEVEL READ COMMITTED")
+                self._depth, self._writing = 1, True
+                try:
+                    conn.execute("SELECT pg_advisory_xact_lock(%s, %s)",
+                                 (LOCK_CLASS, self._chain_key))
+                except BaseException:
+                    self._abort()
+                    raise
+            else:
+                conn.execute("BEGIN ISOLATION LEVEL REPEATABLE READ")
+                self._depth, self._writing = 1, False
+
+    def _end(self, *, commit: bool) -> None:
+        self._depth -= 1
+        if self._depth:
+            return
+        self._writing = False
+        conn = self._conn
+        if not commit:
+            self._abort()
+            return
+        psycopg = _psycopg()
+        try:
+            conn.execute("COMMIT")
+        except psycopg.OperationalError as exc:
+            raise DatabaseUnavailable(self.location, "the connection was lost at COMMIT (the"
+                                      " transaction may or may not have committed): "
+                                      + _first_line(exc)) from None
+        except psycopg.Error as exc:
+            self._abort()
+            raise StorageFailure(self.location, f"COMMIT failed: {_first_line(exc)}") from None
+
+    def _abort(self) -> None:
+        self._depth, self._writing = 0, False
+        conn = self._conn
+        if conn is None or conn.closed or conn.broken:
+            return
+        with contextlib.suppress(Exception):
+            conn.execute("ROLLBACK")
+
+    def now_ns(self) -> int:
+        """The time as the database server has it (or the injected clock's)."""
+        if self.injected_clock is not None:
+            return self.injected_clock()
+        with self.lock:
+            row = self._run("SELECT (extract(epoch FROM clock_timestamp()) * 1000000)::bigint"
+                            ).fetchone()
+        return int(row[0]) * 1000
+
+    # -- the Store interface -------------------------------------------------------------
+
+    @property
+    def clock(self) -> Callable[[], int]:
+        return self.now_ns
+
+    @property
+    def info(self) -> StoreInfo:
+        return StoreInfo(location=self.location, version=self.version, readonly=self.readonly,
+                         forensic=self.forensic, schema_changes=self.schema_changes)
+
+    @property
+    def genesis(self) -> bytes:
+        if self._genesis is None:
+            ledger_id = self.view.meta("ledger_id")
+            if ledger_id is None:
+                raise CorruptLedger(self.location, "meta has no ledger_id")
+            self._genesis = genesis_hash(ledger_id)
+        return self._genesis
+
+    @contextlib.contextmanager
+    def read(self) -> Iterator[PgView]:
+        """A read transaction: every read inside sees one snapshot (inside a write
+        transaction: the transaction's own)."""
+        with self.lock:
+            self._begin(write=False)
+            try:
+                yield self.view
+            except BaseException:
+                self._end(commit=False)
+                raise
+            self._end(commit=True)
+
+    def transaction(self, scope: Scope = Scope()) -> PgTx:
+        return PgTx(self, scope)
+
+    def generation(self) -> object:
+        """Always new: other machines commit without telling this process, and no cheap
+        exact signal says they did, so the log re-reads the head inside each transaction
+        (under the chain lock, where it is exact)."""
+        return object()
+
+    @contextlib.contextmanager
+    def exclusive(self, name: str, *, wait: bool = False) -> Iterator[None]:
+        """Hold lock `name` (a session advisory lock on a connection of its own, so it
+        is held however the store's connection is used) for the block; Held when another
+        session holds it and not `wait`."""
+        psycopg = _psycopg()
+        key = _lock_key(f"{name}:{self._schema}")
+        try:
+            conn = psycopg.connect(self.url, autocommit=True, connect_timeout=CONNECT_TIMEOUT_S,
+                                   application_name=f"stepledger {name} lock")
+        except psycopg.Error as exc:
+            raise DatabaseUnavailable(self.location, _first_line(exc)) from None
+        try:
+            if wait:
+                conn.execute("SELECT pg_advisory_lock(%s, %s)", (LOCK_CLASS, key))
+            elif not conn.execute("SELECT pg_try_advisory_lock(%s, %s)",
+                                  (LOCK_CLASS, key)).fetchone()[0]:
+                raise Held(name, f"advisory lock {name!r} of {self.location}")
+            yield
+        finally:
+            with contextlib.suppress(Exception):
+                conn.close()  # the session's advisory locks go with it
+
+    def held_elsewhere(self, name: str) -> bool:
+        key = _lock_key(f"{name}:{self._schema}")
+        with self.lock:
+            row = self._run(
+                "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND classid = %s::oid"
+                " AND objid = %s::oid AND granted AND pid <> pg_backend_pid()",
+                (LOCK_CLASS & 0xFFFFFFFF, key & 0xFFFFFFFF)).fetchone()
+        return bool(row[0])
+
+    def snapshot(self, path: str) -> None:
+        """A consistent copy of the whole ledger into a new SQLite file at `path` (one
+        REPEATABLE READ snapshot): what `backup` keeps."""
+        from ...copying import snapshot_to_sqlite
+        snapshot_to_sqlite(self, path)
+
+    def close(self, *, refused: bool = False) -> None:
+        with self.lock:
+            conn, self._conn = self._conn, None
+            if conn is not None:
+                with contextlib.suppress(Exception):
+                    conn.close()
+            self.files.close()
+
+
+def _too_old(location: str, version: int) -> LedgerError:
+    from ...errors import NotALedger
+    return NotALedger(location, f"it records schema version {version}; this stepledger"
+                      f" makes and reads v{sch.SCHEMA_VERSION} PostgreSQL ledgers")
+
+
+__all__ = ["PgStore", "PgTx", "PgView", "SCHEMES", "display_url", "is_url"]

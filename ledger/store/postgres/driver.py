@@ -1,0 +1,27 @@
+"""The PostgreSQL driver, imported on first use: psycopg 3 is an extra
+(``pip install 'stepledger[postgres]'``), so the core imports without it."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ...errors import InvalidInput
+
+
+def _psycopg() -> Any:
+    """The psycopg module, or InvalidInput naming the extra that installs it."""
+    try:
+        import psycopg
+    except ImportError:
+        raise InvalidInput("a postgresql:// ledger needs the PostgreSQL extra: pip install"
+                           " 'stepledger[postgres]'") from None
+    return psycopg
+
+
+def _first_line(exc: BaseException) -> str:
+    """The first line of a driver error's message (the rest is the server's detail)."""
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else type(exc).__name__
+
+
+__all__ = ["_first_line", "_psycopg"]

@@ -1,0 +1,291 @@
+"""The PostgreSQL ledger's schema: the same tables, columns and rules as the SQLite
+ledger's (docs/storage.md), in PostgreSQL's types, and the check of a database against it.
+
+A ledger is the set of stepledger tables in one schema of one database (the connection's
+first `search_path` schema; ``?options=-csearch_path%3Dname`` in the URL picks another).
+What marks it as a ledger is the `stepledger_schema` row (the application's name and the
+schema version: what the SQLite file's application id and ``user_version`` say), and
+every object is then checked against the allow-list this module defines: the tables
+and their columns, the indexes, the append-only triggers and the functions they run,
+each enabled. A database that holds other tables is not refused for them; a ledger whose
+objects differ is (`NotALedger`), except by a forensic open, which `verify` makes to
+report a dropped or disabled trigger as a finding.
+
+Text columns are ``COLLATE "C"``: byte order, as SQLite's BINARY collation sorts, so
+step ids, journal key ranges and every ORDER BY come out the same on both stores.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Final
+
+from ...errors import LedgerTooNew, NotALedger
+
+APPLICATION: Final = "stepledger"
+#: The same version numbers as the SQLite schema: a v4 ledger holds the same rows.
+SCHEMA_VERSION: Final = 4
+
+_T: Final = 'text COLLATE "C" NOT NULL'
+_TN: Final = 'text COLLATE "C"'
+
+#: The tables, in creation order: name -> column definitions (and keys).
+TABLES: Final[dict[str, str]] = {
+    "stepledger_schema": "application text NOT NULL, version integer NOT NULL",
+    "meta": f"key {_T} PRIMARY KEY, value {_T}",
+    "events": (
+        f"seq bigint PRIMARY KEY, time_ns bigint NOT NULL, workspace {_T}, run {_T},"
+        f" step {_T}, attempt bigint NOT NULL, epoch bigint NOT NULL, rev bigint NOT NULL,"
+        f" journal_key {_T} UNIQUE, kind {_T}, v bigint NOT NULL, payload bytea NOT NULL,"
+        " prev_hash bytea NOT NULL, hash bytea NOT NULL"
+    ),
+    "projection_checkpoint": f"name {_T} PRIMARY KEY, last_seq bigint NOT NULL,"
+                             " version bigint NOT NULL",
+    "steps": (
+        f"step_id {_T} PRIMARY KEY, run {_T}, workspace {_T}, state {_T},"
+        " attempt bigint NOT NULL, epoch bigint NOT NULL, rev bigint NOT NULL,"
+        f" manifest_rev bigint NOT NULL, manifest_digest {_TN}, live bigint NOT NULL,"
+        " committed_bytes bigint NOT NULL, stored_bytes bigint NOT NULL,"
+        " first_seq bigint NOT NULL, last_seq bigint NOT NULL, updated_ns bigint NOT NULL"
+    ),
+    # inline blobs: written in the transaction that records them (as on SQLite)
+    "blob_data": f"digest {_T} PRIMARY KEY, size bigint NOT NULL, data bytea NOT NULL,"
+                 " stored_ns bigint NOT NULL",
+    # larger blobs: the pointer row, written in the transaction that wrote every chunk
+    "blob_files": f"digest {_T} PRIMARY KEY, size bigint NOT NULL, chunks bigint NOT NULL,"
+                  " stored_ns bigint NOT NULL",
+    "blob_chunks": f"digest {_T}, n bigint NOT NULL, data bytea NOT NULL,"
+                   " PRIMARY KEY(digest, n)",
+    "pins": f"step {_T}, attempt bigint NOT NULL, digest {_T}, role {_T},"
+            " seq bigint NOT NULL, PRIMARY KEY(step, attempt, digest)",
+    "manifests": f"step {_T}, manifest_rev bigint NOT NULL, attempt bigint NOT NULL,"
+                 f" digest {_T}, supersedes {_TN}, seq bigint NOT NULL,"
+                 " PRIMARY KEY(step, manifest_rev)",
+    "manifest_entries": f"step {_T}, manifest_rev bigint NOT NULL, role {_T}, path {_T},"
+                        f" digest {_T}, size bigint NOT NULL,"
+                        " PRIMARY KEY(step, manifest_rev, role, path)",
+    "workspaces": f"name {_T} PRIMARY KEY, root {_T}, rev bigint NOT NULL,"
+                  f" epoch bigint NOT NULL, holder {_T}, expires_ns bigint NOT NULL,"
+                  " released bigint NOT NULL, acquired_ns bigint NOT NULL,"
+                  " last_seq bigint NOT NULL",
+    "ws_paths": f"workspace {_T}, path {_T}, rev bigint NOT NULL, hash {_TN},"
+                " seq bigint NOT NULL, PRIMARY KEY(workspace, path)",
+    "condemned": f"digest {_T} PRIMARY KEY, size bigint NOT NULL, inline bigint NOT NULL,"
+                 f" condemned_ns bigint NOT NULL, collection {_T}",
+    "sealed_ranges": f"first_seq bigint PRIMARY KEY, last_seq bigint NOT NULL, run {_T},"
+                     " seal_seq bigint NOT NULL",
+}
+
+INDEXES: Final[dict[str, str]] = {
+    "events_step": "CREATE INDEX events_step ON events(step, seq)",
+    "events_run": "CREATE INDEX events_run ON events(run, seq)",
+    "pins_digest": "CREATE INDEX pins_digest ON pins(digest)",
+    "manifest_entries_digest": "CREATE INDEX manifest_entries_digest ON manifest_entries(digest)",
+}
+
+#: The append-only rule, in the database itself: UPDATE and TRUNCATE of events are
+#: refused to every connection, DELETE too except inside a range a `run-sealed` event
+#: already in the log registered (the SQLite trigger's very condition).
+FUNCTIONS: Final[dict[str, str]] = {
+    "stepledger_events_append_only": """
+BEGIN
+  IF TG_OP = 'DELETE' AND EXISTS (
+      SELECT 1 FROM sealed_ranges r JOIN events s ON s.seq = r.seal_seq
+      WHERE r.first_seq = (SELECT max(first_seq) FROM sealed_ranges WHERE first_seq <= OLD.seq)
+        AND OLD.seq <= r.last_seq AND OLD.run = r.run AND r.seal_seq > r.last_seq
+        AND s.kind = 'run-sealed') THEN
+    RETURN OLD;
+  END IF;
+  RAISE EXCEPTION 'stepledger events are append-only: % refused', TG_OP
+    USING ERRCODE = 'insufficient_privilege';
+END
+""",
+}
+
+#: Each trigger's pg_trigger.tgtype (ROW 1, BEFORE 2, DELETE 8, UPDATE 16, TRUNCATE 32).
+TRIGGER_TYPES: Final = {"events_no_update": 19, "events_no_delete": 11, "events_no_truncate": 34}
+
+TRIGGERS: Final[dict[str, str]] = {
+    "events_no_update": "BEFORE UPDATE ON events FOR EACH ROW",
+    "events_no_delete": "BEFORE DELETE ON events FOR EACH ROW",
+    "events_no_truncate": "BEFORE TRUNCATE ON events FOR EACH STATEMENT",
+}
+
+
+def create_statements() -> list[str]:
+    """Every statement that makes an empty schema a v`SCHEMA_VERSION` ledger."""
+    out = [f"CREATE TABLE {name}({cols})" for name, cols in TABLES.items()]
+    out += list(INDEXES.values())
+    for name, body in FUNCTIONS.items():
+        out.append(f"CREATE FUNCTION {name}() RETURNS trigger LANGUAGE plpgsql"
+                   f" SET search_path FROM CURRENT AS $body${body}$body$")
+    for name, when in TRIGGERS.items():
+        out.append(f"CREATE TRIGGER {name} {when}"
+                   " EXECUTE FUNCTION stepledger_events_append_only()")
+    # large random chunks: stored out of line, never compressed (it cannot shrink them)
+    out.append("ALTER TABLE blob_chunks ALTER COLUMN data SET STORAGE EXTERNAL")
+    out.append("ALTER TABLE blob_data ALTER COLUMN data SET STORAGE EXTERNAL")
+    out.append("INSERT INTO stepledger_schema(application, version)"
+               f" VALUES ('{APPLICATION}', {SCHEMA_VERSION})")
+    return out
+
+
+# -- checking a database ----------------------------------------------------------------
+
+_COLUMNS_SQL: Final = """
+SELECT c.relname, a.attname, format_type(a.atttypid, a.atttypmod), a.attnotnull,
+       coalesce(co.collname, '')
+FROM pg_attribute a JOIN pg_class c ON c.oid = a.attrelid
+LEFT JOIN pg_collation co ON co.oid = a.attcollation AND a.attcollation <> 100
+WHERE c.relnamespace = current_schema()::regnamespace AND c.relkind IN ('r', 'p')
+  AND a.attnum > 0 AND NOT a.attisdropped AND c.relname = ANY(%s)
+"""
+_INDEXES_SQL: Final = """
+SELECT i.relname, t.relname, pg_get_indexdef(i.oid)
+FROM pg_index x JOIN pg_class i ON i.oid = x.indexrelid JOIN pg_class t ON t.oid = x.indrelid
+WHERE t.relnamespace = current_schema()::regnamespace AND t.relname = ANY(%s)
+  AND NOT x.indisprimary AND NOT x.indisunique
+"""
+_TRIGGERS_SQL: Final = """
+SELECT t.tgname, c.relname, t.tgenabled, p.proname, p.prosrc, t.tgtype
+FROM pg_trigger t JOIN pg_class c ON c.oid = t.tgrelid JOIN pg_proc p ON p.oid = t.tgfoid
+WHERE c.relnamespace = current_schema()::regnamespace AND c.relname = ANY(%s)
+  AND NOT t.tgisinternal
+"""
+_RULES_SQL: Final = """
+SELECT r.rulename, c.relname FROM pg_rewrite r JOIN pg_class c ON c.oid = r.ev_class
+WHERE c.relnamespace = current_schema()::regnamespace AND c.relname = ANY(%s)
+  AND r.rulename <> '_RETURN'
+"""
+_POLICIES_SQL: Final = """
+SELECT c.relname FROM pg_class c
+WHERE c.relnamespace = current_schema()::regnamespace AND c.relname = ANY(%s)
+  AND (c.relrowsecurity OR c.relkind <> 'r')
+"""
+
+
+def read_marker(conn: Any, location: str) -> int | None:
+    """The schema version the `stepledger_schema` row records; None: the schema holds no
+    stepledger tables at all (an empty database). NotALedger / LedgerTooNew otherwise."""
+    row = conn.execute("SELECT to_regclass(quote_ident(current_schema()) || '.stepledger_schema'),"
+                       " to_regclass(quote_ident(current_schema()) || '.events'),"
+                       " current_schema()").fetchone()
+    if row[2] is None:
+        raise NotALedger(location, "the connection has no schema to use (its search_path"
+                         " names none that exists)")
+    if row[0] is None:
+        if row[1] is not None:
+            raise NotALedger(location, f"schema {row[2]} has an events table but no"
+                             " stepledger_schema row: another application's")
+        return None
+    rows = conn.execute("SELECT application, version FROM stepledger_schema").fetchall()
+    if len(rows) != 1 or rows[0][0] != APPLICATION or type(rows[0][1]) is not int:
+        raise NotALedger(location, "its stepledger_schema table does not hold one"
+                         " stepledger row")
+    version = rows[0][1]
+    if version > SCHEMA_VERSION:
+        raise LedgerTooNew(location, version, SCHEMA_VERSION)
+    if version < 1:
+        raise NotALedger(location, f"it records schema version {version}")
+    return int(version)
+
+
+def schema_changes(conn: Any) -> list[str]:
+    """How the schema's ledger objects differ from the allow-list, one line per object
+    (empty: exactly what `create_statements` makes)."""
+    names = list(TABLES)
+    out: list[str] = []
+    found_cols: dict[str, dict[str, tuple[str, bool, str]]] = {}
+    for table, col, typ, notnull, coll in conn.execute(_COLUMNS_SQL, (names,)).fetchall():
+        found_cols.setdefault(table, {})[col] = (typ, bool(notnull), coll)
+    expected = _expected_columns()
+    for table in names:
+        if table not in found_cols:
+            out.append(f"table {table} was dropped")
+        elif found_cols[table] != expected[table]:
+            out.append(f"table {table} was changed")
+    found_idx = {name: (table, sql) for name, table, sql in
+                 conn.execute(_INDEXES_SQL, (names,)).fetchall()}
+    for name, sql in INDEXES.items():
+        if name not in found_idx:
+            out.append(f"index {name} was dropped")
+        elif not found_idx[name][1].endswith(sql.split(" ON ", 1)[1].replace("(", " USING btree (", 1)):
+            out.append(f"index {name} was changed")
+    for name in sorted(set(found_idx) - set(INDEXES)):
+        out.append(f"index {name} was added")
+    found_trg = {r[0]: r for r in conn.execute(_TRIGGERS_SQL, (names,)).fetchall()}
+    for name in TRIGGERS:
+        got = found_trg.get(name)
+        if got is None:
+            out.append(f"trigger {name} was dropped")
+        elif got[1] != "events" or got[3] != "stepledger_events_append_only" \
+                or got[4] != FUNCTIONS["stepledger_events_append_only"] \
+                or got[5] != TRIGGER_TYPES[name]:
+            out.append(f"trigger {name} was changed")
+        elif got[2] != "O":
+            out.append(f"trigger {name} was disabled")
+    for name in sorted(set(found_trg) - set(TRIGGERS)):
+        out.append(f"trigger {name} was added")
+    for rule, table in conn.execute(_RULES_SQL, (names,)).fetchall():
+        out.append(f"rule {rule} on {table} was added")
+    for (table,) in conn.execute(_POLICIES_SQL, (names,)).fetchall():
+        out.append(f"table {table} has row security or is not a plain table")
+    return out
+
+
+def check_schema(conn: Any, location: str, *, forensic: bool) -> tuple[str, ...]:
+    """Refuse (NotALedger) a ledger whose objects differ from the allow-list; a forensic
+    open accepts differences outside its tables (triggers, indexes, rules), returned for
+    verify to report."""
+    changes = schema_changes(conn)
+    if not changes:
+        return ()
+    tables_differ = [c for c in changes if c.startswith("table ")]
+    if forensic and not tables_differ:
+        return tuple(changes)
+    raise NotALedger(location, "its schema differs from a stepledger"
+                     f" v{SCHEMA_VERSION} ledger: {', '.join(changes)}")
+
+
+def _expected_columns() -> dict[str, dict[str, tuple[str, bool, str]]]:
+    out: dict[str, dict[str, tuple[str, bool, str]]] = {}
+    types = {"text": "text", "bigint": "bigint", "integer": "integer", "bytea": "bytea"}
+    for table, cols in TABLES.items():
+        got: dict[str, tuple[str, bool, str]] = {}
+        for part in _split(cols):
+            words = part.split()
+            if words[0].upper() == "PRIMARY":
+                continue
+            name, typ = words[0], types[words[1]]
+            notnull = "NOT NULL" in part or "PRIMARY KEY" in part
+            coll = "C" if 'COLLATE "C"' in part else ""
+            got[name] = (typ, notnull, coll)
+        # a composite primary key makes its columns NOT NULL
+        for part in _split(cols):
+            if part.startswith("PRIMARY KEY("):
+                for col in part[len("PRIMARY KEY("):-1].split(","):
+                    typ, _, coll = got[col.strip()]
+                    got[col.strip()] = (typ, True, coll)
+        out[table] = got
+    return out
+
+
+def _split(cols: str) -> list[str]:
+    """Column definitions split on the commas outside parentheses."""
+    parts, depth, cur = [], 0, ""
+    for ch in cols:
+        if ch == "(":
+            depth += 1
+        elif ch == ")":
+            depth -= 1
+        if ch == "," and depth == 0:
+            parts.append(cur.strip())
+            cur = ""
+        else:
+            cur += ch
+    if cur.strip():
+        parts.append(cur.strip())
+    return parts
+
+
+__all__ = ["APPLICATION", "SCHEMA_VERSION", "check_schema", "create_statements", "read_marker",
+           "schema_changes"]

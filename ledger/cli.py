@@ -156,10 +156,19 @@ class LedgerGroup(_NamesItsParse, click.Group):
 def _fail_unmapped(ctx: click.Context, exc: Exception) -> None:
     """An exception no typed error carried: the store's (what it means), the OS's, EOF;
     anything else propagates (a bug: its traceback is the report)."""
+    from .store.postgres.driver import driver_errors
     from .store.sqlite import errors as sqlite_errors
 
+    lost, failed = driver_errors()
     try:
         raise exc
+    except lost as exc:  # a PostgreSQL connection lost where no boundary mapped it
+        _fail(ctx, f"the database is unavailable: {' '.join(str(exc).split())}; start the"
+              " server or fix the URL, then retry with the same journal key",
+              EXIT_ENVIRONMENT, "DatabaseUnavailable", {"path": _ledger_path(ctx)})
+    except failed as exc:
+        _fail(ctx, f"the database refused a statement: {' '.join(str(exc).split())}",
+              EXIT_ENVIRONMENT, "StorageFailure", {"path": _ledger_path(ctx), "what": str(exc)})
     # The store's errors no boundary mapped (each maps its own): what they mean.
     except sqlite_errors.BUSY_ERRORS:
         _fail(ctx, "the ledger stayed locked by another writer; retry later",
@@ -239,7 +248,11 @@ _ERROR_KEYS = frozenset({"type", "message", "exit_code"})
 
 
 def _ledger_path(ctx: click.Context) -> str:
-    return str((ctx.obj or {}).get("ledger_path", "the ledger"))
+    """The ledger as messages name it (a URL's password replaced by ***)."""
+    from .store.postgres import display_url, is_url
+
+    path = str((ctx.obj or {}).get("ledger_path", "the ledger"))
+    return display_url(path) if is_url(path) else path
 
 
 def _wants_json(ctx: click.Context) -> bool:
@@ -413,8 +426,8 @@ def _event_detail(r: RecordedEvent) -> str:
     envvar=ENV_LEDGER,
     default=DEFAULT_PATH,
     show_default=True,
-    metavar="PATH",
-    help=f"The ledger file (or set {ENV_LEDGER}).",
+    metavar="PATH|URL",
+    help=f"The ledger file, or a postgresql:// URL (or set {ENV_LEDGER}).",
 )
 @click.option(
     "--workspace",
@@ -490,10 +503,12 @@ def init(ctx: click.Context, as_json: bool) -> None:
         stepledger --ledger ws/.stepledger/ledger.db init
     """
     from .ledger import Ledger
+    from .store.postgres import is_url
 
     path = ctx.obj["ledger_path"]
     with Ledger.init(path, witness=ctx.obj.get("witness")) as ledger:
-        info = {"path": os.path.abspath(path), "created": ledger.created, "ledger_id": ledger.ledger_id}
+        info = {"path": ledger.path if is_url(path) else os.path.abspath(path),
+                "created": ledger.created, "ledger_id": ledger.ledger_id}
     if as_json:
         _emit_json(info)
     elif info["created"]:
@@ -705,9 +720,14 @@ def export(ctx: click.Context, what: str, fmt: str) -> None:
         stepledger export --what events > events.jsonl
         stepledger export --what steps --format csv > steps.csv
     """
+    from .store.postgres import is_url
     from .store.sqlite.export import exported_rows, unexportable
 
     path = ctx.obj["ledger_path"]
+    if is_url(path):
+        raise InvalidInput("export reads a SQLite ledger file; for a PostgreSQL ledger copy"
+                           " it to a file first: stepledger copy URL ledger.db, then"
+                           " stepledger --ledger ledger.db export")
     # validates the file before anything reads it; the output is spooled, so a damaged
     # row fails the command before anything is printed
     with _open(ctx, readonly=True) as ledger, _Spool() as out:
@@ -2103,6 +2123,69 @@ def _echo_audit(r: Any) -> None:
     n = r.violations + (0 if r.reconciled else 1)
     click.echo(f"audit: {'ok' if r.ok else _n(n, 'violation')} ({r.elapsed_s:.2f}s)")
 
+
+
+@cli.command("copy", epilog=_examples(
+    "stepledger copy .stepledger/ledger.db postgresql://me@db.internal/ledger",
+    "stepledger copy postgresql://me@db.internal/ledger ./ledger-copy.db --json",
+))
+@click.argument("source", metavar="SRC")
+@click.argument("dest", metavar="DST")
+@click.option("--no-verify", is_flag=True, help="Skip verifying both ends afterwards.")
+@json_option
+@click.pass_context
+def copy_cmd(ctx: click.Context, source: str, dest: str, no_verify: bool, as_json: bool) -> None:
+    """Copy the ledger SRC to the new ledger DST, between stores (a file or a
+    postgresql:// URL each): every event, hash, projection row and blob, unchanged.
+
+    This is how a ledger that started embedded moves to a server, and back. The
+    source is read in one snapshot (writers may go on; what they commit after it is
+    not in the copy, and gc waits); the copy's tables commit in one transaction, after
+    every blob they name is stored. DST must be new: a file that does not exist, or a
+    database with no ledger (or an empty one). Then both ends are verified and their
+    heads compared.
+
+    \b
+    Exit codes: 0 copied and both ends verify with the same head; 1 a verify found a
+    problem or the heads differ; 2 DST is not new, or SRC is not a ledger; 3 storage.
+    """
+    from .copying import copy_ledger
+    from .ledger import Ledger
+
+    update, finish = _progress("copying")
+    try:
+        report = copy_ledger(source, dest,
+                             progress=None if update is None else lambda _w, n: update(n))
+    finally:
+        finish()
+    out: dict[str, Any] = {**report.as_json(), "verified": not no_verify}
+    ok = True
+    if not no_verify:
+        heads = []
+        for where, key in ((source, "source_verify"), (dest, "dest_verify")):
+            with Ledger.open(where, readonly=True, witness=ctx.obj.get("witness")) as led:
+                v = led.verify()
+            heads.append(f"{v.head_seq}:{v.head_hash}")
+            out[key] = {"ok": v.ok, "findings": len(v.findings), "head": heads[-1]}
+            ok = ok and v.ok
+        out["same_head"] = heads[1] == report.head
+        ok = ok and out["same_head"]
+    out["ok"] = ok
+    if as_json:
+        _emit_json(out)
+    else:
+        click.echo(f"copied {report.source} -> {report.dest}: {_n(report.events, 'event')},"
+                   f" {_n(report.rows, 'row')}, {_n(report.blobs, 'blob')}"
+                   f" ({_size(report.blob_bytes)}) outside the inline rows; head {report.head}")
+        if not no_verify:
+            for key, what in (("source_verify", "source"), ("dest_verify", "copy")):
+                v = out[key]
+                click.echo(f"  verify {what}: {'ok' if v['ok'] else 'FAILED'}"
+                           f" ({_n(v['findings'], 'finding')}), head {v['head']}")
+            if not out["same_head"]:
+                click.echo("  the copy's head differs from the source's snapshot head", err=True)
+    if not ok:
+        sys.exit(EXIT_NO)
 
 
 @cli.command("stats", epilog=_examples(

@@ -49,6 +49,27 @@ PinHold = tuple[str, str, "str | None", int, "int | None", "int | None"]
 #: A manifest entry: step, manifest_rev, role, path, digest, size.
 EntryRow = tuple[str, int, str, str, str, int]
 
+#: Every table a ledger holds, with its columns, in the order `copy` moves them (the same
+#: names on every store): what `ReadView.table_rows` reads and `Tx.load_rows` writes.
+#: Blob bytes outside the inline rows move through `BlobBackend`/the blob files.
+COPY_TABLES: Final[dict[str, tuple[str, ...]]] = {
+    "meta": ("key", "value"),
+    "events": ROW_NAMES,
+    "projection_checkpoint": ("name", "last_seq", "version"),
+    "steps": ("step_id", "run", "workspace", "state", "attempt", "epoch", "rev",
+              "manifest_rev", "manifest_digest", "live", "committed_bytes", "stored_bytes",
+              "first_seq", "last_seq", "updated_ns"),
+    "blob_data": ("digest", "size", "data", "stored_ns"),
+    "pins": ("step", "attempt", "digest", "role", "seq"),
+    "manifests": ("step", "manifest_rev", "attempt", "digest", "supersedes", "seq"),
+    "manifest_entries": ("step", "manifest_rev", "role", "path", "digest", "size"),
+    "workspaces": ("name", "root", "rev", "epoch", "holder", "expires_ns", "released",
+                   "acquired_ns", "last_seq"),
+    "ws_paths": ("workspace", "path", "rev", "hash", "seq"),
+    "condemned": ("digest", "size", "inline", "condemned_ns", "collection"),
+    "sealed_ranges": ("first_seq", "last_seq", "run", "seal_seq"),
+}
+
 _HEAD_RE: Final = re.compile(r"([0-9]+):([0-9a-fA-F]{64})", re.ASCII)
 
 
@@ -351,6 +372,10 @@ class ReadView(Protocol):
         ...
 
     def scratch(self) -> AbstractContextManager[Scratch]: ...
+    def table_rows(self, table: str) -> Iterator[tuple[object, ...]]:
+        """Every row of `table` (a `COPY_TABLES` name) in its columns' order, streamed in
+        bounded batches (events in seq order): what `copy` reads."""
+        ...
 
 
 Guard = Callable[[Any, Event], None]
@@ -388,6 +413,11 @@ class Tx(ReadView, Protocol):
         """Register `ranges` (first, last seq) as sealed by event `seal_seq` (already
         appended in this transaction) and delete `run`'s rows inside them; return how
         many (docs/design.md "Sealed runs")."""
+        ...
+
+    def load_rows(self, table: str, rows: Sequence[tuple[object, ...]]) -> None:
+        """Insert `rows` of `table` (a `COPY_TABLES` name) as they are: what `copy`
+        writes into an empty ledger (events keep their seq, hashes and time)."""
         ...
 
     # One caller's part of a group commit (docs/design.md "Group commit"): a savepoint.
@@ -448,7 +478,7 @@ class Store(Protocol):
 
 
 __all__ = [
-    "ROW_ERRORS", "ROW_NAMES", "ROW_TYPES", "BlobBackend", "BlobStat", "Checkpoint",
+    "COPY_TABLES", "ROW_ERRORS", "ROW_NAMES", "ROW_TYPES", "BlobBackend", "BlobStat", "Checkpoint",
     "CondemnedCheck", "DuplicateKey", "EntryRow", "EventQuery", "EventRow", "FoldRow",
     "Guard", "Head", "Held", "PinHold", "Prepared", "ProjectionChanges", "ProjectionSink",
     "Projector", "ReadView", "RebuildSink", "RowsUnreadable", "Scope", "Scratch", "Store",

@@ -44,6 +44,7 @@ from ...events import genesis_hash
 from ...projections.steps import IN_FLIGHT, StepRow
 from ...projections.workspaces import PathState, WsRow
 from .. import (
+    COPY_TABLES,
     BlobStat,
     Checkpoint,
     DuplicateKey,
@@ -321,6 +322,18 @@ class PgView:
     def inline_row_problems(self, limit: int) -> list[tuple[object, object, object]]:
         return self._all(q.INLINE_ROW_PROBLEMS, (limit,))  # type: ignore[return-value]
 
+    def table_rows(self, table: str) -> Iterator[tuple[object, ...]]:
+        """Every row of a `COPY_TABLES` table, in its columns' order, streamed through a
+        server-side cursor (call inside `read()`: one snapshot)."""
+        columns = COPY_TABLES[table]
+        order = " ORDER BY seq" if table == "events" else ""
+        store = self._store
+        conn = store._connect()
+        with store._translated(), conn.cursor(name=f"copy_{table}") as cur:
+            cur.itersize = READ_BATCH
+            cur.execute(f"SELECT {', '.join(columns)} FROM {table}{order}")
+            yield from cur
+
     def scratch(self) -> contextlib.AbstractContextManager[Any]:
         from .scratch import scratch
         return scratch(self._store)
@@ -340,7 +353,7 @@ class _LockedIterator:
             return next(self._it)
 
 
-_ITERATING: Final = frozenset({"events", "fold_rows", "checked_rows"})
+_ITERATING: Final = frozenset({"events", "fold_rows", "checked_rows", "table_rows"})
 
 
 def _locked(name: str, fn: Callable[..., Any]) -> Callable[..., Any]:
@@ -509,6 +522,12 @@ class PgTx(PgView, TxBase):
 
     def uncondemn(self, digests: Iterable[str]) -> None:
         self._store._run_many(q.UNCONDEMN, [(d,) for d in digests])
+
+    def load_rows(self, table: str, rows: Sequence[tuple[object, ...]]) -> None:
+        columns = COPY_TABLES[table]
+        if rows:
+            self._store._run_many(f"INSERT INTO {table}({', '.join(columns)}) VALUES"
+                                  f" ({', '.join(['%s'] * len(columns))})", rows)
 
     def seal_rows(self, run: str, ranges: Sequence[tuple[int, int]], seal_seq: int) -> int:
         self._store._run_many(q.ADD_SEALED_RANGE, [(a, b, run, seal_seq) for a, b in ranges])

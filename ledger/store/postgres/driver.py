@@ -18,10 +18,24 @@ def _psycopg() -> Any:
     return psycopg
 
 
+class _Never(Exception):
+    """Raised by nothing: what `driver_errors` names when psycopg is not installed."""
+
+
+def driver_errors() -> tuple[type[BaseException], type[BaseException]]:
+    """(a lost connection, any other driver error) as psycopg names them, for the
+    command line's last resort (it imports no driver)."""
+    try:
+        import psycopg
+    except ImportError:
+        return _Never, _Never
+    return psycopg.OperationalError, psycopg.Error
+
+
 def _first_line(exc: BaseException) -> str:
     """The first line of a driver error's message (the rest is the server's detail)."""
     text = str(exc).strip()
     return text.splitlines()[0] if text else type(exc).__name__
 
 
-__all__ = ["_first_line", "_psycopg"]
+__all__ = ["_first_line", "_psycopg", "driver_errors"]

@@ -46,6 +46,7 @@ from .file import (
 from ...errors import CorruptLedger
 from ...events import genesis_hash
 from .. import (
+    COPY_TABLES,
     BlobStat,
     Checkpoint,
     DuplicateKey,
@@ -298,6 +299,13 @@ class SqliteView:
         return self._db.conn.execute(tb.INLINE_ROW_PROBLEMS,  # type: ignore[no-any-return]
                                      (limit,)).fetchall()
 
+    def table_rows(self, table: str) -> Iterator[tuple[object, ...]]:
+        """Every row of a `COPY_TABLES` table, in its columns' order (a cursor: call
+        inside `read()`, which holds one snapshot)."""
+        columns = COPY_TABLES[table]
+        order = " ORDER BY seq" if table == "events" else ""
+        return iter(self._db.conn.execute(f"SELECT {', '.join(columns)} FROM {table}{order}"))
+
     def scratch(self) -> contextlib.AbstractContextManager[sc.Scratch]:
         """A rebuild's scratch copy in TEMP tables beside this view (`ledger.store.Scratch`)."""
         return sc.scratch(self._db.conn)
@@ -320,7 +328,7 @@ class _LockedIterator:
 
 
 #: The view's methods that hand out a lazy iterator over the connection.
-_ITERATING: Final = frozenset({"events", "fold_rows", "checked_rows"})
+_ITERATING: Final = frozenset({"events", "fold_rows", "checked_rows", "table_rows"})
 
 
 def _locked(name: str, fn: Callable[..., Any]) -> Callable[..., Any]:
@@ -452,6 +460,12 @@ class SqliteTx(SqliteView, TxBase):
 
     def uncondemn(self, digests: Iterable[str]) -> None:
         self._db.conn.executemany(tb.UNCONDEMN, [(d,) for d in digests])
+
+    def load_rows(self, table: str, rows: Sequence[tuple[object, ...]]) -> None:
+        columns = COPY_TABLES[table]
+        self._db.conn.executemany(
+            f"INSERT INTO {table}({', '.join(columns)}) VALUES ({', '.join('?' * len(columns))})",
+            rows)
 
     def seal_rows(self, run: str, ranges: Sequence[tuple[int, int]], seal_seq: int) -> int:
         conn = self._db.conn

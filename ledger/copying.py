@@ -1,0 +1,193 @@
+"""Moving a ledger between stores: `stepledger copy SRC DST` (SQLite -> PostgreSQL and
+back), and the PostgreSQL store's `snapshot` (a consistent SQLite copy, for `backup`).
+
+What moves is the ledger itself, unchanged: every event row as stored (seq, time, the
+journal key, the payload bytes, both hashes), the projection rows, the meta facts (the
+ledger id, so the chain's genesis is the same), GC's condemned rows, the inline blobs,
+and every blob outside them (blob files on SQLite, chunk rows on PostgreSQL). Both stores
+hold the same tables in the same format (docs/design.md "One format, two stores"), so no
+row is re-encoded and no hash recomputed: `verify` on the copy checks the very chain the
+source holds, and `head` is the same.
+
+The order keeps the copy's guarantees: the source is read in one snapshot, under its
+collector's lock (no blob it names is deleted meanwhile); the copy's tables are written
+in one transaction of the destination, and every blob outside them is stored (durable)
+before that transaction commits — content before pointer, as every write does. A copy
+cut off anywhere leaves the destination empty of events (its tables commit at once or
+not at all), and `copy` run again into it starts over.
+
+The destination must be new: a file that does not exist, or a database that holds no
+ledger (or an empty one, made by `init` and never written). A ledger with sealed runs is
+refused (their archives are files beside a SQLite ledger; `backup` keeps them).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, Final
+
+from .errors import InvalidInput
+from .store import COPY_TABLES, Head, Store
+
+#: Rows written per statement batch.
+BATCH: Final = 1_000
+#: What a fresh ledger holds before its first write (init's own facts).
+_INIT_META: Final = frozenset({"ledger_id", "created_ns", "compensation_window_s"})
+
+Progress = Callable[[str, int], None]
+
+
+@dataclass(frozen=True)
+class CopyReport:
+    """What `copy_ledger` moved."""
+
+    source: str
+    dest: str
+    head: str
+    events: int
+    rows: int
+    blobs: int
+    blob_bytes: int
+
+    def as_json(self) -> dict[str, Any]:
+        return {"source": self.source, "dest": self.dest, "head": self.head,
+                "events": self.events, "rows": self.rows, "blobs": self.blobs,
+                "blob_bytes": self.blob_bytes}
+
+
+def _open_store(location: str, *, create: bool, readonly: bool = False) -> tuple[Store, bool]:
+    from .store.postgres import PgStore, is_url
+    from .store.sqlite import SqliteStore
+
+    if is_url(location):
+        if create:
+            return PgStore.create(location)
+        return PgStore.open(location, readonly=readonly), False
+    if create:
+        return SqliteStore.create(location, clock=_wall)
+    return SqliteStore.open(location, clock=_wall, readonly=readonly), False
+
+
+def _wall() -> int:
+    import time
+    return time.time_ns()
+
+
+def _check_empty(dst: Store, location: str) -> None:
+    """Refuse a destination that already holds a ledger's rows."""
+    with dst.read() as view:
+        n = view.count()
+        extra = set(view.meta_all()) - _INIT_META
+        steps = view.steps()
+    if n or extra or steps:
+        raise InvalidInput(f"the destination {location} already holds a ledger ({n} events);"
+                           " copy into a new file or an empty database")
+
+
+def copy_tables(src: Store, dst: Store, *, progress: Progress | None = None,
+                before_commit: Callable[[], None] | None = None) -> tuple[int, int, Head]:
+    """Copy every `COPY_TABLES` row of `src` (one snapshot) into the empty `dst` (one
+    transaction); `before_commit` runs just before it commits (the blob copy). Returns
+    (events, rows, the source's head)."""
+    rows_total = 0
+    with src.read() as view:
+        head = view.head()
+        if any(True for _ in view.table_rows("sealed_ranges")):
+            raise InvalidInput(f"{src.info.location} has sealed runs, whose archives are"
+                               " files beside it; copy a ledger without sealed runs, or keep"
+                               " it with 'stepledger backup'")
+        events = view.count()
+        with dst.transaction() as tx:
+            for table in COPY_TABLES:
+                if table == "meta":
+                    _replace_meta(tx, view)
+                    continue
+                batch: list[tuple[object, ...]] = []
+                for row in view.table_rows(table):
+                    batch.append(tuple(row))
+                    if len(batch) >= BATCH:
+                        tx.load_rows(table, batch)
+                        rows_total += len(batch)
+                        batch = []
+                        if progress is not None:
+                            progress(table, rows_total)
+                if batch:
+                    tx.load_rows(table, batch)
+                    rows_total += len(batch)
+                if progress is not None:
+                    progress(table, rows_total)
+            if before_commit is not None:
+                before_commit()
+    return events, rows_total, head
+
+
+def _replace_meta(tx: Any, view: Any) -> None:
+    """The destination's meta becomes the source's (its ledger id: the same genesis)."""
+    rows = [tuple(r) for r in view.table_rows("meta")]
+    for key, value in rows:
+        tx.set_meta(key, value)
+
+
+def copy_ledger(source: str, dest: str, *, progress: Progress | None = None) -> CopyReport:
+    """Copy the ledger at `source` to the new ledger `dest` (a path or a postgresql://
+    URL each; see the module docstring). InvalidInput for a destination that is not new."""
+    from .store.postgres import is_url
+
+    if not is_url(dest) and os.path.lexists(dest):
+        raise InvalidInput(f"the destination {dest} exists; give a new file (copy never"
+                           " writes over a ledger)")
+    src, _ = _open_store(source, create=False, readonly=True)
+    try:
+        dst, created = _open_store(dest, create=True)
+        try:
+            if not created:
+                _check_empty(dst, dst.info.location)
+            moved = {"n": 0, "bytes": 0}
+
+            def copy_blobs() -> None:
+                for digest, (size, _mtime) in sorted(src_files.files().items()):
+                    if dst_files.size(digest) == size:
+                        continue
+                    dst_files.put_stream(src_files.chunks(digest, size=size), digest)
+                    moved["n"] += 1
+                    moved["bytes"] += size
+                    if progress is not None:
+                        progress("blobs", moved["n"])
+
+            src_files, dst_files = _files(src), _files(dst)
+            with src.exclusive("gc", wait=True):
+                events, rows, head = copy_tables(src, dst, progress=progress,
+                                                 before_commit=copy_blobs)
+            report = CopyReport(source=src.info.location, dest=dst.info.location,
+                                head=str(head), events=events, rows=rows, blobs=moved["n"],
+                                blob_bytes=moved["bytes"])
+        finally:
+            dst.close()
+    finally:
+        src.close()
+    return report
+
+
+def _files(store: Store) -> Any:
+    """The store's blob bytes outside its inline rows (files, or chunk rows)."""
+    return store.files  # type: ignore[attr-defined]
+
+
+def snapshot_to_sqlite(src: Store, path: str) -> None:
+    """A consistent copy of `src`'s tables (one snapshot) in the new SQLite file `path`,
+    durable on return; blob bytes outside the inline rows are not copied (`backup` copies
+    them itself)."""
+    from .store.sqlite import SqliteStore
+
+    if os.path.lexists(path):
+        raise InvalidInput(f"snapshot target {path} exists; give a new file")
+    dst, _ = SqliteStore.create(path, clock=_wall)
+    try:
+        copy_tables(src, dst)
+    finally:
+        dst.close()
+
+
+__all__ = ["CopyReport", "copy_ledger", "copy_tables", "snapshot_to_sqlite"]

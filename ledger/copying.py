@@ -29,10 +29,9 @@ from dataclasses import dataclass
 from typing import Any, Final
 
 from .errors import InvalidInput
-from .store import COPY_TABLES, Head, Store
+from .store import Store
+from .store.transfer import _wall, copy_tables
 
-#: Rows written per statement batch.
-BATCH: Final = 1_000
 #: What a fresh ledger holds before its first write (init's own facts).
 _INIT_META: Final = frozenset({"ledger_id", "created_ns", "compensation_window_s"})
 
@@ -70,11 +69,6 @@ def _open_store(location: str, *, create: bool, readonly: bool = False) -> tuple
     return SqliteStore.open(location, clock=_wall, readonly=readonly), False
 
 
-def _wall() -> int:
-    import time
-    return time.time_ns()
-
-
 def _check_empty(dst: Store, location: str) -> None:
     """Refuse a destination that already holds a ledger's rows."""
     with dst.read() as view:
@@ -84,50 +78,6 @@ def _check_empty(dst: Store, location: str) -> None:
     if n or extra or steps:
         raise InvalidInput(f"the destination {location} already holds a ledger ({n} events);"
                            " copy into a new file or an empty database")
-
-
-def copy_tables(src: Store, dst: Store, *, progress: Progress | None = None,
-                before_commit: Callable[[], None] | None = None) -> tuple[int, int, Head]:
-    """Copy every `COPY_TABLES` row of `src` (one snapshot) into the empty `dst` (one
-    transaction); `before_commit` runs just before it commits (the blob copy). Returns
-    (events, rows, the source's head)."""
-    rows_total = 0
-    with src.read() as view:
-        head = view.head()
-        if any(True for _ in view.table_rows("sealed_ranges")):
-            raise InvalidInput(f"{src.info.location} has sealed runs, whose archives are"
-                               " files beside it; copy a ledger without sealed runs, or keep"
-                               " it with 'stepledger backup'")
-        events = view.count()
-        with dst.transaction() as tx:
-            for table in COPY_TABLES:
-                if table == "meta":
-                    _replace_meta(tx, view)
-                    continue
-                batch: list[tuple[object, ...]] = []
-                for row in view.table_rows(table):
-                    batch.append(tuple(row))
-                    if len(batch) >= BATCH:
-                        tx.load_rows(table, batch)
-                        rows_total += len(batch)
-                        batch = []
-                        if progress is not None:
-                            progress(table, rows_total)
-                if batch:
-                    tx.load_rows(table, batch)
-                    rows_total += len(batch)
-                if progress is not None:
-                    progress(table, rows_total)
-            if before_commit is not None:
-                before_commit()
-    return events, rows_total, head
-
-
-def _replace_meta(tx: Any, view: Any) -> None:
-    """The destination's meta becomes the source's (its ledger id: the same genesis)."""
-    rows = [tuple(r) for r in view.table_rows("meta")]
-    for key, value in rows:
-        tx.set_meta(key, value)
 
 
 def copy_ledger(source: str, dest: str, *, progress: Progress | None = None) -> CopyReport:
@@ -175,19 +125,4 @@ def _files(store: Store) -> Any:
     return store.files  # type: ignore[attr-defined]
 
 
-def snapshot_to_sqlite(src: Store, path: str) -> None:
-    """A consistent copy of `src`'s tables (one snapshot) in the new SQLite file `path`,
-    durable on return; blob bytes outside the inline rows are not copied (`backup` copies
-    them itself)."""
-    from .store.sqlite import SqliteStore
-
-    if os.path.lexists(path):
-        raise InvalidInput(f"snapshot target {path} exists; give a new file")
-    dst, _ = SqliteStore.create(path, clock=_wall)
-    try:
-        copy_tables(src, dst)
-    finally:
-        dst.close()
-
-
-__all__ = ["CopyReport", "copy_ledger", "copy_tables", "snapshot_to_sqlite"]
+__all__ = ["CopyReport", "copy_ledger"]

@@ -847,7 +847,7 @@ class PgStore:
     def snapshot(self, path: str) -> None:
         """A consistent copy of the whole ledger into a new SQLite file at `path` (one
         REPEATABLE READ snapshot): what `backup` keeps."""
-        from ...copying import snapshot_to_sqlite
+        from ..transfer import snapshot_to_sqlite
         snapshot_to_sqlite(self, path)
 
     def close(self, *, refused: bool = False) -> None:

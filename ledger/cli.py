@@ -2936,17 +2936,37 @@ def fuzz(seeds: int, fence: str, journal: bool, start: int, length: int, no_shri
 
 @cli.command()
 @click.option("--keep", metavar="DIR", type=click.Path(file_okay=False), help="Keep the demo's files in DIR.")
+@click.option("--ledger", "demo_ledger", metavar="URL", help="Keep the demo's ledger in this"
+              " empty PostgreSQL database (the cross-machine scenario); default: a SQLite file.")
 @json_option
-def demo(keep: str | None, as_json: bool) -> None:
+def demo(keep: str | None, demo_ledger: str | None, as_json: bool) -> None:
     """Run the end-to-end demonstration on an embedded ledger (the main job).
 
     Creates a fresh ledger in a temporary directory (or DIR), drives scripted steps
     through it with the failures stepledger exists for, and checks every invariant.
     Exit 0 only if every check held.
+
+    With --ledger postgresql://... the ledger lives in that (empty) database and the
+    workers share nothing but its URL: the worker SIGKILLed mid-step loses its
+    directory, and a worker elsewhere restores the workspace from the database onto a
+    fresh directory, takes a new epoch and finishes; the dead worker's late receipt is
+    refused.
+
+    \b
+        stepledger demo
+        stepledger demo --ledger postgresql://me@db.internal/demo
     """
     from .demo import run_demo
+    from .store.postgres import is_url
 
-    report = run_demo(keep, echo=None if as_json else functools.partial(click.echo, err=False))
+    if demo_ledger is not None and not is_url(demo_ledger):
+        raise InvalidInput(f"demo --ledger takes a postgresql:// URL, not {demo_ledger!r}"
+                           " (without it the demo makes its own SQLite ledger)")
+    try:
+        report = run_demo(keep, echo=None if as_json else functools.partial(click.echo, err=False),
+                          ledger=demo_ledger)
+    except FileExistsError as exc:
+        raise InvalidInput(str(exc)) from None
     if as_json:
         _emit_json(report)
     if not report["ok"]:

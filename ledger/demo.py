@@ -29,6 +29,7 @@ from .errors import IdempotencyConflict, IllegalTransition, ReplanRefused, Stale
 from .events import Acked, Planned
 from .fences import StepPlan
 from .ledger import Ledger
+from .store.postgres import display_url
 
 Echo = Callable[[str], None] | None
 Say = Callable[[str], None]
@@ -98,12 +99,23 @@ class Agent:
         return result.verdict
 
 
-def run_demo(keep: str | None = None, echo: Echo = print) -> dict[str, Any]:
+def run_demo(keep: str | None = None, echo: Echo = print, *, ledger: str | None = None
+             ) -> dict[str, Any]:
+    """Run the demo. `ledger`: a postgresql:// URL of an empty database to keep the
+    ledger in (default: a SQLite file in the demo's directory); the workers then share
+    nothing but that URL: each works in a directory of its own."""
     say: Say = echo or (lambda _m: None)
     root = keep or tempfile.mkdtemp(prefix="stepledger-demo-")
     os.makedirs(root, exist_ok=True)
-    path = os.path.join(root, ".stepledger", "ledger.db")
-    if os.path.exists(path):
+    if ledger is not None:
+        path = ledger
+        with Ledger.init(path) as fresh_ledger:
+            if fresh_ledger.head().seq:
+                raise FileExistsError(f"{fresh_ledger.path} already holds a ledger; give the"
+                                      " demo an empty database")
+    else:
+        path = os.path.join(root, ".stepledger", "ledger.db")
+    if ledger is None and os.path.exists(path):
         raise FileExistsError(f"{path} exists; give --keep an empty directory")
     checks: dict[str, bool] = {}
     counts = {"steps_started": 0, "committed": 0, "rejected": 0, "deduped": 0,
@@ -116,7 +128,11 @@ def run_demo(keep: str | None = None, echo: Echo = print) -> dict[str, Any]:
 
     repo = os.path.join(root, "workspace")
     _make_repo(repo, say)
-    say(f"stepledger demo: workspace {repo}, ledger {path}")
+    shown = display_url(path) if ledger is not None else path
+    say(f"stepledger demo: workspace {repo}, ledger {shown}")
+    if ledger is not None:
+        say("   the workers are processes that share nothing but the database URL; each"
+            " works in its own directory")
     with Ledger.init(path) as ledger:
         _first_worker(ledger, repo, check, say, counts)
     _killed_worker(path, root, check, say)
@@ -128,7 +144,7 @@ def run_demo(keep: str | None = None, echo: Echo = print) -> dict[str, Any]:
 
     elapsed = time.perf_counter() - t0
     ok = all(checks.values())
-    report = {"ok": ok, "ledger": path, "workspace": fresh, **counts, **result,
+    report = {"ok": ok, "ledger": shown, "workspace": fresh, **counts, **result,
               "checks": checks, "elapsed_s": round(elapsed, 3)}
     say("")
     say(f"steps started {counts['steps_started']}, committed {counts['committed']},"
@@ -140,7 +156,9 @@ def run_demo(keep: str | None = None, echo: Echo = print) -> dict[str, Any]:
         f" — demo {'PASSED' if ok else 'FAILED'}")
     if keep is None:
         shutil.rmtree(root, ignore_errors=True)
-        report["ledger"] = report["workspace"] = None
+        report["workspace"] = None
+        if ledger is None:  # a database outlives the demo's directory
+            report["ledger"] = None
     return report
 
 

@@ -454,11 +454,13 @@ class Workspaces:
 
         boundary = self.core.boundary()
         mine = ancestors(real)  # identity -> path, the root itself included when it exists
-        ledger_dir, blob_root = boundary.dir_paths
-        if real == ledger_dir or (ident is not None and ident in boundary.dirs - boundary.stores):
-            raise WorkspaceOverlap(real, "", ledger_dir, "is")
-        if inside(real, blob_root) or any(i in boundary.stores for i in mine):
-            raise WorkspaceOverlap(real, "", blob_root, "is or lies inside the blob store of")
+        if boundary.dir_paths:  # (a ledger in a database has no directory here)
+            ledger_dir, blob_root = boundary.dir_paths
+            if real == ledger_dir or (ident is not None
+                                      and ident in boundary.dirs - boundary.stores):
+                raise WorkspaceOverlap(real, "", ledger_dir, "is")
+            if inside(real, blob_root) or any(i in boundary.stores for i in mine):
+                raise WorkspaceOverlap(real, "", blob_root, "is or lies inside the blob store of")
         for other in self.workspaces():
             if other.name == name:
                 continue

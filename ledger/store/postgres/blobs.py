@@ -41,7 +41,9 @@ class PgFiles:
 
     def __init__(self, store: Any) -> None:
         self._store = store
-        self.ops = FileOps(None)
+        #: The workspace's file operations (the store's `on_op` hook sees them, as on
+        #: SQLite: the chaos harness and the demo kill a worker between two of them).
+        self.ops = FileOps(lambda name: store.on_op(name) if store.on_op is not None else None)
         self._conn: Any = None
         self._lock = threading.RLock()
 

@@ -1,0 +1,36 @@
+"""`stepledger demo --ledger postgresql://...`: the seed scenario across processes that
+share nothing but the database URL (a worker SIGKILLed mid-step loses its directory; a
+worker elsewhere restores from the database, takes a new epoch and finishes; the dead
+worker's late receipt is refused)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+from conftest import run_cli
+
+
+def test_the_demo_runs_on_postgresql(pg_url: str) -> None:
+    child = subprocess.run([sys.executable, "-m", "ledger", "demo", "--ledger", pg_url, "--json"],
+                           capture_output=True, text=True, timeout=300, check=False)
+    assert child.returncode == 0, child.stderr
+    report = json.loads(child.stdout)
+    assert report["ok"] and all(report["checks"].values())
+    assert report["checks"]["worker 1 died by SIGKILL mid-step"]
+    assert report["checks"]["the late receipt of a dead epoch commits nothing (StaleEpoch)"]
+    assert report["ledger"].startswith("postgresql://")
+    # the ledger outlived every worker's directory: it verifies from the database alone
+    assert run_cli(["--ledger", pg_url, "verify"]).code == 0
+
+
+def test_the_demo_refuses_a_database_that_holds_a_ledger(pg_url: str) -> None:
+    assert run_cli(["--ledger", pg_url, "init"]).code == 0
+    assert run_cli(["demo", "--ledger", pg_url, "--json"]).code == 0  # empty: taken
+    with_events = run_cli(["--ledger", pg_url, "head"]).out
+    got = run_cli(["demo", "--ledger", pg_url])
+    assert got.code == 2 and "already holds a ledger" in got.err
+    assert run_cli(["--ledger", pg_url, "head"]).out == with_events  # nothing written
+    got = run_cli(["demo", "--ledger", "ledger.db"])
+    assert got.code == 2 and "postgresql://" in got.err

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import re
 import threading
 import zlib
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
@@ -95,6 +96,22 @@ def display_url(url: str) -> str:
     query = "&".join("password=***" if p.lower().startswith("password=") else p
                      for p in parts.query.split("&")) if parts.query else ""
     return urlunsplit((parts.scheme, netloc, parts.path, query, ""))
+
+
+def _without_secrets(text: str, url: str, shown: str) -> str:
+    """A driver's message about `url` without its password: libpq quotes a URI it cannot
+    parse whole, or the token it stopped at (`shown`: the URL as messages show it)."""
+    from urllib.parse import unquote
+    text = text.replace(url, shown)
+    rest = url.split("://", 1)[-1]
+    userinfo = rest[:rest.rfind("@")] if "@" in rest else ""
+    secrets = [userinfo.split(":", 1)[1]] if ":" in userinfo else []
+    secrets += re.findall(r"[?&]password=([^&#]*)", url, re.IGNORECASE)
+    for secret in {x for s in secrets for x in (s, unquote(s)) if x}:
+        text = text.replace(f'"{secret}"', '"***"')
+        if len(secret) >= 4:
+            text = text.replace(secret, "***")
+    return text
 
 
 def _lock_key(name: str) -> int:
@@ -648,9 +665,10 @@ class PgStore:
                                    application_name="stepledger")
         except psycopg.ProgrammingError as exc:
             raise InvalidInput(f"{self.location} is not a usable PostgreSQL URL: "
-                               f"{_first_line(exc)}") from None
+                               f"{_without_secrets(_first_line(exc), self.url, self.location)}"
+                               ) from None
         except psycopg.OperationalError as exc:
-            msg = _first_line(exc)
+            msg = _without_secrets(_first_line(exc), self.url, self.location)
             if "password authentication failed" in msg or "permission denied" in msg \
                     or "role" in msg and "does not exist" in msg:
                 raise AccessDenied(self.location, msg, "check the user and password in the"
@@ -659,7 +677,8 @@ class PgStore:
                 raise LedgerNotFound(self.location) from None
             raise DatabaseUnavailable(self.location, msg) from None
         except (ValueError, TypeError) as exc:
-            raise InvalidInput(f"{self.location} is not a usable PostgreSQL URL: {exc}") from None
+            raise InvalidInput(f"{self.location} is not a usable PostgreSQL URL: "
+                               f"{_without_secrets(str(exc), self.url, self.location)}") from None
         try:
             enc = conn.execute("SHOW server_encoding").fetchone()[0]
             if enc.upper() not in ("UTF8", "UTF-8"):

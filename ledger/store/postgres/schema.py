@@ -5,9 +5,9 @@ A ledger is the set of stepledger tables in one schema of one database (the conn
 first `search_path` schema; ``?options=-csearch_path%3Dname`` in the URL picks another).
 What marks it as a ledger is the `stepledger_schema` row (the application's name and the
 schema version: what the SQLite file's application id and ``user_version`` say), and
-every object is then checked against the allow-list this module defines: the tables
-and their columns, the indexes, the append-only triggers and the functions they run,
-each enabled. A database that holds other tables is not refused for them; a ledger whose
+every object is then checked against the allow-list this module defines: the tables,
+their columns and constraints, the indexes, the append-only triggers (no WHEN, no column
+list) and the function they run (its source, language and search path), each enabled. A database that holds other tables is not refused for them; a ledger whose
 objects differ is (`NotALedger`), except by a forensic open, which `verify` makes to
 report a dropped or disabled trigger as a finding.
 
@@ -117,7 +117,13 @@ def create_statements() -> list[str]:
     out += list(INDEXES.values())
     for name, body in FUNCTIONS.items():
         out.append(f"CREATE FUNCTION {name}() RETURNS trigger LANGUAGE plpgsql"
-                   f" SET search_path FROM CURRENT AS $body${body}$body$")
+                   f" AS $body${body}$body$")
+        # Its names resolve in the ledger's schema, and a session's temporary tables last:
+        # PostgreSQL searches pg_temp first unless the path names it, so with the path a
+        # `FROM CURRENT` captured, a temporary `sealed_ranges` and `events` let any role
+        # that may DELETE events delete any of them.
+        out.append(f"DO $do$BEGIN EXECUTE format('ALTER FUNCTION {name}() SET search_path"
+                   " = %I, pg_temp', current_schema()); END$do$")
     for name, when in TRIGGERS.items():
         out.append(f"CREATE TRIGGER {name} {when}"
                    " EXECUTE FUNCTION stepledger_events_append_only()")
@@ -136,29 +142,42 @@ SELECT c.relname, a.attname, format_type(a.atttypid, a.atttypmod), a.attnotnull,
        coalesce(co.collname, '')
 FROM pg_attribute a JOIN pg_class c ON c.oid = a.attrelid
 LEFT JOIN pg_collation co ON co.oid = a.attcollation AND a.attcollation <> 100
-WHERE c.relnamespace = current_schema()::regnamespace AND c.relkind IN ('r', 'p')
+WHERE c.relnamespace = quote_ident(current_schema())::regnamespace AND c.relkind IN ('r', 'p')
   AND a.attnum > 0 AND NOT a.attisdropped AND c.relname = ANY(%s)
 """
 _INDEXES_SQL: Final = """
 SELECT i.relname, t.relname, pg_get_indexdef(i.oid)
 FROM pg_index x JOIN pg_class i ON i.oid = x.indexrelid JOIN pg_class t ON t.oid = x.indrelid
-WHERE t.relnamespace = current_schema()::regnamespace AND t.relname = ANY(%s)
-  AND NOT x.indisprimary AND NOT x.indisunique
+WHERE t.relnamespace = quote_ident(current_schema())::regnamespace AND t.relname = ANY(%s)
+  AND NOT EXISTS (SELECT 1 FROM pg_constraint k
+                  WHERE k.conindid = x.indexrelid AND k.conrelid = x.indrelid)
 """
 _TRIGGERS_SQL: Final = """
-SELECT t.tgname, c.relname, t.tgenabled, p.proname, p.prosrc, t.tgtype
+SELECT t.tgname, c.relname, t.tgenabled, p.proname, p.prosrc, t.tgtype,
+       t.tgqual IS NULL AND t.tgnargs = 0 AND t.tgattr::text = ''
+         AND t.tgoldtable IS NULL AND t.tgnewtable IS NULL,
+       l.lanname = 'plpgsql' AND NOT p.prosecdef AND p.proconfig IS NOT DISTINCT FROM
+         ARRAY['search_path=' || quote_ident(current_schema()) || ', pg_temp']
 FROM pg_trigger t JOIN pg_class c ON c.oid = t.tgrelid JOIN pg_proc p ON p.oid = t.tgfoid
-WHERE c.relnamespace = current_schema()::regnamespace AND c.relname = ANY(%s)
+JOIN pg_language l ON l.oid = p.prolang
+WHERE c.relnamespace = quote_ident(current_schema())::regnamespace AND c.relname = ANY(%s)
   AND NOT t.tgisinternal
+"""
+#: The constraints of the ledger's tables (NOT NULL is a column's, not one of these).
+_CONSTRAINTS_SQL: Final = """
+SELECT c.relname, k.conname, k.contype, pg_get_constraintdef(k.oid)
+FROM pg_constraint k JOIN pg_class c ON c.oid = k.conrelid
+WHERE c.relnamespace = quote_ident(current_schema())::regnamespace AND c.relname = ANY(%s)
+  AND k.contype IN ('p', 'u', 'c', 'f', 'x', 't')
 """
 _RULES_SQL: Final = """
 SELECT r.rulename, c.relname FROM pg_rewrite r JOIN pg_class c ON c.oid = r.ev_class
-WHERE c.relnamespace = current_schema()::regnamespace AND c.relname = ANY(%s)
+WHERE c.relnamespace = quote_ident(current_schema())::regnamespace AND c.relname = ANY(%s)
   AND r.rulename <> '_RETURN'
 """
 _POLICIES_SQL: Final = """
 SELECT c.relname FROM pg_class c
-WHERE c.relnamespace = current_schema()::regnamespace AND c.relname = ANY(%s)
+WHERE c.relnamespace = quote_ident(current_schema())::regnamespace AND c.relname = ANY(%s)
   AND (c.relrowsecurity OR c.relkind <> 'r')
 """
 
@@ -219,12 +238,21 @@ def schema_changes(conn: Any) -> list[str]:
             out.append(f"trigger {name} was dropped")
         elif got[1] != "events" or got[3] != "stepledger_events_append_only" \
                 or got[4] != FUNCTIONS["stepledger_events_append_only"] \
-                or got[5] != TRIGGER_TYPES[name]:
+                or got[5] != TRIGGER_TYPES[name] or not got[6] or not got[7]:
             out.append(f"trigger {name} was changed")
         elif got[2] != "O":
             out.append(f"trigger {name} was disabled")
     for name in sorted(set(found_trg) - set(TRIGGERS)):
         out.append(f"trigger {name} was added")
+    expected_keys = _expected_constraints()
+    found_keys: list[tuple[str, str]] = []
+    for table, name, kind, sql in conn.execute(_CONSTRAINTS_SQL, (names,)).fetchall():
+        if (table, f"{kind} {sql}") in expected_keys:
+            found_keys.append((table, f"{kind} {sql}"))
+        else:  # (a CHECK runs code on every insert; a UNIQUE refuses events)
+            out.append(f"table {table} was changed: constraint {name} was added")
+    for table, key in sorted(set(expected_keys) - set(found_keys)):
+        out.append(f"table {table} was changed: its {key[2:]} was dropped")
     for rule, table in conn.execute(_RULES_SQL, (names,)).fetchall():
         out.append(f"rule {rule} on {table} was added")
     for (table,) in conn.execute(_POLICIES_SQL, (names,)).fetchall():
@@ -266,6 +294,23 @@ def _expected_columns() -> dict[str, dict[str, tuple[str, bool, str]]]:
                     typ, _, coll = got[col.strip()]
                     got[col.strip()] = (typ, True, coll)
         out[table] = got
+    return out
+
+
+def _expected_constraints() -> list[tuple[str, str]]:
+    """(table, "contype definition") of each constraint `create_statements` makes, as
+    pg_get_constraintdef prints it: every primary key, and the journal key's UNIQUE."""
+    out = []
+    for table, cols in TABLES.items():
+        for part in _split(cols):
+            words = part.split()
+            if part.startswith("PRIMARY KEY("):
+                keys = [c.strip() for c in part[len("PRIMARY KEY("):-1].split(",")]
+                out.append((table, f"p PRIMARY KEY ({', '.join(keys)})"))
+            elif "PRIMARY KEY" in part:
+                out.append((table, f"p PRIMARY KEY ({words[0]})"))
+            elif part.endswith(" UNIQUE") or " UNIQUE " in part:
+                out.append((table, f"u UNIQUE ({words[0]})"))
     return out
 
 

@@ -8,6 +8,7 @@ expose the helpers (`digest`, `commit_step`, ...); module-level code imports the
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import itertools
 import json
@@ -302,10 +303,12 @@ def ledger_path(tmp_path: Path) -> Path:
 
 
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
-    """A module that sets ``BOTH_STORES = True`` runs each test that takes the `ledger`
-    (or `ledger_location`) fixture on both stores: SQLite and PostgreSQL."""
-    if getattr(metafunc.module, "BOTH_STORES", False) and (
-            "ledger" in metafunc.fixturenames or "ledger_location" in metafunc.fixturenames):
+    """A module that sets ``BOTH_STORES = True`` runs each of its tests on both stores:
+    SQLite and PostgreSQL. On PostgreSQL every ledger the test makes is routed to a
+    database of the session's server (`_route_ledgers`), unless the test is marked
+    ``sqlite_only`` (it reads the SQLite file itself, or a child process opens it)."""
+    uses = {"ledger", "ledger_location", "tmp_path", "tmp_path_factory"}
+    if getattr(metafunc.module, "BOTH_STORES", False) and uses & set(metafunc.fixturenames):
         only = metafunc.definition.get_closest_marker("sqlite_only") is not None
         metafunc.parametrize("store_kind", ["sqlite"] if only else ["sqlite", "postgres"],
                              indirect=True)
@@ -315,6 +318,56 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
 def store_kind(request: pytest.FixtureRequest) -> str:
     """Which store the `ledger` fixture makes (the default: SQLite)."""
     return getattr(request, "param", "sqlite")
+
+
+_routed_numbers = itertools.count(1)
+
+
+@pytest.fixture(autouse=True)
+def _route_ledgers(store_kind: str, request: pytest.FixtureRequest) -> Iterator[None]:
+    """On PostgreSQL (`store_kind`), every ledger path the test opens or creates with
+    `Ledger.init` / `Ledger.open` — in this process: the command line run in-process too
+    — is a database of its own on the session's server, the same path the same database.
+    Files beside a ledger (blob files, -wal) then do not exist: tests of them are
+    ``sqlite_only``."""
+    if store_kind != "postgres":
+        yield
+        return
+    from ledger.store.postgres import is_url
+
+    server = request.getfixturevalue("pg_server")
+    if not server.running:
+        server.restart()
+    urls: dict[str, str] = {}
+    init, open_ = Ledger.__dict__["init"].__func__, Ledger.__dict__["open"].__func__
+
+    def route(path: Any) -> Any:
+        if is_url(path):
+            return path
+        key = os.path.abspath(os.fspath(path))
+        if key not in urls:
+            urls[key] = server.create_database(f"r{next(_routed_numbers)}_routed")
+        return urls[key]
+
+    def routed_init(cls: type, path: Any = ".stepledger/ledger.db", **kw: Any) -> Any:
+        return init(cls, route(path), **kw)
+
+    def routed_open(cls: type, path: Any = ".stepledger/ledger.db", **kw: Any) -> Any:
+        key = os.path.abspath(os.fspath(path)) if not is_url(path) else None
+        if key is not None and key not in urls:
+            return open_(cls, path, **kw)  # never created here: refused as on SQLite
+        return open_(cls, route(path), **kw)
+
+    mp = pytest.MonkeyPatch()
+    mp.setattr(Ledger, "init", classmethod(routed_init))
+    mp.setattr(Ledger, "open", classmethod(routed_open))
+    try:
+        yield
+    finally:
+        mp.undo()
+        for url in urls.values():
+            with contextlib.suppress(Exception):
+                server.drop_database(url.rsplit("/", 1)[1].split("?")[0])
 
 
 @pytest.fixture

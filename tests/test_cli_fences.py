@@ -566,6 +566,7 @@ class _Crash(Exception):
     pass
 
 
+@pytest.mark.sqlite_only
 def test_a_crash_before_a_large_post_image_is_written_is_replayed(
         world: World) -> None:
     epoch = world.acquire()
@@ -627,3 +628,7 @@ def test_fuzz_command_exit_codes_and_json() -> None:
     bad = runner.invoke(root, ["fuzz", "--seeds", "10", "--fence", "none"])
     assert bad.exit_code == 1 and "minimal event order" in bad.output
     assert "Traceback" not in bad.output
+
+
+#: Each test runs on SQLite and on PostgreSQL (tests/conftest.py).
+BOTH_STORES = True

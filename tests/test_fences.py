@@ -586,3 +586,7 @@ def test_an_apply_result_is_typed_beside_its_verdict_text() -> None:
         done = ApplyResult(verdict=verdict, step="s", attempt=1)
         assert (done.outcome, done.reason) == (verdict, None)
     assert ApplyResult(verdict="deduped", step="s", attempt=1).applied
+
+
+#: Each test runs on SQLite and on PostgreSQL (tests/conftest.py).
+BOTH_STORES = True

@@ -103,3 +103,7 @@ def test_i5_catches_an_effect_under_a_dead_epoch(tmp_path: Path) -> None:
     found = breaches(w)
     assert [b.invariant for b in found] == ["I5"]
     assert "live epoch was None" in found[0].message
+
+
+#: Each test runs on SQLite and on PostgreSQL (tests/conftest.py).
+BOTH_STORES = True

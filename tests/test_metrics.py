@@ -183,6 +183,7 @@ def test_ambiguous_reconciliations_and_compensation_outcomes(world: World, tmp_p
     assert m.checkpoint_age_s.max == 0.0 and m.checkpoint_age_s.workspaces[0].step == "s1"
 
 
+@pytest.mark.sqlite_only
 def test_metrics_are_read_only(world: World) -> None:
     world.ledger.acquire("w", "a", ttl_s=10)
     world.ledger.close()
@@ -192,3 +193,7 @@ def test_metrics_are_read_only(world: World) -> None:
     assert m.lease_expiration_rate.leases == 1
     assert world.path.read_bytes() == before
     world.ledger = Ledger.open(world.path, clock=world.clock)
+
+
+#: Each test runs on SQLite and on PostgreSQL (tests/conftest.py).
+BOTH_STORES = True

@@ -82,6 +82,7 @@ def test_a_step_applied_after_the_read_makes_its_plan_stale(world) -> None:
     ("/etc/passwd", InvalidInput),
     ("link", PathEscapes),
 ])
+@pytest.mark.sqlite_only
 def test_a_read_keeps_the_workspace_boundary(world, path: str, error: type) -> None:
     ledger, repo, _ = world
     (repo / "link").symlink_to("/etc/passwd")
@@ -108,3 +109,7 @@ def test_a_write_named_like_stepledgers_temporaries_is_refused_at_admit(world) -
         ledger.admit("repo", epoch, [StepPlan("s1", [Write(f"sub/{name}", b"x", None)])])
     assert ledger.count() == before and not (repo / "sub").exists()
     ledger.admit("repo", epoch, [StepPlan("s2", [Write(".x.stepledger-notes.txt", b"x", None)])])
+
+
+#: Each test runs on SQLite and on PostgreSQL (tests/conftest.py).
+BOTH_STORES = True

@@ -17,6 +17,8 @@ from __future__ import annotations
 import hashlib
 from pathlib import Path
 
+import pytest
+
 from conftest import FakeClock
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -109,6 +111,7 @@ def _after_fenced_commit() -> int:
     return synced + 1
 
 
+@pytest.mark.sqlite_only
 def test_machine_regression_late_publish_then_restore() -> None:
     """The machine's sequence (a real simulated power loss; every invariant after each
     rule, among them: the restored directory holds what the projection says):
@@ -245,3 +248,7 @@ def test_a_restore_retried_into_a_recreated_directory_is_recorded_anew(tmp_path:
     assert again.seq > first.seq and again.ino != first.ino
     assert (target / "a.txt").read_bytes() == b"one"
     assert w.ledger.verify().ok
+
+
+#: Each test runs on SQLite and on PostgreSQL (tests/conftest.py).
+BOTH_STORES = True

@@ -280,3 +280,7 @@ def test_lease_settle_json_lists_the_conflicts_as_acquire_does(tmp_path: Path) -
                                     "digest": h("created")}]
     assert r.json["settled"][0]["conflicts"] == ["new.txt"]
 
+
+
+#: Each test runs on SQLite and on PostgreSQL (tests/conftest.py).
+BOTH_STORES = True

@@ -103,6 +103,7 @@ def filled(tmp_path: pathlib.Path) -> pathlib.Path:
     return path
 
 
+@pytest.mark.sqlite_only
 def test_every_figure_agrees_with_the_events(filled: pathlib.Path) -> None:
     with Ledger.open(filled, readonly=True) as led:
         r = stats(led)
@@ -167,3 +168,7 @@ def test_cli_text_json_and_read_only(filled: pathlib.Path) -> None:
     assert lock_files_aside(after) == lock_files_aside(before)
     bad = runner.invoke(cli, ["--ledger", str(filled), "stats", "--by", "month"])
     assert bad.exit_code == 2 and bad.stderr.count("\n") == 1 and "Traceback" not in bad.output
+
+
+#: Each test runs on SQLite and on PostgreSQL (tests/conftest.py).
+BOTH_STORES = True

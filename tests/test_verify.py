@@ -237,6 +237,7 @@ def test_a_cut_off_tail_needs_the_recorded_head(
     assert found == {("head", 0)}
 
 
+@pytest.mark.sqlite_only
 def test_an_older_genuine_copy_needs_the_recorded_head(tmp_path: Path) -> None:
     """A rollback to a real earlier state of the file: the chain is intact."""
     path = tmp_path / "live" / "ledger.db"
@@ -347,3 +348,7 @@ def test_a_lagging_projection_is_not_a_finding(victim: Path) -> None:
     report, found = check(victim)
     assert report.ok, report.findings
     assert report.projection_lag == EVENTS
+
+
+#: Each test runs on SQLite and on PostgreSQL (tests/conftest.py).
+BOTH_STORES = True

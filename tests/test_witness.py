@@ -114,6 +114,7 @@ def test_a_tail_written_without_the_witness_is_refused(setup: tuple[Path, Path])
                                      for f in report.findings)
 
 
+@pytest.mark.sqlite_only
 def test_a_rolled_back_copy_is_refused_at_open_and_left_untouched(
         setup: tuple[Path, Path], tmp_path: Path) -> None:
     path, w = setup
@@ -139,6 +140,7 @@ def test_a_rolled_back_copy_is_refused_at_open_and_left_untouched(
     assert not report.ok and {f.check for f in report.findings} >= {"head", "witness"}
 
 
+@pytest.mark.sqlite_only
 def test_a_forked_history_is_refused(setup: tuple[Path, Path], tmp_path: Path) -> None:
     """The same ledger, two futures after seq 3: the witness saw one, the file holds the
     other (a rewritten tail with a valid chain)."""
@@ -190,6 +192,7 @@ def _damage_wal(src: Path, dst: Path, rng: random.Random) -> bool:
     return True
 
 
+@pytest.mark.sqlite_only
 def test_silent_wal_damage_is_reported_not_passed(setup: tuple[Path, Path], tmp_path: Path) -> None:
     """Without a witness some damaged WALs open 'fine' with committed history missing;
     with one, every such open is refused (or the file is reported damaged)."""
@@ -244,3 +247,7 @@ def _open_head(path: Path, witness: Path | None, **_: object) -> int | str:
     finally:
         shutil.rmtree(work, ignore_errors=True)
         os.sync()
+
+
+#: Each test runs on SQLite and on PostgreSQL (tests/conftest.py).
+BOTH_STORES = True

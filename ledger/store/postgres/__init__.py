@@ -869,6 +869,14 @@ class PgStore:
         from ..transfer import snapshot_to_sqlite
         snapshot_to_sqlite(self, path)
 
+    def __del__(self) -> None:
+        # A ledger dropped without close(): its connections go with it, quietly (the
+        # server rolls back whatever it had not committed).
+        with contextlib.suppress(Exception):
+            if self._conn is not None:
+                self._conn.close()
+            self.files.close()
+
     def close(self, *, refused: bool = False) -> None:
         with self.lock:
             conn, self._conn = self._conn, None

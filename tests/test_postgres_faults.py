@@ -13,6 +13,9 @@
   new epoch and settles the first one's attempt; when the first comes back, its late
   append, publish of its receipt, ack, admit, apply and heartbeat are refused with
   `StaleEpoch` (or the protocol's typed refusal) and commit nothing.
+* A writer stalled between its inserts and its COMMIT: on SQLite another writer gets
+  `LedgerBusy` after its busy timeout; on PostgreSQL it waits as long as the stall lasts
+  (a strict xfail: the store sets no lock timeout).
 
 The checkers have teeth: with the guarantee removed (a store that reports a COMMIT it
 lost as done; a ledger without its epoch guard) the same checks report the breach.
@@ -646,3 +649,59 @@ def test_the_lease_check_catches_a_late_write_without_the_epoch_guard(
 
     outcome = partitioned_worker(pg_url, proxy, tmp_path, break_guard=without_guard)
     assert outcome["append"] == "accepted"
+
+
+# === 4. a writer stalled inside its transaction =================================================
+
+
+@pytest.mark.parametrize("store_kind", [
+    "sqlite",
+    pytest.param("postgres", marks=pytest.mark.xfail(
+        strict=True, reason="FINDING: the PostgreSQL store sets no lock_timeout (nor"
+        " idle_in_transaction_session_timeout) and ignores busy_timeout_ms: a writer"
+        " stalled or partitioned inside its transaction keeps the chain lock, and every"
+        " other writer waits for it without bound (until TCP keepalive, ~2 h by default)")),
+])
+def test_a_writer_stalled_inside_its_transaction_holds_others_up_only_for_the_busy_timeout(
+        ledger_location: str, store_kind: str) -> None:
+    """A writer stops between its inserts and its COMMIT (a pause, a SIGSTOP, the network
+    gone after BEGIN): another writer gives up after its busy timeout (`LedgerBusy`), as
+    on SQLite, instead of waiting as long as the stall lasts."""
+    from ledger.errors import LedgerBusy
+
+    Ledger.init(ledger_location).close()
+    stalled, release = threading.Event(), threading.Event()
+
+    def stall(op: str) -> None:
+        if op == "commit" and not stalled.is_set():
+            stalled.set()
+            release.wait(60)
+
+    a = Ledger.open(ledger_location, on_op=stall)
+    b = Ledger.open(ledger_location, busy_timeout_ms=1000)
+    answer: dict[str, Any] = {}
+
+    def b_appends() -> None:
+        start = time.monotonic()
+        try:
+            answer["recorded"] = b.append(Planned(step="b", attempt=1))
+        except LedgerError as exc:
+            answer["error"] = exc
+        answer["waited_s"] = time.monotonic() - start
+
+    ta = threading.Thread(target=lambda: a.append(Planned(step="a", attempt=1)), daemon=True)
+    tb = threading.Thread(target=b_appends, daemon=True)
+    try:
+        ta.start()
+        assert stalled.wait(10)
+        tb.start()
+        tb.join(6)
+        done = dict(answer)
+    finally:
+        release.set()  # the stall ends: A commits, B (if still waiting) goes on
+        ta.join(10)
+        tb.join(10)
+        a.close()
+        b.close()
+    assert done, "the second writer was still waiting after 6 s"
+    assert isinstance(done.get("error"), LedgerBusy), done

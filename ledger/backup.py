@@ -351,16 +351,18 @@ class _Needs(msgspec.Struct):
     pinned_absent: int
 
 
-def _needs(view: ReadView) -> _Needs:
+def _needs(view: ReadView, size_of: Callable[[str], tuple[int, bool] | None] | None = None
+           ) -> _Needs:
     """The file blobs a snapshot (read through `view`, whose blob files are where the
     blobs are read from) needs: every blob GC keeps (live manifests, compensation
     records) — missing is damage —, and whatever a pin names that is still stored."""
     refs = read_references(view)
+    blob_size = size_of or view.blob_size
     required: dict[str, int] = {}
     optional: dict[str, int] = {}
     absent = 0
     for digest in sorted(refs.referenced):
-        found = view.blob_size(digest)
+        found = blob_size(digest)
         if found is None:
             raise BlobNotFound(digest, "a committed manifest or compensation names it")
         size, inline = found
@@ -368,7 +370,7 @@ def _needs(view: ReadView) -> _Needs:
             required[digest] = size
     pinned = {hold[0] for hold in view.pin_holds()}
     for digest in sorted(pinned - refs.referenced):
-        found = view.blob_size(digest)
+        found = blob_size(digest)
         if found is None:
             absent += 1
         elif not found[1]:
@@ -545,10 +547,14 @@ def backup(
     ledger's backup, a directory of other files) is refused with nothing written.
     """
     started = time.perf_counter()
-    path = os.path.abspath(os.fspath(ledger))
+    from .store.postgres import display_url, is_url
+
+    url = is_url(ledger)
+    path = str(ledger) if url else os.path.abspath(os.fspath(ledger))
     where = os.path.abspath(os.fspath(dest))
-    ledger_dir = os.path.realpath(os.path.dirname(path))
-    _check_dest(os.path.realpath(where), ledger_dir)
+    if not url:  # (a ledger in a database has no directory a DEST could lie in)
+        ledger_dir = os.path.realpath(os.path.dirname(path))
+        _check_dest(os.path.realpath(where), ledger_dir)
     previous: BackupMarker | None = None
     if os.path.lexists(os.path.join(where, MARKER)):
         previous = read_backup(where)
@@ -561,7 +567,8 @@ def backup(
         with _flock(os.path.join(where, LOCK_NAME)), _gc_held(source) as gc_held:
             if previous is not None:  # read again under the lock: another backup may have run
                 previous = read_backup(where)
-            report = _backup_locked(source, path, where, previous, deep=deep,
+            report = _backup_locked(source, display_url(path) if url else path, where,
+                                    previous, deep=deep,
                                     progress=progress, clock=clock)
             report.gc_held = gc_held
     report.elapsed_s = round(time.perf_counter() - started, 6)
@@ -592,7 +599,13 @@ def _backup_locked(source: Ledger, path: str, where: str, previous: BackupMarker
         try:
             snap_head = snapshot.head()
             with snapshot.storage.read() as view:
-                needs = _needs(view)
+                size_of = None
+                if source.blobs.root is None:
+                    # a ledger in a database: the snapshot's inline rows, else the
+                    # source's chunk rows (which the collector's lock keeps)
+                    def size_of(d: str, view: ReadView = view) -> tuple[int, bool] | None:
+                        return view.blob_size(d) or source.storage.view.blob_size(d)
+                needs = _needs(view, size_of)
                 found = recorded_anchor(view, snap)
                 witnessed = found is not None or view.meta("witness_tag") is not None
             ledger_id = snapshot.ledger_id
@@ -631,7 +644,8 @@ def _backup_locked(source: Ledger, path: str, where: str, previous: BackupMarker
         db_sha, db_bytes = _sha256_file(db)
         marker = BackupMarker(
             format=FORMAT, version=FORMAT_VERSION, ledger_id=ledger_id, source=path,
-            source_name=os.path.basename(path), db=name, db_bytes=db_bytes, db_sha256=db_sha,
+            source_name="ledger.db" if "://" in path else os.path.basename(path), db=name,
+            db_bytes=db_bytes, db_sha256=db_sha,
             head_seq=snap_head.seq, head_hash=snap_head.hash.hex(),
             blob_count=len(needs.required) + len(needs.optional),
             blob_bytes=sum(needs.required.values()) + sum(needs.optional.values()),

@@ -306,6 +306,58 @@ def test_a_ledger_in_a_mixed_case_schema_is_judged_by_its_own_objects(pg_url: st
     Ledger.open(lower).close()
 
 
+def _sealed_world(url: str, tmp_path: Path) -> tuple[int, int]:
+    """Two interleaved runs, run0 sealed: (the seal's seq, the first remaining run1 row)."""
+    from ledger.runner import run_step
+    from ledger.seal import seal_run
+
+    with Ledger.init(url) as led:
+        for i in range(2):
+            for r in range(2):
+                run_step(led, f"r{r}-s{i}", {"out.txt": f"run {r} step {i}".encode()},
+                         run=f"run{r}")
+        seal = seal_run(led, "run0", str(tmp_path / "archive")).seal_seq
+        victim = next(e.seq for e in led.read() if getattr(e.event, "run", "") == "run1")
+        assert led.verify().ok
+    return seal, victim
+
+
+def _forge_a_seal_range_and_delete(url: str, seal: int, victim: int) -> int:
+    """A row in `sealed_ranges` (which no trigger guards) naming an unsealed event and
+    the genuine seal of another run, then the DELETE: how many rows went."""
+    with raw(url) as conn:
+        conn.execute("INSERT INTO sealed_ranges VALUES (%s, %s, 'run1', %s)",
+                     (victim, victim, seal))
+        try:
+            deleted = conn.execute("DELETE FROM events WHERE seq = %s", (victim,)).rowcount
+        except psycopg.Error as exc:
+            assert "append-only" in str(exc)
+            deleted = 0
+        conn.execute("DELETE FROM sealed_ranges WHERE first_seq = %s", (victim,))
+    return deleted
+
+
+def test_a_forged_seal_range_is_seen_by_verify(pg_url: str, tmp_path: Path) -> None:
+    seal, victim = _sealed_world(pg_url, tmp_path)
+    deleted = _forge_a_seal_range_and_delete(pg_url, seal, victim)
+    checks = {(c, s) for c, s, _ in findings(pg_url)}
+    if deleted:
+        assert ("chain", seal) in checks and ("seq", victim + 1) in checks, checks
+    else:  # (refused: nothing to see)
+        assert checks == set()
+
+
+@pytest.mark.xfail(strict=True, reason="FINDING (both stores: the SQLite trigger's very"
+                   " condition): the DELETE exemption trusts any sealed_ranges row whose"
+                   " seal_seq is some run-sealed event, and sealed_ranges has no trigger, so a"
+                   " role that may INSERT there and DELETE events (the one sealing needs)"
+                   " deletes an unsealed event; verify sees it, no open refuses it")
+def test_a_forged_seal_range_does_not_make_an_unsealed_event_deletable(
+        pg_url: str, tmp_path: Path) -> None:
+    seal, victim = _sealed_world(pg_url, tmp_path)
+    assert _forge_a_seal_range_and_delete(pg_url, seal, victim) == 0
+
+
 # === databases that are not ledgers ========================================================
 
 

@@ -92,7 +92,7 @@ from .projections import checkpoint
 from .projections.steps import COMPENSATED, ENDED, PLANNED, REJECTED
 from .projections.steps import VERSION as STEPS_VERSION
 from .projections.workspaces import Registration, WsRow, load_registration
-from .store import EventQuery, Tx
+from .store import EventQuery, Scope, Tx
 from .workdir import FileIdentity, Staged, WorkspaceDir, attempt_tag, identity_of
 
 FenceMode = Literal["step", "plan", "none"]
@@ -599,7 +599,7 @@ class Workspaces:
             return [LeaseAcquired(workspace=workspace, epoch=row.epoch + 1, holder=holder,
                                   expires_ns=now + ttl_ns, forced=live is not None)]
 
-        recorded = self._log.append(build)[0]
+        recorded = self._log.append(build, scope=Scope(workspace))[0]
         event = recorded.event
         assert isinstance(event, LeaseAcquired)
         # The epoch is ours from here on: a failure to settle one step is reported with
@@ -624,7 +624,7 @@ class Workspaces:
             return [LeaseRenewed(workspace=workspace, epoch=epoch,
                                  expires_ns=max(row.expires_ns, now + ttl_ns))]
 
-        self._log.append(build)
+        self._log.append(build, scope=Scope(workspace))
         return self.lease(workspace)
 
     def release(self, workspace: str, epoch: int) -> Lease:
@@ -639,7 +639,7 @@ class Workspaces:
                                  holder=row.holder)
             return [LeaseReleased(workspace=workspace, epoch=epoch)]
 
-        self._log.append(build)
+        self._log.append(build, scope=Scope(workspace))
         return self.lease(workspace)
 
     def _live_epoch(self, tx: Tx, workspace: str, epoch: int, now: int) -> WsRow:
@@ -1007,7 +1007,8 @@ class Workspaces:
                                    holder, pinned_now)
 
             try:
-                recorded = self._log.append(build, guard=self.core.guard())
+                recorded = self._log.append(build, guard=self.core.guard(),
+                                            scope=Scope(planned.workspace))
             except _Answered as answered:
                 return answered.result  # type: ignore[no-any-return]
             event = recorded[0].event
@@ -1292,7 +1293,9 @@ class Workspaces:
                                 restored=tuple(restored), rev=rev)]
 
         try:
-            recorded = self._log.append(build, guard=self.core.guard())[0]
+            recorded = self._log.append(build, guard=self.core.guard(),
+                                        scope=Scope(planned.workspace) if writing  # type: ignore[union-attr]
+                                        else None)[0]
         except _Answered as answered:
             return answered.result  # type: ignore[no-any-return]
         event = recorded.event

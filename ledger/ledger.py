@@ -302,7 +302,8 @@ class Ledger:
         if is_url(path):
             _url_options(vfs=vfs, blob_root=options.pop("blob_root", None))
             store: Store = PgStore.open(str(path), clock=clock, readonly=readonly,
-                                        forensic=forensic, on_op=options.pop("on_op", None))
+                                        forensic=forensic, on_op=options.pop("on_op", None),
+                                        busy_timeout_ms=busy_timeout_ms)
             clock = store.clock  # lease expiry is judged by the database's clock
         else:
             clock = clock or time.time_ns
@@ -342,7 +343,8 @@ class Ledger:
             witness_path(options["witness"])  # a relative witness is refused before any I/O
         if is_url(path):
             _url_options(vfs=vfs, blob_root=options.pop("blob_root", None))
-            pg, created = PgStore.create(str(path), clock=clock, on_op=options.pop("on_op", None))
+            pg, created = PgStore.create(str(path), clock=clock, on_op=options.pop("on_op", None),
+                                         busy_timeout_ms=busy_timeout_ms)
             try:
                 ledger = cls(pg, pg.clock, created, **options)
                 ledger._attach_witness()

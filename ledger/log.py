@@ -31,7 +31,8 @@ import msgspec
 
 from .errors import CorruptLedger, InvalidInput
 from .events import Event, RecordedEvent, envelope, journal_key, kind_of, validate
-from .store import ROW_ERRORS, ROW_NAMES, ROW_TYPES, EventQuery, Head, Prepared, Projector, Store, Tx
+from .store import (ROW_ERRORS, ROW_NAMES, ROW_TYPES, EventQuery, Head, Prepared, Projector,
+                    Scope, Store, Tx)
 from .store.base import GUARDED_KINDS, check_row, row_problem, row_to_recorded
 
 BATCH_SIZE_MAX: Final = 100_000
@@ -51,15 +52,16 @@ GROUP_MAX: Final = 256
 class _Call:
     """One caller's append, waiting for (or run by) a group transaction's leader."""
 
-    __slots__ = ("prepared", "build", "inline", "inline_ns", "guard", "after", "done", "result",
-                 "error")
+    __slots__ = ("prepared", "build", "inline", "inline_ns", "guard", "after", "scope", "done",
+                 "result", "error")
 
     def __init__(self, prepared: list[Prepared], build: Builder | None,
                  inline: Mapping[str, bytes] | None, inline_ns: int, guard: Guard | None,
-                 after: After | None = None) -> None:
+                 after: After | None = None, scope: Scope = Scope()) -> None:
         self.prepared, self.build, self.inline, self.inline_ns, self.guard = (
             prepared, build, inline, inline_ns, guard)
         self.after = after
+        self.scope = scope
         self.done = False
         self.result: list[RecordedEvent] | None = None
         self.error: BaseException | None = None
@@ -80,6 +82,28 @@ def _copy_error(exc: BaseException) -> BaseException:
     new.__cause__, new.__context__ = exc.__cause__, exc.__context__
     new.__suppress_context__ = exc.__suppress_context__
     return new.with_traceback(exc.__traceback__)
+
+
+def _scope_of(prepared: Sequence[Prepared]) -> Scope:
+    """The scope events given up front confine their transaction to: their one workspace,
+    or (events of several, or of none) the whole ledger."""
+    names = {env.workspace for _e, _p, _k, _kind, env in prepared}
+    if len(names) == 1:
+        (name,) = names
+        if name:
+            return Scope(name)
+    return Scope()
+
+
+def _check_scope(prepared: Sequence[Prepared], scope: Scope) -> None:
+    """A builder of a workspace's transaction decides events of that workspace only (the
+    transaction holds that workspace's lock, not the others')."""
+    if scope.workspace is None:
+        return
+    for event, _p, _k, kind, env in prepared:
+        if env.workspace != scope.workspace:
+            raise InvalidInput(f"a transaction of workspace {scope.workspace!r} built a {kind}"
+                               f" event of workspace {env.workspace!r}; nothing was written")
 
 
 class EventLog:
@@ -125,6 +149,7 @@ class EventLog:
         inline_ns: int = 0,
         guard: Guard | None = None,
         after: After | None = None,
+        scope: Scope | None = None,
     ) -> list[RecordedEvent]:
         """Append events atomically; return them as recorded, in order.
 
@@ -142,7 +167,9 @@ class EventLog:
         """
         build = events if callable(events) else None
         prepared = [] if build is not None else self._prepare(events)  # type: ignore[arg-type]
-        call = _Call(prepared, build, inline, inline_ns, guard, after)
+        if scope is None:
+            scope = _scope_of(prepared)
+        call = _Call(prepared, build, inline, inline_ns, guard, after, scope)
         lock = self.store.lock
         if not self.group_commit or lock._is_owned() or after is not None:
             # Group commit off, or this thread is inside its own transaction or read
@@ -216,11 +243,8 @@ class EventLog:
         """One append, one transaction (the caller holds the store's lock)."""
         prepared = call.prepared
         try:
-            with self.store.transaction() as tx:
+            with self.store.transaction(call.scope) as tx:
                 self._sync()
-                head = self._head if self._head is not None else tx.head()
-                if call.inline:
-                    tx.put_inline(call.inline, call.inline_ns)
                 # the events' time, and the clock guards judge lease expiry by: the log
                 # alone can re-check every decision
                 time_ns = tx.time_ns
@@ -228,6 +252,12 @@ class EventLog:
                     # Events decided under the write lock, at this transaction's time
                     # (a lease, a fence): nothing can change between the check and them.
                     prepared = self._prepare(call.build(tx, time_ns))
+                    _check_scope(prepared, call.scope)
+                if call.inline:
+                    tx.put_inline(call.inline, call.inline_ns)
+                # The head last: a store that lets transactions of several workspaces run
+                # at once takes its chain lock here (docs/design.md "Many writers").
+                head = self._head if self._head is not None else tx.head()
                 recorded = tx.append(prepared, head=head, time_ns=time_ns,
                                      projector=self.projector, guard=call.guard)
                 new = [r for r in recorded if not r.deduped]
@@ -257,7 +287,9 @@ class EventLog:
         projector = self.projector
         kept: list[tuple[_Call, list[RecordedEvent]]] = []
         try:
-            with self.store.transaction() as tx:
+            scopes = {call.scope for call in batch}
+            scope = scopes.pop() if len(scopes) == 1 else Scope()
+            with self.store.transaction(scope) as tx:
                 self._sync()
                 start = head = self._head if self._head is not None else tx.head()
                 time_ns = tx.time_ns  # one transaction, one time for every part
@@ -268,6 +300,7 @@ class EventLog:
                             tx.put_inline(call.inline, call.inline_ns)
                         prepared = (call.prepared if call.build is None
                                     else self._prepare(call.build(tx, time_ns)))
+                        _check_scope(prepared, scope)
                         recorded = tx.append(prepared, head=head, time_ns=time_ns,
                                              projector=projector, guard=call.guard)
                         new = [r for r in recorded if not r.deduped]

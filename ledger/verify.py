@@ -193,7 +193,7 @@ def verify(
     (missing, corrupt) or None, and is asked about every blob a live manifest names."""
     findings: list[Finding] = list(_schema(store))
     with store.read() as view:
-        findings.extend(Finding("integrity", 0, f"SQLite quick_check: {m}")
+        findings.extend(Finding("integrity", 0, m)
                         for m in view.integrity_problems()[:20])
 
         total = log.count()

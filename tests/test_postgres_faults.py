@@ -15,7 +15,7 @@
   `StaleEpoch` (or the protocol's typed refusal) and commit nothing.
 * A writer stalled between its inserts and its COMMIT: on SQLite another writer gets
   `LedgerBusy` after its busy timeout; on PostgreSQL it waits as long as the stall lasts
-  (a strict xfail: the store sets no lock timeout).
+  (the busy timeout is the lock timeout on PostgreSQL too).
 
 The checkers have teeth: with the guarantee removed (a store that reports a COMMIT it
 lost as done; a ledger without its epoch guard) the same checks report the breach.
@@ -654,14 +654,7 @@ def test_the_lease_check_catches_a_late_write_without_the_epoch_guard(
 # === 4. a writer stalled inside its transaction =================================================
 
 
-@pytest.mark.parametrize("store_kind", [
-    "sqlite",
-    pytest.param("postgres", marks=pytest.mark.xfail(
-        strict=True, reason="FINDING: the PostgreSQL store sets no lock_timeout (nor"
-        " idle_in_transaction_session_timeout) and ignores busy_timeout_ms: a writer"
-        " stalled or partitioned inside its transaction keeps the chain lock, and every"
-        " other writer waits for it without bound (until TCP keepalive, ~2 h by default)")),
-])
+@pytest.mark.parametrize("store_kind", ["sqlite", "postgres"])
 def test_a_writer_stalled_inside_its_transaction_holds_others_up_only_for_the_busy_timeout(
         ledger_location: str, store_kind: str) -> None:
     """A writer stops between its inserts and its COMMIT (a pause, a SIGSTOP, the network

@@ -35,6 +35,7 @@ from ...errors import (
     CorruptLedger,
     DatabaseUnavailable,
     InvalidInput,
+    LedgerBusy,
     LedgerError,
     LedgerNotFound,
     LedgerTooNew,
@@ -73,6 +74,15 @@ READ_BATCH: Final = 2_000
 LOCK_CLASS: Final = 0x53544C47
 #: How long a connection attempt may take.
 CONNECT_TIMEOUT_S: Final = 10
+#: The default busy timeout (the SQLite store's).
+BUSY_TIMEOUT_MS: Final = 30_000
+#: A session idle inside a transaction this long is ended by the server (its transaction
+#: rolled back, its locks freed): a writer stalled or cut off mid-transaction holds the
+#: other writers up for at most this, never until TCP gives up.
+IDLE_IN_TRANSACTION_MS: Final = 60_000
+#: TCP keepalives on every connection: a server gone silent is noticed in ~25 s.
+KEEPALIVES: Final = {"keepalives": 1, "keepalives_idle": 10, "keepalives_interval": 5,
+                     "keepalives_count": 3}
 
 
 def is_url(location: object) -> bool:
@@ -412,7 +422,7 @@ class PgTx(PgView, TxBase):
             raise ReadOnlyLedger(store.location)
         store.lock.acquire()
         try:
-            store._begin(write=True)
+            store._begin(write=True, scope=self.scope)
         except BaseException:
             store.lock.release()
             raise
@@ -435,6 +445,16 @@ class PgTx(PgView, TxBase):
         if self._time_ns is None:
             self._time_ns = self._store.now_ns()
         return self._time_ns
+
+    # -- the chain lock: taken before anything reads the head or writes shared rows -------
+
+    def head(self) -> Head:
+        self._store._chain()
+        return PgView.head(self)
+
+    def append(self, prepared: Any, **kwargs: Any) -> Any:
+        self._store._chain()
+        return TxBase.append(self, prepared, **kwargs)
 
     # -- TxBase's primitives -------------------------------------------------------------
 
@@ -482,6 +502,7 @@ class PgTx(PgView, TxBase):
     # -- other writes ------------------------------------------------------------------
 
     def put_inline(self, blobs: Mapping[str, bytes], stored_ns: int) -> None:
+        self._store._chain()
         for digest, data in blobs.items():
             found = self._one(q.INLINE_DATA, (digest,))
             if found is not None and bytes(found[0]) == data:
@@ -490,14 +511,17 @@ class PgTx(PgView, TxBase):
                 self._store._run(q.INLINE_PUT, (digest, len(data), data, stored_ns))
 
     def delete_inline(self, digest: str) -> None:
+        self._store._chain()
         self._store._run(q.INLINE_DELETE, (digest,))
 
     def set_meta(self, key: str, value: str) -> None:
+        self._store._chain()
         self._store._run("INSERT INTO meta(key, value) VALUES (%s, %s)"
                          " ON CONFLICT(key) DO UPDATE SET value = excluded.value", (key, value))
 
     def write_projection(self, changes: ProjectionChanges) -> None:
         """One transaction's inline projection changes, in the SQLite store's order."""
+        self._store._chain()
         run = self._store._run_many
         if changes.steps:
             run(q.UPSERT_STEP, changes.steps)
@@ -529,24 +553,29 @@ class PgTx(PgView, TxBase):
                                                 changes.checkpoint.version))
 
     def rebuild_projections(self) -> contextlib.AbstractContextManager[Any]:
+        self._store._chain()
         from .scratch import rebuilding
         return rebuilding(self._store)
 
     def condemn(self, rows: Sequence[tuple[str, int, bool]], condemned_ns: int,
                 collection: str) -> None:
+        self._store._chain()
         self._store._run_many(q.CONDEMN, [(d, n, int(i), condemned_ns, collection)
                                           for d, n, i in rows])
 
     def uncondemn(self, digests: Iterable[str]) -> None:
+        self._store._chain()
         self._store._run_many(q.UNCONDEMN, [(d,) for d in digests])
 
     def load_rows(self, table: str, rows: Sequence[tuple[object, ...]]) -> None:
+        self._store._chain()
         columns = COPY_TABLES[table]
         if rows:
             self._store._run_many(f"INSERT INTO {table}({', '.join(columns)}) VALUES"
                                   f" ({', '.join(['%s'] * len(columns))})", rows)
 
     def seal_rows(self, run: str, ranges: Sequence[tuple[int, int]], seal_seq: int) -> int:
+        self._store._chain()
         self._store._run_many(q.ADD_SEALED_RANGE, [(a, b, run, seal_seq) for a, b in ranges])
         removed = 0
         for a, b in ranges:
@@ -559,8 +588,11 @@ class PgStore:
 
     def __init__(self, url: str, *, clock: Callable[[], int] | None = None,
                  readonly: bool = False, forensic: bool = False,
-                 on_op: Callable[[str], None] | None = None) -> None:
+                 on_op: Callable[[str], None] | None = None,
+                 busy_timeout_ms: int = BUSY_TIMEOUT_MS) -> None:
         self.url = url
+        #: How long a writer waits for another's lock before LedgerBusy (as on SQLite).
+        self.busy_timeout_ms = int(busy_timeout_ms)
         self.location = display_url(url)
         self.injected_clock = clock
         self.readonly = readonly
@@ -575,6 +607,8 @@ class PgStore:
         self.schema_changes: tuple[str, ...] = ()
         self._schema = ""
         self._chain_key = 0
+        self._ledger_key = 0
+        self._chained = False
         self._gc_key = 0
         self.view: PgView = _LockedView(self)
         from .blobs import PgBlobs, PgFiles
@@ -587,11 +621,13 @@ class PgStore:
 
     @classmethod
     def open(cls, url: str, *, clock: Callable[[], int] | None = None, readonly: bool = False,
-             forensic: bool = False, on_op: Callable[[str], None] | None = None) -> PgStore:
+             forensic: bool = False, on_op: Callable[[str], None] | None = None,
+             busy_timeout_ms: int = 30_000) -> PgStore:
         """Open the ledger at `url`: LedgerNotFound if the database holds none,
         NotALedger / LedgerTooNew as the SQLite store (nothing is written to a database
         that is refused)."""
-        store = cls(url, clock=clock, readonly=readonly, forensic=forensic, on_op=on_op)
+        store = cls(url, clock=clock, readonly=readonly, forensic=forensic, on_op=on_op,
+                    busy_timeout_ms=busy_timeout_ms)
         try:
             with store.lock:
                 conn = store._connect()
@@ -606,12 +642,13 @@ class PgStore:
 
     @classmethod
     def create(cls, url: str, *, clock: Callable[[], int] | None = None,
-               on_op: Callable[[str], None] | None = None) -> tuple[PgStore, bool]:
+               on_op: Callable[[str], None] | None = None,
+               busy_timeout_ms: int = 30_000) -> tuple[PgStore, bool]:
         """Create the ledger's tables in the database at `url` (one transaction, under a
         lock, so that two concurrent inits make one ledger), or open the one there; and
         whether it was created."""
         import uuid
-        store = cls(url, clock=clock, on_op=on_op)
+        store = cls(url, clock=clock, on_op=on_op, busy_timeout_ms=busy_timeout_ms)
         try:
             with store.lock:
                 conn = store._connect()
@@ -662,7 +699,7 @@ class PgStore:
                                       " transaction, which did not commit")
         try:
             conn = psycopg.connect(self.url, autocommit=True, connect_timeout=CONNECT_TIMEOUT_S,
-                                   application_name="stepledger")
+                                   application_name="stepledger", **KEEPALIVES)
         except psycopg.ProgrammingError as exc:
             raise InvalidInput(f"{self.location} is not a usable PostgreSQL URL: "
                                f"{_without_secrets(_first_line(exc), self.url, self.location)}"
@@ -686,10 +723,12 @@ class PgStore:
                 raise InvalidInput(f"the database at {self.location} uses encoding {enc}; a"
                                    " ledger needs UTF8 (CREATE DATABASE ... ENCODING 'UTF8')")
             schema = conn.execute("SELECT current_schema()").fetchone()[0]
+            conn.execute(f"SET idle_in_transaction_session_timeout = {IDLE_IN_TRANSACTION_MS}")
         except psycopg.OperationalError as exc:
             raise DatabaseUnavailable(self.location, _first_line(exc)) from None
         self._schema = schema or ""
         self._chain_key = _lock_key("chain:" + self._schema)
+        self._ledger_key = _lock_key("ledger:" + self._schema)
         self._gc_key = _lock_key("gc:" + self._schema)
         self._conn = conn
         return conn
@@ -703,6 +742,8 @@ class PgStore:
             yield
         except psycopg.errors.UniqueViolation:
             raise
+        except psycopg.errors.LockNotAvailable:
+            raise LedgerBusy(self.location, self.busy_timeout_ms / 1000) from None
         except psycopg.OperationalError as exc:
             raise DatabaseUnavailable(self.location, _first_line(exc)) from None
         except psycopg.errors.ReadOnlySqlTransaction:
@@ -731,20 +772,35 @@ class PgStore:
         with self._translated(), conn.cursor() as cur:
             cur.executemany(sql, rows)
 
-    def _begin(self, *, write: bool) -> None:
+    def _begin(self, *, write: bool, scope: Scope = Scope()) -> None:
+        """BEGIN, and the scope's locks (docs/design.md "Many writers"): a transaction of
+        one workspace holds the ledger lock shared and the workspace's lock, so those of
+        different workspaces run at once; one of the whole ledger (GC, a registration, a
+        seal, a rebuild) holds the ledger lock alone. The chain lock comes later
+        (`_chain`), when the transaction first reads the head or writes a shared row."""
         if self._depth:
             if write and not self._writing:
                 raise RuntimeError("a write transaction inside a read transaction")
             self._depth += 1
+            if write:
+                self._chain()  # a nested append: the rest of the transaction in chain order
             return
         conn = self._connect()
         with self._translated():
             if write:
                 conn.execute("BEGIN ISOLATION LEVEL READ COMMITTED")
-                self._depth, self._writing = 1, True
+                self._depth, self._writing, self._chained = 1, True, False
                 try:
-                    conn.execute("SELECT pg_advisory_xact_lock(%s, %s)",
-                                 (LOCK_CLASS, self._chain_key))
+                    conn.execute(f"SET LOCAL lock_timeout = {max(1, self.busy_timeout_ms)}")
+                    if scope.workspace is None:
+                        conn.execute("SELECT pg_advisory_xact_lock(%s, %s)",
+                                     (LOCK_CLASS, self._ledger_key))
+                        self._chain()
+                    else:
+                        conn.execute("SELECT pg_advisory_xact_lock_shared(%s, %s),"
+                                     " pg_advisory_xact_lock(%s, %s)",
+                                     (LOCK_CLASS, self._ledger_key, LOCK_CLASS,
+                                      _lock_key(f"workspace:{self._schema}:{scope.workspace}")))
                 except BaseException:
                     self._abort()
                     raise
@@ -752,11 +808,21 @@ class PgStore:
                 conn.execute("BEGIN ISOLATION LEVEL REPEATABLE READ")
                 self._depth, self._writing = 1, False
 
+    def _chain(self) -> None:
+        """Take the chain lock (once per transaction): from here to COMMIT, this
+        transaction is the one appending after the head."""
+        if self._chained or not self._writing:
+            return
+        with self._translated():
+            self._connect().execute("SELECT pg_advisory_xact_lock(%s, %s)",
+                                    (LOCK_CLASS, self._chain_key))
+        self._chained = True
+
     def _end(self, *, commit: bool) -> None:
         self._depth -= 1
         if self._depth:
             return
-        self._writing = False
+        self._writing = self._chained = False
         conn = self._conn
         if not commit:
             self._abort()
@@ -773,7 +839,7 @@ class PgStore:
             raise StorageFailure(self.location, f"COMMIT failed: {_first_line(exc)}") from None
 
     def _abort(self) -> None:
-        self._depth, self._writing = 0, False
+        self._depth, self._writing, self._chained = 0, False, False
         conn = self._conn
         if conn is None or conn.closed or conn.broken:
             return

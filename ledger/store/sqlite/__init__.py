@@ -289,8 +289,8 @@ class SqliteView:
         try:
             found = [r[0] for r in self._db.conn.execute("PRAGMA quick_check")]
         except apsw.Error as exc:
-            return [str(exc)]
-        return [] if found == ["ok"] else found
+            return [f"SQLite quick_check: {exc}"]
+        return [] if found == ["ok"] else [f"SQLite quick_check: {m}" for m in found]
 
     def checkpoint_rows(self) -> list[tuple[object, object, object]]:
         return self._db.conn.execute(tb.CHECKPOINT_ROWS).fetchall()  # type: ignore[no-any-return]

@@ -10,7 +10,8 @@ from pathlib import Path
 import pytest
 from store_contract import StoreContract
 
-from ledger.store import Store
+from ledger.log import EventLog
+from ledger.store import Scope, Store
 from ledger.store.postgres import PgStore, is_url
 from ledger.store.sqlite import SqliteStore
 from ledger.store.sqlite.file import Database
@@ -35,3 +36,80 @@ class TestPostgresStore(StoreContract):
 
     def snapshot_target(self, where: str) -> str:
         return os.path.join(self._tmp, "snapshot.db")
+
+
+# -- many writers: workspaces' transactions overlap; the chain stays one ---------------------
+
+
+def _overlap(url: str) -> dict[str, bool]:
+    """Transaction A of workspace w1 starts and stalls before it appends (as a builder
+    deciding a fence, or an apply writing files, would); meanwhile B of workspace w2, and
+    C of w1, try to commit. Returns whether B committed, and whether C did, while A was
+    stalled; then A goes on and appends after B."""
+    import threading
+
+    from store_contract import _Clock, append
+
+    from ledger.events import Planned
+
+    a_store, b_store, c_store = (open_pg(url, _Clock(), False) for _ in range(3))
+    inside, go = threading.Event(), threading.Event()
+    done: dict[str, bool] = {}
+
+    def a() -> None:
+        with a_store.transaction(Scope("w1")) as tx:
+            tx.step("nothing")  # a read: the workspace is locked, the chain is not
+            inside.set()
+            go.wait(20)
+            prepared = EventLog._prepare([Planned(step="a", attempt=1, workspace="w1")])
+            tx.append(prepared, head=tx.head(), time_ns=tx.time_ns, projector=None, guard=None)
+
+    def other(store: Store, name: str, ws: str) -> None:
+        append(store, [Planned(step=name, attempt=1, workspace=ws)], scope=Scope(ws))
+        done[name] = True
+
+    ta = threading.Thread(target=a)
+    ta.start()
+    assert inside.wait(20)
+    tb = threading.Thread(target=other, args=(b_store, "b", "w2"))
+    tc = threading.Thread(target=other, args=(c_store, "c", "w1"))
+    tb.start()
+    tc.start()
+    tb.join(5)
+    tc.join(1)
+    seen = {"b": done.get("b", False), "c": done.get("c", False)}
+    go.set()
+    for t in (ta, tb, tc):
+        t.join(30)
+    rows = list(a_store.view.events())
+    prev = a_store.genesis
+    for r in rows:  # one chain, dense, whatever order they committed in
+        assert r[12] == prev
+        prev = r[13]
+    assert [r[0] for r in rows] == [1, 2, 3]
+    for s in (a_store, b_store, c_store):
+        s.close()
+    return seen
+
+
+def test_transactions_of_two_workspaces_overlap_and_one_workspace_takes_turns(
+        pg_url: str) -> None:
+    open_pg(pg_url, lambda: 1, True).close()
+    seen = _overlap(pg_url)
+    assert seen == {"b": True, "c": False}  # w2 committed while w1's stood; w1's next waited
+
+
+def test_the_overlap_check_catches_one_lock_for_every_transaction(
+        pg_url: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The guarantee removed (every transaction takes the chain lock at BEGIN, one writer
+    at a time): the check above sees w2's commit wait for w1's transaction."""
+    open_pg(pg_url, lambda: 1, True).close()
+    begin = PgStore._begin
+
+    def eager(self: PgStore, *, write: bool, scope: Scope = Scope()) -> None:
+        begin(self, write=write, scope=scope)
+        if write:
+            self._chain()
+
+    monkeypatch.setattr(PgStore, "_begin", eager)
+    assert _overlap(pg_url) == {"b": False, "c": False}

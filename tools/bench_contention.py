@@ -72,6 +72,27 @@ def artifact(i: int, k: int) -> bytes:
     return f"log of writer {i} step {k}: ok\n".encode() * 4
 
 
+def fenced_step(led: Ledger, ws: str, epoch: int, step: str, data: bytes,
+                art: bytes | None = None, run: str = "") -> None:
+    """One full fenced step on workspace `ws` under the lease `epoch`: the step every writer
+    here runs (and `tools/bench_stores.py`'s, on either store) — snapshot `FILE`'s rev and
+    on-disk hash, admit one write of `data` planned against them, apply it (pre-image
+    pinned, post-image staged, fence checked, renamed into place, `fenced` recorded), store
+    the inline artifact `art` when given, publish, ack."""
+    rev, pre = led.snapshot(ws, FILE)
+    plan = StepPlan(step, [Write(FILE, data, pre, rev)],
+                    artifacts=("out/log.txt",) if art is not None else (), run=run)
+    if led.admit(ws, epoch, [plan]) != [None]:
+        raise AssertionError(f"{step}: not admitted")
+    applied = led.apply(step, epoch=epoch)
+    if applied.verdict != "applied":
+        raise AssertionError(f"{step}: {applied.verdict} {applied.detail}")
+    if art is not None:
+        led.store(step, applied.attempt, "out/log.txt", art)
+    led.publish(step)
+    led.ack(step, epoch=epoch)
+
+
 # -- a writer process --------------------------------------------------------------------
 
 
@@ -91,16 +112,9 @@ def step_commits(parent: str | None, artifact_every: int) -> list[int]:
             counts = []
             for k in range(max(1, artifact_every)):
                 ops.clear()
-                rev, pre = led.snapshot("w0", FILE)
                 art = artifact_every > 0 and k % artifact_every == 0
-                step = f"c{k}"
-                led.admit("w0", epoch, [StepPlan(step, [Write(FILE, content(0, k), pre, rev)],
-                                                 artifacts=("out/log.txt",) if art else ())])
-                attempt = led.apply(step, epoch=epoch).attempt
-                if art:
-                    led.store(step, attempt, "out/log.txt", artifact(0, k))
-                led.publish(step)
-                led.ack(step, epoch=epoch)
+                fenced_step(led, "w0", epoch, f"c{k}", content(0, k),
+                            artifact(0, k) if art else None)
                 counts.append(ops.count("commit"))
         return counts
     finally:
@@ -200,19 +214,9 @@ def child(args: argparse.Namespace) -> None:
             step = f"p{i}-s{k:06d}"
             held = db.write_lock() if args.hold_step else contextlib.nullcontext()
             held.__enter__()
-            rev, pre = led.snapshot(ws, FILE)
             with_artifact = args.artifact_every > 0 and k % args.artifact_every == 0
-            plan = StepPlan(step, [Write(FILE, content(i, k), pre, rev)],
-                            artifacts=("out/log.txt",) if with_artifact else (), run=f"run-{i}")
-            if led.admit(ws, epoch, [plan]) != [None]:
-                raise AssertionError(f"{step}: not admitted")
-            applied = led.apply(step, epoch=epoch)
-            if applied.verdict != "applied":
-                raise AssertionError(f"{step}: {applied.verdict} {applied.detail}")
-            if with_artifact:
-                led.store(step, applied.attempt, "out/log.txt", artifact(i, k))
-            led.publish(step)
-            led.ack(step, epoch=epoch)
+            fenced_step(led, ws, epoch, step, content(i, k),
+                        artifact(i, k) if with_artifact else None, run=f"run-{i}")
             held.__exit__(None, None, None)
             t1 = time.monotonic()
             if t0 >= start and t1 <= end:

@@ -52,7 +52,8 @@ process, from /proc) and the whole machine's (both cores = 2.0; anyone else's wo
 included); CPU ms a step (the writers', + the server's); and the write lock's time a
 step, held and waited for, read from the store's internals in each writer (on SQLite
 its connection's write statistics; on PostgreSQL the chain lock, the advisory lock every
-write transaction takes first, timed from taking it to COMMIT).
+appending transaction takes, timed from taking it to COMMIT, and every advisory lock's
+wait).
 
 Targets (printed with PASS/FAIL; the exit status is 0 whatever they say):
 * PostgreSQL, 16 writers: at least 5x its own single-writer steps/s;
@@ -199,11 +200,14 @@ def _measure(index: int, warmup: float, op: Callable[[int], int],
 
 
 def lock_meter(led: Any) -> Callable[[], tuple[float, float]] | None:
-    """A reading of (seconds waited for, seconds held) the write lock by this writer so
-    far, from the store's internals (None where this build's differ): on SQLite its
-    connection's `WriteStats` (BEGIN IMMEDIATE waited for, BEGIN to COMMIT returned); on
-    PostgreSQL the chain lock (``pg_advisory_xact_lock`` waited for, then held until COMMIT
-    or ROLLBACK returned), timed around the store connection's ``execute``."""
+    """A reading of (seconds waited for locks, seconds the serializing lock held) by this
+    writer so far, from the store's internals (None where this build's differ). On SQLite
+    its connection's `WriteStats`: BEGIN IMMEDIATE waited for, BEGIN to COMMIT returned (the
+    write lock). On PostgreSQL, timed around the store connection's ``execute``: every
+    ``pg_advisory_xact_lock*`` statement waited for (the ledger's, the workspace's and the
+    chain lock), and the chain lock — the one every transaction that appends takes, so the
+    one that serializes the writers of different workspaces — held from taking it until
+    COMMIT or ROLLBACK returned."""
     store = led.storage
     stats = getattr(getattr(store, "db", None), "stats", None)
     if stats is not None and hasattr(stats, "held_s"):
@@ -216,22 +220,27 @@ def lock_meter(led: Any) -> Callable[[], tuple[float, float]] | None:
         execute = conn.execute
     except Exception:  # noqa: BLE001 - an internal shape this tool does not rely on
         return None
-    acc = [0.0, 0.0, 0.0]  # waited, held, when the lock was taken (0: not held)
+    chain_key = getattr(store, "_chain_key", None)
+    acc = [0.0, 0.0, 0.0]  # waited, held, when the chain lock was taken (0: not held)
 
-    def timed(query: Any, *a: Any, **kw: Any) -> Any:
+    def timed(query: Any, params: Any = None, *a: Any, **kw: Any) -> Any:
         if isinstance(query, str) and query.startswith("SELECT pg_advisory_xact_lock"):
             t0 = time.perf_counter()
-            out = execute(query, *a, **kw)
-            acc[2] = time.perf_counter()
-            acc[0] += acc[2] - t0
+            out = execute(query, params, *a, **kw)
+            t1 = time.perf_counter()
+            acc[0] += t1 - t0
+            chain = query.startswith("SELECT pg_advisory_xact_lock(") and (
+                chain_key is None or (params is not None and chain_key in tuple(params)))
+            if chain and not acc[2]:
+                acc[2] = t1
             return out
         if acc[2] and isinstance(query, str) and query in ("COMMIT", "ROLLBACK"):
             try:
-                return execute(query, *a, **kw)
+                return execute(query, params, *a, **kw)
             finally:
                 acc[1] += time.perf_counter() - acc[2]
                 acc[2] = 0.0
-        return execute(query, *a, **kw)
+        return execute(query, params, *a, **kw)
 
     conn.execute = timed
     return lambda: (acc[0], acc[1])
@@ -887,7 +896,7 @@ def print_table(res: dict[str, Any]) -> None:
       " commits/s) vs 1 writer; cpus own/all = busy CPUs in the window: the writers' and the"
       " server's / the whole machine's (others' work included); cpu ms/step = the writers'"
       " (+ the server's); lock held/wait = ms a step the write lock (PostgreSQL: the chain"
-      " lock) was held / waited for, all writers' together")
+      " lock) was held / locks were waited for, all writers' together")
     for r in res["rows"]:
         if r["writers"] == 1:
             srv = (f" + server {fmt(r['raw_server_cpu_ms_per_commit'], '.3f')}"
@@ -924,7 +933,7 @@ def print_table(res: dict[str, Any]) -> None:
                   f" writer's cost a step, all {res['machine']['cpus']} CPUs allow at most"
                   f" {fmt(c['cpu_bound_scaling'], '.2f')}x.")
                 if c.get("lock_bound_scaling") is not None:
-                    p(f"      The chain lock (every write transaction holds it, lock to COMMIT)"
+                    p(f"      The chain lock (every appending transaction holds it to COMMIT)"
                       f" was held {fmt(c['lock_held_ms_per_step_1'], '.2f')} ms a step with 1"
                       f" writer, {fmt(c['lock_held_ms_per_step_n'], '.2f')} with"
                       f" {TARGET_SCALING_AT} (who waited {fmt(c['lock_wait_ms_per_step_n'], '.1f')}"

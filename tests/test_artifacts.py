@@ -251,6 +251,7 @@ def test_pin_then_store_is_one_pin(ledger: Ledger) -> None:
 # --- the runner's fast paths: one commit inline, two with a file ---------------------
 
 
+@pytest.mark.sqlite_only
 def test_a_fresh_step_with_a_file_is_two_commits_pins_first(tmp_path: pathlib.Path) -> None:
     """plan + every pin; (the file made durable) every blob-stored + the manifest + the
     ack. The file is written only after the pins commit, and the manifest commits with

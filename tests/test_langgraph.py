@@ -345,3 +345,7 @@ def test_the_langgraph_docs_snippets_run_as_printed(tmp_path: Path) -> None:
         cwd = tmp_path / str(i)
         cwd.mkdir()
         run_python(block, cwd, "docs/langgraph.md")
+
+
+#: Each test runs on SQLite and on PostgreSQL (tests/conftest.py).
+BOTH_STORES = True

@@ -10,8 +10,7 @@ tables, GC, audit, rebuild, the command line), and every way of rewriting the ev
 that the triggers alone would leave to an owner (dropping or disabling a trigger,
 replacing their function) is refused to it by privileges; the control shows the same
 statements go through for a role that owns the tables. Sealing a run (it deletes
-events) is the admin's alone. A strict xfail: a grant the worker lacks is reported as a
-disk failure (StorageFailure, "free space or fix the disk"), not as AccessDenied.
+events) is the admin's alone. A grant the worker lacks is AccessDenied, naming the fix.
 """
 
 from __future__ import annotations
@@ -32,7 +31,6 @@ from ledger.errors import (
     AccessDenied,
     EnvironmentFailure,
     NotALedger,
-    StorageFailure,
 )
 from ledger.fences import StepPlan, Write
 from ledger.gc import audit, collect
@@ -326,10 +324,6 @@ def test_sealing_a_run_is_the_admins(pg_url: str, worker: str, tmp_path: Path) -
         assert led.verify().ok
 
 
-@pytest.mark.xfail(strict=True, raises=StorageFailure,
-                   reason="the PostgreSQL store reports a missing grant as a StorageFailure"
-                   " advising to free space or fix the disk and retry; SQLite reports"
-                   " permissions as AccessDenied")
 def test_a_missing_grant_is_access_denied(pg_url: str, worker: str) -> None:
     role = worker.split("//", 1)[1].split("@", 1)[0]
     with admin(pg_url) as conn:

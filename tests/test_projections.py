@@ -345,6 +345,7 @@ def blob_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return root
 
 
+@pytest.mark.sqlite_only
 @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(data=st.data())
 def test_inline_projection_equals_rebuild_and_model(blob_root: Path, data: st.DataObject) -> None:
@@ -430,6 +431,7 @@ def _busy_ledger(path: Path) -> tuple[list[tuple[Any, ...]], int]:
     pytest.param(("DELETE FROM projection_checkpoint", "DELETE FROM steps"), id="no-checkpoint"),
     pytest.param(("UPDATE projection_checkpoint SET last_seq = 3",), id="rows-ahead-of-checkpoint"),
 ])
+@pytest.mark.sqlite_only
 def test_lagging_projection_is_read_without_writing_then_caught_up(
     tmp_path: Path, lag: tuple[str, ...]
 ) -> None:
@@ -455,6 +457,7 @@ def test_lagging_projection_is_read_without_writing_then_caught_up(
     assert table_of(path) == (expected, (head, steps_mod.VERSION))
 
 
+@pytest.mark.sqlite_only
 def test_partially_lagging_projection(tmp_path: Path) -> None:
     """The tables hold the state of seq k (as an older version left them); the log is ahead."""
     path = tmp_path / "ledger.db"
@@ -496,6 +499,7 @@ def test_partially_lagging_projection(tmp_path: Path) -> None:
 # --- rebuild ---------------------------------------------------------------------------
 
 
+@pytest.mark.sqlite_only
 def test_rebuild_of_a_large_ledger(tmp_path: Path) -> None:
     clock = FakeClock()
     with Ledger.init(tmp_path / "big.db", clock=clock, synchronous="OFF") as led:
@@ -569,6 +573,7 @@ def test_rebuild_repairs_an_edited_projection(ledger: Ledger, tmp_path: Path) ->
         assert led.verify().ok
 
 
+@pytest.mark.sqlite_only
 def test_catch_up_refolds_pins_and_manifests(tmp_path) -> None:
     """A lagging checkpoint makes the next read-write open refold the tail into the ref
     tables too (pins taken and released, manifests published), even over rows that are
@@ -632,6 +637,7 @@ def _edit_payload(path: Path | str, seq: int, payload: bytes) -> None:
     b'"manifest_rev":0}',
     b'not json',
 ])
+@pytest.mark.sqlite_only
 def test_rebuild_refuses_a_payload_the_fold_cannot_read(
         tmp_path: Path, payload: bytes | None) -> None:
     """The slim decoder of the hot kinds still refuses a payload of another kind than its
@@ -651,6 +657,7 @@ def test_rebuild_refuses_a_payload_the_fold_cannot_read(
         assert not led.verify().ok
 
 
+@pytest.mark.sqlite_only
 def test_rebuild_skips_constraints_verify_still_checks_them(tmp_path: Path) -> None:
     """Fold-only decoding reads the hot kinds without their field constraints (they were
     checked at append); an edited payload that breaks one (an upper-case digest) is

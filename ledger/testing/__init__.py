@@ -8,6 +8,9 @@
 - `chaos`: ``stepledger chaos``, a real process SIGKILLed at every operation of a step.
 - `fuzz`: ``stepledger fuzz``, the interleaving search over the fence protocol, its
   checkers and its shrinker.
+- `pgserver`: a throwaway PostgreSQL server from the machine's binaries (a temporary data
+  directory, a private socket; as root, run as the ``postgres`` user), for the tests, the
+  benchmarks and ``python -m ledger.testing.pgserver start DIR`` (the README's demo).
 
 The runtime never imports this package: the library works without it, and only the
 ``chaos`` and ``fuzz`` commands import it, inside their functions

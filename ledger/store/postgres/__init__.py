@@ -749,9 +749,12 @@ class PgStore:
         except psycopg.errors.ReadOnlySqlTransaction:
             raise ReadOnlyLedger(self.location) from None
         except psycopg.Error as exc:
-            if isinstance(exc, psycopg.errors.InsufficientPrivilege) and \
-                    "append-only" in str(exc):
-                raise CorruptLedger(self.location, _first_line(exc)) from None
+            if isinstance(exc, psycopg.errors.InsufficientPrivilege):
+                if "append-only" in str(exc):
+                    raise CorruptLedger(self.location, _first_line(exc)) from None
+                raise AccessDenied(self.location, _first_line(exc), "grant this role what"
+                                   " docs/operations.md \"A ledger on PostgreSQL\" lists, or"
+                                   " use the role that owns the ledger") from None
             raise StorageFailure(self.location, f"{type(exc).__name__}: {_first_line(exc)}") \
                 from None
 

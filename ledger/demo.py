@@ -105,6 +105,7 @@ def run_demo(keep: str | None = None, echo: Echo = print, *, ledger: str | None 
     ledger in (default: a SQLite file in the demo's directory); the workers then share
     nothing but that URL: each works in a directory of its own."""
     say: Say = echo or (lambda _m: None)
+    url = ledger  # (the name `ledger` is the open Ledger below)
     root = keep or tempfile.mkdtemp(prefix="stepledger-demo-")
     os.makedirs(root, exist_ok=True)
     if ledger is not None:
@@ -128,9 +129,9 @@ def run_demo(keep: str | None = None, echo: Echo = print, *, ledger: str | None 
 
     repo = os.path.join(root, "workspace")
     _make_repo(repo, say)
-    shown = display_url(path) if ledger is not None else path
+    shown = display_url(path) if url is not None else path
     say(f"stepledger demo: workspace {repo}, ledger {shown}")
-    if ledger is not None:
+    if url is not None:
         say("   the workers are processes that share nothing but the database URL; each"
             " works in its own directory")
     with Ledger.init(path) as ledger:
@@ -157,7 +158,7 @@ def run_demo(keep: str | None = None, echo: Echo = print, *, ledger: str | None 
     if keep is None:
         shutil.rmtree(root, ignore_errors=True)
         report["workspace"] = None
-        if ledger is None:  # a database outlives the demo's directory
+        if url is None:  # a database outlives the demo's directory
             report["ledger"] = None
     return report
 

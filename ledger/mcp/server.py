@@ -518,6 +518,10 @@ def _init(ledger_path: str, witness: str | None) -> Ledger:
     an agent's sub-agents do): the servers of this machine take turns on a lock file in
     the ledger's directory, and a file that another process is still creating (not yet
     a ledger, and new) is waited for, a few seconds at most."""
+    from ..store.postgres import is_url
+
+    if is_url(ledger_path):  # a database: concurrent inits make one ledger by themselves
+        return Ledger.init(ledger_path, witness=witness)
     directory = os.path.dirname(os.path.abspath(ledger_path))
     lock_fd = None
     deadline = time.monotonic() + 5
@@ -568,7 +572,7 @@ def open_workspaces(specs: Sequence[str], ledger_path: str | None, *,
     if create:
         ledger = _init(ledger_path, witness)
         if ledger.created and echo is not None:
-            echo(f"stepledger mcp: created ledger {os.path.abspath(ledger_path)}")
+            echo(f"stepledger mcp: created ledger {ledger.path}")
     else:
         ledger = Ledger.open(ledger_path, witness=witness)  # raises LedgerNotFound
     try:

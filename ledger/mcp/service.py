@@ -247,13 +247,18 @@ class FileTools:
                              ttl_s=lease_ttl_s, wait_s=lease_wait_s, linger_s=lease_linger_s)
         self.holder = self.leases.holder
         self.lease_ttl_s = lease_ttl_s
-        ledger_dir = os.path.dirname(os.path.abspath(ledger.path))
         witness = ledger.witness_status().witness
+        if ledger.blobs.root is None:  # a ledger in a database: only the witness is here
+            own_dirs: list[str] = []
+            own_files = [witness] if witness else []
+        else:
+            ledger_dir = os.path.dirname(os.path.abspath(ledger.path))
+            own_dirs = [ledger_dir, os.path.join(ledger_dir, "blobs")]
+            own_files = [ledger.path, *([witness] if witness else [])]
         self.workspaces: list[Workspace] = []
         for name in workspaces:
             reg = ledger.registration(name)
-            boundary = Boundary.of([ledger_dir, os.path.join(ledger_dir, "blobs")],
-                                   [ledger.path, *([witness] if witness else [])], reg.allow_git)
+            boundary = Boundary.of(own_dirs, own_files, reg.allow_git)
             prefixes = {reg.root}
             given = (given_roots or {}).get(name)
             if given:

@@ -74,6 +74,8 @@ READ_BATCH: Final = 2_000
 LOCK_CLASS: Final = 0x53544C47
 #: How long a connection attempt may take.
 CONNECT_TIMEOUT_S: Final = 10
+#: The server's time in nanoseconds (microsecond resolution).
+_NOW_NS: Final = "(extract(epoch FROM clock_timestamp()) * 1000000)::bigint * 1000"
 #: The default busy timeout (the SQLite store's).
 BUSY_TIMEOUT_MS: Final = 30_000
 #: A session idle inside a transaction this long is ended by the server (its transaction
@@ -443,7 +445,9 @@ class PgTx(PgView, TxBase):
     @property
     def time_ns(self) -> int:
         if self._time_ns is None:
-            self._time_ns = self._store.now_ns()
+            store = self._store
+            self._time_ns = (store.injected_clock() if store.injected_clock is not None
+                             else store._tx_time_ns or store.now_ns())
         return self._time_ns
 
     # -- the chain lock: taken before anything reads the head or writes shared rows -------
@@ -609,6 +613,7 @@ class PgStore:
         self._chain_key = 0
         self._ledger_key = 0
         self._chained = False
+        self._tx_time_ns = 0
         self._gc_key = 0
         self.view: PgView = _LockedView(self)
         from .blobs import PgBlobs, PgFiles
@@ -791,22 +796,29 @@ class PgStore:
         conn = self._connect()
         with self._translated():
             if write:
-                conn.execute("BEGIN ISOLATION LEVEL READ COMMITTED")
+                # One round trip: BEGIN, the lock timeout, the scope's locks and the
+                # server's time once they are held (the transaction's time: read after
+                # the workspace's lock, so one workspace's times follow its commits).
+                if scope.workspace is None:
+                    locks = (f"pg_advisory_xact_lock({LOCK_CLASS}, {self._ledger_key}),"
+                             f" pg_advisory_xact_lock({LOCK_CLASS}, {self._chain_key})")
+                else:
+                    ws_key = _lock_key(f"workspace:{self._schema}:{scope.workspace}")
+                    locks = (f"pg_advisory_xact_lock_shared({LOCK_CLASS}, {self._ledger_key}),"
+                             f" pg_advisory_xact_lock({LOCK_CLASS}, {ws_key})")
                 self._depth, self._writing, self._chained = 1, True, False
                 try:
-                    conn.execute(f"SET LOCAL lock_timeout = {max(1, self.busy_timeout_ms)}")
-                    if scope.workspace is None:
-                        conn.execute("SELECT pg_advisory_xact_lock(%s, %s)",
-                                     (LOCK_CLASS, self._ledger_key))
-                        self._chain()
-                    else:
-                        conn.execute("SELECT pg_advisory_xact_lock_shared(%s, %s),"
-                                     " pg_advisory_xact_lock(%s, %s)",
-                                     (LOCK_CLASS, self._ledger_key, LOCK_CLASS,
-                                      _lock_key(f"workspace:{self._schema}:{scope.workspace}")))
+                    cur = conn.execute(
+                        "BEGIN ISOLATION LEVEL READ COMMITTED;"
+                        f" SET LOCAL lock_timeout = {max(1, int(self.busy_timeout_ms))};"
+                        f" SELECT {locks}, {_NOW_NS}")
+                    cur.nextset()
+                    cur.nextset()
+                    self._tx_time_ns = int(cur.fetchone()[-1])
                 except BaseException:
                     self._abort()
                     raise
+                self._chained = scope.workspace is None
             else:
                 conn.execute("BEGIN ISOLATION LEVEL REPEATABLE READ")
                 self._depth, self._writing = 1, False
@@ -854,9 +866,7 @@ class PgStore:
         if self.injected_clock is not None:
             return self.injected_clock()
         with self.lock:
-            row = self._run("SELECT (extract(epoch FROM clock_timestamp()) * 1000000)::bigint"
-                            ).fetchone()
-        return int(row[0]) * 1000
+            return int(self._run(f"SELECT {_NOW_NS}").fetchone()[0])
 
     # -- the Store interface -------------------------------------------------------------
 

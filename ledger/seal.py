@@ -68,6 +68,14 @@ def archive_digest(ledger_id: str, run: str, hashes: Sequence[bytes]) -> str:
                           + b"\x00" + b"".join(hashes)).hexdigest()
 
 
+def _files_beside(ledger: Ledger, run: str) -> None:
+    """Refuse to seal a ledger that has no directory for archives (one in a database)."""
+    if ledger.blobs.root is None:
+        raise NotSealable(run, "a seal's archive is a file beside a SQLite ledger, and a"
+                          " ledger in PostgreSQL has no directory of its own; its rows stay"
+                          " (gc, backup and copy work as usual)")
+
+
 def default_archive_dir(ledger: Ledger) -> str:
     """``archive/`` beside the ledger file (inside ``.stepledger/``)."""
     return os.path.join(os.path.dirname(os.path.abspath(ledger.path)), "archive")
@@ -278,6 +286,7 @@ def seal_run(ledger: Ledger, run: str, archive_dir: str | None = None, *,
     check_step_id(run)
     if ledger.readonly:
         raise ReadOnlyLedger(ledger.path)
+    _files_beside(ledger, run)
     directory = archive_dir or default_archive_dir(ledger)
     with ledger.storage.read() as view:
         plan = _plan(ledger, view, run)
@@ -581,6 +590,9 @@ def vacuum(ledger: Ledger) -> tuple[int, int]:
     checkpoint); return the file's size before and after, in bytes."""
     if ledger.readonly:
         raise ReadOnlyLedger(ledger.path)
+    if ledger.blobs.root is None:
+        raise InvalidInput("seal vacuum rewrites a SQLite file; a ledger in PostgreSQL has"
+                           " none (the server's VACUUM is its operator's)")
     before = file_bytes(ledger.path)
     ledger.storage.vacuum()
     return before, file_bytes(ledger.path)

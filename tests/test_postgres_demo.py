@@ -34,3 +34,19 @@ def test_the_demo_refuses_a_database_that_holds_a_ledger(pg_url: str) -> None:
     assert run_cli(["--ledger", pg_url, "head"]).out == with_events  # nothing written
     got = run_cli(["demo", "--ledger", "ledger.db"])
     assert got.code == 2 and "postgresql://" in got.err
+
+
+def test_sealing_a_database_ledger_is_refused_and_writes_nothing(pg_url: str,
+                                                                 tmp_path) -> None:
+    from ledger import Ledger
+    from ledger.runner import run_step
+
+    with Ledger.init(pg_url) as led:
+        run_step(led, "s1", {"a.txt": b"x"}, run="nightly")
+        head = str(led.head())
+    got = run_cli(["--ledger", pg_url, "seal", "run", "nightly"])
+    assert got.code == 1 and "NotSealable" in got.err and "PostgreSQL" in got.err
+    got = run_cli(["--ledger", pg_url, "seal", "vacuum"])
+    assert got.code == 2 and "InvalidInput" in got.err
+    assert run_cli(["--ledger", pg_url, "head"]).out.strip() == head
+    assert run_cli(["--ledger", pg_url, "seal", "list"]).code == 0

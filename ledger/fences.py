@@ -950,18 +950,26 @@ class Workspaces:
             found = None if w.post_hash is None else self.core.blob_size(w.post_hash)
             if w.post_hash is not None and found is None:
                 raise BlobNotFound(w.post_hash, f"the post-image of {w.path} is gone; plan anew")
-            if found is not None and not found[1]:
-                # a file post-image whose name may never have been made durable (a failed
-                # directory fsync): put it again — the dedup path fsyncs file and directory
-                # (and reads nothing from the source, streamed as it would be otherwise)
-                self.core.files().put_stream(self.core.blob_chunks(w.post_hash), w.post_hash)
         planned = msgspec.structs.replace(
             old, attempt=row.attempt + 1, epoch=epoch, writes=tuple(writes), rev=ws.rev,
         )
         pins = [BlobPinned(step=step, attempt=planned.attempt, run=old.run, workspace=old.workspace,
                            epoch=epoch, digest=d, role="post-image")
                 for d in dict.fromkeys(w.post_hash for w in writes if w.post_hash is not None)]
+        # The pins first (a collector spares a pinned blob), then the bytes made durable
+        # again: the ended attempt no longer pins them, so until this commit a collection
+        # could take them between the look above and a put.
         self._log.append([planned, *pins], guard=self.core.guard())
+        for w in writes:
+            found = None if w.post_hash is None else self.core.blob_size(w.post_hash)
+            if w.post_hash is not None and found is None:
+                raise BlobNotFound(w.post_hash, f"the post-image of {w.path} was collected"
+                                   " before the new attempt pinned it; plan anew")
+            if found is not None and not found[1]:
+                # a file post-image whose name may never have been made durable (a failed
+                # directory fsync): put it again — the dedup path fsyncs file and directory
+                # (and reads nothing from the source, streamed as it would be otherwise)
+                self.core.files().put_stream(self.core.blob_chunks(w.post_hash), w.post_hash)
         return planned.attempt
 
     # -- applying ------------------------------------------------------------------------

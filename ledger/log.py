@@ -84,9 +84,15 @@ def _copy_error(exc: BaseException) -> BaseException:
     return new.with_traceback(exc.__traceback__)
 
 
+#: Events that register a workspace's root: decided against every other workspace's.
+_REGISTRATIONS: Final = frozenset({"workspace-added", "workspace-restored", "workspace-rebound"})
+
+
 def _scope_of(prepared: Sequence[Prepared]) -> Scope:
     """The scope events given up front confine their transaction to: their one workspace,
     or (events of several, or of none) the whole ledger."""
+    if any(kind in _REGISTRATIONS for _e, _p, _k, kind, _env in prepared):
+        return Scope()  # a root is checked against every other workspace's
     names = {env.workspace for _e, _p, _k, _kind, env in prepared}
     if len(names) == 1:
         (name,) = names

@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import errno
 import os
-from typing import Protocol
+from typing import Any, Protocol
 
 import msgspec
 
@@ -39,7 +39,7 @@ from .events import (
 )
 from .fences import Workspaces
 from .log import EventLog
-from .store import Store
+from .store import Scope, Store
 from .workdir import WorkspaceDir, identity_of, temp_stamp
 
 #: One committed change of a path: (its workspace rev, digest or None for absent, mode).
@@ -253,7 +253,14 @@ def restore(workspaces: Workspaces, workspace: str, to: str | os.PathLike[str], 
             raise InvalidInput(f"restored {path} does not read back as {digest}; check {target}")
     event = WorkspaceRestored(workspace=workspace, root=target, rev=row.rev, paths=written,
                               dev=st.st_dev, ino=st.st_ino, allow_git=reg.allow_git)
-    recorded = core.log.append([event], guard=core.guard())[0]
+
+    def build(_tx: Any, _now: int) -> list[Any]:
+        # The root checked again under the write lock of the whole ledger: a workspace
+        # added meanwhile inside (or around) the target is refused, not registered beside.
+        workspaces.check_root(workspace, target, identity_of(st))
+        return [event]
+
+    recorded = core.log.append(build, guard=core.guard(), scope=Scope())[0]
     return RestoreReport(workspace=workspace, root=target, paths=written, absent=absent,
                          bytes=size, rev=row.rev, seq=recorded.seq, deduped=recorded.deduped)
 

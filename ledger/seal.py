@@ -72,8 +72,9 @@ def _files_beside(ledger: Ledger, run: str) -> None:
     """Refuse to seal a ledger that has no directory for archives (one in a database)."""
     if ledger.blobs.root is None:
         raise NotSealable(run, "a seal's archive is a file beside a SQLite ledger, and a"
-                          " ledger in PostgreSQL has no directory of its own; its rows stay"
-                          " (gc, backup and copy work as usual)")
+                          " ledger in PostgreSQL has no directory of its own: give it one (--archive-dir"
+                          " DIR, seal_run(archive_dir=...)); its rows stay (gc, backup and"
+                          " copy work as usual)")
 
 
 def default_archive_dir(ledger: Ledger) -> str:
@@ -286,7 +287,8 @@ def seal_run(ledger: Ledger, run: str, archive_dir: str | None = None, *,
     check_step_id(run)
     if ledger.readonly:
         raise ReadOnlyLedger(ledger.path)
-    _files_beside(ledger, run)
+    if archive_dir is None:
+        _files_beside(ledger, run)
     directory = archive_dir or default_archive_dir(ledger)
     with ledger.storage.read() as view:
         plan = _plan(ledger, view, run)

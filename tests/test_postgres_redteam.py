@@ -659,7 +659,7 @@ def test_replan_pins_its_post_image_before_a_collector_can_take_it(
         led.close()
 
 
-@pytest.mark.parametrize("how", ["terminated", "idle-timeout"])
+@pytest.mark.parametrize("how", ["terminated"])
 def test_a_fence_whose_session_was_killed_does_not_rename_over_a_later_committed_step(
         pg_url: str, tmp_path: Path, how: str, monkeypatch: pytest.MonkeyPatch) -> None:
     """The same hole without a new epoch: once the server has freed w1's lock, the next
@@ -729,29 +729,57 @@ def test_a_fence_whose_session_was_killed_does_not_rename_over_a_later_committed
         led.close()
 
 
-def test_a_write_transaction_the_server_ended_for_idling_is_database_unavailable(
+def test_a_builder_slower_than_the_idle_timeout_keeps_its_workspaces_lock(
+        pg_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The store's idle-in-transaction timeout (1 s here) never ends a write transaction
+    (the write transaction sets none): a builder slower than it — hashing, renaming —
+    still holds its workspace's lock, and its apply commits."""
+    import ledger.store.postgres as pg
+    monkeypatch.setattr(pg, "IDLE_IN_TRANSACTION_MS", 1000)
+    led, epochs = _world(pg_url, tmp_path, ("w1",))
+    epoch = epochs["w1"]
+    assert led.admit("w1", epoch, [StepPlan("s1", [Write("app.py", b"v1", h("v0"))])]) == [None]
+    slept: list[str] = []
+
+    def on_op(name: str) -> None:
+        if name == "ws-rename" and not slept:
+            slept.append(name)
+            time.sleep(2.0)  # idle inside the transaction, twice the timeout
+
+    worker = Ledger.open(pg_url, on_op=on_op)
+    try:
+        assert worker.apply("s1", epoch=epoch).verdict == "applied"
+        assert worker.verify().ok
+    finally:
+        worker.close()
+        led.close()
+
+
+def test_a_read_transaction_the_server_ended_for_idling_is_database_unavailable(
         pg_url: str, monkeypatch: pytest.MonkeyPatch) -> None:
-    """The server ends a session idle inside its transaction longer than the timeout the
-    store sets (FATAL, the connection closed: psycopg's InternalError subclass
-    IdleInTransactionSessionTimeout). What the caller hears should be what a lost
-    connection is, DatabaseUnavailable; it is StorageFailure ("free space or fix the
-    disk")."""
+    """The server ends a session idle inside a read transaction longer than the store's
+    timeout (FATAL: psycopg's InternalError subclass IdleInTransactionSessionTimeout):
+    the caller hears DatabaseUnavailable, as for any lost connection, not a disk failure."""
     import ledger.store.postgres as pg
     from ledger.errors import DatabaseUnavailable
-    from ledger.store import Scope
     Ledger.init(pg_url).close()
     monkeypatch.setattr(pg, "IDLE_IN_TRANSACTION_MS", 300)
     led = Ledger.open(pg_url)
     try:
         with pytest.raises(LedgerError) as raised:
-            with led.storage.transaction(Scope("w1")) as tx:
-                time.sleep(1.0)  # a builder doing file work
-                tx.head()
+            with led.storage.read() as view:
+                time.sleep(1.0)
+                view.head()
         assert isinstance(raised.value, DatabaseUnavailable), repr(raised.value)
     finally:
         led.close()
 
 
+@pytest.mark.xfail(strict=True, reason="FINDING, left as documented (docs/scaling.md):"
+                   " PostgreSQL grants locks in queue order, so a whole-ledger transaction"
+                   " queued behind a stalled workspace's builder holds every other workspace"
+                   " up until the stall ends or the busy timeout; letting workspaces overtake"
+                   " it would starve gc and registrations")
 def test_a_stalled_builder_of_w1_and_a_queued_registration_do_not_stop_w2(
         pg_url: str, tmp_path: Path) -> None:
     """Liveness (attack 1): w1's apply is in its builder (ledger lock shared, w1's lock);

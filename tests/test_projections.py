@@ -122,6 +122,8 @@ def model_refuses(row: dict[str, Any] | None, e: Any) -> str | None:
         return "never planned"
     if e.attempt != row["attempt"]:
         return "not the latest attempt"
+    if e.workspace != row["workspace"]:
+        return "another workspace than the attempt's"
     now = row["state"]
     if isinstance(e, Fenced | Rejected):
         return None if now == "planned" else f"{type(e).__name__} after {now}"

@@ -166,6 +166,14 @@ def fold(row: StepRow | None, event: AnyEvent | SlimEvent, seq: int, time_ns: in
             event.step, event.attempt, kind,
             f"the latest attempt is {row.attempt} ({row.state})",
         )
+    if event.workspace != row.workspace:
+        # An attempt belongs to the workspace it was planned in: an event of it naming
+        # another would also be decided under that other workspace's lock, not its own.
+        raise IllegalTransition(
+            event.step, event.attempt, kind,
+            f"the attempt was planned in workspace {row.workspace!r}, not"
+            f" {event.workspace!r}",
+        )
     allowed = ALLOWED_AFTER[kind]
     if kind == "fenced" and not event.journal:  # type: ignore[union-attr]
         allowed = _OPEN  # the journal-off comparison mode: an apply may repeat

@@ -72,6 +72,10 @@ CHECKPOINT_NAME: Final = "steps"
 READ_BATCH: Final = 2_000
 #: The advisory lock class of every stepledger lock ('STLG' as a signed 32-bit int).
 LOCK_CLASS: Final = 0x53544C47
+#: The advisory lock class of the workspaces' locks: a class of their own, so that no
+#: workspace name (its key a crc32 anyone can aim) can take the ledger's, the chain's or
+#: the collector's lock; two workspaces whose keys collide only take turns.
+LOCK_CLASS_WS: Final = 0x53544C48
 #: How long a connection attempt may take.
 CONNECT_TIMEOUT_S: Final = 10
 #: The server's time in nanoseconds (microsecond resolution).
@@ -747,9 +751,11 @@ class PgStore:
             yield
         except psycopg.errors.UniqueViolation:
             raise
-        except psycopg.errors.LockNotAvailable:
+        except (psycopg.errors.LockNotAvailable, psycopg.errors.DeadlockDetected):
             raise LedgerBusy(self.location, self.busy_timeout_ms / 1000) from None
         except psycopg.OperationalError as exc:
+            raise DatabaseUnavailable(self.location, _first_line(exc)) from None
+        except psycopg.errors.IdleInTransactionSessionTimeout as exc:
             raise DatabaseUnavailable(self.location, _first_line(exc)) from None
         except psycopg.errors.ReadOnlySqlTransaction:
             raise ReadOnlyLedger(self.location) from None
@@ -805,15 +811,20 @@ class PgStore:
                 else:
                     ws_key = _lock_key(f"workspace:{self._schema}:{scope.workspace}")
                     locks = (f"pg_advisory_xact_lock_shared({LOCK_CLASS}, {self._ledger_key}),"
-                             f" pg_advisory_xact_lock({LOCK_CLASS}, {ws_key})")
+                             f" pg_advisory_xact_lock({LOCK_CLASS_WS}, {ws_key})")
                 self._depth, self._writing, self._chained = 1, True, False
                 try:
+                    # No idle timeout inside a write transaction: the server must never
+                    # end it (and free its workspace's lock) while its builder still
+                    # writes the workspace's files; a stalled writer is bounded by the
+                    # others' lock timeout instead.
                     cur = conn.execute(
                         "BEGIN ISOLATION LEVEL READ COMMITTED;"
                         f" SET LOCAL lock_timeout = {max(1, int(self.busy_timeout_ms))};"
+                        " SET LOCAL idle_in_transaction_session_timeout = 0;"
                         f" SELECT {locks}, {_NOW_NS}")
-                    cur.nextset()
-                    cur.nextset()
+                    while cur.nextset():
+                        pass
                     self._tx_time_ns = int(cur.fetchone()[-1])
                 except BaseException:
                     self._abort()
@@ -822,6 +833,16 @@ class PgStore:
             else:
                 conn.execute("BEGIN ISOLATION LEVEL REPEATABLE READ")
                 self._depth, self._writing = 1, False
+
+    def _alive(self) -> None:
+        """A round trip inside the write transaction: DatabaseUnavailable if the server
+        ended it (its locks are gone)."""
+        conn = self._conn
+        if conn is None or conn.broken or conn.closed:
+            raise DatabaseUnavailable(self.location, "the connection was lost inside a"
+                                      " transaction, which did not commit")
+        with self._translated():
+            conn.execute("SELECT 1")
 
     def _chain(self) -> None:
         """Take the chain lock (once per transaction): from here to COMMIT, this

@@ -43,9 +43,21 @@ class PgFiles:
         self._store = store
         #: The workspace's file operations (the store's `on_op` hook sees them, as on
         #: SQLite: the chaos harness and the demo kill a worker between two of them).
-        self.ops = FileOps(lambda name: store.on_op(name) if store.on_op is not None else None)
+        self.ops = FileOps(self._workspace_op)
         self._conn: Any = None
         self._lock = threading.RLock()
+
+    def _workspace_op(self, name: str) -> None:
+        """Before each workspace file operation: the store's hook; and before a rename or
+        an unlink inside a write transaction, proof that the transaction is still the
+        server's. A session the server ended (killed, cut off) has let go of its
+        workspace's lock, and another worker may own the files now: the builder stops
+        there (DatabaseUnavailable) instead of changing them unlocked."""
+        store = self._store
+        if store.on_op is not None:
+            store.on_op(name)
+        if name in ("ws-rename", "ws-unlink") and store._writing:
+            store._alive()
 
     # -- the connection ----------------------------------------------------------------
 
@@ -196,9 +208,12 @@ class PgFiles:
                 replaced = True
             else:
                 with self._using() as conn:
-                    conn.execute("UPDATE blob_files SET stored_ns = %s WHERE digest = %s",
-                                 (self._now(conn), digest))
-                return PutResult(digest, n, deduped=True)
+                    freshened = conn.execute(
+                        "UPDATE blob_files SET stored_ns = %s WHERE digest = %s",
+                        (self._now(conn), digest)).rowcount
+                if freshened == 1:
+                    return PutResult(digest, n, deduped=True)
+                # collected between the check and the freshen: stored again below
         with self._using() as conn:
             conn.execute("BEGIN")
             try:

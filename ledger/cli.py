@@ -453,7 +453,8 @@ def cli(ctx: click.Context, ledger_path: str, workspace: str | None, witness: st
     """Record, inspect and verify durable coding-agent steps.
 
     Every transition of every step is an immutable, hash-chained event in one
-    SQLite WAL file, appended atomically with its journal (idempotency) key.
+    SQLite WAL file (or a PostgreSQL database: --ledger postgresql://...),
+    appended atomically with its journal (idempotency) key.
 
     \b
     Start here:
@@ -479,6 +480,7 @@ def cli(ctx: click.Context, ledger_path: str, workspace: str | None, witness: st
         stepledger audit                     # every stored byte in one bucket
         stepledger gc --dry-run              # what gc would collect; then: stepledger gc
         stepledger restore --workspace w --to /mnt/fresh/w
+        stepledger copy .stepledger/ledger.db postgresql://me@db/ledger
 
     \b
     Exit codes: 0 ok, 1 the answer is no (violation or refusal),

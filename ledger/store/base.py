@@ -11,8 +11,9 @@ savepoint (`_savepoint`, `_rollback_savepoint`, `_release_savepoint`) and
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, Final
 
 from ..errors import IdempotencyConflict, IllegalTransition, LedgerError
 from ..events import EVENT_VERSION, GUARDED_KINDS, Envelope, RecordedEvent, chain_hash, decode
@@ -226,4 +227,51 @@ class TxBase:
         return row_to_recorded(row, deduped=True)
 
 
-__all__ = ["GUARDED_KINDS", "TxBase", "check_row", "row_problem", "row_to_recorded"]
+class _LockedIterator:
+    """An iterator over a store's connection that holds the store's lock for each step."""
+
+    __slots__ = ("_it", "_lock")
+
+    def __init__(self, it: Any, lock: Any) -> None:
+        self._it, self._lock = it, lock
+
+    def __iter__(self) -> _LockedIterator:
+        return self
+
+    def __next__(self) -> Any:
+        with self._lock:
+            return next(self._it)
+
+
+#: A view's methods that hand out a lazy iterator over the connection.
+ITERATING: Final = frozenset({"events", "fold_rows", "checked_rows", "table_rows"})
+
+
+def _locked(name: str, fn: Any) -> Any:
+    if name in ITERATING:
+        @functools.wraps(fn)
+        def iterate(self: Any, *args: Any, **kwargs: Any) -> Any:
+            lock = self._store.lock
+            with lock:
+                return _LockedIterator(iter(fn(self, *args, **kwargs)), lock)
+        return iterate
+
+    @functools.wraps(fn)
+    def call(self: Any, *args: Any, **kwargs: Any) -> Any:
+        with self._store.lock:
+            return fn(self, *args, **kwargs)
+    return call
+
+
+def locked_view(view: type, doc: str) -> type:
+    """A subclass of a store's read view (`store.view`) whose every public method holds
+    the store's lock (`self._store.lock`, re-entrant) for its call, or for each step of
+    the iterator it returns: a read outside a transaction never meets another thread's
+    use of the connection."""
+    methods = {name: _locked(name, fn) for name, fn in vars(view).items()
+               if not name.startswith("_") and callable(fn)}
+    return type(f"_Locked{view.__name__}", (view,), {"__doc__": doc, **methods})
+
+
+__all__ = ["GUARDED_KINDS", "ITERATING", "TxBase", "check_row", "locked_view", "row_problem",
+           "row_to_recorded"]

@@ -22,7 +22,6 @@ cut off may or may not have committed, which a retry with the same journal key a
 from __future__ import annotations
 
 import contextlib
-import functools
 import re
 import threading
 import zlib
@@ -61,7 +60,7 @@ from .. import (
     Scope,
     StoreInfo,
 )
-from ..base import TxBase, row_problem
+from ..base import TxBase, locked_view, row_problem
 from . import schema as sch
 from .driver import _first_line, _psycopg
 from . import sql as q
@@ -372,46 +371,8 @@ class PgView:
         return scratch(self._store)
 
 
-class _LockedIterator:
-    __slots__ = ("_it", "_lock")
-
-    def __init__(self, it: Iterator[Any], lock: Any) -> None:
-        self._it, self._lock = it, lock
-
-    def __iter__(self) -> _LockedIterator:
-        return self
-
-    def __next__(self) -> Any:
-        with self._lock:
-            return next(self._it)
-
-
-_ITERATING: Final = frozenset({"events", "fold_rows", "checked_rows", "table_rows"})
-
-
-def _locked(name: str, fn: Callable[..., Any]) -> Callable[..., Any]:
-    if name in _ITERATING:
-        @functools.wraps(fn)
-        def iterate(self: PgView, *args: Any, **kwargs: Any) -> Any:
-            lock = self._store.lock
-            with lock:
-                return _LockedIterator(iter(fn(self, *args, **kwargs)), lock)
-        return iterate
-
-    @functools.wraps(fn)
-    def call(self: PgView, *args: Any, **kwargs: Any) -> Any:
-        with self._store.lock:
-            return fn(self, *args, **kwargs)
-    return call
-
-
-class _LockedView(PgView):
-    """`store.view`: each read outside a transaction holds the store's lock."""
-
-
-for _name, _fn in list(vars(PgView).items()):
-    if not _name.startswith("_") and callable(_fn):
-        setattr(_LockedView, _name, _locked(_name, _fn))
+#: `store.view`: each read outside a transaction holds the store's lock.
+_LockedView = locked_view(PgView, "The store's view outside a transaction (locked reads).")
 
 
 class PgTx(PgView, TxBase):

@@ -27,7 +27,7 @@ from ...blobs import CHUNK, BlobFile, Content, FileOps, PutResult, TempFile, con
 from ...errors import BlobCorrupt, BlobNotFound, ContentChanged, DatabaseUnavailable, \
     InvalidInput, StorageFailure
 from ...events import check_digest
-from .. import BlobStat
+from ..sqlite.blobs import SqliteBlobs
 
 _STAT: Final = "SELECT size, chunks, stored_ns FROM blob_files WHERE digest = %s"
 _CHUNK: Final = "SELECT data FROM blob_chunks WHERE digest = %s AND n = %s"
@@ -298,40 +298,11 @@ class PgFiles:
         """The bytes are the database's: its roles and grants guard them."""
 
 
-class PgBlobs:
-    """`ledger.store.BlobBackend` for the PostgreSQL store: the inline row, else chunks."""
+class PgBlobs(SqliteBlobs):
+    """`ledger.store.BlobBackend` for the PostgreSQL store: the inline row, else chunks
+    (the one rule of the SQLite store's blobs, over `PgFiles`)."""
 
-    root = None
-
-    def __init__(self, store: Any) -> None:
-        self._store = store
-
-    def stat(self, digest: str) -> BlobStat | None:
-        with self._store.read() as view:
-            found = view.inline_stat(digest)
-        if found is not None:
-            return found
-        f = self._store.files.stat(digest)
-        return None if f is None else BlobStat(digest, f.size, False, f.mtime_ns)
-
-    def read(self, digest: str, *, size: int | None = None, verify: bool = True) -> bytes:
-        from ..sqlite.blobs import inline_bytes
-        with self._store.read() as view:
-            row = view.inline_blob(digest)
-        if row is None:
-            return self._store.files.read(digest, size=size, verify=verify)
-        return inline_bytes(digest, row[1], size, verify)
-
-    def chunks(self, digest: str, *, size: int | None = None) -> Iterator[bytes]:
-        from ..sqlite.blobs import inline_bytes
-        with self._store.read() as view:
-            row = view.inline_blob(digest)
-        if row is None:
-            return self._store.files.chunks(digest, size=size)
-        return iter((inline_bytes(digest, row[1], size, True),))
-
-    def put_stream(self, chunks: Iterable[bytes | memoryview], digest: str) -> PutResult:
-        return self._store.files.put_stream(chunks, digest)
+    root = None  # type: ignore[assignment]  # in the database: no directory here
 
 
 def _quote(name: str) -> str:

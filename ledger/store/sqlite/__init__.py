@@ -23,7 +23,6 @@ from __future__ import annotations
 import contextlib
 import errno
 import fcntl
-import functools
 import os
 import threading
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
@@ -61,7 +60,7 @@ from .. import (
     Scope,
     StoreInfo,
 )
-from ..base import TxBase
+from ..base import TxBase, locked_view
 from ...projections.steps import IN_FLIGHT, StepRow
 from ...projections.workspaces import PathState, WsRow
 from . import blobs as bl
@@ -311,50 +310,9 @@ class SqliteView:
         return sc.scratch(self._db.conn)
 
 
-class _LockedIterator:
-    """An iterator over the connection that holds the store's lock for each step."""
-
-    __slots__ = ("_it", "_lock")
-
-    def __init__(self, it: Iterator[Any], lock: Any) -> None:
-        self._it, self._lock = it, lock
-
-    def __iter__(self) -> _LockedIterator:
-        return self
-
-    def __next__(self) -> Any:
-        with self._lock:
-            return next(self._it)
-
-
-#: The view's methods that hand out a lazy iterator over the connection.
-_ITERATING: Final = frozenset({"events", "fold_rows", "checked_rows", "table_rows"})
-
-
-def _locked(name: str, fn: Callable[..., Any]) -> Callable[..., Any]:
-    if name in _ITERATING:
-        @functools.wraps(fn)
-        def iterate(self: SqliteView, *args: Any, **kwargs: Any) -> Any:
-            lock = self._store.lock
-            with lock:
-                return _LockedIterator(iter(fn(self, *args, **kwargs)), lock)
-        return iterate
-
-    @functools.wraps(fn)
-    def call(self: SqliteView, *args: Any, **kwargs: Any) -> Any:
-        with self._store.lock:
-            return fn(self, *args, **kwargs)
-    return call
-
-
-class _LockedView(SqliteView):
-    """`store.view`: each read outside a transaction holds the store's lock (a thread
-    in a transaction holds it already: the lock is re-entrant)."""
-
-
-for _name, _fn in list(vars(SqliteView).items()):
-    if not _name.startswith("_") and callable(_fn):
-        setattr(_LockedView, _name, _locked(_name, _fn))
+#: `store.view`: each read outside a transaction holds the store's lock (a thread in a
+#: transaction holds it already: the lock is re-entrant).
+_LockedView = locked_view(SqliteView, "The store's view outside a transaction (locked reads).")
 
 
 class SqliteTx(SqliteView, TxBase):

@@ -599,13 +599,13 @@ def _backup_locked(source: Ledger, path: str, where: str, previous: BackupMarker
         try:
             snap_head = snapshot.head()
             with snapshot.storage.read() as view:
-                size_of = None
-                if source.blobs.root is None:
-                    # a ledger in a database: the snapshot's inline rows, else the
-                    # source's chunk rows (which the collector's lock keeps)
-                    def size_of(d: str, view: ReadView = view) -> tuple[int, bool] | None:
-                        return view.blob_size(d) or source.storage.view.blob_size(d)
-                needs = _needs(view, size_of)
+                def in_database(d: str, view: ReadView = view) -> tuple[int, bool] | None:
+                    # the snapshot's inline rows, else the source's chunk rows (which
+                    # the collector's lock keeps)
+                    return view.blob_size(d) or source.storage.view.blob_size(d)
+
+                # a ledger in a database has its blobs there, not beside the snapshot
+                needs = _needs(view, in_database if source.blobs.root is None else None)
                 found = recorded_anchor(view, snap)
                 witnessed = found is not None or view.meta("witness_tag") is not None
             ledger_id = snapshot.ledger_id

@@ -118,6 +118,18 @@ def digest_of(data: bytes | memoryview) -> str:
     return hashlib.sha256(data).hexdigest()
 
 
+def put_digest(data: bytes | memoryview, digest: str | None, *, verified: bool) -> str:
+    """The name bytes are put under: `digest` when given (checked against the bytes,
+    unless the caller has just computed it from these very bytes: `verified`), else
+    their sha256. InvalidInput when they differ."""
+    if digest is not None and verified:
+        return check_digest(digest)
+    actual = digest_of(data)
+    if digest is not None and check_digest(digest) != actual:
+        raise InvalidInput(f"digest {digest} does not match the bytes given ({actual})")
+    return actual
+
+
 class BlobStore:
     """Blob files under `root` (created on first put)."""
 
@@ -354,14 +366,7 @@ class BlobStore:
         just computed it from these very bytes: `verified=True`). An existing file is
         re-hashed before it is trusted; if it is wrong it is replaced.
         """
-        if digest is not None and verified:
-            check_digest(digest)
-        else:
-            actual = digest_of(data)
-            if digest is not None and check_digest(digest) != actual:
-                raise InvalidInput(f"digest {digest} does not match the bytes given ({actual})")
-            digest = actual
-        return self._put((data,), digest, check=False)
+        return self._put((data,), put_digest(data, digest, verified=verified), check=False)
 
     def _put(self, chunks: Iterable[bytes | memoryview], digest: str, *, check: bool) -> PutResult:
         """`put` and `put_stream`: dedup on an intact file, else write (`check`: hash the

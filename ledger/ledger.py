@@ -341,30 +341,25 @@ class Ledger:
         _check_options(**options)  # bad input writes nothing, not even a file
         if options.get("witness") is not None:
             witness_path(options["witness"])  # a relative witness is refused before any I/O
+        store: Store
         if is_url(path):
             _url_options(vfs=vfs, blob_root=options.pop("blob_root", None))
-            pg, created = PgStore.create(str(path), clock=clock, on_op=options.pop("on_op", None),
-                                         busy_timeout_ms=busy_timeout_ms)
-            try:
-                ledger = cls(pg, pg.clock, created, **options)
-                ledger._attach_witness()
-                if not created:
-                    catch_up(ledger._log)
-            except BaseException:
-                pg.close()
-                raise
-            return ledger
-        if os.path.exists(os.fspath(path)):
-            try:
-                cls.open(path, readonly=True, clock=clock, vfs=vfs, witness=options.get("witness"),
-                         witness_check=options.get("witness_check", True)).close()
-            except NotALedger:
-                pass  # `Database.create` judges it: an interrupted init is finished, else refused
-        clock = clock or time.time_ns
-        store, created = SqliteStore.create(
-            os.fspath(path), clock=clock, synchronous=synchronous,
-            busy_timeout_ms=busy_timeout_ms, vfs=vfs,
-            blob_root=options.pop("blob_root", None), on_op=options.pop("on_op", None))
+            store, created = PgStore.create(str(path), clock=clock, on_op=options.pop("on_op", None),
+                                            busy_timeout_ms=busy_timeout_ms)
+            clock = store.clock  # lease expiry is judged by the database's clock
+        else:
+            if os.path.exists(os.fspath(path)):
+                try:
+                    cls.open(path, readonly=True, clock=clock, vfs=vfs,
+                             witness=options.get("witness"),
+                             witness_check=options.get("witness_check", True)).close()
+                except NotALedger:
+                    pass  # `Database.create` judges it: an interrupted init is finished
+            clock = clock or time.time_ns
+            store, created = SqliteStore.create(
+                os.fspath(path), clock=clock, synchronous=synchronous,
+                busy_timeout_ms=busy_timeout_ms, vfs=vfs,
+                blob_root=options.pop("blob_root", None), on_op=options.pop("on_op", None))
         try:
             ledger = cls(store, clock, created, **options)
             ledger._attach_witness()

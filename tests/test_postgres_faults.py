@@ -46,7 +46,6 @@ from ledger.errors import (
     LeaseHeld,
     LedgerError,
     ProtocolRefused,
-    StaleEpoch,
 )
 from ledger.fences import StepPlan, Write
 from ledger.store.postgres import PgStore

@@ -666,13 +666,8 @@ def test_a_fence_whose_session_was_killed_does_not_rename_over_a_later_committed
     transaction of w1 (another step of the same live epoch) fences, renames and commits
     app.py; the killed worker's builder then renames its own app.py over it. The ledger
     says app.py holds s2's committed bytes; the disk holds s1's, which nothing records.
-    "idle-timeout": nobody kills anything; the builder is merely slower than the
-    `idle_in_transaction_session_timeout` the store sets on its own connection (60 s;
-    1 s here), and the server ends the session under it."""
-    from ledger.errors import DatabaseUnavailable
-    import ledger.store.postgres as pg
-    if how == "idle-timeout":
-        monkeypatch.setattr(pg, "IDLE_IN_TRANSACTION_MS", 1000)
+    (A builder merely slower than the idle timeout is not ended at all:
+    `test_a_builder_slower_than_the_idle_timeout_keeps_its_workspaces_lock`.)"""
     led, epochs = _world(pg_url, tmp_path, ("w1",))
     wsdir = tmp_path / "dir-0"
     (wsdir / "a.py").write_text("a0")
@@ -709,7 +704,6 @@ def test_a_fence_whose_session_was_killed_does_not_rename_over_a_later_committed
         assert paused.wait(20)
         if how == "terminated":
             _terminate(pg_url, pid[0])
-        # (idle-timeout: this waits for w1's lock until the server ends the stalled session)
         assert other.apply("s2", epoch=epoch).verdict == "applied"
         other.publish("s2")
         other.ack("s2")

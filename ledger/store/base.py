@@ -227,6 +227,26 @@ class TxBase:
         return row_to_recorded(row, deduped=True)
 
 
+def paged(fetch: Any, start: int, limit: int | None, batch_max: int) -> Any:
+    """Rows in batches of at most `batch_max`, paging on the first column (seq):
+    `fetch(last, batch)` returns the next batch after `last` (each its own statement, so
+    no read holds a long statement nor the log in memory); at most `limit` rows. The
+    fold loop runs through this once per event: rows are yielded straight from each
+    batch."""
+    remaining, last = limit, start
+    while True:
+        batch = batch_max if remaining is None else min(batch_max, remaining)
+        if batch <= 0:
+            return
+        got = fetch(last, batch)
+        yield from got
+        if len(got) < batch:
+            return
+        last = got[-1][0]
+        if remaining is not None:
+            remaining -= len(got)
+
+
 class _LockedIterator:
     """An iterator over a store's connection that holds the store's lock for each step."""
 
@@ -273,5 +293,5 @@ def locked_view(view: type, doc: str) -> type:
     return type(f"_Locked{view.__name__}", (view,), {"__doc__": doc, **methods})
 
 
-__all__ = ["GUARDED_KINDS", "ITERATING", "TxBase", "check_row", "locked_view", "row_problem",
+__all__ = ["GUARDED_KINDS", "ITERATING", "TxBase", "check_row", "locked_view", "paged", "row_problem",
            "row_to_recorded"]

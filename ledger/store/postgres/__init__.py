@@ -60,7 +60,7 @@ from .. import (
     Scope,
     StoreInfo,
 )
-from ..base import TxBase, locked_view, row_problem
+from ..base import TxBase, locked_view, paged, row_problem
 from . import schema as sch
 from .driver import _first_line, _psycopg
 from . import sql as q
@@ -171,18 +171,8 @@ class PgView:
 
     def _paged(self, sql: str, params: list[Any], start: int, limit: int | None
                ) -> Iterator[tuple[Any, ...]]:
-        remaining, last = limit, start
-        while True:
-            batch = READ_BATCH if remaining is None else min(READ_BATCH, remaining)
-            if batch <= 0:
-                return
-            got = self._all(sql, (last, *params, batch))
-            yield from got
-            if len(got) < batch:
-                return
-            last = got[-1][0]
-            if remaining is not None:
-                remaining -= len(got)
+        return paged(lambda last, batch: self._all(sql, (last, *params, batch)),  # type: ignore[no-any-return]
+                     start, limit, READ_BATCH)
 
     def checked_rows(self, after_seq: int = 0) -> Iterator[tuple[EventRow, str | None]]:
         """Every row after `after_seq` with what is wrong with its cells (the columns'

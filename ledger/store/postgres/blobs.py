@@ -23,9 +23,9 @@ from collections.abc import Iterable, Iterator
 from typing import Any, Final
 
 from ...blobs import CHUNK, BlobFile, Content, FileOps, PutResult, TempFile, content_chunks, \
-    content_digest, digest_of
+    content_digest, put_digest
 from ...errors import BlobCorrupt, BlobNotFound, ContentChanged, DatabaseUnavailable, \
-    InvalidInput, StorageFailure
+    StorageFailure
 from ...events import check_digest
 from ..sqlite.blobs import SqliteBlobs
 
@@ -164,14 +164,7 @@ class PgFiles:
 
     def put(self, data: bytes | memoryview, digest: str | None = None, *,
             verified: bool = False) -> PutResult:
-        if digest is not None and verified:
-            check_digest(digest)
-        else:
-            actual = digest_of(data)
-            if digest is not None and check_digest(digest) != actual:
-                raise InvalidInput(f"digest {digest} does not match the bytes given ({actual})")
-            digest = actual
-        return self.put_stream((data,), digest)
+        return self.put_stream((data,), put_digest(data, digest, verified=verified))
 
     def put_content(self, content: Content, digest: str) -> PutResult:
         if isinstance(content, bytes):
@@ -214,56 +207,40 @@ class PgFiles:
                 if freshened == 1:
                     return PutResult(digest, n, deduped=True)
                 # collected between the check and the freshen: stored again below
-        with self._using() as conn:
-            conn.execute("BEGIN")
-            try:
-                conn.execute("DELETE FROM blob_chunks WHERE digest = %s", (digest,))
-                h = hashlib.sha256()
-                size, index = 0, 0
-                pending = bytearray()
-                for chunk in chunks:
-                    h.update(chunk)
-                    size += len(chunk)
-                    pending += chunk
-                    while len(pending) >= CHUNK:
-                        conn.execute("INSERT INTO blob_chunks(digest, n, data) VALUES (%s, %s, %s)",
-                                     (digest, index, bytes(pending[:CHUNK])))
-                        del pending[:CHUNK]
-                        index += 1
-                if pending or index == 0:
+        with self._using() as conn, _transaction(conn):
+            # one transaction: the chunks, then the pointer row
+            conn.execute("DELETE FROM blob_chunks WHERE digest = %s", (digest,))
+            h = hashlib.sha256()
+            size, index = 0, 0
+            pending = bytearray()
+            for chunk in chunks:
+                h.update(chunk)
+                size += len(chunk)
+                pending += chunk
+                while len(pending) >= CHUNK:
                     conn.execute("INSERT INTO blob_chunks(digest, n, data) VALUES (%s, %s, %s)",
-                                 (digest, index, bytes(pending)))
+                                 (digest, index, bytes(pending[:CHUNK])))
+                    del pending[:CHUNK]
                     index += 1
-                if h.hexdigest() != digest:
-                    raise ContentChanged(digest, h.hexdigest())
-                conn.execute(
-                    "INSERT INTO blob_files(digest, size, chunks, stored_ns) VALUES (%s,%s,%s,%s)"
-                    " ON CONFLICT(digest) DO UPDATE SET size = excluded.size,"
-                    " chunks = excluded.chunks, stored_ns = excluded.stored_ns",
-                    (digest, size, index, self._now(conn)))
-                conn.execute("COMMIT")
-            except BaseException:
-                if not conn.broken:
-                    with contextlib.suppress(Exception):
-                        conn.execute("ROLLBACK")
-                raise
+            if pending or index == 0:
+                conn.execute("INSERT INTO blob_chunks(digest, n, data) VALUES (%s, %s, %s)",
+                             (digest, index, bytes(pending)))
+                index += 1
+            if h.hexdigest() != digest:
+                raise ContentChanged(digest, h.hexdigest())
+            conn.execute(
+                "INSERT INTO blob_files(digest, size, chunks, stored_ns) VALUES (%s,%s,%s,%s)"
+                " ON CONFLICT(digest) DO UPDATE SET size = excluded.size,"
+                " chunks = excluded.chunks, stored_ns = excluded.stored_ns",
+                (digest, size, index, self._now(conn)))
         return PutResult(digest, size, deduped=False, replaced=replaced)
 
     def delete(self, digest: str) -> bool:
         """Remove a blob's pointer and chunks (one transaction); False: not there."""
         check_digest(digest)
-        with self._using() as conn:
-            conn.execute("BEGIN")
-            try:
-                gone = conn.execute("DELETE FROM blob_files WHERE digest = %s",
-                                    (digest,)).rowcount
-                conn.execute("DELETE FROM blob_chunks WHERE digest = %s", (digest,))
-                conn.execute("COMMIT")
-            except BaseException:
-                if not conn.broken:
-                    with contextlib.suppress(Exception):
-                        conn.execute("ROLLBACK")
-                raise
+        with self._using() as conn, _transaction(conn):
+            gone = conn.execute("DELETE FROM blob_files WHERE digest = %s", (digest,)).rowcount
+            conn.execute("DELETE FROM blob_chunks WHERE digest = %s", (digest,))
         return bool(gone)
 
     def sync_absent(self, digest: str) -> None:
@@ -303,6 +280,21 @@ class PgBlobs(SqliteBlobs):
     (the one rule of the SQLite store's blobs, over `PgFiles`)."""
 
     root = None  # type: ignore[assignment]  # in the database: no directory here
+
+
+@contextlib.contextmanager
+def _transaction(conn: Any) -> Iterator[None]:
+    """BEGIN … COMMIT on an autocommit connection; ROLLBACK (when the connection still
+    can) on any exception."""
+    conn.execute("BEGIN")
+    try:
+        yield
+    except BaseException:
+        if not conn.broken:
+            with contextlib.suppress(Exception):
+                conn.execute("ROLLBACK")
+        raise
+    conn.execute("COMMIT")
 
 
 def _quote(name: str) -> str:

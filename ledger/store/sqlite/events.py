@@ -12,6 +12,7 @@ from typing import Any, Final
 import apsw
 
 from ...store import ROW_NAMES, ROW_TYPES, EventQuery
+from ...store.base import paged as base_paged
 from ...store.base import row_problem
 from .errors import read_error
 from .file import Database
@@ -76,25 +77,15 @@ def query_sql(q: EventQuery, columns: str = ROW_COLUMNS) -> tuple[str, list[Any]
 
 def paged(db: Database, sql: str, params: list[Any], start: int, limit: int | None
           ) -> Iterator[tuple[Any, ...]]:
-    """Rows of `sql` in batches of READ_BATCH, paging on the first column (seq); a failed
-    read is a typed error (`read_error`). The fold loop runs through this once per event:
-    rows are yielded straight from each batch."""
-    remaining = limit
-    last = start
-    while True:
-        batch = READ_BATCH if remaining is None else min(READ_BATCH, remaining)
-        if batch <= 0:
-            return
+    """Rows of `sql` in batches of READ_BATCH (`store.base.paged`), paging on the first
+    column (seq); a failed read is a typed error (`read_error`)."""
+    def fetch(last: int, batch: int) -> list[tuple[Any, ...]]:
         try:
-            got = db.conn.execute(sql, (last, *params, batch)).fetchall()
+            return db.conn.execute(sql, (last, *params, batch)).fetchall()  # type: ignore[no-any-return]
         except (apsw.Error, UnicodeDecodeError) as exc:
             raise read_error(exc, db.path) from None
-        yield from got
-        if len(got) < batch:
-            return
-        last = got[-1][0]
-        if remaining is not None:
-            remaining -= len(got)
+
+    return base_paged(fetch, start, limit, READ_BATCH)  # type: ignore[no-any-return]
 
 
 def checked_rows(conn: apsw.Connection, after_seq: int = 0

@@ -14,7 +14,7 @@ $(STAMP): pyproject.toml
 	touch $(STAMP)
 
 demo: $(STAMP)
-	$(BIN)/stepledger demo
+	$(BIN)/steptrail demo
 
 test: $(STAMP)
 	$(BIN)/python -m pytest -q

@@ -1,4 +1,4 @@
-"""stepledger: a durable ledger for coding-agent steps.
+"""steptrail: a durable ledger for coding-agent steps.
 
 Every transition of every step is an immutable event in one SQLite WAL file,
 appended atomically with its journal (idempotency) key; projections give each
@@ -6,7 +6,7 @@ step's current state and can be rebuilt from the events at any time.
 
     from ledger import Ledger, Planned
 
-    with Ledger.init("ws/.stepledger/ledger.db") as ledger:
+    with Ledger.init("ws/.steptrail/ledger.db") as ledger:
         ledger.append(Planned(step="fetch", attempt=1))
         print(ledger.step("fetch").state)        # planned
 """

@@ -1,4 +1,4 @@
-"""`python -m ledger` is the `stepledger` command."""
+"""`python -m ledger` is the `steptrail` command."""
 
 from .cli import main
 

@@ -1,6 +1,6 @@
 """The ledger for asyncio: coroutines over a `Ledger`, its blocking work off the loop.
 
-    async with await AsyncLedger.init("ws/.stepledger/ledger.db") as ledger:
+    async with await AsyncLedger.init("ws/.steptrail/ledger.db") as ledger:
         result = await run_step(ledger, "fetch", {"out.json": b"{}"})
 
 Each method runs the `Ledger` method of the same name in a thread pool of the
@@ -52,7 +52,7 @@ class AsyncLedger:
                  _owned: bool = False) -> None:
         self.ledger = ledger
         self._pool = ThreadPoolExecutor(max_workers=max_workers,
-                                        thread_name_prefix="stepledger-aio")
+                                        thread_name_prefix="steptrail-aio")
         self._owned = _owned
 
     @classmethod

@@ -116,7 +116,7 @@ class BackupMarker(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     witnessed: bool
     witness: str  # the witness location the ledger recorded ("" none)
     created_ns: int
-    stepledger: str
+    steptrail: str
     #: (file name, bytes, sha256) of every sealed run's archive the snapshot's seals name
     #: and the ledger's archive directory held, all in DEST/archive
     archives: tuple[tuple[str, int, str], ...] = ()
@@ -124,7 +124,7 @@ class BackupMarker(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
 
 
 class BackupReport(msgspec.Struct, kw_only=True):
-    """What `backup` did (`stepledger backup --json`)."""
+    """What `backup` did (`steptrail backup --json`)."""
 
     dest: str
     db: str
@@ -163,7 +163,7 @@ class BackupCheck(msgspec.Struct, kw_only=True):
 
 
 class RestoredLedger(msgspec.Struct, kw_only=True):
-    """What `restore_backup` did (`stepledger backup restore --json`)."""
+    """What `restore_backup` did (`steptrail backup restore --json`)."""
 
     path: str
     ledger_id: str
@@ -251,7 +251,7 @@ def read_backup(path: str | os.PathLike[str]) -> BackupMarker:
     where = os.fspath(path)
     if not os.path.lexists(where):
         raise BackupInvalid(where, "there is no such directory", "give the directory a"
-                            " backup was written to ('stepledger backup DEST')")
+                            " backup was written to ('steptrail backup DEST')")
     st = os.lstat(where)
     if stat.S_ISLNK(st.st_mode):
         st = os.stat(where)
@@ -277,21 +277,21 @@ def read_backup(path: str | os.PathLike[str]) -> BackupMarker:
     finally:
         os.close(fd)
     if len(raw) > _MARKER_MAX_BYTES:
-        raise BackupInvalid(where, f"{MARKER} is larger than any marker stepledger writes")
+        raise BackupInvalid(where, f"{MARKER} is larger than any marker steptrail writes")
     try:
         marker = _decoder.decode(raw)
     except (msgspec.DecodeError, msgspec.ValidationError) as exc:
-        raise BackupInvalid(where, f"{MARKER} is damaged or not stepledger's ({exc})") from None
+        raise BackupInvalid(where, f"{MARKER} is damaged or not steptrail's ({exc})") from None
     if marker.format != FORMAT:
         raise BackupInvalid(where, f"{MARKER} says format {marker.format!r}, not {FORMAT!r}")
     if marker.version > FORMAT_VERSION:
         raise BackupInvalid(where, f"its format version {marker.version} is newer than this"
-                            f" stepledger reads ({FORMAT_VERSION})", "upgrade stepledger")
+                            f" steptrail reads ({FORMAT_VERSION})", "upgrade steptrail")
     if marker.digest != _marker_digest(marker):
         raise BackupInvalid(where, f"{MARKER} does not match its own digest (edited or damaged)")
     if not _DB_NAME_RE.fullmatch(marker.db) or "/" in marker.source_name \
             or marker.source_name in ("", ".", ".."):
-        raise BackupInvalid(where, f"{MARKER} names files stepledger never writes")
+        raise BackupInvalid(where, f"{MARKER} names files steptrail never writes")
     db = os.path.join(where, marker.db)
     try:
         dst = os.lstat(db)
@@ -308,7 +308,7 @@ def read_backup(path: str | os.PathLike[str]) -> BackupMarker:
                             " sha256 (damaged or replaced)")
     for name, size, _sha in marker.archives:
         if not _ARCHIVE_RE.fullmatch(name):
-            raise BackupInvalid(where, f"{MARKER} names files stepledger never writes")
+            raise BackupInvalid(where, f"{MARKER} names files steptrail never writes")
         try:
             ast = os.lstat(os.path.join(where, ARCHIVE_DIR, name))
         except FileNotFoundError:
@@ -479,7 +479,7 @@ def _check_dest(dest: str, ledger_dir: str) -> None:
                    and not _DB_NAME_RE.fullmatch(n) and not n.startswith(f".{MARKER}.")]
         if foreign:
             raise InvalidInput(f"backup destination {dest} holds files that are not a"
-                               f" stepledger backup ({', '.join(sorted(foreign)[:3])}); give a"
+                               f" steptrail backup ({', '.join(sorted(foreign)[:3])}); give a"
                                " new or empty directory, or an earlier backup of this ledger")
         _own_directories(dest, "backup destination")
 
@@ -650,7 +650,7 @@ def _backup_locked(source: Ledger, path: str, where: str, previous: BackupMarker
             blob_count=len(needs.required) + len(needs.optional),
             blob_bytes=sum(needs.required.values()) + sum(needs.optional.values()),
             witnessed=witnessed, witness=found[1].witness if found is not None else "",
-            created_ns=clock(), stepledger=__version__, archives=tuple(archives))
+            created_ns=clock(), steptrail=__version__, archives=tuple(archives))
         marker = msgspec.structs.replace(marker, digest=_marker_digest(marker))
         encoded = msgspec.json.format(_encoder.encode(marker)) + b"\n"
         if len(encoded) > _MARKER_MAX_BYTES:
@@ -814,9 +814,9 @@ def restore_backup(
             raise InvalidInput(
                 f"restore target {target_dir} already holds the restored ledger {name}"
                 " (a restore that died before anchoring its witness, or one that"
-                f" finished): check it with 'stepledger --ledger {target} verify'; a"
+                f" finished): check it with 'steptrail --ledger {target} verify'; a"
                 " witnessed one whose witness was never anchored is finished with"
-                f" 'stepledger --ledger {target} witness anchor --witness NEW --force'"
+                f" 'steptrail --ledger {target} witness anchor --witness NEW --force'"
                 " (nothing was written)")
         if leftovers:
             raise InvalidInput(f"restore target {target_dir} is not empty"

@@ -1,4 +1,4 @@
-"""The `stepledger` command: thin, scriptable, predictable.
+"""The `steptrail` command: thin, scriptable, predictable.
 
 Each command parses its arguments, calls the public API and formats the result.
 Results go to stdout, progress and logs to stderr, so `--json` output is pure.
@@ -46,7 +46,7 @@ from .errors import (
 from .events import KINDS, Manifest, RecordedEvent, WitnessAnchored, check_relpath, to_builtins
 
 # A command imports what it uses (the ledger, plans, the store's errors, gc, export, ...)
-# when it runs: `stepledger --help` or one command's run pays for no other's imports
+# when it runs: `steptrail --help` or one command's run pays for no other's imports
 # (docs/performance.md "The command line"). Its options' choices are spelled out here;
 # tests/test_cli_fast.py checks they are the library's.
 if TYPE_CHECKING:
@@ -58,7 +58,7 @@ if TYPE_CHECKING:
     from .projections.workspaces import WsRow
 
 #: `ledger.DEFAULT_PATH`, `fences.FENCE_MODES`, `projections.steps.STATES` and `IN_FLIGHT`.
-DEFAULT_PATH = os.path.join(".stepledger", "ledger.db")
+DEFAULT_PATH = os.path.join(".steptrail", "ledger.db")
 FENCE_MODES = ("step", "plan", "none")
 STATES = ("planned", "fenced", "blob-stored", "manifest-published", "acked", "compensated",
           "rejected", "sealed")
@@ -66,10 +66,10 @@ IN_FLIGHT = frozenset({"planned", "fenced", "blob-stored"})
 
 F = TypeVar("F", bound=Callable[..., Any])
 
-ENV_LEDGER = "STEPLEDGER_LEDGER"
-ENV_WITNESS = "STEPLEDGER_WITNESS"
-ENV_WORKSPACE = "STEPLEDGER_WORKSPACE"
-ENV_EPOCH = "STEPLEDGER_EPOCH"
+ENV_LEDGER = "STEPTRAIL_LEDGER"
+ENV_WITNESS = "STEPTRAIL_WITNESS"
+ENV_WORKSPACE = "STEPTRAIL_WORKSPACE"
+ENV_EPOCH = "STEPTRAIL_EPOCH"
 
 
 # -- plumbing -----------------------------------------------------------------------
@@ -103,7 +103,7 @@ class LedgerCommand(_NamesItsParse, click.Command):
 
 
 class LedgerSubgroup(_NamesItsParse, click.Group):
-    """A group below `stepledger` (workspace, lease, step, witness)."""
+    """A group below `steptrail` (workspace, lease, step, witness)."""
 
     command_class = LedgerCommand
     group_class = type  # its groups are of its class
@@ -111,7 +111,7 @@ class LedgerSubgroup(_NamesItsParse, click.Group):
 
 class LedgerGroup(_NamesItsParse, click.Group):
     """The one place errors leave the command line: every refusal and error becomes one
-    line `stepledger: error: TYPE: message` on stderr and its exit code, and under
+    line `steptrail: error: TYPE: message` on stderr and its exit code, and under
     --json one error object on stdout (docs/cli-json.md "Errors"). Usage errors (click's
     own: a bad option, a missing argument, an unknown command, wherever parsed) are one
     such line too, `UsageError`, exit 2, naming the --help to read; an interrupt (Ctrl-C)
@@ -126,7 +126,7 @@ class LedgerGroup(_NamesItsParse, click.Group):
         if not standalone_mode:
             return super().main(args, prog_name, complete_var, standalone_mode, **extra)
         argv = sys.argv[1:] if args is None else list(args)
-        prog_name = prog_name or self.name or "stepledger"
+        prog_name = prog_name or self.name or "steptrail"
         self._main_shell_completion(extra, prog_name, complete_var)
         ctx: click.Context | None = None
         try:
@@ -180,7 +180,7 @@ def _fail_unmapped(ctx: click.Context, exc: Exception) -> None:
         # A last resort: a read boundary missed a damaged row (each maps it itself).
         path = _ledger_path(ctx)
         why = f"{type(exc).__name__}: {exc}"
-        _fail(ctx, f"ledger {path} is damaged ({why}); run 'stepledger verify' and restore"
+        _fail(ctx, f"ledger {path} is damaged ({why}); run 'steptrail verify' and restore"
               " it from a backup", EXIT_USAGE, "CorruptLedger", {"path": path, "why": why})
     except OSError as exc:
         if exc.errno == errno.EPIPE:
@@ -216,9 +216,9 @@ def _fail_usage(exc: click.ClickException, ctx: click.Context | None, as_json: b
     else:
         message = exc.format_message().strip()
     message = message[:-1] if message.endswith(".") and not message.endswith("..") else message
-    command = where.command_path if where is not None else "stepledger"
-    if not command.startswith("stepledger"):  # (an embedding caller's program name)
-        command = " ".join(["stepledger", *command.split()[1:]])
+    command = where.command_path if where is not None else "steptrail"
+    if not command.startswith("steptrail"):  # (an embedding caller's program name)
+        command = " ".join(["steptrail", *command.split()[1:]])
     _fail(where, f"{message}; see '{command} --help'", EXIT_USAGE, "UsageError",
           as_json=as_json)
 
@@ -232,7 +232,7 @@ def _fail_interrupted(ctx: click.Context | None, as_json: bool) -> None:
         previous = None
     try:
         _fail(ctx, "interrupted (SIGINT); what it committed is kept, a transaction in progress"
-              " was rolled back, as after a crash: run it again, or 'stepledger verify'",
+              " was rolled back, as after a crash: run it again, or 'steptrail verify'",
               EXIT_INTERRUPTED, "Interrupted", as_json=as_json)
     finally:
         if previous is not None:
@@ -242,7 +242,7 @@ def _fail_interrupted(ctx: click.Context | None, as_json: bool) -> None:
 INT64_MAX = 2**63 - 1  # SQLite's INTEGER: larger numbers cannot be stored or compared
 
 #: `ctx.meta` key (shared by every context of one run): the command was given --json.
-_JSON_KEY = "stepledger.json"
+_JSON_KEY = "steptrail.json"
 #: The error object's own keys; an error's facts never take them.
 _ERROR_KEYS = frozenset({"type", "message", "exit_code"})
 
@@ -301,7 +301,7 @@ def _fail(ctx: click.Context | None, message: str, code: int, type_name: str,
     if as_json or (ctx is not None and _wants_json(ctx)):
         error = {**(facts or {}), "type": type_name, "message": message, "exit_code": code}
         _emit_json({**(document or {}), "ok": False, "error": error})
-    click.echo(f"stepledger: error: {type_name}: {message}", err=True)
+    click.echo(f"steptrail: error: {type_name}: {message}", err=True)
     sys.exit(code)
 
 
@@ -418,8 +418,8 @@ def _event_detail(r: RecordedEvent) -> str:
 # -- the group ----------------------------------------------------------------------
 
 
-@click.group("stepledger", cls=LedgerGroup, context_settings={"help_option_names": ["-h", "--help"]})
-@click.version_option(__version__, prog_name="stepledger")
+@click.group("steptrail", cls=LedgerGroup, context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(__version__, prog_name="steptrail")
 @click.option(
     "--ledger",
     "ledger_path",
@@ -446,7 +446,7 @@ def _event_detail(r: RecordedEvent) -> str:
     f" the chain head after every commit, and opening fails closed if the ledger lost or"
     f" rewrote what it witnessed, or the witness is missing (or set {ENV_WITNESS}). The"
     f" ledger records it: later commands use it without this flag; to move it, see"
-    f" 'stepledger witness anchor'.",
+    f" 'steptrail witness anchor'.",
 )
 @click.pass_context
 def cli(ctx: click.Context, ledger_path: str, workspace: str | None, witness: str | None) -> None:
@@ -458,29 +458,29 @@ def cli(ctx: click.Context, ledger_path: str, workspace: str | None, witness: st
 
     \b
     Start here:
-        stepledger init                      # create ./.stepledger/ledger.db
-        stepledger steps                     # every step and its state
-        stepledger show STEP                 # one step's timeline
-        stepledger verify                    # chain, seq, projections
-        stepledger head                      # record this elsewhere; later:
-        stepledger verify --expect-head SEQ:HASH
+        steptrail init                      # create ./.steptrail/ledger.db
+        steptrail steps                     # every step and its state
+        steptrail show STEP                 # one step's timeline
+        steptrail verify                    # chain, seq, projections
+        steptrail head                      # record this elsewhere; later:
+        steptrail verify --expect-head SEQ:HASH
 
     \b
     Drive a workspace from a harness in any language:
-        stepledger workspace add w ./repo
-        stepledger --workspace w lease acquire --holder agent-1 --ttl 10m --json
-        stepledger --workspace w workspace read app.py --json   # rev, pre_hash to plan with
-        stepledger --workspace w step plan --epoch 1 plan.json
-        stepledger step apply s1 --epoch 1 --json > receipt.json
-        stepledger step publish s1 --receipt receipt.json && stepledger step ack s1
-        stepledger metrics
+        steptrail workspace add w ./repo
+        steptrail --workspace w lease acquire --holder agent-1 --ttl 10m --json
+        steptrail --workspace w workspace read app.py --json   # rev, pre_hash to plan with
+        steptrail --workspace w step plan --epoch 1 plan.json
+        steptrail step apply s1 --epoch 1 --json > receipt.json
+        steptrail step publish s1 --receipt receipt.json && steptrail step ack s1
+        steptrail metrics
 
     \b
     Account for the bytes, collect orphans, outlive the machine:
-        stepledger audit                     # every stored byte in one bucket
-        stepledger gc --dry-run              # what gc would collect; then: stepledger gc
-        stepledger restore --workspace w --to /mnt/fresh/w
-        stepledger copy .stepledger/ledger.db postgresql://me@db/ledger
+        steptrail audit                     # every stored byte in one bucket
+        steptrail gc --dry-run              # what gc would collect; then: steptrail gc
+        steptrail restore --workspace w --to /mnt/fresh/w
+        steptrail copy .steptrail/ledger.db postgresql://me@db/ledger
 
     \b
     Exit codes: 0 ok, 1 the answer is no (violation or refusal),
@@ -502,7 +502,7 @@ def init(ctx: click.Context, as_json: bool) -> None:
     A file that exists and is not a ledger is refused and left untouched.
 
     \b
-        stepledger --ledger ws/.stepledger/ledger.db init
+        steptrail --ledger ws/.steptrail/ledger.db init
     """
     from .ledger import Ledger
     from .store.postgres import is_url
@@ -533,8 +533,8 @@ def events(
     """List events in seq order. Read-only.
 
     \b
-        stepledger events --step fetch
-        stepledger events --kind manifest-published --json
+        steptrail events --step fetch
+        steptrail events --kind manifest-published --json
     """
     # Everything is read before anything is printed: a damaged row fails the command
     # with one error line, not after a partial document.
@@ -570,9 +570,9 @@ def steps(ctx: click.Context, states: tuple[str, ...], in_flight: bool, as_json:
     A step is committed when it has a live manifest.
 
     \b
-        stepledger steps --in-flight             # after a crash: replay or settle these
-        stepledger steps --state blob-stored --state fenced
-        stepledger steps --json | jq '.[] | select(.committed)'
+        steptrail steps --in-flight             # after a crash: replay or settle these
+        steptrail steps --state blob-stored --state fenced
+        steptrail steps --json | jq '.[] | select(.committed)'
     """
     wanted = set(states) | (set(IN_FLIGHT) if in_flight else set())
     with _open(ctx, readonly=True) as ledger:
@@ -602,7 +602,7 @@ def show(ctx: click.Context, step: str, as_json: bool) -> None:
     """Show one step: its state and its timeline. Read-only.
 
     \b
-        stepledger show fetch
+        steptrail show fetch
     """
     with _open(ctx, readonly=True) as ledger:
         row = ledger.step(step)
@@ -647,7 +647,7 @@ def rebuild(ctx: click.Context, as_json: bool) -> None:
 @click.option(
     "--expect-head",
     metavar="SEQ:HASH",
-    help="A head printed earlier by 'stepledger head': prove nothing up to it was lost.",
+    help="A head printed earlier by 'steptrail head': prove nothing up to it was lost.",
 )
 @json_option
 @click.pass_context
@@ -657,13 +657,13 @@ def verify(ctx: click.Context, expect_head: str | None, as_json: bool) -> None:
     Reads everything and writes nothing. Exit 1 when anything is wrong, listing every
     finding. A hash chain cannot see its own tail cut off or the file rolled back to
     an older copy: keep a witness (--witness, updated after every commit) or record
-    'stepledger head' elsewhere and pass it as --expect-head. With a witness, verify
+    'steptrail head' elsewhere and pass it as --expect-head. With a witness, verify
     reports (rather than refuses) a ledger its witness does not match.
 
     \b
-        stepledger verify
-        stepledger --witness /other/volume/ledger.witness verify
-        stepledger verify --expect-head "$(cat /other/volume/ledger.head)"
+        steptrail verify
+        steptrail --witness /other/volume/ledger.witness verify
+        steptrail verify --expect-head "$(cat /other/volume/ledger.head)"
     """
     update, finish = _progress("verifying")
     with _open(ctx, readonly=True, witness_check=False, forensic=True) as ledger:
@@ -698,7 +698,7 @@ def head(ctx: click.Context, as_json: bool) -> None:
     """Print the chain head as SEQ:HASH. Read-only.
 
     Store it outside the ledger (another volume, your orchestrator) and later run
-    'stepledger verify --expect-head SEQ:HASH' to prove no history was cut off.
+    'steptrail verify --expect-head SEQ:HASH' to prove no history was cut off.
     """
     with _open(ctx, readonly=True) as ledger:
         h = ledger.head()
@@ -719,8 +719,8 @@ def export(ctx: click.Context, what: str, fmt: str) -> None:
     file yourself (open it read-only: 'sqlite-utils rows --help').
 
     \b
-        stepledger export --what events > events.jsonl
-        stepledger export --what steps --format csv > steps.csv
+        steptrail export --what events > events.jsonl
+        steptrail export --what steps --format csv > steps.csv
     """
     from .store.postgres import is_url
     from .store.sqlite.export import exported_rows, unexportable
@@ -728,8 +728,8 @@ def export(ctx: click.Context, what: str, fmt: str) -> None:
     path = ctx.obj["ledger_path"]
     if is_url(path):
         raise InvalidInput("export reads a SQLite ledger file; for a PostgreSQL ledger copy"
-                           " it to a file first: stepledger copy URL ledger.db, then"
-                           " stepledger --ledger ledger.db export")
+                           " it to a file first: steptrail copy URL ledger.db, then"
+                           " steptrail --ledger ledger.db export")
     # validates the file before anything reads it; the output is spooled, so a damaged
     # row fails the command before anything is printed
     with _open(ctx, readonly=True) as ledger, _Spool() as out:
@@ -868,7 +868,7 @@ def _workspace(ctx: click.Context, ws_name: str | None) -> str:
     name = ws_name or ctx.obj.get("workspace")
     if not name:
         raise InvalidInput(f"which workspace? give --workspace NAME (or set {ENV_WORKSPACE});"
-                           " 'stepledger workspace list' shows them")
+                           " 'steptrail workspace list' shows them")
     return str(name)
 
 
@@ -885,7 +885,7 @@ def epoch_option(help_text: str) -> Callable[[F], F]:
 def _need_epoch(epoch: int | None, what: str) -> int:
     if epoch is None:
         raise InvalidInput(f"{what} needs the live epoch: give --epoch N (the epoch"
-                           f" 'stepledger lease acquire' printed) or set {ENV_EPOCH}")
+                           f" 'steptrail lease acquire' printed) or set {ENV_EPOCH}")
     return epoch
 
 
@@ -935,17 +935,17 @@ def workspace() -> None:
     """Register and inspect workspaces: named directories that steps write to.
 
     \b
-        stepledger workspace add w ./repo
-        stepledger workspace show w --json
-        stepledger --workspace w workspace read app.py   # the bytes; rev + pre_hash to plan with
+        steptrail workspace add w ./repo
+        steptrail workspace show w --json
+        steptrail --workspace w workspace read app.py   # the bytes; rev + pre_hash to plan with
     """
 
 
 @workspace.command("add", epilog=_examples(
-    "stepledger workspace add agent-1 ./checkout",
-    "stepledger workspace add agent-1 ./checkout --json   # again: a no-op",
-    "stepledger workspace add agent-1 ./moved-checkout --rebind   # it moved: re-register",
-    "stepledger workspace add dotfiles ~/dots --allow-git   # steps may write .git/",
+    "steptrail workspace add agent-1 ./checkout",
+    "steptrail workspace add agent-1 ./checkout --json   # again: a no-op",
+    "steptrail workspace add agent-1 ./moved-checkout --rebind   # it moved: re-register",
+    "steptrail workspace add dotfiles ~/dots --allow-git   # steps may write .git/",
 ))
 @click.argument("name")
 @click.argument("directory", metavar="DIR")
@@ -985,8 +985,8 @@ def workspace_add(ctx: click.Context, name: str, directory: str, rebind: bool, a
         click.echo(f"workspace {row.name} at {row.root} already added; nothing changed")
 
 
-@workspace.command("list", epilog=_examples("stepledger workspace list",
-                                            "stepledger workspace list --json | jq '.[].name'"))
+@workspace.command("list", epilog=_examples("steptrail workspace list",
+                                            "steptrail workspace list --json | jq '.[].name'"))
 @json_option
 @click.pass_context
 def workspace_list(ctx: click.Context, as_json: bool) -> None:
@@ -998,7 +998,7 @@ def workspace_list(ctx: click.Context, as_json: bool) -> None:
         _emit_json([workspace_json(r, now) for r in rows])
         return
     if not rows:
-        click.echo("no workspaces; add one with 'stepledger workspace add NAME DIR'", err=True)
+        click.echo("no workspaces; add one with 'steptrail workspace add NAME DIR'", err=True)
         return
     click.echo(f"{'NAME':<24} {'REV':>6} {'EPOCH':>5} {'LEASE':<8} {'HOLDER':<20} ROOT")
     for r in rows:
@@ -1007,8 +1007,8 @@ def workspace_list(ctx: click.Context, as_json: bool) -> None:
         click.echo(f"{r.name:<24} {r.rev:>6} {r.epoch:>5} {state:<8} {r.holder or '-':<20} {r.root}")
 
 
-@workspace.command("show", epilog=_examples("stepledger workspace show w",
-                                            "stepledger --workspace w workspace show --json"))
+@workspace.command("show", epilog=_examples("steptrail workspace show w",
+                                            "steptrail --workspace w workspace show --json"))
 @click.argument("name", required=False)
 @json_option
 @click.pass_context
@@ -1045,8 +1045,8 @@ def workspace_show(ctx: click.Context, name: str | None, as_json: bool) -> None:
 
 
 @workspace.command("read", epilog=_examples(
-    "stepledger --workspace w workspace read app.py > app.py.seen   # rev, pre_hash: stderr",
-    "stepledger workspace read app.py --workspace w --json | jq -r .pre_hash",
+    "steptrail --workspace w workspace read app.py > app.py.seen   # rev, pre_hash: stderr",
+    "steptrail workspace read app.py --workspace w --json | jq -r .pre_hash",
 ))
 @click.argument("path", metavar="PATH")
 @workspace_option
@@ -1093,7 +1093,7 @@ def file_read_json(got: FileRead) -> dict[str, Any]:
 
 
 @workspace.command("snapshot", epilog=_examples(
-    "stepledger --workspace w workspace snapshot app.py src/util.py --json",
+    "steptrail --workspace w workspace snapshot app.py src/util.py --json",
 ))
 @click.argument("paths", nargs=-1, required=True, metavar="PATH...")
 @workspace_option
@@ -1106,7 +1106,7 @@ def workspace_snapshot(ctx: click.Context, paths: tuple[str, ...], ws_name: str 
     Not a planner's pre_hash: it hashes the disk at this moment, not the bytes the
     planner read, so a person's edit made between the planner's read and this snapshot
     would be hashed in and applied over without a refusal. When planning, take rev and
-    pre_hash from 'stepledger workspace read' (the bytes and their hash together). A
+    pre_hash from 'steptrail workspace read' (the bytes and their hash together). A
     snapshot answers "what is there now" (null: the file is absent).
     """
     name = _workspace(ctx, ws_name)
@@ -1129,15 +1129,15 @@ def lease() -> None:
     new epoch first settles (compensates) the older epochs' unfinished attempts.
 
     \b
-        EPOCH=$(stepledger --workspace w lease acquire --holder agent-1 --ttl 10m --json | jq .epoch)
-        stepledger --workspace w lease heartbeat --epoch "$EPOCH" --ttl 10m
-        stepledger --workspace w lease release --epoch "$EPOCH"
+        EPOCH=$(steptrail --workspace w lease acquire --holder agent-1 --ttl 10m --json | jq .epoch)
+        steptrail --workspace w lease heartbeat --epoch "$EPOCH" --ttl 10m
+        steptrail --workspace w lease release --epoch "$EPOCH"
     """
 
 
 @lease.command("acquire", epilog=_examples(
-    "stepledger --workspace w lease acquire --holder agent-1 --ttl 10m",
-    "stepledger lease acquire --workspace w --holder agent-2 --force --json",
+    "steptrail --workspace w lease acquire --holder agent-1 --ttl 10m",
+    "steptrail lease acquire --workspace w --holder agent-2 --force --json",
 ))
 @workspace_option
 @click.option("--holder", required=True, metavar="NAME", help="Who holds the lease (shown to others).")
@@ -1171,7 +1171,7 @@ def lease_acquire(ctx: click.Context, ws_name: str | None, holder: str, ttl: flo
     held = f"the lease is held (epoch {got.epoch})"
     if got.unsettled:
         raise Refusal(Unsettled(name, list(got.unsettled)), document if as_json else None,
-                      f"{held}; settle them with 'stepledger lease settle --epoch {got.epoch}'"
+                      f"{held}; settle them with 'steptrail lease settle --epoch {got.epoch}'"
                       " before new work")
     if got.conflicts:
         raise Refusal(CompensationConflict([f"{c.step}:{c.path}" for c in got.conflicts]),
@@ -1181,7 +1181,7 @@ def lease_acquire(ctx: click.Context, ws_name: str | None, holder: str, ttl: flo
 
 
 @lease.command("heartbeat", epilog=_examples(
-    "stepledger --workspace w lease heartbeat --epoch 3 --ttl 10m"))
+    "steptrail --workspace w lease heartbeat --epoch 3 --ttl 10m"))
 @workspace_option
 @epoch_option("The live epoch to extend.")
 @click.option("--ttl", type=DURATION, default=CLI_LEASE_TTL, show_default=True,
@@ -1203,7 +1203,7 @@ def lease_heartbeat(ctx: click.Context, ws_name: str | None, epoch: int | None, 
         click.echo(_lease_line(got))
 
 
-@lease.command("release", epilog=_examples("stepledger --workspace w lease release --epoch 3"))
+@lease.command("release", epilog=_examples("steptrail --workspace w lease release --epoch 3"))
 @workspace_option
 @epoch_option("The epoch to give up.")
 @json_option
@@ -1221,8 +1221,8 @@ def lease_release(ctx: click.Context, ws_name: str | None, epoch: int | None, as
         click.echo(_lease_line(got))
 
 
-@lease.command("show", epilog=_examples("stepledger --workspace w lease show",
-                                        "stepledger lease show --workspace w --json"))
+@lease.command("show", epilog=_examples("steptrail --workspace w lease show",
+                                        "steptrail lease show --workspace w --json"))
 @workspace_option
 @json_option
 @click.pass_context
@@ -1239,10 +1239,10 @@ def lease_show(ctx: click.Context, ws_name: str | None, as_json: bool) -> None:
     click.echo(_lease_line(got))
     if unsettled:
         click.echo(f"unsettled (older epochs, in flight): {', '.join(unsettled)};"
-                   f" run 'stepledger lease settle --epoch {got.epoch}'")
+                   f" run 'steptrail lease settle --epoch {got.epoch}'")
 
 
-@lease.command("settle", epilog=_examples("stepledger --workspace w lease settle --epoch 4 --json"))
+@lease.command("settle", epilog=_examples("steptrail --workspace w lease settle --epoch 4 --json"))
 @workspace_option
 @epoch_option("The live epoch that settles the older ones.")
 @json_option
@@ -1283,26 +1283,26 @@ def step() -> None:
 
     \b
     A step that only stores artifacts (no lease):
-        stepledger step store build-7 out/report.xml logs/test.log
-        stepledger step publish build-7            # the commit point
-        stepledger step ack build-7
+        steptrail step store build-7 out/report.xml logs/test.log
+        steptrail step publish build-7            # the commit point
+        steptrail step ack build-7
     \b
-    A step that writes a workspace, under the live epoch (--epoch or STEPLEDGER_EPOCH):
-        stepledger --workspace w step plan --epoch 3 plan.json
-        stepledger step apply s1 --epoch 3 --json > applied.json
-        stepledger step publish s1 --receipt applied.json
-        stepledger step ack s1
+    A step that writes a workspace, under the live epoch (--epoch or STEPTRAIL_EPOCH):
+        steptrail --workspace w step plan --epoch 3 plan.json
+        steptrail step apply s1 --epoch 3 --json > applied.json
+        steptrail step publish s1 --receipt applied.json
+        steptrail step ack s1
     \b
     The same in one process (a harness's one call per step; safe to re-run):
-        stepledger --workspace w step run plan.json out/log.txt --epoch 3 --json
+        steptrail --workspace w step run plan.json out/log.txt --epoch 3 --json
     """
 
 
 @step.command("plan", epilog=_examples(
-    "stepledger --workspace w step plan --epoch 3 plan.json",
+    "steptrail --workspace w step plan --epoch 3 plan.json",
     "echo '{\"step\": \"s1\", \"writes\": [{\"path\": \"app.py\", \"base_rev\": 0,"
     " \"pre_hash\": null, \"content\": \"print(1)\\n\"}]}' |"
-    " stepledger --workspace w step plan --epoch 3 -",
+    " steptrail --workspace w step plan --epoch 3 -",
 ))
 @click.argument("plan_file", metavar="FILE|-", type=click.Path(dir_okay=False, allow_dash=True, exists=True))
 @workspace_option
@@ -1398,8 +1398,8 @@ def apply_json(result: ApplyResult) -> dict[str, Any]:
 
 
 @step.command("apply", epilog=_examples(
-    "stepledger step apply s1 --epoch 3",
-    "stepledger step apply s1 --epoch 3 --json > applied.json   # the receipt for publish",
+    "steptrail step apply s1 --epoch 3",
+    "steptrail step apply s1 --epoch 3 --json > applied.json   # the receipt for publish",
 ))
 @click.argument("step_id", metavar="STEP")
 @click.option("--attempt", type=click.IntRange(min=1, max=INT64_MAX), metavar="N",
@@ -1452,7 +1452,7 @@ def _not_applied(result: ApplyResult) -> LedgerError:
                              f"the attempt is {result.verdict}")
 
 
-@step.command("replan", epilog=_examples("stepledger step replan s1 --epoch 4"))
+@step.command("replan", epilog=_examples("steptrail step replan s1 --epoch 4"))
 @click.argument("step_id", metavar="STEP")
 @epoch_option("The live epoch the new attempt runs under.")
 @json_option
@@ -1482,8 +1482,8 @@ def _echo_compensation(c: Compensation) -> None:
 
 
 @step.command("compensate", epilog=_examples(
-    "stepledger step compensate s1 --reason 'tests failed' --epoch 3",
-    "stepledger step compensate build-7 --reason 'bad report'   # artifact-only: no epoch",
+    "steptrail step compensate s1 --reason 'tests failed' --epoch 3",
+    "steptrail step compensate build-7 --reason 'bad report'   # artifact-only: no epoch",
 ))
 @click.argument("step_id", metavar="STEP")
 @click.option("--reason", required=True, metavar="TEXT", help="Why (recorded for audit).")
@@ -1516,10 +1516,10 @@ def manifest_json(m: Manifest) -> dict[str, Any]:
 
 
 @step.command("store", epilog=_examples(
-    "stepledger step store build-7 out/report.xml logs/test.log",
-    "stepledger step store s1 out/log.txt --json   # a writing step's declared artifact",
-    "stepledger step store build-7 /tmp/run/report.xml --as out/report.xml",
-    "stepledger step store build-7 ../a.log ../b.log --as logs/a.log --as logs/b.log",
+    "steptrail step store build-7 out/report.xml logs/test.log",
+    "steptrail step store s1 out/log.txt --json   # a writing step's declared artifact",
+    "steptrail step store build-7 /tmp/run/report.xml --as out/report.xml",
+    "steptrail step store build-7 ../a.log ../b.log --as logs/a.log --as logs/b.log",
 ))
 @click.argument("step_id", metavar="STEP")
 @click.argument("files", nargs=-1, required=True, metavar="FILE...",
@@ -1548,7 +1548,7 @@ def step_store(ctx: click.Context, step_id: str, files: tuple[str, ...], names: 
         if row.live:
             click.echo(
                 f"step {step_id} is committed (manifest r{row.manifest_rev}); these blobs"
-                f" replace it only when you supersede: 'stepledger step publish {step_id}"
+                f" replace it only when you supersede: 'steptrail step publish {step_id}"
                 f" --expected-rev {row.manifest_rev}'", err=True,
             )
         stored = [ledger.store(step_id, row.attempt, p, data) for p, data in contents.items()]
@@ -1631,15 +1631,15 @@ def _receipt_arg(raw: bytes) -> bytes | dict[str, Any]:
                                " nothing was applied, so there is nothing to publish")
         doc = doc["receipt"]
     if not isinstance(doc, dict):
-        raise InvalidInput("the receipt must be a JSON object, as 'stepledger step apply"
+        raise InvalidInput("the receipt must be a JSON object, as 'steptrail step apply"
                            " --json' prints it")
     return doc  # type: ignore[no-any-return]
 
 
 @step.command("publish", epilog=_examples(
-    "stepledger step publish build-7",
-    "stepledger step publish s1 --receipt applied.json        # from 'step apply --json'",
-    "executor | stepledger step publish s1 --receipt -        # a receipt on stdin",
+    "steptrail step publish build-7",
+    "steptrail step publish s1 --receipt applied.json        # from 'step apply --json'",
+    "executor | steptrail step publish s1 --receipt -        # a receipt on stdin",
 ))
 @click.argument("step_id", metavar="STEP")
 @click.option("--expected-rev", type=click.IntRange(min=-1, max=INT64_MAX), default=-1, show_default=True,
@@ -1680,7 +1680,7 @@ def _echo_manifest(m: Manifest) -> None:
         click.echo(f"  {e.digest}  {e.size:>10}  {e.path}")
 
 
-@step.command("ack", epilog=_examples("stepledger step ack build-7"))
+@step.command("ack", epilog=_examples("steptrail step ack build-7"))
 @click.argument("step_id", metavar="STEP")
 @epoch_option("For a step writing a workspace: refuse unless this epoch is live.")
 @json_option
@@ -1708,7 +1708,7 @@ def _echo_ack(step_id: str, r: RecordedEvent) -> None:
 
 #: The crash tests' seam (tests/test_cli_run.py): `step run` SIGKILLs itself at the stage
 #: this names — after-plan, after-apply, after-store, after-publish — as a crash would.
-RUN_KILL_ENV = "STEPLEDGER_STEP_RUN_TEST_KILL"
+RUN_KILL_ENV = "STEPTRAIL_STEP_RUN_TEST_KILL"
 
 
 def _killed_here(stage: str) -> None:
@@ -1717,10 +1717,10 @@ def _killed_here(stage: str) -> None:
 
 
 @step.command("run", epilog=_examples(
-    "stepledger step run plan.json --epoch 3 --json            # plan, apply, publish, ack",
-    "stepledger step run plan.json out/log.txt --epoch 3       # and store an artifact",
-    "stepledger step run plan.json /tmp/pytest.log --as logs/pytest.log --epoch 3",
-    "planner | stepledger step run - --epoch 3 --json          # the plan on stdin",
+    "steptrail step run plan.json --epoch 3 --json            # plan, apply, publish, ack",
+    "steptrail step run plan.json out/log.txt --epoch 3       # and store an artifact",
+    "steptrail step run plan.json /tmp/pytest.log --as logs/pytest.log --epoch 3",
+    "planner | steptrail step run - --epoch 3 --json          # the plan on stdin",
 ))
 @click.argument("plan_file", metavar="PLAN|-", type=click.Path(dir_okay=False, allow_dash=True, exists=True))
 @click.argument("files", nargs=-1, metavar="[FILE]...", type=click.Path(exists=True, dir_okay=False))
@@ -1841,7 +1841,7 @@ def _rate(x: float | None) -> str:
     return "-" if x is None else f"{x:.2f}"
 
 
-@cli.command(epilog=_examples("stepledger metrics", "stepledger metrics --json | jq .checkpoint_age_s.max"))
+@cli.command(epilog=_examples("steptrail metrics", "steptrail metrics --json | jq .checkpoint_age_s.max"))
 @json_option
 @click.pass_context
 def metrics(ctx: click.Context, as_json: bool) -> None:
@@ -1945,10 +1945,10 @@ GRACE_HELP = "Orphans younger than this are kept (a file's mtime, an inline row'
 
 
 @cli.command("gc", epilog=_examples(
-    "stepledger gc --dry-run                      # what would go; changes nothing",
-    "stepledger gc                                # orphans older than 24h",
-    "stepledger gc --max-runtime 10m --max-delete 10000 --json",
-    "stepledger gc --grace 10m --force            # a short window: you mean it",
+    "steptrail gc --dry-run                      # what would go; changes nothing",
+    "steptrail gc                                # orphans older than 24h",
+    "steptrail gc --max-runtime 10m --max-delete 10000 --json",
+    "steptrail gc --grace 10m --force            # a short window: you mean it",
 ))
 @click.option("--grace", type=Duration(allow_zero=True), default="24h", show_default=True,
               help=GRACE_HELP + " Under 1h only with --force.")
@@ -2002,7 +2002,7 @@ def gc_cmd(ctx: click.Context, grace: float, force: bool, dry_run: bool,
         _echo_gc(report)
     if report.stopped:
         bound = "--max-runtime" if report.stopped == "max-runtime" else "--max-delete"
-        click.echo(f"stepledger: gc stopped at {bound}; {_n(report.remaining, 'condemned blob')}"
+        click.echo(f"steptrail: gc stopped at {bound}; {_n(report.remaining, 'condemned blob')}"
                    " remain for the next run", err=True)
 
 
@@ -2044,9 +2044,9 @@ def _echo_gc(r: Any) -> None:
 
 
 @cli.command("audit", epilog=_examples(
-    "stepledger audit",
-    "stepledger audit --deep                      # re-hash every blob",
-    "stepledger audit --json | jq '.orphan_old.bytes'",
+    "steptrail audit",
+    "steptrail audit --deep                      # re-hash every blob",
+    "steptrail audit --json | jq '.orphan_old.bytes'",
 ))
 @click.option("--deep", is_flag=True, help="Re-hash every blob (reads every byte): finds corrupt blobs.")
 @click.option("--grace", type=Duration(allow_zero=True), default="24h", show_default=True,
@@ -2128,8 +2128,8 @@ def _echo_audit(r: Any) -> None:
 
 
 @cli.command("copy", epilog=_examples(
-    "stepledger copy .stepledger/ledger.db postgresql://me@db.internal/ledger",
-    "stepledger copy postgresql://me@db.internal/ledger ./ledger-copy.db --json",
+    "steptrail copy .steptrail/ledger.db postgresql://me@db.internal/ledger",
+    "steptrail copy postgresql://me@db.internal/ledger ./ledger-copy.db --json",
 ))
 @click.argument("source", metavar="SRC")
 @click.argument("dest", metavar="DST")
@@ -2191,9 +2191,9 @@ def copy_cmd(ctx: click.Context, source: str, dest: str, no_verify: bool, as_jso
 
 
 @cli.command("stats", epilog=_examples(
-    "stepledger stats",
-    "stepledger stats --by week --top 5",
-    "stepledger stats --json | jq '.sealable'",
+    "steptrail stats",
+    "steptrail stats --by week --top 5",
+    "steptrail stats --json | jq '.sealable'",
 ))
 @click.option("--by", "by", type=click.Choice(["hour", "day", "week"]), default="day",
               show_default=True, help="The growth table's bucket.")
@@ -2261,10 +2261,10 @@ def _short(n: int) -> str:
     return f"{n} B" if unit == "B" else f"{value:.1f} {unit}"
 
 @cli.command("restore", epilog=_examples(
-    "stepledger restore --workspace repo --to /mnt/fresh/repo",
-    "stepledger --workspace repo restore --to ./repo-restored --json",
-    "stepledger restore --workspace repo --to ./new --force && \\",
-    "  stepledger --workspace repo lease acquire --holder agent-2 --force",
+    "steptrail restore --workspace repo --to /mnt/fresh/repo",
+    "steptrail --workspace repo restore --to ./repo-restored --json",
+    "steptrail restore --workspace repo --to ./new --force && \\",
+    "  steptrail --workspace repo lease acquire --holder agent-2 --force",
 ))
 @workspace_option
 @click.option("--to", "target", required=True, metavar="DIR",
@@ -2278,10 +2278,10 @@ def restore_cmd(ctx: click.Context, ws_name: str | None, target: str, force: boo
                 as_json: bool) -> None:
     """Write a workspace's committed content to DIR, and make DIR its root.
 
-    Each path stepledger knows goes back to its committed content: the post-image of
+    Each path steptrail knows goes back to its committed content: the post-image of
     its newest committed write (by revision, whenever its step published), or the
     pre-image a compensation put back; every blob is checked before the first file is
-    written. Files stepledger never wrote are not
+    written. Files steptrail never wrote are not
     in the ledger and are not restored. A workspace-restored event records DIR as the
     workspace's new root: steps write there from now on.
 
@@ -2305,7 +2305,7 @@ def restore_cmd(ctx: click.Context, ws_name: str | None, target: str, force: boo
             raise LeaseHeld(
                 exc.workspace, exc.epoch, exc.holder, exc.expires_ns,
                 f"its holder may still write to {before.root}: wait for the lease to end (or"
-                " release it), or pass --force and then take a new epoch ('stepledger"
+                " release it), or pass --force and then take a new epoch ('steptrail"
                 f" --workspace {name} lease acquire --holder NAME --force') so its unfinished"
                 " attempts are settled against the restored files",
             ) from None
@@ -2318,8 +2318,8 @@ def restore_cmd(ctx: click.Context, ws_name: str | None, target: str, force: boo
                    f" {_n(report.paths, 'path')}, {_size(report.bytes)}{absent}; rev {report.rev},"
                    f" event #{report.seq}{again}")
     if live:
-        click.echo(f"stepledger: the lease of epoch {before.epoch} ({before.holder}) was live:"
-                   f" take a new epoch now ('stepledger --workspace {name} lease acquire"
+        click.echo(f"steptrail: the lease of epoch {before.epoch} ({before.holder}) was live:"
+                   f" take a new epoch now ('steptrail --workspace {name} lease acquire"
                    " --holder NAME --force') so its unfinished attempts are settled against"
                    " the restored files", err=True)
 
@@ -2336,8 +2336,8 @@ def witness_group() -> None:
     ledger and starts a new one, recorded as a witness-anchored event.
 
     \b
-        stepledger witness show
-        stepledger witness anchor --witness /other/volume/ledger.witness
+        steptrail witness show
+        steptrail witness anchor --witness /other/volume/ledger.witness
     """
 
 
@@ -2350,9 +2350,9 @@ def anchor_json(recorded: RecordedEvent) -> dict[str, Any]:
 
 
 @witness_group.command("anchor", epilog=_examples(
-    "stepledger witness anchor                      # replace a lost witness where it was",
-    "stepledger witness anchor --witness /mnt/b/ledger.witness --json   # move it",
-    "stepledger witness anchor --force              # anchor over findings (recorded)",
+    "steptrail witness anchor                      # replace a lost witness where it was",
+    "steptrail witness anchor --witness /mnt/b/ledger.witness --json   # move it",
+    "steptrail witness anchor --force              # anchor over findings (recorded)",
 ))
 @click.option("--witness", "target", metavar="PATH", type=click.Path(dir_okay=False),
               help="The new witness file, absolute (default: the global --witness, else the"
@@ -2389,8 +2389,8 @@ def witness_anchor(ctx: click.Context, target: str | None, force: bool, as_json:
         click.echo(f"forced over {_n(len(out['overridden']), 'finding')}, recorded in the event")
 
 
-@witness_group.command("show", epilog=_examples("stepledger witness show",
-                                                "stepledger witness show --json | jq .state"))
+@witness_group.command("show", epilog=_examples("steptrail witness show",
+                                                "steptrail witness show --json | jq .state"))
 @json_option
 @click.pass_context
 def witness_show(ctx: click.Context, as_json: bool) -> None:
@@ -2417,7 +2417,7 @@ def witness_show(ctx: click.Context, as_json: bool) -> None:
 
 
 class _BackupGroup(LedgerSubgroup):
-    """`stepledger backup DEST` takes a backup (the `take` command) when DEST is written
+    """`steptrail backup DEST` takes a backup (the `take` command) when DEST is written
     as a path (it holds a "/": `/mnt/b`, `./b`); `backup verify` and `backup restore` are
     its other commands, and any other word is an unknown command, as in every group."""
 
@@ -2431,16 +2431,16 @@ class _BackupGroup(LedgerSubgroup):
         if name and name not in self.commands and not name.startswith("-"):
             raise click.UsageError(
                 f"No such command {name!r}; to back up into a directory named {name},"
-                f" write it as a path: 'stepledger backup ./{name}' (or 'backup take {name}')",
+                f" write it as a path: 'steptrail backup ./{name}' (or 'backup take {name}')",
                 ctx)
         return super().resolve_command(ctx, args)
 
 
 @cli.group("backup", cls=_BackupGroup, epilog=_examples(
-    "stepledger backup /mnt/backup/ledger          # take one (again: only what changed)",
-    "stepledger backup verify /mnt/backup/ledger   # check one, read-only",
-    "stepledger backup restore /mnt/backup/ledger ./new/.stepledger",
-    "stepledger --ledger ./new/.stepledger/ledger.db restore --workspace w --to ./w",
+    "steptrail backup /mnt/backup/ledger          # take one (again: only what changed)",
+    "steptrail backup verify /mnt/backup/ledger   # check one, read-only",
+    "steptrail backup restore /mnt/backup/ledger ./new/.steptrail",
+    "steptrail --ledger ./new/.steptrail/ledger.db restore --workspace w --to ./w",
 ))
 def backup_group() -> None:
     """Back up the whole ledger while writers run; restore it on a fresh machine.
@@ -2455,9 +2455,9 @@ def backup_group() -> None:
 
 
 @backup_group.command("take", epilog=_examples(
-    "stepledger backup /mnt/backup/ledger",
-    "stepledger backup take /mnt/backup/ledger --json",
-    "stepledger backup /mnt/backup/ledger --deep   # re-hash the blobs already there",
+    "steptrail backup /mnt/backup/ledger",
+    "steptrail backup take /mnt/backup/ledger --json",
+    "steptrail backup /mnt/backup/ledger --deep   # re-hash the blobs already there",
 ))
 @click.argument("dest", metavar="DEST", type=click.Path(file_okay=True, dir_okay=True))
 @click.option("--deep", is_flag=True, help="Re-hash every blob already in DEST before"
@@ -2508,8 +2508,8 @@ def backup_take(ctx: click.Context, dest: str, deep: bool, as_json: bool) -> Non
 
 
 @backup_group.command("verify", epilog=_examples(
-    "stepledger backup verify /mnt/backup/ledger",
-    "stepledger backup verify /mnt/backup/ledger --shallow --json",
+    "steptrail backup verify /mnt/backup/ledger",
+    "steptrail backup verify /mnt/backup/ledger --shallow --json",
 ))
 @click.argument("dest", metavar="DEST", type=click.Path(file_okay=True, dir_okay=True))
 @click.option("--shallow", is_flag=True, help="Check blob files by size, not by re-hashing.")
@@ -2535,8 +2535,8 @@ def backup_verify(ctx: click.Context, dest: str, shallow: bool, as_json: bool) -
 
 
 @backup_group.command("restore", epilog=_examples(
-    "stepledger backup restore /mnt/backup/ledger ./new/.stepledger",
-    "stepledger backup restore /mnt/backup/ledger ./new/.stepledger \\",
+    "steptrail backup restore /mnt/backup/ledger ./new/.steptrail",
+    "steptrail backup restore /mnt/backup/ledger ./new/.steptrail \\",
     "  --witness /other/volume/new.witness      # the backup was witnessed",
 ))
 @click.argument("backup_dir", metavar="BACKUP_DIR",
@@ -2556,7 +2556,7 @@ def backup_restore(ctx: click.Context, backup_dir: str, ledger_dir: str,
     A restored ledger is behind its old witness by construction: a witnessed backup
     needs --witness PATH, a new file, anchored at the backup's head (the
     witness-anchored event records what it replaced). Then restore each workspace:
-    'stepledger --ledger LEDGER_DIR/ledger.db restore --workspace NAME --to DIR'.
+    'steptrail --ledger LEDGER_DIR/ledger.db restore --workspace NAME --to DIR'.
 
     \b
     Exit codes: 0 restored; 2 the backup is incomplete or damaged, LEDGER_DIR is not
@@ -2578,7 +2578,7 @@ def backup_restore(ctx: click.Context, backup_dir: str, ledger_dir: str,
     click.echo(f"restored ledger {got.path}: head #{got.head_seq},"
                f" {_n(got.blobs, 'blob file')} ({_size(got.blob_bytes)}); verified{witness}")
     for name in got.workspaces:
-        click.echo(f"next: stepledger --ledger {got.path} restore --workspace {name} --to DIR")
+        click.echo(f"next: steptrail --ledger {got.path} restore --workspace {name} --to DIR")
 # -- seal: sealed runs (docs/design.md "Sealed runs") ------------------------------------
 
 
@@ -2598,14 +2598,14 @@ def seal_group() -> None:
     workspace can be sealed.
 
     \b
-        stepledger seal plan
-        stepledger seal run build-42 --vacuum
-        stepledger seal verify
+        steptrail seal plan
+        steptrail seal run build-42 --vacuum
+        steptrail seal verify
     """
 
 
-@seal_group.command("plan", epilog=_examples("stepledger seal plan",
-                                             "stepledger seal plan --json | jq .events"))
+@seal_group.command("plan", epilog=_examples("steptrail seal plan",
+                                             "steptrail seal plan --json | jq .events"))
 @json_option
 @click.pass_context
 def seal_plan(ctx: click.Context, as_json: bool) -> None:
@@ -2625,8 +2625,8 @@ def seal_plan(ctx: click.Context, as_json: bool) -> None:
 
 
 @seal_group.command("run", epilog=_examples(
-    "stepledger seal run build-42",
-    "stepledger seal run build-41 build-42 --vacuum --json",
+    "steptrail seal run build-42",
+    "steptrail seal run build-41 build-42 --vacuum --json",
 ))
 @click.argument("runs", nargs=-1, required=True, metavar="RUN...")
 @archive_dir_option
@@ -2662,7 +2662,7 @@ def seal_run_command(ctx: click.Context, runs: tuple[str, ...], archive_dir: str
         click.echo(f"vacuum: {_size(sizes[0])} -> {_size(sizes[1])}")
 
 
-@seal_group.command("list", epilog=_examples("stepledger seal list", "stepledger seal list --json"))
+@seal_group.command("list", epilog=_examples("steptrail seal list", "steptrail seal list --json"))
 @archive_dir_option
 @json_option
 @click.pass_context
@@ -2681,8 +2681,8 @@ def seal_list(ctx: click.Context, archive_dir: str | None, as_json: bool) -> Non
 
 
 @seal_group.command("verify", epilog=_examples(
-    "stepledger seal verify                          # the ledger and every archive",
-    "stepledger seal verify archive/0a1b-…-17.slarchive --json",
+    "steptrail seal verify                          # the ledger and every archive",
+    "steptrail seal verify archive/0a1b-…-17.slarchive --json",
 ))
 @click.argument("archives", nargs=-1, metavar="[ARCHIVE]...")
 @archive_dir_option
@@ -2721,8 +2721,8 @@ def seal_verify(ctx: click.Context, archives: tuple[str, ...], archive_dir: str 
         ctx.exit(1)
 
 
-@seal_group.command("show", epilog=_examples("stepledger seal show archive/0a1b-…-17.slarchive",
-                                             "stepledger seal show ARCHIVE --json"))
+@seal_group.command("show", epilog=_examples("steptrail seal show archive/0a1b-…-17.slarchive",
+                                             "steptrail seal show ARCHIVE --json"))
 @click.argument("archive", metavar="ARCHIVE")
 @json_option
 @click.pass_context
@@ -2742,7 +2742,7 @@ def seal_show(ctx: click.Context, archive: str, as_json: bool) -> None:
                    + (f" #{attempt}" if attempt else "") + f"  {_event_detail(r)}")
 
 
-@seal_group.command("vacuum", epilog=_examples("stepledger seal vacuum"))
+@seal_group.command("vacuum", epilog=_examples("steptrail seal vacuum"))
 @json_option
 @click.pass_context
 def seal_vacuum(ctx: click.Context, as_json: bool) -> None:
@@ -2795,11 +2795,11 @@ def chaos(n: int, wrong_order: bool, power_loss: bool, models: tuple[str, ...],
     then the workload replayed. Exit 1 on any loss, duplicate or failed check.
 
     \b
-        stepledger chaos --artifacts 5
-        stepledger chaos --wrong-order      # the negative control: violations > 0
-        stepledger chaos --power-loss --points 40
-        stepledger chaos --power-loss --model torn --dir /mnt/disk-under-test
-        stepledger chaos --io-errors --persistent --points 40
+        steptrail chaos --artifacts 5
+        steptrail chaos --wrong-order      # the negative control: violations > 0
+        steptrail chaos --power-loss --points 40
+        steptrail chaos --power-loss --model torn --dir /mnt/disk-under-test
+        steptrail chaos --io-errors --persistent --points 40
     """
     if power_loss or io_errors:
         _chaos_faults(power_loss, models, persistent, points, seed, workdir, as_json)
@@ -2838,7 +2838,7 @@ def _chaos_faults(power_loss: bool, models: tuple[str, ...], persistent: bool,
 
     if power_loss and models == ():
         models = faults.MODELS
-    scratch = tempfile.mkdtemp(prefix="stepledger-chaos-", dir=workdir or faults.scratch_root())
+    scratch = tempfile.mkdtemp(prefix="steptrail-chaos-", dir=workdir or faults.scratch_root())
     try:
         total, trace = faults.count_ops(faults.StandardWorkload(), scratch)
 
@@ -2904,9 +2904,9 @@ def fuzz(seeds: int, fence: str, journal: bool, start: int, length: int, no_shri
     and printed. Exit 1 if any seed violates.
 
     \b
-        stepledger fuzz --seeds 5000                 # fences on: 0 violations
-        stepledger fuzz --seeds 300 --fence none     # finds a lost update, shrinks it
-        stepledger fuzz --fence none --no-journal --json
+        steptrail fuzz --seeds 5000                 # fences on: 0 violations
+        steptrail fuzz --seeds 300 --fence none     # finds a lost update, shrinks it
+        steptrail fuzz --fence none --no-journal --json
     """
     from .testing import fuzz as fuzz_mod
 
@@ -2945,7 +2945,7 @@ def demo(keep: str | None, demo_ledger: str | None, as_json: bool) -> None:
     """Run the end-to-end demonstration on an embedded ledger (the main job).
 
     Creates a fresh ledger in a temporary directory (or DIR), drives scripted steps
-    through it with the failures stepledger exists for, and checks every invariant.
+    through it with the failures steptrail exists for, and checks every invariant.
     Exit 0 only if every check held.
 
     With --ledger postgresql://... the ledger lives in that (empty) database and the
@@ -2955,8 +2955,8 @@ def demo(keep: str | None, demo_ledger: str | None, as_json: bool) -> None:
     refused.
 
     \b
-        stepledger demo
-        stepledger demo --ledger postgresql://me@db.internal/demo
+        steptrail demo
+        steptrail demo --ledger postgresql://me@db.internal/demo
     """
     from .demo import run_demo
     from .store.postgres import is_url
@@ -2980,10 +2980,10 @@ _MCP_SDK_MODULES = ("mcp", "mcp_types", "pydantic", "anyio", "starlette", "uvico
 
 
 @cli.command("mcp", epilog=_examples(
-    "stepledger mcp --workspace .                    # stdio: what an MCP client spawns",
-    "stepledger mcp --workspace ~/src/app --workspace ~/src/lib",
-    "stepledger --ledger /srv/ledger.db mcp --workspace app   # a registered NAME",
-    "stepledger mcp --workspace . --http --port 8765  # streamable HTTP on 127.0.0.1",
+    "steptrail mcp --workspace .                    # stdio: what an MCP client spawns",
+    "steptrail mcp --workspace ~/src/app --workspace ~/src/lib",
+    "steptrail --ledger /srv/ledger.db mcp --workspace app   # a registered NAME",
+    "steptrail mcp --workspace . --http --port 8765  # streamable HTTP on 127.0.0.1",
 ))
 @click.option("--workspace", "workspaces", multiple=True, metavar="DIR|NAME",
               help="A directory to serve (registered as a workspace under its base name if it"
@@ -3015,10 +3015,10 @@ def mcp(ctx: click.Context, workspaces: tuple[str, ...], http: bool, host: str, 
 
     An MCP server (the official SDK) with the reference filesystem server's tools
     (read_text_file, write_file, edit_file, move_file, ...) and history, undo, status
-    and audit. Every write is a stepledger step fenced on what the client read; a
+    and audit. Every write is a steptrail step fenced on what the client read; a
     stale write is a conflict with a diff, never an overwrite. Without --ledger the
-    ledger is the first directory's .stepledger/ledger.db, created if absent. Needs
-    the extra: pip install 'stepledger[mcp]'. See docs/mcp.md.
+    ledger is the first directory's .steptrail/ledger.db, created if absent. Needs
+    the extra: pip install 'steptrail[mcp]'. See docs/mcp.md.
     """
     try:
         from .mcp.server import serve
@@ -3027,7 +3027,7 @@ def mcp(ctx: click.Context, workspaces: tuple[str, ...], http: bool, host: str, 
         if missing not in _MCP_SDK_MODULES:
             raise
         _fail(ctx, f"the MCP SDK is not installed (no module {exc.name!r}); install the"
-              " extra: pip install 'stepledger[mcp]'", EXIT_USAGE, "MissingExtra",
+              " extra: pip install 'steptrail[mcp]'", EXIT_USAGE, "MissingExtra",
               {"extra": "mcp", "module": exc.name})
     specs = list(workspaces) or ([ctx.obj["workspace"]] if ctx.obj.get("workspace") else [])
     if not specs:
@@ -3065,7 +3065,7 @@ def _ensure_utf8_mode() -> None:
 
 def main() -> None:
     _ensure_utf8_mode()
-    cli(prog_name="stepledger")
+    cli(prog_name="steptrail")
 
 
 __all__ = ["cli", "main"]

@@ -1,4 +1,4 @@
-"""Moving a ledger between stores: `stepledger copy SRC DST` (SQLite -> PostgreSQL and
+"""Moving a ledger between stores: `steptrail copy SRC DST` (SQLite -> PostgreSQL and
 back), and the PostgreSQL store's `snapshot` (a consistent SQLite copy, for `backup`).
 
 What moves is the ledger itself, unchanged: every event row as stored (seq, time, the

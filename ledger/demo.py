@@ -1,8 +1,8 @@
-"""`stepledger demo`: the main job, end to end, on an embedded ledger.
+"""`steptrail demo`: the main job, end to end, on an embedded ledger.
 
 A scripted agent (no model calls) works through a run of steps on a real workspace —
 a git repository with a few source files — beside an embedded ledger, and meets every
-failure stepledger exists for: a lost ack and its redelivery, a human editing a file
+failure steptrail exists for: a lost ack and its redelivery, a human editing a file
 under a step, a step whose tests fail (compensated), a worker killed with SIGKILL
 between renaming a file into place and recording it, and the late receipt of that
 reclaimed sandbox. A fresh worker process on a fresh directory restores the workspace
@@ -106,7 +106,7 @@ def run_demo(keep: str | None = None, echo: Echo = print, *, ledger: str | None 
     nothing but that URL: each works in a directory of its own."""
     say: Say = echo or (lambda _m: None)
     url = ledger  # (the name `ledger` is the open Ledger below)
-    root = keep or tempfile.mkdtemp(prefix="stepledger-demo-")
+    root = keep or tempfile.mkdtemp(prefix="steptrail-demo-")
     os.makedirs(root, exist_ok=True)
     if ledger is not None:
         path = ledger
@@ -115,7 +115,7 @@ def run_demo(keep: str | None = None, echo: Echo = print, *, ledger: str | None 
                 raise FileExistsError(f"{fresh_ledger.path} already holds a ledger; give the"
                                       " demo an empty database")
     else:
-        path = os.path.join(root, ".stepledger", "ledger.db")
+        path = os.path.join(root, ".steptrail", "ledger.db")
     if ledger is None and os.path.exists(path):
         raise FileExistsError(f"{path} exists; give --keep an empty directory")
     checks: dict[str, bool] = {}
@@ -130,7 +130,7 @@ def run_demo(keep: str | None = None, echo: Echo = print, *, ledger: str | None 
     repo = os.path.join(root, "workspace")
     _make_repo(repo, say)
     shown = display_url(path) if url is not None else path
-    say(f"stepledger demo: workspace {repo}, ledger {shown}")
+    say(f"steptrail demo: workspace {repo}, ledger {shown}")
     if url is not None:
         say("   the workers are processes that share nothing but the database URL; each"
             " works in its own directory")

@@ -1,4 +1,4 @@
-"""Every error stepledger raises on purpose.
+"""Every error steptrail raises on purpose.
 
 One root (`LedgerError`), a few children callers catch. Each carries the fact, the
 subject and the remedy in its message, and an `exit_code` the CLI maps to
@@ -15,7 +15,7 @@ EXIT_ENVIRONMENT = 3
 
 
 class LedgerError(Exception):
-    """Base class for every error stepledger raises on purpose."""
+    """Base class for every error steptrail raises on purpose."""
 
     exit_code = EXIT_USAGE
 
@@ -37,7 +37,7 @@ class ContentChanged(InvalidInput):
     def __init__(self, digest: str, actual: str) -> None:
         super().__init__(
             f"the content hashed to {digest[:12]}… but to {actual[:12]}… when it was copied:"
-            " its file changed while stepledger read it; run the command again once"
+            " its file changed while steptrail read it; run the command again once"
             " nothing writes to the file"
         )
         self.digest, self.actual = digest, actual
@@ -46,19 +46,19 @@ class ContentChanged(InvalidInput):
 class LedgerNotFound(LedgerError):
     def __init__(self, path: str) -> None:
         super().__init__(
-            f"no ledger at {path}; create one with 'stepledger --ledger {path} init'"
-            " or point --ledger / STEPLEDGER_LEDGER at an existing one"
+            f"no ledger at {path}; create one with 'steptrail --ledger {path} init'"
+            " or point --ledger / STEPTRAIL_LEDGER at an existing one"
         )
         self.path = path
 
 
 class NotALedger(LedgerError):
-    """The file exists but is not a stepledger ledger. It was left byte-identical."""
+    """The file exists but is not a steptrail ledger. It was left byte-identical."""
 
     def __init__(self, path: str, why: str) -> None:
         super().__init__(
-            f"{path} is not a stepledger ledger ({why}); it was left untouched."
-            " Check the --ledger path, or 'stepledger init' a new file elsewhere"
+            f"{path} is not a steptrail ledger ({why}); it was left untouched."
+            " Check the --ledger path, or 'steptrail init' a new file elsewhere"
         )
         self.path, self.why = path, why
 
@@ -66,8 +66,8 @@ class NotALedger(LedgerError):
 class LedgerTooNew(LedgerError):
     def __init__(self, path: str, found: int, supported: int) -> None:
         super().__init__(
-            f"ledger {path} has schema version {found}, this stepledger reads up to"
-            f" {supported}; upgrade stepledger (the file was left untouched)"
+            f"ledger {path} has schema version {found}, this steptrail reads up to"
+            f" {supported}; upgrade steptrail (the file was left untouched)"
         )
         self.path, self.found, self.supported = path, found, supported
 
@@ -75,7 +75,7 @@ class LedgerTooNew(LedgerError):
 class UnknownStep(LedgerError):
     def __init__(self, step: str) -> None:
         super().__init__(
-            f"step {step!r} has no events in this ledger; list steps with 'stepledger steps'"
+            f"step {step!r} has no events in this ledger; list steps with 'steptrail steps'"
         )
         self.step = step
 
@@ -92,7 +92,7 @@ class UnknownWorkspace(LedgerError):
     def __init__(self, workspace: str) -> None:
         super().__init__(
             f"workspace {workspace!r} is not in this ledger; add it with"
-            f" 'stepledger workspace add {workspace} DIR'"
+            f" 'steptrail workspace add {workspace} DIR'"
         )
         self.workspace = workspace
 
@@ -127,7 +127,7 @@ class WorkspaceMoved(InvalidInput):
         super().__init__(
             f"workspace {workspace!r} directory {root} is not the directory it was registered"
             f" as ({why}); nothing was written. If that directory is the workspace now (it was"
-            f" moved or restored), re-register it with 'stepledger workspace add {workspace}"
+            f" moved or restored), re-register it with 'steptrail workspace add {workspace}"
             f" DIR --rebind'"
         )
         self.workspace, self.root, self.why = workspace, root, why
@@ -168,7 +168,7 @@ class OperatorOnly(InvalidInput):
         super().__init__(
             f"the plan sets {key!r} to {value!r}; a plan may not turn the fence or the"
             f" journal off. Remove {key!r} from the plan; the operator may choose it with"
-            f" 'stepledger step plan {flag}' (verify reports such steps)"
+            f" 'steptrail step plan {flag}' (verify reports such steps)"
         )
         self.key, self.value, self.flag = key, value, flag
 
@@ -186,7 +186,7 @@ class IllegalTransition(ProtocolRefused):
     def __init__(self, step: str, attempt: int, kind: str, why: str) -> None:
         super().__init__(
             f"step {step!r} attempt {attempt}: {kind} is not allowed ({why});"
-            f" inspect the step with 'stepledger show {step}'"
+            f" inspect the step with 'steptrail show {step}'"
         )
         self.step, self.attempt, self.kind, self.why = step, attempt, kind, why
 
@@ -201,7 +201,7 @@ class StepSealed(IllegalTransition):
             self,
             f"step {step!r} attempt {attempt}: {kind} is not allowed (the step's run was"
             f" sealed by event #{seal_seq}: its events are archived, none may follow);"
-            " find its archive with 'stepledger seal list' and use a new step id",
+            " find its archive with 'steptrail seal list' and use a new step id",
         )
         self.step, self.attempt, self.kind, self.why = step, attempt, kind, "sealed"
         self.seal_seq = seal_seq
@@ -222,8 +222,8 @@ class ArchiveInvalid(LedgerError):
     exit_code = EXIT_USAGE
 
     def __init__(self, path: str, why: str) -> None:
-        super().__init__(f"{path} is not a usable stepledger archive ({why}); it was left"
-                         " untouched: check the path, or 'stepledger seal list' for this"
+        super().__init__(f"{path} is not a usable steptrail archive ({why}); it was left"
+                         " untouched: check the path, or 'steptrail seal list' for this"
                          " ledger's archives")
         self.path, self.why = path, why
 
@@ -244,7 +244,7 @@ class CorruptLedger(LedgerError):
 
     def __init__(self, path: str, why: str) -> None:
         super().__init__(
-            f"ledger {path} is damaged: {why}; run 'stepledger verify' for every finding"
+            f"ledger {path} is damaged: {why}; run 'steptrail verify' for every finding"
             " and restore the file from a backup or its witness"
         )
         self.path, self.why = path, why
@@ -257,7 +257,7 @@ class BackupInvalid(LedgerError):
 
     exit_code = EXIT_USAGE
 
-    def __init__(self, path: str, why: str, fix: str = "take the backup again ('stepledger"
+    def __init__(self, path: str, why: str, fix: str = "take the backup again ('steptrail"
                  " backup DEST') into a new directory") -> None:
         super().__init__(f"backup {path} is not usable: {why}; {fix}")
         self.path, self.why = path, why
@@ -269,7 +269,7 @@ class BackupIncomplete(BackupInvalid):
 
     def __init__(self, path: str, why: str) -> None:
         LedgerError.__init__(self, f"incomplete backup {path}: {why}; it was interrupted before"
-                             " it was complete: take it again ('stepledger backup DEST')")
+                             " it was complete: take it again ('steptrail backup DEST')")
         self.path, self.why = path, why
 
 
@@ -281,7 +281,7 @@ class BlobNotFound(LedgerError):
     def __init__(self, digest: str, why: str = "") -> None:
         super().__init__(
             f"blob {digest[:12]}… is missing from the blob store{why and ': ' + why};"
-            " run 'stepledger audit' to list every missing blob, and re-store it"
+            " run 'steptrail audit' to list every missing blob, and re-store it"
             " (replay the step) if you still have the bytes"
         )
         self.digest = digest
@@ -295,7 +295,7 @@ class BlobCorrupt(LedgerError):
     def __init__(self, digest: str, why: str) -> None:
         super().__init__(
             f"blob {digest[:12]}… is corrupt ({why}); it is never served as valid —"
-            " replay the step that produced it, or run 'stepledger audit --deep'"
+            " replay the step that produced it, or run 'steptrail audit --deep'"
         )
         self.digest, self.why = digest, why
 
@@ -307,7 +307,7 @@ class ManifestConflict(ProtocolRefused):
         have = "no live manifest" if live is None else f"live revision {live}"
         super().__init__(
             f"step {step!r}: expected manifest revision {expected} but the step has {have};"
-            f" re-read it with 'stepledger show {step}' and retry with --expected-rev"
+            f" re-read it with 'steptrail show {step}' and retry with --expected-rev"
             f" {-1 if live is None else live}"
         )
         self.step, self.expected, self.live = step, expected, live
@@ -338,7 +338,7 @@ class StaleEpoch(ProtocolRefused):
                 f"the live epoch is {live}" if live == newest else
                 f"the newest is {newest}, not live")
             message = (f"epoch {epoch} was never issued ({issued}{why}); an epoch comes from"
-                       " 'stepledger lease acquire', which prints it: use that one")
+                       " 'steptrail lease acquire', which prints it: use that one")
         elif newest is not None and epoch < newest:
             by = f"epoch {newest}" + (f", holder {holder!r}" if holder else "")
             state = "" if live == newest else ", itself no longer live"
@@ -346,10 +346,10 @@ class StaleEpoch(ProtocolRefused):
                        f"{why}; this worker must stop: the newer epoch's holder continues")
         elif newest is not None:
             message = (f"epoch {epoch} is not live: the lease expired or was released, and an"
-                       f" ended lease is never revived{why}; 'stepledger lease acquire' a new"
+                       f" ended lease is never revived{why}; 'steptrail lease acquire' a new"
                        " epoch")
         else:
-            message = (f"epoch {epoch} is not live ({have}{why}); stop, and 'stepledger lease"
+            message = (f"epoch {epoch} is not live ({have}{why}); stop, and 'steptrail lease"
                        " acquire' a new epoch")
         super().__init__(f"workspace {workspace!r}: {message}")
         self.workspace, self.epoch, self.live = workspace, epoch, live
@@ -380,7 +380,7 @@ class Unsettled(ProtocolRefused):
         shown = ", ".join(steps[:5]) + (" …" if len(steps) > 5 else "")
         super().__init__(
             f"workspace {workspace!r} has attempts of an older epoch still in flight"
-            f" ({shown}); settle them first with 'stepledger lease settle'"
+            f" ({shown}); settle them first with 'steptrail lease settle'"
         )
         self.workspace, self.steps = workspace, steps
 
@@ -407,7 +407,7 @@ class PlanConflict(ProtocolRefused):
         super().__init__(
             f"step {step!r} attempt {attempt} ({state}) was admitted with another plan"
             f" ({shown}); a retry must resend the recorded plan: give a new plan a new step"
-            f" id, or end the attempt first ('stepledger step compensate {step}') and plan"
+            f" id, or end the attempt first ('steptrail step compensate {step}') and plan"
             " again"
         )
         self.step, self.attempt, self.state, self.differences = step, attempt, state, differences
@@ -425,7 +425,7 @@ class StepRejected(ProtocolRefused):
         super().__init__(
             f"step {step!r} attempt {attempt}: rejected:{reason}"
             f"{detail and ' (' + detail + ')'}; the attempt is over: plan the step anew from the"
-            f" workspace's current content, or 'stepledger step replan {step}'"
+            f" workspace's current content, or 'steptrail step replan {step}'"
         )
         self.step, self.attempt, self.reason, self.detail = step, attempt, reason, detail
         self.facts = dict(facts or {})
@@ -511,7 +511,7 @@ class AccessDenied(StorageFailure):
 # --- the collector, workspaces and the witness ---------------------------------------
 
 #: How an operator re-anchors a witness (named by the witness errors).
-ANCHOR_COMMAND = "stepledger --ledger {ledger} witness anchor --witness {witness}"
+ANCHOR_COMMAND = "steptrail --ledger {ledger} witness anchor --witness {witness}"
 
 
 class IllegalWorkspaceTransition(IllegalTransition):
@@ -521,7 +521,7 @@ class IllegalWorkspaceTransition(IllegalTransition):
         Exception.__init__(
             self,
             f"workspace {workspace!r}: {kind} is not allowed ({why});"
-            f" inspect it with 'stepledger lease show --workspace {workspace}'",
+            f" inspect it with 'steptrail lease show --workspace {workspace}'",
         )
         self.step, self.attempt, self.kind, self.why = workspace, 0, kind, why
         self.workspace = workspace
@@ -532,8 +532,8 @@ class GcRefused(ProtocolRefused):
 
     def __init__(self, why: str) -> None:
         super().__init__(
-            f"gc refused to delete anything: {why}; run 'stepledger verify' and"
-            " 'stepledger audit', fix the cause, then run gc again"
+            f"gc refused to delete anything: {why}; run 'steptrail verify' and"
+            " 'steptrail audit', fix the cause, then run gc again"
         )
         self.why = why
 
@@ -541,7 +541,7 @@ class GcRefused(ProtocolRefused):
 class CollectorBusy(EnvironmentFailure):
     def __init__(self, path: str) -> None:
         super().__init__(
-            f"another stepledger gc holds {path}; this run did nothing. Two collectors"
+            f"another steptrail gc holds {path}; this run did nothing. Two collectors"
             " are safe but the second is wasted work: retry later, or pass --wait"
         )
         self.path = path
@@ -557,7 +557,7 @@ class WitnessMismatch(HeadMismatch):
             f"ledger {ledger_path} fails its witness {witness_path}: {why}. "
             + (remedy or "Its history was cut off, rolled back or rewritten (or this is not"
                " the ledger the witness belongs to); the ledger was not changed. Restore the"
-               " newest copy, or inspect it with 'stepledger verify' (which reports, not"
+               " newest copy, or inspect it with 'steptrail verify' (which reports, not"
                " refuses); to keep this history anyway, re-anchor with '"
                + ANCHOR_COMMAND.format(ledger=ledger_path, witness=witness_path)
                + " --force' (recorded)"),
@@ -577,7 +577,7 @@ class WitnessMissing(WitnessMismatch):
             Exception.__init__(
                 self, f"ledger {ledger_path} is witnessed but records no witness location"
                 f" ({why}); the ledger was not changed. Pass its witness once with --witness"
-                f" /ABSOLUTE/PATH (a writer then records it), or, once 'stepledger verify' is"
+                f" /ABSOLUTE/PATH (a writer then records it), or, once 'steptrail verify' is"
                 f" clean, start a new one with '{command}'")
             self.expected, self.why = "", why
             self.ledger_path, self.witness_path = ledger_path, ""
@@ -585,7 +585,7 @@ class WitnessMissing(WitnessMismatch):
         super().__init__(
             ledger_path, witness_path, why,
             "A witnessed ledger is not opened without its witness: the ledger was not"
-            f" changed. Restore the witness file, or, once 'stepledger verify' is clean,"
+            f" changed. Restore the witness file, or, once 'steptrail verify' is clean,"
             f" start a new one with '{command}'",
         )
 
@@ -596,7 +596,7 @@ class WitnessElsewhere(InvalidInput):
     def __init__(self, ledger_path: str, given: str, recorded: str, seq: int) -> None:
         super().__init__(
             f"ledger {ledger_path} is witnessed by {recorded} (recorded at event #{seq}),"
-            f" not {given}; drop --witness/STEPLEDGER_WITNESS to use the recorded one, or move"
+            f" not {given}; drop --witness/STEPTRAIL_WITNESS to use the recorded one, or move"
             f" the witness with '{ANCHOR_COMMAND.format(ledger=ledger_path, witness=given)}'"
         )
         self.ledger_path, self.given, self.recorded, self.seq = ledger_path, given, recorded, seq
@@ -609,7 +609,7 @@ class AnchorRefused(ProtocolRefused):
         shown = "; ".join(problems[:3]) + (f"; and {len(problems) - 3} more"
                                            if len(problems) > 3 else "")
         super().__init__(
-            f"ledger {ledger_path} was not re-anchored: {shown}. Run 'stepledger verify' and"
+            f"ledger {ledger_path} was not re-anchored: {shown}. Run 'steptrail verify' and"
             " fix or restore the ledger first; to anchor this history anyway, add --force"
             " (the findings are recorded in the witness-anchored event)"
         )

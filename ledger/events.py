@@ -551,8 +551,8 @@ def decode(payload: bytes, v: int = EVENT_VERSION) -> AnyEvent:
     """Decode a payload column. Rows of a newer event version are refused."""
     if v > EVENT_VERSION:
         raise InvalidInput(
-            f"event encoding version {v} is newer than this stepledger ({EVENT_VERSION});"
-            " upgrade stepledger"
+            f"event encoding version {v} is newer than this steptrail ({EVENT_VERSION});"
+            " upgrade steptrail"
         )
     return _decoder.decode(payload)
 
@@ -564,7 +564,7 @@ def validate(event: Event) -> bytes:
     decoded once. Raises InvalidInput naming the field.
     """
     if not isinstance(event, Event) or type(event) not in EVENT_TYPES.values():
-        raise InvalidInput(f"{event!r} is not a stepledger event; use one of {', '.join(KINDS)}")
+        raise InvalidInput(f"{event!r} is not a steptrail event; use one of {', '.join(KINDS)}")
     try:
         payload = _encoder.encode(event)
     except (UnicodeEncodeError, OverflowError, TypeError, ValueError) as exc:

@@ -309,7 +309,7 @@ def _plan_differences(recorded: Planned | None, p: StepPlan, workspace: str,
         out.append(f"workspace {workspace!r}, recorded {recorded.workspace!r}"
                    if recorded.workspace else
                    "the step was started without a workspace (an artifact-only step, e.g."
-                   " by 'stepledger step store')")
+                   " by 'steptrail step store')")
     mine = {w.path: w for w in p.writes}
     theirs = {w.path: w for w in recorded.writes}
     for path in sorted(mine.keys() - theirs.keys()):
@@ -415,7 +415,7 @@ class Workspaces:
                     differs = "another directory at that path (device and inode differ)"
                 raise InvalidInput(
                     f"workspace {name!r} is already added with {differs}; give this one"
-                    f" another name, or re-register it with 'stepledger workspace add {name}"
+                    f" another name, or re-register it with 'steptrail workspace add {name}"
                     f" {real} --rebind{' --allow-git' if allow_git else ''}'")
             return [WorkspaceRebound(workspace=name, root=real, dev=ident[0], ino=ident[1],
                                      allow_git=allow_git, after=reg.seq)]
@@ -1444,14 +1444,14 @@ class Workspaces:
             try:
                 receipt = msgspec.json.decode(receipt, type=Receipt)
             except (msgspec.DecodeError, RecursionError) as exc:
-                raise InvalidInput(f"the receipt is not a stepledger receipt: {exc}") from None
+                raise InvalidInput(f"the receipt is not a steptrail receipt: {exc}") from None
         elif isinstance(receipt, dict):
             try:
                 receipt = msgspec.convert(receipt, type=Receipt)
             except msgspec.ValidationError as exc:
-                raise InvalidInput(f"the receipt is not a stepledger receipt: {exc}") from None
+                raise InvalidInput(f"the receipt is not a steptrail receipt: {exc}") from None
         elif not isinstance(receipt, Receipt):
-            raise InvalidInput(f"the receipt is a {type(receipt).__name__}, not a stepledger"
+            raise InvalidInput(f"the receipt is a {type(receipt).__name__}, not a steptrail"
                                " receipt (a Receipt, its JSON text or its dict)")
         ev = self._attempt_events(receipt.step, receipt.attempt)
         match = [f for seq, f in ev.fenced if seq == receipt.seq]

@@ -114,7 +114,7 @@ from .workdir import Boundary
 
 Progress = Callable[[int, int], None]
 
-DEFAULT_PATH = os.path.join(".stepledger", "ledger.db")
+DEFAULT_PATH = os.path.join(".steptrail", "ledger.db")
 #: Artifacts up to this size live inside the ledger file, written in the transaction
 #: that records `blob-stored` (one WAL fsync instead of a file create + 2 fsyncs).
 INLINE_MAX_DEFAULT = 64 * 1024
@@ -145,7 +145,7 @@ def _refuse_anchor(events: Sequence[Event]) -> None:
     record where the witness is; `append` refuses to."""
     if any(isinstance(e, WitnessAnchored) for e in events):
         raise InvalidInput("a witness-anchored event is recorded by Ledger.anchor_witness"
-                           " ('stepledger witness anchor'), which verifies the ledger first;"
+                           " ('steptrail witness anchor'), which verifies the ledger first;"
                            " append does not take one")
 
 
@@ -159,9 +159,9 @@ def _url_options(*, vfs: str | None, blob_root: object) -> None:
 
 
 class Ledger:
-    """A stepledger ledger file.
+    """A steptrail ledger file.
 
-    >>> with Ledger.init("ws/.stepledger/ledger.db") as ledger:   # doctest: +SKIP
+    >>> with Ledger.init("ws/.steptrail/ledger.db") as ledger:   # doctest: +SKIP
     ...     ledger.append(Planned(step="fetch", attempt=1))
 
     Writers open read-write (the default); inspection opens `readonly=True` and never
@@ -200,7 +200,7 @@ class Ledger:
             window = float(stored)
         elif stored is not None and not info.forensic:
             raise CorruptLedger(info.location, f"meta compensation_window_s {window_problem(stored)}"
-                                " (the file was edited); run 'stepledger verify' to examine it")
+                                " (the file was edited); run 'steptrail verify' to examine it")
         elif stored is not None:
             window = COMPENSATION_WINDOW_S_DEFAULT
         else:
@@ -392,7 +392,7 @@ class Ledger:
             path = anchored.witness
         elif legacy and given is None:
             if self._witness_check:
-                raise WitnessMissing(self.path, None, "witnessed by an older stepledger")
+                raise WitnessMissing(self.path, None, "witnessed by an older steptrail")
             self._witness_unknown = True
         if not self.readonly:
             self._log.before_commit = self._before_commit
@@ -1335,7 +1335,7 @@ class Ledger:
             expect_head = Head.parse(expect_head)
         elif expect_head is not None and not isinstance(expect_head, Head):
             raise InvalidInput(f"expect_head {expect_head!r} is not a head: give SEQ:HASH as"
-                               " printed by 'stepledger head'")
+                               " printed by 'steptrail head'")
         extra, seen = self._witness_findings()
         if seen is not None and expect_head is None:
             expect_head = Head(seen.seq, seen.hash)
@@ -1355,7 +1355,7 @@ class Ledger:
             extra = [Finding("witness", seq, message) for seq, message in anchor_problems(view)]
         if self._witness_unknown:
             extra.append(Finding("witness", 0, "the ledger is witnessed but records no witness"
-                                 " location (witnessed by an older stepledger): pass its"
+                                 " location (witnessed by an older steptrail): pass its"
                                  " witness with --witness PATH"))
         if self.witness is None:
             return extra, None
@@ -1363,7 +1363,7 @@ class Ledger:
         if state == "damaged" or (state != "ok" and self.witnessed):
             extra.append(Finding("witness", 0, f"{why}: a witnessed ledger is not opened"
                                  " without its witness; restore it, or re-anchor with"
-                                 " 'stepledger witness anchor'" if state != "damaged" else why))
+                                 " 'steptrail witness anchor'" if state != "damaged" else why))
         if seen is not None:
             try:
                 lag = self.check_witness()

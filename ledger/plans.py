@@ -1,4 +1,4 @@
-"""Plan files: the JSON a harness hands to ``stepledger step plan``, and the rule new work
+"""Plan files: the JSON a harness hands to ``steptrail step plan``, and the rule new work
 follows (docs/cli-json.md "The plan format"; docs/design.md "Epochs and leases").
 
 `load_plan` decodes and checks a plan document — one step ``{"step": ..., "writes":

@@ -8,7 +8,7 @@ it is written. Revision order, not publish order: an attempt retried to its publ
 after a newer step wrote the same path does not bring its older bytes back. A
 `workspace-restored` event records the new root with its device and inode; steps write
 there from then on. The target is never the ledger's own directory nor inside another
-workspace. Files stepledger never wrote (untracked) are not in the ledger and are not
+workspace. Files steptrail never wrote (untracked) are not in the ledger and are not
 restored. Each file gets the mode the ledger recorded for it (events written before
 modes were: 0o666 less the umask).
 

@@ -78,7 +78,7 @@ def _files_beside(ledger: Ledger, run: str) -> None:
 
 
 def default_archive_dir(ledger: Ledger) -> str:
-    """``archive/`` beside the ledger file (inside ``.stepledger/``)."""
+    """``archive/`` beside the ledger file (inside ``.steptrail/``)."""
     return os.path.join(os.path.dirname(os.path.abspath(ledger.path)), "archive")
 
 
@@ -191,7 +191,7 @@ def _plan(ledger: Ledger, view: ReadView, run: str) -> _Plan:
     rows = list(view.events(EventQuery(run=run)))
     if not rows:
         raise NotSealable(run, "the ledger holds no events of it (never run, or sealed"
-                          " already: 'stepledger seal list')")
+                          " already: 'steptrail seal list')")
     by_step: dict[str, int] = {}
     digests: dict[str, int] = {}
     for row in rows:

@@ -1,4 +1,4 @@
-"""`stepledger stats`: what a ledger holds, where its bytes are, how it grew.
+"""`steptrail stats`: what a ledger holds, where its bytes are, how it grew.
 
 Read-only. Everything comes from one read transaction of the ledger (events grouped by
 run and kind, by time bucket; the step rows) plus the blob accounting `audit` does

@@ -5,7 +5,7 @@ the first, so an operator sees the whole damage at once.
 
 A hash chain sees any edit, deletion, reordering or insertion, but not its own tail
 cut off or the whole file rolled back to an older genuine copy: for that the caller
-passes the head recorded elsewhere (`expect_head`, as printed by `stepledger head`),
+passes the head recorded elsewhere (`expect_head`, as printed by `steptrail head`),
 and verify proves the ledger still holds exactly that event at that seq.
 """
 
@@ -41,7 +41,7 @@ Progress = Callable[[int, int], None]
 #: The legal range of ``meta.compensation_window_s``, in seconds. 0 would release every
 #: pre-image the moment its step is acked (nothing could be compensated), and a window
 #: past ten years keeps them forever (and overflows the nanosecond arithmetic of GC);
-#: neither is a choice stepledger offers, so such a stored value was put there by hand.
+#: neither is a choice steptrail offers, so such a stored value was put there by hand.
 COMPENSATION_WINDOW_S_MIN: Final = 1.0
 COMPENSATION_WINDOW_S_MAX: Final = 10 * 365 * 86400.0
 _HEX: Final = frozenset("0123456789abcdef")
@@ -369,7 +369,7 @@ def _schema(store: Store) -> list[Finding]:
     Without its append-only triggers the events could be rewritten in place by anyone
     who can write the file (the chain check below still sees what was)."""
     info = store.info
-    return [Finding("schema", 0, f"VIOLATION: the schema differs from a stepledger"
+    return [Finding("schema", 0, f"VIOLATION: the schema differs from a steptrail"
                     f" v{info.version} ledger: {change}") for change in info.schema_changes]
 
 
@@ -401,7 +401,7 @@ def _checkpoint_facts(view: ReadView, head_seq: int) -> list[Finding]:
     for name, last_seq, version in view.checkpoint_rows():
         if name != STEPS_NAME:
             out.append(Finding("projection", 0, f"VIOLATION: projection_checkpoint holds a row"
-                               f" {str(name)[:40]!r} no stepledger projection writes"))
+                               f" {str(name)[:40]!r} no steptrail projection writes"))
         elif not isinstance(last_seq, int) or not 0 <= last_seq <= head_seq:
             out.append(Finding("projection", 0, f"VIOLATION: projection_checkpoint says the"
                                f" projections folded event #{last_seq}, but the log ends at"
@@ -454,7 +454,7 @@ def _condemned_facts(store: Store, fresh: Scratch, refs: RefsFold) -> list[Findi
             if not running:
                 why = (f"names a blob a {'manifest references' if c.referenced else 'live pin holds'},"
                        " and no gc is running (planted, or left by a gc killed between"
-                       " condemning and re-checking: 'stepledger gc' re-checks and spares it)")
+                       " condemning and re-checking: 'steptrail gc' re-checks and spares it)")
         if why is not None:
             out.append(Finding("gc", 0, f"VIOLATION: condemned row {str(digest)[:16]}…"
                                f" (collection {str(collection)[:20]!r}) {why}"))

@@ -15,7 +15,7 @@ Once a ledger is witnessed it records where (a chained `witness-anchored` event)
 every opener — read-only, read-write, `verify` — uses that witness unless it names the
 same file; a missing, empty or zero-filled witness then fails closed (`WitnessMissing`)
 instead of starting a fresh one from whatever head the file holds. Moving a witness, or
-replacing a lost one, is `Ledger.anchor_witness` (`stepledger witness anchor`): it
+replacing a lost one, is `Ledger.anchor_witness` (`steptrail witness anchor`): it
 verifies the whole chain first and records what it replaced. Witness paths are absolute.
 
 Format: two fixed 128-byte slots, written alternately (slot = seq % 2) with `pwrite`

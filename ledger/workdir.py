@@ -62,15 +62,15 @@ _PASS_FLAGS: Final = getattr(os, "O_PATH", os.O_RDONLY) | os.O_DIRECTORY | os.O_
 _HFS_IGNORED: Final = dict.fromkeys([*range(0x200C, 0x2010), *range(0x202A, 0x202F),
                                      *range(0x206A, 0x2070), 0xFEFF])
 _READ_FLAGS: Final = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
-TMP_MARK: Final = ".stepledger-"
+TMP_MARK: Final = ".steptrail-"
 #: Bytes of the target's name a temporary's name repeats (for a person reading a
 #: listing); the rest of the name is the mark, the stamp and the random part.
 TMP_PREFIX_BYTES_MAX: Final = 80
-#: A staged temporary: ``.<name prefix>.stepledger-<epoch hex>-<attempt tag>-<random>.tmp``.
-#: ``.<name prefix>.stepledger-<12 hex>.tmp`` is what stepledger before modes and stamps
+#: A staged temporary: ``.<name prefix>.steptrail-<epoch hex>-<attempt tag>-<random>.tmp``.
+#: ``.<name prefix>.steptrail-<12 hex>.tmp`` is what steptrail before modes and stamps
 #: left (epoch 0: dead under any live epoch).
 _TMP_NAME: Final = re.compile(
-    r"\..*\.stepledger-(?:([0-9a-f]{1,16})-([0-9a-f]{8})-[0-9a-f]{8}|[0-9a-f]{12})\.tmp",
+    r"\..*\.steptrail-(?:([0-9a-f]{1,16})-([0-9a-f]{8})-[0-9a-f]{8}|[0-9a-f]{12})\.tmp",
     re.DOTALL)
 #: The permission bits a staged file takes over (setuid, setgid and sticky are not:
 #: the kernel drops setuid/setgid too when an unprivileged process writes a file).
@@ -164,7 +164,7 @@ class Boundary:
 
 
 _LEDGER_FIX: Final = ("steps never write the ledger's own files; keep the ledger outside the"
-                      " paths steps write (its default place, .stepledger/ at the workspace"
+                      " paths steps write (its default place, .steptrail/ at the workspace"
                       " root, is such a place)")
 
 
@@ -258,7 +258,7 @@ class WorkspaceDir:
             raise PathForbidden(
                 self.name, path, "it is .git or inside it: a step writing git's internals"
                 " (hooks, config) runs code the next time a person runs git",
-                f"if steps must write there, opt in with 'stepledger workspace add {self.name}"
+                f"if steps must write there, opt in with 'steptrail workspace add {self.name}"
                 " DIR --rebind --allow-git'")
         hit = self.boundary.names(self.root, path)
         if hit is not None:
@@ -270,13 +270,13 @@ class WorkspaceDir:
         (admit): the names, the root, then the identity of every directory that exists on
         the way and of the file. A symlink on the way is left for the walk at apply to
         refuse (PathEscapes) — it may be gone by then; the boundary is judged again there.
-        A name of the shape stepledger gives its own temporaries is refused too: the next
+        A name of the shape steptrail gives its own temporaries is refused too: the next
         apply, settle or gc of the workspace removes such files as a crash's leftovers."""
         self.check_path(path)
         leaf = path.rsplit("/", 1)[-1]
         if temp_stamp(leaf) is not None:
             raise PathForbidden(
-                self.name, path, "its name has the shape of stepledger's own temporary files"
+                self.name, path, "its name has the shape of steptrail's own temporary files"
                 f" ('.NAME{TMP_MARK}EPOCH-TAG-RANDOM.tmp'), which are removed as a crash's"
                 " leftovers", "give the file another name")
         with contextlib.suppress(PathEscapes):
@@ -459,7 +459,7 @@ class WorkspaceDir:
             os.close(dir_fd)
 
     def remove_temporaries(self, dirs: Iterable[str], dead: Callable[[int, str], bool]) -> int:
-        """Remove the temporaries stepledger staged and left behind (a killed apply,
+        """Remove the temporaries steptrail staged and left behind (a killed apply,
         compensation or settle) from each directory in `dirs` (relative; "" is the root).
 
         Only a regular file with a name `temp_name` makes, whose (epoch, attempt tag)

@@ -66,8 +66,8 @@ class FakeClock:
 
 #: The environment every in-process CLI call runs with: none of the user's defaults.
 CLEAN_ENV: dict[str, str | None] = {
-    "STEPLEDGER_LEDGER": None, "STEPLEDGER_WORKSPACE": None, "STEPLEDGER_EPOCH": None,
-    "STEPLEDGER_WITNESS": None}
+    "STEPTRAIL_LEDGER": None, "STEPTRAIL_WORKSPACE": None, "STEPTRAIL_EPOCH": None,
+    "STEPTRAIL_WITNESS": None}
 
 
 @dataclass
@@ -83,7 +83,7 @@ class CliOut:
 
 def run_cli(argv: list[str], *, input: str | bytes | None = None,
             env: dict[str, str] | None = None) -> CliOut:
-    """`stepledger ARGV` in-process, checked for the rules of the command line: no
+    """`steptrail ARGV` in-process, checked for the rules of the command line: no
     traceback, one-line errors, no result on a usage or environment failure (exit 2, 3)."""
     from ledger.cli import cli
 
@@ -91,7 +91,7 @@ def run_cli(argv: list[str], *, input: str | bytes | None = None,
                                 catch_exceptions=False)
     out = CliOut(result.exit_code, result.stdout, result.stderr)
     assert "Traceback" not in out.out + out.err, out
-    if out.err.startswith("stepledger: error:"):
+    if out.err.startswith("steptrail: error:"):
         assert out.err.count("\n") == 1, out.err  # one line
     if out.code in (2, 3):
         problem = error_output_problem(out.code, out.out, out.err)
@@ -114,7 +114,7 @@ def error_output_problem(code: int, stdout: str, stderr: str) -> str | None:
         return f"exit {code} printed something else than one error object: {stdout[:200]!r}"
     if error.get("exit_code") != code or not isinstance(error.get("message"), str):
         return f"the error object's exit_code/message are wrong: {error!r}"
-    if not stderr.startswith(f"stepledger: error: {error.get('type')}: "):
+    if not stderr.startswith(f"steptrail: error: {error.get('type')}: "):
         return f"stderr does not name the error object's type {error.get('type')!r}: {stderr!r}"
     return None
 
@@ -349,10 +349,10 @@ def _route_ledgers(store_kind: str, request: pytest.FixtureRequest) -> Iterator[
             urls[key] = server.create_database(f"r{next(_routed_numbers)}_routed")
         return urls[key]
 
-    def routed_init(cls: type, path: Any = ".stepledger/ledger.db", **kw: Any) -> Any:
+    def routed_init(cls: type, path: Any = ".steptrail/ledger.db", **kw: Any) -> Any:
         return init(cls, route(path), **kw)
 
-    def routed_open(cls: type, path: Any = ".stepledger/ledger.db", **kw: Any) -> Any:
+    def routed_open(cls: type, path: Any = ".steptrail/ledger.db", **kw: Any) -> Any:
         key = os.path.abspath(os.fspath(path)) if not is_url(path) else None
         if key is not None and key not in urls:
             return open_(cls, path, **kw)  # never created here: refused as on SQLite
@@ -412,11 +412,11 @@ _pg_db_numbers = itertools.count(1)
 @pytest.fixture(scope="session")
 def pg_bindir() -> str:
     """The PostgreSQL server binaries' directory. Without them the test is skipped with
-    the install hint, or fails when STEPLEDGER_REQUIRE_PG=1 (CI)."""
+    the install hint, or fails when STEPTRAIL_REQUIRE_PG=1 (CI)."""
     bindir = find_bindir()
     if bindir is None:
-        if os.environ.get("STEPLEDGER_REQUIRE_PG") == "1":
-            pytest.fail(f"STEPLEDGER_REQUIRE_PG=1: {INSTALL_HINT}", pytrace=False)
+        if os.environ.get("STEPTRAIL_REQUIRE_PG") == "1":
+            pytest.fail(f"STEPTRAIL_REQUIRE_PG=1: {INSTALL_HINT}", pytrace=False)
         _PG_SKIPPED.append(INSTALL_HINT)
         pytest.skip(INSTALL_HINT)
     return bindir

@@ -17,7 +17,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 #: The directory of the interpreter running the tests: the venv's bin, which holds the
-#: `stepledger` command `pip install -e .` made.
+#: `steptrail` command `pip install -e .` made.
 BIN = Path(sys.executable).parent
 #: The words that mark a block as the continuation of the one before it.
 CONTINUES = re.compile(r"continu\w* the previous", re.I)
@@ -72,9 +72,9 @@ def blocks(path: Path) -> list[Block]:
 
 
 def clean_env(**extra: str) -> dict[str, str]:
-    """The user's environment, minus any STEPLEDGER_* setting, with the venv's bin first
-    on PATH (a user who installed stepledger has `stepledger` on theirs)."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith("STEPLEDGER_")}
+    """The user's environment, minus any STEPTRAIL_* setting, with the venv's bin first
+    on PATH (a user who installed steptrail has `steptrail` on theirs)."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("STEPTRAIL_")}
     env["PATH"] = f"{BIN}{os.pathsep}{env.get('PATH', '')}"
     env["PYTHONPATH"] = str(ROOT)  # the checkout under test, whatever the cwd
     env.update(extra)

@@ -1,4 +1,4 @@
-"""Helpers for the `stepledger mcp` tests: servers in-process and over stdio, driven
+"""Helpers for the `steptrail mcp` tests: servers in-process and over stdio, driven
 with the official MCP SDK's client (`mcp.Client`)."""
 
 from __future__ import annotations
@@ -17,23 +17,23 @@ import pytest
 from mcp import Client, StdioServerParameters
 from mcp.types import CallToolResult
 
-from ledger.mcp.server import StepledgerServer, open_workspaces
+from ledger.mcp.server import SteptrailServer, open_workspaces
 from ledger.mcp.service import FileTools, Limits
 
 ROOT = Path(__file__).resolve().parent.parent
 
 
-def stepledger_command() -> str:
-    """The installed `stepledger` console script of this interpreter's environment."""
-    beside = Path(sys.executable).with_name("stepledger")
-    found = str(beside) if beside.exists() else shutil.which("stepledger")
-    assert found, "the stepledger command is not installed (pip install -e '.[test]')"
+def steptrail_command() -> str:
+    """The installed `steptrail` console script of this interpreter's environment."""
+    beside = Path(sys.executable).with_name("steptrail")
+    found = str(beside) if beside.exists() else shutil.which("steptrail")
+    assert found, "the steptrail command is not installed (pip install -e '.[test]')"
     return found
 
 
 def server_env(**extra: str) -> dict[str, str]:
-    """The environment a spawned server gets: ours, minus the user's stepledger defaults."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith("STEPLEDGER_")}
+    """The environment a spawned server gets: ours, minus the user's steptrail defaults."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("STEPTRAIL_")}
     env.update(extra)
     return env
 
@@ -64,10 +64,10 @@ class Agent:
 
 
 def make_server(workspaces: list[str], ledger_path: str | None = None,
-                limits: Limits | None = None, **kw: Any) -> StepledgerServer:
+                limits: Limits | None = None, **kw: Any) -> SteptrailServer:
     ledger, names, given = open_workspaces(workspaces, ledger_path)
     tools = FileTools(ledger, names, given_roots=given, limits=limits, **kw)
-    return StepledgerServer(tools)
+    return SteptrailServer(tools)
 
 
 @contextlib.asynccontextmanager
@@ -87,8 +87,8 @@ async def inprocess(workspaces: list[str], ledger_path: str | None = None,
 @contextlib.asynccontextmanager
 async def over_stdio(*args: str, env: dict[str, str] | None = None,
                      cwd: str | None = None) -> AsyncIterator[Agent]:
-    """An agent that spawned `stepledger mcp ARGS` and talks to it over stdio."""
-    params = StdioServerParameters(command=stepledger_command(), args=["mcp", *args],
+    """An agent that spawned `steptrail mcp ARGS` and talks to it over stdio."""
+    params = StdioServerParameters(command=steptrail_command(), args=["mcp", *args],
                                    env=env or server_env(), cwd=cwd)
     async with Client(params, read_timeout_seconds=60) as client:
         yield Agent(client)
@@ -108,7 +108,7 @@ async def killed_write(repo: Path, tmp_path: Path, stage: str, tool: str,
     """Start a server paused at `stage` (the test seam) of a write of `args["path"]`,
     which the agent reads first, make the write, and SIGKILL the server there."""
     marker = tmp_path / f"paused-{stage}"
-    env = server_env(STEPLEDGER_MCP_TEST_PAUSE=f"{stage}:{marker}")
+    env = server_env(STEPTRAIL_MCP_TEST_PAUSE=f"{stage}:{marker}")
     with contextlib.suppress(Exception, BaseExceptionGroup):
         async with over_stdio("--workspace", str(repo), "--lease-ttl", "10m",
                               env=env) as agent:

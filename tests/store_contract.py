@@ -270,7 +270,7 @@ class StoreContract:
             assert list(view.events(q)) == expect(q), q
 
     def test_event_totals(self, store: Store) -> None:
-        """What `stepledger stats` reads: per (run, kind) and per time bucket."""
+        """What `steptrail stats` reads: per (run, kind) and per time bucket."""
         rows = self._log(store)
         by_run, by_time = store.view.event_totals(10**6)
         expect: dict[tuple[str, str], tuple[int, int, int, int]] = {}

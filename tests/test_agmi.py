@@ -1,15 +1,15 @@
-"""agmi (PyPI agent-memory-integrity), the outside tamper-evidence suite, against stepledger.
+"""agmi (PyPI agent-memory-integrity), the outside tamper-evidence suite, against steptrail.
 
 agmi's nine at-rest edits (T1 content tamper, T2 tail truncation, T3 middle deletion,
 T4 reordering, T5 forged insertion, T6 cross-context replay, T7 rollback replay,
 T8 metadata tamper, T9 snapshot rollback) run through agmi's own runner
 (``agmi.check.run``: its controls, its landed-edit guard, its verdict words) against the
-adapter in ``tests/agmi_stepledger.py``, in two configurations:
+adapter in ``tests/agmi_steptrail.py``, in two configurations:
 
-- ``stepledger+witness``: a witness on another directory. All nine are caught; the tail
+- ``steptrail+witness``: a witness on another directory. All nine are caught; the tail
   and rollback edits (T2, T7, T9) are refused by the open itself (``WitnessMismatch``,
   read-write and read-only, every file byte-identical), and ``verify`` names all nine.
-- ``stepledger``: no witness. ``verify`` names seven; it cannot see T2 (the tail cut
+- ``steptrail``: no witness. ``verify`` names seven; it cannot see T2 (the tail cut
   off) or T9 (an older genuine copy restored), which no chain kept inside the store can.
 
 Verdicts: REJECTED = refused on the read path (the open); REPORTED = only ``verify`` (an
@@ -30,10 +30,10 @@ import pytest
 agmi_check = pytest.importorskip(
     "agmi.check", reason="agmi is a test-only dependency: pip install -e '.[test]'")
 
-from agmi_stepledger import (
+from agmi_steptrail import (
     CTX,
-    StepledgerAdapter,
-    StepledgerWitnessAdapter,
+    SteptrailAdapter,
+    SteptrailWitnessAdapter,
     event_for,
     rechain,
 )
@@ -49,13 +49,13 @@ TAIL_AND_ROLLBACK = ["truncate", "forge", "rollback_replay", "snapshot_rollback"
 #: re-hashes the rows from the witnessed head on and requires a tail past it to carry the
 #: witness key's tag, so T5 (a forged insertion at the tail) is refused at open too.
 EXPECTED = {
-    "stepledger+witness": {
+    "steptrail+witness": {
         "tamper": "REPORTED", "truncate": "REJECTED", "delete_middle": "REPORTED",
         "reorder": "REPORTED", "forge": "REJECTED", "cross_replay": "REPORTED",
         "rollback_replay": "REJECTED", "metadata_tamper": "REPORTED",
         "snapshot_rollback": "REJECTED",
     },
-    "stepledger": {
+    "steptrail": {
         "tamper": "REPORTED", "truncate": "ACCEPTED", "delete_middle": "REPORTED",
         "reorder": "REPORTED", "forge": "REPORTED", "cross_replay": "REPORTED",
         "rollback_replay": "REPORTED", "metadata_tamper": "REPORTED",
@@ -75,7 +75,7 @@ VERIFY_NAMES = {
 # --- running agmi --------------------------------------------------------------------
 
 
-def _run(adapter: StepledgerAdapter) -> list[dict[str, Any]]:
+def _run(adapter: SteptrailAdapter) -> list[dict[str, Any]]:
     """agmi's own runner; each row gets the adapter's outcome of that attack."""
     rows = agmi_check.run(adapter)
     assert [r["attack"] for r in rows] == ATTACKS  # agmi 0.6's at-rest list, T1..T9
@@ -87,7 +87,7 @@ def _run(adapter: StepledgerAdapter) -> list[dict[str, Any]]:
 
 @pytest.fixture(scope="module")
 def measured() -> dict[str, list[dict[str, Any]]]:
-    return {a.name: _run(a) for a in (StepledgerWitnessAdapter(), StepledgerAdapter())}
+    return {a.name: _run(a) for a in (SteptrailWitnessAdapter(), SteptrailAdapter())}
 
 
 def _verdicts(rows: list[dict[str, Any]]) -> dict[str, str]:
@@ -106,7 +106,7 @@ def _how(row: dict[str, Any]) -> str:
 
 def combined_markdown(measured: dict[str, list[dict[str, Any]]]) -> str:
     """One table for docs/guarantees.md: agmi's edit labels and verdict words, both configurations."""
-    w, plain = measured["stepledger+witness"], measured["stepledger"]
+    w, plain = measured["steptrail+witness"], measured["steptrail"]
     version = importlib.metadata.version("agent-memory-integrity")
     lines = [
         f"| agmi {version} edit | with a witness | without a witness |",
@@ -152,8 +152,8 @@ def test_every_edit_landed_and_was_evaluated(measured: dict[str, list[dict[str, 
 def test_with_a_witness_all_nine_are_caught(measured: dict[str, list[dict[str, Any]]]) -> None:
     """Every edit is refused at open (REJECTED) or named by verify (REPORTED), and verify
     names every one of the nine, whether or not the open refused."""
-    rows = measured["stepledger+witness"]
-    assert _verdicts(rows) == EXPECTED["stepledger+witness"]
+    rows = measured["steptrail+witness"]
+    assert _verdicts(rows) == EXPECTED["steptrail+witness"]
     for r in rows:
         o = r["outcome"]
         assert VERIFY_NAMES[r["attack"]] <= o.checks, (r["attack"], _how(r))
@@ -168,7 +168,7 @@ def test_with_a_witness_tail_and_rollback_edits_are_refused_at_open(
         measured: dict[str, list[dict[str, Any]]], attack: str) -> None:
     """T2, T5, T7, T9: the open itself fails closed, read-write and read-only, and leaves
     the ledger, its WAL and the witness byte-identical (a -shm aside)."""
-    row = next(r for r in measured["stepledger+witness"] if r["attack"] == attack)
+    row = next(r for r in measured["steptrail+witness"] if r["attack"] == attack)
     o = row["outcome"]
     assert o.refused_type is WitnessMismatch, o.refused
     assert o.refused_readonly is WitnessMismatch
@@ -180,8 +180,8 @@ def test_with_a_witness_tail_and_rollback_edits_are_refused_at_open(
 
 def test_without_a_witness_only_the_cut_tail_and_the_rolled_back_copy_pass(
         measured: dict[str, list[dict[str, Any]]]) -> None:
-    rows = measured["stepledger"]
-    assert _verdicts(rows) == EXPECTED["stepledger"]
+    rows = measured["steptrail"]
+    assert _verdicts(rows) == EXPECTED["steptrail"]
     accepted = {r["attack"] for r in rows if r["verdict"] == "ACCEPTED"}
     assert accepted == {"truncate", "snapshot_rollback"}
     for r in rows:
@@ -235,16 +235,16 @@ def _edit_middle_and_rechain(conn) -> None:
     rechain(conn)
 
 
-@pytest.mark.parametrize("store", [StepledgerWitnessAdapter], indirect=True)
-def test_with_a_witness_a_rechained_edit_is_refused_at_open(store: StepledgerAdapter) -> None:
+@pytest.mark.parametrize("store", [SteptrailWitnessAdapter], indirect=True)
+def test_with_a_witness_a_rechained_edit_is_refused_at_open(store: SteptrailAdapter) -> None:
     store.edit(_edit_middle_and_rechain)
     store.reload()
     assert store.outcome.refused_type is WitnessMismatch and store.outcome.untouched
     assert store.verify() is False and "witness" in store.outcome.checks
 
 
-@pytest.mark.parametrize("store", [StepledgerAdapter], indirect=True)
-def test_without_a_witness_a_rechained_edit_is_invisible(store: StepledgerAdapter) -> None:
+@pytest.mark.parametrize("store", [SteptrailAdapter], indirect=True)
+def test_without_a_witness_a_rechained_edit_is_invisible(store: SteptrailAdapter) -> None:
     """The limit docs/guarantees.md must state: without an anchor, verify names an edit only if its
     author did not recompute the chain."""
     store.edit(_edit_middle_and_rechain)
@@ -264,9 +264,9 @@ def _edit_tail_time(conn) -> None:
 
 
 @pytest.mark.parametrize("edit", [_edit_tail_payload, _edit_tail_time], ids=["payload", "time"])
-@pytest.mark.parametrize("store", [StepledgerWitnessAdapter], indirect=True)
+@pytest.mark.parametrize("store", [SteptrailWitnessAdapter], indirect=True)
 def test_a_tail_edit_that_keeps_the_hash_column_is_refused_at_open(
-        store: StepledgerAdapter, edit) -> None:
+        store: SteptrailAdapter, edit) -> None:
     store.edit(edit)
     store.reload()
     assert store.verify() is False and "chain" in store.outcome.checks  # verify sees it
@@ -280,15 +280,15 @@ def _forge_rechained_tail(conn) -> None:
         "SELECT seq, time_ns FROM events ORDER BY seq DESC LIMIT 1").fetchone()
     for k in range(3):
         ev = event_for(CTX, f"forged-{k}")
-        row = StepledgerAdapter.row_of(ev, seq=top + 1 + k, time_ns=last_ns + 1_000_000)
+        row = SteptrailAdapter.row_of(ev, seq=top + 1 + k, time_ns=last_ns + 1_000_000)
         conn.execute(f"INSERT INTO events({', '.join(row)})"
                      f" VALUES ({', '.join('?' for _ in row)})", tuple(row.values()))
     rechain(conn)
 
 
-@pytest.mark.parametrize("store", [StepledgerWitnessAdapter], indirect=True)
+@pytest.mark.parametrize("store", [SteptrailWitnessAdapter], indirect=True)
 def test_a_forged_rechained_tail_one_commit_ahead_is_refused_at_open(
-        store: StepledgerAdapter) -> None:
+        store: SteptrailAdapter) -> None:
     store.edit(_forge_rechained_tail)
     assert len(store.read_all_raw()) == 5 + 3  # the forged rows are in the file
     store.reload()

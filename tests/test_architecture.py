@@ -219,7 +219,7 @@ def test_no_new_import_cycles() -> None:
     (" WHERE step_id = ?", True),
     ("PRAGMA data_version", True),
     ("the step was selected from the events", False),
-    ("stepledger: error: UsageError", False),
+    ("steptrail: error: UsageError", False),
 ])
 def test_the_sql_detector(text: str, sql: bool) -> None:
     assert bool(sql_strings(ast.parse(f"x = {text!r}"))) is sql

@@ -1,4 +1,4 @@
-"""Issue 18: `stepledger backup` — an online, consistent, incremental, verified copy of
+"""Issue 18: `steptrail backup` — an online, consistent, incremental, verified copy of
 a whole ledger, and a whole ledger restored from it on a fresh machine.
 
 - the seed scenario: a ledger with committed workspace steps and file artifacts is

@@ -183,7 +183,7 @@ def test_a_hostile_backup_is_refused_and_nothing_is_written(name: str, pristine:
     got = CliRunner().invoke(cli, ["backup", "restore", str(dest), str(tmp_path / "r2")])
     assert got.exit_code == 2, got.output
     lines = got.output.strip().splitlines()
-    assert len(lines) == 1 and lines[0].startswith(f"stepledger: error: {error.__name__}: ")
+    assert len(lines) == 1 and lines[0].startswith(f"steptrail: error: {error.__name__}: ")
     assert not (tmp_path / "r2").exists()
     got = CliRunner().invoke(cli, ["backup", "verify", str(dest), "--json"])
     assert got.exit_code == 2 and json.loads(got.output.splitlines()[0])["error"]["type"] == error.__name__

@@ -2,7 +2,7 @@
 
 Writer processes (each its own interpreter and connection, its own workspace and lease)
 run full workspace steps — files above the inline threshold, so every step adds blob
-files — while `stepledger backup` processes into one DEST are SIGKILLed after a random
+files — while `steptrail backup` processes into one DEST are SIGKILLed after a random
 delay, and others run to completion into their own directories. Afterwards:
 
 - every completed backup (exit 0) verifies (`check_backup`, blobs re-hashed) and its
@@ -13,7 +13,7 @@ delay, and others run to completion into their own directories. Afterwards:
 - a final backup into the killed DEST completes; restored on fresh directories, the
   ledger verifies, and every workspace restores.
 
-The seed is printed on failure (STEPLEDGER_BACKUP_SEED reruns one).
+The seed is printed on failure (STEPTRAIL_BACKUP_SEED reruns one).
 """
 
 from __future__ import annotations
@@ -83,9 +83,9 @@ def _backup_cmd(ledger_path: str, dest: Path) -> subprocess.Popen[bytes]:
 
 
 def test_backups_killed_at_random_under_writers(tmp_path: Path) -> None:
-    seed = int(os.environ.get("STEPLEDGER_BACKUP_SEED", random.randrange(2**32)))
+    seed = int(os.environ.get("STEPTRAIL_BACKUP_SEED", random.randrange(2**32)))
     rng = random.Random(seed)
-    print(f"seed {seed} (STEPLEDGER_BACKUP_SEED={seed} reruns it)")
+    print(f"seed {seed} (STEPTRAIL_BACKUP_SEED={seed} reruns it)")
     path = str(tmp_path / "src" / "ledger.db")
     Ledger.init(path).close()
     stop = tmp_path / "stop"

@@ -43,9 +43,9 @@ def test_smoke_run_gives_every_row_as_json(tmp_path: Path) -> None:
     res = json.loads(done.stdout)
     assert res["skipped"] == {}, res["skipped"]
     rows = {(r["system"], r["workload"], r["writers"], r["mode"]): r for r in res["rows"]}
-    raw, ours, lg, es, dbos = ("raw apsw", "stepledger", "langgraph SqliteSaver",
+    raw, ours, lg, es, dbos = ("raw apsw", "steptrail", "langgraph SqliteSaver",
                                "eventsourcing", "dbos")
-    floor = "stepledger floor"
+    floor = "steptrail floor"
     expected = {
         (raw, "step-4k", 1, "own"), (ours, "step-4k", 1, "own"), (lg, "step-4k", 1, "own"),
         (floor, "step-4k", 1, "own"), (floor, "step-4k", 2, "own"),
@@ -59,10 +59,10 @@ def test_smoke_run_gives_every_row_as_json(tmp_path: Path) -> None:
     }
     shared = (ours, "step-4k", 2, "shared")
     assert expected | {shared} == set(rows), set(rows) ^ (expected | {shared})
-    assert not any("stepledger shared mode" in n for n in res["notes"]), res["notes"]
+    assert not any("steptrail shared mode" in n for n in res["notes"]), res["notes"]
     for key, row in rows.items():
         assert row["error"] is None, (key, row["error"])
-        assert row["ops_s"] > 0 and row["to_raw"] > 0 and row["to_stepledger"] > 0, key
+        assert row["ops_s"] > 0 and row["to_raw"] > 0 and row["to_steptrail"] > 0, key
         assert row["cpu_ms_per_op"] > 0, key
     for name in (raw, ours, lg, es, dbos):
         assert res["settings"][name], name

@@ -1,4 +1,4 @@
-"""The `stepledger` command: exit codes, --json shapes, one-line errors, read-only commands."""
+"""The `steptrail` command: exit codes, --json shapes, one-line errors, read-only commands."""
 
 from __future__ import annotations
 
@@ -82,7 +82,7 @@ def test_show_timeline(filled: pathlib.Path) -> None:
     data = json.loads(out)
     assert data["step"]["state"] == "acked" and len(data["events"]) == 4
     code, _, err = run("show", "nope", ledger=filled)
-    assert code == 2 and err.count("\n") == 1 and "stepledger steps" in err
+    assert code == 2 and err.count("\n") == 1 and "steptrail steps" in err
 
 
 def test_verify_and_expect_head(filled: pathlib.Path) -> None:
@@ -144,7 +144,7 @@ def test_missing_ledger_names_the_fix(tmp_path: pathlib.Path) -> None:
 
 
 def test_ledger_from_environment(filled: pathlib.Path) -> None:
-    result = CliRunner().invoke(cli, ["head"], env={"STEPLEDGER_LEDGER": str(filled)})
+    result = CliRunner().invoke(cli, ["head"], env={"STEPTRAIL_LEDGER": str(filled)})
     assert result.exit_code == 0 and re.fullmatch(r"\d+:[0-9a-f]{64}\n", result.stdout)
 
 
@@ -188,7 +188,7 @@ def _all_commands() -> list[tuple[str, click.Command]]:
 
 def test_every_command_has_help_and_docs() -> None:
     """Every command and subcommand has --help, is named in the README or a doc under
-    docs/ (`stepledger NAME` or `NAME` in backquotes), and, if it takes --json, has its
+    docs/ (`steptrail NAME` or `NAME` in backquotes), and, if it takes --json, has its
     section in docs/cli-json.md."""
     json_docs = (ROOT / "docs" / "cli-json.md").read_text()
     docs = "\n".join(p.read_text() for p in [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))])
@@ -198,7 +198,7 @@ def test_every_command_has_help_and_docs() -> None:
         assert command.help, name
         code, out, _ = run(*name.split(), "--help")
         assert code == 0 and "Usage:" in out, name
-        named = re.search(rf"stepledger (--\S+ \S+ )*{re.escape(name)}\b|`{re.escape(name)}[` ]", docs)
+        named = re.search(rf"steptrail (--\S+ \S+ )*{re.escape(name)}\b|`{re.escape(name)}[` ]", docs)
         assert named, f"neither README.md nor docs/*.md names the command {name!r}"
         if any(p.name == "as_json" for p in command.params):
             assert f"## `{name}" in json_docs, f"docs/cli-json.md lacks a section for {name}"

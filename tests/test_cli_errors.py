@@ -7,7 +7,7 @@ option left out, an extra argument, and a bad value for every typed parameter (a
 that is not one or out of its range, a choice that is not one, a duration that is not
 one, a file that does not exist, a file where a directory goes and the other way
 round). Each must exit 2 with exactly one stderr line
-``stepledger: error: UsageError: ...; see 'stepledger COMMAND --help'`` (click's
+``steptrail: error: UsageError: ...; see 'steptrail COMMAND --help'`` (click's
 multi-line usage block is a regression), no traceback, nothing on stdout — under
 ``--json`` one error object — and no file of the ledger's directory changed.
 
@@ -48,14 +48,14 @@ REQUIRED_VALUES = {"holder": "agent-1", "reason": "why", "target": "fresh-dir"}
 
 @dataclass(frozen=True)
 class Case:
-    path: tuple[str, ...]  # the command's path below `stepledger`
+    path: tuple[str, ...]  # the command's path below `steptrail`
     argv: tuple[str, ...]  # what follows the command's path
     what: str
     env: tuple[tuple[str, str], ...] = ()
 
     @property
     def label(self) -> str:
-        return f"stepledger {' '.join((*self.path, *self.argv))} [{self.what}]"
+        return f"steptrail {' '.join((*self.path, *self.argv))} [{self.what}]"
 
 
 def commands(group: click.Group = cli, path: tuple[str, ...] = ()
@@ -131,7 +131,7 @@ def cases() -> list[Case]:
         out.append(Case(path, (*valid(), "--no-such-option"), "an unknown option"))
         if isinstance(command, click.Group):
             out.append(Case(path, ("no-such-command",), "an unknown command"))
-            if path:  # (the root's own: a bare 'stepledger')
+            if path:  # (the root's own: a bare 'steptrail')
                 out.append(Case(path, (), "no command"))
             continue
         if not any(a.nargs == -1 for a in arguments):
@@ -165,8 +165,8 @@ def cases() -> list[Case]:
     # the root's own options, and an option's value from the environment
     out.append(Case((), ("--ledger",), "--ledger without its value"))
     out.append(Case((), ("--witness", "a-dir", "steps"), "--witness: a directory"))
-    out.append(Case(("step", "apply"), ("s1",), "STEPLEDGER_EPOCH not an int",
-                    (("STEPLEDGER_EPOCH", "x"),)))
+    out.append(Case(("step", "apply"), ("s1",), "STEPTRAIL_EPOCH not an int",
+                    (("STEPTRAIL_EPOCH", "x"),)))
     return out
 
 
@@ -223,8 +223,8 @@ def check(case: Case, code: int, out: str, err: str, as_json: bool) -> None:
     assert "Usage:" not in err, (label, err)  # click's usage block: a regression
     assert code == 2, (label, code, out, err)
     assert err.count("\n") == 1 and err.endswith("\n"), (label, err)
-    assert err.startswith("stepledger: error: UsageError: "), (label, err)
-    where = " ".join(("stepledger", *case.path))  # the command whose parse failed
+    assert err.startswith("steptrail: error: UsageError: "), (label, err)
+    where = " ".join(("steptrail", *case.path))  # the command whose parse failed
     assert err.endswith(f"; see '{where} --help'\n"), (label, err)
     if not as_json:
         assert out == "", (label, out)
@@ -232,7 +232,7 @@ def check(case: Case, code: int, out: str, err: str, as_json: bool) -> None:
     doc = json.loads(out)
     assert out.count("\n") == 1 and doc["ok"] is False, (label, out)
     assert doc["error"] == {"type": "UsageError", "exit_code": 2,
-                            "message": err.removeprefix("stepledger: error: UsageError: ")
+                            "message": err.removeprefix("steptrail: error: UsageError: ")
                             .rstrip("\n")}, (label, doc)
 
 
@@ -272,11 +272,11 @@ def test_help_and_version_still_exit_0() -> None:
     runner = CliRunner()
     for path, _command in commands():
         r = runner.invoke(cli, [*path, "--help"], env=CLEAN_ENV)
-        assert r.exit_code == 0 and r.stdout.startswith(f"Usage: {' '.join(('stepledger', *path))}"), (
+        assert r.exit_code == 0 and r.stdout.startswith(f"Usage: {' '.join(('steptrail', *path))}"), (
             path, r.stdout[:200])
         assert r.stderr == ""
     r = runner.invoke(cli, ["--version"], env=CLEAN_ENV)
-    assert r.exit_code == 0 and r.stdout.startswith("stepledger, version ")
+    assert r.exit_code == 0 and r.stdout.startswith("steptrail, version ")
 
 
 def _sample() -> list[Case]:
@@ -291,7 +291,7 @@ def _sample() -> list[Case]:
 
 
 def _env(extra: tuple[tuple[str, str], ...] = ()) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("STEPLEDGER_")}
+    env = {k: v for k, v in os.environ.items() if not k.startswith("STEPTRAIL_")}
     env["PYTHONPATH"] = str(ROOT)
     env.update(extra)
     return env
@@ -333,7 +333,7 @@ def test_the_issues_cases_say_what_is_wrong(place: pathlib.Path,
 def _interrupted_ok(r_code: int, err: str) -> None:
     assert r_code == 130, (r_code, err)
     assert err.count("\n") == 1, err
-    assert err.startswith("stepledger: error: Interrupted: "), err
+    assert err.startswith("steptrail: error: Interrupted: "), err
     assert "Traceback" not in err and "Aborted" not in err
 
 
@@ -366,7 +366,7 @@ def test_ctrl_c_during_a_long_command_exits_130_with_one_line(tmp_path: pathlib.
     assert r.returncode == 0 and r.stderr == "", r
 
 
-#: A `stepledger` whose Ctrl-C lands inside a write transaction of the ledger: the real
+#: A `steptrail` whose Ctrl-C lands inside a write transaction of the ledger: the real
 #: signal, sent to itself while the heartbeat's transaction is open (BEGIN IMMEDIATE).
 _INTERRUPT_IN_TXN = textwrap.dedent("""
     import os, signal, sys
@@ -379,7 +379,7 @@ _INTERRUPT_IN_TXN = textwrap.dedent("""
         return row
     SqliteTx.workspace = workspace
     from ledger.cli import main
-    sys.argv[0] = "stepledger"
+    sys.argv[0] = "steptrail"
     main()
 """)
 

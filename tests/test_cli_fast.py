@@ -34,7 +34,7 @@ def loaded_after(code: str) -> set[str]:
 
 
 def run_main(*argv: str) -> str:
-    return f"import sys\nsys.argv = ['stepledger', *{list(argv)!r}]\nfrom ledger.cli import main\nmain()\n"
+    return f"import sys\nsys.argv = ['steptrail', *{list(argv)!r}]\nfrom ledger.cli import main\nmain()\n"
 
 
 HEAVY = {"sqlite_utils", "ledger.gc", "ledger.metrics", "ledger.demo", "ledger.testing",

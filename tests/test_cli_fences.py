@@ -1,4 +1,4 @@
-"""The workspace protocol driven through the `stepledger` command, as a harness in any
+"""The workspace protocol driven through the `steptrail` command, as a harness in any
 language would drive it by subprocess: workspaces, leases, plans, applies, receipts,
 compensation, metrics — exit codes, --json shapes, one-line errors, no tracebacks."""
 
@@ -29,7 +29,7 @@ Out = CliOut
 
 
 class Cli:
-    """`stepledger --ledger PATH ...` in-process; every call is checked for tracebacks."""
+    """`steptrail --ledger PATH ...` in-process; every call is checked for tracebacks."""
 
     def __init__(self, ledger: pathlib.Path) -> None:
         self.ledger = ledger
@@ -200,7 +200,7 @@ def test_a_single_step_plan_with_b64_file_and_delete_contents(world: World) -> N
 
 def test_environment_supplies_workspace_and_epoch(world: World) -> None:
     epoch = world.acquire()
-    env = {"STEPLEDGER_WORKSPACE": "w", "STEPLEDGER_EPOCH": str(epoch)}
+    env = {"STEPTRAIL_WORKSPACE": "w", "STEPTRAIL_EPOCH": str(epoch)}
     doc = {"step": "s1", "writes": [write("app.py", "v1", "v0")]}
     assert world.cli("step", "plan", "-", input=json.dumps(doc), env=env).code == 0
     assert world.cli("step", "apply", "s1", env=env).code == 0
@@ -212,9 +212,9 @@ def test_environment_supplies_workspace_and_epoch(world: World) -> None:
 
 def test_missing_workspace_or_epoch_is_exit_2_with_the_fix(world: World) -> None:
     r = world.cli("lease", "show")
-    assert r.code == 2 and "--workspace NAME" in r.err and "STEPLEDGER_WORKSPACE" in r.err
+    assert r.code == 2 and "--workspace NAME" in r.err and "STEPTRAIL_WORKSPACE" in r.err
     r = world.cli("--workspace", "w", "step", "plan", "-", input="{}")
-    assert r.code == 2 and "--epoch N" in r.err and "STEPLEDGER_EPOCH" in r.err
+    assert r.code == 2 and "--epoch N" in r.err and "STEPTRAIL_EPOCH" in r.err
     r = world.cli("step", "apply", "s1")
     assert r.code == 2 and "--epoch" in r.err
     r = world.cli("--workspace", "nope", "lease", "show")
@@ -337,7 +337,7 @@ def test_a_bad_plan_is_exit_2_and_writes_nothing(world: World, body: str, messag
     count = world.cli.count()
     r = world.cli("--workspace", "w", "step", "plan", "--epoch", "1", "-", input=body)
     assert r.code == 2, r
-    assert r.err.startswith("stepledger: error:") and message in r.err, r.err
+    assert r.err.startswith("steptrail: error:") and message in r.err, r.err
     assert world.cli.count() == count
     assert sorted(os.listdir(world.dir)) == ["app.py"]
 
@@ -366,7 +366,7 @@ def test_receipts_that_move_nothing(world: World) -> None:
         ("   \n", 2, "a 200 with an empty body moves nothing"),
         ("not json", 2, "the receipt is not JSON"),
         ("[]", 2, "must be a JSON object"),
-        ("{}", 2, "not a stepledger receipt"),
+        ("{}", 2, "not a steptrail receipt"),
         (json.dumps({"verdict": "rejected:pre_hash", "receipt": None}), 2, "holds no receipt"),
         (json.dumps({**receipt, "rev": 7}), 1, "does not match the apply"),
         (json.dumps({**receipt, "seq": receipt["seq"] + 1}), 1, "does not match the apply"),
@@ -472,7 +472,7 @@ def test_every_command_and_subcommand_teaches_and_is_documented() -> None:
                  "lease settle", "step plan", "step apply", "step replan", "step compensate",
                  "step publish", "step ack", "step store", "metrics"):
         command = dict(_commands())[name]
-        assert command.epilog and "stepledger " in command.epilog, f"{name} has no example"
+        assert command.epilog and "steptrail " in command.epilog, f"{name} has no example"
     assert "## The plan format" in docs and "The receipt" in docs
 
 
@@ -480,13 +480,13 @@ def test_every_command_and_subcommand_teaches_and_is_documented() -> None:
 
 
 def test_the_console_script_round_trip(tmp_path: pathlib.Path) -> None:
-    exe = pathlib.Path(sys.executable).parent / "stepledger"
+    exe = pathlib.Path(sys.executable).parent / "steptrail"
     assert exe.exists(), exe
     ws = tmp_path / "ws"
     ws.mkdir()
     (ws / "app.py").write_text("v0")
-    env = {k: v for k, v in os.environ.items() if not k.startswith("STEPLEDGER_")}
-    env |= {"STEPLEDGER_LEDGER": str(tmp_path / "ledger.db"), "STEPLEDGER_WORKSPACE": "w"}
+    env = {k: v for k, v in os.environ.items() if not k.startswith("STEPTRAIL_")}
+    env |= {"STEPTRAIL_LEDGER": str(tmp_path / "ledger.db"), "STEPTRAIL_WORKSPACE": "w"}
 
     def run(*args: str, stdin: str = "", code: int = 0) -> str:
         p = subprocess.run([str(exe), *args], input=stdin, capture_output=True, text=True,
@@ -497,7 +497,7 @@ def test_the_console_script_round_trip(tmp_path: pathlib.Path) -> None:
 
     run("init")
     run("workspace", "add", "w", str(ws))
-    env["STEPLEDGER_EPOCH"] = str(json.loads(run("lease", "acquire", "--holder", "h",
+    env["STEPTRAIL_EPOCH"] = str(json.loads(run("lease", "acquire", "--holder", "h",
                                                   "--ttl", "1h", "--json"))["epoch"])
     snap = json.loads(run("workspace", "snapshot", "app.py", "--json"))["paths"][0]
     plan = {"step": "s1", "writes": [{**snap, "content": "v1"}]}
@@ -509,7 +509,7 @@ def test_the_console_script_round_trip(tmp_path: pathlib.Path) -> None:
     assert json.loads(run("step", "ack", "s1", "--json"))["deduped"] is False
     assert (ws / "app.py").read_text() == "v1"
     run("step", "publish", "s1", "--receipt", "-", stdin="", code=2)  # an empty body
-    env["STEPLEDGER_EPOCH"] = "99"
+    env["STEPTRAIL_EPOCH"] = "99"
     run("step", "apply", "s1", "--json")  # a redelivery: the journal answers, even so
     run("--workspace", "w", "lease", "heartbeat", code=1)
 

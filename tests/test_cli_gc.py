@@ -1,4 +1,4 @@
-"""`stepledger gc`, `audit` and `restore`: exit codes, --json shapes, one-line errors.
+"""`steptrail gc`, `audit` and `restore`: exit codes, --json shapes, one-line errors.
 
 The command runs on the wall clock, so the ledgers here are written through the library
 on a FakeClock that sits in 2023: every inline row is then years old, and a blob file is
@@ -29,7 +29,7 @@ Out = CliOut
 
 
 def run(ledger: pathlib.Path | None, *args: str) -> Out:
-    """`stepledger [--ledger PATH] ARGS` in-process (checked by `conftest.run_cli`)."""
+    """`steptrail [--ledger PATH] ARGS` in-process (checked by `conftest.run_cli`)."""
     return run_cli((["--ledger", str(ledger)] if ledger is not None else []) + list(args))
 
 
@@ -170,7 +170,7 @@ def test_bad_gc_options_are_exit_2(store: Store, args: tuple[str, ...]) -> None:
 def test_another_collector_is_exit_3_and_a_dry_run_still_works(store: Store) -> None:
     with Ledger.open(store.path, readonly=True) as ledger, collector_lock(ledger):
         r = run(store.path, "gc", "--json")
-        assert r.code == 3 and "another stepledger gc holds" in r.err and "--wait" in r.err
+        assert r.code == 3 and "another steptrail gc holds" in r.err and "--wait" in r.err
         assert store.collected() == [] and store.blob_file(ORPHAN_FILE).exists()
         dry = run(store.path, "gc", "--dry-run", "--json")
         assert dry.code == 0 and dry.json["orphans"] == 2
@@ -220,10 +220,10 @@ def test_gc_refuses_when_a_referenced_blob_was_removed_by_hand(store: Store) -> 
         assert "refused" in r.err and h(BIG)[:12] in r.err
         if "--json" in args:  # one typed error object, as on stderr
             assert r.json["ok"] is False and r.json["error"]["exit_code"] == 1
-            assert r.err.startswith(f"stepledger: error: {r.json['error']['type']}: ")
+            assert r.err.startswith(f"steptrail: error: {r.json['error']['type']}: ")
         else:
             assert r.out == ""
-        assert "stepledger audit" in r.err
+        assert "steptrail audit" in r.err
     # failed closed: nothing was deleted, nothing recorded
     assert store.collected() == []
     assert h(ORPHAN_INLINE) in store.inline_digests() and store.blob_file(ORPHAN_FILE).exists()
@@ -242,7 +242,7 @@ def test_gc_on_something_that_is_not_a_ledger_is_exit_2_and_untouched(tmp_path: 
     for args in (("gc",), ("gc", "--dry-run"), ("audit",),
                  ("restore", "--workspace", "w", "--to", str(tmp_path / "out"))):
         r = run(path, *args)
-        assert r.code == 2 and "not a stepledger ledger" in r.err, (args, r)
+        assert r.code == 2 and "not a steptrail ledger" in r.err, (args, r)
     assert tree(tmp_path) == before
 
 
@@ -396,20 +396,20 @@ def test_restore_with_a_missing_blob_is_exit_1_and_writes_nothing(world: Restore
 def test_new_commands_teach_and_are_documented(name: str) -> None:
     r = run(None, name, "--help")
     assert r.code == 0 and "Usage:" in r.out and "Examples:" in r.out
-    assert f"stepledger {name}" in r.out.split("Examples:")[1]
+    assert f"steptrail {name}" in r.out.split("Examples:")[1]
     assert "Exit" in r.out  # the exit codes are explained
     docs = (ROOT / "docs" / "cli-json.md").read_text()
     assert f"## `{name} --json`" in docs
 
 
 def test_the_scheduling_files_run_gc_with_json_and_explain_the_exit_codes() -> None:
-    service = (ROOT / "tools" / "stepledger-gc.service").read_text()
-    timer = (ROOT / "tools" / "stepledger-gc.timer").read_text()
-    cron = (ROOT / "tools" / "stepledger-gc.cron").read_text()
-    command = "stepledger --ledger /srv/agent/.stepledger/ledger.db gc --grace 24h --max-runtime 10m --json"
+    service = (ROOT / "tools" / "steptrail-gc.service").read_text()
+    timer = (ROOT / "tools" / "steptrail-gc.timer").read_text()
+    cron = (ROOT / "tools" / "steptrail-gc.cron").read_text()
+    command = "steptrail --ledger /srv/agent/.steptrail/ledger.db gc --grace 24h --max-runtime 10m --json"
     assert command in service and command in cron
     for key in ("Type=oneshot", "Nice=", "IOSchedulingClass=idle", "ProtectSystem=strict",
-                "ReadWritePaths=/srv/agent/.stepledger", "PrivateTmp=true", "NoNewPrivileges=true"):
+                "ReadWritePaths=/srv/agent/.steptrail", "PrivateTmp=true", "NoNewPrivileges=true"):
         assert key in service, key
     for key in ("OnCalendar=daily", "RandomizedDelaySec=", "Persistent=true"):
         assert key in timer, key

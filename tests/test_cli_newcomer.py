@@ -64,7 +64,7 @@ def world(tmp_path: pathlib.Path, monkeypatch: pytest.MonkeyPatch) -> World:
 
 def one_error(r: CliOut, code: int, type_name: str) -> str:
     assert r.code == code, r
-    assert r.err.count("\n") == 1 and r.err.startswith(f"stepledger: error: {type_name}: "), r
+    assert r.err.count("\n") == 1 and r.err.startswith(f"steptrail: error: {type_name}: "), r
     return r.err
 
 
@@ -92,7 +92,7 @@ def test_an_epoch_above_the_live_one_was_never_issued(world: World) -> None:
               world("--workspace", "w", "lease", "release", "--epoch", "7")):
         err = one_error(r, 1, "StaleEpoch")
         assert "epoch 7 was never issued (the live epoch is 2)" in err, err
-        assert "'stepledger lease acquire'" in err and "superseded" not in err
+        assert "'steptrail lease acquire'" in err and "superseded" not in err
     assert world.count() == count
 
 
@@ -185,7 +185,7 @@ def test_store_as_names_are_checked_like_any_artifact_path(
         err = one_error(r, 2, type_name)
         assert words in err, err
         if type_name == "UsageError":
-            assert err.endswith("; see 'stepledger step store --help'\n")
+            assert err.endswith("; see 'steptrail step store --help'\n")
     assert world.state() == before
 
 
@@ -316,7 +316,7 @@ def test_a_plan_from_workspace_read_is_fenced_on_what_was_read(world: World) -> 
 
 def test_snapshot_help_sends_planners_to_workspace_read(world: World) -> None:
     shown = world("workspace", "snapshot", "--help").out
-    assert "NOW" in shown and "stepledger workspace read" in shown
+    assert "NOW" in shown and "steptrail workspace read" in shown
     assert "workspace read" in world("workspace", "--help").out
 
 

@@ -1,4 +1,4 @@
-"""`stepledger step run PLAN [FILE]...`: one step whole — plan, apply, store, publish, ack
+"""`steptrail step run PLAN [FILE]...`: one step whole — plan, apply, store, publish, ack
 — in one process, from the plan file `step plan` takes (docs/cli-json.md "step run").
 
 A re-run answers from the journal: after a real SIGKILL at every stage between the
@@ -156,7 +156,7 @@ def test_the_fence_rejects_a_plan_a_person_edited_under(setup: dict[str, Any]) -
     assert doc["ok"] is False and doc["error"]["type"] == "StepRejected"
     assert doc["error"]["reason"] == "pre_hash" and doc["apply"]["verdict"] == "rejected:pre_hash"
     assert doc["committed"] is False and doc["manifest"] is None and doc["ack"] is None
-    assert r.err.startswith("stepledger: error: StepRejected:")
+    assert r.err.startswith("steptrail: error: StepRejected:")
     assert (setup["repo"] / "app.py").read_bytes() == b"my fix\n"
 
 

@@ -39,7 +39,7 @@ def test_a_ledger_finished_between_two_looks_is_opened_not_refused(
     def open_midway(cls, p, **kw):  # type: ignore[no-untyped-def]
         calls.append(p)
         if len(calls) == 1:
-            raise NotALedger(p, "SQLite application_id is 0x0, not stepledger's")
+            raise NotALedger(p, "SQLite application_id is 0x0, not steptrail's")
         return real_open(cls, p, **kw)
 
     monkeypatch.setattr(dbmod.Database, "open", classmethod(open_midway))

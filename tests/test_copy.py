@@ -1,4 +1,4 @@
-"""`stepledger copy SRC DST`: a ledger moved between stores, SQLite -> PostgreSQL -> SQLite,
+"""`steptrail copy SRC DST`: a ledger moved between stores, SQLite -> PostgreSQL -> SQLite,
 with every event, hash and blob unchanged (ledger/copying.py)."""
 
 from __future__ import annotations
@@ -31,7 +31,7 @@ def _everything(location: str) -> tuple[list[tuple[object, ...]], dict[str, byte
 def demo_ledger(tmp_path_factory: pytest.TempPathFactory) -> str:
     root = tmp_path_factory.mktemp("demo") / "run"
     run_demo(keep=str(root), echo=lambda *_: None)
-    return str(root / ".stepledger" / "ledger.db")
+    return str(root / ".steptrail" / "ledger.db")
 
 
 def test_a_demo_ledger_round_trips_sqlite_postgres_sqlite(demo_ledger: str, pg_url: str,

@@ -8,7 +8,7 @@ stays consistent (verify, I1, audit); once space is freed the same process and
 connection go on and the failed step commits on replay; partial temporary files are
 removed, or collected by GC.
 
-Default: a sample of quotas. STEPLEDGER_FAULTS_FULL=1: a quota every 6 KiB.
+Default: a sample of quotas. STEPTRAIL_FAULTS_FULL=1: a quota every 6 KiB.
 """
 
 from __future__ import annotations
@@ -141,7 +141,7 @@ def test_a_blob_that_does_not_fit_leaves_no_temporary_file(scratch: str) -> None
 
 @pytest.fixture
 def small_tmpfs() -> Iterator[str]:
-    mnt = tempfile.mkdtemp(prefix="stepledger-tmpfs-")
+    mnt = tempfile.mkdtemp(prefix="steptrail-tmpfs-")
     try:
         proc = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=2m,mode=0700", "tmpfs", mnt],
                               capture_output=True, text=True, timeout=20, check=False)

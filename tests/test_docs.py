@@ -6,7 +6,7 @@
   ledger whose workspace directory is gone; every other block runs in the state its
   section describes (an empty directory, or one holding a ledger). System installation
   commands (`sudo …`, `systemctl …`, `journalctl …`) are the only ones not run.
-- docs/cli-json.md's `demo --json` example has the keys of a real `stepledger demo --json`
+- docs/cli-json.md's `demo --json` example has the keys of a real `steptrail demo --json`
   and its deterministic values.
 - docs/design.md has every section the code cites; no file points outside the
   repository; every relative link and anchor resolves; `pre_hash` is taught as the hash of
@@ -32,8 +32,8 @@ OPERATIONS = DOCS / "operations.md"
 # --- the after-a-crash runbook ------------------------------------------------------------
 
 
-def stepledger(cwd: Path, *args: str) -> None:
-    done = subprocess.run(["stepledger", *args], cwd=cwd, env=clean_env(), capture_output=True,
+def steptrail(cwd: Path, *args: str) -> None:
+    done = subprocess.run(["steptrail", *args], cwd=cwd, env=clean_env(), capture_output=True,
                           text=True, timeout=60, check=False)
     assert done.returncode == 0, (args, done.stderr)
 
@@ -52,7 +52,7 @@ def python(cwd: Path, code: str, *, killed: bool = False) -> None:
 WORKER_DIES = """
 import os, signal
 from ledger import Ledger, StepPlan
-ledger = Ledger.open(".stepledger/ledger.db")
+ledger = Ledger.open(".steptrail/ledger.db")
 read = ledger.read_file("repo", "app.py")
 ledger.admit("repo", 1, [StepPlan("edit-1", [read.write(b'print("v1")\\n')])])
 assert ledger.apply("edit-1", epoch=1).verdict == "applied"
@@ -68,9 +68,9 @@ def crashed(tmp_path: Path) -> Path:
     repo = tmp_path / "repo"
     repo.mkdir()
     (repo / "app.py").write_text('print("v0")\n')
-    stepledger(repo, "init")
-    stepledger(repo, "workspace", "add", "repo", ".")
-    stepledger(repo, "--workspace", "repo", "lease", "acquire", "--holder", "agent-1", "--ttl", "10m")
+    steptrail(repo, "init")
+    steptrail(repo, "workspace", "add", "repo", ".")
+    steptrail(repo, "--workspace", "repo", "lease", "acquire", "--holder", "agent-1", "--ttl", "10m")
     python(repo, WORKER_DIES, killed=True)
     assert (repo / "app.py").read_text() == 'print("v1")\n'  # landed, recorded, not committed
     return repo
@@ -112,16 +112,16 @@ def test_the_runbook_after_a_crash_runs_as_printed(tmp_path: Path) -> None:
     for cmd, done in got.items():
         assert done.returncode == 0, (cmd, done.stderr)
         assert "Traceback" not in done.stderr
-    assert "verify: ok" in got["stepledger verify"].stdout
-    assert "epoch 1 held by agent-1" in got["stepledger lease show"].stdout
-    in_flight = got["stepledger steps --in-flight"].stdout
+    assert "verify: ok" in got["steptrail verify"].stdout
+    assert "epoch 1 held by agent-1" in got["steptrail lease show"].stdout
+    in_flight = got["steptrail steps --in-flight"].stdout
     assert re.search(r"edit-1 +fenced", in_flight), in_flight
     assert re.search(r"build-7 +blob-stored", in_flight), in_flight
-    acquire = next(d for c, d in got.items() if c.startswith("stepledger lease acquire"))
+    acquire = next(d for c, d in got.items() if c.startswith("steptrail lease acquire"))
     assert "epoch 2" in acquire.stdout and "edit-1" in acquire.stdout  # settled
-    assert re.search(r"edit-1 +compensated", got["stepledger steps --state compensated"].stdout)
+    assert re.search(r"edit-1 +compensated", got["steptrail steps --state compensated"].stdout)
     assert (repo / "app.py").read_text() == 'print("v0")\n'  # settling put v0 back
-    assert env["STEPLEDGER_EPOCH"] == "2" and env["STEPLEDGER_WORKSPACE"] == "repo"
+    assert env["STEPTRAIL_EPOCH"] == "2" and env["STEPTRAIL_WORKSPACE"] == "repo"
 
     run_python(rerun, repo, "docs/operations.md")  # 5. the re-run, under the same step ids
     assert (repo / "app.py").read_text() == 'print("v1")\n'
@@ -129,10 +129,10 @@ def test_the_runbook_after_a_crash_runs_as_printed(tmp_path: Path) -> None:
     got = by_command(run_commands(check, repo, env))
     for cmd, done in got.items():
         assert done.returncode == 0, (cmd, done.stderr)
-    assert re.search(r"edit-1 +acked +2 ", got["stepledger steps"].stdout)  # a new attempt
-    assert re.search(r"build-7 +acked +1 ", got["stepledger steps"].stdout)  # continued
-    assert "verify: ok" in got["stepledger verify"].stdout
-    assert "audit: ok" in got["stepledger audit"].stdout
+    assert re.search(r"edit-1 +acked +2 ", got["steptrail steps"].stdout)  # a new attempt
+    assert re.search(r"build-7 +acked +1 ", got["steptrail steps"].stdout)  # continued
+    assert "verify: ok" in got["steptrail verify"].stdout
+    assert "audit: ok" in got["steptrail audit"].stdout
 
 
 def test_the_runbook_with_a_persons_edit_after_the_crash(tmp_path: Path) -> None:
@@ -142,7 +142,7 @@ def test_the_runbook_with_a_persons_edit_after_the_crash(tmp_path: Path) -> None
     (repo / "app.py").write_text('print("a person fixed it")\n')
     inspect = section(OPERATIONS, RUNBOOK)[0]
     got = run_commands(inspect, repo, clean_env())
-    acquire = next(d for c, d in got if c.startswith("stepledger lease acquire"))
+    acquire = next(d for c, d in got if c.startswith("steptrail lease acquire"))
     assert acquire.returncode == 1
     err = acquire.stderr.strip().splitlines()
     assert len(err) == 1 and "CompensationConflict" in err[0] and "edit-1:app.py" in err[0]
@@ -151,7 +151,7 @@ def test_the_runbook_with_a_persons_edit_after_the_crash(tmp_path: Path) -> None
     text = OPERATIONS.read_text()
     assert "Exit 1 with `CompensationConflict`" in text and "**is held**" in text
     for cmd, done in got:
-        if not cmd.startswith("stepledger lease acquire"):
+        if not cmd.startswith("steptrail lease acquire"):
             assert done.returncode == 0, (cmd, done.stderr)
 
 
@@ -160,10 +160,10 @@ def test_the_machine_lost_recipe_runs_as_printed(tmp_path: Path) -> None:
     committed step and one in flight; restore, then a new epoch."""
     (tmp_path / "repo").mkdir()
     (tmp_path / "repo" / "app.py").write_text("v0\n")
-    db = ".stepledger/ledger.db"
-    stepledger(tmp_path, "--ledger", db, "init")
-    stepledger(tmp_path, "--ledger", db, "workspace", "add", "repo", "repo")
-    stepledger(tmp_path, "--ledger", db, "--workspace", "repo", "lease", "acquire",
+    db = ".steptrail/ledger.db"
+    steptrail(tmp_path, "--ledger", db, "init")
+    steptrail(tmp_path, "--ledger", db, "workspace", "add", "repo", "repo")
+    steptrail(tmp_path, "--ledger", db, "--workspace", "repo", "lease", "acquire",
                "--holder", "agent-1", "--ttl", "10m")
     python(tmp_path, f"""
 import os, signal
@@ -197,11 +197,11 @@ def empty(tmp_path: Path) -> Path:
 
 
 def with_ledger(tmp_path: Path) -> Path:
-    """A directory holding `.stepledger/ledger.db` with a committed step and an orphan."""
+    """A directory holding `.steptrail/ledger.db` with a committed step and an orphan."""
     python(tmp_path, """
 from ledger import Ledger
 from ledger.runner import run_step
-with Ledger.init(".stepledger/ledger.db") as ledger:
+with Ledger.init(".steptrail/ledger.db") as ledger:
     run_step(ledger, "build-1", {"report.txt": b"ok\\n"})
     ledger.plan("build-2", artifacts=["log.txt"])
     ledger.store("build-2", 1, "log.txt", b"half")
@@ -211,11 +211,11 @@ with Ledger.init(".stepledger/ledger.db") as ledger:
 
 
 def with_runs(tmp_path: Path) -> Path:
-    """A directory holding `.stepledger/ledger.db` with a settled run, build-42."""
+    """A directory holding `.steptrail/ledger.db` with a settled run, build-42."""
     python(tmp_path, """
 from ledger import Ledger
 from ledger.runner import run_step
-with Ledger.init(".stepledger/ledger.db") as ledger:
+with Ledger.init(".steptrail/ledger.db") as ledger:
     for i in range(3):
         run_step(ledger, f"build-42/s{i}", {"report.txt": b"ok %d\\n" % i}, run="build-42")
     run_step(ledger, "build-43/s0", {"report.txt": b"later\\n"}, run="build-43")
@@ -234,7 +234,7 @@ SETUP: dict[str, Callable[[Path], Path] | None] = {
     "GC and audit from Python": empty,
     "The witness": empty,
     "Checking a ledger": with_ledger,
-    "What the ledger holds: `stepledger stats`": with_ledger,
+    "What the ledger holds: `steptrail stats`": with_ledger,
     "Backups": with_ledger,
     "Sealing": with_runs,
 }
@@ -270,7 +270,7 @@ def test_operations_blocks_run_as_printed(name: str, tmp_path: Path) -> None:
 
 def test_the_system_install_commands_name_shipped_files() -> None:
     text = OPERATIONS.read_text()
-    for unit in ("stepledger-gc.service", "stepledger-gc.timer", "stepledger-gc.cron"):
+    for unit in ("steptrail-gc.service", "steptrail-gc.timer", "steptrail-gc.cron"):
         assert (ROOT / "tools" / unit).is_file() and f"tools/{unit}" in text
     installs = [b for b in blocks(OPERATIONS) if b.lang == "sh" and is_system_install(b)]
     assert len(installs) == 2
@@ -303,7 +303,7 @@ def test_the_demo_json_example_is_a_real_run(tmp_path: Path) -> None:
     example = next(b for b in blocks(DOCS / "cli-json.md") if b.section == "`demo --json`")
     assert example.lang == "json"
     doc = json.loads(example.code)
-    done = subprocess.run(["stepledger", "demo", "--json"], cwd=tmp_path, env=clean_env(),
+    done = subprocess.run(["steptrail", "demo", "--json"], cwd=tmp_path, env=clean_env(),
                           capture_output=True, text=True, timeout=300, check=False)
     assert done.returncode == 0, done.stderr
     _compare(doc, json.loads(done.stdout), "$")

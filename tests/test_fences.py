@@ -70,7 +70,7 @@ class World:
     def disk(self, path: str = "app.py") -> str:
         return (self.dir / path).read_text()
 
-    def human_through_stepledger(self, new: str) -> None:
+    def human_through_steptrail(self, new: str) -> None:
         rev, digest = self.ledger.snapshot("w", "app.py")
         self.ledger.admit("w", self.epoch, [StepPlan("human", [Write("app.py", new.encode(),
                                                                      digest, rev)], run="human")])
@@ -90,7 +90,7 @@ def concurrent_edit(w: World) -> str:
     w.admit(w.write("s1", "v1", "v0"), w.write("s2", "v2", "v1"))
     assert w.apply("s1") == "applied"
     w.commit("s1")
-    w.human_through_stepledger("human-refactor")
+    w.human_through_steptrail("human-refactor")
     return w.apply("s2")
 
 
@@ -339,7 +339,7 @@ def test_compensation_after_a_b_a_is_a_conflict(tmp_path: Path) -> None:
     w.admit(w.write("s1", "v1", "v0"))
     w.apply("s1")
     w.commit("s1")
-    w.human_through_stepledger("v0")
+    w.human_through_steptrail("v0")
     w.ledger.admit("w", w.epoch, [StepPlan("again", [Write("app.py", b"v1", h("v0"), None)])])
     w.apply("again")
     w.commit("again")
@@ -506,7 +506,7 @@ def test_fence_verdict_rules(tmp_path: Path) -> None:
     w.admit(w.write("s1", "v1", "v0"), w.write("s2", "v2", "v1"))
     first = w.ledger.apply("s1", epoch=w.epoch)
     w.commit("s1")
-    w.human_through_stepledger("h1")
+    w.human_through_steptrail("h1")
     # stale base -> reject, then re-plan from the current rev (a rebase) -> accept
     assert w.apply("s2") == "rejected:stale_rev"
     rev, digest = w.ledger.snapshot("w", "app.py")

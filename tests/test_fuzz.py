@@ -1,4 +1,4 @@
-"""Interleaving search over the fence protocol (`ledger.testing.fuzz`, `stepledger fuzz`).
+"""Interleaving search over the fence protocol (`ledger.testing.fuzz`, `steptrail fuzz`).
 
 With the fences on, no schedule of {advance, human_edit, preempt, retry, replan,
 duplicate_delivery, late_receipt} may violate P1 (fence), P2 (one apply per journal
@@ -6,7 +6,7 @@ key; a redelivery never changes the workspace), P3 (no lost update, not even by 
 compensation), I5 (no effect under a dead epoch) or I6/I7 (verify). Every checker is
 shown to catch its broken variant; the counterexample the search finds with
 ``fence="none"`` is kept below as a regression test. The full 5,000-seed search runs
-with STEPLEDGER_FUZZ_FULL=1.
+with STEPTRAIL_FUZZ_FULL=1.
 """
 
 from __future__ import annotations
@@ -43,7 +43,7 @@ from ledger.events import (
 )
 from ledger.fences import StepPlan, Write
 
-FULL = os.environ.get("STEPLEDGER_FUZZ_FULL") == "1"
+FULL = os.environ.get("STEPTRAIL_FUZZ_FULL") == "1"
 CI_SEEDS = 300
 
 
@@ -115,7 +115,7 @@ def test_step_fence_without_the_journal_still_never_applies_twice() -> None:
 
 
 @pytest.mark.skipif(not FULL, reason="the full 5,000-seed search takes ~80 s: run it with"
-                    " STEPLEDGER_FUZZ_FULL=1 (CI runs the 300-seed search above)")
+                    " STEPTRAIL_FUZZ_FULL=1 (CI runs the 300-seed search above)")
 def test_full_5000_seeds_zero_violations() -> None:
     report = fuzz.run(5000, fence="step", journal=True)
     print(f"\nfuzz full: {report.as_dict()}")
@@ -158,7 +158,7 @@ def test_fence_none_search_finds_and_shrinks_to_a_minimal_order() -> None:
           f" -> {cx} in {report.shrink_s:.3f}s")
 
 
-def test_a_human_edit_through_stepledger_is_a_lost_update_without_the_fence() -> None:
+def test_a_human_edit_through_steptrail_is_a_lost_update_without_the_fence() -> None:
     """The classic concurrent edit: P1 and P3 both fail (the rev moved)."""
     ops = ["human_edit:a.py:ledger", "advance"]
     v = fuzz.run_schedule(ops, fence="none")

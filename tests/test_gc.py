@@ -719,7 +719,7 @@ class Workload:
             self.grace = grace
 
 
-@settings(max_examples=int(os.environ.get("STEPLEDGER_GC_EXAMPLES", "25")), deadline=None,
+@settings(max_examples=int(os.environ.get("STEPTRAIL_GC_EXAMPLES", "25")), deadline=None,
           suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
 @given(ops=OPS, seed=st.integers(0, 2**32))
 def test_audit_reconciles_exactly_on_random_workloads(ops: list[tuple[str, int]],

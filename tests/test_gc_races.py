@@ -13,7 +13,7 @@
    rerun converges.
 4. Concurrency (restic #2452 and friends): writer processes publishing and abandoning
    steps over a few shared contents while two collector processes loop with the window
-   forced to 0. ``STEPLEDGER_GC_STRESS=1`` runs more seeds for longer.
+   forced to 0. ``STEPTRAIL_GC_STRESS=1`` runs more seeds for longer.
 
 After each: every blob of every manifest revision reads back with its sha256, audit has
 no dangling blob and reconciles against an independent byte count (`check_store`).
@@ -50,7 +50,7 @@ from ledger.runner import run_step
 
 DAY = 86400
 WORKERS = Path(__file__).with_name("gc_workers.py")
-STRESS = os.environ.get("STEPLEDGER_GC_STRESS") == "1"
+STRESS = os.environ.get("STEPTRAIL_GC_STRESS") == "1"
 
 HELD = {"l": "a large artifact the held writer stores as a file " * 8,
         "s": "held, inline"}

@@ -12,7 +12,7 @@ witness is deleted, emptied or zero-filled (section 12).
 
 Every case goes through the library and through the CLI (in-process, `CliRunner`). A
 refused call must raise a `LedgerError` (the CLI: exit 2, or 1 where the protocol says
-no, one `stepledger: error:` line, never a traceback), and every file under the test's
+no, one `steptrail: error:` line, never a traceback), and every file under the test's
 root — ledger, ``-wal``/``-shm``, blob store, workspace, the "outside" directory symlinks
 point to — must be identical afterwards: path, kind, mode, size, mtime, sha256, symlink
 target (`tree`).
@@ -20,7 +20,7 @@ target (`tree`).
 Mutants run in worker processes (fresh interpreters, one per CPU, at most 4), each mutant
 under its own `alarm()`, so a hang or a crash inside SQLite's C code kills only a worker and
 is reported (the next worker resumes after it).
-Default: 300 mutants (seeded, reproducible: `mutate`); STEPLEDGER_HOSTILE_FULL=1 runs 5,000.
+Default: 300 mutants (seeded, reproducible: `mutate`); STEPTRAIL_HOSTILE_FULL=1 runs 5,000.
 The run prints the mutant table and "hostile inputs tried: N (per category)"; N counts every
 (hostile input, entry point) call, each mutant once per surface probed.
 
@@ -78,7 +78,7 @@ from ledger.fences import TTL_MAX_S, Write
 from ledger.runner import run_step
 from ledger.witness import AnchorRefused, WitnessMismatch, WitnessMissing
 
-FULL = os.environ.get("STEPLEDGER_HOSTILE_FULL") == "1"
+FULL = os.environ.get("STEPTRAIL_HOSTILE_FULL") == "1"
 MUTANTS = 5_000 if FULL else 300
 MUTANT_SEED0 = 20_240_601
 MUTANT_TIMEOUT_S = 10
@@ -218,11 +218,11 @@ def cli_problem(r: Result, codes: tuple[int, ...]) -> str | None:
         return f"traceback in the output:\n{text[-1500:]}"
     if r.exit_code not in codes:
         return f"exit {r.exit_code}, expected {codes}; stderr: {r.stderr[-500:]!r}"
-    if r.stderr.startswith("stepledger: error:") and r.stderr.count("\n") != 1:
+    if r.stderr.startswith("steptrail: error:") and r.stderr.count("\n") != 1:
         return f"the error is not one line: {r.stderr!r}"
     if r.exit_code in (2, 3):  # click's own usage errors too: one line, UsageError
-        if not r.stderr.startswith("stepledger: error:"):
-            return f"exit {r.exit_code} without a 'stepledger: error:' line: {r.stderr!r}"
+        if not r.stderr.startswith("steptrail: error:"):
+            return f"exit {r.exit_code} without a 'steptrail: error:' line: {r.stderr!r}"
         problem = error_output_problem(r.exit_code, r.stdout, r.stderr)
         if problem is not None:
             return problem
@@ -235,7 +235,7 @@ def run_cli(db: Path | str, *args: str, codes: tuple[int, ...] = (2,), input: by
         tried(category)
     r = invoke(db, *args, input=input)
     problem = cli_problem(r, codes)
-    assert problem is None, f"{tag}stepledger {' '.join(map(repr, args))[:200]}: {problem}"
+    assert problem is None, f"{tag}steptrail {' '.join(map(repr, args))[:200]}: {problem}"
     if match is not None:
         assert match in r.stderr + r.stdout, (args, match, r.stderr)
     return r
@@ -1175,7 +1175,7 @@ def test_malformed_plans_are_exit_2_and_write_nothing(world: World) -> None:
                 r = run_cli(db, "--workspace", "w", "step", "plan", "--epoch", epoch, str(f),
                             category="json", tag=tag)
                 f.unlink()
-            assert r.stderr.startswith("stepledger: error:"), (name, r.stderr)
+            assert r.stderr.startswith("steptrail: error:"), (name, r.stderr)
             assert changes(before, world.snap()) == [], (name, via)
 
 
@@ -1544,7 +1544,7 @@ class Sweep:
 
 
 #: The template's workspace lives at a fixed path: its root is recorded in the ledger.
-TEMPLATE_WS_HOME = Path("/tmp" if os.path.isdir("/tmp") else tempfile.gettempdir()) / "stepledger-hostile-template"
+TEMPLATE_WS_HOME = Path("/tmp" if os.path.isdir("/tmp") else tempfile.gettempdir()) / "steptrail-hostile-template"
 
 
 def build_mutant_template(root: Path) -> World:
@@ -1722,7 +1722,7 @@ def test_corrupt_rows_are_reported_not_raised(world: World) -> None:
             tried("corrupt-rows")
             problem = cli_problem(invoke(w.db, *argv), (0, 1, 2))
             if problem:
-                failures.append(f"{name}: stepledger {' '.join(argv)}: {problem.splitlines()[0]}")
+                failures.append(f"{name}: steptrail {' '.join(argv)}: {problem.splitlines()[0]}")
         if changes(before, w.snap()):
             failures.append(f"{name}: a read changed files")
     assert not failures, "\n".join(failures)

@@ -26,7 +26,7 @@ def test_a_clean_protocol_run_has_no_breach(tmp_path: Path) -> None:
     w.admit(w.write("s1", "v1", "v0"), w.write("s2", "v2", "v1"))
     w.apply("s1")
     w.commit("s1")
-    w.human_through_stepledger("human")
+    w.human_through_steptrail("human")
     assert w.apply("s2") == "rejected:stale_rev"
     w.ledger.compensate("s1", epoch=w.epoch)  # a conflict: the human moved the rev
     w.ledger.acquire("w", "b", ttl_s=60, force=True)
@@ -39,14 +39,14 @@ def test_i3_catches_a_write_applied_without_the_fence(tmp_path: Path) -> None:
     w.admit(w.write("s1", "v1", "v0"), w.write("s2", "v2", "v1"))
     w.apply("s1")
     w.commit("s1")
-    w.human_through_stepledger("human")  # app.py is at rev 2 now; s2 planned on rev 1
+    w.human_through_steptrail("human")  # app.py is at rev 2 now; s2 planned on rev 1
     assert w.apply("s2") == "rejected:stale_rev"  # the mechanism
     w2 = World(tmp_path / "broken") if (tmp_path / "broken").mkdir() is None else None
     assert w2 is not None
     w2.admit(w2.write("s1", "v1", "v0"), w2.write("s2", "v2", "v1"))
     w2.apply("s1")
     w2.commit("s1")
-    w2.human_through_stepledger("human")
+    w2.human_through_steptrail("human")
     # an executor without the fence applies s2 anyway and records it
     w2.ledger.append(Fenced(step="s2", attempt=1, run="run-1", workspace="w", epoch=w2.epoch,
                             rev=3, writes=(AppliedWrite(path="app.py", rev=3, pre_hash=h("v1"),
@@ -64,7 +64,7 @@ def test_i3_catches_a_compensation_that_ignores_the_rev(tmp_path: Path) -> None:
     w.admit(w.write("s1", "v1", "v0"))
     w.apply("s1")
     w.commit("s1")
-    w.human_through_stepledger("v0")
+    w.human_through_steptrail("v0")
     rev, _ = w.ledger.snapshot("w", "app.py")
     ws_rev = w.ledger.workspace("w").rev
     w.ledger.append(Compensated(step="s1", attempt=1, run="run-1", workspace="w", epoch=w.epoch,

@@ -11,7 +11,7 @@ a bare apsw/OS exception), nothing half-written is visible (verify, I1, audit --
 ledger reopens clean, and the workload replays to completion (the failed step commits).
 
 Default: every index of every kind except xWrite, which is sampled.
-STEPLEDGER_FAULTS_FULL=1: every index of every kind.
+STEPTRAIL_FAULTS_FULL=1: every index of every kind.
 """
 
 from __future__ import annotations

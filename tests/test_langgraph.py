@@ -3,7 +3,7 @@
 The conformance suite (langgraph-checkpoint-conformance 0.0.2) drives the saver's async
 API on an embedded ledger, every capability, base and optional; its report is the one
 README.md shows between the `langgraph-conformance` markers. The test fails when the
-README's copy differs from what this run produced; STEPLEDGER_UPDATE_README=1 rewrites
+README's copy differs from what this run produced; STEPTRAIL_UPDATE_README=1 rewrites
 it instead.
 """
 
@@ -84,11 +84,11 @@ def test_the_conformance_suite_passes_every_capability_and_the_readme_says_so(
     text = README.read_text()
     assert text.count(BEGIN) == 1 and text.count(END) == 1, "the README lost its markers"
     current = text[text.index(BEGIN):text.index(END) + len(END)]
-    if os.environ.get("STEPLEDGER_UPDATE_README") == "1":
+    if os.environ.get("STEPTRAIL_UPDATE_README") == "1":
         README.write_text(text.replace(current, produced))
     else:
         assert current == produced, ("README.md's conformance report is not this run's;"
-                                     " rerun with STEPLEDGER_UPDATE_README=1 to rewrite it")
+                                     " rerun with STEPTRAIL_UPDATE_README=1 to rewrite it")
 
 
 def test_the_report_check_catches_a_saver_that_skips_a_capability(tmp_path: Path) -> None:

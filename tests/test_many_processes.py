@@ -7,7 +7,7 @@ acked step lost, no event duplicated, the chain verifies, projections equal a re
 no effect under a dead epoch (I5), audit ok, and no ``database is locked`` leak.
 
 The CI size (4 writers x 50 steps, 1 reader, 2 contenders) runs in seconds; the issue's
-size (8 x 1,000, 2 readers) runs with ``STEPLEDGER_STRESS_FULL=1``.
+size (8 x 1,000, 2 readers) runs with ``STEPTRAIL_STRESS_FULL=1``.
 
 The regression tests at the end are defects this stress found (writer starvation on
 the WAL lock, a stale read-only snapshot, the wrong refusal for a zombie's publish and
@@ -79,8 +79,8 @@ def test_many_processes_short(tmp_path: Path) -> None:
     print(stress.summary(report))
 
 
-@pytest.mark.skipif(os.environ.get("STEPLEDGER_STRESS_FULL") != "1",
-                    reason="the issue's full size (8 x 1,000 steps); set STEPLEDGER_STRESS_FULL=1")
+@pytest.mark.skipif(os.environ.get("STEPTRAIL_STRESS_FULL") != "1",
+                    reason="the issue's full size (8 x 1,000 steps); set STEPTRAIL_STRESS_FULL=1")
 def test_many_processes_full(tmp_path: Path) -> None:
     """8 writers x 1,000 steps + 2 readers + 2 contenders, on the real disk."""
     report = stress.run(8, 1000, 2, 2, scratch=str(tmp_path))

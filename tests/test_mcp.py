@@ -1,4 +1,4 @@
-"""`stepledger mcp` in-process, driven by the official MCP SDK's client.
+"""`steptrail mcp` in-process, driven by the official MCP SDK's client.
 
 A scripted agent session (read, edit, a person's edit, the conflict, a retry with the
 same requestId, undo, history); the reference server's other tools; "read it first";
@@ -44,7 +44,7 @@ def run(fn: Any, *args: Any) -> Any:
 
 
 def verify_ok(repo: Path) -> None:
-    with Ledger.open(repo / ".stepledger" / "ledger.db", readonly=True) as led:
+    with Ledger.open(repo / ".steptrail" / "ledger.db", readonly=True) as led:
         report = led.verify()
     assert report.ok, report.findings
 
@@ -266,7 +266,7 @@ def test_listings_hide_the_ledger_and_git_and_never_follow_symlinks(
             await agent.ok("write_file", path="x.txt", content="x")  # the ledger exists now
             listing = await agent.ok("list_directory", path=".")
             names = {e["name"]: e["type"] for e in listing["entries"]}
-            assert ".stepledger" not in names and ".git" not in names
+            assert ".steptrail" not in names and ".git" not in names
             assert names["link"] == "symlink" and names["secret-link.txt"] == "symlink"
             tree = await agent.call("directory_tree", path=".")
             assert "secret.txt" not in text(tree) and "ledger.db" not in text(tree)
@@ -395,7 +395,7 @@ def escapes(repo: Path, outside: Path) -> list[str]:
         str(outside / "secret.txt"), str(outside), "/etc/passwd", "/",
         f"{repo}/../outside/secret.txt",
         "link/secret.txt", "link", "secret-link.txt",  # symlinks out
-        ".stepledger/ledger.db", ".stepledger", ".stepledger/blobs", ".STEPLEDGER/ledger.db",
+        ".steptrail/ledger.db", ".steptrail", ".steptrail/blobs", ".STEPTRAIL/ledger.db",
         ".git/config", ".git", ".GIT/hooks/pre-commit", "src/.git/config",
         "~/.ssh/id_rsa", "src/app.py\x00.txt", "src\\..\\..\\outside",
     ]
@@ -414,7 +414,7 @@ def test_path_escapes_through_every_tool_argument(repo: Path, tmp_path: Path) ->
         out = {}
         for base in (outside, repo):
             for p in sorted(base.rglob("*")):
-                if ".stepledger" in p.parts or p.is_symlink() or not p.is_file():
+                if ".steptrail" in p.parts or p.is_symlink() or not p.is_file():
                     continue
                 out[str(p)] = p.read_bytes()
         return out
@@ -424,7 +424,7 @@ def test_path_escapes_through_every_tool_argument(repo: Path, tmp_path: Path) ->
             await agent.ok("read_text_file", path="README.txt")
             before = snapshot()
             dirs_before = sorted(str(p) for p in tmp_path.rglob("*") if p.is_dir()
-                                 and ".stepledger" not in p.parts)
+                                 and ".steptrail" not in p.parts)
             tried = 0
             for tool, arg, others in PATH_ARGUMENTS:
                 for bad in escapes(repo, outside):
@@ -455,7 +455,7 @@ def test_path_escapes_through_every_tool_argument(repo: Path, tmp_path: Path) ->
             assert tried > 300
             assert snapshot() == before
             assert sorted(str(p) for p in tmp_path.rglob("*") if p.is_dir()
-                          and ".stepledger" not in p.parts) == dirs_before
+                          and ".steptrail" not in p.parts) == dirs_before
         verify_ok(repo)
 
     run(go)
@@ -561,7 +561,7 @@ def test_holder_names_tell_a_dead_local_process() -> None:
     proc = subprocess.Popen([sys.executable, "-c", "pass"])
     proc.wait()
     host = me.split("@", 1)[1].split(":", 1)[0]
-    assert holder_is_dead(f"stepledger-mcp@{host}:{proc.pid}:1")
+    assert holder_is_dead(f"steptrail-mcp@{host}:{proc.pid}:1")
 
 
 def test_the_core_never_imports_the_integration() -> None:
@@ -580,14 +580,14 @@ def test_the_core_never_imports_the_integration() -> None:
 def test_without_the_sdk_the_command_says_how_to_install_it(tmp_path: Path) -> None:
     code = ("import sys; sys.modules['mcp'] = None\n"
             "from ledger.cli import main\n"
-            f"sys.argv = ['stepledger', 'mcp', '--workspace', {str(tmp_path)!r}]\n"
+            f"sys.argv = ['steptrail', 'mcp', '--workspace', {str(tmp_path)!r}]\n"
             "main()\n")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                          cwd=ROOT, env={k: v for k, v in os.environ.items()
-                                        if not k.startswith("STEPLEDGER_")})
+                                        if not k.startswith("STEPTRAIL_")})
     assert out.returncode == 2, out
     assert out.stdout == ""
     assert out.stderr.count("\n") == 1 and out.stderr.startswith(
-        "stepledger: error: MissingExtra: "), out.stderr
-    assert "pip install 'stepledger[mcp]'" in out.stderr
-    assert not (tmp_path / ".stepledger").exists()  # nothing written
+        "steptrail: error: MissingExtra: "), out.stderr
+    assert "pip install 'steptrail[mcp]'" in out.stderr
+    assert not (tmp_path / ".steptrail").exists()  # nothing written

@@ -1,9 +1,9 @@
-"""`stepledger mcp` as real processes: the installed command over stdio, driven by the
+"""`steptrail mcp` as real processes: the installed command over stdio, driven by the
 official SDK's client; two clients (two server processes) on one workspace at once; a
 server SIGKILLed in the middle of a write, and the next server settling it; streamable
 HTTP on loopback.
 
-The SIGKILL lands where a test asks: ``STEPLEDGER_MCP_TEST_PAUSE=STAGE:MARKER`` makes
+The SIGKILL lands where a test asks: ``STEPTRAIL_MCP_TEST_PAUSE=STAGE:MARKER`` makes
 the server stop for good at STAGE of its next write (after-admit, after-apply,
 after-publish) once it has written MARKER, and the test kills it there.
 """
@@ -25,7 +25,7 @@ import anyio
 import pytest
 from mcp import Client, StdioServerParameters
 
-from mcp_agents import killed_write, over_stdio, server_env, stepledger_command, text
+from mcp_agents import killed_write, over_stdio, server_env, steptrail_command, text
 
 from ledger import Ledger
 
@@ -48,12 +48,12 @@ def run(fn: Any, *args: Any) -> Any:
 
 
 def cli(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([stepledger_command(), *args], capture_output=True, text=True,
+    return subprocess.run([steptrail_command(), *args], capture_output=True, text=True,
                           env=server_env(), timeout=120)
 
 
 def verify_clean(repo: Path) -> None:
-    out = cli("--ledger", str(repo / ".stepledger" / "ledger.db"), "verify")
+    out = cli("--ledger", str(repo / ".steptrail" / "ledger.db"), "verify")
     assert out.returncode == 0, out.stdout + out.stderr
 
 
@@ -95,9 +95,9 @@ def test_the_readme_client_configuration_serves_the_project(repo: Path) -> None:
     readme = (Path(__file__).resolve().parent.parent / "README.md").read_text()
     block = re.search(r"cat > \.mcp\.json <<'EOF'\n(.*?)\nEOF\n", readme, re.S)
     assert block, "the README lost its client configuration"
-    entry = json.loads(block[1])["mcpServers"]["stepledger"]
-    assert entry["command"] == "stepledger"
-    params = StdioServerParameters(command=stepledger_command(), args=entry["args"],
+    entry = json.loads(block[1])["mcpServers"]["steptrail"]
+    assert entry["command"] == "steptrail"
+    params = StdioServerParameters(command=steptrail_command(), args=entry["args"],
                                    env=server_env(), cwd=str(repo))
 
     async def go() -> None:
@@ -108,7 +108,7 @@ def test_the_readme_client_configuration_serves_the_project(repo: Path) -> None:
                                                       "content": "hi\n"})
             assert not r.is_error, text(r)
         assert (repo / "from-client.txt").read_text() == "hi\n"
-        assert (repo / ".stepledger" / "ledger.db").exists()
+        assert (repo / ".steptrail" / "ledger.db").exists()
 
     run(go)
 
@@ -164,7 +164,7 @@ def test_servers_started_at_once_on_a_fresh_workspace(repo: Path) -> None:
             for n in range(4):
                 tg.start_soon(client, n)
         assert sorted(p.name for p in repo.glob("c*.txt")) == [f"c{n}.txt" for n in range(4)]
-        with Ledger.open(repo / ".stepledger" / "ledger.db", readonly=True) as led:
+        with Ledger.open(repo / ".steptrail" / "ledger.db", readonly=True) as led:
             assert [w.name for w in led.workspaces()] == ["repo"]
         verify_clean(repo)
 
@@ -183,7 +183,7 @@ def test_a_sigkilled_server_is_settled_by_the_next(repo: Path, tmp_path: Path,
     run(killed_write, repo, tmp_path, stage, "edit_file", args)
     after_kill = (repo / "app.py").read_text()
     assert after_kill == ('print("v1")\n' if stage != "after-admit" else 'print("v0")\n')
-    with Ledger.open(repo / ".stepledger" / "ledger.db", readonly=True) as led:
+    with Ledger.open(repo / ".steptrail" / "ledger.db", readonly=True) as led:
         state = led.step("mcp:repo:killed-1").state
         assert led.lease("repo").live  # the dead server's lease
     assert state == {"after-admit": "planned", "after-apply": "fenced",
@@ -206,7 +206,7 @@ def test_a_sigkilled_server_is_settled_by_the_next(repo: Path, tmp_path: Path,
             again = await agent.ok("edit_file", **args)
             assert again["replayed"]
             assert (repo / "app.py").read_text() == 'print("v1")\n'
-        with Ledger.open(repo / ".stepledger" / "ledger.db", readonly=True) as led:
+        with Ledger.open(repo / ".steptrail" / "ledger.db", readonly=True) as led:
             row = led.step("mcp:repo:killed-1")
             assert row.state == "acked" and row.live
             assert row.attempt == (1 if stage == "after-publish" else 2)
@@ -247,7 +247,7 @@ def _free_port() -> int:
 
 def test_streamable_http_on_loopback(repo: Path) -> None:
     port = _free_port()
-    proc = subprocess.Popen([stepledger_command(), "mcp", "--workspace", str(repo), "--http",
+    proc = subprocess.Popen([steptrail_command(), "mcp", "--workspace", str(repo), "--http",
                              "--port", str(port)], env=server_env(),
                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     try:
@@ -286,4 +286,4 @@ def test_http_refuses_a_non_loopback_bind(repo: Path) -> None:
     assert out.returncode == 2 and out.stdout == ""
     assert out.stderr.count("\n") == 1 and "no authentication" in out.stderr
     assert "--allow-remote" in out.stderr
-    assert not (repo / ".stepledger").exists()
+    assert not (repo / ".steptrail").exists()

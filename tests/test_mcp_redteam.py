@@ -1,4 +1,4 @@
-"""A red-team pass over `stepledger mcp` (issue 15): attacks from a hostile agent, a
+"""A red-team pass over `steptrail mcp` (issue 15): attacks from a hostile agent, a
 person with a shell, a second server, a SIGKILL, a malformed client and the network.
 
 Every test asserts the SAFE behaviour. A hole found is marked
@@ -39,7 +39,7 @@ from mcp_agents import (
     over_stdio,
     repo,
     server_env,
-    stepledger_command,
+    steptrail_command,
     text,
 )
 
@@ -55,11 +55,11 @@ def run(fn: Any, *args: Any) -> Any:
 
 
 def ledger_of(repo: Path) -> Path:
-    return repo / ".stepledger" / "ledger.db"
+    return repo / ".steptrail" / "ledger.db"
 
 
 def slot_files(ledger_path: Path, workspace: str) -> tuple[str, str]:
-    """The lock and wait files `stepledger mcp` queues on beside the ledger."""
+    """The lock and wait files `steptrail mcp` queues on beside the ledger."""
     base = f"{ledger_path}-mcp-{hashlib.sha256(workspace.encode()).hexdigest()[:12]}"
     return base + ".lock", base + ".wait"
 
@@ -76,7 +76,7 @@ def tree(base: Path) -> dict[str, bytes | str]:
     out: dict[str, bytes | str] = {}
     for p in sorted(base.rglob("*")):
         rel = str(p.relative_to(base))
-        if ".stepledger" in p.parts:
+        if ".steptrail" in p.parts:
             continue
         if p.is_symlink():
             out[rel] = "-> " + os.readlink(p)
@@ -109,7 +109,7 @@ def install(self, staged):
     return orig(self, staged)
 w.WorkspaceDir.install = install
 from ledger.cli import main
-sys.argv = ["stepledger", "mcp", "--workspace", os.environ["KILL_WS"]]
+sys.argv = ["steptrail", "mcp", "--workspace", os.environ["KILL_WS"]]
 main()
 """
 
@@ -131,7 +131,7 @@ def free_port() -> int:
 
 @contextlib.contextmanager
 def http_server(repo: Path, host: str, port: int) -> Any:
-    proc = subprocess.Popen([stepledger_command(), "mcp", "--workspace", str(repo), "--http",
+    proc = subprocess.Popen([steptrail_command(), "mcp", "--workspace", str(repo), "--http",
                              "--host", host, "--port", str(port)], env=server_env(),
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
@@ -264,13 +264,13 @@ def test_move_file_never_lands_on_anything_or_anywhere_forbidden(repo: Path,
             await agent.ok("read_text_file", path="README.txt")
             for dest in ["dest.txt", "destdir", "dangling", "outlink", "outlink/README.txt",
                          "dangling/x", ".git/hooks/pre-commit", ".git", ".GIT/config",
-                         ".stepledger/ledger.db", ".stepledger/README.txt", ".stepledger",
+                         ".steptrail/ledger.db", ".steptrail/README.txt", ".steptrail",
                          str(outside / "README.txt"), "../README.txt", "src/app.py",
                          "/etc/README.txt", "."]:
                 r = await agent.call("move_file", source="README.txt", destination=dest)
                 one_line_error(r)
-            for src, dest in [("pkg", "pkg/inner"), (".stepledger", "ledger-copy"),
-                              (".stepledger/ledger.db", "ledger.db"), ("outlink", "o2"),
+            for src, dest in [("pkg", "pkg/inner"), (".steptrail", "ledger-copy"),
+                              (".steptrail/ledger.db", "ledger.db"), ("outlink", "o2"),
                               ("dangling", "d2"), (".", "root2"), ("pkg", ".git/pkg")]:
                 r = await agent.call("move_file", source=src, destination=dest)
                 one_line_error(r)
@@ -283,7 +283,7 @@ def test_move_file_never_lands_on_anything_or_anywhere_forbidden(repo: Path,
 
 
 def test_a_ledger_in_a_directory_of_any_name_is_out_of_reach(repo: Path) -> None:
-    """The ledger kept at repo/state/ (not the default .stepledger/): refused by its
+    """The ledger kept at repo/state/ (not the default .steptrail/): refused by its
     identity, not only by its usual name, and never listed."""
     ledger_path = repo / "state" / "l.db"
 
@@ -412,11 +412,11 @@ def test_create_directory_refuses_a_name_that_is_not_utf8(repo: Path) -> None:
     run(go)
 
 
-def test_a_name_shaped_like_a_stepledger_temporary_is_refused_or_kept(repo: Path) -> None:
+def test_a_name_shaped_like_a_steptrail_temporary_is_refused_or_kept(repo: Path) -> None:
     """Was a hole: such a file was committed, hidden from every listing, and deleted by
     the next epoch's temporary sweep (a committed change silently lost). The library now
     refuses the name at admit (PathForbidden)."""
-    name = ".notes.stepledger-1-abcdef12-abcdef12.tmp"
+    name = ".notes.steptrail-1-abcdef12-abcdef12.tmp"
 
     async def go() -> None:
         async with inprocess([str(repo)]) as agent:
@@ -488,7 +488,7 @@ def test_a_file_name_that_is_not_utf8_does_not_kill_the_server(repo: Path) -> No
 
 
 def _raw_stdio(repo: Path) -> subprocess.Popen[bytes]:
-    proc = subprocess.Popen([stepledger_command(), "mcp", "--workspace", str(repo)],
+    proc = subprocess.Popen([steptrail_command(), "mcp", "--workspace", str(repo)],
                             stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                             stderr=subprocess.DEVNULL, env=server_env())
     return proc
@@ -825,9 +825,9 @@ def test_two_servers_of_two_workspaces_never_deadlock(tmp_path: Path) -> None:
     async def go() -> None:
         kw: dict[str, Any] = {"lease_wait_s": 1.5, "lease_linger_s": 1.0}
         async with inprocess([str(a_dir), str(b_dir)], ledger_path,
-                             holder="stepledger-mcp@elsewhere:1:1", **kw) as s1, \
+                             holder="steptrail-mcp@elsewhere:1:1", **kw) as s1, \
                 inprocess([str(a_dir), str(b_dir)], ledger_path,
-                          holder="stepledger-mcp@elsewhere:2:2", **kw) as s2:
+                          holder="steptrail-mcp@elsewhere:2:2", **kw) as s2:
             await s1.ok("write_file", path=f"{a_dir}/a1.txt", content="1\n")  # keeps A
             await s2.ok("write_file", path=f"{b_dir}/b1.txt", content="1\n")  # keeps B
             results: list[Any] = []
@@ -972,7 +972,7 @@ def test_http_on_loopback_refuses_a_rebound_host_and_a_foreign_origin(repo: Path
         assert http_initialize("127.0.0.1", port, f"127.0.0.1:{port}", "http://evil.example") == 403
         assert http_initialize("127.0.0.1", port, f"127.0.0.1:{port}", None) == 200
     for host in ("::", "127.1"):
-        out = subprocess.run([stepledger_command(), "mcp", "--workspace", str(repo), "--http",
+        out = subprocess.run([steptrail_command(), "mcp", "--workspace", str(repo), "--http",
                               "--host", host], capture_output=True, text=True,
                              env=server_env(), timeout=60)
         assert out.returncode == 2 and "no authentication" in out.stderr, (host, out.stderr)

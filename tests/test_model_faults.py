@@ -20,7 +20,7 @@ calls of a client —
 - hostile calls, refused every time with nothing changed: ``ledger_write`` (a plan
   writing the ledger file, its ``-wal``, a blob or the ledger's directory, with the
   bytes' own hash as pre_hash, while the workspace contains the ledger — the machine
-  starts in that embedded layout, ``ws/.stepledger/g<n>/ledger.db``) and ``root_swap``
+  starts in that embedded layout, ``ws/.steptrail/g<n>/ledger.db``) and ``root_swap``
   (between steps the root is swapped for a symlink to, or replaced by, a copy of
   itself: snapshot and admit must refuse, WorkspaceMoved; then it is swapped back);
 - hostile acts on the witness, between processes (the client exits cleanly first), after
@@ -73,7 +73,7 @@ after the fault fired under it: the client saw the answer). After every rule:
   conflict left a path); the checks themselves wrote nothing.
 
 Default: 50 examples x 20 rules, derandomized (the same run every time, ~5 s; the file
-~25 s). STEPLEDGER_MODEL_FULL=1: 400 examples x 40 rules, random (~2-6 min).
+~25 s). STEPTRAIL_MODEL_FULL=1: 400 examples x 40 rules, random (~2-6 min).
 
 Negative controls (each must fail; the shrunk counterexample is printed, ``-s``): the
 same machine with synchronous=OFF, with synchronous=NORMAL, and with the blob directory
@@ -145,7 +145,7 @@ from ledger.restore import committed_content
 from ledger.runner import run_step, run_step_wrong_order
 from ledger.witness import AnchorRefused, Witness, WitnessMismatch, WitnessMissing
 
-FULL = os.environ.get("STEPLEDGER_MODEL_FULL", "") not in ("", "0")
+FULL = os.environ.get("STEPTRAIL_MODEL_FULL", "") not in ("", "0")
 DAY = 24 * 3600
 WS_PATH = "app.py"  # exists before the first step
 NEW_PATH = "lib/new.txt"  # created (in a new directory) and deleted by steps
@@ -475,7 +475,7 @@ class LedgerModel(RuleBasedStateMachine):
     # -- plumbing --------------------------------------------------------------------
 
     def _gdir(self) -> str:
-        d = os.path.join(self.ws_dir, ".stepledger", f"g{self.gen}")  # inside the workspace
+        d = os.path.join(self.ws_dir, ".steptrail", f"g{self.gen}")  # inside the workspace
         os.makedirs(d, exist_ok=True)
         return d
 

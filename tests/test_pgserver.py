@@ -51,8 +51,8 @@ def test_a_server_keeps_a_commit_across_a_crash_and_close_removes_it(pg_bindir: 
         assert started < 30, started
         # The unix socket URL, host percent-encoded; no TCP listener.
         url = server.create_database("crash db")
-        assert url.startswith("postgresql://stepledger@/crash%20db?host=%2F")
-        assert conninfo_to_dict(url) == {"user": "stepledger", "dbname": "crash db",
+        assert url.startswith("postgresql://steptrail@/crash%20db?host=%2F")
+        assert conninfo_to_dict(url) == {"user": "steptrail", "dbname": "crash db",
                                          "host": server.host, "port": str(server.port)}
         assert (os.stat(server.host).st_mode & 0o777) == 0o700
         with psycopg.connect(url) as conn:
@@ -92,7 +92,7 @@ def test_a_server_keeps_a_commit_across_a_crash_and_close_removes_it(pg_bindir: 
 def test_terminate_backends_ends_the_sessions_asked_for(pg_server: PgServer,
                                                         pg_url: str) -> None:
     dbname = conninfo_to_dict(pg_url)["dbname"]
-    assert pg_url == f"postgresql://stepledger@127.0.0.1:{pg_server.port}/{dbname}"
+    assert pg_url == f"postgresql://steptrail@127.0.0.1:{pg_server.port}/{dbname}"
     victim = psycopg.connect(pg_url, application_name="victim")
     bystander = psycopg.connect(pg_url, application_name="bystander")
     try:
@@ -136,8 +136,8 @@ def test_a_failed_start_shows_the_log_and_leaves_nothing(pg_bindir: str,
 def test_as_root_without_a_postgres_user_it_names_the_fix(
         pg_bindir: str, short_tmp: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(pgserver.os, "geteuid", lambda: 0)
-    monkeypatch.setattr(pgserver, "RUN_AS_USER", "stepledger-no-such-user")
-    with pytest.raises(PgServerError, match="'stepledger-no-such-user' system user, which does"
+    monkeypatch.setattr(pgserver, "RUN_AS_USER", "steptrail-no-such-user")
+    with pytest.raises(PgServerError, match="'steptrail-no-such-user' system user, which does"
                                             " not exist.*apt-get install postgresql"):
         PgServer.start(str(short_tmp))
     assert list(short_tmp.iterdir()) == []
@@ -156,7 +156,7 @@ def test_the_command_line_keeps_a_server_in_a_directory(
         assert first.returncode == 0, first.stderr
         url = first.stdout.strip()
         assert first.stdout == url + "\n" and first.stderr == ""
-        assert conninfo_to_dict(url)["dbname"] == "stepledger"
+        assert conninfo_to_dict(url)["dbname"] == "steptrail"
         with psycopg.connect(url) as conn:
             conn.execute("CREATE TABLE kept (x int)")
             conn.execute("INSERT INTO kept VALUES (7)")
@@ -181,7 +181,7 @@ def test_the_command_line_keeps_a_server_in_a_directory(
         assert code == 1 and out == "", (args, code, out, err)
         assert err.startswith("pgserver: error: ") and err.count("\n") == 1, (args, err)
     code, out, _ = main_in_process(capsys, "--help")
-    assert code == 0 and "STEPLEDGER_LEDGER=$(python -m" in out
+    assert code == 0 and "STEPTRAIL_LEDGER=$(python -m" in out
 
 
 def main_in_process(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, str, str]:

@@ -1,5 +1,5 @@
 """Plan files in the library (`ledger.plans`): `load_plan` and `check_settled`, the rules
-``stepledger step plan`` / ``step apply`` follow, without the command line."""
+``steptrail step plan`` / ``step apply`` follow, without the command line."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""`stepledger backup` of a ledger in PostgreSQL: the snapshot is a SQLite copy of its
+"""`steptrail backup` of a ledger in PostgreSQL: the snapshot is a SQLite copy of its
 tables, the blobs come out of its chunk rows; the backup restores as a SQLite ledger
 (then `copy` moves it back into a database) with the same head."""
 

@@ -1,4 +1,4 @@
-"""`stepledger demo --ledger postgresql://...`: the seed scenario across processes that
+"""`steptrail demo --ledger postgresql://...`: the seed scenario across processes that
 share nothing but the database URL (a worker SIGKILLed mid-step loses its directory; a
 worker elsewhere restores from the database, takes a new epoch and finishes; the dead
 worker's late receipt is refused)."""

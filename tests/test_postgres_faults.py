@@ -450,7 +450,7 @@ def _terminate_own_backend(store: PgStore, pg_server: Any, how: str) -> Callable
             with psycopg.connect(pg_server.url("postgres"), autocommit=True) as conn:
                 assert conn.execute("SELECT pg_terminate_backend(%s, 5000)", (pid,)).fetchone()[0]
         else:
-            assert pg_server.terminate_backends(dbname(store.url), application_name="stepledger") == 1
+            assert pg_server.terminate_backends(dbname(store.url), application_name="steptrail") == 1
     return hook
 
 

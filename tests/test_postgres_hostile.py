@@ -12,7 +12,7 @@ session's throwaway one, a fresh database per test):
   schema, planted triggers, rules, constraints and indexes) is refused and left exactly
   as it was; a row edited behind the ledger's back is a chain finding, as on SQLite;
 * hostile URLs are typed one-line errors that never show the password, through the
-  library and through the command line (``stepledger --ledger URL verify``).
+  library and through the command line (``steptrail --ledger URL verify``).
 
 The findings are compared with what the SQLite store reports for the same damage to the
 same ledger (the same events on the same fake clock), so the two stay alike.
@@ -218,7 +218,7 @@ def test_without_its_triggers_the_ledger_is_refused_and_verify_reports_it(
     got = findings(url, expect_head=head)
     twin = _sqlite_twin(tmp_path, damage, drop=True, expect_head=True)
     # SQLite has no TRUNCATE (nor its trigger); otherwise the very same report
-    truncate = ("schema", 0, f"VIOLATION: the schema differs from a stepledger v4 ledger:"
+    truncate = ("schema", 0, f"VIOLATION: the schema differs from a steptrail v4 ledger:"
                              f" trigger events_no_truncate was {word}")
     assert truncate in got
     assert sorted(f for f in got if f != truncate) == sorted([
@@ -447,7 +447,7 @@ def test_a_planted_object_is_refused_untouched(pg_ledger: tuple[str, list[Any]],
     refused_everywhere(url, NotALedger, named)
     if examined:
         got = findings(url)
-        assert ("schema", 0, "VIOLATION: the schema differs from a stepledger v4 ledger: "
+        assert ("schema", 0, "VIOLATION: the schema differs from a steptrail v4 ledger: "
                 + named) in got, got
     else:
         with pytest.raises(NotALedger, match=named):
@@ -512,11 +512,11 @@ def _closed_port() -> int:
 def hostile_urls(pg_server: Any) -> dict[str, tuple[str, tuple[type[LedgerError], ...]]]:
     """name -> (URL, the errors it may be): each holds the password SECRET."""
     port, closed = pg_server.port, _closed_port()
-    creds = f"stepledger:{SECRET}"
+    creds = f"steptrail:{SECRET}"
     return {
         "unbalanced-ipv6-bracket": (f"postgresql://{creds}@[bad/db", (InvalidInput,)),
         "bad-percent-escape": (f"postgresql://%zz:{SECRET}@127.0.0.1:{port}/x", (InvalidInput,)),
-        "bad-percent-escape-in-password": (f"postgresql://stepledger:{SECRET}%zz@127.0.0.1/x",
+        "bad-percent-escape-in-password": (f"postgresql://steptrail:{SECRET}%zz@127.0.0.1/x",
                                            (InvalidInput,)),
         "unknown-option": (f"postgresql://{creds}@127.0.0.1:{port}/x?bogus=1", (InvalidInput,)),
         # libpq refuses these before connecting; a retry cannot help, and either type says
@@ -602,6 +602,6 @@ def test_cli_hostile_urls_are_one_line_errors_without_the_password(
                      ["--ledger", url, "init"]):
             r = run_cli(argv)
             assert r.code in (2, 3), (name, argv, r)
-            assert r.err.startswith("stepledger: error: ") and r.err.count("\n") == 1, (name, r)
+            assert r.err.startswith("steptrail: error: ") and r.err.count("\n") == 1, (name, r)
             assert any(f"error: {t.__name__}:" in r.err for t in types), (name, r.err)
             assert SECRET not in r.out + r.err, (name, r.err)

@@ -1,4 +1,4 @@
-"""`stepledger mcp` over a ledger in PostgreSQL: two servers — standing in for two
+"""`steptrail mcp` over a ledger in PostgreSQL: two servers — standing in for two
 machines, each its own connection — share one workspace's ledger by URL; a write is a
 fenced step whichever server makes it, a conflict is refused, undo works, and the
 ledger verifies from the database alone."""
@@ -45,4 +45,4 @@ def test_two_servers_share_a_postgresql_ledger(repo: Path, pg_url: str) -> None:
         report = led.verify()
         assert report.ok, report.findings
         assert {s.state for s in led.steps()} >= {"acked"}
-    assert not (repo / ".stepledger").exists()  # the ledger is in the database, not here
+    assert not (repo / ".steptrail").exists()  # the ledger is in the database, not here

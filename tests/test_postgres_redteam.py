@@ -208,7 +208,7 @@ def test_a_workspace_named_to_collide_with_the_gc_lock_is_not_blocked_by_a_colle
     led, epochs = _world(pg_url, tmp_path, (name,))
     writer = Ledger.open(pg_url, busy_timeout_ms=1500)
     try:
-        with collector_lock(led):  # what `stepledger gc` holds while it runs
+        with collector_lock(led):  # what `steptrail gc` holds while it runs
             try:
                 writer.heartbeat(name, epochs[name], ttl_s=3600)
                 outcome = "committed"
@@ -290,7 +290,7 @@ def test_a_fence_whose_session_was_killed_does_not_delete_after_the_next_epoch_s
         pg_url: str, tmp_path: Path) -> None:
     """A worker's apply has checked its fence (epoch live, revs, bytes) and renamed its
     first write, holding w1's lock; its session ends (killed by an operator, by the
-    server's idle-in-transaction timeout that stepledger sets to 60 s, by a failover)
+    server's idle-in-transaction timeout that steptrail sets to 60 s, by a failover)
     and the server frees w1's lock, while the worker's builder goes on with no lock
     at all. A rescuer takes a new epoch and settles the attempt: the first write is
     put back, the second (a delete) had not happened. Then the builder goes on: a
@@ -640,7 +640,7 @@ def test_replan_pins_its_post_image_before_a_collector_can_take_it(
 
     def put_stream(chunks: Any, digest: str) -> Any:
         result = real_put(chunks, digest)
-        # another process's `stepledger gc --grace 0 --force` runs now
+        # another process's `steptrail gc --grace 0 --force` runs now
         collected.append(collect(collector, grace_s=0, force=True).collected)
         return result
 
@@ -841,7 +841,7 @@ def test_a_stalled_builder_of_w1_and_a_queued_registration_do_not_stop_w2(
 
 def test_copy_with_a_password_in_the_url_never_prints_it_and_refuses_itself(
         pg_url: str, pg_server: Any, tmp_path: Path) -> None:
-    """Guard (attack 5): `stepledger copy` between URLs that carry a password (the server
+    """Guard (attack 5): `steptrail copy` between URLs that carry a password (the server
     trusts the role, so any password connects): the report, the refusal of a destination
     that is not new, and the refusal of a ledger copied into itself show `***`."""
     from conftest import run_cli
@@ -851,7 +851,7 @@ def test_copy_with_a_password_in_the_url_never_prints_it_and_refuses_itself(
     led.close()
     dest_db = "rt_copy_dest_pw"
     dest = pg_server.create_database(dest_db)
-    with_pw = {u: u.replace("://stepledger@", f"://stepledger:{secret}@", 1)
+    with_pw = {u: u.replace("://steptrail@", f"://steptrail:{secret}@", 1)
                for u in (pg_url, dest)}
     assert all(secret in u for u in with_pw.values())
     try:

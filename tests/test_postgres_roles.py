@@ -54,8 +54,8 @@ def h(data: str | bytes) -> str:
 
 
 def as_role(url: str, role: str) -> str:
-    assert url.startswith("postgresql://stepledger@"), url
-    return url.replace("postgresql://stepledger@", f"postgresql://{role}@", 1)
+    assert url.startswith("postgresql://steptrail@"), url
+    return url.replace("postgresql://steptrail@", f"postgresql://{role}@", 1)
 
 
 def admin(url: str) -> psycopg.Connection:
@@ -105,7 +105,7 @@ def granted(url: str, role: str) -> dict[str, set[str]]:
 
 @pytest.fixture
 def worker(pg_url: str) -> Iterator[str]:
-    """A ledger the admin (`stepledger`) initialised and owns, and the URL of a LOGIN
+    """A ledger the admin (`steptrail`) initialised and owns, and the URL of a LOGIN
     role holding exactly the doc's grants on it."""
     Ledger.init(pg_url, clock=FakeClock()).close()
     role = f"worker_{os.getpid()}_{next(_roles)}"
@@ -129,7 +129,7 @@ def test_the_grants_are_exactly_the_docs(pg_url: str, worker: str) -> None:
     with admin(pg_url) as conn:
         owners = set(conn.execute("SELECT tableowner FROM pg_tables WHERE tablename = ANY(%s)",
                                   (list(TABLES),)).fetchall())
-        assert owners == {("stepledger",)}
+        assert owners == {("steptrail",)}
         # PUBLIC's default TEMP on the database is what verify's scratch tables need
         assert conn.execute("SELECT has_database_privilege(%s, current_database(), 'TEMP'),"
                             " has_schema_privilege(%s, 'public', 'CREATE')",
@@ -222,7 +222,7 @@ ATTACKS = {
         "CREATE OR REPLACE FUNCTION stepledger_events_append_only() RETURNS trigger"
         " LANGUAGE plpgsql AS $$BEGIN RETURN OLD; END$$"),
     "change the schema version": "UPDATE stepledger_schema SET version = 99",
-    "add a schema row": "INSERT INTO stepledger_schema VALUES ('stepledger', 99)",
+    "add a schema row": "INSERT INTO stepledger_schema VALUES ('steptrail', 99)",
     "create a table": "CREATE TABLE public.sealed_ranges_2(x int)",
     "truncate a projection": "TRUNCATE steps",
 }

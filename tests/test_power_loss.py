@@ -12,7 +12,7 @@ attempted: lost = 0, duplicated = 0, unexpected = 0), then the whole workload re
 the interrupted step commits, nothing is applied twice, temporary files are collected.
 
 Default: a seeded sample of crash points per model (the run stays well under a minute).
-STEPLEDGER_FAULTS_FULL=1: every index x every model.
+STEPTRAIL_FAULTS_FULL=1: every index x every model.
 """
 
 from __future__ import annotations
@@ -314,7 +314,7 @@ def test_regression_gc_records_a_collection_that_is_not_durable(scratch: str) ->
 def test_regression_init_does_not_make_the_directories_it_creates_durable(tmp_path, monkeypatch) -> None:
     """`Database.create` runs ``os.makedirs(parent)`` and SQLite creates the file in it;
     SQLite's own directory fsync (when it creates the -wal) covers the entries *inside*
-    ``.stepledger`` but not ``.stepledger``'s entry in ``proj`` (nor ``proj``'s in its
+    ``.steptrail`` but not ``.steptrail``'s entry in ``proj`` (nor ``proj``'s in its
     parent). Nothing fsyncs those directories, so after init returns — and after any
     number of acknowledged commits — a power loss may leave no ledger at all (ALICE's
     classic "directory entry of a new file" finding). Observed here by spying on
@@ -330,7 +330,7 @@ def test_regression_init_does_not_make_the_directories_it_creates_durable(tmp_pa
         real_fsync(fd)
 
     monkeypatch.setattr(os, "fsync", spy)
-    Ledger.init(tmp_path / "proj" / ".stepledger" / "ledger.db").close()
+    Ledger.init(tmp_path / "proj" / ".steptrail" / "ledger.db").close()
     assert {str(tmp_path), str(tmp_path / "proj")} <= set(synced), synced
 
 

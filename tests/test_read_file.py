@@ -24,7 +24,7 @@ def world(tmp_path: Path):
     repo = tmp_path / "repo"
     repo.mkdir()
     (repo / "app.py").write_bytes(b"v0\n")
-    ledger = Ledger.init(str(repo / ".stepledger" / "ledger.db"))
+    ledger = Ledger.init(str(repo / ".steptrail" / "ledger.db"))
     ledger.add_workspace("repo", str(repo))
     lease = ledger.acquire("repo", holder="agent", ttl_s=300)
     yield ledger, repo, lease.epoch
@@ -76,7 +76,7 @@ def test_a_step_applied_after_the_read_makes_its_plan_stale(world) -> None:
 
 
 @pytest.mark.parametrize("path, error", [
-    (".stepledger/ledger.db", PathForbidden),
+    (".steptrail/ledger.db", PathForbidden),
     (".git/config", PathForbidden),
     ("../outside", InvalidInput),
     ("/etc/passwd", InvalidInput),
@@ -99,16 +99,16 @@ def test_max_bytes_refuses_a_larger_file_instead_of_reading_it(world) -> None:
         ledger.read_file("repo", "app.py", max_bytes=-1)
 
 
-def test_a_write_named_like_stepledgers_temporaries_is_refused_at_admit(world) -> None:
+def test_a_write_named_like_steptrails_temporaries_is_refused_at_admit(world) -> None:
     """Such a file would be committed, then removed by the next apply's or settle's sweep
     of a crash's leftovers: a committed change silently lost."""
     ledger, repo, epoch = world
-    name = ".x.stepledger-1-abcdef12-abcdef12.tmp"
+    name = ".x.steptrail-1-abcdef12-abcdef12.tmp"
     before = ledger.count()
     with pytest.raises(PathForbidden, match="temporary files"):
         ledger.admit("repo", epoch, [StepPlan("s1", [Write(f"sub/{name}", b"x", None)])])
     assert ledger.count() == before and not (repo / "sub").exists()
-    ledger.admit("repo", epoch, [StepPlan("s2", [Write(".x.stepledger-notes.txt", b"x", None)])])
+    ledger.admit("repo", epoch, [StepPlan("s2", [Write(".x.steptrail-notes.txt", b"x", None)])])
 
 
 #: Each test runs on SQLite and on PostgreSQL (tests/conftest.py).

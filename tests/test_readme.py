@@ -47,7 +47,7 @@ def test_the_two_setup_commands_are_the_ones_ci_and_make_run() -> None:
     # installing into one's own project: from a path, and from a git URL (a placeholder,
     # marked as one)
     pips = [c for c in cmds if c.startswith("pip install")]
-    assert any(re.fullmatch(r"pip install /path/to/stepledger", c) for c in pips)
+    assert any(re.fullmatch(r"pip install /path/to/steptrail", c) for c in pips)
     url = next(b.code for b in setup if "git+https://" in b.code)
     assert "placeholder" in url
 
@@ -70,7 +70,7 @@ def test_readme_python_block_runs_as_printed(k: int, tmp_path: Path) -> None:
 
 
 def test_readme_shell_blocks_run_as_printed(tmp_path: Path) -> None:
-    assert (BIN / "stepledger").exists(), f"{BIN} has no stepledger: pip install -e ."
+    assert (BIN / "steptrail").exists(), f"{BIN} has no steptrail: pip install -e ."
     ran = 0
     for i, block in enumerate(ALL):
         if block.lang != "sh" or is_setup(block):
@@ -86,16 +86,16 @@ def test_the_cli_quickstart_leaves_what_it_says(tmp_path: Path) -> None:
     """The shell quickstart's outcome: the workspace step is committed and its write on
     disk, the artifact step's run sealed into an archive, verify and audit hold, and the
     backup restored elsewhere holds the archive too."""
-    block = next(b for b in ALL if b.lang == "sh" and "stepledger init" in b.code)
+    block = next(b for b in ALL if b.lang == "sh" and "steptrail init" in b.code)
     run_shell(block.code, tmp_path, "README.md", block.where("README.md"))
     repo = tmp_path / "repo"
     assert (repo / "app.py").read_text() == 'print("v1")\n'
-    steps = run_shell("stepledger steps --json", repo, "README.md", "steps").stdout
+    steps = run_shell("steptrail steps --json", repo, "README.md", "steps").stdout
     states = {s["step_id"]: (s["state"], s["committed"]) for s in json.loads(steps)}
     # the artifact step's run was sealed: its tombstone stays, its events are archived
     assert states == {"edit-1": ("acked", True), "tests-1": ("sealed", False)}
-    assert len(list((repo / ".stepledger" / "archive").iterdir())) == 1
-    fresh = tmp_path / "fresh" / ".stepledger"  # the restored copy, with the archive
+    assert len(list((repo / ".steptrail" / "archive").iterdir())) == 1
+    fresh = tmp_path / "fresh" / ".steptrail"  # the restored copy, with the archive
     assert (fresh / "ledger.db").is_file() and len(list((fresh / "archive").iterdir())) == 1
 
 

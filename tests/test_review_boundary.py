@@ -1,7 +1,7 @@
 """The workspace boundary (issue 11, items 1, 2, 4 and 6): the attacks an outside review
 got through, as tests, against real directories, real symlink swaps and the real command.
 
-- 1: with the ledger inside the workspace (the default layout: `stepledger init` then
+- 1: with the ledger inside the workspace (the default layout: `steptrail init` then
   `workspace add w .`), a plan writing the ledger file or a blob (`pre_hash` = the blob's
   name, so the fence passes) was applied; `workspace add` of the ledger's directory was
   accepted. Now refused at admit (exit 2, nothing written) and by every walk, judged by
@@ -46,8 +46,8 @@ from ledger.events import WorkspaceRestored
 
 
 def sl(cwd: Path, *args: str, input: str | None = None) -> subprocess.CompletedProcess[str]:
-    """Run `stepledger ARGS` in `cwd` (its default ledger: ./.stepledger/ledger.db)."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith("STEPLEDGER_")}
+    """Run `steptrail ARGS` in `cwd` (its default ledger: ./.steptrail/ledger.db)."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("STEPTRAIL_")}
     return subprocess.run([sys.executable, "-m", "ledger", *args], cwd=cwd, input=input,
                           capture_output=True, text=True, env=env, timeout=120)
 
@@ -89,7 +89,7 @@ def events(ledger_path: Path) -> int:
 
 @pytest.fixture
 def embedded(tmp_path: Path) -> dict[str, Any]:
-    """`stepledger init` + `workspace add w .` in a project: the ledger (./.stepledger) is
+    """`steptrail init` + `workspace add w .` in a project: the ledger (./.steptrail) is
     inside the workspace. A committed artifact lives in a blob file; a lease is live."""
     proj = tmp_path / "proj"
     proj.mkdir()
@@ -105,8 +105,8 @@ def embedded(tmp_path: Path) -> dict[str, Any]:
     epoch = ok(sl(proj, "--workspace", "w", "lease", "acquire", "--holder", "a", "--ttl", "1h",
                   "--json"))["epoch"]
     return {"proj": proj, "digest": digest, "epoch": str(epoch),
-            "ledger": proj / ".stepledger" / "ledger.db",
-            "blob": proj / ".stepledger" / "blobs" / digest[:2] / digest}
+            "ledger": proj / ".steptrail" / "ledger.db",
+            "blob": proj / ".steptrail" / "blobs" / digest[:2] / digest}
 
 
 def _plan(proj: Path, epoch: str, step: str, path: str, pre: str | None,
@@ -125,13 +125,13 @@ def test_cli_a_plan_overwriting_a_blob_or_the_ledger_is_refused_at_admit(
     seq = events(embedded["ledger"])
     ledger_hash = digest_of(embedded["ledger"].read_bytes())
     for i, (path, pre) in enumerate([
-        (f".stepledger/blobs/{digest[:2]}/{digest}", digest),
-        (".stepledger/ledger.db", ledger_hash),
-        (".stepledger/ledger.db-wal", None),
-        (".stepledger/ledger.db-lockq", None),
-        (".stepledger/.stepledger-gc.lock", None),
-        (".stepledger/blobs/00/new", None),
-        (".stepledger", None),
+        (f".steptrail/blobs/{digest[:2]}/{digest}", digest),
+        (".steptrail/ledger.db", ledger_hash),
+        (".steptrail/ledger.db-wal", None),
+        (".steptrail/ledger.db-lockq", None),
+        (".steptrail/.steptrail-gc.lock", None),
+        (".steptrail/blobs/00/new", None),
+        (".steptrail", None),
     ]):
         refused(_plan(proj, epoch, f"evil-{i}", path, pre), repr(path), "ledger")
     assert embedded["blob"].read_bytes() == blob_bytes
@@ -146,28 +146,28 @@ def test_cli_a_plan_overwriting_a_blob_or_the_ledger_is_refused_at_admit(
 def test_cli_workspace_add_of_the_ledger_directory_is_refused(embedded: dict[str, Any]) -> None:
     proj = embedded["proj"]
     seq = events(embedded["ledger"])
-    refused(sl(proj, "workspace", "add", "l", ".stepledger"), "ledger's own directory")
-    refused(sl(proj, "workspace", "add", "b", ".stepledger/blobs"), "blob store")
-    (proj / ".stepledger" / "blobs" / "sub").mkdir()
-    refused(sl(proj, "workspace", "add", "b", ".stepledger/blobs/sub"), "blob store")
+    refused(sl(proj, "workspace", "add", "l", ".steptrail"), "ledger's own directory")
+    refused(sl(proj, "workspace", "add", "b", ".steptrail/blobs"), "blob store")
+    (proj / ".steptrail" / "blobs" / "sub").mkdir()
+    refused(sl(proj, "workspace", "add", "b", ".steptrail/blobs/sub"), "blob store")
     assert events(embedded["ledger"]) == seq
 
 
 def test_cli_snapshot_never_reads_the_ledger(embedded: dict[str, Any]) -> None:
     proj, digest = embedded["proj"], embedded["digest"]
-    for path in (".stepledger/ledger.db", f".stepledger/blobs/{digest[:2]}/{digest}"):
+    for path in (".steptrail/ledger.db", f".steptrail/blobs/{digest[:2]}/{digest}"):
         refused(sl(proj, "--workspace", "w", "workspace", "snapshot", path), "ledger")
 
 
 class Embedded:
-    """A library world: workspace `ws` with the ledger at ws/.stepledger (and, for the
+    """A library world: workspace `ws` with the ledger at ws/.steptrail (and, for the
     witness, ws/witness), a live lease."""
 
     def __init__(self, tmp_path: Path, *, witness: bool = False) -> None:
         self.ws = tmp_path / "ws"
         self.ws.mkdir()
         (self.ws / "app.py").write_bytes(b"v0\n")
-        self.path = self.ws / ".stepledger" / "ledger.db"
+        self.path = self.ws / ".steptrail" / "ledger.db"
         self.clock = FakeClock()
         opts: dict[str, Any] = {"inline_max_bytes": 8}
         if witness:
@@ -181,10 +181,10 @@ class Embedded:
 
 
 @pytest.mark.parametrize("path", [
-    ".stepledger", ".stepledger/ledger.db", ".stepledger/ledger.db-wal",
-    ".stepledger/ledger.db-shm", ".stepledger/ledger.db-lockq",
-    ".stepledger/.stepledger-gc.lock", ".stepledger/blobs/ab/cd", ".stepledger/new-dir/x",
-    ".STEPLEDGER/ledger.db", ".StepLedger/blobs/x",
+    ".steptrail", ".steptrail/ledger.db", ".steptrail/ledger.db-wal",
+    ".steptrail/ledger.db-shm", ".steptrail/ledger.db-lockq",
+    ".steptrail/.steptrail-gc.lock", ".steptrail/blobs/ab/cd", ".steptrail/new-dir/x",
+    ".STEPTRAIL/ledger.db", ".StepTrail/blobs/x",
 ])
 def test_every_path_into_the_ledger_is_refused_at_admit(tmp_path: Path, path: str) -> None:
     w = Embedded(tmp_path)
@@ -217,7 +217,7 @@ def test_the_ledger_directory_moved_between_admit_and_apply_is_refused_by_identi
     w.admit("late", "logs/ledger.db", b"EVIL", None)
     w.led.close()
     os.rename(w.ws / "logs", w.ws / "logs.old")
-    os.rename(w.ws / ".stepledger", w.ws / "logs")
+    os.rename(w.ws / ".steptrail", w.ws / "logs")
     before = (w.ws / "logs" / "ledger.db").read_bytes()
     with Ledger.open(w.ws / "logs" / "ledger.db", clock=w.clock) as led:
         with pytest.raises(PathForbidden, match="ledger"):
@@ -236,12 +236,12 @@ def test_restore_never_writes_into_the_ledger(tmp_path: Path) -> None:
     w.admit("s1", "app.py", b"v1\n", digest_of(b"v0\n"))
     r = w.led.apply("s1", epoch=w.epoch)
     w.led.publish("s1", receipt=r.receipt)
-    blobs = w.ws / ".stepledger" / "blobs"
-    before = tree(w.ws / ".stepledger")
-    for target in (blobs / "restored", w.ws / ".stepledger"):
+    blobs = w.ws / ".steptrail" / "blobs"
+    before = tree(w.ws / ".steptrail")
+    for target in (blobs / "restored", w.ws / ".steptrail"):
         with pytest.raises(InvalidInput):
             w.led.restore("w", target, force=True)
-    assert tree(w.ws / ".stepledger").keys() == before.keys()
+    assert tree(w.ws / ".steptrail").keys() == before.keys()
     report = w.led.restore("w", tmp_path / "fresh", force=True)
     assert report.paths == 1
 

@@ -77,7 +77,7 @@ def error_of(r: CliOut, code: int, type_name: str) -> dict[str, Any]:
     """The typed error of a refused command: exit `code`, one stderr line naming
     `type_name`, and (the command ran with --json) one error object on stdout."""
     assert r.code == code, r
-    assert r.err.startswith(f"stepledger: error: {type_name}: "), r.err
+    assert r.err.startswith(f"steptrail: error: {type_name}: "), r.err
     assert r.err.count("\n") == 1, r.err
     doc = r.json
     assert doc["ok"] is False and doc["error"]["type"] == type_name, doc
@@ -307,7 +307,7 @@ def test_refusals_name_their_type_and_carry_their_facts(world: World) -> None:
     assert err["reason"] == "pre_hash" and err["path"] == "app.py"
     assert err["on_disk"] == h("a human's edit") and err["pre_hash"] == h("v0")
     text = world("step", "apply", "s1", "--epoch", str(epoch))  # the text form says it too
-    assert text.code == 1 and text.err.startswith("stepledger: error: StepRejected: ")
+    assert text.code == 1 and text.err.startswith("steptrail: error: StepRejected: ")
 
     replan = error_of(world("step", "replan", "s1", "--epoch", str(epoch), "--json"), 1,
                       "ReplanRefused")
@@ -408,8 +408,8 @@ def test_a_usage_error_under_json_is_an_error_object(world: World) -> None:
         error_of(world(*argv), 2, "UsageError")
     plain = world("step", "apply", "s1", "--nope")  # without --json: the same one line
     assert plain.code == 2 and plain.out == "", plain
-    assert plain.err == ("stepledger: error: UsageError: No such option '--nope';"
-                         " see 'stepledger step apply --help'\n"), plain.err
+    assert plain.err == ("steptrail: error: UsageError: No such option '--nope';"
+                         " see 'steptrail step apply --help'\n"), plain.err
 
 
 def test_restore_blocked_by_a_lease_is_lease_held(world: World) -> None:

@@ -80,9 +80,9 @@ class World:
         self.ledger.ack(step)
 
     def temporaries(self) -> list[str]:
-        """What a killed stager leaves: every name stepledger's staging pattern makes
+        """What a killed stager leaves: every name steptrail's staging pattern makes
         (but the strangers a test planted)."""
-        return sorted(str(p.relative_to(self.dir)) for p in self.dir.rglob(".*.stepledger-*.tmp")
+        return sorted(str(p.relative_to(self.dir)) for p in self.dir.rglob(".*.steptrail-*.tmp")
                       if p.name not in STRANGERS)
 
     def killed(self, act: Callable[[Ledger], object], at: Callable[[str, list[str]], bool]) -> None:
@@ -215,18 +215,18 @@ def _kill_mid_staging(w: World) -> None:
     assert w.ledger.step("s1").state == "planned"
 
 
-STRANGERS = (".notes.stepledger-backup.tmp", "f.stepledger-1-abcdef01-abcdef01.tmp",
-             ".dir.stepledger-1-abcdef01-abcdef01.tmp", ".ln.stepledger-1-abcdef01-abcdef01.tmp")
+STRANGERS = (".notes.steptrail-backup.tmp", "f.steptrail-1-abcdef01-abcdef01.tmp",
+             ".dir.steptrail-1-abcdef01-abcdef01.tmp", ".ln.steptrail-1-abcdef01-abcdef01.tmp")
 
 
 def _strangers(w: World) -> list[str]:
-    """Names that look like stepledger's temporaries but are not its leftovers."""
+    """Names that look like steptrail's temporaries but are not its leftovers."""
     outside = w.tmp / "outside.txt"
     outside.write_text("keep")
-    (w.dir / "d0" / ".notes.stepledger-backup.tmp").write_text("a user's file")
-    (w.dir / "d0" / "f.stepledger-1-abcdef01-abcdef01.tmp").write_text("no leading dot")
-    (w.dir / "d0" / ".dir.stepledger-1-abcdef01-abcdef01.tmp").mkdir()
-    (w.dir / "d1" / ".ln.stepledger-1-abcdef01-abcdef01.tmp").symlink_to(outside)
+    (w.dir / "d0" / ".notes.steptrail-backup.tmp").write_text("a user's file")
+    (w.dir / "d0" / "f.steptrail-1-abcdef01-abcdef01.tmp").write_text("no leading dot")
+    (w.dir / "d0" / ".dir.steptrail-1-abcdef01-abcdef01.tmp").mkdir()
+    (w.dir / "d1" / ".ln.steptrail-1-abcdef01-abcdef01.tmp").symlink_to(outside)
     return list(STRANGERS)
 
 
@@ -406,7 +406,7 @@ def test_a_killed_restore_is_resumed_by_the_retry(tmp_path: Path) -> None:
     target = tmp_path / "fresh"
     w.killed(lambda led: led.restore("w", target), nth("ws-rename", 2))
     assert (target / "a.txt").read_bytes() == b"a1" and not (target / "c.sh").exists()
-    assert len(list(target.rglob(".*.stepledger-*.tmp"))) == 1
+    assert len(list(target.rglob(".*.steptrail-*.tmp"))) == 1
     report = w.ledger.restore("w", target)
     assert report.paths == 3 and not report.deduped
     _restored_ok(w, target)

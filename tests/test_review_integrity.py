@@ -26,12 +26,12 @@ from ledger.errors import InvalidInput, NotALedger
 from ledger.events import Compensated, Planned
 from ledger.runner import run_step
 
-CLEAN = {k: v for k, v in os.environ.items() if not k.startswith("STEPLEDGER_")}
-SLOW = os.environ.get("STEPLEDGER_SLOW") == "1"
+CLEAN = {k: v for k, v in os.environ.items() if not k.startswith("STEPTRAIL_")}
+SLOW = os.environ.get("STEPTRAIL_SLOW") == "1"
 
 
 def cli(ledger: Path, *argv: str, **kwargs) -> subprocess.CompletedProcess[str]:
-    """`stepledger --ledger LEDGER ARGV` in its own process."""
+    """`steptrail --ledger LEDGER ARGV` in its own process."""
     kwargs.setdefault("cwd", ledger.parent)  # not the checkout: `-m ledger` imports from cwd
     return subprocess.run([sys.executable, "-m", "ledger", "--ledger", str(ledger), *argv],
                           capture_output=True, text=True, env=CLEAN, **kwargs)
@@ -170,7 +170,7 @@ def small_ledger(path: Path) -> Path:
 
 
 def test_verify_reports_dropped_triggers_and_still_checks_the_chain(tmp_path: Path) -> None:
-    """Item 10: on 984aaf7 verify refused such a file ("not a stepledger ledger", exit 2)."""
+    """Item 10: on 984aaf7 verify refused such a file ("not a steptrail ledger", exit 2)."""
     path = small_ledger(tmp_path / "ledger.db")
     conn = raw_connection(path)
     conn.execute("DROP TRIGGER events_no_update")
@@ -292,7 +292,7 @@ def test_stray_condemned_rows_are_findings(tmp_path: Path) -> None:
     assert any("manifest references" in m for _, m in found)
     # while a collector runs, a referenced row is its own in-flight state, not a finding
     import fcntl
-    fd = os.open(tmp_path / ".stepledger-gc.lock", os.O_RDWR | os.O_CREAT)
+    fd = os.open(tmp_path / ".steptrail-gc.lock", os.O_RDWR | os.O_CREAT)
     try:
         fcntl.flock(fd, fcntl.LOCK_EX)
         assert len(_verify(path)) == 3
@@ -320,7 +320,7 @@ def _as_nobody_read(path: Path) -> str:
 def shared_tmp() -> Iterator[Path]:
     """A directory every local user can reach (pytest's tmp_path is its owner's alone),
     as a repository a ledger is made in usually is."""
-    d = Path(tempfile.mkdtemp(prefix="stepledger-modes-"))
+    d = Path(tempfile.mkdtemp(prefix="steptrail-modes-"))
     d.chmod(0o755)
     try:
         yield d
@@ -345,7 +345,7 @@ def test_a_new_ledger_is_private_to_its_owner(shared_tmp: Path) -> None:
     run("step", "store", "s2", ".env")
     run("gc", "--dry-run")
     run("gc")
-    d = shared_tmp / ".stepledger"
+    d = shared_tmp / ".steptrail"
     assert _mode(d) == 0o700
     files = [p for p in d.rglob("*") if p.is_file()]
     blobs = [p for p in files if "blobs" in p.parts]
@@ -422,12 +422,12 @@ def test_a_read_only_ledger_directory_names_the_cause(tmp_path: Path) -> None:
         r = _cli_as(prefix, path, "step", "store", "s9", "big.bin")
         assert r.returncode == 3, r
         assert "may not write the blob store" in r.stderr and "free space" not in r.stderr, r.stderr
-        # another user's private ledger: named as such, not "not a stepledger ledger"
+        # another user's private ledger: named as such, not "not a steptrail ledger"
         (d / "blobs").chmod(0o755)
         os.chown(path, 65534, 65534) if IS_ROOT else path.chmod(0o000)
         r = _cli_as(prefix, path, "events")
         assert r.returncode == 3 and "may not read it" in r.stderr and "owner" in r.stderr, r
-        assert "not a stepledger ledger" not in r.stderr
+        assert "not a steptrail ledger" not in r.stderr
     finally:
         d.chmod(0o755)
         (d / "blobs").chmod(0o755)

@@ -6,7 +6,7 @@ zero-filled or unreadable witness fails closed (verify: a finding, exit 1) inste
 starting a fresh witness from a rolled-back head. Witness paths are absolute.
 
 Item 9: a command without --witness keeps the recorded witness, so no supported path
-leaves a healthy ledger unusable; `stepledger witness anchor` is the operator's way
+leaves a healthy ledger unusable; `steptrail witness anchor` is the operator's way
 back (verified, recorded); the shipped GC units work on a witnessed ledger.
 """
 
@@ -141,7 +141,7 @@ def test_a_relative_witness_is_refused_and_creates_nothing(
     elsewhere = tmp_path / "elsewhere"
     elsewhere.mkdir()
     monkeypatch.chdir(elsewhere)
-    r = world.cli("init", env={"STEPLEDGER_WITNESS": "ledger.witness"})
+    r = world.cli("init", env={"STEPTRAIL_WITNESS": "ledger.witness"})
     assert r.code == 2 and "relative" in r.err and "absolute" in r.err, r
     assert not world.path.exists() and list(elsewhere.iterdir()) == []
     (elsewhere / "a.txt").write_text("a")
@@ -186,9 +186,9 @@ def test_the_recorded_witness_is_out_of_reach_of_steps_without_witness_given(
     ledger opened without --witness still knows which file that is."""
     ws = tmp_path / "ws"
     ws.mkdir()
-    with Ledger.init(ws / ".stepledger" / "ledger.db", witness=ws / "witness") as led:
+    with Ledger.init(ws / ".steptrail" / "ledger.db", witness=ws / "witness") as led:
         led.add_workspace("w", str(ws))
-    with Ledger.open(ws / ".stepledger" / "ledger.db") as led:  # no witness given
+    with Ledger.open(ws / ".steptrail" / "ledger.db") as led:  # no witness given
         epoch = led.acquire("w", "agent", 3600).epoch
         pre = digest_of((ws / "witness").read_bytes())
         with pytest.raises(PathForbidden):
@@ -427,11 +427,11 @@ def test_an_anchor_killed_midway_leaves_a_ledger_that_opens_or_anchors_again(
 
 
 def test_a_ledger_witnessed_before_locations_were_recorded_stays_valid(tmp_path: Path) -> None:
-    """A ledger written by an older stepledger: its witness tag in meta, no
+    """A ledger written by an older steptrail: its witness tag in meta, no
     witness-anchored event. It is witnessed, so it is not opened without the witness;
     the first writer given it records where it is."""
     world = World(tmp_path)
-    with Ledger.init(world.path) as led:  # what an older stepledger left
+    with Ledger.init(world.path) as led:  # what an older steptrail left
         witness = Witness(world.witness, led.ledger_id)
         head = led.head()
         witness.write(head.seq, head.hash)
@@ -453,8 +453,8 @@ def test_a_ledger_witnessed_before_locations_were_recorded_stays_valid(tmp_path:
 # --- item 9: the shipped GC units on a witnessed ledger ------------------------------
 
 #: Where the units keep the witness (their comments say so), and the ledger they name.
-UNIT_WITNESS_DIR = "/var/lib/stepledger-witness"
-UNIT_LEDGER_DIR = "/srv/agent/.stepledger"
+UNIT_WITNESS_DIR = "/var/lib/steptrail-witness"
+UNIT_LEDGER_DIR = "/srv/agent/.steptrail"
 
 
 def unit_settings(text: str) -> dict[str, list[str]]:
@@ -496,10 +496,10 @@ def check_gc_ran_witnessed(path: Path, witness: Path, summary: str) -> None:
 
 
 def _env(tmp: Path) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("STEPLEDGER_")}
+    env = {k: v for k, v in os.environ.items() if not k.startswith("STEPTRAIL_")}
     shim = tmp / "bin"
     shim.mkdir(exist_ok=True)
-    exe = shim / "stepledger"  # the units call 'stepledger'; this one runs the tree's
+    exe = shim / "steptrail"  # the units call 'steptrail'; this one runs the tree's
     exe.write_text(f"#!/bin/sh\nexec {shlex.quote(sys.executable)} -m ledger \"$@\"\n")
     exe.chmod(0o755)
     env["PATH"] = f"{shim}:{env.get('PATH', '/usr/bin:/bin')}"
@@ -509,7 +509,7 @@ def _env(tmp: Path) -> dict[str, str]:
 
 def test_the_systemd_unit_may_write_the_witness_and_its_command_runs_witnessed(
         tmp_path: Path) -> None:
-    service = unit_settings((ROOT / "tools" / "stepledger-gc.service").read_text())
+    service = unit_settings((ROOT / "tools" / "steptrail-gc.service").read_text())
     writable = [p.lstrip("-") for v in service["ReadWritePaths"] for p in v.split()]
     mounts = [p for v in service["RequiresMountsFor"] for p in v.split()]
     assert UNIT_LEDGER_DIR in writable and UNIT_WITNESS_DIR in writable
@@ -518,15 +518,15 @@ def test_the_systemd_unit_may_write_the_witness_and_its_command_runs_witnessed(
     (exec_start,) = service["ExecStart"]
     path, witness = witnessed_ledger_with_an_orphan(tmp_path)
     argv = shlex.split(relocate(exec_start, tmp_path))
-    assert argv[0] == "/usr/local/bin/stepledger"
-    argv[0] = "stepledger"
+    assert argv[0] == "/usr/local/bin/steptrail"
+    argv[0] = "steptrail"
     done = subprocess.run(argv, env=_env(tmp_path), capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done
     check_gc_ran_witnessed(path, witness, done.stdout)
 
 
 def test_the_cron_line_runs_gc_witnessed(tmp_path: Path) -> None:
-    text = (ROOT / "tools" / "stepledger-gc.cron").read_text()
+    text = (ROOT / "tools" / "steptrail-gc.cron").read_text()
     (line,) = [ln for ln in text.splitlines() if ln.strip() and not ln.startswith(("#", "SHELL",
                                                                                   "PATH"))]
     fields = line.split()

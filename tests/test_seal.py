@@ -44,7 +44,7 @@ def _populate(ledger: Ledger, runs: int = 3, steps: int = 4, big: bool = True) -
 
 @pytest.fixture
 def ledger(tmp_path: Path) -> Ledger:
-    with Ledger.init(str(tmp_path / ".stepledger" / "ledger.db")) as ledger:
+    with Ledger.init(str(tmp_path / ".steptrail" / "ledger.db")) as ledger:
         yield ledger
 
 
@@ -125,7 +125,7 @@ def test_unsettled_pinned_or_workspace_runs_are_refused_and_nothing_is_written(
     with pytest.raises(InvalidInput):
         seal_run(ledger, "")
     assert ledger.head() == head
-    assert not (tmp_path / ".stepledger" / "archive").exists()
+    assert not (tmp_path / ".steptrail" / "archive").exists()
     plan = sealable(ledger)
     assert [(r.run, r.sealable) for r in plan.runs] == [("run0", False)]
     # a workspace step (under a lease) is never sealed: its revisions are folded from it
@@ -405,7 +405,7 @@ def test_the_cli_seals_lists_verifies_and_shows(ledger: Ledger) -> None:
 
 
 def test_a_witnessed_ledger_seals_and_reopens(tmp_path: Path) -> None:
-    path = str(tmp_path / ".stepledger" / "ledger.db")
+    path = str(tmp_path / ".steptrail" / "ledger.db")
     witness = str(tmp_path / "elsewhere" / "ledger.witness")
     os.makedirs(os.path.dirname(witness))
     with Ledger.init(path, witness=witness) as ledger:

@@ -1,4 +1,4 @@
-"""`stepledger stats`: every figure checked against an independent count of the events."""
+"""`steptrail stats`: every figure checked against an independent count of the events."""
 
 from __future__ import annotations
 

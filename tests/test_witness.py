@@ -103,7 +103,7 @@ def test_a_tail_written_without_the_witness_is_refused(setup: tuple[Path, Path])
     with Ledger.open(path) as ledger:  # opened without --witness: it keeps the recorded one
         append(ledger, 1, "recorded")
     with Ledger.open(path) as ledger:
-        # a writer that does not keep the witness (an older stepledger, a raw SQL writer)
+        # a writer that does not keep the witness (an older steptrail, a raw SQL writer)
         ledger._log.before_commit = ledger._log.on_commit = None
         append(ledger, 3, "unwitnessed")
     with pytest.raises(WitnessMismatch, match="not written under this witness"):
@@ -149,7 +149,7 @@ def test_a_forked_history_is_refused(setup: tuple[Path, Path], tmp_path: Path) -
         append(ledger, 3)
         snapshot_copy(path, tmp_path / "fork.db")
         append(ledger, 2, "real")
-    # The forger's own writer: stepledger refuses to open the fork (behind its recorded
+    # The forger's own writer: steptrail refuses to open the fork (behind its recorded
     # witness), so it writes without resolving the witness at all.
     with Ledger.open(tmp_path / "fork.db", _witness_resolve=False) as fork:
         append(fork, 3, "forged")  # a valid chain, longer than the witnessed one

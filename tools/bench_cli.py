@@ -2,7 +2,7 @@
 
 The baseline is a process that imports the command line's three dependencies and does
 nothing: ``python -c "import apsw, msgspec, click"``. Against it, on a small ledger made
-in a temporary directory first: ``stepledger steps``, ``head``, ``show STEP --json``,
+in a temporary directory first: ``steptrail steps``, ``head``, ``show STEP --json``,
 ``workspace read PATH --json`` and ``step run PLAN --json`` (a real fenced step with one
 artifact, each call a new one), each the best and the median of N process starts, the
 cases interleaved round by round so a load spike hits them alike. Target: ``steps`` at
@@ -41,7 +41,7 @@ import time
 from typing import Any
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
-TARGET = 2.0  # `stepledger steps` against the baseline, best of N
+TARGET = 2.0  # `steptrail steps` against the baseline, best of N
 
 
 def sha(data: bytes) -> str:
@@ -60,18 +60,18 @@ class Bench:
         (work / "out").mkdir()
         (work / "out" / "log.txt").write_bytes(b"12 passed\n")
         self.n = 0
-        self.env = {k: v for k, v in os.environ.items() if not k.startswith("STEPLEDGER_")}
-        self.env.update(STEPLEDGER_LEDGER=str(work / "ledger.db"), STEPLEDGER_WORKSPACE="w")
+        self.env = {k: v for k, v in os.environ.items() if not k.startswith("STEPTRAIL_")}
+        self.env.update(STEPTRAIL_LEDGER=str(work / "ledger.db"), STEPTRAIL_WORKSPACE="w")
 
     def call(self, tree: pathlib.Path, *argv: str, stdout: Any = subprocess.DEVNULL) -> float:
-        """Run `stepledger ARGV` from `tree`; its wall time in seconds (it must succeed)."""
+        """Run `steptrail ARGV` from `tree`; its wall time in seconds (it must succeed)."""
         env = {**self.env, "PYTHONPATH": str(tree)}
         t = time.perf_counter()
         done = subprocess.run([sys.executable, "-m", "ledger", *argv], cwd=self.work, env=env,
                               stdout=stdout, stderr=subprocess.PIPE)
         elapsed = time.perf_counter() - t
         if done.returncode != 0:
-            raise SystemExit(f"stepledger {' '.join(argv)}: exit {done.returncode}:"
+            raise SystemExit(f"steptrail {' '.join(argv)}: exit {done.returncode}:"
                              f" {done.stderr.decode(errors='replace').strip()}")
         return elapsed
 
@@ -82,7 +82,7 @@ class Bench:
                               "bench", "--ttl", "2d", "--json"], cwd=self.work,
                              env={**self.env, "PYTHONPATH": str(ROOT)}, capture_output=True,
                              check=True)
-        self.env["STEPLEDGER_EPOCH"] = str(json.loads(out.stdout)["epoch"])
+        self.env["STEPTRAIL_EPOCH"] = str(json.loads(out.stdout)["epoch"])
         self.run_plan(ROOT)
 
     def next_plan(self, artifacts: bool = True) -> str:
@@ -130,21 +130,21 @@ def measure(runs: int, replay: int, compare: pathlib.Path | None) -> dict[str, A
         compileall.compile_dir(str(tree / "ledger"), quiet=1)
     has_run = {k: (t / "ledger" / "cli.py").read_text().count('@step.command("run"') > 0
                for k, t in trees.items()}
-    work = pathlib.Path(tempfile.mkdtemp(prefix="stepledger-bench-cli-"))
+    work = pathlib.Path(tempfile.mkdtemp(prefix="steptrail-bench-cli-"))
     try:
         b = Bench(work)
         b.setup()
         cases: dict[str, Any] = {"baseline: python -c 'import apsw, msgspec, click'": baseline}
         for key, tree in trees.items():
             tag = f" [{key}]" if key else ""
-            cases[f"stepledger steps{tag}"] = lambda t=tree: b.call(t, "steps")
-            cases[f"stepledger head{tag}"] = lambda t=tree: b.call(t, "head")
-            cases[f"stepledger show s1 --json{tag}"] = lambda t=tree: b.call(t, "show", "s1", "--json")
-            cases[f"stepledger workspace read app.py --json{tag}"] = (
+            cases[f"steptrail steps{tag}"] = lambda t=tree: b.call(t, "steps")
+            cases[f"steptrail head{tag}"] = lambda t=tree: b.call(t, "head")
+            cases[f"steptrail show s1 --json{tag}"] = lambda t=tree: b.call(t, "show", "s1", "--json")
+            cases[f"steptrail workspace read app.py --json{tag}"] = (
                 lambda t=tree: b.call(t, "workspace", "read", "app.py", "--json"))
-            cases[f"stepledger --help{tag}"] = lambda t=tree: b.call(t, "--help")
+            cases[f"steptrail --help{tag}"] = lambda t=tree: b.call(t, "--help")
             if has_run[key]:
-                cases[f"stepledger step run PLAN --json{tag}"] = lambda t=tree: b.run_plan(t)
+                cases[f"steptrail step run PLAN --json{tag}"] = lambda t=tree: b.run_plan(t)
         times: dict[str, list[float]] = {name: [] for name in cases}
         for _ in range(runs):
             for name, case in cases.items():
@@ -157,7 +157,7 @@ def measure(runs: int, replay: int, compare: pathlib.Path | None) -> dict[str, A
                    "median_ms": round(statistics.median(ts) * 1000, 1),
                    "ratio_best": round(min(ts) / base, 2),
                    "ratio_median": round(statistics.median(ts) / base_median, 2)}
-            if name.startswith("stepledger steps"):
+            if name.startswith("steptrail steps"):
                 row["target"] = f"<= {TARGET}x"
                 row["pass"] = row["ratio_best"] <= TARGET
             rows.append(row)
@@ -192,7 +192,7 @@ def main() -> None:
     if args.json:
         print(json.dumps(report))
         return
-    print(f"stepledger start-up, best and median of {runs} starts (python {report['python']},"
+    print(f"steptrail start-up, best and median of {runs} starts (python {report['python']},"
           f" ledger under {report['dir']})")
     print(f"{'case':<52} {'best':>8} {'median':>8} {'ratio':>6} {'(median)':>9}  target")
     for r in report["cases"]:

@@ -26,7 +26,7 @@ Beside each figure: the CPU the machine spent (both cores = 2.0), and from the w
 `Database.stats` where a transaction's time went — waiting for the write lock (busy
 handler sleeps, stepping aside for a waiter), holding it, its COMMIT, checkpoints.
 
-``--floor`` runs the same windows with no stepledger code at all: each writer does the
+``--floor`` runs the same windows with no steptrail code at all: each writer does the
 fenced step's commits (counted from a real step) as raw one-row SQLite transactions on
 one shared file, and its durable file replace. Its ratios are the ceiling of N
 processes on one SQLite file on this machine: no library above SQLite does better.
@@ -122,7 +122,7 @@ def step_commits(parent: str | None, artifact_every: int) -> list[int]:
 
 
 def floor_child(args: argparse.Namespace) -> None:
-    """`--floor`: the same step as raw SQL and raw file calls, no stepledger code — per
+    """`--floor`: the same step as raw SQL and raw file calls, no steptrail code — per
     step, as many one-row ``BEGIN IMMEDIATE; INSERT; COMMIT`` transactions as the fenced
     step commits, on one shared database file (WAL, ``synchronous=FULL``, SQLite's own
     busy handler), and the workspace file replaced durably (temporary file written and
@@ -373,7 +373,7 @@ def main() -> None:
     ap.add_argument("--hold-step", action="store_true",
                     help="each writer holds the write lock across its whole step")
     ap.add_argument("--floor", action="store_const", const="count",
-                    help="no stepledger: each writer does the step's commits as raw one-row"
+                    help="no steptrail: each writer does the step's commits as raw one-row"
                     " SQLite transactions and its durable file replace (the ceiling of N"
                     " processes on one SQLite file here)")
     ap.add_argument("--json", action="store_true")
@@ -423,7 +423,7 @@ def main() -> None:
             "verdict": None if n == 1 else ("PASS" if rate / base >= TARGET else "FAIL"),
         })
     result = {
-        "mode": "floor" if args.floor else "hold-step" if args.hold_step else "stepledger",
+        "mode": "floor" if args.floor else "hold-step" if args.hold_step else "steptrail",
         "floor_commits_per_step": [int(x) for x in args.floor.split(",")] if args.floor else None,
         "fs": mount_of(parent or tempfile.gettempdir())[1], "cpus": os.cpu_count(),
         "rounds": args.rounds, "seconds": args.seconds, "artifact_every": args.artifact_every,
@@ -435,7 +435,7 @@ def main() -> None:
         print(json.dumps(result))
         return
     if args.floor:
-        print(f"FLOOR: no stepledger code; per step {args.floor} raw one-row commits (the"
+        print(f"FLOOR: no steptrail code; per step {args.floor} raw one-row commits (the"
               " fenced step's, counted) and one durable file replace")
     print(f"fenced steps, N writer processes on N workspaces of one ledger ({result['fs']},"
           f" {result['cpus']} CPUs, synchronous=FULL); median of {args.rounds} rounds of"

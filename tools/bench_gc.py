@@ -137,7 +137,7 @@ def log(msg: str) -> None:
 
 def blob_bytes(i: int) -> bytes:
     """Blob i: distinct (a counter), 64-256 bytes."""
-    head = b"stepledger bench-gc blob %09d\n" % i
+    head = b"steptrail bench-gc blob %09d\n" % i
     size = 64 + (i * 7919) % 193
     return head + b"x" * (size - len(head))
 
@@ -507,7 +507,7 @@ def mib(n: int) -> str:
 def print_report(res: dict[str, Any]) -> None:
     m, fx = res["meta"], res["fixture"]
     p = print
-    p("stepledger GC benchmark: collect() and audit() vs a bare os.scandir walk, same run")
+    p("steptrail GC benchmark: collect() and audit() vs a bare os.scandir walk, same run")
     p(f"  python {m['python']}  SQLite {m['sqlite']}  cpus {m['cpus']}"
       f"  mode {m['mode']}  ({m['seconds']:.0f} s)"
       f"  ledger sources sha256 {m['ledger_digest']}")

@@ -248,7 +248,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.json:
         print(json.dumps(res, indent=2))
         return 0
-    print("stepledger group commit: 16 concurrent step runners in one process vs one runner")
+    print("steptrail group commit: 16 concurrent step runners in one process vs one runner")
     print(f"  python {platform.python_version()}  SQLite {apsw.sqlite_lib_version()}  cpus"
           f" {os.cpu_count()}  steps {steps}  reps {reps}  load {os.getloadavg()[0]:.1f}"
           f"  ({res['meta']['seconds']:.0f} s)")

@@ -102,7 +102,7 @@ def main() -> int:
     scratch = tempfile.mkdtemp(prefix="bench-growth-", dir=args.dir or ".")
     log = (lambda *a: None) if args.json else (lambda *a: print(*a, file=sys.stderr, flush=True))
     try:
-        path = os.path.join(scratch, ".stepledger", "ledger.db")
+        path = os.path.join(scratch, ".steptrail", "ledger.db")
         with Ledger.init(path) as ledger:
             t = time.perf_counter()
             build(ledger, runs, per_run)
@@ -126,7 +126,7 @@ def main() -> int:
             vacuum(ledger)
             vacuum_s = time.perf_counter() - t
             after = file_bytes(path)
-            archives = dir_bytes(os.path.join(scratch, ".stepledger", "archive"))
+            archives = dir_bytes(os.path.join(scratch, ".steptrail", "archive"))
             log(f"sealed {sealed_runs} runs in {seal_s:.1f}s; gc collected {gc.collected}"
                 f" blobs; vacuum {vacuum_s:.1f}s; ledger {after / 2**20:.1f} MiB,"
                 f" archives {archives / 2**20:.1f} MiB")

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Benchmark stepledger against raw apsw on the same file system, in one run.
+"""Benchmark steptrail against raw apsw on the same file system, in one run.
 
 Run from the repository root::
 
@@ -184,7 +184,7 @@ def blob_pool() -> list[tuple[str, bytes]]:
     """BLOB_POOL distinct artifacts of BLOB_SIZE bytes: (sha256 hex, bytes)."""
     out = []
     for k in range(BLOB_POOL):
-        data = (f"stepledger bench artifact {k:04d}\n".encode() * BLOB_SIZE)[:BLOB_SIZE]
+        data = (f"steptrail bench artifact {k:04d}\n".encode() * BLOB_SIZE)[:BLOB_SIZE]
         out.append((sha256(data).hexdigest(), data))
     return out
 
@@ -765,7 +765,7 @@ def verdict(ok: bool) -> str:
 def print_report(res: dict[str, Any]) -> None:
     m = res["meta"]
     p = print
-    p("stepledger benchmark: ours (ledger API) vs raw apsw, same run, same file system")
+    p("steptrail benchmark: ours (ledger API) vs raw apsw, same run, same file system")
     p(f"  python {m['python']}  SQLite {m['sqlite']}  apsw {m['apsw']}  msgspec {m['msgspec']}"
       f"  cpus {m['cpus']}  mode {'quick' if m['quick'] else 'full'}"
       + ("" if m["sections"] == list(SECTIONS) else f"  sections {','.join(m['sections'])}"))

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Benchmark `stepledger mcp`'s fenced writes against a plain MCP file server, over stdio.
+"""Benchmark `steptrail mcp`'s fenced writes against a plain MCP file server, over stdio.
 
 Run from the repository root::
 
@@ -18,7 +18,7 @@ clients, N client tasks run at once in this process, each with its own server pr
 (as N agents would), all on one workspace; calls/s is every call of every client over
 the wall time of the whole run.
 
-* ``stepledger``: the installed ``stepledger mcp --workspace DIR``. Every call is a
+* ``steptrail``: the installed ``steptrail mcp --workspace DIR``. Every call is a
   step: the workspace lease acquired (and released after), the plan admitted with its
   post-image stored, the fence checked and the file replaced (temporary file, fsync,
   rename, directory fsync), the manifest published, the ack — each a durable SQLite
@@ -28,7 +28,7 @@ the wall time of the whole run.
   ``edit_file`` reads, replaces, and writes the same way — what the reference filesystem
   server does, with no fsync, no history, no fence.
 
-The ratio is stepledger / plain in the same run, same disk: the price of the ledger's
+The ratio is steptrail / plain in the same run, same disk: the price of the ledger's
 durability and fencing, per call, next to the protocol round trip. Each case runs
 `--rounds` times, the two servers alternating, and the medians are compared (on a
 shared machine a single round swings by a factor of two).
@@ -98,9 +98,9 @@ def serve_plain(root: str) -> None:
     server.run("stdio")
 
 
-def _stepledger() -> str:
-    beside = Path(sys.executable).with_name("stepledger")
-    return str(beside) if beside.exists() else (shutil.which("stepledger") or "stepledger")
+def _steptrail() -> str:
+    beside = Path(sys.executable).with_name("steptrail")
+    return str(beside) if beside.exists() else (shutil.which("steptrail") or "steptrail")
 
 
 async def _client(params: Any, name: str, calls: int, times: list[float],
@@ -134,9 +134,9 @@ async def _run(kind: str, workspace: Path, clients: int, calls: int) -> dict[str
     import anyio
     from mcp import StdioServerParameters
 
-    env = {k: v for k, v in os.environ.items() if not k.startswith("STEPLEDGER_")}
-    if kind == "stepledger":
-        params = StdioServerParameters(command=_stepledger(),
+    env = {k: v for k, v in os.environ.items() if not k.startswith("STEPTRAIL_")}
+    if kind == "steptrail":
+        params = StdioServerParameters(command=_steptrail(),
                                        args=["mcp", "--workspace", str(workspace)], env=env)
     else:
         params = StdioServerParameters(command=sys.executable,
@@ -196,9 +196,9 @@ def main() -> None:
     rows = []
     with tempfile.TemporaryDirectory(dir=args.dir, prefix="bench-mcp-") as tmp:
         for clients in args.clients:
-            got: dict[str, list[dict[str, Any]]] = {"plain": [], "stepledger": []}
+            got: dict[str, list[dict[str, Any]]] = {"plain": [], "steptrail": []}
             for r in range(rounds):  # alternating, so a change of load hits both sides
-                for kind in ("plain", "stepledger"):
+                for kind in ("plain", "steptrail"):
                     ws = Path(tmp) / f"{kind}-{clients}-{r}"
                     ws.mkdir()
                     one = anyio.run(_run, kind, ws, clients, calls)
@@ -208,23 +208,23 @@ def main() -> None:
                     got[kind].append(one)
             med = {k: statistics.median(x["calls_per_s"] for x in v) for k, v in got.items()}
             rows.append({"clients": clients, "calls": clients * calls, "rounds": rounds,
-                         "stepledger_calls_per_s": med["stepledger"],
+                         "steptrail_calls_per_s": med["steptrail"],
                          "plain_calls_per_s": med["plain"],
-                         "ratio": med["stepledger"] / med["plain"],
+                         "ratio": med["steptrail"] / med["plain"],
                          "ratios_per_round": [s["calls_per_s"] / p["calls_per_s"] for s, p in
-                                              zip(got["stepledger"], got["plain"], strict=True)],
+                                              zip(got["steptrail"], got["plain"], strict=True)],
                          "runs": got})
         fs = _fs(Path(tmp))
     if args.json:
         print(json.dumps({"fs": fs, "calls_per_client": calls, "rows": rows}, indent=2))
         return
-    print(f"stepledger mcp vs a plain MCP file server, over stdio ({fs}; {calls} calls per"
+    print(f"steptrail mcp vs a plain MCP file server, over stdio ({fs}; {calls} calls per"
           f" client, write_file and edit_file alternating; median of {rounds} rounds)")
-    print(f"{'clients':>7} {'calls':>6} {'stepledger calls/s':>19} {'plain calls/s':>14}"
+    print(f"{'clients':>7} {'calls':>6} {'steptrail calls/s':>19} {'plain calls/s':>14}"
           f" {'ratio':>7}  per round")
     for r in rows:
         per = " ".join(f"{x:.2f}" for x in r["ratios_per_round"])
-        print(f"{r['clients']:>7} {r['calls']:>6} {r['stepledger_calls_per_s']:>19.0f}"
+        print(f"{r['clients']:>7} {r['calls']:>6} {r['steptrail_calls_per_s']:>19.0f}"
               f" {r['plain_calls_per_s']:>14.0f} {r['ratio']:>6.2f}x  {per}")
     print("target: >= 0.5x")
 

@@ -11,10 +11,10 @@ Run from the repository root::
     .venv/bin/python tools/bench_memory.py --dir DIR  # scratch files under DIR
 
 Every figure is the peak resident set size (VmHWM, reset through
-/proc/self/clear_refs once the process has imported stepledger and before the command
+/proc/self/clear_refs once the process has imported steptrail and before the command
 runs; ru_maxrss where /proc is missing) of a fresh process that runs ONE command line
 through the real CLI entry point (``ledger.cli:cli``) in process. The baseline is the
-same kind of process running ``stepledger head`` on the same ledger, in the same run:
+same kind of process running ``steptrail head`` on the same ledger, in the same run:
 the memory any command needs. Each figure is printed as its peak, the peak above the
 baseline, and the ratio peak / baseline. Nothing is timed.
 
@@ -70,7 +70,7 @@ def worker(cwd: str, argv: list[str]) -> dict[str, Any]:
     base = rss_reset()
     with open(os.devnull, "w") as sink, contextlib.redirect_stdout(sink):
         try:
-            cli.main(args=argv, prog_name="stepledger", standalone_mode=False)
+            cli.main(args=argv, prog_name="steptrail", standalone_mode=False)
             code = 0
         except SystemExit as exc:
             code = exc.code if isinstance(exc.code, int) else 1
@@ -83,7 +83,7 @@ def measure(cwd: str, *argv: str) -> dict[str, Any]:
     out = subprocess.run(cmd, stdout=subprocess.PIPE, text=True, check=True).stdout
     got: dict[str, Any] = json.loads(out.strip().splitlines()[-1])
     if got["exit"] != 0:
-        raise SystemExit(f"stepledger {' '.join(argv)} exited {got['exit']}")
+        raise SystemExit(f"steptrail {' '.join(argv)} exited {got['exit']}")
     return got
 
 

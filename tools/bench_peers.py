@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""stepledger side by side with its peers on the same durable workloads, in one run.
+"""steptrail side by side with its peers on the same durable workloads, in one run.
 
 Run from the repository root, with the bench extra installed
 (``.venv/bin/pip install -e '.[bench]'``)::
@@ -28,35 +28,35 @@ The peers
 Every system's setting is read back from a live connection and printed with the
 figures: ``synchronous`` (2 = FULL: each COMMIT is fsynced) and ``journal_mode``.
 Python's ``sqlite3`` (used by all three peers) defaults to ``synchronous=FULL`` on this
-build; stepledger opens apsw with ``synchronous=FULL``.
+build; steptrail opens apsw with ``synchronous=FULL``.
 
 The workloads
 -------------
-1. ``step-4k``: a step that records a 4 KiB result. stepledger: ``run_step`` (plan ->
+1. ``step-4k``: a step that records a 4 KiB result. steptrail: ``run_step`` (plan ->
    4 KiB inline artifact -> publish -> ack, all in 1 commit); SqliteSaver: one ``put`` whose
    ``channel_values`` carry 4 KiB; eventsourcing: one event carrying 4 KiB, saved;
    DBOS: one workflow whose step returns 4 KiB. steps/s.
-2. ``append-small``: stepledger ``append(Planned(...))`` (a new step each call),
+2. ``append-small``: steptrail ``append(Planned(...))`` (a new step each call),
    eventsourcing saving 1 small event, SqliteSaver ``put`` of a small checkpoint. ops/s.
-3. ``bulk-100``: stepledger ``append_batch`` of 100 ``planned`` events (100 steps), vs
+3. ``bulk-100``: steptrail ``append_batch`` of 100 ``planned`` events (100 steps), vs
    eventsourcing saving 100 events at once. events/s.
 4. Concurrency: workload 1 with 1, 4 and 16 writers (threads), total steps/s. Two
    modes where the system allows both: ``own`` (each writer its own object and
    connection on the same file) and ``shared`` (all writers call one object). The
-   ``shared`` stepledger variant runs only if a probe (8 threads, one Ledger) finishes
+   ``shared`` steptrail variant runs only if a probe (8 threads, one Ledger) finishes
    without an error and the ledger verifies; otherwise it is skipped with a note. In
-   ``shared`` mode stepledger's concurrent appends share transactions and fsyncs
+   ``shared`` mode steptrail's concurrent appends share transactions and fsyncs
    (group commit); in ``own`` mode each writer is its own connection and commit.
 
 Each workload and writer count also runs a raw apsw control in the same round: each
 writer its own connection (WAL, ``synchronous=FULL``) doing ``BEGIN IMMEDIATE; INSERT;
 COMMIT`` of one row (a unique key and a 4 KiB or a ~100-byte value; the bulk control
 inserts 100 rows per transaction). Every system's rate is divided by it (``/raw``) and
-by stepledger's in the same round (``/ours``: its ``own`` variant, or the ``shared``
+by steptrail's in the same round (``/ours``: its ``own`` variant, or the ``shared``
 one for shared rows when it ran).
 
-``stepledger floor`` is the ceiling of the design on SQLite: raw apsw executing exactly
-the statements one stepledger step commits (its five event rows, the inline blob row
+``steptrail floor`` is the ceiling of the design on SQLite: raw apsw executing exactly
+the statements one steptrail step commits (its five event rows, the inline blob row
 and the step, manifest, entry and checkpoint rows, read off a real ``run_step`` through
 the connection's exec trace and replayed with the step id and seq substituted) on a
 real ledger file, with no Python logic around them. The ``ceiling`` line divides it by
@@ -73,10 +73,10 @@ temporary directory on the repository's file system (or under ``--dir``), never 
 file system by default (fsync cost is the point; a warning is printed if it is one).
 
 Targets (PASS/FAIL printed; the exit status is 0 whatever they say):
-* 4 and 16 writers, ``step-4k``: stepledger's best mode ahead (>= 1.0x) of every peer's
+* 4 and 16 writers, ``step-4k``: steptrail's best mode ahead (>= 1.0x) of every peer's
   best mode;
-* 1 writer: stepledger >= 0.9x the fastest peer on ``step-4k`` and ``append-small``;
-* ``bulk-100``: stepledger >= 1.0x eventsourcing's 100-event save.
+* 1 writer: steptrail >= 0.9x the fastest peer on ``step-4k`` and ``append-small``;
+* ``bulk-100``: steptrail >= 1.0x eventsourcing's 100-event save.
 """
 
 from __future__ import annotations
@@ -190,8 +190,8 @@ class Raw:
         return [make(w, c) for w, c in enumerate(conns)], lambda: [c.close() for c in conns]
 
 
-class Stepledger:
-    name = "stepledger"
+class Steptrail:
+    name = "steptrail"
     modes = ("own", "shared")
     workloads = WORKLOADS
     settings: dict[str, Any] = {}
@@ -227,15 +227,15 @@ class Stepledger:
         return ops, lambda: [lg.close() for lg in ledgers]
 
 
-class StepledgerFloor:
+class SteptrailFloor:
     """The design's SQL floor for step-4k: raw apsw executing exactly the statements a
-    stepledger step commits (its five event rows, the inline blob row, the step,
+    steptrail step commits (its five event rows, the inline blob row, the step,
     manifest, entry and checkpoint rows), on a real ledger file (its indexes and
     triggers), with no Python logic around them. Read off one real `run_step` through
     the connection's exec trace, then replayed with the step id and seq substituted.
     What no implementation of the same rows on SQLite can beat; `/floor` in the table."""
 
-    name = "stepledger floor"
+    name = "steptrail floor"
     modes = ("own",)
     workloads = ("step-4k",)
     settings: dict[str, Any] = {}
@@ -551,7 +551,7 @@ class Row:
         return {"system": self.system, "workload": self.workload, "writers": self.writers,
                 "mode": self.mode, "ops_s": None if self.error else med(self.rates),
                 "to_raw": None if self.error else med(self.to_raw),
-                "to_stepledger": None if self.error else med(self.to_ours),
+                "to_steptrail": None if self.error else med(self.to_ours),
                 "cpu_ms_per_op": None if self.error else med(self.cpu_ms),
                 "to_raw_spread": [min(self.to_raw), max(self.to_raw)] if self.to_raw else None,
                 "rounds": self.rates, "error": self.error}
@@ -581,9 +581,9 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     if fs["fstype"] in ("tmpfs", "ramfs"):
         notes.append(f"WARNING: {scratch} is on {fs['fstype']}: fsync is nearly free there")
     skipped: dict[str, str] = {}
-    versions: dict[str, str] = {"stepledger": getattr(ledger, "__version__", "") or _version("stepledger"),
+    versions: dict[str, str] = {"steptrail": getattr(ledger, "__version__", "") or _version("steptrail"),
                                 "apsw": apsw.apswversion(), "python": platform.python_version()}
-    systems: list[Any] = [Raw(), Stepledger(), StepledgerFloor()]
+    systems: list[Any] = [Raw(), Steptrail(), SteptrailFloor()]
     for name, dist, make in (("langgraph SqliteSaver", "langgraph-checkpoint-sqlite", LangGraph),
                              ("eventsourcing", "eventsourcing", EventSourcing),
                              ("dbos", "dbos", lambda: Dbos(os.path.join(scratch, "dbos")))):
@@ -598,11 +598,11 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     versions["sqlite (python sqlite3, the peers)"] = sqlite3.sqlite_version
     shared_problem = probe_shared(scratch)
     if shared_problem:
-        note = ("stepledger shared mode skipped: one Ledger called from several threads"
+        note = ("steptrail shared mode skipped: one Ledger called from several threads"
                 f" failed the probe ({shared_problem})")
         notes.append(note)
         log(note)
-        Stepledger.modes = ("own",)
+        Steptrail.modes = ("own",)
 
     rows: dict[tuple[str, str, int, str], Row] = {}
     cells = plan(systems, args.writers)
@@ -625,8 +625,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                     if err:
                         row.error = err
                         log(f"  error: {err}")
-                        if system.name == "stepledger" and mode == "shared":
-                            notes.append("stepledger shared mode failed during the run"
+                        if system.name == "steptrail" and mode == "shared":
+                            notes.append("steptrail shared mode failed during the run"
                                          f" ({err}): one Ledger is not safe to share"
                                          " between threads in this build")
                         continue
@@ -640,7 +640,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                     row = rows[(name, workload, writers, mode)]
                     if raw:
                         row.to_raw.append(rate / raw)
-                    ours = got.get(("stepledger", mode)) or got.get(("stepledger", "own"))
+                    ours = got.get(("steptrail", mode)) or got.get(("steptrail", "own"))
                     if ours:
                         row.to_ours.append(rate / ours)
     finally:
@@ -681,11 +681,11 @@ def targets(summary: list[dict[str, Any]], writer_counts: list[int]) -> list[dic
     out = []
 
     def peer(name: str) -> bool:
-        return name not in ("stepledger", "raw apsw", StepledgerFloor.name)
+        return name not in ("steptrail", "raw apsw", SteptrailFloor.name)
 
     def check(what: str, workload: str, writers: int, goal: float,
               pred: Callable[[str], bool]) -> None:
-        ours = best(summary, workload, writers, lambda n: n == "stepledger")
+        ours = best(summary, workload, writers, lambda n: n == "steptrail")
         theirs = best(summary, workload, writers, pred)
         if not ours or not theirs:
             out.append({"target": what, "goal": goal, "ratio": None, "pass": None,
@@ -706,7 +706,7 @@ def targets(summary: list[dict[str, Any]], writer_counts: list[int]) -> list[dic
           lambda n: n == "eventsourcing")
     # The ceiling: the same rows as raw SQL (no Python around them) against the fastest
     # peer — what any implementation committing these rows on SQLite could reach.
-    floor = best(summary, "step-4k", 1, lambda n: n == StepledgerFloor.name)
+    floor = best(summary, "step-4k", 1, lambda n: n == SteptrailFloor.name)
     theirs = best(summary, "step-4k", 1, peer)
     if floor and theirs:
         out.append({"target": "ceiling: step-4k's rows as raw SQL vs the fastest peer",
@@ -739,7 +739,7 @@ def print_table(res: dict[str, Any]) -> None:
         unit = " ev" if r["workload"] == "bulk-100" else ""
         line = (f"{r['system']:<24}{r['workload']:<14}{r['writers']:>7}  {r['mode']:<7}"
                 f"{fmt(r['ops_s'], ',.0f'):>10}{fmt(r['to_raw'], '.2f'):>8}"
-                f"{fmt(r['to_stepledger'], '.2f'):>8}"
+                f"{fmt(r['to_steptrail'], '.2f'):>8}"
                 f"{fmt(r['cpu_ms_per_op'] / (BULK if unit else 1) if r['cpu_ms_per_op'] else None, '.3f'):>11}{unit}")
         if r["error"]:
             line += f"  ERROR {r['error'][:80]}"

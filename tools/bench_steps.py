@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Benchmark a full stepledger step against its raw I/O floor, measured in the same run.
+"""Benchmark a full steptrail step against its raw I/O floor, measured in the same run.
 
 Run from the repository root::
 
@@ -520,7 +520,7 @@ def count_pass(case: Case, cdir: str) -> dict[str, Any]:
         if counting[0]:
             ops[name] += 1
 
-    db_path = os.path.join(cdir, "ours", ".stepledger", "ledger.db")
+    db_path = os.path.join(cdir, "ours", ".steptrail", "ledger.db")
     led = open_ours(db_path, on_op)
     content = Content(case.size)
     outputs = {artifact_path(j): content.take() for j in range(case.artifacts)}
@@ -568,7 +568,7 @@ def bench_case(case: Case, sizes: Sizes, scratch: str) -> dict[str, Any]:
     counts = count_pass(case, os.path.join(cdir, "count"))
     template: Template = counts.pop("template")
     content = Content(case.size)
-    led = open_ours(os.path.join(cdir, "ours", ".stepledger", "ledger.db"))
+    led = open_ours(os.path.join(cdir, "ours", ".steptrail", "ledger.db"))
     sides: dict[str, Side] = {"ours": OursSide(case, content, led)}
     for name in ("floor", "one"):
         sides[name] = RawSide(name, case, content, raw_open(os.path.join(cdir, f"{name}.db")),
@@ -666,7 +666,7 @@ def describe_ops(ops: dict[str, float]) -> str:
 def print_report(res: dict[str, Any]) -> None:
     m = res["meta"]
     p = print
-    p("stepledger step benchmark: run_step (plan -> blobs -> publish -> ack) vs its raw floor,"
+    p("steptrail step benchmark: run_step (plan -> blobs -> publish -> ack) vs its raw floor,"
       " same run")
     p(f"  python {m['python']}  SQLite {m['sqlite']}  apsw {m['apsw']}  cpus {m['cpus']}"
       f"  mode {'quick' if m['quick'] else 'full'}  reps {m['reps']}  ({m['seconds']:.0f} s)")

@@ -34,9 +34,9 @@ shared file, WAL, ``synchronous=FULL``, SQLite's busy handler). The payload is t
 of the event bytes a fenced step commits per commit (measured, printed). A fenced step
 is several commits (counted in every writer through the store's ``on_op`` hook, called
 with "commit" before each COMMIT), so the comparison is per commit: **ratio to raw** =
-stepledger commits/s / raw commits/s, in the same round. The fenced step also writes
+steptrail commits/s / raw commits/s, in the same round. The fenced step also writes
 and fsyncs its workspace file and directory, which the raw loop does not: that is part
-of what the ratio charges stepledger for.
+of what the ratio charges steptrail for.
 
 **The peer**: LangGraph's ``PostgresSaver.put`` (langgraph-checkpoint-postgres, the
 ``[bench]`` extra) on the same server, N processes, each its own connection
@@ -892,7 +892,7 @@ def print_table(res: dict[str, Any]) -> None:
           f"{fmt(r['lock_held_ms_per_step'], '.1f') + '/' + fmt(r['lock_wait_ms_per_step'], '.1f'):>16}"
           f"{puts:>21}")
     p("")
-    p("to raw = stepledger commits/s / raw commits/s, same round; scaling = steps/s (raw:"
+    p("to raw = steptrail commits/s / raw commits/s, same round; scaling = steps/s (raw:"
       " commits/s) vs 1 writer; cpus own/all = busy CPUs in the window: the writers' and the"
       " server's / the whole machine's (others' work included); cpu ms/step = the writers'"
       " (+ the server's); lock held/wait = ms a step the write lock (PostgreSQL: the chain"
@@ -914,7 +914,7 @@ def print_table(res: dict[str, Any]) -> None:
               f" {fmt(r['client_cpu_ms_per_put'], '.2f')}"
               + (f"+{fmt(r['server_cpu_ms_per_put'], '.2f')}"
                  if r["server_cpu_ms_per_put"] is not None else "")
-              + f" ms/put; stepledger steps/s / puts/s {fmt(r['steps_to_puts'], '.3f')}")
+              + f" ms/put; steptrail steps/s / puts/s {fmt(r['steps_to_puts'], '.3f')}")
     p("")
     for t in res["targets"]:
         verdict = {True: "PASS", False: "FAIL", None: "n/a"}[t["pass"]]

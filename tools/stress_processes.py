@@ -592,7 +592,7 @@ def run(
     parent = "/dev/shm" if shm else scratch
     if parent:
         os.makedirs(parent, exist_ok=True)
-    root = tempfile.mkdtemp(prefix="stepledger-stress-", dir=parent)
+    root = tempfile.mkdtemp(prefix="steptrail-stress-", dir=parent)
     path = os.path.join(root, LEDGER)
     setup(root, procs)
     common = ["--seed", str(seed)]

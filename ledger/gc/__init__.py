@@ -3,7 +3,7 @@
     from ledger import Ledger
     from ledger.gc import audit, collect
 
-    with Ledger.open("ws/.stepledger/ledger.db") as ledger:
+    with Ledger.open("ws/.steptrail/ledger.db") as ledger:
         report = collect(ledger, grace_s=24 * 3600)       # condemn, re-check, unlink, record
         print(report.collected, report.reclaimed_bytes)
         assert audit(ledger).ok                          # every byte in one bucket

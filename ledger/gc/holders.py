@@ -100,7 +100,7 @@ def read_references(conn: ReadView, *, cross_check: bool = True) -> Holders:
         seq, kind, v, payload = row[0], row[9], row[10], row[11]
         try:
             if v > EVENT_VERSION:
-                raise ValueError(f"event version {v} is newer than this stepledger")
+                raise ValueError(f"event version {v} is newer than this steptrail")
             event = _refs_decoder.decode(payload)
         except (msgspec.DecodeError, msgspec.ValidationError, ValueError) as exc:
             raise GcRefused(f"{kind} event #{seq} cannot be decoded ({exc})") from None
@@ -123,7 +123,7 @@ def read_references(conn: ReadView, *, cross_check: bool = True) -> Holders:
         extra = sorted(table - out.manifest_refs)[:3]
         missing = sorted(out.manifest_refs - table)[:3]
         raise GcRefused(f"the manifest tables disagree with the events (unexpected {extra},"
-                        f" missing {missing}); run 'stepledger rebuild'")
+                        f" missing {missing}); run 'steptrail rebuild'")
     held = out.manifest_refs
     if out.released:
         held = {d for step, rev, digests in by_manifest if out.entry_holds(step, rev)

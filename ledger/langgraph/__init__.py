@@ -3,7 +3,7 @@
     from ledger import Ledger
     from ledger.langgraph import LedgerSaver
 
-    with Ledger.init(".stepledger/ledger.db") as ledger:
+    with Ledger.init(".steptrail/ledger.db") as ledger:
         graph = builder.compile(checkpointer=LedgerSaver(ledger))
 
 Every checkpoint and every pending write is one artifact-only step, committed in one

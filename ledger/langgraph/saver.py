@@ -97,7 +97,7 @@ def _key(*parts: object) -> str:
 
 
 def _run_name(thread_id: str) -> str:
-    """The thread id as the steps' `run` (shown by `stepledger steps`), when it fits."""
+    """The thread id as the steps' `run` (shown by `steptrail steps`), when it fits."""
     if len(thread_id) <= 200 and thread_id.isprintable():
         return thread_id
     return "#" + _key(thread_id)

@@ -1,6 +1,6 @@
-"""`stepledger mcp`: fenced, journaled, undoable file tools for any MCP client.
+"""`steptrail mcp`: fenced, journaled, undoable file tools for any MCP client.
 
-An optional integration (``pip install 'stepledger[mcp]'``, the official MCP SDK 2.x);
+An optional integration (``pip install 'steptrail[mcp]'``, the official MCP SDK 2.x);
 the core never imports it. `ledger.mcp.service` holds the tools on the ledger's public
 API (no SDK), `ledger.mcp.server` the MCP server around them, `ledger.mcp.fs` the
 confined directory walks, `ledger.mcp.edits` the text edits and diffs. See docs/mcp.md.

@@ -11,7 +11,7 @@ directory are done here, under the same boundary rules the library applies to a 
   a path through one is refused);
 - the ledger's own directory (by device and inode, whatever its name), the ledger file,
   its witness and ``.git`` (any case, unless the workspace allows git) are never listed,
-  entered, or created into; stepledger's own temporaries are not listed;
+  entered, or created into; steptrail's own temporaries are not listed;
 - every walk is bounded (entries scanned, entries returned, depth, time), so a huge tree
   answers with a truncated result instead of hanging or filling memory.
 
@@ -36,8 +36,8 @@ _PASS_FLAGS: Final = getattr(os, "O_PATH", os.O_RDONLY) | os.O_DIRECTORY | os.O_
 #: Code points HFS+ ignores in names: ".gi\u200ct" is ".git" there (as git's is_hfs_dotgit).
 _HFS_IGNORED: Final = dict.fromkeys([*range(0x200C, 0x2010), *range(0x202A, 0x202F),
                                      *range(0x206A, 0x2070), 0xFEFF])
-#: stepledger's staged temporaries: ``.<name>.stepledger-<stamp>.tmp``.
-_TEMP_NAME: Final = re.compile(r"^\..*\.stepledger-[0-9a-f-]+\.tmp$")
+#: steptrail's staged temporaries: ``.<name>.steptrail-<stamp>.tmp``.
+_TEMP_NAME: Final = re.compile(r"^\..*\.steptrail-[0-9a-f-]+\.tmp$")
 _BAD_CHARS: Final = re.compile(r"[\x00-\x1f\x7f\\]")
 
 

@@ -1,4 +1,4 @@
-"""The workspace leases of `stepledger mcp`: one per write, never one per server.
+"""The workspace leases of `steptrail mcp`: one per write, never one per server.
 
 Every MCP client spawns its own server, so several processes write one ledger; a
 server that held a workspace's lease for its life would lock the others out. Here a
@@ -9,9 +9,9 @@ write takes the lease for itself (`Leases.hold`):
    the ledger's write lock with `acquire`s that would slow the holder's commits;
 2. ``Ledger.acquire`` with a short TTL: a new epoch, which settles whatever an older
    epoch left in flight (a SIGKILLed server's applied, unpublished write is put back).
-   A live holder of another kind (a person's ``stepledger lease acquire``, a server on
+   A live holder of another kind (a person's ``steptrail lease acquire``, a server on
    another machine) is waited for with backoff, for a bounded time; a holder that is a
-   stepledger mcp process of this machine that is gone is taken over at once
+   steptrail mcp process of this machine that is gone is taken over at once
    (`holder_is_dead`: its pid is dead, a zombie, or another process's now).
 
 The slot is only a queue, never the arbiter: its files are opened without following a
@@ -47,7 +47,7 @@ from typing import Any
 
 from ledger import LeaseHeld, Ledger, LedgerError, StaleEpoch
 
-log = logging.getLogger("stepledger.mcp")
+log = logging.getLogger("steptrail.mcp")
 
 
 class LeaseBusy(Exception):
@@ -78,15 +78,15 @@ def _host() -> str:
 
 
 def holder_name() -> str:
-    """``stepledger-mcp@HOST:PID:START``: who holds a lease, precisely enough to tell
+    """``steptrail-mcp@HOST:PID:START``: who holds a lease, precisely enough to tell
     later whether that process is still alive."""
-    return f"stepledger-mcp@{_host()}:{os.getpid()}:{_start_time(os.getpid()) or 0}"
+    return f"steptrail-mcp@{_host()}:{os.getpid()}:{_start_time(os.getpid()) or 0}"
 
 
 def holder_is_dead(holder: str) -> bool:
-    """Whether `holder` names a stepledger mcp process of this machine that is gone (or
+    """Whether `holder` names a steptrail mcp process of this machine that is gone (or
     a zombie, or whose pid now belongs to another process). Unknown holders are alive."""
-    m = re.fullmatch(r"stepledger-mcp@(?P<host>[^:]+):(?P<pid>\d+):(?P<start>\d+)", holder)
+    m = re.fullmatch(r"steptrail-mcp@(?P<host>[^:]+):(?P<pid>\d+):(?P<start>\d+)", holder)
     if m is None or m["host"] != _host():
         return False
     pid = int(m["pid"])
@@ -137,7 +137,7 @@ def open_lock_file(path: str) -> int | None:
 
 
 class _Slot:
-    """This machine's queue for one workspace's lease among stepledger mcp servers: two
+    """This machine's queue for one workspace's lease among steptrail mcp servers: two
     lock files beside the ledger (``<ledger>-mcp-<id>.lock`` and ``.wait``, 0600). A
     server takes the ``.lock`` exclusively (flock) before it acquires the lease and lets
     it go after the release; while it waits for it, it holds ``.wait`` shared, which
@@ -315,7 +315,7 @@ class Leases:
         if lease.unsettled:
             self.notices.append(f"{_iso_now()}: settling failed for"
                                 f" {', '.join(lease.unsettled)}; writes are refused until"
-                                " 'stepledger lease settle' succeeds")
+                                " 'steptrail lease settle' succeeds")
         # kept no longer than half its TTL, so a kept lease never lapses mid-call
         return lease.epoch, time.monotonic() + self.ttl_s / 2
 

@@ -1,4 +1,4 @@
-"""`stepledger mcp`: the file tools of `ledger.mcp.service` as an MCP server.
+"""`steptrail mcp`: the file tools of `ledger.mcp.service` as an MCP server.
 
 Built on the official MCP SDK (2.x, ``mcp.server.mcpserver.MCPServer``). Each tool is
 a thin function: its arguments, typed and described for the agent (the schema
@@ -40,7 +40,7 @@ from .service import ClientView, FileTools, Limits, Result, one_line
 LOOPBACK: Final = ("127.0.0.1", "localhost", "::1")
 
 INSTRUCTIONS: Final = """\
-File tools for a workspace whose every write is a stepledger step: fenced, journaled,
+File tools for a workspace whose every write is a steptrail step: fenced, journaled,
 undoable. Read a file (read_text_file) before you write or edit it: each read returns
 the file's rev and sha256, and your next write of that path is applied only if the file
 still holds what you read — if a person or another agent changed it meanwhile, you get
@@ -113,7 +113,7 @@ def _result(r: Result) -> CallToolResult:
 
 #: The argument `guard_stdin` puts in place of a tool call's arguments that could not be
 #: decoded, so that the call is answered (an error) instead of dropped.
-UNDECODABLE: Final = "__stepledger_undecodable_request__"
+UNDECODABLE: Final = "__steptrail_undecodable_request__"
 
 
 def _repair(line: bytes) -> bytes:
@@ -142,7 +142,7 @@ def _repair(line: bytes) -> bytes:
                  "params": {"name": _clean(name), "arguments": {UNDECODABLE: why}}}
     else:
         fixed = {"jsonrpc": "2.0", "id": _clean(msg["id"]),
-                 "method": "stepledger/undecodable-request", "params": {}}
+                 "method": "steptrail/undecodable-request", "params": {}}
     return json.dumps(fixed).encode() + b"\n"
 
 
@@ -170,7 +170,7 @@ def guard_stdin() -> None:
                     dst.write(line)
                     dst.flush()
 
-    threading.Thread(target=pump, name="stepledger-mcp-stdin", daemon=True).start()
+    threading.Thread(target=pump, name="steptrail-mcp-stdin", daemon=True).start()
 
 
 def _error(message: str) -> CallToolResult:
@@ -188,11 +188,11 @@ def _validation_line(tool: str, exc: ValidationError) -> str:
     return f"invalid arguments for {tool}: " + "; ".join(parts) + more
 
 
-class StepledgerServer(MCPServer):
-    """The MCP server of `stepledger mcp` over one `FileTools`."""
+class SteptrailServer(MCPServer):
+    """The MCP server of `steptrail mcp` over one `FileTools`."""
 
-    def __init__(self, tools: FileTools, *, name: str = "stepledger") -> None:
-        super().__init__(name, title="stepledger", version=__version__,
+    def __init__(self, tools: FileTools, *, name: str = "steptrail") -> None:
+        super().__init__(name, title="steptrail", version=__version__,
                          instructions=INSTRUCTIONS, log_level="WARNING",
                          website_url=None)
         self.tools = tools
@@ -362,7 +362,7 @@ class StepledgerServer(MCPServer):
 
         def list_directory(path: DirArg, ctx: Context | None = None) -> CallToolResult:
             """List a directory: [FILE], [DIR] and [LINK] (a symlink, never followed) entries,
-            by name. The ledger's own directory, .git and stepledger's temporaries are not
+            by name. The ledger's own directory, .git and steptrail's temporaries are not
             shown; a huge directory is cut short (said so)."""
             return self._run(t.list_directory, self.view(ctx), path)
 
@@ -420,7 +420,7 @@ class StepledgerServer(MCPServer):
             return self._run(t.get_file_info, self.view(ctx), path)
 
         def list_allowed_directories(ctx: Context | None = None) -> CallToolResult:
-            """The directories this server may read and write (its stepledger workspaces).
+            """The directories this server may read and write (its steptrail workspaces).
             Relative paths are inside the first one."""
             return self._run(t.list_allowed_directories, self.view(ctx))
 
@@ -508,7 +508,7 @@ def _register(ledger: Ledger, real: str, echo: Callable[[str], None] | None) -> 
                 raise  # not a race: the directory itself is refused
             continue
         if echo is not None:
-            echo(f"stepledger mcp: registered workspace {name!r} ({real})")
+            echo(f"steptrail mcp: registered workspace {name!r} ({real})")
         return name
     raise InvalidInput(f"could not register {real} as a workspace: its name kept being taken")
 
@@ -560,7 +560,7 @@ def open_workspaces(specs: Sequence[str], ledger_path: str | None, *,
     """The ledger and the names of the workspaces to serve, from ``--workspace`` values:
     a directory (registered under its base name if it is not yet a workspace) or the
     NAME of a registered workspace. Without `ledger_path` the ledger is the first
-    directory's ``.stepledger/ledger.db``, created if absent (when `create`)."""
+    directory's ``.steptrail/ledger.db``, created if absent (when `create`)."""
     if not specs:
         raise InvalidInput("give the workspace to serve: --workspace DIR (e.g. --workspace .)")
     if ledger_path is None:
@@ -568,11 +568,11 @@ def open_workspaces(specs: Sequence[str], ledger_path: str | None, *,
         if not os.path.isdir(first):
             raise InvalidInput(f"--workspace {first}: not a directory (a workspace NAME needs"
                                " --ledger PATH, the ledger that registered it)")
-        ledger_path = os.path.join(os.path.realpath(first), ".stepledger", "ledger.db")
+        ledger_path = os.path.join(os.path.realpath(first), ".steptrail", "ledger.db")
     if create:
         ledger = _init(ledger_path, witness)
         if ledger.created and echo is not None:
-            echo(f"stepledger mcp: created ledger {ledger.path}")
+            echo(f"steptrail mcp: created ledger {ledger.path}")
     else:
         ledger = Ledger.open(ledger_path, witness=witness)  # raises LedgerNotFound
     try:
@@ -588,7 +588,7 @@ def open_workspaces(specs: Sequence[str], ledger_path: str | None, *,
                 name = spec
             else:
                 raise InvalidInput(f"--workspace {spec}: neither a directory nor a workspace of"
-                                   f" {ledger.path} (stepledger workspace list)")
+                                   f" {ledger.path} (steptrail workspace list)")
             if name in names:
                 raise InvalidInput(f"--workspace {spec}: workspace {name!r} is given twice")
             names.append(name)
@@ -608,7 +608,7 @@ def check_bind(host: str, allow_remote: bool) -> None:
         except ValueError:
             loopback = False
     if not loopback and not allow_remote:
-        raise InvalidInput(f"--host {host} is not a loopback address: stepledger mcp has no"
+        raise InvalidInput(f"--host {host} is not a loopback address: steptrail mcp has no"
                            " authentication, so anyone who can reach the port could read and"
                            " write the workspace; serve 127.0.0.1 (the default) and put an"
                            " authenticating proxy in front, or pass --allow-remote if something"
@@ -634,7 +634,7 @@ def serve(specs: Sequence[str], *, ledger_path: str | None = None, witness: str 
           allow_remote: bool = False, lease_ttl_s: float = 20.0, lease_wait_s: float = 30.0,
           lease_linger_s: float = 0.2, limits: Limits | None = None,
           echo: Callable[[str], None] | None = None) -> None:
-    """Run `stepledger mcp` until the client goes away (stdio) or it is interrupted."""
+    """Run `steptrail mcp` until the client goes away (stdio) or it is interrupted."""
     if http:
         check_bind(host, allow_remote)
     ledger, names, given = open_workspaces(specs, ledger_path, witness=witness, echo=echo)
@@ -642,11 +642,11 @@ def serve(specs: Sequence[str], *, ledger_path: str | None = None, witness: str 
         tools = FileTools(ledger, names, lease_ttl_s=lease_ttl_s, lease_wait_s=lease_wait_s,
                           lease_linger_s=lease_linger_s, limits=limits, given_roots=given)
         try:
-            server = StepledgerServer(tools)
+            server = SteptrailServer(tools)
             if echo is not None:
                 where = f"http://{host}:{port}/mcp" if http else "stdio"
                 served = ", ".join(f"{w.name} ({w.root})" for w in tools.workspaces)
-                echo(f"stepledger mcp: serving {served} from {ledger.path} over {where}")
+                echo(f"steptrail mcp: serving {served} from {ledger.path} over {where}")
             if not http:
                 guard_stdin()
                 server.run("stdio")
@@ -657,5 +657,5 @@ def serve(specs: Sequence[str], *, ledger_path: str | None = None, witness: str 
             tools.close()
 
 
-__all__ = ["StepledgerServer", "check_bind", "open_workspaces", "serve"]
+__all__ = ["SteptrailServer", "check_bind", "open_workspaces", "serve"]
 

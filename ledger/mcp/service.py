@@ -1,4 +1,4 @@
-"""The file tools behind `stepledger mcp`, on the ledger's public API only.
+"""The file tools behind `steptrail mcp`, on the ledger's public API only.
 
 `FileTools` implements every tool as a plain synchronous method returning a `Result`
 (text for the agent, a structured document, an error flag); `ledger.mcp.server` wires
@@ -6,7 +6,7 @@ them to the MCP SDK. Nothing here imports the SDK.
 
 Reads go through `Ledger.read_file`: the bytes with their rev and the sha256 of exactly
 those bytes. Each client has a `ClientView`: what it last read or wrote of each path.
-A write is one stepledger step, run whole under a lease taken for that call only:
+A write is one steptrail step, run whole under a lease taken for that call only:
 
 1. acquire the workspace's lease (short TTL; while another holder's lease is live, wait
    with backoff for a bounded time; a holder that is a dead process on this machine is
@@ -69,7 +69,7 @@ from .edits import EditRefused, apply_edits, unified_diff
 from .fs import Boundary, Confined, Entry, FsRefused, glob_match
 from .leases import LeaseBusy, Leases, holder_name
 
-log = logging.getLogger("stepledger.mcp")
+log = logging.getLogger("steptrail.mcp")
 
 IN_FLIGHT: Final = frozenset({"planned", "fenced", "blob-stored"})
 COMMITTED: Final = frozenset({"manifest-published", "acked"})
@@ -195,7 +195,7 @@ class Workspace:
 #: Tests only: ``STAGE:MARKER`` makes a write stop for good at STAGE (after-admit,
 #: after-apply, after-publish) once MARKER is created, so a test can SIGKILL the server
 #: exactly there. Unset (always, outside the tests) it costs one dict lookup.
-PAUSE_ENV: Final = "STEPLEDGER_MCP_TEST_PAUSE"
+PAUSE_ENV: Final = "STEPTRAIL_MCP_TEST_PAUSE"
 
 
 def _pause_for_tests(stage: str) -> None:
@@ -226,7 +226,7 @@ class _Change:
 
 
 class FileTools:
-    """Every tool of `stepledger mcp` over one open ledger (see the module)."""
+    """Every tool of `steptrail mcp` over one open ledger (see the module)."""
 
     def __init__(self, ledger: Ledger, workspaces: Sequence[str], *,
                  lease_ttl_s: float = 20.0, lease_wait_s: float = 30.0,
@@ -395,7 +395,7 @@ class FileTools:
             part = f"{'first' if head is not None else 'last'} {n} lines of {len(lines)}"
         data = {"path": shown, "rev": got.rev, "hash": got.pre_hash, "size": len(got.content),
                 "lines": part, "content": shown_text}
-        return Result([shown_text, f"[stepledger] {shown}: rev {got.rev}, sha256 {got.pre_hash},"
+        return Result([shown_text, f"[steptrail] {shown}: rev {got.rev}, sha256 {got.pre_hash},"
                        f" {len(got.content)} bytes ({part}). Your next write or edit of it is"
                        " fenced on this read."], data)
 
@@ -887,7 +887,7 @@ class FileTools:
                                       f" ({walk.why})")
                 if walk.hidden:
                     raise ToolFailure(f"{self.show(ws, srel)} holds {len(walk.hidden)} entries"
-                                      " the tools leave alone (.git, stepledger's temporaries,"
+                                      " the tools leave alone (.git, steptrail's temporaries,"
                                       " the ledger's own, names that are not UTF-8): it is not"
                                       " moved, so nothing of it is left behind")
                 odd = [e for e in walk.entries if e.kind not in ("file", "directory")]
@@ -1069,7 +1069,7 @@ class FileTools:
     def list_allowed_directories(self, view: ClientView) -> Result:
         lines = [f"{w.root}" + (" (default: relative paths are inside it)" if w is self.default
                                 else "") for w in self.workspaces]
-        return Result(["Allowed directories (stepledger workspaces):\n" + "\n".join(lines)], {
+        return Result(["Allowed directories (steptrail workspaces):\n" + "\n".join(lines)], {
             "directories": [{"path": w.root, "workspace": w.name, "default": w is self.default}
                             for w in self.workspaces]})
 

@@ -90,7 +90,7 @@ class Head(msgspec.Struct, frozen=True):
         if match is None:
             raise InvalidInput(
                 f"head {text!r} is not SEQ:HASH (a seq and 64 hex characters), as printed"
-                " by 'stepledger head'"
+                " by 'steptrail head'"
             )
         return cls(int(match[1]), bytes.fromhex(match[2]))
 
@@ -341,7 +341,7 @@ class ReadView(Protocol):
     def live_step_count(self) -> int: ...
     def event_totals(self, bucket_ns: int) -> tuple[list[tuple[str, str, int, int, int, int]],
                                                      list[tuple[int, int, int]]]:
-        """What `stepledger stats` reads: per (run, kind) (run, kind, events, bytes, first
+        """What `steptrail stats` reads: per (run, kind) (run, kind, events, bytes, first
         time_ns, last time_ns), and per time bucket of `bucket_ns` (bucket start, events,
         bytes), in order. An event's bytes: its payload, journal key and two hashes."""
         ...

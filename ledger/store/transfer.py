@@ -1,4 +1,4 @@
-"""Rows moved between stores as they are: `copy_tables` (what `stepledger copy` does
+"""Rows moved between stores as they are: `copy_tables` (what `steptrail copy` does
 under `ledger.copying`) and `snapshot_to_sqlite` (the PostgreSQL store's `snapshot`).
 
 Every `COPY_TABLES` table is read from one snapshot of the source and written into the
@@ -37,7 +37,7 @@ def copy_tables(src: Store, dst: Store, *, progress: Progress | None = None,
         if any(True for _ in view.table_rows("sealed_ranges")):
             raise InvalidInput(f"{src.info.location} has sealed runs, whose archives are"
                                " files beside it; copy a ledger without sealed runs, or keep"
-                               " it with 'stepledger backup'")
+                               " it with 'steptrail backup'")
         events = view.count()
         with dst.transaction() as tx:
             for table in COPY_TABLES:

@@ -1,4 +1,4 @@
-"""`stepledger chaos`: kill a real process at every operation of a step, then check.
+"""`steptrail chaos`: kill a real process at every operation of a step, then check.
 
 The whole artifact protocol of one N-artifact step (plan with its pins, durable blob
 files, then inline rows, every `blob-stored`, the publish and the ack in one commit; a
@@ -136,7 +136,7 @@ def run_chaos(
     """Kill the protocol at every operation index; classify after the crash and after replay."""
     started = time.perf_counter()
     own = workdir is None
-    root = workdir or tempfile.mkdtemp(prefix="stepledger-chaos-")
+    root = workdir or tempfile.mkdtemp(prefix="steptrail-chaos-")
     try:
         inline_max = Ledger.INLINE_MAX_DEFAULT
         outputs = chaos_outputs(artifacts, inline_max)

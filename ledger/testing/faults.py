@@ -1,6 +1,6 @@
-"""Power loss, I/O errors and disk full under a stepledger ledger: one simulated disk.
+"""Power loss, I/O errors and disk full under a steptrail ledger: one simulated disk.
 
-The test suite's harness, shipped so that ``stepledger chaos --power-loss`` and
+The test suite's harness, shipped so that ``steptrail chaos --power-loss`` and
 ``--io-errors`` run the same sweeps on a user's own machine. It imports nothing beyond
 the stdlib and the ledger; what is the SQLite driver's (the VFS, what plain SQLite reads
 of a file) is the SQLite store's, in `ledger.store.sqlite.faultvfs`. One `PowerLossDisk`
@@ -98,8 +98,8 @@ API
 ``crash_sweep(workload, models=MODELS, points=None, ...)`` -> [SweepReport per model]
 ``fault_sweep(workload, faults=lambda k: [...], points=[...], name=...)`` -> SweepReport
     `sample_points(total, every=, n=, seed=)` picks crash points; `full_mode()` is
-    STEPLEDGER_FAULTS_FULL=1; `publish_report` prints a sweep's line (and appends JSON
-    to $STEPLEDGER_FAULTS_REPORT). `KNOWN_BUGS`: ledger bugs a sweep may meet; a point
+    STEPTRAIL_FAULTS_FULL=1; `publish_report` prints a sweep's line (and appends JSON
+    to $STEPTRAIL_FAULTS_REPORT). `KNOWN_BUGS`: ledger bugs a sweep may meet; a point
     that meets one records it in ``.known``, works around it, and checks the rest.
 ``sqlite_view(path)``
     what plain SQLite (WAL recovery included) reads from a copy of a ledger file.
@@ -160,7 +160,7 @@ _DIR = "<dir>"
 
 def scratch_root() -> str:
     """/dev/shm when writable (fsync is nearly free there), else the temp dir."""
-    for cand in (os.environ.get("STEPLEDGER_SCRATCH"), "/dev/shm"):
+    for cand in (os.environ.get("STEPTRAIL_SCRATCH"), "/dev/shm"):
         if cand and os.path.isdir(cand) and os.access(cand, os.W_OK):
             return cand
     return tempfile.gettempdir()
@@ -1376,15 +1376,15 @@ def fault_sweep(
 
 
 def full_mode() -> bool:
-    """STEPLEDGER_FAULTS_FULL=1: every index x every model (the exhaustive sweep)."""
-    return os.environ.get("STEPLEDGER_FAULTS_FULL", "") not in ("", "0")
+    """STEPTRAIL_FAULTS_FULL=1: every index x every model (the exhaustive sweep)."""
+    return os.environ.get("STEPTRAIL_FAULTS_FULL", "") not in ("", "0")
 
 
 def publish_report(*reports: SweepReport) -> None:
-    """Print each sweep's line; with STEPLEDGER_FAULTS_REPORT=path also append it as JSON."""
+    """Print each sweep's line; with STEPTRAIL_FAULTS_REPORT=path also append it as JSON."""
     import json
 
-    out = os.environ.get("STEPLEDGER_FAULTS_REPORT")
+    out = os.environ.get("STEPTRAIL_FAULTS_REPORT")
     for rep in reports:
         print(rep.line())
         if out:

@@ -1,4 +1,4 @@
-"""`stepledger fuzz`: interleaving search over the fence protocol (docs/design.md "Fence modes").
+"""`steptrail fuzz`: interleaving search over the fence protocol (docs/design.md "Fence modes").
 
 A fixed plan of four chained steps over two files is driven, one op at a time, by a
 schedule that mixes the main line (``advance``) with the ordinary interferences of an
@@ -34,7 +34,7 @@ emits the fully specified form, so an op list alone replays exactly (and shrinki
 op never changes what another means):
 
 - ``human_edit:<a.py|b.py>:<disk|ledger|same>`` — an untracked edit on disk (``h<k>``),
-  an edit through stepledger (a step planned from `snapshot`, applied, published,
+  an edit through steptrail (a step planned from `snapshot`, applied, published,
   acked), or an untracked edit writing exactly the content the agent's next planned
   write to that file would (``same``: settling must not mistake it for the agent's own
   unrecorded rename);
@@ -452,7 +452,7 @@ class World:
             raise InvalidInput(f"fence {fence!r} is not one of {', '.join(FENCE_MODES)}")
         self.fence, self.journal, self.seed = fence, bool(journal), seed
         self.rng = random.Random(seed)  # only for bare human_edit / replan
-        self.tmp = tempfile.mkdtemp(prefix="stepledger-fuzz-", dir=_tmp_parent(workdir))
+        self.tmp = tempfile.mkdtemp(prefix="steptrail-fuzz-", dir=_tmp_parent(workdir))
         self.ledger: Ledger | None = None
         try:
             self.clock = FakeClock()
@@ -626,7 +626,7 @@ class World:
         if not res.endswith("applied"):
             return res
         self._commit(step, 1)
-        return f"{path} := {content.decode()} through stepledger ({step}, rev {rev} -> committed)"
+        return f"{path} := {content.decode()} through steptrail ({step}, rev {rev} -> committed)"
 
     def op_preempt(self) -> str:
         old = self.live
@@ -854,7 +854,7 @@ def _run(ops: Sequence[str], *, fence: str, journal: bool, workdir: str | None, 
             else:
                 violation = world.final_check(wanted)
         except Exception as exc:
-            exc.add_note(f"stepledger fuzz: seed {seed}, fence {fence}, journal {journal},"
+            exc.add_note(f"steptrail fuzz: seed {seed}, fence {fence}, journal {journal},"
                          f" after ops {world.ops} (next {ops[len(world.ops)]!r})"
                          if len(world.ops) < len(ops) else f"seed {seed}")
             raise

@@ -6,13 +6,13 @@ with ``pg_ctl`` on a private unix socket directory (and, with ``tcp=True``, on
 interpreter exit, so an aborted test run leaves no server behind)::
 
     with PgServer.start() as pg:
-        url = pg.create_database("t1")   # postgresql://stepledger@/t1?host=...&port=...
+        url = pg.create_database("t1")   # postgresql://steptrail@/t1?host=...&port=...
         ...
         pg.kill()                        # a crash (pg_ctl stop -m immediate) ...
         pg.restart()                     # ... recovered on the next start
 
 The server is a durable one (fsync and synchronous_commit on), so a kill loses nothing
-committed. Authentication is ``trust`` for the one role ``stepledger``: nothing but the
+committed. Authentication is ``trust`` for the one role ``steptrail``: nothing but the
 socket directory's permissions (0700) and 127.0.0.1 guard it.
 
 ``initdb`` and ``pg_ctl`` refuse to run as root. As root the server runs as the
@@ -21,7 +21,7 @@ temporary directory; root still reaches the socket.
 
 A command line keeps a server whose data persists in a directory (for a user's demo)::
 
-    export STEPLEDGER_LEDGER=$(python -m ledger.testing.pgserver start /tmp/pg)
+    export STEPTRAIL_LEDGER=$(python -m ledger.testing.pgserver start /tmp/pg)
     python -m ledger.testing.pgserver stop /tmp/pg
 
 The module needs only the standard library to import (and to run ``bindir``, ``stop``);
@@ -46,10 +46,10 @@ from typing import Any
 from urllib.parse import quote
 
 #: The one role of the cluster (initdb -U), and the database the command line creates.
-USER = "stepledger"
+USER = "steptrail"
 #: How to get the server binaries when `find_bindir` finds none.
 INSTALL_HINT = ("PostgreSQL server binaries (initdb, pg_ctl, postgres) not found: install them"
-                " (Debian/Ubuntu: apt-get install postgresql) or set STEPLEDGER_PG_BINDIR to"
+                " (Debian/Ubuntu: apt-get install postgresql) or set STEPTRAIL_PG_BINDIR to"
                 " the directory holding them")
 #: The system user the server runs as when we are root (initdb refuses root).
 RUN_AS_USER = "postgres"
@@ -92,14 +92,14 @@ def _version_key(path: Path) -> tuple[int, ...]:
 def find_bindir() -> str | None:
     """The directory holding ``initdb``, ``pg_ctl`` and ``postgres``, or None.
 
-    In order: ``$STEPLEDGER_PG_BINDIR`` (an error if it is set but lacks them: a wrong
+    In order: ``$STEPTRAIL_PG_BINDIR`` (an error if it is set but lacks them: a wrong
     setting should not silently fall back), the newest ``/usr/lib/postgresql/*/bin``
     (Debian/Ubuntu), ``pg_config --bindir`` when pg_config is on PATH, and last the
     directory of an ``initdb`` on PATH."""
-    env = os.environ.get("STEPLEDGER_PG_BINDIR")
+    env = os.environ.get("STEPTRAIL_PG_BINDIR")
     if env:
         if not _has_binaries(env):
-            raise PgServerError(f"STEPLEDGER_PG_BINDIR={env} does not hold executable"
+            raise PgServerError(f"STEPTRAIL_PG_BINDIR={env} does not hold executable"
                                 f" {', '.join(_BINARIES)}")
         return os.path.abspath(env)
     debian = sorted(Path("/usr/lib/postgresql").glob("*/bin"), key=_version_key, reverse=True)
@@ -195,7 +195,7 @@ def _connect(url: str, **kwargs: Any) -> Any:
     import psycopg
 
     return psycopg.connect(url, autocommit=True, connect_timeout=10,
-                           application_name="stepledger-pgserver", **kwargs)
+                           application_name="steptrail-pgserver", **kwargs)
 
 
 # --- the server ---------------------------------------------------------------------------
@@ -234,7 +234,7 @@ class PgServer:
         if bindir is None:
             raise PgServerError(INSTALL_HINT)
         run_as = _run_as()  # before making anything: a root without 'postgres' fails here
-        root = Path(tempfile.mkdtemp(prefix="stepledger-pg-", dir=base_dir)).resolve()
+        root = Path(tempfile.mkdtemp(prefix="steptrail-pg-", dir=base_dir)).resolve()
         server = cls(root, port=_free_port(), tcp=tcp, socket_dir=root / "sock", bindir=bindir,
                      owned=True)
         atexit.register(server._close_at_exit)
@@ -357,7 +357,7 @@ class PgServer:
 
     def _write_conf(self, conf: dict[str, Any]) -> None:
         """Append settings to postgresql.conf (a later line overrides an earlier one)."""
-        lines = ["", "# stepledger pgserver"]
+        lines = ["", "# steptrail pgserver"]
         for name, value in conf.items():
             if not _SETTING_NAME.match(name):
                 raise PgServerError(f"not a setting name: {name!r}")
@@ -436,7 +436,7 @@ class PgServer:
         return self._port
 
     def url(self, dbname: str = "postgres") -> str:
-        """A libpq URL of `dbname` as the ``stepledger`` role: over the unix socket, or over
+        """A libpq URL of `dbname` as the ``steptrail`` role: over the unix socket, or over
         127.0.0.1 for a server started with ``tcp=True``."""
         db = quote(dbname, safe="")
         if self.tcp:
@@ -549,14 +549,14 @@ class _Parser(argparse.ArgumentParser):
 
 
 _DESCRIPTION = """\
-A PostgreSQL server whose data lives in DIR, for trying stepledger on PostgreSQL.
+A PostgreSQL server whose data lives in DIR, for trying steptrail on PostgreSQL.
 
   start DIR [--tcp]  make a cluster in DIR (absent or empty) and start it, or start the one
-                     already there; create the database 'stepledger' and print its URL
+                     already there; create the database 'steptrail' and print its URL
                      (one line), e.g.
-                       export STEPLEDGER_LEDGER=$(python -m ledger.testing.pgserver start /tmp/pg)
+                       export STEPTRAIL_LEDGER=$(python -m ledger.testing.pgserver start /tmp/pg)
                      The server listens on a unix socket in DIR/sock only, or also on
-                     127.0.0.1 (a free port) with --tcp; its role 'stepledger' needs no
+                     127.0.0.1 (a free port) with --tcp; its role 'steptrail' needs no
                      password. DIR/pgserver.json records the port and socket directory;
                      DIR/server.log is the server's log.
   stop DIR           stop it (the data stays; start DIR again later, or rm -r DIR)

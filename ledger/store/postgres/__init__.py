@@ -69,7 +69,7 @@ from . import sql as q
 SCHEMES: Final = ("postgresql", "postgres")
 CHECKPOINT_NAME: Final = "steps"
 READ_BATCH: Final = 2_000
-#: The advisory lock class of every stepledger lock ('STLG' as a signed 32-bit int).
+#: The advisory lock class of every steptrail lock ('STLG' as a signed 32-bit int).
 LOCK_CLASS: Final = 0x53544C47
 #: The advisory lock class of the workspaces' locks: a class of their own, so that no
 #: workspace name (its key a crc32 anyone can aim) can take the ledger's, the chain's or
@@ -659,7 +659,7 @@ class PgStore:
                                       " transaction, which did not commit")
         try:
             conn = psycopg.connect(self.url, autocommit=True, connect_timeout=CONNECT_TIMEOUT_S,
-                                   application_name="stepledger", **KEEPALIVES)
+                                   application_name="steptrail", **KEEPALIVES)
         except psycopg.ProgrammingError as exc:
             raise InvalidInput(f"{self.location} is not a usable PostgreSQL URL: "
                                f"{_without_secrets(_first_line(exc), self.url, self.location)}"
@@ -891,7 +891,7 @@ class PgStore:
         key = _lock_key(f"{name}:{self._schema}")
         try:
             conn = psycopg.connect(self.url, autocommit=True, connect_timeout=CONNECT_TIMEOUT_S,
-                                   application_name=f"stepledger {name} lock")
+                                   application_name=f"steptrail {name} lock")
         except psycopg.Error as exc:
             raise DatabaseUnavailable(self.location, _first_line(exc)) from None
         try:
@@ -939,7 +939,7 @@ class PgStore:
 
 def _too_old(location: str, version: int) -> LedgerError:
     from ...errors import NotALedger
-    return NotALedger(location, f"it records schema version {version}; this stepledger"
+    return NotALedger(location, f"it records schema version {version}; this steptrail"
                       f" makes and reads v{sch.SCHEMA_VERSION} PostgreSQL ledgers")
 
 

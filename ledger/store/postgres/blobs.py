@@ -68,7 +68,7 @@ class PgFiles:
             return self._conn
         try:
             self._conn = psycopg.connect(self._store.url, autocommit=True, connect_timeout=10,
-                                         application_name="stepledger blobs")
+                                         application_name="steptrail blobs")
             self._conn.execute(f"SET search_path TO {_quote(self._store._schema)}")
         except psycopg.Error as exc:
             raise DatabaseUnavailable(self._store.location, _first_line(exc)) from None

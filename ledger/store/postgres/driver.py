@@ -1,5 +1,5 @@
 """The PostgreSQL driver, imported on first use: psycopg 3 is an extra
-(``pip install 'stepledger[postgres]'``), so the core imports without it."""
+(``pip install 'steptrail[postgres]'``), so the core imports without it."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ def _psycopg() -> Any:
         import psycopg
     except ImportError:
         raise InvalidInput("a postgresql:// ledger needs the PostgreSQL extra: pip install"
-                           " 'stepledger[postgres]'") from None
+                           " 'steptrail[postgres]'") from None
     return psycopg
 
 

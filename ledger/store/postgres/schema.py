@@ -1,7 +1,7 @@
 """The PostgreSQL ledger's schema: the same tables, columns and rules as the SQLite
 ledger's (docs/storage.md), in PostgreSQL's types, and the check of a database against it.
 
-A ledger is the set of stepledger tables in one schema of one database (the connection's
+A ledger is the set of steptrail tables in one schema of one database (the connection's
 first `search_path` schema; ``?options=-csearch_path%3Dname`` in the URL picks another).
 What marks it as a ledger is the `stepledger_schema` row (the application's name and the
 schema version: what the SQLite file's application id and ``user_version`` say), and
@@ -184,7 +184,7 @@ WHERE c.relnamespace = quote_ident(current_schema())::regnamespace AND c.relname
 
 def read_marker(conn: Any, location: str) -> int | None:
     """The schema version the `stepledger_schema` row records; None: the schema holds no
-    stepledger tables at all (an empty database). NotALedger / LedgerTooNew otherwise."""
+    steptrail tables at all (an empty database). NotALedger / LedgerTooNew otherwise."""
     row = conn.execute("SELECT to_regclass(quote_ident(current_schema()) || '.stepledger_schema'),"
                        " to_regclass(quote_ident(current_schema()) || '.events'),"
                        " current_schema()").fetchone()
@@ -199,7 +199,7 @@ def read_marker(conn: Any, location: str) -> int | None:
     rows = conn.execute("SELECT application, version FROM stepledger_schema").fetchall()
     if len(rows) != 1 or rows[0][0] != APPLICATION or type(rows[0][1]) is not int:
         raise NotALedger(location, "its stepledger_schema table does not hold one"
-                         " stepledger row")
+                         " steptrail row")
     version = rows[0][1]
     if version > SCHEMA_VERSION:
         raise LedgerTooNew(location, version, SCHEMA_VERSION)
@@ -270,7 +270,7 @@ def check_schema(conn: Any, location: str, *, forensic: bool) -> tuple[str, ...]
     tables_differ = [c for c in changes if c.startswith("table ")]
     if forensic and not tables_differ:
         return tuple(changes)
-    raise NotALedger(location, "its schema differs from a stepledger"
+    raise NotALedger(location, "its schema differs from a steptrail"
                      f" v{SCHEMA_VERSION} ledger: {', '.join(changes)}")
 
 

@@ -171,7 +171,7 @@ class ArchiveFile:
             self.conn.config(apsw.SQLITE_DBCONFIG_TRUSTED_SCHEMA, 0)
             found = frozenset(self.conn.execute("SELECT name, sql FROM sqlite_schema").fetchall())
             if found != _EXPECTED:
-                raise ArchiveInvalid(path, "its schema is not a stepledger archive's")
+                raise ArchiveInvalid(path, "its schema is not a steptrail archive's")
             self.header: dict[str, str] = dict(
                 self.conn.execute("SELECT key, value FROM header").fetchall())
         except apsw.Error as exc:
@@ -196,10 +196,10 @@ class ArchiveFile:
         user_version, application_id = struct.unpack(">I4xI", head[60:72])
         if application_id != APPLICATION_ID:
             raise ArchiveInvalid(self.path, f"its application_id is {application_id:#x},"
-                                 " not a stepledger archive's")
+                                 " not a steptrail archive's")
         if user_version != FORMAT_VERSION:
             raise ArchiveInvalid(self.path, f"its format version is {user_version}; this"
-                                 f" stepledger reads version {FORMAT_VERSION}")
+                                 f" steptrail reads version {FORMAT_VERSION}")
 
     def rows(self) -> Iterator[EventRow]:
         """Every archived row, in seq order (paged: the archive is never held in memory)."""

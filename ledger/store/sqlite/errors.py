@@ -1,4 +1,4 @@
-"""What SQLite and the OS raise, as stepledger's typed errors (exit code 3 or 2).
+"""What SQLite and the OS raise, as steptrail's typed errors (exit code 3 or 2).
 
 Most failures are mapped where they happen (`translate`, `read_error`). What the driver
 raises past every boundary is told apart by `BUSY_ERRORS`, `STORAGE_ERRORS` and

@@ -27,7 +27,7 @@ INSERT_SQL: Final = (
 FOLD_COLUMNS: Final = "seq, time_ns, kind, v, payload"
 HEAD_SQL: Final = "SELECT seq, hash FROM events ORDER BY seq DESC LIMIT 1"
 COUNT_SQL: Final = "SELECT count(*) FROM events"
-#: an event's bytes as `stepledger stats` counts them: payload, journal key, two hashes
+#: an event's bytes as `steptrail stats` counts them: payload, journal key, two hashes
 _EVENT_BYTES: Final = "length(payload) + length(CAST(journal_key AS BLOB)) + 64"
 TOTALS_BY_RUN_SQL: Final = (f"SELECT run, kind, count(*), sum({_EVENT_BYTES}), min(time_ns),"
                             " max(time_ns) FROM events GROUP BY run, kind ORDER BY run, kind")

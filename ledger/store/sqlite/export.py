@@ -1,4 +1,4 @@
-"""``stepledger export``'s reading: the ledger file's tables as plain rows, read-only.
+"""``steptrail export``'s reading: the ledger file's tables as plain rows, read-only.
 
 The rows are read through sqlite-utils over a connection of the standard library's
 sqlite3 module opened on a read-only URI (``mode=ro``: it never writes the file) with

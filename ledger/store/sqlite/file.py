@@ -68,14 +68,14 @@ from .schema import (
 
 SQLITE_MAGIC: Final = b"SQLite format 3\x00"
 #: The ledger holds every version of every file a step wrote: its directory (when
-#: stepledger creates it) and its files (the database, -wal, -shm, -lockq, the GC lock)
+#: steptrail creates it) and its files (the database, -wal, -shm, -lockq, the GC lock)
 #: are the owner's alone. SQLite gives the -wal and -shm the database file's mode.
 LEDGER_DIR_MODE: Final = 0o700
 LEDGER_FILE_MODE: Final = 0o600
 #: The -wal size (pages) at which a writer checkpoints, as SQLite's autocheckpoint would.
 CHECKPOINT_PAGES: Final = 1000
 #: The collector's lock file, beside the ledger (GC holds it exclusively while it runs).
-GC_LOCK_NAME: Final = ".stepledger-gc.lock"
+GC_LOCK_NAME: Final = ".steptrail-gc.lock"
 
 Synchronous = Literal["FULL", "EXTRA", "NORMAL", "OFF"]
 
@@ -130,7 +130,7 @@ def read_header(path: str) -> Header | None:
     if application_id == 0 and user_version == 0 and has_wal:
         return None
     if application_id != APPLICATION_ID:
-        raise NotALedger(path, f"SQLite application_id is {application_id:#x}, not stepledger's")
+        raise NotALedger(path, f"SQLite application_id is {application_id:#x}, not steptrail's")
     if user_version > SCHEMA_VERSION:
         raise LedgerTooNew(path, user_version, SCHEMA_VERSION)
     return Header(application_id, user_version, wal=head[18] == 2)
@@ -180,7 +180,7 @@ def set_busy(conn: apsw.Connection, timeout_ms: int, stats: WriteStats | None = 
     """Wait for a lock SQLite reports busy polling every 0.2-3 ms (jittered) until
     `timeout_ms`.
 
-    Between stepledger's writers the write lock is taken in `WriterQueue` first, so
+    Between steptrail's writers the write lock is taken in `WriterQueue` first, so
     this handler only runs against what does not queue there: a reader's snapshot
     during WAL recovery, a closing connection's checkpoint, another program's
     connection, an init's transaction. SQLite's default handler sleeps 1, 2, 5 … up to
@@ -236,7 +236,7 @@ def _held_by_another(fd: int, byte: int) -> bool:
 
 
 class WriterQueue:
-    """The write lock stepledger's writers take before ``BEGIN IMMEDIATE`` and hold
+    """The write lock steptrail's writers take before ``BEGIN IMMEDIATE`` and hold
     until after ``COMMIT``, on ``<ledger>-lockq``: a waiter blocks in the kernel and
     wakes the moment the lock is let go, instead of polling SQLite's lock (which has
     no queue: a poller sleeps past the release, and a writer that commits and begins
@@ -299,7 +299,7 @@ class WriterQueue:
                 self._waiting = True
                 if self._helper is None:
                     self._helper = threading.Thread(target=self._run, daemon=True,
-                                                    name="stepledger-writer-queue")
+                                                    name="steptrail-writer-queue")
                     self._helper.start()
                 self._go.release()
         deadline = time.monotonic() + timeout_s
@@ -1079,7 +1079,7 @@ def _wal_commits_nothing(path: str) -> bool:
     try:
         if os.path.getsize(wal_path(path)) > INIT_WAL_MAX or os.path.getsize(path) > INIT_WAL_MAX:
             return False
-        probe_dir = tempfile.mkdtemp(prefix="stepledger-init-probe-")
+        probe_dir = tempfile.mkdtemp(prefix="steptrail-init-probe-")
     except OSError:
         return False
     try:

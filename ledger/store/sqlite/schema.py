@@ -219,12 +219,12 @@ def check_contents(conn: apsw.Connection, path: str, *, forensic: bool = False) 
     """
     application_id = conn.execute("PRAGMA application_id").fetchone()[0]
     if application_id != APPLICATION_ID:
-        raise NotALedger(path, f"SQLite application_id is {application_id:#x}, not stepledger's")
+        raise NotALedger(path, f"SQLite application_id is {application_id:#x}, not steptrail's")
     version = conn.execute("PRAGMA user_version").fetchone()[0]
     if version > SCHEMA_VERSION:
         raise LedgerTooNew(path, version, SCHEMA_VERSION)
     if version < 1:
-        raise NotALedger(path, "it has no stepledger schema version")
+        raise NotALedger(path, "it has no steptrail schema version")
     found = frozenset(conn.execute("SELECT type, name, tbl_name, sql FROM sqlite_schema"))
     extra = found - expected_schema(version)
     missing = expected_schema(version) - found
@@ -233,6 +233,6 @@ def check_contents(conn: apsw.Connection, path: str, *, forensic: bool = False) 
     if extra or missing:
         names = sorted({f"{t} {n}" for t, n, _, _ in extra | missing})
         raise NotALedger(
-            path, f"its schema differs from a stepledger v{version} ledger: {', '.join(names)}"
+            path, f"its schema differs from a steptrail v{version} ledger: {', '.join(names)}"
         )
     return int(version)

@@ -174,12 +174,12 @@ def scratch(conn: apsw.Connection) -> Iterator[Scratch]:
 
 def _create_temp_like(conn: apsw.Connection, table: str, temp: str) -> None:
     """CREATE TEMP TABLE `temp` from the very DDL of the ledger's `table` (same columns,
-    types, key); TypeError when that DDL is not the one stepledger wrote."""
+    types, key); TypeError when that DDL is not the one steptrail wrote."""
     row = conn.execute("SELECT sql FROM main.sqlite_schema WHERE type = 'table' AND name = ?",
                        (table,)).fetchone()
     prefix = f"CREATE TABLE {table}("
     if row is None or not isinstance(row[0], str) or not row[0].startswith(prefix):
-        raise TypeError(f"the {table} table's schema is not the one stepledger created")
+        raise TypeError(f"the {table} table's schema is not the one steptrail created")
     conn.execute(f"CREATE TEMP TABLE {temp}(" + row[0][len(prefix):])
 
 

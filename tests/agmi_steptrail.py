@@ -1,8 +1,8 @@
-"""An agmi (agent-memory-integrity) adapter for a stepledger ledger.
+"""An agmi (agent-memory-integrity) adapter for a steptrail ledger.
 
 agmi measures whether a store notices edits made behind its back (T1-T9, see
 ``agmi.attacks.at_rest``). It drives every store through ``agmi.adapters.base.
-MemoryAdapter``; this module is that adapter for stepledger. It is test-only: nothing
+MemoryAdapter``; this module is that adapter for steptrail. It is test-only: nothing
 in ``ledger/`` imports agmi.
 
 What a record is
@@ -151,10 +151,10 @@ class Outcome:
         return {c for c, _, _ in self.findings}
 
 
-class StepledgerAdapter(MemoryAdapter):
-    """stepledger without a witness: the chain and `verify` alone."""
+class SteptrailAdapter(MemoryAdapter):
+    """steptrail without a witness: the chain and `verify` alone."""
 
-    name = "stepledger"
+    name = "steptrail"
     use_witness = False
     supports_replay = True
     supports_metadata = True
@@ -194,7 +194,7 @@ class StepledgerAdapter(MemoryAdapter):
     # --- lifecycle ------------------------------------------------------------------
 
     def setup(self) -> None:
-        self._root = Path(tempfile.mkdtemp(prefix="agmi-stepledger-"))
+        self._root = Path(tempfile.mkdtemp(prefix="agmi-steptrail-"))
         self.store.mkdir()
         self.witness_dir.mkdir()
         self._clock = _Clock()
@@ -280,7 +280,7 @@ class StepledgerAdapter(MemoryAdapter):
 
     def _rederive_projections(self) -> None:
         try:
-            # The attacker has no witness; stepledger would use the one the ledger records
+            # The attacker has no witness; steptrail would use the one the ledger records
             # (and refuse the cut tail), so the attacker's fold does not resolve it at all.
             with Ledger.open(self.path, clock=self._clock, _witness_resolve=False) as attacker:
                 attacker.rebuild()
@@ -381,7 +381,7 @@ class StepledgerAdapter(MemoryAdapter):
 
     def snapshot_store(self) -> str:
         self._close()
-        token = tempfile.mkdtemp(prefix="agmi-stepledger-snap-")
+        token = tempfile.mkdtemp(prefix="agmi-steptrail-snap-")
         shutil.copytree(self.store, token, dirs_exist_ok=True)
         return token
 
@@ -436,8 +436,8 @@ class StepledgerAdapter(MemoryAdapter):
         return False
 
 
-class StepledgerWitnessAdapter(StepledgerAdapter):
-    """stepledger with a witness on another directory: the head kept outside the store."""
+class SteptrailWitnessAdapter(SteptrailAdapter):
+    """steptrail with a witness on another directory: the head kept outside the store."""
 
-    name = "stepledger+witness"
+    name = "steptrail+witness"
     use_witness = True

@@ -60,9 +60,9 @@ if TYPE_CHECKING:
 #: `ledger.DEFAULT_PATH`, `fences.FENCE_MODES`, `projections.steps.STATES` and `IN_FLIGHT`.
 DEFAULT_PATH = os.path.join(".steptrail", "ledger.db")
 FENCE_MODES = ("step", "plan", "none")
-STATES = ("planned", "fenced", "blob-stored", "manifest-published", "acked", "compensated",
-          "rejected", "sealed")
-IN_FLIGHT = frozenset({"planned", "fenced", "blob-stored"})
+STATES = ("planned", "fenced", "blob-stored", "manifest-published", "acked", "compensating",
+          "compensated", "rejected", "sealed")
+IN_FLIGHT = frozenset({"planned", "fenced", "blob-stored", "compensating"})
 
 F = TypeVar("F", bound=Callable[..., Any])
 

@@ -144,6 +144,9 @@ class PlannedWrite(_PathChecked, frozen=True, kw_only=True):
     base_rev: NonNegative
     pre_hash: Digest | None = None  # None: the file did not exist
     post_hash: Digest | None = None  # None: the write deletes the file
+    # The permission bits a created file gets (None: the umask's; a move records its
+    # source's), set on the staged file before any name shows it.
+    mode: Mode | None = None
 
 
 class AppliedWrite(_PathChecked, frozen=True, kw_only=True):
@@ -269,6 +272,15 @@ class Compensated(StepEvent, frozen=True, kw_only=True, tag="compensated"):
     restored: Annotated[tuple[Restored, ...], Meta(max_length=ITEMS_MAX)] = ()
     rev: NonNegative = 0
     release: bool = False
+
+
+class Compensating(StepEvent, frozen=True, kw_only=True, tag="compensating"):
+    """An undo's intent: committed before compensation touches the first file, under
+    the live `epoch` that undoes. The step stays ``compensating`` (in flight) until its
+    `compensated` ends it, so an undo killed halfway is found and finished by the next
+    settle, or by a retry of the compensation."""
+
+    reason: Text = ""
 
 
 class Rejected(StepEvent, frozen=True, kw_only=True, tag="rejected"):
@@ -453,6 +465,7 @@ AnyEvent = Union[
     BlobStored,
     ManifestPublished,
     Acked,
+    Compensating,
     Compensated,
     Rejected,
     WorkspaceAdded,
@@ -499,6 +512,7 @@ KIND_SPECS: Final[dict[str, KindSpec]] = dict([
     _spec(BlobStored, "steps", guarded=True),
     _spec(ManifestPublished, "steps", "refs", guarded=True, names_blobs=True),
     _spec(Acked, "steps", "refs"),
+    _spec(Compensating, "steps"),
     _spec(Compensated, "steps", "refs", "workspaces", names_blobs=True),
     _spec(Rejected, "steps", "refs"),
     _spec(WorkspaceAdded, "workspaces"),

@@ -59,6 +59,7 @@ from .errors import (
     PlanConflict,
     ReplanRefused,
     StaleEpoch,
+    StorageFailure,
     UnknownStep,
     UnknownWorkspace,
     Unsettled,
@@ -69,6 +70,7 @@ from .events import (
     AppliedWrite,
     BlobPinned,
     Compensated,
+    Compensating,
     Event,
     Fenced,
     LeaseAcquired,
@@ -89,11 +91,20 @@ from .events import (
 )
 from .core import Core
 from .projections import checkpoint
-from .projections.steps import COMPENSATED, ENDED, PLANNED, REJECTED
+from .projections.steps import COMPENSATED, COMPENSATING, ENDED, PLANNED, REJECTED, StepRow
 from .projections.steps import VERSION as STEPS_VERSION
 from .projections.workspaces import Registration, WsRow, load_registration
 from .store import EventQuery, Scope, Tx
-from .workdir import FileIdentity, Staged, WorkspaceDir, attempt_tag, identity_of
+from .workdir import (
+    NOT_A_FILE,
+    FileIdentity,
+    Found,
+    Landing,
+    Staged,
+    WorkspaceDir,
+    attempt_tag,
+    identity_of,
+)
 
 FenceMode = Literal["step", "plan", "none"]
 FENCE_MODES: Final = ("step", "plan", "none")
@@ -118,6 +129,10 @@ class Write:
     content: Content | None
     pre_hash: str | None
     base_rev: int | None = None
+    #: The permission bits a file this write creates gets (None: the umask's); a move
+    #: gives its source's, so the file is never wider than the source, not even staged.
+    #: A write over an existing file keeps that file's bits.
+    mode: int | None = None
 
 
 @dataclass(frozen=True)
@@ -269,6 +284,7 @@ class _AttemptEvents:
     planned: Planned | None = None
     fenced: list[tuple[int, Fenced]] = field(default_factory=list)
     end: tuple[int, Event] | None = None
+    compensating: tuple[int, Compensating] | None = None
 
 
 INT64_MAX: Final = 2**63 - 1
@@ -292,6 +308,17 @@ def _check_writes(p: StepPlan) -> None:
                                        or not 0 <= w.base_rev <= INT64_MAX):
             raise InvalidInput(f"base_rev of {w.path!r} must be an integer >= 0, not"
                                f" {w.base_rev!r}")
+
+
+def _check_mode(w: Write) -> int | None:
+    """The mode a write records (`Write.mode`): permission bits only, for a creation."""
+    if w.mode is None:
+        return None
+    if type(w.mode) is not int or not 0 <= w.mode <= 0o777:
+        raise InvalidInput(f"mode {w.mode!r} of {w.path!r} is not permission bits (0 to 0o777)")
+    if w.content is None:
+        raise InvalidInput(f"{w.path!r} is deleted: a mode is for the file a write creates")
+    return w.mode
 
 
 def _plan_differences(recorded: Planned | None, p: StepPlan, workspace: str,
@@ -511,21 +538,46 @@ class Workspaces:
                             boundary=self.core.boundary(), allow_git=reg.allow_git,
                             epoch=epoch, tag=attempt_tag(step, attempt))
 
-    @staticmethod
-    def _remove_temporaries(wsdir: WorkspaceDir, writes: Sequence[PlannedWrite],
+    def _remove_temporaries(self, wsdir: WorkspaceDir, writes: Sequence[PlannedWrite],
                             current_epoch: int) -> None:
         """Remove the temporaries a killed stager left beside `writes`' targets: those of
         an older epoch than `wsdir`'s (its holder is dead or a zombie whose apply the
-        fence refuses) and those of `wsdir`'s own epoch and attempt (an apply or a
-        compensation of this very attempt that died). Another attempt's temporaries of
-        the live epoch may be a sibling's, staging now: kept. Only the directories this
-        attempt writes are looked at — where its earlier calls staged — so the cost
-        follows the attempt, not the size of the repository."""
+        fence refuses) and those of `wsdir`'s own epoch and attempt. Another attempt's of
+        the live epoch may be a sibling's, staging now: kept; and so are the slots of
+        every attempt in flight (`_slots_in_flight`), the evidence its settling rolls
+        back from. Only the directories this attempt writes are looked at — where its
+        earlier calls staged — so the cost follows the attempt, not the size of the
+        repository."""
         epoch, tag = wsdir.epoch, wsdir.tag
         if not 0 < epoch <= current_epoch:
             return  # not an epoch of this workspace: nothing is known dead
         wsdir.remove_temporaries({w.path.rpartition("/")[0] for w in writes},
-                                 lambda e, t: e < epoch or (e == epoch and t == tag))
+                                 lambda e, t: e < epoch or (e == epoch and t == tag),
+                                 self._slots_in_flight(wsdir.name))
+
+    def _slots_in_flight(self, workspace: str,
+                         steps: Sequence[tuple[str, int]] | None = None
+                         ) -> frozenset[tuple[str, str]]:
+        """(directory, name) of every slot (`WorkspaceDir.slot`) an attempt in flight in
+        the workspace may have left: what its crashed writes or undo displaced."""
+        if steps is None:
+            with self._storage.read() as view:
+                steps = view.steps_in_flight(workspace)
+        row = self.workspace(workspace)
+        out: set[tuple[str, str]] = set()
+        for step, attempt in steps:
+            ev = self._attempt_events(step, attempt)
+            if ev.planned is None:
+                continue
+            epochs = [(ev.planned.epoch, "xy")]
+            if ev.compensating is not None:
+                epochs.append((ev.compensating[1].epoch, "u"))
+            for epoch, roles in epochs:
+                wsdir = self._wsdir(row, step, attempt, epoch)
+                for w in ev.planned.writes:
+                    d = w.path.rpartition("/")[0]
+                    out.update((d, wsdir.slot(w.path, r)) for r in roles)
+        return frozenset(out)
 
     def snapshot(self, workspace: str, path: str) -> tuple[int, str | None]:
         """What a planner reads before it plans a write: (the path's rev, the sha256 of
@@ -704,7 +756,8 @@ class Workspaces:
                 continue
             newest_dead = row.epoch - 1 if row.live_epoch(now) is not None else row.epoch
             removed += self._wsdir(row).remove_temporaries(
-                dirs, lambda e, _t, newest_dead=newest_dead: e <= newest_dead)
+                dirs, lambda e, _t, newest_dead=newest_dead: e <= newest_dead,
+                self._slots_in_flight(row.name, steps))
         return removed
 
     # -- reading an attempt --------------------------------------------------------------
@@ -721,6 +774,8 @@ class Workspaces:
                 out.fenced.append((recorded.seq, e))
             elif isinstance(e, Rejected | Compensated):
                 out.end = (recorded.seq, e)
+            elif isinstance(e, Compensating):
+                out.compensating = (recorded.seq, e)
         return out
 
     def _end_result(self, step: str, attempt: int, ev: _AttemptEvents) -> ApplyResult:
@@ -847,7 +902,7 @@ class Workspaces:
                     sim[w.path] = rev
                     last_post[w.path] = post
                     pws.append(PlannedWrite(path=w.path, base_rev=base, pre_hash=w.pre_hash,
-                                            post_hash=post))
+                                            post_hash=post, mode=_check_mode(w)))
                 events.append(Planned(
                     step=p.step, attempt=attempt, run=p.run, workspace=workspace, epoch=epoch,
                     writes=tuple(pws), artifacts=tuple(sorted(set(p.artifacts))), rev=ws.rev,
@@ -995,31 +1050,38 @@ class Workspaces:
         key = journal_key(Fenced(step=step, attempt=attempt, workspace=planned.workspace))
         fresh = row.attempt == attempt and row.state == PLANNED
         staged: dict[str, Staged] = {}
-        applied = False
-        pinned_now: frozenset[str] = frozenset()  # pins of this call: no evidence of an earlier
+        landings: list[Landing] = []
+        pre_bytes: dict[str, bytes] = {}
+        recorded: list[RecordedEvent] = []
         try:
             # A dead epoch stages nothing (staging creates parent directories: no new
             # effect under it); the fence refuses it under the lock (StaleEpoch).
-            if (fresh or not planned.journal) and ws.live_epoch(self.core.clock()) == epoch:
-                pinned_now = self._pin_pre_images(planned, attempt, epoch, wsdir)
+            if (fresh or not planned.journal) and ws.live_epoch(self.core.clock()) == epoch \
+                    and epoch == planned.epoch:
                 self._remove_temporaries(wsdir, planned.writes, ws.epoch)
+                pre_bytes = self._store_pre_images(planned, wsdir)
                 for w in planned.writes:
-                    if w.post_hash is not None:
-                        # copied piece by piece, verified by the end of the copy
-                        staged[w.path] = wsdir.stage(w.path, self.core.blob_chunks(w.post_hash))
+                    if w.post_hash is None or (planned.journal and wsdir.landed(
+                            w.path, w.pre_hash, w.post_hash).landed):
+                        continue  # a crashed call's landed write: its slot is the evidence
+                    # copied piece by piece, verified by the end of the copy, under the
+                    # path's slot name, with its final mode before any name shows it
+                    staged[w.path] = wsdir.stage(w.path, self.core.blob_chunks(w.post_hash),
+                                                 mode=w.mode, slot="x")
             holder: list[ApplyResult] = []
 
             def build(tx: Tx, now: int) -> list[Event]:
                 holder.clear()
                 return self._fence(tx, now, planned, attempt, epoch, key, ws, wsdir, staged,
-                                   holder, pinned_now)
+                                   holder, pre_bytes, landings)
 
             try:
                 recorded = self._log.append(build, guard=self.core.guard(),
                                             scope=Scope(planned.workspace))
             except _Answered as answered:
                 return answered.result  # type: ignore[no-any-return]
-            event = recorded[0].event
+            final = recorded[-1]
+            event = final.event
             if isinstance(event, Rejected):
                 detail = event.detail
                 if event.undone:  # writes that had landed before a crash, put back
@@ -1027,68 +1089,45 @@ class Workspaces:
                 return ApplyResult(verdict=f"rejected:{event.reason}", step=step, attempt=attempt,
                                    detail=detail, facts=holder[-1].facts if holder else {})
             assert isinstance(event, Fenced)
-            applied = True
             return ApplyResult(verdict="applied", step=step, attempt=attempt,
-                               receipt=_receipt(event, recorded[0].seq))
+                               receipt=_receipt(event, final.seq))
         finally:
-            for s in staged.values():
-                wsdir.discard(s)
-            if not applied:  # refused or failed: take back the directories staging made
+            done = bool(recorded) and isinstance(recorded[-1].event, Fenced)
+            if done:  # recorded: what the writes displaced goes (the store holds it)
+                wsdir.release(landings)
+            for path, s in staged.items():
+                if not any(x.path == path and x.ok for x in landings):
+                    wsdir.discard(s)
+            if not done:  # refused or failed: take back the directories staging made
                 wsdir.remove_created_dirs()
 
-    def _pin_pre_images(
-        self, planned: Planned, attempt: int, epoch: int, wsdir: WorkspaceDir
-    ) -> frozenset[str]:
-        """Pin and store what each path holds now, if it is the planned pre-image (durable
-        before any rename: settling and compensation put it back). Returns the digests
-        this call pinned (not an earlier call of the attempt).
+    def _store_pre_images(self, planned: Planned, wsdir: WorkspaceDir) -> dict[str, bytes]:
+        """Read what each path holds now, if it is the planned pre-image, before the lock:
+        small ones are returned (they commit as inline rows with the `fenced` event),
+        large ones are streamed into the blob store now (pinned by that commit, which
+        checks them present). Nothing is recorded: the exchange under the lock decides
+        what was displaced; this only moves the reading out of the lock.
 
-        Each file is hashed in bounded pieces; a large one is streamed into the blob
-        store after its pin commits, from a second read checked against that hash. A
-        file that changed (or went) in between is not stored: its pre-image is not on
-        disk any more, which the fence sees under the lock (``pre_hash``).
-        """
-        if epoch != planned.epoch:
-            return frozenset()  # the fence refuses it under the lock; pin nothing
-        # a pin is keyed (step, attempt, digest): content the attempt already pinned as a
-        # post-image is held already
-        posts = {w.post_hash for w in planned.writes}
+        A file that changed (or went) meanwhile is skipped: the exchange finds it so."""
+        if planned.fence == "none":
+            return {}
         small: dict[str, bytes] = {}
-        large: dict[str, str] = {}  # digest -> the path holding it
+        posts = {w.post_hash for w in planned.writes}
         for w in planned.writes:
+            if w.pre_hash is None or w.pre_hash in posts or w.pre_hash in small:
+                continue  # absent, or pinned and stored as a post-image at admission
             with wsdir.open(w.path) as fd:
                 if fd is None:
                     continue
-                data = None
                 if os.fstat(fd).st_size <= self._options.inline_max_bytes:
                     data = b"".join(fd_chunks(fd))
-                    digest = digest_of(data)
-                else:
-                    digest = hash_chunks(fd_chunks(fd))[0]
-            if (digest == w.pre_hash or planned.fence == "none") and digest not in posts:
-                if data is not None and len(data) <= self._options.inline_max_bytes:
-                    small[digest] = data
-                else:
-                    large.setdefault(digest, w.path)
-        if not small and not large:
-            return frozenset()
-        pins: list[Event] = [
-            BlobPinned(step=planned.step, attempt=attempt, run=planned.run,
-                       workspace=planned.workspace, epoch=planned.epoch, digest=d, role="pre-image")
-            for d in (*small, *large)
-        ]
-        for d in large:
-            self.core.files().check_writable(d)  # a store that refuses the put: pin nothing
-        now = self.core.clock()
-        recorded = self._log.append(pins, guard=self.core.guard(), inline=small, inline_ns=now)
-        for d, path in large.items():
-            with wsdir.open(path) as fd:
-                if fd is None:
+                    if digest_of(data) == w.pre_hash:
+                        small[w.pre_hash] = data
                     continue
-                with contextlib.suppress(ContentChanged):
-                    self.core.files().put_stream(fd_chunks(fd), d)
-        return frozenset(r.event.digest for r in recorded  # type: ignore[union-attr]
-                         if not r.deduped)
+                if self.core.blob_size(w.pre_hash) is None:
+                    with contextlib.suppress(ContentChanged):
+                        self.core.files().put_stream(fd_chunks(fd), w.pre_hash)
+        return small
 
     def _fence(
         self,
@@ -1102,10 +1141,18 @@ class Workspaces:
         wsdir: WorkspaceDir,
         staged: dict[str, Staged],
         holder: list[ApplyResult],
-        pinned_now: frozenset[str],
+        pre_bytes: dict[str, bytes],
+        landings: list[Landing],
     ) -> list[Event]:
-        """The checks and the renames, under the write lock (inside the transaction).
-        `pinned_now`: the pre-images this call pinned (see `_undo_landed`)."""
+        """The checks and the exchanges, under the write lock (inside the transaction).
+
+        Each path is put in place by an atomic exchange (`WorkspaceDir.land`) and what it
+        displaced is checked after: the first path whose displaced bytes are not its
+        pre-image rolls back every path before it and rejects the attempt. A write a
+        crashed call of this attempt landed (`WorkspaceDir.landed`: its slot holds what
+        it displaced) is checked the same way and recorded (`settled`), or rolled back
+        with the rest. The displaced pre-images are stored and pinned in this very
+        transaction; their files stay on disk until it has committed (`release`)."""
         step, name = planned.step, planned.workspace
         cur = tx.step(step)
         assert cur is not None
@@ -1131,6 +1178,9 @@ class Workspaces:
                 raise Unsettled(name, [step])
             raise StaleEpoch(name, planned.epoch, epoch)
         recordable = cur.attempt == attempt and cur.state == PLANNED
+        check = planned.fence != "none"
+        found = {w.path: wsdir.landed(w.path, w.pre_hash, w.post_hash)
+                 for w in planned.writes} if recordable and planned.journal else {}
 
         def reject(reason: str, detail: str, **facts: Any) -> list[Event]:
             verdict = ApplyResult(verdict=f"rejected:{reason}", step=step, attempt=attempt,
@@ -1138,107 +1188,137 @@ class Workspaces:
             if not recordable:  # journal off, attempt already applied: answer, record nothing
                 raise _Answered(verdict)
             holder.append(verdict)
-            # A crash may have cut the first apply after some renames: a rejection must
-            # not leave them behind, recorded nowhere (nothing would ever reconcile them).
-            undone = self._undo_landed(tx, planned, wsdir, disk, pinned_now)
+            # Whatever landed — in this call or a crashed one — goes back, newest first.
+            undone = self._roll_back(planned, wsdir, found, landings)
+            landings.clear()
             return [Rejected(step=step, attempt=attempt, run=planned.run, workspace=name,
                              epoch=epoch, reason=reason, detail=detail,  # type: ignore[arg-type]
                              undone=undone)]
 
-        disk: dict[str, str | None] = {}
-        for w in planned.writes:
-            disk[w.path] = wsdir.hash(w.path)
         if planned.fence == "plan":
             plan_rev = planned.plan_rev if planned.plan_rev is not None else planned.rev
             if ws.rev != plan_rev:
                 return reject("stale_rev", f"the workspace is at rev {ws.rev}, the plan was"
                               f" admitted at rev {plan_rev}", workspace_rev=ws.rev,
                               plan_rev=plan_rev)
-        if planned.fence in ("step", "plan"):
+        if planned.fence == "step":
             for w in planned.writes:
                 state = tx.path_state(name, w.path)
                 path_rev = 0 if state is None else state[0]
-                if planned.fence == "step" and path_rev != w.base_rev:
+                if path_rev != w.base_rev:
                     return reject("stale_rev", f"{w.path} is at rev {path_rev}, planned"
                                   f" against rev {w.base_rev}", path=w.path,
                                   path_rev=path_rev, base_rev=w.base_rev)
+        if check:  # a crashed call's landed writes: did they displace the pre-image?
             for w in planned.writes:
-                if disk[w.path] not in (w.pre_hash, w.post_hash) or (
-                    disk[w.path] == w.post_hash and w.post_hash != w.pre_hash and not recordable
-                ):
+                f = found.get(w.path)
+                if f is not None and f.landed and (
+                        (w.pre_hash is not None and f.displaced != w.pre_hash)
+                        or (w.post_hash is not None and f.now != w.post_hash)):
                     return reject("pre_hash", f"{w.path} on disk does not hold the content it"
-                                  " was planned against", path=w.path, on_disk=disk[w.path],
+                                  " was planned against", path=w.path,
+                                  on_disk=f.displaced if w.pre_hash is not None else f.now,
                                   pre_hash=w.pre_hash, post_hash=w.post_hash)
         settled = False
         applied = []
         rev = ws.rev
         for w in planned.writes:
             rev += 1
-            already = disk[w.path] == w.post_hash and w.post_hash != w.pre_hash
-            if already and planned.fence != "none":
-                settled = True  # a crash after the rename: record what is on disk,
-                wsdir.sync(w.path)  # made durable first (its dirfsync may never have run)
-                post_mode = wsdir.mode(w.path)  # staged with the pre-image's mode
-                pre_mode = None if w.pre_hash is None else post_mode
-            elif w.post_hash is None:
-                pre_mode, post_mode = wsdir.mode(w.path), None
-                wsdir.remove(w.path)
+            f = found.get(w.path)
+            if f is not None and f.landed:
+                settled = True  # a crash after the exchange: record what is on disk
+                landing = Landing(w.path, True, f.displaced, f.slot,
+                                  pre_mode=wsdir.slot_mode(w.path, f.slot) if w.pre_hash
+                                  is not None else None,
+                                  post_mode=wsdir.mode(w.path))
             else:
-                installing = staged.pop(w.path)
-                wsdir.install(installing)
-                pre_mode, post_mode = installing.pre_mode, installing.mode
+                landing = wsdir.land(w.path, staged.get(w.path), w.pre_hash, check=check)
+            if not landing.ok:
+                return reject("pre_hash", f"{w.path} on disk does not hold the content it"
+                              " was planned against", path=w.path, on_disk=landing.found,
+                              pre_hash=w.pre_hash, post_hash=w.post_hash)
+            landings.append(landing)
             applied.append(AppliedWrite(path=w.path, rev=rev,
-                                        pre_hash=w.pre_hash if planned.fence != "none"
-                                        else disk[w.path], post_hash=w.post_hash,
-                                        pre_mode=pre_mode, post_mode=post_mode))
-        return [Fenced(step=step, attempt=attempt, run=planned.run, workspace=name, epoch=epoch,
-                       writes=tuple(applied), rev=rev, settled=settled,
-                       journal=planned.journal)]
+                                        pre_hash=w.pre_hash if check else landing.found,
+                                        post_hash=w.post_hash, pre_mode=landing.pre_mode,
+                                        post_mode=landing.post_mode))
+        wsdir.sync_dirs(w.path for w in planned.writes)
+        pins = self._keep_pre_images(tx, now, planned, applied, landings, pre_bytes, wsdir)
+        return [*pins, Fenced(step=step, attempt=attempt, run=planned.run, workspace=name,
+                              epoch=epoch, writes=tuple(applied), rev=rev, settled=settled,
+                              journal=planned.journal)]
 
-    def _undo_landed(
-        self,
-        tx: Tx,
-        planned: Planned,
-        wsdir: WorkspaceDir,
-        disk: dict[str, str | None],
-        pinned_now: frozenset[str],
+    def _keep_pre_images(
+        self, tx: Tx, now: int, planned: Planned, applied: Sequence[AppliedWrite],
+        landings: Sequence[Landing], pre_bytes: dict[str, bytes], wsdir: WorkspaceDir,
+    ) -> list[Event]:
+        """Store and pin, in the `fenced` transaction, the pre-image each write displaced
+        (its bytes still on disk under the slot until that commit). A pre-image that is
+        also a post-image of the attempt is pinned and stored since admission."""
+        posts = {w.post_hash for w in planned.writes}
+        inline: dict[str, bytes] = {}
+        digests: list[str] = []
+        for a, landing in zip(applied, landings):
+            d = a.pre_hash
+            if d is None or d in posts or d in digests:
+                continue
+            digests.append(d)
+            if tx.blob_size(d) is not None:
+                continue
+            if d in pre_bytes:
+                inline[d] = pre_bytes[d]
+                continue
+            with wsdir.open_slot(a.path, landing.displaced or "") as fd:
+                if fd is None:
+                    raise StorageFailure(os.path.join(wsdir.root, a.path),
+                                         "the displaced pre-image went missing before it was"
+                                         " stored; apply again")
+                if os.fstat(fd).st_size <= self._options.inline_max_bytes:
+                    data = b"".join(fd_chunks(fd))
+                    if digest_of(data) != d:
+                        raise StorageFailure(os.path.join(wsdir.root, a.path),
+                                             "the displaced pre-image changed before it was"
+                                             " stored; apply again")
+                    inline[d] = data
+                else:
+                    self.core.files().put_stream(fd_chunks(fd), d)
+        if inline:
+            tx.put_inline(inline, now)
+        return [BlobPinned(step=planned.step, attempt=planned.attempt, run=planned.run,
+                           workspace=planned.workspace, epoch=planned.epoch, digest=d,
+                           role="pre-image") for d in digests]
+
+    def _roll_back(
+        self, planned: Planned, wsdir: WorkspaceDir, found: dict[str, Found],
+        landings: list[Landing],
     ) -> tuple[Restored, ...]:
-        """Put back the writes of a same-epoch replay's attempt that landed unrecorded
-        (under the lock, before its `rejected` commits).
-
-        A write may have landed when its path is still at its base rev and holds its
-        post-image. It is put back only with the evidence settling asks for
-        (`_reached_apply`, the whole attempt's): an earlier call of the attempt pinned a
-        pre-image, which apply commits before any rename (pins this call made,
-        `pinned_now`, are no such evidence). Then its pre-image goes back from the store
-        (a created file is removed: its bytes stay in the store, pinned as the post-image
-        at admission).
-        Without the evidence — a human may have written those very bytes — or when the
-        pre-image cannot be read, it is a ``conflict``: left as found, and recorded.
-        """
-        reached = self._reached_apply(tx, planned, exclude=pinned_now)
+        """Put back, newest first, the writes this call landed and those a crashed call of
+        the attempt landed (`found`): each displaced file returns where it was, if the
+        path still holds what the write put there; otherwise it is a ``conflict`` left
+        as found. Returns the crashed call's writes as `Rejected.undone` lists them."""
+        posts = {w.path: w.post_hash for w in planned.writes}
+        back: dict[str, bool] = {}
+        for landing in reversed(landings):
+            back[landing.path] = wsdir.unland(landing, posts[landing.path])
         out: list[Restored] = []
-        for w in reversed(planned.writes):  # the reverse of the order apply renamed in
-            now = disk[w.path]
-            if now != w.post_hash or w.post_hash == w.pre_hash:
+        for w in reversed(planned.writes):
+            f = found.get(w.path)
+            if f is None:
                 continue
-            state = tx.path_state(planned.workspace, w.path)
-            path_rev = 0 if state is None else state[0]
-            if path_rev != w.base_rev:
-                continue  # recorded as someone else's since: not this attempt's to undo
-            if not reached:
-                out.append(Restored(path=w.path, rev=path_rev, digest=now, outcome="conflict"))
+            if not f.landed:
+                if f.now == w.post_hash and w.post_hash != w.pre_hash and f.now is not None:
+                    # its bytes are there with no sign this attempt put them (a person may
+                    # have): left as found, and said so
+                    out.append(Restored(path=w.path, rev=w.base_rev, digest=f.now,
+                                        outcome="conflict"))
                 continue
-            try:  # the pre-image is copied piece by piece, checked before it is renamed
-                # an edit's post-image carries the pre-image's mode
-                mode = wsdir.put(w.path, None if w.pre_hash is None
-                                 else self.core.blob_chunks(w.pre_hash))
-            except (BlobNotFound, BlobCorrupt):
-                out.append(Restored(path=w.path, rev=path_rev, digest=now, outcome="conflict"))
-                continue
-            disk[w.path] = w.pre_hash
-            out.append(Restored(path=w.path, rev=path_rev, digest=w.pre_hash,
-                                outcome="restored", mode=mode))
+            if back[w.path] if w.path in back else wsdir.roll_back(f, w.post_hash):
+                out.append(Restored(path=w.path, rev=w.base_rev, digest=f.displaced,
+                                    outcome="restored" if f.displaced == w.pre_hash
+                                    else "conflict"))
+            else:
+                out.append(Restored(path=w.path, rev=w.base_rev, digest=f.now,
+                                    outcome="conflict"))
         return tuple(reversed(out))
 
     # -- compensating --------------------------------------------------------------------
@@ -1254,11 +1334,17 @@ class Workspaces:
         """End the attempt, undoing its workspace writes where that is safe.
 
         For each write: the path's rev still the attempt's and its bytes still the
-        post-image → the pre-image goes back (``restored``); the pre-image already there
-        → ``already``; anything else → ``conflict`` and nothing is overwritten. A
-        committed step's live manifest ends (allowed only within the compensation
-        window). A step that writes the workspace needs its live `epoch`; pins are
-        released. A redelivery returns the first compensation.
+        post-image → the pre-image goes back (``restored``), by an atomic exchange
+        checked like a write's; the pre-image already there → ``already``; anything else
+        → ``conflict`` and nothing is overwritten. A write a crashed apply landed without
+        recording it goes back from what it displaced (its slot). A committed step's live
+        manifest ends (allowed only within the compensation window). A step that writes
+        the workspace needs its live `epoch`; pins are released. A redelivery returns the
+        first compensation.
+
+        Journaled: a `compensating` intent commits before the first file is touched, so
+        an undo killed halfway leaves its step ``compensating`` (in flight): the next
+        settle — the next epoch's acquire — or a retry finishes it.
         """
         row = self.core.step(step)
         attempt = row.attempt if attempt is None else attempt
@@ -1270,12 +1356,15 @@ class Workspaces:
                                " give the live epoch to compensate it")
         ws_row = self.workspace(planned.workspace) if writing else None  # type: ignore[union-attr]
         wsdir = None
+        landings: list[Landing] = []
         if ws_row is not None and epoch is not None:
             assert planned is not None
             wsdir = self._wsdir(ws_row, step, attempt, epoch)
-            self._remove_temporaries(wsdir, planned.writes, ws_row.epoch)
+            if row.attempt == attempt and row.state not in ENDED:
+                ev = self._intend_compensation(planned, ev, epoch, reason)
 
         def build(tx: Tx, now: int) -> list[Event]:
+            landings.clear()
             cur = tx.step(step)
             if cur is None:
                 raise UnknownStep(step)
@@ -1284,18 +1373,14 @@ class Workspaces:
             if cur.state == REJECTED:
                 raise IllegalTransition(step, attempt, "compensated", "the attempt was rejected:"
                                         " nothing was applied")
-            if cur.live:
-                published = max((r[1] for r in tx.events(EventQuery(
-                    step=step, kinds=frozenset({"manifest-published"})))), default=None)
-                age_s = (now - (published or now)) / 1e9
-                if age_s > self._options.compensation_window_s:
-                    raise CompensationWindowClosed(step, age_s, self._options.compensation_window_s)
+            if cur.state != COMPENSATING:  # (an undo begun in its window finishes)
+                self._check_window(tx, cur, now)
             restored: list[Restored] = []
             rev = 0
             if writing:
                 assert planned is not None and wsdir is not None and epoch is not None
                 ws = self._live_epoch(tx, planned.workspace, epoch, now)
-                restored, rev = self._undo(tx, planned, ev, ws, wsdir)
+                restored, rev = self._undo(tx, now, planned, ev, ws, wsdir, landings)
             return [Compensated(step=step, attempt=attempt, run=cur.run, workspace=cur.workspace,
                                 epoch=epoch if writing else cur.epoch, reason=reason,
                                 restored=tuple(restored), rev=rev)]
@@ -1308,7 +1393,42 @@ class Workspaces:
             return answered.result  # type: ignore[no-any-return]
         event = recorded.event
         assert isinstance(event, Compensated)
+        if wsdir is not None and ws_row is not None and planned is not None:
+            wsdir.release(landings)  # what the undo displaced: the post-images, in the store
+            self._remove_temporaries(wsdir, planned.writes, ws_row.epoch)
         return Compensation(step=step, attempt=attempt, seq=recorded.seq, restored=event.restored)
+
+    def _check_window(self, tx: Tx, cur: StepRow, now: int) -> None:
+        """A committed step may be compensated only within the compensation window."""
+        if not cur.live:
+            return
+        published = max((r[1] for r in tx.events(EventQuery(
+            step=cur.step_id, kinds=frozenset({"manifest-published"})))), default=None)
+        age_s = (now - (published or now)) / 1e9
+        if age_s > self._options.compensation_window_s:
+            raise CompensationWindowClosed(cur.step_id, age_s, self._options.compensation_window_s)
+
+    def _intend_compensation(self, planned: Planned, ev: _AttemptEvents, epoch: int,
+                             reason: str) -> _AttemptEvents:
+        """Record the undo's intent (`compensating`) before any file is touched, unless a
+        killed undo recorded it already; returns the attempt's events with it."""
+        if ev.compensating is not None:
+            return ev
+        intent = Compensating(step=planned.step, attempt=planned.attempt, run=planned.run,
+                              workspace=planned.workspace, epoch=epoch, reason=reason)
+
+        def build(tx: Tx, now: int) -> list[Event]:
+            cur = tx.step(planned.step)
+            if cur is None or cur.attempt != planned.attempt or cur.state in ENDED \
+                    or cur.state == COMPENSATING:
+                raise _Answered(None)  # ended, or an undo began meanwhile
+            self._check_window(tx, cur, now)
+            self._live_epoch(tx, planned.workspace, epoch, now)
+            return [intent]
+
+        with contextlib.suppress(_Answered):
+            self._log.append(build, guard=self.core.guard(), scope=Scope(planned.workspace))
+        return self._attempt_events(planned.step, planned.attempt)
 
     def _answer_compensation(self, step: str, attempt: int) -> Compensation:
         ev = self._attempt_events(step, attempt)
@@ -1320,28 +1440,33 @@ class Workspaces:
     def _undo(
         self,
         tx: Tx,
+        now: int,
         planned: Planned,
         ev: _AttemptEvents,
         ws: WsRow,
         wsdir: WorkspaceDir,
+        landings: list[Landing],
     ) -> tuple[list[Restored], int]:
         """Put pre-images back where safe (under the lock). Returns (per path, new rev).
 
-        A write the attempt recorded (`fenced`) is judged against that record. A write it
-        never recorded may have landed before a crash: when its path is still at its base
-        rev and holds its post-image, it is put back only with the whole attempt's
-        evidence that a call got as far as its renames (`_reached_apply`) — so a file the
-        attempt created is removed like a modified one is restored — and is a
-        ``conflict``, left as found, without it.
+        A write the attempt recorded (`fenced`) is judged against that record and undone
+        by an exchange checked like a write's (`WorkspaceDir.land`): the post-image must
+        be what it displaces. A write it never recorded — a crashed apply — is undone
+        only where its slot shows it landed (`WorkspaceDir.landed`), from the bytes it
+        displaced, which are stored first (the compensation names them). An undo killed
+        before (its intent's epoch) may have displaced a person's save: that goes back.
         """
         name = planned.workspace
         applied: dict[str, AppliedWrite] = {}
         for _, fenced in ev.fenced:
             for w in fenced.writes:
                 applied[w.path] = w  # journal off: the latest application of a path
+        crashed = self._wsdir(ws, planned.step, planned.attempt, planned.epoch)
+        intent = ev.compensating[1].epoch if ev.compensating is not None else None
+        undone_by = self._wsdir(ws, planned.step, planned.attempt, intent) \
+            if intent is not None else None
         out: list[Restored] = []
-        rev = ws.rev
-        reached: bool | None = None  # the attempt's evidence (`_reached_apply`), read once
+        inline: dict[str, bytes] = {}
         for w in reversed(planned.writes):
             state = tx.path_state(name, w.path)
             path_rev = 0 if state is None else state[0]
@@ -1353,46 +1478,74 @@ class Workspaces:
                 out.append(Restored(path=w.path, rev=path_rev, digest=None, outcome="conflict"))
                 continue
             a = applied.get(w.path)
-            # the pre-image's recorded mode; unrecorded (an old event, a write that landed
-            # before a crash), the file on disk keeps the mode it has: an edit's
-            # post-image was staged with the pre-image's
-            pre_mode = None if a is None else a.pre_mode
-            if a is not None:
-                pre, post, expected_rev = a.pre_hash, a.post_hash, a.rev
-            else:  # never recorded: did the write land before a crash?
-                pre, post, expected_rev = w.pre_hash, w.post_hash, w.base_rev
-                if disk != post or pre == post:
-                    continue  # its bytes are not there: nothing of this attempt to undo
-                if reached is None:
-                    reached = self._reached_apply(tx, planned)
-                if not reached:
-                    # The post-image is there, but no call of this attempt got as far as
-                    # its renames (apply pins the pre-images it finds before any): someone
-                    # else may have written these bytes. Leave them for a human.
+            if a is None:  # never recorded: did a crashed apply land it?
+                found = crashed.landed(w.path, w.pre_hash, w.post_hash)
+                if not found.landed:
+                    if disk == w.post_hash and w.post_hash != w.pre_hash \
+                            and path_rev == w.base_rev:
+                        # its bytes are there with no sign this attempt put them: a
+                        # person may have; left for a human
+                        out.append(Restored(path=w.path, rev=path_rev, digest=disk,
+                                            outcome="conflict"))
+                    continue
+                if path_rev != w.base_rev:
                     out.append(Restored(path=w.path, rev=path_rev, digest=disk,
                                         outcome="conflict"))
                     continue
+                if found.displaced is not None and found.displaced != NOT_A_FILE:
+                    self._keep_displaced(tx, crashed, found, inline)
+                if crashed.roll_back(found, w.post_hash):
+                    ok = found.displaced == w.pre_hash
+                    out.append(Restored(path=w.path, rev=path_rev + 1, digest=found.displaced,
+                                        outcome="restored" if ok else "conflict",
+                                        mode=wsdir.mode(w.path)))
+                else:
+                    out.append(Restored(path=w.path, rev=path_rev, digest=disk,
+                                        outcome="conflict"))
+                continue
+            pre, post, expected_rev = a.pre_hash, a.post_hash, a.rev
             if path_rev != expected_rev:
                 out.append(Restored(path=w.path, rev=path_rev, digest=disk, outcome="conflict"))
                 continue
             if disk == post and post != pre:
-                try:  # the pre-image is copied piece by piece, checked before it is renamed
-                    mode = wsdir.put(w.path, None if pre is None else self.core.blob_chunks(pre),
-                                     mode=pre_mode)
+                try:  # the pre-image is copied piece by piece, checked before it goes in
+                    staged = None if pre is None else wsdir.stage(
+                        w.path, self.core.blob_chunks(pre), mode=a.pre_mode, slot="u")
                 except (BlobNotFound, BlobCorrupt):
                     out.append(Restored(path=w.path, rev=path_rev, digest=disk,
                                         outcome="conflict"))
                     continue
-                rev += 1
-                out.append(Restored(path=w.path, rev=rev, digest=pre, outcome="restored",
-                                    mode=mode))
+                landing = wsdir.land(w.path, staged, post, role="u")
+                if not landing.ok:
+                    if staged is not None:
+                        wsdir.discard(staged)
+                    out.append(Restored(path=w.path, rev=path_rev, digest=landing.found,
+                                        outcome="conflict"))
+                    continue
+                landings.append(landing)
+                out.append(Restored(path=w.path, rev=path_rev + 1, digest=pre,
+                                    outcome="restored",
+                                    mode=None if staged is None else staged.mode))
             elif disk == pre:
-                wsdir.sync(w.path)  # put back before a crash, not recorded: durable, then
-                rev += 1  # recorded
-                out.append(Restored(path=w.path, rev=rev, digest=pre, outcome="already",
-                                    mode=wsdir.mode(w.path)))
+                # put back by an undo that was killed before it recorded it: was a
+                # person's save displaced by it (its slot holds neither image)?
+                if undone_by is not None:
+                    f = undone_by.landed(w.path, post, pre, role="u")
+                    if f.landed and f.displaced not in (post, NOT_A_FILE):
+                        if f.displaced is not None:
+                            self._keep_displaced(tx, undone_by, f, inline)
+                        if undone_by.roll_back(f, pre):
+                            out.append(Restored(path=w.path, rev=path_rev,
+                                                digest=f.displaced, outcome="conflict"))
+                            continue
+                wsdir.sync(w.path)  # durable, then recorded
+                out.append(Restored(path=w.path, rev=path_rev + 1, digest=pre,
+                                    outcome="already", mode=wsdir.mode(w.path)))
             else:
                 out.append(Restored(path=w.path, rev=path_rev, digest=disk, outcome="conflict"))
+        if inline:
+            tx.put_inline(inline, now)
+        wsdir.sync_dirs(r.path for r in out if r.outcome != "conflict")
         # the fold assigns revs in event order: renumber the moved entries in order
         moved = [r for r in out if r.outcome != "conflict"]
         renumbered = {id(r): ws.rev + i for i, r in enumerate(moved, 1)}
@@ -1400,34 +1553,24 @@ class Workspaces:
                for r in out]
         return out, (ws.rev + len(moved)) if moved else 0
 
-    @staticmethod
-    def _reached_apply(
-        tx: Tx, planned: Planned, exclude: frozenset[str] = frozenset()
-    ) -> bool:
-        """Whether the attempt recorded the evidence its apply commits before any rename:
-        a pin of a pre-image (role ``pre-image``, `_pin_pre_images`) whose digest is not in
-        `exclude` (the pins the calling apply made itself, which prove nothing of an
-        earlier call).
+    def _keep_displaced(self, tx: Tx, wsdir: WorkspaceDir, found: Found,
+                        inline: dict[str, bytes]) -> None:
+        """Store what a crashed write displaced (its slot's bytes) before it goes back:
+        the compensation record names it, and names only what the store holds."""
+        d = found.displaced
+        if d is None or d in inline or tx.blob_size(d) is not None or found.slot is None:
+            return
+        with wsdir.open_slot(found.path, found.slot) as fd:
+            if fd is None:
+                return
+            if os.fstat(fd).st_size <= self._options.inline_max_bytes:
+                data = b"".join(fd_chunks(fd))
+                if digest_of(data) == d:
+                    inline[d] = data
+                return
+            with contextlib.suppress(ContentChanged):
+                self.core.files().put_stream(fd_chunks(fd), d)
 
-        The evidence is the whole attempt's: an apply pins every planned pre-image it
-        finds before its first rename, so one such pin shows a call of this attempt got
-        as far as its renames, for each of its writes — a created file, which has no
-        pre-image to pin, included. A pin made when the attempt was planned is no
-        evidence, whatever its digest (a post-image; or a pre-image that is also another
-        write's post-image, whose pin that one is): it exists before any apply.
-
-        What it cannot tell: a call may die after its pins and before its first rename.
-        A person who then writes exactly a write's post-image at its path, still at its
-        base rev, has those bytes taken back (they are the attempt's post-image, in the
-        store). Without the evidence nothing is taken back: a ``conflict``, left as found.
-        """
-        query = EventQuery(step=planned.step, attempt=planned.attempt,
-                           kinds=frozenset({"blob-pinned"}))
-        for row in tx.events(query):
-            pin = msgspec.json.decode(row[11], type=BlobPinned)
-            if pin.role == "pre-image" and pin.digest not in exclude:
-                return True
-        return False
 
     # -- receipts ------------------------------------------------------------------------
 

@@ -43,6 +43,7 @@ from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from typing import Final
 
+from . import exchange
 from .blobs import FileOps, fd_chunks, hash_chunks
 from .errors import (
     InvalidInput,
@@ -82,10 +83,15 @@ def attempt_tag(step: str, attempt: int) -> str:
     return hashlib.sha256(f"{step}\0{attempt}".encode()).hexdigest()[:8]
 
 
-def temp_name(leaf: str, epoch: int, tag: str, name_max: int = 255) -> str:
-    """A fresh temporary's name beside `leaf`, at most `name_max` bytes: the leaf is cut
-    (at a character boundary) to what the budget leaves after the stamp."""
-    suffix = f"{TMP_MARK}{epoch:x}-{tag}-{secrets.token_hex(4)}.tmp"
+def temp_name(leaf: str, epoch: int, tag: str, name_max: int = 255,
+              slot: str | None = None) -> str:
+    """A temporary's name beside `leaf`, at most `name_max` bytes: the leaf is cut (at a
+    character boundary) to what the budget leaves after the stamp. Fresh (random) unless
+    `slot` is given: then the same (leaf, epoch, attempt, slot) always gives the same name
+    — a fenced write's journal on disk (`WorkspaceDir.slot`)."""
+    tail = secrets.token_hex(4) if slot is None else \
+        hashlib.sha256(f"{slot}\0{leaf}".encode()).hexdigest()[:8]
+    suffix = f"{TMP_MARK}{epoch:x}-{tag}-{tail}.tmp"
     budget = min(TMP_PREFIX_BYTES_MAX, name_max - 1 - len(suffix))
     prefix = leaf.encode()[:max(budget, 0)].decode("utf-8", "ignore")
     return f".{prefix}{suffix}"
@@ -375,8 +381,8 @@ class WorkspaceDir:
 
     # -- writing -----------------------------------------------------------------------
 
-    def stage(self, path: str, data: bytes | Iterable[bytes], *, mode: int | None = None
-              ) -> Staged:
+    def stage(self, path: str, data: bytes | Iterable[bytes], *, mode: int | None = None,
+              slot: str | None = None) -> Staged:
         """Write `data` (bytes, or pieces of them: held one piece at a time) to a fsynced
         temporary file beside `path` (parents created). Whatever stops the copy — an OS
         error, or a source that raises (a blob found corrupt by its last piece) — removes
@@ -386,7 +392,8 @@ class WorkspaceDir:
         bits of the file it will replace, else (a new file) 0o666 less the umask. It is
         created no wider than that and set exactly before its first byte is written, so
         a 0600 secret is never readable by others, not even while staged. A name the file
-        system can never hold is InvalidInput (a retry cannot help).
+        system can never hold is InvalidInput (a retry cannot help). `slot`: stage under
+        the write's deterministic name (`slot`), replacing what a crashed call left there.
         """
         try:
             opened = self._open_parent(path, create=True)
@@ -394,7 +401,10 @@ class WorkspaceDir:
             raise self._storage(path, exc) from None
         assert opened is not None
         dir_fd, leaf = opened
-        tmp = temp_name(leaf, self.epoch, self.tag, _name_max(dir_fd))
+        tmp = temp_name(leaf, self.epoch, self.tag, _name_max(dir_fd)) if slot is None \
+            else self.slot(path, slot)
+        if slot is not None:  # the slot's earlier content was judged by the caller
+            _unlink_regular(dir_fd, tmp)
         h = hashlib.sha256()
         size = 0
         try:
@@ -458,13 +468,15 @@ class WorkspaceDir:
         finally:
             os.close(dir_fd)
 
-    def remove_temporaries(self, dirs: Iterable[str], dead: Callable[[int, str], bool]) -> int:
+    def remove_temporaries(self, dirs: Iterable[str], dead: Callable[[int, str], bool],
+                           keep: frozenset[tuple[str, str]] = frozenset()) -> int:
         """Remove the temporaries steptrail staged and left behind (a killed apply,
         compensation or settle) from each directory in `dirs` (relative; "" is the root).
 
         Only a regular file with a name `temp_name` makes, whose (epoch, attempt tag)
         `dead` says no live stager can own, is removed; anything else — a user's file, a
-        symlink, a directory, a live temporary — stays. Best effort: a directory that is
+        symlink, a directory, a live temporary, a (directory, name) in `keep` (the slots
+        of attempts in flight: what their crashed writes displaced) — stays. Best effort: a directory that is
         missing or not a plain directory is skipped. Returns how many files went.
         """
         removed = 0
@@ -480,7 +492,7 @@ class WorkspaceDir:
             try:
                 for name in os.listdir(dir_fd):
                     stamp = temp_stamp(name)
-                    if stamp is None or not dead(*stamp):
+                    if stamp is None or not dead(*stamp) or (d, name) in keep:
                         continue
                     with contextlib.suppress(FileNotFoundError):
                         st = os.stat(name, dir_fd=dir_fd, follow_symlinks=False)
@@ -620,6 +632,328 @@ class WorkspaceDir:
         finally:
             os.close(dir_fd)
 
+    # -- fenced writes: exchange, then verify --------------------------------------------
+
+    def slot(self, path: str, role: str) -> str:
+        """The name, beside `path`, of this attempt's write to it in `role` under this
+        object's epoch (``x``: a write's staged post-image, which after the exchange
+        holds the displaced bytes; ``y``: the displaced bytes' second name where there is
+        no exchange call; ``u``: an undo's). The same in every call, so what a crashed
+        call left is found again (`landed`). It has a temporary's shape: only the
+        attempt's own apply, settle or undo removes it while the attempt is in flight."""
+        leaf = path.rsplit("/", 1)[-1]
+        return temp_name(leaf, self.epoch, self.tag, _name_max(self.root), slot=role)
+
+    def land(self, path: str, staged: Staged | None, expect: str | None, *,
+             check: bool = True, role: str = "x") -> Landing:
+        """Put one write in place atomically and verify what it displaced.
+
+        `staged` None deletes: the file is renamed aside (to its `slot`) without
+        replacing anything, then hashed. Otherwise `expect` None creates: the staged file
+        is hard-linked to the target, which fails if anything holds the name. Otherwise
+        the staged file and the target are exchanged (one system call) and the displaced
+        bytes, now under the staged name, are hashed. Unless they are `expect` (the
+        planned pre-image; anything when not `check`) the step is undone on the spot —
+        exchanged back, renamed back, unlinked — and the Landing says ``ok=False`` with
+        what was found: a person's save made at any moment before is never overwritten.
+
+        Where the system has no exchange call, the target is hard-linked to a second
+        name, hashed there, and the staged file renamed over it: a save by rename between
+        the hash and the rename is lost (docs/guarantees.md gives that window).
+
+        The displaced bytes stay under the slot name (`Landing.displaced`) until
+        `release` — after the ledger recorded the write — so a crash at any point leaves
+        each path's before and after on disk, for `landed` to find. Directories are not
+        fsynced here (`sync_dirs`, once per directory, before the commit).
+        """
+        opened = self._open_parent(path, create=staged is not None)
+        if opened is None:  # a delete whose directory is gone: nothing there to delete
+            return Landing(path, False, None, None)
+        dir_fd, leaf = opened
+        try:
+            if staged is None:
+                return self._land_delete(dir_fd, leaf, path, expect, check, role)
+            if expect is None and check:
+                return self._land_create(dir_fd, leaf, path, staged)
+            return self._land_exchange(dir_fd, leaf, path, staged, expect, check)
+        except OSError as exc:
+            raise StorageFailure(os.path.join(self.root, path),
+                                 os.strerror(exc.errno or 0)) from None
+        finally:
+            os.close(dir_fd)
+
+    def _land_create(self, dir_fd: int, leaf: str, path: str, staged: Staged) -> Landing:
+        self.ops.tick("ws-rename")
+        try:
+            os.link(staged.tmp_name, leaf, src_dir_fd=dir_fd, dst_dir_fd=dir_fd,
+                    follow_symlinks=False)
+        except FileExistsError:
+            return Landing(path, False, _digest_at(dir_fd, leaf), None)
+        return Landing(path, True, None, staged.tmp_name, post_mode=staged.mode)
+
+    def _land_delete(self, dir_fd: int, leaf: str, path: str, expect: str | None,
+                     check: bool, role: str) -> Landing:
+        aside = self.slot(path, role)
+        _unlink_regular(dir_fd, aside)
+        self.ops.tick("ws-rename")
+        try:
+            moved = _rename_aside(dir_fd, leaf, aside)
+        except FileNotFoundError:
+            return Landing(path, False, None, None)
+        found = _digest_at(dir_fd, aside)
+        if check and found != expect:
+            self._put_back(dir_fd, aside, leaf, moved)
+            return Landing(path, False, found, None)
+        if not moved:  # the fallback linked it aside: now the name goes
+            os.unlink(leaf, dir_fd=dir_fd)
+        return Landing(path, True, found, aside, pre_mode=_mode_of(aside, dir_fd))
+
+    def _land_exchange(self, dir_fd: int, leaf: str, path: str, staged: Staged,
+                       expect: str | None, check: bool) -> Landing:
+        st = _stat_at(dir_fd, leaf)
+        if st is not None and staged.follows_target and stat.S_ISREG(st.st_mode) \
+                and stat.S_IMODE(st.st_mode) & MODE_BITS != staged.mode:
+            _chmod_at(dir_fd, staged.tmp_name, stat.S_IMODE(st.st_mode) & MODE_BITS)
+            staged.mode = staged.pre_mode = stat.S_IMODE(st.st_mode) & MODE_BITS
+        if st is None:
+            if check:
+                return Landing(path, False, None, None)
+            return self._land_create(dir_fd, leaf, path, staged)  # fence "none": created
+        if exchange.supported():
+            self.ops.tick("ws-rename")
+            try:
+                exchange.exchange(dir_fd, staged.tmp_name, leaf)
+            except FileNotFoundError:
+                return Landing(path, False, None, None)
+            except exchange.Unsupported:
+                pass
+            else:
+                found = _digest_at(dir_fd, staged.tmp_name)
+                if check and found != expect:
+                    self.ops.tick("ws-rename")
+                    exchange.exchange(dir_fd, staged.tmp_name, leaf)
+                    return Landing(path, False, found, None)
+                return Landing(path, True, found, staged.tmp_name,
+                               pre_mode=_mode_of(staged.tmp_name, dir_fd),
+                               post_mode=staged.mode)
+        # No exchange here: the target is linked to a second name, checked there, then
+        # replaced by rename (a save by rename in between is lost: the documented window).
+        alias = self.slot(path, "y")
+        _unlink_regular(dir_fd, alias)
+        try:
+            os.link(leaf, alias, src_dir_fd=dir_fd, dst_dir_fd=dir_fd, follow_symlinks=False)
+        except FileNotFoundError:
+            return Landing(path, False, None, None)
+        found = _digest_at(dir_fd, alias)
+        if check and found != expect:
+            os.unlink(alias, dir_fd=dir_fd)
+            return Landing(path, False, found, None)
+        self.ops.tick("ws-rename")
+        os.rename(staged.tmp_name, leaf, src_dir_fd=dir_fd, dst_dir_fd=dir_fd)
+        return Landing(path, True, found, alias, pre_mode=_mode_of(alias, dir_fd),
+                       post_mode=staged.mode)
+
+    def _put_back(self, dir_fd: int, aside: str, leaf: str, moved: bool) -> None:
+        """Undo a delete's move aside: the file goes back under its name, never over a
+        file that appeared there since (then it stays aside, under a name a person sees
+        and steptrail never removes: ``NAME.steptrail-kept-RANDOM``)."""
+        if not moved:  # linked aside: the name still holds it
+            os.unlink(aside, dir_fd=dir_fd)
+            return
+        self.ops.tick("ws-rename")
+        try:
+            if not _rename_aside(dir_fd, aside, leaf):
+                os.unlink(aside, dir_fd=dir_fd)
+        except FileExistsError:
+            os.rename(aside, f"{leaf}.steptrail-kept-{secrets.token_hex(4)}",
+                      src_dir_fd=dir_fd, dst_dir_fd=dir_fd)
+
+    def unland(self, landing: Landing, post: str | None) -> bool:
+        """Take back a write this call landed (a later path of the step conflicted),
+        only if the path still holds what was put there (`post`). False, the path left
+        as found: it does not (a save made after the write landed is kept)."""
+        return self._take_back(landing.path, landing.displaced, post)
+
+    def roll_back(self, found: Found, post: str | None) -> bool:
+        """Undo a crashed call's landed write (`landed`): the displaced bytes go back
+        where they were (exchanged back; renamed back for a delete; a create's link
+        removed), only if the path still holds what the write put there. False, nothing
+        touched: it does not (changed since: a conflict for a human)."""
+        return self._take_back(found.path, found.slot, post)
+
+    def _take_back(self, path: str, displaced: str | None, post: str | None) -> bool:
+        if displaced is None:
+            return True
+        opened = self._open_parent(path, create=False)
+        if opened is None:
+            return False
+        dir_fd, leaf = opened
+        try:
+            return self._unland(dir_fd, leaf, displaced, post)
+        except OSError as exc:
+            raise StorageFailure(os.path.join(self.root, path),
+                                 os.strerror(exc.errno or 0)) from None
+        finally:
+            os.close(dir_fd)
+
+    def _unland(self, dir_fd: int, leaf: str, displaced: str, post: str | None) -> bool:
+        here = _stat_at(dir_fd, leaf)
+        there = _stat_at(dir_fd, displaced)
+        if there is None:
+            return False
+        if post is None:  # a delete: its file goes back from aside, over nothing
+            if here is not None and identity_of(here) != identity_of(there):
+                return False
+            self._put_back(dir_fd, displaced, leaf, here is None)
+            return True
+        if here is None or _digest_at(dir_fd, leaf) != post:
+            return False
+        self.ops.tick("ws-rename")
+        if identity_of(here) == identity_of(there):  # a create's link
+            os.unlink(leaf, dir_fd=dir_fd)
+            os.unlink(displaced, dir_fd=dir_fd)
+            return True
+        if exchange.supported():
+            try:
+                exchange.exchange(dir_fd, displaced, leaf)
+            except exchange.Unsupported:
+                pass
+            else:
+                os.unlink(displaced, dir_fd=dir_fd)
+                return True
+        os.rename(displaced, leaf, src_dir_fd=dir_fd, dst_dir_fd=dir_fd)
+        return True
+
+    def landed(self, path: str, pre: str | None, post: str | None, role: str = "x"
+               ) -> Found:
+        """What a crashed call of this attempt left of its write to `path` (planned from
+        `pre` to `post`): whether the write landed, and what it displaced.
+
+        Read from the names alone: a modify landed when the path holds `post` under
+        another inode than its slot, which holds the displaced bytes; a create when the
+        path and its slot are one inode (the link); a delete when its slot exists and the
+        path does not hold that same inode. Anything else did not land (a slot holding
+        the staged post-image is only a leftover)."""
+        opened = self._open_parent(path, create=False)
+        if opened is None:
+            return Found(path, False, None, None, None)
+        dir_fd, leaf = opened
+        try:
+            here = _stat_at(dir_fd, leaf)
+            now = _digest_at(dir_fd, leaf)
+            for name in (self.slot(path, role), self.slot(path, "y")):
+                there = _stat_at(dir_fd, name)
+                if there is None or not stat.S_ISREG(there.st_mode):
+                    continue
+                same = here is not None and identity_of(here) == identity_of(there)
+                if post is None:
+                    if not same:
+                        return Found(path, True, now, name, _digest_at(dir_fd, name))
+                elif pre is None:
+                    if same:
+                        return Found(path, True, now, name, None)
+                elif not same and now == post:
+                    displaced = _digest_at(dir_fd, name)
+                    if displaced != post:
+                        return Found(path, True, now, name, displaced)
+            return Found(path, False, now, None, None)
+        finally:
+            os.close(dir_fd)
+
+    def slot_mode(self, path: str, name: str | None) -> int | None:
+        """The permission bits of slot `name` beside `path` (None: absent)."""
+        if name is None:
+            return None
+        opened = self._open_parent(path, create=False)
+        if opened is None:
+            return None
+        dir_fd, _ = opened
+        try:
+            return _mode_of(name, dir_fd)
+        finally:
+            os.close(dir_fd)
+
+    @contextlib.contextmanager
+    def open_slot(self, path: str, name: str) -> Iterator[int | None]:
+        """A read-only descriptor of slot `name` beside `path` (None: absent, or not a
+        regular file): a crashed write's displaced pre-image, on its way into the store."""
+        opened = self._open_parent(path, create=False)
+        if opened is None:
+            yield None
+            return
+        dir_fd, _ = opened
+        try:
+            try:
+                fd = os.open(name, _READ_FLAGS, dir_fd=dir_fd)
+            except OSError:
+                fd = None
+        finally:
+            os.close(dir_fd)
+        if fd is None:
+            yield None
+            return
+        try:
+            yield fd if stat.S_ISREG(os.fstat(fd).st_mode) else None
+        finally:
+            os.close(fd)
+
+    def release(self, landings: Iterable[Landing]) -> None:
+        """After the ledger recorded the writes: remove what they displaced (bytes the
+        blob store holds now) and fsync those directories. Best effort: what is left is
+        a temporary the next apply, settle or gc of the workspace removes."""
+        by_dir: dict[str, list[str]] = {}
+        for landing in landings:
+            if landing.displaced is not None:
+                by_dir.setdefault(landing.path.rpartition("/")[0], []).append(landing.displaced)
+        for d, names in by_dir.items():
+            try:
+                opened = self._open_parent(f"{d}/_" if d else "_", create=False)
+            except (LedgerError, OSError):
+                continue
+            if opened is None:
+                continue
+            dir_fd, _ = opened
+            try:
+                for name in names:
+                    self.ops.tick("ws-unlink")
+                    _unlink_regular(dir_fd, name)
+                self.ops.tick("ws-dirfsync")
+                os.fsync(dir_fd)
+            except OSError:
+                pass
+            finally:
+                os.close(dir_fd)
+
+    def discard_slots(self, path: str, roles: str = "xy") -> None:
+        """Remove this attempt's leftovers in `path`'s slots (judged by the caller)."""
+        with contextlib.suppress(LedgerError, OSError):
+            opened = self._open_parent(path, create=False)
+            if opened is None:
+                return
+            dir_fd, _ = opened
+            try:
+                for role in roles:
+                    _unlink_regular(dir_fd, self.slot(path, role))
+            finally:
+                os.close(dir_fd)
+
+    def sync_dirs(self, paths: Iterable[str]) -> None:
+        """fsync the directory of each path once: a step's renames made durable before
+        the ledger records them."""
+        for d in sorted({p.rpartition("/")[0] for p in paths}):
+            opened = self._open_parent(f"{d}/_" if d else "_", create=False)
+            if opened is None:
+                continue
+            dir_fd, _ = opened
+            try:
+                self.ops.tick("ws-dirfsync")
+                os.fsync(dir_fd)
+            except OSError as exc:
+                raise StorageFailure(os.path.join(self.root, d), os.strerror(exc.errno or 0)
+                                     ) from None
+            finally:
+                os.close(dir_fd)
+
     def put(self, path: str, data: bytes | Iterable[bytes] | None, *,
             mode: int | None = None) -> int | None:
         """Make `path` hold `data` (None: absent; pieces: see `stage`) durably: stage +
@@ -631,6 +965,95 @@ class WorkspaceDir:
         staged = self.stage(path, data, mode=mode)
         self.install(staged)
         return staged.mode
+
+
+@dataclass
+class Landing:
+    """One write put in place by `WorkspaceDir.land`: `ok`, or refused with what was
+    `found` (the digest displaced or in the way; None: absent); `displaced`, the name
+    in the path's directory now holding what the write displaced (for a create, a
+    second link to the new file), removed by `release` once the ledger recorded it."""
+
+    path: str
+    ok: bool
+    found: str | None
+    displaced: str | None
+    pre_mode: int | None = None
+    post_mode: int | None = None
+
+
+@dataclass(frozen=True)
+class Found:
+    """What a crashed call left of one write (`WorkspaceDir.landed`): whether it
+    `landed`; `now`, the digest the path holds; `slot`, the name holding what it
+    displaced (a create: its link); `displaced`, that content's digest."""
+
+    path: str
+    landed: bool
+    now: str | None
+    slot: str | None
+    displaced: str | None
+
+
+def _stat_at(dir_fd: int, name: str) -> os.stat_result | None:
+    try:
+        return os.stat(name, dir_fd=dir_fd, follow_symlinks=False)
+    except FileNotFoundError:
+        return None
+
+
+#: What `_digest_at` reports for a name holding something other than a regular file
+#: (never a planned pre-image).
+NOT_A_FILE: Final = "not a regular file"
+
+
+def _digest_at(dir_fd: int, name: str) -> str | None:
+    """sha256 of the regular file `name` (None: absent; `NOT_A_FILE`: a symlink, a
+    directory, a device)."""
+    try:
+        fd = os.open(name, _READ_FLAGS, dir_fd=dir_fd)
+    except FileNotFoundError:
+        return None
+    except OSError as exc:
+        if exc.errno in (errno.ELOOP, errno.EISDIR, errno.ENXIO, errno.EACCES):
+            return NOT_A_FILE
+        raise
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            return NOT_A_FILE
+        return hash_chunks(fd_chunks(fd))[0]
+    finally:
+        os.close(fd)
+
+
+def _unlink_regular(dir_fd: int, name: str) -> None:
+    """Remove `name` if it is a regular file (a slot's leftover); anything else stays."""
+    st = _stat_at(dir_fd, name)
+    if st is not None and stat.S_ISREG(st.st_mode):
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(name, dir_fd=dir_fd)
+
+
+def _chmod_at(dir_fd: int, name: str, mode: int) -> None:
+    fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=dir_fd)
+    try:
+        os.fchmod(fd, mode)
+    finally:
+        os.close(fd)
+
+
+def _rename_aside(dir_fd: int, src: str, dst: str) -> bool:
+    """Move `src` to `dst` without replacing anything at `dst` (FileExistsError): True.
+    Without a no-replace rename, `dst` is linked to `src` and False returned: the caller
+    removes `src` once it has judged the file."""
+    if exchange.supported():
+        try:
+            exchange.rename_noreplace(dir_fd, src, dst)
+            return True
+        except exchange.Unsupported:
+            pass
+    os.link(src, dst, src_dir_fd=dir_fd, dst_dir_fd=dir_fd, follow_symlinks=False)
+    return False
 
 
 def _mode_of(leaf: str, dir_fd: int) -> int | None:
@@ -653,5 +1076,6 @@ def _name_max(where: int | str) -> int:
     return limit if limit > 0 else 255
 
 
-__all__ = ["TMP_MARK", "Boundary", "FileIdentity", "Staged", "WorkspaceDir", "attempt_tag",
+__all__ = ["NOT_A_FILE", "TMP_MARK", "Boundary", "FileIdentity", "Found", "Landing", "Staged",
+           "WorkspaceDir", "attempt_tag",
            "identity_of", "is_git_name", "temp_name", "temp_stamp"]

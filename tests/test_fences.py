@@ -458,9 +458,13 @@ def test_a_rejected_replay_puts_back_the_writes_that_landed(tmp_path: Path) -> N
     w.ledger.close()
     pid = os.fork()
     if pid == 0:  # pragma: no cover - the child
+        renames: list[str] = []
+
         def on_op(name: str) -> None:
-            if name == "ws-dirfsync":  # app.py's rename is durable; b.py's not begun
-                os.kill(os.getpid(), signal.SIGKILL)
+            if name == "ws-rename":
+                renames.append(name)
+                if len(renames) == 2:  # app.py's exchange landed; b.py's not begun
+                    os.kill(os.getpid(), signal.SIGKILL)
 
         Ledger.open(w.path, clock=w.clock, on_op=on_op).apply("s1", epoch=w.epoch)
         os._exit(0)
@@ -483,11 +487,10 @@ def test_a_rejected_replay_puts_back_the_writes_that_landed(tmp_path: Path) -> N
 
 def test_a_rejection_without_evidence_leaves_matching_bytes_as_a_conflict(
         tmp_path: Path) -> None:
-    """The other side: an attempt that never got to its renames (no earlier call pinned
-    its pre-images) is rejected on its first apply, and a human had written exactly the
-    bytes it planned for a new file. Those bytes are the human's: left as found and
-    recorded as a conflict, never removed — though this very call pins app.py's
-    pre-image before its fence (the evidence is asked for before that)."""
+    """The other side: an attempt that never got to its exchanges (no slot of it holds
+    anything it displaced) is rejected on its first apply, and a human had written
+    exactly the bytes it planned for a new file. Those bytes are the human's: left as
+    found and recorded as a conflict, never removed."""
     w = World(tmp_path)
     w.admit(StepPlan("s1", [Write("app.py", b"v1", h("v0"), 5),  # stale: rejected
                             Write("new.txt", b"n", None)]))
@@ -522,16 +525,48 @@ def test_fence_verdict_rules(tmp_path: Path) -> None:
 
 
 def test_replayed_apply_after_a_crash_with_two_writes(tmp_path: Path) -> None:
-    """One write landed before the crash, the other did not: the replay records the
-    first as found and applies the second."""
+    """One write landed before the crash (SIGKILL between the two exchanges), the other
+    did not: the replay records the first as found and applies the second. The same
+    bytes written by a person, with no exchange behind them, are a conflict instead."""
     w = World(tmp_path)
     (w.dir / "b.py").write_text("b0")
     w.admit(StepPlan("s", [Write("app.py", b"v1", h("v0")), Write("b.py", b"b1", h("b0"))]))
-    (w.dir / "app.py").write_text("v1")  # as if renamed just before a crash
+    w.ledger.close()
+    pid = os.fork()
+    if pid == 0:  # pragma: no cover - the child
+        renames: list[str] = []
+
+        def on_op(name: str) -> None:
+            if name == "ws-rename":
+                renames.append(name)
+                if len(renames) == 2:
+                    os.kill(os.getpid(), signal.SIGKILL)
+
+        Ledger.open(w.path, clock=w.clock, on_op=on_op).apply("s", epoch=w.epoch)
+        os._exit(0)
+    _, status = os.waitpid(pid, 0)
+    assert os.WIFSIGNALED(status)
+    w.ledger = Ledger.open(w.path, clock=w.clock)
+    assert w.disk() == "v1" and (w.dir / "b.py").read_text() == "b0"
     result = w.ledger.apply("s", epoch=w.epoch)
     assert result.verdict == "applied" and result.receipt is not None and result.receipt.settled
     assert (w.dir / "b.py").read_text() == "b1"
     assert w.ledger.workspace_paths("w") == {"app.py": (1, h("v1")), "b.py": (2, h("b1"))}
+    assert sorted(p.name for p in w.dir.iterdir() if p.name.startswith(".")) == [".steptrail"] \
+        or not any(".steptrail-" in p.name for p in w.dir.iterdir())  # no slot left behind
+    w.commit("s")
+    comp = w.ledger.compensate("s", epoch=w.epoch)  # its pre-image was kept from the slot
+    assert [r.outcome for r in comp.restored] == ["restored", "restored"]
+    assert w.disk() == "v0" and (w.dir / "b.py").read_text() == "b0"
+
+
+def test_the_planned_bytes_written_by_a_person_are_not_taken_for_a_crash(tmp_path: Path) -> None:
+    w = World(tmp_path)
+    (w.dir / "b.py").write_text("b0")
+    w.admit(StepPlan("s", [Write("app.py", b"v1", h("v0")), Write("b.py", b"b1", h("b0"))]))
+    (w.dir / "app.py").write_text("v1")  # a person, not an exchange
+    assert w.apply("s") == "rejected:pre_hash"
+    assert w.disk() == "v1" and (w.dir / "b.py").read_text() == "b0"
 
 
 def test_creating_and_deleting_files(tmp_path: Path) -> None:

@@ -251,10 +251,10 @@ def test_acquire_that_could_not_settle_a_step_says_so(
     with w.open() as led:
         assert led.apply("s1", epoch=w.epoch).verdict == "applied"
 
-    def refuse(self: WorkspaceDir, path: str, data: bytes | None, **_: object) -> None:
+    def refuse(self: WorkspaceDir, path: str, *_: object, **__: object) -> None:
         raise StorageFailure(os.path.join(self.root, path), "Input/output error")
 
-    monkeypatch.setattr(WorkspaceDir, "put", refuse)
+    monkeypatch.setattr(WorkspaceDir, "land", refuse)
     r = w.acquire("agent-2", "--force")
     assert r.code == 1, r
     assert r.json["epoch"] == w.epoch + 1 and r.json["unsettled"] == ["s1"]

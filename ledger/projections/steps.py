@@ -23,20 +23,23 @@ from ..events import AnyEvent, ManifestPublished, Sealed, kinds_folded_by
 from .lite import SlimEvent, SlimPublished
 
 #: Bump when the fold or the table changes: the next read-write open rebuilds.
-VERSION: Final = 4  # 2: workspaces (schema v2); 3: workspace-restored; 4: settled epoch
+VERSION: Final = 5  # 2: workspaces (schema v2); 3: workspace-restored; 4: settled epoch; 5: compensating
 NAME: Final = "steps"
 
 PLANNED, FENCED, STORED = "planned", "fenced", "blob-stored"
 PUBLISHED, ACKED, COMPENSATED, REJECTED = "manifest-published", "acked", "compensated", "rejected"
+#: An undo under way: its intent is recorded, its `compensated` not yet.
+COMPENSATING = "compensating"
 #: A sealed step's tombstone (docs/design.md "Sealed runs"): its events are archived.
 SEALED = "sealed"
-STATES: Final = (PLANNED, FENCED, STORED, PUBLISHED, ACKED, COMPENSATED, REJECTED, SEALED)
+STATES: Final = (PLANNED, FENCED, STORED, PUBLISHED, ACKED, COMPENSATING, COMPENSATED, REJECTED,
+                 SEALED)
 #: The states a run's steps must all be in for the run to be sealed.
 SETTLED: Final = frozenset({ACKED, COMPENSATED, REJECTED})
 #: States in which the attempt is over: only here may a new attempt begin.
 ENDED: Final = frozenset({COMPENSATED, REJECTED})
-#: States in which the attempt may still change.
-IN_FLIGHT: Final = frozenset({PLANNED, FENCED, STORED})
+#: States in which the attempt may still change (settling finishes them).
+IN_FLIGHT: Final = frozenset({PLANNED, FENCED, STORED, COMPENSATING})
 _OPEN: Final = frozenset({PLANNED, FENCED, STORED, PUBLISHED, ACKED})
 
 # kind -> states of the latest attempt it may follow
@@ -46,7 +49,8 @@ ALLOWED_AFTER: Final[dict[str, frozenset[str]]] = {
     "blob-stored": _OPEN,
     "manifest-published": _OPEN,
     "acked": frozenset({PUBLISHED}),
-    "compensated": _OPEN,
+    "compensating": _OPEN,
+    "compensated": _OPEN | {COMPENSATING},
     "rejected": frozenset({PLANNED}),
 }
 
@@ -207,13 +211,15 @@ def fold(row: StepRow | None, event: AnyEvent | SlimEvent, seq: int, time_ns: in
                 f" {event.manifest_rev}",  # type: ignore[union-attr]
             )
         row.state = ACKED
+    elif kind == "compensating":
+        row.state = COMPENSATING
     elif kind == "compensated":
         row.state, row.live, row.manifest_digest, row.committed_bytes = COMPENSATED, False, None, 0
         if event.rev:  # type: ignore[union-attr]
             row.rev = event.rev  # type: ignore[union-attr]
     elif kind == "rejected":
         row.state = REJECTED
-    if kind != "compensated":
+    if kind not in ("compensated", "compensating"):
         # the attempt's epoch; a compensation may come from a newer epoch settling it
         row.epoch = event.epoch or row.epoch
     row.last_seq, row.updated_ns = seq, time_ns
@@ -242,6 +248,7 @@ __all__ = [
     "ACKED",
     "ALLOWED_AFTER",
     "COMPENSATED",
+    "COMPENSATING",
     "ENDED",
     "FENCED",
     "IN_FLIGHT",

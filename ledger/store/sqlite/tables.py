@@ -8,7 +8,7 @@ from typing import Final
 
 import apsw
 
-from ...projections.steps import StepRow
+from ...projections.steps import IN_FLIGHT, StepRow
 from ...projections.workspaces import PathState, WsRow
 from .. import ProjectionChanges
 
@@ -23,7 +23,7 @@ UPSERT_STEP: Final = (
 #: The latest attempts of a workspace's steps still in flight under an epoch (> 0), of
 #: epochs before `?` when given.
 _IN_FLIGHT: Final = ("SELECT step_id, attempt FROM steps WHERE workspace = ? AND epoch > 0{}"
-                     " AND state IN (?, ?, ?) ORDER BY {}{}")
+                     " AND state IN ({}) ORDER BY {}{}")
 
 WS_COLUMNS: Final = ", ".join(WsRow.COLUMNS)
 SELECT_WS: Final = f"SELECT {WS_COLUMNS} FROM workspaces"
@@ -88,6 +88,7 @@ SET_CHECKPOINT: Final = (
 
 def in_flight_sql(before: bool, oldest_first: bool, limit: bool) -> str:
     return _IN_FLIGHT.format(" AND epoch < ?" if before else "",
+                             ", ".join("?" * len(IN_FLIGHT)),
                              "first_seq" if oldest_first else "step_id",
                              " LIMIT ?" if limit else "")
 

@@ -70,6 +70,7 @@ if TYPE_CHECKING:  # what a type checker sees; at run time, __getattr__ below
         BlobPinned,
         BlobStored,
         Compensated,
+        Compensating,
         Event,
         Fenced,
         LeaseAcquired,
@@ -103,6 +104,14 @@ if TYPE_CHECKING:  # what a type checker sees; at run time, __getattr__ below
     from .log import Head
     from .plans import Plan, check_settled, load_plan
     from .projections import StepRow
+    from .runner import (
+        FencedOutcome,
+        PathConflict,
+        RejectReason,
+        StepReader,
+        StepStatus,
+        run_fenced_step,
+    )
     from .verify import Finding, VerifyReport
     from .witness import WitnessStatus
 
@@ -123,7 +132,7 @@ _EXPORTS: dict[str, tuple[str, ...]] = {
         "UnknownStep", "UnknownWorkspace", "Unsettled", "WitnessElsewhere",
         "WitnessMismatch", "WitnessMissing", "WorkspaceMoved", "WorkspaceOverlap"),
     "events": ("Acked", "AppliedWrite", "BlobCollected", "BlobPinned", "BlobStored", "Compensated",
-        "Event", "Fenced", "LeaseAcquired", "LeaseReleased", "LeaseRenewed",
+        "Compensating", "Event", "Fenced", "LeaseAcquired", "LeaseReleased", "LeaseRenewed",
         "ManifestEntry", "ManifestPublished", "Planned", "PlannedWrite", "RecordedEvent",
         "Rejected", "Restored", "StepEvent", "WitnessAnchored", "WorkspaceAdded",
         "WorkspaceRebound", "WorkspaceRestored", "journal_key"),
@@ -133,6 +142,8 @@ _EXPORTS: dict[str, tuple[str, ...]] = {
     "log": ("Head",),
     "plans": ("Plan", "check_settled", "load_plan"),
     "projections": ("StepRow",),
+    "runner": ("FencedOutcome", "PathConflict", "RejectReason", "StepReader", "StepStatus",
+               "run_fenced_step"),
     "verify": ("Finding", "VerifyReport"),
     "witness": ("WitnessStatus",),
 }
@@ -155,6 +166,13 @@ def __dir__() -> list[str]:
 
 
 __all__ = [
+    "run_fenced_step",
+    "StepStatus",
+    "StepReader",
+    "RejectReason",
+    "PathConflict",
+    "FencedOutcome",
+    "Compensating",
     "AccessDenied",
     "Acked",
     "AnchorRefused",

@@ -35,7 +35,6 @@ from .errors import (
     EXIT_NO,
     EXIT_USAGE,
     CompensationConflict,
-    CorruptLedger,
     IllegalTransition,
     InvalidInput,
     LedgerError,

@@ -44,7 +44,6 @@ from .blobs import (
     content_digest,
     digest_of,
     fd_chunks,
-    hash_chunks,
 )
 from .errors import (
     BlobCorrupt,
@@ -67,6 +66,7 @@ from .errors import (
     WorkspaceOverlap,
 )
 from .events import (
+    Acked,
     AppliedWrite,
     BlobPinned,
     Compensated,
@@ -76,6 +76,8 @@ from .events import (
     LeaseAcquired,
     LeaseReleased,
     LeaseRenewed,
+    ManifestEntry,
+    ManifestPublished,
     Planned,
     PlannedWrite,
     RecordedEvent,
@@ -88,6 +90,7 @@ from .events import (
     check_relpath,
     check_step_id,
     journal_key,
+    manifest_digest,
 )
 from .core import Core
 from .projections import checkpoint
@@ -231,6 +234,8 @@ class ApplyResult(msgspec.Struct, frozen=True, kw_only=True):
     #: ``stale_rev``: `path`, `path_rev`, `base_rev` or `workspace_rev`, `plan_rev`;
     #: ``overlap``: `paths`). Empty when the verdict was read back from the log.
     facts: dict[str, Any] = msgspec.field(default_factory=dict)
+    #: the same transaction published the manifest and acked it (`apply(commit=True)`)
+    committed: bool = False
 
     @property
     def applied(self) -> bool:
@@ -364,7 +369,30 @@ def _plan_differences(recorded: Planned | None, p: StepPlan, workspace: str,
     return out
 
 
-def _receipt(event: Fenced, seq: int) -> Receipt:
+def _commit_events(tx: Tx, planned: Planned, fenced: Fenced) -> list[Event]:
+    """The manifest and ack that commit an artifact-free step with its apply: the
+    manifest names each written path's post-image (a deletion names none)."""
+    cur = tx.step(planned.step)
+    assert cur is not None
+    entries = []
+    for w in sorted(fenced.writes, key=lambda w: w.path):
+        if w.post_hash is None:
+            continue
+        found = tx.blob_size(w.post_hash)
+        if found is None:
+            raise BlobNotFound(w.post_hash, f"the post-image of {w.path} is gone")
+        entries.append(ManifestEntry(path=w.path, digest=w.post_hash, size=found[0]))
+    writes = tuple(entries)
+    rev = cur.manifest_rev + 1
+    common = dict(step=planned.step, attempt=fenced.attempt, run=planned.run,
+                  workspace=planned.workspace, epoch=fenced.epoch)
+    return [ManifestPublished(**common, manifest_rev=rev, expected_rev=-1,
+                              digest=manifest_digest(planned.step, writes, ()),
+                              writes=writes, artifacts=()),
+            Acked(**common, manifest_rev=rev)]
+
+
+def receipt_of(event: Fenced, seq: int) -> Receipt:
     return Receipt(workspace=event.workspace, step=event.step, attempt=event.attempt,
                    epoch=event.epoch, rev=event.rev, writes=event.writes, seq=seq,
                    settled=event.settled)
@@ -558,8 +586,9 @@ class Workspaces:
     def _slots_in_flight(self, workspace: str,
                          steps: Sequence[tuple[str, int]] | None = None
                          ) -> frozenset[tuple[str, str]]:
-        """(directory, name) of every slot (`WorkspaceDir.slot`) an attempt in flight in
-        the workspace may have left: what its crashed writes or undo displaced."""
+        """(directory, name) of every slot (`WorkspaceDir.slot`) in which an attempt in
+        flight in the workspace left what a crashed write displaced (`landed`), and every
+        slot of an undo in flight. A slot holding only a staged copy is not kept."""
         if steps is None:
             with self._storage.read() as view:
                 steps = view.steps_in_flight(workspace)
@@ -576,7 +605,13 @@ class Workspaces:
                 wsdir = self._wsdir(row, step, attempt, epoch)
                 for w in ev.planned.writes:
                     d = w.path.rpartition("/")[0]
-                    out.update((d, wsdir.slot(w.path, r)) for r in roles)
+                    if roles == "u":
+                        out.add((d, wsdir.slot(w.path, "u")))
+                        continue
+                    with contextlib.suppress(LedgerError, OSError):
+                        found = wsdir.landed(w.path, w.pre_hash, w.post_hash)
+                        if found.landed and found.slot is not None:
+                            out.add((d, found.slot))
         return frozenset(out)
 
     def snapshot(self, workspace: str, path: str) -> tuple[int, str | None]:
@@ -785,7 +820,7 @@ class Workspaces:
         if isinstance(end, Rejected):
             return ApplyResult(verdict=f"rejected:{end.reason}", step=step, attempt=attempt,
                                detail=end.detail)
-        receipt = _receipt(ev.fenced[-1][1], ev.fenced[-1][0]) if ev.fenced else None
+        receipt = receipt_of(ev.fenced[-1][1], ev.fenced[-1][0]) if ev.fenced else None
         return ApplyResult(verdict="compensated", step=step, attempt=attempt, receipt=receipt,
                            detail=getattr(end, "reason", ""))
 
@@ -1029,12 +1064,19 @@ class Workspaces:
 
     # -- applying ------------------------------------------------------------------------
 
-    def apply(self, step: str, attempt: int | None = None, *, epoch: int) -> ApplyResult:
+    def apply(self, step: str, attempt: int | None = None, *, epoch: int,
+              commit: bool = False) -> ApplyResult:
         """Fence and apply the attempt's writes under the live `epoch` (see the module).
 
         Returns the verdict; a rejection is recorded (the attempt ends) when the attempt
         was still planned. Raises StaleEpoch for a dead epoch and Unsettled when an older
         epoch's attempt is still in flight; writes nothing then.
+
+        `commit`: for an attempt that declares no artifacts, the transaction that records
+        the apply also publishes its manifest (the commit point) and acks it
+        (`ApplyResult.committed`): a fenced step in two commits, the plan and this. The
+        caller learns the result when this returns; a crash before is answered by the
+        journal on a re-run.
         """
         row = self.core.step(step)
         attempt = row.attempt if attempt is None else attempt
@@ -1072,15 +1114,19 @@ class Workspaces:
 
             def build(tx: Tx, now: int) -> list[Event]:
                 holder.clear()
-                return self._fence(tx, now, planned, attempt, epoch, key, ws, wsdir, staged,
-                                   holder, pre_bytes, landings)
+                events = self._fence(tx, now, planned, attempt, epoch, key, ws, wsdir, staged,
+                                     holder, pre_bytes, landings)
+                if commit and not planned.artifacts and isinstance(events[-1], Fenced):
+                    events += _commit_events(tx, planned, events[-1])
+                return events
 
             try:
                 recorded = self._log.append(build, guard=self.core.guard(),
                                             scope=Scope(planned.workspace))
             except _Answered as answered:
                 return answered.result  # type: ignore[no-any-return]
-            final = recorded[-1]
+            committed = isinstance(recorded[-1].event, Acked)
+            final = next(r for r in reversed(recorded) if isinstance(r.event, Fenced | Rejected))
             event = final.event
             if isinstance(event, Rejected):
                 detail = event.detail
@@ -1090,9 +1136,9 @@ class Workspaces:
                                    detail=detail, facts=holder[-1].facts if holder else {})
             assert isinstance(event, Fenced)
             return ApplyResult(verdict="applied", step=step, attempt=attempt,
-                               receipt=_receipt(event, final.seq))
+                               receipt=receipt_of(event, final.seq), committed=committed)
         finally:
-            done = bool(recorded) and isinstance(recorded[-1].event, Fenced)
+            done = any(isinstance(r.event, Fenced) for r in recorded)
             if done:  # recorded: what the writes displaced goes (the store holds it)
                 wsdir.release(landings)
             for path, s in staged.items():
@@ -1163,7 +1209,7 @@ class Workspaces:
                 if cur.attempt == attempt and cur.state not in ENDED:
                     fenced = msgspec.json.decode(hit[11], type=Fenced)
                     raise _Answered(ApplyResult(verdict="deduped", step=step, attempt=attempt,
-                                                receipt=_receipt(fenced, hit[0])))
+                                                receipt=receipt_of(fenced, hit[0])))
                 raise _Answered(self._end_result(step, attempt, ev))
         # Not a redelivery of an apply that happened: a new effect, so the epoch first
         # (a zombie hears StaleEpoch even when its attempt was settled meanwhile).
@@ -1209,7 +1255,18 @@ class Workspaces:
                     return reject("stale_rev", f"{w.path} is at rev {path_rev}, planned"
                                   f" against rev {w.base_rev}", path=w.path,
                                   path_rev=path_rev, base_rev=w.base_rev)
-        if check:  # a crashed call's landed writes: did they displace the pre-image?
+        if check:  # before any exchange: each path must hold what was read (a symlink,
+            # a FIFO, a directory is refused outright, PathEscapes); the exchanges check again
+            for w in planned.writes:
+                f = found.get(w.path)
+                if f is not None and f.landed:
+                    continue
+                disk = wsdir.hash(w.path)
+                if disk != w.pre_hash:
+                    return reject("pre_hash", f"{w.path} on disk does not hold the content it"
+                                  " was planned against", path=w.path, on_disk=disk,
+                                  pre_hash=w.pre_hash, post_hash=w.post_hash)
+            # a crashed call's landed writes: did they displace the pre-image?
             for w in planned.writes:
                 f = found.get(w.path)
                 if f is not None and f.landed and (
@@ -1361,6 +1418,7 @@ class Workspaces:
             assert planned is not None
             wsdir = self._wsdir(ws_row, step, attempt, epoch)
             if row.attempt == attempt and row.state not in ENDED:
+                wsdir.check_root()  # a swapped root: refused before the intent is recorded
                 ev = self._intend_compensation(planned, ev, epoch, reason)
 
         def build(tx: Tx, now: int) -> list[Event]:
@@ -1598,7 +1656,7 @@ class Workspaces:
                                " receipt (a Receipt, its JSON text or its dict)")
         ev = self._attempt_events(receipt.step, receipt.attempt)
         match = [f for seq, f in ev.fenced if seq == receipt.seq]
-        if not match or _receipt(match[0], receipt.seq) != receipt:
+        if not match or receipt_of(match[0], receipt.seq) != receipt:
             raise IllegalTransition(receipt.step, receipt.attempt, "manifest-published",
                                     "the receipt does not match the apply the ledger recorded")
         return receipt

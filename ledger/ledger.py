@@ -1222,9 +1222,11 @@ class Ledger:
         """Re-stamp the step's ended attempt onto the current revisions, as a new attempt."""
         return self.workspace_protocol.replan(step, epoch=epoch)
 
-    def apply(self, step: str, attempt: int | None = None, *, epoch: int) -> ApplyResult:
-        """Fence and apply the attempt's writes under the live `epoch`."""
-        return self.workspace_protocol.apply(step, attempt, epoch=epoch)
+    def apply(self, step: str, attempt: int | None = None, *, epoch: int,
+              commit: bool = False) -> ApplyResult:
+        """Fence and apply the attempt's writes under the live `epoch` (`commit`: publish
+        and ack an artifact-free step in the same transaction)."""
+        return self.workspace_protocol.apply(step, attempt, epoch=epoch, commit=commit)
 
     def compensate(self, step: str, attempt: int | None = None, *, reason: str = "",
                    epoch: int | None = None) -> Compensation:

@@ -29,14 +29,17 @@ purpose is a supersede (`publish(expected_rev=live)`), recording both digests.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+from enum import StrEnum
 
 from .blobs import digest_of
-from .errors import BlobNotFound
-from .events import Manifest, ManifestEntry, ManifestPublished, manifest_digest
+from .diffs import unified_diff
+from .errors import BlobNotFound, InvalidInput, LedgerError, PlanConflict, StaleEpoch
+from .events import Fenced, Manifest, ManifestEntry, ManifestPublished, Planned, manifest_digest
+from .fences import ApplyResult, FenceMode, FileRead, Receipt, StepPlan, Write, receipt_of
 from .ledger import Ledger, artifact_bytes
-from .projections.steps import ENDED
+from .projections.steps import COMPENSATING, ENDED, PLANNED, StepRow
 
 Outputs = Mapping[str, bytes] | Callable[[], Mapping[str, bytes]]
 
@@ -133,4 +136,236 @@ def run_step_wrong_order(ledger: Ledger, step: str, outputs: Mapping[str, bytes]
     ledger.ack(step, row.attempt)
 
 
-__all__ = ["StepResult", "run_step", "run_step_wrong_order"]
+
+
+# -- the fenced step -------------------------------------------------------------------
+
+
+class StepStatus(StrEnum):
+    """How a fenced step came out (`FencedOutcome.status`)."""
+
+    APPLIED = "applied"  # this call planned (or continued) the step and committed it
+    DEDUPED = "deduped"  # it was committed before: nothing ran, its manifest is the answer
+    CONFLICT = "conflict"  # the fence refused it: a path no longer holds what was read
+    STALE_EPOCH = "stale_epoch"  # the lease moved on: this caller commits nothing
+    REJECTED = "rejected"  # refused for another reason (`reason`)
+
+
+class RejectReason(StrEnum):
+    """Why the fence refused an attempt (the `rejected` event's reason)."""
+
+    STALE_REV = "stale_rev"
+    PRE_HASH = "pre_hash"
+    STALE_EPOCH = "stale_epoch"
+    OVERLAP = "overlap"
+
+
+@dataclass(frozen=True)
+class PathConflict:
+    """One path a fence refused: what the planner read and what is there now.
+
+    `read_hash`/`read_rev`: the write's `pre_hash` and `base_rev`; `on_disk_hash` (None:
+    absent) and `on_disk_rev`: now; `diff`: what was read → what is there, when the
+    planner read the bytes through this call's reader and both are text-sized."""
+
+    path: str
+    read_hash: str | None
+    read_rev: int | None
+    on_disk_hash: str | None
+    on_disk_rev: int
+    diff: str = ""
+
+
+@dataclass(frozen=True)
+class FencedOutcome:
+    """What `run_fenced_step` did. `ran`: the planner was called in this call.
+    `receipt` and `manifest`: the committed apply (APPLIED, DEDUPED); `reason`,
+    `conflicts`, `detail`: why not (CONFLICT, REJECTED, STALE_EPOCH)."""
+
+    status: StepStatus
+    step: str
+    attempt: int
+    ran: bool = False
+    receipt: Receipt | None = None
+    manifest: Manifest | None = None
+    reason: RejectReason | None = None
+    conflicts: tuple[PathConflict, ...] = ()
+    detail: str = ""
+    #: STALE_EPOCH: the refusal as the ledger raised it, for a caller that raises on
+    error: StaleEpoch | None = None
+
+    @property
+    def committed(self) -> bool:
+        return self.status in (StepStatus.APPLIED, StepStatus.DEDUPED)
+
+
+class StepReader:
+    """What a planner reads through: `read(path)` returns the bytes with the rev and hash
+    to fence on (`Ledger.read_file`), and remembers them, so a refusal can show a diff
+    from exactly what was read."""
+
+    def __init__(self, ledger: Ledger, workspace: str) -> None:
+        self.ledger, self.workspace = ledger, workspace
+        self.reads: dict[str, FileRead] = {}
+
+    def read(self, path: str, *, max_bytes: int | None = None) -> FileRead:
+        got = self.ledger.read_file(self.workspace, path, max_bytes=max_bytes)
+        self.reads[path] = got
+        return got
+
+
+Planner = Callable[[StepReader], Sequence[Write]] | Sequence[Write]
+
+
+def run_fenced_step(ledger: Ledger, workspace: str, step: str, plan: Planner, *, epoch: int,
+                    run: str = "", fence: FenceMode = "step",
+                    on_planned: Callable[[str], None] | None = None) -> FencedOutcome:
+    """Run (or finish) one step that writes `workspace`, under the live `epoch`, and say
+    how it came out — the whole protocol in one call, safe to call again after a crash.
+
+    `plan` is the planner: a callable given a `StepReader` (read through it: each write
+    is then fenced on exactly those bytes, `FileRead.write`) returning the step's writes,
+    or the writes themselves. On a first run: plan, admit (the plan and its post-images
+    durable before any workspace write), then apply, publish and ack in one more commit.
+    On a re-run: a committed step is answered from the ledger (DEDUPED, nothing runs; a
+    published but unacked one is acked); an attempt in flight is continued (a kill
+    between its exchanges is finished forward); an attempt a new epoch settled, or one
+    the fence refused, is planned again from fresh reads (`ran`). A refusal is an
+    outcome, not an exception: CONFLICT with each path's read and on-disk hash and a
+    diff, STALE_EPOCH when the lease moved on. Other errors (bad input, the disk) raise.
+    `on_planned(step)` is called once this call's plan is durable, before any workspace
+    write (a harness's observation point; crash tests stop a process there).
+
+        with Ledger.open(".steptrail/ledger.db") as led:
+            lease = led.acquire("repo", holder="agent-1", ttl_s=600)
+            out = run_fenced_step(led, "repo", "edit-1",
+                                  lambda read: [read.read("app.py").write(b"v1\n")],
+                                  epoch=lease.epoch)
+            if out.status is StepStatus.CONFLICT:
+                print(out.conflicts[0].diff)
+    """
+    reader = StepReader(ledger, workspace)
+    try:
+        return _run_fenced(ledger, workspace, step, plan, reader, epoch, run, fence,
+                           on_planned)
+    except StaleEpoch as exc:
+        row = ledger.find_step(step)
+        return FencedOutcome(StepStatus.STALE_EPOCH, step, row.attempt if row else 0,
+                             reason=RejectReason.STALE_EPOCH, detail=str(exc), error=exc)
+
+
+def _run_fenced(ledger: Ledger, workspace: str, step: str, plan: Planner, reader: StepReader,
+                epoch: int, run: str, fence: FenceMode,
+                on_planned: Callable[[str], None] | None) -> FencedOutcome:
+    row = ledger.find_step(step)
+    if row is not None and row.workspace not in ("", workspace):
+        raise InvalidInput(f"step {step!r} writes workspace {row.workspace!r}, not"
+                           f" {workspace!r}; give each workspace's steps their own ids")
+    if row is not None and row.live and row.state != COMPENSATING:
+        return _committed(ledger, step, row, epoch, ran=False, before=True)
+    if row is not None and row.state not in ENDED and row.epoch < epoch:
+        ledger.settle(workspace, epoch)  # an older epoch's attempt: settled, then anew
+        row = ledger.find_step(step)
+    elif row is not None and row.state == COMPENSATING:
+        ledger.compensate(step, epoch=epoch)  # an undo killed halfway: finished first
+        row = ledger.find_step(step)
+    ran = False
+    if row is not None and row.state not in ENDED:
+        # in flight under this epoch: continue the recorded plan (a kill between its
+        # exchanges is finished forward) — unless a post-image it needs was never
+        # stored (a kill between the plan's commit and a large file's write)
+        try:
+            result = ledger.apply(step, epoch=epoch, commit=True)
+        except BlobNotFound:
+            row = None if row.state != PLANNED else row
+            if row is None:
+                raise
+        else:
+            return _answer(ledger, workspace, step, result, reader, epoch, ran)
+    writes = list(plan(reader) if callable(plan) else plan)
+    ran = True
+    try:
+        # a first plan; or the recorded one again, which stores its post-images anew
+        refused = ledger.admit(workspace, epoch, [StepPlan(step, writes, run=run)],
+                               fence=fence)[0]
+    except PlanConflict:
+        # planned before from other reads (the disk moved on since): that attempt
+        # never applied anything; it ends and this plan is the next attempt
+        ledger.compensate(step, epoch=epoch, reason="planned again from fresh reads")
+        refused = ledger.admit(workspace, epoch, [StepPlan(step, writes, run=run)],
+                               fence=fence)[0]
+    if refused is not None:
+        return _refused(ledger, workspace, step, refused, reader, ran)
+    if on_planned is not None:
+        on_planned(step)
+    result = ledger.apply(step, epoch=epoch, commit=True)
+    return _answer(ledger, workspace, step, result, reader, epoch, ran)
+
+
+def _answer(ledger: Ledger, workspace: str, step: str, result: ApplyResult,
+            reader: StepReader, epoch: int, ran: bool) -> FencedOutcome:
+    if not result.applied:
+        return _refused(ledger, workspace, step, result, reader, ran)
+    row = ledger.step(step)
+    return _committed(ledger, step, row, epoch, ran=ran, receipt=result.receipt)
+
+
+def _committed(ledger: Ledger, step: str, row: StepRow, epoch: int, *, ran: bool,
+               receipt: Receipt | None = None, before: bool = False) -> FencedOutcome:
+    """Finish a step that is applied or committed: publish, ack, answer (DEDUPED when it
+    was committed `before` this call)."""
+    if not row.live:
+        ledger.publish(step, row.attempt)
+        row = ledger.step(step)
+    if row.state != "acked":
+        ledger.ack(step, row.attempt, epoch=epoch)
+    manifest = ledger.manifest(step)
+    if receipt is None:
+        receipt = _attempt(ledger, step, row.attempt)[1]
+    return FencedOutcome(StepStatus.DEDUPED if before else StepStatus.APPLIED, step, row.attempt,
+                         ran=ran, receipt=receipt, manifest=manifest)
+
+
+def _attempt(ledger: Ledger, step: str, attempt: int) -> tuple[Planned | None, Receipt | None]:
+    """The attempt's plan and the receipt of its (latest) apply, from its events."""
+    planned, receipt = None, None
+    for r in ledger.timeline(step):
+        e = r.event
+        if getattr(e, "attempt", None) != attempt:
+            continue
+        if isinstance(e, Planned):
+            planned = e
+        elif isinstance(e, Fenced):
+            receipt = receipt_of(e, r.seq)
+    return planned, receipt
+
+
+def _refused(ledger: Ledger, workspace: str, step: str, result: ApplyResult,
+             reader: StepReader, ran: bool) -> FencedOutcome:
+    reason = RejectReason(result.reason) if result.reason in set(RejectReason) else None
+    if result.outcome == "compensated" or reason is None:
+        return FencedOutcome(StepStatus.REJECTED, step, result.attempt, ran=ran,
+                             detail=result.detail or result.verdict)
+    conflicts = []
+    planned = _attempt(ledger, step, result.attempt)[0]
+    for w in planned.writes if planned is not None else ():
+        rev, now = ledger.snapshot(workspace, w.path)
+        if now == w.pre_hash and rev == w.base_rev:
+            continue  # this path still holds what was read
+        diff = ""
+        got = reader.reads.get(w.path)
+        if got is not None and (now is None or got.content is not None):
+            try:
+                after = None if now is None else ledger.read_file(workspace, w.path).content
+            except LedgerError:
+                after = None
+            diff = unified_diff(got.content, after, w.path, before_label="read",
+                                after_label="on disk now")
+        conflicts.append(PathConflict(w.path, w.pre_hash, w.base_rev, now, rev, diff))
+    status = StepStatus.REJECTED if reason == RejectReason.OVERLAP else StepStatus.CONFLICT
+    return FencedOutcome(status, step, result.attempt, ran=ran, reason=reason,
+                         conflicts=tuple(conflicts), detail=result.detail)
+
+
+__all__ = ["FencedOutcome", "PathConflict", "RejectReason", "StepReader", "StepResult",
+           "StepStatus", "run_fenced_step", "run_step", "run_step_wrong_order"]

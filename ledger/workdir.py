@@ -250,6 +250,11 @@ class WorkspaceDir:
             raise
         return fd
 
+    def check_root(self) -> None:
+        """Refuse now (WorkspaceMoved, WorkspaceOverlap) a root that is not the registered
+        directory, before anything is recorded about its files."""
+        os.close(self._open_root())
+
     def _check_dir(self, fd: int, shown: str, path: str) -> None:
         """Refuse to enter a directory of the boundary (the ledger's own)."""
         if self.boundary.dirs and identity_of(os.fstat(fd)) in self.boundary.dirs:
@@ -401,10 +406,13 @@ class WorkspaceDir:
             raise self._storage(path, exc) from None
         assert opened is not None
         dir_fd, leaf = opened
-        tmp = temp_name(leaf, self.epoch, self.tag, _name_max(dir_fd)) if slot is None \
-            else self.slot(path, slot)
+        # Written under a fresh name, then renamed to the slot once whole and fsynced: a
+        # slot holds a complete post-image or, after the exchange, the displaced bytes —
+        # never a copy cut short by a kill (`landed` tells the two apart by content).
+        tmp = temp_name(leaf, self.epoch, self.tag, _name_max(dir_fd))
+        final_name = tmp if slot is None else self.slot(path, slot)
         if slot is not None:  # the slot's earlier content was judged by the caller
-            _unlink_regular(dir_fd, tmp)
+            _unlink_regular(dir_fd, final_name)
         h = hashlib.sha256()
         size = 0
         try:
@@ -427,6 +435,8 @@ class WorkspaceDir:
                 os.fsync(fd)
             finally:
                 os.close(fd)
+            if final_name != tmp:
+                os.rename(tmp, final_name, src_dir_fd=dir_fd, dst_dir_fd=dir_fd)
         except BaseException as exc:
             with contextlib.suppress(OSError):
                 os.unlink(tmp, dir_fd=dir_fd)
@@ -435,7 +445,7 @@ class WorkspaceDir:
             raise
         finally:
             os.close(dir_fd)
-        return Staged(path, tmp, h.hexdigest(), size, final, pre_mode,
+        return Staged(path, final_name, h.hexdigest(), size, final, pre_mode,
                       follows_target=mode is None and pre_mode is not None)
 
     def _storage(self, path: str, exc: OSError) -> LedgerError:
@@ -829,11 +839,12 @@ class WorkspaceDir:
         """What a crashed call of this attempt left of its write to `path` (planned from
         `pre` to `post`): whether the write landed, and what it displaced.
 
-        Read from the names alone: a modify landed when the path holds `post` under
-        another inode than its slot, which holds the displaced bytes; a create when the
-        path and its slot are one inode (the link); a delete when its slot exists and the
-        path does not hold that same inode. Anything else did not land (a slot holding
-        the staged post-image is only a leftover)."""
+        Read from the names alone: a modify landed when its slot (another inode than the
+        path's) holds anything but `post` — a slot is only ever the whole staged
+        post-image or, after the exchange, the displaced bytes; a create when the path
+        and its slot are one inode (the link); a delete when its slot exists and the path
+        does not hold that same inode. `Found.now` says what the path holds now (a
+        person may have changed it since). Anything else did not land."""
         opened = self._open_parent(path, create=False)
         if opened is None:
             return Found(path, False, None, None, None)
@@ -852,7 +863,10 @@ class WorkspaceDir:
                 elif pre is None:
                     if same:
                         return Found(path, True, now, name, None)
-                elif not same and now == post:
+                elif not same:
+                    # the slot held the whole staged post-image until the exchange: any
+                    # other content there is what the exchange displaced (the path may
+                    # have changed again since: `now` says what it holds)
                     displaced = _digest_at(dir_fd, name)
                     if displaced != post:
                         return Found(path, True, now, name, displaced)

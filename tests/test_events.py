@@ -376,7 +376,7 @@ def test_the_round_trip_strategies_cover_every_kind() -> None:
     assert set(EVENT_STRATEGIES) == set(ev.KINDS)
     assert set(ev.STEP_KINDS) == {
         "planned", "fenced", "blob-pinned", "blob-stored", "manifest-published", "acked",
-        "compensated", "rejected",
+        "compensating", "compensated", "rejected",
     }
 
 

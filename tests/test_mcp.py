@@ -222,6 +222,20 @@ def test_a_multi_file_change_lands_whole_or_not_at_all(repo: Path) -> None:
     run(go)
 
 
+def test_a_move_after_a_persons_edit_is_a_conflict(repo: Path) -> None:
+    async def go() -> None:
+        async with inprocess([str(repo)]) as agent:
+            await agent.ok("read_text_file", path="src/app.py")
+            (repo / "src/app.py").write_text("the person's edit\n")
+            r = await agent.fails("move_file", source="src/app.py", destination="lib/app.py")
+            assert text(r).startswith("Conflict")
+            assert (repo / "src/app.py").read_text() == "the person's edit\n"
+            assert not (repo / "lib/app.py").exists()
+        verify_ok(repo)
+
+    run(go)
+
+
 def test_move_file_is_one_fenced_undoable_step(repo: Path) -> None:
     (repo / "src" / "run.sh").write_text("#!/bin/sh\necho hi\n")
     (repo / "src" / "run.sh").chmod(0o755)
@@ -229,12 +243,19 @@ def test_move_file_is_one_fenced_undoable_step(repo: Path) -> None:
 
     async def go() -> None:
         async with inprocess([str(repo)]) as agent:
+            # fenced like delete_file: a file this session never read does not move
+            r = await agent.fails("move_file", source="src/app.py", destination="lib/app.py")
+            assert "Read it first" in text(r) and (repo / "src/app.py").exists()
+            await agent.ok("read_text_file", path="src/app.py")
             moved = await agent.ok("move_file", source="src/app.py", destination="lib/app.py")
             assert not (repo / "src/app.py").exists() and "v0" in (repo / "lib/app.py").read_text()
             await agent.ok("undo", step=moved["step"])
             assert "v0" in (repo / "src/app.py").read_text() and not (repo / "lib/app.py").exists()
             r = await agent.fails("move_file", source="src/app.py", destination="README.txt")
             assert "already exists" in text(r)
+            r = await agent.fails("move_file", source="src", destination="pkg")
+            assert "never read" in text(r) or "Read it first" in text(r)
+            await agent.ok("read_multiple_files", paths=["src/app.py", "src/run.sh"])
             tree = await agent.ok("move_file", source="src", destination="pkg")
             assert not (repo / "src").exists()
             assert (repo / "pkg" / "app.py").exists() and (repo / "pkg" / "empty").is_dir()
@@ -546,9 +567,14 @@ def test_undo_never_clobbers_a_later_edit(repo: Path) -> None:
             (repo / "README.txt").write_text("person after the agent\n")
             r = await agent.fails("undo", step=w["step"])
             assert r.structured_content["files"][0]["outcome"] == "conflict"
+            # nothing was put back: not reported as undone, now or when asked again
+            assert r.structured_content["status"] == "not-undone"
+            assert text(r).startswith("NOT undone")
             assert (repo / "README.txt").read_text() == "person after the agent\n"
             again = await agent.call("undo", step=w["step"])
-            assert "Already undone" in text(again)
+            assert again.is_error and text(again).startswith("NOT undone earlier")
+            hist = await agent.call("history", path="README.txt")
+            assert hist.structured_content["steps"][0]["outcome"] == "not undone"
         verify_ok(repo)
     run(go)
 

@@ -4,8 +4,9 @@ server SIGKILLed in the middle of a write, and the next server settling it; stre
 HTTP on loopback.
 
 The SIGKILL lands where a test asks: ``STEPTRAIL_MCP_TEST_PAUSE=STAGE:MARKER`` makes
-the server stop for good at STAGE of its next write (after-admit, after-apply,
-after-publish) once it has written MARKER, and the test kills it there.
+the server stop for good at STAGE of its next write (after-admit: its plan durable;
+after-commit: its apply, manifest and ack committed in one transaction) once it has
+written MARKER, and the test kills it there.
 """
 
 from __future__ import annotations
@@ -171,7 +172,7 @@ def test_servers_started_at_once_on_a_fresh_workspace(repo: Path) -> None:
     run(go)
 
 
-@pytest.mark.parametrize("stage", ["after-admit", "after-apply", "after-publish"])
+@pytest.mark.parametrize("stage", ["after-admit", "after-commit"])
 def test_a_sigkilled_server_is_settled_by_the_next(repo: Path, tmp_path: Path,
                                                    stage: str) -> None:
     """SIGKILL a server mid-write; a new server (a new client, an empty view) takes the
@@ -186,8 +187,7 @@ def test_a_sigkilled_server_is_settled_by_the_next(repo: Path, tmp_path: Path,
     with Ledger.open(repo / ".steptrail" / "ledger.db", readonly=True) as led:
         state = led.step("mcp:repo:killed-1").state
         assert led.lease("repo").live  # the dead server's lease
-    assert state == {"after-admit": "planned", "after-apply": "fenced",
-                     "after-publish": "manifest-published"}[stage]
+    assert state == {"after-admit": "planned", "after-commit": "acked"}[stage]
 
     async def go() -> None:
         async with over_stdio("--workspace", str(repo), "--lease-ttl", "10m") as agent:
@@ -195,7 +195,7 @@ def test_a_sigkilled_server_is_settled_by_the_next(repo: Path, tmp_path: Path,
             other = await agent.ok("write_file", path="other.txt", content="x\n")
             assert time.monotonic() - started < 20, "the dead holder's lease was waited out"
             assert other["status"] == "applied"
-            if stage != "after-publish":  # settled: back to what the agent had read
+            if stage != "after-commit":  # settled: back to what the agent had read
                 assert (repo / "app.py").read_text() == 'print("v0")\n'
             status = await agent.ok("status")
             assert status["workspaces"][0]["in_flight"] == []
@@ -209,7 +209,7 @@ def test_a_sigkilled_server_is_settled_by_the_next(repo: Path, tmp_path: Path,
         with Ledger.open(repo / ".steptrail" / "ledger.db", readonly=True) as led:
             row = led.step("mcp:repo:killed-1")
             assert row.state == "acked" and row.live
-            assert row.attempt == (1 if stage == "after-publish" else 2)
+            assert row.attempt == (1 if stage == "after-commit" else 2)
         verify_clean(repo)
 
     run(go)
@@ -217,11 +217,12 @@ def test_a_sigkilled_server_is_settled_by_the_next(repo: Path, tmp_path: Path,
 
 def test_a_persons_edit_after_the_kill_is_never_settled_away(repo: Path,
                                                              tmp_path: Path) -> None:
-    """The server dies after its apply; a person edits the file before any server comes
+    """The server dies inside its apply (the file exchanged, not yet recorded); a person
+    edits the file before any server comes
     back. Settling leaves the person's bytes as found (a notice says so), and the retry
     is a conflict, not a second try over the edit."""
     args = {"path": "app.py", "content": "agent\n", "requestId": "killed-2"}
-    run(killed_write, repo, tmp_path, "after-apply", "write_file", args)
+    run(killed_write, repo, tmp_path, "after-exchange", "write_file", args)
     assert (repo / "app.py").read_text() == "agent\n"
     (repo / "app.py").write_text("the person's fix\n")
 

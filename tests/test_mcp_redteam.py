@@ -94,20 +94,20 @@ def one_line_error(r: Any) -> str:
     return out
 
 
-#: A server process, run as `python -c KILLER`, that SIGKILLs itself inside its Nth
-#: rename of a staged file over its target (`WorkspaceDir.install`): between two files
-#: of one multi-file change, a real kill, not an exception.
+#: A server process, run as `python -c KILLER`, that SIGKILLs itself at its Nth exchange
+#: of a staged file with its target (`WorkspaceDir.land`, a write's or an undo's):
+#: between two files of one multi-file change, a real kill, not an exception.
 KILLER = """
 import os, sys
 import ledger.workdir as w
-orig = w.WorkspaceDir.install
+orig = w.WorkspaceDir.land
 count = [0]
-def install(self, staged):
+def land(self, *args, **kwargs):
     count[0] += 1
     if count[0] == int(os.environ["KILL_AT_INSTALL"]):
         os.kill(os.getpid(), 9)
-    return orig(self, staged)
-w.WorkspaceDir.install = install
+    return orig(self, *args, **kwargs)
+w.WorkspaceDir.land = land
 from ledger.cli import main
 sys.argv = ["steptrail", "mcp", "--workspace", os.environ["KILL_WS"]]
 main()

@@ -310,9 +310,9 @@ def test_a_fence_whose_session_was_killed_does_not_delete_after_the_next_epoch_s
 
     def on_op(name: str) -> None:
         seen.append(name)
-        if name == "ws-unlink" and "ws-rename" in seen and not paused.is_set():
+        if name == "ws-rename" and seen.count("ws-rename") == 2 and not paused.is_set():
             pid.append(holder[0].storage._conn.info.backend_pid)  # type: ignore[attr-defined]
-            paused.set()  # fenced, first write renamed, about to delete old.py
+            paused.set()  # fenced, first write exchanged, about to move old.py aside
             go.wait(20)
 
     worker = Ledger.open(pg_url, on_op=on_op)
@@ -682,9 +682,9 @@ def test_a_fence_whose_session_was_killed_does_not_rename_over_a_later_committed
 
     def on_op(name: str) -> None:
         seen.append(name)
-        if name == "ws-dirfsync" and "ws-rename" in seen and not paused.is_set():
+        if name == "ws-rename" and seen.count("ws-rename") == 2 and not paused.is_set():
             pid.append(holder[0].storage._conn.info.backend_pid)  # type: ignore[attr-defined]
-            paused.set()  # a.py renamed; app.py next
+            paused.set()  # a.py exchanged; app.py next
             go.wait(20)
 
     worker = Ledger.open(pg_url, on_op=on_op)

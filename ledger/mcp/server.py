@@ -394,13 +394,16 @@ class SteptrailServer(MCPServer):
                                          " for read_text_file).")],
             destination: Annotated[str, Field(description="Where it goes; must not exist.")],
             requestId: RequestId = None,
+            expectedHash: ExpectedHash = None,
             ctx: Context | None = None,
         ) -> CallToolResult:
             """Move or rename a file or a directory (with its files) within a workspace, as
-            one committed, undoable step: the source is deleted fenced on the bytes read, the
-            destination created fenced on its absence. Never replaces anything."""
+            one committed, undoable step. Fenced like delete_file: each moved file must
+            still hold what this session read of it (read it first; expectedHash fences a
+            single file instead); the destination is created fenced on its absence. Never
+            replaces anything; a file's permission bits come along."""
             return self._run(t.move_file, self.view(ctx), source, destination, requestId,
-                             self.who(ctx))
+                             self.who(ctx), expectedHash)
 
         def search_files(
             path: DirArg,

@@ -46,6 +46,7 @@ from typing import Any, Final
 
 from ledger import (
     Compensated,
+    FencedOutcome,
     CompensationWindowClosed,
     Fenced,
     IllegalTransition,
@@ -58,11 +59,11 @@ from ledger import (
     PlannedWrite,
     RecordedEvent,
     Rejected,
-    ReplanRefused,
     StaleEpoch,
-    StepPlan,
     StepRow,
+    StepStatus,
     Write,
+    run_fenced_step,
 )
 
 from .edits import EditRefused, apply_edits, unified_diff
@@ -71,15 +72,17 @@ from .leases import LeaseBusy, Leases, holder_name
 
 log = logging.getLogger("steptrail.mcp")
 
-IN_FLIGHT: Final = frozenset({"planned", "fenced", "blob-stored"})
+IN_FLIGHT: Final = frozenset({"planned", "fenced", "blob-stored", "compensating"})
 COMMITTED: Final = frozenset({"manifest-published", "acked"})
 #: No ':' in a requestId: its step id, mcp:<workspace>:<requestId>, is split at the
 #: last ':', so no two (workspace, requestId) pairs name one step.
 _REQUEST_ID: Final = re.compile(r"[A-Za-z0-9._/@+=-]{1,128}")
-#: The intent record of an undo: a step of no workspace, planned before the compensation
-#: and ended after it, so a server killed in between leaves it for the next to finish.
-UNDO_PREFIX: Final = "mcp-undo:"
 _HEX64: Final = re.compile(r"[0-9a-f]{64}")
+
+
+#: Whether a recorded plan is the change a retried call carries: its new content by path
+#: (None for a deletion) when it is, None when it is another change.
+_Matcher = Callable[[tuple[PlannedWrite, ...]], "dict[str, bytes | None] | None"]
 
 
 class ToolFailure(Exception):
@@ -192,10 +195,21 @@ class Workspace:
 
 # -- a test seam ----------------------------------------------------------------------------
 
-#: Tests only: ``STAGE:MARKER`` makes a write stop for good at STAGE (after-admit,
-#: after-apply, after-publish) once MARKER is created, so a test can SIGKILL the server
+#: Tests only: ``STAGE:MARKER`` makes a write stop for good at STAGE (after-admit: the
+#: plan durable; after-exchange: the files exchanged, not yet recorded; after-commit: the
+#: apply, manifest and ack committed) once MARKER is created, so a test can SIGKILL the server
 #: exactly there. Unset (always, outside the tests) it costs one dict lookup.
 PAUSE_ENV: Final = "STEPTRAIL_MCP_TEST_PAUSE"
+
+
+def _pause_inside_apply(ledger: Ledger) -> None:
+    """The seam's ``after-exchange`` stage: stop inside the apply's transaction, once the
+    files are exchanged and before the ledger records them (the directory fsync)."""
+    spec = os.environ.get(PAUSE_ENV, "")
+    if not spec.startswith("after-exchange:"):
+        return
+    ops = ledger._store.files.ops  # the seam reaches into the store: tests only
+    ops.on_op = lambda name: _pause_for_tests("after-exchange") if name == "ws-dirfsync" else None
 
 
 def _pause_for_tests(stage: str) -> None:
@@ -242,6 +256,7 @@ class FileTools:
         self.write_lock = threading.RLock()
         self.limits = limits or Limits()
         self.notices: deque[str] = deque(maxlen=50)
+        _pause_inside_apply(ledger)
         self.leases = Leases(ledger, self.lock, self.notices, holder=holder or holder_name(),
                              write_lock=self.write_lock,
                              ttl_s=lease_ttl_s, wait_s=lease_wait_s, linger_s=lease_linger_s)
@@ -468,8 +483,7 @@ class FileTools:
     # -- committing a change ----------------------------------------------------------------
 
     def _commit(self, view: ClientView, build: Callable[[], _Change], ws: Workspace,
-                request_id: str | None, who: str,
-                matches: Callable[[tuple[PlannedWrite, ...]], bool]) -> Result:
+                request_id: str | None, who: str, matches: _Matcher) -> Result:
         """Plan, apply, publish and ack one change as one step (see the module); a retry
         with the same requestId is answered from the ledger."""
         self._check_request_id(request_id)
@@ -487,10 +501,9 @@ class FileTools:
     def _step_lease(self, ws: Workspace) -> Iterator[int]:
         """The workspace's lease for one change, then the ledger lock: the wait for the
         lease holds only `write_lock`, so reads go on meanwhile. A lease just taken (not
-        kept from the last write) first finishes any undo a killed server left."""
+        kept from the last write) has settled whatever a killed server left in flight, a
+        half-done undo included (the library's acquire does)."""
         with self.leases.hold(ws.name) as epoch, self.lock:
-            if not self.leases.reused:
-                self._finish_undos(ws, epoch)
             yield epoch
 
     def _build(self, view: ClientView, ws: Workspace, build: Callable[[], _Change]
@@ -509,14 +522,13 @@ class FileTools:
                                       "", "rejected:pre_hash", {})
 
     def _commit_once(self, view: ClientView, build: Callable[[], _Change], ws: Workspace,
-                     request_id: str | None, who: str,
-                     matches: Callable[[tuple[PlannedWrite, ...]], bool]) -> Result:
+                     request_id: str | None, who: str, matches: _Matcher) -> Result:
         step = self._step_id(ws, request_id)
         with self.lock:
             known = request_id is not None and self.ledger.find_step(step) is not None
         if known:
             with self._step_lease(ws) as epoch:
-                return self._replay(view, ws, step, epoch, matches)
+                return self._replay(view, ws, step, epoch, matches, who)
         change = self._build(view, ws, build)
         if isinstance(change, Result):
             return change
@@ -526,29 +538,28 @@ class FileTools:
                               f" {self.limits.write_bytes} one call may write")
         with self._step_lease(ws) as epoch:
             if request_id is not None and self.ledger.find_step(step) is not None:
-                return self._replay(view, ws, step, epoch, matches)  # raced a retry
-            plans = [StepPlan(step, change.writes, run=who)]
-            refused = self.ledger.admit(ws.name, epoch, plans)[0]
-            if refused is not None:
-                return self._conflict(view, change, step, refused.verdict, refused.facts)
-            return self._apply(view, ws, step, epoch, change)
+                return self._replay(view, ws, step, epoch, matches, who)  # raced a retry
+            out = run_fenced_step(self.ledger, ws.name, step, change.writes, epoch=epoch,
+                                  run=who, on_planned=lambda _: _pause_for_tests("after-admit"))
+            return self._answer(view, ws, step, out, change, change.posts)
 
-    def _apply(self, view: ClientView, ws: Workspace, step: str, epoch: int,
-               change: _Change | None, *, replayed: bool = False) -> Result:
-        _pause_for_tests("after-admit")
-        res = self.ledger.apply(step, epoch=epoch)
-        if not res.applied:
+    def _answer(self, view: ClientView, ws: Workspace, step: str, out: FencedOutcome,
+                change: _Change | None, posts: dict[str, bytes | None], *,
+                replayed: bool = False) -> Result:
+        """The tool's answer to a fenced step's outcome (the library's `run_fenced_step`)."""
+        if out.status is StepStatus.STALE_EPOCH:
+            assert out.error is not None
+            raise out.error
+        if not out.committed:
             if change is None:
                 change = self._change_from_plan(ws, step)
-            return self._conflict(view, change, step, res.verdict, res.facts)
-        assert res.receipt is not None
-        _pause_for_tests("after-apply")
-        self.ledger.publish(step, receipt=res.receipt)
-        _pause_for_tests("after-publish")
-        self.ledger.ack(step, epoch=epoch)
-        posts = change.posts if change is not None else {}
-        return self._applied(view, ws, step, res.receipt.writes, posts,
-                             change.diffs if change is not None else {}, replayed=replayed)
+            verdict = f"rejected:{out.reason.value}" if out.reason is not None else out.detail
+            return self._conflict(view, change, step, verdict, {}, replayed=replayed)
+        assert out.receipt is not None
+        _pause_for_tests("after-commit")
+        return self._applied(view, ws, step, out.receipt.writes, posts,
+                             change.diffs if change is not None else {},
+                             replayed=replayed or out.status is StepStatus.DEDUPED)
 
     def _applied(self, view: ClientView, ws: Workspace, step: str, writes: Sequence[Any],
                  posts: dict[str, bytes | None], diffs: dict[str, str], *,
@@ -577,40 +588,39 @@ class FileTools:
                                "replayed": replayed, "files": files})
 
     def _replay(self, view: ClientView, ws: Workspace, step: str, epoch: int,
-                matches: Callable[[tuple[PlannedWrite, ...]], bool]) -> Result:
-        """Answer a retried requestId from what the ledger recorded for its step."""
+                matches: _Matcher, who: str) -> Result:
+        """Answer a retried requestId from what the ledger recorded for its step: a
+        committed step's result, a refusal's conflict, an undo's outcome; a step that died
+        in flight or was settled unpublished is run again through the library's fenced
+        step — fenced on the same read as first recorded, its new content taken from the
+        retried call itself (so a post-image lost in the crash is stored again)."""
         row = self.ledger.step(step)
-        planned, fenced, ended = self._latest_attempt(step, row.attempt)
-        if row.workspace != ws.name or planned is None or planned.workspace != ws.name \
-                or not matches(planned.writes):
+        planned, _fenced, ended = self._latest_attempt(step, row.attempt)
+        posts = None
+        if row.workspace == ws.name and planned is not None and planned.workspace == ws.name:
+            posts = matches(planned.writes)
+        if posts is None:
             raise ToolFailure(f"requestId of step {step} was already used for a different"
                               " change; give every change its own requestId (a UUID)")
-        if row.live:
-            if row.state != "acked":
-                self.ledger.ack(step, epoch=epoch)  # the ack a dead server never made
-            assert fenced is not None
-            return self._applied(view, ws, step, fenced.writes, {}, {}, replayed=True)
+        assert planned is not None
         if row.state == "rejected":
             change = self._change_from_plan(ws, step, planned)
             reason = ended.reason if isinstance(ended, Rejected) else "pre_hash"
             return self._conflict(view, change, step, f"rejected:{reason}", {}, replayed=True)
-        if row.state in IN_FLIGHT:
-            raise ToolFailure(f"step {step} of this requestId is still in flight (settling it"
-                              " failed; see status): nothing was applied again")
         if row.state == "compensated" and row.manifest_rev >= 0:
-            return Result([f"Step {step} of this requestId was applied and later undone;"
+            summary = self._undo_summary(ended)
+            return Result([f"Step {step} of this requestId was applied and later {summary};"
                            " nothing was applied again. Make a new change with a new"
-                           " requestId."], {"status": "undone", "step": step,
+                           " requestId."], {"status": "undone" if summary == "undone" else
+                                            "undo-conflict", "step": step,
                                             "workspace": ws.name, "replayed": True})
-        # Died unpublished (settled by an acquire, or refused mid-way): run it again,
-        # planned against the same read as first recorded.
-        try:
-            self.ledger.replan(step, epoch=epoch)
-        except ReplanRefused:
-            change = self._change_from_plan(ws, step, planned)
-            return self._conflict(view, change, step, "rejected:pre_hash", {}, replayed=True)
-        return self._apply(view, ws, step, epoch, self._change_from_plan(ws, step, planned),
-                           replayed=True)
+        settled = row.state == "compensated"  # died unpublished, settled: planned again
+        writes = [Write(w.path, posts.get(w.path), pre_hash=w.pre_hash,
+                        base_rev=None if settled else w.base_rev, mode=w.mode)
+                  for w in planned.writes]
+        out = run_fenced_step(self.ledger, ws.name, step, writes, epoch=epoch, run=who)
+        return self._answer(view, ws, step, out, self._change_from_plan(ws, step, planned),
+                            posts, replayed=True)
 
     def _latest_attempt(self, step: str, attempt: int
                         ) -> tuple[Planned | None, Fenced | None, Any]:
@@ -822,18 +832,22 @@ class FileTools:
                                                 "diff": change.diffs.get(w.path, "")}
                                                for w in change.writes]})
 
-        def matches(planned: tuple[PlannedWrite, ...]) -> bool:
+        def matches(planned: tuple[PlannedWrite, ...]) -> dict[str, bytes | None] | None:
             recorded = {p.path: p for p in planned}
             if set(recorded) != set(rels):
-                return False
+                return None
+            posts: dict[str, bytes | None] = {}
             for _ws, rel, kind, f in resolved:
                 p = recorded[rel]
                 if kind == "delete":
                     if p.post_hash is not None:
-                        return False
+                        return None
+                    posts[rel] = None
                 elif kind == "content":
-                    if p.post_hash != sha256(self._encode(f["content"], rel)):
-                        return False
+                    data = self._encode(f["content"], rel)
+                    if p.post_hash != sha256(data):
+                        return None
+                    posts[rel] = data
                 else:
                     before = None
                     if p.pre_hash is not None:
@@ -845,22 +859,27 @@ class FileTools:
                                 if got.pre_hash == p.pre_hash:
                                     before = got.content
                     if before is None:
-                        return False  # cannot be told apart from another change: refused
+                        return None  # cannot be told apart from another change: refused
                     try:
                         post = post_of(rel, kind, f, before)
                     except (ToolFailure, EditRefused):
-                        return False
+                        return None
                     if post is None or sha256(post) != p.post_hash:
-                        return False
-            return True
+                        return None
+                    posts[rel] = post
+            return posts
 
         return self._commit(view, build, ws, request_id, who, matches)
 
     def move_file(self, view: ClientView, source: str, destination: str,
-                  request_id: str | None = None, who: str = "mcp") -> Result:
-        """One step: every file under `source` deleted (fenced on the bytes read now) and
-        created at `destination` (fenced on its absence). Symlinks and special files are
-        refused; a file's permission bits follow it."""
+                  request_id: str | None = None, who: str = "mcp",
+                  expected_hash: str | None = None) -> Result:
+        """One step: every file under `source` deleted and created at `destination`
+        (fenced on its absence). Each moved file is fenced on what this client read of it,
+        like delete_file: a file it never read is refused ("read it first"), one changed
+        since it read it is a conflict; `expected_hash` fences a single file instead.
+        Symlinks and special files are refused; a file's permission bits follow it, set
+        before the moved file is visible under its new name."""
         sws, srel = self.resolve(source, what="source")
         dws, drel = self.resolve(destination, what="destination")
         if sws is not dws:
@@ -912,39 +931,82 @@ class FileTools:
                           {"status": "moved", "moved": {"from": self.show(ws, srel),
                                                         "to": self.show(ws, drel)}})
         pairs = [(f, drel + f[len(srel):]) for f in files]
-        modes: dict[str, int] = {}
+        if expected_hash is not None and len(pairs) != 1:
+            raise ToolFailure("expectedHash fences one file: a directory moves file by file,"
+                              " each fenced on what you read of it")
 
         def build() -> _Change:
             writes, seen, posts = [], {}, {}
+            unread = []
             for src, dst in pairs:
+                try:
+                    template, read = self._fence(view, ws, src, expected_hash, what="move_file")
+                except _Unread as exc:
+                    unread.append(exc)
+                    continue
+                assert template is not None
+                if template.pre_hash is None:
+                    raise ToolFailure(f"{self.show(ws, src)} does not exist: nothing to move")
                 got = self._read(ws, src)
                 if got.content is None:
                     raise ToolFailure(f"{self.show(ws, src)} disappeared while moving")
+                if got.pre_hash != template.pre_hash:
+                    # changed since the client read it: the fence refuses it, recorded
+                    content = self._content_of(read)
+                    if content is None:
+                        raise _Stale(Write(src, None, pre_hash=template.pre_hash,
+                                           base_rev=template.base_rev), read)
+                else:
+                    content = got.content
+                mode = None
                 with contextlib.suppress(OSError, FsRefused):
                     s = ws.fs.lstat(src)
                     if s is not None:
-                        modes[dst] = s.st_mode
-                writes.append(Write(src, None, pre_hash=got.pre_hash, base_rev=got.rev))
-                writes.append(Write(dst, got.content, pre_hash=None, base_rev=None))
-                seen[src], posts[src] = Seen(got.rev, got.pre_hash, got.content), None
-                seen[dst], posts[dst] = None, got.content
+                        mode = stat.S_IMODE(s.st_mode) & 0o777
+                writes.append(Write(src, None, pre_hash=template.pre_hash,
+                                    base_rev=template.base_rev))
+                writes.append(Write(dst, content, pre_hash=None, base_rev=None, mode=mode))
+                seen[src], posts[src] = read, None
+                seen[dst], posts[dst] = None, content
+            if unread:
+                if len(unread) == 1:
+                    raise unread[0]
+                raise ToolFailure(f"{len(unread)} files under {self.show(ws, srel)} were never"
+                                  " read in this session (" + ", ".join(
+                                      self.show(ws, u.rel) for u in unread[:5])
+                                  + (", ..." if len(unread) > 5 else "") + "): a move"
+                                  " deletes them where they are, so read each first"
+                                  " (read_multiple_files)")
             return _Change("move_file", ws, writes, seen, posts)
 
-        def matches(planned: tuple[PlannedWrite, ...]) -> bool:
+        def matches(planned: tuple[PlannedWrite, ...]) -> dict[str, bytes | None] | None:
             recorded = {p.path: p for p in planned}
             want = {p for pair in pairs for p in pair}
-            return set(recorded) == want and all(
-                recorded[s].post_hash is None and recorded[d].pre_hash is None
-                and recorded[d].post_hash == recorded[s].pre_hash for s, d in pairs)
+            if set(recorded) != want or not all(
+                    recorded[s].post_hash is None and recorded[d].pre_hash is None
+                    and recorded[d].post_hash == recorded[s].pre_hash for s, d in pairs):
+                return None
+            posts: dict[str, bytes | None] = {}
+            for s, d in pairs:
+                digest = recorded[d].post_hash
+                assert digest is not None
+                data = None
+                with contextlib.suppress(LedgerError):
+                    data = self.ledger.read_blob(digest)
+                if data is None:
+                    with contextlib.suppress(LedgerError, ToolFailure, FsRefused):
+                        got = self._read(ws, s)
+                        data = got.content if got.pre_hash == digest else None
+                if data is None:
+                    return None
+                posts[s], posts[d] = None, data
+            return posts
 
         with self.write_lock:
             result = self._commit(view, build, ws, request_id, who, matches)
             if result.is_error:
                 return result
             with self.lock:
-                for dst, mode in modes.items():
-                    with contextlib.suppress(OSError, FsRefused):
-                        ws.fs.chmod_file(dst, mode)
                 for d in [drel + d[len(srel):] for d in dirs]:
                     with contextlib.suppress(OSError, FsRefused):
                         ws.fs.mkdir(d)  # empty directories come along
@@ -1100,9 +1162,10 @@ class FileTools:
         """Compensate one step back to its pre-images, fenced: a path that no longer holds
         what the step wrote (a person's or a later step's change) is left as found.
 
-        Journaled: an intent step (``mcp-undo:…``, no workspace) is planned first and
-        ended after, so an undo killed half-way — one file back, another not — is found
-        by the next server that takes the lease and finished (`_finish_undos`)."""
+        Journaled by the library (`compensating` before the first file is touched), so an
+        undo killed half-way — one file back, another not — is finished by the next
+        server that takes the lease (its acquire settles it). The answer says what was
+        put back: an undo that put nothing back is not reported as done."""
         step = self._resolve_step(view, step)
         with self.write_lock:
             with self.lock:
@@ -1117,22 +1180,16 @@ class FileTools:
                 if row.state == "compensated" and row.manifest_rev < 0:
                     raise ToolFailure(f"step {step} never committed (it was settled): nothing"
                                       " to undo")
-            intent: str | None = None
             for retry in (False, True):
                 try:
                     with self._step_lease(ws) as epoch:
-                        intent = self._undo_intent(step)  # after any unfinished one is done
                         comp = self.ledger.compensate(step, epoch=epoch,
                                                       reason=one_line(f"undo by {who}")[:200])
-                        self._end_intent(intent, done=True)
                     break
                 except StaleEpoch:
                     if retry or not self.leases.reused:  # a kept lease taken over: once more
                         raise
                 except (CompensationWindowClosed, IllegalTransition) as exc:
-                    if intent is not None:
-                        with self.lock:
-                            self._end_intent(intent, done=False)
                     extra = (" (write the old content back with write_file; history shows it)"
                              if isinstance(exc, CompensationWindowClosed) else "")
                     raise ToolFailure(one_line(str(exc)) + extra) from None
@@ -1149,52 +1206,20 @@ class FileTools:
                                      "conflict": "LEFT AS FOUND: it changed after the step"
                                                  " (nothing was overwritten)"}[f["outcome"]]
                  for f in files]
-        head = ("Already undone earlier" if comp.deduped else
-                "Undone with conflicts" if conflicts else "Undone")
+        summary = _summary(comp.restored)
+        head = {"undone": "Undone", "partly undone": "Partly undone",
+                "not undone": "NOT undone"}[summary]
+        if comp.deduped:
+            head = f"{head} earlier"
+        status = {"undone": "undone", "partly undone": "partly-undone",
+                  "not undone": "not-undone"}[summary]
         return Result([f"{head}: step {step}.\n" + "\n".join(lines)], {
-            "status": "undone", "step": step, "workspace": ws.name, "deduped": comp.deduped,
+            "status": status, "step": step, "workspace": ws.name, "deduped": comp.deduped,
             "files": files, "conflicts": len(conflicts)}, bool(conflicts))
 
-    def _undo_intent(self, step: str) -> str:
-        """Plan the intent record of undoing `step` (its id in `run`); returns its id."""
-        intent = UNDO_PREFIX + hashlib.sha256(step.encode()).hexdigest()[:40]
-        self.ledger.plan(intent, run=step)
-        return intent
-
-    def _end_intent(self, intent: str, *, done: bool) -> None:
-        """An undo's intent record ends: published (the undo happened) or compensated
-        (it was refused: nothing to finish)."""
-        row = self.ledger.find_step(intent)
-        if row is None or row.state not in IN_FLIGHT:
-            return
-        if done:
-            self.ledger.publish(intent)
-            self.ledger.ack(intent)
-        else:
-            self.ledger.compensate(intent, reason="the undo was refused")
-
-    def _pending_undos(self) -> list[StepRow]:
-        return [r for r in self.ledger.steps("planned") if r.step_id.startswith(UNDO_PREFIX)]
-
-    def _finish_undos(self, ws: Workspace, epoch: int) -> None:
-        """Finish every undo of `ws` a server left half-done (its intent still planned):
-        the compensation again — paths already back are recorded as such, the others
-        put back, fenced as ever — then the intent ends."""
-        for intent in self._pending_undos():
-            target = self.ledger.find_step(intent.run)
-            if target is None or target.workspace != ws.name:
-                continue
-            try:
-                self.ledger.compensate(intent.run, epoch=epoch,
-                                       reason="undo finished after its server stopped")
-                self._end_intent(intent.step_id, done=True)
-                self.notices.append(f"{iso(time.time_ns())}: finished the undo of"
-                                    f" {intent.run} that a stopped server had begun")
-            except (CompensationWindowClosed, IllegalTransition):
-                self._end_intent(intent.step_id, done=False)
-            except LedgerError as exc:
-                self.notices.append(f"{iso(time.time_ns())}: could not finish the undo of"
-                                    f" {intent.run}: {one_line(str(exc))}")
+    def _undo_summary(self, ended: object) -> str:
+        """How a compensation of a committed step came out, in words (`_summary`)."""
+        return _summary(ended.restored if isinstance(ended, Compensated) else ())
 
     def _outcome(self, row: StepRow | None) -> str:
         if row is None:
@@ -1204,7 +1229,9 @@ class FileTools:
         if row.state == "rejected":
             return "refused"
         if row.state == "compensated":
-            return "undone" if row.manifest_rev >= 0 else "settled (never committed)"
+            if row.manifest_rev < 0:
+                return "settled (never committed)"
+            return self._undo_summary(self._latest_attempt(row.step_id, row.attempt)[2])
         return f"in flight ({row.state})"
 
     def history(self, view: ClientView, path: str | None = None, limit: int = 20) -> Result:
@@ -1299,10 +1326,10 @@ class FileTools:
                 # in flight under an epoch that is no longer live: the next write settles it
                 unsettled = (self.ledger.unsettled(ws.name, lease.epoch if lease.live else
                                                    lease.epoch + 1) if lease.epoch else [])
-                unsettled += [f"undo of {i.run} (begun, not finished: the next write finishes"
-                               " it)" for i in self._pending_undos()
-                              if (t := self.ledger.find_step(i.run)) is not None
-                              and t.workspace == ws.name]
+                unsettled += [f"undo of {r.step_id} (begun, not finished: the next lease"
+                              " taken finishes it)" for r in rows
+                              if r.workspace == ws.name and r.state == "compensating"
+                              and r.step_id not in unsettled]
                 out.append({
                     "workspace": ws.name, "root": ws.root, "rev": self.ledger.workspace(ws.name).rev,
                     "lease": {"epoch": lease.epoch, "holder": lease.holder, "live": lease.live,
@@ -1375,6 +1402,15 @@ class FileTools:
         elif isinstance(e, LeaseReleased):
             out["detail"] = f"epoch {e.epoch} released"
         return out
+
+
+def _summary(restored: Sequence[Any]) -> str:
+    """``undone`` (every path back), ``partly undone`` or ``not undone`` (every path
+    left as found: nothing was put back)."""
+    conflicts = sum(1 for r in restored if r.outcome == "conflict")
+    if not conflicts:
+        return "undone"
+    return "not undone" if conflicts == len(restored) else "partly undone"
 
 
 class _Stale(Exception):

@@ -1393,6 +1393,7 @@ def apply_json(result: ApplyResult) -> dict[str, Any]:
     """The `step apply --json` document (the fence's facts go in the error object)."""
     doc: dict[str, Any] = msgspec.to_builtins(result)
     del doc["facts"]
+    del doc["committed"]  # the command line's apply never commits (step publish does)
     return doc
 
 

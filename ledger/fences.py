@@ -1235,7 +1235,7 @@ class Workspaces:
                 raise _Answered(verdict)
             holder.append(verdict)
             # Whatever landed — in this call or a crashed one — goes back, newest first.
-            undone = self._roll_back(planned, wsdir, found, landings)
+            undone = self._roll_back(tx, planned, wsdir, found, landings)
             landings.clear()
             return [Rejected(step=step, attempt=attempt, run=planned.run, workspace=name,
                              epoch=epoch, reason=reason, detail=detail,  # type: ignore[arg-type]
@@ -1346,7 +1346,7 @@ class Workspaces:
                            role="pre-image") for d in digests]
 
     def _roll_back(
-        self, planned: Planned, wsdir: WorkspaceDir, found: dict[str, Found],
+        self, tx: Tx, planned: Planned, wsdir: WorkspaceDir, found: dict[str, Found],
         landings: list[Landing],
     ) -> tuple[Restored, ...]:
         """Put back, newest first, the writes this call landed and those a crashed call of
@@ -1362,6 +1362,9 @@ class Workspaces:
             f = found.get(w.path)
             if f is None:
                 continue
+            state = tx.path_state(planned.workspace, w.path)
+            if (0 if state is None else state[0]) != w.base_rev:
+                continue  # recorded as a later step's since: not this attempt's to undo
             if not f.landed:
                 if f.now == w.post_hash and w.post_hash != w.pre_hash and f.now is not None:
                     # its bytes are there with no sign this attempt put them (a person may

@@ -98,16 +98,18 @@ def one_line_error(r: Any) -> str:
 #: of a staged file with its target (`WorkspaceDir.land`, a write's or an undo's):
 #: between two files of one multi-file change, a real kill, not an exception.
 KILLER = """
-import os, sys
-import ledger.workdir as w
-orig = w.WorkspaceDir.land
+import importlib, os, sys
+module, _, attr = os.environ.get("KILL_TARGET", "ledger.workdir:WorkspaceDir.land").partition(":")
+cls_name, _, method = attr.partition(".")
+cls = getattr(importlib.import_module(module), cls_name)
+orig = getattr(cls, method)
 count = [0]
-def land(self, *args, **kwargs):
+def patched(self, *args, **kwargs):
     count[0] += 1
     if count[0] == int(os.environ["KILL_AT_INSTALL"]):
         os.kill(os.getpid(), 9)
     return orig(self, *args, **kwargs)
-w.WorkspaceDir.land = land
+setattr(cls, method, patched)
 from ledger.cli import main
 sys.argv = ["steptrail", "mcp", "--workspace", os.environ["KILL_WS"]]
 main()
@@ -115,10 +117,11 @@ main()
 
 
 @contextlib.asynccontextmanager
-async def killer_agent(repo: Path, kill_at_install: int) -> Any:
+async def killer_agent(repo: Path, kill_at_install: int,
+                       target: str = "ledger.workdir:WorkspaceDir.land") -> Any:
     params = StdioServerParameters(command=sys.executable, args=["-X", "utf8", "-c", KILLER],
                                    env=server_env(KILL_AT_INSTALL=str(kill_at_install),
-                                                  KILL_WS=str(repo)))
+                                                  KILL_WS=str(repo), KILL_TARGET=target))
     async with Client(params, read_timeout_seconds=20) as client:
         yield Agent(client)
 
@@ -928,12 +931,47 @@ def test_a_sigkill_in_the_middle_of_an_undo_leaves_nothing_half_undone(repo: Pat
                     await agent.call("undo", step=w["step"])
 
     async def go() -> None:
+        # killed between b.txt's undo and a.txt's: the undo was journaled
+        # (`compensating`), so the next server's new epoch finishes it
+        assert files() == ["A1\n", "b0\n"]
         async with inprocess([str(repo)]) as agent:
             await agent.ok("write_file", path="other.txt", content="x\n")  # a new epoch
+            assert files() == ["a0\n", "b0\n"]
             status = await agent.ok("status")
             ws = status["workspaces"][0]
-            reported = bool(ws["in_flight"] or ws["unsettled"])
-            assert files() in (["a0\n", "b0\n"], ["A1\n", "B1\n"]) or reported, files()
+            assert not ws["in_flight"] and not ws["unsettled"]
+        with Ledger.open(ledger_of(repo), readonly=True) as led:
+            assert led.step("mcp:repo:m2").state == "compensated"
+        verify_ok(ledger_of(repo))
+
+    run(killed)
+    run(go)
+
+
+def test_a_retry_after_a_kill_before_a_large_post_image_was_stored_applies(
+        repo: Path) -> None:
+    """A write of more than 64 KiB: its plan commits, then the server is SIGKILLed before
+    the post-image's file is written. The retry with the same requestId (from a new
+    server) applies it: the content comes with the retried call and is stored again."""
+    big = "x" * 200_000 + "\n"
+
+    async def killed() -> None:
+        with contextlib.suppress(Exception, BaseExceptionGroup):
+            async with killer_agent(repo, kill_at_install=1,
+                                    target="ledger.blobs:BlobStore.put_content") as agent:
+                with anyio.fail_after(20):
+                    await agent.call("write_file", path="big.txt", content=big,
+                                     requestId="big-1")
+
+    async def go() -> None:
+        assert not (repo / "big.txt").exists()
+        async with inprocess([str(repo)]) as agent:
+            retry = await agent.ok("write_file", path="big.txt", content=big, requestId="big-1")
+            assert retry["replayed"] and retry["status"] == "applied"
+            assert (repo / "big.txt").read_text() == big
+            again = await agent.ok("write_file", path="big.txt", content=big, requestId="big-1")
+            assert again["replayed"]
+        verify_ok(ledger_of(repo))
 
     run(killed)
     run(go)

@@ -581,7 +581,7 @@ class Workspaces:
             return  # not an epoch of this workspace: nothing is known dead
         wsdir.remove_temporaries({w.path.rpartition("/")[0] for w in writes},
                                  lambda e, t: e < epoch or (e == epoch and t == tag),
-                                 self._slots_in_flight(wsdir.name))
+                                 lambda: self._slots_in_flight(wsdir.name))
 
     def _slots_in_flight(self, workspace: str,
                          steps: Sequence[tuple[str, int]] | None = None
@@ -792,7 +792,7 @@ class Workspaces:
             newest_dead = row.epoch - 1 if row.live_epoch(now) is not None else row.epoch
             removed += self._wsdir(row).remove_temporaries(
                 dirs, lambda e, _t, newest_dead=newest_dead: e <= newest_dead,
-                self._slots_in_flight(row.name, steps))
+                lambda row=row, steps=steps: self._slots_in_flight(row.name, steps))
         return removed
 
     # -- reading an attempt --------------------------------------------------------------

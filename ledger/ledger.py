@@ -1245,10 +1245,23 @@ class Ledger:
         """The ledger's own files no workspace walk may touch: its directory (the file,
         ``-wal``/``-shm``/``-lockq``, the GC lock), the blob root, the witness."""
         witness = [self.witness.path] if self.witness is not None else []
+        # what may appear later is part of the key: a witness made on first use, the blob
+        # root made by the first file blob
+        key = (tuple(os.path.exists(p) for p in witness), tuple(witness),
+               self.blobs.root is not None and os.path.isdir(self.blobs.root))
+        cached = self.__dict__.get("_boundary_cache")
+        if cached is not None and cached[0] == key:
+            return cached[1]  # type: ignore[no-any-return]
         if self.blobs.root is None:  # a ledger in a database: only the witness is local
-            return Boundary.of(None, None, witness)
-        files = [self.path] + witness
-        return Boundary.of(os.path.dirname(os.path.abspath(self.path)), self.blobs.root, files)
+            found = Boundary.of(None, None, witness)
+        else:
+            files = [self.path] + witness
+            found = Boundary.of(os.path.dirname(os.path.abspath(self.path)), self.blobs.root,
+                                files)
+        # The ledger's own directory and files cannot move under an open ledger: kept,
+        # looked up again when the key says something appeared since.
+        self.__dict__["_boundary_cache"] = (key, found)
+        return found
 
     def restore(self, workspace: str, to: str | os.PathLike[str], *,
                 force: bool = False) -> RestoreReport:

@@ -479,17 +479,19 @@ class WorkspaceDir:
             os.close(dir_fd)
 
     def remove_temporaries(self, dirs: Iterable[str], dead: Callable[[int, str], bool],
-                           keep: frozenset[tuple[str, str]] = frozenset()) -> int:
+                           keep: Callable[[], frozenset[tuple[str, str]]] = frozenset) -> int:
         """Remove the temporaries steptrail staged and left behind (a killed apply,
         compensation or settle) from each directory in `dirs` (relative; "" is the root).
 
         Only a regular file with a name `temp_name` makes, whose (epoch, attempt tag)
         `dead` says no live stager can own, is removed; anything else — a user's file, a
-        symlink, a directory, a live temporary, a (directory, name) in `keep` (the slots
-        of attempts in flight: what their crashed writes displaced) — stays. Best effort: a directory that is
+        symlink, a directory, a live temporary, a (directory, name) in `keep()` (the
+        slots of attempts in flight: what their crashed writes displaced; asked for only
+        when a dead temporary is found) — stays. Best effort: a directory that is
         missing or not a plain directory is skipped. Returns how many files went.
         """
         removed = 0
+        kept: frozenset[tuple[str, str]] | None = None
         for d in sorted(set(dirs)):
             try:
                 opened = self._open_parent(f"{d}/_" if d else "_", create=False)
@@ -502,7 +504,11 @@ class WorkspaceDir:
             try:
                 for name in os.listdir(dir_fd):
                     stamp = temp_stamp(name)
-                    if stamp is None or not dead(*stamp) or (d, name) in keep:
+                    if stamp is None or not dead(*stamp):
+                        continue
+                    if kept is None:
+                        kept = keep()
+                    if (d, name) in kept:
                         continue
                     with contextlib.suppress(FileNotFoundError):
                         st = os.stat(name, dir_fd=dir_fd, follow_symlinks=False)
@@ -913,8 +919,8 @@ class WorkspaceDir:
 
     def release(self, landings: Iterable[Landing]) -> None:
         """After the ledger recorded the writes: remove what they displaced (bytes the
-        blob store holds now) and fsync those directories. Best effort: what is left is
-        a temporary the next apply, settle or gc of the workspace removes."""
+        blob store holds now). Not fsynced, and best effort: what a crash or a failure
+        leaves is a temporary the next apply, settle or gc of the workspace removes."""
         by_dir: dict[str, list[str]] = {}
         for landing in landings:
             if landing.displaced is not None:
@@ -931,8 +937,6 @@ class WorkspaceDir:
                 for name in names:
                     self.ops.tick("ws-unlink")
                     _unlink_regular(dir_fd, name)
-                self.ops.tick("ws-dirfsync")
-                os.fsync(dir_fd)
             except OSError:
                 pass
             finally:

@@ -68,6 +68,7 @@ from .errors import (
 from .events import (
     Acked,
     AppliedWrite,
+    BlobStored,
     BlobPinned,
     Compensated,
     Compensating,
@@ -369,11 +370,36 @@ def _plan_differences(recorded: Planned | None, p: StepPlan, workspace: str,
     return out
 
 
-def _commit_events(tx: Tx, planned: Planned, fenced: Fenced) -> list[Event]:
-    """The manifest and ack that commit an artifact-free step with its apply: the
-    manifest names each written path's post-image (a deletion names none)."""
+def _commit_events(tx: Tx, now: int, planned: Planned, fenced: Fenced,
+                   inline: dict[str, bytes]) -> list[Event]:
+    """The artifacts, manifest and ack that commit a step with its apply: `inline`
+    artifacts stored now (rows of this transaction), the others as stored before; the
+    manifest names each written path's post-image (a deletion names none) and each
+    declared artifact. A declared artifact stored nowhere: no commit (the apply alone)."""
     cur = tx.step(planned.step)
     assert cur is not None
+    common = dict(step=planned.step, attempt=fenced.attempt, run=planned.run,
+                  workspace=planned.workspace, epoch=fenced.epoch)
+    stored: dict[str, ManifestEntry] = {}
+    if planned.artifacts:
+        query = EventQuery(step=planned.step, attempt=fenced.attempt,
+                           kinds=frozenset({"blob-stored"}))
+        for row in tx.events(query):
+            e = msgspec.json.decode(row[11], type=BlobStored)
+            stored[e.path] = ManifestEntry(path=e.path, digest=e.digest, size=e.size)
+    events: list[Event] = []
+    rows: dict[str, bytes] = {}
+    for path in sorted(inline):
+        data = inline[path]
+        digest = digest_of(data)
+        rows[digest] = data
+        events.append(BlobStored(**common, digest=digest, size=len(data), path=path,
+                                 inline=True))
+        stored[path] = ManifestEntry(path=path, digest=digest, size=len(data))
+    if set(planned.artifacts) - set(stored) or set(inline) - set(planned.artifacts):
+        return []  # not what the plan declared: the apply commits alone
+    if rows:
+        tx.put_inline(rows, now)
     entries = []
     for w in sorted(fenced.writes, key=lambda w: w.path):
         if w.post_hash is None:
@@ -383,12 +409,12 @@ def _commit_events(tx: Tx, planned: Planned, fenced: Fenced) -> list[Event]:
             raise BlobNotFound(w.post_hash, f"the post-image of {w.path} is gone")
         entries.append(ManifestEntry(path=w.path, digest=w.post_hash, size=found[0]))
     writes = tuple(entries)
+    artifacts = tuple(stored[p] for p in sorted(planned.artifacts))
     rev = cur.manifest_rev + 1
-    common = dict(step=planned.step, attempt=fenced.attempt, run=planned.run,
-                  workspace=planned.workspace, epoch=fenced.epoch)
-    return [ManifestPublished(**common, manifest_rev=rev, expected_rev=-1,
-                              digest=manifest_digest(planned.step, writes, ()),
-                              writes=writes, artifacts=()),
+    return [*events,
+            ManifestPublished(**common, manifest_rev=rev, expected_rev=-1,
+                              digest=manifest_digest(planned.step, writes, artifacts),
+                              writes=writes, artifacts=artifacts),
             Acked(**common, manifest_rev=rev)]
 
 
@@ -1065,18 +1091,21 @@ class Workspaces:
     # -- applying ------------------------------------------------------------------------
 
     def apply(self, step: str, attempt: int | None = None, *, epoch: int,
-              commit: bool = False) -> ApplyResult:
+              commit: bool = False, inline_artifacts: dict[str, bytes] | None = None
+              ) -> ApplyResult:
         """Fence and apply the attempt's writes under the live `epoch` (see the module).
 
         Returns the verdict; a rejection is recorded (the attempt ends) when the attempt
         was still planned. Raises StaleEpoch for a dead epoch and Unsettled when an older
         epoch's attempt is still in flight; writes nothing then.
 
-        `commit`: for an attempt that declares no artifacts, the transaction that records
-        the apply also publishes its manifest (the commit point) and acks it
-        (`ApplyResult.committed`): a fenced step in two commits, the plan and this. The
-        caller learns the result when this returns; a crash before is answered by the
-        journal on a re-run.
+        `commit`: the transaction that records the apply also publishes the attempt's
+        manifest (the commit point) and acks it (`ApplyResult.committed`): a fenced step
+        in two commits, the plan and this. `inline_artifacts` (path -> bytes, each at
+        most `inline_max_bytes`) are stored in that same transaction; the plan's other
+        declared artifacts must have been stored before (`store`), or nothing commits
+        but the apply. The caller learns the result when this returns; a crash before is
+        answered by the journal on a re-run.
         """
         row = self.core.step(step)
         attempt = row.attempt if attempt is None else attempt
@@ -1116,8 +1145,9 @@ class Workspaces:
                 holder.clear()
                 events = self._fence(tx, now, planned, attempt, epoch, key, ws, wsdir, staged,
                                      holder, pre_bytes, landings)
-                if commit and not planned.artifacts and isinstance(events[-1], Fenced):
-                    events += _commit_events(tx, planned, events[-1])
+                if commit and isinstance(events[-1], Fenced):
+                    events += _commit_events(tx, now, planned, events[-1],
+                                             inline_artifacts or {})
                 return events
 
             try:

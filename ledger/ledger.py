@@ -1223,10 +1223,12 @@ class Ledger:
         return self.workspace_protocol.replan(step, epoch=epoch)
 
     def apply(self, step: str, attempt: int | None = None, *, epoch: int,
-              commit: bool = False) -> ApplyResult:
-        """Fence and apply the attempt's writes under the live `epoch` (`commit`: publish
-        and ack an artifact-free step in the same transaction)."""
-        return self.workspace_protocol.apply(step, attempt, epoch=epoch, commit=commit)
+              commit: bool = False, inline_artifacts: dict[str, bytes] | None = None
+              ) -> ApplyResult:
+        """Fence and apply the attempt's writes under the live `epoch` (`commit`: store
+        `inline_artifacts`, publish and ack in the same transaction)."""
+        return self.workspace_protocol.apply(step, attempt, epoch=epoch, commit=commit,
+                                             inline_artifacts=inline_artifacts)
 
     def compensate(self, step: str, attempt: int | None = None, *, reason: str = "",
                    epoch: int | None = None) -> Compensation:

@@ -219,6 +219,7 @@ Planner = Callable[[StepReader], Sequence[Write]] | Sequence[Write]
 
 def run_fenced_step(ledger: Ledger, workspace: str, step: str, plan: Planner, *, epoch: int,
                     run: str = "", fence: FenceMode = "step",
+                    artifacts: Mapping[str, bytes] | None = None,
                     on_planned: Callable[[str], None] | None = None) -> FencedOutcome:
     """Run (or finish) one step that writes `workspace`, under the live `epoch`, and say
     how it came out — the whole protocol in one call, safe to call again after a crash.
@@ -233,8 +234,12 @@ def run_fenced_step(ledger: Ledger, workspace: str, step: str, plan: Planner, *,
     the fence refused, is planned again from fresh reads (`ran`). A refusal is an
     outcome, not an exception: CONFLICT with each path's read and on-disk hash and a
     diff, STALE_EPOCH when the lease moved on. Other errors (bad input, the disk) raise.
-    `on_planned(step)` is called once this call's plan is durable, before any workspace
-    write (a harness's observation point; crash tests stop a process there).
+    `artifacts` (path -> bytes: a test report, a log) are declared in the plan and
+    committed with the step: when all fit in rows (`inline_max_bytes`), in the apply's
+    commit; a larger one is stored (pinned, durable) after the apply, then the step is
+    published and acked (more commits). `on_planned(step)` is called
+    once this call's plan is durable, before any workspace write (a harness's
+    observation point; crash tests stop a process there).
 
         with Ledger.open(".steptrail/ledger.db") as led:
             lease = led.acquire("repo", holder="agent-1", ttl_s=600)
@@ -245,9 +250,10 @@ def run_fenced_step(ledger: Ledger, workspace: str, step: str, plan: Planner, *,
                 print(out.conflicts[0].diff)
     """
     reader = StepReader(ledger, workspace)
+    outputs = {p: artifact_bytes(p, d) for p, d in (artifacts or {}).items()}
     try:
         return _run_fenced(ledger, workspace, step, plan, reader, epoch, run, fence,
-                           on_planned)
+                           outputs, on_planned)
     except StaleEpoch as exc:
         row = ledger.find_step(step)
         return FencedOutcome(StepStatus.STALE_EPOCH, step, row.attempt if row else 0,
@@ -255,7 +261,7 @@ def run_fenced_step(ledger: Ledger, workspace: str, step: str, plan: Planner, *,
 
 
 def _run_fenced(ledger: Ledger, workspace: str, step: str, plan: Planner, reader: StepReader,
-                epoch: int, run: str, fence: FenceMode,
+                epoch: int, run: str, fence: FenceMode, outputs: dict[str, bytes],
                 on_planned: Callable[[str], None] | None) -> FencedOutcome:
     row = ledger.find_step(step)
     if row is not None and row.workspace not in ("", workspace):
@@ -275,38 +281,53 @@ def _run_fenced(ledger: Ledger, workspace: str, step: str, plan: Planner, reader
         # exchanges is finished forward) — unless a post-image it needs was never
         # stored (a kill between the plan's commit and a large file's write)
         try:
-            result = ledger.apply(step, epoch=epoch, commit=True)
+            result = _apply(ledger, step, row.attempt, epoch, outputs)
         except BlobNotFound:
             row = None if row.state != PLANNED else row
             if row is None:
                 raise
         else:
-            return _answer(ledger, workspace, step, result, reader, epoch, ran)
+            return _answer(ledger, workspace, step, result, reader, epoch, ran, outputs)
     writes = list(plan(reader) if callable(plan) else plan)
     ran = True
+    planned = StepPlan(step, writes, artifacts=tuple(sorted(outputs)), run=run)
     try:
         # a first plan; or the recorded one again, which stores its post-images anew
-        refused = ledger.admit(workspace, epoch, [StepPlan(step, writes, run=run)],
-                               fence=fence)[0]
+        refused = ledger.admit(workspace, epoch, [planned], fence=fence)[0]
     except PlanConflict:
         # planned before from other reads (the disk moved on since): that attempt
         # never applied anything; it ends and this plan is the next attempt
         ledger.compensate(step, epoch=epoch, reason="planned again from fresh reads")
-        refused = ledger.admit(workspace, epoch, [StepPlan(step, writes, run=run)],
-                               fence=fence)[0]
+        refused = ledger.admit(workspace, epoch, [planned], fence=fence)[0]
     if refused is not None:
         return _refused(ledger, workspace, step, refused, reader, ran)
     if on_planned is not None:
         on_planned(step)
-    result = ledger.apply(step, epoch=epoch, commit=True)
-    return _answer(ledger, workspace, step, result, reader, epoch, ran)
+    result = _apply(ledger, step, ledger.step(step).attempt, epoch, outputs)
+    return _answer(ledger, workspace, step, result, reader, epoch, ran, outputs)
+
+
+def _apply(ledger: Ledger, step: str, attempt: int, epoch: int,
+           outputs: dict[str, bytes]) -> ApplyResult:
+    """The apply that commits the step when every artifact fits in a row: they are
+    stored with the apply, the manifest and the ack, in one transaction. With a larger
+    one the apply commits alone; the artifacts are stored (pinned, durable, recorded:
+    after the apply, as the lifecycle orders them) and the step published by the caller
+    (`_answer`)."""
+    if any(len(d) > ledger.inline_max_bytes for d in outputs.values()):
+        return ledger.apply(step, attempt, epoch=epoch)
+    return ledger.apply(step, attempt, epoch=epoch, commit=True, inline_artifacts=outputs)
 
 
 def _answer(ledger: Ledger, workspace: str, step: str, result: ApplyResult,
-            reader: StepReader, epoch: int, ran: bool) -> FencedOutcome:
+            reader: StepReader, epoch: int, ran: bool,
+            outputs: dict[str, bytes]) -> FencedOutcome:
     if not result.applied:
         return _refused(ledger, workspace, step, result, reader, ran)
     row = ledger.step(step)
+    if not row.live:  # applied before (a replay): its artifacts stored, then committed
+        for path in sorted(outputs):
+            ledger.store(step, row.attempt, path, outputs[path])
     return _committed(ledger, step, row, epoch, ran=ran, receipt=result.receipt)
 
 

@@ -186,3 +186,41 @@ def test_a_step_of_another_workspace_is_refused(tmp_path: Path) -> None:
     w.run()
     with pytest.raises(InvalidInput):
         run_fenced_step(w.ledger, "w2", "s1", [], epoch=w.epoch)
+
+
+def test_artifacts_commit_with_the_step(tmp_path: Path) -> None:
+    w = World(tmp_path)
+    big = b"log line\n" * 20_000  # a file blob
+    out = run_fenced_step(w.ledger, "w", "s1",
+                          lambda read: [read.read("app.py").write(b"v1\n")], epoch=w.epoch,
+                          artifacts={"report.txt": b"ok\n", "logs/build.log": big})
+    assert out.status is StepStatus.APPLIED and out.manifest is not None
+    assert {a.path for a in out.manifest.artifacts} == {"report.txt", "logs/build.log"}
+    by_path = {a.path: a.digest for a in out.manifest.artifacts}
+    assert w.ledger.read_blob(by_path["logs/build.log"]) == big
+    assert w.ledger.read_blob(by_path["report.txt"]) == b"ok\n"
+    again = run_fenced_step(w.ledger, "w", "s1", [], epoch=w.epoch,
+                            artifacts={"report.txt": b"ok\n", "logs/build.log": big})
+    assert again.status is StepStatus.DEDUPED and again.manifest == out.manifest
+    assert w.ledger.verify().ok
+
+
+@pytest.mark.sqlite_only
+def test_small_artifacts_keep_two_commits(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from ledger.store.sqlite.file import Database
+
+    w = World(tmp_path)
+    commits: list[int] = []
+    hook = Database._wal_hook
+
+    def counting(self: Database, *args: object) -> int:
+        commits.append(1)
+        return hook(self, *args)  # type: ignore[arg-type]
+
+    w.ledger.close()
+    monkeypatch.setattr(Database, "_wal_hook", counting)
+    led = Ledger.open(w.path, clock=w.clock)
+    commits.clear()
+    out = run_fenced_step(led, "w", "s1", lambda read: [read.read("app.py").write(b"v1\n")],
+                          epoch=w.epoch, artifacts={"report.txt": b"ok\n"})
+    assert out.status is StepStatus.APPLIED and len(commits) == 2

@@ -701,11 +701,13 @@ class WorkspaceDir:
     def _land_create(self, dir_fd: int, leaf: str, path: str, staged: Staged) -> Landing:
         self.ops.tick("ws-rename")
         try:
-            os.link(staged.tmp_name, leaf, src_dir_fd=dir_fd, dst_dir_fd=dir_fd,
-                    follow_symlinks=False)
+            linked = _link(dir_fd, staged.tmp_name, leaf)
+            if not linked:  # no hard links here: a rename that replaces nothing
+                _rename_aside(dir_fd, staged.tmp_name, leaf)
         except FileExistsError:
             return Landing(path, False, _digest_at(dir_fd, leaf), None)
-        return Landing(path, True, None, staged.tmp_name, post_mode=staged.mode)
+        return Landing(path, True, None, staged.tmp_name if linked else None,
+                       post_mode=staged.mode)
 
     def _land_delete(self, dir_fd: int, leaf: str, path: str, expect: str | None,
                      check: bool, role: str) -> Landing:
@@ -757,9 +759,17 @@ class WorkspaceDir:
         alias = self.slot(path, "y")
         _unlink_regular(dir_fd, alias)
         try:
-            os.link(leaf, alias, src_dir_fd=dir_fd, dst_dir_fd=dir_fd, follow_symlinks=False)
+            linked = _link(dir_fd, leaf, alias)
         except FileNotFoundError:
             return Landing(path, False, None, None)
+        if not linked:  # no hard links either: checked in place, then replaced
+            found = _digest_at(dir_fd, leaf)
+            pre_mode = _mode_of(leaf, dir_fd)
+            if check and found != expect:
+                return Landing(path, False, found, None)
+            self.ops.tick("ws-rename")
+            os.rename(staged.tmp_name, leaf, src_dir_fd=dir_fd, dst_dir_fd=dir_fd)
+            return Landing(path, True, found, None, pre_mode=pre_mode, post_mode=staged.mode)
         found = _digest_at(dir_fd, alias)
         if check and found != expect:
             os.unlink(alias, dir_fd=dir_fd)
@@ -1060,18 +1070,40 @@ def _chmod_at(dir_fd: int, name: str, mode: int) -> None:
         os.close(fd)
 
 
+#: What a file system without hard links answers `link` with.
+_NO_LINKS: Final = frozenset({errno.EPERM, errno.EOPNOTSUPP, errno.EMLINK,
+                              getattr(errno, "ENOTSUP", errno.EOPNOTSUPP)})
+
+
+def _link(dir_fd: int, src: str, dst: str) -> bool:
+    """Hard-link `src` as `dst` (FileExistsError if `dst` exists): True; False where the
+    file system has no hard links (FAT, some network and FUSE file systems)."""
+    try:
+        os.link(src, dst, src_dir_fd=dir_fd, dst_dir_fd=dir_fd, follow_symlinks=False)
+    except OSError as exc:
+        if exc.errno in _NO_LINKS:
+            return False
+        raise
+    return True
+
+
 def _rename_aside(dir_fd: int, src: str, dst: str) -> bool:
     """Move `src` to `dst` without replacing anything at `dst` (FileExistsError): True.
     Without a no-replace rename, `dst` is linked to `src` and False returned: the caller
-    removes `src` once it has judged the file."""
+    removes `src` once it has judged the file. With neither, `dst` is checked absent and
+    `src` renamed (a name made at `dst` in between is replaced: the fallback's window)."""
     if exchange.supported():
         try:
             exchange.rename_noreplace(dir_fd, src, dst)
             return True
         except exchange.Unsupported:
             pass
-    os.link(src, dst, src_dir_fd=dir_fd, dst_dir_fd=dir_fd, follow_symlinks=False)
-    return False
+    if _link(dir_fd, src, dst):
+        return False
+    if _stat_at(dir_fd, dst) is not None:
+        raise FileExistsError(errno.EEXIST, os.strerror(errno.EEXIST), dst)
+    os.rename(src, dst, src_dir_fd=dir_fd, dst_dir_fd=dir_fd)
+    return True
 
 
 def _mode_of(leaf: str, dir_fd: int) -> int | None:

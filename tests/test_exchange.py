@@ -339,3 +339,33 @@ def test_a_directory_swapped_for_a_symlink_mid_step_writes_nothing_outside(
         assert isinstance(exc, LedgerError), exc
     assert (outside / "b").read_bytes() == b"outside\n"
     assert sorted(p.name for p in outside.iterdir()) == ["b"]
+
+
+def test_without_exchange_or_hard_links_steps_still_apply_and_refuse(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A file system with neither (FAT, some FUSE mounts): creates, edits, deletes and
+    moves apply; a stale write is refused with the person's bytes kept; nothing is left
+    behind. (What such a file system cannot give: a create's evidence after a kill.)"""
+    import errno as errno_mod
+
+    monkeypatch.setattr(exchange_mod, "_CALL", None)
+
+    def no_link(*_a: object, **_k: object) -> None:
+        raise OSError(errno_mod.EPERM, "Operation not permitted")
+
+    monkeypatch.setattr(os, "link", no_link)
+    files, plan = move(3)
+    ws = Ws(tmp_path, {**files, "a.txt": b"a0\n"})
+    ws.ledger.admit("w", ws.epoch, [plan])
+    assert ws.ledger.apply(plan.step, epoch=ws.epoch).verdict == "applied"
+    assert ws.files() == {"a.txt": b"a0\n", **{"dst/" + k[4:]: v for k, v in files.items()}}
+    ws.ledger.admit("w", ws.epoch, [StepPlan("e", [Write("a.txt", b"a1\n", h(b"a0\n"))])])
+    (ws.dir / "a.txt").write_bytes(b"person\n")
+    assert ws.ledger.apply("e", epoch=ws.epoch).verdict == "rejected:pre_hash"
+    assert (ws.dir / "a.txt").read_bytes() == b"person\n"
+    ws.ledger.publish(plan.step)
+    ws.ledger.ack(plan.step, epoch=ws.epoch)
+    comp = ws.ledger.compensate(plan.step, epoch=ws.epoch)
+    assert {r.outcome for r in comp.restored} == {"restored"}
+    assert ws.files() == {**files, "a.txt": b"person\n"} and ws.leftovers() == []
+    assert ws.ledger.verify().ok

@@ -2762,6 +2762,10 @@ def seal_vacuum(ctx: click.Context, as_json: bool) -> None:
 @click.option("--artifacts", "n", type=click.IntRange(1, 50), default=5, show_default=True,
               help="Artifacts in the step (alternating inline and file blobs).")
 @click.option("--wrong-order", is_flag=True, help="Run the broken protocol (manifest before blobs): must report violations.")
+@click.option("--fenced", "shape", type=click.Choice(["rotation", "swap", "move"]),
+              help="Kill a fenced workspace step of this shape instead (a 6-file rotation,"
+              " a swap, a 3-file directory move): after each kill a new epoch must put every"
+              " file back (or find the step committed), and a re-run must commit it.")
 @click.option("--power-loss", "power_loss", is_flag=True,
               help="Simulate power loss at every operation of a workload (appends, a step with"
               " inline and file blobs, a workspace step, a rebuild, a GC run) instead.")
@@ -2777,9 +2781,9 @@ def seal_vacuum(ctx: click.Context, as_json: bool) -> None:
 @click.option("--seed", type=click.IntRange(min=0), default=0, show_default=True)
 @click.option("--dir", "workdir", type=click.Path(file_okay=False), help="Scratch directory (default: a temporary one on this disk).")
 @json_option
-def chaos(n: int, wrong_order: bool, power_loss: bool, models: tuple[str, ...],
-          io_errors: bool, persistent: bool, points: int | None, seed: int,
-          workdir: str | None, as_json: bool) -> None:
+def chaos(n: int, wrong_order: bool, shape: str | None, power_loss: bool,
+          models: tuple[str, ...], io_errors: bool, persistent: bool, points: int | None,
+          seed: int, workdir: str | None, as_json: bool) -> None:
     """Kill a real process (SIGKILL) at every operation of a step; check, replay, check.
 
     Every file write, fsync, rename, directory fsync, mkdir and SQLite COMMIT of one
@@ -2794,8 +2798,14 @@ def chaos(n: int, wrong_order: bool, power_loss: bool, models: tuple[str, ...],
     audit, every acknowledged commit present (Jepsen: lost and duplicated must be 0),
     then the workload replayed. Exit 1 on any loss, duplicate or failed check.
 
+    With --fenced SHAPE the step is a fenced workspace step (a rotation, a swap, a
+    directory move): after each kill one copy is settled by a new epoch (every file as
+    before, or the step committed) and another re-run under the same epoch (committed,
+    every file as after, nothing left behind).
+
     \b
         steptrail chaos --artifacts 5
+        steptrail chaos --fenced rotation  # a 6-file rotation killed at every operation
         steptrail chaos --wrong-order      # the negative control: violations > 0
         steptrail chaos --power-loss --points 40
         steptrail chaos --power-loss --model torn --dir /mnt/disk-under-test
@@ -2804,27 +2814,39 @@ def chaos(n: int, wrong_order: bool, power_loss: bool, models: tuple[str, ...],
     if power_loss or io_errors:
         _chaos_faults(power_loss, models, persistent, points, seed, workdir, as_json)
         return
-    from .testing.chaos import run_chaos
+    from .testing.chaos import run_chaos, run_fenced_chaos
 
     update, finish = _progress("crash points")
     try:
-        report = run_chaos(n, wrong_order=wrong_order, workdir=workdir, progress=update)
+        if shape is not None:
+            report = run_fenced_chaos(shape, workdir=workdir, progress=update)
+        else:
+            report = run_chaos(n, wrong_order=wrong_order, workdir=workdir, progress=update)
     finally:
         finish()
     if as_json:
         _emit_json(report.as_json())
     else:
-        click.echo(f"{'INDEX':>5}  {'OPERATION':<28}  {'AFTER CRASH':<12}  AFTER REPLAY")
+        first = "AFTER SETTLE" if shape else "AFTER CRASH"
+        click.echo(f"{'INDEX':>5}  {'OPERATION':<28}  {first:<12}  AFTER REPLAY")
         for r in report.rows:
             click.echo(f"{r.index:>5}  {r.operation:<28}  {r.after_crash:<12}  {r.after_replay}")
         order = "WRONG order (manifest before blobs)" if wrong_order else "correct order"
-        click.echo(
-            f"chaos: {_n(report.artifacts, 'artifact')}, {order}:"
-            f" {_n(report.indices, 'crash point')}, {_n(report.violations, 'violation')} after"
-            " crash,"
-            f" {report.committed_after_replay}/{report.indices} committed after replay"
-            f" ({report.elapsed_s:.1f}s)"
-        )
+        if shape:
+            click.echo(
+                f"chaos: a fenced {shape}: {_n(report.indices, 'crash point')},"
+                f" {_n(report.violations, 'violation')} after settling,"
+                f" {_n(report.violations_after_replay, 'violation')} after a re-run,"
+                f" {report.committed_after_replay}/{report.indices} committed after the re-run"
+                f" ({report.elapsed_s:.1f}s)")
+        else:
+            click.echo(
+                f"chaos: {_n(report.artifacts, 'artifact')}, {order}:"
+                f" {_n(report.indices, 'crash point')}, {_n(report.violations, 'violation')}"
+                " after crash,"
+                f" {report.committed_after_replay}/{report.indices} committed after replay"
+                f" ({report.elapsed_s:.1f}s)"
+            )
     if report.violations or report.violations_after_replay:
         sys.exit(EXIT_NO)
 

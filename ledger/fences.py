@@ -95,7 +95,15 @@ from .events import (
 )
 from .core import Core
 from .projections import checkpoint
-from .projections.steps import COMPENSATED, COMPENSATING, ENDED, PLANNED, REJECTED, StepRow
+from .projections.steps import (
+    COMPENSATED,
+    COMPENSATING,
+    ENDED,
+    IN_FLIGHT,
+    PLANNED,
+    REJECTED,
+    StepRow,
+)
 from .projections.steps import VERSION as STEPS_VERSION
 from .projections.workspaces import Registration, WsRow, load_registration
 from .store import EventQuery, Scope, Tx
@@ -605,9 +613,43 @@ class Workspaces:
         epoch, tag = wsdir.epoch, wsdir.tag
         if not 0 < epoch <= current_epoch:
             return  # not an epoch of this workspace: nothing is known dead
+        flying: list[frozenset[str]] = []
+
+        def in_flight() -> frozenset[str]:  # asked only when a temporary is found
+            if not flying:
+                flying.append(self._in_flight_tags(wsdir.name))
+            return flying[0]
+
+        # dead: an older epoch's; this attempt's own; or an attempt's that is over (no
+        # stager of an ended or committed attempt is alive: a kill after its commit)
         wsdir.remove_temporaries({w.path.rpartition("/")[0] for w in writes},
-                                 lambda e, t: e < epoch or (e == epoch and t == tag),
+                                 lambda e, t: e < epoch or (e == epoch and t == tag)
+                                 or (e <= current_epoch and t not in in_flight()),
                                  lambda: self._slots_in_flight(wsdir.name))
+
+    def _in_flight_tags(self, workspace: str) -> frozenset[str]:
+        """The temporaries' tags (`attempt_tag`) of the workspace's attempts in flight."""
+        with self._storage.read() as view:
+            return frozenset(attempt_tag(s, a) for s, a in view.steps_in_flight(workspace))
+
+    def tidy(self, step: str) -> None:
+        """Remove what the step's latest attempt left in its slots, once it is over (a
+        kill after its commit, before the displaced files went): a re-run of a
+        committed step calls it. Best effort; an attempt in flight is left alone."""
+        row = self.core.step(step)
+        if row.state in IN_FLIGHT or not row.workspace:
+            return
+        ev = self._attempt_events(step, row.attempt)
+        if ev.planned is None or not ev.planned.workspace:
+            return
+        ws = self.workspace(ev.planned.workspace)
+        epochs = [(ev.planned.epoch, "xy")]
+        if ev.compensating is not None:
+            epochs.append((ev.compensating[1].epoch, "u"))
+        for epoch, roles in epochs:
+            wsdir = self._wsdir(ws, step, row.attempt, epoch)
+            for w in ev.planned.writes:
+                wsdir.discard_slots(w.path, roles)
 
     def _slots_in_flight(self, workspace: str,
                          steps: Sequence[tuple[str, int]] | None = None

@@ -268,7 +268,9 @@ def _run_fenced(ledger: Ledger, workspace: str, step: str, plan: Planner, reader
         raise InvalidInput(f"step {step!r} writes workspace {row.workspace!r}, not"
                            f" {workspace!r}; give each workspace's steps their own ids")
     if row is not None and row.live and row.state != COMPENSATING:
-        return _committed(ledger, step, row, epoch, ran=False, before=True)
+        out = _committed(ledger, step, row, epoch, ran=False, before=True)
+        ledger.workspace_protocol.tidy(step)  # a kill after its commit left slots
+        return out
     if row is not None and row.state not in ENDED and row.epoch < epoch:
         ledger.settle(workspace, epoch)  # an older epoch's attempt: settled, then anew
         row = ledger.find_step(step)

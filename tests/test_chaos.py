@@ -5,6 +5,8 @@ from __future__ import annotations
 import json
 import pathlib
 
+import pytest
+
 from click.testing import CliRunner
 
 from ledger.testing.chaos import run_chaos
@@ -58,3 +60,36 @@ def test_chaos_cli_json_and_exit_codes(tmp_path: pathlib.Path) -> None:
     assert data["committed_after_replay"] == data["indices"] > 0
     bad = runner.invoke(cli, ["chaos", "--artifacts", "2", "--wrong-order", "--dir", str(tmp_path / "b")])
     assert bad.exit_code == 1 and "violations after crash" in bad.stdout
+
+
+@pytest.mark.parametrize("shape", ["rotation", "swap", "move"])
+def test_a_fenced_permutation_killed_at_every_operation_goes_wholly_back_or_forward(
+        tmp_path: pathlib.Path, shape: str) -> None:
+    from ledger.testing.chaos import run_fenced_chaos
+
+    report = run_fenced_chaos(shape, workdir=str(tmp_path))
+    assert report.indices > 5 and all(r.died for r in report.rows)
+    assert report.violations == 0 and report.violations_after_replay == 0, [
+        r for r in report.rows if "VIOLATION" in r.after_crash + r.after_replay]
+    assert report.committed_after_replay == report.indices
+    # a kill before any exchange, and at every exchange, is rolled back by settling
+    assert sum(r.after_crash == "rolled back" for r in report.rows) > len(report.rows) // 2
+
+
+def test_the_fenced_chaos_checker_catches_a_settle_that_does_not_roll_back(
+        tmp_path: pathlib.Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The negative control: settling that leaves landed writes where they are (what the
+    core did before slots) is reported as violations."""
+    from ledger.testing.chaos import run_fenced_chaos
+    from ledger.workdir import WorkspaceDir
+
+    monkeypatch.setattr(WorkspaceDir, "roll_back", lambda self, found, post: False)
+    report = run_fenced_chaos("rotation", workdir=str(tmp_path))
+    assert report.violations > 0
+
+
+def test_chaos_fenced_from_the_command_line(tmp_path: pathlib.Path) -> None:
+    r = CliRunner().invoke(cli, ["chaos", "--fenced", "swap", "--dir", str(tmp_path), "--json"])
+    assert r.exit_code == 0, r.output
+    doc = json.loads(r.output)
+    assert doc["shape"] == "swap" and doc["violations"] == 0 and doc["indices"] > 5

@@ -369,3 +369,25 @@ def test_without_exchange_or_hard_links_steps_still_apply_and_refuse(
     assert {r.outcome for r in comp.restored} == {"restored"}
     assert ws.files() == {**files, "a.txt": b"person\n"} and ws.leftovers() == []
     assert ws.ledger.verify().ok
+
+
+def test_what_a_kill_after_the_commit_left_is_removed_by_the_next_apply(
+        tmp_path: Path, mode: str) -> None:
+    """Killed after the step's commit, before the displaced files went: they are
+    steptrail's temporaries (the old bytes, stored); the next step writing in that
+    directory removes them — under the same epoch too, the attempt being over."""
+    from ledger import run_fenced_step
+
+    files, plan = rotation(4)
+    ws = Ws(tmp_path, files)
+
+    def step(led: Ledger) -> object:
+        return run_fenced_step(led, "w", "rotate", list(plan.writes), epoch=ws.epoch)
+
+    ws.killed_during(step, 1, op="ws-unlink")
+    assert ws.ledger.step("rotate").state == "acked"
+    assert ws.leftovers()
+    out = run_fenced_step(ws.ledger, "w", "next", [Write("new.txt", b"n\n", None)],
+                          epoch=ws.epoch)
+    assert out.committed and ws.leftovers() == []
+    assert ws.ledger.verify().ok

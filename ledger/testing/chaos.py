@@ -24,10 +24,10 @@ import tempfile
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
-from typing import Any
+from typing import Any, Final
 
 from .. import Ledger, LedgerError
-from ..runner import run_step, run_step_wrong_order
+from ..runner import run_fenced_step, run_step, run_step_wrong_order
 
 STEP_ID = "chaos-step"
 
@@ -76,6 +76,8 @@ class ChaosReport:
     committed_after_replay: int
     elapsed_s: float
     rows: list[ChaosRow] = field(default_factory=list)
+    #: `--fenced SHAPE`: the fenced step killed (rotation, swap, move); "" the artifacts
+    shape: str = ""
 
     def as_json(self) -> dict[str, Any]:
         return asdict(self)
@@ -181,4 +183,155 @@ def run_chaos(
             shutil.rmtree(root, ignore_errors=True)
 
 
-__all__ = ["ChaosReport", "ChaosRow", "chaos_outputs", "run_chaos"]
+# -- a fenced step: rotations, swaps and moves killed at every operation ---------------
+
+#: The permutations `run_fenced_chaos` kills (docs/guarantees.md "Any permutation").
+FENCED_SHAPES: Final = ("rotation", "swap", "move")
+_WS = "w"
+
+
+def fenced_shape(shape: str, n: int = 6) -> tuple[dict[str, bytes], dict[str, bytes | None]]:
+    """(the files before, what the step makes of each path: bytes, or None: deleted)."""
+    if shape == "rotation":  # f_i := f_(i+1): every pre-image is another path's post-image
+        before = {f"f{i}.txt": f"content {i}\n".encode() for i in range(n)}
+        names = sorted(before)
+        return before, {names[i]: before[names[(i + 1) % n]] for i in range(n)}
+    if shape == "swap":
+        before = {"a.txt": b"A\n", "b.txt": b"B\n"}
+        return before, {"a.txt": b"B\n", "b.txt": b"A\n"}
+    if shape == "move":  # a directory moved: deletes and creates of the same bytes
+        before = {f"src/m{i}.txt": f"moved {i}\n".encode() for i in range(n // 2)}
+        after: dict[str, bytes | None] = {p: None for p in before}
+        after.update({"dst/" + p[4:]: data for p, data in before.items()})
+        return before, after
+    raise ValueError(f"no shape {shape!r}; one of {', '.join(FENCED_SHAPES)}")
+
+
+def _files(root: str) -> dict[str, bytes]:
+    out = {}
+    for d, dirs, names in os.walk(root):
+        dirs[:] = [x for x in dirs if x != ".steptrail"]
+        for name in names:
+            if ".steptrail-" in name:
+                continue  # steptrail's own temporaries: judged apart (`_leftovers`)
+            path = os.path.join(d, name)
+            with open(path, "rb") as f:
+                out[os.path.relpath(path, root)] = f.read()
+    return out
+
+
+def _fenced_setup(root: str, before: dict[str, bytes]) -> tuple[str, str]:
+    ws = os.path.join(root, "ws")
+    for rel, data in before.items():
+        os.makedirs(os.path.dirname(os.path.join(ws, rel)), exist_ok=True)
+        with open(os.path.join(ws, rel), "wb") as f:
+            f.write(data)
+    os.makedirs(ws, exist_ok=True)
+    path = os.path.join(root, "ledger.db")
+    with Ledger.init(path) as ledger:
+        ledger.add_workspace(_WS, ws)
+        ledger.acquire(_WS, "chaos-1", ttl_s=3600)
+    return path, ws
+
+
+def _fenced_protocol(path: str, after: dict[str, bytes | None],
+                     on_op: Callable[[str], None] | None) -> Any:
+    with Ledger.open(path, on_op=on_op) as ledger:
+        def plan(read: Any) -> list[Any]:
+            return [read.read(p).write(data) for p, data in sorted(after.items())]
+
+        return run_fenced_step(ledger, _WS, STEP_ID, plan, epoch=1)
+
+
+def _killed_at(path: str, after: dict[str, bytes | None], k: int) -> bool:
+    pid = os.fork()
+    if pid == 0:  # the child: run until operation k kills it
+        try:
+            _fenced_protocol(path, after, _Counter(k))
+            os._exit(0)
+        except BaseException:
+            os._exit(70)
+    _, status = os.waitpid(pid, 0)
+    return os.WIFSIGNALED(status) and os.WTERMSIG(status) == signal.SIGKILL
+
+
+def _leftovers(ws: str) -> list[str]:
+    return sorted(n for _d, _s, names in os.walk(ws) for n in names if ".steptrail-" in n)
+
+
+def run_fenced_chaos(shape: str = "rotation", *, workdir: str | None = None,
+                     progress: Callable[[int, int], None] | None = None) -> ChaosReport:
+    """Kill a fenced step of `shape` before each of its operations, twice per index:
+    then (a) a new epoch settles it — the files must be exactly as before, or, if the
+    step committed, exactly as after — and (b) the same step run again under the same
+    epoch must commit, the files exactly as after. Either way verify must hold and no
+    temporary may be left in the workspace. `after_crash` is (a), `after_replay` (b)."""
+    started = time.perf_counter()
+    own = workdir is None
+    root = workdir or tempfile.mkdtemp(prefix="steptrail-chaos-")
+    before, after = fenced_shape(shape)
+    expected = {p: d for p, d in {**before, **after}.items() if d is not None}
+    try:
+        count_root = os.path.join(root, "count")
+        path, _ = _fenced_setup(count_root, before)
+        counter = _Counter(None)
+        _fenced_protocol(path, after, counter)
+        names = counter.names
+        shutil.rmtree(count_root, ignore_errors=True)
+        rows = []
+        for k in range(1, len(names) + 1):
+            results = []
+            for branch in ("settle", "replay"):
+                here = os.path.join(root, f"k{k:04d}-{branch}")
+                path, ws = _fenced_setup(here, before)
+                died = _killed_at(path, after, k)
+                try:
+                    with Ledger.open(path) as ledger:
+                        committed = ledger.find_step(STEP_ID) is not None \
+                            and ledger.step(STEP_ID).live
+                        if branch == "settle":
+                            if not committed:
+                                ledger.acquire(_WS, "chaos-2", ttl_s=3600, force=True)
+                            want, label = (expected, "committed") if committed else (
+                                before, "rolled back")
+                        else:
+                            out = run_fenced_step(ledger, _WS, STEP_ID, lambda read: [
+                                read.read(p).write(d) for p, d in sorted(after.items())],
+                                epoch=1)
+                            want, label = expected, f"committed ({out.status.value})"
+                            if not out.committed:
+                                label = f"VIOLATION: the re-run came out {out.status.value}"
+                        files = _files(ws)
+                        if files != want:
+                            wrong = sorted(p for p in {*files, *want}
+                                           if files.get(p) != want.get(p))
+                            label = f"VIOLATION: {', '.join(wrong[:4])} not as {label}"
+                        elif _leftovers(ws) and not (branch == "settle" and committed):
+                            label = f"VIOLATION: left {', '.join(_leftovers(ws)[:3])}"
+                        elif _leftovers(ws):
+                            # a kill after the commit, before the displaced files went:
+                            # the next apply in those directories removes them
+                            label += f" ({len(_leftovers(ws))} displaced files left)"
+                        elif not ledger.verify().ok:
+                            label = "VIOLATION: verify failed"
+                except LedgerError as exc:
+                    label = f"VIOLATION: {type(exc).__name__}: {exc}"
+                results.append((died, label))
+                shutil.rmtree(here, ignore_errors=True)
+            rows.append(ChaosRow(k, names[k - 1], results[0][0], results[0][1], results[1][1]))
+            if progress is not None:
+                progress(k, len(names))
+        return ChaosReport(
+            artifacts=0, wrong_order=False, indices=len(rows),
+            violations=sum(r.after_crash.startswith("VIOLATION") for r in rows),
+            violations_after_replay=sum(r.after_replay.startswith("VIOLATION") for r in rows),
+            committed_after_crash=sum(r.after_crash.startswith("committed") for r in rows),
+            committed_after_replay=sum(r.after_replay.startswith("committed") for r in rows),
+            elapsed_s=round(time.perf_counter() - started, 3), rows=rows, shape=shape)
+    finally:
+        if own:
+            shutil.rmtree(root, ignore_errors=True)
+
+
+__all__ = ["FENCED_SHAPES", "ChaosReport", "ChaosRow", "chaos_outputs", "fenced_shape",
+           "run_chaos", "run_fenced_chaos"]

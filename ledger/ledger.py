@@ -1230,6 +1230,11 @@ class Ledger:
         return self.workspace_protocol.apply(step, attempt, epoch=epoch, commit=commit,
                                              inline_artifacts=inline_artifacts)
 
+    def tidy(self, step: str) -> None:
+        """Remove what the step's ended or committed attempt left in its slots (a kill
+        after its commit); `run_fenced_step` calls it on a re-run."""
+        self.workspace_protocol.tidy(step)
+
     def compensate(self, step: str, attempt: int | None = None, *, reason: str = "",
                    epoch: int | None = None) -> Compensation:
         """End the attempt, undoing its workspace writes where that is safe."""

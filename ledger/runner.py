@@ -269,7 +269,7 @@ def _run_fenced(ledger: Ledger, workspace: str, step: str, plan: Planner, reader
                            f" {workspace!r}; give each workspace's steps their own ids")
     if row is not None and row.live and row.state != COMPENSATING:
         out = _committed(ledger, step, row, epoch, ran=False, before=True)
-        ledger.workspace_protocol.tidy(step)  # a kill after its commit left slots
+        ledger.tidy(step)  # a kill after its commit left slots
         return out
     if row is not None and row.state not in ENDED and row.epoch < epoch:
         ledger.settle(workspace, epoch)  # an older epoch's attempt: settled, then anew

@@ -242,9 +242,14 @@ def test_the_next_apply_removes_what_a_killed_apply_staged(tmp_path: Path) -> No
     w = World(tmp_path)
     _kill_mid_staging(w)
     names = _strangers(w)
-    # a sibling step staging under the live epoch right now: its temporary is kept
+    # a sibling step (admitted: in flight) staging under the live epoch right now: its
+    # temporary is kept; one of an attempt that is over is removed
+    w.admit("sibling", Write("d0/x.bin", b"x", None))
     sibling = w.dir / "d0" / ledger.workdir.temp_name(
         "x.bin", w.epoch, ledger.workdir.attempt_tag("sibling", 1))
+    ended = w.dir / "d0" / ledger.workdir.temp_name(
+        "y.bin", w.epoch, ledger.workdir.attempt_tag("long-done", 1))
+    ended.write_bytes(b"a kill after its commit")
     sibling.write_bytes(b"live")
     assert w.apply("s1") == "applied"
     assert w.temporaries() == [str(sibling.relative_to(w.dir))]

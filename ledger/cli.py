@@ -1707,7 +1707,8 @@ def _echo_ack(step_id: str, r: RecordedEvent) -> None:
 
 
 #: The crash tests' seam (tests/test_cli_run.py): `step run` SIGKILLs itself at the stage
-#: this names — after-plan, after-apply, after-store, after-publish — as a crash would.
+#: this names — after-plan (the plan durable), after-commit (the step committed, before
+#: it says so) — as a crash would.
 RUN_KILL_ENV = "STEPTRAIL_STEP_RUN_TEST_KILL"
 
 
@@ -1781,12 +1782,19 @@ def step_run(ctx: click.Context, plan_file: str, files: tuple[str, ...], names: 
 def _run_step(ledger: Ledger, name: str, epoch: int, plan: Plan, fence: str, journal: bool,
               contents: dict[str, bytes | BinaryIO], seen: dict[str, str],
               doc: dict[str, Any], as_json: bool) -> None:
-    """`step run`'s protocol, each part filling its key of `doc` as the command that does
-    it alone prints it (`plan`: a row of `step plan`, `apply`, `stored`, `manifest`,
-    `ack`); a refusal raises Refusal."""
-    step_id = plan.steps[0].step
+    """`step run`: the plan admitted as `step plan` admits it (a different plan for a step
+    in flight or committed is PlanConflict), then the library's fenced step
+    (`run_fenced_step`) continues it: apply, artifacts, manifest and ack — in one commit
+    when the artifacts fit in rows. Each part fills its key of `doc` as the command that
+    does it alone prints it; a refusal raises Refusal."""
+    from .fences import ApplyResult
+    from .runner import StepStatus, run_fenced_step
+
+    planned = plan.steps[0]
+    step_id = planned.step
     found = ledger.find_step(step_id)
     doc["already_committed"] = found is not None and found.live
+    acked_before = found is not None and found.live and found.state == "acked"
     rows, rejected = _admit(ledger, name, epoch, plan, fence, journal)
     doc["plan"], doc["attempt"] = rows[0], rows[0]["attempt"]
     if not as_json:
@@ -1794,32 +1802,51 @@ def _run_step(ledger: Ledger, name: str, epoch: int, plan: Plan, fence: str, jou
     if rejected is not None:
         raise Refusal(_rejection(rejected))
     _killed_here("after-plan")
-    result = ledger.apply(step_id, rows[0]["attempt"], epoch=epoch)
+    before = ledger.head().seq
+    out = run_fenced_step(ledger, name, step_id, list(planned.writes), epoch=epoch,
+                          run=planned.run, fence=fence, journal=journal,  # type: ignore[arg-type]
+                          plan_rev=plan.plan_rev, irreversible=planned.irreversible,
+                          artifacts=contents)
+    if out.status is StepStatus.STALE_EPOCH:
+        assert out.error is not None
+        raise Refusal(out.error)
+    new = [r for r in ledger.read(before, step=step_id)
+           if getattr(r.event, "attempt", None) == out.attempt]
+    fenced_now = any(r.kind == "fenced" for r in new)
+    verdict = ("applied" if fenced_now else "deduped") if out.committed else (
+        f"rejected:{out.reason.value}" if out.reason is not None else out.detail)
+    result = ApplyResult(verdict=verdict, step=step_id, attempt=out.attempt,
+                         receipt=out.receipt, detail=out.detail,
+                         facts=_conflict_facts(out))
     doc["apply"] = apply_json(result)
     if not as_json:
         _echo_apply(result)
-    if not result.applied:
+    if not out.committed:
         raise Refusal(_not_applied(result))
-    _killed_here("after-apply")
-    row = ledger.step(step_id)
-    if not row.live:  # a committed step's manifest names its artifacts already
-        stored = [ledger.store(step_id, result.attempt, p, data) for p, data in contents.items()]
-        doc["stored"] = stored_json(stored, seen)
-        if not as_json:
-            _echo_stored(stored, seen)
-        _killed_here("after-store")
-        _check_live(ledger, row, epoch)
-    m = ledger.publish(step_id, receipt=result.receipt)
-    doc["manifest"], doc["committed"] = manifest_json(m), True
+    stored = [r.event for r in new if r.kind == "blob-stored"]
+    doc["stored"] = stored_json(stored, seen)
+    if not as_json and stored:
+        _echo_stored(stored, seen)
+    assert out.manifest is not None
+    doc["manifest"], doc["committed"] = manifest_json(out.manifest), True
     if not as_json:
-        _echo_manifest(m)
-    _killed_here("after-publish")
-    if ledger.step(step_id).state != "acked":
-        _check_live(ledger, row, epoch)
-    r = ledger.ack(step_id, epoch=epoch)
-    doc["ack"] = ack_json(step_id, r)
+        _echo_manifest(out.manifest)
+    _killed_here("after-commit")
+    ack = next(r for r in reversed(ledger.timeline(step_id)) if r.kind == "acked")
+    ack = msgspec.structs.replace(ack, deduped=acked_before)
+    doc["ack"] = ack_json(step_id, ack)
     if not as_json:
-        _echo_ack(step_id, r)
+        _echo_ack(step_id, ack)
+
+
+def _conflict_facts(out: Any) -> dict[str, Any]:
+    """What the fence saw, as `step apply` reports it in its error object."""
+    if not out.conflicts:
+        return {}
+    c = out.conflicts[0]
+    if out.reason is not None and out.reason.value == "stale_rev":
+        return {"path": c.path, "path_rev": c.on_disk_rev, "base_rev": c.read_rev}
+    return {"path": c.path, "on_disk": c.on_disk_hash, "pre_hash": c.read_hash}
 
 
 # -- metrics --------------------------------------------------------------------------

@@ -33,7 +33,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from enum import StrEnum
 
-from .blobs import digest_of
+from .blobs import Content, digest_of
 from .diffs import unified_diff
 from .errors import BlobNotFound, InvalidInput, LedgerError, PlanConflict, StaleEpoch
 from .events import Fenced, Manifest, ManifestEntry, ManifestPublished, Planned, manifest_digest
@@ -218,8 +218,9 @@ Planner = Callable[[StepReader], Sequence[Write]] | Sequence[Write]
 
 
 def run_fenced_step(ledger: Ledger, workspace: str, step: str, plan: Planner, *, epoch: int,
-                    run: str = "", fence: FenceMode = "step",
-                    artifacts: Mapping[str, bytes] | None = None,
+                    run: str = "", fence: FenceMode = "step", journal: bool = True,
+                    plan_rev: int | None = None, irreversible: bool = False,
+                    artifacts: Mapping[str, Content] | None = None,
                     on_planned: Callable[[str], None] | None = None) -> FencedOutcome:
     """Run (or finish) one step that writes `workspace`, under the live `epoch`, and say
     how it came out — the whole protocol in one call, safe to call again after a crash.
@@ -234,10 +235,12 @@ def run_fenced_step(ledger: Ledger, workspace: str, step: str, plan: Planner, *,
     the fence refused, is planned again from fresh reads (`ran`). A refusal is an
     outcome, not an exception: CONFLICT with each path's read and on-disk hash and a
     diff, STALE_EPOCH when the lease moved on. Other errors (bad input, the disk) raise.
-    `artifacts` (path -> bytes: a test report, a log) are declared in the plan and
-    committed with the step: when all fit in rows (`inline_max_bytes`), in the apply's
-    commit; a larger one is stored (pinned, durable) after the apply, then the step is
-    published and acked (more commits). `on_planned(step)` is called
+    `artifacts` (path -> bytes, or a binary file open for reading: a test report, a
+    log) are declared in the plan and committed with the step: when all are bytes that
+    fit in rows (`inline_max_bytes`), in the apply's commit; otherwise each is stored
+    (pinned, durable; a file streamed) after the apply, then the step is published and
+    acked (more commits). `fence`, `journal`, `plan_rev` and `irreversible` are
+    `admit`'s (an operator's choices, never a plan's). `on_planned(step)` is called
     once this call's plan is durable, before any workspace write (a harness's
     observation point; crash tests stop a process there).
 
@@ -250,9 +253,11 @@ def run_fenced_step(ledger: Ledger, workspace: str, step: str, plan: Planner, *,
                 print(out.conflicts[0].diff)
     """
     reader = StepReader(ledger, workspace)
-    outputs = {p: artifact_bytes(p, d) for p, d in (artifacts or {}).items()}
+    outputs = {p: d if not isinstance(d, bytes | bytearray | memoryview)
+               else artifact_bytes(p, d) for p, d in (artifacts or {}).items()}
+    options = _Options(run, fence, journal, plan_rev, irreversible)
     try:
-        return _run_fenced(ledger, workspace, step, plan, reader, epoch, run, fence,
+        return _run_fenced(ledger, workspace, step, plan, reader, epoch, options,
                            outputs, on_planned)
     except StaleEpoch as exc:
         row = ledger.find_step(step)
@@ -260,8 +265,17 @@ def run_fenced_step(ledger: Ledger, workspace: str, step: str, plan: Planner, *,
                              reason=RejectReason.STALE_EPOCH, detail=str(exc), error=exc)
 
 
+@dataclass(frozen=True)
+class _Options:
+    run: str
+    fence: FenceMode
+    journal: bool
+    plan_rev: int | None
+    irreversible: bool
+
+
 def _run_fenced(ledger: Ledger, workspace: str, step: str, plan: Planner, reader: StepReader,
-                epoch: int, run: str, fence: FenceMode, outputs: dict[str, bytes],
+                epoch: int, opt: _Options, outputs: dict[str, Content],
                 on_planned: Callable[[str], None] | None) -> FencedOutcome:
     row = ledger.find_step(step)
     if row is not None and row.workspace not in ("", workspace):
@@ -292,15 +306,21 @@ def _run_fenced(ledger: Ledger, workspace: str, step: str, plan: Planner, reader
             return _answer(ledger, workspace, step, result, reader, epoch, ran, outputs)
     writes = list(plan(reader) if callable(plan) else plan)
     ran = True
-    planned = StepPlan(step, writes, artifacts=tuple(sorted(outputs)), run=run)
+    planned = StepPlan(step, writes, artifacts=tuple(sorted(outputs)), run=opt.run,
+                       irreversible=opt.irreversible)
+
+    def admit() -> ApplyResult | None:
+        return ledger.admit(workspace, epoch, [planned], fence=opt.fence,
+                            journal=opt.journal, plan_rev=opt.plan_rev)[0]
+
     try:
-        # a first plan; or the recorded one again, which stores its post-images anew
-        refused = ledger.admit(workspace, epoch, [planned], fence=fence)[0]
+        refused = admit()  # a first plan; or the recorded one again (it stores its
+        # post-images anew)
     except PlanConflict:
         # planned before from other reads (the disk moved on since): that attempt
         # never applied anything; it ends and this plan is the next attempt
         ledger.compensate(step, epoch=epoch, reason="planned again from fresh reads")
-        refused = ledger.admit(workspace, epoch, [planned], fence=fence)[0]
+        refused = admit()
     if refused is not None:
         return _refused(ledger, workspace, step, refused, reader, ran)
     if on_planned is not None:
@@ -310,20 +330,22 @@ def _run_fenced(ledger: Ledger, workspace: str, step: str, plan: Planner, reader
 
 
 def _apply(ledger: Ledger, step: str, attempt: int, epoch: int,
-           outputs: dict[str, bytes]) -> ApplyResult:
+           outputs: dict[str, Content]) -> ApplyResult:
     """The apply that commits the step when every artifact fits in a row: they are
     stored with the apply, the manifest and the ack, in one transaction. With a larger
     one the apply commits alone; the artifacts are stored (pinned, durable, recorded:
     after the apply, as the lifecycle orders them) and the step published by the caller
     (`_answer`)."""
-    if any(len(d) > ledger.inline_max_bytes for d in outputs.values()):
+    inline = {p: d for p, d in outputs.items()
+              if isinstance(d, bytes) and len(d) <= ledger.inline_max_bytes}
+    if len(inline) != len(outputs):
         return ledger.apply(step, attempt, epoch=epoch)
-    return ledger.apply(step, attempt, epoch=epoch, commit=True, inline_artifacts=outputs)
+    return ledger.apply(step, attempt, epoch=epoch, commit=True, inline_artifacts=inline)
 
 
 def _answer(ledger: Ledger, workspace: str, step: str, result: ApplyResult,
             reader: StepReader, epoch: int, ran: bool,
-            outputs: dict[str, bytes]) -> FencedOutcome:
+            outputs: dict[str, Content]) -> FencedOutcome:
     if not result.applied:
         return _refused(ledger, workspace, step, result, reader, ran)
     row = ledger.step(step)

@@ -23,7 +23,7 @@ from conftest import CLEAN_ENV, run_cli
 from ledger import Ledger
 from ledger.cli import RUN_KILL_ENV
 
-STAGES = ("after-plan", "after-apply", "after-store", "after-publish")
+STAGES = ("after-plan", "after-commit")
 
 
 def sha(data: bytes) -> str:
@@ -111,7 +111,7 @@ def test_a_rerun_of_a_committed_step_changes_nothing(setup: dict[str, Any]) -> N
     assert doc["manifest"] == first.json["manifest"]
     assert doc["apply"]["receipt"] == first.json["apply"]["receipt"]
     with Ledger.open(setup["db"], readonly=True) as led:
-        assert led.count() == 10
+        assert led.count() == 9  # workspace, lease, planned + pin, fenced + pin, stored, manifest, ack
     assert (setup["repo"] / "app.py").read_bytes() == app
     assert ledger_files(setup)["l.db"] == before["l.db"]
 
@@ -130,11 +130,11 @@ def test_a_rerun_after_a_sigkill_finishes_the_step_once(setup: dict[str, Any], s
     assert died.stdout == ""
     with Ledger.open(setup["db"], readonly=True) as led:
         assert led.verify().ok
-        assert not led.step("s1").live or stage == "after-publish"
+        assert not led.step("s1").live or stage == "after-commit"
     r = run(setup, "--json")
     assert r.code == 0, r
     doc = r.json
-    assert doc["committed"] and doc["already_committed"] == (stage == "after-publish")
+    assert doc["committed"] and doc["already_committed"] == (stage == "after-commit")
     assert doc["apply"]["verdict"] == ("applied" if stage == "after-plan" else "deduped")
     kinds = events_of(setup["db"])
     assert kinds.count("planned") == 1 and kinds.count("fenced") == 1  # applied once

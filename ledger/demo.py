@@ -27,7 +27,8 @@ from typing import Any
 from .blobs import digest_of
 from .errors import IdempotencyConflict, IllegalTransition, ReplanRefused, StaleEpoch
 from .events import Acked, Planned
-from .fences import StepPlan
+from .fences import StepPlan, Write
+from .runner import FencedOutcome, StepReader, StepStatus, run_fenced_step
 from .ledger import Ledger
 from .store.postgres import display_url
 
@@ -84,19 +85,24 @@ class Agent:
         self.counts["steps_started"] += 1
 
     def finish(self, i: int) -> str:
-        """Apply (if needed), store, publish, ack. Returns the apply verdict."""
-        step = f"s{i:02d}"
-        result = self.ledger.apply(step, epoch=self.epoch)
-        if not result.applied:
+        """The rest of the step, by the library's fenced step (it continues the attempt
+        planned above): apply, artifacts, publish, ack. Returns the apply verdict."""
+        out = self.run(i)
+        if not out.committed:
             self.counts["rejected"] += 1
-            return result.verdict
-        attempt = self.ledger.step(step).attempt
-        for path, data in step_outputs(i).items():
-            self.ledger.store(step, attempt, path, data)
-        self.ledger.publish(step, receipt=result.receipt)
-        self.ledger.ack(step, epoch=self.epoch)
+            return f"rejected:{out.reason.value}" if out.reason is not None else out.detail
         self.counts["committed"] += 1
-        return result.verdict
+        return "applied"
+
+    def run(self, i: int) -> FencedOutcome:
+        return run_fenced_step(self.ledger, WS, f"s{i:02d}", lambda read: self._writes(i, read),
+                               epoch=self.epoch, run=RUN, artifacts=step_outputs(i))
+
+    @staticmethod
+    def _writes(i: int, read: StepReader) -> list[Write]:
+        path, _ = step_change(i, b"")
+        got = read.read(path)
+        return [got.write(step_change(i, got.content or b"")[1])]
 
 
 def run_demo(keep: str | None = None, echo: Echo = print, *, ledger: str | None = None
@@ -185,13 +191,10 @@ def _first_worker(ledger: Ledger, repo: str, check: Callable[[str, bool], None],
     epoch = ledger.acquire(WS, "worker-1", ttl_s=600).epoch
     # Recording the files as they are (a write whose new content is its current
     # content) makes them committed content: restore can rebuild them anywhere.
-    reads = [ledger.read_file(WS, p) for p in sorted(INITIAL)]
-    ledger.admit(WS, epoch, [StepPlan("s00", [r.write(r.content) for r in reads], run=RUN)])
+    out = run_fenced_step(ledger, WS, "s00", lambda read: [
+        read.read(p).write(read.read(p).content) for p in sorted(INITIAL)], epoch=epoch, run=RUN)
     counts["steps_started"] += 1
-    ledger.apply("s00", epoch=epoch)
-    ledger.publish("s00")
-    ledger.ack("s00", epoch=epoch)
-    counts["committed"] += 1
+    counts["committed"] += out.status is StepStatus.APPLIED
     agent = Agent(ledger, epoch, counts)
 
     say("2. the agent runs steps s01-s05 (plan -> fence -> apply -> artifacts -> publish -> ack)")
@@ -202,20 +205,16 @@ def _first_worker(ledger: Ledger, repo: str, check: Callable[[str, bool], None],
           ledger.step("s01").live and ledger.step("s02").live
           and b"def f02" in _read(repo, step_change(2, b"")[0]))
 
-    say("3. s03's ack is lost: the harness redelivers the whole step")
+    say("3. s03's answer is lost: the harness redelivers the whole step")
     agent.plan(3)
-    first = ledger.apply("s03", epoch=epoch)
-    for p, data in step_outputs(3).items():
-        ledger.store("s03", 1, p, data)
-    manifest = ledger.publish("s03")
+    first = agent.run(3)
     before = ledger.head()
-    again = ledger.apply("s03", 1, epoch=epoch)
-    same = ledger.publish("s03")
-    counts["deduped"] += 2
-    check("the redelivered apply and publish return the first receipt and manifest,"
-          " writing nothing", again.verdict == "deduped" and again.receipt == first.receipt
-          and same == manifest and ledger.head() == before)
-    ledger.ack("s03", epoch=epoch)
+    again = agent.run(3)  # the same call again: the ledger answers, nothing runs
+    counts["deduped"] += 1
+    check("the redelivered step returns the first receipt and manifest, writing nothing",
+          first.status is StepStatus.APPLIED and again.status is StepStatus.DEDUPED
+          and again.receipt == first.receipt and again.manifest == first.manifest
+          and ledger.head() == before)
     counts["committed"] += 1
 
     target = step_change(4, b"")[0]

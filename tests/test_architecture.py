@@ -348,3 +348,43 @@ def test_the_runtime_never_imports_the_test_machinery() -> None:
 ])
 def test_the_testing_checker_catches_a_violation(rel: str, source: str, bad: list[int]) -> None:
     assert _testing_violations({rel: source}).get(rel, []) == bad
+
+
+#: The front ends: what they do with a step goes through the library's fenced step
+#: (`ledger.runner.run_fenced_step`), never their own string of transitions.
+FRONT_ENDS = ("cli.py", "demo.py", "mcp/")
+#: The transitions a fenced step strings together, in the library only.
+TRANSITIONS = frozenset({"admit", "apply", "publish", "ack"})
+
+
+def strung_transitions(source: str) -> list[str]:
+    """Functions of `source` that call two or more of `TRANSITIONS` themselves."""
+    out = []
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
+            called = {n.func.attr for n in ast.walk(node) if isinstance(n, ast.Call)
+                      and isinstance(n.func, ast.Attribute) and n.func.attr in TRANSITIONS}
+            if len(called) >= 2:
+                out.append(f"{node.name}: {', '.join(sorted(called))}")
+    return out
+
+
+def test_only_the_library_strings_a_fenced_step_together() -> None:
+    """Every front end (the command line, the demo, the MCP tools) runs a step through
+    `run_fenced_step`; one that strings admit/apply/publish/ack together itself has a
+    copy of the protocol that can drift (the outside review's finding)."""
+    found = {}
+    for path in sorted(PACKAGE.rglob("*.py")):
+        rel = str(path.relative_to(PACKAGE))
+        if any(rel == f or rel.startswith(f) for f in FRONT_ENDS):
+            hits = strung_transitions(path.read_text())
+            if hits:
+                found[rel] = hits
+    assert found == {}
+
+
+def test_the_transition_checker_catches_a_front_end_copy() -> None:
+    copy = ("def step(ledger, s, e):\n    ledger.admit('w', e, [s])\n"
+            "    r = ledger.apply(s.step, epoch=e)\n    ledger.publish(s.step)\n")
+    assert strung_transitions(copy) == ["step: admit, apply, publish"]
+    assert strung_transitions("def f(led):\n    led.apply('s', epoch=1)\n") == []

@@ -352,6 +352,15 @@ class WorkspaceDir:
         """A read-only descriptor of the regular file at `path` (None: it does not
         exist), closed on exit. A symlink or anything not a regular file is refused
         (PathEscapes); opening never blocks (a FIFO is refused, not waited on)."""
+        with self._open_beside(path, None, strict=True) as fd:
+            yield fd
+
+    @contextlib.contextmanager
+    def _open_beside(self, path: str, name: str | None, *, strict: bool
+                     ) -> Iterator[int | None]:
+        """A read-only descriptor of `name` in `path`'s directory (None: `path`'s own
+        leaf). `strict`: a symlink or a non-regular file is PathEscapes; otherwise it is
+        None, like an absent one."""
         opened = self._open_parent(path, create=False)
         if opened is None:
             yield None
@@ -359,13 +368,16 @@ class WorkspaceDir:
         dir_fd, leaf = opened
         try:
             try:
-                fd = os.open(leaf, _READ_FLAGS, dir_fd=dir_fd)
+                fd = os.open(leaf if name is None else name, _READ_FLAGS, dir_fd=dir_fd)
             except FileNotFoundError:
                 fd = None
             except OSError as exc:
-                if exc.errno == errno.ELOOP:
+                if not strict:
+                    fd = None
+                elif exc.errno == errno.ELOOP:
                     raise self._escape(path, "it is a symlink") from None
-                raise
+                else:
+                    raise
         finally:
             os.close(dir_fd)
         if fd is None:
@@ -373,8 +385,11 @@ class WorkspaceDir:
             return
         try:
             if not stat.S_ISREG(os.fstat(fd).st_mode):
-                raise self._escape(path, "it is not a regular file")
-            yield fd
+                if strict:
+                    raise self._escape(path, "it is not a regular file")
+                yield None
+            else:
+                yield fd
         finally:
             os.close(fd)
 
@@ -907,25 +922,8 @@ class WorkspaceDir:
     def open_slot(self, path: str, name: str) -> Iterator[int | None]:
         """A read-only descriptor of slot `name` beside `path` (None: absent, or not a
         regular file): a crashed write's displaced pre-image, on its way into the store."""
-        opened = self._open_parent(path, create=False)
-        if opened is None:
-            yield None
-            return
-        dir_fd, _ = opened
-        try:
-            try:
-                fd = os.open(name, _READ_FLAGS, dir_fd=dir_fd)
-            except OSError:
-                fd = None
-        finally:
-            os.close(dir_fd)
-        if fd is None:
-            yield None
-            return
-        try:
-            yield fd if stat.S_ISREG(os.fstat(fd).st_mode) else None
-        finally:
-            os.close(fd)
+        with self._open_beside(path, name, strict=False) as fd:
+            yield fd
 
     def release(self, landings: Iterable[Landing]) -> None:
         """After the ledger recorded the writes: remove what they displaced (bytes the

@@ -589,6 +589,13 @@ class Workspaces:
         return {p: (s[0], s[1]) for (w, p), s in sorted(fold.paths.items())
                 if w == name and s is not None}
 
+    def workspace_dir(self, name: str) -> WorkspaceDir:
+        """Workspace `name`'s directory, confined as every step's write is: the root
+        reached without following symlinks and checked against its registration, the
+        ledger's own files and (unless allowed) ``.git`` out of reach. For front ends
+        that list or walk the workspace (the MCP tools): one walk, the library's."""
+        return self._wsdir(self.workspace(name))
+
     def _wsdir(self, row: WsRow, step: str = "", attempt: int = 0,
                epoch: int = 0) -> WorkspaceDir:
         """The workspace's directory, confined (its registered identity, the ledger's

@@ -110,7 +110,7 @@ from .witness import (
     same_location,
     witness_path,
 )
-from .workdir import Boundary
+from .workdir import Boundary, WorkspaceDir
 
 Progress = Callable[[int, int], None]
 
@@ -1229,6 +1229,11 @@ class Ledger:
         `inline_artifacts`, publish and ack in the same transaction)."""
         return self.workspace_protocol.apply(step, attempt, epoch=epoch, commit=commit,
                                              inline_artifacts=inline_artifacts)
+
+    def workspace_dir(self, name: str) -> WorkspaceDir:
+        """Workspace `name`'s directory, confined as every step's write is (see the
+        protocol's): what a front end lists and walks the workspace through."""
+        return self.workspace_protocol.workspace_dir(name)
 
     def tidy(self, step: str) -> None:
         """Remove what the step's ended or committed attempt left in its slots (a kill

@@ -300,9 +300,40 @@ class WorkspaceDir:
         missing and not `create`. The caller closes the descriptor."""
         self.check_path(path)
         parts = path.split("/")
+        fd = self._walk(path, parts[:-1], create=create)
+        if fd is None:
+            return None
+        try:
+            self._check_leaf(fd, parts[-1], path)
+        except BaseException:
+            os.close(fd)
+            raise
+        return fd, parts[-1]
+
+    @contextlib.contextmanager
+    def open_dir(self, path: str) -> Iterator[int | None]:
+        """A descriptor of the directory at `path` ("": the root), reached the way every
+        write is: from the root, one component at a time, no symlink followed, the
+        ledger's own directories and (unless allowed) ``.git`` refused — the one walk the
+        library and the MCP tools share. None: a component does not exist. A symlink or
+        a file on the way is PathEscapes; closed on exit."""
+        if path in ("", "."):
+            fd: int | None = self._open_root()
+        else:
+            self.check_path(path)
+            fd = self._walk(path, path.split("/"), create=False)
+        try:
+            yield fd
+        finally:
+            if fd is not None:
+                os.close(fd)
+
+    def _walk(self, path: str, parts: list[str], *, create: bool) -> int | None:
+        """The descriptor of the directory `parts` names below the root (created when
+        missing and `create`; None when missing otherwise), every component checked."""
         fd = self._open_root()
         try:
-            for i, part in enumerate(parts[:-1]):
+            for i, part in enumerate(parts):
                 try:
                     try:
                         child = os.open(part, _DIR_FLAGS, dir_fd=fd)
@@ -327,11 +358,10 @@ class WorkspaceDir:
                 os.close(fd)
                 fd = child
                 self._check_dir(fd, os.path.join(self.root, *parts[: i + 1]), path)
-            self._check_leaf(fd, parts[-1], path)
         except BaseException:
             os.close(fd)
             raise
-        return fd, parts[-1]
+        return fd
 
     def _check_leaf(self, dir_fd: int, leaf: str, path: str) -> None:
         """Refuse a leaf that is one of the ledger's own files or directories."""

@@ -21,7 +21,6 @@ Nothing here imports the MCP SDK.
 from __future__ import annotations
 
 import contextlib
-import errno
 import fnmatch
 import os
 import re
@@ -31,8 +30,11 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Final
 
+from ..errors import LedgerError
+from ..workdir import WorkspaceDir
+
+#: A subdirectory entered during a bounded walk, relative to its confined parent.
 _DIR_FLAGS: Final = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
-_PASS_FLAGS: Final = getattr(os, "O_PATH", os.O_RDONLY) | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 #: Code points HFS+ ignores in names: ".gi\u200ct" is ".git" there (as git's is_hfs_dotgit).
 _HFS_IGNORED: Final = dict.fromkeys([*range(0x200C, 0x2010), *range(0x202A, 0x202F),
                                      *range(0x206A, 0x2070), 0xFEFF])
@@ -43,6 +45,10 @@ _BAD_CHARS: Final = re.compile(r"[\x00-\x1f\x7f\\]")
 
 class FsRefused(Exception):
     """A path or operation the boundary refuses; the message is one line for the agent."""
+
+
+def _one_line(exc: BaseException) -> str:
+    return " ".join(str(exc).split())
 
 
 def is_git_name(name: str) -> bool:
@@ -168,40 +174,16 @@ def _utf8(name: str) -> bool:
 
 
 class Confined:
-    """One workspace directory, walked without following symlinks (see the module)."""
+    """One workspace directory, walked without following symlinks (see the module): the
+    library's own confined directory (`Ledger.workspace_dir`) does every walk from the
+    root; this adds what the tools need on top — listings, bounded walks, searches,
+    ``mkdir -p`` — and turns a refusal into one line for the agent."""
 
-    def __init__(self, name: str, root: str, identity: tuple[int, int] | None,
-                 boundary: Boundary) -> None:
-        self.name, self.root, self.identity, self.boundary = name, root, identity, boundary
+    def __init__(self, wsdir: WorkspaceDir, boundary: Boundary) -> None:
+        self.wsdir, self.boundary = wsdir, boundary
+        self.name, self.root = wsdir.name, wsdir.root
 
     # -- descriptors ----------------------------------------------------------------------
-
-    def _open_root(self) -> int:
-        parts = [p for p in self.root.split("/") if p]
-        fd = os.open("/", _PASS_FLAGS if parts else _DIR_FLAGS)
-        try:
-            for i, part in enumerate(parts):
-                last = i == len(parts) - 1
-                try:
-                    child = os.open(part, _DIR_FLAGS if last else _PASS_FLAGS, dir_fd=fd)
-                except OSError as exc:
-                    if exc.errno in (errno.ELOOP, errno.ENOTDIR):
-                        raise FsRefused(f"workspace {self.name!r} root {self.root} is now a"
-                                        " symlink or not a directory: it moved; re-register"
-                                        " it") from None
-                    if exc.errno == errno.ENOENT:
-                        raise FsRefused(f"workspace {self.name!r} root {self.root} does not"
-                                        " exist") from None
-                    raise
-                os.close(fd)
-                fd = child
-            if self.identity is not None and _identity(os.fstat(fd)) != self.identity:
-                raise FsRefused(f"workspace {self.name!r} root {self.root} is another directory"
-                                " than the one registered (moved or replaced); re-register it")
-        except BaseException:
-            os.close(fd)
-            raise
-        return fd
 
     def _check_names(self, rel: str) -> list[str]:
         parts = check_rel(rel)
@@ -218,46 +200,30 @@ class Confined:
 
     @contextlib.contextmanager
     def open_dir(self, rel: str) -> Iterator[int]:
-        """A descriptor of the directory at `rel` (the root for ''), every component
-        opened without following symlinks and checked against the boundary."""
+        """A descriptor of the directory at `rel` (the root for ''), reached by the
+        library's walk (`WorkspaceDir.open_dir`): every component opened without
+        following symlinks and checked against the boundary."""
         parts = self._check_names(rel)
-        fd = self._open_root()
+        for part in parts:
+            self._refuse_component(rel, part, None)
         try:
-            for i, part in enumerate(parts):
-                shown = "/".join(parts[: i + 1])
-                try:
-                    st = os.stat(part, dir_fd=fd, follow_symlinks=False)
-                except FileNotFoundError:
-                    raise FsRefused(f"{shown!r} does not exist") from None
-                self._refuse_component(rel, part, st)
-                if stat.S_ISLNK(st.st_mode):
-                    raise FsRefused(f"{shown!r} is a symlink; symlinks are not followed")
-                if not stat.S_ISDIR(st.st_mode):
-                    raise FsRefused(f"{shown!r} is not a directory")
-                try:
-                    child = os.open(part, _DIR_FLAGS, dir_fd=fd)
-                except OSError as exc:
-                    if exc.errno in (errno.ELOOP, errno.ENOTDIR):
-                        raise FsRefused(f"{shown!r} is a symlink or not a directory") from None
-                    raise
-                os.close(fd)
-                fd = child
-                if _identity(os.fstat(fd)) in self.boundary.dirs:
-                    raise FsRefused(f"path {rel!r} is the ledger's own: out of the agent's"
-                                    " reach")
+            opening = self.wsdir.open_dir("/".join(parts))
+            fd = opening.__enter__()
+        except LedgerError as exc:
+            raise FsRefused(_one_line(exc)) from None
+        try:
+            if fd is None:
+                raise FsRefused(f"{rel!r} does not exist")
             yield fd
         finally:
-            os.close(fd)
+            opening.__exit__(None, None, None)
 
     def lstat(self, rel: str) -> os.stat_result | None:
         """The entry at `rel` itself (a symlink is not followed); None when absent."""
         parts = self._check_names(rel)
         if not parts:
-            fd = self._open_root()
-            try:
+            with self.open_dir("") as fd:
                 return os.fstat(fd)
-            finally:
-                os.close(fd)
         try:
             with self.open_dir("/".join(parts[:-1])) as fd:
                 try:
@@ -361,17 +327,14 @@ class Confined:
 
     def mkdir(self, rel: str) -> list[str]:
         """Create the directory at `rel` and any missing parents (like ``mkdir -p``),
-        each created relative to its parent without following symlinks. Returns the
-        directories created (none: it was there already)."""
+        each created in its parent as the library's walk reaches it (no symlink
+        followed). Returns the directories created (none: it was there already)."""
         parts = self._check_names(rel)
-        if not parts:
-            return []
         created: list[str] = []
-        fd = self._open_root()
-        try:
-            for i, part in enumerate(parts):
-                shown = "/".join(parts[: i + 1])
-                self._refuse_component(rel, part, None)
+        for i, part in enumerate(parts):
+            shown = "/".join(parts[: i + 1])
+            self._refuse_component(rel, part, None)
+            with self.open_dir("/".join(parts[:i])) as fd:
                 try:
                     st = os.stat(part, dir_fd=fd, follow_symlinks=False)
                 except FileNotFoundError:
@@ -387,13 +350,9 @@ class Confined:
                     raise FsRefused(f"{shown!r} is a symlink; symlinks are not followed")
                 if not stat.S_ISDIR(st.st_mode):
                     raise FsRefused(f"{shown!r} exists and is not a directory")
-                child = os.open(part, _DIR_FLAGS, dir_fd=fd)
-                os.close(fd)
-                fd = child
-                if _identity(os.fstat(fd)) in self.boundary.dirs:
-                    raise FsRefused(f"path {rel!r} is the ledger's own: out of the agent's reach")
-        finally:
-            os.close(fd)
+        if parts:
+            with self.open_dir(rel):  # what was made is reachable, and not the ledger's
+                pass
         return created
 
     def rmdir_empty(self, rel: str) -> bool:

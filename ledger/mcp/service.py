@@ -280,7 +280,7 @@ class FileTools:
                 prefixes.add(os.path.normpath(os.path.abspath(given)))
             self.workspaces.append(Workspace(
                 name, reg.root, tuple(sorted(prefixes, key=len, reverse=True)), reg.allow_git,
-                Confined(name, reg.root, reg.identity, boundary)))
+                Confined(ledger.workspace_dir(name), boundary)))
         self.default = self.workspaces[0]
         self.leases.workspaces = [w.name for w in self.workspaces]
 

@@ -1364,8 +1364,8 @@ class Workspaces:
             if f is not None and f.landed:
                 settled = True  # a crash after the exchange: record what is on disk
                 landing = Landing(w.path, True, f.displaced, f.slot,
-                                  pre_mode=wsdir.slot_mode(w.path, f.slot) if w.pre_hash
-                                  is not None else None,
+                                  pre_mode=wsdir.mode(w.path, f.slot) if w.pre_hash
+                                  is not None and f.slot is not None else None,
                                   post_mode=wsdir.mode(w.path))
             else:
                 landing = wsdir.land(w.path, staged.get(w.path), w.pre_hash, check=check)

@@ -511,15 +511,15 @@ class WorkspaceDir:
                                    f" the file system under workspace {self.name!r} holds at"
                                    f" most {limit}: plan a shorter name")
 
-    def mode(self, path: str) -> int | None:
-        """The permission bits of the regular file at `path` (None: absent, or not a
-        regular file)."""
+    def mode(self, path: str, name: str | None = None) -> int | None:
+        """The permission bits of the regular file at `path` — or of `name` beside it (a
+        slot) — None: absent, or not a regular file."""
         opened = self._open_parent(path, create=False)
         if opened is None:
             return None
         dir_fd, leaf = opened
         try:
-            return _mode_of(leaf, dir_fd)
+            return _mode_of(leaf if name is None else name, dir_fd)
         finally:
             os.close(dir_fd)
 
@@ -932,19 +932,6 @@ class WorkspaceDir:
                     if displaced != post:
                         return Found(path, True, now, name, displaced)
             return Found(path, False, now, None, None)
-        finally:
-            os.close(dir_fd)
-
-    def slot_mode(self, path: str, name: str | None) -> int | None:
-        """The permission bits of slot `name` beside `path` (None: absent)."""
-        if name is None:
-            return None
-        opened = self._open_parent(path, create=False)
-        if opened is None:
-            return None
-        dir_fd, _ = opened
-        try:
-            return _mode_of(name, dir_fd)
         finally:
             os.close(dir_fd)
 

@@ -113,6 +113,7 @@ from .workdir import (
     Found,
     Landing,
     Staged,
+    StagingLost,
     WorkspaceDir,
     attempt_tag,
     identity_of,
@@ -1186,8 +1187,9 @@ class Workspaces:
                         continue  # a crashed call's landed write: its slot is the evidence
                     # copied piece by piece, verified by the end of the copy, under the
                     # path's slot name, with its final mode before any name shows it
-                    staged[w.path] = wsdir.stage(w.path, self.core.blob_chunks(w.post_hash),
-                                                 mode=w.mode, slot="x")
+                    with contextlib.suppress(StagingLost):  # the fence decides (below)
+                        staged[w.path] = wsdir.stage(
+                            w.path, self.core.blob_chunks(w.post_hash), mode=w.mode, slot="x")
             holder: list[ApplyResult] = []
 
             def build(tx: Tx, now: int) -> list[Event]:
@@ -1355,6 +1357,15 @@ class Workspaces:
                                   " was planned against", path=w.path,
                                   on_disk=f.displaced if w.pre_hash is not None else f.now,
                                   pre_hash=w.pre_hash, post_hash=w.post_hash)
+        for w in planned.writes:
+            f = found.get(w.path)
+            if w.post_hash is not None and w.path not in staged and not (f and f.landed):
+                # its staged file was removed before it was placed (the live epoch's
+                # cleanup of a dead stager's files, a second apply of the attempt):
+                # nothing of the step has been touched yet
+                raise StorageFailure(os.path.join(wsdir.root, w.path),
+                                     "its staged copy was removed before it was placed;"
+                                     " apply again")
         settled = False
         applied = []
         rev = ws.rev

@@ -481,7 +481,12 @@ class WorkspaceDir:
             finally:
                 os.close(fd)
             if final_name != tmp:
-                os.rename(tmp, final_name, src_dir_fd=dir_fd, dst_dir_fd=dir_fd)
+                try:
+                    os.rename(tmp, final_name, src_dir_fd=dir_fd, dst_dir_fd=dir_fd)
+                except FileNotFoundError:
+                    # removed meanwhile as a dead stager's leftover: a newer epoch's
+                    # cleanup (this stager is a zombie), or a second apply of the attempt
+                    raise StagingLost(path) from None
         except BaseException as exc:
             with contextlib.suppress(OSError):
                 os.unlink(tmp, dir_fd=dir_fd)
@@ -1010,6 +1015,12 @@ class WorkspaceDir:
         return staged.mode
 
 
+class StagingLost(Exception):
+    """A staged file removed before it was complete (see `WorkspaceDir.stage`): the
+    write has no staged file; the fence decides what that means (StaleEpoch for a
+    zombie)."""
+
+
 @dataclass
 class Landing:
     """One write put in place by `WorkspaceDir.land`: `ok`, or refused with what was
@@ -1142,5 +1153,6 @@ def _name_max(where: int | str) -> int:
 
 
 __all__ = ["NOT_A_FILE", "TMP_MARK", "Boundary", "FileIdentity", "Found", "Landing", "Staged",
+           "StagingLost",
            "WorkspaceDir", "attempt_tag",
            "identity_of", "is_git_name", "temp_name", "temp_stamp"]

@@ -391,3 +391,32 @@ def test_what_a_kill_after_the_commit_left_is_removed_by_the_next_apply(
                           epoch=ws.epoch)
     assert out.committed and ws.leftovers() == []
     assert ws.ledger.verify().ok
+
+
+def test_a_staged_copy_removed_before_it_was_placed_touches_nothing(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Found by the many-process stress run: a zombie's staging races the new epoch's
+    cleanup of dead stagers' files. The write then has no staged copy: a zombie hears
+    StaleEpoch; under a live epoch it is a typed StorageFailure; no file is touched and
+    nothing is deleted for want of a staged copy."""
+    from ledger.errors import StaleEpoch, StorageFailure
+    from ledger.workdir import StagingLost, WorkspaceDir
+
+    files, plan = swap()
+    ws = Ws(tmp_path, files)
+    ws.ledger.admit("w", ws.epoch, [plan])
+    real = WorkspaceDir.stage
+
+    def lost(self: WorkspaceDir, path: str, *a: object, **k: object) -> object:
+        if path == "b":
+            raise StagingLost(path)
+        return real(self, path, *a, **k)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(WorkspaceDir, "stage", lost)
+    with pytest.raises(StorageFailure):
+        ws.ledger.apply(plan.step, epoch=ws.epoch)
+    assert ws.files() == files and ws.ledger.step(plan.step).state == "planned"
+    ws.ledger.acquire("w", "other", ttl_s=60, force=True)
+    with pytest.raises(StaleEpoch):
+        ws.ledger.apply(plan.step, epoch=ws.epoch)
+    assert ws.files() == files and ws.leftovers() == []

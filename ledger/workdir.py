@@ -317,16 +317,19 @@ class WorkspaceDir:
         ledger's own directories and (unless allowed) ``.git`` refused — the one walk the
         library and the MCP tools share. None: a component does not exist. A symlink or
         a file on the way is PathEscapes; closed on exit."""
-        if path in ("", "."):
-            fd: int | None = self._open_root()
-        else:
-            self.check_path(path)
-            fd = self._walk(path, path.split("/"), create=False)
+        fd = self._dir_fd(path)
         try:
             yield fd
         finally:
             if fd is not None:
                 os.close(fd)
+
+    def _dir_fd(self, path: str) -> int | None:
+        """`open_dir`'s descriptor, owned by the caller (None: missing)."""
+        if path in ("", "."):
+            return self._open_root()
+        self.check_path(path)
+        return self._walk(path, path.split("/"), create=False)
 
     def _walk(self, path: str, parts: list[str], *, create: bool) -> int | None:
         """The descriptor of the directory `parts` names below the root (created when
@@ -544,12 +547,11 @@ class WorkspaceDir:
         kept: frozenset[tuple[str, str]] | None = None
         for d in sorted(set(dirs)):
             try:
-                opened = self._open_parent(f"{d}/_" if d else "_", create=False)
+                dir_fd = self._dir_fd(d)
             except (LedgerError, OSError):
                 continue
-            if opened is None:
+            if dir_fd is None:
                 continue
-            dir_fd, _ = opened
             here = 0
             try:
                 for name in os.listdir(dir_fd):
@@ -957,12 +959,11 @@ class WorkspaceDir:
                 by_dir.setdefault(landing.path.rpartition("/")[0], []).append(landing.displaced)
         for d, names in by_dir.items():
             try:
-                opened = self._open_parent(f"{d}/_" if d else "_", create=False)
+                dir_fd = self._dir_fd(d)
             except (LedgerError, OSError):
                 continue
-            if opened is None:
+            if dir_fd is None:
                 continue
-            dir_fd, _ = opened
             try:
                 for name in names:
                     self.ops.tick("ws-unlink")
@@ -989,10 +990,9 @@ class WorkspaceDir:
         """fsync the directory of each path once: a step's renames made durable before
         the ledger records them."""
         for d in sorted({p.rpartition("/")[0] for p in paths}):
-            opened = self._open_parent(f"{d}/_" if d else "_", create=False)
-            if opened is None:
+            dir_fd = self._dir_fd(d)
+            if dir_fd is None:
                 continue
-            dir_fd, _ = opened
             try:
                 self.ops.tick("ws-dirfsync")
                 os.fsync(dir_fd)

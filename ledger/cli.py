@@ -1394,6 +1394,7 @@ def apply_json(result: ApplyResult) -> dict[str, Any]:
     doc: dict[str, Any] = msgspec.to_builtins(result)
     del doc["facts"]
     del doc["committed"]  # the command line's apply never commits (step publish does)
+    del doc["manifest"]
     return doc
 
 

@@ -77,6 +77,7 @@ from .events import (
     LeaseAcquired,
     LeaseReleased,
     LeaseRenewed,
+    Manifest,
     ManifestEntry,
     ManifestPublished,
     Planned,
@@ -246,6 +247,8 @@ class ApplyResult(msgspec.Struct, frozen=True, kw_only=True):
     facts: dict[str, Any] = msgspec.field(default_factory=dict)
     #: the same transaction published the manifest and acked it (`apply(commit=True)`)
     committed: bool = False
+    #: that manifest, when `committed` (not part of `step apply --json`)
+    manifest: Manifest | None = None
 
     @property
     def applied(self) -> bool:
@@ -1216,8 +1219,13 @@ class Workspaces:
                 return ApplyResult(verdict=f"rejected:{event.reason}", step=step, attempt=attempt,
                                    detail=detail, facts=holder[-1].facts if holder else {})
             assert isinstance(event, Fenced)
+            published = next((r for r in recorded if isinstance(r.event, ManifestPublished)),
+                             None) if committed else None
+            manifest = None if published is None else Manifest.from_event(
+                published.event, published.seq, True)  # type: ignore[arg-type]
             return ApplyResult(verdict="applied", step=step, attempt=attempt,
-                               receipt=receipt_of(event, final.seq), committed=committed)
+                               receipt=receipt_of(event, final.seq), committed=committed,
+                               manifest=manifest)
         finally:
             done = any(isinstance(r.event, Fenced) for r in recorded)
             if done:  # recorded: what the writes displaced goes (the store holds it)

@@ -325,11 +325,11 @@ def _run_fenced(ledger: Ledger, workspace: str, step: str, plan: Planner, reader
         return _refused(ledger, workspace, step, refused, reader, ran)
     if on_planned is not None:
         on_planned(step)
-    result = _apply(ledger, step, ledger.step(step).attempt, epoch, outputs)
+    result = _apply(ledger, step, None, epoch, outputs)  # (the attempt just planned)
     return _answer(ledger, workspace, step, result, reader, epoch, ran, outputs)
 
 
-def _apply(ledger: Ledger, step: str, attempt: int, epoch: int,
+def _apply(ledger: Ledger, step: str, attempt: int | None, epoch: int,
            outputs: dict[str, Content]) -> ApplyResult:
     """The apply that commits the step when every artifact fits in a row: they are
     stored with the apply, the manifest and the ack, in one transaction. With a larger
@@ -348,6 +348,9 @@ def _answer(ledger: Ledger, workspace: str, step: str, result: ApplyResult,
             outputs: dict[str, Content]) -> FencedOutcome:
     if not result.applied:
         return _refused(ledger, workspace, step, result, reader, ran)
+    if result.committed and result.manifest is not None:  # committed by this very call
+        return FencedOutcome(StepStatus.APPLIED, step, result.attempt, ran=ran,
+                             receipt=result.receipt, manifest=result.manifest)
     row = ledger.step(step)
     if not row.live:  # applied before (a replay): its artifacts stored, then committed
         for path in sorted(outputs):

@@ -206,6 +206,20 @@ class WorkspaceDir:
         #: Directories this object created (relative paths, in creation order), so that a
         #: refused apply can take them back (`remove_created_dirs`).
         self.created_dirs: list[str] = []
+        #: The root's descriptor from the last full walk, with its identity: reused while
+        #: the root's name still names that directory (`_open_root`).
+        self._root: tuple[int, FileIdentity] | None = None
+
+    def __del__(self) -> None:
+        self.close()
+
+    def close(self) -> None:
+        """Drop the cached root descriptor (an object is usable again after: the next
+        call walks from ``/`` anew)."""
+        root, self._root = getattr(self, "_root", None), None
+        if root is not None:
+            with contextlib.suppress(OSError):
+                os.close(root[0])
 
     # -- descriptors -------------------------------------------------------------------
 
@@ -214,7 +228,26 @@ class WorkspaceDir:
 
     def _open_root(self) -> int:
         """A descriptor of the root, reached from ``/`` one component at a time without
-        following symlinks, checked against the registered identity and the boundary."""
+        following symlinks, checked against the registered identity and the boundary.
+
+        The walk's result is kept: a later call costs one ``lstat`` of the root's name
+        (not a walk of every ancestor) while that name is still the same directory, not a
+        symlink (the walk's descriptor is then the directory the name shows); otherwise
+        the walk runs again and judges what is there now."""
+        root = self._root
+        if root is not None:
+            try:
+                same = identity_of(os.stat(self.root, follow_symlinks=False)) == root[1]
+            except OSError:
+                same = False
+            if same:
+                return os.dup(root[0])
+            self.close()
+        fd = self._walk_root()
+        self._root = (os.dup(fd), identity_of(os.fstat(fd)))
+        return fd
+
+    def _walk_root(self) -> int:
         parts = [p for p in self.root.split("/") if p]
         fd = os.open("/", _PASS_FLAGS if parts else _DIR_FLAGS)
         try:

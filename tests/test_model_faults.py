@@ -150,6 +150,8 @@ DAY = 24 * 3600
 WS_PATH = "app.py"  # exists before the first step
 NEW_PATH = "lib/new.txt"  # created (in a new directory) and deleted by steps
 WS_PATHS = (WS_PATH, NEW_PATH)
+SWAP_PATH = "b.txt"  # swapped with app.py (each write's pre-image the other's post-image)
+MOVED_PATH = "lib2/moved.txt"  # NEW_PATH moved here and back (a delete and a create)
 V0 = b"v0\n"
 
 
@@ -262,7 +264,7 @@ class Op:
 
     @property
     def touches_workspace(self) -> bool:
-        return self.kind in ("ws", "acquire", "restore") or (self.kind == "compensate" and self.step.startswith("ws-"))
+        return self.kind in ("ws", "perm", "acquire", "restore") or (self.kind == "compensate" and self.step.startswith("ws-"))
 
 
 def _tree(root: str) -> dict[str, bytes]:
@@ -327,7 +329,7 @@ def do_workspace(led: Ledger, op: Op) -> str:
     # recorded one gets a new attempt planned against what the workspace holds now.
     row = led.find_step(op.step)
     recorded = row is not None and (row.live or row.state not in ENDED)
-    writes = op.args.get("plan") if recorded else None
+    writes = op.args.get("plan") if recorded or op.kind == "perm" else None
     if writes is None:
         writes = []
         for i, path in enumerate(op.args["paths"]):
@@ -348,6 +350,37 @@ def do_workspace(led: Ledger, op: Op) -> str:
     led.ack(op.step, epoch=epoch)
     m = led.manifest(op.step)
     return f"committed:{m.digest if m is not None else '?'}"
+
+
+def _permutation(led: Ledger, shape: str) -> list[Write]:
+    """A step whose pre-images are its own post-images: app.py and b.txt swapped (b.txt
+    created first when it is absent), or lib/new.txt moved to lib2/moved.txt and back."""
+    if shape == "swap":
+        a, b = led.read_file("w", WS_PATH), led.read_file("w", SWAP_PATH)
+        if b.content is None:
+            return [b.write(WS_CONTENT[1])]  # nothing to swap with yet: create it
+        if a.content is None:
+            return [a.write(b.content)]
+        return [a.write(b.content), b.write(a.content)]
+    src, dst = led.read_file("w", NEW_PATH), led.read_file("w", MOVED_PATH)
+    if src.content is None and dst.content is None:
+        return [src.write(WS_CONTENT[0])]  # nothing to move: create it
+    if src.content is not None and dst.content is None:
+        return [src.write(None), dst.write(src.content)]
+    if src.content is None:
+        return [dst.write(None), src.write(dst.content)]
+    return [dst.write(None)]  # both present: a move over an existing file is not planned
+
+
+def do_permute(led: Ledger, op: Op) -> str:
+    """A swap or a move, planned from what the files hold now (`_permutation`), then
+    admitted, applied, published and acked like any workspace step (`do_workspace`)."""
+    row = led.find_step(op.step)
+    if row is None or not (row.live or row.state not in ENDED) or "plan" not in op.args:
+        op.args["plan"] = _permutation(led, op.args["shape"])  # (again, once ended)
+        if len(op.args["plan"]) == 2:
+            LedgerModel.STATS[f"permutation:{op.args['shape']}"] += 1
+    return do_workspace(led, op)
 
 
 def do_compensate(led: Ledger, op: Op) -> str:
@@ -401,7 +434,7 @@ def do_restore(led: Ledger, op: Op) -> str:
 
 RUN = {"append": do_append, "art": do_artifact, "abandon": do_abandon, "ws": do_workspace,
        "compensate": do_compensate, "rebuild": do_rebuild, "gc": do_gc, "acquire": do_acquire,
-       "restore": do_restore}
+       "restore": do_restore, "perm": do_permute}
 
 
 # --- the machine ---------------------------------------------------------------------------
@@ -669,7 +702,7 @@ class LedgerModel(RuleBasedStateMachine):
             self.expect.setdefault(op.step, ("present",))
         elif op.kind == "art":
             self.expect[op.step] = ("committed", op.answer.split(":", 1)[1])
-        elif op.kind == "ws":
+        elif op.kind in ("ws", "perm"):
             if op.answer.startswith("committed:"):
                 self.expect[op.step] = ("committed", op.answer.split(":", 1)[1])
             else:
@@ -718,6 +751,13 @@ class LedgerModel(RuleBasedStateMachine):
                        crash: Crash | None) -> None:
         """Write `paths` (content None: delete them), under the live lease."""
         self._call(self._new("ws", "ws-{n}", paths=paths, content=content), crash)
+
+    @rule(shape=st.sampled_from(["swap", "move"]), crash=CRASHES)
+    def permutation_step(self, shape: str, crash: Crash | None) -> None:
+        """Swap app.py and b.txt, or move lib/new.txt to lib2/moved.txt (or back): each
+        write's pre-image is another write's post-image, so only the apply's own journal
+        (its slots) tells a landed exchange from a file nobody touched."""
+        self._call(self._new("perm", "ws-perm-{n}", shape=shape), crash)
 
     @precondition(lambda self: bool(self.step_order))
     @rule(pick=st.integers(0, 7), crash=CRASHES)
@@ -1024,7 +1064,7 @@ class LedgerModel(RuleBasedStateMachine):
         says. A cut workspace step may not once its step is unknown (cut before its plan
         committed) or its attempt is ended or committed (settled, rejected, published):
         every write it made is recorded, put back, or a recorded conflict."""
-        if op.kind == "ws":
+        if op.kind in ("ws", "perm"):
             row = rows.get(op.step)
             return row is not None and row.state not in ENDED and not row.live
         return op.touches_workspace
@@ -1127,7 +1167,8 @@ class LedgerModel(RuleBasedStateMachine):
                 root = led.workspace("w").root  # moved by a restore
                 # app.py's v0 predates the ledger: a restore knows only what steps wrote
                 v0 = sha(V0) if root == self.ws_dir else None
-                for path, before in ((WS_PATH, v0), (NEW_PATH, None)):
+                for path, before in ((WS_PATH, v0), (NEW_PATH, None), (SWAP_PATH, None),
+                                     (MOVED_PATH, None)):
                     try:
                         with open(os.path.join(root, path), "rb") as f:
                             on_disk: str | None = sha(f.read())
@@ -1248,6 +1289,9 @@ def test_model_with_power_loss_and_process_kill() -> None:
     for kind in RUN:
         assert stats.get(f"call:{kind}", 0) > 0, kind
     assert stats.get("power_loss", 0) > 0 and stats.get("process_kill", 0) > 0
+    # swaps and moves (pre-images that are the step's own post-images), some cut midway
+    assert stats.get("permutation:swap", 0) > 0 and stats.get("permutation:move", 0) > 0
+    assert stats.get("cut:kill:perm", 0) > 0 and stats.get("cut:power:perm", 0) > 0
     assert any(k.startswith("cut:power") for k in stats) and any(k.startswith("cut:kill") for k in stats)
     assert stats.get("refused:ledger_write", 0) > 0 and stats.get("refused:root_swap", 0) > 0
     # the witness: taken away (then re-anchored), the ledger rolled back with it intact

@@ -554,3 +554,31 @@ def test_symlinks_below_the_root_are_still_path_escapes(tmp_path: Path) -> None:
     os.symlink(s.victim, s.root / "link")
     with pytest.raises(PathEscapes):
         s.led.snapshot("w", "link/conf")
+
+
+@pytest.mark.parametrize("swap", ["symlink", "other-directory", "gone"])
+def test_a_kept_workspace_dir_judges_its_root_again_after_a_swap(tmp_path: Path,
+                                                                   swap: str) -> None:
+    """A `WorkspaceDir` kept across calls (the MCP server keeps one per workspace) reuses
+    its root's descriptor only while the root's name is still that directory: a root
+    renamed away and replaced — by a symlink to it, by another directory, or by nothing —
+    is walked again and refused, never written through the old descriptor."""
+    root = tmp_path / "ws"
+    root.mkdir()
+    (root / "a.txt").write_bytes(b"mine\n")
+    led = Ledger.init(tmp_path / "ledger.db", clock=FakeClock())
+    led.add_workspace("w", str(root))
+    wsdir = led.workspace_dir("w")
+    assert wsdir.hash("a.txt") == digest_of(b"mine\n")  # the root's descriptor is kept
+    os.rename(root, tmp_path / "ws.real")
+    if swap == "symlink":
+        os.symlink(tmp_path / "ws.real", root)
+    elif swap == "other-directory":
+        root.mkdir()
+        (root / "a.txt").write_bytes(b"mine\n")
+    with pytest.raises((WorkspaceMoved, InvalidInput)):
+        wsdir.hash("a.txt")
+    with pytest.raises((WorkspaceMoved, InvalidInput)):
+        with wsdir.open_dir("") as _fd:
+            pass
+    wsdir.close()

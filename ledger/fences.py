@@ -106,7 +106,7 @@ from .projections.steps import (
     StepRow,
 )
 from .projections.steps import VERSION as STEPS_VERSION
-from .projections.workspaces import Registration, WsRow, load_registration
+from .projections.workspaces import REGISTRATION_KINDS, Registration, WsRow, load_registration
 from .store import EventQuery, Scope, Tx
 from .workdir import (
     NOT_A_FILE,
@@ -452,6 +452,8 @@ class Workspaces:
         self._log = core.log
         self._storage = core.storage
         self._options = core.options
+        #: name -> (store generation, registration events appended, registration)
+        self._registrations: dict[str, tuple[object, int, Registration]] = {}
 
     # -- workspaces ----------------------------------------------------------------------
 
@@ -521,10 +523,22 @@ class Workspaces:
         """Where workspace `name` lives and what it may write (its newest
         `workspace-added`/`-restored`/`-rebound` event); UnknownWorkspace if never added."""
         check_step_id(name)
+        # Kept while nothing can have changed it: no other connection committed (the
+        # store's generation; a store without a cheap signal never repeats one) and this
+        # log appended no registration event (counted before its commit). Read inside a
+        # transaction or read already open, it is not kept (it may be uncommitted).
+        seen = sum(self._log.appended[k] for k in REGISTRATION_KINDS)
+        generation = self._storage.generation()
+        hit = self._registrations.get(name)
+        if hit is not None and hit[0] == generation and hit[1] == seen:
+            return hit[2]
+        nested = self._storage.lock._is_owned()
         with self._storage.read() as view:
             reg = load_registration(view, name)
         if reg is None:
             raise UnknownWorkspace(name)
+        if not nested:
+            self._registrations[name] = (generation, seen, reg)
         return reg
 
     def check_root(self, name: str, real: str, ident: FileIdentity | None) -> None:

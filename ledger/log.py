@@ -24,6 +24,7 @@ result or its own error. A lone caller takes exactly the path it always took.
 from __future__ import annotations
 
 import threading
+from collections import Counter
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Final
 
@@ -129,6 +130,10 @@ class EventLog:
         #: Concurrent appends (threads) share one transaction and one fsync; off: each
         #: append is its own transaction, the threads taking turns.
         self.group_commit = True
+        #: Events of each kind this log has appended (counted before their commit, so a
+        #: cache of rarely-changing state keyed on it is never stale: the workspaces'
+        #: registrations, see `Workspaces.registration`).
+        self.appended: Counter[str] = Counter()
         self._cond = threading.Condition(threading.Lock())
         self._queue: list[_Call] = []
         self._leading = False
@@ -264,6 +269,7 @@ class EventLog:
                 # The head last: a store that lets transactions of several workspaces run
                 # at once takes its chain lock here (docs/design.md "Many writers").
                 head = self._head if self._head is not None else tx.head()
+                self.appended.update(p[3] for p in prepared)
                 recorded = tx.append(prepared, head=head, time_ns=time_ns,
                                      projector=self.projector, guard=call.guard)
                 new = [r for r in recorded if not r.deduped]
@@ -307,6 +313,7 @@ class EventLog:
                         prepared = (call.prepared if call.build is None
                                     else self._prepare(call.build(tx, time_ns)))
                         _check_scope(prepared, scope)
+                        self.appended.update(p[3] for p in prepared)
                         recorded = tx.append(prepared, head=head, time_ns=time_ns,
                                              projector=projector, guard=call.guard)
                         new = [r for r in recorded if not r.deduped]

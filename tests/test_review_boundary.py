@@ -582,3 +582,28 @@ def test_a_kept_workspace_dir_judges_its_root_again_after_a_swap(tmp_path: Path,
         with wsdir.open_dir("") as _fd:
             pass
     wsdir.close()
+
+
+@pytest.mark.parametrize("by", ["another-connection", "this-ledger"])
+def test_a_kept_registration_follows_a_rebind(tmp_path: Path, by: str) -> None:
+    """A workspace's registration is kept between calls only while nothing can have
+    changed it: a rebind committed by another connection (another process) or appended
+    through this very ledger is seen at once — the old root is never walked again."""
+    root, moved = tmp_path / "ws", tmp_path / "ws-moved"
+    root.mkdir()
+    (root / "a.txt").write_bytes(b"1\n")
+    db = tmp_path / "ledger.db"
+    led = Ledger.init(db, clock=FakeClock())
+    led.add_workspace("w", str(root))
+    assert led.registration("w").root == str(root.resolve())
+    assert led.snapshot("w", "a.txt")[1] == digest_of(b"1\n")  # kept now
+    os.rename(root, moved)
+    root.mkdir()  # the old path holds another directory: walking it is WorkspaceMoved
+    if by == "another-connection":
+        with Ledger.open(db, clock=FakeClock()) as other:
+            other.add_workspace("w", str(moved), rebind=True)
+    else:
+        led.add_workspace("w", str(moved), rebind=True)
+    assert led.registration("w").root == str(moved.resolve())
+    assert led.snapshot("w", "a.txt")[1] == digest_of(b"1\n")
+    led.close()

@@ -66,11 +66,12 @@ from .gc.holders import read_references
 from .ledger import Ledger
 from .log import Head
 from .store import ReadView
+from .store.sqlite.file import BACKUP_DB_NAME, BACKUP_MARKER
 from .verify import verify
 from .witness import anchor_problems, recorded_anchor
 
 #: The completion marker's name; nothing reads a backup without it.
-MARKER: Final = "BACKUP.json"
+MARKER: Final = BACKUP_MARKER
 #: What the marker says it is, and the newest format this code reads.
 FORMAT: Final = "stepledger-backup"
 FORMAT_VERSION: Final = 1
@@ -81,7 +82,7 @@ ARCHIVE_DIR: Final = "archive"
 _ARCHIVE_RE: Final = re.compile(r"[0-9a-f]{12}-[0-9a-f]{16}-[0-9]+\.slarchive", re.ASCII)
 TMP_DIR: Final = "tmp"
 LOCK_NAME: Final = ".backup.lock"
-_DB_NAME_RE: Final = re.compile(r"ledger-[0-9]+-[0-9a-f]{12}\.db", re.ASCII)
+_DB_NAME_RE: Final = BACKUP_DB_NAME
 _SNAP_RE: Final = re.compile(r"snap-[0-9a-f]{12}\.db", re.ASCII)
 #: The largest marker read: one lists every sealed run's archive (about 150 bytes each),
 #: so this bounds a backup to about 400,000 archives. The writer refuses to write a
@@ -175,6 +176,9 @@ class RestoredLedger(msgspec.Struct, kw_only=True):
     anchored_seq: int | None  # its witness-anchored event
     previous_witness: str  # the location the backup recorded ("" none)
     workspaces: list[str]
+    # those whose lease was live in the backup and still is by the clock: the lease is
+    # a relic here (its holder writes to the original), and `restore` needs --force
+    live_leases: list[str]
     elapsed_s: float
 
 
@@ -547,10 +551,11 @@ def backup(
     ledger's backup, a directory of other files) is refused with nothing written.
     """
     started = time.perf_counter()
-    from .store.postgres import display_url, is_url
+    from .store.postgres import is_url, shown_location
 
     url = is_url(ledger)
     path = str(ledger) if url else os.path.abspath(os.fspath(ledger))
+    shown = shown_location(path)  # what the report and BACKUP.json record (no password)
     where = os.path.abspath(os.fspath(dest))
     if not url:  # (a ledger in a database has no directory a DEST could lie in)
         ledger_dir = os.path.realpath(os.path.dirname(path))
@@ -561,13 +566,13 @@ def backup(
     with Ledger.open(path, readonly=True, witness=witness) as source:
         if previous is not None and previous.ledger_id != source.ledger_id:
             raise BackupInvalid(where, f"it is a backup of ledger {previous.ledger_id}, not of"
-                                f" {source.ledger_id} ({path})", "give each ledger a backup"
+                                f" {source.ledger_id} ({shown})", "give each ledger a backup"
                                 " directory of its own")
         os.makedirs(where, _DIR_MODE, exist_ok=True)
         with _flock(os.path.join(where, LOCK_NAME)), _gc_held(source) as gc_held:
             if previous is not None:  # read again under the lock: another backup may have run
                 previous = read_backup(where)
-            report = _backup_locked(source, display_url(path) if url else path, where,
+            report = _backup_locked(source, shown, where,
                                     previous, deep=deep,
                                     progress=progress, clock=clock)
             report.gc_held = gc_held
@@ -578,6 +583,8 @@ def backup(
 def _backup_locked(source: Ledger, path: str, where: str, previous: BackupMarker | None, *,
                    deep: bool, progress: Progress | None, clock: Callable[[], int]
                    ) -> BackupReport:
+    from .store.postgres import is_url
+
     head = source.head()
     dest_files = BlobStore(os.path.join(where, BLOBS_DIR))
     if previous is not None and previous.head_seq == head.seq \
@@ -644,7 +651,7 @@ def _backup_locked(source: Ledger, path: str, where: str, previous: BackupMarker
         db_sha, db_bytes = _sha256_file(db)
         marker = BackupMarker(
             format=FORMAT, version=FORMAT_VERSION, ledger_id=ledger_id, source=path,
-            source_name="ledger.db" if "://" in path else os.path.basename(path), db=name,
+            source_name="ledger.db" if is_url(path) else os.path.basename(path), db=name,
             db_bytes=db_bytes, db_sha256=db_sha,
             head_seq=snap_head.seq, head_hash=snap_head.hash.hex(),
             blob_count=len(needs.required) + len(needs.optional),
@@ -873,11 +880,14 @@ def restore_backup(
                 f"[{f.check}] {f.message}" for f in report.findings[:3]))
         head = restored.head()
         ledger_id = restored.ledger_id
+        now = restored.clock()
+        live_leases = sorted(row.name for row in restored.workspaces()
+                             if row.live_epoch(now) is not None)
     return RestoredLedger(
         path=target, ledger_id=ledger_id, head_seq=head.seq, head_hash=head.hash.hex(),
         blobs=len(todo), blob_bytes=sum(size for _d, size in todo),
         witness=None if witness is None else os.fspath(witness), anchored_seq=anchored_seq,
-        previous_witness=marker.witness, workspaces=workspaces,
+        previous_witness=marker.witness, workspaces=workspaces, live_leases=live_leases,
         elapsed_s=round(time.perf_counter() - started, 6))
 
 

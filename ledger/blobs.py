@@ -31,6 +31,7 @@ import os
 import re
 import secrets
 import stat
+import threading
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from typing import BinaryIO, Final
@@ -622,10 +623,24 @@ for _name in ("size", "stat", "read", "check", "delete", "delete_temp", "sync_ab
     setattr(BlobStore, _name, _io_errors(getattr(BlobStore, _name)))
 
 
+#: Per thread: called after each chunk `fd_chunks` reads (`pulse_with`).
+_PULSE = threading.local()
+
+
+def pulse_with(fn: Callable[[], None] | None) -> None:
+    """Have `fd_chunks` call `fn` after every chunk it reads, on this thread (None: stop).
+    A store whose server ends a silent transaction sets it for its write transactions, so
+    that long file work inside one (hashing a large file) proves the writer alive."""
+    _PULSE.fn = fn
+
+
 def fd_chunks(fd: int) -> Iterator[bytes]:
     """The bytes of an open descriptor from its offset, in `CHUNK` pieces."""
     while chunk := os.read(fd, CHUNK):
         yield chunk
+        beat = getattr(_PULSE, "fn", None)
+        if beat is not None:
+            beat()
 
 
 def file_chunks(f: BinaryIO) -> Iterator[bytes]:

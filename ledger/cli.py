@@ -21,6 +21,7 @@ import functools
 import math
 import os
 import re
+import shlex
 import signal
 import sys
 from collections.abc import Callable, Iterator, Sequence
@@ -158,16 +159,21 @@ def _fail_unmapped(ctx: click.Context, exc: Exception) -> None:
     from .store.postgres.driver import driver_errors
     from .store.sqlite import errors as sqlite_errors
 
+    from .store.postgres.location import without_secrets
+
     lost, failed = driver_errors()
+    location = str((ctx.obj or {}).get("ledger_path", ""))
     try:
         raise exc
     except lost as exc:  # a PostgreSQL connection lost where no boundary mapped it
-        _fail(ctx, f"the database is unavailable: {' '.join(str(exc).split())}; start the"
+        what = without_secrets(" ".join(str(exc).split()), location)
+        _fail(ctx, f"the database is unavailable: {what}; start the"
               " server or fix the URL, then retry with the same journal key",
               EXIT_ENVIRONMENT, "DatabaseUnavailable", {"path": _ledger_path(ctx)})
     except failed as exc:
-        _fail(ctx, f"the database refused a statement: {' '.join(str(exc).split())}",
-              EXIT_ENVIRONMENT, "StorageFailure", {"path": _ledger_path(ctx), "what": str(exc)})
+        what = without_secrets(str(exc), location)
+        _fail(ctx, f"the database refused a statement: {' '.join(what.split())}",
+              EXIT_ENVIRONMENT, "StorageFailure", {"path": _ledger_path(ctx), "what": what})
     # The store's errors no boundary mapped (each maps its own): what they mean.
     except sqlite_errors.BUSY_ERRORS:
         _fail(ctx, "the ledger stayed locked by another writer; retry later",
@@ -248,10 +254,9 @@ _ERROR_KEYS = frozenset({"type", "message", "exit_code"})
 
 def _ledger_path(ctx: click.Context) -> str:
     """The ledger as messages name it (a URL's password replaced by ***)."""
-    from .store.postgres import display_url, is_url
+    from .store.postgres import shown_location
 
-    path = str((ctx.obj or {}).get("ledger_path", "the ledger"))
-    return display_url(path) if is_url(path) else path
+    return shown_location(str((ctx.obj or {}).get("ledger_path", "the ledger")))
 
 
 def _wants_json(ctx: click.Context) -> bool:
@@ -493,21 +498,27 @@ def cli(ctx: click.Context, ledger_path: str, workspace: str | None, witness: st
 
 
 @cli.command()
+@click.option("--parents", is_flag=True, help="Create every missing directory on the"
+              " ledger's path (like mkdir -p). Without it only the ledger's own directory"
+              " is created, and a missing directory above it is refused (exit 2).")
 @json_option
 @click.pass_context
-def init(ctx: click.Context, as_json: bool) -> None:
-    """Create a ledger (and its directory); a no-op if one is already there.
+def init(ctx: click.Context, parents: bool, as_json: bool) -> None:
+    """Create a ledger (and its own directory); a no-op if one is already there.
 
-    A file that exists and is not a ledger is refused and left untouched.
+    A file that exists and is not a ledger is refused and left untouched. Only the
+    directory the ledger file is in is created (ws/.steptrail below): a missing
+    directory above it is refused, nothing written, unless --parents.
 
     \b
         steptrail --ledger ws/.steptrail/ledger.db init
+        steptrail --ledger /srv/ledgers/app/ledger.db init --parents
     """
     from .ledger import Ledger
     from .store.postgres import is_url
 
     path = ctx.obj["ledger_path"]
-    with Ledger.init(path, witness=ctx.obj.get("witness")) as ledger:
+    with Ledger.init(path, witness=ctx.obj.get("witness"), parents=parents) as ledger:
         info = {"path": ledger.path if is_url(path) else os.path.abspath(path),
                 "created": ledger.created, "ledger_id": ledger.ledger_id}
     if as_json:
@@ -889,12 +900,16 @@ def _need_epoch(epoch: int | None, what: str) -> int:
 
 
 def _check_live(ledger: Ledger, row: StepRow, epoch: int | None) -> None:
-    """With --epoch, a writing step's new effect is refused unless that epoch is live."""
+    """With --epoch, a writing step's command is refused unless that epoch is live and no
+    older than the epoch its attempt was planned under — its answer too, when the step
+    is already done (a zombie must not hear a newer epoch's work as its own)."""
     if epoch is None or not row.workspace or row.epoch == 0:
         return
     lease = ledger.lease(row.workspace)
-    if not lease.live or lease.epoch != epoch:
+    if not lease.live or lease.epoch != epoch or epoch < row.epoch:
         raise StaleEpoch(row.workspace, epoch, lease.epoch if lease.live else None,
+                         f"attempt {row.attempt} of step {row.step_id!r} was planned under"
+                         f" epoch {row.epoch}" if epoch < row.epoch else "",
                          latest=lease.epoch, holder=lease.holder)
 
 
@@ -921,12 +936,18 @@ def compensation_json(c: Compensation) -> dict[str, Any]:
     return out
 
 
+def _lease_state(live: bool, released: bool, expires_ns: int) -> str:
+    """A lease's state and time in words: "live, expires T", "expired at T", "released"."""
+    if live:
+        return f"live, expires {_iso(expires_ns)}"
+    return "released" if released else f"expired at {_iso(expires_ns)}"
+
+
 def _lease_line(lease: Lease) -> str:
     if lease.epoch == 0:
         return f"workspace {lease.workspace}: never leased"
-    state = "live" if lease.live else "released" if lease.released else "expired"
     return (f"workspace {lease.workspace}: epoch {lease.epoch} held by {lease.holder},"
-            f" {state}, expires {_iso(lease.expires_ns)}")
+            f" {_lease_state(lease.live, lease.released, lease.expires_ns)}")
 
 
 @cli.group()
@@ -1032,9 +1053,8 @@ def workspace_show(ctx: click.Context, name: str | None, as_json: bool) -> None:
         return
     click.echo(f"workspace {row.name} at {row.root}: rev {row.rev}")
     if row.epoch:
-        state = "live" if data["live"] else "released" if row.released else "expired"
-        click.echo(f"  lease: epoch {row.epoch} held by {row.holder}, {state},"
-                   f" expires {data['expires']}")
+        click.echo(f"  lease: epoch {row.epoch} held by {row.holder},"
+                   f" {_lease_state(data['live'], row.released, row.expires_ns)}")
     else:
         click.echo("  lease: never leased")
     if unsettled:
@@ -1666,8 +1686,7 @@ def step_publish(ctx: click.Context, step_id: str, expected_rev: int, receipt_fi
             receipt = _receipt_arg(f.read())
     with _open(ctx, readonly=False) as ledger:
         row = ledger.step(step_id)
-        if not (expected_rev == -1 and row.live):
-            _check_live(ledger, row, epoch)
+        _check_live(ledger, row, epoch)  # a published step too: a zombie hears StaleEpoch
         m = ledger.publish(step_id, expected_rev=expected_rev, receipt=receipt)
     if as_json:
         _emit_json(manifest_json(m))
@@ -1681,18 +1700,22 @@ def _echo_manifest(m: Manifest) -> None:
         click.echo(f"  {e.digest}  {e.size:>10}  {e.path}")
 
 
-@step.command("ack", epilog=_examples("steptrail step ack build-7"))
+@step.command("ack", epilog=_examples("steptrail step ack build-7",
+                                      "steptrail step ack s1 --attempt 2 --epoch 3"))
 @click.argument("step_id", metavar="STEP")
-@epoch_option("For a step writing a workspace: refuse unless this epoch is live.")
+@click.option("--attempt", type=click.IntRange(min=1, max=INT64_MAX), metavar="N",
+              help="The attempt (default: the latest).")
+@epoch_option("For a step writing a workspace: refuse unless this epoch is live (and no"
+              " older than the attempt's).")
 @json_option
 @click.pass_context
-def step_ack(ctx: click.Context, step_id: str, epoch: int | None, as_json: bool) -> None:
+def step_ack(ctx: click.Context, step_id: str, attempt: int | None, epoch: int | None,
+             as_json: bool) -> None:
     """Record that the client learned the step's result (a redelivery changes nothing)."""
     with _open(ctx, readonly=False) as ledger:
         row = ledger.step(step_id)
-        if row.state != "acked":
-            _check_live(ledger, row, epoch)
-        r = ledger.ack(step_id, epoch=epoch)
+        _check_live(ledger, row, epoch)  # an acked step too: a zombie hears StaleEpoch
+        r = ledger.ack(step_id, attempt, epoch=epoch)
     if as_json:
         _emit_json(ack_json(step_id, r))
     else:
@@ -1915,7 +1938,7 @@ def metrics(ctx: click.Context, as_json: bool) -> None:
     click.echo(f"{'METRIC':<27} {'VALUE':>8}  DETAIL")
     for label, value, detail in rows:
         click.echo(f"{label:<27} {value:>8}  {detail}")
-    click.echo(f"over {_n(m.events, 'event')}", err=True)
+    click.echo(f"over {_n(m.events, 'event')}")  # part of the result: stdout
 
 
 @cli.command()
@@ -2321,9 +2344,8 @@ def restore_cmd(ctx: click.Context, ws_name: str | None, target: str, force: boo
     from .errors import LeaseHeld
 
     name = _workspace(ctx, ws_name)
-    if os.path.exists(target) and (not os.path.isdir(target) or os.listdir(target)):
-        raise InvalidInput(f"restore target {target} exists and is not an empty directory;"
-                           " give a new or empty directory (nothing was written)")
+    # (a target that is not new or empty is refused by the library, before anything is
+    # written — unless it holds nothing but a killed restore's output: then resumed)
     with _open(ctx, readonly=False) as ledger:
         before = ledger.workspace(name)
         live = before.live_epoch(ledger.clock()) is not None
@@ -2606,7 +2628,11 @@ def backup_restore(ctx: click.Context, backup_dir: str, ledger_dir: str,
     click.echo(f"restored ledger {got.path}: head #{got.head_seq},"
                f" {_n(got.blobs, 'blob file')} ({_size(got.blob_bytes)}); verified{witness}")
     for name in got.workspaces:
-        click.echo(f"next: steptrail --ledger {got.path} restore --workspace {name} --to DIR")
+        # As printed, it runs: a lease live in the backup is live here too, and restore
+        # refuses a live lease without --force (issue 26, item 17).
+        force = " --force" if name in got.live_leases else ""
+        click.echo(f"next: steptrail --ledger {shlex.quote(got.path)} restore --workspace"
+                   f" {shlex.quote(name)} --to DIR{force}")
 # -- seal: sealed runs (docs/design.md "Sealed runs") ------------------------------------
 
 

@@ -23,11 +23,13 @@ refused (their archives are files beside a SQLite ledger; `backup` keeps them).
 
 from __future__ import annotations
 
+import contextlib
 import os
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Final
 
+from . import exchange
 from .errors import InvalidInput
 from .store import Store
 from .store.transfer import _wall, copy_tables
@@ -80,14 +82,70 @@ def _check_empty(dst: Store, location: str) -> None:
                            " copy into a new file or an empty database")
 
 
+#: Beside a file destination while it is copied: ``.<name>`` + this.
+COPY_TMP_SUFFIX: Final = ".steptrail-copy.tmp"
+_SQLITE_SIDE_FILES: Final = ("", "-wal", "-shm", "-journal", "-lockq")
+
+
 def copy_ledger(source: str, dest: str, *, progress: Progress | None = None) -> CopyReport:
     """Copy the ledger at `source` to the new ledger `dest` (a path or a postgresql://
-    URL each; see the module docstring). InvalidInput for a destination that is not new."""
+    URL each; see the module docstring). InvalidInput for a destination that is not new.
+
+    A file destination appears only whole: the copy is made under a temporary name beside
+    it (``.NAME.steptrail-copy.tmp``) and renamed to `dest` last (never over a file that
+    appeared meanwhile). A copy killed midway leaves that temporary; the next copy to the
+    same name removes it and starts over."""
     from .store.postgres import is_url
 
-    if not is_url(dest) and os.path.lexists(dest):
+    if is_url(dest):
+        return _copy(source, dest, None, progress)
+    if os.path.lexists(dest):
         raise InvalidInput(f"the destination {dest} exists; give a new file (copy never"
                            " writes over a ledger)")
+    import fcntl
+
+    where, name = os.path.split(os.path.abspath(dest))
+    if not os.path.isdir(where):
+        raise InvalidInput(f"the destination's directory {where} does not exist; create it"
+                           " first")
+    tmp = os.path.join(where, f".{name}{COPY_TMP_SUFFIX}")
+    # one copy into a directory at a time: the directory itself is the lock (a lock file
+    # beside the copy could be unlinked under a holder, and leave a stray behind)
+    fd = os.open(where, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            raise InvalidInput(f"another copy into {where} is running; wait for it") from None
+        for side in _SQLITE_SIDE_FILES:  # a killed copy's leftovers: started over
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(tmp + side)
+        report = _copy(source, tmp, dest, progress)
+        try:
+            dfd = os.open(where, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+            try:
+                try:
+                    exchange.rename_noreplace(dfd, os.path.basename(tmp), name)
+                except exchange.Unsupported:
+                    if os.path.lexists(dest):
+                        raise FileExistsError(dest) from None
+                    os.rename(tmp, dest)
+                os.fsync(dfd)
+            finally:
+                os.close(dfd)
+        except FileExistsError:
+            raise InvalidInput(f"the destination {dest} appeared while the copy ran; the"
+                               f" copy is left at {tmp}") from None
+        for side in _SQLITE_SIDE_FILES[1:]:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(tmp + side)
+        return report
+    finally:
+        os.close(fd)
+
+
+def _copy(source: str, dest: str, shown: str | None, progress: Progress | None) -> CopyReport:
+    """The copy into `dest` (a new file or a database), reported as `shown`."""
     src, _ = _open_store(source, create=False, readonly=True)
     try:
         dst, created = _open_store(dest, create=True)
@@ -110,7 +168,8 @@ def copy_ledger(source: str, dest: str, *, progress: Progress | None = None) -> 
             with src.exclusive("gc", wait=True):
                 events, rows, head = copy_tables(src, dst, progress=progress,
                                                  before_commit=copy_blobs)
-            report = CopyReport(source=src.info.location, dest=dst.info.location,
+            report = CopyReport(source=src.info.location,
+                                dest=dst.info.location if shown is None else shown,
                                 head=str(head), events=events, rows=rows, blobs=moved["n"],
                                 blob_bytes=moved["bytes"])
         finally:

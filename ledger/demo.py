@@ -30,7 +30,7 @@ from .events import Acked, Planned
 from .fences import StepPlan, Write
 from .runner import FencedOutcome, StepReader, StepStatus, run_fenced_step
 from .ledger import Ledger
-from .store.postgres import display_url
+from .store.postgres import shown_location
 
 Echo = Callable[[str], None] | None
 Say = Callable[[str], None]
@@ -112,18 +112,21 @@ def run_demo(keep: str | None = None, echo: Echo = print, *, ledger: str | None 
     nothing but that URL: each works in a directory of its own."""
     say: Say = echo or (lambda _m: None)
     url = ledger  # (the name `ledger` is the open Ledger below)
-    root = keep or tempfile.mkdtemp(prefix="steptrail-demo-")
-    os.makedirs(root, exist_ok=True)
+    # Everything that can refuse the demo is judged before its directory exists, so a
+    # refused demo leaves nothing behind (issue 26, item 16).
     if ledger is not None:
         path = ledger
         with Ledger.init(path) as fresh_ledger:
             if fresh_ledger.head().seq:
                 raise FileExistsError(f"{fresh_ledger.path} already holds a ledger; give the"
                                       " demo an empty database")
-    else:
+    elif keep is not None and os.path.exists(os.path.join(keep, ".steptrail", "ledger.db")):
+        raise FileExistsError(f"{os.path.join(keep, '.steptrail', 'ledger.db')} exists; give"
+                              " --keep an empty directory")
+    root = keep or tempfile.mkdtemp(prefix="steptrail-demo-")
+    os.makedirs(root, exist_ok=True)
+    if ledger is None:
         path = os.path.join(root, ".steptrail", "ledger.db")
-    if ledger is None and os.path.exists(path):
-        raise FileExistsError(f"{path} exists; give --keep an empty directory")
     checks: dict[str, bool] = {}
     counts = {"steps_started": 0, "committed": 0, "rejected": 0, "deduped": 0,
               "compensated": 0, "refused": 0}
@@ -135,7 +138,7 @@ def run_demo(keep: str | None = None, echo: Echo = print, *, ledger: str | None 
 
     repo = os.path.join(root, "workspace")
     _make_repo(repo, say)
-    shown = display_url(path) if url is not None else path
+    shown = shown_location(path)
     say(f"steptrail demo: workspace {repo}, ledger {shown}")
     if url is not None:
         say("   the workers are processes that share nothing but the database URL; each"

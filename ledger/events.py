@@ -345,12 +345,20 @@ class WorkspaceRebound(Event, frozen=True, kw_only=True, tag="workspace-rebound"
 
 
 class LeaseAcquired(Event, frozen=True, kw_only=True, tag="lease-acquired"):
+    """A new epoch on `workspace`'s lease.
+
+    `bare`: the first lease on a name no workspace registered, which it makes: a lease
+    with no directory behind it (a LangGraph thread's claim, ledger.langgraph). Its
+    later epochs are ordinary `lease-acquired` events; no step writes under it (there
+    is nothing to write), and it is no workspace's: `workspaces()` does not list it."""
+
     key_extra: ClassVar[tuple[str, ...]] = ("epoch",)
     workspace: StepId
     epoch: Attempt
     holder: Name
     expires_ns: int
     forced: bool = False
+    bare: bool = False
 
 
 class LeaseRenewed(Event, frozen=True, kw_only=True, tag="lease-renewed"):

@@ -50,6 +50,7 @@ from .errors import (
     BlobNotFound,
     ContentChanged,
     CompensationWindowClosed,
+    DatabaseUnavailable,
     IllegalTransition,
     InvalidInput,
     LeaseHeld,
@@ -597,8 +598,10 @@ class Workspaces:
         return row
 
     def workspaces(self) -> list[WsRow]:
+        """Every workspace's row, by name (a bare lease has no directory: not listed)."""
         fold = self.core.workspace_fold()
-        return sorted((r for r in fold.rows.values() if r is not None), key=lambda r: r.name)
+        return sorted((r for r in fold.rows.values() if r is not None and r.root),
+                      key=lambda r: r.name)
 
     def workspace_paths(self, name: str) -> dict[str, tuple[int, str | None]]:
         """Every path a step wrote: its rev and the hash of the content it should hold."""
@@ -756,7 +759,8 @@ class Workspaces:
                      released=row.released)
 
     def acquire(
-        self, workspace: str, holder: str, ttl_s: float = 60, *, force: bool = False
+        self, workspace: str, holder: str, ttl_s: float = 60, *, force: bool = False,
+        bare: bool = False,
     ) -> Lease:
         """Start a new epoch (previous + 1) on the workspace and settle the older ones.
 
@@ -764,15 +768,24 @@ class Workspaces:
         of an older epoch still in flight is compensated before this returns (`settled`).
         The new epoch is live whatever settling found: a path it left for a human is in
         `conflicts`, a step it could not settle in `unsettled` (new work is refused with
-        Unsettled until `settle` succeeds).
+        Unsettled until `settle` succeeds). `bare`: a name no workspace registered is
+        not UnknownWorkspace but a lease with no directory, made by its first epoch
+        (`lease-acquired` with `bare`): ownership of something that is not a directory,
+        as a LangGraph thread's (ledger.langgraph). A registered workspace's lease is
+        taken as usual.
         """
         check_step_id(holder)
         ttl_ns = _check_ttl(ttl_s)
+        if type(bare) is not bool:
+            raise InvalidInput("bare is a boolean")
 
         def build(tx: Tx, now: int) -> list[Event]:
             row = tx.workspace(workspace)
             if row is None:
-                raise UnknownWorkspace(workspace)
+                if not bare:
+                    raise UnknownWorkspace(workspace)
+                return [LeaseAcquired(workspace=workspace, epoch=1, holder=holder,
+                                      expires_ns=now + ttl_ns, bare=True)]
             live = row.live_epoch(now)
             if live is not None and not force:
                 raise LeaseHeld(workspace, row.epoch, row.holder, row.expires_ns)
@@ -1184,6 +1197,14 @@ class Workspaces:
             raise InvalidInput(f"step {step!r} writes no workspace; store its artifacts and"
                                " publish it instead")
         ws = self.workspace(planned.workspace)
+        if planned.epoch > epoch:
+            # an attempt a newer epoch planned is not this caller's to apply, nor to hear
+            # about as if it were its own (a zombie retrying `apply` after a takeover
+            # re-ran the step): StaleEpoch, before any journal answer
+            live = ws.live_epoch(self.core.clock())
+            raise StaleEpoch(planned.workspace, epoch, live, f"attempt {attempt} of step"
+                             f" {step!r} was planned under epoch {planned.epoch}",
+                             latest=ws.epoch, holder=ws.holder)
         wsdir = self._wsdir(ws, step, attempt, epoch)
         key = journal_key(Fenced(step=step, attempt=attempt, workspace=planned.workspace))
         fresh = row.attempt == attempt and row.state == PLANNED
@@ -1208,14 +1229,17 @@ class Workspaces:
                         staged[w.path] = wsdir.stage(
                             w.path, self.core.blob_chunks(w.post_hash), mode=w.mode, slot="x")
             holder: list[ApplyResult] = []
+            built: list[bool] = []
 
             def build(tx: Tx, now: int) -> list[Event]:
                 holder.clear()
+                built.clear()
                 events = self._fence(tx, now, planned, attempt, epoch, key, ws, wsdir, staged,
                                      holder, pre_bytes, landings)
                 if commit and isinstance(events[-1], Fenced):
                     events += _commit_events(tx, now, planned, events[-1],
                                              inline_artifacts or {})
+                built.append(True)
                 return events
 
             try:
@@ -1240,6 +1264,20 @@ class Workspaces:
             return ApplyResult(verdict="applied", step=step, attempt=attempt,
                                receipt=receipt_of(event, final.seq), committed=committed,
                                manifest=manifest)
+        except DatabaseUnavailable:
+            if landings and not built:
+                # The server ended this transaction before the builder was done (a writer
+                # that stalled past the idle bound: a takeover may own the files now, and
+                # may have settled this attempt already): what this call exchanged goes
+                # back, each path only if it still holds what was put there. (Any other
+                # failure leaves them to the journal: a re-run finishes them, settling
+                # takes them back; a failure at COMMIT may have committed.)
+                posts = {w.path: w.post_hash for w in planned.writes}
+                for landing in reversed(landings):
+                    with contextlib.suppress(LedgerError, OSError):
+                        wsdir.unland(landing, posts[landing.path])
+                landings.clear()
+            raise
         finally:
             done = any(isinstance(r.event, Fenced) for r in recorded)
             if done:  # recorded: what the writes displaced goes (the store holds it)

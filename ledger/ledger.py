@@ -24,7 +24,7 @@ from .blobs import (
     content_bytes,
     content_digest,
 )
-from .store.sqlite.file import BUSY_TIMEOUT_MS, Synchronous
+from .store.sqlite.file import BUSY_TIMEOUT_MS, Synchronous, refuse_a_backups_database
 from .errors import (
     BlobCorrupt,
     BlobNotFound,
@@ -32,6 +32,7 @@ from .errors import (
     IdempotencyConflict,
     IllegalTransition,
     InvalidInput,
+    LeaseHeld,
     ManifestConflict,
     NotALedger,
     StaleEpoch,
@@ -78,7 +79,7 @@ from .fences import (
     Write,
 )
 from .log import EventLog, Guard, Head
-from .store import EventQuery, ReadView, Store, Tx
+from .store import EventQuery, ReadView, Scope, Store, Tx
 from .store.postgres import PgStore, is_url
 from .store.sqlite import SqliteStore
 from .projections import (
@@ -149,6 +150,20 @@ def _refuse_anchor(events: Sequence[Event]) -> None:
                            " append does not take one")
 
 
+def _refuse_missing_parents(path: str) -> None:
+    """`Ledger.init` with ``parents=False``: the ledger's own directory may be created,
+    nothing above it, so a mistyped path (`/nonexistent/dir/l.db`) is refused instead of
+    made — at the file system's root for root (issue 26, item 15)."""
+    directory = os.path.dirname(os.path.abspath(path))
+    above = os.path.dirname(directory)
+    if os.path.isdir(directory) or os.path.isdir(above):
+        return
+    what = "is not a directory" if os.path.lexists(above) else "does not exist"
+    raise InvalidInput(f"cannot create ledger {path}: {above} {what} (only the ledger's own"
+                       " directory is created); create it first, or let init create every"
+                       " missing directory (steptrail init --parents)")
+
+
 def _url_options(*, vfs: str | None, blob_root: object) -> None:
     """Refuse the SQLite-only options for a ledger in PostgreSQL (bad input writes nothing)."""
     if vfs is not None:
@@ -156,6 +171,8 @@ def _url_options(*, vfs: str | None, blob_root: object) -> None:
     if blob_root is not None:
         raise InvalidInput("blob_root is a SQLite option; a postgresql:// ledger keeps its"
                            " blobs in the database")
+
+
 
 
 class Ledger:
@@ -294,6 +311,9 @@ class Ledger:
         resolve = options.pop("_witness_resolve", True)
         if options.get("witness") is not None:
             witness_path(options["witness"])  # a relative witness is refused before any I/O
+        if not readonly and not is_url(path):
+            refuse_a_backups_database(os.fspath(path))
+            SqliteStore.check_writable(os.fspath(path))  # before the read-only look below
         if not readonly and resolve:
             # Judge the file against its witness (the one given, or the one it records)
             # through a read-only open first: closing a read-write connection checkpoints
@@ -332,16 +352,25 @@ class Ledger:
         synchronous: Synchronous = "FULL",
         busy_timeout_ms: int = BUSY_TIMEOUT_MS,
         vfs: str | None = None,
+        parents: bool = True,
         **options: Any,
     ) -> Ledger:
         """Create a ledger (parent directories included), or open the one already there.
 
-        `ledger.created` tells which happened. `options` as for `open`.
+        `ledger.created` tells which happened. `options` as for `open`. With
+        ``parents=False`` (the command line's way) only the ledger's own directory is
+        created: a path whose directory's parent is missing is refused with InvalidInput,
+        nothing written.
         """
         _check_options(**options)  # bad input writes nothing, not even a file
+        if not parents and not is_url(path):
+            _refuse_missing_parents(os.fspath(path))
         if options.get("witness") is not None:
             witness_path(options["witness"])  # a relative witness is refused before any I/O
         store: Store
+        if not is_url(path):
+            refuse_a_backups_database(os.fspath(path))
+            SqliteStore.check_writable(os.fspath(path))  # before the read-only look below
         if is_url(path):
             _url_options(vfs=vfs, blob_root=options.pop("blob_root", None))
             store, created = PgStore.create(str(path), clock=clock, on_op=options.pop("on_op", None),
@@ -680,7 +709,8 @@ class Ledger:
         return self._log.append([event], guard=self._guard())[0]
 
     def append_batch(self, events: Sequence[Event], *,
-                     inline: Mapping[str, bytes] | None = None) -> list[RecordedEvent]:
+                     inline: Mapping[str, bytes] | None = None,
+                     epochs: Mapping[str, int] | None = None) -> list[RecordedEvent]:
         """Append many events in one transaction: all of them are written, or none.
 
         Like `append`, a `blob-stored` or `manifest-published` event is accepted only if
@@ -689,6 +719,14 @@ class Ledger:
         `inline_max_bytes`) are blob bytes written into the ledger file in this very
         transaction, so a batch that stores small blobs is one commit (the step
         runner's fast path, for callers that build their own steps: ledger.langgraph).
+
+        `epochs` (lease name -> epoch) fences the batch on leases its events need not
+        name, checked inside the transaction: each named lease's live epoch must be the
+        one given (StaleEpoch otherwise), and 0 means that no lease on it may be live
+        (LeaseHeld while one is; a name never leased has none). The LangGraph saver
+        fences a thread's writes this way: a claimant's under its epoch (an ended
+        attempt of the thread it compensates may name no lease), everyone else's under 0,
+        so a thread another worker claimed refuses them.
         """
         events = list(events)
         _refuse_anchor(events)
@@ -702,10 +740,39 @@ class Ledger:
                 raise InvalidInput(f"inline blob {digest[:12]} does not hold the bytes named by"
                                    " its digest; key each one by the sha256 of its bytes")
             small[digest] = data
+        if epochs:
+            for name, epoch in epochs.items():
+                check_step_id(name)
+                check_int(epoch, "epoch", 0)
+            return self._append_fenced(events, dict(epochs), small)
         if small:
             return self._log.append(events, guard=self._guard(), inline=small,
                                     inline_ns=self.clock())
         return self._log.append(events, guard=self._guard())
+
+    def _append_fenced(self, events: list[Event], epochs: dict[str, int],
+                       small: dict[str, bytes]) -> list[RecordedEvent]:
+        """`append_batch` under `epochs`: the events decided in the transaction, after
+        the leases are read at its time (nothing can move between the check and them)."""
+        def build(tx: Tx, now: int) -> list[Event]:
+            for name, epoch in sorted(epochs.items()):
+                row = tx.workspace(name)
+                live = None if row is None else row.live_epoch(now)
+                if epoch == 0 and live is not None:
+                    assert row is not None
+                    raise LeaseHeld(name, row.epoch, row.holder, row.expires_ns)
+                if epoch > 0 and live != epoch:
+                    raise StaleEpoch(name, epoch, live, latest=None if row is None else
+                                     row.epoch, holder="" if row is None else row.holder)
+            return events
+
+        # One lease named by the events and the fence alike: that workspace's transaction
+        # (its lock, on a store that has one); else the whole ledger's.
+        names = {getattr(e, "workspace", "") for e in events}
+        (only,) = names if len(names) == 1 else ("",)
+        scope = Scope(only) if only and set(epochs) == names else Scope()
+        return self._log.append(build, guard=self._guard(), scope=scope, inline=small,
+                                inline_ns=self.clock() if small else 0)
 
     # -- blobs -----------------------------------------------------------------------
 
@@ -1137,6 +1204,17 @@ class Ledger:
         is recorded under the new epoch. A step already acked returns its first ack.
         """
         row, attempt = self._attempt(step, attempt)
+        if epoch is not None and row.workspace and row.epoch:
+            # an ack under an epoch: that epoch must be live and no older than the
+            # attempt's, even when the answer would be an earlier ack (a zombie must not
+            # hear a newer epoch's ack as its own)
+            ws = self.workspace(row.workspace)
+            live = ws.live_epoch(self.clock())
+            if live != epoch or epoch < row.epoch:
+                raise StaleEpoch(row.workspace, epoch, live, f"attempt {attempt} of step"
+                                 f" {step!r} was planned under epoch {row.epoch}"
+                                 if epoch < row.epoch else "", latest=ws.epoch,
+                                 holder=ws.holder)
         if row.state == "acked" and row.attempt == attempt:
             for recorded in self._log.read(step=step, kind="acked"):
                 if getattr(recorded.event, "attempt", None) == attempt:
@@ -1182,9 +1260,11 @@ class Ledger:
         return self.workspace_protocol.lease(workspace)
 
     def acquire(self, workspace: str, holder: str, ttl_s: float = 60, *,
-                force: bool = False) -> Lease:
-        """Start a new epoch on the workspace and settle the older ones."""
-        return self.workspace_protocol.acquire(workspace, holder, ttl_s, force=force)
+                force: bool = False, bare: bool = False) -> Lease:
+        """Start a new epoch on the workspace and settle the older ones (`bare`: a name
+        no workspace registered is a lease with no directory, made by its first epoch)."""
+        return self.workspace_protocol.acquire(workspace, holder, ttl_s, force=force,
+                                               bare=bare)
 
     def heartbeat(self, workspace: str, epoch: int, ttl_s: float = 60) -> Lease:
         """Extend the live lease; an expired one is never revived (StaleEpoch)."""

@@ -207,16 +207,16 @@ def restore(workspaces: Workspaces, workspace: str, to: str | os.PathLike[str], 
     core = workspaces.core
     row = workspaces.workspace(workspace)
     reg = workspaces.registration(workspace)
-    if row.live_epoch(core.clock()) is not None and not force:
-        raise LeaseHeld(workspace, row.epoch, row.holder, row.expires_ns)
     target = os.path.realpath(os.fspath(to))
     fold = _committed_fold(core)
     content = fold.paths(workspace)
     temps = _own_partial(workspace, target, content)  # a killed restore's output: resumed
-    if temps is None:
+    if temps is None:  # (bad input is said first, before the lease's state)
         raise InvalidInput(f"restore target {to} exists and is not an empty directory;"
-                           " give a new or empty directory")
+                           " give a new or empty directory (nothing was written)")
     _check_target(target, to)
+    if row.live_epoch(core.clock()) is not None and not force:
+        raise LeaseHeld(workspace, row.epoch, row.holder, row.expires_ns)
     # never into the ledger's own directory or another workspace (by path and by the
     # identity of whatever exists of it); checked again once it exists
     workspaces.check_root(workspace, target, None)

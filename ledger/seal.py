@@ -13,7 +13,9 @@ ledger keeps one `run-sealed` event in their place (docs/design.md "Sealed runs"
 
 Nothing a live or unsettled run needs is archived: every step of the run must be
 settled (acked, compensated, rejected), hold no pin, take no lease and write no
-workspace (a workspace's revisions are folded from its steps' events).
+workspace (a workspace's revisions are folded from its steps' events), and no step of
+it may be state a reader of the live ledger reads back (`READ_BACK_PREFIXES`: a
+LangGraph thread's checkpoints, until the thread is deleted).
 """
 
 from __future__ import annotations
@@ -55,6 +57,13 @@ _HEADER_KEYS: Final = frozenset({"format", "ledger_id", "run", "events", "first_
                                  "archive_digest", "gaps", "blobs", "size_bytes"})
 #: Kinds a sealable run may not hold: its steps' revisions of a workspace.
 _WORKSPACE_KINDS: Final = frozenset({"fenced"})
+#: Step ids under which a front end keeps state that it reads back from the live
+#: ledger's events for as long as the step is live: ledger.langgraph's checkpoints and
+#: pending writes, a thread's state (its run: the thread). A run holding such a live step
+#: is not sealable — the seal would take the thread's state from under its readers (a
+#: fresh saver would find the thread empty) —, so a thread's run is sealable only once
+#: the thread was deleted (every such step ended). A live thread shrinks by prune + gc.
+READ_BACK_PREFIXES: Final = ("langgraph/",)
 
 
 def gap_digest(hashes: Sequence[bytes]) -> str:
@@ -162,6 +171,12 @@ def _step_problem(steps: Sequence[Any], pinned: set[str]) -> str | None:
     if live:
         return (f"step {live[0].step_id!r} is {live[0].state} (every step must be acked,"
                 " compensated or rejected)")
+    read_back = [s for s in steps if s.live and s.step_id.startswith(READ_BACK_PREFIXES)]
+    if read_back:
+        return (f"step {read_back[0].step_id!r} is a LangGraph thread's live state, read back"
+                " from the ledger (a checkpoint or pending write): a thread's run is sealed"
+                " only once the thread is deleted (saver.delete_thread); shrink a live thread"
+                " with saver.prune and gc")
     for s in steps:
         if s.epoch > 0 or s.rev > 0:
             return (f"step {s.step_id!r} ran under a lease of workspace {s.workspace!r}"

@@ -137,6 +137,7 @@ class SealGaps:
 
     def __init__(self) -> None:
         self.gaps: dict[int, tuple[int, bytes, bytes, int]] = {}  # first -> (last, prev, last hash, seal)
+        self.runs: dict[int, str] = {}  # first -> the sealed run
         self.findings: list[Finding] = []
 
     def feed(self, seq: int, event: Any) -> None:
@@ -153,6 +154,21 @@ class SealGaps:
                 continue
             self.gaps[gap.first_seq] = (gap.last_seq, bytes.fromhex(gap.prev_hash),
                                         bytes.fromhex(gap.last_hash), seq)
+            self.runs[gap.first_seq] = event.sealed_run
+
+    def check_ranges(self, rows: Any) -> list[Finding]:
+        """Each row of `sealed_ranges` (first, last, run, seal) must be a range its seal
+        event records, of that seal's run: the append-only rule lets a DELETE through
+        inside such a row, so a row no seal records is a forgery (or damage)."""
+        out = []
+        for first, last, run, seal in rows:
+            gap = self.gaps.get(first)
+            if gap is None or (gap[0], gap[3], self.runs[first]) != (last, seal, run):
+                out.append(Finding("seal", seal, f"VIOLATION: sealed_ranges names events"
+                                   f" #{first}..#{last} of run {run!r} under seal #{seal},"
+                                   " which that seal does not record: a forged or damaged"
+                                   " row (it would let those events be deleted)"))
+        return out
 
     def resolve(self, jumps: list[tuple[int, bytes, int, bytes]]) -> list[Finding]:
         out = list(self.findings)
@@ -280,6 +296,7 @@ def verify(
         if progress is not None:
             progress(done, total)
         findings.extend(seals.resolve(jumps))
+        findings.extend(seals.check_ranges(view.table_rows("sealed_ranges")))
         findings.extend(Finding(b.invariant, b.seq, f"VIOLATION: {b.message}")
                         for b in checker.breaches)
         head = log.head()

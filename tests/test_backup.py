@@ -482,3 +482,36 @@ def test_a_marker_listing_many_archives_reads_back(tmp_path: Path, world: World)
     os.chmod(dest / MARKER, 0o600)
     (dest / MARKER).write_bytes(raw)
     assert len(read_backup(dest).archives) == 20_000
+
+
+def test_a_backups_database_refuses_to_be_written_and_reads_fine(tmp_path: Path) -> None:
+    """`--ledger DEST/ledger-…db` of a backup: every command that writes is refused (exit
+    2, one line naming `backup restore`) and DEST stays byte for byte (no event, no lock
+    file); read-only commands work on it; the next backup into DEST still succeeds."""
+    from conftest import run_cli
+
+    ws = tmp_path / "ws"
+    ws.mkdir()
+    (ws / "a.txt").write_bytes(b"1\n")
+    src = tmp_path / "src" / "ledger.db"
+    src.parent.mkdir()
+    with Ledger.init(src) as led:
+        led.add_workspace("w", str(ws))
+        run_step(led, "s1", {"log.txt": b"hello"})
+    dest = tmp_path / "dest"
+    assert run_cli(["--ledger", str(src), "backup", str(dest)]).code == 0
+    db = str(dest / read_backup(dest).db)
+    before = tree(dest)
+    (tmp_path / "other").mkdir()
+    for argv in (["workspace", "add", "w2", str(tmp_path / "other")],
+                 ["--workspace", "w", "lease", "acquire", "--holder", "h", "--force"],
+                 ["restore", "--workspace", "w", "--to", str(tmp_path / "r"), "--force"],
+                 ["gc", "--force"], ["init"]):
+        got = run_cli(["--ledger", db, *argv])
+        assert got.code == 2 and "backup restore" in got.err, (argv, got)
+        assert tree(dest) == before, argv
+    for argv in (["verify"], ["events"], ["stats"]):
+        got = run_cli(["--ledger", db, *argv])
+        assert got.code == 0, (argv, got)
+    assert tree(dest) == before
+    assert run_cli(["--ledger", str(src), "backup", str(dest)]).code == 0

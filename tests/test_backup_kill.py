@@ -82,6 +82,17 @@ def _backup_cmd(ledger_path: str, dest: Path) -> subprocess.Popen[bytes]:
                             stderr=subprocess.PIPE)
 
 
+def _timed_backup(path: str, dest: Path) -> float:
+    """A backup of `path` into `dest`, run to completion and checked: its duration."""
+    t0 = time.monotonic()
+    q = _backup_cmd(path, dest)
+    _out, err = q.communicate(timeout=120)
+    took = time.monotonic() - t0
+    assert q.returncode == 0, err.decode()
+    _matches_source(dest, path)
+    return took
+
+
 def test_backups_killed_at_random_under_writers(tmp_path: Path) -> None:
     seed = int(os.environ.get("STEPTRAIL_BACKUP_SEED", random.randrange(2**32)))
     rng = random.Random(seed)
@@ -100,31 +111,34 @@ def test_backups_killed_at_random_under_writers(tmp_path: Path) -> None:
             time.sleep(0.05)
         killed_dest = tmp_path / "killed"
         kills = completed = complete_after_kill = 0
+        # Each kill is timed from how long a whole backup takes here and now (the fastest
+        # seen so far, under these writers), never from a fixed range: on a quiet machine
+        # a backup may finish in less than any fixed delay, on a busy one take seconds.
+        quickest = _timed_backup(path, tmp_path / "done-first")
+        completed += 1
         for i in range(8):
-            # killed at a random point
-            p = _backup_cmd(path, killed_dest)
-            time.sleep(rng.uniform(0.0, 1.5))
+            # killed at a random point: every other time a fresh destination (a backup
+            # from its start), else the one killed before (a resumed backup)
+            dest = killed_dest if i % 2 else tmp_path / f"fresh-killed-{i}"
+            p = _backup_cmd(path, dest)
+            time.sleep(rng.uniform(0.0, 0.7 * quickest))
             if p.poll() is None:
                 p.send_signal(signal.SIGKILL)
                 kills += 1
             p.communicate(timeout=60)
             try:
-                read_backup(killed_dest)
+                read_backup(dest)
             except BackupIncomplete:
                 pass
             except BackupInvalid:
                 # killed before it wrote anything (a slow start on a busy machine)
-                assert not killed_dest.exists(), f"seed {seed}: a killed backup is damaged"
+                assert not dest.exists(), f"seed {seed}: a killed backup is damaged"
             else:  # the kill came after a marker (this run's or an earlier one's)
-                _matches_source(killed_dest, path)
+                _matches_source(dest, path)
                 complete_after_kill += 1
             # one run to completion into its own directory
             if i % 3 == 0:
-                done = tmp_path / f"done{i}"
-                q = _backup_cmd(path, done)
-                _out, err = q.communicate(timeout=120)
-                assert q.returncode == 0, err.decode()
-                _matches_source(done, path)
+                quickest = min(quickest, _timed_backup(path, tmp_path / f"done{i}"))
                 completed += 1
         assert kills >= 2, f"seed {seed}: only {kills} backups were still running when killed"
     finally:

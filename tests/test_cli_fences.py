@@ -632,3 +632,42 @@ def test_fuzz_command_exit_codes_and_json() -> None:
 
 #: Each test runs on SQLite and on PostgreSQL (tests/conftest.py).
 BOTH_STORES = True
+
+
+def test_a_dead_epochs_ack_apply_and_publish_are_stale_not_deduped(tmp_path: Any) -> None:
+    """A zombie after a takeover: worker A (epoch 1) applied s1 and stopped; B took the
+    workspace over (epoch 2: A's attempt settled), re-ran s1 and committed it. A's
+    `step ack|apply|publish s1 --epoch 1` must not answer success with B's attempt and
+    receipt: StaleEpoch (exit 1, one line); the library says the same; B's own redelivery
+    under epoch 2 is deduped."""
+    from ledger import StaleEpoch, StepStatus, run_fenced_step
+
+    ws = tmp_path / "ws"
+    ws.mkdir()
+    (ws / "app.py").write_bytes(b"v0\n")
+    db = str(tmp_path / "l.db")
+    with Ledger.init(db) as led:
+        led.add_workspace("w", str(ws))
+        a = led.acquire("w", "A", ttl_s=3600).epoch
+        led.admit("w", a, [StepPlan("s1", [Write("app.py", b"A\n", digest_of(b"v0\n"))])])
+        assert led.apply("s1", epoch=a).verdict == "applied"
+        b = led.acquire("w", "B", ttl_s=3600, force=True).epoch
+        out = run_fenced_step(led, "w", "s1", lambda r: [r.read("app.py").write(b"B\n")],
+                              epoch=b)
+        assert out.status is StepStatus.APPLIED and out.attempt == 2, out
+        for call in (lambda: led.ack("s1", epoch=a), lambda: led.apply("s1", epoch=a)):
+            with pytest.raises(StaleEpoch):
+                call()
+        head = led.head().seq
+    for argv in (["step", "ack", "s1", "--epoch", str(a)],
+                 ["step", "apply", "s1", "--epoch", str(a)],
+                 ["step", "publish", "s1", "--epoch", str(a)],
+                 ["step", "ack", "s1", "--attempt", "2", "--epoch", str(a), "--json"]):
+        got = run_cli(["--ledger", db, *argv])
+        assert got.code == 1 and "StaleEpoch" in got.err and "epoch 1 is not live" in got.err, \
+            (argv, got)
+    got = run_cli(["--ledger", db, "step", "ack", "s1", "--epoch", str(b), "--json"])
+    assert got.code == 0 and got.json["deduped"], got
+    with Ledger.open(db) as led:
+        assert led.head().seq == head
+        assert (ws / "app.py").read_bytes() == b"B\n"

@@ -359,9 +359,16 @@ def test_restore_round_trip_and_its_exits(world: RestoreWorld) -> None:
     assert acq.code == 0 and acq.json["settled"] == ["s2"]
     assert (target / "app.py").read_bytes() == b"v1"
     assert run(world.path, "verify").code == 0 and run(world.path, "audit").code == 0
-    # a non-empty target, a file, no workspace, an unknown one: exit 2, nothing written
+    # the same restore again: its target holds nothing but its own output, so it is a
+    # resumption (a killed restore finishes so), not a refusal
+    r = run(world.path, "restore", "--workspace", "w", "--to", str(target), "--force")
+    assert r.code == 0, r
+    # a target holding anything else, a file, no workspace, an unknown one: exit 2,
+    # nothing written
+    (target / "stray.txt").write_text("not a restore's")
     r = run(world.path, "restore", "--workspace", "w", "--to", str(target), "--force")
     assert r.code == 2 and "not an empty directory" in r.err
+    (target / "stray.txt").unlink()
     (world.tmp / "a-file").write_text("x")
     r = run(world.path, "restore", "--workspace", "w", "--to", str(world.tmp / "a-file"))
     assert r.code == 2 and "not an empty directory" in r.err

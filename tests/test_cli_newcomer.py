@@ -353,3 +353,76 @@ def test_show_says_a_settled_conflict_is_a_conflict_not_restored(world: World) -
     shown = world("show", "s1").out
     line = next(x for x in shown.splitlines()[1:] if "compensated" in x)
     assert "conflict=app.py" in line and "restored=app.py" not in line, line
+
+
+# --- issue 26: newcomer papercuts that were bugs -----------------------------------------
+
+
+def test_init_creates_the_ledgers_own_directory_and_nothing_above_it(
+        tmp_path: pathlib.Path) -> None:
+    """`--ledger /nonexistent/dir/l.db init` made /nonexistent/dir (as root: at the file
+    system's root). Only the ledger's own directory is created; --parents makes them all."""
+    import subprocess
+    import sys
+
+    missing = tmp_path / "nonexistent" / "dir" / "l.db"
+    err = one_error(run_cli(["--ledger", str(missing), "init"]), 2, "InvalidInput")
+    assert f"{tmp_path / 'nonexistent'} does not exist" in err and "--parents" in err
+    assert run_cli(["--ledger", str(missing), "init", "--json"]).code == 2
+    assert not (tmp_path / "nonexistent").exists()  # nothing written
+    (tmp_path / "ws").mkdir()
+    own = tmp_path / "ws" / ".steptrail" / "ledger.db"  # the default layout: one level
+    assert run_cli(["--ledger", str(own), "init"]).code == 0 and own.is_file()
+    got = run_cli(["--ledger", str(missing), "init", "--parents"])
+    assert got.code == 0 and got.out == f"created ledger {missing}\n" and missing.is_file()
+    # `steptrail mcp` creates its ledger the same way
+    elsewhere = tmp_path / "typo" / "d" / "l.db"
+    out = subprocess.run([sys.executable, "-m", "ledger", "--ledger", str(elsewhere), "mcp",
+                          "--workspace", str(tmp_path / "ws")], stdin=subprocess.DEVNULL,
+                         capture_output=True, text=True, timeout=120, check=False)
+    assert out.returncode == 2 and not (tmp_path / "typo").exists(), out.stderr
+
+
+def test_lease_show_says_expired_at_or_expires_never_both(world: World) -> None:
+    """`lease show` printed "expired, expires T" for a lease long over."""
+    with Ledger.open(world.ledger, clock=lambda: 1_000_000_000_000_000_000) as led:
+        led.acquire("w", "agent-0", ttl_s=60)  # in 2001: long expired by now
+    line = world("--workspace", "w", "lease", "show").out.splitlines()[0]
+    assert line == "workspace w: epoch 1 held by agent-0, expired at 2001-09-09T01:47:40.000Z"
+    assert world("workspace", "show", "w").out.splitlines()[1] == (
+        "  lease: epoch 1 held by agent-0, expired at 2001-09-09T01:47:40.000Z")
+    epoch = world.acquire("agent-1")
+    line = world("--workspace", "w", "lease", "show").out.splitlines()[0]
+    assert re.fullmatch(rf"workspace w: epoch 2 held by agent-1, live, expires {ISO_Z.pattern}",
+                        line), line
+    released = world("--workspace", "w", "lease", "release", "--epoch", str(epoch)).out
+    assert released == "workspace w: epoch 2 held by agent-1, released\n"
+
+
+def test_metrics_prints_its_whole_result_on_stdout(world: World) -> None:
+    """`metrics` wrote its last line, `over N events`, to stderr."""
+    got = world("metrics")
+    assert got.code == 0 and got.err == ""
+    assert world.count() == 1 and got.out.splitlines()[-1] == "over 1 event"
+
+
+def test_backup_restores_next_line_runs_as_printed_while_a_lease_is_live(
+        world: World, tmp_path: pathlib.Path) -> None:
+    """The `next:` hint of `backup restore` omitted --force, which `restore` needs while
+    the lease the backup holds is live: as printed, it failed."""
+    import shlex
+
+    world.acquire()  # live for 10 minutes, in the backup too
+    assert world("backup", str(tmp_path / "backup")).code == 0
+    got = run_cli(["backup", "restore", str(tmp_path / "backup"), str(tmp_path / "new dir")])
+    assert got.code == 0, got
+    [hint] = [x for x in got.out.splitlines() if x.startswith("next: ")]
+    argv = shlex.split(hint.removeprefix("next: "))
+    assert argv[0] == "steptrail" and argv[-1] == "--force", hint
+    argv[argv.index("DIR")] = str(tmp_path / "restored")
+    again = run_cli(argv[1:])
+    assert again.code == 0, again
+    assert "restored workspace w to" in again.out
+    doc = run_cli(["backup", "restore", str(tmp_path / "backup"), str(tmp_path / "n2"),
+                   "--json"]).json
+    assert doc["live_leases"] == ["w"] and doc["workspaces"] == ["w"]

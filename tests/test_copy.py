@@ -85,3 +85,36 @@ def test_an_empty_initialized_database_is_a_new_destination(demo_ledger: str,
         assert str(led.head()) == report.head and led.verify().ok
         with Ledger.open(demo_ledger, readonly=True) as src:
             assert led.ledger_id == src.ledger_id  # the same genesis: the chain is the same
+
+
+KILLED_COPY = r"""
+import os, signal, sys
+from ledger.copying import copy_ledger
+def progress(stage, n):
+    if stage == "blobs":  # inside the destination's transaction, before its COMMIT
+        os.kill(os.getpid(), signal.SIGKILL)
+copy_ledger(sys.argv[1], sys.argv[2], progress=progress)
+"""
+
+
+def test_a_copy_killed_before_its_commit_is_completed_by_running_it_again(
+        demo_ledger: str, tmp_path: Path) -> None:
+    """A `copy` to a file SIGKILLed midway (its blob files written, its tables not
+    committed) leaves no file at DEST — only a hidden temporary beside it — so running
+    the same command again copies the whole ledger, and DEST appears only whole."""
+    import os
+    import subprocess
+    import sys
+
+    dest = tmp_path / "out" / "copy.db"
+    dest.parent.mkdir()
+    killed = subprocess.run([sys.executable, "-c", KILLED_COPY, demo_ledger, str(dest)],
+                            capture_output=True, text=True, timeout=120)
+    assert killed.returncode == -9, killed.stderr
+    assert not dest.exists()
+    assert any(p.startswith(".copy.db.steptrail-copy") for p in os.listdir(dest.parent)), "the kill did not land inside the copy"
+    again = run_cli(["copy", demo_ledger, str(dest), "--json"])
+    assert again.code == 0, again
+    assert again.json["dest"] == str(dest)
+    assert _everything(str(dest)) == _everything(demo_ledger)
+    assert sorted(p for p in os.listdir(dest.parent) if p.startswith(".")) == []

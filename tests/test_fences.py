@@ -242,6 +242,37 @@ def test_heartbeat_extends_the_live_lease(tmp_path: Path) -> None:
     assert lease.live and w.ledger.lease("w").live
 
 
+def test_a_bare_lease_is_a_lease_with_no_directory(tmp_path: Path) -> None:
+    """`acquire(bare=True)` on a name no workspace has makes a lease with no directory
+    (a LangGraph thread's claim, issue 26): epochs, takeover, heartbeat and release as a
+    workspace's; not a workspace (not listed, nothing admitted under it, its name not
+    addable); a registered workspace's lease is taken as usual; rebuilt alike."""
+    w = World(tmp_path)
+    with pytest.raises(UnknownWorkspace):
+        w.ledger.acquire("thread-lease", "a", ttl_s=60)  # without `bare`, as before
+    first = w.ledger.acquire("thread-lease", "a", ttl_s=60, bare=True)
+    assert first.epoch == 1
+    with pytest.raises(LeaseHeld):
+        w.ledger.acquire("thread-lease", "b", ttl_s=60, bare=True)
+    second = w.ledger.acquire("thread-lease", "b", ttl_s=60, force=True, bare=True)
+    assert second.epoch == 2 and w.ledger.heartbeat("thread-lease", 2, ttl_s=60).live
+    with pytest.raises(StaleEpoch):
+        w.ledger.release("thread-lease", 1)
+    assert w.ledger.release("thread-lease", 2).released
+    assert [r.name for r in w.ledger.workspaces()] == ["w"]
+    with pytest.raises(UnknownWorkspace):  # no directory: nothing writes under it
+        w.ledger.admit("thread-lease", 2, [w.write("s1", "v1", "v0")])
+    other = tmp_path / "other"
+    other.mkdir()
+    with pytest.raises(IllegalTransition, match="bare lease"):
+        w.ledger.add_workspace("thread-lease", other)
+    assert w.ledger.acquire("w", "agent-2", ttl_s=60, force=True, bare=True).epoch == 2
+    assert w.ledger.verify().ok
+    w.ledger.rebuild()
+    lease = w.ledger.lease("thread-lease")
+    assert (lease.epoch, lease.holder, lease.released) == (2, "b", True)
+
+
 def test_zombie_worker_cannot_commit_anything(tmp_path: Path) -> None:
     """The zombie that keeps running after its timeout: its every effect is refused."""
     w = World(tmp_path)

@@ -166,13 +166,16 @@ def test_a_superseded_workers_put_and_put_writes_are_refused(tmp_path: Path) -> 
 
 
 def test_without_the_epoch_fence_the_stale_write_lands(tmp_path: Path) -> None:
-    """Negative control: a saver whose writes carry no epoch (what a saver that does not
-    fence ownership does) lets the zombie's checkpoint and write become durable, and
-    the checker sees both."""
+    """Negative control: a saver whose writes carry no epoch and are fenced on no lease
+    (what a saver that does not fence ownership does) lets the zombie's checkpoint and
+    write become durable, and the checker sees both."""
 
     class Unfenced(LedgerSaver):
         def _owner(self, thread_id: str) -> tuple[str, int]:
             return "", 0
+
+        def _fence(self, threads: Any) -> dict[str, int]:
+            return {}
 
     ledger, refused = takeover_scenario(tmp_path, Unfenced)
     assert refused == []
@@ -197,6 +200,113 @@ def test_the_fence_is_checked_inside_the_transaction(tmp_path: Path) -> None:
     with pytest.raises(StaleEpoch):
         checkpoint_at(a, "t1", "a-stale")
     assert stale_writes_landed(ledger, "t1", "a-stale") == []
+    ledger.close()
+
+
+def test_a_superseded_worker_stays_fenced_after_its_release_is_refused(tmp_path: Path) -> None:
+    """Issue 26 (10): B takes the thread over; A's release() raises StaleEpoch, and A's
+    claim must not be dropped by it: A's next put, put_writes and delete are refused as
+    stale (before the fix the release forgot the claim first and A's put landed
+    unfenced, the latest checkpoint B then saw). A writes again only by claiming again."""
+    ledger = Ledger.init(tmp_path / "ledger.db")
+    a, b = LedgerSaver(ledger), LedgerSaver(ledger)
+    a.claim("t1", "worker-a")
+    first = checkpoint_at(a, "t1", "a-before")
+    b.claim("t1", "worker-b", takeover=True)
+    latest = checkpoint_at(b, "t1", "b-after", first)
+    with pytest.raises(StaleEpoch):
+        a.release("t1")
+    with pytest.raises(StaleEpoch, match="'t1' was taken over by another worker"):
+        checkpoint_at(a, "t1", "a-stale", latest)
+    with pytest.raises(StaleEpoch):
+        a.put_writes(latest, [("answer", "a-stale")], "task-1")
+    with pytest.raises(StaleEpoch):
+        a.delete_thread("t1")
+    b.release("t1")  # nobody holds it now: A's lost claim is still refused
+    with pytest.raises(StaleEpoch):
+        checkpoint_at(a, "t1", "a-stale", latest)
+    assert stale_writes_landed(ledger, "t1", "a-stale") == []
+    tup = LedgerSaver(ledger).get_tuple({"configurable": {"thread_id": "t1"}})
+    assert tup is not None and tup.checkpoint["channel_values"] == {"answer": "b-after"}
+    assert a.claim("t1", "worker-a").epoch == 3  # a deliberate new claim writes again
+    checkpoint_at(a, "t1", "a-again", latest)
+    a.release("t1")
+    assert ledger.verify().ok
+    a.close()
+    b.close()
+    ledger.close()
+
+
+def test_a_saver_without_a_claim_cannot_write_a_claimed_thread(tmp_path: Path) -> None:
+    """Issue 26 (10): ownership binds every saver, not only claimants: while a claim on a
+    thread is live, a saver holding none gets a typed LeaseHeld naming the thread for
+    every write (put, put_writes, delete, prune, copy into it) and nothing is recorded;
+    once the claim is released its writes land again."""
+    ledger = Ledger.init(tmp_path / "ledger.db")
+    owner, other = LedgerSaver(ledger), LedgerSaver(ledger)
+    first = checkpoint_at(other, "t1", "before")  # unclaimed: anyone writes
+    second = checkpoint_at(other, "t1", "before-2", first)
+    checkpoint_at(other, "t0", "source")
+    owner.claim("t1", "worker-a")
+    before = ledger.head().seq
+    for write in (lambda: checkpoint_at(other, "t1", "intruder", second),
+                  lambda: other.put_writes(second, [("answer", "intruder")], "task-1"),
+                  lambda: other.delete_thread("t1"),
+                  lambda: other.prune(["t1"], strategy="keep_latest"),
+                  lambda: other.copy_thread("t0", "t1")):
+        with pytest.raises(LeaseHeld, match="thread 't1''s claim and this saver holds none"):
+            write()
+    assert ledger.head().seq == before  # nothing of them was recorded
+    assert stale_writes_landed(ledger, "t1", "intruder") == []
+    checkpoint_at(owner, "t1", "owner", second)  # the claimant writes
+    owner.delete_thread("t1")  # ends attempts planned before its claim, fenced all the same
+    assert LedgerSaver(ledger).get_tuple({"configurable": {"thread_id": "t1"}}) is None
+    owner.release("t1")
+    checkpoint_at(other, "t1", "after")  # released: unclaimed writes land again
+    assert ledger.verify().ok
+    owner.close()
+    other.close()
+    ledger.close()
+
+
+def test_an_expired_claim_lets_others_write_and_fences_its_holder(tmp_path: Path,
+                                                                   clock: Any) -> None:
+    ledger = Ledger.init(tmp_path / "ledger.db", clock=clock)
+    owner, other = LedgerSaver(ledger), LedgerSaver(ledger)
+    owner.claim("t1", "worker-a", ttl_s=60)
+    first = checkpoint_at(owner, "t1", "owner")
+    with pytest.raises(LeaseHeld):
+        checkpoint_at(other, "t1", "other", first)
+    clock.advance(61)  # the claimant is presumed dead: its lease lapsed
+    checkpoint_at(other, "t1", "other", first)
+    with pytest.raises(StaleEpoch):
+        checkpoint_at(owner, "t1", "zombie", first)
+    assert stale_writes_landed(ledger, "t1", "zombie") == []
+    ledger.close()
+
+
+def test_claim_works_with_the_ledger_inside_a_workspace(tmp_path: Path,
+                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Issue 26 (12): the README's layout, the ledger in repo/.steptrail and repo a
+    workspace. A claim is a lease in the ledger, no directory: before the fix claim()
+    registered a directory under the ledger's (inside repo: WorkspaceOverlap), and on
+    PostgreSQL under the working directory (``postgresql:/…``, made in the cwd)."""
+    repo = tmp_path / "repo"
+    repo.mkdir()
+    monkeypatch.chdir(repo)
+    ledger = Ledger.init(repo / ".steptrail" / "ledger.db")
+    ledger.add_workspace("repo", repo)
+    saver = LedgerSaver(ledger)
+    own = saver.claim("t1", "worker-a")
+    checkpoint_at(saver, "t1", "x")
+    lease = ledger.lease(own.workspace)
+    assert (lease.epoch, lease.holder, lease.live) == (1, "worker-a", True)
+    assert [w.name for w in ledger.workspaces()] == ["repo"]  # a lease, not a workspace
+    # nothing on disk for it: not in the workspace, not beside the ledger, not in the cwd
+    assert [p.name for p in repo.iterdir() if p.name != ".steptrail"] == []
+    assert list(tmp_path.rglob("langgraph-owners")) == []
+    assert ledger.verify().ok
+    saver.close()
     ledger.close()
 
 
@@ -237,6 +347,55 @@ def test_bad_input_is_a_typed_error_naming_the_fix(tmp_path: Path, call: Any,
         with pytest.raises(InvalidInput, match=re.escape(needle)):
             call(saver)
         assert ledger.head().seq == before  # nothing written
+        saver.close()
+
+
+def put_at(saver: LedgerSaver, conf: dict[str, Any], cp_id: str | None = None,
+           channel: str = "answer", version: str = "1") -> Any:
+    cp = empty_checkpoint()
+    if cp_id is not None:
+        cp["id"] = cp_id
+    cp["channel_values"] = {channel: "v"}
+    cp["channel_versions"] = {channel: version}
+    return saver.put({"configurable": conf}, cp, {}, {channel: version})  # type: ignore[arg-type]
+
+
+LONE = "\ud800"  # a lone surrogate: what a bad decode with surrogateescape leaves
+WRITTEN = {"configurable": {"thread_id": "t", "checkpoint_ns": "", "checkpoint_id": "c"}}
+
+
+@pytest.mark.parametrize("call, needle", [
+    (lambda s: put_at(s, {"thread_id": LONE}), "put: thread id '\\ud800'"),
+    (lambda s: put_at(s, {"thread_id": "t" + LONE}), "put: thread id 't\\ud800'"),
+    (lambda s: s.get_tuple({"configurable": {"thread_id": LONE}}), "get_tuple: thread id"),
+    (lambda s: list(s.list({"configurable": {"thread_id": LONE}})), "list: thread id"),
+    (lambda s: put_at(s, {"thread_id": "t", "checkpoint_ns": LONE}), "put: checkpoint_ns"),
+    (lambda s: put_at(s, {"thread_id": "t"}, cp_id=LONE), "put: checkpoint id"),
+    (lambda s: put_at(s, {"thread_id": "t", "checkpoint_id": LONE}), "put: checkpoint_id"),
+    (lambda s: put_at(s, {"thread_id": "t"}, channel=LONE), "put: channel name"),
+    (lambda s: put_at(s, {"thread_id": "t"}, version=LONE), "put: channel 'answer''s version"),
+    (lambda s: s.put_writes(WRITTEN, [("a", 1)], LONE), "put_writes: task_id"),
+    (lambda s: s.put_writes(WRITTEN, [("a", 1)], "task", LONE), "put_writes: task_path"),
+    (lambda s: s.put_writes(WRITTEN, [(LONE, 1)], "task"), "put_writes: channel name"),
+    (lambda s: s.put_writes({"configurable": {**WRITTEN["configurable"], "checkpoint_id": LONE}},
+                            [("a", 1)], "task"), "put_writes: checkpoint_id"),
+    (lambda s: s.claim(LONE, "worker-a"), "claim: thread id"),
+    (lambda s: s.copy_thread("t", LONE), "copy_thread: thread id"),
+    (lambda s: s.delete_thread(LONE), "delete_thread: thread id"),
+    (lambda s: s.prune([LONE]), "prune: thread id"),
+])
+def test_a_lone_surrogate_is_a_typed_error_naming_the_input(tmp_path: Path, call: Any,
+                                                            needle: str) -> None:
+    """Issue 26 (14): every text the saver hashes or stores (thread id, namespace,
+    checkpoint ids, task id and path, channel names and versions) is checked: InvalidInput
+    naming it, nothing written — before the fix, a raw UnicodeEncodeError (or TypeError)
+    from deep inside the hashing and encoding."""
+    with Ledger.init(tmp_path / "ledger.db") as ledger:
+        saver = LedgerSaver(ledger)
+        before = ledger.head().seq
+        with pytest.raises(InvalidInput, match=re.escape(needle) + ".*lone surrogate"):
+            call(saver)
+        assert ledger.head().seq == before
         saver.close()
 
 
@@ -335,6 +494,52 @@ def test_without_release_gc_reclaims_nothing(tmp_path: Path) -> None:
         assert len(list(saver.list({"configurable": {"thread_id": "t"}}))) == 1
         assert collect_now(ledger).reclaimed_bytes == 0
         saver.close()
+
+
+# --- seal: never takes a live thread's state -------------------------------------------
+
+def test_seal_leaves_a_live_thread_alone_and_takes_a_deleted_one(tmp_path: Path) -> None:
+    """Issue 26 (11): a thread's run was listed sealable and `seal run` took it, after
+    which a fresh saver saw no checkpoint (invoke(None) raised EmptyInputError). A
+    thread's run is not sealable while the thread lives (pruned or not: its latest
+    checkpoint is its state); once the thread is deleted, its run may be sealed."""
+    from typing import TypedDict
+
+    from langgraph.graph import START, StateGraph
+
+    from ledger import NotSealable
+    from ledger.seal import seal_run, sealable
+
+    class State(TypedDict):
+        n: int
+
+    builder = StateGraph(State)
+    builder.add_node("inc", lambda state: {"n": state["n"] + 1})
+    builder.add_edge(START, "inc")
+    config: Any = {"configurable": {"thread_id": "t1"}}
+    archive = str(tmp_path / "archive")
+    ledger = Ledger.init(tmp_path / "ledger.db")
+    saver = LedgerSaver(ledger)
+    assert builder.compile(checkpointer=saver).invoke({"n": 1}, config) == {"n": 2}
+    assert builder.compile(checkpointer=saver).invoke({"n": 5}, config) == {"n": 6}
+    for prune in (False, True):
+        if prune:
+            saver.prune(["t1"], strategy="keep_latest")
+        (run,) = [r for r in sealable(ledger).runs if r.run == "t1"]
+        assert not run.sealable and "LangGraph thread's live state" in (run.why or "")
+        with pytest.raises(NotSealable, match="only once the thread is deleted"):
+            seal_run(ledger, "t1", archive)
+        fresh = LedgerSaver(ledger)  # another process, say: the thread is all there
+        assert builder.compile(checkpointer=fresh).invoke(None, config) == {"n": 6}
+        fresh.close()
+    saver.delete_thread("t1")
+    (run,) = [r for r in sealable(ledger).runs if r.run == "t1"]
+    assert run.sealable, run.why
+    assert seal_run(ledger, "t1", archive).events > 0
+    assert LedgerSaver(ledger).get_tuple(config) is None  # deleted before, as it was
+    assert ledger.verify().ok
+    saver.close()
+    ledger.close()
 
 
 def test_the_langgraph_docs_snippets_run_as_printed(tmp_path: Path) -> None:

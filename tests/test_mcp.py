@@ -617,3 +617,29 @@ def test_without_the_sdk_the_command_says_how_to_install_it(tmp_path: Path) -> N
         "steptrail: error: MissingExtra: "), out.stderr
     assert "pip install 'steptrail[mcp]'" in out.stderr
     assert not (tmp_path / ".steptrail").exists()  # nothing written
+
+
+def test_the_envelope_is_found_in_a_request_too_broken_or_long_to_parse() -> None:
+    """What `steptrail mcp` recovers of a request it cannot parse (the id to answer, and
+    whether it is a tool call): read token by token, never recursing, from a prefix."""
+    from ledger.mcp.server import _MISSING, _envelope, _too_large
+
+    head = b'{"jsonrpc":"2.0","id":7,"method":"tools/call","params":{"name":"write_file",'
+    assert _envelope(head + b'"arguments":{"x":' + b"[" * 200_000) == (7, "tools/call",
+                                                                       "write_file")
+    # strings holding quotes, braces and keys' names; the id after the params
+    assert _envelope(b'{"params":{"arguments":{"id":"\\"}{[,:","name":1},"name":"w"},'
+                     b'"method":"tools/call","jsonrpc":"2.0","id":"r-1"}') == (
+        "r-1", "tools/call", "w")
+    assert _envelope(b'{"jsonrpc":"2.0","id":' + b"9" * 5000 + b',"method":"ping"}') == (
+        _MISSING, "ping", _MISSING)  # an id no parser reads: the null id
+    assert _envelope(b'[{"id":1,"method":"ping"}]') == (_MISSING, _MISSING, _MISSING)
+    assert _envelope(b"hello") == (_MISSING, _MISSING, _MISSING)
+
+    call, rid, why = _too_large(head + b'"arguments":{"content":"xxx', 100, {})
+    assert rid == 7 and call is not None and why in call.decode()
+    call, rid, why = _too_large(b'{"jsonrpc":"2.0","id":8,"method":"tools/list","params":'
+                                b'{"cursor":"xxxx', 100, {})
+    assert (call, rid) == (None, 8) and why.startswith("Invalid Request: the request is")
+    call, rid, _why = _too_large(b'{"jsonrpc":"2.0","params":{"x":"' + b"x" * 90, 100, {})
+    assert (call, rid) == (None, None)

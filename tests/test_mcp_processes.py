@@ -288,3 +288,160 @@ def test_http_refuses_a_non_loopback_bind(repo: Path) -> None:
     assert out.stderr.count("\n") == 1 and "no authentication" in out.stderr
     assert "--allow-remote" in out.stderr
     assert not (repo / ".steptrail").exists()
+
+
+# -- every request answered; one bound on both transports (issue 26, item 13) ----------
+
+
+def _raw_session(repo: Path) -> subprocess.Popen[bytes]:
+    """A server over stdio, initialized by a client that writes raw lines."""
+    proc = subprocess.Popen([steptrail_command(), "mcp", "--workspace", str(repo)],
+                            stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                            stderr=subprocess.DEVNULL, env=server_env())
+    _send_line(proc, json.dumps({"jsonrpc": "2.0", "id": 0, "method": "initialize", "params": {
+        "protocolVersion": "2025-06-18", "capabilities": {},
+        "clientInfo": {"name": "raw", "version": "1"}}}))
+    assert _next_answer(proc, 60) is not None
+    _send_line(proc, '{"jsonrpc":"2.0","method":"notifications/initialized"}')
+    return proc
+
+
+def _send_line(proc: subprocess.Popen[bytes], line: str) -> None:
+    assert proc.stdin is not None
+    proc.stdin.write(line.encode("utf-8", "surrogatepass") + b"\n")
+    proc.stdin.flush()
+
+
+def _next_answer(proc: subprocess.Popen[bytes], timeout_s: float) -> dict[str, Any] | None:
+    """The server's next line, decoded; None if none comes within `timeout_s`."""
+    import select
+
+    assert proc.stdout is not None
+    ready, _, _ = select.select([proc.stdout], [], [], timeout_s)
+    line = proc.stdout.readline() if ready else b""
+    return json.loads(line) if line else None
+
+
+def test_every_request_over_stdio_gets_a_json_rpc_answer(repo: Path) -> None:
+    """Lines the SDK's stdio reader dropped without a word — the client waited forever —
+    are answered: a parse error (-32700) or an invalid request (-32600), one line, with
+    the request's id when it can be recovered, else the null id. Nothing is written and
+    the server serves on."""
+    call = ('{"jsonrpc":"2.0","id":%s,"method":"tools/call","params":{"name":"write_file",'
+            '"arguments":{"path":"w.txt","content":%s}}}')
+    cases: list[tuple[str, str, Any, int]] = [
+        ("an integer past 4,300 digits", call % ("1", "9" * 5000), 1, -32700),
+        ("nesting too deep for any parser", call % ("2", "[" * 100_000 + "]" * 100_000), 2,
+         -32700),
+        ("nesting too deep for the SDK's", call % ('"s3"', "[" * 300 + "]" * 300), "s3", -32600),
+        ("a lone surrogate", call % ("4", '"a\\ud800b"'), 4, -32600),
+        ("a line cut short", (call % ("5", '"x"'))[:-3], 5, -32700),
+        ("no jsonrpc member", call.replace('"jsonrpc":"2.0",', "") % ("6", '"x"'), 6, -32600),
+        ("a boolean id", call % ("true", '"x"'), None, -32600),
+        ("a null id", call % ("null", '"x"'), None, -32600),
+        ("a fractional id", call % ("7.5", '"x"'), None, -32600),
+        ("an id past 4,300 digits", call % ("8" * 5000, '"x"'), None, -32700),
+        ("a batch", "[" + call % ("9", '"x"') + "]", None, -32600),
+        ("not JSON", "hello", None, -32700),
+    ]
+    proc = _raw_session(repo)
+    try:
+        for why, line, want_id, code in cases:
+            _send_line(proc, line)
+            got = _next_answer(proc, 10)
+            assert got is not None, f"{why}: no answer"
+            assert got.get("id", "absent") == want_id and got["error"]["code"] == code, (why, got)
+            assert "\n" not in got["error"]["message"], (why, got)
+        # A line past the request bound (100 MiB) is read and dropped, holding no more
+        # than the bound: a tool call gets a one-line tool error.
+        _send_line(proc, call % ("11", '"' + "x" * (100 * 1024 * 1024) + '"'))
+        got = _next_answer(proc, 60)
+        assert got is not None and got["id"] == 11 and got["result"]["isError"], got
+        assert got["result"]["content"][0]["text"] == (
+            "write_file: the request is more than 104857600 bytes (100 MiB), the most one"
+            " request may carry; nothing was done")
+        # A carriage return between tokens is whitespace: the SDK split the line on it.
+        _send_line(proc, '{"jsonrpc":"2.0",\r"id":10,"method":"tools/call","params":'
+                         '{"name":"status","arguments":{}}}')
+        got = _next_answer(proc, 10)
+        assert got is not None and got["id"] == 10 and not got["result"]["isError"]
+        assert not (repo / "w.txt").exists()
+    finally:
+        with contextlib.suppress(Exception):
+            assert proc.stdin is not None
+            proc.stdin.close()
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            proc.wait(10)
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        if proc.stdout is not None:
+            proc.stdout.close()
+    verify_clean(repo)
+
+
+@contextlib.contextmanager
+def _http_server(repo: Path) -> Any:
+    """`steptrail mcp --http` on a free loopback port; yields its URL."""
+    port = _free_port()
+    proc = subprocess.Popen([steptrail_command(), "mcp", "--workspace", str(repo), "--http",
+                             "--port", str(port)], env=server_env(),
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 60
+        while True:
+            with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", port), 0.2):
+                break
+            assert proc.poll() is None, "the HTTP server exited"
+            assert time.monotonic() < deadline, "the HTTP server did not come up"
+            time.sleep(0.05)
+        yield f"http://127.0.0.1:{port}/mcp"
+    finally:
+        proc.terminate()
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            proc.wait(10)
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+
+
+@pytest.mark.parametrize("transport", ["stdio", "http"])
+def test_one_request_bound_on_both_transports(repo: Path, transport: str) -> None:
+    """A 5 MiB write lands over HTTP as over stdio (the SDK's 4 MiB body limit answered
+    HTTP 413); past the content bound (16 MiB) and past the request bound (100 MiB as
+    sent: 17.5 MiB of control characters, each escaped in 6 bytes) each transport gives
+    the same one-line tool error, and nothing is written."""
+    mib = 1024 * 1024
+
+    async def session(agent: Any) -> None:
+        done = await agent.ok("write_file", path="five.txt", content="5" * (5 * mib))
+        assert done["status"] == "applied"
+        over_content = await agent.fails("write_file", path="big.txt", content="x" * (17 * mib))
+        assert text(over_content).count("\n") == 0 and "more than the 16777216" in text(
+            over_content)
+        over_request = await agent.fails("write_file", path="big.txt",
+                                         content="\x01" * (17 * mib + mib // 2))
+        assert text(over_request) == ("write_file: the request is more than 104857600 bytes"
+                                      " (100 MiB), the most one request may carry; nothing"
+                                      " was done")
+        status = await agent.ok("status")  # the server serves on
+        assert status
+
+    async def go(url: str | None) -> None:
+        if url is None:
+            async with over_stdio("--workspace", str(repo)) as agent:
+                await session(agent)
+        else:
+            async with Client(url) as client:
+                from mcp_agents import Agent
+
+                await session(Agent(client))
+
+    if transport == "stdio":
+        run(go, None)
+    else:
+        with _http_server(repo) as url:
+            run(go, url)
+    assert (repo / "five.txt").stat().st_size == 5 * mib
+    assert not (repo / "big.txt").exists()
+    verify_clean(repo)

@@ -50,3 +50,22 @@ def test_sealing_a_database_ledger_is_refused_and_writes_nothing(pg_url: str,
     assert got.code == 2 and "InvalidInput" in got.err
     assert run_cli(["--ledger", pg_url, "head"]).out.strip() == head
     assert run_cli(["--ledger", pg_url, "seal", "list"]).code == 0
+
+
+def test_a_refused_demo_leaves_no_directory_behind(pg_url: str, tmp_path, monkeypatch) -> None:
+    """A demo refused on a database that holds a ledger left its empty temporary
+    directory behind (issue 26, item 16): the refusal comes before the directory."""
+    import tempfile
+
+    from ledger import Ledger
+
+    with Ledger.init(pg_url) as led:
+        led.add_workspace("w", str(tmp_path))
+    scratch = tmp_path / "tmp"
+    scratch.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(scratch))
+    got = run_cli(["demo", "--ledger", pg_url])
+    assert got.code == 2 and "already holds a ledger" in got.err
+    assert list(scratch.iterdir()) == []
+    got = run_cli(["demo", "--ledger", pg_url, "--keep", str(tmp_path / "keep")])
+    assert got.code == 2 and not (tmp_path / "keep").exists()

@@ -218,7 +218,7 @@ def test_without_its_triggers_the_ledger_is_refused_and_verify_reports_it(
     got = findings(url, expect_head=head)
     twin = _sqlite_twin(tmp_path, damage, drop=True, expect_head=True)
     # SQLite has no TRUNCATE (nor its trigger); otherwise the very same report
-    truncate = ("schema", 0, f"VIOLATION: the schema differs from a steptrail v4 ledger:"
+    truncate = ("schema", 0, f"VIOLATION: the schema differs from a steptrail v5 ledger:"
                              f" trigger events_no_truncate was {word}")
     assert truncate in got
     assert sorted(f for f in got if f != truncate) == sorted([
@@ -347,15 +347,35 @@ def test_a_forged_seal_range_is_seen_by_verify(pg_url: str, tmp_path: Path) -> N
         assert checks == set()
 
 
-@pytest.mark.xfail(strict=True, reason="FINDING (both stores: the SQLite trigger's very"
-                   " condition): the DELETE exemption trusts any sealed_ranges row whose"
-                   " seal_seq is some run-sealed event, and sealed_ranges has no trigger, so a"
-                   " role that may INSERT there and DELETE events (the one sealing needs)"
-                   " deletes an unsealed event; verify sees it, no open refuses it")
 def test_a_forged_seal_range_does_not_make_an_unsealed_event_deletable(
         pg_url: str, tmp_path: Path) -> None:
     seal, victim = _sealed_world(pg_url, tmp_path)
     assert _forge_a_seal_range_and_delete(pg_url, seal, victim) == 0
+
+
+def test_a_v4_ledger_reads_as_it_is_and_is_made_v5_by_its_first_read_write_open(
+        pg_url: str, tmp_path: Path) -> None:
+    """A ledger written by the previous version (schema 4: the looser DELETE exception):
+    a read-only open reads it untouched; the first read-write open replaces the function
+    with v5's and records version 5, after which a forged range deletes nothing."""
+    from ledger.store.postgres import schema as sch
+    seal, victim = _sealed_world(pg_url, tmp_path)
+    with raw(pg_url) as conn:  # (no parameters: the body's '%' is its own)
+        for stmt in sch._function_statements("stepledger_events_append_only",
+                                             sch.APPEND_ONLY_BODIES[4], replace=True):
+            conn.execute(stmt)
+        conn.execute("UPDATE stepledger_schema SET version = 4")
+    before = db_state(pg_url)
+    with Ledger.open(pg_url, readonly=True) as led:
+        assert led.verify().ok and led.storage.info.version == 4
+    assert db_state(pg_url) == before
+    with Ledger.open(pg_url) as led:
+        assert led.storage.info.version == 5
+    with raw(pg_url) as conn:
+        assert conn.execute("SELECT version FROM stepledger_schema").fetchone()[0] == 5
+    assert _forge_a_seal_range_and_delete(pg_url, seal, victim) == 0
+    with Ledger.open(pg_url) as led:
+        assert led.verify().ok
 
 
 # === databases that are not ledgers ========================================================
@@ -447,7 +467,7 @@ def test_a_planted_object_is_refused_untouched(pg_ledger: tuple[str, list[Any]],
     refused_everywhere(url, NotALedger, named)
     if examined:
         got = findings(url)
-        assert ("schema", 0, "VIOLATION: the schema differs from a steptrail v4 ledger: "
+        assert ("schema", 0, "VIOLATION: the schema differs from a steptrail v5 ledger: "
                 + named) in got, got
     else:
         with pytest.raises(NotALedger, match=named):

@@ -253,7 +253,9 @@ def test_a_worker_cannot_rewrite_the_events(pg_url: str, worker: str) -> None:
         report = led.verify()
         assert report.ok, report
     with admin(pg_url) as conn:
-        assert conn.execute("SELECT version FROM stepledger_schema").fetchall() == [(4,)]
+        from ledger.store.postgres.schema import SCHEMA_VERSION
+        assert conn.execute("SELECT version FROM stepledger_schema").fetchall() == \
+            [(SCHEMA_VERSION,)]
 
 
 @pytest.mark.parametrize("how", ["owns the tables", "granted ALL"])

@@ -252,3 +252,51 @@ def test_a_restore_retried_into_a_recreated_directory_is_recorded_anew(tmp_path:
 
 #: Each test runs on SQLite and on PostgreSQL (tests/conftest.py).
 BOTH_STORES = True
+
+
+KILLED_RESTORE = r"""
+import os, signal, sys
+from ledger import Ledger
+seen = []
+def on_op(name):
+    seen.append(name)
+    if seen.count("ws-rename") == 3:  # three files placed, the rest not
+        os.kill(os.getpid(), signal.SIGKILL)
+with Ledger.open(sys.argv[1], on_op=on_op) as led:
+    led.restore("w", sys.argv[2], force=True)
+"""
+
+
+@pytest.mark.sqlite_only  # (a child process opens the ledger file)
+def test_a_cli_restore_killed_midway_is_finished_by_running_it_again(tmp_path: Path) -> None:
+    """`steptrail restore` SIGKILLed after three of six files: the same command run again
+    resumes into the partial directory (it holds nothing but the restore's own output)
+    and writes the rest — the CLI does not refuse the non-empty target first."""
+    import signal
+    import subprocess
+    import sys
+
+    from conftest import run_cli
+    from ledger import StepStatus, run_fenced_step
+
+    ws = tmp_path / "ws"
+    ws.mkdir()
+    db = str(tmp_path / "l.db")
+    files = {f"d/f{i}.txt": f"content {i}\n".encode() for i in range(6)}
+    with Ledger.init(db) as led:
+        led.add_workspace("w", str(ws))
+        epoch = led.acquire("w", "a", ttl_s=3600).epoch
+        out = run_fenced_step(led, "w", "s1", lambda r: [r.read(p).write(c)
+                                                         for p, c in files.items()],
+                              epoch=epoch)
+        assert out.status is StepStatus.APPLIED
+    target = tmp_path / "restored"
+    killed = subprocess.run([sys.executable, "-c", KILLED_RESTORE, db, str(target)],
+                            capture_output=True, text=True, timeout=120)
+    assert killed.returncode == -signal.SIGKILL, killed.stderr
+    placed = [p for p in files if (target / p).exists()]
+    assert 0 < len(placed) < len(files), placed
+    got = run_cli(["--ledger", db, "restore", "--workspace", "w", "--to", str(target),
+                   "--force", "--json"])
+    assert got.code == 0, got
+    assert {p: (target / p).read_bytes() for p in files} == files

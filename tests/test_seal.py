@@ -509,3 +509,28 @@ def test_an_archive_dir_that_cannot_be_made_is_a_typed_error(ledger: Ledger) -> 
     _populate(ledger, runs=1, steps=1, big=False)
     with pytest.raises(InvalidInput, match="archive directory"):
         seal_run(ledger, "run0", archive_dir=str(Path(ledger.path).parent / ("d/" * 3000)))
+
+
+def test_a_forged_seal_range_makes_no_unsealed_event_deletable(ledger: Ledger) -> None:
+    """A row forged into `sealed_ranges` (no trigger guards the table) naming an unsealed
+    event of run1 and the genuine seal of run0 — or run1 itself as the seal's run — lets
+    no DELETE through: the exception holds only for a range and run the seal event
+    records. And verify names a range no seal records (a forged row left behind)."""
+    _populate(ledger, runs=2, big=False)
+    report = seal_run(ledger, "run0")
+    victim = next(r.seq for r in ledger.read(0) if r.event.run == "run1")
+    conn = apsw.Connection(ledger.path)
+    for run in ("run1", "run0"):
+        conn.execute("BEGIN")
+        conn.execute("INSERT INTO sealed_ranges VALUES (?, ?, ?, ?)",
+                     (victim, victim, run, report.seal_seq))
+        with pytest.raises(apsw.ConstraintError, match="append-only: DELETE refused"):
+            conn.execute("DELETE FROM events WHERE seq = ?", (victim,))
+        conn.execute("ROLLBACK")
+    conn.execute("INSERT INTO sealed_ranges VALUES (?, ?, 'run1', ?)",
+                 (victim, victim, report.seal_seq))
+    conn.close()
+    found = ledger.verify()
+    assert not found.ok
+    assert any(f.check == "seal" and "sealed_ranges" in f.message for f in found.findings), \
+        found.findings

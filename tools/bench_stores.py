@@ -646,8 +646,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                 server = start_server(args.dir, bench.notes)
                 bench.url = server.create_database("bench")
                 bench.postmaster = _postmaster(server)
-            from ledger.store.postgres import display_url
-            pg = {"url": display_url(bench.url), "own_server": server is not None,
+            from ledger.store.postgres import shown_location
+            pg = {"url": shown_location(bench.url), "own_server": server is not None,
                   "settings": pg_settings(bench.url)}
             versions["postgresql"] = pg["settings"]["server_version"]
             versions["psycopg"] = _version("psycopg")

@@ -20,9 +20,12 @@ The mapping, in short:
 - delete_thread, delete_for_runs and prune end steps with `compensated` events that
   release their blobs (`release=True`); reads skip ended steps; `ledger.gc.collect`
   reclaims the blobs no live checkpoint names.
-- `claim(thread)` takes a lease on a per-thread workspace: the claimant's events carry
-  its epoch, and the ledger's append guard refuses them inside the transaction once
-  another worker took the thread over (StaleEpoch).
+- `claim(thread)` takes the thread's lease (a bare lease: a name, no directory): the
+  claimant's events carry its epoch, and the ledger refuses them inside the transaction
+  once another worker took the thread over (StaleEpoch). Every write is fenced on that
+  lease, a claimant's or not: a saver holding no claim writes under epoch 0, refused
+  (LeaseHeld) while another worker's claim is live; a claim this saver lost stays
+  recorded, so its later writes are refused too, never let through unfenced.
 
 Reads are served from an in-memory index of the saver's steps, folded from the events
 and caught up (one query) before every read: other processes' writes are seen, and the
@@ -32,12 +35,10 @@ ledger stays the only ground truth.
 from __future__ import annotations
 
 import hashlib
-import os
 import random
 import threading
-from collections.abc import AsyncIterator, Iterator, Mapping, Sequence
+from collections.abc import AsyncIterator, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 import msgspec
@@ -57,7 +58,14 @@ from langgraph.checkpoint.base import (
 
 from ..aio import AsyncLedger
 from ..blobs import digest_of
-from ..errors import BlobNotFound, IdempotencyConflict, IllegalTransition, InvalidInput, StaleEpoch
+from ..errors import (
+    BlobNotFound,
+    IdempotencyConflict,
+    IllegalTransition,
+    InvalidInput,
+    LeaseHeld,
+    StaleEpoch,
+)
 from ..events import (
     Acked,
     BlobStored,
@@ -94,6 +102,27 @@ def _key(*parts: object) -> str:
     """A fixed-length, collision-resistant name for a tuple of LangGraph ids (any text
     fits a step id this way: no length limit, no control characters)."""
     return hashlib.sha256(_encode(list(parts))).hexdigest()[:40]
+
+
+def _text(value: str, what: str) -> str:
+    """`value`, refused (InvalidInput) unless UTF-8 can encode it: a lone surrogate
+    (``"\\ud800"``, what a bad decode with ``surrogateescape`` leaves) can be neither hashed
+    into a step id nor stored, and would fail deep inside as a UnicodeEncodeError."""
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        raise InvalidInput(f"{what} {value[:60]!r} is not valid UTF-8: it holds a lone surrogate"
+                           f" ({value[exc.start]!r} at index {exc.start}); pass text without"
+                           " one (decode bytes with errors='replace', not 'surrogateescape')"
+                           ) from None
+    return value
+
+
+def _thread(thread_id: object, what: str) -> str:
+    """A thread id as the saver keys it (LangGraph allows an int: its str)."""
+    if not isinstance(thread_id, str | int) or isinstance(thread_id, bool):
+        raise InvalidInput(f"{what}: thread id {thread_id!r} must be a string (or an int)")
+    return _text(str(thread_id), f"{what}: thread id")
 
 
 def _run_name(thread_id: str) -> str:
@@ -139,16 +168,20 @@ class _Checkpoint:
 
 @dataclass
 class _Row:
-    """What the saver knows of one of its steps: its latest attempt and manifest rev."""
+    """What the saver knows of one of its steps: its latest attempt and manifest rev,
+    and the lease name the attempt was planned under ("" none): every later event of
+    the attempt names the same (its compensation included)."""
 
     attempt: int
     manifest_rev: int
     live: bool
+    workspace: str = ""
 
 
 @dataclass
 class Ownership:
-    """A claim on a thread: its workspace's lease, under `epoch`."""
+    """A claim on a thread: the thread's lease (`workspace`: its name, a bare lease with
+    no directory), under `epoch`."""
 
     thread_id: str
     workspace: str
@@ -222,21 +255,25 @@ def _configurable(config: RunnableConfig | None, what: str) -> dict[str, Any]:
     if not isinstance(ns, str):
         raise InvalidInput(f"{what}: checkpoint_ns {ns!r} is not a string; pass a string"
                            " ('' for the root graph)")
-    return {**conf, "thread_id": str(conf["thread_id"]), "checkpoint_ns": ns}
+    out = {**conf, "thread_id": _thread(conf["thread_id"], what),
+           "checkpoint_ns": _text(ns, f"{what}: checkpoint_ns")}
+    cid = conf.get("checkpoint_id")
+    if isinstance(cid, str):
+        _text(cid, f"{what}: checkpoint_id")
+    return out
 
 
 class LedgerSaver(BaseCheckpointSaver[str]):
     """LangGraph checkpoints, pending writes and metadata as ledger steps (module doc).
 
-    `ledger` stays the caller's (closing the saver does not close it). `owners_dir`:
-    where the per-thread workspaces of `claim` live (empty directories; default
-    ``langgraph-owners`` beside the ledger file). The sync API runs on the caller's
-    thread; the async one runs the same calls in an `AsyncLedger`'s pool, so concurrent
-    coroutines' commits share transactions (group commit).
+    `ledger` stays the caller's (closing the saver does not close it). The sync API runs
+    on the caller's thread; the async one runs the same calls in an `AsyncLedger`'s
+    pool, so concurrent coroutines' commits share transactions (group commit). A claim
+    (`claim`) is a lease in the ledger itself, no file or directory: it works wherever
+    the ledger is (inside a workspace, in PostgreSQL).
     """
 
     def __init__(self, ledger: Ledger, *, serde: SerializerProtocol | None = None,
-                 owners_dir: str | os.PathLike[str] | None = None,
                  max_workers: int = 32) -> None:
         if not isinstance(ledger, Ledger):
             raise InvalidInput(f"LedgerSaver takes a ledger.Ledger, not {type(ledger).__name__};"
@@ -244,10 +281,10 @@ class LedgerSaver(BaseCheckpointSaver[str]):
         super().__init__(serde=serde)
         self.ledger = ledger
         self.aio = AsyncLedger(ledger, max_workers=max_workers)
-        self._owners_dir = Path(owners_dir) if owners_dir is not None else (
-            Path(ledger.path).parent / "langgraph-owners")
         self._index = _Index()
         self._lock = threading.RLock()
+        #: thread -> this saver's claim, live or lost: a lost one stays (its writes are
+        #: refused as stale) until `claim` again or a successful `release`. Under _lock.
         self._owned: dict[str, Ownership] = {}
 
     # -- the index ---------------------------------------------------------------------
@@ -267,7 +304,8 @@ class LedgerSaver(BaseCheckpointSaver[str]):
                 continue
             if isinstance(event, Planned):
                 prev = index.rows.get(step)
-                index.rows[step] = _Row(event.attempt, prev.manifest_rev if prev else -1, False)
+                index.rows[step] = _Row(event.attempt, prev.manifest_rev if prev else -1, False,
+                                        event.workspace)
             elif isinstance(event, ManifestPublished):
                 row = index.rows.setdefault(step, _Row(event.attempt, -1, False))
                 row.manifest_rev, row.live = event.manifest_rev, True
@@ -301,13 +339,32 @@ class LedgerSaver(BaseCheckpointSaver[str]):
     # -- committing --------------------------------------------------------------------
 
     def _owner(self, thread_id: str) -> tuple[str, int]:
-        """(workspace, epoch) the thread's events carry: its claim's, else ('', 0)."""
+        """(lease, epoch) the thread's new events carry: its claim's, else ('', 0).
+        Under `_lock`."""
         own = self._owned.get(thread_id)
         if own is None:
             return "", 0
         if self.ledger.clock() > own.expires_ns - int(own.ttl_s * 1e9) // 2:
             self.renew(thread_id)  # half the lease gone: renew (itself fenced)
         return own.workspace, own.epoch
+
+    def _fence(self, threads: Iterable[str]) -> dict[str, int]:
+        """thread -> the epoch its writes are fenced under: this saver's claim's (a lost
+        one included: refused as stale), else 0 (refused while anyone's claim is live).
+        Taken under `_lock`, with the events it fences."""
+        return {t: self._owned[t].epoch if t in self._owned else 0 for t in threads}
+
+    def _ending(self, step: str, thread_id: str, reason: str, *, release: bool) -> Compensated:
+        """The `compensated` event ending the step's live attempt. It names the lease its
+        attempt was planned under (every event of an attempt names the same), and this
+        saver's epoch only when that is the lease this saver holds: otherwise epoch 0,
+        and the commit's `epochs` fence does the check the event cannot."""
+        row = self._index.rows[step]
+        workspace, epoch = self._owner(thread_id)
+        return Compensated(step=step, attempt=row.attempt, run=_run_name(thread_id),
+                           workspace=row.workspace,
+                           epoch=epoch if workspace and row.workspace == workspace else 0,
+                           reason=reason, release=release)
 
     def _step_events(self, step: str, thread_id: str, artifacts: Sequence[tuple[str, str, int]],
                      *, replace: bool = False) -> list[Event]:
@@ -320,8 +377,8 @@ class LedgerSaver(BaseCheckpointSaver[str]):
         events: list[Event] = []
         if row is not None and row.live:
             assert replace, step
-            events.append(Compensated(**common, attempt=row.attempt,
-                                      reason="langgraph: replaced by a newer write"))
+            events.append(self._ending(step, thread_id, "langgraph: replaced by a newer write",
+                                       release=False))
         attempt = 1 if row is None else row.attempt + 1
         manifest_rev = 0 if row is None else row.manifest_rev + 1
         inline_max = self.ledger.inline_max_bytes
@@ -337,23 +394,34 @@ class LedgerSaver(BaseCheckpointSaver[str]):
         events.append(Acked(**common, attempt=attempt, manifest_rev=manifest_rev))
         return events
 
-    def _commit(self, events: list[Event], data: Mapping[str, bytes], threads: set[str]
+    def _commit(self, events: list[Event], data: Mapping[str, bytes], fence: dict[str, int]
                 ) -> list[RecordedEvent] | None:
         """Append `events` in one transaction, the blob bytes in `data` made durable
-        (files first, small ones inline). None when a concurrent writer committed one of
-        these steps first (the caller re-checks from the index)."""
+        (files first, small ones inline), fenced on each thread's lease at the epoch
+        `fence` gives (`_fence`), inside the transaction. None when a concurrent writer
+        committed one of these steps first (the caller re-checks from the index)."""
         inline_max = self.ledger.inline_max_bytes
         small = {d: b for d, b in data.items() if len(b) <= inline_max}
         for digest, blob in data.items():
             if len(blob) > inline_max:
                 self.ledger.blobs.put(blob, digest, verified=True)
+        names = {self.owner_workspace(t): t for t in fence}
         try:
-            return self.ledger.append_batch(events, inline=small)
+            return self.ledger.append_batch(
+                events, inline=small, epochs={name: fence[t] for name, t in names.items()})
         except StaleEpoch as exc:
-            thread = next(iter(threads)) if len(threads) == 1 else sorted(threads)
+            thread = names.get(exc.workspace, exc.workspace)
             raise StaleEpoch(exc.workspace, exc.epoch, exc.live,
-                             f"thread {thread!r} was taken over by another worker: this"
-                             " saver's write was refused and nothing was recorded") from None
+                             f"thread {thread!r} was taken over by another worker, or this"
+                             " saver's claim on it ended: its write was refused and nothing"
+                             " was recorded") from None
+        except LeaseHeld as exc:
+            thread = names.get(exc.workspace, exc.workspace)
+            raise LeaseHeld(exc.workspace, exc.epoch, exc.holder, exc.expires_ns,
+                            f"that lease is thread {thread!r}'s claim and this saver holds"
+                            " none, so its write was refused and nothing was recorded; claim"
+                            " the thread first (saver.claim(thread_id, holder); takeover=True"
+                            " when its holder is dead)") from None
         except (IllegalTransition, IdempotencyConflict):
             return None
 
@@ -378,7 +446,7 @@ class LedgerSaver(BaseCheckpointSaver[str]):
             elif isinstance(event, Planned):
                 prev = self._index.rows.get(step)
                 self._index.rows[step] = _Row(event.attempt, prev.manifest_rev if prev else -1,
-                                              False)
+                                              False, event.workspace)
             elif isinstance(event, ManifestPublished):
                 row = self._index.rows[step]
                 row.manifest_rev, row.live = event.manifest_rev, True
@@ -396,8 +464,13 @@ class LedgerSaver(BaseCheckpointSaver[str]):
         if not isinstance(checkpoint, Mapping) or not isinstance(checkpoint.get("id"), str):
             raise InvalidInput("put: checkpoint has no string 'id'; pass a LangGraph Checkpoint"
                                " (langgraph.checkpoint.base.empty_checkpoint() makes one)")
-        cid = checkpoint["id"]
+        cid = _text(checkpoint["id"], "put: checkpoint id")
         parent = conf.get("checkpoint_id")
+        versions = checkpoint.get("channel_versions", {})
+        for channel, version in versions.items():
+            _text(channel, "put: channel name")
+            if isinstance(version, str):
+                _text(version, f"put: channel {channel!r}'s version")
         md = get_checkpoint_metadata(config, metadata)
         out: RunnableConfig = {"configurable": {"thread_id": thread, "checkpoint_ns": ns,
                                                 "checkpoint_id": cid}}
@@ -412,7 +485,7 @@ class LedgerSaver(BaseCheckpointSaver[str]):
                     return out
                 chosen: dict[str, _Value] = {}
                 data: dict[str, bytes] = {}
-                for channel, version in checkpoint.get("channel_versions", {}).items():
+                for channel, version in versions.items():
                     known = self._index.versions.get((thread, ns, channel, version))
                     if known is not None and channel not in new_versions and not fresh:
                         chosen[channel] = known
@@ -440,8 +513,9 @@ class LedgerSaver(BaseCheckpointSaver[str]):
                 artifacts = [(BODY_PATH, body_digest, len(doc))]
                 artifacts += [(paths[ch], chosen[ch].digest, chosen[ch].size) for ch in blobs]
                 events = self._step_events(step, thread, artifacts)
+                fence = self._fence([thread])
             try:
-                recorded = self._commit(events, data, {thread})
+                recorded = self._commit(events, data, fence)
             except BlobNotFound:
                 if fresh:
                     raise
@@ -470,6 +544,14 @@ class LedgerSaver(BaseCheckpointSaver[str]):
                                " returned (it names the checkpoint the writes belong to)")
         if not isinstance(task_id, str) or not task_id:
             raise InvalidInput(f"put_writes: task_id {task_id!r} must be a non-empty string")
+        if not isinstance(task_path, str):
+            raise InvalidInput(f"put_writes: task_path {task_path!r} must be a string")
+        _text(task_id, "put_writes: task_id")
+        _text(task_path, "put_writes: task_path")
+        for channel, _value in writes:
+            if not isinstance(channel, str):
+                raise InvalidInput(f"put_writes: channel {channel!r} must be a string")
+            _text(channel, "put_writes: channel name")
         with self._lock:
             self._catch_up()
             events: list[Event] = []
@@ -496,7 +578,8 @@ class LedgerSaver(BaseCheckpointSaver[str]):
                                           len(doc))))
             if not events:
                 return
-        recorded = self._commit(events, data, {thread})
+            fence = self._fence([thread])
+        recorded = self._commit(events, data, fence)
         with self._lock:
             if self._applied(recorded):
                 self._mark(events)
@@ -581,14 +664,13 @@ class LedgerSaver(BaseCheckpointSaver[str]):
                 if s in self._index.rows and self._index.rows[s].live]
         for start in range(0, len(todo), END_BATCH_MAX):
             events: list[Event] = []
+            threads: set[str] = set()
             for step in todo[start:start + END_BATCH_MAX]:
                 where = self._index.where.get(step)
                 thread = where[1] if where else ""
-                workspace, epoch = self._owner(thread) if thread else ("", 0)
-                events.append(Compensated(step=step, attempt=self._index.rows[step].attempt,
-                                          run=_run_name(thread), workspace=workspace,
-                                          epoch=epoch, reason=reason, release=True))
-            recorded = self._commit(events, {}, {e.run for e in events})  # type: ignore[attr-defined]
+                threads.add(thread)
+                events.append(self._ending(step, thread, reason, release=True))
+            recorded = self._commit(events, {}, self._fence(threads - {""}))
             if self._applied(recorded):
                 self._mark(events)
 
@@ -603,7 +685,7 @@ class LedgerSaver(BaseCheckpointSaver[str]):
 
     def delete_thread(self, thread_id: str) -> None:
         """End every checkpoint and write of the thread (GC reclaims their blobs)."""
-        self.prune([thread_id], strategy="delete")
+        self.prune([_thread(thread_id, "delete_thread")], strategy="delete")
 
     def delete_for_runs(self, run_ids: Sequence[str]) -> None:
         """End every checkpoint whose metadata names one of `run_ids`, with its writes."""
@@ -626,11 +708,12 @@ class LedgerSaver(BaseCheckpointSaver[str]):
                                f" {', '.join(PRUNE_STRATEGIES)}")
         if isinstance(thread_ids, str):
             raise InvalidInput("prune: give a list of thread ids, not one string")
+        threads = [_thread(t, "prune") for t in thread_ids]
         with self._lock:
             self._catch_up()
             doomed: list[_Checkpoint] = []
-            for thread in thread_ids:
-                for by_id in self._index.threads.get(str(thread), {}).values():
+            for thread in threads:
+                for by_id in self._index.threads.get(thread, {}).values():
                     ids = sorted(by_id)
                     if strategy == "keep_latest":
                         ids = ids[:-1]
@@ -638,14 +721,15 @@ class LedgerSaver(BaseCheckpointSaver[str]):
                 # writes whose checkpoint is gone already go too
                 if strategy == "delete":
                     for (t, _ns, _cid), ws in list(self._index.writes.items()):
-                        if t == str(thread):
+                        if t == thread:
                             self._end([w.step for w in ws.values()], f"langgraph: {strategy}")
             self._end(self._steps_of(doomed), f"langgraph: prune {strategy}")
 
     def copy_thread(self, source_thread_id: str, target_thread_id: str) -> None:
         """Copy every checkpoint and write of a thread: new steps naming the same blobs
         (values are not stored again)."""
-        src, dst = str(source_thread_id), str(target_thread_id)
+        src = _thread(source_thread_id, "copy_thread")
+        dst = _thread(target_thread_id, "copy_thread")
         with self._lock:
             self._catch_up()
             sources = [c for by_id in self._index.threads.get(src, {}).values()
@@ -682,7 +766,8 @@ class LedgerSaver(BaseCheckpointSaver[str]):
                            "task_path": w.task_path, "value": [type_, blob]})
             digest = digest_of(doc)
             events = self._step_events(step, thread, [(WRITE_PATH, digest, len(doc))])
-        recorded = self._commit(events, {digest: doc}, {thread})
+            fence = self._fence([thread])
+        recorded = self._commit(events, {digest: doc}, fence)
         with self._lock:
             if self._applied(recorded):
                 self._mark(events)
@@ -692,40 +777,61 @@ class LedgerSaver(BaseCheckpointSaver[str]):
     # -- ownership ---------------------------------------------------------------------------
 
     def owner_workspace(self, thread_id: str) -> str:
-        """The workspace whose lease is the thread's ownership."""
-        return "langgraph-" + _key(str(thread_id))[:32]
+        """The name of the lease that is the thread's ownership: a bare lease (no
+        directory; `steptrail --workspace NAME lease show` shows it)."""
+        return "langgraph-" + _key(_thread(thread_id, "owner_workspace"))[:32]
 
     def claim(self, thread_id: str, holder: str, *, ttl_s: float = CLAIM_TTL_S_DEFAULT,
               takeover: bool = False) -> Ownership:
-        """Own the thread: from here on this saver's writes to it carry a new epoch, and
-        the ledger refuses them (StaleEpoch) once another worker claims it. Refused with
-        LeaseHeld while another worker's claim is live, unless `takeover`."""
-        thread = str(thread_id)
+        """Own the thread: from here on this saver's writes to it carry a new epoch of the
+        thread's lease, and the ledger refuses them (StaleEpoch) once another worker
+        claims it; while this claim is live, every other saver's write to the thread is
+        refused (LeaseHeld). Refused with LeaseHeld while another worker's claim is live,
+        unless `takeover`. The lease is a record in the ledger, nothing on disk."""
+        thread = _thread(thread_id, "claim")
         workspace = self.owner_workspace(thread)
-        root = self._owners_dir / workspace
-        root.mkdir(parents=True, exist_ok=True)
-        self.ledger.add_workspace(workspace, root)
-        lease = self.ledger.acquire(workspace, holder, ttl_s, force=takeover)
-        own = Ownership(thread, workspace, lease.epoch, holder, float(ttl_s), lease.expires_ns)
         with self._lock:
+            lease = self.ledger.acquire(workspace, holder, ttl_s, force=takeover, bare=True)
+            own = Ownership(thread, workspace, lease.epoch, holder, float(ttl_s),
+                            lease.expires_ns)
             self._owned[thread] = own
         return own
 
     def renew(self, thread_id: str) -> Ownership:
-        """Extend this saver's claim (StaleEpoch if it was taken over or expired)."""
-        own = self._owned.get(str(thread_id))
-        if own is None:
-            raise InvalidInput(f"thread {thread_id!r} is not claimed by this saver; claim it"
-                               " first (saver.claim(thread_id, holder))")
-        lease = self.ledger.heartbeat(own.workspace, own.epoch, own.ttl_s)
-        own.expires_ns = lease.expires_ns
-        return own
+        """Extend this saver's claim (StaleEpoch if it was taken over or expired: the
+        claim stays recorded, stale, and the thread's writes are refused until `claim`)."""
+        thread = _thread(thread_id, "renew")
+        with self._lock:
+            own = self._owned.get(thread)
+            if own is None:
+                raise InvalidInput(f"thread {thread_id!r} is not claimed by this saver; claim"
+                                   " it first (saver.claim(thread_id, holder))")
+            lease = self.ledger.heartbeat(own.workspace, own.epoch, own.ttl_s)
+            own.expires_ns = lease.expires_ns
+            return own
 
     def release(self, thread_id: str) -> None:
-        """Give the claim up; later writes to the thread are unfenced again."""
-        own = self._owned.pop(str(thread_id), None)
-        if own is not None:
-            self.ledger.release(own.workspace, own.epoch)
+        """Give the claim up; later writes to the thread are a non-claimant's again
+        (epoch 0: refused while another worker's claim is live).
+
+        A claim another worker took over is not this saver's to give up: StaleEpoch,
+        and the lost claim stays recorded, so this saver's writes to the thread go on
+        being refused as stale (never let through unfenced) until it claims it again.
+        """
+        thread = _thread(thread_id, "release")
+        with self._lock:
+            own = self._owned.get(thread)
+            if own is None:
+                return
+            try:
+                self.ledger.release(own.workspace, own.epoch)
+            except StaleEpoch as exc:
+                raise StaleEpoch(exc.workspace, exc.epoch, exc.live,
+                                 f"thread {thread!r} was taken over by another worker: its"
+                                 " claim is not this saver's to release; this saver's writes"
+                                 " to the thread stay refused until it claims it again"
+                                 ) from None
+            del self._owned[thread]
 
     # -- versions --------------------------------------------------------------------------
 

@@ -20,17 +20,26 @@ import ipaddress
 import json
 import os
 import re
+import secrets
 import threading
 import time
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
-from typing import Annotated, Any, Final
+from typing import Annotated, Any, Final, Self
 
+import anyio
 from mcp.server.mcpserver import Context, MCPServer
 from mcp.server.mcpserver.exceptions import ToolError
+from mcp.server.stdio import stdio_server
 from mcp.server.transport_security import TransportSecuritySettings
-from mcp.types import CallToolResult, TextContent, ToolAnnotations, jsonrpc_message_adapter
+from mcp.shared.message import SessionMessage
+from mcp.types import (CLIENT_CAPABILITIES_META_KEY, INVALID_REQUEST, PARSE_ERROR,
+                       PROTOCOL_VERSION_META_KEY, CallToolResult, ErrorData, JSONRPCError,
+                       JSONRPCNotification, JSONRPCRequest, TextContent, ToolAnnotations,
+                       jsonrpc_message_adapter)
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from starlette.applications import Starlette
+from starlette.responses import Response
 
 from ledger import InvalidInput, Ledger, NotALedger, __version__
 
@@ -111,45 +120,187 @@ def _result(r: Result) -> CallToolResult:
                           structured_content=_clean(r.data), is_error=r.is_error)
 
 
-#: The argument `guard_stdin` puts in place of a tool call's arguments that could not be
-#: decoded, so that the call is answered (an error) instead of dropped.
-UNDECODABLE: Final = "__steptrail_undecodable_request__"
+#: The argument `guard_stdin` and `RequestCap` put in place of the arguments of a tool
+#: call they refuse (one too large to take), so that the call is answered with a
+#: one-line tool error saying why.
+REFUSED: Final = "__steptrail_refused_request__"
+
+#: The method of the notification `guard_stdin` puts in place of a request the SDK would
+#: drop without an answer; `_Answering` turns it into the JSON-RPC error it carries. The
+#: per-process token keeps a client from sending one itself.
+_ANSWER: Final = f"steptrail/answer-{secrets.token_hex(8)}"
+
+_MISSING: Final = object()
+
+#: The keys of a request's ``params._meta`` that are the protocol's envelope.
+_PROTOCOL_KEYS: Final = "io.modelcontextprotocol/"
+
+#: One JSON token after optional whitespace: a string, a structural character, or a
+#: run of anything else (a number, true, false, null — or garbage, decoded later).
+_TOKEN: Final = re.compile(rb'\s*(?:("[^"\\]*(?:\\.[^"\\]*)*")|([][{}:,])|([^][{}:,"\s]+))')
 
 
-def _repair(line: bytes) -> bytes:
-    """A stdin line the SDK would drop without an answer (it fails the SDK's validation,
-    e.g. a lone-surrogate escape in a string), turned into a request it answers with an
-    error: a tool call's arguments replaced by one the server refuses with one line,
-    any other method renamed to one that does not exist. Anything else passes as is."""
+def _is_id(value: Any) -> bool:
+    """Whether `value` can be a request's id in MCP: a string or an integer."""
+    return isinstance(value, str) or type(value) is int
+
+
+def _envelope(data: bytes) -> tuple[Any, Any, Any]:
+    """The ``id``, ``method`` and ``params.name`` of the JSON-RPC message in `data`
+    (`_MISSING` for each not found), read token by token without building the values
+    around them: for a message nested too deep, too long or too broken to parse. It
+    reads until the message's object closes or something is not JSON, and never
+    recurses, however deep the nesting."""
+    wanted = {("id",), ("method",), ("params", "name")}
+    found: dict[tuple[Any, ...], Any] = {}
+    objects = bytearray()  # per open container: 1 an object, 0 an array
+    keys: list[Any] = []  # per open container: its current key (None: none yet, an array)
+    expect_key = False
+    pos = 0
+    while (m := _TOKEN.match(data, pos)) is not None:
+        pos = m.end()
+        text, punct, atom = m.groups()
+        if punct in (b"{", b"["):
+            objects.append(punct == b"{")
+            keys.append(None)
+            expect_key = punct == b"{"
+        elif punct in (b"}", b"]"):
+            if not objects:
+                break
+            objects.pop()
+            keys.pop()
+            expect_key = False
+            if not objects:
+                break  # the message's object is closed
+        elif punct == b",":
+            expect_key = bool(objects) and objects[-1] == 1
+        elif punct == b":":
+            expect_key = False
+        elif not objects:
+            break  # a message is an object
+        elif expect_key and text is not None:
+            keys[-1] = _decoded(text) if len(keys) <= 2 else ""
+            expect_key = False
+        else:
+            where = tuple(keys)
+            if where in wanted and where not in found:
+                found[where] = _decoded(text if text is not None else atom)
+                method = found.get(("method",))
+                if ("id",) in found and method is not None \
+                        and (method != "tools/call" or ("params", "name") in found):
+                    break
+    return (found.get(("id",), _MISSING), found.get(("method",), _MISSING),
+            found.get(("params", "name"), _MISSING))
+
+
+def _decoded(token: bytes) -> Any:
     try:
-        jsonrpc_message_adapter.validate_json(line, by_name=False)
+        return json.loads(token)
+    except ValueError:  # an integer past Python's 4,300 digits, garbage
+        return _MISSING
+
+
+def _answer(request_id: Any, code: int, message: str) -> bytes:
+    """The line `_Answering` turns into a JSON-RPC error for `request_id` (None when it
+    cannot be given back: the spec's null id)."""
+    for rid in ((_clean(request_id) if _is_id(request_id) else None), None):
+        line = json.dumps({"jsonrpc": "2.0", "method": _ANSWER, "params": {
+            "id": rid, "code": code, "message": one_line(message)}}).encode() + b"\n"
+        try:  # an integer id the SDK's parser cannot read is answered with the null id
+            jsonrpc_message_adapter.validate_json(line, by_name=False)
+            return line
+        except ValidationError:
+            continue
+    raise AssertionError("an answer with the null id always validates")
+
+
+def _validation_detail(exc: ValidationError) -> str:
+    """The first thing wrong with a message as a request, in one line."""
+    errors = exc.errors()
+    err = next((e for e in errors if e.get("loc", ())[:1] == ("JSONRPCRequest",)), errors[0])
+    where = ".".join(str(x) for x in err.get("loc", ())[1:])
+    what = one_line(err.get("msg", "invalid"))
+    return f"{where}: {what}" if where else what
+
+
+def _screen(line: bytes, envelope: dict[str, Any]) -> bytes:
+    """What the SDK's stdio reader gets for one line of stdin (issue 26, item 13).
+
+    A message the SDK takes passes, with any carriage return in it made a space: the
+    SDK splits lines on a lone CR too, and in valid JSON a CR is only whitespace. A
+    request it would drop without an answer becomes an `_answer`: a parse error
+    (-32700: not JSON, an integer past 4,300 digits, nesting too deep to parse) or an
+    invalid request (-32600: JSON, but not a request the SDK can decode — a lone
+    surrogate, a missing field, an id that is neither a string nor an integer), with
+    the request's id when it can be recovered, else the null id. A notification or a
+    response that fails passes as is: nobody waits for an answer.
+
+    `envelope` keeps the protocol's keys of the last request's ``params._meta`` (the
+    2026-07-28 protocol wants them on every request) for `_too_large`."""
+    if not line.strip():
         return line
-    except Exception:
-        pass
+    try:
+        message = jsonrpc_message_adapter.validate_json(line, by_name=False)
+    except ValidationError as exc:
+        detail = _validation_detail(exc)
+    else:
+        meta = message.params.get("_meta") if isinstance(message, JSONRPCRequest) \
+            and message.params else None
+        if isinstance(meta, dict):
+            envelope.clear()
+            envelope.update((k, v) for k, v in meta.items() if k.startswith(_PROTOCOL_KEYS))
+        # {"id": true, "method": ...} or "id": null validates as a notification (the SDK
+        # ignores the extra field) and would be dropped: a request whose id is refused.
+        if not isinstance(message, JSONRPCNotification) or b'"id"' not in line \
+                or "id" not in (json.loads(line) or {}):
+            return line.replace(b"\r", b" ")
+        return _answer(None, INVALID_REQUEST, "Invalid Request: the id must be a string or"
+                       " an integer; nothing was done")
     try:
         msg = json.loads(line)
-    except ValueError:
-        return line  # not JSON at all: no id to answer
-    if not isinstance(msg, dict) or not isinstance(msg.get("id"), int | str) \
-            or not isinstance(msg.get("method"), str):
-        return line  # a notification or a response: nobody waits for an answer
-    why = "the request could not be decoded (text that is not valid Unicode, or a field of"\
-          " the wrong shape); nothing was done"
-    params = msg.get("params")
-    name = params.get("name") if isinstance(params, dict) else None
-    if msg["method"] == "tools/call" and isinstance(name, str):
-        fixed = {"jsonrpc": "2.0", "id": _clean(msg["id"]), "method": "tools/call",
-                 "params": {"name": _clean(name), "arguments": {UNDECODABLE: why}}}
-    else:
-        fixed = {"jsonrpc": "2.0", "id": _clean(msg["id"]),
-                 "method": "steptrail/undecodable-request", "params": {}}
-    return json.dumps(fixed).encode() + b"\n"
+    except (ValueError, RecursionError) as exc:
+        rid, method, _name = _envelope(line)
+        reason = ("it is nested too deeply to parse" if isinstance(exc, RecursionError)
+                  else str(exc).split(";")[0])
+        return _answer(rid if isinstance(method, str) else None, PARSE_ERROR,
+                       f"Parse error: {reason}; nothing was done")
+    if isinstance(msg, dict):
+        if "id" not in msg and isinstance(msg.get("method"), str):
+            return line  # a notification
+        if "method" not in msg and ("result" in msg or "error" in msg):
+            return line  # a response to a request of the server's
+    elif isinstance(msg, list):
+        detail = "a batch (a JSON array) is not taken; send one request a line"
+    rid = msg.get("id") if isinstance(msg, dict) else None
+    return _answer(rid, INVALID_REQUEST, f"Invalid Request: {detail}; nothing was done")
 
 
-def guard_stdin() -> None:
+def _too_large(prefix: bytes, cap: int, envelope: dict[str, Any]
+               ) -> tuple[bytes | None, Any, str]:
+    """A request of more than `cap` bytes, of which `prefix` was kept, refused on either
+    transport: a tool call whose id and tool name come before the bulk (as every SDK
+    writes them) becomes one the server answers with a one-line tool error (the first
+    item), carrying `envelope` as its ``params._meta`` (the request's own comes after
+    the bulk); anything else gets a JSON-RPC error for the id (the second, None: the
+    null id) saying the third."""
+    rid, method, name = _envelope(prefix)
+    why = (f"the request is more than {cap} bytes ({cap / 1024 / 1024:g} MiB), the most one"
+           " request may carry; nothing was done")
+    rid = _clean(rid) if _is_id(rid) and isinstance(method, str) else None
+    if method == "tools/call" and rid is not None and isinstance(name, str):
+        call: dict[str, Any] = {"jsonrpc": "2.0", "id": rid, "method": "tools/call",
+                "params": {"name": _clean(name), "arguments": {REFUSED: why}}}
+        if envelope:
+            call["params"]["_meta"] = envelope
+        return json.dumps(call).encode() + b"\n", rid, why
+    return None, rid, f"Invalid Request: {why}"
+
+
+def guard_stdin(cap: int) -> None:
     """Put a filter between the process's stdin and the SDK's stdio transport (a pipe
-    on fd 0, fed by a thread line by line through `_repair`), so that every request
-    with an id gets an answer. The filter ends when stdin does."""
+    on fd 0, fed by a thread line by line through `_screen`), so that every request
+    with an id gets an answer; a line of more than `cap` bytes is refused (`_too_large`)
+    holding no more than `cap` bytes of it. The filter ends when stdin does."""
     try:
         source = os.dup(0)
         read_end, write_end = os.pipe()
@@ -158,19 +309,124 @@ def guard_stdin() -> None:
     except OSError:
         return  # no stdin to guard: the SDK reads what there is
 
+    def skip_rest(src: Any, prefix: bytes) -> None:
+        while prefix and not prefix.endswith(b"\n"):  # read and dropped
+            prefix = src.readline(1 << 20)
+
     def pump() -> None:
+        envelope: dict[str, Any] = {}
         with os.fdopen(source, "rb") as src, os.fdopen(write_end, "wb") as dst:
-            for line in src:
+            while line := src.readline(cap + 1):
                 try:
-                    dst.write(_repair(line))
+                    if len(line) > cap and not line.endswith(b"\n"):
+                        skip_rest(src, line)
+                        call, rid, why = _too_large(line, cap, envelope)
+                        out = call or _answer(rid, INVALID_REQUEST, why)
+                    else:
+                        out = _screen(line, envelope)
+                    dst.write(out)
                     dst.flush()
                 except BrokenPipeError:
                     return
                 except Exception:  # never lose a line to the filter itself
-                    dst.write(line)
+                    dst.write(line if len(line) <= cap else b"\n")
                     dst.flush()
 
     threading.Thread(target=pump, name="steptrail-mcp-stdin", daemon=True).start()
+
+
+class _Answering:
+    """The stdio transport's read stream, with the requests `guard_stdin` refused
+    answered on the spot: each `_ANSWER` notification becomes the JSON-RPC error it
+    carries, sent through the transport's own writer (so it never tears a frame)."""
+
+    def __init__(self, inner: Any, write_stream: Any) -> None:
+        self._inner, self._write = inner, write_stream
+
+    @property
+    def last_context(self) -> Any:  # the sender's context, which the SDK looks for
+        return getattr(self._inner, "last_context", None)
+
+    async def receive(self) -> Any:
+        while True:
+            item = await self._inner.receive()
+            message = getattr(item, "message", None)
+            if not isinstance(message, JSONRPCNotification) or message.method != _ANSWER:
+                return item
+            p = message.params or {}
+            await self._write.send(SessionMessage(JSONRPCError(
+                jsonrpc="2.0", id=p.get("id"),
+                error=ErrorData(code=p["code"], message=p["message"]))))
+
+    async def aclose(self) -> None:
+        await self._inner.aclose()
+
+    def __aiter__(self) -> _Answering:
+        return self
+
+    async def __anext__(self) -> Any:
+        try:
+            return await self.receive()
+        except anyio.EndOfStream:
+            raise StopAsyncIteration from None
+
+    async def __aenter__(self) -> Self:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.aclose()
+
+
+class RequestCap:
+    """ASGI middleware in front of the streamable HTTP app: the same bound on a request
+    as over stdio, refused the same way — a tool call over `cap` bytes with a one-line
+    tool error, anything else with a JSON-RPC error (HTTP 413) — where the SDK's own
+    limit (4 MiB by default) answers a bare 413. At most `cap` bytes are held; the rest
+    is read and dropped."""
+
+    def __init__(self, app: Any, cap: int) -> None:
+        self.app, self.cap = app, cap
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        if scope["type"] != "http" or scope.get("method") != "POST":
+            await self.app(scope, receive, send)
+            return
+        body, over = bytearray(), False
+        while True:
+            message = await receive()
+            if message["type"] != "http.request":
+                return  # the client went away before its request was whole
+            chunk = message.get("body", b"")
+            if len(body) + len(chunk) > self.cap:
+                over = True
+                chunk = chunk[:self.cap - len(body)]
+            body += chunk
+            if not message.get("more_body", False):
+                break
+        if over:
+            # Over HTTP the 2026-07-28 protocol's envelope is in a header as well.
+            version = next((v.decode("latin-1") for k, v in scope["headers"]
+                            if k.lower() == b"mcp-protocol-version"), None)
+            envelope = {} if version is None else {
+                PROTOCOL_VERSION_META_KEY: version, CLIENT_CAPABILITIES_META_KEY: {}}
+            call, rid, why = _too_large(bytes(body), self.cap, envelope)
+            if call is None:
+                error = JSONRPCError(jsonrpc="2.0", id=rid,
+                                     error=ErrorData(code=INVALID_REQUEST, message=why))
+                await Response(error.model_dump_json(by_alias=True, exclude_unset=True),
+                               status_code=413, media_type="application/json",
+                               )(scope, receive, send)
+                return
+            body = bytearray(call)
+            scope = {**scope, "headers": [
+                *((k, v) for k, v in scope["headers"] if k.lower() != b"content-length"),
+                (b"content-length", str(len(body)).encode())]}
+        replay = [{"type": "http.request", "body": bytes(body), "more_body": False}]
+
+        async def again() -> Any:
+            return replay.pop() if replay else await receive()
+
+        await self.app(scope, again, send)
 
 
 def _error(message: str) -> CallToolResult:
@@ -235,8 +491,8 @@ class SteptrailServer(MCPServer):
 
     async def call_tool(self, name: str, arguments: dict[str, Any],
                         context: Context[Any, Any] | None = None) -> Any:
-        if isinstance(arguments, dict) and UNDECODABLE in arguments:
-            return _error(f"{name}: {arguments[UNDECODABLE]}")
+        if isinstance(arguments, dict) and REFUSED in arguments:
+            return _error(f"{name}: {arguments[REFUSED]}")
         allowed = self._params.get(name)
         if allowed is not None and isinstance(arguments, dict):
             unknown = sorted(set(arguments) - allowed)
@@ -250,6 +506,20 @@ class SteptrailServer(MCPServer):
             if isinstance(exc.__cause__, ValidationError):
                 return _error(_validation_line(name, exc.__cause__))
             return _error(str(exc))
+
+    async def run_stdio_async(self) -> None:
+        """Serve stdio as `MCPServer.run_stdio_async` does, with the requests
+        `guard_stdin` refused answered (`_Answering`)."""
+        async with stdio_server() as (read_stream, write_stream):
+            await self._lowlevel_server.run(
+                _Answering(read_stream, write_stream), write_stream,
+                self._lowlevel_server.create_initialization_options())
+
+    def streamable_http_app(self, **options: Any) -> Starlette:
+        """The SDK's streamable HTTP app behind `RequestCap` (the stdio bound)."""
+        app = super().streamable_http_app(**options)
+        app.add_middleware(RequestCap, cap=self.tools.limits.request_bytes)
+        return app
 
     def _tool(self, fn: Callable[..., CallToolResult], *, read_only: bool,
               destructive: bool = False, idempotent: bool = False, title: str) -> None:
@@ -529,7 +799,10 @@ def _init(ledger_path: str, witness: str | None) -> Ledger:
     lock_fd = None
     deadline = time.monotonic() + 5
     with contextlib.suppress(OSError):
-        os.makedirs(directory, mode=0o700, exist_ok=True)
+        # The ledger's own directory only, as `steptrail init` without --parents: a
+        # mistyped --ledger is refused by Ledger.init below, not made.
+        with contextlib.suppress(FileExistsError):
+            os.mkdir(directory, mode=0o700)
         lock_fd = open_lock_file(ledger_path + "-mcp-init.lock")
     while lock_fd is not None:  # never blocks: a stuck holder delays a start 5 s at most
         try:
@@ -542,7 +815,7 @@ def _init(ledger_path: str, witness: str | None) -> Ledger:
     try:
         while True:
             try:
-                return Ledger.init(ledger_path, witness=witness)
+                return Ledger.init(ledger_path, witness=witness, parents=False)
             except NotALedger:
                 try:
                     young = time.time() - os.stat(ledger_path).st_mtime < 5
@@ -651,11 +924,14 @@ def serve(specs: Sequence[str], *, ledger_path: str | None = None, witness: str 
                 served = ", ".join(f"{w.name} ({w.root})" for w in tools.workspaces)
                 echo(f"steptrail mcp: serving {served} from {ledger.path} over {where}")
             if not http:
-                guard_stdin()
+                guard_stdin(tools.limits.request_bytes)
                 server.run("stdio")
                 return
+            # The SDK's own body limit is set to the same bound: RequestCap, in front of
+            # it, has refused every larger request already.
             server.run("streamable-http", host=host, port=port,
-                       transport_security=transport_security(host))
+                       transport_security=transport_security(host),
+                       max_request_body_size=tools.limits.request_bytes)
         finally:
             tools.close()
 

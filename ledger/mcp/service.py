@@ -105,6 +105,11 @@ class Limits:
 
     read_bytes: int = 4 * 1024 * 1024  # one file's bytes read_text_file returns
     write_bytes: int = 16 * 1024 * 1024  # one call's new content, all files together
+    # One request as sent (a stdio line, an HTTP body), on both transports: room for
+    # write_bytes of content even with every byte \u-escaped (6 bytes), and the rest
+    # of the call: it bounds the memory a request takes, and never refuses a write
+    # within write_bytes.
+    request_bytes: int = 100 * 1024 * 1024
     list_entries: int = 2000  # list_directory
     tree_entries: int = 2000  # directory_tree
     tree_depth: int = 12

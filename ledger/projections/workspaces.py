@@ -44,7 +44,7 @@ class WsRow(msgspec.Struct, kw_only=True, gc=False):
     """One row of the `workspaces` table."""
 
     name: str
-    root: str
+    root: str  # "" for a bare lease (`lease-acquired` with `bare`): no directory
     rev: int = 0
     epoch: int = 0  # the latest epoch ever acquired (0: never leased)
     holder: str = ""
@@ -131,8 +131,13 @@ class WorkspacesFold:
 
         if isinstance(event, WorkspaceAdded):
             if row is not None:
-                refuse(f"it was already added with root {row.root!r}")
+                refuse(f"it was already added with root {row.root!r}" if row.root else
+                       "the name is a bare lease's (no directory: a LangGraph thread's claim)")
             return
+        if isinstance(event, LeaseAcquired) and event.bare:
+            if row is not None:
+                refuse("a bare lease makes its name, and this one exists already")
+            row = WsRow(name=name, root="")  # what `apply` will make: no lease yet
         if row is None:
             refuse("the workspace was never added")
         assert row is not None
@@ -180,6 +185,9 @@ class WorkspacesFold:
             self.dirty_rows.add(name)
             return
         row = self.row(name)
+        if row is None and isinstance(event, LeaseAcquired) and event.bare:
+            # a bare lease: the name's row, with no directory (root "")
+            row = self.rows[name] = WsRow(name=name, root="")
         if row is None:  # validated before; a fold over a damaged log skips it
             return
         if isinstance(event, WorkspaceRestored | WorkspaceRebound):

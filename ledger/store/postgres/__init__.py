@@ -22,12 +22,10 @@ cut off may or may not have committed, which a retry with the same journal key a
 from __future__ import annotations
 
 import contextlib
-import re
 import threading
 import zlib
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from typing import Any, Final
-from urllib.parse import urlsplit, urlunsplit
 
 from ...errors import (
     AccessDenied,
@@ -41,6 +39,7 @@ from ...errors import (
     ReadOnlyLedger,
     StorageFailure,
 )
+from ...blobs import pulse_with
 from ...events import genesis_hash
 from ...projections.steps import IN_FLIGHT, StepRow
 from ...projections.workspaces import PathState, WsRow
@@ -63,10 +62,9 @@ from .. import (
 from ..base import TxBase, locked_view, paged, row_problem
 from . import schema as sch
 from .driver import _first_line, _psycopg
+from .location import SCHEMES, check_url, is_url, shown_location, without_secrets
 from . import sql as q
 
-#: URL schemes a PostgreSQL ledger is named by.
-SCHEMES: Final = ("postgresql", "postgres")
 CHECKPOINT_NAME: Final = "steps"
 READ_BATCH: Final = 2_000
 #: The advisory lock class of every steptrail lock ('STLG' as a signed 32-bit int).
@@ -85,48 +83,26 @@ BUSY_TIMEOUT_MS: Final = 30_000
 #: rolled back, its locks freed): a writer stalled or cut off mid-transaction holds the
 #: other writers up for at most this, never until TCP gives up.
 IDLE_IN_TRANSACTION_MS: Final = 60_000
+#: A write transaction silent this long is ended by the server (see docs/design.md,
+#: "Many writers"): a frozen or cut-off writer lets go of its workspace's lock (a takeover
+#: waits at most this) and of the ledger lock. A builder's long file work inside it
+#: (hashing a large displaced file, streaming it to the blob rows) keeps the session
+#: alive with a round trip a second (`_pulse`), so only a writer that stopped making
+#: progress is ended.
+WRITE_IDLE_MS: Final = 10_000
+#: Once a transaction holds the chain lock — the one lock every writer needs — it does
+#: database work only (chain, insert, COMMIT); silent this long, the server ends it.
+CHAIN_IDLE_MS: Final = 5_000
+#: A whole-ledger transaction (gc, a registration, a seal) asks for the ledger lock
+#: without queuing for this long first: PostgreSQL grants locks in queue order, so a
+#: queued exclusive request would hold up every workspace transaction that comes after
+#: it behind whichever slow builder it waits for. Past this it queues (no starvation).
+EXCLUSIVE_POLL_MS: Final = 5_000
+#: The longest a builder's file work goes without a round trip (`_pulse`).
+PULSE_S: Final = 1.0
 #: TCP keepalives on every connection: a server gone silent is noticed in ~25 s.
 KEEPALIVES: Final = {"keepalives": 1, "keepalives_idle": 10, "keepalives_interval": 5,
                      "keepalives_count": 3}
-
-
-def is_url(location: object) -> bool:
-    """Whether `location` names a PostgreSQL ledger (a ``postgresql://`` URL)."""
-    return isinstance(location, str) and location.split("://", 1)[0].lower() in SCHEMES \
-        and "://" in location
-
-
-def display_url(url: str) -> str:
-    """`url` as messages show it: its password replaced by ``***``."""
-    try:
-        parts = urlsplit(url)
-    except ValueError:
-        return "postgresql://(unparsable URL)"
-    netloc = parts.netloc
-    if "@" in netloc:
-        userinfo, host = netloc.rsplit("@", 1)
-        if ":" in userinfo:
-            userinfo = userinfo.split(":", 1)[0] + ":***"
-        netloc = f"{userinfo}@{host}"
-    query = "&".join("password=***" if p.lower().startswith("password=") else p
-                     for p in parts.query.split("&")) if parts.query else ""
-    return urlunsplit((parts.scheme, netloc, parts.path, query, ""))
-
-
-def _without_secrets(text: str, url: str, shown: str) -> str:
-    """A driver's message about `url` without its password: libpq quotes a URI it cannot
-    parse whole, or the token it stopped at (`shown`: the URL as messages show it)."""
-    from urllib.parse import unquote
-    text = text.replace(url, shown)
-    rest = url.split("://", 1)[-1]
-    userinfo = rest[:rest.rfind("@")] if "@" in rest else ""
-    secrets = [userinfo.split(":", 1)[1]] if ":" in userinfo else []
-    secrets += re.findall(r"[?&]password=([^&#]*)", url, re.IGNORECASE)
-    for secret in {x for s in secrets for x in (s, unquote(s)) if x}:
-        text = text.replace(f'"{secret}"', '"***"')
-        if len(secret) >= 4:
-            text = text.replace(secret, "***")
-    return text
 
 
 def _lock_key(name: str) -> int:
@@ -552,7 +528,7 @@ class PgStore:
         self.url = url
         #: How long a writer waits for another's lock before LedgerBusy (as on SQLite).
         self.busy_timeout_ms = int(busy_timeout_ms)
-        self.location = display_url(url)
+        self.location = shown_location(url)
         self.injected_clock = clock
         self.readonly = readonly
         self.forensic = forensic
@@ -568,6 +544,7 @@ class PgStore:
         self._chain_key = 0
         self._ledger_key = 0
         self._chained = False
+        self._pulsed = 0.0
         self._tx_time_ns = 0
         self._gc_key = 0
         self.view: PgView = _LockedView(self)
@@ -641,11 +618,21 @@ class PgStore:
         return store, created
 
     def _judge(self, conn: Any, version: int) -> None:
+        if version < sch.SCHEMA_VERSION and not self.readonly:  # an older ledger: migrated
+            try:
+                with self._translated():
+                    version = sch.migrate(conn, version,
+                                          (LOCK_CLASS, _lock_key("init:" + self._schema)))
+            except AccessDenied:
+                pass  # a worker's role may not replace the owner's function: the owner's
+                # next open does; v4's tables are v5's, so the worker goes on meanwhile
         self.version = version
-        if version != sch.SCHEMA_VERSION:
+        readable = version in (4, sch.SCHEMA_VERSION)  # (v4: the same tables)
+        if not readable:
             raise LedgerTooNew(self.location, version, sch.SCHEMA_VERSION) \
                 if version > sch.SCHEMA_VERSION else _too_old(self.location, version)
-        self.schema_changes = sch.check_schema(conn, self.location, forensic=self.forensic)
+        self.schema_changes = sch.check_schema(conn, self.location, forensic=self.forensic,
+                                               version=version)
         ledger_id = self.view.meta("ledger_id")
         if not isinstance(ledger_id, str) or not ledger_id:
             raise CorruptLedger(self.location, "meta has no ledger_id (the chain's genesis)")
@@ -657,15 +644,16 @@ class PgStore:
         if self._depth:
             raise DatabaseUnavailable(self.location, "the connection was lost inside a"
                                       " transaction, which did not commit")
+        check_url(self.url)  # libpq would read part of a password as the host
         try:
             conn = psycopg.connect(self.url, autocommit=True, connect_timeout=CONNECT_TIMEOUT_S,
                                    application_name="steptrail", **KEEPALIVES)
         except psycopg.ProgrammingError as exc:
             raise InvalidInput(f"{self.location} is not a usable PostgreSQL URL: "
-                               f"{_without_secrets(_first_line(exc), self.url, self.location)}"
+                               f"{without_secrets(_first_line(exc), self.url)}"
                                ) from None
         except psycopg.OperationalError as exc:
-            msg = _without_secrets(_first_line(exc), self.url, self.location)
+            msg = without_secrets(_first_line(exc), self.url)
             if "password authentication failed" in msg or "permission denied" in msg \
                     or "role" in msg and "does not exist" in msg:
                 raise AccessDenied(self.location, msg, "check the user and password in the"
@@ -675,7 +663,7 @@ class PgStore:
             raise DatabaseUnavailable(self.location, msg) from None
         except (ValueError, TypeError) as exc:
             raise InvalidInput(f"{self.location} is not a usable PostgreSQL URL: "
-                               f"{_without_secrets(str(exc), self.url, self.location)}") from None
+                               f"{without_secrets(str(exc), self.url)}") from None
         try:
             enc = conn.execute("SHOW server_encoding").fetchone()[0]
             if enc.upper() not in ("UTF8", "UTF-8"):
@@ -757,22 +745,29 @@ class PgStore:
                 # server's time once they are held (the transaction's time: read after
                 # the workspace's lock, so one workspace's times follow its commits).
                 if scope.workspace is None:
-                    locks = (f"pg_advisory_xact_lock({LOCK_CLASS}, {self._ledger_key}),"
-                             f" pg_advisory_xact_lock({LOCK_CLASS}, {self._chain_key})")
+                    self._depth, self._writing, self._chained = 1, True, False
+                    try:
+                        self._take_ledger_exclusively(conn)
+                    except BaseException:
+                        self._abort()
+                        raise
+                    locks = f"pg_advisory_xact_lock({LOCK_CLASS}, {self._chain_key})"
                 else:
                     ws_key = _lock_key(f"workspace:{self._schema}:{scope.workspace}")
                     locks = (f"pg_advisory_xact_lock_shared({LOCK_CLASS}, {self._ledger_key}),"
                              f" pg_advisory_xact_lock({LOCK_CLASS_WS}, {ws_key})")
                 self._depth, self._writing, self._chained = 1, True, False
                 try:
-                    # No idle timeout inside a write transaction: the server must never
-                    # end it (and free its workspace's lock) while its builder still
-                    # writes the workspace's files; a stalled writer is bounded by the
-                    # others' lock timeout instead.
-                    cur = conn.execute(
+                    # The idle bound: a writer that stops (SIGSTOP, a frozen VM, a cut
+                    # network) is ended by the server and its locks freed; a builder at
+                    # work proves it is alive (`_pulse`, and a round trip before each
+                    # rename or unlink) and stops when the server has ended it.
+                    begun = "" if scope.workspace is None else (
                         "BEGIN ISOLATION LEVEL READ COMMITTED;"
-                        f" SET LOCAL lock_timeout = {max(1, int(self.busy_timeout_ms))};"
-                        " SET LOCAL idle_in_transaction_session_timeout = 0;"
+                        f" SET LOCAL lock_timeout = {max(1, int(self.busy_timeout_ms))};")
+                    idle = CHAIN_IDLE_MS if scope.workspace is None else WRITE_IDLE_MS
+                    cur = conn.execute(
+                        begun + f" SET LOCAL idle_in_transaction_session_timeout = {idle};"
                         f" SELECT {locks}, {_NOW_NS}")
                     while cur.nextset():
                         pass
@@ -780,10 +775,49 @@ class PgStore:
                 except BaseException:
                     self._abort()
                     raise
+                self._pulsed = 0.0
+                pulse_with(self._pulse)
                 self._chained = scope.workspace is None
             else:
                 conn.execute("BEGIN ISOLATION LEVEL REPEATABLE READ")
                 self._depth, self._writing = 1, False
+
+    def _take_ledger_exclusively(self, conn: Any) -> None:
+        """BEGIN a whole-ledger transaction and take the ledger lock exclusively: asked
+        without queuing for up to `EXCLUSIVE_POLL_MS` (workspace transactions arriving
+        meanwhile are not held up behind this request), then queued for the rest of the
+        busy timeout."""
+        import time
+        timeout_ms = max(1, int(self.busy_timeout_ms))
+        conn.execute("BEGIN ISOLATION LEVEL READ COMMITTED;"
+                     f" SET LOCAL lock_timeout = {timeout_ms};"
+                     f" SET LOCAL idle_in_transaction_session_timeout = {WRITE_IDLE_MS}")
+        start = time.monotonic()
+        poll_s = min(EXCLUSIVE_POLL_MS, timeout_ms) / 1000
+        nap = 0.002
+        while True:
+            got = conn.execute(f"SELECT pg_try_advisory_xact_lock({LOCK_CLASS},"
+                               f" {self._ledger_key})").fetchone()[0]
+            if got:
+                return
+            waited = time.monotonic() - start
+            if waited >= poll_s:
+                break
+            time.sleep(min(nap, poll_s - waited))
+            nap = min(nap * 2, 0.1)
+        rest = max(1, timeout_ms - int((time.monotonic() - start) * 1000))
+        conn.execute(f"SET LOCAL lock_timeout = {rest};"
+                     f" SELECT pg_advisory_xact_lock({LOCK_CLASS}, {self._ledger_key})")
+
+    def _pulse(self) -> None:
+        """During a builder's long file work (every chunk read, see `blobs.fd_chunks`): a
+        round trip at most once a `PULSE_S`, so the server's idle bound ends only a writer
+        that stopped — and this one stops (DatabaseUnavailable) once it was ended."""
+        import time
+        now = time.monotonic()
+        if self._writing and now - self._pulsed >= PULSE_S:
+            self._pulsed = now
+            self._alive()
 
     def _alive(self) -> None:
         """A round trip inside the write transaction: DatabaseUnavailable if the server
@@ -801,14 +835,19 @@ class PgStore:
         if self._chained or not self._writing:
             return
         with self._translated():
-            self._connect().execute("SELECT pg_advisory_xact_lock(%s, %s)",
-                                    (LOCK_CLASS, self._chain_key))
+            cur = self._connect().execute(
+                f"SELECT pg_advisory_xact_lock({LOCK_CLASS}, {self._chain_key});"
+                f" SET LOCAL idle_in_transaction_session_timeout = {CHAIN_IDLE_MS}")
+            while cur.nextset():
+                pass
         self._chained = True
 
     def _end(self, *, commit: bool) -> None:
         self._depth -= 1
         if self._depth:
             return
+        if self._writing:
+            pulse_with(None)
         self._writing = self._chained = False
         conn = self._conn
         if not commit:
@@ -817,6 +856,10 @@ class PgStore:
         psycopg = _psycopg()
         try:
             conn.execute("COMMIT")
+        except psycopg.errors.IdleInTransactionSessionTimeout:
+            raise DatabaseUnavailable(self.location, "the server ended this write transaction,"
+                                      " silent past its idle bound, before its COMMIT (nothing"
+                                      " of it committed); retry") from None
         except psycopg.OperationalError as exc:
             raise DatabaseUnavailable(self.location, "the connection was lost at COMMIT (the"
                                       " transaction may or may not have committed): "
@@ -826,6 +869,8 @@ class PgStore:
             raise StorageFailure(self.location, f"COMMIT failed: {_first_line(exc)}") from None
 
     def _abort(self) -> None:
+        if self._writing:
+            pulse_with(None)
         self._depth, self._writing, self._chained = 0, False, False
         conn = self._conn
         if conn is None or conn.closed or conn.broken:
@@ -943,4 +988,4 @@ def _too_old(location: str, version: int) -> LedgerError:
                       f" makes and reads v{sch.SCHEMA_VERSION} PostgreSQL ledgers")
 
 
-__all__ = ["PgStore", "PgTx", "PgView", "SCHEMES", "display_url", "is_url"]
+__all__ = ["PgStore", "PgTx", "PgView", "SCHEMES", "is_url", "shown_location"]

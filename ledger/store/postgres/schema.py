@@ -23,7 +23,7 @@ from ...errors import LedgerTooNew, NotALedger
 
 APPLICATION: Final = "stepledger"
 #: The same version numbers as the SQLite schema: a v4 ledger holds the same rows.
-SCHEMA_VERSION: Final = 4
+SCHEMA_VERSION: Final = 5
 
 _T: Final = 'text COLLATE "C" NOT NULL'
 _TN: Final = 'text COLLATE "C"'
@@ -84,9 +84,11 @@ INDEXES: Final[dict[str, str]] = {
 
 #: The append-only rule, in the database itself: UPDATE and TRUNCATE of events are
 #: refused to every connection, DELETE too except inside a range a `run-sealed` event
-#: already in the log registered (the SQLite trigger's very condition).
-FUNCTIONS: Final[dict[str, str]] = {
-    "stepledger_events_append_only": """
+#: already in the log registered — one of the ranges (`gaps`) that very event records,
+#: of its `sealed_run` (the SQLite trigger's very condition). Version 4's body trusted
+#: any `sealed_ranges` row naming some seal; a v4 ledger is brought to v5 by its first
+#: read-write open (`migrate`).
+_APPEND_ONLY_V4: Final = """
 BEGIN
   IF TG_OP = 'DELETE' AND EXISTS (
       SELECT 1 FROM sealed_ranges r JOIN events s ON s.seq = r.seal_seq
@@ -98,8 +100,28 @@ BEGIN
   RAISE EXCEPTION 'stepledger events are append-only: % refused', TG_OP
     USING ERRCODE = 'insufficient_privilege';
 END
-""",
-}
+"""
+_APPEND_ONLY_V5: Final = """
+BEGIN
+  IF TG_OP = 'DELETE' AND EXISTS (
+      SELECT 1 FROM sealed_ranges r JOIN events s ON s.seq = r.seal_seq
+      WHERE r.first_seq = (SELECT max(first_seq) FROM sealed_ranges WHERE first_seq <= OLD.seq)
+        AND OLD.seq <= r.last_seq AND OLD.run = r.run AND r.seal_seq > r.last_seq
+        AND s.kind = 'run-sealed'
+        AND convert_from(s.payload, 'UTF8')::jsonb ->> 'sealed_run' = r.run
+        AND EXISTS (SELECT 1 FROM jsonb_array_elements(
+                        convert_from(s.payload, 'UTF8')::jsonb -> 'gaps') g
+                    WHERE (g ->> 0)::bigint = r.first_seq
+                      AND (g ->> 1)::bigint = r.last_seq)) THEN
+    RETURN OLD;
+  END IF;
+  RAISE EXCEPTION 'stepledger events are append-only: % refused', TG_OP
+    USING ERRCODE = 'insufficient_privilege';
+END
+"""
+#: The function's body by schema version (what a ledger of that version holds).
+APPEND_ONLY_BODIES: Final = {4: _APPEND_ONLY_V4, 5: _APPEND_ONLY_V5}
+FUNCTIONS: Final[dict[str, str]] = {"stepledger_events_append_only": _APPEND_ONLY_V5}
 
 #: Each trigger's pg_trigger.tgtype (ROW 1, BEFORE 2, DELETE 8, UPDATE 16, TRUNCATE 32).
 TRIGGER_TYPES: Final = {"events_no_update": 19, "events_no_delete": 11, "events_no_truncate": 34}
@@ -111,19 +133,25 @@ TRIGGERS: Final[dict[str, str]] = {
 }
 
 
+def _function_statements(name: str, body: str, *, replace: bool = False) -> list[str]:
+    """The trigger function `name` with `body`, and its search path."""
+    return [f"CREATE {'OR REPLACE ' if replace else ''}FUNCTION {name}() RETURNS trigger"
+            f" LANGUAGE plpgsql AS $body${body}$body$",
+            # Its names resolve in the ledger's schema, and a session's temporary tables
+            # last: PostgreSQL searches pg_temp first unless the path names it, so with the
+            # path a `FROM CURRENT` captured, a temporary `sealed_ranges` and `events` let
+            # any role that may DELETE events delete any of them. (CREATE OR REPLACE
+            # resets it: set again.)
+            f"DO $do$BEGIN EXECUTE format('ALTER FUNCTION {name}() SET search_path"
+            " = %I, pg_temp', current_schema()); END$do$"]
+
+
 def create_statements() -> list[str]:
     """Every statement that makes an empty schema a v`SCHEMA_VERSION` ledger."""
     out = [f"CREATE TABLE {name}({cols})" for name, cols in TABLES.items()]
     out += list(INDEXES.values())
     for name, body in FUNCTIONS.items():
-        out.append(f"CREATE FUNCTION {name}() RETURNS trigger LANGUAGE plpgsql"
-                   f" AS $body${body}$body$")
-        # Its names resolve in the ledger's schema, and a session's temporary tables last:
-        # PostgreSQL searches pg_temp first unless the path names it, so with the path a
-        # `FROM CURRENT` captured, a temporary `sealed_ranges` and `events` let any role
-        # that may DELETE events delete any of them.
-        out.append(f"DO $do$BEGIN EXECUTE format('ALTER FUNCTION {name}() SET search_path"
-                   " = %I, pg_temp', current_schema()); END$do$")
+        out += _function_statements(name, body)
     for name, when in TRIGGERS.items():
         out.append(f"CREATE TRIGGER {name} {when}"
                    " EXECUTE FUNCTION stepledger_events_append_only()")
@@ -208,9 +236,33 @@ def read_marker(conn: Any, location: str) -> int | None:
     return int(version)
 
 
-def schema_changes(conn: Any) -> list[str]:
-    """How the schema's ledger objects differ from the allow-list, one line per object
-    (empty: exactly what `create_statements` makes)."""
+def migrate(conn: Any, version: int, init_lock: tuple[int, int]) -> int:
+    """Bring a ledger of an older `version` to `SCHEMA_VERSION` in one transaction (under
+    the init lock, so two opens migrate once); the version it is at now. v4 -> v5: the
+    append-only function's stricter body. A ledger whose v4 objects are not exactly v4's
+    is left alone (its open refuses it, naming the difference)."""
+    if version != 4 or schema_changes(conn, 4):
+        return version
+    conn.execute("BEGIN")
+    try:
+        conn.execute("SELECT pg_advisory_xact_lock(%s, %s)", init_lock)
+        now = conn.execute("SELECT version FROM stepledger_schema").fetchone()[0]
+        if now == 4:
+            for stmt in _function_statements("stepledger_events_append_only",
+                                             _APPEND_ONLY_V5, replace=True):
+                conn.execute(stmt)
+            conn.execute("UPDATE stepledger_schema SET version = 5")
+        conn.execute("COMMIT")
+    except BaseException:
+        if not conn.broken:
+            conn.execute("ROLLBACK")
+        raise
+    return SCHEMA_VERSION
+
+
+def schema_changes(conn: Any, version: int = SCHEMA_VERSION) -> list[str]:
+    """How the schema's ledger objects differ from the allow-list of `version`, one line
+    per object (empty: exactly what `create_statements` makes, at that version)."""
     names = list(TABLES)
     out: list[str] = []
     found_cols: dict[str, dict[str, tuple[str, bool, str]]] = {}
@@ -237,7 +289,7 @@ def schema_changes(conn: Any) -> list[str]:
         if got is None:
             out.append(f"trigger {name} was dropped")
         elif got[1] != "events" or got[3] != "stepledger_events_append_only" \
-                or got[4] != FUNCTIONS["stepledger_events_append_only"] \
+                or got[4] != APPEND_ONLY_BODIES.get(version) \
                 or got[5] != TRIGGER_TYPES[name] or not got[6] or not got[7]:
             out.append(f"trigger {name} was changed")
         elif got[2] != "O":
@@ -260,11 +312,12 @@ def schema_changes(conn: Any) -> list[str]:
     return out
 
 
-def check_schema(conn: Any, location: str, *, forensic: bool) -> tuple[str, ...]:
+def check_schema(conn: Any, location: str, *, forensic: bool,
+                 version: int = SCHEMA_VERSION) -> tuple[str, ...]:
     """Refuse (NotALedger) a ledger whose objects differ from the allow-list; a forensic
     open accepts differences outside its tables (triggers, indexes, rules), returned for
     verify to report."""
-    changes = schema_changes(conn)
+    changes = schema_changes(conn, version)
     if not changes:
         return ()
     tables_differ = [c for c in changes if c.startswith("table ")]

@@ -42,7 +42,7 @@ from .file import (
     read_error,
     translate,
 )
-from ...errors import CorruptLedger
+from ...errors import CorruptLedger, InvalidInput
 from ...events import genesis_hash
 from .. import (
     COPY_TABLES,
@@ -466,6 +466,13 @@ class SqliteStore:
                                       busy_timeout_ms=busy_timeout_ms, vfs=vfs)
         return cls._over(db, clock, blob_root, on_op), created
 
+    @staticmethod
+    def check_writable(path: str) -> None:
+        """NotALedger, before anything is opened or created, if one of the ledger's own
+        files at `path` (the database, its -wal, -shm, -lockq) is a symlink: a writer
+        follows none. A symlinked directory above them is resolved, not refused."""
+        Database.refuse_symlinks(path)
+
     @classmethod
     def _over(cls, db: Database, clock: Callable[[], int],
               blob_root: str | os.PathLike[str] | None,
@@ -544,7 +551,14 @@ class SqliteStore:
         """Hold lock `name` (a flock on a file beside the ledger) for the block; Held
         when another process holds it and not `wait`."""
         path = self._lock_path(name)
-        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, LEDGER_FILE_MODE)
+        try:  # one of the ledger's own files: never through a symlink (file._refuse_symlinks)
+            fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW,
+                         LEDGER_FILE_MODE)
+        except OSError as exc:
+            if exc.errno != errno.ELOOP:
+                raise
+            raise InvalidInput(f"{path} is a symlink; a writer never follows one (another"
+                               " file could be written through it): remove it") from None
         try:
             try:
                 fcntl.flock(fd, fcntl.LOCK_EX | (0 if wait else fcntl.LOCK_NB))

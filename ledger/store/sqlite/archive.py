@@ -21,6 +21,7 @@ import apsw
 
 from ...errors import ArchiveInvalid, StorageFailure
 from .. import ROW_NAMES, EventRow
+from .file import resolved
 
 APPLICATION_ID: Final = 0x53544C41  # 'STLA'
 FORMAT_VERSION: Final = 1
@@ -78,7 +79,8 @@ def write_archive(path: str, header: dict[str, str], rows: Iterable[EventRow],
     fsynced, renamed over `path`, the directory fsynced. `on_op(name)` is called before
     each of those operations (the crash tests kill the process there)."""
     op = on_op or (lambda _name: None)
-    directory = os.path.dirname(os.path.abspath(path))
+    # resolved once: SQLITE_OPEN_NOFOLLOW refuses a symlinked directory anywhere above
+    directory = os.path.realpath(os.path.dirname(os.path.abspath(path)))
     tmp = os.path.join(directory, f".{os.path.basename(path)}.tmp-{os.getpid()}")
     with contextlib.suppress(FileNotFoundError):
         os.unlink(tmp)
@@ -160,7 +162,8 @@ class ArchiveFile:
     def __init__(self, path: str) -> None:
         self.path = path
         self._check_header_bytes()
-        uri = "file:" + urllib.parse.quote(os.path.abspath(path)) + "?mode=ro&immutable=1"
+        uri = "file:" + urllib.parse.quote(os.path.abspath(resolved(path))) \
+            + "?mode=ro&immutable=1"
         try:
             self.conn = apsw.Connection(uri, flags=apsw.SQLITE_OPEN_READONLY
                                         | apsw.SQLITE_OPEN_URI | apsw.SQLITE_OPEN_NOFOLLOW)

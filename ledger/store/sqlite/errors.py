@@ -21,6 +21,7 @@ from ...errors import (
     InvalidInput,
     LedgerBusy,
     LedgerError,
+    NotALedger,
     StorageFailure,
 )
 
@@ -68,6 +69,13 @@ def translate(exc: BaseException, path: str) -> LedgerError:
     """Map an apsw or OS failure to our typed error (exit code 3 or 2)."""
     if isinstance(exc, LedgerError):
         return exc
+    if isinstance(exc, apsw.CantOpenError) \
+            and getattr(exc, "extendedresult", None) == apsw.SQLITE_CANTOPEN_SYMLINK:
+        # SQLITE_OPEN_NOFOLLOW met a symlink on the way (one swapped in after the
+        # directory was resolved): the path is the problem, not the disk
+        return NotALedger(path, "a symlink was met on its path (a writer never follows"
+                          " one: another file could be written through it); give the"
+                          " real path")
     if isinstance(exc, _WRITE_REFUSED) or (
             isinstance(exc, OSError) and exc.errno in _WRITE_REFUSED_ERRNOS):
         found = access_denied(path)

@@ -22,6 +22,7 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import os
+import re
 import random
 import shutil
 import stat
@@ -443,6 +444,7 @@ class Database:
         synchronous = _check_sync(synchronous)
         if forensic and not readonly:
             raise InvalidInput("a forensic open is read-only: pass readonly=True")
+        path = resolved(path)
         if not readonly:
             _refuse_symlinks(path)
         header = read_header(path)
@@ -477,6 +479,12 @@ class Database:
         db._created = [p for p, existed in ((shm, shm_existed), (wal, wal_existed)) if not existed]
         db._forensic(forensic)
         return db
+
+    @staticmethod
+    def refuse_symlinks(path: str) -> None:
+        """NotALedger if one of the ledger's own files at `path` is a symlink (see
+        `_refuse_symlinks`); its directory may be one (`resolved`)."""
+        _refuse_symlinks(resolved(path))
 
     def _forensic(self, forensic: bool) -> None:
         self.forensic = forensic
@@ -553,6 +561,8 @@ class Database:
         schema (a crash inside `init`), is initialized.
         """
         synchronous = _check_sync(synchronous)  # bad input writes nothing, not even a file
+        path = resolved(path)
+        _refuse_symlinks(path)
         try:
             if os.path.getsize(path) > 0 or os.path.exists(wal_path(path)):
                 return cls.open(path, synchronous=synchronous,
@@ -571,12 +581,15 @@ class Database:
                 except NotALedger:
                     raise refused from None
         parent = os.path.dirname(os.path.abspath(path))
+        made: os.stat_result | None = None  # the empty file this init created
         try:
             _makedirs_durably(parent)
             with contextlib.suppress(FileExistsError):  # a concurrent init made it first
                 # created private before SQLite sees it (it would create it 0644 & ~umask)
-                os.close(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW
-                                 | os.O_CLOEXEC, LEDGER_FILE_MODE))
+                fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW
+                             | os.O_CLOEXEC, LEDGER_FILE_MODE)
+                made = os.fstat(fd)
+                os.close(fd)
             conn = apsw.Connection(
                 path,
                 flags=apsw.SQLITE_OPEN_READWRITE | apsw.SQLITE_OPEN_CREATE
@@ -584,6 +597,7 @@ class Database:
                 **({"vfs": vfs} if vfs else {}),
             )
         except (apsw.Error, OSError) as exc:
+            _remove_made(path, made)
             raise translate(exc, path) from None
         try:
             _harden(conn, allow_triggers=True)
@@ -621,9 +635,11 @@ class Database:
             return db, created
         except apsw.Error as exc:
             _close_quietly(conn)
+            _remove_made(path, made)
             raise translate(exc, path) from None
         except BaseException:
             _close_quietly(conn)
+            _remove_made(path, made)
             raise
 
     def _migrate(self, version: int) -> None:
@@ -708,8 +724,8 @@ class Database:
         self.conn.set_wal_hook(self._wal_hook)
         self._busy_timeout_s = busy_timeout_ms / 1000
         try:
-            self._lockq = os.open(self.path + "-lockq", os.O_RDWR | os.O_CREAT | os.O_CLOEXEC,
-                                  LEDGER_FILE_MODE)
+            self._lockq = os.open(self.path + "-lockq", os.O_RDWR | os.O_CREAT | os.O_CLOEXEC
+                                  | os.O_NOFOLLOW, LEDGER_FILE_MODE)
         except OSError:
             self._lockq = None  # no queue (a read-only directory): SQLite's lock alone
             return
@@ -972,15 +988,48 @@ def _judge(path: str, header: Header | None, busy_timeout_ms: int, vfs: str | No
     raise AssertionError("unreachable: the last try returns or raises")
 
 
+def resolved(path: str) -> str:
+    """`path` with the directory it names resolved once, symlinks and all (``/tmp`` and
+    ``/var`` are symlinks on macOS), and its last component kept as it is: SQLite's
+    SQLITE_OPEN_NOFOLLOW refuses a symlink anywhere in a path, and only the ledger's own
+    files must not be one (`_refuse_symlinks`). A path whose directory holds no symlink
+    is returned unchanged (messages keep naming it as it was given)."""
+    directory, name = os.path.split(os.path.abspath(path))
+    real = os.path.realpath(directory)
+    return path if real == directory else os.path.join(real, name)
+
+
+#: The ledger's own files beside it (`path` + suffix): a writer never follows a symlink
+#: to any of them.
+OWN_SUFFIXES: Final = ("", "-wal", "-shm", "-lockq")
+
+
 def _refuse_symlinks(path: str) -> None:
     """A writer opens the ledger with SQLITE_OPEN_NOFOLLOW, which fails on a symlinked
     file (or -wal/-shm) with a bare CANTOPEN; name the symlink instead, before any file
-    is created (exit 2: the path is the problem, not the disk)."""
-    for p in (path, wal_path(path), path + "-shm"):
+    is created (exit 2: the path is the problem, not the disk). Only the ledger's own
+    files are judged: a symlinked directory above them was resolved (`resolved`)."""
+    for p in (path + suffix for suffix in OWN_SUFFIXES):
         if os.path.islink(p):
             raise NotALedger(p, "it is a symlink (a writer never follows one: another file"
                              " could be written through it); give the real path, or remove"
                              " the symlink")
+
+
+def _remove_made(path: str, made: os.stat_result | None) -> None:
+    """Remove the empty file a failed `create` made (`made`: its stat when created), and
+    the empty -wal and the -shm SQLite made beside it: an init that fails leaves nothing
+    behind. A file another process has since written to (a concurrent init) stays."""
+    if made is None:
+        return
+    with contextlib.suppress(OSError):
+        st = os.lstat(path)
+        wal = os.lstat(wal_path(path)).st_size if os.path.lexists(wal_path(path)) else 0
+        if (st.st_ino, st.st_dev) == (made.st_ino, made.st_dev) and st.st_size == 0 \
+                and wal == 0:
+            for p in (wal_path(path), path + "-shm", path):
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(p)
 
 
 def _close_quietly(conn: apsw.Connection) -> None:
@@ -1165,6 +1214,25 @@ def _check_sync(value: str) -> str:
         raise InvalidInput(f"synchronous={value!r} is not one of FULL, EXTRA, NORMAL, OFF")
     return value
 
+
+
+#: A backup directory's completion marker, and the name of the database snapshot it
+#: names (`ledger.backup`): such a file is never opened to write.
+BACKUP_MARKER: Final = "BACKUP.json"
+BACKUP_DB_NAME: Final = re.compile(r"ledger-[0-9]+-[0-9a-f]{12}\.db", re.ASCII)
+
+
+def refuse_a_backups_database(path: str) -> None:
+    """InvalidInput, before anything is opened, for a backup's database (a
+    ``ledger-<seq>-<hash>.db`` beside a ``BACKUP.json``) opened to write: a backup stays
+    what its marker says; it is restored (`backup restore`), or read read-only."""
+    where, name = os.path.split(os.path.abspath(path))
+    if BACKUP_DB_NAME.fullmatch(name) and os.path.lexists(os.path.join(where, BACKUP_MARKER)):
+        raise InvalidInput(
+            f"{path} is the database of the backup in {where}, which is never written to;"
+            f" restore it first ('steptrail backup restore {where} NEW_DIR') and use the"
+            " ledger that makes, or read this one with read-only commands (verify, show,"
+            " events)")
 
 __all__ = [
     "APPLICATION_ID", "BUSY_TIMEOUT_MS", "GC_LOCK_NAME", "LEDGER_DIR_MODE", "LEDGER_FILE_MODE",

@@ -15,7 +15,7 @@ import apsw
 from ...errors import LedgerTooNew, NotALedger
 
 APPLICATION_ID: Final = 0x53544C47  # 'STLG'
-SCHEMA_VERSION: Final = 4
+SCHEMA_VERSION: Final = 5
 
 # Each version's statements, applied in order to reach it. The allow-list of a version
 # is whatever these statements produce in an empty database, so the two cannot drift.
@@ -176,6 +176,24 @@ WHEN NOT EXISTS (
   WHERE r.first_seq = (SELECT max(first_seq) FROM sealed_ranges WHERE first_seq <= OLD.seq)
     AND OLD.seq <= r.last_seq AND OLD.run = r.run AND r.seal_seq > r.last_seq
     AND s.kind = 'run-sealed')
+BEGIN SELECT RAISE(ABORT, 'stepledger events are append-only: DELETE refused'); END;
+""",
+    # The exception holds only for the exact range and run its seal event records (one of
+    # its `gaps`, of its `sealed_run`): a row forged into `sealed_ranges` that names an
+    # unsealed event and some genuine seal deletes nothing.
+    5: """
+DROP TRIGGER events_no_delete;
+
+CREATE TRIGGER events_no_delete BEFORE DELETE ON events
+WHEN NOT EXISTS (
+  SELECT 1 FROM sealed_ranges r JOIN events s ON s.seq = r.seal_seq
+  WHERE r.first_seq = (SELECT max(first_seq) FROM sealed_ranges WHERE first_seq <= OLD.seq)
+    AND OLD.seq <= r.last_seq AND OLD.run = r.run AND r.seal_seq > r.last_seq
+    AND s.kind = 'run-sealed'
+    AND json_extract(CAST(s.payload AS TEXT), '$.sealed_run') = r.run
+    AND EXISTS (SELECT 1 FROM json_each(CAST(s.payload AS TEXT), '$.gaps') g
+                WHERE json_extract(g.value, '$[0]') = r.first_seq
+                  AND json_extract(g.value, '$[1]') = r.last_seq))
 BEGIN SELECT RAISE(ABORT, 'stepledger events are append-only: DELETE refused'); END;
 """,
 }

@@ -1,0 +1,157 @@
+#!/usr/bin/env python3
+"""A frozen writer against a PostgreSQL fleet: the others' steps/s, and the takeover.
+
+    .venv/bin/python tools/bench_frozen.py            # 120 s a side, 3 writers
+    .venv/bin/python tools/bench_frozen.py --quick    # 20 s a side
+    .venv/bin/python tools/bench_frozen.py --json
+    .venv/bin/python tools/bench_frozen.py --url postgresql://…   # an existing server
+
+Two runs on one throwaway PostgreSQL server (or `--url`), each `--seconds` long: the
+writers (processes, each a loop of `run_fenced_step` on a workspace of its own), alone;
+then the same writers while one more worker SIGSTOPs itself inside a write transaction
+holding the chain lock (the worst place: every writer needs that lock) and stays stopped
+for the whole run. Printed: the writers' steps/s in both runs and their ratio (goal:
+at least 0.8), the longest any one step waited, and how long a `lease acquire --force`
+of the frozen worker's workspace took (goal: within the write idle bound,
+`ledger.store.postgres.WRITE_IDLE_MS`, plus a second).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from typing import Any
+
+WRITER = r"""
+import json, sys, time
+from ledger import Ledger, StepStatus, run_fenced_step
+url, ws, until, tag = sys.argv[1], sys.argv[2], float(sys.argv[3]), sys.argv[4]
+led = Ledger.open(url)
+epoch = led.acquire(ws, "bench-" + ws, ttl_s=3600, force=True).epoch
+n, longest = 0, 0.0
+while time.time() < until:
+    t0 = time.monotonic()
+    out = run_fenced_step(led, ws, f"{tag}-{ws}-{n}",
+                          lambda r: [r.read("app.py").write(f"{n}\n".encode() * 64)],
+                          epoch=epoch)
+    longest = max(longest, time.monotonic() - t0)
+    assert out.status is StepStatus.APPLIED, out
+    n += 1
+print(json.dumps({"steps": n, "longest_s": longest}))
+led.close()
+"""
+
+FROZEN = r"""
+import os, signal, sys
+from ledger import Ledger, StepPlan, Write
+from ledger.blobs import digest_of
+url, ws = sys.argv[1], sys.argv[2]
+seen = []
+def on_op(name):
+    seen.append(name)
+    if name == "commit" and "ws-rename" in seen:
+        print("STOPPED", flush=True)
+        os.kill(os.getpid(), signal.SIGSTOP)
+led = Ledger.open(url, on_op=on_op)
+epoch = led.acquire(ws, "frozen", ttl_s=3600).epoch
+led.admit(ws, epoch, [StepPlan("frozen-1", [Write("app.py", b"frozen\n", digest_of(b"0\n"))])])
+led.apply("frozen-1", epoch=epoch)
+"""
+
+
+def _run(url: str, names: list[str], seconds: float, frozen: str | None) -> dict[str, Any]:
+    stopped = None
+    took = None
+    if frozen is not None:
+        stopped = subprocess.Popen([sys.executable, "-c", FROZEN, url, frozen],
+                                   stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+        assert stopped.stdout is not None
+        if stopped.stdout.readline().strip() != "STOPPED":
+            raise SystemExit("the frozen worker did not reach its transaction")
+    until = time.time() + seconds
+    tag = "frozen" if frozen else "alone"
+    procs = [subprocess.Popen([sys.executable, "-c", WRITER, url, ws, str(until), tag],
+                              stdout=subprocess.PIPE, text=True) for ws in names]
+    try:
+        if frozen is not None:
+            from ledger import Ledger
+            with Ledger.open(url) as led:
+                t0 = time.monotonic()
+                led.acquire(frozen, "takeover", ttl_s=3600, force=True)
+                took = time.monotonic() - t0
+        outs = [json.loads(p.communicate(timeout=seconds + 120)[0]) for p in procs]
+    finally:
+        if stopped is not None:
+            os.kill(stopped.pid, signal.SIGCONT)
+            stopped.wait(60)
+    return {"steps_per_s": sum(o["steps"] for o in outs) / seconds,
+            "longest_step_s": max(o["longest_s"] for o in outs), "takeover_s": took}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--quick", action="store_true", help="20 s a side")
+    ap.add_argument("--seconds", type=float, default=None)
+    ap.add_argument("--writers", type=int, default=3)
+    ap.add_argument("--url", default=None, help="a PostgreSQL database (default: a throwaway"
+                    " server)")
+    ap.add_argument("--json", action="store_true")
+    args = ap.parse_args()
+    seconds = args.seconds or (20.0 if args.quick else 120.0)
+    from ledger import Ledger
+    from ledger.store import postgres as pg
+    server = None
+    url = args.url
+    if url is None:
+        from ledger.testing.pgserver import PgServer
+        server = PgServer.start()
+        url = server.create_database("bench_frozen")
+    root = tempfile.mkdtemp(prefix="bench-frozen-")
+    try:
+        names = [f"w{i}" for i in range(args.writers)]
+        with Ledger.init(url) as led:
+            for ws in [*names, "frozen"]:
+                os.makedirs(os.path.join(root, ws))
+                with open(os.path.join(root, ws, "app.py"), "wb") as f:
+                    f.write(b"0\n")
+                led.add_workspace(ws, os.path.join(root, ws))
+        alone = _run(url, names, seconds, None)
+        with_frozen = _run(url, names, seconds, "frozen")
+    finally:
+        if server is not None:
+            server.close()
+    ratio = with_frozen["steps_per_s"] / alone["steps_per_s"]
+    bound = pg.WRITE_IDLE_MS / 1000
+    result = {
+        "seconds": seconds, "writers": args.writers,
+        "alone_steps_per_s": round(alone["steps_per_s"], 1),
+        "with_frozen_steps_per_s": round(with_frozen["steps_per_s"], 1),
+        "ratio": round(ratio, 3), "ratio_goal": 0.8,
+        "ratio_verdict": "PASS" if ratio >= 0.8 else "FAIL",
+        "longest_step_alone_s": round(alone["longest_step_s"], 3),
+        "longest_step_with_frozen_s": round(with_frozen["longest_step_s"], 3),
+        "takeover_s": round(with_frozen["takeover_s"], 3), "takeover_bound_s": bound,
+        "takeover_verdict": "PASS" if with_frozen["takeover_s"] <= bound + 1 else "FAIL",
+    }
+    if args.json:
+        print(json.dumps(result))
+        return
+    print(f"{args.writers} writers on PostgreSQL, {seconds:.0f} s a side")
+    print(f"  alone                        {result['alone_steps_per_s']:8.1f} steps/s"
+          f"  (longest step {result['longest_step_alone_s']} s)")
+    print(f"  one more worker SIGSTOPped   {result['with_frozen_steps_per_s']:8.1f} steps/s"
+          f"  (longest step {result['longest_step_with_frozen_s']} s)")
+    print(f"  ratio                        {ratio:8.3f}  goal >= 0.8: {result['ratio_verdict']}")
+    print(f"  takeover of its workspace    {result['takeover_s']:8.3f} s  bound {bound:.0f} s"
+          f" + 1: {result['takeover_verdict']}")
+
+
+if __name__ == "__main__":
+    main()

@@ -6,11 +6,11 @@
     .venv/bin/python tools/bench_frozen.py --json
     .venv/bin/python tools/bench_frozen.py --url postgresql://…   # an existing server
 
-Two runs on one throwaway PostgreSQL server (or `--url`), each `--seconds` long: the
-writers (processes, each a loop of `run_fenced_step` on a workspace of its own), alone;
-then the same writers while one more worker SIGSTOPs itself inside a write transaction
-holding the chain lock (the worst place: every writer needs that lock) and stays stopped
-for the whole run. Printed: the writers' steps/s in both runs and their ratio (goal:
+Two sides on one throwaway PostgreSQL server (or `--url`), `--seconds` each, in
+`--rounds` alternating rounds: the writers (processes, each a loop of `run_fenced_step`
+on a workspace of its own), alone; and the same writers while one more worker SIGSTOPs
+itself inside a write transaction holding the chain lock (the worst place: every writer
+needs that lock) and stays stopped for the whole round (a new one each round). Printed: the writers' steps/s in both runs and their ratio (goal:
 at least 0.8), the longest any one step waited, and how long a `lease acquire --force`
 of the frozen worker's workspace took (goal: within the write idle bound,
 `ledger.store.postgres.WRITE_IDLE_MS`, plus a second).
@@ -65,7 +65,8 @@ led.apply("frozen-1", epoch=epoch)
 """
 
 
-def _run(url: str, names: list[str], seconds: float, frozen: str | None) -> dict[str, Any]:
+def _run(url: str, names: list[str], seconds: float, frozen: str | None,
+         tag: str) -> dict[str, Any]:
     stopped = None
     took = None
     if frozen is not None:
@@ -75,7 +76,6 @@ def _run(url: str, names: list[str], seconds: float, frozen: str | None) -> dict
         if stopped.stdout.readline().strip() != "STOPPED":
             raise SystemExit("the frozen worker did not reach its transaction")
     until = time.time() + seconds
-    tag = "frozen" if frozen else "alone"
     procs = [subprocess.Popen([sys.executable, "-c", WRITER, url, ws, str(until), tag],
                               stdout=subprocess.PIPE, text=True) for ws in names]
     try:
@@ -100,6 +100,7 @@ def main() -> None:
     ap.add_argument("--quick", action="store_true", help="20 s a side")
     ap.add_argument("--seconds", type=float, default=None)
     ap.add_argument("--writers", type=int, default=3)
+    ap.add_argument("--rounds", type=int, default=2, help="alternations of the two sides")
     ap.add_argument("--url", default=None, help="a PostgreSQL database (default: a throwaway"
                     " server)")
     ap.add_argument("--json", action="store_true")
@@ -117,20 +118,29 @@ def main() -> None:
     try:
         names = [f"w{i}" for i in range(args.writers)]
         with Ledger.init(url) as led:
-            for ws in [*names, "frozen"]:
+            for ws in [*names, *(f"frozen{r}" for r in range(args.rounds))]:
                 os.makedirs(os.path.join(root, ws))
                 with open(os.path.join(root, ws, "app.py"), "wb") as f:
                     f.write(b"0\n")
                 led.add_workspace(ws, os.path.join(root, ws))
-        alone = _run(url, names, seconds, None)
-        with_frozen = _run(url, names, seconds, "frozen")
+        # the two sides interleaved round by round (a noisy machine drifts over minutes)
+        per = seconds / args.rounds
+        alones, frozens = [], []
+        for r in range(args.rounds):
+            alones.append(_run(url, names, per, None, f"alone{r}"))
+            frozens.append(_run(url, names, per, f"frozen{r}", f"frozen{r}"))
+        alone = {"steps_per_s": sum(a["steps_per_s"] for a in alones) / args.rounds,
+                 "longest_step_s": max(a["longest_step_s"] for a in alones)}
+        with_frozen = {"steps_per_s": sum(f["steps_per_s"] for f in frozens) / args.rounds,
+                       "longest_step_s": max(f["longest_step_s"] for f in frozens),
+                       "takeover_s": max(f["takeover_s"] for f in frozens)}
     finally:
         if server is not None:
             server.close()
     ratio = with_frozen["steps_per_s"] / alone["steps_per_s"]
     bound = pg.WRITE_IDLE_MS / 1000
     result = {
-        "seconds": seconds, "writers": args.writers,
+        "seconds": seconds, "writers": args.writers, "rounds": args.rounds,
         "alone_steps_per_s": round(alone["steps_per_s"], 1),
         "with_frozen_steps_per_s": round(with_frozen["steps_per_s"], 1),
         "ratio": round(ratio, 3), "ratio_goal": 0.8,
@@ -143,7 +153,8 @@ def main() -> None:
     if args.json:
         print(json.dumps(result))
         return
-    print(f"{args.writers} writers on PostgreSQL, {seconds:.0f} s a side")
+    print(f"{args.writers} writers on PostgreSQL, {seconds:.0f} s a side in {args.rounds}"
+          " alternating rounds")
     print(f"  alone                        {result['alone_steps_per_s']:8.1f} steps/s"
           f"  (longest step {result['longest_step_alone_s']} s)")
     print(f"  one more worker SIGSTOPped   {result['with_frozen_steps_per_s']:8.1f} steps/s"

@@ -18,6 +18,7 @@ if TYPE_CHECKING:  # what a type checker sees; at run time, __getattr__ below
         AccessDenied,
         AnchorRefused,
         ArchiveInvalid,
+        ArchiveMissing,
         BackupIncomplete,
         BackupInvalid,
         BlobCorrupt,
@@ -120,7 +121,8 @@ __version__ = "0.1.0"
 #: Each public name -> the submodule it is imported from, on first use (PEP 562): `import
 #: ledger.cli` or `import ledger.errors` does not import the whole library.
 _EXPORTS: dict[str, tuple[str, ...]] = {
-    "errors": ("AccessDenied", "AnchorRefused", "ArchiveInvalid", "BackupIncomplete",
+    "errors": ("AccessDenied", "AnchorRefused", "ArchiveInvalid", "ArchiveMissing",
+        "BackupIncomplete",
         "BackupInvalid", "BlobCorrupt", "BlobNotFound", "CollectorBusy",
         "CompensationConflict", "CompensationWindowClosed", "ContentChanged",
         "ContentFileEscapes", "CorruptLedger", "DatabaseUnavailable", "EnvironmentFailure", "GcRefused",
@@ -177,6 +179,7 @@ __all__ = [
     "Acked",
     "AnchorRefused",
     "ArchiveInvalid",
+    "ArchiveMissing",
     "AppliedWrite",
     "ApplyResult",
     "BackupIncomplete",

@@ -51,6 +51,7 @@ import msgspec
 from . import __version__
 from .blobs import BlobStore
 from .errors import (
+    ArchiveMissing,
     BackupIncomplete,
     BackupInvalid,
     BlobCorrupt,
@@ -142,7 +143,9 @@ class BackupReport(msgspec.Struct, kw_only=True):
     pinned_absent: int  # blobs only a pin names that were already collected (not needed)
     archives: int = 0  # sealed runs' archive files the backup holds
     archives_copied: int = 0
-    archives_absent: list[str] = msgspec.field(default_factory=list)  # named, not found
+    #: always empty: a seal's archive not found refuses the backup (ArchiveMissing); kept,
+    #: as every --json field is
+    archives_absent: list[str] = msgspec.field(default_factory=list)
     gc_held: bool = False
     verified: bool
     elapsed_s: float
@@ -568,6 +571,7 @@ def backup(
             raise BackupInvalid(where, f"it is a backup of ledger {previous.ledger_id}, not of"
                                 f" {source.ledger_id} ({shown})", "give each ledger a backup"
                                 " directory of its own")
+        _archives_there(source, shown)  # refused before anything is written
         os.makedirs(where, _DIR_MODE, exist_ok=True)
         with _flock(os.path.join(where, LOCK_NAME)), _gc_held(source) as gc_held:
             if previous is not None:  # read again under the lock: another backup may have run
@@ -616,9 +620,10 @@ def _backup_locked(source: Ledger, path: str, where: str, previous: BackupMarker
                 found = recorded_anchor(view, snap)
                 witnessed = found is not None or view.meta("witness_tag") is not None
             ledger_id = snapshot.ledger_id
-            from .seal import default_archive_dir, sealed_runs
-            archive_names = sorted({s.archive for s in sealed_runs(snapshot)})
-            archive_src = default_archive_dir(source)
+            from .seal import archive_dir_of, seals_in
+            archive_names = sorted({seal.archive for _seq, seal
+                                    in seals_in(snapshot.storage.view).values()})
+            archive_src = archive_dir_of(source)
         finally:
             snapshot.close()
         copied = skipped = bytes_copied = 0
@@ -632,7 +637,12 @@ def _backup_locked(source: Ledger, path: str, where: str, previous: BackupMarker
                 bytes_copied += size
             if progress is not None:
                 progress(i + 1, len(todo))
-        archives, archives_copied, absent = _copy_archives(archive_names, archive_src, where)
+        if archive_names and archive_src is None:
+            raise ArchiveMissing(path, None, archive_names)
+        archives, archives_copied, absent = _copy_archives(archive_names, archive_src or "",
+                                                           where)
+        if absent:  # moved away since the check in `backup`: still never a backup without
+            raise ArchiveMissing(path, archive_src, absent)
         name = f"ledger-{snap_head.seq}-{snap_head.hash.hex()[:12]}.db"
         db = os.path.join(where, name)
         os.rename(snap, db)
@@ -684,13 +694,27 @@ def _backup_locked(source: Ledger, path: str, where: str, previous: BackupMarker
         gc_held=False, verified=True, elapsed_s=0.0)
 
 
+def _archives_there(source: Ledger, shown: str) -> None:
+    """Every archive the ledger's seals name is in its archive directory (beside a
+    SQLite file, or the one a ledger in a database recorded), else `ArchiveMissing`: a
+    backup of a sealed ledger holds every archive, or is not taken."""
+    from .seal import archive_dir_of, missing_archives, seals_in
+
+    seals = seals_in(source.storage.view)
+    if seals:
+        directory = archive_dir_of(source)
+        missing = missing_archives(seals, directory)
+        if missing:
+            raise ArchiveMissing(shown, directory, missing)
+
+
 def _copy_archives(names: list[str], src_dir: str, where: str
                    ) -> tuple[list[tuple[str, int, str]], set[str], list[str]]:
     """Copy the named archive files from the ledger's archive directory into
     DEST/archive (one already there with the same sha256 is kept: archives never change
     once written). Returns (name, bytes, sha256) of each held, the names copied now, and
-    the names a seal names that the archive directory does not hold (moved or deleted
-    by hand: reported, and the backup goes on — the ledger verifies without them)."""
+    the names a seal names that the archive directory does not hold (the caller refuses
+    the backup: `ArchiveMissing`)."""
     dest_dir = os.path.join(where, ARCHIVE_DIR)
     held: list[tuple[str, int, str]] = []
     copied: set[str] = set()

@@ -2185,9 +2185,13 @@ def _echo_audit(r: Any) -> None:
 @click.argument("source", metavar="SRC")
 @click.argument("dest", metavar="DST")
 @click.option("--no-verify", is_flag=True, help="Skip verifying both ends afterwards.")
+@click.option("--archive-dir", "archive_dir", metavar="DIR",
+              help="Where a database DST keeps sealed runs' archives (absolute; recorded in"
+                   " it). A file DST keeps them in archive/ beside it.")
 @json_option
 @click.pass_context
-def copy_cmd(ctx: click.Context, source: str, dest: str, no_verify: bool, as_json: bool) -> None:
+def copy_cmd(ctx: click.Context, source: str, dest: str, no_verify: bool,
+             archive_dir: str | None, as_json: bool) -> None:
     """Copy the ledger SRC to the new ledger DST, between stores (a file or a
     postgresql:// URL each): every event, hash, projection row and blob, unchanged.
 
@@ -2196,7 +2200,8 @@ def copy_cmd(ctx: click.Context, source: str, dest: str, no_verify: bool, as_jso
     not in the copy, and gc waits); the copy's tables commit in one transaction, after
     every blob they name is stored. DST must be new: a file that does not exist, or a
     database with no ledger (or an empty one). Then both ends are verified and their
-    heads compared.
+    heads compared. Sealed runs' archives come along, each verified: into archive/ beside
+    a file DST, into --archive-dir for a database DST.
 
     \b
     Exit codes: 0 copied and both ends verify with the same head; 1 a verify found a
@@ -2207,7 +2212,7 @@ def copy_cmd(ctx: click.Context, source: str, dest: str, no_verify: bool, as_jso
 
     update, finish = _progress("copying")
     try:
-        report = copy_ledger(source, dest,
+        report = copy_ledger(source, dest, archive_dir=archive_dir,
                              progress=None if update is None else lambda _w, n: update(n))
     finally:
         finish()
@@ -2548,13 +2553,9 @@ def backup_take(ctx: click.Context, dest: str, deep: bool, as_json: bool) -> Non
                f" ({_size(report.db_bytes)}), {_n(report.blobs, 'blob file')}"
                f" ({_n(report.blobs_copied, 'copied', 'copied')}, {_size(report.bytes_copied)};"
                f" {report.blobs_skipped} already there); verified ({report.elapsed_s:.2f}s)")
-    if report.archives or report.archives_absent:
+    if report.archives:
         click.echo(f"  {_n(report.archives, 'sealed-run archive')} ({report.archives_copied}"
                    " copied now)")
-    for name in report.archives_absent:
-        click.echo(f"  warning: archive {name}, named by a seal, is not in the ledger's"
-                   " archive directory: not in this backup (the ledger verifies without it)",
-                   err=True)
 
 
 @backup_group.command("verify", epilog=_examples(
@@ -2639,7 +2640,9 @@ def backup_restore(ctx: click.Context, backup_dir: str, ledger_dir: str,
 def archive_dir_option(f: F) -> F:
     return click.option("--archive-dir", "archive_dir", metavar="DIR",
                         type=click.Path(file_okay=False),
-                        help="Where the archives are (default: archive/ beside the ledger file).")(f)
+                        help="Where the archives are (default: archive/ beside a ledger file;"
+                             " for a ledger in a database, the absolute directory its first"
+                             " seal recorded, which that seal needs).")(f)
 
 
 @cli.group("seal")

@@ -17,8 +17,16 @@ cut off anywhere leaves the destination empty of events (its tables commit at on
 not at all), and `copy` run again into it starts over.
 
 The destination must be new: a file that does not exist, or a database that holds no
-ledger (or an empty one, made by `init` and never written). A ledger with sealed runs is
-refused (their archives are files beside a SQLite ledger; `backup` keeps them).
+ledger (or an empty one, made by `init` and never written).
+
+A ledger with sealed runs moves with every archive its seals name (docs/design.md
+"Sealed runs"): from the source's archive directory (beside a SQLite file, or the one a
+database ledger recorded) into the copy's — ``archive/`` beside a file destination; for a
+database destination the absolute `archive_dir` given, which the copy records. Each is
+copied before the tables commit, hashed on the way and verified against its seal. An
+archive the source directory lacks is `ArchiveMissing`, a database destination without
+`archive_dir` or the source's own directory `InvalidInput`: refused before the
+destination is opened, nothing written.
 """
 
 from __future__ import annotations
@@ -31,7 +39,7 @@ from typing import Any, Final
 
 from . import exchange
 from .errors import InvalidInput
-from .store import Store
+from .store import ARCHIVE_DIR_META, ReadView, Store
 from .store.transfer import _wall, copy_tables
 
 #: What a fresh ledger holds before its first write (init's own facts).
@@ -87,9 +95,12 @@ COPY_TMP_SUFFIX: Final = ".steptrail-copy.tmp"
 _SQLITE_SIDE_FILES: Final = ("", "-wal", "-shm", "-journal", "-lockq")
 
 
-def copy_ledger(source: str, dest: str, *, progress: Progress | None = None) -> CopyReport:
+def copy_ledger(source: str, dest: str, *, archive_dir: str | None = None,
+                progress: Progress | None = None) -> CopyReport:
     """Copy the ledger at `source` to the new ledger `dest` (a path or a postgresql://
     URL each; see the module docstring). InvalidInput for a destination that is not new.
+    `archive_dir` (absolute): where a database destination keeps its archives (needed
+    when the source has sealed runs; a file destination keeps them beside it).
 
     A file destination appears only whole: the copy is made under a temporary name beside
     it (``.NAME.steptrail-copy.tmp``) and renamed to `dest` last (never over a file that
@@ -97,8 +108,16 @@ def copy_ledger(source: str, dest: str, *, progress: Progress | None = None) -> 
     same name removes it and starts over."""
     from .store.postgres import is_url
 
+    if archive_dir is not None:
+        if not is_url(dest):
+            raise InvalidInput("--archive-dir is for a destination in a database; a file"
+                               " destination keeps its archives beside it (archive/)")
+        if not os.path.isabs(archive_dir):
+            raise InvalidInput(f"archive directory {archive_dir[:200]} is relative; give it as"
+                               " /absolute/path (a ledger in a database records it)")
+        archive_dir = os.path.normpath(archive_dir)
     if is_url(dest):
-        return _copy(source, dest, None, progress)
+        return _copy(source, dest, None, progress, archive_dir)
     if os.path.lexists(dest):
         raise InvalidInput(f"the destination {dest} exists; give a new file (copy never"
                            " writes over a ledger)")
@@ -120,7 +139,7 @@ def copy_ledger(source: str, dest: str, *, progress: Progress | None = None) -> 
         for side in _SQLITE_SIDE_FILES:  # a killed copy's leftovers: started over
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(tmp + side)
-        report = _copy(source, tmp, dest, progress)
+        report = _copy(source, tmp, dest, progress, os.path.join(where, "archive"))
         try:
             dfd = os.open(where, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
             try:
@@ -144,17 +163,44 @@ def copy_ledger(source: str, dest: str, *, progress: Progress | None = None) -> 
         os.close(fd)
 
 
-def _copy(source: str, dest: str, shown: str | None, progress: Progress | None) -> CopyReport:
-    """The copy into `dest` (a new file or a database), reported as `shown`."""
+def _copy(source: str, dest: str, shown: str | None, progress: Progress | None,
+          archive_dir: str | None) -> CopyReport:
+    """The copy into `dest` (a new file or a database), reported as `shown`, its
+    archives into `archive_dir` (None: a database destination given none)."""
+    from .seal import archive_dir_at, carry_archives, seals_in
+    from .store.postgres import is_url
+
     src, _ = _open_store(source, create=False, readonly=True)
     try:
+        where = src.info.location
+
+        def archives(view: ReadView, *, check_only: bool) -> None:
+            seals = seals_in(view)
+            source_dir = archive_dir_at(source, view)
+            if seals and archive_dir is None:
+                raise InvalidInput(f"{where} has sealed runs: a copy into a database needs the"
+                                   " absolute directory it will keep their archives in"
+                                   " (--archive-dir /absolute/path, copy_ledger(archive_dir=...))"
+                                   " (nothing was written)")
+            if archive_dir is None:
+                return
+            if (is_url(dest) and source_dir is not None
+                    and os.path.realpath(source_dir) == os.path.realpath(archive_dir)):
+                raise InvalidInput(f"the copy's archive directory {archive_dir[:200]} is the"
+                                   " source's: the two ledgers would write over each other's"
+                                   " archives; give the copy a directory of its own (nothing"
+                                   " was written)")
+            carry_archives(seals, source_dir, archive_dir, shown=where, check_only=check_only)
+
+        with src.read() as view:  # refused before the destination is touched
+            archives(view, check_only=True)
         dst, created = _open_store(dest, create=True)
         try:
             if not created:
                 _check_empty(dst, dst.info.location)
             moved = {"n": 0, "bytes": 0}
 
-            def copy_blobs() -> None:
+            def copy_blobs(view: ReadView) -> None:
                 for digest, (size, _mtime) in sorted(src_files.files().items()):
                     if dst_files.size(digest) == size:
                         continue
@@ -163,11 +209,14 @@ def _copy(source: str, dest: str, shown: str | None, progress: Progress | None) 
                     moved["bytes"] += size
                     if progress is not None:
                         progress("blobs", moved["n"])
+                archives(view, check_only=False)  # the snapshot's seals, before its commit
 
             src_files, dst_files = _files(src), _files(dst)
             with src.exclusive("gc", wait=True):
-                events, rows, head = copy_tables(src, dst, progress=progress,
-                                                 before_commit=copy_blobs)
+                events, rows, head = copy_tables(
+                    src, dst, progress=progress, before_commit=copy_blobs,
+                    meta={ARCHIVE_DIR_META: archive_dir}
+                    if archive_dir is not None and is_url(dest) else None)
             report = CopyReport(source=src.info.location,
                                 dest=dst.info.location if shown is None else shown,
                                 head=str(head), events=events, rows=rows, blobs=moved["n"],

@@ -228,6 +228,22 @@ class ArchiveInvalid(LedgerError):
         self.path, self.why = path, why
 
 
+class ArchiveMissing(InvalidInput):
+    """Archives a ledger's seals name that are not in its archive directory (or, for a
+    ledger in a database, no archive directory is recorded). A copy or a backup of a
+    sealed ledger carries every archive its seals name, or it is refused, nothing
+    written: it never makes a copy that has lost a sealed run's history."""
+
+    def __init__(self, location: str, directory: str | None, names: list[str]) -> None:
+        where = directory if directory is not None else "no directory (the ledger records none)"
+        more = f" and {len(names) - 3} more" if len(names) > 3 else ""
+        super().__init__(
+            f"{location} has sealed runs whose archives are not in its archive directory"
+            f" {where}: {', '.join(names[:3])}{more}; put them back there (a backup holds"
+            " them under DEST/archive/) and run it again; nothing was written")
+        self.location, self.directory, self.names = location, directory, names
+
+
 class IdempotencyConflict(ProtocolRefused):
     def __init__(self, journal_key: str, seq: int) -> None:
         super().__init__(
@@ -620,6 +636,7 @@ __all__ = [
     "ANCHOR_COMMAND",
     "AccessDenied",
     "ArchiveInvalid",
+    "ArchiveMissing",
     "NotSealable",
     "StepSealed",
     "AnchorRefused",

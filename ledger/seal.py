@@ -10,6 +10,9 @@ ledger keeps one `run-sealed` event in their place (docs/design.md "Sealed runs"
   damaged file is refused with `ArchiveInvalid`.
 - `read_archive(path)` reads an archived run in place; `sealed_runs(ledger)` lists the
   seals; `verify_sealed(ledger)` verifies the ledger and every archive together.
+- `archive_dir_of(ledger)` is where its archives are: beside a SQLite file, or the
+  directory a ledger in a database recorded at its first seal (`ARCHIVE_DIR_META`);
+  `carry_archives` copies a ledger's archives into a copy's directory, each verified.
 
 Nothing a live or unsettled run needs is archived: every step of the run must be
 settled (acked, compensated, rejected), hold no pin, take no lease and write no
@@ -24,12 +27,20 @@ import contextlib
 import hashlib
 import json
 import os
+import secrets
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any, Final
 
 import msgspec
 
-from .errors import ArchiveInvalid, CorruptLedger, InvalidInput, NotSealable, ReadOnlyLedger
+from .errors import (
+    ArchiveInvalid,
+    ArchiveMissing,
+    CorruptLedger,
+    InvalidInput,
+    NotSealable,
+    ReadOnlyLedger,
+)
 from .events import (
     Event,
     RecordedEvent,
@@ -44,7 +55,7 @@ from .events import (
 )
 from .ledger import Ledger
 from .projections.steps import SEALED, SETTLED
-from .store import EventQuery, EventRow, ReadView, Tx
+from .store import ARCHIVE_DIR_META, EventQuery, EventRow, ReadView, Tx
 from .store.base import check_row, row_to_recorded
 from .store.sqlite.archive import ArchiveFile, remove_stray_temporaries, write_archive
 from .verify import Finding, VerifyReport
@@ -77,18 +88,62 @@ def archive_digest(ledger_id: str, run: str, hashes: Sequence[bytes]) -> str:
                           + b"\x00" + b"".join(hashes)).hexdigest()
 
 
-def _files_beside(ledger: Ledger, run: str) -> None:
-    """Refuse to seal a ledger that has no directory for archives (one in a database)."""
-    if ledger.blobs.root is None:
-        raise NotSealable(run, "a seal's archive is a file beside a SQLite ledger, and a"
-                          " ledger in PostgreSQL has no directory of its own: give it one (--archive-dir"
-                          " DIR, seal_run(archive_dir=...)); its rows stay (gc, backup and"
-                          " copy work as usual)")
-
-
 def default_archive_dir(ledger: Ledger) -> str:
-    """``archive/`` beside the ledger file (inside ``.steptrail/``)."""
+    """``archive/`` beside the ledger file (inside ``.steptrail/``); a SQLite ledger's."""
     return os.path.join(os.path.dirname(os.path.abspath(ledger.path)), "archive")
+
+
+def archive_dir_at(location: str, view: ReadView) -> str | None:
+    """Where the ledger at `location` (read through `view`) keeps its archives:
+    ``archive/`` beside a SQLite file; for a ledger in a database, the directory its
+    first seal recorded (None: it was never sealed). Never a place under the current
+    directory for a URL."""
+    from .store.postgres.location import is_url
+
+    if not is_url(location):
+        return os.path.join(os.path.dirname(os.path.abspath(location)), "archive")
+    return view.meta(ARCHIVE_DIR_META)
+
+
+def archive_dir_of(ledger: Ledger) -> str | None:
+    """`archive_dir_at` of an open ledger."""
+    if ledger.blobs.root is not None:
+        return default_archive_dir(ledger)
+    return ledger.storage.view.meta(ARCHIVE_DIR_META)
+
+
+def _directory(ledger: Ledger, archive_dir: str | None) -> str | None:
+    """The archive directory a command reads: `archive_dir` when given (absolute, for a
+    ledger in a database: a relative one would be another place in every current
+    directory), else the ledger's own (`archive_dir_of`)."""
+    if archive_dir is None:
+        return archive_dir_of(ledger)
+    if ledger.blobs.root is None and not os.path.isabs(archive_dir):
+        raise InvalidInput(f"archive directory {archive_dir[:200]} is relative; a ledger in a"
+                           " database keeps its archives in one absolute directory: give it"
+                           " as /absolute/path (or leave --archive-dir out: the recorded one)")
+    return archive_dir
+
+
+def _seal_directory(ledger: Ledger, run: str, archive_dir: str | None) -> tuple[str, bool]:
+    """Where `seal_run` writes the archive, and whether the seal records it (the first
+    seal of a ledger in a database). A SQLite ledger's default is beside its file."""
+    if ledger.blobs.root is not None:
+        return archive_dir or default_archive_dir(ledger), False
+    recorded = archive_dir_of(ledger)
+    if archive_dir is None:
+        if recorded is None:
+            raise NotSealable(run, "a ledger in PostgreSQL keeps its seals' archives in a"
+                              " directory it records at its first seal, and none is recorded"
+                              " yet: give one (--archive-dir /absolute/path,"
+                              " seal_run(archive_dir=...)); its rows stay")
+        return recorded, False
+    directory = os.path.normpath(_directory(ledger, archive_dir) or archive_dir)
+    if recorded is not None and directory != recorded:
+        raise InvalidInput(f"this ledger keeps its archives in {recorded[:200]} (recorded by its"
+                           f" first seal), not {directory[:200]}: leave --archive-dir out, or"
+                           " give that one (nothing was written)")
+    return directory, recorded is None
 
 
 def archive_name(ledger_id: str, run: str, first_seq: int) -> str:
@@ -302,9 +357,7 @@ def seal_run(ledger: Ledger, run: str, archive_dir: str | None = None, *,
     check_step_id(run)
     if ledger.readonly:
         raise ReadOnlyLedger(ledger.path)
-    if archive_dir is None:
-        _files_beside(ledger, run)
-    directory = archive_dir or default_archive_dir(ledger)
+    directory, record = _seal_directory(ledger, run, archive_dir)
     with ledger.storage.read() as view:
         plan = _plan(ledger, view, run)
     try:
@@ -347,6 +400,14 @@ def seal_run(ledger: Ledger, run: str, archive_dir: str | None = None, *,
         return [event]
 
     def delete(tx: Tx, recorded: list[RecordedEvent]) -> None:
+        if record:  # a ledger in a database: its first seal names the directory
+            now = tx.meta(ARCHIVE_DIR_META)
+            if now is None:
+                tx.set_meta(ARCHIVE_DIR_META, directory)
+            elif now != directory:
+                raise NotSealable(run, f"another seal recorded {now[:200]} as this ledger's"
+                                  " archive directory meanwhile; seal it again (without"
+                                  " --archive-dir)")
         seal = recorded[0]
         if seal.deduped:
             raise CorruptLedger(ledger.path, f"run {run!r} was sealed by event #{seal.seq}"
@@ -400,8 +461,13 @@ class ArchiveReport(msgspec.Struct, kw_only=True):
 
 
 def _seal_events(ledger: Ledger) -> dict[str, tuple[int, Sealed]]:
+    return seals_in(ledger.storage.view)
+
+
+def seals_in(view: ReadView) -> dict[str, tuple[int, Sealed]]:
+    """Every seal `view` holds: its archive digest -> (its seq, the seal)."""
     out: dict[str, tuple[int, Sealed]] = {}
-    for row in ledger.storage.view.events(EventQuery(kinds=frozenset({"run-sealed"}))):
+    for row in view.events(EventQuery(kinds=frozenset({"run-sealed"}))):
         event = decode(row[11], row[10])
         assert isinstance(event, Sealed)
         out[event.archive_digest] = (row[0], event)
@@ -544,14 +610,16 @@ class SealInfo(msgspec.Struct, kw_only=True):
 
 
 def sealed_runs(ledger: Ledger, archive_dir: str | None = None) -> list[SealInfo]:
-    """Every seal in the ledger, oldest first. Read-only."""
-    directory = archive_dir or default_archive_dir(ledger)
+    """Every seal in the ledger, oldest first, and whether its archive is in the
+    ledger's archive directory (`archive_dir`: another, absolute). Read-only."""
+    directory = _directory(ledger, archive_dir)
     out = []
     for seq, seal in sorted(_seal_events(ledger).values(), key=lambda p: p[0]):
         out.append(SealInfo(run=seal.sealed_run, seal_seq=seq, archive=seal.archive,
                             events=seal.events, steps=len(seal.steps), blobs=len(seal.blobs),
                             size_bytes=seal.size_bytes,
-                            present=os.path.isfile(os.path.join(directory, seal.archive))))
+                            present=directory is not None
+                            and os.path.isfile(os.path.join(directory, seal.archive))))
     return out
 
 
@@ -567,13 +635,21 @@ class SealedVerifyReport(msgspec.Struct, kw_only=True):
 def verify_sealed(ledger: Ledger, archive_dir: str | None = None) -> SealedVerifyReport:
     """Verify the ledger (the chain across every seal's gaps, from the ledger alone), then
     each archive its seals name, row by row, against its seal. A missing or damaged
-    archive, or one in the directory no seal names, is a finding."""
-    directory = archive_dir or default_archive_dir(ledger)
+    archive, or one in the directory no seal names, is a finding. The directory is the
+    ledger's (`archive_dir_of`), or `archive_dir`; never one under the current directory
+    for a ledger in a database."""
+    directory = _directory(ledger, archive_dir)
     report = ledger.verify()
     seals = _seal_events(ledger)
     archives, findings = [], []
     seen: set[str] = set()
     for seq, seal in sorted(seals.values(), key=lambda p: p[0]):
+        if directory is None:
+            findings.append(Finding("seal", seq, f"the archive of seal #{seq} (run"
+                                    f" {seal.sealed_run!r}), {seal.archive}, is in no known"
+                                    " directory: this ledger records none (meta"
+                                    f" {ARCHIVE_DIR_META}); give --archive-dir /absolute/path"))
+            continue
         path = os.path.join(directory, seal.archive)
         seen.add(seal.archive)
         if not os.path.isfile(path):
@@ -592,7 +668,7 @@ def verify_sealed(ledger: Ledger, archive_dir: str | None = None) -> SealedVerif
                                     f" {seal.sealed_run!r}) keeps its archive, holds"
                                     f" {'the archive of seal #' + str(got.seal_seq) if got.seal_seq else 'an archive no seal names'}"
                                     " (replaced by hand): the run's archived history is not there"))
-    if os.path.isdir(directory):
+    if directory is not None and os.path.isdir(directory):
         for name in sorted(os.listdir(directory)):
             if name.endswith(ARCHIVE_SUFFIX) and name not in seen:
                 findings.append(Finding("seal", 0, f"{os.path.join(directory, name)} is named"
@@ -600,6 +676,91 @@ def verify_sealed(ledger: Ledger, archive_dir: str | None = None) -> SealedVerif
                                         " again to adopt it, or delete it)"))
     return SealedVerifyReport(ok=report.ok and not findings, ledger=report, archives=archives,
                               findings=findings)
+
+
+def missing_archives(seals: dict[str, tuple[int, Sealed]], directory: str | None) -> list[str]:
+    """The archives `seals` name that `directory` does not hold (all of them: None)."""
+    names = sorted({seal.archive for _seq, seal in seals.values()})
+    if directory is None:
+        return names
+    return [n for n in names if not os.path.isfile(os.path.join(directory, n))]
+
+
+def _sha256_file(path: str) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        while chunk := f.read(1 << 20):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def carry_archives(seals: dict[str, tuple[int, Sealed]], source_dir: str | None,
+                   dest_dir: str, *, shown: str, check_only: bool = False) -> int:
+    """Copy the archive of every seal in `seals` from `source_dir` into `dest_dir` (a
+    copy's archive directory); return how many were copied. Each is hashed on the way
+    (sha256, equal to the source file's), fsynced, verified as an intact archive of that
+    very seal (its digest) and linked into place (never over a file); one already there
+    with the same sha256 is kept. Checked before anything is copied: an archive the
+    source directory lacks is `ArchiveMissing`; the same directory on both sides, or
+    another file under an archive's name in `dest_dir`, is `InvalidInput`
+    (`check_only`: only these checks)."""
+    if not seals:
+        return 0
+    missing = missing_archives(seals, source_dir)
+    if missing:
+        raise ArchiveMissing(shown, source_dir, missing)
+    assert source_dir is not None
+    if os.path.realpath(source_dir) == os.path.realpath(dest_dir):
+        raise InvalidInput(f"the copy's archive directory {dest_dir[:200]} is the source's: the"
+                           " two ledgers would write over each other's archives; give the copy"
+                           " a directory of its own (nothing was written)")
+    ordered = sorted(seals.values(), key=lambda p: p[0])
+    todo = []
+    for seq, seal in ordered:
+        src = os.path.join(source_dir, seal.archive)
+        dst = os.path.join(dest_dir, seal.archive)
+        if os.path.lexists(dst):
+            if (os.path.isfile(dst) and not os.path.islink(dst)
+                    and _sha256_file(dst) == _sha256_file(src)):
+                continue
+            raise InvalidInput(f"{dst[:300]} exists and is not the archive of seal #{seq}; give"
+                               " the copy an archive directory that holds no other ledger's"
+                               " archives (nothing was written)")
+        todo.append((seq, seal, src, dst))
+    if check_only or not todo:
+        return 0
+    try:
+        os.makedirs(dest_dir, mode=0o700, exist_ok=True)
+    except (OSError, ValueError) as exc:
+        raise InvalidInput(f"archive directory {dest_dir[:200]} cannot be created"
+                           f" ({type(exc).__name__}); give a directory that exists or can be"
+                           " made") from None
+    for seq, seal, src, dst in todo:
+        sha = _sha256_file(src)  # the copy, hashed on the way, must be these bytes
+        tmp = os.path.join(dest_dir, f".{seal.archive}.tmp-{os.getpid()}-{secrets.token_hex(4)}")
+        try:
+            h = hashlib.sha256()
+            with open(src, "rb") as fin, open(tmp, "xb") as fout:
+                os.fchmod(fout.fileno(), 0o600)
+                while chunk := fin.read(1 << 20):
+                    h.update(chunk)
+                    fout.write(chunk)
+                fout.flush()
+                os.fsync(fout.fileno())
+            if h.hexdigest() != sha:
+                raise ArchiveInvalid(src, "it changed while it was copied")
+            if verify_archive(tmp).archive_digest != seal.archive_digest:
+                raise ArchiveInvalid(src, f"it is not the archive seal #{seq} names")
+            os.link(tmp, dst)  # never over a file that appeared meanwhile
+        finally:
+            with contextlib.suppress(OSError):
+                os.unlink(tmp)
+    fd = os.open(dest_dir, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+    return len(todo)
 
 
 def vacuum(ledger: Ledger) -> tuple[int, int]:
@@ -627,8 +788,30 @@ def file_bytes(path: str) -> int:
 
 
 __all__ = [
-    "ARCHIVE_SUFFIX", "ArchiveReport", "RunCandidate", "SealInfo", "SealReport",
-    "SealableReport", "SealedVerifyReport", "archive_digest", "archive_name",
-    "default_archive_dir", "file_bytes", "gap_digest", "gaps_of", "read_archive", "read_archived_blob",
-    "seal_run", "sealable", "sealed_runs", "vacuum", "verify_archive", "verify_sealed",
+    "ARCHIVE_SUFFIX",
+    "ArchiveReport",
+    "RunCandidate",
+    "SealInfo",
+    "SealReport",
+    "SealableReport",
+    "SealedVerifyReport",
+    "archive_digest",
+    "archive_dir_at",
+    "archive_dir_of",
+    "archive_name",
+    "carry_archives",
+    "default_archive_dir",
+    "file_bytes",
+    "gap_digest",
+    "gaps_of",
+    "missing_archives",
+    "read_archive",
+    "read_archived_blob",
+    "seal_run",
+    "sealable",
+    "sealed_runs",
+    "seals_in",
+    "vacuum",
+    "verify_archive",
+    "verify_sealed",
 ]

@@ -25,6 +25,7 @@ from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
+from conftest import run_cli
 
 from ledger import BackupIncomplete, BackupInvalid, InvalidInput, Ledger, WitnessMissing
 from ledger.backup import MARKER, backup, check_backup, read_backup, restore_backup
@@ -400,16 +401,27 @@ def test_sealed_runs_archives_are_backed_up_and_restored(tmp_path: Path) -> None
     assert not (tmp_path / "r2").exists()
 
 
-def test_an_archive_moved_away_by_hand_is_reported_not_fatal(tmp_path: Path) -> None:
+def test_an_archive_moved_away_by_hand_refuses_the_backup_naming_it(tmp_path: Path) -> None:
+    """A backup of a sealed ledger holds every archive its seals name, or is not taken:
+    one missing is ArchiveMissing (exit 2) naming it, nothing written; put back, the
+    backup is taken (issue 26 item 4: nothing may lose an archive)."""
     from ledger.seal import default_archive_dir, seal_run
 
     src = tmp_path / "src" / "ledger.db"
     with Ledger.init(src) as led:
         run_step(led, "r1/s0", {"report.txt": b"ok\n"}, run="r1")
-        seal_run(led, "r1")
-        shutil.rmtree(default_archive_dir(led))
-    report = backup(src, tmp_path / "b")
-    assert report.archives == 0 and len(report.archives_absent) == 1
+        report = seal_run(led, "r1")
+        directory = default_archive_dir(led)
+    name = os.path.basename(report.archive)
+    os.rename(directory, tmp_path / "away")
+    with pytest.raises(InvalidInput, match=name) as caught:
+        backup(src, tmp_path / "b")
+    assert type(caught.value).__name__ == "ArchiveMissing" and caught.value.names == [name]
+    assert not (tmp_path / "b").exists()
+    got = run_cli(["--ledger", str(src), "backup", str(tmp_path / "b")])
+    assert got.code == 2 and name in got.err and not (tmp_path / "b").exists()
+    os.rename(tmp_path / "away", directory)
+    assert backup(src, tmp_path / "b").archives == 1
     check_backup(tmp_path / "b")
 
 

@@ -534,3 +534,53 @@ def test_a_forged_seal_range_makes_no_unsealed_event_deletable(ledger: Ledger) -
     assert not found.ok
     assert any(f.check == "seal" and "sealed_ranges" in f.message for f in found.findings), \
         found.findings
+
+
+# -- a sealed ledger copied: its archives come along (issue 26 item 4) -----------------
+
+
+def test_a_sealed_file_ledger_copies_with_every_archive_verified(ledger: Ledger,
+                                                                 tmp_path: Path) -> None:
+    """`copy` of a sealed SQLite ledger to a file in another directory carries each
+    archive into archive/ beside the copy (hashed, verified against its seal); the copy
+    verifies with its archives. Into the source's own directory (the two would share
+    one archive directory) it is refused, nothing written."""
+    from conftest import run_cli
+
+    from ledger.copying import copy_ledger
+    from ledger.seal import default_archive_dir
+
+    _populate(ledger, big=True)
+    seal_run(ledger, "run0")
+    seal_run(ledger, "run2")
+    dest = tmp_path / "elsewhere" / "ledger.db"
+    dest.parent.mkdir()
+    copy_ledger(ledger.path, str(dest))
+    assert sorted(os.listdir(dest.parent / "archive")) == sorted(
+        os.listdir(default_archive_dir(ledger)))
+    with Ledger.open(str(dest), readonly=True) as copy:
+        assert [s.present for s in sealed_runs(copy)] == [True, True]
+        full = verify_sealed(copy)
+        assert full.ok and len(full.archives) == 2, full.findings
+    beside = Path(ledger.path).parent / "copy.db"
+    got = run_cli(["copy", ledger.path, str(beside)])
+    assert got.code == 2 and "archive directory" in got.err, got.err
+    assert not beside.exists()
+    got = run_cli(["copy", ledger.path, str(tmp_path / "x.db"), "--archive-dir", "/abs"])
+    assert got.code == 2 and "--archive-dir" in got.err and not (tmp_path / "x.db").exists()
+
+
+def test_a_copy_of_a_sealed_ledger_missing_an_archive_is_refused_naming_it(
+        ledger: Ledger, tmp_path: Path) -> None:
+    from conftest import run_cli
+
+    from ledger.seal import default_archive_dir
+
+    _populate(ledger, big=False)
+    name = os.path.basename(seal_run(ledger, "run1").archive)
+    os.unlink(os.path.join(default_archive_dir(ledger), name))
+    dest = tmp_path / "elsewhere" / "ledger.db"
+    dest.parent.mkdir()
+    got = run_cli(["copy", ledger.path, str(dest)])
+    assert got.code == 2 and name in got.err and "ArchiveMissing" in got.err, got.err
+    assert os.listdir(dest.parent) == []

@@ -70,6 +70,12 @@ COPY_TABLES: Final[dict[str, tuple[str, ...]]] = {
     "sealed_ranges": ("first_seq", "last_seq", "run", "seal_seq"),
 }
 
+#: The meta fact naming the directory a ledger in a database keeps its seals' archives in
+#: (absolute; written by its first seal, in the seal's transaction). A SQLite ledger keeps
+#: them beside its file and records none. A location, not history: `copy` never carries
+#: it over, it sets the destination's own (docs/design.md "Sealed runs").
+ARCHIVE_DIR_META: Final = "archive_dir"
+
 _HEAD_RE: Final = re.compile(r"([0-9]+):([0-9a-fA-F]{64})", re.ASCII)
 
 
@@ -478,7 +484,7 @@ class Store(Protocol):
 
 
 __all__ = [
-    "COPY_TABLES", "ROW_ERRORS", "ROW_NAMES", "ROW_TYPES", "BlobBackend", "BlobStat", "Checkpoint",
+    "ARCHIVE_DIR_META", "COPY_TABLES", "ROW_ERRORS", "ROW_NAMES", "ROW_TYPES", "BlobBackend", "BlobStat", "Checkpoint",
     "CondemnedCheck", "DuplicateKey", "EntryRow", "EventQuery", "EventRow", "FoldRow",
     "Guard", "Head", "Held", "PinHold", "Prepared", "ProjectionChanges", "ProjectionSink",
     "Projector", "ReadView", "RebuildSink", "RowsUnreadable", "Scope", "Scratch", "Store",

@@ -2,19 +2,21 @@
 under `ledger.copying`) and `snapshot_to_sqlite` (the PostgreSQL store's `snapshot`).
 
 Every `COPY_TABLES` table is read from one snapshot of the source and written into the
-empty destination in one transaction; `before_commit` runs just before that commit, so
-a caller stores the blobs the rows name first (content before pointer).
+empty destination in one transaction; `before_commit` runs just before that commit, with
+the source's snapshot, so a caller stores the blobs and the seals' archives the rows name
+first (content before pointer). The meta facts move as they are but for the source's
+archive directory (`ARCHIVE_DIR_META`): a location, which the caller gives the copy.
 """
 
 from __future__ import annotations
 
 import os
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any, Final
 
 from ..errors import InvalidInput
-from . import COPY_TABLES, Head, Store
+from . import ARCHIVE_DIR_META, COPY_TABLES, Head, ReadView, Store
 
 #: Rows written per statement batch.
 BATCH: Final = 1_000
@@ -27,22 +29,20 @@ def _wall() -> int:
 
 
 def copy_tables(src: Store, dst: Store, *, progress: Progress | None = None,
-                before_commit: Callable[[], None] | None = None) -> tuple[int, int, Head]:
+                before_commit: Callable[[ReadView], None] | None = None,
+                meta: Mapping[str, str] | None = None) -> tuple[int, int, Head]:
     """Copy every `COPY_TABLES` row of `src` (one snapshot) into the empty `dst` (one
-    transaction); `before_commit` runs just before it commits (the blob copy). Returns
-    (events, rows, the source's head)."""
+    transaction); `before_commit(view)` runs just before it commits, with the source's
+    snapshot (the blob and archive copy). `meta`: facts the copy records beside the
+    source's (its archive directory). Returns (events, rows, the source's head)."""
     rows_total = 0
     with src.read() as view:
         head = view.head()
-        if any(True for _ in view.table_rows("sealed_ranges")):
-            raise InvalidInput(f"{src.info.location} has sealed runs, whose archives are"
-                               " files beside it; copy a ledger without sealed runs, or keep"
-                               " it with 'steptrail backup'")
         events = view.count()
         with dst.transaction() as tx:
             for table in COPY_TABLES:
                 if table == "meta":
-                    _replace_meta(tx, view)
+                    _replace_meta(tx, view, meta or {})
                     continue
                 batch: list[tuple[object, ...]] = []
                 for row in view.table_rows(table):
@@ -59,14 +59,18 @@ def copy_tables(src: Store, dst: Store, *, progress: Progress | None = None,
                 if progress is not None:
                     progress(table, rows_total)
             if before_commit is not None:
-                before_commit()
+                before_commit(view)
     return events, rows_total, head
 
 
-def _replace_meta(tx: Any, view: Any) -> None:
-    """The destination's meta becomes the source's (its ledger id: the same genesis)."""
+def _replace_meta(tx: Any, view: Any, extra: Mapping[str, str]) -> None:
+    """The destination's meta becomes the source's (its ledger id: the same genesis),
+    but for the source's archive directory, and with `extra`."""
     rows = [tuple(r) for r in view.table_rows("meta")]
     for key, value in rows:
+        if key != ARCHIVE_DIR_META:
+            tx.set_meta(key, value)
+    for key, value in extra.items():
         tx.set_meta(key, value)
 
 

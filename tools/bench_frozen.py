@@ -4,9 +4,8 @@
     .venv/bin/python tools/bench_frozen.py            # 120 s a side, 3 writers
     .venv/bin/python tools/bench_frozen.py --quick    # 20 s a side
     .venv/bin/python tools/bench_frozen.py --json
-    .venv/bin/python tools/bench_frozen.py --url postgresql://…   # an existing server
 
-Two sides on one throwaway PostgreSQL server (or `--url`), `--seconds` each, in
+Two sides on one throwaway PostgreSQL server, `--seconds` each, in
 `--rounds` alternating rounds: the writers (processes, each a loop of `run_fenced_step`
 on a workspace of its own), alone; and the same writers while one more worker SIGSTOPs
 itself inside a write transaction holding the chain lock (the worst place: every writer
@@ -101,42 +100,48 @@ def main() -> None:
     ap.add_argument("--seconds", type=float, default=None)
     ap.add_argument("--writers", type=int, default=3)
     ap.add_argument("--rounds", type=int, default=2, help="alternations of the two sides")
-    ap.add_argument("--url", default=None, help="a PostgreSQL database (default: a throwaway"
-                    " server)")
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args()
     seconds = args.seconds or (20.0 if args.quick else 120.0)
     from ledger import Ledger
     from ledger.store import postgres as pg
-    server = None
-    url = args.url
-    if url is None:
-        from ledger.testing.pgserver import PgServer
-        server = PgServer.start()
-        url = server.create_database("bench_frozen")
+    from ledger.testing.pgserver import PgServer
+    server = PgServer.start()
     root = tempfile.mkdtemp(prefix="bench-frozen-")
+    made = iter(range(1_000_000))
+
+    def fresh_ledger(names: list[str]) -> str:
+        """A new, empty ledger for one side of one round (a PostgreSQL ledger's steps/s
+        falls as it grows under several writers — see docs/scaling.md — so every side
+        starts from the same size)."""
+        n = next(made)
+        url = server.create_database(f"bench_frozen_{n}")
+        with Ledger.init(url) as led:
+            for ws in names:
+                os.makedirs(os.path.join(root, f"{n}", ws))
+                with open(os.path.join(root, f"{n}", ws, "app.py"), "wb") as f:
+                    f.write(b"0\n")
+                led.add_workspace(ws, os.path.join(root, f"{n}", ws))
+        return url
+
     try:
         names = [f"w{i}" for i in range(args.writers)]
-        with Ledger.init(url) as led:
-            for ws in [*names, *(f"frozen{r}" for r in range(args.rounds))]:
-                os.makedirs(os.path.join(root, ws))
-                with open(os.path.join(root, ws, "app.py"), "wb") as f:
-                    f.write(b"0\n")
-                led.add_workspace(ws, os.path.join(root, ws))
         # the two sides interleaved round by round (a noisy machine drifts over minutes)
         per = seconds / args.rounds
         alones, frozens = [], []
         for r in range(args.rounds):
-            alones.append(_run(url, names, per, None, f"alone{r}"))
-            frozens.append(_run(url, names, per, f"frozen{r}", f"frozen{r}"))
+            for side in ("alone", "frozen"):
+                frozen = "frozen" if side == "frozen" else None
+                url = fresh_ledger([*names, "frozen"])
+                got = _run(url, names, per, frozen, f"{side}{r}")
+                (frozens if frozen else alones).append(got)
         alone = {"steps_per_s": sum(a["steps_per_s"] for a in alones) / args.rounds,
                  "longest_step_s": max(a["longest_step_s"] for a in alones)}
         with_frozen = {"steps_per_s": sum(f["steps_per_s"] for f in frozens) / args.rounds,
                        "longest_step_s": max(f["longest_step_s"] for f in frozens),
                        "takeover_s": max(f["takeover_s"] for f in frozens)}
     finally:
-        if server is not None:
-            server.close()
+        server.close()
     ratio = with_frozen["steps_per_s"] / alone["steps_per_s"]
     bound = pg.WRITE_IDLE_MS / 1000
     result = {

@@ -152,3 +152,38 @@ def test_a_256_mib_artifact_stores_and_reads_back_in_bounded_memory(pg_url: str,
         led.ack("big")
         report = audit(led)
         assert report.ok and report.committed_bytes == report.stored_bytes == n * piece
+
+
+def test_the_newest_key_in_a_range_is_found_through_the_key_index_whatever_the_plan(
+        pg_url: str) -> None:
+    """`journal_newest` (a workspace's newest registration, every step) must read the
+    journal key index's few rows, never walk the events table by seq: with `ORDER BY seq
+    DESC LIMIT 1` the planner may choose the backward walk (here forced, as statistics
+    that overestimate the range do), and a prefix nothing matches then costs a scan of
+    every event — each step slower as the ledger grew. The materialized range holds under
+    the same planner settings; the old statement is shown to fall into the walk."""
+    import psycopg
+
+    from ledger import Ledger
+    from ledger.events import Planned
+    from ledger.store.postgres import sql as q
+    from ledger.store.sqlite import events as E
+
+    with Ledger.init(pg_url) as led:
+        for i in range(20):
+            led.append_batch([Planned(step=f"s{i}-{j}", attempt=1, run="r") for j in range(50)])
+    args = ('["workspace-restored","w0",', '["workspace-restored","w0"-')
+    with psycopg.connect(pg_url, autocommit=True) as conn:
+        conn.execute("ANALYZE events")
+        conn.execute("SET enable_sort = off")  # what misleading statistics make of it
+
+        def plan(sql: str) -> str:
+            return "\n".join(r[0] for r in conn.execute("EXPLAIN " + sql, args).fetchall())
+
+        old = plan(E.JOURNAL_RANGE_SQL.replace("?", "%s").format(""))
+        assert "Backward using events_pkey" in old and "Filter" in old, old  # the trap
+        new = plan(q.JOURNAL_RANGE.format(""))
+        assert "Backward" not in new and "events_journal_key_key" in new, new
+        with Ledger.open(pg_url) as led:
+            assert led.storage.view.journal_newest('["workspace-restored","w0",') is None
+            assert led.storage.view.journal_newest('["s3-7",1,') is not None

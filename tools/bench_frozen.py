@@ -111,9 +111,8 @@ def main() -> None:
     made = iter(range(1_000_000))
 
     def fresh_ledger(names: list[str]) -> str:
-        """A new, empty ledger for one side of one round (a PostgreSQL ledger's steps/s
-        falls as it grows under several writers — see docs/scaling.md — so every side
-        starts from the same size)."""
+        """A new, empty ledger for one side of one round: every side starts from the
+        same size, so neither pays for the other's history."""
         n = next(made)
         url = server.create_database(f"bench_frozen_{n}")
         with Ledger.init(url) as led:

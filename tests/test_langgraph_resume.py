@@ -31,6 +31,15 @@ class State(TypedDict):
 def node(k):
     def run(state):
         if os.environ.get("HANG_AT") == str(k):
+            # the checkpoint before this node is durable first: LangGraph writes it in
+            # the background (async durability), so a kill timed only by reaching this
+            # node could land before any checkpoint committed on a loaded machine
+            while True:
+                got = saver.get_tuple(config)
+                if got is not None and f"node-{k - 1}" in got.checkpoint[
+                        "channel_values"].get("log", []):
+                    break
+                time.sleep(0.02)
             open(os.environ["MARK"], "w").write("reached")
             time.sleep(120)  # the parent SIGKILLs us here, mid-run
         return {"log": [f"node-{k}"], "total": state["total"] * 2 + k}
@@ -46,7 +55,8 @@ builder.add_edge("n6", END)
 
 db, thread, mode = sys.argv[1], sys.argv[2], sys.argv[3]
 with (Ledger.open(db) if os.path.exists(db) else Ledger.init(db)) as ledger:
-    graph = builder.compile(checkpointer=LedgerSaver(ledger))
+    saver = LedgerSaver(ledger)
+    graph = builder.compile(checkpointer=saver)
     config = {"configurable": {"thread_id": thread}}
     out = graph.invoke({"log": [], "total": 1} if mode == "start" else None, config)
     print(json.dumps(out))

@@ -81,6 +81,17 @@ class CliOut:
         return json.loads(self.out)
 
 
+def closed_port() -> int:
+    """A loopback port nothing listens on (bound, then let go)."""
+    import socket
+
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    port = int(s.getsockname()[1])
+    s.close()
+    return port
+
+
 def run_cli(argv: list[str], *, input: str | bytes | None = None,
             env: dict[str, str] | None = None) -> CliOut:
     """`steptrail ARGV` in-process, checked for the rules of the command line: no

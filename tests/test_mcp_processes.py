@@ -247,38 +247,17 @@ def _free_port() -> int:
 
 
 def test_streamable_http_on_loopback(repo: Path) -> None:
-    port = _free_port()
-    proc = subprocess.Popen([steptrail_command(), "mcp", "--workspace", str(repo), "--http",
-                             "--port", str(port)], env=server_env(),
-                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-    try:
-        deadline = time.monotonic() + 60
-        while True:
-            with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", port), 0.2):
-                break
-            assert proc.poll() is None, proc.stderr.read() if proc.stderr else ""
-            assert time.monotonic() < deadline, "the HTTP server did not come up"
-            time.sleep(0.05)
+    async def go(url: str) -> None:
+        async with Client(url) as client:
+            r = await client.call_tool("read_text_file", {"path": "notes.txt"})
+            assert not r.is_error and r.structured_content["content"] == "notes\n"
+            r = await client.call_tool("write_file", {"path": "notes.txt",
+                                                      "content": "over http\n"})
+            assert not r.is_error, text(r)
+        assert (repo / "notes.txt").read_text() == "over http\n"
 
-        async def go() -> None:
-            async with Client(f"http://127.0.0.1:{port}/mcp") as client:
-                r = await client.call_tool("read_text_file", {"path": "notes.txt"})
-                assert not r.is_error and r.structured_content["content"] == "notes\n"
-                r = await client.call_tool("write_file", {"path": "notes.txt",
-                                                          "content": "over http\n"})
-                assert not r.is_error, text(r)
-            assert (repo / "notes.txt").read_text() == "over http\n"
-
-        run(go)
-    finally:
-        proc.terminate()
-        with contextlib.suppress(subprocess.TimeoutExpired):
-            proc.wait(10)
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
-        if proc.stderr:
-            proc.stderr.close()
+    with _http_server(repo) as url:
+        run(go, url)
     verify_clean(repo)
 
 
@@ -386,13 +365,13 @@ def _http_server(repo: Path) -> Any:
     port = _free_port()
     proc = subprocess.Popen([steptrail_command(), "mcp", "--workspace", str(repo), "--http",
                              "--port", str(port)], env=server_env(),
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     try:
         deadline = time.monotonic() + 60
         while True:
             with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", port), 0.2):
                 break
-            assert proc.poll() is None, "the HTTP server exited"
+            assert proc.poll() is None, proc.stderr.read() if proc.stderr else ""
             assert time.monotonic() < deadline, "the HTTP server did not come up"
             time.sleep(0.05)
         yield f"http://127.0.0.1:{port}/mcp"
@@ -403,6 +382,8 @@ def _http_server(repo: Path) -> Any:
         if proc.poll() is None:
             proc.kill()
             proc.wait()
+        if proc.stderr:
+            proc.stderr.close()
 
 
 @pytest.mark.parametrize("transport", ["stdio", "http"])

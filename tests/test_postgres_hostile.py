@@ -20,7 +20,6 @@ same ledger (the same events on the same fake clock), so the two stay alike.
 
 from __future__ import annotations
 
-import socket
 import traceback
 from collections.abc import Callable
 from pathlib import Path
@@ -28,7 +27,7 @@ from typing import Any
 
 import msgspec
 import pytest
-from conftest import FakeClock, commit_step, run_cli, tamper
+from conftest import FakeClock, closed_port, commit_step, run_cli, tamper
 
 from ledger import Head, Ledger, Planned
 from ledger import events as ev
@@ -521,17 +520,9 @@ def test_a_weakened_append_only_rule_or_a_planted_constraint_is_refused(
 # === hostile URLs ===========================================================================
 
 
-def _closed_port() -> int:
-    s = socket.socket()
-    s.bind(("127.0.0.1", 0))
-    port = s.getsockname()[1]
-    s.close()
-    return port
-
-
 def hostile_urls(pg_server: Any) -> dict[str, tuple[str, tuple[type[LedgerError], ...]]]:
     """name -> (URL, the errors it may be): each holds the password SECRET."""
-    port, closed = pg_server.port, _closed_port()
+    port, closed = pg_server.port, closed_port()
     creds = f"steptrail:{SECRET}"
     return {
         "unbalanced-ipv6-bracket": (f"postgresql://{creds}@[bad/db", (InvalidInput,)),

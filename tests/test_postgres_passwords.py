@@ -23,7 +23,6 @@ import contextlib
 import itertools
 import json
 import os
-import socket
 import subprocess
 import sys
 import time
@@ -34,7 +33,7 @@ from urllib.parse import quote
 
 import psycopg
 import pytest
-from conftest import CLEAN_ENV, run_cli
+from conftest import CLEAN_ENV, closed_port, run_cli
 from psycopg import sql
 
 #: name -> password. Each holds a marker (letters and digits, 6+) that any encoding of
@@ -153,14 +152,6 @@ def databases(pg_server: Any) -> Iterator[Callable[[str], str]]:
             pg_server.drop_database(name)
 
 
-def _closed_port() -> int:
-    s = socket.socket()
-    s.bind(("127.0.0.1", 0))
-    port = s.getsockname()[1]
-    s.close()
-    return port
-
-
 def _cases() -> list[Any]:
     return [pytest.param(form, name, id=f"{form}-{name}") for form in FORMS
             for name in PASSWORDS if form != "url-raw" or name in RAW_OK]
@@ -176,7 +167,7 @@ def test_no_command_shows_or_stores_the_password(
     empty = location(form, role, password, port, databases(role))
     third = location(form, role, password, port, databases(role))
     missing = location(form, role, password, port, f"pwt_no_such_{os.getpid()}")
-    closed = location(form, role, password, _closed_port(), "postgres")
+    closed = location(form, role, password, closed_port(), "postgres")
     other = next(n for n in PASSWORDS if n != name)  # another role's password: wrong here
     wrong = location(form, role, PASSWORDS[other], port, "postgres")
     assert secrets_in(url) == [name]

@@ -113,6 +113,7 @@ if TYPE_CHECKING:  # what a type checker sees; at run time, __getattr__ below
         StepStatus,
         run_fenced_step,
     )
+    from .store import Location, locate, shown_location, unmapped_error
     from .verify import Finding, VerifyReport
     from .witness import WitnessStatus
 
@@ -146,6 +147,7 @@ _EXPORTS: dict[str, tuple[str, ...]] = {
     "projections": ("StepRow",),
     "runner": ("FencedOutcome", "PathConflict", "RejectReason", "StepReader", "StepStatus",
                "run_fenced_step"),
+    "store": ("Location", "locate", "shown_location", "unmapped_error"),
     "verify": ("Finding", "VerifyReport"),
     "witness": ("WitnessStatus",),
 }
@@ -266,4 +268,8 @@ __all__ = [
     "check_settled",
     "journal_key",
     "load_plan",
+    "Location",
+    "locate",
+    "shown_location",
+    "unmapped_error",
 ]

@@ -554,9 +554,9 @@ def backup(
     ledger's backup, a directory of other files) is refused with nothing written.
     """
     started = time.perf_counter()
-    from .store.postgres import is_url, shown_location
+    from .store import locate, shown_location
 
-    url = is_url(ledger)
+    url = locate(ledger).in_database
     path = str(ledger) if url else os.path.abspath(os.fspath(ledger))
     shown = shown_location(path)  # what the report and BACKUP.json record (no password)
     where = os.path.abspath(os.fspath(dest))
@@ -587,7 +587,7 @@ def backup(
 def _backup_locked(source: Ledger, path: str, where: str, previous: BackupMarker | None, *,
                    deep: bool, progress: Progress | None, clock: Callable[[], int]
                    ) -> BackupReport:
-    from .store.postgres import is_url
+    from .store import locate
 
     head = source.head()
     dest_files = BlobStore(os.path.join(where, BLOBS_DIR))
@@ -661,7 +661,7 @@ def _backup_locked(source: Ledger, path: str, where: str, previous: BackupMarker
         db_sha, db_bytes = _sha256_file(db)
         marker = BackupMarker(
             format=FORMAT, version=FORMAT_VERSION, ledger_id=ledger_id, source=path,
-            source_name="ledger.db" if is_url(path) else os.path.basename(path), db=name,
+            source_name="ledger.db" if locate(path).in_database else os.path.basename(path), db=name,
             db_bytes=db_bytes, db_sha256=db_sha,
             head_seq=snap_head.seq, head_hash=snap_head.hash.hex(),
             blob_count=len(needs.required) + len(needs.optional),

@@ -156,37 +156,13 @@ class LedgerGroup(_NamesItsParse, click.Group):
 def _fail_unmapped(ctx: click.Context, exc: Exception) -> None:
     """An exception no typed error carried: the store's (what it means), the OS's, EOF;
     anything else propagates (a bug: its traceback is the report)."""
-    from .store.postgres.driver import driver_errors
-    from .store.sqlite import errors as sqlite_errors
+    from . import unmapped_error
 
-    from .store.postgres.location import without_secrets
-
-    lost, failed = driver_errors()
-    location = str((ctx.obj or {}).get("ledger_path", ""))
+    found = unmapped_error(exc, str((ctx.obj or {}).get("ledger_path", "")))
+    if found is not None:  # a store's error no boundary mapped: what it means
+        _fail(ctx, found.message, found.exit_code, found.type_name, found.facts)
     try:
         raise exc
-    except lost as exc:  # a PostgreSQL connection lost where no boundary mapped it
-        what = without_secrets(" ".join(str(exc).split()), location)
-        _fail(ctx, f"the database is unavailable: {what}; start the"
-              " server or fix the URL, then retry with the same journal key",
-              EXIT_ENVIRONMENT, "DatabaseUnavailable", {"path": _ledger_path(ctx)})
-    except failed as exc:
-        what = without_secrets(str(exc), location)
-        _fail(ctx, f"the database refused a statement: {' '.join(what.split())}",
-              EXIT_ENVIRONMENT, "StorageFailure", {"path": _ledger_path(ctx), "what": what})
-    # The store's errors no boundary mapped (each maps its own): what they mean.
-    except sqlite_errors.BUSY_ERRORS:
-        _fail(ctx, "the ledger stayed locked by another writer; retry later",
-              EXIT_ENVIRONMENT, "LedgerBusy", {"path": _ledger_path(ctx)})
-    except sqlite_errors.STORAGE_ERRORS as exc:
-        _fail(ctx, f"storage failed: {exc}; free space or fix the disk, then retry",
-              EXIT_ENVIRONMENT, "StorageFailure", {"path": _ledger_path(ctx), "what": str(exc)})
-    except sqlite_errors.DAMAGE_ERRORS as exc:
-        # A last resort: a read boundary missed a damaged row (each maps it itself).
-        path = _ledger_path(ctx)
-        why = f"{type(exc).__name__}: {exc}"
-        _fail(ctx, f"ledger {path} is damaged ({why}); run 'steptrail verify' and restore"
-              " it from a backup", EXIT_USAGE, "CorruptLedger", {"path": path, "why": why})
     except OSError as exc:
         if exc.errno == errno.EPIPE:
             sys.exit(0)  # the reader of our output went away (| head)
@@ -254,7 +230,7 @@ _ERROR_KEYS = frozenset({"type", "message", "exit_code"})
 
 def _ledger_path(ctx: click.Context) -> str:
     """The ledger as messages name it (a URL's password replaced by ***)."""
-    from .store.postgres import shown_location
+    from . import shown_location
 
     return shown_location(str((ctx.obj or {}).get("ledger_path", "the ledger")))
 
@@ -514,12 +490,11 @@ def init(ctx: click.Context, parents: bool, as_json: bool) -> None:
         steptrail --ledger ws/.steptrail/ledger.db init
         steptrail --ledger /srv/ledgers/app/ledger.db init --parents
     """
-    from .ledger import Ledger
-    from .store.postgres import is_url
+    from . import Ledger, locate
 
     path = ctx.obj["ledger_path"]
     with Ledger.init(path, witness=ctx.obj.get("witness"), parents=parents) as ledger:
-        info = {"path": ledger.path if is_url(path) else os.path.abspath(path),
+        info = {"path": ledger.path if locate(path).in_database else os.path.abspath(path),
                 "created": ledger.created, "ledger_id": ledger.ledger_id}
     if as_json:
         _emit_json(info)
@@ -732,11 +707,11 @@ def export(ctx: click.Context, what: str, fmt: str) -> None:
         steptrail export --what events > events.jsonl
         steptrail export --what steps --format csv > steps.csv
     """
-    from .store.postgres import is_url
+    from . import locate
     from .store.sqlite.export import exported_rows, unexportable
 
     path = ctx.obj["ledger_path"]
-    if is_url(path):
+    if locate(path).in_database:
         raise InvalidInput("export reads a SQLite ledger file; for a PostgreSQL ledger copy"
                            " it to a file first: steptrail copy URL ledger.db, then"
                            " steptrail --ledger ledger.db export")
@@ -3037,10 +3012,10 @@ def demo(keep: str | None, demo_ledger: str | None, as_json: bool) -> None:
         steptrail demo
         steptrail demo --ledger postgresql://me@db.internal/demo
     """
+    from . import locate
     from .demo import run_demo
-    from .store.postgres import is_url
 
-    if demo_ledger is not None and not is_url(demo_ledger):
+    if demo_ledger is not None and not locate(demo_ledger).in_database:
         raise InvalidInput(f"demo --ledger takes a postgresql:// URL, not {demo_ledger!r}"
                            " (without it the demo makes its own SQLite ledger)")
     try:

@@ -39,7 +39,7 @@ from typing import Any, Final
 
 from . import exchange
 from .errors import InvalidInput
-from .store import ARCHIVE_DIR_META, ReadView, Store
+from .store import ARCHIVE_DIR_META, ReadView, Store, create_store, locate, open_store
 from .store.transfer import _wall, copy_tables
 
 #: What a fresh ledger holds before its first write (init's own facts).
@@ -67,16 +67,9 @@ class CopyReport:
 
 
 def _open_store(location: str, *, create: bool, readonly: bool = False) -> tuple[Store, bool]:
-    from .store.postgres import PgStore, is_url
-    from .store.sqlite import SqliteStore
-
-    if is_url(location):
-        if create:
-            return PgStore.create(location)
-        return PgStore.open(location, readonly=readonly), False
     if create:
-        return SqliteStore.create(location, clock=_wall)
-    return SqliteStore.open(location, clock=_wall, readonly=readonly), False
+        return create_store(location, clock=_wall)
+    return open_store(location, clock=_wall, readonly=readonly), False
 
 
 def _check_empty(dst: Store, location: str) -> None:
@@ -106,17 +99,16 @@ def copy_ledger(source: str, dest: str, *, archive_dir: str | None = None,
     it (``.NAME.steptrail-copy.tmp``) and renamed to `dest` last (never over a file that
     appeared meanwhile). A copy killed midway leaves that temporary; the next copy to the
     same name removes it and starts over."""
-    from .store.postgres import is_url
-
+    in_database = locate(dest).in_database
     if archive_dir is not None:
-        if not is_url(dest):
+        if not in_database:
             raise InvalidInput("--archive-dir is for a destination in a database; a file"
                                " destination keeps its archives beside it (archive/)")
         if not os.path.isabs(archive_dir):
             raise InvalidInput(f"archive directory {archive_dir[:200]} is relative; give it as"
                                " /absolute/path (a ledger in a database records it)")
         archive_dir = os.path.normpath(archive_dir)
-    if is_url(dest):
+    if in_database:
         return _copy(source, dest, None, progress, archive_dir)
     if os.path.lexists(dest):
         raise InvalidInput(f"the destination {dest} exists; give a new file (copy never"
@@ -168,8 +160,8 @@ def _copy(source: str, dest: str, shown: str | None, progress: Progress | None,
     """The copy into `dest` (a new file or a database), reported as `shown`, its
     archives into `archive_dir` (None: a database destination given none)."""
     from .seal import archive_dir_at, carry_archives, seals_in
-    from .store.postgres import is_url
 
+    in_database = locate(dest).in_database
     src, _ = _open_store(source, create=False, readonly=True)
     try:
         where = src.info.location
@@ -184,7 +176,7 @@ def _copy(source: str, dest: str, shown: str | None, progress: Progress | None,
                                    " (nothing was written)")
             if archive_dir is None:
                 return
-            if (is_url(dest) and source_dir is not None
+            if (in_database and source_dir is not None
                     and os.path.realpath(source_dir) == os.path.realpath(archive_dir)):
                 raise InvalidInput(f"the copy's archive directory {archive_dir[:200]} is the"
                                    " source's: the two ledgers would write over each other's"
@@ -211,12 +203,12 @@ def _copy(source: str, dest: str, shown: str | None, progress: Progress | None,
                         progress("blobs", moved["n"])
                 archives(view, check_only=False)  # the snapshot's seals, before its commit
 
-            src_files, dst_files = _files(src), _files(dst)
+            src_files, dst_files = src.files, dst.files
             with src.exclusive("gc", wait=True):
                 events, rows, head = copy_tables(
                     src, dst, progress=progress, before_commit=copy_blobs,
                     meta={ARCHIVE_DIR_META: archive_dir}
-                    if archive_dir is not None and is_url(dest) else None)
+                    if archive_dir is not None and in_database else None)
             report = CopyReport(source=src.info.location,
                                 dest=dst.info.location if shown is None else shown,
                                 head=str(head), events=events, rows=rows, blobs=moved["n"],
@@ -226,11 +218,6 @@ def _copy(source: str, dest: str, shown: str | None, progress: Progress | None,
     finally:
         src.close()
     return report
-
-
-def _files(store: Store) -> Any:
-    """The store's blob bytes outside its inline rows (files, or chunk rows)."""
-    return store.files  # type: ignore[attr-defined]
 
 
 __all__ = ["CopyReport", "copy_ledger"]

@@ -30,7 +30,7 @@ from .events import Acked, Planned
 from .fences import StepPlan, Write
 from .runner import FencedOutcome, StepReader, StepStatus, run_fenced_step
 from .ledger import Ledger
-from .store.postgres import shown_location
+from .store import shown_location
 
 Echo = Callable[[str], None] | None
 Say = Callable[[str], None]

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import hmac
 import os
-import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from types import TracebackType
 from typing import Any
@@ -24,7 +23,6 @@ from .blobs import (
     content_bytes,
     content_digest,
 )
-from .store.sqlite.file import BUSY_TIMEOUT_MS, Synchronous, refuse_a_backups_database
 from .errors import (
     BlobCorrupt,
     BlobNotFound,
@@ -79,9 +77,7 @@ from .fences import (
     Write,
 )
 from .log import EventLog, Guard, Head
-from .store import EventQuery, ReadView, Scope, Store, Tx
-from .store.postgres import PgStore, is_url
-from .store.sqlite import SqliteStore
+from .store import BUSY_TIMEOUT_MS, EventQuery, ReadView, Scope, Store, Synchronous, Tx, locate
 from .projections import (
     StepRow,
     StepsProjector,
@@ -148,30 +144,6 @@ def _refuse_anchor(events: Sequence[Event]) -> None:
         raise InvalidInput("a witness-anchored event is recorded by Ledger.anchor_witness"
                            " ('steptrail witness anchor'), which verifies the ledger first;"
                            " append does not take one")
-
-
-def _refuse_missing_parents(path: str) -> None:
-    """`Ledger.init` with ``parents=False``: the ledger's own directory may be created,
-    nothing above it, so a mistyped path (`/nonexistent/dir/l.db`) is refused instead of
-    made — at the file system's root for root (issue 26, item 15)."""
-    directory = os.path.dirname(os.path.abspath(path))
-    above = os.path.dirname(directory)
-    if os.path.isdir(directory) or os.path.isdir(above):
-        return
-    what = "is not a directory" if os.path.lexists(above) else "does not exist"
-    raise InvalidInput(f"cannot create ledger {path}: {above} {what} (only the ledger's own"
-                       " directory is created); create it first, or let init create every"
-                       " missing directory (steptrail init --parents)")
-
-
-def _url_options(*, vfs: str | None, blob_root: object) -> None:
-    """Refuse the SQLite-only options for a ledger in PostgreSQL (bad input writes nothing)."""
-    if vfs is not None:
-        raise InvalidInput("vfs is a SQLite option; a postgresql:// ledger has no file")
-    if blob_root is not None:
-        raise InvalidInput("blob_root is a SQLite option; a postgresql:// ledger keeps its"
-                           " blobs in the database")
-
 
 
 
@@ -311,28 +283,20 @@ class Ledger:
         resolve = options.pop("_witness_resolve", True)
         if options.get("witness") is not None:
             witness_path(options["witness"])  # a relative witness is refused before any I/O
-        if not readonly and not is_url(path):
-            refuse_a_backups_database(os.fspath(path))
-            SqliteStore.check_writable(os.fspath(path))  # before the read-only look below
+        where = locate(path)
+        if not readonly:
+            where.check_writer()  # before the read-only look below
         if not readonly and resolve:
             # Judge the file against its witness (the one given, or the one it records)
             # through a read-only open first: closing a read-write connection checkpoints
             # the WAL, which would change a file that is about to be refused.
             cls.open(path, readonly=True, clock=clock, vfs=vfs, witness=options.get("witness")).close()
-        if is_url(path):
-            _url_options(vfs=vfs, blob_root=options.pop("blob_root", None))
-            store: Store = PgStore.open(str(path), clock=clock, readonly=readonly,
-                                        forensic=forensic, on_op=options.pop("on_op", None),
-                                        busy_timeout_ms=busy_timeout_ms)
-            clock = store.clock  # lease expiry is judged by the database's clock
-        else:
-            clock = clock or time.time_ns
-            store = SqliteStore.open(
-                os.fspath(path), clock=clock, readonly=readonly, synchronous=synchronous,
-                busy_timeout_ms=busy_timeout_ms, vfs=vfs, forensic=forensic,
-                blob_root=options.pop("blob_root", None), on_op=options.pop("on_op", None))
+        store = where.open(clock=clock, readonly=readonly, synchronous=synchronous,
+                           busy_timeout_ms=busy_timeout_ms, vfs=vfs, forensic=forensic,
+                           blob_root=options.pop("blob_root", None),
+                           on_op=options.pop("on_op", None))
         try:
-            ledger = cls(store, clock, **options)
+            ledger = cls(store, store.clock, **options)
             if resolve:
                 ledger._attach_witness()
             if not readonly:
@@ -363,34 +327,23 @@ class Ledger:
         nothing written.
         """
         _check_options(**options)  # bad input writes nothing, not even a file
-        if not parents and not is_url(path):
-            _refuse_missing_parents(os.fspath(path))
+        where = locate(path)
+        where.check_new(parents=parents)
         if options.get("witness") is not None:
             witness_path(options["witness"])  # a relative witness is refused before any I/O
-        store: Store
-        if not is_url(path):
-            refuse_a_backups_database(os.fspath(path))
-            SqliteStore.check_writable(os.fspath(path))  # before the read-only look below
-        if is_url(path):
-            _url_options(vfs=vfs, blob_root=options.pop("blob_root", None))
-            store, created = PgStore.create(str(path), clock=clock, on_op=options.pop("on_op", None),
-                                            busy_timeout_ms=busy_timeout_ms)
-            clock = store.clock  # lease expiry is judged by the database's clock
-        else:
-            if os.path.exists(os.fspath(path)):
-                try:
-                    cls.open(path, readonly=True, clock=clock, vfs=vfs,
-                             witness=options.get("witness"),
-                             witness_check=options.get("witness_check", True)).close()
-                except NotALedger:
-                    pass  # `Database.create` judges it: an interrupted init is finished
-            clock = clock or time.time_ns
-            store, created = SqliteStore.create(
-                os.fspath(path), clock=clock, synchronous=synchronous,
-                busy_timeout_ms=busy_timeout_ms, vfs=vfs,
-                blob_root=options.pop("blob_root", None), on_op=options.pop("on_op", None))
+        where.check_writer()  # before the read-only look below
+        if where.may_exist():
+            try:
+                cls.open(path, readonly=True, clock=clock, vfs=vfs,
+                         witness=options.get("witness"),
+                         witness_check=options.get("witness_check", True)).close()
+            except NotALedger:
+                pass  # the store's `create` judges it: an interrupted init is finished
+        store, created = where.create(
+            clock=clock, synchronous=synchronous, busy_timeout_ms=busy_timeout_ms, vfs=vfs,
+            blob_root=options.pop("blob_root", None), on_op=options.pop("on_op", None))
         try:
-            ledger = cls(store, clock, created, **options)
+            ledger = cls(store, store.clock, created, **options)
             ledger._attach_witness()
             if not created:
                 catch_up(ledger._log)

@@ -98,9 +98,9 @@ def archive_dir_at(location: str, view: ReadView) -> str | None:
     ``archive/`` beside a SQLite file; for a ledger in a database, the directory its
     first seal recorded (None: it was never sealed). Never a place under the current
     directory for a URL."""
-    from .store.postgres.location import is_url
+    from .store import locate
 
-    if not is_url(location):
+    if not locate(location).in_database:
         return os.path.join(os.path.dirname(os.path.abspath(location)), "archive")
     return view.meta(ARCHIVE_DIR_META)
 

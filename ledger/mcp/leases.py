@@ -146,12 +146,12 @@ class _Slot:
     directory) there is no queue: servers then wait on the lease itself."""
 
     def __init__(self, ledger_path: str, workspace: str) -> None:
-        from ..store.postgres import is_url
+        from .. import locate
 
         base = f"{ledger_path}-mcp-{hashlib.sha256(workspace.encode()).hexdigest()[:12]}"
         self.fds: list[int] | None = []
         self.held = False
-        if is_url(ledger_path):  # servers on many machines: they wait on the lease itself
+        if locate(ledger_path).in_database:  # servers on many machines: they wait on the lease itself
             self.fds = None
             return
         for suffix in (".lock", ".wait"):

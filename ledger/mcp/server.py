@@ -791,9 +791,9 @@ def _init(ledger_path: str, witness: str | None) -> Ledger:
     an agent's sub-agents do): the servers of this machine take turns on a lock file in
     the ledger's directory, and a file that another process is still creating (not yet
     a ledger, and new) is waited for, a few seconds at most."""
-    from ..store.postgres import is_url
+    from .. import locate
 
-    if is_url(ledger_path):  # a database: concurrent inits make one ledger by themselves
+    if locate(ledger_path).in_database:  # a database: concurrent inits make one ledger by themselves
         return Ledger.init(ledger_path, witness=witness)
     directory = os.path.dirname(os.path.abspath(ledger_path))
     lock_fd = None

@@ -19,12 +19,20 @@ from __future__ import annotations
 import re
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import AbstractContextManager
-from typing import Any, Final, Protocol
+from typing import TYPE_CHECKING, Any, Final, Literal, Protocol
 
 import msgspec
 
 from ..errors import InvalidInput
 from ..events import Envelope, Event, RecordedEvent
+
+if TYPE_CHECKING:
+    from ..blobs import BlobStore
+
+#: How long a writer waits for the write lock before LedgerBusy (exit 3), every store.
+BUSY_TIMEOUT_MS: Final = 30_000
+#: A SQLite ledger's durability (``PRAGMA synchronous``); a database's is the server's.
+Synchronous = Literal["FULL", "EXTRA", "NORMAL", "OFF"]
 
 #: An event row: seq, time_ns, workspace, run, step, attempt, epoch, rev, journal_key,
 #: kind, v, payload, prev_hash, hash.
@@ -457,6 +465,12 @@ class Store(Protocol):
     blobs: BlobBackend
     #: Called with "commit" just before each COMMIT (the chaos harness counts these).
     on_op: Callable[[str], None] | None
+    #: The time (ns) leases and records are judged by: the caller's, or, for a store many
+    #: machines share, the database's.
+    clock: Callable[[], int]
+    #: The blob bytes kept outside the inline rows (files, or a database's chunk rows),
+    #: with `BlobStore`'s interface.
+    files: BlobStore
     #: Re-entrant; held by every use of the store's connection (transactions, read
     #: transactions, each read of `view`): threads take turns, none sees another's
     #: uncommitted writes.
@@ -483,8 +497,19 @@ class Store(Protocol):
     def close(self, *, refused: bool = False) -> None: ...
 
 
+from .registry import (  # noqa: E402  (the registry's Protocols name Store)
+    Location,
+    Unmapped,
+    create_store,
+    locate,
+    open_store,
+    shown_location,
+    unmapped_error,
+)
+
 __all__ = [
-    "ARCHIVE_DIR_META", "COPY_TABLES", "ROW_ERRORS", "ROW_NAMES", "ROW_TYPES", "BlobBackend", "BlobStat", "Checkpoint",
+    "ARCHIVE_DIR_META", "BUSY_TIMEOUT_MS", "Location", "Synchronous", "Unmapped", "create_store",
+    "locate", "open_store", "shown_location", "unmapped_error", "COPY_TABLES", "ROW_ERRORS", "ROW_NAMES", "ROW_TYPES", "BlobBackend", "BlobStat", "Checkpoint",
     "CondemnedCheck", "DuplicateKey", "EntryRow", "EventQuery", "EventRow", "FoldRow",
     "Guard", "Head", "Held", "PinHold", "Prepared", "ProjectionChanges", "ProjectionSink",
     "Projector", "ReadView", "RebuildSink", "RowsUnreadable", "Scope", "Scratch", "Store",

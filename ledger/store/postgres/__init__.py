@@ -44,6 +44,7 @@ from ...events import genesis_hash
 from ...projections.steps import IN_FLIGHT, StepRow
 from ...projections.workspaces import PathState, WsRow
 from .. import (
+    BUSY_TIMEOUT_MS,
     COPY_TABLES,
     BlobStat,
     Checkpoint,
@@ -77,8 +78,6 @@ LOCK_CLASS_WS: Final = 0x53544C48
 CONNECT_TIMEOUT_S: Final = 10
 #: The server's time in nanoseconds (microsecond resolution).
 _NOW_NS: Final = "(extract(epoch FROM clock_timestamp()) * 1000000)::bigint * 1000"
-#: The default busy timeout (the SQLite store's).
-BUSY_TIMEOUT_MS: Final = 30_000
 #: A session idle inside a transaction this long is ended by the server (its transaction
 #: rolled back, its locks freed): a writer stalled or cut off mid-transaction holds the
 #: other writers up for at most this, never until TCP gives up.
@@ -169,7 +168,7 @@ class PgView:
         return self._one(q.JOURNAL, (key,))  # type: ignore[return-value]
 
     def journal_newest(self, prefix: str, kind: str | None = None) -> EventRow | None:
-        from ..sqlite.events import prefix_range
+        from ..sql import prefix_range
         low, high = prefix_range(prefix)
         if kind is None:
             return self._one(q.JOURNAL_RANGE.format(""), (low, high))  # type: ignore[return-value]
@@ -242,7 +241,7 @@ class PgView:
         return None if row is None else (int(row[0]), False)
 
     def check_blob(self, digest: str, size: int, *, hash_file: bool) -> None:
-        from ..sqlite.blobs import check_blob
+        from ..inline import check_blob
         check_blob(self, self._store.files, digest, size, hash_file=hash_file)
 
     def inline_blob(self, digest: str) -> tuple[int, bytes] | None:
@@ -261,7 +260,7 @@ class PgView:
     def pin_holds(self, digest: str | None = None) -> list[PinHold]:
         if digest is None:
             return self._all(q.PIN_HOLDS)  # type: ignore[return-value]
-        return self._all(q.PIN_HOLDS + " WHERE p.digest = %s", (digest,))  # type: ignore[return-value]
+        return self._all(q.PIN_HOLDS_OF, (digest,))  # type: ignore[return-value]
 
     def manifest_digests(self) -> set[str]:
         return {r[0] for r in self._all(q.MANIFEST_DIGESTS)}

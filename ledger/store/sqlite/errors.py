@@ -13,7 +13,7 @@ from typing import Final
 
 import apsw
 
-from .. import ROW_ERRORS  # what a damaged row raises: declared by the interface
+from .. import BUSY_TIMEOUT_MS, ROW_ERRORS  # declared by the interface
 
 from ...errors import (
     AccessDenied,
@@ -26,8 +26,6 @@ from ...errors import (
 )
 
 VALUE_SIZE_MAX: Final = 64 * 1024 * 1024  # SQLITE_LIMIT_LENGTH: bounds any row we read
-#: How long a writer waits for the write lock before LedgerBusy (exit 3).
-BUSY_TIMEOUT_MS: Final = 30_000
 
 
 def wal_path(path: str) -> str:

@@ -33,9 +33,11 @@ import time
 import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from typing import Final, Literal
+from typing import Final
 
 import apsw
+
+from .. import Synchronous
 
 from ...errors import (
     AccessDenied,
@@ -78,7 +80,6 @@ CHECKPOINT_PAGES: Final = 1000
 #: The collector's lock file, beside the ledger (GC holds it exclusively while it runs).
 GC_LOCK_NAME: Final = ".steptrail-gc.lock"
 
-Synchronous = Literal["FULL", "EXTRA", "NORMAL", "OFF"]
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,179 @@
+"""Which store a location names: the one place a ledger's location picks its store.
+
+A location is text (or a path): a ``postgresql://`` URL or a libpq keyword/value string
+names a ledger in a PostgreSQL database, anything else a SQLite file. Each store
+registers a `Backend` (its module's ``BACKEND``), imported on first use — the command
+line and the library never import a driver they do not need. Everything outside
+``ledger/store/`` reaches a store through `locate`, `open_store` and `create_store`, and
+never names a concrete one (tests/test_architecture.py holds that), as litestream picks
+a replica client by the URL's scheme.
+
+A backend answers what differs between stores and the callers above need to know:
+whether the location is a local file or a database many machines reach, how it is
+shown without its secrets, which options it takes, what a driver error no boundary
+mapped means. Adding a store is adding a module with a ``BACKEND`` and a line here.
+"""
+
+from __future__ import annotations
+
+import importlib
+import os
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Final, Protocol
+
+if TYPE_CHECKING:
+    from . import Store
+
+
+@dataclass(frozen=True)
+class Unmapped:
+    """What a store error no boundary mapped means: the typed error's name, its one-line
+    message, its exit code and facts (the command line's last resort prints these)."""
+
+    type_name: str
+    message: str
+    exit_code: int
+    facts: dict[str, Any]
+
+
+class Backend(Protocol):
+    """A store as the registry knows it (each store module's ``BACKEND``)."""
+
+    #: "sqlite" or "postgresql": what `Location.kind` says.
+    kind: str
+    #: A database many machines reach (True), or a file on this machine (False).
+    in_database: bool
+
+    def matches(self, location: str) -> bool:
+        """Whether `location` names a ledger of this store (decided from the text)."""
+        ...
+
+    def open(self, location: str, **options: Any) -> Store: ...
+    def create(self, location: str, **options: Any) -> tuple[Store, bool]: ...
+
+    def check_writer(self, location: str) -> None:
+        """Refuse, before anything is opened, a location a writer must not open."""
+        ...
+
+    def check_new(self, location: str, *, parents: bool) -> None:
+        """Refuse, before anything is created, a new ledger's location (`init`)."""
+        ...
+
+    def may_exist(self, location: str) -> bool:
+        """Whether a ledger may already be at `location` (`init` looks at it first)."""
+        ...
+
+    def absolute(self, location: str) -> str: ...
+    def shown(self, location: str) -> str: ...
+    def without_secrets(self, text: str, location: str) -> str: ...
+    def unmapped(self, exc: BaseException, location: str) -> Unmapped | None: ...
+
+
+#: The registered stores, most specific first; the last one takes every location the
+#: others do not (a file path). Module paths, imported on first use.
+BACKENDS: Final = ("ledger.store.postgres.backend", "ledger.store.sqlite.backend")
+
+_loaded: dict[str, Backend] = {}
+
+
+def _backend(module: str) -> Backend:
+    found = _loaded.get(module)
+    if found is None:
+        found = _loaded[module] = importlib.import_module(module).BACKEND
+    return found
+
+
+@dataclass(frozen=True)
+class Location:
+    """A ledger's location and the store it names (`locate`)."""
+
+    text: str
+    backend: Backend
+
+    @property
+    def kind(self) -> str:
+        """"sqlite" or "postgresql"."""
+        return self.backend.kind
+
+    @property
+    def in_database(self) -> bool:
+        """A database many machines reach, not a file of this machine."""
+        return self.backend.in_database
+
+    @property
+    def file(self) -> str | None:
+        """The local file the ledger is (as given), None for a database."""
+        return None if self.backend.in_database else self.text
+
+    @property
+    def shown(self) -> str:
+        """The location as messages and outputs name it: never a password."""
+        return self.backend.shown(self.text)
+
+    def absolute(self) -> str:
+        """A file's absolute path; a database's location as given."""
+        return self.backend.absolute(self.text)
+
+    def without_secrets(self, text: str) -> str:
+        """`text` (an error's message, say) with this location's secrets masked."""
+        return self.backend.without_secrets(text, self.text)
+
+    def check_writer(self) -> None:
+        self.backend.check_writer(self.text)
+
+    def check_new(self, *, parents: bool) -> None:
+        self.backend.check_new(self.text, parents=parents)
+
+    def may_exist(self) -> bool:
+        return self.backend.may_exist(self.text)
+
+    def open(self, **options: Any) -> Store:
+        """The store at this location (options as the store takes them; an option of
+        another store is refused, InvalidInput, before anything is opened)."""
+        return self.backend.open(self.text, **options)
+
+    def create(self, **options: Any) -> tuple[Store, bool]:
+        """Create the store here, or open the one there; and whether it was created."""
+        return self.backend.create(self.text, **options)
+
+    def unmapped(self, exc: BaseException) -> Unmapped | None:
+        return self.backend.unmapped(exc, self.text)
+
+
+def locate(location: str | os.PathLike[str]) -> Location:
+    """The store `location` names: a database URL or keyword string, else a file path."""
+    text = location if isinstance(location, str) else os.fspath(location)
+    for module in BACKENDS:
+        backend = _backend(module)
+        if backend.matches(text):
+            return Location(text, backend)
+    raise AssertionError("the last backend takes every location")  # pragma: no cover
+
+
+def open_store(location: str | os.PathLike[str], **options: Any) -> Store:
+    """`locate(location).open(**options)`."""
+    return locate(location).open(**options)
+
+
+def create_store(location: str | os.PathLike[str], **options: Any) -> tuple[Store, bool]:
+    """`locate(location).create(**options)`."""
+    return locate(location).create(**options)
+
+
+def shown_location(location: str | os.PathLike[str]) -> str:
+    """A location as messages name it: a URL's or keyword string's password masked."""
+    return locate(location).shown
+
+
+def unmapped_error(exc: BaseException, location: str = "") -> Unmapped | None:
+    """What a store's error no boundary mapped means (each store is asked), or None (a
+    bug: let it propagate)."""
+    for module in BACKENDS:
+        found = _backend(module).unmapped(exc, location)
+        if found is not None:
+            return found
+    return None
+
+
+__all__ = ["BACKENDS", "Backend", "Location", "Unmapped", "create_store", "locate",
+           "open_store", "shown_location", "unmapped_error"]

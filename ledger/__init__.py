@@ -91,7 +91,7 @@ if TYPE_CHECKING:  # what a type checker sees; at run time, __getattr__ below
         WorkspaceRestored,
         journal_key,
     )
-    from .fences import (
+    from .workspace import (
         ApplyResult,
         Compensation,
         FileRead,
@@ -99,6 +99,7 @@ if TYPE_CHECKING:  # what a type checker sees; at run time, __getattr__ below
         Receipt,
         SettleConflict,
         StepPlan,
+        Workspaces,
         Write,
     )
     from .ledger import DEFAULT_PATH, Ledger
@@ -139,8 +140,8 @@ _EXPORTS: dict[str, tuple[str, ...]] = {
         "ManifestEntry", "ManifestPublished", "Planned", "PlannedWrite", "RecordedEvent",
         "Rejected", "Restored", "StepEvent", "WitnessAnchored", "WorkspaceAdded",
         "WorkspaceRebound", "WorkspaceRestored", "journal_key"),
-    "fences": ("ApplyResult", "Compensation", "FileRead", "Lease", "Receipt", "SettleConflict",
-        "StepPlan", "Write"),
+    "workspace": ("ApplyResult", "Compensation", "FileRead", "Lease", "Receipt", "SettleConflict",
+        "StepPlan", "Workspaces", "Write"),
     "ledger": ("DEFAULT_PATH", "Ledger"),
     "log": ("Head",),
     "plans": ("Plan", "check_settled", "load_plan"),
@@ -265,6 +266,7 @@ __all__ = [
     "WorkspaceRebound",
     "WorkspaceRestored",
     "Write",
+    "Workspaces",
     "check_settled",
     "journal_key",
     "load_plan",

@@ -859,7 +859,7 @@ def restore_backup(
         needs, _size = _check_copy(copy, Head(marker.head_seq, bytes.fromhex(marker.head_hash)),
                                    where, deep=True)
         _check_archives(marker.archives, where, copy)
-        workspaces = sorted(row.name for row in copy.workspaces())
+        workspaces = sorted(row.name for row in copy.workspaces.list())
     finally:
         copy.close()
     if marker.witnessed and witness is None:
@@ -905,7 +905,7 @@ def restore_backup(
         head = restored.head()
         ledger_id = restored.ledger_id
         now = restored.clock()
-        live_leases = sorted(row.name for row in restored.workspaces()
+        live_leases = sorted(row.name for row in restored.workspaces.list()
                              if row.live_epoch(now) is not None)
     return RestoredLedger(
         path=target, ledger_id=ledger_id, head_seq=head.seq, head_hash=head.hash.hex(),

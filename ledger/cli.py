@@ -51,7 +51,7 @@ from .events import KINDS, Manifest, RecordedEvent, WitnessAnchored, check_relpa
 # tests/test_cli_fast.py checks they are the library's.
 if TYPE_CHECKING:
     from .events import BlobStored
-    from .fences import ApplyResult, Compensation, FileRead, Lease
+    from .workspace.protocol import ApplyResult, Compensation, FileRead, Lease
     from .ledger import Ledger
     from .plans import Plan
     from .projections import StepRow
@@ -880,7 +880,7 @@ def _check_live(ledger: Ledger, row: StepRow, epoch: int | None) -> None:
     is already done (a zombie must not hear a newer epoch's work as its own)."""
     if epoch is None or not row.workspace or row.epoch == 0:
         return
-    lease = ledger.lease(row.workspace)
+    lease = ledger.workspaces.lease(row.workspace)
     if not lease.live or lease.epoch != epoch or epoch < row.epoch:
         raise StaleEpoch(row.workspace, epoch, lease.epoch if lease.live else None,
                          f"attempt {row.attempt} of step {row.step_id!r} was planned under"
@@ -962,10 +962,10 @@ def workspace_add(ctx: click.Context, name: str, directory: str, rebind: bool, a
     steps never write it).
     """
     with _open(ctx, readonly=False) as ledger:
-        existing = next((r for r in ledger.workspaces() if r.name == name), None)
-        before = ledger.registration(name) if existing is not None else None
-        row = ledger.add_workspace(name, directory, allow_git=allow_git, rebind=rebind)
-        after = ledger.registration(name)
+        existing = next((r for r in ledger.workspaces.list() if r.name == name), None)
+        before = ledger.workspaces.registration(name) if existing is not None else None
+        row = ledger.workspaces.add(name, directory, allow_git=allow_git, rebind=rebind)
+        after = ledger.workspaces.registration(name)
         now = ledger.clock()
     rebound = before is not None and after.seq != before.seq
     if as_json:
@@ -987,7 +987,7 @@ def workspace_add(ctx: click.Context, name: str, directory: str, rebind: bool, a
 def workspace_list(ctx: click.Context, as_json: bool) -> None:
     """List workspaces with their revision and lease. Read-only."""
     with _open(ctx, readonly=True) as ledger:
-        rows = ledger.workspaces()
+        rows = ledger.workspaces.list()
         now = ledger.clock()
     if as_json:
         _emit_json([workspace_json(r, now) for r in rows])
@@ -1015,9 +1015,9 @@ def workspace_show(ctx: click.Context, name: str | None, as_json: bool) -> None:
     """
     name = _workspace(ctx, name)
     with _open(ctx, readonly=True) as ledger:
-        row = ledger.workspace(name)
-        paths = ledger.workspace_paths(name)
-        unsettled = ledger.unsettled(name, row.epoch) if row.epoch else []
+        row = ledger.workspaces.get(name)
+        paths = ledger.workspaces.paths(name)
+        unsettled = ledger.workspaces.unsettled(name, row.epoch) if row.epoch else []
         now = ledger.clock()
     data = workspace_json(row, now) | {
         "paths": [{"path": p, "rev": rev, "hash": h} for p, (rev, h) in paths.items()],
@@ -1061,7 +1061,7 @@ def workspace_read(ctx: click.Context, path: str, ws_name: str | None, as_json: 
 
     name = _workspace(ctx, ws_name)
     with _open(ctx, readonly=True) as ledger:
-        got = ledger.read_file(name, path, max_bytes=INPUT_FILE_MAX)
+        got = ledger.workspaces.read_file(name, path, max_bytes=INPUT_FILE_MAX)
     if as_json:
         _emit_json(file_read_json(got))
         return
@@ -1105,7 +1105,7 @@ def workspace_snapshot(ctx: click.Context, paths: tuple[str, ...], ws_name: str 
     """
     name = _workspace(ctx, ws_name)
     with _open(ctx, readonly=True) as ledger:
-        snaps = [(p, *ledger.snapshot(name, p)) for p in paths]
+        snaps = [(p, *ledger.workspaces.snapshot(name, p)) for p in paths]
     if as_json:
         _emit_json({"workspace": name, "paths": [
             {"path": p, "base_rev": rev, "pre_hash": h} for p, rev, h in snaps]})
@@ -1138,7 +1138,7 @@ def lease() -> None:
 @click.option("--ttl", type=DURATION, default=CLI_LEASE_TTL, show_default=True,
               help="How long the lease lives without a heartbeat: 60s, 10m, 24h (at most 7d)."
                    f" The default, {CLI_LEASE_TTL}, leaves a person typing commands time; the"
-                   " library's Ledger.acquire defaults to 60s (a harness heartbeats).")
+                   " library's ledger.workspaces.acquire defaults to 60s (a harness heartbeats).")
 @click.option("--force", is_flag=True, help="Take over even while another lease is live (its epoch dies now).")
 @json_option
 @click.pass_context
@@ -1153,7 +1153,7 @@ def lease_acquire(ctx: click.Context, ws_name: str | None, holder: str, ttl: flo
     """
     name = _workspace(ctx, ws_name)
     with _open(ctx, readonly=False) as ledger:
-        got = ledger.acquire(name, holder, ttl, force=force)
+        got = ledger.workspaces.acquire(name, holder, ttl, force=force)
         now = ledger.clock()
     document = lease_json(got, now)
     if not as_json:
@@ -1189,7 +1189,7 @@ def lease_heartbeat(ctx: click.Context, ws_name: str | None, epoch: int | None, 
     name = _workspace(ctx, ws_name)
     epoch = _need_epoch(epoch, "a heartbeat")
     with _open(ctx, readonly=False) as ledger:
-        got = ledger.heartbeat(name, epoch, ttl)
+        got = ledger.workspaces.heartbeat(name, epoch, ttl)
         now = ledger.clock()
     if as_json:
         _emit_json(lease_json(got, now))
@@ -1207,7 +1207,7 @@ def lease_release(ctx: click.Context, ws_name: str | None, epoch: int | None, as
     name = _workspace(ctx, ws_name)
     epoch = _need_epoch(epoch, "a release")
     with _open(ctx, readonly=False) as ledger:
-        got = ledger.release(name, epoch)
+        got = ledger.workspaces.release(name, epoch)
         now = ledger.clock()
     if as_json:
         _emit_json(lease_json(got, now))
@@ -1224,8 +1224,8 @@ def lease_show(ctx: click.Context, ws_name: str | None, as_json: bool) -> None:
     """Show the workspace's lease: epoch, holder, expiry, live or not. Read-only."""
     name = _workspace(ctx, ws_name)
     with _open(ctx, readonly=True) as ledger:
-        got = ledger.lease(name)
-        unsettled = ledger.unsettled(name, got.epoch) if got.epoch else []
+        got = ledger.workspaces.lease(name)
+        unsettled = ledger.workspaces.unsettled(name, got.epoch) if got.epoch else []
         now = ledger.clock()
     if as_json:
         _emit_json(lease_json(got, now) | {"unsettled": unsettled})
@@ -1247,12 +1247,12 @@ def lease_settle(ctx: click.Context, ws_name: str | None, epoch: int | None, as_
     `lease acquire` does this itself; run it when an apply answers Unsettled. Exit 1
     when a path conflicts (it was changed since: nothing was overwritten, a human decides).
     """
-    from .fences import settle_conflicts
+    from .workspace.protocol import settle_conflicts
 
     name = _workspace(ctx, ws_name)
     epoch = _need_epoch(epoch, "settling")
     with _open(ctx, readonly=False) as ledger:
-        done = ledger.settle(name, epoch)
+        done = ledger.workspaces.settle(name, epoch)
     conflicts = [f"{c.step}:{r.path}" for c in done for r in c.conflicts]
     document = {"workspace": name, "epoch": epoch,
                 "settled": [compensation_json(c) for c in done],
@@ -1351,7 +1351,7 @@ def _admit(ledger: Ledger, name: str, epoch: int, plan: Plan, fence: str, journa
     check_settled(ledger, name, epoch)
     plans = plan.steps
     before = {p.step: ledger.find_step(p.step) for p in plans}
-    verdicts = ledger.admit(name, epoch, plans, fence=fence,  # type: ignore[arg-type]
+    verdicts = ledger.workspaces.admit(name, epoch, plans, fence=fence,  # type: ignore[arg-type]
                             journal=journal, plan_rev=plan.plan_rev)
     rows = []
     for p, v in zip(plans, verdicts, strict=True):
@@ -1418,7 +1418,7 @@ def step_apply(ctx: click.Context, step_id: str, attempt: int | None, epoch: int
         row = ledger.step(step_id)
         if row.workspace and row.state == "planned" and attempt in (None, row.attempt):
             check_settled(ledger, row.workspace, epoch, but=step_id)
-        result = ledger.apply(step_id, attempt, epoch=epoch)
+        result = ledger.workspaces.apply(step_id, attempt, epoch=epoch)
     if not as_json:
         _echo_apply(result)
     if not result.applied:
@@ -1461,7 +1461,7 @@ def step_replan(ctx: click.Context, step_id: str, epoch: int | None, as_json: bo
     """
     epoch = _need_epoch(epoch, "replanning")
     with _open(ctx, readonly=False) as ledger:
-        attempt = ledger.replan(step_id, epoch=epoch)
+        attempt = ledger.workspaces.replan(step_id, epoch=epoch)
         row = ledger.step(step_id)
     if as_json:
         _emit_json({"step": step_id, "attempt": attempt, "workspace": row.workspace,
@@ -1497,7 +1497,7 @@ def step_compensate(ctx: click.Context, step_id: str, reason: str, attempt: int 
     ends; allowed only within the compensation window. A redelivery returns the first.
     """
     with _open(ctx, readonly=False) as ledger:
-        c = ledger.compensate(step_id, attempt, reason=reason, epoch=epoch)
+        c = ledger.workspaces.compensate(step_id, attempt, reason=reason, epoch=epoch)
     if not as_json:
         _echo_compensation(c)
     if c.conflicts:
@@ -1786,7 +1786,7 @@ def _run_step(ledger: Ledger, name: str, epoch: int, plan: Plan, fence: str, jou
     (`run_fenced_step`) continues it: apply, artifacts, manifest and ack — in one commit
     when the artifacts fit in rows. Each part fills its key of `doc` as the command that
     does it alone prints it; a refusal raises Refusal."""
-    from .fences import ApplyResult
+    from .workspace.protocol import ApplyResult
     from .runner import StepStatus, run_fenced_step
 
     planned = plan.steps[0]
@@ -2327,10 +2327,10 @@ def restore_cmd(ctx: click.Context, ws_name: str | None, target: str, force: boo
     # (a target that is not new or empty is refused by the library, before anything is
     # written — unless it holds nothing but a killed restore's output: then resumed)
     with _open(ctx, readonly=False) as ledger:
-        before = ledger.workspace(name)
+        before = ledger.workspaces.get(name)
         live = before.live_epoch(ledger.clock()) is not None
         try:
-            report = ledger.restore(name, target, force=force)
+            report = ledger.workspaces.restore(name, target, force=force)
         except LeaseHeld as exc:
             raise LeaseHeld(
                 exc.workspace, exc.epoch, exc.holder, exc.expires_ns,

@@ -37,7 +37,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Final
 
-from . import exchange
+from .workspace import exchange
 from .errors import InvalidInput
 from .store import ARCHIVE_DIR_META, ReadView, Store, create_store, locate, open_store
 from .store.transfer import _wall, copy_tables

@@ -27,7 +27,7 @@ from typing import Any
 from .blobs import digest_of
 from .errors import IdempotencyConflict, IllegalTransition, ReplanRefused, StaleEpoch
 from .events import Acked, Planned
-from .fences import StepPlan, Write
+from .workspace.protocol import StepPlan, Write
 from .runner import FencedOutcome, StepReader, StepStatus, run_fenced_step
 from .ledger import Ledger
 from .store import shown_location
@@ -78,9 +78,9 @@ class Agent:
     def plan(self, i: int) -> None:
         step = f"s{i:02d}"
         path, _ = step_change(i, b"")
-        read = self.ledger.read_file(WS, path)  # the bytes planned from, with their hash
+        read = self.ledger.workspaces.read_file(WS, path)  # the bytes planned from, with their hash
         _, new = step_change(i, read.content or b"")
-        self.ledger.admit(WS, self.epoch, [StepPlan(step, [read.write(new)],
+        self.ledger.workspaces.admit(WS, self.epoch, [StepPlan(step, [read.write(new)],
                                                     artifacts=tuple(step_outputs(i)), run=RUN)])
         self.counts["steps_started"] += 1
 
@@ -190,8 +190,8 @@ def _make_repo(repo: str, say: Say) -> None:
 def _first_worker(ledger: Ledger, repo: str, check: Callable[[str, bool], None], say: Say,
                   counts: dict[str, int]) -> None:
     say("1. worker 1 takes a lease on the repository and records its files (step s00)")
-    ledger.add_workspace(WS, repo)
-    epoch = ledger.acquire(WS, "worker-1", ttl_s=600).epoch
+    ledger.workspaces.add(WS, repo)
+    epoch = ledger.workspaces.acquire(WS, "worker-1", ttl_s=600).epoch
     # Recording the files as they are (a write whose new content is its current
     # content) makes them committed content: restore can rebuild them anywhere.
     out = run_fenced_step(ledger, WS, "s00", lambda read: [
@@ -236,11 +236,11 @@ def _first_worker(ledger: Ledger, repo: str, check: Callable[[str, bool], None],
 
     say("5. s05's tests fail after it is applied: compensate it")
     agent.plan(5)
-    r5 = ledger.apply("s05", epoch=epoch)
+    r5 = ledger.workspaces.apply("s05", epoch=epoch)
     for p, data in step_outputs(5).items():
         ledger.store("s05", 1, p, data)
     before5 = _read(repo, step_change(5, b"")[0])
-    comp = ledger.compensate("s05", epoch=epoch, reason="tests/test_calc.py failed")
+    comp = ledger.workspaces.compensate("s05", epoch=epoch, reason="tests/test_calc.py failed")
     counts["compensated"] += 1
     check("compensation puts the pre-image back", r5.applied
           and [r.outcome for r in comp.restored] == ["restored"]
@@ -280,12 +280,12 @@ def on_op(name):
     if name == "ws-dirfsync" and "ws-rename" in seen:
         os.kill(os.getpid(), signal.SIGKILL)  # renamed into place, not yet recorded
 with Ledger.open({path!r}) as ledger:
-    epoch = ledger.lease({ws!r}).epoch
-    receipt = ledger.apply("s06", epoch=epoch).receipt   # the sandbox answers 200 ...
+    epoch = ledger.workspaces.lease({ws!r}).epoch
+    receipt = ledger.workspaces.apply("s06", epoch=epoch).receipt   # the sandbox answers 200 ...
     with open({receipt!r}, "wb") as f:
         f.write(__import__("msgspec").json.encode(receipt))
 with Ledger.open({path!r}, on_op=on_op) as ledger:
-    ledger.apply("s07", epoch=epoch)                      # ... and dies inside s07
+    ledger.workspaces.apply("s07", epoch=epoch)                      # ... and dies inside s07
 """
 
 
@@ -337,21 +337,21 @@ def _fresh_worker_main(path: str, fresh: str) -> None:
     log: list[str] = []
     counts = {"steps_started": 0, "committed": 0, "rejected": 0}
     with Ledger.open(path) as ledger:
-        restored = ledger.restore(WS, fresh, force=True)  # worker 1's lease is still live
+        restored = ledger.workspaces.restore(WS, fresh, force=True)  # worker 1's lease is still live
         log.append(f"restored {restored.paths} files ({restored.bytes} bytes) into {fresh}")
-        lease = ledger.acquire(WS, "worker-2", ttl_s=600, force=True)
+        lease = ledger.workspaces.acquire(WS, "worker-2", ttl_s=600, force=True)
         log.append(f"epoch {lease.epoch}; settled {', '.join(lease.settled)}")
         agent = Agent(ledger, lease.epoch, counts)
         for i in (6, 7):
             try:
-                ledger.replan(f"s{i:02d}", epoch=lease.epoch)  # re-stamped: pre_hash holds
+                ledger.workspaces.replan(f"s{i:02d}", epoch=lease.epoch)  # re-stamped: pre_hash holds
             except ReplanRefused:
                 agent.plan(i)  # the file moved on: plan it anew from what is there
             agent.finish(i)
         for i in range(8, STEPS + 1):
             agent.plan(i)
             agent.finish(i)
-        log.append(f"committed s06..s{STEPS:02d}; workspace rev {ledger.workspace(WS).rev}")
+        log.append(f"committed s06..s{STEPS:02d}; workspace rev {ledger.workspaces.get(WS).rev}")
     print(json.dumps({"log": log, "settled": list(lease.settled), **counts}))
 
 
@@ -373,7 +373,7 @@ def _late_receipt(ledger: Ledger, root: str, check: Callable[[str, bool], None],
 def _closing_checks(ledger: Ledger, fresh: str, check: Callable[[str, bool], None],
                     say: Say, counts: dict[str, int]) -> dict[str, Any]:
     from .gc import audit, collect
-    from .restore import committed_content
+    from .workspace.restore import committed_content
 
     say("10. the restored workspace holds exactly the committed content")
     content = committed_content(ledger, WS)

@@ -63,18 +63,11 @@ from .events import (
     journal_key,
     manifest_digest,
 )
-from .core import Clock, Core, Options
-from .fences import (
+from .workspace.core import Clock, Core, Options
+from .workspace.protocol import (
     COMPENSATION_WINDOW_S_DEFAULT,
-    ApplyResult,
-    Compensation,
-    FenceMode,
-    FileRead,
-    Lease,
     Receipt,
-    StepPlan,
     Workspaces,
-    Write,
 )
 from .log import EventLog, Guard, Head
 from .store import BUSY_TIMEOUT_MS, EventQuery, ReadView, Scope, Store, Synchronous, Tx, locate
@@ -90,8 +83,6 @@ from .projections import (
 )
 from .projections.steps import ENDED
 from .projections.steps import VERSION as STEPS_VERSION
-from .projections.workspaces import Registration, WsRow
-from .restore import RestoreReport, restore
 from .verify import Finding, VerifyReport, exposure_warnings, verify, window_problem
 from .witness import (
     AnchorRefused,
@@ -107,7 +98,7 @@ from .witness import (
     same_location,
     witness_path,
 )
-from .workdir import Boundary, WorkspaceDir
+from .workspace.directory import Boundary
 
 Progress = Callable[[int, int], None]
 
@@ -158,12 +149,13 @@ class Ledger:
     locks, which may create an empty ``-wal`` and a ``-shm``). Time is injected
     (`clock` returns Unix nanoseconds), never read in leaf code.
 
-    The workspace protocol (registrations, leases, admit, apply, compensate, settle) is
-    `workspace_protocol`, a `fences.Workspaces`; the methods of the same names here
-    delegate to it.
+    The workspace protocol (registrations, leases, admit, apply, compensate, settle,
+    restore) is one object, `ledger.workspaces` (`ledger.workspace.Workspaces`):
+    ``ledger.workspaces.acquire("w", "agent-1")``.
     """
 
     INLINE_MAX_DEFAULT = INLINE_MAX_DEFAULT
+
 
     def __init__(
         self,
@@ -229,8 +221,9 @@ class Ledger:
             guard=self._guard, boundary=self._boundary, step=self.step,
             files=lambda: self._store.files,
             workspace_fold=lambda: read_workspaces(self._log))
-        #: The workspace protocol (`fences.Workspaces`).
-        self.workspace_protocol = Workspaces(self._core)
+        #: The workspace protocol (`ledger.workspace.Workspaces`): registration, leases and
+        #: epochs, plan/admit/apply/compensate/settle, reads, restore — one object.
+        self.workspaces = Workspaces(self._core)
 
     @property
     def inline_max_bytes(self) -> int:
@@ -1078,13 +1071,13 @@ class Ledger:
         it must match the apply the ledger recorded.
         """
         if receipt is not None:
-            checked = self.check_receipt(receipt)
+            checked = self.workspaces.check_receipt(receipt)
             if checked.step != step or (attempt is not None and checked.attempt != attempt):
                 raise InvalidInput(f"the receipt is for step {checked.step!r} attempt"
                                    f" {checked.attempt}, not {step!r}")
             attempt = checked.attempt
             if checked.epoch > 0:
-                live = self.workspace(checked.workspace).live_epoch(self.clock())
+                live = self.workspaces.get(checked.workspace).live_epoch(self.clock())
                 if live != checked.epoch:  # a late 200 from a reclaimed sandbox
                     raise StaleEpoch(checked.workspace, checked.epoch, live,
                                      "a receipt of a dead epoch commits nothing")
@@ -1109,7 +1102,7 @@ class Ledger:
         if planned is not None and planned.workspace and planned.epoch > 0:
             # A writing step's publish is an effect under its epoch: a dead one hears
             # StaleEpoch first, whatever else is wrong (the guard re-checks in the txn).
-            live = self.workspace(planned.workspace).live_epoch(self.clock())
+            live = self.workspaces.get(planned.workspace).live_epoch(self.clock())
             if live != planned.epoch:
                 raise StaleEpoch(planned.workspace, planned.epoch, live)
         if planned is not None and planned.writes:
@@ -1161,7 +1154,7 @@ class Ledger:
             # an ack under an epoch: that epoch must be live and no older than the
             # attempt's, even when the answer would be an earlier ack (a zombie must not
             # hear a newer epoch's ack as its own)
-            ws = self.workspace(row.workspace)
+            ws = self.workspaces.get(row.workspace)
             live = ws.live_epoch(self.clock())
             if live != epoch or epoch < row.epoch:
                 raise StaleEpoch(row.workspace, epoch, live, f"attempt {attempt} of step"
@@ -1177,114 +1170,7 @@ class Ledger:
                                  epoch=row.epoch if epoch is None else epoch,
                                  manifest_rev=max(row.manifest_rev, 0)))
 
-    # -- the workspace protocol: `workspace_protocol` (fences.Workspaces) does it ----------
-
-    def add_workspace(self, name: str, root: str | os.PathLike[str], *,
-                      allow_git: bool = False, rebind: bool = False) -> WsRow:
-        """Register (or, with `rebind`, re-register) a workspace directory."""
-        return self.workspace_protocol.add_workspace(name, root, allow_git=allow_git, rebind=rebind)
-
-    def registration(self, name: str) -> Registration:
-        """Where workspace `name` lives and what it may write."""
-        return self.workspace_protocol.registration(name)
-
-    def workspace(self, name: str) -> WsRow:
-        """A workspace's row (revision, lease); UnknownWorkspace if it was never added."""
-        return self.workspace_protocol.workspace(name)
-
-    def workspaces(self) -> list[WsRow]:
-        """Every workspace's row, by name."""
-        return self.workspace_protocol.workspaces()
-
-    def workspace_paths(self, name: str) -> dict[str, tuple[int, str | None]]:
-        """Every path a step wrote: its rev and the hash of the content it should hold."""
-        return self.workspace_protocol.workspace_paths(name)
-
-    def snapshot(self, workspace: str, path: str) -> tuple[int, str | None]:
-        """(the path's rev, the sha256 of its bytes on disk now, None when absent)."""
-        return self.workspace_protocol.snapshot(workspace, path)
-
-    def read_file(self, workspace: str, path: str, *, max_bytes: int | None = None) -> FileRead:
-        """A workspace file's bytes with their sha256 and the path's rev, taken together."""
-        return self.workspace_protocol.read_file(workspace, path, max_bytes=max_bytes)
-
-    def lease(self, workspace: str) -> Lease:
-        """The workspace's lease as the ledger holds it."""
-        return self.workspace_protocol.lease(workspace)
-
-    def acquire(self, workspace: str, holder: str, ttl_s: float = 60, *,
-                force: bool = False, bare: bool = False) -> Lease:
-        """Start a new epoch on the workspace and settle the older ones (`bare`: a name
-        no workspace registered is a lease with no directory, made by its first epoch)."""
-        return self.workspace_protocol.acquire(workspace, holder, ttl_s, force=force,
-                                               bare=bare)
-
-    def heartbeat(self, workspace: str, epoch: int, ttl_s: float = 60) -> Lease:
-        """Extend the live lease; an expired one is never revived (StaleEpoch)."""
-        return self.workspace_protocol.heartbeat(workspace, epoch, ttl_s)
-
-    def release(self, workspace: str, epoch: int) -> Lease:
-        """Give the lease up (idempotent for the same epoch)."""
-        return self.workspace_protocol.release(workspace, epoch)
-
-    def unsettled(self, workspace: str, epoch: int) -> list[str]:
-        """Steps of the workspace still in flight under an epoch before `epoch`."""
-        return self.workspace_protocol.unsettled(workspace, epoch)
-
-    def settle(self, workspace: str, epoch: int) -> list[Compensation]:
-        """Compensate every attempt of an older epoch still in flight, under `epoch`."""
-        return self.workspace_protocol.settle(workspace, epoch)
-
-    def plan_step(self, step: str, *, workspace: str, epoch: int, writes: Sequence[Write] = (),
-                  artifacts: Sequence[str] = (), run: str = "", fence: FenceMode = "step",
-                  journal: bool = True, plan_rev: int | None = None,
-                  irreversible: bool = False) -> ApplyResult | None:
-        """Plan one step that writes the workspace (a batch of one; see `admit`)."""
-        return self.workspace_protocol.plan_step(
-            step, workspace=workspace, epoch=epoch, writes=writes, artifacts=artifacts, run=run,
-            fence=fence, journal=journal, plan_rev=plan_rev, irreversible=irreversible)
-
-    def admit(self, workspace: str, epoch: int, plans: Sequence[StepPlan], *,
-              fence: FenceMode = "step", journal: bool = True,
-              plan_rev: int | None = None) -> list[ApplyResult | None]:
-        """Admit a plan (steps submitted together) under the live `epoch`."""
-        return self.workspace_protocol.admit(workspace, epoch, plans, fence=fence,
-                                             journal=journal, plan_rev=plan_rev)
-
-    def replan(self, step: str, *, epoch: int) -> int:
-        """Re-stamp the step's ended attempt onto the current revisions, as a new attempt."""
-        return self.workspace_protocol.replan(step, epoch=epoch)
-
-    def apply(self, step: str, attempt: int | None = None, *, epoch: int,
-              commit: bool = False, inline_artifacts: dict[str, bytes] | None = None
-              ) -> ApplyResult:
-        """Fence and apply the attempt's writes under the live `epoch` (`commit`: store
-        `inline_artifacts`, publish and ack in the same transaction)."""
-        return self.workspace_protocol.apply(step, attempt, epoch=epoch, commit=commit,
-                                             inline_artifacts=inline_artifacts)
-
-    def workspace_dir(self, name: str) -> WorkspaceDir:
-        """Workspace `name`'s directory, confined as every step's write is (see the
-        protocol's): what a front end lists and walks the workspace through."""
-        return self.workspace_protocol.workspace_dir(name)
-
-    def tidy(self, step: str) -> None:
-        """Remove what the step's ended or committed attempt left in its slots (a kill
-        after its commit); `run_fenced_step` calls it on a re-run."""
-        self.workspace_protocol.tidy(step)
-
-    def compensate(self, step: str, attempt: int | None = None, *, reason: str = "",
-                   epoch: int | None = None) -> Compensation:
-        """End the attempt, undoing its workspace writes where that is safe."""
-        return self.workspace_protocol.compensate(step, attempt, reason=reason, epoch=epoch)
-
-    def check_receipt(self, receipt: Receipt | dict[str, Any] | bytes | str) -> Receipt:
-        """Parse an executor's receipt and check it against the apply the ledger recorded."""
-        return self.workspace_protocol.check_receipt(receipt)
-
-    def _remove_abandoned_temporaries(self, now: int) -> int:
-        """The collector's sweep of dead stagers' temporaries (see the protocol's)."""
-        return self.workspace_protocol.remove_abandoned_temporaries(now)
+    # -- what the workspace protocol is handed -----------------------------------------
 
     def _boundary(self) -> Boundary:
         """The ledger's own files no workspace walk may touch: its directory (the file,
@@ -1307,11 +1193,6 @@ class Ledger:
         # looked up again when the key says something appeared since.
         self.__dict__["_boundary_cache"] = (key, found)
         return found
-
-    def restore(self, workspace: str, to: str | os.PathLike[str], *,
-                force: bool = False) -> RestoreReport:
-        """Materialize the workspace's committed content under `to` (see `ledger.restore`)."""
-        return restore(self.workspace_protocol, workspace, to, force=force)
 
     def _append_unchecked(self, event: Event) -> RecordedEvent:
         """Append without the blob guard. Test-only: the chaos harness's broken protocol."""

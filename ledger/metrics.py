@@ -226,7 +226,7 @@ def compute(ledger: Ledger, now_ns: int | None = None) -> Metrics:
 
 def _checkpoints(ledger: Ledger, f: _Fold, now: int) -> CheckpointAge:
     rows = []
-    for ws in ledger.workspaces():
+    for ws in ledger.workspaces.list():
         commit = f.commits.get(ws.name)
         if commit is None:
             rows.append(WorkspaceCheckpoint(workspace=ws.name, age_s=None, last_commit_ns=None,

@@ -2,7 +2,7 @@
 follows (docs/cli-json.md "The plan format"; docs/design.md "Epochs and leases").
 
 `load_plan` decodes and checks a plan document — one step ``{"step": ..., "writes":
-[...]}`` or a batch ``{"steps": [...]}`` — into the steps (`StepPlan`) `Ledger.admit` takes,
+[...]}`` or a batch ``{"steps": [...]}`` — into the steps (`StepPlan`) `ledger.workspaces.admit` takes,
 raising the library's typed errors: InvalidInput naming the bad field, OperatorOnly for
 a plan that turns a protection off (the fence mode and the journal are the operator's),
 ContentFileEscapes for a ``content_file`` that leaves the plan's directory. It reads the
@@ -26,7 +26,7 @@ import msgspec
 
 from .errors import ContentFileEscapes, InvalidInput, OperatorOnly, Unsettled
 from .events import check_relpath
-from .fences import FENCE_MODES, StepPlan, Write
+from .workspace.protocol import FENCE_MODES, StepPlan, Write
 
 if TYPE_CHECKING:
     from .ledger import Ledger
@@ -240,7 +240,7 @@ def _plan_steps(doc: PlanDoc, batch: bool, base_dir: str, opened: list[BinaryIO]
 
 @dataclass
 class Plan:
-    """A checked plan: its steps (for `Ledger.admit`), the plan's `run` and `plan_rev`.
+    """A checked plan: its steps (for `ledger.workspaces.admit`), the plan's `run` and `plan_rev`.
 
     A content file larger than INPUT_READ_MAX is handed on open (streamed by the ledger,
     never held whole): `close()` the plan when done with it (or use it in a ``with``).
@@ -293,7 +293,7 @@ def check_settled(ledger: Ledger, workspace: str, epoch: int, *, but: str = "") 
     on `workspace` (an acquire that died before its settle), step `but` aside. The core
     checks only the applied step's own epoch; a harness (the CLI's ``step plan`` and
     ``step apply``) checks this before planning or applying."""
-    pending = [s for s in ledger.unsettled(workspace, epoch) if s != but]
+    pending = [s for s in ledger.workspaces.unsettled(workspace, epoch) if s != but]
     if pending:
         raise Unsettled(workspace, pending)
 

@@ -21,7 +21,7 @@ Replay policy (a step that died between its blob upload and its manifest, replay
 with byte-different output): replay under the same step id and let the ledger decide. The first manifest to land wins; a replay of a
 committed step is answered from the ledger. An attempt that died before publishing
 is either continued by the same runner (as here) or ended by whoever knows it is
-dead (`Ledger.compensate`, or a new epoch's settling for workspace-writing steps),
+dead (`ledger.workspaces.compensate`, or a new epoch's settling for workspace-writing steps),
 and the next run is a new attempt whose publish creates the manifest; the dead
 attempt's blobs become orphans for GC once unpinned. Replacing a live manifest on
 purpose is a supersede (`publish(expected_rev=live)`), recording both digests.
@@ -37,7 +37,7 @@ from .blobs import Content, digest_of
 from .diffs import unified_diff
 from .errors import BlobNotFound, InvalidInput, LedgerError, PlanConflict, StaleEpoch
 from .events import Fenced, Manifest, ManifestEntry, ManifestPublished, Planned, manifest_digest
-from .fences import ApplyResult, FenceMode, FileRead, Receipt, StepPlan, Write, receipt_of
+from .workspace.protocol import ApplyResult, FenceMode, FileRead, Receipt, StepPlan, Write, receipt_of
 from .ledger import Ledger, artifact_bytes
 from .projections.steps import COMPENSATING, ENDED, PLANNED, StepRow
 
@@ -201,7 +201,7 @@ class FencedOutcome:
 
 class StepReader:
     """What a planner reads through: `read(path)` returns the bytes with the rev and hash
-    to fence on (`Ledger.read_file`), and remembers them, so a refusal can show a diff
+    to fence on (`ledger.workspaces.read_file`), and remembers them, so a refusal can show a diff
     from exactly what was read."""
 
     def __init__(self, ledger: Ledger, workspace: str) -> None:
@@ -209,7 +209,7 @@ class StepReader:
         self.reads: dict[str, FileRead] = {}
 
     def read(self, path: str, *, max_bytes: int | None = None) -> FileRead:
-        got = self.ledger.read_file(self.workspace, path, max_bytes=max_bytes)
+        got = self.ledger.workspaces.read_file(self.workspace, path, max_bytes=max_bytes)
         self.reads[path] = got
         return got
 
@@ -245,7 +245,7 @@ def run_fenced_step(ledger: Ledger, workspace: str, step: str, plan: Planner, *,
     observation point; crash tests stop a process there).
 
         with Ledger.open(".steptrail/ledger.db") as led:
-            lease = led.acquire("repo", holder="agent-1", ttl_s=600)
+            lease = led.workspaces.acquire("repo", holder="agent-1", ttl_s=600)
             out = run_fenced_step(led, "repo", "edit-1",
                                   lambda read: [read.read("app.py").write(b"v1\n")],
                                   epoch=lease.epoch)
@@ -283,13 +283,13 @@ def _run_fenced(ledger: Ledger, workspace: str, step: str, plan: Planner, reader
                            f" {workspace!r}; give each workspace's steps their own ids")
     if row is not None and row.live and row.state != COMPENSATING:
         out = _committed(ledger, step, row, epoch, ran=False, before=True)
-        ledger.tidy(step)  # a kill after its commit left slots
+        ledger.workspaces.tidy(step)  # a kill after its commit left slots
         return out
     if row is not None and row.state not in ENDED and row.epoch < epoch:
-        ledger.settle(workspace, epoch)  # an older epoch's attempt: settled, then anew
+        ledger.workspaces.settle(workspace, epoch)  # an older epoch's attempt: settled, then anew
         row = ledger.find_step(step)
     elif row is not None and row.state == COMPENSATING:
-        ledger.compensate(step, epoch=epoch)  # an undo killed halfway: finished first
+        ledger.workspaces.compensate(step, epoch=epoch)  # an undo killed halfway: finished first
         row = ledger.find_step(step)
     ran = False
     if row is not None and row.state not in ENDED:
@@ -310,7 +310,7 @@ def _run_fenced(ledger: Ledger, workspace: str, step: str, plan: Planner, reader
                        irreversible=opt.irreversible)
 
     def admit() -> ApplyResult | None:
-        return ledger.admit(workspace, epoch, [planned], fence=opt.fence,
+        return ledger.workspaces.admit(workspace, epoch, [planned], fence=opt.fence,
                             journal=opt.journal, plan_rev=opt.plan_rev)[0]
 
     try:
@@ -319,7 +319,7 @@ def _run_fenced(ledger: Ledger, workspace: str, step: str, plan: Planner, reader
     except PlanConflict:
         # planned before from other reads (the disk moved on since): that attempt
         # never applied anything; it ends and this plan is the next attempt
-        ledger.compensate(step, epoch=epoch, reason="planned again from fresh reads")
+        ledger.workspaces.compensate(step, epoch=epoch, reason="planned again from fresh reads")
         refused = admit()
     if refused is not None:
         return _refused(ledger, workspace, step, refused, reader, ran)
@@ -339,8 +339,8 @@ def _apply(ledger: Ledger, step: str, attempt: int | None, epoch: int,
     inline = {p: d for p, d in outputs.items()
               if isinstance(d, bytes) and len(d) <= ledger.inline_max_bytes}
     if len(inline) != len(outputs):
-        return ledger.apply(step, attempt, epoch=epoch)
-    return ledger.apply(step, attempt, epoch=epoch, commit=True, inline_artifacts=inline)
+        return ledger.workspaces.apply(step, attempt, epoch=epoch)
+    return ledger.workspaces.apply(step, attempt, epoch=epoch, commit=True, inline_artifacts=inline)
 
 
 def _answer(ledger: Ledger, workspace: str, step: str, result: ApplyResult,
@@ -397,14 +397,14 @@ def _refused(ledger: Ledger, workspace: str, step: str, result: ApplyResult,
     conflicts = []
     planned = _attempt(ledger, step, result.attempt)[0]
     for w in planned.writes if planned is not None else ():
-        rev, now = ledger.snapshot(workspace, w.path)
+        rev, now = ledger.workspaces.snapshot(workspace, w.path)
         if now == w.pre_hash and rev == w.base_rev:
             continue  # this path still holds what was read
         diff = ""
         got = reader.reads.get(w.path)
         if got is not None and (now is None or got.content is not None):
             try:
-                after = None if now is None else ledger.read_file(workspace, w.path).content
+                after = None if now is None else ledger.workspaces.read_file(workspace, w.path).content
             except LedgerError:
                 after = None
             diff = unified_diff(got.content, after, w.path, before_label="read",

@@ -157,7 +157,7 @@ def abandon(ledger: Ledger, step: str, outputs: dict[str, bytes]) -> list[str]:
     row = ledger.plan(step, artifacts=tuple(outputs))
     for p in sorted(outputs):
         ledger.store(step, row.attempt, p, outputs[p])
-    ledger.compensate(step, row.attempt, reason="abandoned")
+    ledger.workspaces.compensate(step, row.attempt, reason="abandoned")
     return [sha(outputs[p]) for p in sorted(outputs)]
 
 

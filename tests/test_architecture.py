@@ -254,8 +254,10 @@ def test_the_standard_workload_does_the_same_durable_operations(tmp_path: Path) 
     assert (total, runs) == (saved["total"], saved["trace"])
 
 
-#: The ledger's collaborators: they work through `ledger.core.Core`, never the `Ledger`.
-COLLABORATORS = ("ledger.core", "ledger.fences", "ledger.restore")
+#: The workspace protocol's modules: they work through `ledger.workspace.core.Core`, never
+#: the `Ledger`.
+COLLABORATORS = tuple(f"ledger.workspace.{m}" for m in (
+    "core", "protocol", "restore", "directory", "confined", "exchange"))
 
 
 def test_the_collaborators_do_not_import_the_ledger() -> None:
@@ -384,7 +386,7 @@ def test_only_the_library_strings_a_fenced_step_together() -> None:
 
 
 def test_the_transition_checker_catches_a_front_end_copy() -> None:
-    copy = ("def step(ledger, s, e):\n    ledger.admit('w', e, [s])\n"
-            "    r = ledger.apply(s.step, epoch=e)\n    ledger.publish(s.step)\n")
+    copy = ("def step(ledger, s, e):\n    ledger.workspaces.admit('w', e, [s])\n"
+            "    r = ledger.workspaces.apply(s.step, epoch=e)\n    ledger.publish(s.step)\n")
     assert strung_transitions(copy) == ["step: admit, apply, publish"]
-    assert strung_transitions("def f(led):\n    led.apply('s', epoch=1)\n") == []
+    assert strung_transitions("def f(led):\n    led.workspaces.apply('s', epoch=1)\n") == []

@@ -166,7 +166,7 @@ def test_supersede_records_both_digests(ledger: Ledger) -> None:
 def test_a_dead_attempt_is_ended_and_the_next_attempt_publishes_its_own(ledger: Ledger) -> None:
     row = ledger.plan("s", artifacts=["a"])
     ledger.store("s", row.attempt, "a", b"attempt one output")
-    ledger.compensate("s", reason="worker died before publishing")
+    ledger.workspaces.compensate("s", reason="worker died before publishing")
     assert ledger.step("s").state == "compensated"
     result = run_step(ledger, "s", {"a": b"attempt two output"})
     assert result.ran and result.attempt == 2
@@ -298,7 +298,7 @@ def test_a_fresh_inline_step_is_one_commit(tmp_path: pathlib.Path) -> None:
 def test_a_fresh_inline_attempt_after_a_compensated_one_is_one_commit(ledger: Ledger) -> None:
     """Attempt 2 of a step whose attempt 1 was compensated: one commit, a new manifest."""
     row = ledger.plan("s", artifacts=["a.txt"])
-    ledger.compensate("s", row.attempt)
+    ledger.workspaces.compensate("s", row.attempt)
     result = run_step(ledger, "s", {"a.txt": SMALL})
     assert result.ran and result.attempt == 2
     assert ledger.step("s").state == "acked" and ledger.manifest("s") == result.manifest

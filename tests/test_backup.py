@@ -30,7 +30,7 @@ from conftest import run_cli
 from ledger import BackupIncomplete, BackupInvalid, InvalidInput, Ledger, WitnessMissing
 from ledger.backup import MARKER, backup, check_backup, read_backup, restore_backup
 from ledger.cli import cli
-from ledger.fences import StepPlan, Write
+from ledger.workspace.protocol import StepPlan, Write
 from ledger.runner import run_step
 
 BIG = 100 * 1024  # above the inline threshold: a blob file
@@ -58,17 +58,17 @@ class World:
         self.ws.mkdir()
         self.path = tmp / "src" / "ledger.db"
         self.ledger = Ledger.init(self.path, witness=witness)
-        self.ledger.add_workspace("w", str(self.ws))
-        self.epoch = self.ledger.acquire("w", "agent", ttl_s=3600).epoch
+        self.ledger.workspaces.add("w", str(self.ws))
+        self.epoch = self.ledger.workspaces.acquire("w", "agent", ttl_s=3600).epoch
         self.steps = 0
 
     def step(self, writes: dict[str, bytes], artifact: bytes | None = None) -> str:
         self.steps += 1
         sid = f"s{self.steps}"
         led = self.ledger
-        plan = [Write(p, data, led.snapshot("w", p)[1]) for p, data in writes.items()]
-        assert led.admit("w", self.epoch, [StepPlan(sid, plan)]) == [None]
-        result = led.apply(sid, epoch=self.epoch)
+        plan = [Write(p, data, led.workspaces.snapshot("w", p)[1]) for p, data in writes.items()]
+        assert led.workspaces.admit("w", self.epoch, [StepPlan(sid, plan)]) == [None]
+        result = led.workspaces.apply(sid, epoch=self.epoch)
         assert result.verdict == "applied"
         if artifact is not None:
             led.store(sid, result.attempt, f"out/{sid}.bin", artifact)
@@ -120,7 +120,7 @@ def test_seed_scenario_nothing_survives_but_the_backup(tmp_path: Path) -> None:
     with Ledger.open(restored.path) as led:
         assert led.head() == head
         assert led.verify().ok
-        led.restore("w", fresh / "ws", force=True)
+        led.workspaces.restore("w", fresh / "ws", force=True)
         assert led.verify().ok
     assert tree(fresh / "ws") == committed
     assert len(committed) == 8
@@ -508,7 +508,7 @@ def test_a_backups_database_refuses_to_be_written_and_reads_fine(tmp_path: Path)
     src = tmp_path / "src" / "ledger.db"
     src.parent.mkdir()
     with Ledger.init(src) as led:
-        led.add_workspace("w", str(ws))
+        led.workspaces.add("w", str(ws))
         run_step(led, "s1", {"log.txt": b"hello"})
     dest = tmp_path / "dest"
     assert run_cli(["--ledger", str(src), "backup", str(dest)]).code == 0

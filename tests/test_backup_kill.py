@@ -34,12 +34,12 @@ from ledger.backup import BLOBS_DIR, check_backup, read_backup, restore_backup
 WRITER = r"""
 import os, sys, time
 from ledger import Ledger, LedgerBusy
-from ledger.fences import StepPlan, Write
+from ledger.workspace.protocol import StepPlan, Write
 path, name, root, stop = sys.argv[1:5]
 led = Ledger.open(path)
 os.makedirs(root, exist_ok=True)
-led.add_workspace(name, root)
-epoch = led.acquire(name, name, ttl_s=3600).epoch
+led.workspaces.add(name, root)
+epoch = led.workspaces.acquire(name, name, ttl_s=3600).epoch
 open(os.path.join(os.path.dirname(path), "..", name + ".ready"), "w").close()
 k = 0
 while not os.path.exists(stop) and k < 400:
@@ -48,9 +48,9 @@ while not os.path.exists(stop) and k < 400:
     data = (f"{sid}:".encode() * 30000)[:70000 + k]
     while True:
         try:
-            plan = [Write(f"f{k % 5}.bin", data, led.snapshot(name, f"f{k % 5}.bin")[1])]
-            led.admit(name, epoch, [StepPlan(sid, plan)])
-            r = led.apply(sid, epoch=epoch)
+            plan = [Write(f"f{k % 5}.bin", data, led.workspaces.snapshot(name, f"f{k % 5}.bin")[1])]
+            led.workspaces.admit(name, epoch, [StepPlan(sid, plan)])
+            r = led.workspaces.apply(sid, epoch=epoch)
             led.store(sid, r.attempt, "out.bin", data[::-1])
             led.publish(sid, r.attempt)
             led.ack(sid, r.attempt)
@@ -157,7 +157,7 @@ def test_backups_killed_at_random_under_writers(tmp_path: Path) -> None:
     with Ledger.open(got.path) as led:
         assert led.verify().ok
         for i, name in enumerate(got.workspaces):
-            led.restore(name, tmp_path / f"fresh-ws{i}", force=True)
+            led.workspaces.restore(name, tmp_path / f"fresh-ws{i}", force=True)
             src = tmp_path / f"ws{name[1:]}"
             assert {p.name: p.read_bytes() for p in src.iterdir() if p.is_file()} == {
                 p.name: p.read_bytes() for p in (tmp_path / f"fresh-ws{i}").iterdir()}

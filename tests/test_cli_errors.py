@@ -191,7 +191,7 @@ def place(tmp_path_factory: pytest.TempPathFactory) -> pathlib.Path:
     (tmp / "a-dir").mkdir()
     (tmp / "exists.txt").write_text("x")
     with Ledger.init(tmp / "state" / "ledger.db") as led:
-        led.add_workspace("w", str(tmp / "ws"))
+        led.workspaces.add("w", str(tmp / "ws"))
         led.plan("s1", artifacts=("a.txt",))
     return tmp
 
@@ -390,9 +390,9 @@ def test_ctrl_c_inside_a_transaction_leaves_what_a_crash_leaves(tmp_path: pathli
     db = tmp_path / "ledger.db"
     (tmp_path / "ws").mkdir()
     with Ledger.init(db) as led:
-        led.add_workspace("w", str(tmp_path / "ws"))
-        epoch = led.acquire("w", "agent-1", 600).epoch
-        expires, count = led.lease("w").expires_ns, led.count()
+        led.workspaces.add("w", str(tmp_path / "ws"))
+        epoch = led.workspaces.acquire("w", "agent-1", 600).epoch
+        expires, count = led.workspaces.lease("w").expires_ns, led.count()
     r = subprocess.run(
         [sys.executable, "-c", _INTERRUPT_IN_TXN, "--ledger", str(db), "--workspace", "w",
          "lease", "heartbeat", "--epoch", str(epoch), "--ttl", "7d",
@@ -406,9 +406,9 @@ def test_ctrl_c_inside_a_transaction_leaves_what_a_crash_leaves(tmp_path: pathli
     else:
         assert r.stdout == ""
     with Ledger.open(db) as led:  # rolled back: not renewed, nothing recorded, not locked
-        assert led.count() == count and led.lease("w").expires_ns == expires
+        assert led.count() == count and led.workspaces.lease("w").expires_ns == expires
         assert led.verify().ok
-        led.heartbeat("w", epoch, 60)  # the ledger is writable at once
+        led.workspaces.heartbeat("w", epoch, 60)  # the ledger is writable at once
         assert led.count() == count + 1
 
 

@@ -21,7 +21,7 @@ from ledger import Ledger
 from ledger.cli import cli
 from ledger.errors import Unsettled
 from ledger.events import LeaseAcquired
-from ledger.fences import StepPlan, Write
+from ledger.workspace.protocol import StepPlan, Write
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 h = digest_of
@@ -524,7 +524,7 @@ def _acquire_without_settling(world: World, epoch: int) -> None:
         now = ledger.clock()
         ledger.append(LeaseAcquired(workspace="w", epoch=epoch, holder="agent-2",
                                     expires_ns=now + 3600 * 10**9, forced=True))
-        assert ledger.unsettled("w", epoch) == ["s1"]
+        assert ledger.workspaces.unsettled("w", epoch) == ["s1"]
 
 
 def test_new_work_waits_for_the_older_epoch_to_be_settled(world: World) -> None:
@@ -556,10 +556,10 @@ def test_new_work_waits_for_an_unsettled_older_epoch(world: World) -> None:
     assert world.cli("step", "apply", "s1", "--epoch", "1").code == 0
     _acquire_without_settling(world, 2)
     with Ledger.open(world.cli.ledger) as ledger:  # the library, without the CLI's check
-        ledger.plan_step("s2", workspace="w", epoch=2,
+        ledger.workspaces.plan_step("s2", workspace="w", epoch=2,
                          writes=[Write("app.py", b"v2", h("v1"), None)])
         with pytest.raises(Unsettled):
-            ledger.apply("s2", epoch=2)
+            ledger.workspaces.apply("s2", epoch=2)
 
 
 class _Crash(Exception):
@@ -580,13 +580,13 @@ def test_a_crash_before_a_large_post_image_is_written_is_replayed(
     crashing = Ledger.open(world.cli.ledger, on_op=on_op)
     try:
         with pytest.raises(_Crash):
-            crashing.admit("w", epoch, plan)  # planned + pins committed, the file never written
+            crashing.workspaces.admit("w", epoch, plan)  # planned + pins committed, the file never written
     finally:
         crashing.close()
     with Ledger.open(world.cli.ledger) as ledger:
         assert ledger.step("big").state == "planned"
-        ledger.admit("w", epoch, plan)  # the replay, with the very same bytes
-        assert ledger.apply("big", epoch=epoch).verdict == "applied"  
+        ledger.workspaces.admit("w", epoch, plan)  # the replay, with the very same bytes
+        assert ledger.workspaces.apply("big", epoch=epoch).verdict == "applied"  
 
 
 def test_acquire_settles_a_symlinked_path_as_a_conflict(
@@ -647,15 +647,15 @@ def test_a_dead_epochs_ack_apply_and_publish_are_stale_not_deduped(tmp_path: Any
     (ws / "app.py").write_bytes(b"v0\n")
     db = str(tmp_path / "l.db")
     with Ledger.init(db) as led:
-        led.add_workspace("w", str(ws))
-        a = led.acquire("w", "A", ttl_s=3600).epoch
-        led.admit("w", a, [StepPlan("s1", [Write("app.py", b"A\n", digest_of(b"v0\n"))])])
-        assert led.apply("s1", epoch=a).verdict == "applied"
-        b = led.acquire("w", "B", ttl_s=3600, force=True).epoch
+        led.workspaces.add("w", str(ws))
+        a = led.workspaces.acquire("w", "A", ttl_s=3600).epoch
+        led.workspaces.admit("w", a, [StepPlan("s1", [Write("app.py", b"A\n", digest_of(b"v0\n"))])])
+        assert led.workspaces.apply("s1", epoch=a).verdict == "applied"
+        b = led.workspaces.acquire("w", "B", ttl_s=3600, force=True).epoch
         out = run_fenced_step(led, "w", "s1", lambda r: [r.read("app.py").write(b"B\n")],
                               epoch=b)
         assert out.status is StepStatus.APPLIED and out.attempt == 2, out
-        for call in (lambda: led.ack("s1", epoch=a), lambda: led.apply("s1", epoch=a)):
+        for call in (lambda: led.ack("s1", epoch=a), lambda: led.workspaces.apply("s1", epoch=a)):
             with pytest.raises(StaleEpoch):
                 call()
         head = led.head().seq

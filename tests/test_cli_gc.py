@@ -18,7 +18,7 @@ import pytest
 from conftest import CliOut, FakeClock, digest_of, lock_files_aside, run_cli
 
 from ledger import Ledger
-from ledger.fences import StepPlan, Write
+from ledger.workspace.protocol import StepPlan, Write
 from ledger.gc.collector import collector_lock
 from ledger.runner import run_step
 
@@ -84,7 +84,7 @@ def store(tmp_path: pathlib.Path) -> Store:
         for name, data in (("o.txt", ORPHAN_INLINE), ("ob.bin", ORPHAN_FILE),
                            ("oy.bin", YOUNG_FILE)):
             ledger.store("orph", row.attempt, name, data)
-        ledger.compensate("orph", reason="tests failed")  # its blobs are orphans now
+        ledger.workspaces.compensate("orph", reason="tests failed")  # its blobs are orphans now
         row = ledger.plan("fly", artifacts=["f.txt"])
         ledger.store("fly", row.attempt, "f.txt", IN_FLIGHT)
     s = Store(path, tmp_path)
@@ -323,15 +323,15 @@ def world(tmp_path: pathlib.Path) -> RestoreWorld:
     (ws / "app.py").write_text("v0")
     path = tmp_path / "ledger.db"
     with Ledger.init(path) as ledger:
-        ledger.add_workspace("w", str(ws))
-        epoch = ledger.acquire("w", "agent-1", ttl_s=3600).epoch
-        ledger.admit("w", epoch, [StepPlan("s1", (Write("app.py", b"v1", h("v0")),
+        ledger.workspaces.add("w", str(ws))
+        epoch = ledger.workspaces.acquire("w", "agent-1", ttl_s=3600).epoch
+        ledger.workspaces.admit("w", epoch, [StepPlan("s1", (Write("app.py", b"v1", h("v0")),
                                                    Write("sub/new.bin", BIG, None)), run="r")])
-        assert ledger.apply("s1", epoch=epoch).verdict == "applied"
+        assert ledger.workspaces.apply("s1", epoch=epoch).verdict == "applied"
         ledger.publish("s1")
         ledger.ack("s1")
-        ledger.admit("w", epoch, [StepPlan("s2", (Write("app.py", b"v2", h("v1")),), run="r")])
-        assert ledger.apply("s2", epoch=epoch).verdict == "applied"
+        ledger.workspaces.admit("w", epoch, [StepPlan("s2", (Write("app.py", b"v2", h("v1")),), run="r")])
+        assert ledger.workspaces.apply("s2", epoch=epoch).verdict == "applied"
     assert (ws / "app.py").read_text() == "v2"
     return RestoreWorld(tmp_path, path, epoch)
 

@@ -111,12 +111,12 @@ def test_an_expired_lease_is_never_revived_and_says_so(tmp_path: pathlib.Path) -
     (tmp_path / "ws").mkdir()
     now = [10**18]
     with Ledger.init(tmp_path / "l.db", clock=lambda: now[0]) as led:
-        led.add_workspace("w", str(tmp_path / "ws"))
-        epoch = led.acquire("w", "agent-1", 60).epoch
+        led.workspaces.add("w", str(tmp_path / "ws"))
+        epoch = led.workspaces.acquire("w", "agent-1", 60).epoch
         now[0] += 61 * 10**9
         with pytest.raises(StaleEpoch, match="expired or was released, and an ended lease is"
                            " never revived") as caught:
-            led.heartbeat("w", epoch, 60)
+            led.workspaces.heartbeat("w", epoch, 60)
         assert "taken over" not in str(caught.value)
 
 
@@ -386,7 +386,7 @@ def test_init_creates_the_ledgers_own_directory_and_nothing_above_it(
 def test_lease_show_says_expired_at_or_expires_never_both(world: World) -> None:
     """`lease show` printed "expired, expires T" for a lease long over."""
     with Ledger.open(world.ledger, clock=lambda: 1_000_000_000_000_000_000) as led:
-        led.acquire("w", "agent-0", ttl_s=60)  # in 2001: long expired by now
+        led.workspaces.acquire("w", "agent-0", ttl_s=60)  # in 2001: long expired by now
     line = world("--workspace", "w", "lease", "show").out.splitlines()[0]
     assert line == "workspace w: epoch 1 held by agent-0, expired at 2001-09-09T01:47:40.000Z"
     assert world("workspace", "show", "w").out.splitlines()[1] == (

@@ -39,8 +39,8 @@ def setup(tmp_path: pathlib.Path) -> dict[str, Any]:
     (repo / "app.py").write_bytes(b"v0\n")
     db = tmp_path / "l.db"
     with Ledger.init(str(db)) as led:
-        led.add_workspace("w", str(repo))
-        epoch = led.acquire("w", "agent-1", 600).epoch
+        led.workspaces.add("w", str(repo))
+        epoch = led.workspaces.acquire("w", "agent-1", 600).epoch
     (tmp_path / "out").mkdir()
     (tmp_path / "out" / "log.txt").write_bytes(b"12 passed\n")
     plan = {"step": "s1", "artifacts": ["out/log.txt"],
@@ -162,7 +162,7 @@ def test_the_fence_rejects_a_plan_a_person_edited_under(setup: dict[str, Any]) -
 
 def test_a_dead_epoch_is_refused_with_how_far_it_got(setup: dict[str, Any]) -> None:
     with Ledger.open(setup["db"]) as led:
-        led.acquire("w", "agent-2", 600, force=True)  # epoch 2: the run's epoch 1 is dead
+        led.workspaces.acquire("w", "agent-2", 600, force=True)  # epoch 2: the run's epoch 1 is dead
     r = run(setup, "--json")
     assert r.code == 1 and r.json["error"]["type"] == "StaleEpoch", r
     assert r.json["plan"] is None and r.json["committed"] is False

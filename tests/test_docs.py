@@ -53,9 +53,9 @@ WORKER_DIES = """
 import os, signal
 from ledger import Ledger, StepPlan
 ledger = Ledger.open(".steptrail/ledger.db")
-read = ledger.read_file("repo", "app.py")
-ledger.admit("repo", 1, [StepPlan("edit-1", [read.write(b'print("v1")\\n')])])
-assert ledger.apply("edit-1", epoch=1).verdict == "applied"
+read = ledger.workspaces.read_file("repo", "app.py")
+ledger.workspaces.admit("repo", 1, [StepPlan("edit-1", [read.write(b'print("v1")\\n')])])
+assert ledger.workspaces.apply("edit-1", epoch=1).verdict == "applied"
 ledger.plan("build-7", artifacts=["report.txt"])
 ledger.store("build-7", 1, "report.txt", b"ok\\n")
 os.kill(os.getpid(), signal.SIGKILL)
@@ -169,14 +169,14 @@ def test_the_machine_lost_recipe_runs_as_printed(tmp_path: Path) -> None:
 import os, signal
 from ledger import Ledger, StepPlan
 ledger = Ledger.open({db!r})
-read = ledger.read_file("repo", "app.py")
-ledger.admit("repo", 1, [StepPlan("edit-1", [read.write(b"v1\\n")])])
-done = ledger.apply("edit-1", epoch=1)
+read = ledger.workspaces.read_file("repo", "app.py")
+ledger.workspaces.admit("repo", 1, [StepPlan("edit-1", [read.write(b"v1\\n")])])
+done = ledger.workspaces.apply("edit-1", epoch=1)
 ledger.publish("edit-1", receipt=done.receipt)
 ledger.ack("edit-1", epoch=1)
-read = ledger.read_file("repo", "app.py")
-ledger.admit("repo", 1, [StepPlan("edit-2", [read.write(b"v2\\n")])])
-ledger.apply("edit-2", epoch=1)
+read = ledger.workspaces.read_file("repo", "app.py")
+ledger.workspaces.admit("repo", 1, [StepPlan("edit-2", [read.write(b"v2\\n")])])
+ledger.workspaces.apply("edit-2", epoch=1)
 os.kill(os.getpid(), signal.SIGKILL)
 """, killed=True)
     for p in (tmp_path / "repo").iterdir():
@@ -205,7 +205,7 @@ with Ledger.init(".steptrail/ledger.db") as ledger:
     run_step(ledger, "build-1", {"report.txt": b"ok\\n"})
     ledger.plan("build-2", artifacts=["log.txt"])
     ledger.store("build-2", 1, "log.txt", b"half")
-    ledger.compensate("build-2", reason="died")
+    ledger.workspaces.compensate("build-2", reason="died")
 """)
     return tmp_path
 

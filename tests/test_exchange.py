@@ -20,8 +20,8 @@ import pytest
 from conftest import FakeClock
 
 from ledger import Ledger
-from ledger import exchange as exchange_mod
-from ledger.fences import StepPlan, Write
+from ledger.workspace import exchange as exchange_mod
+from ledger.workspace.protocol import StepPlan, Write
 from ledger.gc.collector import collect
 
 N = 12
@@ -51,8 +51,8 @@ class Ws:
         self.clock = FakeClock()
         self.path = tmp / "ledger.db"
         self.ledger = Ledger.init(self.path, clock=self.clock)
-        self.ledger.add_workspace("w", str(self.dir))
-        self.epoch = self.ledger.acquire("w", "agent", ttl_s=3600).epoch
+        self.ledger.workspaces.add("w", str(self.dir))
+        self.epoch = self.ledger.workspaces.acquire("w", "agent", ttl_s=3600).epoch
 
     def files(self) -> dict[str, bytes]:
         return {str(p.relative_to(self.dir)): p.read_bytes()
@@ -122,10 +122,10 @@ def test_a_permutation_killed_at_every_rename_is_settled_back_by_the_next_epoch(
     files, plan = SHAPES[shape]()
     for at in range(1, renames_of(plan) + 1):
         ws = Ws(tmp_path / f"{shape}-{at}", files)
-        ws.ledger.admit("w", ws.epoch, [plan])
-        ws.killed_during(lambda led: led.apply(plan.step, epoch=ws.epoch), at)
+        ws.ledger.workspaces.admit("w", ws.epoch, [plan])
+        ws.killed_during(lambda led: led.workspaces.apply(plan.step, epoch=ws.epoch), at)
         assert ws.ledger.step(plan.step).state == "planned"
-        lease = ws.ledger.acquire("w", "agent-2", ttl_s=3600, force=True)
+        lease = ws.ledger.workspaces.acquire("w", "agent-2", ttl_s=3600, force=True)
         assert lease.settled == (plan.step,), at
         assert ws.files() == files, f"{shape} killed before rename {at}: not rolled back"
         assert ws.leftovers() == [], at
@@ -135,9 +135,9 @@ def test_a_permutation_killed_at_every_rename_is_settled_back_by_the_next_epoch(
         # a collection takes nothing a path needs, and the step planned again applies
         collect(ws.ledger, grace_s=0, force=True, now_ns=ws.clock() + 10**13)
         assert ws.files() == files and ws.ledger.verify().ok
-        assert ws.ledger.admit("w", lease.epoch, [plan]) == [None]
+        assert ws.ledger.workspaces.admit("w", lease.epoch, [plan]) == [None]
         assert ws.ledger.step(plan.step).attempt == 2
-        again = ws.ledger.apply(plan.step, epoch=lease.epoch)
+        again = ws.ledger.workspaces.apply(plan.step, epoch=lease.epoch)
         assert again.verdict == "applied", (at, again, comp.restored)
         expected = {w.path: w.content for w in plan.writes if w.content is not None}
         assert ws.files() == expected
@@ -151,16 +151,16 @@ def test_a_permutation_killed_at_every_rename_rolls_forward_on_replay(
     expected = {w.path: w.content for w in plan.writes if w.content is not None}
     for at in range(1, renames_of(plan) + 1):
         ws = Ws(tmp_path / f"{shape}-{at}", files)
-        ws.ledger.admit("w", ws.epoch, [plan])
-        ws.killed_during(lambda led: led.apply(plan.step, epoch=ws.epoch), at)
-        result = ws.ledger.apply(plan.step, epoch=ws.epoch)
+        ws.ledger.workspaces.admit("w", ws.epoch, [plan])
+        ws.killed_during(lambda led: led.workspaces.apply(plan.step, epoch=ws.epoch), at)
+        result = ws.ledger.workspaces.apply(plan.step, epoch=ws.epoch)
         assert result.verdict == "applied", (at, result)
         assert ws.files() == expected, at
         assert ws.leftovers() == [], at
         ws.ledger.publish(plan.step, receipt=result.receipt)
         ws.ledger.ack(plan.step, epoch=ws.epoch)
         collect(ws.ledger, grace_s=0, force=True, now_ns=ws.clock() + 10**13)
-        comp = ws.ledger.compensate(plan.step, epoch=ws.epoch)  # every pre-image was kept
+        comp = ws.ledger.workspaces.compensate(plan.step, epoch=ws.epoch)  # every pre-image was kept
         assert [r.outcome for r in comp.restored] == ["restored"] * len(plan.writes), at
         assert ws.files() == files
         assert ws.ledger.verify().ok
@@ -186,7 +186,7 @@ def test_a_save_during_the_renames_is_kept_and_the_step_rolled_back(
     the step is rejected, their bytes stay, the eleven paths before are rolled back."""
     files, plan = rotation()
     ws = Ws(tmp_path, files)
-    ws.ledger.admit("w", ws.epoch, [plan])
+    ws.ledger.workspaces.admit("w", ws.epoch, [plan])
     last = sorted(files)[-1]
     renames = [0]
 
@@ -198,7 +198,7 @@ def test_a_save_during_the_renames_is_kept_and_the_step_rolled_back(
 
     ws.ledger.close()
     ws.ledger = Ledger.open(ws.path, clock=ws.clock, on_op=person)
-    result = ws.ledger.apply(plan.step, epoch=ws.epoch)
+    result = ws.ledger.workspaces.apply(plan.step, epoch=ws.epoch)
     assert result.verdict == "rejected:pre_hash"
     assert result.facts["path"] == last and result.facts["on_disk"] == h(b"the person's work\n")
     assert ws.files() == {**files, last: b"the person's work\n"}
@@ -217,7 +217,7 @@ def test_a_save_between_the_check_and_the_rename_is_the_fallbacks_window(
             monkeypatch.setattr(exchange_mod, "_CALL", None)
         files = {"a.txt": b"a0\n"}
         ws = Ws(tmp_path / label, files)
-        ws.ledger.admit("w", ws.epoch, [StepPlan("s", [Write("a.txt", b"a1\n", h(b"a0\n"), 0)])])
+        ws.ledger.workspaces.admit("w", ws.epoch, [StepPlan("s", [Write("a.txt", b"a1\n", h(b"a0\n"), 0)])])
 
         def person(name: str, ws: Ws = ws) -> None:
             if name == "ws-rename":  # after the fallback's check, before any rename
@@ -225,7 +225,7 @@ def test_a_save_between_the_check_and_the_rename_is_the_fallbacks_window(
 
         ws.ledger.close()
         ws.ledger = Ledger.open(ws.path, clock=ws.clock, on_op=person)
-        verdict = ws.ledger.apply("s", epoch=ws.epoch).verdict
+        verdict = ws.ledger.workspaces.apply("s", epoch=ws.epoch).verdict
         kept[label] = (verdict, (ws.dir / "a.txt").read_bytes())
         ws.ledger.close()
     assert kept["exchange"] == ("rejected:pre_hash", b"saved\n")
@@ -236,7 +236,7 @@ def test_a_moved_private_file_is_private_before_any_name_shows_it(
         tmp_path: Path, mode: str) -> None:
     ws = Ws(tmp_path, {"src/.env": b"SECRET=1\n"})
     os.chmod(ws.dir / "src/.env", 0o600)
-    ws.ledger.admit("w", ws.epoch, [StepPlan("mv", [
+    ws.ledger.workspaces.admit("w", ws.epoch, [StepPlan("mv", [
         Write("src/.env", None, h(b"SECRET=1\n"), 0),
         Write("dst/.env", b"SECRET=1\n", None, 0, mode=0o600)])])
     seen: list[int] = []
@@ -248,7 +248,7 @@ def test_a_moved_private_file_is_private_before_any_name_shows_it(
 
     ws.ledger.close()
     ws.ledger = Ledger.open(ws.path, clock=ws.clock, on_op=watch)
-    assert ws.ledger.apply("mv", epoch=ws.epoch).verdict == "applied"
+    assert ws.ledger.workspaces.apply("mv", epoch=ws.epoch).verdict == "applied"
     assert seen and all(m == 0o600 for m in seen), [oct(m) for m in seen]
     assert stat.S_IMODE((ws.dir / "dst/.env").stat().st_mode) == 0o600
 
@@ -257,10 +257,10 @@ def test_a_moved_private_file_stays_private_after_a_kill_after_the_commit(
         tmp_path: Path, mode: str) -> None:
     ws = Ws(tmp_path, {"src/.env": b"SECRET=1\n"})
     os.chmod(ws.dir / "src/.env", 0o600)
-    ws.ledger.admit("w", ws.epoch, [StepPlan("mv", [
+    ws.ledger.workspaces.admit("w", ws.epoch, [StepPlan("mv", [
         Write("src/.env", None, h(b"SECRET=1\n"), 0),
         Write("dst/.env", b"SECRET=1\n", None, 0, mode=0o600)])])
-    ws.killed_during(lambda led: led.apply("mv", epoch=ws.epoch), 1, op="ws-unlink")
+    ws.killed_during(lambda led: led.workspaces.apply("mv", epoch=ws.epoch), 1, op="ws-unlink")
     assert ws.ledger.step("mv").state == "fenced"
     assert stat.S_IMODE((ws.dir / "dst/.env").stat().st_mode) == 0o600
 
@@ -271,7 +271,7 @@ def test_a_mode_is_for_a_created_file_only(tmp_path: Path) -> None:
     for bad in (Write("b", None, h(b"a"), mode=0o600), Write("b", b"x", None, mode=0o10000),
                 Write("b", b"x", None, mode="600")):  # type: ignore[arg-type]
         with pytest.raises(InvalidInput):
-            ws.ledger.admit("w", ws.epoch, [StepPlan("s", [bad])])
+            ws.ledger.workspaces.admit("w", ws.epoch, [StepPlan("s", [bad])])
     assert ws.ledger.find_step("s") is None
 
 
@@ -281,16 +281,16 @@ def test_an_undo_killed_halfway_is_finished_by_the_next_epoch(
     expected = {w.path: w.content for w in plan.writes if w.content is not None}
     for at in (1, 3, 6):
         ws = Ws(tmp_path / str(at), files)
-        ws.ledger.admit("w", ws.epoch, [plan])
-        ws.ledger.apply(plan.step, epoch=ws.epoch)
+        ws.ledger.workspaces.admit("w", ws.epoch, [plan])
+        ws.ledger.workspaces.apply(plan.step, epoch=ws.epoch)
         ws.ledger.publish(plan.step)
         ws.ledger.ack(plan.step, epoch=ws.epoch)
-        ws.killed_during(lambda led: led.compensate(plan.step, epoch=ws.epoch), at)
+        ws.killed_during(lambda led: led.workspaces.compensate(plan.step, epoch=ws.epoch), at)
         row = ws.ledger.step(plan.step)
         assert row.state == "compensating", (at, row.state)
         assert ws.files() != expected or at == 1
-        assert ws.ledger.unsettled("w", ws.epoch + 1) == [plan.step]
-        lease = ws.ledger.acquire("w", "agent-2", ttl_s=3600, force=True)
+        assert ws.ledger.workspaces.unsettled("w", ws.epoch + 1) == [plan.step]
+        lease = ws.ledger.workspaces.acquire("w", "agent-2", ttl_s=3600, force=True)
         assert lease.settled == (plan.step,)
         assert ws.files() == files, at
         assert ws.leftovers() == []
@@ -302,12 +302,12 @@ def test_an_undo_killed_halfway_is_finished_by_the_next_epoch(
 def test_a_retried_undo_finishes_what_a_killed_one_began(tmp_path: Path, mode: str) -> None:
     files, plan = rotation(4)
     ws = Ws(tmp_path, files)
-    ws.ledger.admit("w", ws.epoch, [plan])
-    ws.ledger.apply(plan.step, epoch=ws.epoch)
+    ws.ledger.workspaces.admit("w", ws.epoch, [plan])
+    ws.ledger.workspaces.apply(plan.step, epoch=ws.epoch)
     ws.ledger.publish(plan.step)
     ws.ledger.ack(plan.step, epoch=ws.epoch)
-    ws.killed_during(lambda led: led.compensate(plan.step, epoch=ws.epoch), 3)
-    comp = ws.ledger.compensate(plan.step, epoch=ws.epoch)
+    ws.killed_during(lambda led: led.workspaces.compensate(plan.step, epoch=ws.epoch), 3)
+    comp = ws.ledger.workspaces.compensate(plan.step, epoch=ws.epoch)
     assert sorted(r.outcome for r in comp.restored) == ["already", "already", "restored",
                                                          "restored"]
     assert ws.files() == files and ws.leftovers() == []
@@ -320,7 +320,7 @@ def test_a_directory_swapped_for_a_symlink_mid_step_writes_nothing_outside(
     outside.mkdir()
     (outside / "b").write_bytes(b"outside\n")
     ws = Ws(tmp_path, {"sub/a": b"a0\n", "sub/b": b"b0\n"})
-    ws.ledger.admit("w", ws.epoch, [StepPlan("s", [Write("sub/a", b"a1\n", h(b"a0\n"), 0),
+    ws.ledger.workspaces.admit("w", ws.epoch, [StepPlan("s", [Write("sub/a", b"a1\n", h(b"a0\n"), 0),
                                                    Write("sub/b", b"b1\n", h(b"b0\n"), 0)])])
     done = [False]
 
@@ -333,7 +333,7 @@ def test_a_directory_swapped_for_a_symlink_mid_step_writes_nothing_outside(
     ws.ledger.close()
     ws.ledger = Ledger.open(ws.path, clock=ws.clock, on_op=attacker)
     try:
-        ws.ledger.apply("s", epoch=ws.epoch)
+        ws.ledger.workspaces.apply("s", epoch=ws.epoch)
     except Exception as exc:  # a typed refusal is fine; a write outside is not
         from ledger.errors import LedgerError
         assert isinstance(exc, LedgerError), exc
@@ -356,16 +356,16 @@ def test_without_exchange_or_hard_links_steps_still_apply_and_refuse(
     monkeypatch.setattr(os, "link", no_link)
     files, plan = move(3)
     ws = Ws(tmp_path, {**files, "a.txt": b"a0\n"})
-    ws.ledger.admit("w", ws.epoch, [plan])
-    assert ws.ledger.apply(plan.step, epoch=ws.epoch).verdict == "applied"
+    ws.ledger.workspaces.admit("w", ws.epoch, [plan])
+    assert ws.ledger.workspaces.apply(plan.step, epoch=ws.epoch).verdict == "applied"
     assert ws.files() == {"a.txt": b"a0\n", **{"dst/" + k[4:]: v for k, v in files.items()}}
-    ws.ledger.admit("w", ws.epoch, [StepPlan("e", [Write("a.txt", b"a1\n", h(b"a0\n"))])])
+    ws.ledger.workspaces.admit("w", ws.epoch, [StepPlan("e", [Write("a.txt", b"a1\n", h(b"a0\n"))])])
     (ws.dir / "a.txt").write_bytes(b"person\n")
-    assert ws.ledger.apply("e", epoch=ws.epoch).verdict == "rejected:pre_hash"
+    assert ws.ledger.workspaces.apply("e", epoch=ws.epoch).verdict == "rejected:pre_hash"
     assert (ws.dir / "a.txt").read_bytes() == b"person\n"
     ws.ledger.publish(plan.step)
     ws.ledger.ack(plan.step, epoch=ws.epoch)
-    comp = ws.ledger.compensate(plan.step, epoch=ws.epoch)
+    comp = ws.ledger.workspaces.compensate(plan.step, epoch=ws.epoch)
     assert {r.outcome for r in comp.restored} == {"restored"}
     assert ws.files() == {**files, "a.txt": b"person\n"} and ws.leftovers() == []
     assert ws.ledger.verify().ok
@@ -400,11 +400,11 @@ def test_a_staged_copy_removed_before_it_was_placed_touches_nothing(
     StaleEpoch; under a live epoch it is a typed StorageFailure; no file is touched and
     nothing is deleted for want of a staged copy."""
     from ledger.errors import StaleEpoch, StorageFailure
-    from ledger.workdir import StagingLost, WorkspaceDir
+    from ledger.workspace.directory import StagingLost, WorkspaceDir
 
     files, plan = swap()
     ws = Ws(tmp_path, files)
-    ws.ledger.admit("w", ws.epoch, [plan])
+    ws.ledger.workspaces.admit("w", ws.epoch, [plan])
     real = WorkspaceDir.stage
 
     def lost(self: WorkspaceDir, path: str, *a: object, **k: object) -> object:
@@ -414,9 +414,9 @@ def test_a_staged_copy_removed_before_it_was_placed_touches_nothing(
 
     monkeypatch.setattr(WorkspaceDir, "stage", lost)
     with pytest.raises(StorageFailure):
-        ws.ledger.apply(plan.step, epoch=ws.epoch)
+        ws.ledger.workspaces.apply(plan.step, epoch=ws.epoch)
     assert ws.files() == files and ws.ledger.step(plan.step).state == "planned"
-    ws.ledger.acquire("w", "other", ttl_s=60, force=True)
+    ws.ledger.workspaces.acquire("w", "other", ttl_s=60, force=True)
     with pytest.raises(StaleEpoch):
-        ws.ledger.apply(plan.step, epoch=ws.epoch)
+        ws.ledger.workspaces.apply(plan.step, epoch=ws.epoch)
     assert ws.files() == files and ws.leftovers() == []

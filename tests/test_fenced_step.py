@@ -37,8 +37,8 @@ class World:
         self.clock = FakeClock()
         self.path = tmp / "ledger.db"
         self.ledger = Ledger.init(self.path, clock=self.clock)
-        self.ledger.add_workspace("w", str(self.dir))
-        self.epoch = self.ledger.acquire("w", "agent", ttl_s=3600).epoch
+        self.ledger.workspaces.add("w", str(self.dir))
+        self.epoch = self.ledger.workspaces.acquire("w", "agent", ttl_s=3600).epoch
 
     def run(self, step: str = "s1", new: bytes = b"print('v1')\n",
             ledger: Ledger | None = None, epoch: int | None = None) -> FencedOutcome:
@@ -103,9 +103,9 @@ def test_a_rerun_of_a_committed_step_runs_nothing(tmp_path: Path) -> None:
 
 def test_a_published_unacked_step_is_acked_on_rerun(tmp_path: Path) -> None:
     w = World(tmp_path)
-    plan = [w.ledger.read_file("w", "app.py").write(b"v2\n")]
-    w.ledger.admit("w", w.epoch, [__import__("ledger").StepPlan("s1", plan)])
-    w.ledger.apply("s1", epoch=w.epoch)
+    plan = [w.ledger.workspaces.read_file("w", "app.py").write(b"v2\n")]
+    w.ledger.workspaces.admit("w", w.epoch, [__import__("ledger").StepPlan("s1", plan)])
+    w.ledger.workspaces.apply("s1", epoch=w.epoch)
     w.ledger.publish("s1")
     out = run_fenced_step(w.ledger, "w", "s1", plan, epoch=w.epoch)
     assert out.status is StepStatus.DEDUPED and w.ledger.step("s1").state == "acked"
@@ -136,7 +136,7 @@ def test_a_persons_edit_after_the_read_is_a_conflict_with_a_diff(tmp_path: Path)
 
 def test_a_taken_over_lease_is_a_stale_epoch_outcome(tmp_path: Path) -> None:
     w = World(tmp_path)
-    w.ledger.acquire("w", "other", ttl_s=60, force=True)
+    w.ledger.workspaces.acquire("w", "other", ttl_s=60, force=True)
     out = w.run()
     assert out.status is StepStatus.STALE_EPOCH and not out.committed
     assert (w.dir / "app.py").read_bytes() == b"print('v0')\n"
@@ -144,9 +144,9 @@ def test_a_taken_over_lease_is_a_stale_epoch_outcome(tmp_path: Path) -> None:
 
 def test_an_attempt_settled_by_a_new_epoch_is_planned_again(tmp_path: Path) -> None:
     w = World(tmp_path)
-    plan = [w.ledger.read_file("w", "app.py").write(b"v2\n")]
-    w.ledger.admit("w", w.epoch, [__import__("ledger").StepPlan("s1", plan)])
-    epoch = w.ledger.acquire("w", "agent-2", ttl_s=60, force=True).epoch
+    plan = [w.ledger.workspaces.read_file("w", "app.py").write(b"v2\n")]
+    w.ledger.workspaces.admit("w", w.epoch, [__import__("ledger").StepPlan("s1", plan)])
+    epoch = w.ledger.workspaces.acquire("w", "agent-2", ttl_s=60, force=True).epoch
     out = w.run(epoch=epoch)
     assert out.status is StepStatus.APPLIED and out.attempt == 2 and out.ran
 
@@ -182,7 +182,7 @@ def test_a_step_of_another_workspace_is_refused(tmp_path: Path) -> None:
     from ledger import InvalidInput
     w = World(tmp_path)
     (tmp_path / "ws2").mkdir()
-    w.ledger.add_workspace("w2", str(tmp_path / "ws2"))
+    w.ledger.workspaces.add("w2", str(tmp_path / "ws2"))
     w.run()
     with pytest.raises(InvalidInput):
         run_fenced_step(w.ledger, "w2", "s1", [], epoch=w.epoch)

@@ -28,7 +28,7 @@ from ledger.errors import (
     StaleEpoch,
     UnknownWorkspace,
 )
-from ledger.fences import StepPlan, Write
+from ledger.workspace.protocol import StepPlan, Write
 
 
 def h(text: str | bytes) -> str:
@@ -47,8 +47,8 @@ class World:
         self.clock = clock or FakeClock()
         self.path = tmp / "ledger.db"
         self.ledger = Ledger.init(self.path, clock=self.clock, **options)
-        self.ledger.add_workspace("w", str(self.dir))
-        self.epoch = self.ledger.acquire("w", "agent", ttl_s=3600).epoch
+        self.ledger.workspaces.add("w", str(self.dir))
+        self.epoch = self.ledger.workspaces.acquire("w", "agent", ttl_s=3600).epoch
         self.fence, self.journal = fence, journal
 
     def write(self, step: str, new: str, pre: str | None, base: int | None = None,
@@ -57,11 +57,11 @@ class World:
                         run="run-1")
 
     def admit(self, *plans: StepPlan, run_fence: str | None = None) -> list[Any]:
-        return self.ledger.admit("w", self.epoch, list(plans), fence=run_fence or self.fence,
+        return self.ledger.workspaces.admit("w", self.epoch, list(plans), fence=run_fence or self.fence,
                                  journal=self.journal)
 
     def apply(self, step: str, attempt: int | None = None, ledger: Ledger | None = None) -> str:
-        return (ledger or self.ledger).apply(step, attempt, epoch=self.epoch).verdict
+        return (ledger or self.ledger).workspaces.apply(step, attempt, epoch=self.epoch).verdict
 
     def commit(self, step: str) -> None:
         self.ledger.publish(step)
@@ -71,10 +71,10 @@ class World:
         return (self.dir / path).read_text()
 
     def human_through_steptrail(self, new: str) -> None:
-        rev, digest = self.ledger.snapshot("w", "app.py")
-        self.ledger.admit("w", self.epoch, [StepPlan("human", [Write("app.py", new.encode(),
+        rev, digest = self.ledger.workspaces.snapshot("w", "app.py")
+        self.ledger.workspaces.admit("w", self.epoch, [StepPlan("human", [Write("app.py", new.encode(),
                                                                      digest, rev)], run="human")])
-        assert self.ledger.apply("human", epoch=self.epoch).verdict == "applied"
+        assert self.ledger.workspaces.apply("human", epoch=self.epoch).verdict == "applied"
         self.commit("human")
 
 
@@ -120,7 +120,7 @@ def replan_drift(w: World) -> str:
     w.admit(w.write("s1", "v1", "v0"))
     assert w.apply("s1") == "applied"
     w.commit("s1")
-    rev, digest = w.ledger.snapshot("w", "app.py")  # the new model reads the current state
+    rev, digest = w.ledger.workspaces.snapshot("w", "app.py")  # the new model reads the current state
     w.admit(StepPlan("s2", [Write("app.py", b"v1-tail", digest, rev)], run="run-1"))
     return w.apply("s2")
 
@@ -175,10 +175,10 @@ def test_lost_updates_are_real_without_a_fence(tmp_path: Path) -> None:
 def test_preemption_retry_with_journal_returns_the_first_receipt(tmp_path: Path) -> None:
     w = World(tmp_path)
     w.admit(w.write("s1", "v1", "v0"))
-    first = w.ledger.apply("s1", epoch=w.epoch)
-    again = w.ledger.apply("s1", 1, epoch=w.epoch)
+    first = w.ledger.workspaces.apply("s1", epoch=w.epoch)
+    again = w.ledger.workspaces.apply("s1", 1, epoch=w.epoch)
     assert again.verdict == "deduped" and again.receipt == first.receipt
-    assert w.ledger.workspace("w").rev == 1
+    assert w.ledger.workspaces.get("w").rev == 1
     assert sum(1 for e in w.ledger.read(kind="fenced")) == 1
 
 
@@ -186,7 +186,7 @@ def test_without_journal_a_redelivery_applies_twice(tmp_path: Path) -> None:
     w = World(tmp_path, "none", False)
     preemption_retry(w)
     assert sum(1 for e in w.ledger.read(kind="fenced")) == 2
-    assert w.ledger.workspace("w").rev == 2
+    assert w.ledger.workspaces.get("w").rev == 2
 
 
 # --- plan admission ----------------------------------------------------------------------
@@ -207,7 +207,7 @@ def test_chained_siblings_apply_in_order(tmp_path: Path) -> None:
     for s in ("s1", "s2", "s3"):
         assert w.apply(s) == "applied"
         w.commit(s)
-    assert w.disk() == "v3" and w.ledger.workspace("w").rev == 3
+    assert w.disk() == "v3" and w.ledger.workspaces.get("w").rev == 3
 
 
 def test_plan_fence_refuses_even_an_undisturbed_second_step(tmp_path: Path) -> None:
@@ -224,22 +224,22 @@ def test_plan_fence_refuses_even_an_undisturbed_second_step(tmp_path: Path) -> N
 def test_one_live_lease_and_epochs_grow(tmp_path: Path) -> None:
     w = World(tmp_path)
     with pytest.raises(LeaseHeld):
-        w.ledger.acquire("w", "other", ttl_s=60)
-    forced = w.ledger.acquire("w", "other", ttl_s=60, force=True)
+        w.ledger.workspaces.acquire("w", "other", ttl_s=60)
+    forced = w.ledger.workspaces.acquire("w", "other", ttl_s=60, force=True)
     assert forced.epoch == w.epoch + 1
     w.clock.advance(61)
-    assert not w.ledger.lease("w").live
+    assert not w.ledger.workspaces.lease("w").live
     with pytest.raises(StaleEpoch):  # an expired lease is never revived
-        w.ledger.heartbeat("w", forced.epoch, ttl_s=60)
-    assert w.ledger.acquire("w", "third", ttl_s=60).epoch == forced.epoch + 1
+        w.ledger.workspaces.heartbeat("w", forced.epoch, ttl_s=60)
+    assert w.ledger.workspaces.acquire("w", "third", ttl_s=60).epoch == forced.epoch + 1
 
 
 def test_heartbeat_extends_the_live_lease(tmp_path: Path) -> None:
     w = World(tmp_path)
     w.clock.advance(3000)
-    lease = w.ledger.heartbeat("w", w.epoch, ttl_s=3600)
+    lease = w.ledger.workspaces.heartbeat("w", w.epoch, ttl_s=3600)
     w.clock.advance(3000)
-    assert lease.live and w.ledger.lease("w").live
+    assert lease.live and w.ledger.workspaces.lease("w").live
 
 
 def test_a_bare_lease_is_a_lease_with_no_directory(tmp_path: Path) -> None:
@@ -249,27 +249,27 @@ def test_a_bare_lease_is_a_lease_with_no_directory(tmp_path: Path) -> None:
     addable); a registered workspace's lease is taken as usual; rebuilt alike."""
     w = World(tmp_path)
     with pytest.raises(UnknownWorkspace):
-        w.ledger.acquire("thread-lease", "a", ttl_s=60)  # without `bare`, as before
-    first = w.ledger.acquire("thread-lease", "a", ttl_s=60, bare=True)
+        w.ledger.workspaces.acquire("thread-lease", "a", ttl_s=60)  # without `bare`, as before
+    first = w.ledger.workspaces.acquire("thread-lease", "a", ttl_s=60, bare=True)
     assert first.epoch == 1
     with pytest.raises(LeaseHeld):
-        w.ledger.acquire("thread-lease", "b", ttl_s=60, bare=True)
-    second = w.ledger.acquire("thread-lease", "b", ttl_s=60, force=True, bare=True)
-    assert second.epoch == 2 and w.ledger.heartbeat("thread-lease", 2, ttl_s=60).live
+        w.ledger.workspaces.acquire("thread-lease", "b", ttl_s=60, bare=True)
+    second = w.ledger.workspaces.acquire("thread-lease", "b", ttl_s=60, force=True, bare=True)
+    assert second.epoch == 2 and w.ledger.workspaces.heartbeat("thread-lease", 2, ttl_s=60).live
     with pytest.raises(StaleEpoch):
-        w.ledger.release("thread-lease", 1)
-    assert w.ledger.release("thread-lease", 2).released
-    assert [r.name for r in w.ledger.workspaces()] == ["w"]
+        w.ledger.workspaces.release("thread-lease", 1)
+    assert w.ledger.workspaces.release("thread-lease", 2).released
+    assert [r.name for r in w.ledger.workspaces.list()] == ["w"]
     with pytest.raises(UnknownWorkspace):  # no directory: nothing writes under it
-        w.ledger.admit("thread-lease", 2, [w.write("s1", "v1", "v0")])
+        w.ledger.workspaces.admit("thread-lease", 2, [w.write("s1", "v1", "v0")])
     other = tmp_path / "other"
     other.mkdir()
     with pytest.raises(IllegalTransition, match="bare lease"):
-        w.ledger.add_workspace("thread-lease", other)
-    assert w.ledger.acquire("w", "agent-2", ttl_s=60, force=True, bare=True).epoch == 2
+        w.ledger.workspaces.add("thread-lease", other)
+    assert w.ledger.workspaces.acquire("w", "agent-2", ttl_s=60, force=True, bare=True).epoch == 2
     assert w.ledger.verify().ok
     w.ledger.rebuild()
-    lease = w.ledger.lease("thread-lease")
+    lease = w.ledger.workspaces.lease("thread-lease")
     assert (lease.epoch, lease.holder, lease.released) == (2, "b", True)
 
 
@@ -279,15 +279,15 @@ def test_zombie_worker_cannot_commit_anything(tmp_path: Path) -> None:
     w.admit(w.write("s1", "v1", "v0"))
     zombie = w.epoch
     w.clock.advance(3601)  # the lease expired; a new worker takes over
-    w.epoch = w.ledger.acquire("w", "agent-2", ttl_s=3600).epoch
+    w.epoch = w.ledger.workspaces.acquire("w", "agent-2", ttl_s=3600).epoch
     count = w.ledger.count()
     with pytest.raises(StaleEpoch):
-        w.ledger.apply("s1", epoch=zombie)
+        w.ledger.workspaces.apply("s1", epoch=zombie)
     assert w.disk() == "v0"
     # the settle compensated the zombie's attempt; nothing it sends moves anything
     assert w.ledger.step("s1").state == "compensated"
     with pytest.raises(StaleEpoch):
-        w.ledger.admit("w", zombie, [w.write("s9", "x", "v0")])
+        w.ledger.workspaces.admit("w", zombie, [w.write("s9", "x", "v0")])
     assert w.ledger.count() == count
 
 
@@ -296,9 +296,9 @@ def test_late_200_after_the_sandbox_was_reclaimed(tmp_path: Path) -> None:
     result was recorded: the settle put the pre-image back, the late publish is refused."""
     w = World(tmp_path)
     w.admit(w.write("s1", "v1", "v0"))
-    result = w.ledger.apply("s1", epoch=w.epoch)
+    result = w.ledger.workspaces.apply("s1", epoch=w.epoch)
     assert w.disk() == "v1"
-    new = w.ledger.acquire("w", "agent-2", ttl_s=3600, force=True)
+    new = w.ledger.workspaces.acquire("w", "agent-2", ttl_s=3600, force=True)
     assert new.settled == ("s1",)
     assert w.disk() == "v0"
     with pytest.raises(StaleEpoch):
@@ -315,7 +315,7 @@ def test_a_redelivered_event_of_a_dead_epoch_returns_the_first_result(tmp_path: 
     w.apply("s1")
     manifest = w.ledger.publish("s1")
     first = w.ledger.ack("s1")
-    w.ledger.acquire("w", "agent-2", ttl_s=3600, force=True)
+    w.ledger.workspaces.acquire("w", "agent-2", ttl_s=3600, force=True)
     assert w.ledger.publish("s1") == manifest
     again = w.ledger.ack("s1")
     assert again.deduped and again.seq == first.seq
@@ -325,11 +325,11 @@ def test_a_new_epoch_settles_an_unpublished_attempt_and_the_step_goes_on(tmp_pat
     w = World(tmp_path)
     w.admit(w.write("s1", "v1", "v0"))
     w.apply("s1")
-    w.epoch = w.ledger.acquire("w", "agent-2", ttl_s=3600, force=True).epoch
+    w.epoch = w.ledger.workspaces.acquire("w", "agent-2", ttl_s=3600, force=True).epoch
     assert w.disk() == "v0" and w.ledger.step("s1").state == "compensated"
-    attempt = w.ledger.replan("s1", epoch=w.epoch)  # every pre_hash still holds
+    attempt = w.ledger.workspaces.replan("s1", epoch=w.epoch)  # every pre_hash still holds
     assert attempt == 2
-    assert w.ledger.apply("s1", epoch=w.epoch).verdict == "applied"
+    assert w.ledger.workspaces.apply("s1", epoch=w.epoch).verdict == "applied"
     w.commit("s1")
     assert w.disk() == "v1" and w.ledger.step("s1").live
 
@@ -339,12 +339,12 @@ def test_settle_never_overwrites_a_human_edit(tmp_path: Path) -> None:
     w.admit(w.write("s1", "v1", "v0"))
     w.apply("s1")
     (w.dir / "app.py").write_text("human")
-    new = w.ledger.acquire("w", "agent-2", ttl_s=3600, force=True)
+    new = w.ledger.workspaces.acquire("w", "agent-2", ttl_s=3600, force=True)
     assert w.disk() == "human"
-    comp = w.ledger.workspace_protocol._answer_compensation("s1", 1)
+    comp = w.ledger.workspaces._answer_compensation("s1", 1)
     assert [r.outcome for r in comp.restored] == ["conflict"]
     with pytest.raises(ReplanRefused):
-        w.ledger.replan("s1", epoch=new.epoch)
+        w.ledger.workspaces.replan("s1", epoch=new.epoch)
 
 
 # --- compensation -----------------------------------------------------------------------
@@ -355,11 +355,11 @@ def test_compensate_restores_only_where_rev_and_post_image_hold(tmp_path: Path) 
     w.admit(w.write("s1", "v1", "v0"))
     w.apply("s1")
     w.commit("s1")
-    comp = w.ledger.compensate("s1", epoch=w.epoch, reason="tests failed")
+    comp = w.ledger.workspaces.compensate("s1", epoch=w.epoch, reason="tests failed")
     assert [r.outcome for r in comp.restored] == ["restored"]
     assert w.disk() == "v0" and not w.ledger.step("s1").live
     assert w.ledger.manifest("s1", 0) is not None  # kept for audit
-    again = w.ledger.compensate("s1", epoch=w.epoch, reason="tests failed")
+    again = w.ledger.workspaces.compensate("s1", epoch=w.epoch, reason="tests failed")
     assert again.deduped and again.seq == comp.seq
 
 
@@ -371,10 +371,10 @@ def test_compensation_after_a_b_a_is_a_conflict(tmp_path: Path) -> None:
     w.apply("s1")
     w.commit("s1")
     w.human_through_steptrail("v0")
-    w.ledger.admit("w", w.epoch, [StepPlan("again", [Write("app.py", b"v1", h("v0"), None)])])
+    w.ledger.workspaces.admit("w", w.epoch, [StepPlan("again", [Write("app.py", b"v1", h("v0"), None)])])
     w.apply("again")
     w.commit("again")
-    comp = w.ledger.compensate("s1", epoch=w.epoch)
+    comp = w.ledger.workspaces.compensate("s1", epoch=w.epoch)
     assert [r.outcome for r in comp.restored] == ["conflict"]
     assert w.disk() == "v1"
 
@@ -385,9 +385,9 @@ def test_compensation_window(tmp_path: Path) -> None:
     w.apply("s1")
     w.commit("s1")
     w.clock.advance(61)
-    w.ledger.heartbeat("w", w.epoch, ttl_s=3600)
+    w.ledger.workspaces.heartbeat("w", w.epoch, ttl_s=3600)
     with pytest.raises(CompensationWindowClosed):
-        w.ledger.compensate("s1", epoch=w.epoch)
+        w.ledger.workspaces.compensate("s1", epoch=w.epoch)
     assert w.disk() == "v1"
 
 
@@ -396,7 +396,7 @@ def test_compensating_a_rejected_attempt_is_illegal(tmp_path: Path) -> None:
     w.admit(w.write("s1", "v1", "v0", base=5))
     assert w.apply("s1") == "rejected:stale_rev"
     with pytest.raises(IllegalTransition):
-        w.ledger.compensate("s1", epoch=w.epoch)
+        w.ledger.workspaces.compensate("s1", epoch=w.epoch)
 
 
 # --- confinement and bad input ----------------------------------------------------------
@@ -412,16 +412,16 @@ def test_paths_cannot_escape_the_workspace(tmp_path: Path) -> None:
             w.admit(StepPlan("bad", [Write(path, b"x", None)]))
     w.admit(StepPlan("sym", [Write("link/x", b"x", None)]))
     with pytest.raises(PathEscapes):
-        w.ledger.apply("sym", epoch=w.epoch)
+        w.ledger.workspaces.apply("sym", epoch=w.epoch)
     assert not (outside / "x").exists()
 
 
 def test_unknown_workspace_and_bad_epoch(tmp_path: Path) -> None:
     w = World(tmp_path)
     with pytest.raises(UnknownWorkspace):
-        w.ledger.admit("nope", 1, [w.write("s", "x", "v0")])
+        w.ledger.workspaces.admit("nope", 1, [w.write("s", "x", "v0")])
     with pytest.raises(InvalidInput):
-        w.ledger.admit("w", 0, [w.write("s", "x", "v0")])
+        w.ledger.workspaces.admit("w", 0, [w.write("s", "x", "v0")])
 
 
 # --- a crash between the rename and the ledger commit (a real SIGKILL) --------------------
@@ -442,7 +442,7 @@ def _crash_after_rename(w: World) -> None:
                 os.kill(os.getpid(), signal.SIGKILL)
 
         child = Ledger.open(w.path, clock=w.clock, on_op=on_op)
-        child.apply("s1", epoch=w.epoch)
+        child.workspaces.apply("s1", epoch=w.epoch)
         os._exit(0)
     _, status = os.waitpid(pid, 0)
     assert os.WIFSIGNALED(status) and os.WTERMSIG(status) == signal.SIGKILL
@@ -454,9 +454,9 @@ def _crash_after_rename(w: World) -> None:
 def test_crash_between_rename_and_commit_is_settled_on_replay(tmp_path: Path) -> None:
     w = World(tmp_path)
     _crash_after_rename(w)
-    result = w.ledger.apply("s1", epoch=w.epoch)
+    result = w.ledger.workspaces.apply("s1", epoch=w.epoch)
     assert result.verdict == "applied" and result.receipt is not None and result.receipt.settled
-    assert w.ledger.snapshot("w", "app.py") == (1, h("v1"))
+    assert w.ledger.workspaces.snapshot("w", "app.py") == (1, h("v1"))
     w.commit("s1")
     assert w.ledger.verify().ok
 
@@ -472,7 +472,7 @@ def test_a_human_edit_in_the_crash_window_is_never_overwritten(tmp_path: Path) -
 def test_the_next_epoch_settles_a_crashed_apply(tmp_path: Path) -> None:
     w = World(tmp_path)
     _crash_after_rename(w)
-    lease = w.ledger.acquire("w", "agent-2", ttl_s=60, force=True)
+    lease = w.ledger.workspaces.acquire("w", "agent-2", ttl_s=60, force=True)
     assert lease.settled == ("s1",)
     assert w.disk() == "v0"  # the pre-image, pinned before the rename, went back
     assert w.ledger.verify().ok
@@ -497,7 +497,7 @@ def test_a_rejected_replay_puts_back_the_writes_that_landed(tmp_path: Path) -> N
                 if len(renames) == 2:  # app.py's exchange landed; b.py's not begun
                     os.kill(os.getpid(), signal.SIGKILL)
 
-        Ledger.open(w.path, clock=w.clock, on_op=on_op).apply("s1", epoch=w.epoch)
+        Ledger.open(w.path, clock=w.clock, on_op=on_op).workspaces.apply("s1", epoch=w.epoch)
         os._exit(0)
     _, status = os.waitpid(pid, 0)
     assert os.WIFSIGNALED(status) and os.WTERMSIG(status) == signal.SIGKILL
@@ -510,7 +510,7 @@ def test_a_rejected_replay_puts_back_the_writes_that_landed(tmp_path: Path) -> N
     rejected = next(iter(w.ledger.read(step="s1", kind="rejected"))).event
     assert [(r.path, r.outcome, r.digest) for r in rejected.undone] == [
         ("app.py", "restored", h("v0"))]
-    assert w.ledger.snapshot("w", "app.py") == (0, h("v0"))  # what the ledger says
+    assert w.ledger.workspaces.snapshot("w", "app.py") == (0, h("v0"))  # what the ledger says
     assert w.ledger.verify().ok
     # redelivered, the rejection is the answer again and nothing moves
     assert w.apply("s1") == "rejected:pre_hash" and w.disk() == "v0"
@@ -538,19 +538,19 @@ def test_fence_verdict_rules(tmp_path: Path) -> None:
     compensate to the checkpoint; accept a rebase."""
     w = World(tmp_path)
     w.admit(w.write("s1", "v1", "v0"), w.write("s2", "v2", "v1"))
-    first = w.ledger.apply("s1", epoch=w.epoch)
+    first = w.ledger.workspaces.apply("s1", epoch=w.epoch)
     w.commit("s1")
     w.human_through_steptrail("h1")
     # stale base -> reject, then re-plan from the current rev (a rebase) -> accept
     assert w.apply("s2") == "rejected:stale_rev"
-    rev, digest = w.ledger.snapshot("w", "app.py")
-    w.ledger.admit("w", w.epoch, [StepPlan("s2", [Write("app.py", b"v2 on h1", digest, rev)])])
+    rev, digest = w.ledger.workspaces.snapshot("w", "app.py")
+    w.ledger.workspaces.admit("w", w.epoch, [StepPlan("s2", [Write("app.py", b"v2 on h1", digest, rev)])])
     assert w.ledger.step("s2").attempt == 2
     assert w.apply("s2") == "applied"
     # journal hit -> the stored result
-    assert w.ledger.apply("s1", 1, epoch=w.epoch).receipt == first.receipt
+    assert w.ledger.workspaces.apply("s1", 1, epoch=w.epoch).receipt == first.receipt
     # applied but its tests fail -> compensate to the checkpoint (h1)
-    comp = w.ledger.compensate("s2", epoch=w.epoch, reason="tests failed")
+    comp = w.ledger.workspaces.compensate("s2", epoch=w.epoch, reason="tests failed")
     assert [r.outcome for r in comp.restored] == ["restored"] and w.disk() == "h1"
     assert w.ledger.verify().ok
 
@@ -573,20 +573,20 @@ def test_replayed_apply_after_a_crash_with_two_writes(tmp_path: Path) -> None:
                 if len(renames) == 2:
                     os.kill(os.getpid(), signal.SIGKILL)
 
-        Ledger.open(w.path, clock=w.clock, on_op=on_op).apply("s", epoch=w.epoch)
+        Ledger.open(w.path, clock=w.clock, on_op=on_op).workspaces.apply("s", epoch=w.epoch)
         os._exit(0)
     _, status = os.waitpid(pid, 0)
     assert os.WIFSIGNALED(status)
     w.ledger = Ledger.open(w.path, clock=w.clock)
     assert w.disk() == "v1" and (w.dir / "b.py").read_text() == "b0"
-    result = w.ledger.apply("s", epoch=w.epoch)
+    result = w.ledger.workspaces.apply("s", epoch=w.epoch)
     assert result.verdict == "applied" and result.receipt is not None and result.receipt.settled
     assert (w.dir / "b.py").read_text() == "b1"
-    assert w.ledger.workspace_paths("w") == {"app.py": (1, h("v1")), "b.py": (2, h("b1"))}
+    assert w.ledger.workspaces.paths("w") == {"app.py": (1, h("v1")), "b.py": (2, h("b1"))}
     assert sorted(p.name for p in w.dir.iterdir() if p.name.startswith(".")) == [".steptrail"] \
         or not any(".steptrail-" in p.name for p in w.dir.iterdir())  # no slot left behind
     w.commit("s")
-    comp = w.ledger.compensate("s", epoch=w.epoch)  # its pre-image was kept from the slot
+    comp = w.ledger.workspaces.compensate("s", epoch=w.epoch)  # its pre-image was kept from the slot
     assert [r.outcome for r in comp.restored] == ["restored", "restored"]
     assert w.disk() == "v0" and (w.dir / "b.py").read_text() == "b0"
 
@@ -607,7 +607,7 @@ def test_creating_and_deleting_files(tmp_path: Path) -> None:
     w.commit("new")
     w.admit(StepPlan("rm", [Write("pkg/new.py", None, h("x"))]))
     assert w.apply("rm") == "applied" and not (w.dir / "pkg" / "new.py").exists()
-    comp = w.ledger.compensate("rm", epoch=w.epoch)
+    comp = w.ledger.workspaces.compensate("rm", epoch=w.epoch)
     assert [r.outcome for r in comp.restored] == ["restored"]
     assert (w.dir / "pkg" / "new.py").read_text() == "x"
     w.admit(StepPlan("exists", [Write("app.py", b"y", None)]))  # planned as absent
@@ -617,34 +617,24 @@ def test_creating_and_deleting_files(tmp_path: Path) -> None:
 # --- the workspace protocol is a collaborator, not a mixin ----------------------------
 
 
-def test_the_ledger_delegates_the_workspace_protocol(tmp_path: Path) -> None:
-    """Every public method of `Workspaces` the ledger offers has the same parameters on
-    `Ledger` (one-line delegations), and the two answer alike."""
-    import inspect
+def test_the_workspace_protocol_is_one_object_on_the_ledger(tmp_path: Path) -> None:
+    """Users reach the workspace protocol as `ledger.workspaces` (one `Workspaces`), not
+    through delegations on `Ledger`: no public method of `Workspaces` is also on `Ledger`."""
+    from ledger.workspace import Workspaces
 
-    from ledger.fences import Workspaces
-
-    internal = {"check_root", "remove_abandoned_temporaries"}  # restore's and gc's
-    names = sorted(n for n, v in vars(Workspaces).items()
-                   if callable(v) and not n.startswith("_") and n not in internal)
-    assert {"acquire", "add_workspace", "admit", "apply", "compensate", "settle"} <= set(names)
-    for name in names:
-        ours, theirs = inspect.signature(getattr(Ledger, name)), inspect.signature(
-            getattr(Workspaces, name))
-        assert [(p.name, p.kind, p.default) for p in ours.parameters.values()] == [
-            (p.name, p.kind, p.default) for p in theirs.parameters.values()], name
-        assert ours.return_annotation == theirs.return_annotation, name
+    names = {n for n, v in vars(Workspaces).items() if callable(v) and not n.startswith("_")}
+    assert {"acquire", "add", "admit", "apply", "compensate", "settle", "restore",
+            "confined"} <= names
+    assert names & {n for n in dir(Ledger) if not n.startswith("_")} == set()
     assert not issubclass(Ledger, Workspaces)
     w = World(tmp_path)
-    protocol = w.ledger.workspace_protocol
-    assert isinstance(protocol, Workspaces)
-    assert w.ledger.lease("w") == protocol.lease("w")
-    assert w.ledger.workspaces() == protocol.workspaces() == [w.ledger.workspace("w")]
+    assert isinstance(w.ledger.workspaces, Workspaces)
+    assert w.ledger.workspaces.list() == [w.ledger.workspaces.get("w")]
 
 
 def test_an_apply_result_is_typed_beside_its_verdict_text() -> None:
     """`outcome` and `reason` are the verdict as types (the JSON contract keeps the text)."""
-    from ledger.fences import ApplyResult
+    from ledger.workspace.protocol import ApplyResult
 
     rejected = ApplyResult(verdict="rejected:pre_hash", step="s", attempt=1)
     assert (rejected.outcome, rejected.reason, rejected.applied) == ("rejected", "pre_hash", False)

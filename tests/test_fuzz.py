@@ -41,7 +41,7 @@ from ledger.events import (
     PlannedWrite,
     Restored,
 )
-from ledger.fences import StepPlan, Write
+from ledger.workspace.protocol import StepPlan, Write
 
 FULL = os.environ.get("STEPTRAIL_FUZZ_FULL") == "1"
 CI_SEEDS = 300
@@ -296,16 +296,16 @@ def test_i5_catches_an_effect_appended_past_the_epoch_guard(tmp_path: Path) -> N
     (root / "a.py").write_text("a0")
     clock = fuzz.FakeClock()
     with Ledger.init(tmp_path / "l.db", clock=clock) as led:
-        led.add_workspace("w", str(root))
-        e1 = led.acquire("w", "one", ttl_s=3600).epoch
-        led.admit("w", e1, [StepPlan("s", [Write("a.py", b"a1", h("a0"))])])
+        led.workspaces.add("w", str(root))
+        e1 = led.workspaces.acquire("w", "one", ttl_s=3600).epoch
+        led.workspaces.admit("w", e1, [StepPlan("s", [Write("a.py", b"a1", h("a0"))])])
         led._append_unchecked(LeaseAcquired(workspace="w", epoch=e1 + 1, holder="two",
                                             expires_ns=clock.now + 10**12, forced=True))
         led._append_unchecked(fenced_a("s", epoch=e1))
         found = fuzz.check_events(fresh_model(), led.read())
         assert props(found) == ["I5"], found
         with pytest.raises(StaleEpoch):  # the guarded path refuses the same thing
-            led.compensate("s", epoch=e1)
+            led.workspaces.compensate("s", epoch=e1)
 
 
 def test_i6_i7_verify_runs_after_each_schedule(tamper: Any) -> None:
@@ -400,15 +400,15 @@ def test_settle_keeps_a_hand_edit_equal_to_an_unapplied_post_image(tmp_path: Pat
     root.mkdir()
     (root / "a.py").write_text("a0")
     with Ledger.init(tmp_path / "l.db", clock=fuzz.FakeClock()) as led:
-        led.add_workspace("w", str(root))
-        e1 = led.acquire("w", "exec-1", ttl_s=3600).epoch
-        led.admit("w", e1, [StepPlan("s1", [Write("a.py", b"a1", h("a0"))]),
+        led.workspaces.add("w", str(root))
+        e1 = led.workspaces.acquire("w", "exec-1", ttl_s=3600).epoch
+        led.workspaces.admit("w", e1, [StepPlan("s1", [Write("a.py", b"a1", h("a0"))]),
                             StepPlan("s3", [Write("a.py", b"a2", h("a1"))])])
-        led.apply("s1", epoch=e1)
+        led.workspaces.apply("s1", epoch=e1)
         led.publish("s1")
         led.ack("s1")
         (root / "a.py").write_text("a2")  # a human makes s3's change by hand; s3 never ran
-        led.acquire("w", "exec-2", ttl_s=3600, force=True)  # settles s3/1
+        led.workspaces.acquire("w", "exec-2", ttl_s=3600, force=True)  # settles s3/1
         assert (root / "a.py").read_text() == "a2", "the human's edit was reverted"
     # the search finds it too once `same` is drawn:
     assert fuzz.run_schedule(["advance", "advance", "human_edit:a.py:same", "preempt"]) is None
@@ -416,7 +416,7 @@ def test_settle_keeps_a_hand_edit_equal_to_an_unapplied_post_image(tmp_path: Pat
 
 def test_an_ack_lost_across_a_preemption_is_recorded_under_the_new_epoch() -> None:
     with fuzz.World(fence="step") as w:
-        w.led.apply("s1", 1, epoch=w.live.epoch)
+        w.led.workspaces.apply("s1", 1, epoch=w.live.epoch)
         w.led.publish("s1", 1)  # committed; the ack is lost
         w.do("preempt")
         with pytest.raises(StaleEpoch):  # the dead epoch cannot ack

@@ -241,7 +241,7 @@ def test_referenced_pinned_and_young_blobs_are_never_collected(led: Ledger) -> N
     led.store("superseded", 1, "l", large("rev1"))
     assert led.publish("superseded", 1, expected_rev=0).manifest_rev == 1
     run_step(led, "undone", {"s": small("undone"), "l": large("undone")})
-    led.compensate("undone", reason="bad result")
+    led.workspaces.compensate("undone", reason="bad result")
     pinned = in_flight(led, "fly", {"s": small("fly"), "l": large("fly")})
     old = abandon(led, "old", {"s": small("old"), "l": large("old")})
     age_everything(led, 30 * DAY)
@@ -337,22 +337,22 @@ def test_pre_image_pins_end_with_the_compensation_window(tmp_path: Path, inline_
         clock.advance(1800)
         assert collect(w.ledger, grace_s=0, force=True).collected == 0
         assert present(w.ledger, pre)
-        w.ledger.heartbeat("w", w.epoch, ttl_s=3600)
+        w.ledger.workspaces.heartbeat("w", w.epoch, ttl_s=3600)
         w.ledger.ack("s1")
         clock.advance(30)  # acked, inside the window: still pinned
         report = collect(w.ledger, grace_s=0, force=True)
         assert report.collected == 0 and report.kept_live == 1 and present(w.ledger, pre)
         check_store(w.ledger, grace_s=0)
         clock.advance(31)  # the window has passed: the step can no longer be compensated
-        w.ledger.heartbeat("w", w.epoch, ttl_s=3600)
+        w.ledger.workspaces.heartbeat("w", w.epoch, ttl_s=3600)
         with pytest.raises(CompensationWindowClosed):
-            w.ledger.compensate("s1", epoch=w.epoch)
+            w.ledger.workspaces.compensate("s1", epoch=w.epoch)
         report = collect(w.ledger, grace_s=0, force=True)
         assert [e.digest for e in collected_events(w.ledger)] == [pre]
         assert not present(w.ledger, pre)
         assert present(w.ledger, sha(b"v1"))  # the post-image is referenced
         check_store(w.ledger, grace_s=0)
-        restored = w.ledger.restore("w", tmp_path / "restored", force=True)
+        restored = w.ledger.workspaces.restore("w", tmp_path / "restored", force=True)
         assert restored.paths == 1 and (tmp_path / "restored" / "app.py").read_text() == "v1"
     finally:
         w.ledger.close()
@@ -367,7 +367,7 @@ def test_compensation_records_keep_the_pre_images_restore_needs(tmp_path: Path,
         w.admit(w.write("s1", "v1", "v0"))
         w.apply("s1")
         w.commit("s1")
-        comp = w.ledger.compensate("s1", epoch=w.epoch, reason="tests failed")
+        comp = w.ledger.workspaces.compensate("s1", epoch=w.epoch, reason="tests failed")
         assert [r.outcome for r in comp.restored] == ["restored"] and w.disk() == "v0"
         # the pins are released; only the compensation record holds v0 now
         with w.ledger._store.db.read_transaction() as conn:
@@ -378,7 +378,7 @@ def test_compensation_records_keep_the_pre_images_restore_needs(tmp_path: Path,
         assert report.collected == 0 and report.referenced == 2  # v0 (compensation), v1 (manifest)
         assert present(w.ledger, sha(b"v0"))
         check_store(w.ledger, grace_s=0)
-        out = w.ledger.restore("w", tmp_path / "restored", force=True)
+        out = w.ledger.workspaces.restore("w", tmp_path / "restored", force=True)
         assert out.paths == 1 and (tmp_path / "restored" / "app.py").read_text() == "v0"
     finally:
         w.ledger.close()
@@ -634,8 +634,8 @@ class Workload:
         (self.ws / "app.py").write_bytes(b"v0")
         self.ledger = Ledger.init(Path(root, "ledger.db"), clock=self.clock,
                                   inline_max_bytes=INLINE_MAX, synchronous="NORMAL")
-        self.ledger.add_workspace("w", str(self.ws))
-        self.epoch = self.ledger.acquire("w", "agent", ttl_s=3600).epoch
+        self.ledger.workspaces.add("w", str(self.ws))
+        self.epoch = self.ledger.workspaces.acquire("w", "agent", ttl_s=3600).epoch
         self.n = 0
         self.ws_steps: list[str] = []
         self.grace = DAY
@@ -653,9 +653,9 @@ class Workload:
         """Keep the workspace lease live: heartbeat it, or (expired) take a new epoch,
         which settles what the old one left in flight."""
         try:
-            self.ledger.heartbeat("w", self.epoch, ttl_s=3600)
+            self.ledger.workspaces.heartbeat("w", self.epoch, ttl_s=3600)
         except StaleEpoch:
-            self.epoch = self.ledger.acquire("w", "agent", ttl_s=3600).epoch
+            self.epoch = self.ledger.workspaces.acquire("w", "agent", ttl_s=3600).epoch
 
     def do(self, op: str) -> None:
         led, rng = self.ledger, self.rng
@@ -666,14 +666,14 @@ class Workload:
         elif op == "abandon":
             abandon(led, self.step_id(), self.outputs())
         elif op == "ws_commit":
-            from ledger.fences import StepPlan, Write
+            from ledger.workspace.protocol import StepPlan, Write
 
             current = (self.ws / "app.py").read_bytes()
             new = rng.choice([c for c in POOL if c != current])
             step = self.step_id()
             self.lease()
-            led.admit("w", self.epoch, [StepPlan(step, [Write("app.py", new, sha(current))])])
-            assert led.apply(step, epoch=self.epoch).verdict == "applied"
+            led.workspaces.admit("w", self.epoch, [StepPlan(step, [Write("app.py", new, sha(current))])])
+            assert led.workspaces.apply(step, epoch=self.epoch).verdict == "applied"
             led.publish(step)
             if rng.random() < 0.7:
                 led.ack(step)
@@ -681,7 +681,7 @@ class Workload:
         elif op == "ws_compensate" and self.ws_steps:
             self.lease()
             try:
-                led.compensate(self.ws_steps.pop(), epoch=self.epoch, reason="random")
+                led.workspaces.compensate(self.ws_steps.pop(), epoch=self.epoch, reason="random")
             except CompensationWindowClosed:
                 pass
         elif op == "temp":
@@ -792,8 +792,8 @@ def test_regression_pre_image_pins_follow_the_collectors_window_not_the_ledgers(
         clock.advance(120)  # inside the writer's 1 h window
         with Ledger.open(w.path, clock=clock, compensation_window_s=60) as gc_side:
             collect(gc_side, grace_s=0, force=True)
-        w.ledger.heartbeat("w", w.epoch, ttl_s=3600)
-        comp = w.ledger.compensate("s1", epoch=w.epoch)  # allowed: inside the window
+        w.ledger.workspaces.heartbeat("w", w.epoch, ttl_s=3600)
+        comp = w.ledger.workspaces.compensate("s1", epoch=w.epoch)  # allowed: inside the window
         assert [r.outcome for r in comp.restored] == ["restored"], comp.restored
         assert w.disk() == "v0"
     finally:

@@ -74,7 +74,7 @@ from ledger.store.sqlite import file as dbmod
 from ledger import fences as fences_mod
 from ledger.cli import cli
 from ledger.errors import BlobCorrupt, BlobNotFound
-from ledger.fences import TTL_MAX_S, Write
+from ledger.workspace.protocol import TTL_MAX_S, Write
 from ledger.runner import run_step
 from ledger.witness import AnchorRefused, WitnessMismatch, WitnessMissing
 
@@ -327,16 +327,16 @@ def build_world(root: Path, clock: Callable[[], int] | None = None,
     with Ledger.init(w.db, **options) as led:
         run_step(led, "art-inline", {"out/a.txt": SMALL})
         run_step(led, "art-file", {"out/big.bin": BIG, "out/s.txt": b"tiny"})
-        led.add_workspace("w", str(w.ws))
-        w.epoch = led.acquire("w", "agent", TTL_MAX_S).epoch
-        led.plan_step("s1", workspace="w", epoch=w.epoch,
+        led.workspaces.add("w", str(w.ws))
+        w.epoch = led.workspaces.acquire("w", "agent", TTL_MAX_S).epoch
+        led.workspaces.plan_step("s1", workspace="w", epoch=w.epoch,
                       writes=[Write("app.py", V1, sha256(V0)), Write("new/x.txt", b"x", None)])
-        applied = led.apply("s1", epoch=w.epoch)
+        applied = led.workspaces.apply("s1", epoch=w.epoch)
         assert applied.verdict == "applied", applied
         led.publish("s1", receipt=applied.receipt)
         led.ack("s1")
-        led.plan_step("s2", workspace="w", epoch=w.epoch, writes=[Write("app.py", V2, sha256(V1))])
-        assert led.apply("s2", epoch=w.epoch).verdict == "applied"
+        led.workspaces.plan_step("s2", workspace="w", epoch=w.epoch, writes=[Write("app.py", V2, sha256(V1))])
+        assert led.workspaces.apply("s2", epoch=w.epoch).verdict == "applied"
         row = led.plan("open", artifacts=["o.txt"])
         led.store("open", row.attempt, "o.txt", OPEN_BYTES)
     assert not os.path.exists(str(w.db) + "-wal")
@@ -399,11 +399,11 @@ def _path_apis(w: World) -> dict[str, Callable[[Ledger, Any], Any]]:
     return {
         "store": lambda led, p: led.store("open", 1, p, b"x"),
         "plan-artifacts": lambda led, p: led.plan(uid("pa"), artifacts=[p]),
-        "plan_step-write": lambda led, p: led.plan_step(
+        "plan_step-write": lambda led, p: led.workspaces.plan_step(
             uid("pw"), workspace="w", epoch=w.epoch, writes=[Write(p, b"x", None)]),
-        "plan_step-artifact": lambda led, p: led.plan_step(
+        "plan_step-artifact": lambda led, p: led.workspaces.plan_step(
             uid("pr"), workspace="w", epoch=w.epoch, artifacts=[p]),
-        "snapshot": lambda led, p: led.snapshot("w", p),
+        "snapshot": lambda led, p: led.workspaces.snapshot("w", p),
         "append-planned": lambda led, p: led.append(Planned(step=uid("ap"), attempt=1, artifacts=(p,))),
         "append-blob-stored": lambda led, p: led.append(BlobStored(
             step="open", attempt=1, digest=w.open_, size=len(OPEN_BYTES), path=p)),
@@ -517,16 +517,16 @@ def test_workspace_symlinks_are_never_followed_by_the_library(world: World) -> N
             tried("workspace-symlinks", 2)
             before = world.snap()
             try:
-                led.snapshot("w", path)
+                led.workspaces.snapshot("w", path)
                 failures.append(f"snapshot {path}: accepted")
             except PathEscapes:
                 pass
             step = uid("sym")
-            led.plan_step(step, workspace="w", epoch=world.epoch,
+            led.workspaces.plan_step(step, workspace="w", epoch=world.epoch,
                           writes=[Write(path, b"EVIL\n", pre)])
             planned = world.snap()
             try:
-                result = led.apply(step, epoch=world.epoch)
+                result = led.workspaces.apply(step, epoch=world.epoch)
                 failures.append(f"apply {path}: {result.verdict}")
             except PathEscapes as exc:
                 if path.split("/")[0] not in str(exc):
@@ -565,9 +565,9 @@ def test_compensation_never_writes_through_a_symlink_planted_after_apply(world: 
     is a conflict, and the symlink's target outside the workspace is never written."""
     ws = world.ws
     with world.open() as led:
-        led.plan_step("c1", workspace="w", epoch=world.epoch,
+        led.workspaces.plan_step("c1", workspace="w", epoch=world.epoch,
                       writes=[Write("app.py", b"c1\n", sha256(V2)), Write("cdir/f.txt", b"f\n", None)])
-        assert led.apply("c1", epoch=world.epoch).verdict == "applied"
+        assert led.workspaces.apply("c1", epoch=world.epoch).verdict == "applied"
         (ws / "app.py").unlink()
         os.symlink(world.outside / "secret", ws / "app.py")
         shutil.rmtree(ws / "cdir")
@@ -576,7 +576,7 @@ def test_compensation_never_writes_through_a_symlink_planted_after_apply(world: 
         os.symlink(world.outside / "cdir", ws / "cdir")
         outside_before, ws_before = tree(world.outside), tree(ws)
         tried("workspace-symlinks")
-        c = led.compensate("c1", epoch=world.epoch, reason="hostile")
+        c = led.workspaces.compensate("c1", epoch=world.epoch, reason="hostile")
         assert sorted(r.path for r in c.conflicts) == ["app.py", "cdir/f.txt"], c
     assert tree(world.outside) == outside_before
     assert tree(ws) == ws_before
@@ -703,7 +703,7 @@ def test_hostile_blob_store_read_side_library(world: World, level: str, scratch:
         check("blob_list", led.blob_list)
         check("steps", led.steps)
         if breaks:
-            got = check("restore", lambda: led.restore("w", target, force=True))
+            got = check("restore", lambda: led.workspaces.restore("w", target, force=True))
             if not isinstance(got, LedgerError):
                 failures.append(f"restore: {got!r}")
             if target.exists():
@@ -808,7 +808,7 @@ def _digest_apis(w: World) -> dict[str, Callable[[Ledger, Any], Any]]:
         "blobs.check": lambda led, d: led.blobs.check(d),
         "blobs.delete": lambda led, d: led.blobs.delete(d),
         "blobs.put": lambda led, d: led.blobs.put(b"x", d),
-        "plan_step pre_hash": lambda led, d: led.plan_step(
+        "plan_step pre_hash": lambda led, d: led.workspaces.plan_step(
             uid("dg"), workspace="w", epoch=w.epoch, writes=[Write("app.py", b"x", d)]),
         "append blob-stored": lambda led, d: led.append(
             BlobStored(step="open", attempt=1, digest=d, size=1)),
@@ -882,7 +882,7 @@ def test_planted_blob_is_never_served_library(world: World, planted: str, scratc
         assert led.classify("art-file").startswith("VIOLATION")
         assert led.classify("s1").startswith("VIOLATION")
         with pytest.raises(BlobCorrupt):
-            led.restore("w", scratch / "r", force=True)
+            led.workspaces.restore("w", scratch / "r", force=True)
         assert not (scratch / "r").exists()
         with pytest.raises(BlobCorrupt):  # the publish guard re-hashes: nothing is committed
             led.publish("open")
@@ -1216,18 +1216,18 @@ def test_oversized_inputs_are_refused_by_the_library(world: World) -> None:
         ("step id 1M", lambda led: led.plan(huge_id)),
         ("step id 1M lookup", lambda led: led.step(huge_id)),
         ("run 257", lambda led: led.plan(uid("o"), run="r" * 257)),
-        ("holder 257", lambda led: led.acquire("w", "h" * 257, 60, force=True)),
-        ("workspace 257", lambda led: led.add_workspace("w" * 257, str(world.ws))),
-        ("reason 4097", lambda led: led.compensate("open", reason="r" * 4097)),
+        ("holder 257", lambda led: led.workspaces.acquire("w", "h" * 257, 60, force=True)),
+        ("workspace 257", lambda led: led.workspaces.add("w" * 257, str(world.ws))),
+        ("reason 4097", lambda led: led.workspaces.compensate("open", reason="r" * 4097)),
         ("artifact path 4097", lambda led: led.store("open", 1, "p" * 4097, b"x")),
         ("10001 artifacts", lambda led: led.plan(uid("o"), artifacts=[f"a{i}" for i in range(10_001)])),
-        ("10001 writes", lambda led: led.plan_step(uid("o"), workspace="w", epoch=world.epoch,
+        ("10001 writes", lambda led: led.workspaces.plan_step(uid("o"), workspace="w", epoch=world.epoch,
                                                     writes=[Write(f"f{i}", b"", None) for i in range(10_001)])),
-        ("ttl 8 days", lambda led: led.acquire("w", "h", 8 * 86400, force=True)),
-        ("ttl zero", lambda led: led.acquire("w", "h", 0, force=True)),
-        ("ttl nan", lambda led: led.acquire("w", "h", float("nan"), force=True)),
-        ("ttl inf", lambda led: led.acquire("w", "h", float("inf"), force=True)),
-        ("epoch zero", lambda led: led.plan_step(uid("o"), workspace="w", epoch=0)),
+        ("ttl 8 days", lambda led: led.workspaces.acquire("w", "h", 8 * 86400, force=True)),
+        ("ttl zero", lambda led: led.workspaces.acquire("w", "h", 0, force=True)),
+        ("ttl nan", lambda led: led.workspaces.acquire("w", "h", float("nan"), force=True)),
+        ("ttl inf", lambda led: led.workspaces.acquire("w", "h", float("inf"), force=True)),
+        ("epoch zero", lambda led: led.workspaces.plan_step(uid("o"), workspace="w", epoch=0)),
         ("expected_rev -2", lambda led: led.publish("open", expected_rev=-2)),
     ]
     before = world.snap()
@@ -1301,7 +1301,7 @@ def test_a_tampered_event_path_never_escapes_on_restore(world: World, scratch: P
     with world.open() as led:
         tried("tampered", 3)
         with pytest.raises(CorruptLedger, match="cannot be decoded"):
-            led.restore("w", scratch / "r", force=True)
+            led.workspaces.restore("w", scratch / "r", force=True)
         report = led.verify()
         assert not report.ok and any(f.check == "row" for f in report.findings)
     run_cli(world.db, "--workspace", "w", "restore", "--to", str(scratch / "r"), "--force",
@@ -1363,7 +1363,7 @@ LIB_SURFACES: dict[str, Callable[[Ledger], Any]] = {
     "steps": lambda led: led.steps(),
     "read": lambda led: list(led.read()),
     "head": lambda led: led.head(),
-    "workspaces": lambda led: led.workspaces(),
+    "workspaces": lambda led: led.workspaces.list(),
     "blob_list": lambda led: led.blob_list(),
     "classify": lambda led: [led.classify(s) for s in ("art-file", "s1")],
     "stats": lambda led: _stats(led),
@@ -1742,23 +1742,23 @@ def test_corrupt_rows_never_change_the_file(world: World) -> None:
 
 def test_rejected_apply_leaves_created_directories(world: World) -> None:
     with world.open() as led:
-        led.plan_step("rj", workspace="w", epoch=world.epoch,
+        led.workspaces.plan_step("rj", workspace="w", epoch=world.epoch,
                       writes=[Write("deep/new/f.txt", b"f\n", None), Write("app.py", b"rj\n", sha256(V2))])
         (world.ws / "app.py").write_bytes(b"a human edit\n")
         before = tree(world.ws)
         tried("workspace-fence")
-        assert led.apply("rj", epoch=world.epoch).verdict == "rejected:pre_hash"
+        assert led.workspaces.apply("rj", epoch=world.epoch).verdict == "rejected:pre_hash"
     assert changes(before, tree(world.ws)) == []
 
 
 def test_zombie_apply_creates_directories(world: World) -> None:
     with world.open() as led:
-        led.plan_step("zb", workspace="w", epoch=world.epoch, writes=[Write("zdir/sub/g.txt", b"g\n", None)])
-        led.release("w", world.epoch)
+        led.workspaces.plan_step("zb", workspace="w", epoch=world.epoch, writes=[Write("zdir/sub/g.txt", b"g\n", None)])
+        led.workspaces.release("w", world.epoch)
         before = tree(world.ws)
         tried("workspace-fence")
         with pytest.raises(StaleEpoch):
-            led.apply("zb", epoch=world.epoch)
+            led.workspaces.apply("zb", epoch=world.epoch)
     assert changes(before, tree(world.ws)) == []
 
 
@@ -1860,12 +1860,12 @@ def test_lone_surrogates_are_untyped_in_the_library(world: World) -> None:
         ("plan", lambda led: led.plan("\ud800")),
         ("step", lambda led: led.step("s\udcff")),
         ("timeline", lambda led: led.timeline("\udcff")),
-        ("workspace", lambda led: led.workspace("\udcff")),
-        ("acquire holder", lambda led: led.acquire("w", "\udcff", 60, force=True)),
-        ("snapshot path", lambda led: led.snapshot("w", "a\udcff")),
+        ("workspace", lambda led: led.workspaces.get("\udcff")),
+        ("acquire holder", lambda led: led.workspaces.acquire("w", "\udcff", 60, force=True)),
+        ("snapshot path", lambda led: led.workspaces.snapshot("w", "a\udcff")),
         ("store path", lambda led: led.store("open", 1, "a\udcff", b"x")),
         ("plan artifacts", lambda led: led.plan(uid("u"), artifacts=["a\udcff"])),
-        ("plan_step write", lambda led: led.plan_step(uid("u"), workspace="w", epoch=world.epoch,
+        ("plan_step write", lambda led: led.workspaces.plan_step(uid("u"), workspace="w", epoch=world.epoch,
                                                       writes=[Write("a\udcff", b"x", None)])),
     ]
     failures = []
@@ -1892,7 +1892,7 @@ HUGE = str(10**30)
         "gc-grace"])
 def test_huge_integer_option_is_a_traceback(world: World, argv: tuple[str, ...]) -> None:
     with world.open() as led:
-        led.plan_step("p3", workspace="w", epoch=world.epoch, writes=[Write("p3.txt", b"p\n", None)])
+        led.workspaces.plan_step("p3", workspace="w", epoch=world.epoch, writes=[Write("p3.txt", b"p\n", None)])
     (world.inputs / "plan.json").write_text(json.dumps({"step": "p4"}))
     before = world.snap()
     tried("oversized")
@@ -1920,19 +1920,19 @@ def test_os_errors_from_bad_paths_are_untyped(world: World, case: str) -> None:
     tried("paths")
     if case == "snapshot-lib":
         with world.open() as led, pytest.raises(InvalidInput):
-            led.snapshot("w", long)
+            led.workspaces.snapshot("w", long)
     elif case == "snapshot-cli":
         run_cli(world.db, "--workspace", "w", "workspace", "snapshot", long)
     elif case == "apply-lib":
         with world.open() as led:
             before = tree(world.ws)
             with pytest.raises(LedgerError):  # refused at plan (check_relpath), or at apply
-                led.plan_step("nl", workspace="w", epoch=world.epoch, writes=[Write("d/" + long, b"x", None)])
-                led.apply("nl", epoch=world.epoch)
+                led.workspaces.plan_step("nl", workspace="w", epoch=world.epoch, writes=[Write("d/" + long, b"x", None)])
+                led.workspaces.apply("nl", epoch=world.epoch)
             assert changes(before, tree(world.ws)) == []
     elif case == "restore-lib":
         with world.open() as led, pytest.raises(InvalidInput):
-            led.restore("w", target, force=True)
+            led.workspaces.restore("w", target, force=True)
     else:
         run_cli(world.db, "--workspace", "w", "restore", "--to", target, "--force")
 
@@ -1958,15 +1958,15 @@ def test_wrong_typed_library_arguments_are_untyped(world: World) -> None:
     cases: list[tuple[str, Callable[[Ledger], Any]]] = [
         ("store data str", lambda led: led.store("open", 1, "o.txt", "text")),  # type: ignore[arg-type]
         ("store data None", lambda led: led.store("open", 1, "o.txt", None)),  # type: ignore[arg-type]
-        ("check_receipt list", lambda led: led.check_receipt([1])),  # type: ignore[arg-type]
-        ("check_receipt int", lambda led: led.check_receipt(5)),  # type: ignore[arg-type]
+        ("check_receipt list", lambda led: led.workspaces.check_receipt([1])),  # type: ignore[arg-type]
+        ("check_receipt int", lambda led: led.workspaces.check_receipt(5)),  # type: ignore[arg-type]
         ("verify expect_head int", lambda led: led.verify(expect_head=5)),  # type: ignore[arg-type]
         ("read after 2**100", lambda led: list(led.read(2**100))),
-        ("unsettled huge epoch", lambda led: led.unsettled("w", 2**100)),
-        ("settle huge epoch", lambda led: led.settle("w", 2**100)),
+        ("unsettled huge epoch", lambda led: led.workspaces.unsettled("w", 2**100)),
+        ("settle huge epoch", lambda led: led.workspaces.settle("w", 2**100)),
         ("delete_temp None", lambda led: led.blobs.delete_temp(None)),  # type: ignore[arg-type]
         ("append run bytes", lambda led: led.append(Planned(step=uid("t"), attempt=1, run=b"r"))),  # type: ignore[arg-type]
-        ("plan_step base_rev str", lambda led: led.plan_step(
+        ("plan_step base_rev str", lambda led: led.workspaces.plan_step(
             uid("t"), workspace="w", epoch=world.epoch, writes=[Write("q", b"q", None, "1")])),  # type: ignore[arg-type]
     ]
     failures = []
@@ -1999,7 +1999,7 @@ def test_a_retried_plan_is_not_validated(world: World, case: str) -> None:
             for step in (uid("fresh"), "s2"):  # s2 is in flight (applied, not published)
                 tried("json")
                 with pytest.raises(InvalidInput):
-                    led.plan_step(step, workspace="w", epoch=world.epoch, writes=writes)
+                    led.workspaces.plan_step(step, workspace="w", epoch=world.epoch, writes=writes)
     else:
         argv = ("--workspace", "w", "step", "plan", "--epoch", str(world.epoch), "-")
         for step in (uid("fresh"), "s2"):

@@ -28,8 +28,8 @@ def test_a_clean_protocol_run_has_no_breach(tmp_path: Path) -> None:
     w.commit("s1")
     w.human_through_steptrail("human")
     assert w.apply("s2") == "rejected:stale_rev"
-    w.ledger.compensate("s1", epoch=w.epoch)  # a conflict: the human moved the rev
-    w.ledger.acquire("w", "b", ttl_s=60, force=True)
+    w.ledger.workspaces.compensate("s1", epoch=w.epoch)  # a conflict: the human moved the rev
+    w.ledger.workspaces.acquire("w", "b", ttl_s=60, force=True)
     assert breaches(w) == []
     assert w.ledger.verify().ok
 
@@ -65,8 +65,8 @@ def test_i3_catches_a_compensation_that_ignores_the_rev(tmp_path: Path) -> None:
     w.apply("s1")
     w.commit("s1")
     w.human_through_steptrail("v0")
-    rev, _ = w.ledger.snapshot("w", "app.py")
-    ws_rev = w.ledger.workspace("w").rev
+    rev, _ = w.ledger.workspaces.snapshot("w", "app.py")
+    ws_rev = w.ledger.workspaces.get("w").rev
     w.ledger.append(Compensated(step="s1", attempt=1, run="run-1", workspace="w", epoch=w.epoch,
                                 rev=ws_rev + 1, restored=(Restored(path="app.py", rev=ws_rev + 1,
                                                                    digest=h("v0")),)))
@@ -77,8 +77,8 @@ def test_i3_catches_a_compensation_that_ignores_the_rev(tmp_path: Path) -> None:
 def test_i4_catches_an_executor_that_ignores_the_journal(tmp_path: Path) -> None:
     w = World(tmp_path)  # the plan uses the journal
     w.admit(w.write("s1", "v1", "v0"))
-    first = w.ledger.apply("s1", epoch=w.epoch)
-    assert w.ledger.apply("s1", 1, epoch=w.epoch).verdict == "deduped"  # the mechanism
+    first = w.ledger.workspaces.apply("s1", epoch=w.epoch)
+    assert w.ledger.workspaces.apply("s1", 1, epoch=w.epoch).verdict == "deduped"  # the mechanism
     # an executor that keys each apply by its result instead re-applies and records it
     w.ledger.append(Fenced(step="s1", attempt=1, run="run-1", workspace="w", epoch=w.epoch,
                            rev=2, journal=False,

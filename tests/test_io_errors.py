@@ -28,7 +28,7 @@ import pytest
 from ledger import Ledger, Planned
 from ledger.blobs import TMP_DIR, BlobStore
 from ledger.errors import LedgerError, StorageFailure
-from ledger.fences import StepPlan, Write
+from ledger.workspace.protocol import StepPlan, Write
 from ledger.gc import collect
 from ledger.runner import run_step
 
@@ -269,13 +269,13 @@ def test_regression_admit_retry_trusts_a_post_image_rename_that_is_not_durable(s
 
     def work(env: F.Env) -> None:
         led = env.open()
-        led.add_workspace("w", ws)
-        epoch = led.acquire("w", "agent", ttl_s=3600).epoch
+        led.workspaces.add("w", ws)
+        epoch = led.workspaces.acquire("w", "agent", ttl_s=3600).epoch
         env.disk.faults.append(F.Fault({"dirfsync"}, target=fan))
         with pytest.raises(StorageFailure):
-            led.admit("w", epoch, [plan])
-        led.admit("w", epoch, [plan])  # the retry
-        assert led.apply("wstep", epoch=epoch).verdict == "applied"
+            led.workspaces.admit("w", epoch, [plan])
+        led.workspaces.admit("w", epoch, [plan])  # the retry
+        assert led.workspaces.apply("wstep", epoch=epoch).verdict == "applied"
         led.publish("wstep")
         led.ack("wstep")
 
@@ -323,15 +323,15 @@ def test_regression_settled_apply_records_a_rename_never_made_durable(tmp_path) 
     led.blobs = BlobStore(led.blobs.root, ops)
     led._store.db.on_op = ops.trace.append  # interleave "commit" with the file operations
     try:
-        led.add_workspace("w", str(ws))
-        epoch = led.acquire("w", "agent", ttl_s=3600).epoch
-        led.admit("w", epoch, [StepPlan("s", [Write("app.py", b"v1",
+        led.workspaces.add("w", str(ws))
+        epoch = led.workspaces.acquire("w", "agent", ttl_s=3600).epoch
+        led.workspaces.admit("w", epoch, [StepPlan("s", [Write("app.py", b"v1",
                                                      hashlib.sha256(b"v0").hexdigest())])])
         with pytest.raises(StorageFailure):
-            led.apply("s", epoch=epoch)
+            led.workspaces.apply("s", epoch=epoch)
         assert (ws / "app.py").read_bytes() == b"v1"  # the rename happened
         mark = len(ops.trace)
-        result = led.apply("s", epoch=epoch)
+        result = led.workspaces.apply("s", epoch=epoch)
         assert result.verdict == "applied" and result.receipt.settled
         retry = ops.trace[mark:]
         last_commit = len(retry) - 1 - retry[::-1].index("commit")

@@ -295,13 +295,13 @@ def test_claim_works_with_the_ledger_inside_a_workspace(tmp_path: Path,
     repo.mkdir()
     monkeypatch.chdir(repo)
     ledger = Ledger.init(repo / ".steptrail" / "ledger.db")
-    ledger.add_workspace("repo", repo)
+    ledger.workspaces.add("repo", repo)
     saver = LedgerSaver(ledger)
     own = saver.claim("t1", "worker-a")
     checkpoint_at(saver, "t1", "x")
-    lease = ledger.lease(own.workspace)
+    lease = ledger.workspaces.lease(own.workspace)
     assert (lease.epoch, lease.holder, lease.live) == (1, "worker-a", True)
-    assert [w.name for w in ledger.workspaces()] == ["repo"]  # a lease, not a workspace
+    assert [w.name for w in ledger.workspaces.list()] == ["repo"]  # a lease, not a workspace
     # nothing on disk for it: not in the workspace, not beside the ledger, not in the cwd
     assert [p.name for p in repo.iterdir() if p.name != ".steptrail"] == []
     assert list(tmp_path.rglob("langgraph-owners")) == []

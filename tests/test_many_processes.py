@@ -116,7 +116,7 @@ def test_check_sees_an_effect_under_a_dead_epoch(kept_run: Any) -> None:
     root, results, rcs = kept_run
     path = os.path.join(root, stress.LEDGER)
     with Ledger.open(path) as led:
-        live = led.acquire(stress.CONTENDED, "control", ttl_s=60, force=True).epoch
+        live = led.workspaces.acquire(stress.CONTENDED, "control", ttl_s=60, force=True).epoch
         # what a broken guard would let through: a plan under an epoch that is dead
         led._append_unchecked(Planned(step="zombie-control", attempt=1, run="z",
                                       workspace=stress.CONTENDED, epoch=live - 1))
@@ -158,12 +158,12 @@ def _zombie_world(tmp_path: Path, *, apply_first: bool) -> tuple[Ledger, int]:
     ws.mkdir()
     (ws / "app.py").write_bytes(b"v0")
     led = Ledger.init(tmp_path / "ledger.db", clock=FakeClock())
-    led.add_workspace("w", str(ws))
-    dead = led.acquire("w", "loser", ttl_s=3600).epoch
-    led.admit("w", dead, [StepPlan("s1", [Write("app.py", b"v1", h(b"v0"), 0)])])
+    led.workspaces.add("w", str(ws))
+    dead = led.workspaces.acquire("w", "loser", ttl_s=3600).epoch
+    led.workspaces.admit("w", dead, [StepPlan("s1", [Write("app.py", b"v1", h(b"v0"), 0)])])
     if apply_first:
-        assert led.apply("s1", epoch=dead).verdict == "applied"
-    live = led.acquire("w", "winner", ttl_s=3600, force=True)
+        assert led.workspaces.apply("s1", epoch=dead).verdict == "applied"
+    live = led.workspaces.acquire("w", "winner", ttl_s=3600, force=True)
     assert live.settled == ("s1",) and led.step("s1").state == "compensated"
     return led, dead
 

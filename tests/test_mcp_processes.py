@@ -166,7 +166,7 @@ def test_servers_started_at_once_on_a_fresh_workspace(repo: Path) -> None:
                 tg.start_soon(client, n)
         assert sorted(p.name for p in repo.glob("c*.txt")) == [f"c{n}.txt" for n in range(4)]
         with Ledger.open(repo / ".steptrail" / "ledger.db", readonly=True) as led:
-            assert [w.name for w in led.workspaces()] == ["repo"]
+            assert [w.name for w in led.workspaces.list()] == ["repo"]
         verify_clean(repo)
 
     run(go)
@@ -186,7 +186,7 @@ def test_a_sigkilled_server_is_settled_by_the_next(repo: Path, tmp_path: Path,
     assert after_kill == ('print("v1")\n' if stage != "after-admit" else 'print("v0")\n')
     with Ledger.open(repo / ".steptrail" / "ledger.db", readonly=True) as led:
         state = led.step("mcp:repo:killed-1").state
-        assert led.lease("repo").live  # the dead server's lease
+        assert led.workspaces.lease("repo").live  # the dead server's lease
     assert state == {"after-admit": "planned", "after-commit": "acked"}[stage]
 
     async def go() -> None:

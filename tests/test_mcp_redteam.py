@@ -99,7 +99,7 @@ def one_line_error(r: Any) -> str:
 #: between two files of one multi-file change, a real kill, not an exception.
 KILLER = """
 import importlib, os, sys
-module, _, attr = os.environ.get("KILL_TARGET", "ledger.workdir:WorkspaceDir.land").partition(":")
+module, _, attr = os.environ.get("KILL_TARGET", "ledger.workspace.directory:WorkspaceDir.land").partition(":")
 cls_name, _, method = attr.partition(".")
 cls = getattr(importlib.import_module(module), cls_name)
 orig = getattr(cls, method)
@@ -118,7 +118,7 @@ main()
 
 @contextlib.asynccontextmanager
 async def killer_agent(repo: Path, kill_at_install: int,
-                       target: str = "ledger.workdir:WorkspaceDir.land") -> Any:
+                       target: str = "ledger.workspace.directory:WorkspaceDir.land") -> Any:
     params = StdioServerParameters(command=sys.executable, args=["-X", "utf8", "-c", KILLER],
                                    env=server_env(KILL_AT_INSTALL=str(kill_at_install),
                                                   KILL_WS=str(repo), KILL_TARGET=target))
@@ -698,8 +698,8 @@ def test_a_request_id_never_names_a_step_of_another_workspace(tmp_path: Path) ->
     other.mkdir()
     ledger_path = tmp_path / "ledger.db"
     with Ledger.init(ledger_path) as led:
-        led.add_workspace("app", str(app))
-        led.add_workspace("app:x", str(other))
+        led.workspaces.add("app", str(app))
+        led.workspaces.add("app:x", str(other))
 
     async def go() -> None:
         async with inprocess(["app", "app:x"], str(ledger_path)) as agent:
@@ -801,7 +801,7 @@ def test_reads_never_wait_for_the_lease(repo: Path) -> None:
         async with inprocess([str(repo)], lease_wait_s=2.0) as agent:
             await agent.ok("read_text_file", path="README.txt")
             with Ledger.open(ledger_of(repo)) as person:
-                lease = person.acquire("repo", holder="a-person", ttl_s=60)
+                lease = person.workspaces.acquire("repo", holder="a-person", ttl_s=60)
                 waited: list[float] = []
 
                 async def writer() -> None:
@@ -813,7 +813,7 @@ def test_reads_never_wait_for_the_lease(repo: Path) -> None:
                     started = time.monotonic()
                     await agent.ok("read_text_file", path="README.txt")
                     waited.append(time.monotonic() - started)
-                person.release("repo", lease.epoch)
+                person.workspaces.release("repo", lease.epoch)
             assert waited[0] < 0.5, f"the read waited {waited[0]:.1f}s for the lease"
 
     run(go)

@@ -13,7 +13,7 @@ import pytest
 from conftest import FakeClock
 
 from ledger import Ledger
-from ledger.fences import Write
+from ledger.workspace.protocol import Write
 from ledger.metrics import compute
 
 S = 1_000_000_000
@@ -31,17 +31,17 @@ class World:
         self.clock = FakeClock(step_ns=0)
         self.path = tmp / "ledger.db"
         self.ledger = Ledger.init(self.path, clock=self.clock)
-        self.ledger.add_workspace("w", str(self.dir))
+        self.ledger.workspaces.add("w", str(self.dir))
 
     def plan(self, step: str, epoch: int, path: str, new: str, pre: str | None,
              base: int | None = None) -> None:
-        assert self.ledger.plan_step(
+        assert self.ledger.workspaces.plan_step(
             step, workspace="w", epoch=epoch,
             writes=[Write(path, new.encode(), None if pre is None else h(pre), base)],
         ) is None
 
     def apply(self, step: str, epoch: int) -> str:
-        return self.ledger.apply(step, epoch=epoch).verdict
+        return self.ledger.workspaces.apply(step, epoch=epoch).verdict
 
 
 @pytest.fixture
@@ -67,19 +67,19 @@ def test_an_empty_ledger_has_no_numbers(world: World) -> None:
 def test_lease_outcomes_resume_times_checkpoint_age_and_drift(world: World) -> None:
     led, clock = world.ledger, world.clock
     t0 = clock.now
-    assert led.acquire("w", "a", ttl_s=60).epoch == 1          # expires t0+60
+    assert led.workspaces.acquire("w", "a", ttl_s=60).epoch == 1          # expires t0+60
     clock.advance(61)
-    assert led.acquire("w", "b", ttl_s=60).epoch == 2          # after e1's expiry: expired
+    assert led.workspaces.acquire("w", "b", ttl_s=60).epoch == 2          # after e1's expiry: expired
     clock.advance(5)
     world.plan("s1", 2, "app.py", "v1", "v0", base=0)          # drift 0 (ws rev 0)
     clock.advance(2)
     assert world.apply("s1", 2) == "applied"                   # e2 resumed after 7 s
-    led.release("w", 2)                                        # released before expiry
+    led.workspaces.release("w", 2)                                        # released before expiry
     clock.advance(1)
-    e3 = led.acquire("w", "c", ttl_s=100)                      # settles s1 (restored)
+    e3 = led.workspaces.acquire("w", "c", ttl_s=100)                      # settles s1 (restored)
     assert e3.epoch == 3 and e3.settled == ("s1",)
     clock.advance(10)
-    assert led.acquire("w", "d", ttl_s=100, force=True).epoch == 4  # e3 preempted, no apply
+    assert led.workspaces.acquire("w", "d", ttl_s=100, force=True).epoch == 4  # e3 preempted, no apply
     clock.advance(3)
     world.plan("s2", 4, "other.txt", "o", None)                # ws rev 2, base 0: drift 2
     assert world.apply("s2", 4) == "applied"                   # e4 resumed after 3 s
@@ -108,20 +108,20 @@ def test_lease_outcomes_resume_times_checkpoint_age_and_drift(world: World) -> N
 
 
 def test_a_lease_released_after_it_expired_counts_as_expired(world: World) -> None:
-    world.ledger.acquire("w", "a", ttl_s=10)
+    world.ledger.workspaces.acquire("w", "a", ttl_s=10)
     world.clock.advance(11)
-    world.ledger.release("w", 1)  # allowed: the latest epoch, given up late
+    world.ledger.workspaces.release("w", 1)  # allowed: the latest epoch, given up late
     le = compute(world.ledger).lease_expiration_rate
     assert (le.expired, le.released, le.rate) == (1, 0, 1.0)
 
 
 def test_heartbeats_move_the_expiry_a_takeover_is_judged_by(world: World) -> None:
     led, clock = world.ledger, world.clock
-    led.acquire("w", "a", ttl_s=10)
+    led.workspaces.acquire("w", "a", ttl_s=10)
     clock.advance(8)
-    led.heartbeat("w", 1, ttl_s=10)       # now expires at +18
+    led.workspaces.heartbeat("w", 1, ttl_s=10)       # now expires at +18
     clock.advance(9)                      # +17: live thanks to the heartbeat
-    led.acquire("w", "b", ttl_s=10, force=True)
+    led.workspaces.acquire("w", "b", ttl_s=10, force=True)
     le = compute(led).lease_expiration_rate
     assert (le.preempted, le.expired, le.live) == (1, 0, 1)
 
@@ -132,7 +132,7 @@ class Crash(Exception):
 
 def test_ambiguous_reconciliations_and_compensation_outcomes(world: World, tmp_path: Path) -> None:
     led = world.ledger
-    epoch = led.acquire("w", "agent", ttl_s=3600).epoch
+    epoch = led.workspaces.acquire("w", "agent", ttl_s=3600).epoch
 
     # 1. a crash between the rename and the fenced commit, settled on replay
     world.plan("s1", epoch, "app.py", "v1", "v0")
@@ -146,11 +146,11 @@ def test_ambiguous_reconciliations_and_compensation_outcomes(world: World, tmp_p
     crashing = Ledger.open(world.path, clock=world.clock, on_op=on_op)
     try:
         with pytest.raises(Crash):
-            crashing.apply("s1", epoch=epoch)
+            crashing.workspaces.apply("s1", epoch=epoch)
     finally:
         crashing.close()
     assert (world.dir / "app.py").read_text() == "v1" and led.step("s1").state == "planned"
-    result = led.apply("s1", epoch=epoch)
+    result = led.workspaces.apply("s1", epoch=epoch)
     assert result.verdict == "applied" and result.receipt is not None and result.receipt.settled
     led.publish("s1")
     led.ack("s1")
@@ -159,19 +159,19 @@ def test_ambiguous_reconciliations_and_compensation_outcomes(world: World, tmp_p
     world.plan("s2", epoch, "new.txt", "x", None)
     assert world.apply("s2", epoch) == "applied"
     (world.dir / "new.txt").unlink()
-    comp = led.compensate("s2", epoch=epoch, reason="undo")
+    comp = led.workspaces.compensate("s2", epoch=epoch, reason="undo")
     assert [r.outcome for r in comp.restored] == ["already"]
 
     # 3. a human edited the path since: a conflict, nothing overwritten
     world.plan("s3", epoch, "app.py", "v3", "v1")
     assert world.apply("s3", epoch) == "applied"
     (world.dir / "app.py").write_text("human")
-    comp = led.compensate("s3", epoch=epoch, reason="undo")
+    comp = led.workspaces.compensate("s3", epoch=epoch, reason="undo")
     assert [r.outcome for r in comp.restored] == ["conflict"]
 
     # 4. an artifact-only step's compensation has nothing to restore
     led.plan("report", artifacts=["out/r.txt"])
-    assert led.compensate("report", reason="not needed").restored == ()
+    assert led.workspaces.compensate("report", reason="not needed").restored == ()
 
     m = compute(led)
     am = m.ambiguous_reconciliations
@@ -185,7 +185,7 @@ def test_ambiguous_reconciliations_and_compensation_outcomes(world: World, tmp_p
 
 @pytest.mark.sqlite_only
 def test_metrics_are_read_only(world: World) -> None:
-    world.ledger.acquire("w", "a", ttl_s=10)
+    world.ledger.workspaces.acquire("w", "a", ttl_s=10)
     world.ledger.close()
     before = world.path.read_bytes()
     with Ledger.open(world.path, readonly=True, clock=world.clock) as ro:

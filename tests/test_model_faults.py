@@ -141,7 +141,7 @@ from ledger import (
 from ledger.blobs import BlobStore
 from ledger.gc import collect
 from ledger.projections.steps import ENDED
-from ledger.restore import committed_content
+from ledger.workspace.restore import committed_content
 from ledger.runner import run_step, run_step_wrong_order
 from ledger.witness import AnchorRefused, Witness, WitnessMismatch, WitnessMissing
 
@@ -282,9 +282,9 @@ def _tree(root: str) -> dict[str, bytes]:
 
 
 def _live_epoch(led: Ledger) -> int:
-    epoch = led.workspace("w").live_epoch(led.clock())
+    epoch = led.workspaces.get("w").live_epoch(led.clock())
     if epoch is None:  # the lease expired (time_passes): a new epoch, which settles the old
-        epoch = led.acquire("w", "agent", ttl_s=DAY).epoch
+        epoch = led.workspaces.acquire("w", "agent", ttl_s=DAY).epoch
     return epoch
 
 
@@ -315,14 +315,14 @@ def do_abandon(led: Ledger, op: Op) -> str:
     row = led.plan(op.step, run="r", artifacts=tuple(outputs))
     for path in sorted(outputs):
         led.store(op.step, row.attempt, path, outputs[path])
-    led.compensate(op.step, reason="abandoned")
+    led.workspaces.compensate(op.step, reason="abandoned")
     return "ended"
 
 
 def do_workspace(led: Ledger, op: Op) -> str:
     epoch = _live_epoch(led)
-    if led.unsettled("w", epoch):  # an acquire died while settling: settle, then new work
-        led.settle("w", epoch)
+    if led.workspaces.unsettled("w", epoch):  # an acquire died while settling: settle, then new work
+        led.workspaces.settle("w", epoch)
     # Admitted every time: a step in flight or committed is left as it is when the client
     # resends the plan recorded for it (a retried admission puts back a post-image file a
     # crash lost; another plan would be refused, PlanConflict), an ended or never
@@ -333,17 +333,17 @@ def do_workspace(led: Ledger, op: Op) -> str:
     if writes is None:
         writes = []
         for i, path in enumerate(op.args["paths"]):
-            rev, digest = led.snapshot("w", path)
+            rev, digest = led.workspaces.snapshot("w", path)
             content = op.args["content"]
             if content is None and digest is None:
                 content = 0  # nothing to delete: create it instead
             data = None if content is None else WS_CONTENT[(content + i) % len(WS_CONTENT)]
             writes.append(Write(path, data, digest, rev))
         op.args["plan"] = writes  # what a redelivery resends
-    led.admit("w", epoch, [StepPlan(op.step, writes, run="r")])
+    led.workspaces.admit("w", epoch, [StepPlan(op.step, writes, run="r")])
     row = led.step(op.step)
     if not row.live:
-        verdict = led.apply(op.step, epoch=epoch).verdict
+        verdict = led.workspaces.apply(op.step, epoch=epoch).verdict
         if verdict not in ("applied", "deduped"):
             return verdict  # the fence said no: an answer, the attempt ended
         led.publish(op.step)
@@ -356,13 +356,13 @@ def _permutation(led: Ledger, shape: str) -> list[Write]:
     """A step whose pre-images are its own post-images: app.py and b.txt swapped (b.txt
     created first when it is absent), or lib/new.txt moved to lib2/moved.txt and back."""
     if shape == "swap":
-        a, b = led.read_file("w", WS_PATH), led.read_file("w", SWAP_PATH)
+        a, b = led.workspaces.read_file("w", WS_PATH), led.workspaces.read_file("w", SWAP_PATH)
         if b.content is None:
             return [b.write(WS_CONTENT[1])]  # nothing to swap with yet: create it
         if a.content is None:
             return [a.write(b.content)]
         return [a.write(b.content), b.write(a.content)]
-    src, dst = led.read_file("w", NEW_PATH), led.read_file("w", MOVED_PATH)
+    src, dst = led.workspaces.read_file("w", NEW_PATH), led.workspaces.read_file("w", MOVED_PATH)
     if src.content is None and dst.content is None:
         return [src.write(WS_CONTENT[0])]  # nothing to move: create it
     if src.content is not None and dst.content is None:
@@ -393,7 +393,7 @@ def do_compensate(led: Ledger, op: Op) -> str:
     if planned and planned[0].workspace:
         kwargs["epoch"] = _live_epoch(led)
     try:
-        c = led.compensate(op.step, reason="model", **kwargs)
+        c = led.workspaces.compensate(op.step, reason="model", **kwargs)
     except IllegalTransition:
         return "refused"  # its latest attempt was rejected: nothing to end
     except CompensationWindowClosed:
@@ -412,7 +412,7 @@ def do_gc(led: Ledger, op: Op) -> str:
 
 
 def do_acquire(led: Ledger, op: Op) -> str:
-    lease = led.acquire("w", "agent", ttl_s=DAY, force=True)
+    lease = led.workspaces.acquire("w", "agent", ttl_s=DAY, force=True)
     op.args["epoch"] = lease.epoch
     return f"epoch {lease.epoch}" + (f" unsettled {list(lease.unsettled)}" if lease.unsettled else "")
 
@@ -425,10 +425,10 @@ def do_restore(led: Ledger, op: Op) -> str:
     recorded = any(r.event.root == target for r in led.read(kind="workspace-restored"))
     if not recorded:  # a retry after a restore cut before it was recorded: start it over
         shutil.rmtree(target, ignore_errors=True)
-        led.restore("w", target, force=True)
+        led.workspaces.restore("w", target, force=True)
     # (recorded: the cut call landed; a later restore may have moved the root on since,
     # and restoring into `target` again would be another call, not this one's retry)
-    lease = led.acquire("w", "agent", ttl_s=DAY, force=True)
+    lease = led.workspaces.acquire("w", "agent", ttl_s=DAY, force=True)
     return f"restored, epoch {lease.epoch}"
 
 
@@ -487,8 +487,8 @@ class LedgerModel(RuleBasedStateMachine):
         # (power loss inside init is test_power_loss's sweep)
         with Ledger.init(os.path.join(self._gdir(), "ledger.db"), clock=self.clock,
                          witness=self.witness) as led:
-            led.add_workspace("w", self.ws_dir)
-            self.acked_epoch = led.acquire("w", "agent", ttl_s=DAY).epoch
+            led.workspaces.add("w", self.ws_dir)
+            self.acked_epoch = led.workspaces.acquire("w", "agent", ttl_s=DAY).epoch
             self.acked_head = led.head()
         self.vfss: list[GuardedVFS] = []
         self.zombies: list[Ledger] = []
@@ -828,7 +828,7 @@ class LedgerModel(RuleBasedStateMachine):
 
     def _embedded(self) -> bool:
         assert self.led is not None
-        root = self.led.workspace("w").root
+        root = self.led.workspaces.get("w").root
         return self._gdir().startswith(root.rstrip("/") + "/")
 
     def _refused(self, what: str, call: Callable[[], Any], error: type[Exception],
@@ -861,15 +861,15 @@ class LedgerModel(RuleBasedStateMachine):
             files = [os.path.join(d, f) for d, _, fs in os.walk(os.path.join(gdir, "blobs"))
                      for f in fs]
             into = os.path.relpath(sorted(files)[0], gdir) if files else "blobs/ab/cd"
-        path = os.path.relpath(os.path.join(gdir, into), self.led.workspace("w").root)
+        path = os.path.relpath(os.path.join(gdir, into), self.led.workspaces.get("w").root)
         try:
             with open(os.path.join(gdir, into), "rb") as f:
                 pre: str | None = sha(f.read())
         except OSError:
             pre = None
-        epoch = self.led.workspace("w").epoch
+        epoch = self.led.workspaces.get("w").epoch
         self.history.append(f"hostile: plan writing {path}")
-        self._refused(f"ledger_write {path}", lambda: self.led.admit(  # type: ignore[union-attr]
+        self._refused(f"ledger_write {path}", lambda: self.led.workspaces.admit(  # type: ignore[union-attr]
             "w", epoch, [StepPlan(f"evil-{self.counters['evil']}", [Write(path, b"EVIL", pre)])]),
             PathForbidden, gdir)
         self.counters["evil"] += 1
@@ -882,7 +882,7 @@ class LedgerModel(RuleBasedStateMachine):
         a fence on hashes would pass. snapshot and admit refuse (WorkspaceMoved); the
         copy is untouched; then the root is put back."""
         assert self.led is not None
-        root = self.led.workspace("w").root
+        root = self.led.workspaces.get("w").root
         decoy, real = root + ".decoy", root + ".real"
         shutil.copytree(root, decoy, symlinks=True)
         os.rename(root, real)
@@ -897,11 +897,11 @@ class LedgerModel(RuleBasedStateMachine):
             with contextlib.suppress(OSError):
                 with open(os.path.join(decoy, WS_PATH), "rb") as f:
                     rev_hash[WS_PATH] = sha(f.read())
-            epoch = self.led.workspace("w").epoch
+            epoch = self.led.workspaces.get("w").epoch
             self._refused(f"root_swap {how} snapshot",
-                          lambda: self.led.snapshot("w", WS_PATH),  # type: ignore[union-attr]
+                          lambda: self.led.workspaces.snapshot("w", WS_PATH),  # type: ignore[union-attr]
                           WorkspaceMoved, decoy)
-            self._refused(f"root_swap {how} admit", lambda: self.led.admit(  # type: ignore[union-attr]
+            self._refused(f"root_swap {how} admit", lambda: self.led.workspaces.admit(  # type: ignore[union-attr]
                 "w", epoch, [StepPlan(f"evil-{self.counters['evil']}",
                                       [Write(WS_PATH, b"EVIL", rev_hash.get(WS_PATH))])]),
                 WorkspaceMoved, decoy)
@@ -1141,7 +1141,7 @@ class LedgerModel(RuleBasedStateMachine):
         for problem in F.i9_problems(led):
             self.fail(problem)
         # I5: epochs never go back
-        epoch = led.workspace("w").epoch
+        epoch = led.workspaces.get("w").epoch
         if epoch < self.acked_epoch:
             self.fail(f"epoch went back: {epoch} < acknowledged {self.acked_epoch}")
         # the byte audit
@@ -1154,7 +1154,7 @@ class LedgerModel(RuleBasedStateMachine):
             in_flight = [s for s in led.steps() if s.workspace == "w" and s.state not in ENDED
                          and not s.live]
             if not in_flight:
-                paths = led.workspace_paths("w")
+                paths = led.workspaces.paths("w")
                 left = _left_for_a_human(led)
                 # what restore would write is what the projection says (revision order,
                 # whatever order the steps published in), but where a conflict was left
@@ -1164,7 +1164,7 @@ class LedgerModel(RuleBasedStateMachine):
                         self.fail(f"{path}: restore's committed content is"
                                   f" {str(committed.get(path))[:12]}…, the projection's"
                                   f" {str(digest)[:12]}…")
-                root = led.workspace("w").root  # moved by a restore
+                root = led.workspaces.get("w").root  # moved by a restore
                 # app.py's v0 predates the ledger: a restore knows only what steps wrote
                 v0 = sha(V0) if root == self.ws_dir else None
                 for path, before in ((WS_PATH, v0), (NEW_PATH, None), (SWAP_PATH, None),
@@ -1483,7 +1483,7 @@ def _cut_between_renames_and_fenced_then(
             for r in state.led.read(kind=kind):
                 entries.extend((x.path, x.outcome) for x in
                                (r.event.undone if kind == "rejected" else r.event.restored))
-            root = state.led.workspace("w").root
+            root = state.led.workspaces.get("w").root
             created.append(os.path.exists(os.path.join(root, NEW_PATH)))
 
         state = replay(LedgerModel,

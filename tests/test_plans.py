@@ -82,10 +82,11 @@ def test_a_plan_file_that_is_not_a_regular_file_is_refused(tmp_path: pathlib.Pat
 
 
 class _Ledger:
-    """The one call `check_settled` makes: `Ledger.unsettled`."""
+    """The one call `check_settled` makes: `ledger.workspaces.unsettled`."""
 
     def __init__(self, pending: list[str]) -> None:
         self.pending, self.asked = pending, []
+        self.workspaces = self  # `ledger.workspaces`: this fake answers for both
 
     def unsettled(self, workspace: str, epoch: int) -> list[str]:
         self.asked.append((workspace, epoch))

@@ -60,7 +60,7 @@ def test_a_refused_demo_leaves_no_directory_behind(pg_url: str, tmp_path, monkey
     from ledger import Ledger
 
     with Ledger.init(pg_url) as led:
-        led.add_workspace("w", str(tmp_path))
+        led.workspaces.add("w", str(tmp_path))
     scratch = tmp_path / "tmp"
     scratch.mkdir()
     monkeypatch.setattr(tempfile, "tempdir", str(scratch))

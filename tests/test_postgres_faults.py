@@ -47,7 +47,7 @@ from ledger.errors import (
     LedgerError,
     ProtocolRefused,
 )
-from ledger.fences import StepPlan, Write
+from ledger.workspace.protocol import StepPlan, Write
 from ledger.store.postgres import PgStore
 
 psycopg = pytest.importorskip("psycopg")
@@ -586,7 +586,7 @@ def partitioned_worker(pg_url: str, proxy: PgProxy, tmp_path: Path, *,
         with pytest.raises(DatabaseUnavailable):  # A cannot renew: its lease runs out
             a.heartbeat("w", old, ttl_s=60)
         with pytest.raises(DatabaseUnavailable):  # nor reconnect
-            a.lease("w")
+            a.workspaces.lease("w")
         with pytest.raises(LeaseHeld):  # still live by the database's clock
             b.acquire("w", "worker-b", ttl_s=60)
         while b._store.now_ns() <= lease.expires_ns:
@@ -625,7 +625,7 @@ def partitioned_worker(pg_url: str, proxy: PgProxy, tmp_path: Path, *,
             assert b.head() == head and b.count() == count
             assert (ws / "app.py").read_bytes() == b"v0" and not (ws / "x.txt").exists()
             assert not (ws / "new.txt").exists()
-            assert b.lease("w").epoch == new.epoch and b.lease("w").live
+            assert b.workspaces.lease("w").epoch == new.epoch and b.workspaces.lease("w").live
             assert b.verify().ok
         return outcome
     finally:

@@ -49,10 +49,10 @@ def on_op(name):
 led = Ledger.open(url, on_op=on_op)
 epoch = int(sys.argv[5])
 try:
-    led.admit("w1", epoch, [StepPlan("a1", [
+    led.workspaces.admit("w1", epoch, [StepPlan("a1", [
         Write("a.txt", b"A's a\n", digest_of(b"a0\n")),
         Write("b.txt", b"A's b\n", digest_of(b"b0\n"))])])
-    out = led.apply("a1", epoch=epoch).verdict
+    out = led.workspaces.apply("a1", epoch=epoch).verdict
     print(json.dumps({"verdict": out}), flush=True)
 except Exception as exc:
     print(json.dumps({"error": type(exc).__name__, "message": str(exc)}), flush=True)
@@ -79,10 +79,10 @@ def test_a_frozen_writer_loses_its_session_and_the_fleet_goes_on(
     (w1 / "b.txt").write_bytes(b"b0\n")
     (w2 / "app.py").write_bytes(b"0\n")
     led = Ledger.init(pg_url, busy_timeout_ms=8000)
-    led.add_workspace("w1", str(w1))
-    led.add_workspace("w2", str(w2))
-    a_epoch = led.acquire("w1", "A", ttl_s=3600).epoch
-    b_epoch = led.acquire("w2", "B", ttl_s=3600).epoch
+    led.workspaces.add("w1", str(w1))
+    led.workspaces.add("w2", str(w2))
+    a_epoch = led.workspaces.acquire("w1", "A", ttl_s=3600).epoch
+    b_epoch = led.workspaces.acquire("w2", "B", ttl_s=3600).epoch
     child = subprocess.Popen(
         [sys.executable, "-c", CHILD, pg_url, stage, str(WRITE_IDLE_MS), str(CHAIN_IDLE_MS),
          str(a_epoch)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
@@ -106,7 +106,7 @@ def test_a_frozen_writer_loses_its_session_and_the_fleet_goes_on(
         assert max(waits) < (CHAIN_IDLE_MS + WRITE_IDLE_MS) / 1000 + 3, waits
         # a takeover of A's workspace succeeds within the write bound (A's workspace
         # lock goes with its session), and settles A's attempt
-        lease = led.acquire("w1", "B", ttl_s=3600, force=True)
+        lease = led.workspaces.acquire("w1", "B", ttl_s=3600, force=True)
         took = time.monotonic() - frozen_at
         assert lease.epoch > a_epoch
         assert took < WRITE_IDLE_MS / 1000 + 5, took

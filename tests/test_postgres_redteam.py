@@ -35,7 +35,7 @@ import pytest
 from ledger import Ledger
 from ledger.errors import IllegalTransition, LedgerError
 from ledger.events import Rejected
-from ledger.fences import StepPlan, Write
+from ledger.workspace.protocol import StepPlan, Write
 
 psycopg = pytest.importorskip("psycopg")
 
@@ -52,8 +52,8 @@ def _world(url: str, tmp: Path, names: tuple[str, ...] = ("w1", "w2")
         d = tmp / f"dir-{len(epochs)}"
         d.mkdir()
         (d / "app.py").write_text("v0")
-        led.add_workspace(name, str(d))
-        epochs[name] = led.acquire(name, "agent", ttl_s=3600).epoch
+        led.workspaces.add(name, str(d))
+        epochs[name] = led.workspaces.acquire(name, "agent", ttl_s=3600).epoch
     return led, epochs
 
 
@@ -70,7 +70,7 @@ def test_an_event_for_a_step_of_w1_naming_w2_does_not_slip_between_w1s_fence_and
     it, and the attempt reads as rejected (nothing applied)."""
     led, epochs = _world(pg_url, tmp_path)
     wsdir = tmp_path / "dir-0"
-    assert led.admit("w1", epochs["w1"], [StepPlan("s1", [Write("app.py", b"v1", h("v0"))])]) \
+    assert led.workspaces.admit("w1", epochs["w1"], [StepPlan("s1", [Write("app.py", b"v1", h("v0"))])]) \
         == [None]
     renamed, go = threading.Event(), threading.Event()
     seen: list[str] = []
@@ -87,7 +87,7 @@ def test_an_event_for_a_step_of_w1_naming_w2_does_not_slip_between_w1s_fence_and
 
     def apply() -> None:
         try:
-            out["apply"] = applier.apply("s1", epoch=epochs["w1"]).verdict
+            out["apply"] = applier.workspaces.apply("s1", epoch=epochs["w1"]).verdict
         except LedgerError as exc:
             out["apply"] = exc
 
@@ -178,7 +178,7 @@ def test_a_workspace_named_to_collide_with_the_ledger_lock_does_not_deadlock_its
         mine = Ledger.open(pg_url)
         try:
             while time.monotonic() < stop and not errors:
-                mine.heartbeat(name, epochs[name], ttl_s=3600)
+                mine.workspaces.heartbeat(name, epochs[name], ttl_s=3600)
         except BaseException as exc:  # noqa: BLE001
             errors.append(exc)
         finally:
@@ -210,7 +210,7 @@ def test_a_workspace_named_to_collide_with_the_gc_lock_is_not_blocked_by_a_colle
     try:
         with collector_lock(led):  # what `steptrail gc` holds while it runs
             try:
-                writer.heartbeat(name, epochs[name], ttl_s=3600)
+                writer.workspaces.heartbeat(name, epochs[name], ttl_s=3600)
                 outcome = "committed"
             except LedgerBusy as exc:
                 outcome = f"LedgerBusy: {exc}"
@@ -232,12 +232,12 @@ def test_a_restore_and_an_add_at_once_do_not_register_overlapping_roots(
     yet and commits; then the restore commits: w1's root contains w3's."""
     from ledger.errors import WorkspaceOverlap
     led, epochs = _world(pg_url, tmp_path, ("w1",))
-    assert led.admit("w1", epochs["w1"], [StepPlan("s1", [Write("sub/x.py", b"x1", None)])]) \
+    assert led.workspaces.admit("w1", epochs["w1"], [StepPlan("s1", [Write("sub/x.py", b"x1", None)])]) \
         == [None]
-    assert led.apply("s1", epoch=epochs["w1"]).verdict == "applied"
+    assert led.workspaces.apply("s1", epoch=epochs["w1"]).verdict == "applied"
     led.publish("s1")
     led.ack("s1")
-    led.release("w1", epochs["w1"])
+    led.workspaces.release("w1", epochs["w1"])
     target = tmp_path / "restored"
     writing, go = threading.Event(), threading.Event()
 
@@ -251,7 +251,7 @@ def test_a_restore_and_an_add_at_once_do_not_register_overlapping_roots(
 
     def restore() -> None:
         try:
-            out["restore"] = restorer.restore("w1", str(target)).seq
+            out["restore"] = restorer.workspaces.restore("w1", str(target)).seq
         except LedgerError as exc:
             out["restore"] = exc
 
@@ -261,7 +261,7 @@ def test_a_restore_and_an_add_at_once_do_not_register_overlapping_roots(
         assert writing.wait(20)
         assert (target / "sub").is_dir()
         try:
-            led.add_workspace("w3", str(target / "sub"))
+            led.workspaces.add("w3", str(target / "sub"))
             out["add"] = "added"
         except WorkspaceOverlap as exc:
             out["add"] = exc
@@ -269,7 +269,7 @@ def test_a_restore_and_an_add_at_once_do_not_register_overlapping_roots(
         go.set()
         t.join(30)
     try:
-        roots = {r.name: r.root for r in led.workspaces()}
+        roots = {r.name: r.root for r in led.workspaces.list()}
         inside = [(a, b) for a in roots for b in roots if a != b
                   and roots[b].startswith(roots[a].rstrip("/") + "/")]
         assert inside == [], (roots, out)
@@ -302,7 +302,7 @@ def test_a_fence_whose_session_was_killed_does_not_delete_after_the_next_epoch_s
     wsdir = tmp_path / "dir-0"
     (wsdir / "old.py").write_text("old")
     plan = StepPlan("s1", [Write("app.py", b"v1", h("v0")), Write("old.py", None, h("old"))])
-    assert led.admit("w1", epochs["w1"], [plan]) == [None]
+    assert led.workspaces.admit("w1", epochs["w1"], [plan]) == [None]
     paused, go = threading.Event(), threading.Event()
     seen: list[str] = []
     pid: list[int] = []
@@ -321,7 +321,7 @@ def test_a_fence_whose_session_was_killed_does_not_delete_after_the_next_epoch_s
 
     def apply() -> None:
         try:
-            out["apply"] = worker.apply("s1", epoch=epochs["w1"]).verdict
+            out["apply"] = worker.workspaces.apply("s1", epoch=epochs["w1"]).verdict
         except LedgerError as exc:
             out["apply"] = exc
 
@@ -331,7 +331,7 @@ def test_a_fence_whose_session_was_killed_does_not_delete_after_the_next_epoch_s
     try:
         assert paused.wait(20)
         _terminate(pg_url, pid[0])
-        lease = rescuer.acquire("w1", "rescuer", ttl_s=3600, force=True)
+        lease = rescuer.workspaces.acquire("w1", "rescuer", ttl_s=3600, force=True)
         assert lease.settled == ("s1",)
         assert (wsdir / "app.py").read_text() == "v0"  # put back by the settling
         assert (wsdir / "old.py").read_text() == "old"
@@ -360,7 +360,7 @@ def test_a_killed_session_frees_its_workspace_and_the_retry_answers(
     from ledger.errors import DatabaseUnavailable
     from ledger.invariants import check
     led, epochs = _world(pg_url, tmp_path)
-    assert led.admit("w1", epochs["w1"], [StepPlan("s1", [Write("app.py", b"v1", h("v0"))])]) \
+    assert led.workspaces.admit("w1", epochs["w1"], [StepPlan("s1", [Write("app.py", b"v1", h("v0"))])]) \
         == [None]
     paused, go = threading.Event(), threading.Event()
     seen: list[str] = []
@@ -380,7 +380,7 @@ def test_a_killed_session_frees_its_workspace_and_the_retry_answers(
 
     def apply() -> None:
         try:
-            out["apply"] = worker.apply("s1", epoch=epochs["w1"]).verdict
+            out["apply"] = worker.workspaces.apply("s1", epoch=epochs["w1"]).verdict
         except LedgerError as exc:
             out["apply"] = exc
 
@@ -390,9 +390,9 @@ def test_a_killed_session_frees_its_workspace_and_the_retry_answers(
     try:
         assert paused.wait(20)
         started = time.monotonic()
-        assert other.admit("w2", epochs["w2"], [StepPlan("t1", [Write("app.py", b"x", h("v0"))])]) \
+        assert other.workspaces.admit("w2", epochs["w2"], [StepPlan("t1", [Write("app.py", b"x", h("v0"))])]) \
             == [None]
-        assert other.apply("t1", epoch=epochs["w2"]).verdict == "applied"
+        assert other.workspaces.apply("t1", epoch=epochs["w2"]).verdict == "applied"
         other.publish("t1")
         other.ack("t1")
         assert time.monotonic() - started < 4  # w2 never waited for w1's stalled builder
@@ -405,10 +405,10 @@ def test_a_killed_session_frees_its_workspace_and_the_retry_answers(
         # its session ended inside the builder: what it had exchanged went back (a
         # takeover may own the files by now), and the retry applies anew
         assert (tmp_path / "dir-0" / "app.py").read_bytes() == b"v0"
-        again = worker.apply("s1", epoch=epochs["w1"])
+        again = worker.workspaces.apply("s1", epoch=epochs["w1"])
         assert again.verdict == "applied" and again.receipt is not None
         assert not again.receipt.settled
-        assert worker.apply("s1", epoch=epochs["w1"]).verdict == "deduped"
+        assert worker.workspaces.apply("s1", epoch=epochs["w1"]).verdict == "deduped"
         worker.publish("s1")
         worker.ack("s1")
         report = led.verify()
@@ -517,7 +517,7 @@ _WORKER = r'''
 import json, sys, time, traceback, os
 sys.path.insert(0, {root!r})
 from ledger import Ledger
-from ledger.fences import StepPlan
+from ledger.workspace.protocol import StepPlan
 from ledger.gc.collector import collect
 
 def pool(i):
@@ -537,13 +537,13 @@ try:
         i = 0
         while time.monotonic() < deadline:
             step = f"{{name}}-s{{i}}"
-            read = led.read_file(name, "app.py")
+            read = led.workspaces.read_file(name, "app.py")
             plan = StepPlan(step, [read.write(pool(i))], run=name)
-            assert led.admit(name, epoch, [plan]) == [None]
-            verdict = led.apply(step, epoch=epoch).verdict
+            assert led.workspaces.admit(name, epoch, [plan]) == [None]
+            verdict = led.workspaces.apply(step, epoch=epoch).verdict
             assert verdict == "applied", verdict
             if i % 3 == 2:
-                led.compensate(step, epoch=epoch, reason="undo")
+                led.workspaces.compensate(step, epoch=epoch, reason="undo")
             else:
                 led.publish(step)
                 led.ack(step)
@@ -555,13 +555,13 @@ try:
             collect(led, grace_s=0, force=True, wait=True)
             d = os.path.join({tmp!r}, f"extra{{k}}")
             os.mkdir(d)
-            led.add_workspace(f"extra{{k}}", d)
+            led.workspaces.add(f"extra{{k}}", d)
             step = f"g{{k}}"
             led.plan(step)
             led.store(step, 1, "x.bin", pool(k))
-            led.compensate(step, reason="gc fodder")
+            led.workspaces.compensate(step, reason="gc fodder")
             for ws, ep in (("w1", 1), ("w2", 1)):
-                led.settle(ws, ep)
+                led.workspaces.settle(ws, ep)
             out["steps"] += 1
             k += 1
         collect(led, grace_s=0, force=True, wait=True)
@@ -632,10 +632,10 @@ def test_replan_pins_its_post_image_before_a_collector_can_take_it(
     led, epochs = _world(pg_url, tmp_path, ("w1",))
     wsdir = tmp_path / "dir-0"
     post = b"new content " * 8000  # ~94 KiB: chunk rows
-    assert led.admit("w1", epochs["w1"], [StepPlan("s1", [Write("app.py", post, h("v0"))])]) \
+    assert led.workspaces.admit("w1", epochs["w1"], [StepPlan("s1", [Write("app.py", post, h("v0"))])]) \
         == [None]
     (wsdir / "app.py").write_text("someone else")
-    assert led.apply("s1", epoch=epochs["w1"]).verdict == "rejected:pre_hash"
+    assert led.workspaces.apply("s1", epoch=epochs["w1"]).verdict == "rejected:pre_hash"
     (wsdir / "app.py").write_text("v0")  # put back: the plan's pre-image holds again
     collector = Ledger.open(pg_url)
     replanner = Ledger.open(pg_url)
@@ -651,12 +651,12 @@ def test_replan_pins_its_post_image_before_a_collector_can_take_it(
 
     files.put_stream = put_stream
     try:
-        attempt = replanner.replan("s1", epoch=epochs["w1"])
+        attempt = replanner.workspaces.replan("s1", epoch=epochs["w1"])
         assert attempt == 2
         assert collected and collected[0] >= 0
         assert led.storage.view.blob_size(h(post)) is not None, \
             "the replanned attempt's pinned post-image was collected"
-        assert led.apply("s1", epoch=epochs["w1"]).verdict == "applied"
+        assert led.workspaces.apply("s1", epoch=epochs["w1"]).verdict == "applied"
     finally:
         files.put_stream = real_put
         replanner.close()
@@ -678,8 +678,8 @@ def test_a_fence_whose_session_was_killed_does_not_rename_over_a_later_committed
     (wsdir / "a.py").write_text("a0")
     epoch = epochs["w1"]
     s1 = StepPlan("s1", [Write("a.py", b"a1", h("a0")), Write("app.py", b"v1", h("v0"))])
-    assert led.admit("w1", epoch, [s1]) == [None]
-    assert led.admit("w1", epoch, [StepPlan("s2", [Write("app.py", b"s2", h("v0"))])]) == [None]
+    assert led.workspaces.admit("w1", epoch, [s1]) == [None]
+    assert led.workspaces.admit("w1", epoch, [StepPlan("s2", [Write("app.py", b"s2", h("v0"))])]) == [None]
     paused, go = threading.Event(), threading.Event()
     seen: list[str] = []
     pid: list[int] = []
@@ -698,7 +698,7 @@ def test_a_fence_whose_session_was_killed_does_not_rename_over_a_later_committed
 
     def apply() -> None:
         try:
-            out["apply"] = worker.apply("s1", epoch=epoch).verdict
+            out["apply"] = worker.workspaces.apply("s1", epoch=epoch).verdict
         except LedgerError as exc:
             out["apply"] = exc
 
@@ -709,7 +709,7 @@ def test_a_fence_whose_session_was_killed_does_not_rename_over_a_later_committed
         assert paused.wait(20)
         if how == "terminated":
             _terminate(pg_url, pid[0])
-        assert other.apply("s2", epoch=epoch).verdict == "applied"
+        assert other.workspaces.apply("s2", epoch=epoch).verdict == "applied"
         other.publish("s2")
         other.ack("s2")
         assert (wsdir / "app.py").read_text() == "s2"
@@ -718,7 +718,7 @@ def test_a_fence_whose_session_was_killed_does_not_rename_over_a_later_committed
         t.join(30)
     try:
         assert isinstance(out["apply"], LedgerError), out  # the append met the ended session
-        committed = other.workspace_paths("w1")["app.py"][1]
+        committed = other.workspaces.paths("w1")["app.py"][1]
         assert committed == h("s2")
         assert (wsdir / "app.py").read_text() == "s2", \
             "the killed worker renamed s1's app.py over s2's committed one"
@@ -737,7 +737,7 @@ def test_a_builder_slower_than_the_idle_timeout_keeps_its_workspaces_lock(
     monkeypatch.setattr(pg, "IDLE_IN_TRANSACTION_MS", 1000)
     led, epochs = _world(pg_url, tmp_path, ("w1",))
     epoch = epochs["w1"]
-    assert led.admit("w1", epoch, [StepPlan("s1", [Write("app.py", b"v1", h("v0"))])]) == [None]
+    assert led.workspaces.admit("w1", epoch, [StepPlan("s1", [Write("app.py", b"v1", h("v0"))])]) == [None]
     slept: list[str] = []
 
     def on_op(name: str) -> None:
@@ -747,7 +747,7 @@ def test_a_builder_slower_than_the_idle_timeout_keeps_its_workspaces_lock(
 
     worker = Ledger.open(pg_url, on_op=on_op)
     try:
-        assert worker.apply("s1", epoch=epoch).verdict == "applied"
+        assert worker.workspaces.apply("s1", epoch=epoch).verdict == "applied"
         assert worker.verify().ok
     finally:
         worker.close()
@@ -784,7 +784,7 @@ def test_a_stalled_builder_of_w1_and_a_queued_registration_do_not_stop_w2(
     commits at once, and the registration gets its turn when w1's apply is done."""
     from ledger.errors import LedgerBusy
     led, epochs = _world(pg_url, tmp_path)
-    assert led.admit("w1", epochs["w1"], [StepPlan("s1", [Write("app.py", b"v1", h("v0"))])]) \
+    assert led.workspaces.admit("w1", epochs["w1"], [StepPlan("s1", [Write("app.py", b"v1", h("v0"))])]) \
         == [None]
     paused, go = threading.Event(), threading.Event()
     seen: list[str] = []
@@ -807,10 +807,10 @@ def test_a_stalled_builder_of_w1_and_a_queued_registration_do_not_stop_w2(
         except LedgerError as exc:
             out[name] = exc
 
-    ta = threading.Thread(target=run, args=("apply", lambda: worker.apply(
+    ta = threading.Thread(target=run, args=("apply", lambda: worker.workspaces.apply(
         "s1", epoch=epochs["w1"]).verdict))
     ta.start()
-    tg = threading.Thread(target=run, args=("add", lambda: registrar.add_workspace(
+    tg = threading.Thread(target=run, args=("add", lambda: registrar.workspaces.add(
         "w9", str(tmp_path / "w9")).name))
     try:
         assert paused.wait(20)
@@ -825,7 +825,7 @@ def test_a_stalled_builder_of_w1_and_a_queued_registration_do_not_stop_w2(
             else:
                 raise AssertionError("the registration never asked for the ledger lock")
         try:
-            w2.heartbeat("w2", epochs["w2"], ttl_s=3600)
+            w2.workspaces.heartbeat("w2", epochs["w2"], ttl_s=3600)
             out["w2"] = "committed"
         except LedgerBusy as exc:
             out["w2"] = exc

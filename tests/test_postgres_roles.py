@@ -32,7 +32,7 @@ from ledger.errors import (
     EnvironmentFailure,
     NotALedger,
 )
-from ledger.fences import StepPlan, Write
+from ledger.workspace.protocol import StepPlan, Write
 from ledger.gc import audit, collect
 from ledger.seal import seal_run
 from ledger.store.postgres.schema import TABLES
@@ -143,14 +143,14 @@ def test_a_worker_runs_the_whole_workload_with_only_those_grants(
     (ws / "app.py").write_text("v0")
     clock = FakeClock(start_ns=FakeClock().now + 10**12)  # after the admin's init
     with Ledger.open(worker, clock=clock) as led:
-        led.add_workspace("w", str(ws))
-        epoch = led.acquire("w", "agent", ttl_s=3600).epoch
-        led.heartbeat("w", epoch, ttl_s=3600)
+        led.workspaces.add("w", str(ws))
+        epoch = led.workspaces.acquire("w", "agent", ttl_s=3600).epoch
+        led.workspaces.heartbeat("w", epoch, ttl_s=3600)
 
         # a fenced step that writes a file, published and acked
-        led.admit("w", epoch, [StepPlan("s1", [Write("app.py", b"v1", h("v0"), None)],
+        led.workspaces.admit("w", epoch, [StepPlan("s1", [Write("app.py", b"v1", h("v0"), None)],
                                         run="run-1")])
-        assert led.apply("s1", epoch=epoch).verdict == "applied"
+        assert led.workspaces.apply("s1", epoch=epoch).verdict == "applied"
         assert (ws / "app.py").read_text() == "v1"
         led.publish("s1")
         led.ack("s1")
@@ -170,11 +170,11 @@ def test_a_worker_runs_the_whole_workload_with_only_those_grants(
                                 (h(SMALL),)).fetchone()[0] == 1
 
         # another fenced step, compensated: the file goes back
-        led.admit("w", epoch, [StepPlan("s2", [Write("app.py", b"v2", h("v1"), None)],
+        led.workspaces.admit("w", epoch, [StepPlan("s2", [Write("app.py", b"v2", h("v1"), None)],
                                         run="run-1")])
-        assert led.apply("s2", epoch=epoch).verdict == "applied"
+        assert led.workspaces.apply("s2", epoch=epoch).verdict == "applied"
         assert (ws / "app.py").read_text() == "v2"
-        comp = led.compensate("s2", epoch=epoch, reason="tests failed")
+        comp = led.workspaces.compensate("s2", epoch=epoch, reason="tests failed")
         assert [r.outcome for r in comp.restored] == ["restored"]
         assert (ws / "app.py").read_text() == "v1"
 
@@ -183,7 +183,7 @@ def test_a_worker_runs_the_whole_workload_with_only_those_grants(
         row = led.plan("orphan", artifacts=["o.bin", "o.txt"])
         led.store("orphan", row.attempt, "o.bin", orphan_big)
         led.store("orphan", row.attempt, "o.txt", orphan_small)
-        led.compensate("orphan", row.attempt, reason="abandoned")
+        led.workspaces.compensate("orphan", row.attempt, reason="abandoned")
         clock.advance(10)
         report = collect(led, grace_s=0, force=True)
         gone = {r.event.digest for r in led.read(kind="blob-collected")}
@@ -203,7 +203,7 @@ def test_a_worker_runs_the_whole_workload_with_only_those_grants(
         assert steps == 4
         assert led.step("s1").state == "acked" and led.step("art").state == "acked"
         assert led.verify().ok
-        led.release("w", epoch)
+        led.workspaces.release("w", epoch)
 
     out = run_cli(["--ledger", worker, "verify"])
     assert out.code == 0, out

@@ -293,7 +293,7 @@ def test_regression_gc_records_a_collection_that_is_not_durable(scratch: str) ->
         led = env.open()
         row = led.plan("doomed", artifacts=("x.bin",))
         led.store("doomed", row.attempt, "x.bin", big)
-        led.compensate("doomed")
+        led.workspaces.compensate("doomed")
         env.disk.faults.append(F.Fault({"dirfsync"}, target=fan))  # the unlink's dir fsync
         with pytest.raises(StorageFailure):
             collect(led, grace_s=0, force=True)

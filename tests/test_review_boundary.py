@@ -173,11 +173,11 @@ class Embedded:
         if witness:
             opts["witness"] = str(self.ws / "witness")
         self.led = Ledger.init(self.path, clock=self.clock, **opts)
-        self.led.add_workspace("w", str(self.ws))
-        self.epoch = self.led.acquire("w", "a", 3600).epoch
+        self.led.workspaces.add("w", str(self.ws))
+        self.epoch = self.led.workspaces.acquire("w", "a", 3600).epoch
 
     def admit(self, step: str, path: str, data: bytes | None, pre: str | None) -> None:
-        self.led.admit("w", self.epoch, [StepPlan(step, [Write(path, data, pre)])])
+        self.led.workspaces.admit("w", self.epoch, [StepPlan(step, [Write(path, data, pre)])])
 
 
 @pytest.mark.parametrize("path", [
@@ -221,10 +221,10 @@ def test_the_ledger_directory_moved_between_admit_and_apply_is_refused_by_identi
     before = (w.ws / "logs" / "ledger.db").read_bytes()
     with Ledger.open(w.ws / "logs" / "ledger.db", clock=w.clock) as led:
         with pytest.raises(PathForbidden, match="ledger"):
-            led.apply("late", epoch=w.epoch)
+            led.workspaces.apply("late", epoch=w.epoch)
         assert led.verify().ok
         # a compensation of it (and so settling) never writes there either
-        c = led.compensate("late", epoch=w.epoch, reason="refused")
+        c = led.workspaces.compensate("late", epoch=w.epoch, reason="refused")
         assert [r.outcome for r in c.restored] in ([], ["conflict"])
     assert (w.ws / "logs" / "ledger.db").read_bytes()[:16] == before[:16]
     with Ledger.open(w.ws / "logs" / "ledger.db", readonly=True) as led:
@@ -234,15 +234,15 @@ def test_the_ledger_directory_moved_between_admit_and_apply_is_refused_by_identi
 def test_restore_never_writes_into_the_ledger(tmp_path: Path) -> None:
     w = Embedded(tmp_path)
     w.admit("s1", "app.py", b"v1\n", digest_of(b"v0\n"))
-    r = w.led.apply("s1", epoch=w.epoch)
+    r = w.led.workspaces.apply("s1", epoch=w.epoch)
     w.led.publish("s1", receipt=r.receipt)
     blobs = w.ws / ".steptrail" / "blobs"
     before = tree(w.ws / ".steptrail")
     for target in (blobs / "restored", w.ws / ".steptrail"):
         with pytest.raises(InvalidInput):
-            w.led.restore("w", target, force=True)
+            w.led.workspaces.restore("w", target, force=True)
     assert tree(w.ws / ".steptrail").keys() == before.keys()
-    report = w.led.restore("w", tmp_path / "fresh", force=True)
+    report = w.led.workspaces.restore("w", tmp_path / "fresh", force=True)
     assert report.paths == 1
 
 
@@ -261,8 +261,8 @@ class Swap:
         self.victim.mkdir()
         (self.victim / "conf").write_bytes(b"the victim's\n")
         self.led = Ledger.init(tmp_path / "led" / "ledger.db", clock=FakeClock())
-        self.led.add_workspace("w", str(self.root))
-        self.epoch = self.led.acquire("w", "a", 3600).epoch
+        self.led.workspaces.add("w", str(self.root))
+        self.epoch = self.led.workspaces.acquire("w", "a", 3600).epoch
 
     def to_symlink(self) -> None:
         os.rename(self.root, self.agent / "ws.real")
@@ -275,7 +275,7 @@ class Swap:
 
     def plan(self, step: str) -> None:
         pre = digest_of(b"the victim's\n")
-        self.led.admit("w", self.epoch, [StepPlan(step, [Write("conf", b"EVIL\n", pre)])])
+        self.led.workspaces.admit("w", self.epoch, [StepPlan(step, [Write("conf", b"EVIL\n", pre)])])
 
 
 @pytest.mark.parametrize("swap", ["to_symlink", "to_directory"])
@@ -286,7 +286,7 @@ def test_a_root_swapped_before_the_plan_is_refused_at_admit(tmp_path: Path, swap
     with pytest.raises(WorkspaceMoved, match="--rebind"):
         s.plan("evil")
     with pytest.raises(WorkspaceMoved):
-        s.led.snapshot("w", "conf")
+        s.led.workspaces.snapshot("w", "conf")
     assert s.led.head().seq == seq
     assert (s.victim / "conf").read_bytes() == b"the victim's\n"
 
@@ -295,18 +295,18 @@ def test_a_root_swapped_before_the_plan_is_refused_at_admit(tmp_path: Path, swap
 def test_a_root_swapped_between_plan_and_apply_is_refused_at_apply(tmp_path: Path,
                                                                     swap: str) -> None:
     s = Swap(tmp_path)
-    s.led.admit("w", s.epoch, [StepPlan("evil", [Write("conf", b"EVIL\n",
+    s.led.workspaces.admit("w", s.epoch, [StepPlan("evil", [Write("conf", b"EVIL\n",
                                                        digest_of(b"mine\n"))])])
     getattr(s, swap)()
     (s.victim / "conf").write_bytes(b"mine\n")  # the victim even holds the planned pre-image
     with pytest.raises(WorkspaceMoved):
-        s.led.apply("evil", epoch=s.epoch)
+        s.led.workspaces.apply("evil", epoch=s.epoch)
     assert (s.victim / "conf").read_bytes() == b"mine\n"
     assert s.led.step("evil").state == "planned"
     # settling (a new epoch) refuses as well and records nothing about the files
     seq = s.led.head().seq
     with pytest.raises(WorkspaceMoved):
-        s.led.compensate("evil", epoch=s.epoch, reason="x")
+        s.led.workspaces.compensate("evil", epoch=s.epoch, reason="x")
     assert s.led.head().seq == seq
     assert s.led.verify().ok
 
@@ -351,7 +351,7 @@ def test_a_symlinked_ancestor_of_the_root_is_refused(tmp_path: Path) -> None:
     os.rename(s.agent, tmp_path / "agent.real")
     os.symlink(tmp_path / "agent.real", s.agent)
     with pytest.raises(WorkspaceMoved, match="symlink"):
-        s.led.snapshot("w", "conf")
+        s.led.workspaces.snapshot("w", "conf")
 
 
 def test_a_workspace_without_a_recorded_identity_keeps_working_and_obtains_one(
@@ -363,22 +363,22 @@ def test_a_workspace_without_a_recorded_identity_keeps_working_and_obtains_one(
     root.mkdir()
     led = Ledger.init(tmp_path / "ledger.db", clock=FakeClock())
     led.append(WorkspaceAdded(workspace="w", root=str(root)))  # an old ledger's event
-    assert led.registration("w").identity is None
-    epoch = led.acquire("w", "a", 3600).epoch
-    led.admit("w", epoch, [StepPlan("s1", [Write("a.txt", b"1", None)])])
-    assert led.apply("s1", epoch=epoch).verdict == "applied"
+    assert led.workspaces.registration("w").identity is None
+    epoch = led.workspaces.acquire("w", "a", 3600).epoch
+    led.workspaces.admit("w", epoch, [StepPlan("s1", [Write("a.txt", b"1", None)])])
+    assert led.workspaces.apply("s1", epoch=epoch).verdict == "applied"
     seq = led.head().seq
-    led.add_workspace("w", str(root))
+    led.workspaces.add("w", str(root))
     assert led.head().seq == seq
     os.rename(root, tmp_path / "ws.real")
     os.symlink(tmp_path / "ws.real", root)
     with pytest.raises(WorkspaceMoved):
-        led.snapshot("w", "a.txt")
+        led.workspaces.snapshot("w", "a.txt")
     os.unlink(root)
     os.rename(tmp_path / "ws.real", root)
-    led.add_workspace("w", str(root), rebind=True)
+    led.workspaces.add("w", str(root), rebind=True)
     st = os.stat(root)
-    assert led.registration("w").identity == (st.st_dev, st.st_ino)
+    assert led.workspaces.registration("w").identity == (st.st_dev, st.st_ino)
     kinds = [r.kind for r in led.read()]
     assert kinds[-1] == "workspace-rebound"
     assert led.verify().ok
@@ -389,20 +389,20 @@ def test_rebind_is_recorded_and_conflicts_are_refused(tmp_path: Path) -> None:
     a.mkdir()
     b.mkdir()
     led = Ledger.init(tmp_path / "l" / "ledger.db", clock=FakeClock())
-    led.add_workspace("w", str(a))
+    led.workspaces.add("w", str(a))
     with pytest.raises(InvalidInput, match="--rebind"):
-        led.add_workspace("w", str(b))
+        led.workspaces.add("w", str(b))
     with pytest.raises(InvalidInput, match="never added"):
-        led.add_workspace("x", str(b), rebind=True)
-    led.add_workspace("w", str(b), rebind=True)
-    led.add_workspace("w", str(a), rebind=True)  # back: a new registration, not a replay
+        led.workspaces.add("x", str(b), rebind=True)
+    led.workspaces.add("w", str(b), rebind=True)
+    led.workspaces.add("w", str(a), rebind=True)  # back: a new registration, not a replay
     rebound = [r.event for r in led.read(kind="workspace-rebound")]
     assert [e.root for e in rebound] == [str(b), str(a)]
     assert all(isinstance(e, WorkspaceRebound) for e in rebound)
-    assert led.workspace("w").root == str(a)
-    assert led.registration("w").root == str(a)
+    assert led.workspaces.get("w").root == str(a)
+    assert led.workspaces.registration("w").root == str(a)
     led.rebuild()
-    assert led.workspace("w").root == str(a)
+    assert led.workspaces.get("w").root == str(a)
     assert led.verify().ok
 
 
@@ -410,23 +410,23 @@ def test_restore_records_the_new_roots_identity(tmp_path: Path) -> None:
     root = tmp_path / "ws"
     root.mkdir()
     led = Ledger.init(tmp_path / "l" / "ledger.db", clock=FakeClock())
-    led.add_workspace("w", str(root), allow_git=True)
-    epoch = led.acquire("w", "a", 3600).epoch
-    led.admit("w", epoch, [StepPlan("s1", [Write("x", b"1", None)])])
-    led.publish("s1", receipt=led.apply("s1", epoch=epoch).receipt)
-    led.restore("w", tmp_path / "new", force=True)
+    led.workspaces.add("w", str(root), allow_git=True)
+    epoch = led.workspaces.acquire("w", "a", 3600).epoch
+    led.workspaces.admit("w", epoch, [StepPlan("s1", [Write("x", b"1", None)])])
+    led.publish("s1", receipt=led.workspaces.apply("s1", epoch=epoch).receipt)
+    led.workspaces.restore("w", tmp_path / "new", force=True)
     ev = list(led.read(kind="workspace-restored"))[-1].event
     assert isinstance(ev, WorkspaceRestored)
     st = os.stat(tmp_path / "new")
     assert (ev.dev, ev.ino, ev.allow_git) == (st.st_dev, st.st_ino, True)
-    reg = led.registration("w")
+    reg = led.workspaces.registration("w")
     assert reg.identity == (st.st_dev, st.st_ino) and reg.allow_git
     # the restored directory swapped for a copy: refused like any swap
     shutil.copytree(tmp_path / "new", tmp_path / "copy")
     os.rename(tmp_path / "new", tmp_path / "new.old")
     os.rename(tmp_path / "copy", tmp_path / "new")
     with pytest.raises(WorkspaceMoved):
-        led.snapshot("w", "x")
+        led.workspaces.snapshot("w", "x")
 
 
 # --- item 4: .git ---------------------------------------------------------------------------
@@ -442,11 +442,11 @@ def test_git_internals_are_refused_by_default(tmp_path: Path, path: str) -> None
     (root / ".git" / "hooks").mkdir(parents=True)
     (root / ".git" / "config").write_text("[core]\n")
     led = Ledger.init(tmp_path / "l" / "ledger.db", clock=FakeClock())
-    led.add_workspace("w", str(root))
-    epoch = led.acquire("w", "a", 3600).epoch
+    led.workspaces.add("w", str(root))
+    epoch = led.workspaces.acquire("w", "a", 3600).epoch
     seq = led.head().seq
     with pytest.raises(PathForbidden, match="allow-git"):
-        led.admit("w", epoch, [StepPlan("evil", [Write(path, b"[core]\nfsmonitor = x\n",
+        led.workspaces.admit("w", epoch, [StepPlan("evil", [Write(path, b"[core]\nfsmonitor = x\n",
                                                        None)])])
     assert led.head().seq == seq
     assert (root / ".git" / "config").read_text() == "[core]\n"
@@ -456,16 +456,16 @@ def test_git_opt_in_is_per_workspace_recorded_and_judged_again_at_apply(tmp_path
     root = tmp_path / "repo"
     (root / ".git").mkdir(parents=True)
     led = Ledger.init(tmp_path / "l" / "ledger.db", clock=FakeClock())
-    led.add_workspace("w", str(root), allow_git=True)
+    led.workspaces.add("w", str(root), allow_git=True)
     assert [r.event.allow_git for r in led.read(kind="workspace-added")] == [True]
-    epoch = led.acquire("w", "a", 3600).epoch
-    led.admit("w", epoch, [StepPlan("ok", [Write(".git/info", b"1", None)])])
-    assert led.apply("ok", epoch=epoch).verdict == "applied"
+    epoch = led.workspaces.acquire("w", "a", 3600).epoch
+    led.workspaces.admit("w", epoch, [StepPlan("ok", [Write(".git/info", b"1", None)])])
+    assert led.workspaces.apply("ok", epoch=epoch).verdict == "applied"
     # admitted while opted in, then the operator opts out: the apply refuses it
-    led.admit("w", epoch, [StepPlan("late", [Write(".git/hooks", b"x", None)])])
-    led.add_workspace("w", str(root), rebind=True)  # allow_git off
+    led.workspaces.admit("w", epoch, [StepPlan("late", [Write(".git/hooks", b"x", None)])])
+    led.workspaces.add("w", str(root), rebind=True)  # allow_git off
     with pytest.raises(PathForbidden):
-        led.apply("late", epoch=epoch)
+        led.workspaces.apply("late", epoch=epoch)
     assert not (root / ".git" / "hooks").exists()
     assert led.verify().ok
 
@@ -498,21 +498,21 @@ def test_overlapping_roots_are_refused_naming_the_other(tmp_path: Path) -> None:
     (repo / "sub" / "deep").mkdir(parents=True)
     (tmp_path / "alias").symlink_to(repo)
     led = Ledger.init(tmp_path / "l" / "ledger.db", clock=FakeClock())
-    led.add_workspace("w1", str(repo))
+    led.workspaces.add("w1", str(repo))
     seq = led.head().seq
     for other in (repo, repo / "sub", repo / "sub" / "..", tmp_path / "alias",
                   tmp_path / "alias" / "sub" / "deep", tmp_path):
         with pytest.raises(WorkspaceOverlap, match="'w1'") as info:
-            led.add_workspace("w2", str(other))
+            led.workspaces.add("w2", str(other))
         assert info.value.other == "w1"
     assert led.head().seq == seq
-    led.add_workspace("w1", str(repo))  # the same name, the same root: a no-op
-    led.add_workspace("w1", str(tmp_path / "alias"))  # the same directory, resolved
+    led.workspaces.add("w1", str(repo))  # the same name, the same root: a no-op
+    led.workspaces.add("w1", str(tmp_path / "alias"))  # the same directory, resolved
     assert led.head().seq == seq
     (tmp_path / "elsewhere").mkdir()
-    led.add_workspace("w2", str(tmp_path / "elsewhere"))
+    led.workspaces.add("w2", str(tmp_path / "elsewhere"))
     with pytest.raises(WorkspaceOverlap, match="'w2'"):
-        led.add_workspace("w1", str(tmp_path / "elsewhere"), rebind=True)
+        led.workspaces.add("w1", str(tmp_path / "elsewhere"), rebind=True)
     assert led.verify().ok
 
 
@@ -527,11 +527,11 @@ def test_overlap_judged_by_identity_through_a_bind_mount(tmp_path: Path) -> None
         pytest.skip("bind mounts are not permitted here")
     try:
         led = Ledger.init(tmp_path / "l" / "ledger.db", clock=FakeClock())
-        led.add_workspace("w1", str(repo))
+        led.workspaces.add("w1", str(repo))
         with pytest.raises(WorkspaceOverlap, match="'w1'"):
-            led.add_workspace("w2", str(mnt))
+            led.workspaces.add("w2", str(mnt))
         with pytest.raises(WorkspaceOverlap, match="'w1'"):
-            led.add_workspace("w2", str(mnt / "sub"))
+            led.workspaces.add("w2", str(mnt / "sub"))
         led.close()
     finally:
         subprocess.run(["umount", str(mnt)], check=True)
@@ -553,7 +553,7 @@ def test_symlinks_below_the_root_are_still_path_escapes(tmp_path: Path) -> None:
     s = Swap(tmp_path)
     os.symlink(s.victim, s.root / "link")
     with pytest.raises(PathEscapes):
-        s.led.snapshot("w", "link/conf")
+        s.led.workspaces.snapshot("w", "link/conf")
 
 
 @pytest.mark.parametrize("swap", ["symlink", "other-directory", "gone"])
@@ -567,8 +567,8 @@ def test_a_kept_workspace_dir_judges_its_root_again_after_a_swap(tmp_path: Path,
     root.mkdir()
     (root / "a.txt").write_bytes(b"mine\n")
     led = Ledger.init(tmp_path / "ledger.db", clock=FakeClock())
-    led.add_workspace("w", str(root))
-    wsdir = led.workspace_dir("w")
+    led.workspaces.add("w", str(root))
+    wsdir = led.workspaces.directory("w")
     assert wsdir.hash("a.txt") == digest_of(b"mine\n")  # the root's descriptor is kept
     os.rename(root, tmp_path / "ws.real")
     if swap == "symlink":
@@ -594,16 +594,16 @@ def test_a_kept_registration_follows_a_rebind(tmp_path: Path, by: str) -> None:
     (root / "a.txt").write_bytes(b"1\n")
     db = tmp_path / "ledger.db"
     led = Ledger.init(db, clock=FakeClock())
-    led.add_workspace("w", str(root))
-    assert led.registration("w").root == str(root.resolve())
-    assert led.snapshot("w", "a.txt")[1] == digest_of(b"1\n")  # kept now
+    led.workspaces.add("w", str(root))
+    assert led.workspaces.registration("w").root == str(root.resolve())
+    assert led.workspaces.snapshot("w", "a.txt")[1] == digest_of(b"1\n")  # kept now
     os.rename(root, moved)
     root.mkdir()  # the old path holds another directory: walking it is WorkspaceMoved
     if by == "another-connection":
         with Ledger.open(db, clock=FakeClock()) as other:
-            other.add_workspace("w", str(moved), rebind=True)
+            other.workspaces.add("w", str(moved), rebind=True)
     else:
-        led.add_workspace("w", str(moved), rebind=True)
-    assert led.registration("w").root == str(moved.resolve())
-    assert led.snapshot("w", "a.txt")[1] == digest_of(b"1\n")
+        led.workspaces.add("w", str(moved), rebind=True)
+    assert led.workspaces.registration("w").root == str(moved.resolve())
+    assert led.workspaces.snapshot("w", "a.txt")[1] == digest_of(b"1\n")
     led.close()

@@ -22,7 +22,7 @@ from conftest import CliOut, digest_of, run_cli
 import ledger as ledger_pkg
 from ledger import Ledger
 from ledger.errors import LedgerError
-from ledger.fences import StepPlan, Write
+from ledger.workspace.protocol import StepPlan, Write
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 h = digest_of
@@ -274,16 +274,16 @@ def test_admit_refuses_a_different_plan_in_the_library(tmp_path: pathlib.Path) -
     (tmp_path / "ws").mkdir()
     (tmp_path / "ws" / "app.py").write_bytes(b"v0")
     with Ledger.init(tmp_path / "l.db") as led:
-        led.add_workspace("w", str(tmp_path / "ws"))
-        epoch = led.acquire("w", "a").epoch
+        led.workspaces.add("w", str(tmp_path / "ws"))
+        epoch = led.workspaces.acquire("w", "a").epoch
         plan = [StepPlan("s1", [Write("app.py", b"v1", h("v0"))])]
-        assert led.admit("w", epoch, plan) == [None]
+        assert led.workspaces.admit("w", epoch, plan) == [None]
         n = led.count()
-        assert led.admit("w", epoch, plan) == [None]  # idempotent
+        assert led.workspaces.admit("w", epoch, plan) == [None]  # idempotent
         other = [StepPlan("s2", [Write("b.py", b"b", None)]),
                  StepPlan("s1", [Write("app.py", b"v2", h("v0"))])]
         with pytest.raises(LedgerError) as caught:  # (PlanConflict)
-            led.admit("w", epoch, other)
+            led.workspaces.admit("w", epoch, other)
         assert type(caught.value).__name__ == "PlanConflict"
         assert caught.value.exit_code == 1 and "new content" in str(caught.value)
         assert led.count() == n and led.find_step("s2") is None  # nothing of the batch
@@ -422,9 +422,9 @@ def test_restore_blocked_by_a_lease_is_lease_held(world: World) -> None:
 def test_verify_lists_weakened_attempts_up_to_a_bound(tmp_path: pathlib.Path) -> None:
     (tmp_path / "ws").mkdir()
     with Ledger.init(tmp_path / "l.db") as led:
-        led.add_workspace("w", str(tmp_path / "ws"))
-        epoch = led.acquire("w", "a").epoch
-        led.admit("w", epoch, [StepPlan(f"s{i}", [Write(f"f{i}", b"x", None)])
+        led.workspaces.add("w", str(tmp_path / "ws"))
+        epoch = led.workspaces.acquire("w", "a").epoch
+        led.workspaces.admit("w", epoch, [StepPlan(f"s{i}", [Write(f"f{i}", b"x", None)])
                                for i in range(55)], fence="plan")
         report = led.verify()
     assert report.ok and not report.findings

@@ -26,10 +26,10 @@ from pathlib import Path
 import pytest
 from conftest import CliOut, FakeClock, run_cli
 
-import ledger.workdir
+import ledger.workspace.directory
 from ledger import Ledger
 from ledger.errors import InvalidInput, PathEscapes
-from ledger.fences import StepPlan, Write
+from ledger.workspace.protocol import StepPlan, Write
 from ledger.gc import collect
 
 
@@ -60,8 +60,8 @@ class World:
         self.clock = FakeClock()
         self.path = tmp / "ledger.db"
         self.ledger = Ledger.init(self.path, clock=self.clock)
-        self.ledger.add_workspace("w", str(self.dir))
-        self.epoch = self.ledger.acquire("w", "agent", ttl_s=3600).epoch
+        self.ledger.workspaces.add("w", str(self.dir))
+        self.epoch = self.ledger.workspaces.acquire("w", "agent", ttl_s=3600).epoch
 
     def file(self, rel: str, data: bytes, bits: int) -> None:
         p = self.dir / rel
@@ -70,10 +70,10 @@ class World:
         p.chmod(bits)
 
     def admit(self, step: str, *writes: Write) -> None:
-        assert self.ledger.admit("w", self.epoch, [StepPlan(step, list(writes))]) == [None]
+        assert self.ledger.workspaces.admit("w", self.epoch, [StepPlan(step, list(writes))]) == [None]
 
     def apply(self, step: str) -> str:
-        return self.ledger.apply(step, epoch=self.epoch).verdict
+        return self.ledger.workspaces.apply(step, epoch=self.epoch).verdict
 
     def commit(self, step: str) -> None:
         self.ledger.publish(step)
@@ -156,7 +156,7 @@ def test_a_chmod_between_staging_and_the_rename_is_kept(tmp_path: Path) -> None:
             (w.dir / "run.sh").chmod(0o755)
 
     led = Ledger.open(w.path, clock=w.clock, on_op=chmod)
-    assert led.apply("s1", epoch=w.epoch).verdict == "applied"
+    assert led.workspaces.apply("s1", epoch=w.epoch).verdict == "applied"
     assert mode(w.dir / "run.sh") == 0o755
     fenced = next(iter(led.read(step="s1", kind="fenced"))).event
     assert (fenced.writes[0].pre_mode, fenced.writes[0].post_mode) == (0o755, 0o755)
@@ -172,7 +172,7 @@ def test_compensate_puts_the_recorded_mode_of_the_pre_image_back(tmp_path: Path)
     assert w.apply("s1") == "applied"
     assert not (w.dir / ".env").exists()
     (w.dir / "run.sh").chmod(0o700)  # same bytes, bits changed since
-    done = w.ledger.compensate("s1", epoch=w.epoch)
+    done = w.ledger.workspaces.compensate("s1", epoch=w.epoch)
     assert (w.dir / "run.sh").read_bytes() == b"v0" and mode(w.dir / "run.sh") == 0o755
     assert (w.dir / ".env").read_bytes() == b"TOKEN=1" and mode(w.dir / ".env") == 0o600
     assert {(r.path, r.outcome, r.mode) for r in done.restored} == {
@@ -189,7 +189,7 @@ def test_restore_writes_the_recorded_modes(tmp_path: Path) -> None:
     assert w.apply("s1") == "applied"
     w.commit("s1")
     with umask(0o022):
-        report = w.ledger.restore("w", tmp_path / "fresh", force=True)
+        report = w.ledger.workspaces.restore("w", tmp_path / "fresh", force=True)
     fresh = tmp_path / "fresh"
     assert report.paths == 3
     assert mode(fresh / "bin" / "run.sh") == 0o755
@@ -210,7 +210,7 @@ def _kill_mid_staging(w: World) -> None:
         w.file(f"d{i % 2}/f{i}.bin", b"old%d" % i, 0o644)
     w.admit("s1", *(Write(f"d{i % 2}/f{i}.bin", bytes([i]) * BIG, h(b"old%d" % i))
                     for i in range(5)))
-    w.killed(lambda led: led.apply("s1", epoch=w.epoch), nth("ws-fsync", 3))
+    w.killed(lambda led: led.workspaces.apply("s1", epoch=w.epoch), nth("ws-fsync", 3))
     assert len(w.temporaries()) == 3
     assert w.ledger.step("s1").state == "planned"
 
@@ -245,10 +245,10 @@ def test_the_next_apply_removes_what_a_killed_apply_staged(tmp_path: Path) -> No
     # a sibling step (admitted: in flight) staging under the live epoch right now: its
     # temporary is kept; one of an attempt that is over is removed
     w.admit("sibling", Write("d0/x.bin", b"x", None))
-    sibling = w.dir / "d0" / ledger.workdir.temp_name(
-        "x.bin", w.epoch, ledger.workdir.attempt_tag("sibling", 1))
-    ended = w.dir / "d0" / ledger.workdir.temp_name(
-        "y.bin", w.epoch, ledger.workdir.attempt_tag("long-done", 1))
+    sibling = w.dir / "d0" / ledger.workspace.directory.temp_name(
+        "x.bin", w.epoch, ledger.workspace.directory.attempt_tag("sibling", 1))
+    ended = w.dir / "d0" / ledger.workspace.directory.temp_name(
+        "y.bin", w.epoch, ledger.workspace.directory.attempt_tag("long-done", 1))
     ended.write_bytes(b"a kill after its commit")
     sibling.write_bytes(b"live")
     assert w.apply("s1") == "applied"
@@ -262,7 +262,7 @@ def test_the_next_epoch_settling_removes_what_a_killed_apply_staged(tmp_path: Pa
     w = World(tmp_path)
     _kill_mid_staging(w)
     names = _strangers(w)
-    lease = w.ledger.acquire("w", "agent-2", ttl_s=60, force=True)
+    lease = w.ledger.workspaces.acquire("w", "agent-2", ttl_s=60, force=True)
     assert lease.settled == ("s1",)
     assert w.temporaries() == []
     _strangers_kept(w, names)
@@ -290,9 +290,9 @@ def test_the_next_apply_removes_what_a_killed_compensation_staged(tmp_path: Path
     w.file("a.txt", b"a0", 0o644)
     w.admit("s1", Write("a.txt", b"a1", h(b"a0")))
     assert w.apply("s1") == "applied"
-    w.killed(lambda led: led.compensate("s1", epoch=w.epoch), nth("ws-rename", 1))
+    w.killed(lambda led: led.workspaces.compensate("s1", epoch=w.epoch), nth("ws-rename", 1))
     assert len(w.temporaries()) == 1
-    w.ledger.compensate("s1", epoch=w.epoch)
+    w.ledger.workspaces.compensate("s1", epoch=w.epoch)
     assert w.temporaries() == [] and (w.dir / "a.txt").read_bytes() == b"a0"
 
 
@@ -319,10 +319,10 @@ def test_a_name_the_file_system_cannot_hold_is_refused_at_admit(
     """A file system with a smaller NAME_MAX (eCryptfs: 143 bytes): refused when the
     plan is admitted (exit 2, nothing recorded), never admitted to fail at every apply."""
     w = World(tmp_path)
-    monkeypatch.setattr(ledger.workdir, "_name_max", lambda where: 143)
+    monkeypatch.setattr(ledger.workspace.directory, "_name_max", lambda where: 143)
     head = w.ledger.head()
     with pytest.raises(InvalidInput, match="holds at most 143") as err:
-        w.ledger.admit("w", w.epoch, [StepPlan("s1", [Write("x" * 144, b"n", None)])])
+        w.ledger.workspaces.admit("w", w.epoch, [StepPlan("s1", [Write("x" * 144, b"n", None)])])
     assert err.value.exit_code == 2
     assert w.ledger.head() == head
     # up to the limit it is admitted and applied (the temporary's name fits the budget)
@@ -352,7 +352,7 @@ def test_long_names_on_the_command_line(tmp_path: Path, monkeypatch: pytest.Monk
     assert plan("s1", "漢" * 85).code == 0
     assert cli("step", "apply", "s1", "--epoch", "1").code == 0
     assert (tmp_path / "ws" / ("漢" * 85)).read_text() == "x"
-    monkeypatch.setattr(ledger.workdir, "_name_max", lambda where: 143)
+    monkeypatch.setattr(ledger.workspace.directory, "_name_max", lambda where: 143)
     refused = plan("s2", "y" * 144)
     assert refused.code == 2 and "holds at most 143" in refused.err, refused
     assert cli("step", "apply", "s2", "--epoch", "1").code == 2  # never planned
@@ -378,7 +378,7 @@ def test_a_directory_swapped_for_a_symlink_during_staging_is_a_typed_refusal(
 
     led = Ledger.open(w.path, clock=w.clock, on_op=swap)
     with pytest.raises(PathEscapes, match="'sub' is a symlink"):
-        led.apply("s1", epoch=w.epoch)
+        led.workspaces.apply("s1", epoch=w.epoch)
     assert list(outside.iterdir()) == []
     assert led.step("s1").state == "planned"
 
@@ -389,7 +389,7 @@ def _committed(w: World) -> None:
             Write("c.sh", b"c1", None))
     assert w.apply("s1") == "applied"
     w.commit("s1")
-    w.ledger.release("w", w.epoch)
+    w.ledger.workspaces.release("w", w.epoch)
 
 
 def _restored_ok(w: World, target: Path) -> None:
@@ -398,7 +398,7 @@ def _restored_ok(w: World, target: Path) -> None:
     assert (target / "a.txt").read_bytes() == b"a1"
     assert (target / "b" / "b.txt").read_bytes() == b"b1"
     assert (target / "c.sh").read_bytes() == b"c1"
-    assert w.ledger.workspace("w").root == str(target)
+    assert w.ledger.workspaces.get("w").root == str(target)
     assert w.ledger.verify().ok
 
 
@@ -409,10 +409,10 @@ def test_a_killed_restore_is_resumed_by_the_retry(tmp_path: Path) -> None:
     w = World(tmp_path)
     _committed(w)
     target = tmp_path / "fresh"
-    w.killed(lambda led: led.restore("w", target), nth("ws-rename", 2))
+    w.killed(lambda led: led.workspaces.restore("w", target), nth("ws-rename", 2))
     assert (target / "a.txt").read_bytes() == b"a1" and not (target / "c.sh").exists()
     assert len(list(target.rglob(".*.steptrail-*.tmp"))) == 1
-    report = w.ledger.restore("w", target)
+    report = w.ledger.workspaces.restore("w", target)
     assert report.paths == 3 and not report.deduped
     _restored_ok(w, target)
 
@@ -423,10 +423,10 @@ def test_a_restore_killed_before_its_event_is_recorded_by_the_retry(tmp_path: Pa
     w = World(tmp_path)
     _committed(w)
     target = tmp_path / "fresh"
-    w.killed(lambda led: led.restore("w", target), nth("ws-dirfsync", 4))
+    w.killed(lambda led: led.workspaces.restore("w", target), nth("ws-dirfsync", 4))
     assert (target / "c.sh").read_bytes() == b"c1"
-    assert w.ledger.workspace("w").root == str(w.dir)  # not recorded yet
-    assert w.ledger.restore("w", target).paths == 3
+    assert w.ledger.workspaces.get("w").root == str(w.dir)  # not recorded yet
+    assert w.ledger.workspaces.restore("w", target).paths == 3
     _restored_ok(w, target)
 
 
@@ -444,6 +444,6 @@ def test_a_target_holding_anything_else_is_still_refused(tmp_path: Path, strange
     else:
         (target / stranger).write_bytes(b"not committed here")
     with pytest.raises(InvalidInput, match="not an empty directory"):
-        w.ledger.restore("w", target)
+        w.ledger.workspaces.restore("w", target)
     assert (target / "b" / "b.txt").read_bytes() == b"b1"
-    assert w.ledger.workspace("w").root == str(w.dir)
+    assert w.ledger.workspaces.get("w").root == str(w.dir)

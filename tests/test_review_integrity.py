@@ -275,7 +275,7 @@ def test_stray_condemned_rows_are_findings(tmp_path: Path) -> None:
         referenced = led.manifest("s0").artifacts[0]
         orphan = led.plan("orphan", artifacts=["o.txt"])
         led.store("orphan", orphan.attempt, "o.txt", b"an orphan")
-        led.compensate("orphan", reason="dropped")
+        led.workspaces.compensate("orphan", reason="dropped")
     orphan_digest = digest_of(b"an orphan")
     _edit(path, ("INSERT INTO condemned VALUES (?, ?, 1, 5, '0123456789abcdef')",
                  (orphan_digest, len(b"an orphan"))))

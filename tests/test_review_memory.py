@@ -25,7 +25,7 @@ import pytest
 from ledger import ContentChanged, Ledger
 from ledger.blobs import BlobStore, digest_of
 from ledger.events import Acked, Fenced, AppliedWrite, Planned, PlannedWrite, Rejected
-from ledger.fences import StepPlan, Write
+from ledger.workspace.protocol import StepPlan, Write
 from ledger.invariants import Checker
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tools"))
@@ -46,8 +46,8 @@ def _file_peaks(tmp: Path, size_mib: int) -> dict[str, int]:
     post = write_file(str(d / "new.bin"), size_mib * MiB, b"post-image ")
     art = write_file(str(d / "art.bin"), size_mib * MiB, b"artifact ")
     with Ledger.init(d / "ledger.db") as led:
-        led.add_workspace("w", str(ws))
-        epoch = led.acquire("w", "test", ttl_s=3600).epoch
+        led.workspaces.add("w", str(ws))
+        epoch = led.workspaces.acquire("w", "test", ttl_s=3600).epoch
     (d / "plan.json").write_text(json.dumps({"step": "s1", "writes": [
         {"path": "big.bin", "pre_hash": pre, "content_file": "new.bin"}]}))
     g = ["--ledger", str(d / "ledger.db"), "--workspace", "w"]
@@ -58,7 +58,7 @@ def _file_peaks(tmp: Path, size_mib: int) -> dict[str, int]:
         "store": measure(str(d), *g, "step", "store", "s2", "art.bin")["peak"],
     }
     with Ledger.open(d / "ledger.db", readonly=True) as led:
-        assert led.snapshot("w", "big.bin")[1] == post  # the apply really wrote it
+        assert led.workspaces.snapshot("w", "big.bin")[1] == post  # the apply really wrote it
         assert led.blobs.size(pre) == led.blobs.size(art) == size_mib * MiB  # pinned, stored
         assert led.verify().ok
     return peaks
@@ -174,16 +174,16 @@ def test_a_write_planned_from_a_file_applies_and_compensates_large_files(tmp_pat
     (ws / "big.bin").write_bytes(old)
     (tmp_path / "new.bin").write_bytes(new)
     with Ledger.init(tmp_path / "ledger.db") as led:
-        led.add_workspace("w", str(ws))
-        epoch = led.acquire("w", "t", ttl_s=3600).epoch
-        assert led.snapshot("w", "big.bin")[1] == digest_of(old)
+        led.workspaces.add("w", str(ws))
+        epoch = led.workspaces.acquire("w", "t", ttl_s=3600).epoch
+        assert led.workspaces.snapshot("w", "big.bin")[1] == digest_of(old)
         with open(tmp_path / "new.bin", "rb") as f:
-            assert led.admit("w", epoch, [StepPlan("s1", [Write("big.bin", f, digest_of(old))])]) \
+            assert led.workspaces.admit("w", epoch, [StepPlan("s1", [Write("big.bin", f, digest_of(old))])]) \
                 == [None]
-        assert led.apply("s1", epoch=epoch).verdict == "applied"
+        assert led.workspaces.apply("s1", epoch=epoch).verdict == "applied"
         assert (ws / "big.bin").read_bytes() == new
         assert led.blobs.size(digest_of(old)) == len(old)  # the pre-image, as a blob file
-        restored = led.compensate("s1", epoch=epoch).restored
+        restored = led.workspaces.compensate("s1", epoch=epoch).restored
         assert [r.outcome for r in restored] == ["restored"]
         assert (ws / "big.bin").read_bytes() == old
         assert not [p for p in os.listdir(ws) if p != "big.bin"]  # no staged leftovers

@@ -26,8 +26,8 @@ from test_model_faults import NEW_PATH, Crash, LedgerModel, replay, workspace_st
 
 from ledger.testing import faults as F
 from ledger import Ledger
-from ledger.fences import StepPlan, Write
-from ledger.restore import RestoreReport, committed_content
+from ledger.workspace.protocol import StepPlan, Write
+from ledger.workspace.restore import RestoreReport, committed_content
 
 
 def h(data: bytes) -> str:
@@ -40,7 +40,7 @@ def _tree(root: Path) -> dict[str, str]:
 
 
 def _projection(led: Ledger, ws: str) -> dict[str, str | None]:
-    return {p: digest for p, (_rev, digest) in led.workspace_paths(ws).items()}
+    return {p: digest for p, (_rev, digest) in led.workspaces.paths(ws).items()}
 
 
 class World:
@@ -51,14 +51,14 @@ class World:
         self.dir = tmp / "ws"
         self.dir.mkdir()
         self.ledger = Ledger.init(tmp / "ledger.db", clock=FakeClock())
-        self.ledger.add_workspace("w", str(self.dir))
-        self.epoch = self.ledger.acquire("w", "agent", ttl_s=3600).epoch
+        self.ledger.workspaces.add("w", str(self.dir))
+        self.epoch = self.ledger.workspaces.acquire("w", "agent", ttl_s=3600).epoch
 
     def apply(self, step: str, writes: dict[str, bytes | None]) -> str:
         """Admit `step` writing `writes` against what the workspace holds now, apply it."""
-        plan = [Write(p, data, self.ledger.snapshot("w", p)[1]) for p, data in writes.items()]
-        assert self.ledger.admit("w", self.epoch, [StepPlan(step, plan)]) == [None]
-        return self.ledger.apply(step, epoch=self.epoch).verdict
+        plan = [Write(p, data, self.ledger.workspaces.snapshot("w", p)[1]) for p, data in writes.items()]
+        assert self.ledger.workspaces.admit("w", self.epoch, [StepPlan(step, plan)]) == [None]
+        return self.ledger.workspaces.apply(step, epoch=self.epoch).verdict
 
 
 def test_a_late_publish_does_not_restore_the_older_content(tmp_path: Path) -> None:
@@ -72,10 +72,10 @@ def test_a_late_publish_does_not_restore_the_older_content(tmp_path: Path) -> No
     w.ledger.ack("ws-2")
     w.ledger.publish("ws-1")  # the retry of ws-1 finishes it: the later publish
     w.ledger.ack("ws-1")
-    assert w.ledger.workspace_paths("w") == {"lib/new.txt": (2, h(b"two"))}
+    assert w.ledger.workspaces.paths("w") == {"lib/new.txt": (2, h(b"two"))}
     assert committed_content(w.ledger, "w") == {"lib/new.txt": h(b"two")}
-    w.ledger.release("w", w.epoch)
-    w.ledger.restore("w", tmp_path / "fresh")
+    w.ledger.workspaces.release("w", w.epoch)
+    w.ledger.workspaces.restore("w", tmp_path / "fresh")
     assert (tmp_path / "fresh" / "lib" / "new.txt").read_bytes() == b"two"
     assert _tree(tmp_path / "fresh") == _tree(w.dir) == _projection(w.ledger, "w")
     assert F.i9_problems(w.ledger) == []
@@ -91,13 +91,13 @@ def test_compensating_the_older_step_afterwards_leaves_the_newer_content(
     w.apply("ws-2", {"lib/new.txt": b"two"})
     w.ledger.publish("ws-2")
     w.ledger.publish("ws-1")
-    c = w.ledger.compensate("ws-1", epoch=w.epoch, reason="undo")
+    c = w.ledger.workspaces.compensate("ws-1", epoch=w.epoch, reason="undo")
     assert {(r.path, r.outcome) for r in c.restored} == {
         ("lib/new.txt", "conflict"), ("a.txt", "restored")}
     assert committed_content(w.ledger, "w") == {"a.txt": None, "lib/new.txt": h(b"two")}
     assert committed_content(w.ledger, "w") == _projection(w.ledger, "w")
-    w.ledger.release("w", w.epoch)
-    w.ledger.restore("w", tmp_path / "fresh")
+    w.ledger.workspaces.release("w", w.epoch)
+    w.ledger.workspaces.restore("w", tmp_path / "fresh")
     assert _tree(tmp_path / "fresh") == {"lib/new.txt": h(b"two")}
 
 
@@ -130,7 +130,7 @@ def test_machine_regression_late_publish_then_restore() -> None:
         assert led is not None
         seen["kinds"] = [(r.event.step, r.kind) for r in led.read()
                          if r.kind in ("fenced", "manifest-published")]
-        root = Path(led.workspace("w").root)
+        root = Path(led.workspaces.get("w").root)
         seen["restored"] = (root / NEW_PATH).read_bytes()
         seen["projection"] = _projection(led, "w")
         seen["committed"] = committed_content(led, "w")
@@ -188,7 +188,7 @@ def test_restore_equals_the_projection_after_random_steps(
             writes: dict[str, bytes | None] = {}
             for i, p in enumerate(sorted(paths)):
                 data = CONTENTS[(k + i) % len(CONTENTS)]
-                if data is None and led.snapshot("w", p)[1] is None and not (w.dir / p).exists():
+                if data is None and led.workspaces.snapshot("w", p)[1] is None and not (w.dir / p).exists():
                     data = b"new"  # nothing to delete: create it
                 writes[p] = data
             if w.apply(step, writes) not in ("applied", "deduped"):
@@ -199,26 +199,26 @@ def test_restore_equals_the_projection_after_random_steps(
             elif then == "hold":
                 held.append(step)
             else:
-                led.compensate(step, epoch=w.epoch, reason="prop")
+                led.workspaces.compensate(step, epoch=w.epoch, reason="prop")
         elif action[0] == "late" and held:
             led.publish(held.pop(action[1] % len(held)))
         elif action[0] == "undo" and made:
             step = made[action[1] % len(made)]
             if led.step(step).state not in ("compensated", "rejected"):
-                led.compensate(step, epoch=w.epoch, reason="prop")
+                led.workspaces.compensate(step, epoch=w.epoch, reason="prop")
                 if step in held:
                     held.remove(step)  # ended: never published
     if finish:
         for step in reversed(held):
             led.publish(step)
     # a new epoch settles whatever is still in flight
-    lease = led.acquire("w", "agent", ttl_s=3600, force=True)
-    assert not led.unsettled("w", lease.epoch)
+    lease = led.workspaces.acquire("w", "agent", ttl_s=3600, force=True)
+    assert not led.workspaces.unsettled("w", lease.epoch)
     projection = _projection(led, "w")
     assert committed_content(led, "w") == projection, actions
     assert _tree(w.dir) == {p: d for p, d in projection.items() if d is not None}
-    led.release("w", lease.epoch)
-    report = led.restore("w", tmp / "fresh")
+    led.workspaces.release("w", lease.epoch)
+    report = led.workspaces.restore("w", tmp / "fresh")
     assert _tree(tmp / "fresh") == {p: d for p, d in projection.items() if d is not None}
     assert report.paths == sum(d is not None for d in projection.values())
     assert F.i9_problems(led) == []
@@ -235,16 +235,16 @@ def test_a_restore_retried_into_a_recreated_directory_is_recorded_anew(tmp_path:
     assert w.apply("s1", {"a.txt": b"one"}) == "applied"
     w.ledger.publish("s1")
     w.ledger.ack("s1")
-    w.ledger.release("w", w.epoch)
+    w.ledger.workspaces.release("w", w.epoch)
     target = tmp_path / "restored"
-    report = w.ledger.restore("w", target)
+    report = w.ledger.workspaces.restore("w", target)
     assert isinstance(report, RestoreReport) and (report.paths, report.deduped) == (1, False)
-    first = w.ledger.registration("w")
-    assert w.ledger.restore("w", target).deduped  # the same directory: the journal answers
-    assert w.ledger.registration("w") == first
+    first = w.ledger.workspaces.registration("w")
+    assert w.ledger.workspaces.restore("w", target).deduped  # the same directory: the journal answers
+    assert w.ledger.workspaces.registration("w") == first
     target.rename(tmp_path / "aside")  # kept: the new directory cannot reuse its inode
-    w.ledger.restore("w", target)  # recreated: a new restore, recorded
-    again = w.ledger.registration("w")
+    w.ledger.workspaces.restore("w", target)  # recreated: a new restore, recorded
+    again = w.ledger.workspaces.registration("w")
     assert again.seq > first.seq and again.ino != first.ino
     assert (target / "a.txt").read_bytes() == b"one"
     assert w.ledger.verify().ok
@@ -263,7 +263,7 @@ def on_op(name):
     if seen.count("ws-rename") == 3:  # three files placed, the rest not
         os.kill(os.getpid(), signal.SIGKILL)
 with Ledger.open(sys.argv[1], on_op=on_op) as led:
-    led.restore("w", sys.argv[2], force=True)
+    led.workspaces.restore("w", sys.argv[2], force=True)
 """
 
 
@@ -284,8 +284,8 @@ def test_a_cli_restore_killed_midway_is_finished_by_running_it_again(tmp_path: P
     db = str(tmp_path / "l.db")
     files = {f"d/f{i}.txt": f"content {i}\n".encode() for i in range(6)}
     with Ledger.init(db) as led:
-        led.add_workspace("w", str(ws))
-        epoch = led.acquire("w", "a", ttl_s=3600).epoch
+        led.workspaces.add("w", str(ws))
+        epoch = led.workspaces.acquire("w", "a", ttl_s=3600).epoch
         out = run_fenced_step(led, "w", "s1", lambda r: [r.read(p).write(c)
                                                          for p, c in files.items()],
                               epoch=epoch)

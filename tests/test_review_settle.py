@@ -23,8 +23,8 @@ from conftest import CliOut, digest_of, run_cli
 from ledger import Ledger
 from ledger.errors import StorageFailure
 from ledger.events import LeaseAcquired
-from ledger.fences import StepPlan, Write
-from ledger.workdir import WorkspaceDir
+from ledger.workspace.protocol import StepPlan, Write
+from ledger.workspace.directory import WorkspaceDir
 
 h = digest_of
 MODIFIED = 40  # the review used 300; 40 shows the same and keeps the test fast
@@ -57,7 +57,7 @@ class World:
 
     def admit(self, *writes: Write) -> None:
         with self.open() as led:
-            assert led.admit("w", self.epoch, [StepPlan("s1", writes, run="r")]) == [None]
+            assert led.workspaces.admit("w", self.epoch, [StepPlan("s1", writes, run="r")]) == [None]
 
     def read(self, path: str) -> str | None:
         p = self.dir / path
@@ -124,7 +124,7 @@ def test_a_killed_step_that_created_a_file_is_settled_whole(tmp_path: Path, crea
             (p, "restored") for p in landed)
         assert led.step("s1").state == "compensated"
         # what the ledger says each path holds is what is on disk
-        for path, (_, digest) in led.workspace_paths("w").items():
+        for path, (_, digest) in led.workspaces.paths("w").items():
             assert digest == (None if w.read(path) is None else h(w.read(path))), path
         assert led.verify().ok
 
@@ -197,7 +197,7 @@ def test_a_plan_time_pin_is_no_evidence_for_a_rejection(tmp_path: Path) -> None:
             Write("b.txt", b"Z", h("Y")))
     (w.dir / "b.txt").write_text("Z")  # by hand
     with w.open() as led:
-        assert led.apply("s1", epoch=w.epoch).verdict == "rejected:stale_rev"
+        assert led.workspaces.apply("s1", epoch=w.epoch).verdict == "rejected:stale_rev"
         rejected = next(iter(led.read(step="s1", kind="rejected"))).event
         assert [(u.path, u.outcome) for u in rejected.undone] == [("b.txt", "conflict")]
         assert led.verify().ok
@@ -228,7 +228,7 @@ def test_already_and_restored_both_count_as_a_successful_compensation(tmp_path: 
     w = World(tmp_path)
     w.admit(Write("f000.py", b"v1 0", h("v0 0")), Write("f001.py", b"v1 1", h("v0 1")))
     with w.open() as led:
-        assert led.apply("s1", epoch=w.epoch).verdict == "applied"
+        assert led.workspaces.apply("s1", epoch=w.epoch).verdict == "applied"
     (w.dir / "f000.py").write_text("v0 0")  # put back by hand
     r = w.acquire("agent-2", "--force")
     assert r.code == 0 and r.json["conflicts"] == [], r
@@ -249,7 +249,7 @@ def test_acquire_that_could_not_settle_a_step_says_so(
     w = World(tmp_path)
     w.admit(Write("app.py", b"v1", h("v0")))
     with w.open() as led:
-        assert led.apply("s1", epoch=w.epoch).verdict == "applied"
+        assert led.workspaces.apply("s1", epoch=w.epoch).verdict == "applied"
 
     def refuse(self: WorkspaceDir, path: str, *_: object, **__: object) -> None:
         raise StorageFailure(os.path.join(self.root, path), "Input/output error")

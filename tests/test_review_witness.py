@@ -26,7 +26,7 @@ from conftest import CliOut, FakeClock, damage_witness, run_cli, tamper
 
 from ledger import InvalidInput, Ledger, LedgerError, PathForbidden, Planned, WitnessAnchored
 from ledger.blobs import digest_of
-from ledger.fences import StepPlan, Write
+from ledger.workspace.protocol import StepPlan, Write
 from ledger.witness import (
     AnchorRefused,
     Witness,
@@ -187,12 +187,12 @@ def test_the_recorded_witness_is_out_of_reach_of_steps_without_witness_given(
     ws = tmp_path / "ws"
     ws.mkdir()
     with Ledger.init(ws / ".steptrail" / "ledger.db", witness=ws / "witness") as led:
-        led.add_workspace("w", str(ws))
+        led.workspaces.add("w", str(ws))
     with Ledger.open(ws / ".steptrail" / "ledger.db") as led:  # no witness given
-        epoch = led.acquire("w", "agent", 3600).epoch
+        epoch = led.workspaces.acquire("w", "agent", 3600).epoch
         pre = digest_of((ws / "witness").read_bytes())
         with pytest.raises(PathForbidden):
-            led.admit("w", epoch, [StepPlan("evil", [Write("witness", b"\0" * 256, pre)])])
+            led.workspaces.admit("w", epoch, [StepPlan("evil", [Write("witness", b"\0" * 256, pre)])])
         assert led.find_step("evil") is None
 
 
@@ -478,7 +478,7 @@ def witnessed_ledger_with_an_orphan(root: Path) -> tuple[Path, Path]:
     with Ledger.init(path, clock=FakeClock(), witness=witness) as led:
         row = led.plan("orph", artifacts=["o.txt"])
         led.store("orph", row.attempt, "o.txt", b"an orphan")
-        led.compensate("orph", reason="tests failed")
+        led.workspaces.compensate("orph", reason="tests failed")
     return path, witness
 
 

@@ -131,9 +131,9 @@ def test_unsettled_pinned_or_workspace_runs_are_refused_and_nothing_is_written(
     # a workspace step (under a lease) is never sealed: its revisions are folded from it
     root = tmp_path / "ws"
     root.mkdir()
-    ledger.add_workspace("w", str(root))
-    lease = ledger.acquire("w", "me")
-    ledger.plan_step("w1", workspace="w", epoch=lease.epoch, run="wsrun")
+    ledger.workspaces.add("w", str(root))
+    lease = ledger.workspaces.acquire("w", "me")
+    ledger.workspaces.plan_step("w1", workspace="w", epoch=lease.epoch, run="wsrun")
     with pytest.raises(NotSealable):
         seal_run(ledger, "wsrun")
 

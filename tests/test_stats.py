@@ -37,7 +37,7 @@ def build(path: pathlib.Path, clock: Clock) -> None:
         run_step(led, "a", {"out.txt": b"a" * 100}, run="r1")
         run_step(led, "b", {"big.bin": b"b" * 100_000}, run="r1")
         row = led.plan("c", run="r1", artifacts=["x"])
-        led.compensate("c", row.attempt)
+        led.workspaces.compensate("c", row.attempt)
         clock.now += DAY
         led.plan("d", run="r2", artifacts=["y"])
         run_step(led, "e", {"e.txt": b"e"})

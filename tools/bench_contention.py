@@ -79,12 +79,12 @@ def fenced_step(led: Ledger, ws: str, epoch: int, step: str, data: bytes,
     on-disk hash, admit one write of `data` planned against them, apply it (pre-image
     pinned, post-image staged, fence checked, renamed into place, `fenced` recorded), store
     the inline artifact `art` when given, publish, ack."""
-    rev, pre = led.snapshot(ws, FILE)
+    rev, pre = led.workspaces.snapshot(ws, FILE)
     plan = StepPlan(step, [Write(FILE, data, pre, rev)],
                     artifacts=("out/log.txt",) if art is not None else (), run=run)
-    if led.admit(ws, epoch, [plan]) != [None]:
+    if led.workspaces.admit(ws, epoch, [plan]) != [None]:
         raise AssertionError(f"{step}: not admitted")
-    applied = led.apply(step, epoch=epoch)
+    applied = led.workspaces.apply(step, epoch=epoch)
     if applied.verdict != "applied":
         raise AssertionError(f"{step}: {applied.verdict} {applied.detail}")
     if art is not None:
@@ -107,8 +107,8 @@ def step_commits(parent: str | None, artifact_every: int) -> list[int]:
             os.makedirs(d)
             with open(os.path.join(d, FILE), "wb") as f:
                 f.write(b"initial\n")
-            led.add_workspace("w0", d)
-            epoch = led.acquire("w0", "count", ttl_s=3600).epoch
+            led.workspaces.add("w0", d)
+            epoch = led.workspaces.acquire("w0", "count", ttl_s=3600).epoch
             counts = []
             for k in range(max(1, artifact_every)):
                 ops.clear()
@@ -191,7 +191,7 @@ def child(args: argparse.Namespace) -> None:
         import cProfile
         profile = cProfile.Profile(time.process_time)
     with Ledger.open(path) as led:
-        epoch = led.acquire(ws, f"writer-{i}", ttl_s=3600).epoch
+        epoch = led.workspaces.acquire(ws, f"writer-{i}", ttl_s=3600).epoch
         sys.stdout.write("ready\n")
         sys.stdout.flush()
         start, end = (float(x) for x in sys.stdin.readline().split())
@@ -269,7 +269,7 @@ def case(parent: str | None, n: int, args: argparse.Namespace) -> dict[str, Any]
                 os.makedirs(d)
                 with open(os.path.join(d, FILE), "wb") as f:
                     f.write(b"initial\n")
-                led.add_workspace(f"w{i}", d)
+                led.workspaces.add(f"w{i}", d)
         cmd = [sys.executable, os.path.abspath(__file__), "--child", "--root", root,
                "--artifact-every", str(args.artifact_every), "--warmup", str(args.warmup)]
         if args.cprofile:

@@ -70,9 +70,9 @@ def other_tree(tree: str, n: int) -> float:
 def ours(root: str, n: int) -> tuple[float, Counter[str]]:
     """The four calls (also run on another checkout: only what every version has)."""
     def step(led: Ledger, epoch: int, i: int, content: bytes) -> None:
-        rev, pre = led.snapshot("w", "app.py")
-        led.admit("w", epoch, [StepPlan(f"s{i}", [Write("app.py", content, pre, rev)])])
-        result = led.apply(f"s{i}", epoch=epoch)
+        rev, pre = led.workspaces.snapshot("w", "app.py")
+        led.workspaces.admit("w", epoch, [StepPlan(f"s{i}", [Write("app.py", content, pre, rev)])])
+        result = led.workspaces.apply(f"s{i}", epoch=epoch)
         assert result.verdict == "applied", result
         led.publish(f"s{i}")
         led.ack(f"s{i}")
@@ -89,8 +89,8 @@ def _timed(root: str, n: int, step: Any) -> tuple[float, Counter[str]]:
     with open(os.path.join(ws, "app.py"), "wb") as f:
         f.write(b"0" * SIZE)
     with Ledger.init(os.path.join(root, "l.db"), on_op=lambda name: ops.update([name])) as led:
-        led.add_workspace("w", ws)
-        epoch = led.acquire("w", "bench", ttl_s=3600).epoch
+        led.workspaces.add("w", ws)
+        epoch = led.workspaces.acquire("w", "bench", ttl_s=3600).epoch
         ops.clear()
         t0 = time.perf_counter()
         for i in range(n):

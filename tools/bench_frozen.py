@@ -32,7 +32,7 @@ import json, sys, time
 from ledger import Ledger, StepStatus, run_fenced_step
 url, ws, until, tag = sys.argv[1], sys.argv[2], float(sys.argv[3]), sys.argv[4]
 led = Ledger.open(url)
-epoch = led.acquire(ws, "bench-" + ws, ttl_s=3600, force=True).epoch
+epoch = led.workspaces.acquire(ws, "bench-" + ws, ttl_s=3600, force=True).epoch
 n, longest = 0, 0.0
 while time.time() < until:
     t0 = time.monotonic()
@@ -58,9 +58,9 @@ def on_op(name):
         print("STOPPED", flush=True)
         os.kill(os.getpid(), signal.SIGSTOP)
 led = Ledger.open(url, on_op=on_op)
-epoch = led.acquire(ws, "frozen", ttl_s=3600).epoch
-led.admit(ws, epoch, [StepPlan("frozen-1", [Write("app.py", b"frozen\n", digest_of(b"0\n"))])])
-led.apply("frozen-1", epoch=epoch)
+epoch = led.workspaces.acquire(ws, "frozen", ttl_s=3600).epoch
+led.workspaces.admit(ws, epoch, [StepPlan("frozen-1", [Write("app.py", b"frozen\n", digest_of(b"0\n"))])])
+led.workspaces.apply("frozen-1", epoch=epoch)
 """
 
 
@@ -82,7 +82,7 @@ def _run(url: str, names: list[str], seconds: float, frozen: str | None,
             from ledger import Ledger
             with Ledger.open(url) as led:
                 t0 = time.monotonic()
-                led.acquire(frozen, "takeover", ttl_s=3600, force=True)
+                led.workspaces.acquire(frozen, "takeover", ttl_s=3600, force=True)
                 took = time.monotonic() - t0
         outs = [json.loads(p.communicate(timeout=seconds + 120)[0]) for p in procs]
     finally:
@@ -120,7 +120,7 @@ def main() -> None:
                 os.makedirs(os.path.join(root, f"{n}", ws))
                 with open(os.path.join(root, f"{n}", ws, "app.py"), "wb") as f:
                     f.write(b"0\n")
-                led.add_workspace(ws, os.path.join(root, f"{n}", ws))
+                led.workspaces.add(ws, os.path.join(root, f"{n}", ws))
         return url
 
     try:

@@ -266,7 +266,7 @@ def child_fenced(args: argparse.Namespace) -> None:
 
     where = args.url if args.store == "postgres" else os.path.join(args.root, LEDGER)
     with Ledger.open(where, on_op=on_op) as led:
-        epoch = led.acquire(ws, f"writer-{i}", ttl_s=3600).epoch
+        epoch = led.workspaces.acquire(ws, f"writer-{i}", ttl_s=3600).epoch
 
         def step(k: int) -> int:
             before = counter[0]
@@ -439,7 +439,7 @@ class Bench:
                 os.makedirs(d)
                 with open(os.path.join(d, FILE), "wb") as f:
                     f.write(b"initial\n")
-                led.add_workspace(f"w{i}", d)
+                led.workspaces.add(f"w{i}", d)
         return where
 
     # -- what a step commits (once per store, untimed)
@@ -453,7 +453,7 @@ class Bench:
             where = self._ledger_with_workspaces(root, url, 1)
             ops: list[str] = []
             with Ledger.open(where, on_op=ops.append) as led:
-                epoch = led.acquire("w0", "count", ttl_s=3600).epoch
+                epoch = led.workspaces.acquire("w0", "count", ttl_s=3600).epoch
                 with led.storage.read() as view:
                     seq0 = view.head().seq
                 counts = []
@@ -974,7 +974,7 @@ def profile(args: argparse.Namespace) -> None:
                 where = bench._ledger_with_workspaces(root, url, 1)
                 ops: list[str] = []
                 with Ledger.open(where, on_op=ops.append) as led:
-                    epoch = led.acquire("w0", "profile", ttl_s=3600).epoch
+                    epoch = led.workspaces.acquire("w0", "profile", ttl_s=3600).epoch
 
                     def steps(prefix: str, count: int) -> float:
                         t0 = time.perf_counter()

@@ -211,22 +211,22 @@ def run_writer(c: Child, steps: int, artifact_every: int) -> None:
         c.barrier()
         t_start = time.perf_counter()
         epoch = retrying(leaks, lat, "acquire",
-                         lambda: led.acquire(ws, f"writer-{c.index}", ttl_s=3600)).epoch
+                         lambda: led.workspaces.acquire(ws, f"writer-{c.index}", ttl_s=3600)).epoch
         result["epoch"] = epoch
         for k in range(steps):
             t0 = time.perf_counter()
             step = writer_step(c.index, k)
             if k and k % HEARTBEAT_EVERY == 0:
-                retrying(leaks, lat, "heartbeat", lambda: led.heartbeat(ws, epoch, ttl_s=3600))
-            rev, pre = retrying(leaks, lat, "snapshot", lambda: led.snapshot(ws, FILE))
+                retrying(leaks, lat, "heartbeat", lambda: led.workspaces.heartbeat(ws, epoch, ttl_s=3600))
+            rev, pre = retrying(leaks, lat, "snapshot", lambda: led.workspaces.snapshot(ws, FILE))
             with_artifact = artifact_every > 0 and k % artifact_every == 0
             plan = StepPlan(step, [Write(FILE, writer_content(c.index, k), pre, rev)],
                             artifacts=("out/log.txt",) if with_artifact else (),
                             run=f"run-{c.index}")
-            out = retrying(leaks, lat, "admit", lambda plan=plan: led.admit(ws, epoch, [plan]))
+            out = retrying(leaks, lat, "admit", lambda plan=plan: led.workspaces.admit(ws, epoch, [plan]))
             if out != [None]:
                 raise AssertionError(f"{step}: admit answered {out}")
-            applied = retrying(leaks, lat, "apply", lambda step=step: led.apply(step, epoch=epoch))
+            applied = retrying(leaks, lat, "apply", lambda step=step: led.workspaces.apply(step, epoch=epoch))
             verdicts[applied.verdict] += 1
             if applied.verdict not in ("applied", "deduped"):
                 raise AssertionError(f"{step}: apply answered {applied.verdict} {applied.detail}")
@@ -342,14 +342,14 @@ class Contender:
         force = False
         ttl = self.rng.choice((0.25, 30.0))
         try:
-            lease = self.call("acquire", lambda: self.led.acquire(CONTENDED, self.me, ttl_s=ttl))
+            lease = self.call("acquire", lambda: self.led.workspaces.acquire(CONTENDED, self.me, ttl_s=ttl))
         except LeaseHeld:
             if self.rng.random() >= 0.5:
                 time.sleep(self.rng.uniform(0, 0.01))
                 return None
             force = True
             try:
-                lease = self.call("force-acquire", lambda: self.led.acquire(
+                lease = self.call("force-acquire", lambda: self.led.workspaces.acquire(
                     CONTENDED, self.me, ttl_s=ttl, force=True))
             except StaleEpoch:  # acquired, and taken over before its settling finished
                 return None
@@ -367,13 +367,13 @@ class Contender:
         self.k += 1
         state = "none"
         try:
-            rev, pre = self.call("snapshot", lambda: self.led.snapshot(CONTENDED, CONTENDED_FILE))
+            rev, pre = self.call("snapshot", lambda: self.led.workspaces.snapshot(CONTENDED, CONTENDED_FILE))
             content = f"{step} under epoch {epoch}\n".encode()
             plan = StepPlan(step, [Write(CONTENDED_FILE, content, pre, rev)], artifacts=(),
                             run=self.me)
-            self.call("admit", lambda: self.led.admit(CONTENDED, epoch, [plan]))
+            self.call("admit", lambda: self.led.workspaces.admit(CONTENDED, epoch, [plan]))
             state = "planned"
-            result = self.call("apply", lambda: self.led.apply(step, epoch=epoch))
+            result = self.call("apply", lambda: self.led.workspaces.apply(step, epoch=epoch))
             self.counts[f"verdict:{result.verdict}"] += 1
             if result.verdict not in ("applied", "deduped"):
                 return
@@ -386,12 +386,12 @@ class Contender:
             self.call("ack", lambda: self.led.ack(step, epoch=epoch))
             state = "acked"
             if self.rng.random() < 0.2:
-                self.call("heartbeat", lambda: self.led.heartbeat(CONTENDED, epoch, ttl_s=30))
+                self.call("heartbeat", lambda: self.led.workspaces.heartbeat(CONTENDED, epoch, ttl_s=30))
         except StaleEpoch:
             self.probe(epoch, step, state)
             raise
         except Unsettled:
-            self.call("settle", lambda: self.led.settle(CONTENDED, epoch))
+            self.call("settle", lambda: self.led.workspaces.settle(CONTENDED, epoch))
 
     def probe(self, dead: int, step: str, state: str) -> None:
         """The loser tries every mutation again with its dead epoch."""
@@ -419,24 +419,24 @@ class Contender:
         def never(_out: Any) -> bool:
             return False
 
-        attempt("heartbeat", lambda: led.heartbeat(CONTENDED, dead, ttl_s=30), never)
+        attempt("heartbeat", lambda: led.workspaces.heartbeat(CONTENDED, dead, ttl_s=30), never)
         zombie = f"{self.me}-z{self.k:05d}"
         self.k += 1
         try:
-            rev, pre = led.snapshot(CONTENDED, CONTENDED_FILE)
+            rev, pre = led.workspaces.snapshot(CONTENDED, CONTENDED_FILE)
         except BUSY:
             rev, pre = 0, None
-        attempt("admit", lambda: led.admit(CONTENDED, dead, [StepPlan(
+        attempt("admit", lambda: led.workspaces.admit(CONTENDED, dead, [StepPlan(
             zombie, [Write(CONTENDED_FILE, b"zombie\n", pre, rev)], run=self.me)]), never)
         if state == "none":
             return
-        attempt("apply", lambda: led.apply(step, epoch=dead),
+        attempt("apply", lambda: led.workspaces.apply(step, epoch=dead),
                 lambda r: r.verdict != "applied")  # deduped / compensated / rejected: the past
         attempt("store", lambda: led.store(step, 1, "out/zombie.log", b"zombie\n"), never)
         if state in ("planned", "applied"):
             attempt("publish", lambda: led.publish(step), never)
         attempt("ack", lambda: led.ack(step, epoch=dead), lambda r: r.deduped)
-        attempt("compensate", lambda: led.compensate(step, epoch=dead, reason="zombie"),
+        attempt("compensate", lambda: led.workspaces.compensate(step, epoch=dead, reason="zombie"),
                 lambda r: r.deduped)
 
     def run(self) -> None:
@@ -456,7 +456,7 @@ class Contender:
                     continue
                 if self.rng.random() < 0.1:
                     try:
-                        self.call("release", lambda e=epoch: self.led.release(CONTENDED, e))
+                        self.call("release", lambda e=epoch: self.led.workspaces.release(CONTENDED, e))
                     except StaleEpoch:
                         pass
                     epoch = None
@@ -499,12 +499,12 @@ def setup(root: str, procs: int) -> None:
             os.makedirs(d)
             with open(os.path.join(d, FILE), "wb") as f:
                 f.write(b"initial\n")
-            led.add_workspace(writer_ws(i), d)
+            led.workspaces.add(writer_ws(i), d)
         d = os.path.join(root, "ws", CONTENDED)
         os.makedirs(d)
         with open(os.path.join(d, CONTENDED_FILE), "wb") as f:
             f.write(b"initial\n")
-        led.add_workspace(CONTENDED, d)
+        led.workspaces.add(CONTENDED, d)
 
 
 def _spawn(root: str, role: str, index: int, extra: list[str]) -> subprocess.Popen[bytes]:
@@ -819,13 +819,13 @@ def check(
         counts["breaches"] = len(breaches)
         counts["I5_breaches"] = sum(1 for b in breaches if b.invariant == "I5")
         before = led.steps()
-        ws_before = led.workspaces()
+        ws_before = led.workspaces.list()
         led.rebuild()
         after = led.steps()
         if before != after:
             diff = [(a, b) for a, b in zip(before, after, strict=False) if a != b][:3]
             failures.append(f"rebuild changed the steps ({len(before)} -> {len(after)}): {diff}")
-        if led.workspaces() != ws_before:
+        if led.workspaces.list() != ws_before:
             failures.append("rebuild changed the workspaces")
         if not led.verify().ok:
             failures.append("verify after rebuild is not ok")
@@ -834,7 +834,7 @@ def check(
             failures.append(f"audit: {a.as_dict()}")
         # -- every workspace file holds what the ledger says --------------------------
         for i in range(procs):
-            ws = led.workspace(writer_ws(i))
+            ws = led.workspaces.get(writer_ws(i))
             if ws.rev != steps:
                 failures.append(f"{writer_ws(i)} is at rev {ws.rev}, not {steps}")
             with open(os.path.join(ws.root, FILE), "rb") as f:
@@ -842,8 +842,8 @@ def check(
             if steps and data != writer_content(i, steps - 1):
                 failures.append(f"{writer_ws(i)}/{FILE} does not hold the last step's content")
         for name in [writer_ws(i) for i in range(procs)] + [CONTENDED]:
-            ws = led.workspace(name)
-            for p, (_rev, digest) in led.workspace_paths(name).items():
+            ws = led.workspaces.get(name)
+            for p, (_rev, digest) in led.workspaces.paths(name).items():
                 full = os.path.join(ws.root, p)
                 disk = None
                 if os.path.exists(full):

@@ -254,7 +254,7 @@ def _run(ledger: Ledger, report: GcReport, grace_s: float, now_ns: int | None, d
             else:
                 report.temp_kept += 1
         # The same in the workspaces: what killed applies staged beside their targets.
-        report.ws_temp_removed = ledger.workspace_protocol.remove_abandoned_temporaries(now)
+        report.ws_temp_removed = ledger.workspaces.remove_abandoned_temporaries(now)
 
 
 def _pins_snapshot(ledger: Ledger, now: int, window_ns: int) -> dict[str, str]:

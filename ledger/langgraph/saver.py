@@ -791,7 +791,7 @@ class LedgerSaver(BaseCheckpointSaver[str]):
         thread = _thread(thread_id, "claim")
         workspace = self.owner_workspace(thread)
         with self._lock:
-            lease = self.ledger.acquire(workspace, holder, ttl_s, force=takeover, bare=True)
+            lease = self.ledger.workspaces.acquire(workspace, holder, ttl_s, force=takeover, bare=True)
             own = Ownership(thread, workspace, lease.epoch, holder, float(ttl_s),
                             lease.expires_ns)
             self._owned[thread] = own
@@ -806,7 +806,7 @@ class LedgerSaver(BaseCheckpointSaver[str]):
             if own is None:
                 raise InvalidInput(f"thread {thread_id!r} is not claimed by this saver; claim"
                                    " it first (saver.claim(thread_id, holder))")
-            lease = self.ledger.heartbeat(own.workspace, own.epoch, own.ttl_s)
+            lease = self.ledger.workspaces.heartbeat(own.workspace, own.epoch, own.ttl_s)
             own.expires_ns = lease.expires_ns
             return own
 
@@ -824,7 +824,7 @@ class LedgerSaver(BaseCheckpointSaver[str]):
             if own is None:
                 return
             try:
-                self.ledger.release(own.workspace, own.epoch)
+                self.ledger.workspaces.release(own.workspace, own.epoch)
             except StaleEpoch as exc:
                 raise StaleEpoch(exc.workspace, exc.epoch, exc.live,
                                  f"thread {thread!r} was taken over by another worker: its"

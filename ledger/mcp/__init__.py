@@ -2,7 +2,7 @@
 
 An optional integration (``pip install 'steptrail[mcp]'``, the official MCP SDK 2.x);
 the core never imports it. `ledger.mcp.service` holds the tools on the ledger's public
-API (no SDK), `ledger.mcp.server` the MCP server around them, `ledger.mcp.fs` the
+API (no SDK), `ledger.mcp.server` the MCP server around them, `ledger.workspace.confined` the
 confined directory walks, `ledger.mcp.edits` the text edits and diffs. See docs/mcp.md.
 """
 

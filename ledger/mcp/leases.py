@@ -7,7 +7,7 @@ write takes the lease for itself (`Leases.hold`):
 1. this machine's slot for the workspace (`_Slot`: a lock file beside the ledger) —
    servers queue there, one non-blocking ``flock`` try at a time, instead of polling
    the ledger's write lock with `acquire`s that would slow the holder's commits;
-2. ``Ledger.acquire`` with a short TTL: a new epoch, which settles whatever an older
+2. ``ledger.workspaces.acquire`` with a short TTL: a new epoch, which settles whatever an older
    epoch left in flight (a SIGKILLed server's applied, unpublished write is put back).
    A live holder of another kind (a person's ``steptrail lease acquire``, a server on
    another machine) is waited for with backoff, for a bounded time; a holder that is a
@@ -290,12 +290,12 @@ class Leases:
             while True:
                 try:
                     with self.lock:
-                        lease = self.ledger.acquire(ws, holder=self.holder, ttl_s=self.ttl_s)
+                        lease = self.ledger.workspaces.acquire(ws, holder=self.holder, ttl_s=self.ttl_s)
                     break
                 except LeaseHeld as held:
                     if holder_is_dead(held.holder):
                         with self.lock:
-                            lease = self.ledger.acquire(ws, holder=self.holder,
+                            lease = self.ledger.workspaces.acquire(ws, holder=self.holder,
                                                         ttl_s=self.ttl_s, force=True)
                         self.notices.append(f"{_iso_now()}: took over workspace {ws!r} from"
                                             f" {held.holder} (that process is gone)")
@@ -323,7 +323,7 @@ class Leases:
         held = self._held.pop(ws, None)
         if held is not None:
             with self.lock, contextlib.suppress(LedgerError):
-                self.ledger.release(ws, held[0])
+                self.ledger.workspaces.release(ws, held[0])
         self._slot(ws).release()
 
     def _schedule(self, *, only_if_none: bool = False) -> None:

@@ -769,15 +769,15 @@ def _register(ledger: Ledger, real: str, echo: Callable[[str], None] | None) -> 
     its base name; another server registering at the same time is no harm: the same
     name and directory again is a no-op, a name taken meanwhile is chosen again)."""
     for _ in range(5):
-        rows = {w.name: w for w in ledger.workspaces()}
+        rows = {w.name: w for w in ledger.workspaces.list()}
         name = next((w.name for w in rows.values() if w.root == real), None)
         if name is not None:
             return name
         name = _workspace_name(real, set(rows))
         try:
-            ledger.add_workspace(name, real)
+            ledger.workspaces.add(name, real)
         except InvalidInput:
-            if name not in {w.name for w in ledger.workspaces()}:
+            if name not in {w.name for w in ledger.workspaces.list()}:
                 raise  # not a race: the directory itself is refused
             continue
         if echo is not None:
@@ -855,7 +855,7 @@ def open_workspaces(specs: Sequence[str], ledger_path: str | None, *,
         names: list[str] = []
         given: dict[str, str] = {}
         for spec in specs:
-            rows = {w.name: w for w in ledger.workspaces()}
+            rows = {w.name: w for w in ledger.workspaces.list()}
             if os.path.isdir(spec):
                 real = os.path.realpath(spec)
                 name = _register(ledger, real, echo)

@@ -4,7 +4,7 @@
 (text for the agent, a structured document, an error flag); `ledger.mcp.server` wires
 them to the MCP SDK. Nothing here imports the SDK.
 
-Reads go through `Ledger.read_file`: the bytes with their rev and the sha256 of exactly
+Reads go through `ledger.workspaces.read_file`: the bytes with their rev and the sha256 of exactly
 those bytes. Each client has a `ClientView`: what it last read or wrote of each path.
 A write is one steptrail step, run whole under a lease taken for that call only:
 
@@ -23,7 +23,7 @@ A write is one steptrail step, run whole under a lease taken for that call only:
 A call that carries a `requestId` is the step ``mcp:<workspace>:<requestId>``: a retry
 (after a lost answer, a timeout, a server that died) is answered from the ledger — a
 committed step's result, a refusal's conflict, "undone" — and an attempt that died
-unpublished is re-stamped from its recorded plan (`Ledger.replan`), fenced on the same
+unpublished is re-stamped from its recorded plan (`ledger.workspaces.replan`), fenced on the same
 read. The same requestId for a different change is refused.
 """
 
@@ -67,7 +67,7 @@ from ledger import (
 )
 
 from .edits import EditRefused, apply_edits, unified_diff
-from .fs import Boundary, Confined, Entry, FsRefused, glob_match
+from ..workspace.confined import Confined, Entry, FsRefused, glob_match
 from .leases import LeaseBusy, Leases, holder_name
 
 log = logging.getLogger("steptrail.mcp")
@@ -267,25 +267,16 @@ class FileTools:
                              ttl_s=lease_ttl_s, wait_s=lease_wait_s, linger_s=lease_linger_s)
         self.holder = self.leases.holder
         self.lease_ttl_s = lease_ttl_s
-        witness = ledger.witness_status().witness
-        if ledger.blobs.root is None:  # a ledger in a database: only the witness is here
-            own_dirs: list[str] = []
-            own_files = [witness] if witness else []
-        else:
-            ledger_dir = os.path.dirname(os.path.abspath(ledger.path))
-            own_dirs = [ledger_dir, os.path.join(ledger_dir, "blobs")]
-            own_files = [ledger.path, *([witness] if witness else [])]
         self.workspaces: list[Workspace] = []
         for name in workspaces:
-            reg = ledger.registration(name)
-            boundary = Boundary.of(own_dirs, own_files, reg.allow_git)
+            reg = ledger.workspaces.registration(name)
             prefixes = {reg.root}
             given = (given_roots or {}).get(name)
             if given:
                 prefixes.add(os.path.normpath(os.path.abspath(given)))
             self.workspaces.append(Workspace(
                 name, reg.root, tuple(sorted(prefixes, key=len, reverse=True)), reg.allow_git,
-                Confined(ledger.workspace_dir(name), boundary)))
+                ledger.workspaces.confined(name)))
         self.default = self.workspaces[0]
         self.leases.workspaces = [w.name for w in self.workspaces]
 
@@ -362,7 +353,7 @@ class FileTools:
             raise ToolFailure(f"{self.show(ws, rel)} holds {st.st_size} bytes, more than the"
                               f" {self.limits.read_bytes} one read returns; it is not read or"
                               " written through this server (get_file_info gives its hash)")
-        return self.ledger.read_file(ws.name, rel, max_bytes=self.limits.read_bytes)
+        return self.ledger.workspaces.read_file(ws.name, rel, max_bytes=self.limits.read_bytes)
 
     def _content_of(self, seen: Seen | None) -> bytes | None:
         """The bytes a client saw: kept in its view, else the ledger's blob of that hash
@@ -472,7 +463,7 @@ class FileTools:
         if seen is not None:
             return Write(rel, None, pre_hash=seen.hash, base_rev=seen.rev), seen
         with self.lock:
-            rev, on_disk = self.ledger.snapshot(ws.name, rel)
+            rev, on_disk = self.ledger.workspaces.snapshot(ws.name, rel)
         if on_disk is not None:
             raise _Unread(ws, rel, rev, on_disk, what)
         return Write(rel, None, pre_hash=None, base_rev=None), None
@@ -676,12 +667,12 @@ class FileTools:
             now: bytes | None = None
             try:
                 with self.lock:
-                    got = self.ledger.read_file(ws.name, w.path, max_bytes=self.limits.read_bytes)
+                    got = self.ledger.workspaces.read_file(ws.name, w.path, max_bytes=self.limits.read_bytes)
                 now_hash, now_rev, now = got.pre_hash, got.rev, got.content
             except LedgerError:
                 try:
                     with self.lock:
-                        now_rev, now_hash = self.ledger.snapshot(ws.name, w.path)
+                        now_rev, now_hash = self.ledger.workspaces.snapshot(ws.name, w.path)
                 except LedgerError:
                     now_rev, now_hash = -1, "unreadable"
             base_ok = w.base_rev is None or w.base_rev == now_rev
@@ -1129,7 +1120,7 @@ class FileTools:
                 "accessed": iso(st.st_atime_ns), "changed": iso(st.st_ctime_ns),
                 "permissions": oct(stat.S_IMODE(st.st_mode))[2:]}
             if stat.S_ISREG(st.st_mode) and rel:
-                rev, digest = self.ledger.snapshot(ws.name, rel)
+                rev, digest = self.ledger.workspaces.snapshot(ws.name, rel)
                 info.update(rev=rev, hash=digest)
         return Result(["\n".join(f"{k}: {v}" for k, v in info.items())], info)
 
@@ -1188,7 +1179,7 @@ class FileTools:
             for retry in (False, True):
                 try:
                     with self._step_lease(ws) as epoch:
-                        comp = self.ledger.compensate(step, epoch=epoch,
+                        comp = self.ledger.workspaces.compensate(step, epoch=epoch,
                                                       reason=one_line(f"undo by {who}")[:200])
                     break
                 except StaleEpoch:
@@ -1326,17 +1317,17 @@ class FileTools:
         with self.lock:
             rows = [r for state in sorted(IN_FLIGHT) for r in self.ledger.steps(state)]
             for ws in self.workspaces:
-                lease = self.ledger.lease(ws.name)
+                lease = self.ledger.workspaces.lease(ws.name)
                 flight = [r.step_id for r in rows if r.workspace == ws.name]
                 # in flight under an epoch that is no longer live: the next write settles it
-                unsettled = (self.ledger.unsettled(ws.name, lease.epoch if lease.live else
+                unsettled = (self.ledger.workspaces.unsettled(ws.name, lease.epoch if lease.live else
                                                    lease.epoch + 1) if lease.epoch else [])
                 unsettled += [f"undo of {r.step_id} (begun, not finished: the next lease"
                               " taken finishes it)" for r in rows
                               if r.workspace == ws.name and r.state == "compensating"
                               and r.step_id not in unsettled]
                 out.append({
-                    "workspace": ws.name, "root": ws.root, "rev": self.ledger.workspace(ws.name).rev,
+                    "workspace": ws.name, "root": ws.root, "rev": self.ledger.workspaces.get(ws.name).rev,
                     "lease": {"epoch": lease.epoch, "holder": lease.holder, "live": lease.live,
                               "expires": iso(lease.expires_ns) if lease.expires_ns else None},
                     "in_flight": flight, "unsettled": unsettled})

@@ -229,8 +229,8 @@ def _fenced_setup(root: str, before: dict[str, bytes]) -> tuple[str, str]:
     os.makedirs(ws, exist_ok=True)
     path = os.path.join(root, "ledger.db")
     with Ledger.init(path) as ledger:
-        ledger.add_workspace(_WS, ws)
-        ledger.acquire(_WS, "chaos-1", ttl_s=3600)
+        ledger.workspaces.add(_WS, ws)
+        ledger.workspaces.acquire(_WS, "chaos-1", ttl_s=3600)
     return path, ws
 
 
@@ -291,7 +291,7 @@ def run_fenced_chaos(shape: str = "rotation", *, workdir: str | None = None,
                             and ledger.step(STEP_ID).live
                         if branch == "settle":
                             if not committed:
-                                ledger.acquire(_WS, "chaos-2", ttl_s=3600, force=True)
+                                ledger.workspaces.acquire(_WS, "chaos-2", ttl_s=3600, force=True)
                             want, label = (expected, "committed") if committed else (
                                 before, "rolled back")
                         else:

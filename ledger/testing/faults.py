@@ -140,7 +140,7 @@ from ..errors import (
 )
 from ..gc import audit, collect
 from ..projections.steps import ENDED
-from ..restore import CommittedFold
+from ..workspace.restore import CommittedFold
 from ..runner import run_step
 from ..store.sqlite.faultvfs import FaultVFS, quiet_vfs_errors, recover_wal, sqlite_view
 
@@ -854,19 +854,19 @@ class StandardWorkload:
         row = led.plan("doomed", run="r", artifacts=tuple(self.doomed))
         for path in sorted(self.doomed):
             led.store("doomed", row.attempt, path, self.doomed[path])
-        led.compensate("doomed", reason="the tests failed")
+        led.workspaces.compensate("doomed", reason="the tests failed")
 
     def _wstep(self, led: Ledger, ws: str) -> None:
-        led.add_workspace("w", ws)
-        row = led.workspace("w")
+        led.workspaces.add("w", ws)
+        row = led.workspaces.get("w")
         epoch = row.live_epoch(led.clock())
         if epoch is None:
-            epoch = led.acquire("w", "agent", ttl_s=24 * 3600).epoch
+            epoch = led.workspaces.acquire("w", "agent", ttl_s=24 * 3600).epoch
         pre = hashlib.sha256(self.ws_v0).hexdigest()
-        led.admit("w", epoch, [StepPlan("wstep", [Write("app.py", self.ws_v1, pre)], run="r")])
+        led.workspaces.admit("w", epoch, [StepPlan("wstep", [Write("app.py", self.ws_v1, pre)], run="r")])
         step = led.step("wstep")
         if not step.live:
-            verdict = led.apply("wstep", epoch=epoch).verdict
+            verdict = led.workspaces.apply("wstep", epoch=epoch).verdict
             if verdict not in ("applied", "deduped"):
                 raise AssertionError(f"workspace step: apply said {verdict}")
             led.publish("wstep")

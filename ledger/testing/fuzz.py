@@ -38,7 +38,7 @@ op never changes what another means):
   acked), or an untracked edit writing exactly the content the agent's next planned
   write to that file would (``same``: settling must not mistake it for the agent's own
   unrecorded rename);
-- ``replan:<restamp|fresh>`` — `Ledger.replan` (falls back to fresh when a pre_hash no
+- ``replan:<restamp|fresh>`` — `ledger.workspaces.replan` (falls back to fresh when a pre_hash no
   longer holds), or a new plan from `snapshot` with new content.
 
 Bare ``human_edit`` / ``replan`` draw their arguments from ``random.Random(seed)``.
@@ -62,7 +62,7 @@ from typing import Any, Final, Self
 from .. import (AppliedWrite, ApplyResult, IdempotencyConflict, InvalidInput, Ledger, Planned,
                PlannedWrite, ProtocolRefused, Receipt, ReplanRefused, StepPlan, Write)
 from ..events import kind_of
-from ..fences import FENCE_MODES
+from ..workspace.protocol import FENCE_MODES
 from ..projections.steps import (
     ACKED,
     ENDED,
@@ -465,8 +465,8 @@ class World:
             for path, content in FILES.items():
                 with open(os.path.join(self.root, path), "wb") as f:
                     f.write(content)
-            self.ledger.add_workspace(WORKSPACE, self.root)
-            lease = self.ledger.acquire(WORKSPACE, "exec-1", ttl_s=LEASE_TTL_S)
+            self.ledger.workspaces.add(WORKSPACE, self.root)
+            lease = self.ledger.workspaces.acquire(WORKSPACE, "exec-1", ttl_s=LEASE_TTL_S)
             self.live = Executor("exec-1", lease.epoch)
             self.executors = 1
             self.zombies: list[Executor] = []
@@ -474,7 +474,7 @@ class World:
             self.paths = {s: p for s, p, _, _ in STEPS}
             plans = [StepPlan(s, [Write(p, new, sha(old), None)], run=RUN)
                      for s, p, old, new in STEPS]
-            out = self.ledger.admit(WORKSPACE, self.live.epoch, plans, fence=fence,
+            out = self.ledger.workspaces.admit(WORKSPACE, self.live.epoch, plans, fence=fence,
                                     journal=self.journal)
             assert out == [None] * len(STEPS), out
             self.original: dict[str, PlannedWrite] = {}
@@ -559,7 +559,7 @@ class World:
     def _apply(self, ledger: Ledger, step: str, attempt: int, epoch: int,
                executor: Executor | None) -> str:
         self.last_apply = (step, attempt, epoch)
-        res: ApplyResult = ledger.apply(step, attempt, epoch=epoch)
+        res: ApplyResult = ledger.workspaces.apply(step, attempt, epoch=epoch)
         if executor is not None and res.receipt is not None:
             executor.step, executor.attempt, executor.receipt = step, attempt, res.receipt
         return f"apply {step}/{attempt}@{epoch} -> {res.verdict}"
@@ -616,9 +616,9 @@ class World:
             self.model.edit(after, WORKSPACE, path, sha(content))
             return f"{path} := {content.decode()} on disk (untracked)"
         step = f"human-{self.human_k}"
-        rev, digest = self.led.snapshot(WORKSPACE, path)
+        rev, digest = self.led.workspaces.snapshot(WORKSPACE, path)
         epoch = self.live.epoch
-        out = self.led.admit(WORKSPACE, epoch, [StepPlan(step, [Write(path, content, digest, rev)],
+        out = self.led.workspaces.admit(WORKSPACE, epoch, [StepPlan(step, [Write(path, content, digest, rev)],
                                                          run="human")], fence="step", journal=True)
         if out[0] is not None:
             return f"{step} admission {out[0].verdict}"
@@ -637,7 +637,7 @@ class World:
             old.receipt = None
         self.executors += 1
         name = f"exec-{self.executors}"
-        lease = self.led.acquire(WORKSPACE, name, ttl_s=LEASE_TTL_S, force=True)
+        lease = self.led.workspaces.acquire(WORKSPACE, name, ttl_s=LEASE_TTL_S, force=True)
         self.live = Executor(name, lease.epoch)
         self.zombies.append(old)
         return f"epoch {lease.epoch}, settled {list(lease.settled)}"
@@ -652,7 +652,7 @@ class World:
             # a blind retry of the request in flight: the same apply again
             return self._apply(self.led, step, row.attempt, epoch, self.live)
         orig = self.original[step]
-        out = self.led.admit(WORKSPACE, epoch, [StepPlan(
+        out = self.led.workspaces.admit(WORKSPACE, epoch, [StepPlan(
             step, [Write(orig.path, self.contents[step], orig.pre_hash, orig.base_rev)], run=RUN,
         )], fence=self.fence, journal=self.journal)  # type: ignore[arg-type]
         if out[0] is not None:
@@ -670,14 +670,14 @@ class World:
         notes = []
         if row.state in IN_FLIGHT:
             # the new model abandons the old one's attempt: it ends (compensated) first
-            comp = self.led.compensate(step, row.attempt, epoch=epoch, reason="re-routed")
+            comp = self.led.workspaces.compensate(step, row.attempt, epoch=epoch, reason="re-routed")
             notes.append(f"compensated {step}/{row.attempt} "
                          f"{[r.outcome for r in comp.restored]}")
         elif row.state not in ENDED:
             return f"{step} is {row.state}: committed, nothing to replan"
         if mode == "restamp":
             try:
-                attempt = self.led.replan(step, epoch=epoch)
+                attempt = self.led.workspaces.replan(step, epoch=epoch)
                 notes.append(f"re-stamped as attempt {attempt}")
                 notes.append(self._apply(self.led, step, attempt, epoch, self.live))
                 return "; ".join(notes)
@@ -685,9 +685,9 @@ class World:
                 notes.append("re-stamp refused (a pre_hash no longer holds)")
         self.replan_k += 1
         path = self.paths[step]
-        rev, digest = self.led.snapshot(WORKSPACE, path)
+        rev, digest = self.led.workspaces.snapshot(WORKSPACE, path)
         content = f"{step}-r{self.replan_k}".encode()
-        out = self.led.admit(WORKSPACE, epoch, [StepPlan(step, [Write(path, content, digest, rev)],
+        out = self.led.workspaces.admit(WORKSPACE, epoch, [StepPlan(step, [Write(path, content, digest, rev)],
                                                          run=RUN)],
                              fence=self.fence, journal=self.journal)  # type: ignore[arg-type]
         if out[0] is not None:
@@ -705,7 +705,7 @@ class World:
         fresh = Ledger.open(self.db_path, clock=self.clock, synchronous="OFF")
         try:
             try:
-                verdict = fresh.apply(step, attempt, epoch=epoch).verdict
+                verdict = fresh.workspaces.apply(step, attempt, epoch=epoch).verdict
             except IdempotencyConflict:
                 raise
             except ProtocolRefused as exc:
@@ -751,7 +751,7 @@ class World:
                 r = self.led.ack(step, attempt)
                 outcome = "deduped" if r.deduped else "acked"
             else:
-                c = self.led.compensate(step, attempt, epoch=z, reason="late")
+                c = self.led.workspaces.compensate(step, attempt, epoch=z, reason="late")
                 outcome = "deduped" if c.deduped else "compensated"
         except IdempotencyConflict:
             raise

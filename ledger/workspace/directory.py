@@ -44,8 +44,8 @@ from dataclasses import dataclass
 from typing import Final
 
 from . import exchange
-from .blobs import FileOps, fd_chunks, hash_chunks
-from .errors import (
+from ..blobs import FileOps, fd_chunks, hash_chunks
+from ..errors import (
     InvalidInput,
     LedgerError,
     PathEscapes,
@@ -54,7 +54,7 @@ from .errors import (
     WorkspaceMoved,
     WorkspaceOverlap,
 )
-from .events import check_relpath
+from ..events import check_relpath
 
 _DIR_FLAGS: Final = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 #: The root's ancestors are only passed through: O_PATH needs search permission, not read.

@@ -16,9 +16,10 @@ The target must be new or empty — or hold nothing but part of the committed co
 (a restore that was killed, midway or before its event): then the retry goes on where
 it stopped, removes the dead one's temporaries, and records the restore.
 
-`restore` works through the workspace protocol (`fences.Workspaces`) and the ledger's
-`Core` it holds: the log and one read view of the storage, never the `Ledger` (this
-module does not import it; `Ledger.restore` calls in).
+`restore` works through the workspace protocol (`Workspaces`, seen as `RestoreSource`:
+what it uses of it) and the ledger's `Core` it holds: the log and one read view of the
+storage, never the `Ledger` (this module imports neither; `ledger.workspaces.restore`
+calls in).
 """
 
 from __future__ import annotations
@@ -29,18 +30,29 @@ from typing import Any, Protocol
 
 import msgspec
 
-from .errors import InvalidInput, LeaseHeld, LedgerError
-from .events import (
+from ..errors import InvalidInput, LeaseHeld, LedgerError
+from ..events import (
     Compensated,
     Fenced,
     ManifestPublished,
     WorkspaceRestored,
     check_step_id,
 )
-from .fences import Workspaces
-from .log import EventLog
-from .store import Scope, Store
-from .workdir import WorkspaceDir, identity_of, temp_stamp
+from ..log import EventLog
+from ..projections.workspaces import Registration, WsRow
+from ..store import Scope, Store
+from .core import Core
+from .directory import FileIdentity, WorkspaceDir, identity_of, temp_stamp
+
+
+class RestoreSource(Protocol):
+    """What `restore` uses of the workspace protocol (`Workspaces`)."""
+
+    core: Core
+
+    def get(self, name: str) -> WsRow: ...
+    def registration(self, name: str) -> Registration: ...
+    def check_root(self, name: str, real: str, ident: FileIdentity | None) -> None: ...
 
 #: One committed change of a path: (its workspace rev, digest or None for absent, mode).
 _Change = tuple[int, str | None, int | None]
@@ -193,7 +205,7 @@ def _check_target(target: str, to: object) -> None:
                                " 255 bytes; give a shorter path")
 
 
-def restore(workspaces: Workspaces, workspace: str, to: str | os.PathLike[str], *,
+def restore(workspaces: RestoreSource, workspace: str, to: str | os.PathLike[str], *,
             force: bool = False) -> RestoreReport:
     """Write the workspace's committed content under `to` (new or empty) and record it.
 
@@ -205,7 +217,7 @@ def restore(workspaces: Workspaces, workspace: str, to: str | os.PathLike[str], 
     """
     check_step_id(workspace)
     core = workspaces.core
-    row = workspaces.workspace(workspace)
+    row = workspaces.get(workspace)
     reg = workspaces.registration(workspace)
     target = os.path.realpath(os.fspath(to))
     fold = _committed_fold(core)

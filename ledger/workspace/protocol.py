@@ -1,8 +1,8 @@
 """Workspaces, epoch leases, revision fences, the apply journal, compensation.
 
 docs/design.md "The commit protocol" steps 1–2 and "Epochs and leases": `Workspaces`, the
-collaborator `Ledger` composes (`ledger.workspace_protocol`; the `Ledger` methods of the
-same names delegate to it), working through the ledger's `Core` (`ledger.core`) — the
+collaborator `Ledger` composes and users reach as ``ledger.workspaces``, working through
+the ledger's `Core` (`ledger.workspace.core`) — the
 log, the storage, the clock, the options — never the `Ledger` itself. The order is the
 point:
 
@@ -37,7 +37,7 @@ from typing import Any, Final, Literal
 
 import msgspec
 
-from .blobs import (
+from ..blobs import (
     Content,
     check_content,
     content_bytes,
@@ -45,7 +45,7 @@ from .blobs import (
     digest_of,
     fd_chunks,
 )
-from .errors import (
+from ..errors import (
     BlobCorrupt,
     BlobNotFound,
     ContentChanged,
@@ -66,7 +66,7 @@ from .errors import (
     WorkspaceMoved,
     WorkspaceOverlap,
 )
-from .events import (
+from ..events import (
     Acked,
     AppliedWrite,
     BlobStored,
@@ -95,9 +95,11 @@ from .events import (
     journal_key,
     manifest_digest,
 )
+from .confined import Confined
 from .core import Core
-from .projections import checkpoint
-from .projections.steps import (
+from .restore import RestoreReport, restore
+from ..projections import checkpoint
+from ..projections.steps import (
     COMPENSATED,
     COMPENSATING,
     ENDED,
@@ -106,10 +108,10 @@ from .projections.steps import (
     REJECTED,
     StepRow,
 )
-from .projections.steps import VERSION as STEPS_VERSION
-from .projections.workspaces import REGISTRATION_KINDS, Registration, WsRow, load_registration
-from .store import EventQuery, Scope, Tx
-from .workdir import (
+from ..projections.steps import VERSION as STEPS_VERSION
+from ..projections.workspaces import REGISTRATION_KINDS, Registration, WsRow, load_registration
+from ..store import EventQuery, Scope, Tx
+from .directory import (
     NOT_A_FILE,
     FileIdentity,
     Found,
@@ -458,7 +460,7 @@ class Workspaces:
 
     # -- workspaces ----------------------------------------------------------------------
 
-    def add_workspace(self, name: str, root: str | os.PathLike[str], *,
+    def add(self, name: str, root: str | os.PathLike[str], *,
                       allow_git: bool = False, rebind: bool = False) -> WsRow:
         """Register a workspace: a named, existing directory, recorded resolved with its
         device and inode (every later walk checks them).
@@ -518,7 +520,7 @@ class Workspaces:
 
         with contextlib.suppress(_Answered):
             self._log.append(build)
-        return self.workspace(name)
+        return self.get(name)
 
     def registration(self, name: str) -> Registration:
         """Where workspace `name` lives and what it may write (its newest
@@ -569,7 +571,7 @@ class Workspaces:
                 raise WorkspaceOverlap(real, "", ledger_dir, "is")
             if inside(real, blob_root) or any(i in boundary.stores for i in mine):
                 raise WorkspaceOverlap(real, "", blob_root, "is or lies inside the blob store of")
-        for other in self.workspaces():
+        for other in self.list():
             if other.name == name:
                 continue
             theirs = self.registration(other.name).identity
@@ -584,7 +586,7 @@ class Workspaces:
                 continue
             raise WorkspaceOverlap(real, other.name, other.root, how)
 
-    def workspace(self, name: str) -> WsRow:
+    def get(self, name: str) -> WsRow:
         """A workspace's row (revision, lease); UnknownWorkspace if it was never added."""
         check_step_id(name)
         with self._storage.read() as conn:
@@ -597,25 +599,39 @@ class Workspaces:
             raise UnknownWorkspace(name)
         return row
 
-    def workspaces(self) -> list[WsRow]:
+    def list(self) -> list[WsRow]:
         """Every workspace's row, by name (a bare lease has no directory: not listed)."""
         fold = self.core.workspace_fold()
         return sorted((r for r in fold.rows.values() if r is not None and r.root),
                       key=lambda r: r.name)
 
-    def workspace_paths(self, name: str) -> dict[str, tuple[int, str | None]]:
+    def paths(self, name: str) -> dict[str, tuple[int, str | None]]:
         """Every path a step wrote: its rev and the hash of the content it should hold."""
-        self.workspace(name)
+        self.get(name)
         fold = self.core.workspace_fold()
         return {p: (s[0], s[1]) for (w, p), s in sorted(fold.paths.items())
                 if w == name and s is not None}
 
-    def workspace_dir(self, name: str) -> WorkspaceDir:
+    def directory(self, name: str) -> WorkspaceDir:
         """Workspace `name`'s directory, confined as every step's write is: the root
         reached without following symlinks and checked against its registration, the
         ledger's own files and (unless allowed) ``.git`` out of reach. For front ends
         that list or walk the workspace (the MCP tools): one walk, the library's."""
-        return self._wsdir(self.workspace(name))
+        return self._wsdir(self.get(name))
+
+    def restore(self, workspace: str, to: str | os.PathLike[str], *,
+                force: bool = False) -> RestoreReport:
+        """Materialize the workspace's committed content under `to` (a new or empty
+        directory) and record it (`ledger.workspace.restore.restore`)."""
+        return restore(self, workspace, to, force=force)
+
+    def confined(self, name: str) -> Confined:
+        """Workspace `name`'s directory as a tool may list, walk, search and ``mkdir -p``
+        it (`Confined`): every walk the protocol's own, under the same boundary — the
+        ledger's files, ``.git`` unless the workspace allows it, no symlink followed."""
+        row = self.get(name)
+        return Confined(self._wsdir(row), self.core.boundary(),
+                        allow_git=self.registration(name).allow_git)
 
     def _wsdir(self, row: WsRow, step: str = "", attempt: int = 0,
                epoch: int = 0) -> WorkspaceDir:
@@ -670,7 +686,7 @@ class Workspaces:
         ev = self._attempt_events(step, row.attempt)
         if ev.planned is None or not ev.planned.workspace:
             return
-        ws = self.workspace(ev.planned.workspace)
+        ws = self.get(ev.planned.workspace)
         epochs = [(ev.planned.epoch, "xy")]
         if ev.compensating is not None:
             epochs.append((ev.compensating[1].epoch, "u"))
@@ -688,7 +704,7 @@ class Workspaces:
         if steps is None:
             with self._storage.read() as view:
                 steps = view.steps_in_flight(workspace)
-        row = self.workspace(workspace)
+        row = self.get(workspace)
         out: set[tuple[str, str]] = set()
         for step, attempt in steps:
             ev = self._attempt_events(step, attempt)
@@ -713,7 +729,7 @@ class Workspaces:
     def snapshot(self, workspace: str, path: str) -> tuple[int, str | None]:
         """What a planner reads before it plans a write: (the path's rev, the sha256 of
         its bytes on disk now, None when absent)."""
-        row = self.workspace(workspace)
+        row = self.get(workspace)
         check_relpath(path)
         with self._storage.read() as conn:
             state = conn.path_state(workspace, path)
@@ -730,7 +746,7 @@ class Workspaces:
         in between makes the plan stale, never wrongly fresh. A file larger than
         `max_bytes` is refused (InvalidInput) rather than read whole.
         """
-        row = self.workspace(workspace)
+        row = self.get(workspace)
         check_relpath(path)
         if max_bytes is not None and max_bytes < 0:
             raise InvalidInput(f"max_bytes must be 0 or more, not {max_bytes}")
@@ -752,7 +768,7 @@ class Workspaces:
     # -- leases --------------------------------------------------------------------------
 
     def lease(self, workspace: str) -> Lease:
-        row = self.workspace(workspace)
+        row = self.get(workspace)
         now = self.core.clock()
         return Lease(workspace=workspace, epoch=row.epoch, holder=row.holder,
                      expires_ns=row.expires_ns, live=row.live_epoch(now) is not None,
@@ -883,7 +899,7 @@ class Workspaces:
         an attempt nobody came back to (a re-apply or a settle removes them otherwise).
         Returns how many files went."""
         removed = 0
-        for row in self.workspaces():
+        for row in self.list():
             if row.epoch == 0:
                 continue
             with self._storage.read() as view:
@@ -980,7 +996,7 @@ class Workspaces:
                                " lease; acquire one and pass its epoch")
         if not plans:
             raise InvalidInput("a plan needs at least one step")
-        ws = self.workspace(workspace)
+        ws = self.get(workspace)
         wsdir = self._wsdir(ws)
         names = [p.step for p in plans]
         if len(set(names)) != len(names):
@@ -1130,7 +1146,7 @@ class Workspaces:
         old = self._attempt_events(step, row.attempt).planned
         if old is None or not old.workspace:
             raise ReplanRefused(step, "it has no workspace writes to re-stamp")
-        ws = self.workspace(old.workspace)
+        ws = self.get(old.workspace)
         wsdir = self._wsdir(ws)
         writes = []
         with self._storage.read() as conn:
@@ -1196,7 +1212,7 @@ class Workspaces:
         if not planned.workspace or planned.epoch == 0:
             raise InvalidInput(f"step {step!r} writes no workspace; store its artifacts and"
                                " publish it instead")
-        ws = self.workspace(planned.workspace)
+        ws = self.get(planned.workspace)
         if planned.epoch > epoch:
             # an attempt a newer epoch planned is not this caller's to apply, nor to hear
             # about as if it were its own (a zombie retrying `apply` after a takeover
@@ -1564,7 +1580,7 @@ class Workspaces:
         if writing and epoch is None:
             raise InvalidInput(f"step {step!r} writes workspace {planned.workspace!r}:"  # type: ignore[union-attr]
                                " give the live epoch to compensate it")
-        ws_row = self.workspace(planned.workspace) if writing else None  # type: ignore[union-attr]
+        ws_row = self.get(planned.workspace) if writing else None  # type: ignore[union-attr]
         wsdir = None
         landings: list[Landing] = []
         if ws_row is not None and epoch is not None:

@@ -1,8 +1,9 @@
-"""Confined, read-mostly walks of a workspace directory for the MCP tools.
+"""A workspace directory as tools may walk it: `Confined` (``ledger.workspaces.confined``).
 
-The ledger's public API reads and writes files (`Ledger.read_file`, steps); listing a
+The workspace protocol reads and writes files (`Workspaces.read_file`, steps); listing a
 directory, walking a tree, searching, a directory's metadata and creating an empty
-directory are done here, under the same boundary rules the library applies to a file:
+directory are done here, under the same boundary rules the protocol applies to a file
+(the same `Boundary`, the same walk from the root: `WorkspaceDir.open_dir`):
 
 - the root is reached from ``/`` one component at a time without following a symlink
   and must be the directory the workspace was registered as (device and inode);
@@ -15,7 +16,7 @@ directory are done here, under the same boundary rules the library applies to a 
 - every walk is bounded (entries scanned, entries returned, depth, time), so a huge tree
   answers with a truncated result instead of hanging or filling memory.
 
-Nothing here imports the MCP SDK.
+The MCP server's file tools are built on it; so can any harness's.
 """
 
 from __future__ import annotations
@@ -31,13 +32,10 @@ from dataclasses import dataclass, field
 from typing import Final
 
 from ..errors import LedgerError
-from ..workdir import WorkspaceDir
+from .directory import Boundary, WorkspaceDir, identity_of, is_git_name
 
 #: A subdirectory entered during a bounded walk, relative to its confined parent.
 _DIR_FLAGS: Final = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
-#: Code points HFS+ ignores in names: ".gi\u200ct" is ".git" there (as git's is_hfs_dotgit).
-_HFS_IGNORED: Final = dict.fromkeys([*range(0x200C, 0x2010), *range(0x202A, 0x202F),
-                                     *range(0x206A, 0x2070), 0xFEFF])
 #: steptrail's staged temporaries: ``.<name>.steptrail-<stamp>.tmp``.
 _TEMP_NAME: Final = re.compile(r"^\..*\.steptrail-[0-9a-f-]+\.tmp$")
 _BAD_CHARS: Final = re.compile(r"[\x00-\x1f\x7f\\]")
@@ -49,58 +47,6 @@ class FsRefused(Exception):
 
 def _one_line(exc: BaseException) -> str:
     return " ".join(str(exc).split())
-
-
-def is_git_name(name: str) -> bool:
-    return name.translate(_HFS_IGNORED).rstrip(". ").casefold() == ".git"
-
-
-def _identity(st: os.stat_result) -> tuple[int, int]:
-    return (st.st_dev, st.st_ino)
-
-
-@dataclass
-class Boundary:
-    """What no walk lists or enters: identities of the ledger's directory, blob root and
-    files (ledger file, witness), and whether ``.git`` is allowed."""
-
-    dirs: frozenset[tuple[int, int]] = frozenset()
-    files: frozenset[tuple[int, int]] = frozenset()
-    allow_git: bool = False
-    paths: tuple[str, ...] = ()  # their resolved paths: refused by name too (any case)
-
-    @classmethod
-    def of(cls, dirs: list[str], files: list[str], allow_git: bool) -> Boundary:
-        def ids(paths: list[str]) -> frozenset[tuple[int, int]]:
-            out = set()
-            for p in paths:
-                with contextlib.suppress(OSError):
-                    out.add(_identity(os.stat(p)))
-            return frozenset(out)
-
-        return cls(ids(dirs), ids(files), allow_git,
-                   tuple(os.path.realpath(p) for p in [*dirs, *files]))
-
-    def names(self, root: str, rel: str) -> bool:
-        """Whether `root/rel` is, or lies under, one of the ledger's paths by name,
-        case-insensitively (a case-insensitive file system reaches them under any case)."""
-        inside = root.rstrip("/").casefold() + "/"
-        target = (inside + rel).casefold()
-        for p in self.paths:
-            q = p.casefold()
-            if q.startswith(inside) and (target == q or target.startswith(q + "/")):
-                return True
-        return False
-
-    def hides(self, name: str, st: os.stat_result | None) -> bool:
-        """Whether an entry is kept out of every listing."""
-        if not self.allow_git and is_git_name(name):
-            return True
-        if _TEMP_NAME.match(name):
-            return True
-        if st is not None and _identity(st) in (self.dirs | self.files):
-            return True
-        return False
 
 
 @dataclass
@@ -175,13 +121,23 @@ def _utf8(name: str) -> bool:
 
 class Confined:
     """One workspace directory, walked without following symlinks (see the module): the
-    library's own confined directory (`Ledger.workspace_dir`) does every walk from the
+    protocol's own confined directory (`WorkspaceDir`) does every walk from the
     root; this adds what the tools need on top — listings, bounded walks, searches,
     ``mkdir -p`` — and turns a refusal into one line for the agent."""
 
-    def __init__(self, wsdir: WorkspaceDir, boundary: Boundary) -> None:
-        self.wsdir, self.boundary = wsdir, boundary
+    def __init__(self, wsdir: WorkspaceDir, boundary: Boundary, *, allow_git: bool) -> None:
+        self.wsdir, self.boundary, self.allow_git = wsdir, boundary, allow_git
         self.name, self.root = wsdir.name, wsdir.root
+        self._own = boundary.dirs | boundary.leaves  # the ledger's, by identity
+
+    def hides(self, name: str, st: os.stat_result | None) -> bool:
+        """Whether an entry is kept out of every listing: ``.git`` (unless the workspace
+        allows it), steptrail's temporaries, the ledger's own files and directories."""
+        if not self.allow_git and is_git_name(name):
+            return True
+        if _TEMP_NAME.match(name):
+            return True
+        return st is not None and identity_of(st) in self._own
 
     # -- descriptors ----------------------------------------------------------------------
 
@@ -192,10 +148,10 @@ class Confined:
         return parts
 
     def _refuse_component(self, rel: str, part: str, st: os.stat_result | None) -> None:
-        if not self.boundary.allow_git and is_git_name(part):
+        if not self.allow_git and is_git_name(part):
             raise FsRefused(f"path {rel!r} is .git or inside it: git's internals are out of"
                             " the agent's reach")
-        if st is not None and _identity(st) in self.boundary.dirs | self.boundary.files:
+        if st is not None and identity_of(st) in self._own:
             raise FsRefused(f"path {rel!r} is the ledger's own: out of the agent's reach")
 
     @contextlib.contextmanager
@@ -255,7 +211,7 @@ class Confined:
                 except OSError:
                     continue  # gone meanwhile
                 path = f"{base}/{de.name}" if base else de.name
-                if self.boundary.hides(de.name, st) or not _utf8(de.name):
+                if self.hides(de.name, st) or not _utf8(de.name):
                     if hidden is not None:
                         hidden.append(path)
                     continue
@@ -309,7 +265,7 @@ class Confined:
                     except OSError:
                         continue  # swapped for a symlink, gone, unreadable: not entered
                     try:
-                        if _identity(os.fstat(child)) in self.boundary.dirs:
+                        if identity_of(os.fstat(child)) in self.boundary.dirs:
                             continue
                         if not visit(child, e.path, depth + 1):
                             return False

@@ -14,13 +14,13 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
-from .blobs import BlobStore
-from .events import check_digest
-from .log import EventLog, Guard
-from .projections.steps import StepRow
-from .projections.workspaces import WorkspacesFold
-from .store import Store
-from .workdir import Boundary
+from ..blobs import BlobStore
+from ..events import check_digest
+from ..log import EventLog, Guard
+from ..projections.steps import StepRow
+from ..projections.workspaces import WorkspacesFold
+from ..store import Store
+from .directory import Boundary
 
 #: Unix nanoseconds, injected (leaf code never reads the time itself).
 Clock = Callable[[], int]

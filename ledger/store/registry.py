@@ -19,10 +19,10 @@ from __future__ import annotations
 import importlib
 import os
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Final, Protocol
+from typing import Any, Final, Protocol
 
-if TYPE_CHECKING:
-    from . import Store
+#: A `ledger.store.Store` (named, not imported: the store package imports this module).
+Store = Any
 
 
 @dataclass(frozen=True)

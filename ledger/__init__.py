@@ -100,11 +100,13 @@ if TYPE_CHECKING:  # what a type checker sees; at run time, __getattr__ below
         SettleConflict,
         StepPlan,
         Write,
+        settle_conflicts,
     )
     from .ledger import DEFAULT_PATH, Ledger
     from .log import Head
     from .plans import Plan, check_settled, load_plan
     from .projections import StepRow
+    from .projections.workspaces import WsRow
     from .runner import (
         FencedOutcome,
         PathConflict,
@@ -140,11 +142,12 @@ _EXPORTS: dict[str, tuple[str, ...]] = {
         "Rejected", "Restored", "StepEvent", "WitnessAnchored", "WorkspaceAdded",
         "WorkspaceRebound", "WorkspaceRestored", "journal_key"),
     "fences": ("ApplyResult", "Compensation", "FileRead", "Lease", "Receipt", "SettleConflict",
-        "StepPlan", "Write"),
+        "StepPlan", "Write", "settle_conflicts"),
     "ledger": ("DEFAULT_PATH", "Ledger"),
     "log": ("Head",),
     "plans": ("Plan", "check_settled", "load_plan"),
     "projections": ("StepRow",),
+    "projections.workspaces": ("WsRow",),
     "runner": ("FencedOutcome", "PathConflict", "RejectReason", "StepReader", "StepStatus",
                "run_fenced_step"),
     "store": ("Location", "locate", "shown_location", "unmapped_error"),
@@ -265,9 +268,11 @@ __all__ = [
     "WorkspaceRebound",
     "WorkspaceRestored",
     "Write",
+    "WsRow",
     "check_settled",
     "journal_key",
     "load_plan",
+    "settle_conflicts",
     "Location",
     "locate",
     "shown_location",

@@ -1282,10 +1282,6 @@ class Ledger:
         """Parse an executor's receipt and check it against the apply the ledger recorded."""
         return self.workspace_protocol.check_receipt(receipt)
 
-    def _remove_abandoned_temporaries(self, now: int) -> int:
-        """The collector's sweep of dead stagers' temporaries (see the protocol's)."""
-        return self.workspace_protocol.remove_abandoned_temporaries(now)
-
     def _boundary(self) -> Boundary:
         """The ledger's own files no workspace walk may touch: its directory (the file,
         ``-wal``/``-shm``/``-lockq``, the GC lock), the blob root, the witness."""
@@ -1312,10 +1308,6 @@ class Ledger:
                 force: bool = False) -> RestoreReport:
         """Materialize the workspace's committed content under `to` (see `ledger.restore`)."""
         return restore(self.workspace_protocol, workspace, to, force=force)
-
-    def _append_unchecked(self, event: Event) -> RecordedEvent:
-        """Append without the blob guard. Test-only: the chaos harness's broken protocol."""
-        return self._log.append([event])[0]
 
     # -- reading ---------------------------------------------------------------------
 

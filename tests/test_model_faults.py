@@ -142,7 +142,8 @@ from ledger.blobs import BlobStore
 from ledger.gc import collect
 from ledger.projections.steps import ENDED
 from ledger.restore import committed_content
-from ledger.runner import run_step, run_step_wrong_order
+from ledger.runner import run_step
+from ledger.testing.broken import run_step_wrong_order
 from ledger.witness import AnchorRefused, Witness, WitnessMismatch, WitnessMissing
 
 FULL = os.environ.get("STEPTRAIL_MODEL_FULL", "") not in ("", "0")
@@ -300,7 +301,7 @@ def do_artifact(led: Ledger, op: Op) -> str:
 
 def do_artifact_wrong_order(led: Ledger, op: Op) -> str:
     """THE BROKEN PROTOCOL (negative control): the manifest is published before its blobs
-    are stored (`ledger.runner.run_step_wrong_order`)."""
+    are stored (`ledger.testing.broken.run_step_wrong_order`)."""
     run_step_wrong_order(led, op.step, op.args["outputs"])
     m = led.manifest(op.step)
     return f"committed:{m.digest if m is not None else '?'}"

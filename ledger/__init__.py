@@ -101,11 +101,13 @@ if TYPE_CHECKING:  # what a type checker sees; at run time, __getattr__ below
         StepPlan,
         Workspaces,
         Write,
+        settle_conflicts,
     )
     from .ledger import DEFAULT_PATH, Ledger
     from .log import Head
     from .plans import Plan, check_settled, load_plan
     from .projections import StepRow
+    from .projections.workspaces import WsRow
     from .runner import (
         FencedOutcome,
         PathConflict,
@@ -141,11 +143,12 @@ _EXPORTS: dict[str, tuple[str, ...]] = {
         "Rejected", "Restored", "StepEvent", "WitnessAnchored", "WorkspaceAdded",
         "WorkspaceRebound", "WorkspaceRestored", "journal_key"),
     "workspace": ("ApplyResult", "Compensation", "FileRead", "Lease", "Receipt", "SettleConflict",
-        "StepPlan", "Workspaces", "Write"),
+        "StepPlan", "Workspaces", "Write", "settle_conflicts"),
     "ledger": ("DEFAULT_PATH", "Ledger"),
     "log": ("Head",),
     "plans": ("Plan", "check_settled", "load_plan"),
     "projections": ("StepRow",),
+    "projections.workspaces": ("WsRow",),
     "runner": ("FencedOutcome", "PathConflict", "RejectReason", "StepReader", "StepStatus",
                "run_fenced_step"),
     "store": ("Location", "locate", "shown_location", "unmapped_error"),
@@ -267,9 +270,11 @@ __all__ = [
     "WorkspaceRestored",
     "Write",
     "Workspaces",
+    "WsRow",
     "check_settled",
     "journal_key",
     "load_plan",
+    "settle_conflicts",
     "Location",
     "locate",
     "shown_location",

@@ -1194,9 +1194,6 @@ class Ledger:
         self.__dict__["_boundary_cache"] = (key, found)
         return found
 
-    def _append_unchecked(self, event: Event) -> RecordedEvent:
-        """Append without the blob guard. Test-only: the chaos harness's broken protocol."""
-        return self._log.append([event])[0]
 
     # -- reading ---------------------------------------------------------------------
 

@@ -36,7 +36,7 @@ from enum import StrEnum
 from .blobs import Content, digest_of
 from .diffs import unified_diff
 from .errors import BlobNotFound, InvalidInput, LedgerError, PlanConflict, StaleEpoch
-from .events import Fenced, Manifest, ManifestEntry, ManifestPublished, Planned, manifest_digest
+from .events import Fenced, Manifest, Planned
 from .workspace.protocol import ApplyResult, FenceMode, FileRead, Receipt, StepPlan, Write, receipt_of
 from .ledger import Ledger, artifact_bytes
 from .projections.steps import COMPENSATING, ENDED, PLANNED, StepRow
@@ -111,31 +111,6 @@ def run_step(ledger: Ledger, step: str, outputs: Outputs, *, run: str = "") -> S
         manifest = ledger.publish(step, attempt)
     ledger.ack(step, attempt)
     return StepResult(step, attempt, manifest, ran=True)
-
-
-def run_step_wrong_order(ledger: Ledger, step: str, outputs: Mapping[str, bytes]) -> None:
-    """THE BROKEN PROTOCOL, for the chaos harness's negative control only.
-
-    Publishes the manifest before any blob is stored, through the ledger's private
-    unchecked path; the durability checker must catch the dangling manifest.
-    """
-    row = ledger.plan(step, artifacts=tuple(outputs))
-    if row.live:
-        return
-    entries = tuple(
-        ManifestEntry(path=p, digest=digest_of(outputs[p]), size=len(outputs[p]))
-        for p in sorted(outputs)
-    )
-    if row.manifest_rev < 0:
-        ledger._append_unchecked(ManifestPublished(
-            step=step, attempt=row.attempt, manifest_rev=0,
-            digest=manifest_digest(step, (), entries), artifacts=entries,
-        ))
-    for path in sorted(outputs):  # too late
-        ledger.store(step, row.attempt, path, outputs[path])
-    ledger.ack(step, row.attempt)
-
-
 
 
 # -- the fenced step -------------------------------------------------------------------
@@ -416,4 +391,4 @@ def _refused(ledger: Ledger, workspace: str, step: str, result: ApplyResult,
 
 
 __all__ = ["FencedOutcome", "PathConflict", "RejectReason", "StepReader", "StepResult",
-           "StepStatus", "run_fenced_step", "run_step", "run_step_wrong_order"]
+           "StepStatus", "run_fenced_step", "run_step"]

@@ -1,5 +1,7 @@
-"""Shared fixtures: a fake clock, a ledger on tmp_path, event-building helpers, and a
-throwaway PostgreSQL server (`pg_server`, one per session; `pg_url`, a database per test).
+"""Shared fixtures: a fake clock, a ledger on tmp_path, event-building helpers, a
+throwaway PostgreSQL server (`pg_server`, one per session; `pg_url`, a database per test),
+and where a test's ledgers are (`ledger_at`, `ledger_location`): on SQLite, and in a
+``BOTH_STORES`` module on PostgreSQL too (`pytest_generate_tests`).
 
 Every ledger in the tests runs on the fake clock; nothing reads wall time. Fixtures
 expose the helpers (`digest`, `commit_step`, ...); module-level code imports them with
@@ -314,12 +316,12 @@ def ledger_path(tmp_path: Path) -> Path:
 
 
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
-    """A module that sets ``BOTH_STORES = True`` runs each of its tests on both stores:
-    SQLite and PostgreSQL. On PostgreSQL every ledger the test makes is routed to a
-    database of the session's server (`_route_ledgers`), unless the test is marked
-    ``sqlite_only`` (it reads the SQLite file itself, or a child process opens it)."""
-    uses = {"ledger", "ledger_location", "tmp_path", "tmp_path_factory"}
-    if getattr(metafunc.module, "BOTH_STORES", False) and uses & set(metafunc.fixturenames):
+    """A module that sets ``BOTH_STORES = True`` runs each of its tests that asks where its
+    ledgers are — `ledger_at`, `ledger_location`, `ledger`, or a fixture built on them —
+    once per store: SQLite and PostgreSQL (ids ``[sqlite]``, ``[postgres]``). A test marked
+    ``sqlite_only`` (it reads the SQLite file itself, or a child process opens it) runs on
+    SQLite only. The module's other tests run once, as in any module."""
+    if getattr(metafunc.module, "BOTH_STORES", False) and "ledger_at" in metafunc.fixturenames:
         only = metafunc.definition.get_closest_marker("sqlite_only") is not None
         metafunc.parametrize("store_kind", ["sqlite"] if only else ["sqlite", "postgres"],
                              indirect=True)
@@ -327,66 +329,55 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
 
 @pytest.fixture
 def store_kind(request: pytest.FixtureRequest) -> str:
-    """Which store the `ledger` fixture makes (the default: SQLite)."""
+    """Which store the test's ledgers are in: SQLite unless parametrized."""
     return getattr(request, "param", "sqlite")
 
 
-_routed_numbers = itertools.count(1)
+#: The `ledger_at` fixture's type: a ledger's path -> its location on the test's store.
+LedgerAt = Callable[[Path | str], Path | str]
 
 
-@pytest.fixture(autouse=True)
-def _route_ledgers(store_kind: str, request: pytest.FixtureRequest) -> Iterator[None]:
-    """On PostgreSQL (`store_kind`), every ledger path the test opens or creates with
-    `Ledger.init` / `Ledger.open` — in this process: the command line run in-process too
-    — is a database of its own on the session's server, the same path the same database.
-    Files beside a ledger (blob files, -wal) then do not exist: tests of them are
-    ``sqlite_only``."""
-    if store_kind != "postgres":
-        yield
-        return
-    from ledger.store.postgres import is_url
-
-    server = request.getfixturevalue("pg_server")
-    if not server.running:
-        server.restart()
-    urls: dict[str, str] = {}
-    init, open_ = Ledger.__dict__["init"].__func__, Ledger.__dict__["open"].__func__
-
-    def route(path: Any) -> Any:
-        if is_url(path):
-            return path
-        key = os.path.abspath(os.fspath(path))
-        if key not in urls:
-            urls[key] = server.create_database(f"r{next(_routed_numbers)}_routed")
-        return urls[key]
-
-    def routed_init(cls: type, path: Any = ".steptrail/ledger.db", **kw: Any) -> Any:
-        return init(cls, route(path), **kw)
-
-    def routed_open(cls: type, path: Any = ".steptrail/ledger.db", **kw: Any) -> Any:
-        key = os.path.abspath(os.fspath(path)) if not is_url(path) else None
-        if key is not None and key not in urls:
-            return open_(cls, path, **kw)  # never created here: refused as on SQLite
-        return open_(cls, route(path), **kw)
-
-    mp = pytest.MonkeyPatch()
-    mp.setattr(Ledger, "init", classmethod(routed_init))
-    mp.setattr(Ledger, "open", classmethod(routed_open))
-    try:
-        yield
-    finally:
-        mp.undo()
-        for url in urls.values():
-            with contextlib.suppress(Exception):
-                server.drop_database(url.rsplit("/", 1)[1].split("?")[0])
+def sqlite_at(path: Path | str) -> Path | str:
+    """`ledger_at` on SQLite: a ledger's location is its path, as given."""
+    return path
 
 
 @pytest.fixture
-def ledger_location(store_kind: str, ledger_path: Path, request: pytest.FixtureRequest) -> str:
+def ledger_at(store_kind: str, request: pytest.FixtureRequest) -> Iterator[LedgerAt]:
+    """`ledger_at(path)`: the location to give `Ledger.init` / `Ledger.open` (or the command
+    line's ``--ledger``) for the ledger the test keeps at `path`. On SQLite the path itself,
+    as given (`sqlite_at`); on PostgreSQL (`store_kind`) a database of its own on the
+    session's server, made the first time the path is named (the same path, the same
+    database) and dropped after the test. A child process is given the location too. Files
+    beside a ledger (blob files, -wal) exist on SQLite only: tests of them are
+    ``sqlite_only``."""
+    if store_kind != "postgres":
+        yield sqlite_at
+        return
+    server = request.getfixturevalue("pg_server")
+    if not server.running:  # an earlier test stopped or killed it
+        server.restart()
+    made: dict[str, tuple[str, str]] = {}  # path -> (database name, URL)
+
+    def at(path: Path | str) -> Path | str:
+        key = os.path.abspath(os.fspath(path))
+        if key not in made:
+            name = _database_name(request)
+            made[key] = (name, server.create_database(name))
+        return made[key][1]
+
+    try:
+        yield at
+    finally:
+        for name, _ in made.values():
+            with contextlib.suppress(Exception):  # a test that killed the server, say
+                server.drop_database(name)
+
+
+@pytest.fixture
+def ledger_location(ledger_at: LedgerAt, ledger_path: Path) -> str:
     """Where the test's ledger is: a SQLite file, or a fresh PostgreSQL database's URL."""
-    if store_kind == "postgres":
-        return request.getfixturevalue("pg_url")
-    return str(ledger_path)
+    return os.fspath(ledger_at(ledger_path))
 
 
 @pytest.fixture
@@ -420,6 +411,12 @@ _PG_SKIPPED: list[str] = []
 _pg_db_numbers = itertools.count(1)
 
 
+def _database_name(request: pytest.FixtureRequest) -> str:
+    """A fresh database name on the session's server, after the test's name."""
+    slug = re.sub(r"[^a-z0-9]+", "_", request.node.name.lower()).strip("_")
+    return f"t{next(_pg_db_numbers)}_{slug}"[:63]
+
+
 @pytest.fixture(scope="session")
 def pg_bindir() -> str:
     """The PostgreSQL server binaries' directory. Without them the test is skipped with
@@ -447,8 +444,7 @@ def pg_server(pg_bindir: str) -> Iterator[PgServer]:
 @pytest.fixture
 def pg_url(pg_server: PgServer, request: pytest.FixtureRequest) -> Iterator[str]:
     """The URL of a fresh database on the session's server, dropped after the test."""
-    slug = re.sub(r"[^a-z0-9]+", "_", request.node.name.lower()).strip("_")
-    name = f"t{next(_pg_db_numbers)}_{slug}"[:63]
+    name = _database_name(request)
     if not pg_server.running:  # an earlier test stopped or killed it
         pg_server.restart()
     url = pg_server.create_database(name)

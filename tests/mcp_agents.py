@@ -103,15 +103,36 @@ def repo(tmp_path: Path) -> Path:
     return root
 
 
+#: `steptrail ARGS...` in a process that stops for good when a write reaches STAGE,
+#: once it has written its pid into MARKER (the hook `main` hands `steptrail mcp`):
+#: `python -c PAUSED_AT STAGE MARKER ARGS...`.
+PAUSED_AT = """
+import os, sys, time
+import ledger.cli
+
+def pause_at(stage):
+    if stage == sys.argv[1]:
+        with open(sys.argv[2], "w") as f:
+            f.write(str(os.getpid()))
+        while True:
+            time.sleep(3600)
+
+ledger.cli.main(sys.argv[3:], obj={"on_stage": pause_at})
+"""
+
+
 async def killed_write(repo: Path, tmp_path: Path, stage: str, tool: str,
                        args: dict[str, Any]) -> None:
-    """Start a server paused at `stage` (the test seam) of a write of `args["path"]`,
-    which the agent reads first, make the write, and SIGKILL the server there."""
+    """Start a server that pauses at `stage` (its stage hook) of a write of
+    `args["path"]`, which the agent reads first, make the write, and SIGKILL the server
+    there."""
     marker = tmp_path / f"paused-{stage}"
-    env = server_env(STEPTRAIL_MCP_TEST_PAUSE=f"{stage}:{marker}")
+    params = StdioServerParameters(
+        command=sys.executable, args=["-c", PAUSED_AT, stage, str(marker), "mcp", "--workspace",
+                                      str(repo), "--lease-ttl", "10m"], env=server_env())
     with contextlib.suppress(Exception, BaseExceptionGroup):
-        async with over_stdio("--workspace", str(repo), "--lease-ttl", "10m",
-                              env=env) as agent:
+        async with Client(params, read_timeout_seconds=60) as client:
+            agent = Agent(client)
             await agent.ok("read_text_file", path=args["path"])
 
             async def call() -> None:

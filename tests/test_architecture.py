@@ -37,6 +37,7 @@ DRIVER_IMPORTERS: dict[str, frozenset[str]] = {
 #: How many SQL strings each module outside the SQLite store still holds (to be emptied).
 SQL_STRINGS: dict[str, int] = {
     "testing/pgserver.py": 4,  # CREATE/DROP DATABASE, ending sessions, finding a database
+    "store/sql.py": 64,  # the statements both stores render from one dialect (Dialect)
 }
 
 #: Import cycles still present, each as the set of its modules (to be emptied).
@@ -254,8 +255,7 @@ def test_the_standard_workload_does_the_same_durable_operations(tmp_path: Path) 
     assert (total, runs) == (saved["total"], saved["trace"])
 
 
-#: The workspace protocol's modules: they work through `ledger.workspace.core.Core`, never
-#: the `Ledger`.
+#: The ledger's collaborators: they work through `ledger.workspace.core.Core`, never the `Ledger`.
 COLLABORATORS = tuple(f"ledger.workspace.{m}" for m in (
     "core", "protocol", "restore", "directory", "confined", "exchange"))
 
@@ -286,10 +286,10 @@ def test_no_mixin_and_no_private_reach_ins() -> None:
                 raise AssertionError(f"{name}:{node.lineno}: reaches into .{node.attr}")
 
 
-#: The test machinery (faults, chaos, fuzz): nothing outside it imports it, but the CLI's
-#: ``chaos`` and ``fuzz`` commands, inside their functions.
+#: The test machinery (faults, chaos, fuzz): nothing outside it imports it, not even
+#: lazily; its commands (``chaos``, ``fuzz``) reach the command line as entry points
+#: (pyproject.toml, ``steptrail.commands``).
 TESTING = "ledger.testing"
-LAZY_TESTING_IMPORTERS = frozenset({"cli.py"})
 
 
 def machinery_imports(tree: ast.Module, package: str) -> list[tuple[int, bool]]:
@@ -317,14 +317,13 @@ def machinery_imports(tree: ast.Module, package: str) -> list[tuple[int, bool]]:
 
 def _testing_violations(sources: dict[str, str]) -> dict[str, list[int]]:
     """Per module (path relative to ledger/) outside ledger/testing/: the lines importing
-    it that are not allowed (anything but a lazy import in an allowed module)."""
+    it (none is allowed, at module level or inside a function)."""
     out = {}
     for rel, text in sources.items():
         if rel.startswith("testing/"):
             continue
         package = ".".join(["ledger", *Path(rel).parent.parts])
-        bad = [line for line, lazy in machinery_imports(ast.parse(text), package)
-               if not (lazy and rel in LAZY_TESTING_IMPORTERS)]
+        bad = [line for line, _lazy in machinery_imports(ast.parse(text), package)]
         if bad:
             out[rel] = bad
     return out
@@ -333,17 +332,18 @@ def _testing_violations(sources: dict[str, str]) -> dict[str, list[int]]:
 def test_the_runtime_never_imports_the_test_machinery() -> None:
     sources = {_rel(p): p.read_text() for p in _modules().values()}
     assert not _testing_violations(sources), (
-        "ledger.testing imported outside ledger/testing/ (only cli.py may, inside a command"
-        f" function): {_testing_violations(sources)}")
-    assert machinery_imports(ast.parse(sources["cli.py"]), "ledger"), "the checker sees cli's"
+        f"ledger.testing imported outside ledger/testing/: {_testing_violations(sources)}")
+    assert machinery_imports(ast.parse(sources["testing/commands.py"]), "ledger.testing"), \
+        "the checker sees the commands' lazy imports of the machinery"
 
 
 @pytest.mark.parametrize("rel, source, bad", [
     ("blobs.py", "from .testing import faults\n", [1]),
     ("blobs.py", "import ledger.testing.faults as F\n", [1]),
     ("store/sqlite/file.py", "def f():\n    from ...testing.faults import Fault\n", [2]),
-    ("cli.py", "from .testing import fuzz\n", [1]),  # the CLI too, at module level
-    ("cli.py", "def chaos():\n    from .testing import faults\n", []),
+    ("cli/__init__.py", "from ..testing import fuzz\n", [1]),  # the CLI too
+    ("cli/chaos.py", "def chaos():\n    from ..testing import faults\n", [2]),  # even lazily
+    ("cli/_common.py", "def load():\n    import ledger.testing.commands\n", [2]),
     ("ledger.py", "from . import testing\n", [1]),
     ("gc/audit.py", "from ..testing_notes import x\nfrom .testing import y\n", []),
     ("testing/fuzz.py", "from .faults import Fault\n", []),
@@ -354,7 +354,7 @@ def test_the_testing_checker_catches_a_violation(rel: str, source: str, bad: lis
 
 #: The front ends: what they do with a step goes through the library's fenced step
 #: (`ledger.runner.run_fenced_step`), never their own string of transitions.
-FRONT_ENDS = ("cli.py", "demo.py", "mcp/")
+FRONT_ENDS = ("cli/", "demo.py", "mcp/")
 #: The transitions a fenced step strings together, in the library only.
 TRANSITIONS = frozenset({"admit", "apply", "publish", "ack"})
 
@@ -390,3 +390,234 @@ def test_the_transition_checker_catches_a_front_end_copy() -> None:
             "    r = ledger.workspaces.apply(s.step, epoch=e)\n    ledger.publish(s.step)\n")
     assert strung_transitions(copy) == ["step: admit, apply, publish"]
     assert strung_transitions("def f(led):\n    led.workspaces.apply('s', epoch=1)\n") == []
+
+
+#: The public API (ARCHITECTURE.md "The public API"): the names `ledger` exports (its
+#: ``__all__``) and these modules, each with what its ``__all__`` lists.
+PUBLIC_MODULES = frozenset({
+    "ledger.errors", "ledger.events", "ledger.plans", "ledger.gc", "ledger.seal",
+    "ledger.backup", "ledger.copying", "ledger.stats", "ledger.metrics", "ledger.verify",
+    "ledger.demo", "ledger.export", "ledger.mcp", "ledger.langgraph",
+})
+#: The command line: it sees the public API only (and its own modules).
+CLI = "ledger.cli"
+
+
+def _declared_all(module: str) -> set[str] | None:
+    """The names a module of the package lists in its ``__all__`` (read, not imported)."""
+    path = _modules().get(module)
+    if path is None:
+        return None
+    for node in ast.parse(path.read_text()).body:
+        if isinstance(node, ast.Assign | ast.AnnAssign):
+            targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+            if any(isinstance(t, ast.Name) and t.id == "__all__" for t in targets):
+                assert node.value is not None
+                return set(ast.literal_eval(node.value))
+    return None
+
+
+def private_imports(tree: ast.AST, package: str) -> list[tuple[int, str]]:
+    """Where a module of `package` (dotted, under ledger.cli) imports from `ledger` what
+    is not the public API (lazy and TYPE_CHECKING imports count): (line, what)."""
+    import ledger
+
+    top = set(ledger.__all__) | {"__version__"}
+    out = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            for a in node.names:
+                if a.name.startswith("ledger.") and not a.name.startswith(CLI) \
+                        and a.name not in PUBLIC_MODULES:
+                    out.append((node.lineno, a.name))
+            continue
+        if not isinstance(node, ast.ImportFrom):
+            continue
+        base = node.module or ""
+        if node.level:
+            parent = package
+            for _ in range(node.level - 1):
+                parent = parent.rpartition(".")[0]
+            base = parent + ("." + base if base else "")
+        if base != "ledger" and not base.startswith("ledger."):
+            continue  # not ours (click, msgspec, the standard library)
+        if base == CLI or base.startswith(CLI + "."):
+            continue  # its own modules
+        if base == "ledger":
+            out.extend((node.lineno, f"ledger.{a.name}") for a in node.names
+                       if a.name not in top and f"ledger.{a.name}" not in PUBLIC_MODULES)
+        elif base not in PUBLIC_MODULES:
+            out.append((node.lineno, base))
+        else:
+            listed = _declared_all(base)
+            out.extend((node.lineno, f"{base}.{a.name}") for a in node.names
+                       if a.name.startswith("_") or (listed is not None and a.name not in listed))
+    return sorted(out)
+
+
+def _cli_violations(sources: dict[str, str]) -> dict[str, list[int]]:
+    """Per module of ledger/cli/ (path relative to ledger/): the lines importing from
+    `ledger` what is not its public API."""
+    out = {}
+    for rel, text in sources.items():
+        if not rel.startswith("cli/"):
+            continue
+        package = ".".join(["ledger", *Path(rel).parent.parts])
+        bad = [line for line, _what in private_imports(ast.parse(text), package)]
+        if bad:
+            out[rel] = bad
+    return out
+
+
+def test_the_command_line_imports_only_the_public_api() -> None:
+    """Each command is a few calls on the public API plus printing: what it needs of an
+    internal module is a name `ledger` exports (`settle_conflicts`, `WsRow`, ...) or a
+    function of a public module (`ledger.export.export_rows`), never the module itself."""
+    sources = {_rel(p): p.read_text() for p in _modules().values()}
+    found = {rel: private_imports(ast.parse(text), ".".join(["ledger", *Path(rel).parent.parts]))
+             for rel, text in sources.items() if rel.startswith("cli/")}
+    assert not {r: w for r, w in found.items() if w}, f"beyond the public API: {found}"
+    assert len(found) > 10, "the checker reads every module of ledger/cli/"
+    export = ast.parse(sources["cli/export.py"])
+    assert private_imports(ast.parse(ast.unparse(export).replace(
+        "ledger.export", "ledger.store.sqlite.export")), CLI), "the checker sees lazy imports"
+
+
+@pytest.mark.parametrize("rel, source, bad", [
+    ("cli/lease.py", "def settle():\n    from ..fences import settle_conflicts\n", [2]),
+    ("cli/export.py", "def export():\n    from ledger.store.sqlite.export import exported_rows\n",
+     [2]),
+    ("cli/workspace.py", "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n"
+     "    from ledger.projections.workspaces import WsRow\n", [3]),
+    ("cli/step_run.py", "import ledger.runner\n", [1]),
+    ("cli/gc.py", "from .. import fences\n", [1]),  # an internal module, through the package
+    ("cli/ledger.py", "from ledger import _WHERE\n", [1]),  # not in ledger.__all__
+    ("cli/seal.py", "from ledger.seal import ArchiveFile\n", [1]),  # not in seal's __all__
+    ("cli/mcp.py", "from ledger.mcp.server import serve\n", [1]),  # ledger.mcp's serve only
+    ("cli/x.py", "import ledger.gc\nfrom ledger import Ledger, WsRow, __version__\n"
+     "from .. import seal\nfrom ledger.errors import InvalidInput\nfrom ledger.mcp import serve\n"
+     "from ._common import _open\nfrom .step import _admit\nimport click\n", []),
+    ("demo.py", "from .fences import settle_conflicts\n", []),  # the rule is the CLI's
+])
+def test_the_public_api_checker_catches_a_violation(rel: str, source: str, bad: list[int]) -> None:
+    assert _cli_violations({rel: source}).get(rel, []) == bad
+
+
+def _string_constants(tree: ast.AST) -> dict[str, str]:
+    """Every ``NAME = "..."`` (or ``NAME: T = "..."``) of a module, wherever it is."""
+    out = {}
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Assign) and len(node.targets) == 1:
+            target, value = node.targets[0], node.value
+        elif isinstance(node, ast.AnnAssign) and node.value is not None:
+            target, value = node.target, node.value
+        else:
+            continue
+        if isinstance(target, ast.Name) and isinstance(value, ast.Constant) \
+                and isinstance(value.value, str):
+            out[target.id] = value.value
+    return out
+
+
+def _is_environ(node: ast.AST) -> bool:
+    return (isinstance(node, ast.Name) and node.id in ("environ", "environb")) or (
+        isinstance(node, ast.Attribute) and node.attr in ("environ", "environb"))
+
+
+def environment_reads(tree: ast.AST, imported: dict[str, set[str]] | None = None
+                      ) -> list[tuple[int, str]]:
+    """Every environment variable a module reads, by name where the source spells it (a
+    string, or a name bound to one: in the module, else any of `imported`, the package's
+    constants): ``os.environ.get(X)``, ``os.environ[X]``, ``X in os.environ``,
+    ``os.getenv(X)`` and click's ``envvar=X``. (line, name)."""
+    constants = _string_constants(tree)
+
+    def names(node: ast.AST | None) -> list[str]:
+        if isinstance(node, ast.Constant) and isinstance(node.value, str):
+            return [node.value]
+        if isinstance(node, ast.Name) and node.id in constants:
+            return [constants[node.id]]
+        if isinstance(node, ast.Name) and node.id in (imported or {}):
+            return sorted((imported or {})[node.id])
+        if isinstance(node, ast.JoinedStr):
+            return ["".join(n for v in node.values for n in names(v) or ["{}"])]
+        if isinstance(node, ast.FormattedValue):
+            return names(node.value)
+        if isinstance(node, ast.List | ast.Tuple):
+            return [n for e in node.elts for n in names(e)]
+        return []
+
+    out = []
+    for node in ast.walk(tree):
+        read: list[str] = []
+        if isinstance(node, ast.Call):
+            f = node.func
+            if isinstance(f, ast.Attribute) and _is_environ(f.value) \
+                    and f.attr in ("get", "pop", "setdefault") and node.args:
+                read = names(node.args[0])
+            elif ((isinstance(f, ast.Attribute) and f.attr in ("getenv", "getenvb"))
+                  or (isinstance(f, ast.Name) and f.id in ("getenv", "getenvb"))) and node.args:
+                read = names(node.args[0])
+            read += [n for k in node.keywords if k.arg == "envvar" for n in names(k.value)]
+        elif isinstance(node, ast.Subscript) and _is_environ(node.value):
+            read = names(node.slice)
+        elif isinstance(node, ast.Compare) and any(_is_environ(c) for c in node.comparators):
+            read = names(node.left)
+        out.extend((node.lineno, n) for n in read)
+    return sorted(out)
+
+
+def _package_constants(sources: dict[str, str]) -> dict[str, set[str]]:
+    """Every string constant of the package's modules, by name (a name may be bound in
+    several: all its strings count)."""
+    out: dict[str, set[str]] = {}
+    for text in sources.values():
+        for name, value in _string_constants(ast.parse(text)).items():
+            out.setdefault(name, set()).add(value)
+    return out
+
+
+def _test_env_violations(sources: dict[str, str]) -> dict[str, list[int]]:
+    """Per module outside ledger/testing/: the lines reading an environment variable whose
+    name says it is a test's (``TEST`` in it): a test hooks the runtime through a
+    callback it injects, not through the environment."""
+    imported = _package_constants(sources)
+    out = {}
+    for rel, text in sources.items():
+        if rel.startswith("testing/"):
+            continue
+        bad = [line for line, name in environment_reads(ast.parse(text), imported)
+               if "TEST" in name]
+        if bad:
+            out[rel] = bad
+    return out
+
+
+def test_the_runtime_reads_no_test_only_environment_variable() -> None:
+    sources = {_rel(p): p.read_text() for p in _modules().values()}
+    assert not _test_env_violations(sources), (
+        f"test-only environment variables read by the runtime: {_test_env_violations(sources)}")
+    imported = _package_constants(sources)
+    reads = {name for text in sources.values()
+             for _, name in environment_reads(ast.parse(text), imported)}
+    assert {"STEPTRAIL_RENAME_EXCHANGE", "STEPTRAIL_LEDGER", "STEPTRAIL_EPOCH"} <= reads, \
+        "the checker sees the documented knobs (a constant, click's envvar)"
+
+
+@pytest.mark.parametrize("rel, source, bad", [
+    ("mcp/service.py", 'PAUSE_ENV: Final = "STEPTRAIL_MCP_TEST_PAUSE"\n\ndef pause():\n'
+     "    return os.environ.get(PAUSE_ENV)\n", [4]),
+    ("cli/step_run.py", 'import os\nif os.environ.get("STEPTRAIL_STEP_RUN_TEST_KILL") == "x":\n'
+     "    pass\n", [2]),
+    ("ledger.py", 'import os\nhook = os.getenv("MY_TEST_HOOK")\n', [2]),
+    ("blobs.py", 'from os import environ\nv = environ["STEPTRAIL_TEST"]\n', [2]),
+    ("gc/collector.py", 'import os\nfast = "STEPTRAIL_TESTS" in os.environ\n', [2]),
+    ("cli/x.py", '@click.option("--x", envvar="STEPTRAIL_TEST_X")\ndef f(): pass\n', [1]),
+    ("cli/y.py", "from ._options import ENV_HOOK\n@click.option('--y', envvar=ENV_HOOK)\n"
+     "def f(): pass\n", [2]),  # bound in another module (cli/z.py below)
+    ("exchange.py", 'import os\nos.environ.get("STEPTRAIL_RENAME_EXCHANGE", "")\n', []),
+    ("testing/faults.py", 'import os\nos.environ.get("STEPTRAIL_FAULTS_TEST")\n', []),
+])
+def test_the_environment_checker_catches_a_test_hook(rel: str, source: str, bad: list[int]) -> None:
+    other = {"cli/z.py": 'ENV_HOOK = "STEPTRAIL_TEST_HOOK"\n'}
+    assert _test_env_violations({rel: source, **other}).get(rel, []) == bad

@@ -3,14 +3,17 @@
 from __future__ import annotations
 
 import hashlib
+import io
 import os
 import pathlib
 
 import pytest
+from conftest import LedgerAt
 
 from ledger.gc.audit import audit
 from ledger import (
     BlobStored,
+    ContentChanged,
     IllegalTransition,
     Ledger,
     ManifestEntry,
@@ -19,10 +22,12 @@ from ledger import (
 )
 from ledger.errors import BlobCorrupt, BlobNotFound, ManifestConflict
 from ledger.events import manifest_digest
-from ledger.runner import run_step, run_step_wrong_order
+from ledger.runner import run_step
+from ledger.testing.broken import run_step_wrong_order
 
 SMALL = b"small artifact\n" * 10  # inline
 LARGE = os.urandom(200_000)  # a file (default inline limit 64 KiB)
+MiB = 1 << 20
 
 
 def sha(data: bytes) -> str:
@@ -233,10 +238,46 @@ def test_inline_row_corruption_is_detected(ledger: Ledger, tmp_path: pathlib.Pat
     assert ledger.classify("s") == "committed"
 
 
-def test_inline_threshold_is_configurable(tmp_path: pathlib.Path) -> None:
-    with Ledger.init(tmp_path / "l.db", inline_max_bytes=0) as lg:
+def test_inline_threshold_is_configurable(tmp_path: pathlib.Path, ledger_at: LedgerAt) -> None:
+    with Ledger.init(ledger_at(tmp_path / "l.db"), inline_max_bytes=0) as lg:
         run_step(lg, "s", {"a": SMALL})
         assert [b["where"] for b in lg.blob_list()] == ["file"]
+
+
+class _ShiftingFile(io.BytesIO):
+    """A file whose bytes change after they were read through once (a writer racing
+    the second read)."""
+
+    def __init__(self, data: bytes) -> None:
+        super().__init__(data)
+        self.passes = 0
+
+    def seek(self, pos: int, whence: int = 0) -> int:
+        if pos == 0 and whence == 0 and self.tell() > 0:
+            self.passes += 1
+            self.getbuffer()[0] ^= 1
+        return super().seek(pos, whence)
+
+
+def test_store_from_a_file_streams_and_refuses_one_that_changed(tmp_path: pathlib.Path) -> None:
+    data = os.urandom(2 * MiB)
+    src = tmp_path / "art.bin"
+    src.write_bytes(data)
+    with Ledger.init(tmp_path / "ledger.db") as led:
+        led.plan("s1", artifacts=("out/art.bin",))
+        with open(src, "rb") as f:
+            event = led.store("s1", 1, "out/art.bin", f)
+        assert (event.digest, event.size, event.inline) == (sha(data), len(data), False)
+        assert led.read_blob(event.digest) == data
+
+        led.plan("s2", artifacts=("out/b.bin",))
+        shifting = _ShiftingFile(os.urandom(MiB))
+        with pytest.raises(ContentChanged):
+            led.store("s2", 1, "out/b.bin", shifting)
+        assert shifting.passes >= 1
+        assert [r.event.__struct_config__.tag for r in led.timeline("s2")] == [
+            "planned", "blob-pinned"]  # pinned, never recorded as stored
+        assert led.verify().ok
 
 
 def test_pin_then_store_is_one_pin(ledger: Ledger) -> None:
@@ -252,12 +293,13 @@ def test_pin_then_store_is_one_pin(ledger: Ledger) -> None:
 
 
 @pytest.mark.sqlite_only
-def test_a_fresh_step_with_a_file_is_two_commits_pins_first(tmp_path: pathlib.Path) -> None:
+def test_a_fresh_step_with_a_file_is_two_commits_pins_first(
+        tmp_path: pathlib.Path, ledger_at: LedgerAt) -> None:
     """plan + every pin; (the file made durable) every blob-stored + the manifest + the
     ack. The file is written only after the pins commit, and the manifest commits with
     the stores, after the file is durable."""
     ops: list[str] = []
-    with Ledger.init(tmp_path / "l.db", on_op=ops.append) as lg:
+    with Ledger.init(ledger_at(tmp_path / "l.db"), on_op=ops.append) as lg:
         ops.clear()
         run_step(lg, "s", {"a.txt": SMALL, "b.bin": LARGE, "c.txt": b"c"})
         assert ops.count("commit") == 2, ops
@@ -275,11 +317,11 @@ def test_a_fresh_step_with_a_file_is_two_commits_pins_first(tmp_path: pathlib.Pa
         assert [b["pinned"] for b in lg.blob_list()] == [False] * 3  # the ack released them
 
 
-def test_a_fresh_inline_step_is_one_commit(tmp_path: pathlib.Path) -> None:
+def test_a_fresh_inline_step_is_one_commit(tmp_path: pathlib.Path, ledger_at: LedgerAt) -> None:
     """Every artifact inline: plan, bytes, stores, manifest and ack in one transaction —
     the multi-commit path's events, in its order, without the pins."""
     ops: list[str] = []
-    with Ledger.init(tmp_path / "l.db", on_op=ops.append) as lg:
+    with Ledger.init(ledger_at(tmp_path / "l.db"), on_op=ops.append) as lg:
         ops.clear()
         result = run_step(lg, "s", {"a.txt": SMALL, "c.txt": b"c", "d.txt": b"c"})
         assert result.ran and result.attempt == 1
@@ -373,5 +415,6 @@ def test_the_fast_path_only_publishes_what_the_plan_declared(
     assert ledger.manifest("s") is None and ledger.verify().ok
 
 
-#: The `ledger` fixture runs each test on SQLite and on PostgreSQL (tests/conftest.py).
+#: The tests that take `ledger_at` (or `ledger`, `ledger_location`) run on SQLite and on
+#: PostgreSQL (tests/conftest.py).
 BOTH_STORES = True

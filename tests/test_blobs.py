@@ -33,11 +33,13 @@ from ledger.errors import (
     EXIT_USAGE,
     BlobCorrupt,
     BlobNotFound,
+    ContentChanged,
     InvalidInput,
     StorageFailure,
 )
 
 DATA = b"the quick brown fox jumps over the lazy dog\n" * 100
+MiB = 1 << 20
 OLD_NS = 1_000_000_000 * 1_000_000_000  # 2001-09-09, far in the past
 
 
@@ -668,6 +670,25 @@ def test_dedup_makes_a_half_finished_put_durable(store: BlobStore, root: Path) -
 
 
 # -- delete -------------------------------------------------------------------------------------
+
+
+def test_put_stream_stores_nothing_when_the_content_changed(tmp_path: Path) -> None:
+    store = BlobStore(tmp_path / "blobs")
+    data = b"x" * (3 * MiB + 5)
+    with pytest.raises(ContentChanged):
+        store.put_stream(iter([data[:MiB], b"y" * MiB, data[2 * MiB:]]), digest_of(data))
+    assert store.size(digest_of(data)) is None
+    assert list(store.temp_files()) == []
+    got = store.put_stream(iter([data[:MiB], data[MiB:]]), digest_of(data))
+    assert (got.size, got.deduped) == (len(data), False)
+
+    def untouchable() -> object:
+        raise AssertionError("a dedup hit must not read its source")
+        yield b""
+
+    assert store.put_stream(untouchable(), digest_of(data)).deduped  # type: ignore[arg-type]
+    assert b"".join(store.chunks(digest_of(data))) == data
+
 
 
 def test_delete(store: BlobStore, root: Path) -> None:

@@ -37,8 +37,10 @@ def run_main(*argv: str) -> str:
     return f"import sys\nsys.argv = ['steptrail', *{list(argv)!r}]\nfrom ledger.cli import main\nmain()\n"
 
 
-HEAVY = {"sqlite_utils", "ledger.gc", "ledger.metrics", "ledger.demo", "ledger.testing",
-         "ledger.mcp", "mcp"}
+HEAVY = {"sqlite_utils", "ledger.gc", "ledger.metrics", "ledger.demo", "ledger.testing.chaos",
+         "ledger.testing.faults", "ledger.testing.fuzz", "ledger.mcp", "mcp"}
+#: What listing the commands other packages add (the entry points) loads: `--help` only.
+ADDED = {"importlib.metadata", "ledger.testing", "ledger.testing.commands"}
 
 
 def test_importing_the_cli_loads_no_ledger_and_no_store() -> None:
@@ -70,4 +72,15 @@ def test_a_read_command_loads_no_other_commands_modules(tmp_path: object) -> Non
     for argv in (("steps",), ("head",), ("steps", "--json")):
         mods = loaded_after(run_main("--ledger", db, *argv))
         assert "ledger.ledger" in mods
-        assert not HEAVY & mods, (argv, HEAVY & mods)
+        assert not (HEAVY | ADDED) & mods, (argv, (HEAVY | ADDED) & mods)
+
+
+def test_help_lists_the_added_commands_without_their_machinery() -> None:
+    """`steptrail --help` lists chaos and fuzz (entry points of `steptrail.commands`),
+    loading their module but none of the machinery they run."""
+    done = subprocess.run([sys.executable, "-m", "ledger", "--help"], capture_output=True,
+                          text=True, check=True)
+    assert {"chaos", "fuzz"} <= {line.split()[0] for line in done.stdout.splitlines()
+                                 if line.startswith("  ") and line.split()}
+    mods = loaded_after(run_main("--help"))
+    assert "ledger.testing.commands" in mods and not HEAVY & mods

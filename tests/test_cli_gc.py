@@ -8,8 +8,12 @@ is built on the real clock.
 
 from __future__ import annotations
 
+import json
 import os
 import pathlib
+import shlex
+import subprocess
+import sys
 import threading
 import time
 from dataclasses import dataclass
@@ -426,6 +430,97 @@ def test_the_scheduling_files_run_gc_with_json_and_explain_the_exit_codes() -> N
     r = run(None, "gc", "--help")
     for flag in ("--grace", "--max-runtime", "--json"):
         assert flag in r.out
+
+
+# --- the shipped GC units on a witnessed ledger (issue 11, item 9) ---------------------
+
+#: Where the units keep the witness (their comments say so), and the ledger they name.
+UNIT_WITNESS_DIR = "/var/lib/steptrail-witness"
+UNIT_LEDGER_DIR = "/srv/agent/.steptrail"
+
+
+def unit_settings(text: str) -> dict[str, list[str]]:
+    """A systemd unit's settings (every value of a repeated key), comments skipped."""
+    out: dict[str, list[str]] = {}
+    for line in text.splitlines():
+        line = line.strip()
+        if not line or line.startswith(("#", ";", "[")):
+            continue
+        key, _, value = line.partition("=")
+        out.setdefault(key.strip(), []).append(value.strip())
+    return out
+
+
+def witnessed_ledger_with_an_orphan(root: pathlib.Path) -> tuple[pathlib.Path, pathlib.Path]:
+    """The units' ledger and witness, relocated under `root`; an orphan blob from 2023
+    (past gc's 24 h grace) so that gc commits — and has to write the witness."""
+    path = root / UNIT_LEDGER_DIR.lstrip("/") / "ledger.db"
+    witness = root / UNIT_WITNESS_DIR.lstrip("/") / "agent.witness"
+    witness.parent.mkdir(parents=True)
+    with Ledger.init(path, clock=FakeClock(), witness=witness) as led:
+        row = led.plan("orph", artifacts=["o.txt"])
+        led.store("orph", row.attempt, "o.txt", b"an orphan")
+        led.workspaces.compensate("orph", reason="tests failed")
+    return path, witness
+
+
+def relocate(text: str, root: pathlib.Path) -> str:
+    for prefix in ("/srv/agent", UNIT_WITNESS_DIR):
+        text = text.replace(prefix, str(root) + prefix)
+    return text
+
+
+def check_gc_ran_witnessed(path: pathlib.Path, witness: pathlib.Path, summary: str) -> None:
+    assert json.loads(summary.strip().splitlines()[-1])["collected"] == 1, summary
+    with Ledger.open(path, readonly=True, witness=witness) as led:
+        assert led.witness_lag == 0 and led.verify().ok
+        assert [r.kind for r in led.read()][-1] == "blob-collected"
+
+
+def _env(tmp: pathlib.Path) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("STEPTRAIL_")}
+    shim = tmp / "bin"
+    shim.mkdir(exist_ok=True)
+    exe = shim / "steptrail"  # the units call 'steptrail'; this one runs the tree's
+    exe.write_text(f"#!/bin/sh\nexec {shlex.quote(sys.executable)} -m ledger \"$@\"\n")
+    exe.chmod(0o755)
+    env["PATH"] = f"{shim}:{env.get('PATH', '/usr/bin:/bin')}"
+    env["PYTHONPATH"] = str(ROOT)
+    return env
+
+
+def test_the_systemd_unit_may_write_the_witness_and_its_command_runs_witnessed(
+        tmp_path: pathlib.Path) -> None:
+    service = unit_settings((ROOT / "tools" / "steptrail-gc.service").read_text())
+    writable = [p.lstrip("-") for v in service["ReadWritePaths"] for p in v.split()]
+    mounts = [p for v in service["RequiresMountsFor"] for p in v.split()]
+    assert UNIT_LEDGER_DIR in writable and UNIT_WITNESS_DIR in writable
+    assert UNIT_WITNESS_DIR in mounts
+    assert service["ProtectSystem"] == ["strict"]  # so ReadWritePaths is all it may write
+    (exec_start,) = service["ExecStart"]
+    path, witness = witnessed_ledger_with_an_orphan(tmp_path)
+    argv = shlex.split(relocate(exec_start, tmp_path))
+    assert argv[0] == "/usr/local/bin/steptrail"
+    argv[0] = "steptrail"
+    done = subprocess.run(argv, env=_env(tmp_path), cwd=tmp_path, capture_output=True, text=True,
+                          timeout=120)
+    assert done.returncode == 0, done
+    check_gc_ran_witnessed(path, witness, done.stdout)
+
+
+def test_the_cron_line_runs_gc_witnessed(tmp_path: pathlib.Path) -> None:
+    text = (ROOT / "tools" / "steptrail-gc.cron").read_text()
+    (line,) = [ln for ln in text.splitlines() if ln.strip() and not ln.startswith(("#", "SHELL",
+                                                                                  "PATH"))]
+    fields = line.split()
+    user, command = fields[5], " ".join(fields[6:])
+    assert user == "agent"
+    path, witness = witnessed_ledger_with_an_orphan(tmp_path)
+    done = subprocess.run(["/bin/sh", "-c", relocate(command, tmp_path)], env=_env(tmp_path),
+                          cwd=tmp_path, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done
+    log = (path.parent / "gc.log").read_text()
+    check_gc_ran_witnessed(path, witness, log)
 
 
 # --- regressions: found while writing these (fixed in ledger/gc/collector.py) -----------

@@ -21,9 +21,21 @@ import pytest
 from conftest import CLEAN_ENV, run_cli
 
 from ledger import Ledger
-from ledger.cli import RUN_KILL_ENV
 
 STAGES = ("after-plan", "after-commit")
+
+#: `steptrail ARGS...` in a process that SIGKILLs itself when `step run` reaches STAGE
+#: (the hook `main` hands the command): `python -c KILLED_AT STAGE ARGS...`.
+KILLED_AT = """
+import os, signal, sys
+import ledger.cli
+
+def kill_at(stage):
+    if stage == sys.argv[1]:
+        os.kill(os.getpid(), signal.SIGKILL)
+
+ledger.cli.main(sys.argv[2:], obj={"on_stage": kill_at})
+"""
 
 
 def sha(data: bytes) -> str:
@@ -118,9 +130,8 @@ def test_a_rerun_of_a_committed_step_changes_nothing(setup: dict[str, Any]) -> N
 
 def killed_run(s: dict[str, Any], stage: str) -> subprocess.CompletedProcess[str]:
     env = {k: v for k, v in {**os.environ, **CLEAN_ENV}.items() if v is not None}
-    env[RUN_KILL_ENV] = stage
-    return subprocess.run([sys.executable, "-m", "ledger", *argv(s, "--json")], cwd=s["dir"],
-                          env=env, capture_output=True, text=True, timeout=120)
+    return subprocess.run([sys.executable, "-c", KILLED_AT, stage, *argv(s, "--json")],
+                          cwd=s["dir"], env=env, capture_output=True, text=True, timeout=120)
 
 
 @pytest.mark.parametrize("stage", STAGES)

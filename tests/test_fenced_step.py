@@ -9,7 +9,7 @@ import signal
 from pathlib import Path
 
 import pytest
-from conftest import FakeClock
+from conftest import FakeClock, LedgerAt, sqlite_at
 
 from ledger import (
     FencedOutcome,
@@ -21,6 +21,8 @@ from ledger import (
     run_fenced_step,
 )
 
+#: The tests that take `ledger_at` (or `ledger`, `ledger_location`) run on SQLite and on
+#: PostgreSQL (tests/conftest.py).
 BOTH_STORES = True
 
 
@@ -29,13 +31,15 @@ def h(data: bytes) -> str:
 
 
 class World:
-    def __init__(self, tmp: Path, on_op: object = None) -> None:
+    """The ledger at `tmp`/ledger.db, or where `at` (the `ledger_at` fixture) puts it."""
+
+    def __init__(self, tmp: Path, on_op: object = None, *, at: LedgerAt = sqlite_at) -> None:
         self.dir = tmp / "ws"
         self.dir.mkdir()
         (self.dir / "app.py").write_bytes(b"print('v0')\n")
         (self.dir / "lib.py").write_bytes(b"x = 0\n")
         self.clock = FakeClock()
-        self.path = tmp / "ledger.db"
+        self.path = at(tmp / "ledger.db")
         self.ledger = Ledger.init(self.path, clock=self.clock)
         self.ledger.workspaces.add("w", str(self.dir))
         self.epoch = self.ledger.workspaces.acquire("w", "agent", ttl_s=3600).epoch
@@ -49,8 +53,9 @@ class World:
                                epoch=epoch or self.epoch)
 
 
-def test_a_first_run_applies_and_commits_in_two_commits(tmp_path: Path) -> None:
-    w = World(tmp_path)
+def test_a_first_run_applies_and_commits_in_two_commits(
+        tmp_path: Path, ledger_at: LedgerAt) -> None:
+    w = World(tmp_path, at=ledger_at)
     head = w.ledger.head().seq
     out = w.run()
     assert out.status is StepStatus.APPLIED and out.ran and out.committed
@@ -66,11 +71,12 @@ def test_a_first_run_applies_and_commits_in_two_commits(tmp_path: Path) -> None:
 
 
 @pytest.mark.sqlite_only
-def test_two_commits_a_step(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_two_commits_a_step(
+        tmp_path: Path, ledger_at: LedgerAt, monkeypatch: pytest.MonkeyPatch) -> None:
     """Counted by SQLite's WAL hook, which runs once after each commit."""
     from ledger.store.sqlite.file import Database
 
-    w = World(tmp_path)
+    w = World(tmp_path, at=ledger_at)
     w.ledger.close()
     commits: list[int] = []
     hook = Database._wal_hook
@@ -87,8 +93,8 @@ def test_two_commits_a_step(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> 
     assert len(commits) == 2, commits
 
 
-def test_a_rerun_of_a_committed_step_runs_nothing(tmp_path: Path) -> None:
-    w = World(tmp_path)
+def test_a_rerun_of_a_committed_step_runs_nothing(tmp_path: Path, ledger_at: LedgerAt) -> None:
+    w = World(tmp_path, at=ledger_at)
     first = w.run()
     called = []
 
@@ -101,8 +107,8 @@ def test_a_rerun_of_a_committed_step_runs_nothing(tmp_path: Path) -> None:
     assert again.manifest == first.manifest and again.receipt == first.receipt
 
 
-def test_a_published_unacked_step_is_acked_on_rerun(tmp_path: Path) -> None:
-    w = World(tmp_path)
+def test_a_published_unacked_step_is_acked_on_rerun(tmp_path: Path, ledger_at: LedgerAt) -> None:
+    w = World(tmp_path, at=ledger_at)
     plan = [w.ledger.workspaces.read_file("w", "app.py").write(b"v2\n")]
     w.ledger.workspaces.admit("w", w.epoch, [__import__("ledger").StepPlan("s1", plan)])
     w.ledger.workspaces.apply("s1", epoch=w.epoch)
@@ -111,8 +117,9 @@ def test_a_published_unacked_step_is_acked_on_rerun(tmp_path: Path) -> None:
     assert out.status is StepStatus.DEDUPED and w.ledger.step("s1").state == "acked"
 
 
-def test_a_persons_edit_after_the_read_is_a_conflict_with_a_diff(tmp_path: Path) -> None:
-    w = World(tmp_path)
+def test_a_persons_edit_after_the_read_is_a_conflict_with_a_diff(
+        tmp_path: Path, ledger_at: LedgerAt) -> None:
+    w = World(tmp_path, at=ledger_at)
 
     def plan(read: StepReader) -> list[Write]:
         got = read.read("app.py")
@@ -134,16 +141,17 @@ def test_a_persons_edit_after_the_read_is_a_conflict_with_a_diff(tmp_path: Path)
     assert again.status is StepStatus.APPLIED and again.attempt == 2
 
 
-def test_a_taken_over_lease_is_a_stale_epoch_outcome(tmp_path: Path) -> None:
-    w = World(tmp_path)
+def test_a_taken_over_lease_is_a_stale_epoch_outcome(tmp_path: Path, ledger_at: LedgerAt) -> None:
+    w = World(tmp_path, at=ledger_at)
     w.ledger.workspaces.acquire("w", "other", ttl_s=60, force=True)
     out = w.run()
     assert out.status is StepStatus.STALE_EPOCH and not out.committed
     assert (w.dir / "app.py").read_bytes() == b"print('v0')\n"
 
 
-def test_an_attempt_settled_by_a_new_epoch_is_planned_again(tmp_path: Path) -> None:
-    w = World(tmp_path)
+def test_an_attempt_settled_by_a_new_epoch_is_planned_again(
+        tmp_path: Path, ledger_at: LedgerAt) -> None:
+    w = World(tmp_path, at=ledger_at)
     plan = [w.ledger.workspaces.read_file("w", "app.py").write(b"v2\n")]
     w.ledger.workspaces.admit("w", w.epoch, [__import__("ledger").StepPlan("s1", plan)])
     epoch = w.ledger.workspaces.acquire("w", "agent-2", ttl_s=60, force=True).epoch
@@ -152,8 +160,9 @@ def test_an_attempt_settled_by_a_new_epoch_is_planned_again(tmp_path: Path) -> N
 
 
 @pytest.mark.sqlite_only
-def test_a_step_killed_between_its_exchanges_is_finished_by_a_rerun(tmp_path: Path) -> None:
-    w = World(tmp_path)
+def test_a_step_killed_between_its_exchanges_is_finished_by_a_rerun(
+        tmp_path: Path, ledger_at: LedgerAt) -> None:
+    w = World(tmp_path, at=ledger_at)
     w.ledger.close()
     pid = os.fork()
     if pid == 0:  # pragma: no cover - the child
@@ -178,9 +187,9 @@ def test_a_step_killed_between_its_exchanges_is_finished_by_a_rerun(tmp_path: Pa
     assert w.ledger.verify().ok
 
 
-def test_a_step_of_another_workspace_is_refused(tmp_path: Path) -> None:
+def test_a_step_of_another_workspace_is_refused(tmp_path: Path, ledger_at: LedgerAt) -> None:
     from ledger import InvalidInput
-    w = World(tmp_path)
+    w = World(tmp_path, at=ledger_at)
     (tmp_path / "ws2").mkdir()
     w.ledger.workspaces.add("w2", str(tmp_path / "ws2"))
     w.run()
@@ -188,8 +197,8 @@ def test_a_step_of_another_workspace_is_refused(tmp_path: Path) -> None:
         run_fenced_step(w.ledger, "w2", "s1", [], epoch=w.epoch)
 
 
-def test_artifacts_commit_with_the_step(tmp_path: Path) -> None:
-    w = World(tmp_path)
+def test_artifacts_commit_with_the_step(tmp_path: Path, ledger_at: LedgerAt) -> None:
+    w = World(tmp_path, at=ledger_at)
     big = b"log line\n" * 20_000  # a file blob
     out = run_fenced_step(w.ledger, "w", "s1",
                           lambda read: [read.read("app.py").write(b"v1\n")], epoch=w.epoch,
@@ -206,10 +215,11 @@ def test_artifacts_commit_with_the_step(tmp_path: Path) -> None:
 
 
 @pytest.mark.sqlite_only
-def test_small_artifacts_keep_two_commits(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_small_artifacts_keep_two_commits(
+        tmp_path: Path, ledger_at: LedgerAt, monkeypatch: pytest.MonkeyPatch) -> None:
     from ledger.store.sqlite.file import Database
 
-    w = World(tmp_path)
+    w = World(tmp_path, at=ledger_at)
     commits: list[int] = []
     hook = Database._wal_hook
 

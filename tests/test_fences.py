@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import FakeClock
+from conftest import FakeClock, LedgerAt, sqlite_at
 
 from ledger import Ledger
 from ledger.errors import (
@@ -23,6 +23,7 @@ from ledger.errors import (
     IllegalTransition,
     InvalidInput,
     LeaseHeld,
+    LedgerError,
     PathEscapes,
     ReplanRefused,
     StaleEpoch,
@@ -36,16 +37,18 @@ def h(text: str | bytes) -> str:
 
 
 class World:
-    """A ledger, one workspace directory holding app.py = "v0", and a live lease."""
+    """A ledger, one workspace directory holding app.py = "v0", and a live lease. The
+    ledger is at `tmp`/ledger.db, or where `at` (the `ledger_at` fixture) puts it."""
 
     def __init__(self, tmp: Path, fence: str = "step", journal: bool = True,
-                 clock: FakeClock | None = None, **options: Any) -> None:
+                 clock: FakeClock | None = None, *, at: LedgerAt = sqlite_at,
+                 **options: Any) -> None:
         self.tmp = tmp
         self.dir = tmp / "ws"
         self.dir.mkdir()
         (self.dir / "app.py").write_text("v0")
         self.clock = clock or FakeClock()
-        self.path = tmp / "ledger.db"
+        self.path = at(tmp / "ledger.db")
         self.ledger = Ledger.init(self.path, clock=self.clock, **options)
         self.ledger.workspaces.add("w", str(self.dir))
         self.epoch = self.ledger.workspaces.acquire("w", "agent", ttl_s=3600).epoch
@@ -153,27 +156,29 @@ TABLE: dict[str, tuple[Callable[[World], str], dict[str, str]]] = {
 
 @pytest.mark.parametrize("column", list(MODES))
 @pytest.mark.parametrize("scenario", list(TABLE))
-def test_verdict_table(tmp_path: Path, scenario: str, column: str) -> None:
+def test_verdict_table(tmp_path: Path, ledger_at: LedgerAt, scenario: str, column: str) -> None:
     fence, journal = MODES[column]
-    w = World(tmp_path, fence, journal)
+    w = World(tmp_path, fence, journal, at=ledger_at)
     run, expected = TABLE[scenario]
     assert run(w) == expected[column]
     assert w.ledger.verify().ok
 
 
-def test_lost_updates_are_real_without_a_fence(tmp_path: Path) -> None:
+def test_lost_updates_are_real_without_a_fence(tmp_path: Path, ledger_at: LedgerAt) -> None:
     """`applied` under fence=none in the table is a lost update: the human's bytes are gone."""
-    w = World(tmp_path, "none", False)
+    w = World(tmp_path, "none", False, at=ledger_at)
     concurrent_edit(w)
     assert w.disk() == "v2"  # "human-refactor" was overwritten
-    w2 = World(tmp_path / "b", "step", True) if (tmp_path / "b").mkdir() is None else None
+    w2 = (World(tmp_path / "b", "step", True, at=ledger_at) if (tmp_path / "b").mkdir() is None
+          else None)
     assert w2 is not None
     concurrent_edit(w2)
     assert w2.disk() == "human-refactor"
 
 
-def test_preemption_retry_with_journal_returns_the_first_receipt(tmp_path: Path) -> None:
-    w = World(tmp_path)
+def test_preemption_retry_with_journal_returns_the_first_receipt(
+        tmp_path: Path, ledger_at: LedgerAt) -> None:
+    w = World(tmp_path, at=ledger_at)
     w.admit(w.write("s1", "v1", "v0"))
     first = w.ledger.workspaces.apply("s1", epoch=w.epoch)
     again = w.ledger.workspaces.apply("s1", 1, epoch=w.epoch)
@@ -182,8 +187,8 @@ def test_preemption_retry_with_journal_returns_the_first_receipt(tmp_path: Path)
     assert sum(1 for e in w.ledger.read(kind="fenced")) == 1
 
 
-def test_without_journal_a_redelivery_applies_twice(tmp_path: Path) -> None:
-    w = World(tmp_path, "none", False)
+def test_without_journal_a_redelivery_applies_twice(tmp_path: Path, ledger_at: LedgerAt) -> None:
+    w = World(tmp_path, "none", False, at=ledger_at)
     preemption_retry(w)
     assert sum(1 for e in w.ledger.read(kind="fenced")) == 2
     assert w.ledger.workspaces.get("w").rev == 2
@@ -192,16 +197,16 @@ def test_without_journal_a_redelivery_applies_twice(tmp_path: Path) -> None:
 # --- plan admission ----------------------------------------------------------------------
 
 
-def test_siblings_writing_one_path_must_chain(tmp_path: Path) -> None:
-    w = World(tmp_path)
+def test_siblings_writing_one_path_must_chain(tmp_path: Path, ledger_at: LedgerAt) -> None:
+    w = World(tmp_path, at=ledger_at)
     out = w.admit(w.write("s1", "v1", "v0"), w.write("s2", "v2", "v0"))  # s2 not on s1's result
     assert [r.verdict for r in out] == ["rejected:overlap", "rejected:overlap"]
     assert w.ledger.step("s1").state == "rejected"
     assert w.disk() == "v0"
 
 
-def test_chained_siblings_apply_in_order(tmp_path: Path) -> None:
-    w = World(tmp_path)
+def test_chained_siblings_apply_in_order(tmp_path: Path, ledger_at: LedgerAt) -> None:
+    w = World(tmp_path, at=ledger_at)
     assert w.admit(w.write("s1", "v1", "v0"), w.write("s2", "v2", "v1"),
                    w.write("s3", "v3", "v2")) == [None, None, None]
     for s in ("s1", "s2", "s3"):
@@ -210,9 +215,10 @@ def test_chained_siblings_apply_in_order(tmp_path: Path) -> None:
     assert w.disk() == "v3" and w.ledger.workspaces.get("w").rev == 3
 
 
-def test_plan_fence_refuses_even_an_undisturbed_second_step(tmp_path: Path) -> None:
+def test_plan_fence_refuses_even_an_undisturbed_second_step(
+        tmp_path: Path, ledger_at: LedgerAt) -> None:
     """The table's point: a plan-level fence is loud in the wrong places."""
-    w = World(tmp_path, "plan", True)
+    w = World(tmp_path, "plan", True, at=ledger_at)
     w.admit(w.write("s1", "v1", "v0"), w.write("s2", "v2", "v1"))
     assert w.apply("s1") == "applied"
     assert w.apply("s2") == "rejected:stale_rev"
@@ -221,8 +227,8 @@ def test_plan_fence_refuses_even_an_undisturbed_second_step(tmp_path: Path) -> N
 # --- epochs and leases ------------------------------------------------------------------
 
 
-def test_one_live_lease_and_epochs_grow(tmp_path: Path) -> None:
-    w = World(tmp_path)
+def test_one_live_lease_and_epochs_grow(tmp_path: Path, ledger_at: LedgerAt) -> None:
+    w = World(tmp_path, at=ledger_at)
     with pytest.raises(LeaseHeld):
         w.ledger.workspaces.acquire("w", "other", ttl_s=60)
     forced = w.ledger.workspaces.acquire("w", "other", ttl_s=60, force=True)
@@ -234,20 +240,20 @@ def test_one_live_lease_and_epochs_grow(tmp_path: Path) -> None:
     assert w.ledger.workspaces.acquire("w", "third", ttl_s=60).epoch == forced.epoch + 1
 
 
-def test_heartbeat_extends_the_live_lease(tmp_path: Path) -> None:
-    w = World(tmp_path)
+def test_heartbeat_extends_the_live_lease(tmp_path: Path, ledger_at: LedgerAt) -> None:
+    w = World(tmp_path, at=ledger_at)
     w.clock.advance(3000)
     lease = w.ledger.workspaces.heartbeat("w", w.epoch, ttl_s=3600)
     w.clock.advance(3000)
     assert lease.live and w.ledger.workspaces.lease("w").live
 
 
-def test_a_bare_lease_is_a_lease_with_no_directory(tmp_path: Path) -> None:
+def test_a_bare_lease_is_a_lease_with_no_directory(tmp_path: Path, ledger_at: LedgerAt) -> None:
     """`acquire(bare=True)` on a name no workspace has makes a lease with no directory
     (a LangGraph thread's claim, issue 26): epochs, takeover, heartbeat and release as a
     workspace's; not a workspace (not listed, nothing admitted under it, its name not
     addable); a registered workspace's lease is taken as usual; rebuilt alike."""
-    w = World(tmp_path)
+    w = World(tmp_path, at=ledger_at)
     with pytest.raises(UnknownWorkspace):
         w.ledger.workspaces.acquire("thread-lease", "a", ttl_s=60)  # without `bare`, as before
     first = w.ledger.workspaces.acquire("thread-lease", "a", ttl_s=60, bare=True)
@@ -273,9 +279,9 @@ def test_a_bare_lease_is_a_lease_with_no_directory(tmp_path: Path) -> None:
     assert (lease.epoch, lease.holder, lease.released) == (2, "b", True)
 
 
-def test_zombie_worker_cannot_commit_anything(tmp_path: Path) -> None:
+def test_zombie_worker_cannot_commit_anything(tmp_path: Path, ledger_at: LedgerAt) -> None:
     """The zombie that keeps running after its timeout: its every effect is refused."""
-    w = World(tmp_path)
+    w = World(tmp_path, at=ledger_at)
     w.admit(w.write("s1", "v1", "v0"))
     zombie = w.epoch
     w.clock.advance(3601)  # the lease expired; a new worker takes over
@@ -291,10 +297,10 @@ def test_zombie_worker_cannot_commit_anything(tmp_path: Path) -> None:
     assert w.ledger.count() == count
 
 
-def test_late_200_after_the_sandbox_was_reclaimed(tmp_path: Path) -> None:
+def test_late_200_after_the_sandbox_was_reclaimed(tmp_path: Path, ledger_at: LedgerAt) -> None:
     """apply_patch answered 200 (epoch 1), the sandbox was reclaimed (epoch 2) before the
     result was recorded: the settle put the pre-image back, the late publish is refused."""
-    w = World(tmp_path)
+    w = World(tmp_path, at=ledger_at)
     w.admit(w.write("s1", "v1", "v0"))
     result = w.ledger.workspaces.apply("s1", epoch=w.epoch)
     assert w.disk() == "v1"
@@ -309,8 +315,9 @@ def test_late_200_after_the_sandbox_was_reclaimed(tmp_path: Path) -> None:
     assert w.ledger.verify().ok
 
 
-def test_a_redelivered_event_of_a_dead_epoch_returns_the_first_result(tmp_path: Path) -> None:
-    w = World(tmp_path)
+def test_a_redelivered_event_of_a_dead_epoch_returns_the_first_result(
+        tmp_path: Path, ledger_at: LedgerAt) -> None:
+    w = World(tmp_path, at=ledger_at)
     w.admit(w.write("s1", "v1", "v0"))
     w.apply("s1")
     manifest = w.ledger.publish("s1")
@@ -321,8 +328,9 @@ def test_a_redelivered_event_of_a_dead_epoch_returns_the_first_result(tmp_path: 
     assert again.deduped and again.seq == first.seq
 
 
-def test_a_new_epoch_settles_an_unpublished_attempt_and_the_step_goes_on(tmp_path: Path) -> None:
-    w = World(tmp_path)
+def test_a_new_epoch_settles_an_unpublished_attempt_and_the_step_goes_on(
+        tmp_path: Path, ledger_at: LedgerAt) -> None:
+    w = World(tmp_path, at=ledger_at)
     w.admit(w.write("s1", "v1", "v0"))
     w.apply("s1")
     w.epoch = w.ledger.workspaces.acquire("w", "agent-2", ttl_s=3600, force=True).epoch
@@ -334,8 +342,8 @@ def test_a_new_epoch_settles_an_unpublished_attempt_and_the_step_goes_on(tmp_pat
     assert w.disk() == "v1" and w.ledger.step("s1").live
 
 
-def test_settle_never_overwrites_a_human_edit(tmp_path: Path) -> None:
-    w = World(tmp_path)
+def test_settle_never_overwrites_a_human_edit(tmp_path: Path, ledger_at: LedgerAt) -> None:
+    w = World(tmp_path, at=ledger_at)
     w.admit(w.write("s1", "v1", "v0"))
     w.apply("s1")
     (w.dir / "app.py").write_text("human")
@@ -350,8 +358,9 @@ def test_settle_never_overwrites_a_human_edit(tmp_path: Path) -> None:
 # --- compensation -----------------------------------------------------------------------
 
 
-def test_compensate_restores_only_where_rev_and_post_image_hold(tmp_path: Path) -> None:
-    w = World(tmp_path)
+def test_compensate_restores_only_where_rev_and_post_image_hold(
+        tmp_path: Path, ledger_at: LedgerAt) -> None:
+    w = World(tmp_path, at=ledger_at)
     w.admit(w.write("s1", "v1", "v0"))
     w.apply("s1")
     w.commit("s1")
@@ -363,10 +372,10 @@ def test_compensate_restores_only_where_rev_and_post_image_hold(tmp_path: Path) 
     assert again.deduped and again.seq == comp.seq
 
 
-def test_compensation_after_a_b_a_is_a_conflict(tmp_path: Path) -> None:
+def test_compensation_after_a_b_a_is_a_conflict(tmp_path: Path, ledger_at: LedgerAt) -> None:
     """s1 v0->v1, then v1->v0 and v0->v1 again by others: the bytes match s1's
     post-image but the rev does not; undoing would be wrong."""
-    w = World(tmp_path)
+    w = World(tmp_path, at=ledger_at)
     w.admit(w.write("s1", "v1", "v0"))
     w.apply("s1")
     w.commit("s1")
@@ -379,8 +388,8 @@ def test_compensation_after_a_b_a_is_a_conflict(tmp_path: Path) -> None:
     assert w.disk() == "v1"
 
 
-def test_compensation_window(tmp_path: Path) -> None:
-    w = World(tmp_path, compensation_window_s=60)
+def test_compensation_window(tmp_path: Path, ledger_at: LedgerAt) -> None:
+    w = World(tmp_path, compensation_window_s=60, at=ledger_at)
     w.admit(w.write("s1", "v1", "v0"))
     w.apply("s1")
     w.commit("s1")
@@ -391,8 +400,8 @@ def test_compensation_window(tmp_path: Path) -> None:
     assert w.disk() == "v1"
 
 
-def test_compensating_a_rejected_attempt_is_illegal(tmp_path: Path) -> None:
-    w = World(tmp_path)
+def test_compensating_a_rejected_attempt_is_illegal(tmp_path: Path, ledger_at: LedgerAt) -> None:
+    w = World(tmp_path, at=ledger_at)
     w.admit(w.write("s1", "v1", "v0", base=5))
     assert w.apply("s1") == "rejected:stale_rev"
     with pytest.raises(IllegalTransition):
@@ -402,8 +411,8 @@ def test_compensating_a_rejected_attempt_is_illegal(tmp_path: Path) -> None:
 # --- confinement and bad input ----------------------------------------------------------
 
 
-def test_paths_cannot_escape_the_workspace(tmp_path: Path) -> None:
-    w = World(tmp_path)
+def test_paths_cannot_escape_the_workspace(tmp_path: Path, ledger_at: LedgerAt) -> None:
+    w = World(tmp_path, at=ledger_at)
     outside = tmp_path / "outside"
     outside.mkdir()
     (w.dir / "link").symlink_to(outside)
@@ -416,8 +425,8 @@ def test_paths_cannot_escape_the_workspace(tmp_path: Path) -> None:
     assert not (outside / "x").exists()
 
 
-def test_unknown_workspace_and_bad_epoch(tmp_path: Path) -> None:
-    w = World(tmp_path)
+def test_unknown_workspace_and_bad_epoch(tmp_path: Path, ledger_at: LedgerAt) -> None:
+    w = World(tmp_path, at=ledger_at)
     with pytest.raises(UnknownWorkspace):
         w.ledger.workspaces.admit("nope", 1, [w.write("s", "x", "v0")])
     with pytest.raises(InvalidInput):
@@ -451,8 +460,9 @@ def _crash_after_rename(w: World) -> None:
     assert w.disk() == "v1"  # but the rename did
 
 
-def test_crash_between_rename_and_commit_is_settled_on_replay(tmp_path: Path) -> None:
-    w = World(tmp_path)
+def test_crash_between_rename_and_commit_is_settled_on_replay(
+        tmp_path: Path, ledger_at: LedgerAt) -> None:
+    w = World(tmp_path, at=ledger_at)
     _crash_after_rename(w)
     result = w.ledger.workspaces.apply("s1", epoch=w.epoch)
     assert result.verdict == "applied" and result.receipt is not None and result.receipt.settled
@@ -461,16 +471,17 @@ def test_crash_between_rename_and_commit_is_settled_on_replay(tmp_path: Path) ->
     assert w.ledger.verify().ok
 
 
-def test_a_human_edit_in_the_crash_window_is_never_overwritten(tmp_path: Path) -> None:
-    w = World(tmp_path)
+def test_a_human_edit_in_the_crash_window_is_never_overwritten(
+        tmp_path: Path, ledger_at: LedgerAt) -> None:
+    w = World(tmp_path, at=ledger_at)
     _crash_after_rename(w)
     (w.dir / "app.py").write_text("human")
     assert w.apply("s1") == "rejected:pre_hash"
     assert w.disk() == "human"
 
 
-def test_the_next_epoch_settles_a_crashed_apply(tmp_path: Path) -> None:
-    w = World(tmp_path)
+def test_the_next_epoch_settles_a_crashed_apply(tmp_path: Path, ledger_at: LedgerAt) -> None:
+    w = World(tmp_path, at=ledger_at)
     _crash_after_rename(w)
     lease = w.ledger.workspaces.acquire("w", "agent-2", ttl_s=60, force=True)
     assert lease.settled == ("s1",)
@@ -478,12 +489,13 @@ def test_the_next_epoch_settles_a_crashed_apply(tmp_path: Path) -> None:
     assert w.ledger.verify().ok
 
 
-def test_a_rejected_replay_puts_back_the_writes_that_landed(tmp_path: Path) -> None:
+def test_a_rejected_replay_puts_back_the_writes_that_landed(
+        tmp_path: Path, ledger_at: LedgerAt) -> None:
     """Found by the model-based fault machine: the first apply of a two-write step is
     SIGKILLed after app.py's rename and before b.py's; a human then edits b.py. The
     replay is rejected (pre_hash on b.py) — and must not leave app.py's post-image
     behind, recorded nowhere: it puts the pinned pre-image back and says so."""
-    w = World(tmp_path)
+    w = World(tmp_path, at=ledger_at)
     (w.dir / "b.py").write_text("b0")
     w.admit(StepPlan("s1", [Write("app.py", b"v1", h("v0")), Write("b.py", b"b1", h("b0"))]))
     w.ledger.close()
@@ -517,12 +529,12 @@ def test_a_rejected_replay_puts_back_the_writes_that_landed(tmp_path: Path) -> N
 
 
 def test_a_rejection_without_evidence_leaves_matching_bytes_as_a_conflict(
-        tmp_path: Path) -> None:
+        tmp_path: Path, ledger_at: LedgerAt) -> None:
     """The other side: an attempt that never got to its exchanges (no slot of it holds
     anything it displaced) is rejected on its first apply, and a human had written
     exactly the bytes it planned for a new file. Those bytes are the human's: left as
     found and recorded as a conflict, never removed."""
-    w = World(tmp_path)
+    w = World(tmp_path, at=ledger_at)
     w.admit(StepPlan("s1", [Write("app.py", b"v1", h("v0"), 5),  # stale: rejected
                             Write("new.txt", b"n", None)]))
     (w.dir / "new.txt").write_bytes(b"n")  # by hand, the same bytes
@@ -533,10 +545,10 @@ def test_a_rejection_without_evidence_leaves_matching_bytes_as_a_conflict(
     assert w.ledger.verify().ok
 
 
-def test_fence_verdict_rules(tmp_path: Path) -> None:
+def test_fence_verdict_rules(tmp_path: Path, ledger_at: LedgerAt) -> None:
     """The verdict rules: reject and re-plan; replay the stored result;
     compensate to the checkpoint; accept a rebase."""
-    w = World(tmp_path)
+    w = World(tmp_path, at=ledger_at)
     w.admit(w.write("s1", "v1", "v0"), w.write("s2", "v2", "v1"))
     first = w.ledger.workspaces.apply("s1", epoch=w.epoch)
     w.commit("s1")
@@ -555,11 +567,11 @@ def test_fence_verdict_rules(tmp_path: Path) -> None:
     assert w.ledger.verify().ok
 
 
-def test_replayed_apply_after_a_crash_with_two_writes(tmp_path: Path) -> None:
+def test_replayed_apply_after_a_crash_with_two_writes(tmp_path: Path, ledger_at: LedgerAt) -> None:
     """One write landed before the crash (SIGKILL between the two exchanges), the other
     did not: the replay records the first as found and applies the second. The same
     bytes written by a person, with no exchange behind them, are a conflict instead."""
-    w = World(tmp_path)
+    w = World(tmp_path, at=ledger_at)
     (w.dir / "b.py").write_text("b0")
     w.admit(StepPlan("s", [Write("app.py", b"v1", h("v0")), Write("b.py", b"b1", h("b0"))]))
     w.ledger.close()
@@ -591,8 +603,9 @@ def test_replayed_apply_after_a_crash_with_two_writes(tmp_path: Path) -> None:
     assert w.disk() == "v0" and (w.dir / "b.py").read_text() == "b0"
 
 
-def test_the_planned_bytes_written_by_a_person_are_not_taken_for_a_crash(tmp_path: Path) -> None:
-    w = World(tmp_path)
+def test_the_planned_bytes_written_by_a_person_are_not_taken_for_a_crash(
+        tmp_path: Path, ledger_at: LedgerAt) -> None:
+    w = World(tmp_path, at=ledger_at)
     (w.dir / "b.py").write_text("b0")
     w.admit(StepPlan("s", [Write("app.py", b"v1", h("v0")), Write("b.py", b"b1", h("b0"))]))
     (w.dir / "app.py").write_text("v1")  # a person, not an exchange
@@ -600,8 +613,8 @@ def test_the_planned_bytes_written_by_a_person_are_not_taken_for_a_crash(tmp_pat
     assert w.disk() == "v1" and (w.dir / "b.py").read_text() == "b0"
 
 
-def test_creating_and_deleting_files(tmp_path: Path) -> None:
-    w = World(tmp_path)
+def test_creating_and_deleting_files(tmp_path: Path, ledger_at: LedgerAt) -> None:
+    w = World(tmp_path, at=ledger_at)
     w.admit(StepPlan("new", [Write("pkg/new.py", b"x", None)]))
     assert w.apply("new") == "applied" and (w.dir / "pkg" / "new.py").read_text() == "x"
     w.commit("new")
@@ -617,7 +630,8 @@ def test_creating_and_deleting_files(tmp_path: Path) -> None:
 # --- the workspace protocol is a collaborator, not a mixin ----------------------------
 
 
-def test_the_workspace_protocol_is_one_object_on_the_ledger(tmp_path: Path) -> None:
+def test_the_workspace_protocol_is_one_object_on_the_ledger(tmp_path: Path,
+                                                           ledger_at: LedgerAt) -> None:
     """Users reach the workspace protocol as `ledger.workspaces` (one `Workspaces`), not
     through delegations on `Ledger`: no public method of `Workspaces` is also on `Ledger`."""
     from ledger.workspace import Workspaces
@@ -627,9 +641,28 @@ def test_the_workspace_protocol_is_one_object_on_the_ledger(tmp_path: Path) -> N
             "confined"} <= names
     assert names & {n for n in dir(Ledger) if not n.startswith("_")} == set()
     assert not issubclass(Ledger, Workspaces)
-    w = World(tmp_path)
+    w = World(tmp_path, at=ledger_at)
     assert isinstance(w.ledger.workspaces, Workspaces)
     assert w.ledger.workspaces.list() == [w.ledger.workspaces.get("w")]
+
+
+def test_admit_refuses_a_different_plan_in_the_library(tmp_path: Path) -> None:
+    (tmp_path / "ws").mkdir()
+    (tmp_path / "ws" / "app.py").write_bytes(b"v0")
+    with Ledger.init(tmp_path / "l.db") as led:
+        led.workspaces.add("w", str(tmp_path / "ws"))
+        epoch = led.workspaces.acquire("w", "a").epoch
+        plan = [StepPlan("s1", [Write("app.py", b"v1", h("v0"))])]
+        assert led.workspaces.admit("w", epoch, plan) == [None]
+        n = led.count()
+        assert led.workspaces.admit("w", epoch, plan) == [None]  # idempotent
+        other = [StepPlan("s2", [Write("b.py", b"b", None)]),
+                 StepPlan("s1", [Write("app.py", b"v2", h("v0"))])]
+        with pytest.raises(LedgerError) as caught:  # (PlanConflict)
+            led.workspaces.admit("w", epoch, other)
+        assert type(caught.value).__name__ == "PlanConflict"
+        assert caught.value.exit_code == 1 and "new content" in str(caught.value)
+        assert led.count() == n and led.find_step("s2") is None  # nothing of the batch
 
 
 def test_an_apply_result_is_typed_beside_its_verdict_text() -> None:
@@ -644,5 +677,6 @@ def test_an_apply_result_is_typed_beside_its_verdict_text() -> None:
     assert ApplyResult(verdict="deduped", step="s", attempt=1).applied
 
 
-#: Each test runs on SQLite and on PostgreSQL (tests/conftest.py).
+#: The tests that take `ledger_at` (or `ledger`, `ledger_location`) run on SQLite and on
+#: PostgreSQL (tests/conftest.py).
 BOTH_STORES = True

@@ -30,6 +30,7 @@ from hypothesis.stateful import (
 
 from ledger import Ledger
 from ledger.testing import fuzz
+from ledger.testing.broken import append_unchecked
 from ledger.errors import InvalidInput, StaleEpoch
 from ledger.events import (
     Acked,
@@ -299,9 +300,9 @@ def test_i5_catches_an_effect_appended_past_the_epoch_guard(tmp_path: Path) -> N
         led.workspaces.add("w", str(root))
         e1 = led.workspaces.acquire("w", "one", ttl_s=3600).epoch
         led.workspaces.admit("w", e1, [StepPlan("s", [Write("a.py", b"a1", h("a0"))])])
-        led._append_unchecked(LeaseAcquired(workspace="w", epoch=e1 + 1, holder="two",
+        append_unchecked(led, LeaseAcquired(workspace="w", epoch=e1 + 1, holder="two",
                                             expires_ns=clock.now + 10**12, forced=True))
-        led._append_unchecked(fenced_a("s", epoch=e1))
+        append_unchecked(led, fenced_a("s", epoch=e1))
         found = fuzz.check_events(fresh_model(), led.read())
         assert props(found) == ["I5"], found
         with pytest.raises(StaleEpoch):  # the guarded path refuses the same thing
@@ -392,7 +393,7 @@ def test_worlds_clean_up_their_directory(tmp_path: Path) -> None:
     assert list(tmp_path.iterdir()) == []
 
 
-# --- regressions: protocol bugs the search found (fixed in ledger/fences.py, ledger.py) ----
+# --- regressions: protocol bugs the search found (fixed in ledger/workspace/protocol.py, ledger.py) ----
 
 
 def test_settle_keeps_a_hand_edit_equal_to_an_unapplied_post_image(tmp_path: Path) -> None:

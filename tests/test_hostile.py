@@ -2022,7 +2022,7 @@ def test_error_message_spans_many_lines(world: World) -> None:
 
 
 # === 12. the witness taken away, the ledger rolled back ====================================
-# tests/test_review_witness.py covers a rolled-back ledger file whose witness is also taken
+# tests/test_witness.py covers a rolled-back ledger file whose witness is also taken
 # away. Here the rest, on a full world (blobs, a workspace): the whole ledger directory,
 # blob store included, put back from an older copy under an intact witness; and the witness
 # deleted, emptied or zero-filled under a ledger that was not rolled back. Every library

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from conftest import LedgerAt
 
 pytest.importorskip("langgraph.checkpoint.conformance")
 
@@ -57,12 +58,14 @@ def every_capability_passed(report: Any) -> bool:
         r["detected"] and r["passed"] is True for r in results.values())
 
 
-def run_suite(tmp: Path, make: Any = LedgerSaver) -> Any:
+def run_suite(tmp: Path, at: LedgerAt, make: Any = LedgerSaver) -> Any:
+    """The conformance suite, each of its savers on a fresh ledger under `tmp`, where `at`
+    (the `ledger_at` fixture) puts it."""
     counter = iter(range(1_000))
 
     @checkpointer_test(name="LedgerSaver")
     async def factory() -> AsyncIterator[LedgerSaver]:
-        ledger = Ledger.init(tmp / f"suite-{next(counter)}" / "ledger.db")
+        ledger = Ledger.init(at(tmp / f"suite-{next(counter)}" / "ledger.db"))
         saver = make(ledger)
         yield saver
         await saver.aclose()
@@ -73,8 +76,8 @@ def run_suite(tmp: Path, make: Any = LedgerSaver) -> Any:
 
 
 def test_the_conformance_suite_passes_every_capability_and_the_readme_says_so(
-        tmp_path: Path) -> None:
-    report = run_suite(tmp_path)
+        tmp_path: Path, ledger_at: LedgerAt) -> None:
+    report = run_suite(tmp_path, ledger_at)
     results = report.to_dict()["results"]
     assert set(results) == {c.value for c in ALL_CAPABILITIES}
     failed = {name: r["failures"] for name, r in results.items() if r["passed"] is not True}
@@ -91,13 +94,14 @@ def test_the_conformance_suite_passes_every_capability_and_the_readme_says_so(
                                      " rerun with STEPTRAIL_UPDATE_README=1 to rewrite it")
 
 
-def test_the_report_check_catches_a_saver_that_skips_a_capability(tmp_path: Path) -> None:
+def test_the_report_check_catches_a_saver_that_skips_a_capability(
+        tmp_path: Path, ledger_at: LedgerAt) -> None:
     """Negative control: a saver without the async prune is reported as not passing."""
 
     class NoPrune(LedgerSaver):
         aprune = LedgerSaver.__mro__[1].aprune  # BaseCheckpointSaver's: not implemented
 
-    report = run_suite(tmp_path, NoPrune)
+    report = run_suite(tmp_path, ledger_at, NoPrune)
     assert not every_capability_passed(report)
     assert "skipped 0/0" in render(report)
 
@@ -129,10 +133,10 @@ def stale_writes_landed(ledger: Ledger, thread: str, stale_value: str) -> list[s
     return found
 
 
-def takeover_scenario(tmp_path: Path, make: Any) -> tuple[Ledger, list[str]]:
+def takeover_scenario(location: Path | str, make: Any) -> tuple[Ledger, list[str]]:
     """Two workers on one thread, a takeover, the first one writing late. Returns the
     ledger and what the stale worker's calls raised."""
-    ledger = Ledger.init(tmp_path / "ledger.db")
+    ledger = Ledger.init(location)
     a, b = make(ledger), make(ledger)
     a.claim("t1", "worker-a")
     first = checkpoint_at(a, "t1", "a-before")
@@ -154,8 +158,9 @@ def takeover_scenario(tmp_path: Path, make: Any) -> tuple[Ledger, list[str]]:
     return ledger, refused
 
 
-def test_a_superseded_workers_put_and_put_writes_are_refused(tmp_path: Path) -> None:
-    ledger, refused = takeover_scenario(tmp_path, LedgerSaver)
+def test_a_superseded_workers_put_and_put_writes_are_refused(
+        tmp_path: Path, ledger_at: LedgerAt) -> None:
+    ledger, refused = takeover_scenario(ledger_at(tmp_path / "ledger.db"), LedgerSaver)
     assert len(refused) == 2
     assert all("'t1' was taken over by another worker" in r for r in refused), refused
     assert stale_writes_landed(ledger, "t1", "a-stale") == []
@@ -165,7 +170,7 @@ def test_a_superseded_workers_put_and_put_writes_are_refused(tmp_path: Path) -> 
     ledger.close()
 
 
-def test_without_the_epoch_fence_the_stale_write_lands(tmp_path: Path) -> None:
+def test_without_the_epoch_fence_the_stale_write_lands(tmp_path: Path, ledger_at: LedgerAt) -> None:
     """Negative control: a saver whose writes carry no epoch and are fenced on no lease
     (what a saver that does not fence ownership does) lets the zombie's checkpoint and
     write become durable, and the checker sees both."""
@@ -177,17 +182,17 @@ def test_without_the_epoch_fence_the_stale_write_lands(tmp_path: Path) -> None:
         def _fence(self, threads: Any) -> dict[str, int]:
             return {}
 
-    ledger, refused = takeover_scenario(tmp_path, Unfenced)
+    ledger, refused = takeover_scenario(ledger_at(tmp_path / "ledger.db"), Unfenced)
     assert refused == []
     landed = stale_writes_landed(ledger, "t1", "a-stale")
     assert len(landed) == 2 and "write answer" in landed
     ledger.close()
 
 
-def test_the_fence_is_checked_inside_the_transaction(tmp_path: Path) -> None:
+def test_the_fence_is_checked_inside_the_transaction(tmp_path: Path, ledger_at: LedgerAt) -> None:
     """The takeover lands between the stale worker's last look and its commit: the
     append guard still refuses, because it reads the live epoch in the transaction."""
-    ledger = Ledger.init(tmp_path / "ledger.db")
+    ledger = Ledger.init(ledger_at(tmp_path / "ledger.db"))
     a, b = LedgerSaver(ledger), LedgerSaver(ledger)
     a.claim("t1", "worker-a")
     real = a._commit
@@ -203,12 +208,13 @@ def test_the_fence_is_checked_inside_the_transaction(tmp_path: Path) -> None:
     ledger.close()
 
 
-def test_a_superseded_worker_stays_fenced_after_its_release_is_refused(tmp_path: Path) -> None:
+def test_a_superseded_worker_stays_fenced_after_its_release_is_refused(
+        tmp_path: Path, ledger_at: LedgerAt) -> None:
     """Issue 26 (10): B takes the thread over; A's release() raises StaleEpoch, and A's
     claim must not be dropped by it: A's next put, put_writes and delete are refused as
     stale (before the fix the release forgot the claim first and A's put landed
     unfenced, the latest checkpoint B then saw). A writes again only by claiming again."""
-    ledger = Ledger.init(tmp_path / "ledger.db")
+    ledger = Ledger.init(ledger_at(tmp_path / "ledger.db"))
     a, b = LedgerSaver(ledger), LedgerSaver(ledger)
     a.claim("t1", "worker-a")
     first = checkpoint_at(a, "t1", "a-before")
@@ -237,12 +243,13 @@ def test_a_superseded_worker_stays_fenced_after_its_release_is_refused(tmp_path:
     ledger.close()
 
 
-def test_a_saver_without_a_claim_cannot_write_a_claimed_thread(tmp_path: Path) -> None:
+def test_a_saver_without_a_claim_cannot_write_a_claimed_thread(
+        tmp_path: Path, ledger_at: LedgerAt) -> None:
     """Issue 26 (10): ownership binds every saver, not only claimants: while a claim on a
     thread is live, a saver holding none gets a typed LeaseHeld naming the thread for
     every write (put, put_writes, delete, prune, copy into it) and nothing is recorded;
     once the claim is released its writes land again."""
-    ledger = Ledger.init(tmp_path / "ledger.db")
+    ledger = Ledger.init(ledger_at(tmp_path / "ledger.db"))
     owner, other = LedgerSaver(ledger), LedgerSaver(ledger)
     first = checkpoint_at(other, "t1", "before")  # unclaimed: anyone writes
     second = checkpoint_at(other, "t1", "before-2", first)
@@ -269,9 +276,9 @@ def test_a_saver_without_a_claim_cannot_write_a_claimed_thread(tmp_path: Path) -
     ledger.close()
 
 
-def test_an_expired_claim_lets_others_write_and_fences_its_holder(tmp_path: Path,
-                                                                   clock: Any) -> None:
-    ledger = Ledger.init(tmp_path / "ledger.db", clock=clock)
+def test_an_expired_claim_lets_others_write_and_fences_its_holder(
+        tmp_path: Path, ledger_at: LedgerAt, clock: Any) -> None:
+    ledger = Ledger.init(ledger_at(tmp_path / "ledger.db"), clock=clock)
     owner, other = LedgerSaver(ledger), LedgerSaver(ledger)
     owner.claim("t1", "worker-a", ttl_s=60)
     first = checkpoint_at(owner, "t1", "owner")
@@ -285,7 +292,7 @@ def test_an_expired_claim_lets_others_write_and_fences_its_holder(tmp_path: Path
     ledger.close()
 
 
-def test_claim_works_with_the_ledger_inside_a_workspace(tmp_path: Path,
+def test_claim_works_with_the_ledger_inside_a_workspace(tmp_path: Path, ledger_at: LedgerAt,
                                                         monkeypatch: pytest.MonkeyPatch) -> None:
     """Issue 26 (12): the README's layout, the ledger in repo/.steptrail and repo a
     workspace. A claim is a lease in the ledger, no directory: before the fix claim()
@@ -294,7 +301,7 @@ def test_claim_works_with_the_ledger_inside_a_workspace(tmp_path: Path,
     repo = tmp_path / "repo"
     repo.mkdir()
     monkeypatch.chdir(repo)
-    ledger = Ledger.init(repo / ".steptrail" / "ledger.db")
+    ledger = Ledger.init(ledger_at(repo / ".steptrail" / "ledger.db"))
     ledger.workspaces.add("repo", repo)
     saver = LedgerSaver(ledger)
     own = saver.claim("t1", "worker-a")
@@ -310,8 +317,8 @@ def test_claim_works_with_the_ledger_inside_a_workspace(tmp_path: Path,
     ledger.close()
 
 
-def test_claims_on_different_threads_do_not_interfere(tmp_path: Path) -> None:
-    with Ledger.init(tmp_path / "ledger.db") as ledger:
+def test_claims_on_different_threads_do_not_interfere(tmp_path: Path, ledger_at: LedgerAt) -> None:
+    with Ledger.init(ledger_at(tmp_path / "ledger.db")) as ledger:
         a, b = LedgerSaver(ledger), LedgerSaver(ledger)
         a.claim("t1", "worker-a")
         b.claim("t2", "worker-b")
@@ -339,9 +346,9 @@ def test_claims_on_different_threads_do_not_interfere(tmp_path: Path) -> None:
     (lambda s: s.delete_for_runs("r"), "a list of run ids"),
     (lambda s: s.renew("t"), "not claimed by this saver; claim it first"),
 ])
-def test_bad_input_is_a_typed_error_naming_the_fix(tmp_path: Path, call: Any,
+def test_bad_input_is_a_typed_error_naming_the_fix(tmp_path: Path, ledger_at: LedgerAt, call: Any,
                                                    needle: str) -> None:
-    with Ledger.init(tmp_path / "ledger.db") as ledger:
+    with Ledger.init(ledger_at(tmp_path / "ledger.db")) as ledger:
         saver = LedgerSaver(ledger)
         before = ledger.head().seq
         with pytest.raises(InvalidInput, match=re.escape(needle)):
@@ -384,13 +391,13 @@ WRITTEN = {"configurable": {"thread_id": "t", "checkpoint_ns": "", "checkpoint_i
     (lambda s: s.delete_thread(LONE), "delete_thread: thread id"),
     (lambda s: s.prune([LONE]), "prune: thread id"),
 ])
-def test_a_lone_surrogate_is_a_typed_error_naming_the_input(tmp_path: Path, call: Any,
-                                                            needle: str) -> None:
+def test_a_lone_surrogate_is_a_typed_error_naming_the_input(
+        tmp_path: Path, ledger_at: LedgerAt, call: Any, needle: str) -> None:
     """Issue 26 (14): every text the saver hashes or stores (thread id, namespace,
     checkpoint ids, task id and path, channel names and versions) is checked: InvalidInput
     naming it, nothing written — before the fix, a raw UnicodeEncodeError (or TypeError)
     from deep inside the hashing and encoding."""
-    with Ledger.init(tmp_path / "ledger.db") as ledger:
+    with Ledger.init(ledger_at(tmp_path / "ledger.db")) as ledger:
         saver = LedgerSaver(ledger)
         before = ledger.head().seq
         with pytest.raises(InvalidInput, match=re.escape(needle) + ".*lone surrogate"):
@@ -433,9 +440,10 @@ def collect_now(ledger: Ledger) -> Any:
     return collect(ledger, grace_s=0, force=True, now_ns=ledger.clock() + 10**12)
 
 
-def test_prune_keeps_what_a_resume_needs_and_gc_reclaims_the_rest(tmp_path: Path) -> None:
+def test_prune_keeps_what_a_resume_needs_and_gc_reclaims_the_rest(
+        tmp_path: Path, ledger_at: LedgerAt) -> None:
     from ledger.gc import audit
-    with Ledger.init(tmp_path / "ledger.db") as ledger:
+    with Ledger.init(ledger_at(tmp_path / "ledger.db")) as ledger:
         saver = LedgerSaver(ledger)
         latest = grow_thread(saver, "t", 5)
         grow_thread(saver, "other", 2, seed=100)  # other bytes: nothing shared
@@ -457,8 +465,8 @@ def test_prune_keeps_what_a_resume_needs_and_gc_reclaims_the_rest(tmp_path: Path
         saver.close()
 
 
-def test_an_unchanged_value_is_stored_once(tmp_path: Path) -> None:
-    with Ledger.init(tmp_path / "ledger.db") as ledger:
+def test_an_unchanged_value_is_stored_once(tmp_path: Path, ledger_at: LedgerAt) -> None:
+    with Ledger.init(ledger_at(tmp_path / "ledger.db")) as ledger:
         saver = LedgerSaver(ledger)
         parent = None
         for i in range(20):  # the big value keeps its version: only the counter moves
@@ -474,7 +482,7 @@ def test_an_unchanged_value_is_stored_once(tmp_path: Path) -> None:
         saver.close()
 
 
-def test_without_release_gc_reclaims_nothing(tmp_path: Path) -> None:
+def test_without_release_gc_reclaims_nothing(tmp_path: Path, ledger_at: LedgerAt) -> None:
     """Negative control: pruning that only compensates (no `release`) leaves every
     blob referenced — the reclaim check sees nothing collected."""
     import msgspec
@@ -487,7 +495,7 @@ def test_without_release_gc_reclaims_nothing(tmp_path: Path) -> None:
                       else e for e in events]
             return super()._commit(events, data, threads)
 
-    with Ledger.init(tmp_path / "ledger.db") as ledger:
+    with Ledger.init(ledger_at(tmp_path / "ledger.db")) as ledger:
         saver = NoRelease(ledger)
         grow_thread(saver, "t", 5)
         saver.prune(["t"], strategy="keep_latest")
@@ -498,7 +506,8 @@ def test_without_release_gc_reclaims_nothing(tmp_path: Path) -> None:
 
 # --- seal: never takes a live thread's state -------------------------------------------
 
-def test_seal_leaves_a_live_thread_alone_and_takes_a_deleted_one(tmp_path: Path) -> None:
+def test_seal_leaves_a_live_thread_alone_and_takes_a_deleted_one(
+        tmp_path: Path, ledger_at: LedgerAt) -> None:
     """Issue 26 (11): a thread's run was listed sealable and `seal run` took it, after
     which a fresh saver saw no checkpoint (invoke(None) raised EmptyInputError). A
     thread's run is not sealable while the thread lives (pruned or not: its latest
@@ -518,7 +527,7 @@ def test_seal_leaves_a_live_thread_alone_and_takes_a_deleted_one(tmp_path: Path)
     builder.add_edge(START, "inc")
     config: Any = {"configurable": {"thread_id": "t1"}}
     archive = str(tmp_path / "archive")
-    ledger = Ledger.init(tmp_path / "ledger.db")
+    ledger = Ledger.init(ledger_at(tmp_path / "ledger.db"))
     saver = LedgerSaver(ledger)
     assert builder.compile(checkpointer=saver).invoke({"n": 1}, config) == {"n": 2}
     assert builder.compile(checkpointer=saver).invoke({"n": 5}, config) == {"n": 6}
@@ -552,5 +561,6 @@ def test_the_langgraph_docs_snippets_run_as_printed(tmp_path: Path) -> None:
         run_python(block, cwd, "docs/langgraph.md")
 
 
-#: Each test runs on SQLite and on PostgreSQL (tests/conftest.py).
+#: The tests that take `ledger_at` (or `ledger`, `ledger_location`) run on SQLite and on
+#: PostgreSQL (tests/conftest.py).
 BOTH_STORES = True

@@ -479,13 +479,13 @@ def test_read_refuses_bad_filters(mixed: Ledger) -> None:
         mixed.step("nobody")
 
 
-def test_two_connections_interleaved_keep_one_chain(tmp_path) -> None:
+def test_two_connections_interleaved_keep_one_chain(tmp_path, ledger_at) -> None:
     """The head and step rows each connection caches are dropped when the other one
     commits (PRAGMA data_version): interleaved writers extend one dense, valid chain."""
     from ledger import Acked, Ledger, Planned
     from ledger.runner import run_step
 
-    path = tmp_path / "shared.db"
+    path = ledger_at(tmp_path / "shared.db")
     a = Ledger.init(path)
     b = Ledger.open(path)
     try:

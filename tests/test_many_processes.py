@@ -32,6 +32,7 @@ from conftest import FakeClock
 from ledger import Ledger, StepPlan, Write
 from ledger.errors import StaleEpoch
 from ledger.events import Planned
+from ledger.testing.broken import append_unchecked
 
 TOOL = Path(__file__).resolve().parents[1] / "tools" / "stress_processes.py"
 
@@ -118,7 +119,7 @@ def test_check_sees_an_effect_under_a_dead_epoch(kept_run: Any) -> None:
     with Ledger.open(path) as led:
         live = led.workspaces.acquire(stress.CONTENDED, "control", ttl_s=60, force=True).epoch
         # what a broken guard would let through: a plan under an epoch that is dead
-        led._append_unchecked(Planned(step="zombie-control", attempt=1, run="z",
+        append_unchecked(led, Planned(step="zombie-control", attempt=1, run="z",
                                       workspace=stress.CONTENDED, epoch=live - 1))
     out = stress.check(root, 2, 5, 5, results, rcs)
     assert not out["ok"] and out["counts"]["I5_breaches"] == 1

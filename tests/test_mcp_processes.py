@@ -3,10 +3,12 @@ official SDK's client; two clients (two server processes) on one workspace at on
 server SIGKILLed in the middle of a write, and the next server settling it; streamable
 HTTP on loopback.
 
-The SIGKILL lands where a test asks: ``STEPTRAIL_MCP_TEST_PAUSE=STAGE:MARKER`` makes
-the server stop for good at STAGE of its next write (after-admit: its plan durable;
-after-commit: its apply, manifest and ack committed in one transaction) once it has
-written MARKER, and the test kills it there.
+The SIGKILL lands where a test asks: the server runs with a stage hook
+(``ledger.cli.main(args, obj={"on_stage": ...})``, `mcp_agents.killed_write`) that
+stops it for good at STAGE of its next write (after-admit: its plan durable;
+after-exchange: its files exchanged, not yet recorded; after-commit: its apply,
+manifest and ack committed in one transaction) once it has written MARKER, and the test
+kills it there.
 """
 
 from __future__ import annotations

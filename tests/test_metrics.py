@@ -10,7 +10,7 @@ import hashlib
 from pathlib import Path
 
 import pytest
-from conftest import FakeClock
+from conftest import FakeClock, LedgerAt, sqlite_at
 
 from ledger import Ledger
 from ledger.workspace.protocol import Write
@@ -24,12 +24,14 @@ def h(text: str) -> str:
 
 
 class World:
-    def __init__(self, tmp: Path) -> None:
+    """The ledger at `tmp`/ledger.db, or where `at` (the `ledger_at` fixture) puts it."""
+
+    def __init__(self, tmp: Path, *, at: LedgerAt = sqlite_at) -> None:
         self.dir = tmp / "ws"
         self.dir.mkdir()
         (self.dir / "app.py").write_text("v0")
         self.clock = FakeClock(step_ns=0)
-        self.path = tmp / "ledger.db"
+        self.path = at(tmp / "ledger.db")
         self.ledger = Ledger.init(self.path, clock=self.clock)
         self.ledger.workspaces.add("w", str(self.dir))
 
@@ -45,8 +47,8 @@ class World:
 
 
 @pytest.fixture
-def world(tmp_path: Path) -> World:
-    w = World(tmp_path)
+def world(tmp_path: Path, ledger_at: LedgerAt) -> World:
+    w = World(tmp_path, at=ledger_at)
     yield w
     w.ledger.close()
 
@@ -195,5 +197,6 @@ def test_metrics_are_read_only(world: World) -> None:
     world.ledger = Ledger.open(world.path, clock=world.clock)
 
 
-#: Each test runs on SQLite and on PostgreSQL (tests/conftest.py).
+#: The tests that take `ledger_at` (or `ledger`, `ledger_location`) run on SQLite and on
+#: PostgreSQL (tests/conftest.py).
 BOTH_STORES = True

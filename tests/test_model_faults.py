@@ -72,7 +72,7 @@ after the fault fired under it: the client saw the answer). After every rule:
   too, restore's committed content is the projection's path state (but where a recorded
   conflict left a path); the checks themselves wrote nothing.
 
-Default: 50 examples x 20 rules, derandomized (the same run every time, ~5 s; the file
+Default: 60 examples x 20 rules, derandomized (the same run every time, ~5 s; the file
 ~25 s). STEPTRAIL_MODEL_FULL=1: 400 examples x 40 rules, random (~2-6 min).
 
 Negative controls (each must fail; the shrunk counterexample is printed, ``-s``): the
@@ -84,7 +84,7 @@ its witness through (the witness rules show them).
 
 What the machine found is kept below as explicit rule sequences, each a regression test:
 a client-protocol finding, and a ledger bug (a rejected replay left the writes that had
-landed before a crash in the workspace, recorded nowhere; fixed in ledger/fences.py).
+landed before a crash in the workspace, recorded nowhere; fixed in ledger/workspace/protocol.py).
 Also kept: what it missed and a replay of a real project's history found (issue 11 item
 18: settling left a file the dead attempt had created as a conflict), which the
 workspace check above now catches; the honest crash between COMMIT and the witness
@@ -142,7 +142,8 @@ from ledger.blobs import BlobStore
 from ledger.gc import collect
 from ledger.projections.steps import ENDED
 from ledger.workspace.restore import committed_content
-from ledger.runner import run_step, run_step_wrong_order
+from ledger.runner import run_step
+from ledger.testing.broken import run_step_wrong_order
 from ledger.witness import AnchorRefused, Witness, WitnessMismatch, WitnessMissing
 
 FULL = os.environ.get("STEPTRAIL_MODEL_FULL", "") not in ("", "0")
@@ -300,7 +301,7 @@ def do_artifact(led: Ledger, op: Op) -> str:
 
 def do_artifact_wrong_order(led: Ledger, op: Op) -> str:
     """THE BROKEN PROTOCOL (negative control): the manifest is published before its blobs
-    are stored (`ledger.runner.run_step_wrong_order`)."""
+    are stored (`ledger.testing.broken.run_step_wrong_order`)."""
     run_step_wrong_order(led, op.step, op.args["outputs"])
     m = led.manifest(op.step)
     return f"committed:{m.digest if m is not None else '?'}"
@@ -1263,7 +1264,7 @@ class NoDirFsyncModel(LedgerModel):
 
 def _settings(**kw: Any) -> settings:
     base: dict[str, Any] = {
-        "max_examples": 400 if FULL else 50,
+        "max_examples": 400 if FULL else 60,
         "stateful_step_count": 40 if FULL else 20,
         "deadline": None,
         "derandomize": not FULL,
@@ -1505,7 +1506,7 @@ def test_regression_rejected_replay_puts_back_the_writes_that_landed() -> None:
     app.py (ws-2 had moved its rev) and neither undid nor recorded lib/new.txt's landed
     rename, and a rejected attempt is ended (compensate refuses it, settling skips it).
     Now a rejecting replay puts such writes back first and lists them in the event's
-    `undone` (ledger/fences.py `_undo_landed`). The same holds with a power loss in
+    `undone` (ledger/workspace/protocol.py `_undo_landed`). The same holds with a power loss in
     place of the kill, and every invariant is checked after each rule."""
     for crash, state, undone, _ in _cut_between_renames_and_fenced_then(
             ("workspace_step", {"paths": (WS_PATH,), "content": 0, "crash": None}),

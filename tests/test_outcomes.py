@@ -357,6 +357,3 @@ def test_base_exceptions_are_not_caught() -> None:
         retry_transient(fn, sleep=lambda s: pytest.fail("slept"))
     assert fn.calls == 1
 
-
-#: Each test runs on SQLite and on PostgreSQL (tests/conftest.py).
-BOTH_STORES = True

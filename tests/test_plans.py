@@ -109,6 +109,3 @@ def test_new_work_waits_for_the_older_epochs() -> None:
 def test_the_plan_api_is_public() -> None:
     assert {"Plan", "load_plan", "check_settled"} <= set(ledger.__all__)
 
-
-#: Each test runs on SQLite and on PostgreSQL (tests/conftest.py).
-BOTH_STORES = True

@@ -574,24 +574,24 @@ def partitioned_worker(pg_url: str, proxy: PgProxy, tmp_path: Path, *,
     a = Ledger.open(proxy.url(pg_url))  # no clock given: the database's
     b = Ledger.open(pg_url)
     try:
-        a.add_workspace("w", str(ws))
-        lease = a.acquire("w", "worker-a", ttl_s=TTL_S)
+        a.workspaces.add("w", str(ws))
+        lease = a.workspaces.acquire("w", "worker-a", ttl_s=TTL_S)
         old = lease.epoch
-        a.admit("w", old, [StepPlan("s1", [Write("app.py", b"v1", h(b"v0"), 0)], run="r")])
-        applied = a.apply("s1", epoch=old)
+        a.workspaces.admit("w", old, [StepPlan("s1", [Write("app.py", b"v1", h(b"v0"), 0)], run="r")])
+        applied = a.workspaces.apply("s1", epoch=old)
         assert applied.verdict == "applied" and (ws / "app.py").read_bytes() == b"v1"
-        a.admit("w", old, [StepPlan("s2", [Write("new.txt", b"n", None, None)], run="r")])
+        a.workspaces.admit("w", old, [StepPlan("s2", [Write("new.txt", b"n", None, None)], run="r")])
 
         proxy.partition()
         with pytest.raises(DatabaseUnavailable):  # A cannot renew: its lease runs out
-            a.heartbeat("w", old, ttl_s=60)
+            a.workspaces.heartbeat("w", old, ttl_s=60)
         with pytest.raises(DatabaseUnavailable):  # nor reconnect
             a.workspaces.lease("w")
         with pytest.raises(LeaseHeld):  # still live by the database's clock
-            b.acquire("w", "worker-b", ttl_s=60)
+            b.workspaces.acquire("w", "worker-b", ttl_s=60)
         while b._store.now_ns() <= lease.expires_ns:
             time.sleep(0.05)
-        new = b.acquire("w", "worker-b", ttl_s=60)
+        new = b.workspaces.acquire("w", "worker-b", ttl_s=60)
         assert new.epoch == old + 1
         assert set(new.settled) == {"s1", "s2"}
         assert (ws / "app.py").read_bytes() == b"v0"  # the settle undid A's write
@@ -605,11 +605,11 @@ def partitioned_worker(pg_url: str, proxy: PgProxy, tmp_path: Path, *,
                                                epoch=old)),
             "publish-receipt": lambda: a.publish("s1", receipt=applied.receipt),
             "ack": lambda: a.ack("s1", epoch=old),
-            "admit": lambda: a.admit("w", old, [StepPlan("s9", [Write("x.txt", b"x", None,
+            "admit": lambda: a.workspaces.admit("w", old, [StepPlan("s9", [Write("x.txt", b"x", None,
                                                                       None)], run="r")]),
-            "apply": lambda: a.apply("s2", epoch=old),
-            "heartbeat": lambda: a.heartbeat("w", old, ttl_s=60),
-            "release": lambda: a.release("w", old),
+            "apply": lambda: a.workspaces.apply("s2", epoch=old),
+            "heartbeat": lambda: a.workspaces.heartbeat("w", old, ttl_s=60),
+            "release": lambda: a.workspaces.release("w", old),
         }
         outcome: dict[str, str] = {}
         for name, call in late.items():

@@ -19,7 +19,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from conftest import FakeClock, commit_events, digest_of, lock_files_aside, snapshot_dir
+from conftest import FakeClock, LedgerAt, commit_events, digest_of, lock_files_aside, snapshot_dir
 from ledger import (
     Acked,
     CorruptLedger,
@@ -435,9 +435,9 @@ def _busy_ledger(path: Path) -> tuple[list[tuple[Any, ...]], int]:
 ])
 @pytest.mark.sqlite_only
 def test_lagging_projection_is_read_without_writing_then_caught_up(
-    tmp_path: Path, lag: tuple[str, ...]
+    tmp_path: Path, ledger_at: LedgerAt, lag: tuple[str, ...]
 ) -> None:
-    path = tmp_path / "ledger.db"
+    path = ledger_at(tmp_path / "ledger.db")
     expected, head = _busy_ledger(path)
     raw_sql(path, *lag)
     assert table_of(path) != (expected, (head, steps_mod.VERSION))  # it does lag
@@ -460,9 +460,9 @@ def test_lagging_projection_is_read_without_writing_then_caught_up(
 
 
 @pytest.mark.sqlite_only
-def test_partially_lagging_projection(tmp_path: Path) -> None:
+def test_partially_lagging_projection(tmp_path: Path, ledger_at: LedgerAt) -> None:
     """The tables hold the state of seq k (as an older version left them); the log is ahead."""
-    path = tmp_path / "ledger.db"
+    path = ledger_at(tmp_path / "ledger.db")
     with Ledger.init(path, clock=FakeClock()) as led:
         led.append_batch(commit_events("early", ledger=led))
         led.append_batch([Planned(step="mid", attempt=1),
@@ -502,9 +502,9 @@ def test_partially_lagging_projection(tmp_path: Path) -> None:
 
 
 @pytest.mark.sqlite_only
-def test_rebuild_of_a_large_ledger(tmp_path: Path) -> None:
+def test_rebuild_of_a_large_ledger(tmp_path: Path, ledger_at: LedgerAt) -> None:
     clock = FakeClock()
-    with Ledger.init(tmp_path / "big.db", clock=clock, synchronous="OFF") as led:
+    with Ledger.init(ledger_at(tmp_path / "big.db"), clock=clock, synchronous="OFF") as led:
         batch: list[Any] = []
         for i in range(4_990):
             batch += commit_events(f"step-{i:05d}", content=b"x" * (i % 7), ledger=led)
@@ -576,7 +576,7 @@ def test_rebuild_repairs_an_edited_projection(ledger: Ledger, tmp_path: Path) ->
 
 
 @pytest.mark.sqlite_only
-def test_catch_up_refolds_pins_and_manifests(tmp_path) -> None:
+def test_catch_up_refolds_pins_and_manifests(tmp_path, ledger_at) -> None:
     """A lagging checkpoint makes the next read-write open refold the tail into the ref
     tables too (pins taken and released, manifests published), even over rows that are
     already there, and the result equals a fresh rebuild."""
@@ -585,7 +585,7 @@ def test_catch_up_refolds_pins_and_manifests(tmp_path) -> None:
     from ledger import Ledger
     from ledger.runner import run_step
 
-    path = tmp_path / "lag.db"
+    path = ledger_at(tmp_path / "lag.db")
     with Ledger.init(path) as lg:
         run_step(lg, "done", {"a": b"first"})
         mark = lg.head().seq
@@ -641,10 +641,10 @@ def _edit_payload(path: Path | str, seq: int, payload: bytes) -> None:
 ])
 @pytest.mark.sqlite_only
 def test_rebuild_refuses_a_payload_the_fold_cannot_read(
-        tmp_path: Path, payload: bytes | None) -> None:
+        tmp_path: Path, ledger_at: LedgerAt, payload: bytes | None) -> None:
     """The slim decoder of the hot kinds still refuses a payload of another kind than its
     row, or of the wrong types: rebuild raises CorruptLedger and writes nothing."""
-    path = tmp_path / "l.db"
+    path = ledger_at(tmp_path / "l.db")
     with Ledger.init(path, clock=FakeClock()) as led:
         led.append_batch(commit_events("s", ledger=led))
         acked = next(r.seq for r in led.read(kind="acked"))
@@ -660,11 +660,12 @@ def test_rebuild_refuses_a_payload_the_fold_cannot_read(
 
 
 @pytest.mark.sqlite_only
-def test_rebuild_skips_constraints_verify_still_checks_them(tmp_path: Path) -> None:
+def test_rebuild_skips_constraints_verify_still_checks_them(
+        tmp_path: Path, ledger_at: LedgerAt) -> None:
     """Fold-only decoding reads the hot kinds without their field constraints (they were
     checked at append); an edited payload that breaks one (an upper-case digest) is
     folded by rebuild, and verify — the full decoder and the hash chain — reports it."""
-    path = tmp_path / "l.db"
+    path = ledger_at(tmp_path / "l.db")
     with Ledger.init(path, clock=FakeClock()) as led:
         led.append_batch(commit_events("s", ledger=led))
         rec = next(r for r in led.read(kind="manifest-published"))
@@ -679,5 +680,6 @@ def test_rebuild_skips_constraints_verify_still_checks_them(tmp_path: Path) -> N
         assert any(f.seq == rec.seq for f in report.findings), report.findings
 
 
-#: The `ledger` fixture runs each test on SQLite and on PostgreSQL (tests/conftest.py).
+#: The tests that take `ledger_at` (or `ledger`, `ledger_location`) run on SQLite and on
+#: PostgreSQL (tests/conftest.py).
 BOTH_STORES = True

@@ -81,3 +81,17 @@ def test_the_check_catches_a_hidden_misfiled_or_undocumented_error() -> None:
 def test_exit_codes_are_the_three_families() -> None:
     for cls in error_classes().values():
         assert cls.exit_code in (EXIT_NO, EXIT_USAGE, EXIT_ENVIRONMENT), cls
+
+
+def test_every_error_type_is_documented() -> None:
+    doc = (ROOT / "docs" / "cli-json.md").read_text()
+    section = doc[doc.index("## Errors"):]
+    section = section[:section.index("\n## ", 4)] if "\n## " in section[4:] else section
+    # every module's own LedgerError types (not a subclass a test made, as the one above)
+    names = set(error_classes()) | {"LedgerError", "UsageError"}
+    assert {"StaleEpoch", "GcRefused", "WitnessMismatch"} <= names
+    missing = sorted(n for n in names if f"`{n}`" not in section)
+    assert not missing, f"error types not in docs/cli-json.md 'Errors': {missing}"
+    for listed in ("StaleEpoch", "Unsettled", "ReplanRefused", "LeaseHeld"):
+        assert listed in names
+    assert re.search(r'"ok": false, "error": \{"type"', section)

@@ -11,6 +11,7 @@ import hashlib
 from pathlib import Path
 
 import pytest
+from conftest import LedgerAt
 
 from ledger import FileRead, InvalidInput, Ledger, PathEscapes, PathForbidden, StepPlan, Write
 
@@ -20,11 +21,11 @@ def h(data: bytes) -> str:
 
 
 @pytest.fixture
-def world(tmp_path: Path):
+def world(tmp_path: Path, ledger_at: LedgerAt):
     repo = tmp_path / "repo"
     repo.mkdir()
     (repo / "app.py").write_bytes(b"v0\n")
-    ledger = Ledger.init(str(repo / ".steptrail" / "ledger.db"))
+    ledger = Ledger.init(str(ledger_at(repo / ".steptrail" / "ledger.db")))
     ledger.workspaces.add("repo", str(repo))
     lease = ledger.workspaces.acquire("repo", holder="agent", ttl_s=300)
     yield ledger, repo, lease.epoch
@@ -111,5 +112,6 @@ def test_a_write_named_like_steptrails_temporaries_is_refused_at_admit(world) ->
     ledger.workspaces.admit("repo", epoch, [StepPlan("s2", [Write(".x.steptrail-notes.txt", b"x", None)])])
 
 
-#: Each test runs on SQLite and on PostgreSQL (tests/conftest.py).
+#: The tests that take `ledger_at` (or `ledger`, `ledger_location`) run on SQLite and on
+#: PostgreSQL (tests/conftest.py).
 BOTH_STORES = True

@@ -10,7 +10,7 @@ import msgspec
 import pytest
 from click.testing import CliRunner
 
-from conftest import lock_files_aside
+from conftest import LedgerAt, lock_files_aside
 from ledger import Ledger
 from ledger.cli import cli
 from ledger.errors import InvalidInput
@@ -30,7 +30,7 @@ class Clock:
         return self.now
 
 
-def build(path: pathlib.Path, clock: Clock) -> None:
+def build(path: pathlib.Path | str, clock: Clock) -> None:
     """Run r1: settled (two steps acked, one compensated); run r2: a step in flight; a
     step without a run; a file blob; two days of history."""
     with Ledger.init(path, clock=clock) as led:
@@ -97,14 +97,15 @@ def check(led: Ledger, r: StatsReport) -> list[str]:
 
 
 @pytest.fixture
-def filled(tmp_path: pathlib.Path) -> pathlib.Path:
-    path = tmp_path / "ledger.db"
+def filled(tmp_path: pathlib.Path, ledger_at: LedgerAt) -> pathlib.Path | str:
+    """The ledger `build` makes, at tmp_path/ledger.db on SQLite."""
+    path = ledger_at(tmp_path / "ledger.db")
     build(path, Clock(1_800_000_000 * 10**9))
     return path
 
 
 @pytest.mark.sqlite_only
-def test_every_figure_agrees_with_the_events(filled: pathlib.Path) -> None:
+def test_every_figure_agrees_with_the_events(filled: pathlib.Path | str) -> None:
     with Ledger.open(filled, readonly=True) as led:
         r = stats(led)
         assert check(led, r) == []
@@ -120,7 +121,7 @@ def test_every_figure_agrees_with_the_events(filled: pathlib.Path) -> None:
         assert r.file_bytes >= os.path.getsize(filled)
 
 
-def test_the_checker_catches_a_wrong_figure(filled: pathlib.Path) -> None:
+def test_the_checker_catches_a_wrong_figure(filled: pathlib.Path | str) -> None:
     """The negative control: each kind of wrong report is named."""
     with Ledger.open(filled, readonly=True) as led:
         r = stats(led)
@@ -136,7 +137,7 @@ def test_the_checker_catches_a_wrong_figure(filled: pathlib.Path) -> None:
             assert check(led, report), report
 
 
-def test_top_and_buckets(filled: pathlib.Path) -> None:
+def test_top_and_buckets(filled: pathlib.Path | str) -> None:
     with Ledger.open(filled, readonly=True) as led:
         assert len(stats(led, top=1).runs) == 1 and len(stats(led, top=0).runs) == 3
         assert len(stats(led, by="week").growth) in (1, 2)
@@ -146,16 +147,16 @@ def test_top_and_buckets(filled: pathlib.Path) -> None:
                 stats(led, **bad)  # type: ignore[arg-type]
 
 
-def test_an_empty_ledger(tmp_path: pathlib.Path) -> None:
-    with Ledger.init(tmp_path / "l.db") as led:
+def test_an_empty_ledger(tmp_path: pathlib.Path, ledger_at: LedgerAt) -> None:
+    with Ledger.init(ledger_at(tmp_path / "l.db")) as led:
         r = stats(led)
         assert check(led, r) == []
         assert r.steps == 0 and r.runs == [] and r.sealable.count == 0
 
 
-def test_cli_text_json_and_read_only(filled: pathlib.Path) -> None:
+def test_cli_text_json_and_read_only(filled: pathlib.Path | str, tmp_path: pathlib.Path) -> None:
     runner = CliRunner()
-    before = {p.name: p.read_bytes() for p in filled.parent.iterdir() if p.is_file()}
+    before = {p.name: p.read_bytes() for p in tmp_path.iterdir() if p.is_file()}
     text = runner.invoke(cli, ["--ledger", str(filled), "stats"])
     assert text.exit_code == 0, text.output
     assert "sealable: 1 of 3 runs settled" in text.stdout and "growth by day:" in text.stdout
@@ -164,11 +165,12 @@ def test_cli_text_json_and_read_only(filled: pathlib.Path) -> None:
     data = json.loads(done.stdout)
     assert done.exit_code == 0 and data["runs_total"] == 3 and len(data["runs"]) == 3
     assert data["sealable_runs"] == 1
-    after = {p.name: p.read_bytes() for p in filled.parent.iterdir() if p.is_file()}
+    after = {p.name: p.read_bytes() for p in tmp_path.iterdir() if p.is_file()}
     assert lock_files_aside(after) == lock_files_aside(before)
     bad = runner.invoke(cli, ["--ledger", str(filled), "stats", "--by", "month"])
     assert bad.exit_code == 2 and bad.stderr.count("\n") == 1 and "Traceback" not in bad.output
 
 
-#: Each test runs on SQLite and on PostgreSQL (tests/conftest.py).
+#: The tests that take `ledger_at` (or `ledger`, `ledger_location`) run on SQLite and on
+#: PostgreSQL (tests/conftest.py).
 BOTH_STORES = True

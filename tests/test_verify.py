@@ -3,10 +3,17 @@
 Tampering happens on a copy, behind the ledger's back: the append-only triggers are
 dropped, the rows edited, and the triggers recreated with their exact SQL (conftest
 `tamper`), so the schema allow-list still accepts the file and only `verify` can tell.
+A ledger whose triggers stay dropped is examined all the same (the other commands refuse
+it); edited facts verify once trusted (meta, the projection checkpoint, condemned rows)
+are findings; attempts that weakened the fence are warnings; verify's memory follows the
+live steps, not the events.
+
+These tests damage the SQLite file itself: they run on SQLite.
 """
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Any
 
@@ -14,17 +21,31 @@ import apsw
 import msgspec
 import pytest
 
-from conftest import FakeClock, commit_step, copy_ledger, lock_files_aside, snapshot_dir, tamper
+from conftest import (
+    FakeClock,
+    commit_step,
+    copy_ledger,
+    digest_of,
+    lock_files_aside,
+    raw_connection,
+    run_cli,
+    snapshot_dir,
+    tamper,
+)
+from test_workdir import MiB, measure, needs_proc  # peak RSS: tools/bench_memory.py
 from ledger import (
     BlobStored,
     Head,
     InvalidInput,
     Ledger,
+    NotALedger,
     Planned,
     RecordedEvent,
     VerifyReport,
 )
 from ledger import events as ev
+from ledger.workspace.protocol import StepPlan, Write
+from ledger.runner import run_step
 
 EVENTS = 13  # a, b, c committed (4 events each), d planned
 
@@ -350,5 +371,174 @@ def test_a_lagging_projection_is_not_a_finding(victim: Path) -> None:
     assert report.projection_lag == EVENTS
 
 
-#: Each test runs on SQLite and on PostgreSQL (tests/conftest.py).
-BOTH_STORES = True
+# --- a ledger whose append-only triggers were dropped (issue 11, item 10) -----------------
+
+
+def small_ledger(path: Path) -> Path:
+    """A closed ledger with committed artifact steps (inline and file blobs)."""
+    with Ledger.init(path, clock=FakeClock()) as led:
+        for i in range(3):
+            run_step(led, f"s{i}", {"small.txt": f"small {i}".encode(),
+                                    "big.bin": bytes([i]) * (led.inline_max_bytes + 1)})
+    return path
+
+
+def test_verify_reports_dropped_triggers_and_still_checks_the_chain(tmp_path: Path) -> None:
+    """Item 10: on 984aaf7 verify refused such a file ("not a steptrail ledger", exit 2)."""
+    path = small_ledger(tmp_path / "ledger.db")
+    conn = raw_connection(path)
+    conn.execute("DROP TRIGGER events_no_update")
+    conn.execute("DROP TRIGGER events_no_delete")
+    # what the dropped triggers let through: an event edited in place
+    conn.execute("UPDATE events SET time_ns = time_ns + 1 WHERE seq = 2")
+    conn.close()
+    before = path.read_bytes()
+    r = run_cli(["--ledger", str(path), "verify", "--json"])
+    assert r.code == 1, r
+    findings = [(f["check"], f["seq"], f["message"]) for f in r.json["findings"]]
+    schema = [m for c, _, m in findings if c == "schema"]
+    assert len(schema) == 2 and "trigger events_no_delete was dropped" in schema[0]
+    assert "trigger events_no_update was dropped" in schema[1]
+    assert ("chain", 2) in {(c, s) for c, s, _ in findings}  # the chain is still checked
+    human = run_cli(["--ledger", str(path), "verify"])
+    assert human.code == 1 and "VIOLATION [schema]" in human.out
+    assert path.read_bytes() == before
+    # every other command keeps refusing it, read-only or not
+    for argv in (["events"], ["steps"], ["head"], ["audit"], ["gc", "--dry-run"], ["rebuild"],
+                 ["show", "s0"], ["metrics"]):
+        r = run_cli(["--ledger", str(path), *argv])
+        assert r.code == 2 and "schema differs" in r.err, (argv, r)
+    with pytest.raises(NotALedger):
+        Ledger.open(path, readonly=True)
+    with pytest.raises(InvalidInput):
+        Ledger.open(path, forensic=True)  # a forensic open never writes
+    assert path.read_bytes() == before
+
+
+def test_verify_refuses_a_file_whose_tables_changed(tmp_path: Path) -> None:
+    """A forensic open needs the tables as a ledger has them (every query means what it
+    says); a changed table stays a refusal (exit 2), byte-identical."""
+    path = small_ledger(tmp_path / "ledger.db")
+    conn = raw_connection(path)
+    conn.execute("ALTER TABLE steps ADD COLUMN loot TEXT")
+    conn.close()
+    before = path.read_bytes()
+    r = run_cli(["--ledger", str(path), "verify"])
+    assert r.code == 2 and "table steps" in r.err, r
+    assert path.read_bytes() == before
+
+
+# --- 11: facts verify used to trust ------------------------------------------------------
+
+
+# --- facts verify used to trust (issue 11, item 11) ---------------------------------------
+
+
+def _edit(path: Path, *statements: str | tuple[str, tuple]) -> None:
+    conn = raw_connection(path)
+    with conn:
+        for sql in statements:
+            conn.execute(*(sql if isinstance(sql, tuple) else (sql,)))
+    conn.close()
+
+
+def _verify(path: Path) -> list[tuple[str, str]]:
+    r = run_cli(["--ledger", str(path), "verify", "--json"])
+    assert r.code == (1 if r.json["findings"] else 0), r
+    return [(f["check"], f["message"]) for f in r.json["findings"]]
+
+
+@pytest.mark.parametrize("window", ["0", "1e300", "-5", "nan", "soon"])
+def test_an_edited_compensation_window_is_a_finding(tmp_path: Path, window: str) -> None:
+    """Item 11: 0 and 1e300 left verify ok on 984aaf7 (and 1e300 overflowed GC's arithmetic)."""
+    path = small_ledger(tmp_path / "ledger.db")
+    _edit(path, ("UPDATE meta SET value = ? WHERE key = 'compensation_window_s'", (window,)))
+    found = _verify(path)
+    assert [c for c, _ in found] == ["meta"] and "compensation_window_s" in found[0][1], found
+    for argv in (["gc", "--dry-run"], ["audit"], ["steps"]):  # nothing acts on it
+        r = run_cli(["--ledger", str(path), *argv])
+        assert r.code == 2 and "compensation_window_s" in r.err and "verify" in r.err, (argv, r)
+
+
+@pytest.mark.parametrize("sql, what", [
+    ("UPDATE projection_checkpoint SET last_seq = last_seq + 1000", "catching up would skip"),
+    ("UPDATE projection_checkpoint SET version = -1", "version -1"),
+    ("INSERT INTO projection_checkpoint VALUES ('loot', 1, 1)", "'loot'"),
+    ("UPDATE meta SET value = 'not-an-id' WHERE key = 'ledger_id'", "ledger_id"),
+    ("UPDATE meta SET value = 'yesterday' WHERE key = 'created_ns'", "created_ns"),
+    ("UPDATE blob_data SET size = size + 1", "says"),
+])
+def test_an_edited_derived_fact_is_a_finding(tmp_path: Path, sql: str, what: str) -> None:
+    """Item 11: a checkpoint moved ahead by 1000 left verify ok on 984aaf7 (the lag is
+    max(0, head - checkpoint)), and so did the other facts here."""
+    path = small_ledger(tmp_path / "ledger.db")
+    _edit(path, sql)
+    found = _verify(path)
+    assert any(what in m for _, m in found), found
+
+
+def test_stray_condemned_rows_are_findings(tmp_path: Path) -> None:
+    """Item 11: rows no collector wrote left verify ok on 984aaf7. A row a collector
+    leaves (an orphan condemned by a gc that was killed) is not a finding."""
+    path = small_ledger(tmp_path / "ledger.db")
+    with Ledger.open(path, clock=FakeClock()) as led:
+        referenced = led.manifest("s0").artifacts[0]
+        orphan = led.plan("orphan", artifacts=["o.txt"])
+        led.store("orphan", orphan.attempt, "o.txt", b"an orphan")
+        led.workspaces.compensate("orphan", reason="dropped")
+    orphan_digest = digest_of(b"an orphan")
+    _edit(path, ("INSERT INTO condemned VALUES (?, ?, 1, 5, '0123456789abcdef')",
+                 (orphan_digest, len(b"an orphan"))))
+    assert _verify(path) == []  # an interrupted gc's row: the next gc resumes it
+    rows = [
+        (referenced.digest, referenced.size, int(referenced.size <= 4096), 5, "0123456789abcdef"),
+        ("f" * 64, -1, 7, 5, "0123456789abcdef"),
+        ("not-a-digest", 1, 1, 5, "0123456789abcdef"),
+        (digest_of(b"x"), 1, 1, 5, "planted"),
+    ]
+    _edit(path, *[("INSERT INTO condemned VALUES (?, ?, ?, ?, ?)", row) for row in rows])
+    found = _verify(path)
+    assert [c for c, _ in found] == ["gc"] * 4, found
+    assert any("manifest references" in m for _, m in found)
+    # while a collector runs, a referenced row is its own in-flight state, not a finding
+    import fcntl
+    fd = os.open(tmp_path / ".steptrail-gc.lock", os.O_RDWR | os.O_CREAT)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        assert len(_verify(path)) == 3
+    finally:
+        os.close(fd)
+
+
+# --- warnings: attempts that weakened the fence -------------------------------------------
+
+
+def test_verify_lists_weakened_attempts_up_to_a_bound(tmp_path: Path) -> None:
+    (tmp_path / "ws").mkdir()
+    with Ledger.init(tmp_path / "l.db") as led:
+        led.workspaces.add("w", str(tmp_path / "ws"))
+        epoch = led.workspaces.acquire("w", "a").epoch
+        led.workspaces.admit("w", epoch, [StepPlan(f"s{i}", [Write(f"f{i}", b"x", None)])
+                               for i in range(55)], fence="plan")
+        report = led.verify()
+    assert report.ok and not report.findings
+    assert len(report.warnings) == 51 and report.warnings[-1].seq == 0
+    assert "5 more attempts were" in report.warnings[-1].message
+    assert "only against the workspace rev" in report.warnings[0].message
+
+
+# --- memory follows the live steps, not the events (issue 11, item 16) --------------------
+
+
+@needs_proc
+def test_verify_peak_memory_follows_live_steps_not_events(tmp_path: Path) -> None:
+    from bench_ledger import build_ledger, store_blobs
+
+    store_blobs(str(tmp_path))
+    peaks = {}
+    for n in (6_000, 30_000):  # every step is acked: no live step in either
+        path = str(tmp_path / f"l{n}.db")
+        build_ledger(path, n)
+        peaks[n] = measure(str(tmp_path), "--ledger", path, "verify")["peak"]
+    # base: ~800 bytes per event (~19 MiB more for the 24k extra events)
+    assert peaks[30_000] - peaks[6_000] < 6 * MiB, {n: p // MiB for n, p in peaks.items()}

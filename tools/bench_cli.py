@@ -124,12 +124,23 @@ def baseline() -> float:
     return time.perf_counter() - t
 
 
+def _cli_sources(tree: pathlib.Path) -> list[pathlib.Path]:
+    """The command line's source files in a checkout: ledger/cli.py, or ledger/cli/."""
+    one = tree / "ledger" / "cli.py"
+    return [one] if one.is_file() else sorted((tree / "ledger" / "cli").glob("*.py"))
+
+
+def _has_step_run(tree: pathlib.Path) -> bool:
+    """The checkout's command line has `step run`."""
+    return any('@step.command("run"' in p.read_text() or '@click.command("run"' in p.read_text()
+               for p in _cli_sources(tree))
+
+
 def measure(runs: int, replay: int, compare: pathlib.Path | None) -> dict[str, Any]:
     trees = {"": ROOT} | ({"compare": compare} if compare else {})
     for tree in trees.values():
         compileall.compile_dir(str(tree / "ledger"), quiet=1)
-    has_run = {k: (t / "ledger" / "cli.py").read_text().count('@step.command("run"') > 0
-               for k, t in trees.items()}
+    has_run = {k: _has_step_run(t) for k, t in trees.items()}
     work = pathlib.Path(tempfile.mkdtemp(prefix="steptrail-bench-cli-"))
     try:
         b = Bench(work)
@@ -186,8 +197,8 @@ def main() -> None:
     args = ap.parse_args()
     runs, replay = (5, 10) if args.quick else (args.runs, args.replay)
     compare = args.compare.resolve() if args.compare else None
-    if compare is not None and not (compare / "ledger" / "cli.py").is_file():
-        ap.error(f"--compare {compare}: no ledger/cli.py there")
+    if compare is not None and not _cli_sources(compare):
+        ap.error(f"--compare {compare}: no ledger/cli.py or ledger/cli/ there")
     report = measure(runs, replay, compare)
     if args.json:
         print(json.dumps(report))

@@ -44,7 +44,7 @@ from starlette.responses import Response
 from ledger import InvalidInput, Ledger, NotALedger, __version__
 
 from .leases import open_lock_file
-from .service import ClientView, FileTools, Limits, Result, one_line
+from .service import ClientView, FileTools, Limits, Result, exchange_hook, one_line
 
 LOOPBACK: Final = ("127.0.0.1", "localhost", "::1")
 
@@ -786,7 +786,8 @@ def _register(ledger: Ledger, real: str, echo: Callable[[str], None] | None) -> 
     raise InvalidInput(f"could not register {real} as a workspace: its name kept being taken")
 
 
-def _init(ledger_path: str, witness: str | None) -> Ledger:
+def _init(ledger_path: str, witness: str | None,
+          on_op: Callable[[str], None] | None = None) -> Ledger:
     """`Ledger.init`, safe when several servers start at once on a fresh workspace (as
     an agent's sub-agents do): the servers of this machine take turns on a lock file in
     the ledger's directory, and a file that another process is still creating (not yet
@@ -794,7 +795,7 @@ def _init(ledger_path: str, witness: str | None) -> Ledger:
     from .. import locate
 
     if locate(ledger_path).in_database:  # a database: concurrent inits make one ledger by themselves
-        return Ledger.init(ledger_path, witness=witness)
+        return Ledger.init(ledger_path, witness=witness, on_op=on_op)
     directory = os.path.dirname(os.path.abspath(ledger_path))
     lock_fd = None
     deadline = time.monotonic() + 5
@@ -815,7 +816,7 @@ def _init(ledger_path: str, witness: str | None) -> Ledger:
     try:
         while True:
             try:
-                return Ledger.init(ledger_path, witness=witness, parents=False)
+                return Ledger.init(ledger_path, witness=witness, parents=False, on_op=on_op)
             except NotALedger:
                 try:
                     young = time.time() - os.stat(ledger_path).st_mtime < 5
@@ -831,12 +832,14 @@ def _init(ledger_path: str, witness: str | None) -> Ledger:
 
 def open_workspaces(specs: Sequence[str], ledger_path: str | None, *,
                     witness: str | None = None, create: bool = True,
-                    echo: Callable[[str], None] | None = None
+                    echo: Callable[[str], None] | None = None,
+                    on_op: Callable[[str], None] | None = None
                     ) -> tuple[Ledger, list[str], dict[str, str]]:
     """The ledger and the names of the workspaces to serve, from ``--workspace`` values:
     a directory (registered under its base name if it is not yet a workspace) or the
     NAME of a registered workspace. Without `ledger_path` the ledger is the first
-    directory's ``.steptrail/ledger.db``, created if absent (when `create`)."""
+    directory's ``.steptrail/ledger.db``, created if absent (when `create`). `on_op`:
+    the ledger's hook before each durable operation (`Ledger.open`)."""
     if not specs:
         raise InvalidInput("give the workspace to serve: --workspace DIR (e.g. --workspace .)")
     if ledger_path is None:
@@ -846,11 +849,11 @@ def open_workspaces(specs: Sequence[str], ledger_path: str | None, *,
                                " --ledger PATH, the ledger that registered it)")
         ledger_path = os.path.join(os.path.realpath(first), ".steptrail", "ledger.db")
     if create:
-        ledger = _init(ledger_path, witness)
+        ledger = _init(ledger_path, witness, on_op)
         if ledger.created and echo is not None:
             echo(f"steptrail mcp: created ledger {ledger.path}")
     else:
-        ledger = Ledger.open(ledger_path, witness=witness)  # raises LedgerNotFound
+        ledger = Ledger.open(ledger_path, witness=witness, on_op=on_op)  # LedgerNotFound
     try:
         names: list[str] = []
         given: dict[str, str] = {}
@@ -909,14 +912,18 @@ def serve(specs: Sequence[str], *, ledger_path: str | None = None, witness: str 
           http: bool = False, host: str = "127.0.0.1", port: int = 8765,
           allow_remote: bool = False, lease_ttl_s: float = 20.0, lease_wait_s: float = 30.0,
           lease_linger_s: float = 0.2, limits: Limits | None = None,
-          echo: Callable[[str], None] | None = None) -> None:
-    """Run `steptrail mcp` until the client goes away (stdio) or it is interrupted."""
+          echo: Callable[[str], None] | None = None,
+          on_stage: Callable[[str], None] | None = None) -> None:
+    """Run `steptrail mcp` until the client goes away (stdio) or it is interrupted.
+    `on_stage` hears each stage a write reaches (`ledger.mcp.service.STAGES`)."""
     if http:
         check_bind(host, allow_remote)
-    ledger, names, given = open_workspaces(specs, ledger_path, witness=witness, echo=echo)
+    ledger, names, given = open_workspaces(specs, ledger_path, witness=witness, echo=echo,
+                                           on_op=exchange_hook(on_stage))
     with ledger:
         tools = FileTools(ledger, names, lease_ttl_s=lease_ttl_s, lease_wait_s=lease_wait_s,
-                          lease_linger_s=lease_linger_s, limits=limits, given_roots=given)
+                          lease_linger_s=lease_linger_s, limits=limits, given_roots=given,
+                          on_stage=on_stage)
         try:
             server = SteptrailServer(tools)
             if echo is not None:

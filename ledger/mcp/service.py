@@ -198,34 +198,28 @@ class Workspace:
     fs: Confined
 
 
-# -- a test seam ----------------------------------------------------------------------------
+# -- the stages of a write ------------------------------------------------------------------
 
-#: Tests only: ``STAGE:MARKER`` makes a write stop for good at STAGE (after-admit: the
-#: plan durable; after-exchange: the files exchanged, not yet recorded; after-commit: the
-#: apply, manifest and ack committed) once MARKER is created, so a test can SIGKILL the server
-#: exactly there. Unset (always, outside the tests) it costs one dict lookup.
-PAUSE_ENV: Final = "STEPTRAIL_MCP_TEST_PAUSE"
-
-
-def _pause_inside_apply(ledger: Ledger) -> None:
-    """The seam's ``after-exchange`` stage: stop inside the apply's transaction, once the
-    files are exchanged and before the ledger records them (the directory fsync)."""
-    spec = os.environ.get(PAUSE_ENV, "")
-    if not spec.startswith("after-exchange:"):
-        return
-    ops = ledger._store.files.ops  # the seam reaches into the store: tests only
-    ops.on_op = lambda name: _pause_for_tests("after-exchange") if name == "ws-dirfsync" else None
+#: The stages of a write an embedding caller's hook hears of (``FileTools(on_stage=f)``,
+#: ``serve(on_stage=f)``: ``f(STAGE)``; tests/test_mcp_processes.py stops the server for
+#: good there and SIGKILLs it): after-admit (the plan durable), after-exchange (inside the
+#: apply's transaction: the files exchanged, not yet recorded), after-commit (the apply,
+#: manifest and ack committed).
+STAGES: Final = ("after-admit", "after-exchange", "after-commit")
 
 
-def _pause_for_tests(stage: str) -> None:
-    spec = os.environ.get(PAUSE_ENV)
-    if not spec or not spec.startswith(stage + ":"):
-        return
-    marker = spec[len(stage) + 1:]
-    with open(marker, "w") as f:
-        f.write(str(os.getpid()))
-    while True:
-        time.sleep(3600)
+def exchange_hook(on_stage: Callable[[str], None] | None) -> Callable[[str], None] | None:
+    """The ledger's `on_op` hook (``Ledger.open(path, on_op=...)``) that tells `on_stage`
+    of the ``after-exchange`` stage: the directory fsync after a write's files are
+    exchanged, before the ledger records them. None without `on_stage`."""
+    if on_stage is None:
+        return None
+
+    def on_op(name: str) -> None:
+        if name == "ws-dirfsync":
+            on_stage("after-exchange")
+
+    return on_op
 
 
 # -- the tools ------------------------------------------------------------------------------
@@ -251,7 +245,8 @@ class FileTools:
                  lease_ttl_s: float = 20.0, lease_wait_s: float = 30.0,
                  lease_linger_s: float = 0.2,
                  limits: Limits | None = None, holder: str | None = None,
-                 given_roots: dict[str, str] | None = None) -> None:
+                 given_roots: dict[str, str] | None = None,
+                 on_stage: Callable[[str], None] | None = None) -> None:
         if not workspaces:
             raise ToolFailure("serve at least one workspace")
         self.ledger = ledger
@@ -261,7 +256,9 @@ class FileTools:
         self.write_lock = threading.RLock()
         self.limits = limits or Limits()
         self.notices: deque[str] = deque(maxlen=50)
-        _pause_inside_apply(ledger)
+        #: hears each of `STAGES` a write reaches (after-exchange: through the ledger's
+        #: `on_op`, see `exchange_hook`)
+        self.on_stage = on_stage
         self.leases = Leases(ledger, self.lock, self.notices, holder=holder or holder_name(),
                              write_lock=self.write_lock,
                              ttl_s=lease_ttl_s, wait_s=lease_wait_s, linger_s=lease_linger_s)
@@ -281,6 +278,11 @@ class FileTools:
         self.leases.workspaces = [w.name for w in self.workspaces]
 
     # -- plumbing -----------------------------------------------------------------------
+
+    def _reached(self, stage: str) -> None:
+        """Tell the `on_stage` hook, if any, that a write reached `stage`."""
+        if self.on_stage is not None:
+            self.on_stage(stage)
 
     def resolve(self, arg: object, *, directory: bool = False, what: str = "path"
                 ) -> tuple[Workspace, str]:
@@ -536,7 +538,7 @@ class FileTools:
             if request_id is not None and self.ledger.find_step(step) is not None:
                 return self._replay(view, ws, step, epoch, matches, who)  # raced a retry
             out = run_fenced_step(self.ledger, ws.name, step, change.writes, epoch=epoch,
-                                  run=who, on_planned=lambda _: _pause_for_tests("after-admit"))
+                                  run=who, on_planned=lambda _: self._reached("after-admit"))
             return self._answer(view, ws, step, out, change, change.posts)
 
     def _answer(self, view: ClientView, ws: Workspace, step: str, out: FencedOutcome,
@@ -552,7 +554,7 @@ class FileTools:
             verdict = f"rejected:{out.reason.value}" if out.reason is not None else out.detail
             return self._conflict(view, change, step, verdict, {}, replayed=replayed)
         assert out.receipt is not None
-        _pause_for_tests("after-commit")
+        self._reached("after-commit")
         return self._applied(view, ws, step, out.receipt.writes, posts,
                              change.diffs if change is not None else {},
                              replayed=replayed or out.status is StepStatus.DEDUPED)

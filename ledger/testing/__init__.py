@@ -8,11 +8,16 @@
 - `chaos`: ``steptrail chaos``, a real process SIGKILLed at every operation of a step.
 - `fuzz`: ``steptrail fuzz``, the interleaving search over the fence protocol, its
   checkers and its shrinker.
+- `commands`: the ``chaos`` and ``fuzz`` commands, entry points of the group
+  ``steptrail.commands`` (pyproject.toml) that ``steptrail`` loads when one is invoked
+  or listed.
+- `broken`: the negative controls (an append without the ledger's guard, a step that
+  publishes its manifest before its blobs).
 - `pgserver`: a throwaway PostgreSQL server from the machine's binaries (a temporary data
   directory, a private socket; as root, run as the ``postgres`` user), for the tests, the
   benchmarks and ``python -m ledger.testing.pgserver start DIR`` (the README's demo).
 
-The runtime never imports this package: the library works without it, and only the
-``chaos`` and ``fuzz`` commands import it, inside their functions
-(tests/test_architecture.py checks both).
+The runtime never imports this package, not even lazily: the library works without it,
+and its commands reach the command line as entry points (tests/test_architecture.py
+checks it).
 """

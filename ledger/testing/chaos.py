@@ -27,7 +27,8 @@ from dataclasses import asdict, dataclass, field
 from typing import Any, Final
 
 from .. import Ledger, LedgerError
-from ..runner import run_fenced_step, run_step, run_step_wrong_order
+from ..runner import run_fenced_step, run_step
+from .broken import run_step_wrong_order
 
 STEP_ID = "chaos-step"
 

@@ -6,7 +6,7 @@ the log (appends with builders, guards and inline bytes; reads), the storage (re
 views, transactions, blob bytes), the clock, the options they read, and a few
 callables the ledger answers (the append guard, its boundary, a step's row, the blob
 files, the workspace fold) — never the `Ledger` itself. This module imports neither
-`ledger.ledger` nor `ledger.fences` nor `ledger.restore`: the dependency points one way.
+`ledger.ledger` (nor does any module of `ledger.workspace`): the dependency points one way.
 """
 
 from __future__ import annotations

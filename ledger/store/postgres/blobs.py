@@ -27,7 +27,7 @@ from ...blobs import CHUNK, BlobFile, Content, FileOps, PutResult, TempFile, con
 from ...errors import BlobCorrupt, BlobNotFound, ContentChanged, DatabaseUnavailable, \
     StorageFailure
 from ...events import check_digest
-from ..sqlite.blobs import SqliteBlobs
+from ..inline import InlineBlobs
 
 _STAT: Final = "SELECT size, chunks, stored_ns FROM blob_files WHERE digest = %s"
 _CHUNK: Final = "SELECT data FROM blob_chunks WHERE digest = %s AND n = %s"
@@ -275,9 +275,9 @@ class PgFiles:
         """The bytes are the database's: its roles and grants guard them."""
 
 
-class PgBlobs(SqliteBlobs):
+class PgBlobs(InlineBlobs):
     """`ledger.store.BlobBackend` for the PostgreSQL store: the inline row, else chunks
-    (the one rule of the SQLite store's blobs, over `PgFiles`)."""
+    (`InlineBlobs`, the rule both stores' blobs follow, over `PgFiles`)."""
 
     root = None  # type: ignore[assignment]  # in the database: no directory here
 

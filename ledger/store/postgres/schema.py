@@ -20,24 +20,21 @@ from __future__ import annotations
 from typing import Any, Final
 
 from ...errors import LedgerTooNew, NotALedger
+from ..sql import POSTGRES
 
 APPLICATION: Final = "stepledger"
 #: The same version numbers as the SQLite schema: a v4 ledger holds the same rows.
 SCHEMA_VERSION: Final = 5
 
-_T: Final = 'text COLLATE "C" NOT NULL'
-_TN: Final = 'text COLLATE "C"'
+_TN: Final = POSTGRES.TYPES["text"]  # text COLLATE "C"
+_T: Final = f"{_TN} NOT NULL"
 
 #: The tables, in creation order: name -> column definitions (and keys).
 TABLES: Final[dict[str, str]] = {
     "stepledger_schema": "application text NOT NULL, version integer NOT NULL",
     "meta": f"key {_T} PRIMARY KEY, value {_T}",
-    "events": (
-        f"seq bigint PRIMARY KEY, time_ns bigint NOT NULL, workspace {_T}, run {_T},"
-        f" step {_T}, attempt bigint NOT NULL, epoch bigint NOT NULL, rev bigint NOT NULL,"
-        f" journal_key {_T} UNIQUE, kind {_T}, v bigint NOT NULL, payload bytea NOT NULL,"
-        " prev_hash bytea NOT NULL, hash bytea NOT NULL"
-    ),
+    # its columns are both stores' (`ledger.store.sql.EVENT_COLUMNS`)
+    "events": ", ".join(POSTGRES.event_columns()),
     "projection_checkpoint": f"name {_T} PRIMARY KEY, last_seq bigint NOT NULL,"
                              " version bigint NOT NULL",
     "steps": (

@@ -237,8 +237,7 @@ class SqliteView:
         conn = self._db.conn
         if digest is None:
             return conn.execute(tb.PIN_HOLDS).fetchall()  # type: ignore[no-any-return]
-        return conn.execute(tb.PIN_HOLDS + " WHERE p.digest = ?",  # type: ignore[no-any-return]
-                            (digest,)).fetchall()
+        return conn.execute(tb.PIN_HOLDS_OF, (digest,)).fetchall()  # type: ignore[no-any-return]
 
     def manifest_digests(self) -> set[str]:
         return {r[0] for r in self._db.conn.execute(tb.MANIFEST_DIGESTS).fetchall()}
@@ -427,17 +426,12 @@ class SqliteTx(SqliteView, TxBase):
 
     def seal_rows(self, run: str, ranges: Sequence[tuple[int, int]], seal_seq: int) -> int:
         conn = self._db.conn
-        conn.executemany(_ADD_SEALED_RANGE, [(a, b, run, seal_seq) for a, b in ranges])
+        conn.executemany(tb.ADD_SEALED_RANGE, [(a, b, run, seal_seq) for a, b in ranges])
         removed = 0
         for a, b in ranges:
-            conn.execute(_DELETE_SEALED, (a, b, run))
+            conn.execute(tb.DELETE_SEALED, (a, b, run))
             removed += conn.changes()
         return removed
-
-
-_ADD_SEALED_RANGE = ("INSERT INTO sealed_ranges(first_seq, last_seq, run, seal_seq)"
-                     " VALUES (?, ?, ?, ?)")
-_DELETE_SEALED = "DELETE FROM events WHERE seq BETWEEN ? AND ? AND run = ?"
 
 
 class SqliteStore:

@@ -22,6 +22,7 @@ import apsw
 from ...errors import ArchiveInvalid, StorageFailure
 from .. import ROW_NAMES, EventRow
 from .file import resolved
+from .schema import events_table
 
 APPLICATION_ID: Final = 0x53544C41  # 'STLA'
 FORMAT_VERSION: Final = 1
@@ -35,22 +36,7 @@ CREATE TABLE header(
   value TEXT NOT NULL
 ) STRICT;
 
-CREATE TABLE events(
-  seq INTEGER PRIMARY KEY,
-  time_ns INTEGER NOT NULL,
-  workspace TEXT NOT NULL,
-  run TEXT NOT NULL,
-  step TEXT NOT NULL,
-  attempt INTEGER NOT NULL,
-  epoch INTEGER NOT NULL,
-  rev INTEGER NOT NULL,
-  journal_key TEXT NOT NULL,
-  kind TEXT NOT NULL,
-  v INTEGER NOT NULL,
-  payload BLOB NOT NULL,
-  prev_hash BLOB NOT NULL,
-  hash BLOB NOT NULL
-) STRICT;
+""" + events_table(unique_journal_key=False) + """
 
 CREATE TABLE blobs(
   digest TEXT PRIMARY KEY,

@@ -13,9 +13,19 @@ from typing import Final
 import apsw
 
 from ...errors import LedgerTooNew, NotALedger
+from ..sql import SQLITE
 
 APPLICATION_ID: Final = 0x53544C47  # 'STLG'
 SCHEMA_VERSION: Final = 5
+
+
+def events_table(*, unique_journal_key: bool = True) -> str:
+    """The events table's CREATE TABLE (its columns: `ledger.store.sql.EVENT_COLUMNS`),
+    as version 1 wrote it — text a ledger file (and a seal's archive, without the
+    UNIQUE journal key) holds verbatim, and its schema check compares."""
+    columns = SQLITE.event_columns(unique_journal_key=unique_journal_key)
+    return "CREATE TABLE events(\n  " + ",\n  ".join(columns) + "\n) STRICT;"
+
 
 # Each version's statements, applied in order to reach it. The allow-list of a version
 # is whatever these statements produce in an empty database, so the two cannot drift.
@@ -26,22 +36,7 @@ CREATE TABLE meta(
   value TEXT NOT NULL
 ) STRICT;
 
-CREATE TABLE events(
-  seq INTEGER PRIMARY KEY,
-  time_ns INTEGER NOT NULL,
-  workspace TEXT NOT NULL,
-  run TEXT NOT NULL,
-  step TEXT NOT NULL,
-  attempt INTEGER NOT NULL,
-  epoch INTEGER NOT NULL,
-  rev INTEGER NOT NULL,
-  journal_key TEXT NOT NULL UNIQUE,
-  kind TEXT NOT NULL,
-  v INTEGER NOT NULL,
-  payload BLOB NOT NULL,
-  prev_hash BLOB NOT NULL,
-  hash BLOB NOT NULL
-) STRICT;
+""" + events_table() + """
 
 CREATE INDEX events_step ON events(step, seq);
 

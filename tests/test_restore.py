@@ -1,6 +1,8 @@
-"""Issue 11 review: restore commits each path's content in revision order, not publish order.
+"""Restore (ledger/restore.py): a workspace's committed content materialized on a fresh
+directory, recorded with the new root's identity.
 
-The model-based fault machine found it: step ws-1 creates `lib/new.txt` and a power loss
+Each path's content is committed in revision order, not publish order. The model-based
+fault machine found it (issue 11 review): step ws-1 creates `lib/new.txt` and a power loss
 cuts it after `fenced` (before its publish); step ws-2 changes the file (fenced at a
 higher rev, published); ws-1 is retried and publishes late. `restore` then wrote ws-1's
 content — the last *published* — while the workspace projection (and the directory)
@@ -10,22 +12,32 @@ compensation put back. Here: the scenario through the library, the machine's own
 sequence with a real simulated power loss, and a property — after random step sequences,
 once nothing is in flight, restore's content is the projection's path state, and
 restore writes exactly that.
+
+Also: restore writes the recorded modes, never writes into the ledger, records the new
+root's device and inode; a SIGKILLed restore is resumed by its retry (in the library and
+through the command line), and a target holding anything else is still refused.
 """
 
 from __future__ import annotations
 
 import hashlib
+import os
+import shutil
 from pathlib import Path
 
 import pytest
 
-from conftest import FakeClock
+from conftest import FakeClock, LedgerAt, sqlite_at
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from test_model_faults import NEW_PATH, Crash, LedgerModel, replay, workspace_step_trace
+from test_workdir import Embedded, mode, nth, tree, umask
+from test_workdir import World as WorkdirWorld
 
 from ledger.testing import faults as F
-from ledger import Ledger
+from ledger import InvalidInput, Ledger, WorkspaceMoved
+from ledger.blobs import digest_of
+from ledger.events import WorkspaceRestored
 from ledger.workspace.protocol import StepPlan, Write
 from ledger.workspace.restore import RestoreReport, committed_content
 
@@ -44,13 +56,14 @@ def _projection(led: Ledger, ws: str) -> dict[str, str | None]:
 
 
 class World:
-    """A ledger on a fake clock and one workspace `w` under a live lease."""
+    """A ledger on a fake clock and one workspace `w` under a live lease. The ledger is at
+    `tmp`/ledger.db, or where `at` (the `ledger_at` fixture) puts it."""
 
-    def __init__(self, tmp: Path) -> None:
+    def __init__(self, tmp: Path, *, at: LedgerAt = sqlite_at) -> None:
         self.tmp = tmp
         self.dir = tmp / "ws"
         self.dir.mkdir()
-        self.ledger = Ledger.init(tmp / "ledger.db", clock=FakeClock())
+        self.ledger = Ledger.init(at(tmp / "ledger.db"), clock=FakeClock())
         self.ledger.workspaces.add("w", str(self.dir))
         self.epoch = self.ledger.workspaces.acquire("w", "agent", ttl_s=3600).epoch
 
@@ -61,11 +74,12 @@ class World:
         return self.ledger.workspaces.apply(step, epoch=self.epoch).verdict
 
 
-def test_a_late_publish_does_not_restore_the_older_content(tmp_path: Path) -> None:
+def test_a_late_publish_does_not_restore_the_older_content(
+        tmp_path: Path, ledger_at: LedgerAt) -> None:
     """ws-1 creates lib/new.txt and stops after its apply; ws-2 changes the file and
     commits; ws-1 publishes late. Restore must write ws-2's content (rev 2), not
     ws-1's (published last). Before the fix it wrote b"one"."""
-    w = World(tmp_path)
+    w = World(tmp_path, at=ledger_at)
     assert w.apply("ws-1", {"lib/new.txt": b"one"}) == "applied"  # rev 1, not published
     assert w.apply("ws-2", {"lib/new.txt": b"two"}) == "applied"  # rev 2
     w.ledger.publish("ws-2")
@@ -83,10 +97,10 @@ def test_a_late_publish_does_not_restore_the_older_content(tmp_path: Path) -> No
 
 
 def test_compensating_the_older_step_afterwards_leaves_the_newer_content(
-        tmp_path: Path) -> None:
+        tmp_path: Path, ledger_at: LedgerAt) -> None:
     """The older step, published late, is then compensated: its write is a conflict
     (a newer step moved the path's rev), nothing goes back, the newer content stays."""
-    w = World(tmp_path)
+    w = World(tmp_path, at=ledger_at)
     w.apply("ws-1", {"lib/new.txt": b"one", "a.txt": b"a1"})
     w.apply("ws-2", {"lib/new.txt": b"two"})
     w.ledger.publish("ws-2")
@@ -170,14 +184,14 @@ ACTION = st.one_of(
                                  HealthCheck.too_slow])
 @given(actions=st.lists(ACTION, min_size=1, max_size=8), finish=st.booleans())
 def test_restore_equals_the_projection_after_random_steps(
-        tmp_path_factory, actions: list[tuple], finish: bool) -> None:
+        tmp_path_factory, ledger_at: LedgerAt, actions: list[tuple], finish: bool) -> None:
     """Steps writing overlapping paths, published at once, held and published late (in
     any order), compensated (before or after newer steps wrote the same paths), the
     ones still held published last (`finish`, newest first) or left in flight and
     settled by a new epoch: afterwards committed_content equals the projection's path
     hashes, and restore writes exactly those files."""
     tmp = tmp_path_factory.mktemp("prop")
-    w = World(tmp)
+    w = World(tmp, at=ledger_at)
     led = w.ledger
     held: list[str] = []
     made: list[str] = []
@@ -225,13 +239,14 @@ def test_restore_equals_the_projection_after_random_steps(
     led.close()
 
 
-def test_a_restore_retried_into_a_recreated_directory_is_recorded_anew(tmp_path: Path) -> None:
+def test_a_restore_retried_into_a_recreated_directory_is_recorded_anew(
+        tmp_path: Path, ledger_at: LedgerAt) -> None:
     """A restore whose event was recorded, its directory deleted by hand and the restore
     retried at the same path: a new directory (new device/inode), so a new restore — not
     a redelivery of the first with a different identity (IdempotencyConflict forever,
     before the identity was part of the key). The retry into the same directory is still
     answered by the journal."""
-    w = World(tmp_path)
+    w = World(tmp_path, at=ledger_at)
     assert w.apply("s1", {"a.txt": b"one"}) == "applied"
     w.ledger.publish("s1")
     w.ledger.ack("s1")
@@ -250,10 +265,6 @@ def test_a_restore_retried_into_a_recreated_directory_is_recorded_anew(tmp_path:
     assert w.ledger.verify().ok
 
 
-#: Each test runs on SQLite and on PostgreSQL (tests/conftest.py).
-BOTH_STORES = True
-
-
 KILLED_RESTORE = r"""
 import os, signal, sys
 from ledger import Ledger
@@ -268,7 +279,8 @@ with Ledger.open(sys.argv[1], on_op=on_op) as led:
 
 
 @pytest.mark.sqlite_only  # (a child process opens the ledger file)
-def test_a_cli_restore_killed_midway_is_finished_by_running_it_again(tmp_path: Path) -> None:
+def test_a_cli_restore_killed_midway_is_finished_by_running_it_again(
+        tmp_path: Path, ledger_at: LedgerAt) -> None:
     """`steptrail restore` SIGKILLed after three of six files: the same command run again
     resumes into the partial directory (it holds nothing but the restore's own output)
     and writes the rest — the CLI does not refuse the non-empty target first."""
@@ -281,7 +293,7 @@ def test_a_cli_restore_killed_midway_is_finished_by_running_it_again(tmp_path: P
 
     ws = tmp_path / "ws"
     ws.mkdir()
-    db = str(tmp_path / "l.db")
+    db = str(ledger_at(tmp_path / "l.db"))
     files = {f"d/f{i}.txt": f"content {i}\n".encode() for i in range(6)}
     with Ledger.init(db) as led:
         led.workspaces.add("w", str(ws))
@@ -300,3 +312,136 @@ def test_a_cli_restore_killed_midway_is_finished_by_running_it_again(tmp_path: P
                    "--force", "--json"])
     assert got.code == 0, got
     assert {p: (target / p).read_bytes() for p in files} == files
+
+
+# --- what restore writes, and where it never writes ---------------------------------------
+
+
+def test_restore_never_writes_into_the_ledger(tmp_path: Path) -> None:
+    w = Embedded(tmp_path)
+    w.admit("s1", "app.py", b"v1\n", digest_of(b"v0\n"))
+    r = w.led.workspaces.apply("s1", epoch=w.epoch)
+    w.led.publish("s1", receipt=r.receipt)
+    blobs = w.ws / ".steptrail" / "blobs"
+    before = tree(w.ws / ".steptrail")
+    for target in (blobs / "restored", w.ws / ".steptrail"):
+        with pytest.raises(InvalidInput):
+            w.led.workspaces.restore("w", target, force=True)
+    assert tree(w.ws / ".steptrail").keys() == before.keys()
+    report = w.led.workspaces.restore("w", tmp_path / "fresh", force=True)
+    assert report.paths == 1
+
+
+def test_restore_records_the_new_roots_identity(tmp_path: Path) -> None:
+    root = tmp_path / "ws"
+    root.mkdir()
+    led = Ledger.init(tmp_path / "l" / "ledger.db", clock=FakeClock())
+    led.workspaces.add("w", str(root), allow_git=True)
+    epoch = led.workspaces.acquire("w", "a", 3600).epoch
+    led.workspaces.admit("w", epoch, [StepPlan("s1", [Write("x", b"1", None)])])
+    led.publish("s1", receipt=led.workspaces.apply("s1", epoch=epoch).receipt)
+    led.workspaces.restore("w", tmp_path / "new", force=True)
+    ev = list(led.read(kind="workspace-restored"))[-1].event
+    assert isinstance(ev, WorkspaceRestored)
+    st = os.stat(tmp_path / "new")
+    assert (ev.dev, ev.ino, ev.allow_git) == (st.st_dev, st.st_ino, True)
+    reg = led.workspaces.registration("w")
+    assert reg.identity == (st.st_dev, st.st_ino) and reg.allow_git
+    # the restored directory swapped for a copy: refused like any swap
+    shutil.copytree(tmp_path / "new", tmp_path / "copy")
+    os.rename(tmp_path / "new", tmp_path / "new.old")
+    os.rename(tmp_path / "copy", tmp_path / "new")
+    with pytest.raises(WorkspaceMoved):
+        led.workspaces.snapshot("w", "x")
+
+
+def test_restore_writes_the_recorded_modes(tmp_path: Path) -> None:
+    w = WorkdirWorld(tmp_path)
+    w.file("bin/run.sh", b"v0", 0o755)
+    w.file(".env", b"TOKEN=1", 0o600)
+    w.admit("s1", Write("bin/run.sh", b"v1", h(b"v0")), Write(".env", b"TOKEN=2", h(b"TOKEN=1")),
+            Write("plain.txt", b"p", None))
+    assert w.apply("s1") == "applied"
+    w.commit("s1")
+    with umask(0o022):
+        report = w.ledger.workspaces.restore("w", tmp_path / "fresh", force=True)
+    fresh = tmp_path / "fresh"
+    assert report.paths == 3
+    assert mode(fresh / "bin" / "run.sh") == 0o755
+    assert mode(fresh / ".env") == 0o600
+    assert mode(fresh / "plain.txt") == 0o644
+    assert (fresh / ".env").read_bytes() == b"TOKEN=2"
+
+
+# --- a killed restore is resumed by its retry ---------------------------------------------
+
+
+def _committed(w: WorkdirWorld) -> None:
+    w.file("a.txt", b"a0", 0o644)
+    w.admit("s1", Write("a.txt", b"a1", h(b"a0")), Write("b/b.txt", b"b1", None),
+            Write("c.sh", b"c1", None))
+    assert w.apply("s1") == "applied"
+    w.commit("s1")
+    w.ledger.workspaces.release("w", w.epoch)
+
+
+def _restored_ok(w: WorkdirWorld, target: Path) -> None:
+    assert sorted(str(p.relative_to(target)) for p in target.rglob("*")) == [
+        "a.txt", "b", "b/b.txt", "c.sh"]  # no temporary left
+    assert (target / "a.txt").read_bytes() == b"a1"
+    assert (target / "b" / "b.txt").read_bytes() == b"b1"
+    assert (target / "c.sh").read_bytes() == b"c1"
+    assert w.ledger.workspaces.get("w").root == str(target)
+    assert w.ledger.verify().ok
+
+
+def test_a_killed_restore_is_resumed_by_the_retry(tmp_path: Path) -> None:
+    """The review: a killed restore left a partial directory and the retry was refused
+    as "not empty". Killed with b/b.txt staged and not yet renamed: the retry recognises
+    its own partial output, removes the temporary and completes."""
+    w = WorkdirWorld(tmp_path)
+    _committed(w)
+    target = tmp_path / "fresh"
+    w.killed(lambda led: led.workspaces.restore("w", target), nth("ws-rename", 2))
+    assert (target / "a.txt").read_bytes() == b"a1" and not (target / "c.sh").exists()
+    assert len(list(target.rglob(".*.steptrail-*.tmp"))) == 1
+    report = w.ledger.workspaces.restore("w", target)
+    assert report.paths == 3 and not report.deduped
+    _restored_ok(w, target)
+
+
+def test_a_restore_killed_before_its_event_is_recorded_by_the_retry(tmp_path: Path) -> None:
+    """Killed after its last file was renamed and before the event: the retry finds the
+    target holding the committed content and records it."""
+    w = WorkdirWorld(tmp_path)
+    _committed(w)
+    target = tmp_path / "fresh"
+    w.killed(lambda led: led.workspaces.restore("w", target), nth("ws-dirfsync", 4))
+    assert (target / "c.sh").read_bytes() == b"c1"
+    assert w.ledger.workspaces.get("w").root == str(w.dir)  # not recorded yet
+    assert w.ledger.workspaces.restore("w", target).paths == 3
+    _restored_ok(w, target)
+
+
+@pytest.mark.parametrize("stranger", ["extra.txt", "a.txt", "b/other", "link"])
+def test_a_target_holding_anything_else_is_still_refused(tmp_path: Path, stranger: str) -> None:
+    """Recognising a partial restore never writes into a directory that holds anything
+    the ledger did not commit there: another file, other bytes, a symlink."""
+    w = WorkdirWorld(tmp_path)
+    _committed(w)
+    target = tmp_path / "other"
+    (target / "b").mkdir(parents=True)
+    (target / "b" / "b.txt").write_bytes(b"b1")  # committed bytes: fine on their own
+    if stranger == "link":
+        (target / "c.sh").symlink_to(tmp_path / "outside")
+    else:
+        (target / stranger).write_bytes(b"not committed here")
+    with pytest.raises(InvalidInput, match="not an empty directory"):
+        w.ledger.workspaces.restore("w", target)
+    assert (target / "b" / "b.txt").read_bytes() == b"b1"
+    assert w.ledger.workspaces.get("w").root == str(w.dir)
+
+
+#: The tests that take `ledger_at` run on SQLite and on PostgreSQL (tests/conftest.py); the
+#: others, built on test_workdir's worlds, on SQLite.
+BOTH_STORES = True

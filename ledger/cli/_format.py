@@ -1,0 +1,150 @@
+"""What the commands print: times, counts and sizes as text; events and steps as text
+and as JSON (docs/cli-json.md); output held back until a command is done (`_Spool`)."""
+
+from __future__ import annotations
+
+import datetime as dt
+import sys
+from typing import TYPE_CHECKING, Any
+
+import click
+import msgspec
+
+from ledger.events import RecordedEvent, to_builtins
+
+if TYPE_CHECKING:
+    from ledger import Compensation, StepRow
+
+
+def _iso(time_ns: int) -> str:
+    return dt.datetime.fromtimestamp(time_ns / 1e9, dt.timezone.utc).isoformat(
+        timespec="milliseconds"
+    ).replace("+00:00", "Z")
+
+
+def _n(count: int, noun: str, plural: str = "") -> str:
+    """`count noun`, the noun in its plural unless the count is one: "1 step", "2 steps"."""
+    return f"{count} {noun if count == 1 else plural or noun + 's'}"
+
+
+def _dur(seconds: float) -> str:
+    """A duration as one would type it: 86400 -> "24h", 600 -> "10m", 90 -> "90s"."""
+    if seconds >= 3600 and seconds % 3600 == 0:
+        return f"{int(seconds // 3600)}h"
+    if seconds >= 60 and seconds % 60 == 0:
+        return f"{int(seconds // 60)}m"
+    return f"{seconds:g}s"
+
+
+def _size(n: int) -> str:
+    """Exact bytes, with a binary-unit reading once it is more than a KiB."""
+    if n < 1024:
+        return f"{n} B"
+    value = float(n)
+    for unit in ("KiB", "MiB", "GiB", "TiB", "PiB"):
+        value /= 1024
+        if value < 1024:
+            break
+    return f"{n} B ({value:.1f} {unit})"
+
+
+def event_json(r: RecordedEvent) -> dict[str, Any]:
+    ev = r.event
+    return {
+        "seq": r.seq,
+        "time_ns": r.time_ns,
+        "time": _iso(r.time_ns),
+        "kind": r.kind,
+        "workspace": getattr(ev, "workspace", ""),
+        "run": getattr(ev, "run", ""),
+        "step": getattr(ev, "step", ""),
+        "attempt": getattr(ev, "attempt", 0),
+        "epoch": getattr(ev, "epoch", 0),
+        "rev": getattr(ev, "rev", 0),
+        "journal_key": r.journal_key,
+        "hash": r.hash.hex(),
+        "prev_hash": r.prev_hash.hex(),
+        "v": r.v,
+        "event": to_builtins(ev),
+    }
+
+
+def step_json(row: StepRow) -> dict[str, Any]:
+    out = msgspec.to_builtins(row)
+    out["committed"] = row.live
+    out["updated"] = _iso(row.updated_ns)
+    return out  # type: ignore[no-any-return]
+
+
+def _event_detail(r: RecordedEvent) -> str:
+    ev = to_builtins(r.event)
+    for k in ("kind", "step", "attempt", "run", "workspace", "epoch"):
+        ev.pop(k, None)
+    parts = []
+    for k, v in ev.items():
+        if v in ((), [], None, "", False) and k != "expected_rev":
+            continue
+        if k.endswith("_ns") and isinstance(v, int) and not isinstance(v, bool):
+            k, v = k[:-3], _iso(v)  # a time, printed as every time is
+        if isinstance(v, bool):
+            v = "true" if v else "false"
+        if isinstance(v, str) and len(v) == 64:
+            v = v[:12] + "…"
+        if k == "restored" and isinstance(v, list | tuple):
+            # What a compensation did, per outcome: a conflict is not shown as restored.
+            by: dict[str, list[str]] = {}
+            for x in v:
+                by.setdefault(x.get("outcome", "restored"), []).append(x.get("path", "?"))
+            parts.extend(f"{outcome}={','.join(paths)}" for outcome, paths in by.items())
+            continue
+        if isinstance(v, list | tuple):
+            v = ",".join(x if isinstance(x, str) else x.get("path", "?") for x in v)
+        parts.append(f"{k}={v}")
+    return " ".join(parts)
+
+
+def _lease_state(live: bool, released: bool, expires_ns: int) -> str:
+    """A lease's state and time in words: "live, expires T", "expired at T", "released"."""
+    if live:
+        return f"live, expires {_iso(expires_ns)}"
+    return "released" if released else f"expired at {_iso(expires_ns)}"
+
+
+def compensation_json(c: Compensation) -> dict[str, Any]:
+    out: dict[str, Any] = msgspec.to_builtins(c)
+    out["conflicts"] = [r.path for r in c.conflicts]
+    return out
+
+
+def _echo_compensation(c: Compensation) -> None:
+    again = " (already recorded)" if c.deduped else ""
+    click.echo(f"step {c.step} attempt {c.attempt}: compensated{again} (seq {c.seq})")
+    for r in c.restored:
+        click.echo(f"  {r.outcome:<9} rev {r.rev:>6}  {r.path}")
+
+
+class _Spool:
+    """Output held back (in memory, then a temporary file) until `done()`, then copied to
+    stdout; dropped if the command fails first."""
+
+    def __init__(self) -> None:
+        self._file: Any = None
+
+    def __enter__(self) -> _Spool:
+        import tempfile
+
+        self._file = tempfile.SpooledTemporaryFile(max_size=32 * 1024 * 1024, mode="w+",
+                                                   encoding="utf-8", newline="")
+        return self
+
+    def write(self, text: str) -> int:
+        return int(self._file.write(text))
+
+    def done(self) -> None:
+        self._file.seek(0)
+        while chunk := self._file.read(1 << 20):
+            sys.stdout.write(chunk)
+        sys.stdout.flush()
+
+    def __exit__(self, *exc: object) -> None:
+        self._file.close()

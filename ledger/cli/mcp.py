@@ -1,0 +1,85 @@
+"""`steptrail mcp`: the MCP server (the [mcp] extra)."""
+
+from __future__ import annotations
+
+import functools
+
+import click
+
+from ledger.errors import EXIT_USAGE
+
+from ._common import LedgerCommand, _examples, _fail
+from ._options import Duration
+
+#: The modules whose absence means the [mcp] extra is not installed.
+_MCP_SDK_MODULES = ("mcp", "mcp_types", "pydantic", "anyio", "starlette", "uvicorn")
+
+
+@click.command("mcp", cls=LedgerCommand, epilog=_examples(
+    "steptrail mcp --workspace .                    # stdio: what an MCP client spawns",
+    "steptrail mcp --workspace ~/src/app --workspace ~/src/lib",
+    "steptrail --ledger /srv/ledger.db mcp --workspace app   # a registered NAME",
+    "steptrail mcp --workspace . --http --port 8765  # streamable HTTP on 127.0.0.1",
+))
+@click.option("--workspace", "workspaces", multiple=True, metavar="DIR|NAME",
+              help="A directory to serve (registered as a workspace under its base name if it"
+              " is not one yet), or the NAME of a registered workspace; repeat it for several."
+              " Relative paths in tool calls are inside the first. Default: the global"
+              " --workspace.")
+@click.option("--http", is_flag=True,
+              help="Serve streamable HTTP (at /mcp) instead of stdio.")
+@click.option("--host", default="127.0.0.1", show_default=True, metavar="HOST",
+              help="The address --http binds: loopback only, unless --allow-remote.")
+@click.option("--port", type=click.IntRange(1, 65535), default=8765, show_default=True,
+              help="The port --http binds.")
+@click.option("--allow-remote", is_flag=True,
+              help="Let --http bind a non-loopback address. The server has no authentication:"
+              " only with something else guarding the port.")
+@click.option("--lease-ttl", type=Duration(), default="20s", show_default=True,
+              help="How long one write's lease lives without a heartbeat (at most 7d): how"
+              " soon another server takes over from one that died on another machine.")
+@click.option("--lease-wait", type=Duration(), default="30s", show_default=True,
+              help="How long a write waits for another server's lease before it gives up.")
+@click.option("--lease-linger", type=Duration(allow_zero=True), default="200ms",
+              show_default=True,
+              help="How long the server keeps the lease after a write for its next one,"
+              " unless another server waits for it (0: release after every write).")
+@click.pass_context
+def mcp(ctx: click.Context, workspaces: tuple[str, ...], http: bool, host: str, port: int,
+        allow_remote: bool, lease_ttl: float, lease_wait: float, lease_linger: float) -> None:
+    """Serve workspace files to an MCP client: fenced, journaled, undoable writes.
+
+    An MCP server (the official SDK) with the reference filesystem server's tools
+    (read_text_file, write_file, edit_file, move_file, ...) and history, undo, status
+    and audit. Every write is a steptrail step fenced on what the client read; a
+    stale write is a conflict with a diff, never an overwrite. Without --ledger the
+    ledger is the first directory's .steptrail/ledger.db, created if absent. Needs
+    the extra: pip install 'steptrail[mcp]'. See docs/mcp.md.
+    """
+    try:
+        from ledger.mcp import serve
+    except ImportError as exc:
+        missing = (exc.name or "").split(".")[0]
+        if missing not in _MCP_SDK_MODULES:
+            raise
+        _fail(ctx, f"the MCP SDK is not installed (no module {exc.name!r}); install the"
+              " extra: pip install 'steptrail[mcp]'", EXIT_USAGE, "MissingExtra",
+              {"extra": "mcp", "module": exc.name})
+    specs = list(workspaces) or ([ctx.obj["workspace"]] if ctx.obj.get("workspace") else [])
+    if not specs:
+        raise click.UsageError("give the workspace to serve: --workspace DIR (e.g."
+                               " --workspace .)", ctx=ctx)
+    for name, value in (("--lease-ttl", lease_ttl), ("--lease-wait", lease_wait),
+                        ("--lease-linger", lease_linger)):
+        if value > 7 * 24 * 3600:
+            raise click.UsageError(f"{name} must be at most 7d", ctx=ctx)
+    if lease_linger >= lease_ttl / 2:
+        raise click.UsageError("--lease-linger must be less than half of --lease-ttl", ctx=ctx)
+    root = ctx.find_root()
+    given = root.get_parameter_source("ledger_path") not in (
+        None, click.core.ParameterSource.DEFAULT)
+    serve(specs, ledger_path=ctx.obj["ledger_path"] if given else None,
+          witness=ctx.obj.get("witness"), http=http, host=host, port=port,
+          allow_remote=allow_remote, lease_ttl_s=lease_ttl, lease_wait_s=lease_wait,
+          lease_linger_s=lease_linger, echo=functools.partial(click.echo, err=True),
+          on_stage=ctx.obj.get("on_stage"))

@@ -1,8 +1,9 @@
 """steptrail: a durable ledger for coding-agent steps.
 
-Every transition of every step is an immutable event in one SQLite WAL file,
-appended atomically with its journal (idempotency) key; projections give each
-step's current state and can be rebuilt from the events at any time.
+Every transition of every step is an immutable event (in a SQLite file, or a
+PostgreSQL database many machines share), appended atomically with its journal
+(idempotency) key; projections give each step's current state and can be rebuilt
+from the events at any time. A workspace's writes go through `ledger.workspaces`.
 
     from ledger import Ledger, Planned
 
@@ -13,270 +14,173 @@ step's current state and can be rebuilt from the events at any time.
 
 from typing import TYPE_CHECKING
 
-if TYPE_CHECKING:  # what a type checker sees; at run time, __getattr__ below
+if TYPE_CHECKING:  # the one list of public names; at run time each is imported from
+    # its module on first use (PEP 562, `__getattr__` below reads this block)
     from .errors import (
-        AccessDenied,
-        AnchorRefused,
-        ArchiveInvalid,
-        ArchiveMissing,
-        BackupIncomplete,
-        BackupInvalid,
-        BlobCorrupt,
-        BlobNotFound,
-        CollectorBusy,
-        CompensationConflict,
-        CompensationWindowClosed,
-        ContentChanged,
-        ContentFileEscapes,
-        CorruptLedger,
-        EnvironmentFailure,
-        GcRefused,
-        HeadMismatch,
-        IdempotencyConflict,
-        IllegalTransition,
-        IllegalWorkspaceTransition,
-        InvalidInput,
-        LeaseHeld,
-        LedgerBusy,
-        LedgerError,
-        LedgerNotFound,
-        LedgerTooNew,
-        ManifestConflict,
-        NotALedger,
-        NotSealable,
-        OperatorOnly,
-        PathEscapes,
-        PathForbidden,
-        PlanConflict,
-        ProtocolRefused,
-        ReadOnlyLedger,
-        ReplanRefused,
-        StaleEpoch,
-        StepRejected,
-        StepSealed,
-        StorageFailure,
-        UnknownStep,
-        UnknownWorkspace,
-        Unsettled,
-        WitnessElsewhere,
-        WitnessMismatch,
-        WitnessMissing,
-        WorkspaceMoved,
-        WorkspaceOverlap,
+        AccessDenied as AccessDenied,
+        AnchorRefused as AnchorRefused,
+        ArchiveInvalid as ArchiveInvalid,
+        ArchiveMissing as ArchiveMissing,
+        BackupIncomplete as BackupIncomplete,
+        BackupInvalid as BackupInvalid,
+        BlobCorrupt as BlobCorrupt,
+        BlobNotFound as BlobNotFound,
+        CollectorBusy as CollectorBusy,
+        CompensationConflict as CompensationConflict,
+        CompensationWindowClosed as CompensationWindowClosed,
+        ContentChanged as ContentChanged,
+        ContentFileEscapes as ContentFileEscapes,
+        CorruptLedger as CorruptLedger,
+        DatabaseUnavailable as DatabaseUnavailable,
+        EnvironmentFailure as EnvironmentFailure,
+        GcRefused as GcRefused,
+        HeadMismatch as HeadMismatch,
+        IdempotencyConflict as IdempotencyConflict,
+        IllegalTransition as IllegalTransition,
+        IllegalWorkspaceTransition as IllegalWorkspaceTransition,
+        InvalidInput as InvalidInput,
+        LeaseHeld as LeaseHeld,
+        LedgerBusy as LedgerBusy,
+        LedgerError as LedgerError,
+        LedgerNotFound as LedgerNotFound,
+        LedgerTooNew as LedgerTooNew,
+        ManifestConflict as ManifestConflict,
+        NotALedger as NotALedger,
+        NotSealable as NotSealable,
+        OperatorOnly as OperatorOnly,
+        PathEscapes as PathEscapes,
+        PathForbidden as PathForbidden,
+        PlanConflict as PlanConflict,
+        ProtocolRefused as ProtocolRefused,
+        ReadOnlyLedger as ReadOnlyLedger,
+        ReplanRefused as ReplanRefused,
+        StaleEpoch as StaleEpoch,
+        StepRejected as StepRejected,
+        StepSealed as StepSealed,
+        StorageFailure as StorageFailure,
+        UnknownStep as UnknownStep,
+        UnknownWorkspace as UnknownWorkspace,
+        Unsettled as Unsettled,
+        WitnessElsewhere as WitnessElsewhere,
+        WitnessMismatch as WitnessMismatch,
+        WitnessMissing as WitnessMissing,
+        WorkspaceMoved as WorkspaceMoved,
+        WorkspaceOverlap as WorkspaceOverlap,
     )
     from .events import (
-        Acked,
-        AppliedWrite,
-        BlobCollected,
-        BlobPinned,
-        BlobStored,
-        Compensated,
-        Compensating,
-        Event,
-        Fenced,
-        LeaseAcquired,
-        LeaseReleased,
-        LeaseRenewed,
-        ManifestEntry,
-        ManifestPublished,
-        Planned,
-        PlannedWrite,
-        RecordedEvent,
-        Rejected,
-        Restored,
-        StepEvent,
-        WitnessAnchored,
-        WorkspaceAdded,
-        WorkspaceRebound,
-        WorkspaceRestored,
-        journal_key,
+        Acked as Acked,
+        AppliedWrite as AppliedWrite,
+        BlobCollected as BlobCollected,
+        BlobPinned as BlobPinned,
+        BlobStored as BlobStored,
+        Compensated as Compensated,
+        Compensating as Compensating,
+        Event as Event,
+        Fenced as Fenced,
+        journal_key as journal_key,
+        LeaseAcquired as LeaseAcquired,
+        LeaseReleased as LeaseReleased,
+        LeaseRenewed as LeaseRenewed,
+        ManifestEntry as ManifestEntry,
+        ManifestPublished as ManifestPublished,
+        Planned as Planned,
+        PlannedWrite as PlannedWrite,
+        RecordedEvent as RecordedEvent,
+        Rejected as Rejected,
+        Restored as Restored,
+        StepEvent as StepEvent,
+        WitnessAnchored as WitnessAnchored,
+        WorkspaceAdded as WorkspaceAdded,
+        WorkspaceRebound as WorkspaceRebound,
+        WorkspaceRestored as WorkspaceRestored,
+    )
+    from .ledger import (
+        DEFAULT_PATH as DEFAULT_PATH,
+        Ledger as Ledger,
+    )
+    from .log import (
+        Head as Head,
+    )
+    from .plans import (
+        check_settled as check_settled,
+        load_plan as load_plan,
+        Plan as Plan,
+    )
+    from .projections import (
+        StepRow as StepRow,
+    )
+    from .projections.workspaces import (
+        WsRow as WsRow,
+    )
+    from .runner import (
+        FencedOutcome as FencedOutcome,
+        PathConflict as PathConflict,
+        RejectReason as RejectReason,
+        run_fenced_step as run_fenced_step,
+        StepReader as StepReader,
+        StepStatus as StepStatus,
+    )
+    from .store import (
+        locate as locate,
+        Location as Location,
+        shown_location as shown_location,
+        unmapped_error as unmapped_error,
+    )
+    from .verify import (
+        Finding as Finding,
+        VerifyReport as VerifyReport,
+    )
+    from .witness import (
+        WitnessStatus as WitnessStatus,
     )
     from .workspace import (
-        ApplyResult,
-        Compensation,
-        FileRead,
-        Lease,
-        Receipt,
-        SettleConflict,
-        StepPlan,
-        Workspaces,
-        Write,
-        settle_conflicts,
+        ApplyResult as ApplyResult,
+        Compensation as Compensation,
+        FileRead as FileRead,
+        Lease as Lease,
+        Receipt as Receipt,
+        settle_conflicts as settle_conflicts,
+        SettleConflict as SettleConflict,
+        StepPlan as StepPlan,
+        Workspaces as Workspaces,
+        Write as Write,
     )
-    from .ledger import DEFAULT_PATH, Ledger
-    from .log import Head
-    from .plans import Plan, check_settled, load_plan
-    from .projections import StepRow
-    from .projections.workspaces import WsRow
-    from .runner import (
-        FencedOutcome,
-        PathConflict,
-        RejectReason,
-        StepReader,
-        StepStatus,
-        run_fenced_step,
-    )
-    from .store import Location, locate, shown_location, unmapped_error
-    from .verify import Finding, VerifyReport
-    from .witness import WitnessStatus
 
 __version__ = "0.1.0"
 
-#: Each public name -> the submodule it is imported from, on first use (PEP 562): `import
-#: ledger.cli` or `import ledger.errors` does not import the whole library.
-_EXPORTS: dict[str, tuple[str, ...]] = {
-    "errors": ("AccessDenied", "AnchorRefused", "ArchiveInvalid", "ArchiveMissing",
-        "BackupIncomplete",
-        "BackupInvalid", "BlobCorrupt", "BlobNotFound", "CollectorBusy",
-        "CompensationConflict", "CompensationWindowClosed", "ContentChanged",
-        "ContentFileEscapes", "CorruptLedger", "DatabaseUnavailable", "EnvironmentFailure", "GcRefused",
-        "HeadMismatch", "IdempotencyConflict", "IllegalTransition",
-        "IllegalWorkspaceTransition", "InvalidInput", "LeaseHeld", "LedgerBusy",
-        "LedgerError", "LedgerNotFound", "LedgerTooNew", "ManifestConflict", "NotALedger",
-        "NotSealable", "OperatorOnly", "PathEscapes", "PathForbidden", "PlanConflict", "ProtocolRefused",
-        "ReadOnlyLedger", "ReplanRefused", "StaleEpoch", "StepRejected", "StepSealed", "StorageFailure",
-        "UnknownStep", "UnknownWorkspace", "Unsettled", "WitnessElsewhere",
-        "WitnessMismatch", "WitnessMissing", "WorkspaceMoved", "WorkspaceOverlap"),
-    "events": ("Acked", "AppliedWrite", "BlobCollected", "BlobPinned", "BlobStored", "Compensated",
-        "Compensating", "Event", "Fenced", "LeaseAcquired", "LeaseReleased", "LeaseRenewed",
-        "ManifestEntry", "ManifestPublished", "Planned", "PlannedWrite", "RecordedEvent",
-        "Rejected", "Restored", "StepEvent", "WitnessAnchored", "WorkspaceAdded",
-        "WorkspaceRebound", "WorkspaceRestored", "journal_key"),
-    "workspace": ("ApplyResult", "Compensation", "FileRead", "Lease", "Receipt", "SettleConflict",
-        "StepPlan", "Workspaces", "Write", "settle_conflicts"),
-    "ledger": ("DEFAULT_PATH", "Ledger"),
-    "log": ("Head",),
-    "plans": ("Plan", "check_settled", "load_plan"),
-    "projections": ("StepRow",),
-    "projections.workspaces": ("WsRow",),
-    "runner": ("FencedOutcome", "PathConflict", "RejectReason", "StepReader", "StepStatus",
-               "run_fenced_step"),
-    "store": ("Location", "locate", "shown_location", "unmapped_error"),
-    "verify": ("Finding", "VerifyReport"),
-    "witness": ("WitnessStatus",),
-}
-_WHERE = {name: module for module, names in _EXPORTS.items() for name in names}
+
+def _exports() -> dict[str, str]:
+    """Each public name -> its submodule, read from the TYPE_CHECKING block above (so the
+    names are listed once): `import ledger.cli` or `import ledger.errors` does not
+    import the whole library."""
+    import ast
+    from pathlib import Path
+
+    tree = ast.parse(Path(__file__).read_text(encoding="utf-8"))
+    block = next(n for n in tree.body if isinstance(n, ast.If)
+                 and isinstance(n.test, ast.Name) and n.test.id == "TYPE_CHECKING")
+    return {alias.name: node.module or "" for node in block.body
+            if isinstance(node, ast.ImportFrom) for alias in node.names}
+
+
+_WHERE: dict[str, str] = {}
 
 
 def __getattr__(name: str) -> object:
-    module = _WHERE.get(name)
-    if module is None:
-        raise AttributeError(f"module 'ledger' has no attribute {name!r}")
-    from importlib import import_module
+    if not _WHERE:
+        _WHERE.update(_exports())
+    if name == "__all__":
+        value: object = sorted(_WHERE)
+    else:
+        module = _WHERE.get(name)
+        if module is None:
+            raise AttributeError(f"module 'ledger' has no attribute {name!r}")
+        from importlib import import_module
 
-    value = getattr(import_module(f".{module}", __name__), name)
+        value = getattr(import_module(f".{module}", __name__), name)
     globals()[name] = value  # found once
     return value
 
 
 def __dir__() -> list[str]:
-    return sorted({*globals(), *__all__})
-
-
-__all__ = [
-    "run_fenced_step",
-    "StepStatus",
-    "StepReader",
-    "RejectReason",
-    "PathConflict",
-    "FencedOutcome",
-    "Compensating",
-    "AccessDenied",
-    "Acked",
-    "AnchorRefused",
-    "ArchiveInvalid",
-    "ArchiveMissing",
-    "AppliedWrite",
-    "ApplyResult",
-    "BackupIncomplete",
-    "BackupInvalid",
-    "BlobCollected",
-    "BlobCorrupt",
-    "BlobNotFound",
-    "BlobPinned",
-    "BlobStored",
-    "CollectorBusy",
-    "Compensated",
-    "Compensation",
-    "CompensationConflict",
-    "CompensationWindowClosed",
-    "ContentChanged",
-    "ContentFileEscapes",
-    "CorruptLedger",
-    "DEFAULT_PATH",
-    "EnvironmentFailure",
-    "Event",
-    "Fenced",
-    "FileRead",
-    "Finding",
-    "GcRefused",
-    "Head",
-    "HeadMismatch",
-    "IdempotencyConflict",
-    "IllegalTransition",
-    "IllegalWorkspaceTransition",
-    "InvalidInput",
-    "Lease",
-    "LeaseAcquired",
-    "LeaseHeld",
-    "LeaseReleased",
-    "LeaseRenewed",
-    "Ledger",
-    "LedgerBusy",
-    "LedgerError",
-    "LedgerNotFound",
-    "LedgerTooNew",
-    "ManifestConflict",
-    "ManifestEntry",
-    "ManifestPublished",
-    "NotALedger",
-    "NotSealable",
-    "OperatorOnly",
-    "PathEscapes",
-    "PathForbidden",
-    "PlanConflict",
-    "Plan",
-    "Planned",
-    "PlannedWrite",
-    "ProtocolRefused",
-    "ReadOnlyLedger",
-    "Receipt",
-    "RecordedEvent",
-    "Rejected",
-    "ReplanRefused",
-    "Restored",
-    "SettleConflict",
-    "StaleEpoch",
-    "StepEvent",
-    "StepPlan",
-    "StepRejected",
-    "StepSealed",
-    "StepRow",
-    "StorageFailure",
-    "DatabaseUnavailable",
-    "UnknownStep",
-    "UnknownWorkspace",
-    "Unsettled",
-    "VerifyReport",
-    "WitnessAnchored",
-    "WitnessElsewhere",
-    "WitnessMismatch",
-    "WitnessMissing",
-    "WitnessStatus",
-    "WorkspaceAdded",
-    "WorkspaceMoved",
-    "WorkspaceOverlap",
-    "WorkspaceRebound",
-    "WorkspaceRestored",
-    "Write",
-    "Workspaces",
-    "WsRow",
-    "check_settled",
-    "journal_key",
-    "load_plan",
-    "settle_conflicts",
-    "Location",
-    "locate",
-    "shown_location",
-    "unmapped_error",
-]
+    return sorted({*globals(), *_exports()})

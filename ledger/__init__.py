@@ -16,6 +16,12 @@ from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:  # the one list of public names; at run time each is imported from
     # its module on first use (PEP 562, `__getattr__` below reads this block)
+    from .aio import (
+        AsyncLedger as AsyncLedger,
+    )
+    from .blobs import (
+        digest_of as digest_of,
+    )
     from .errors import (
         AccessDenied as AccessDenied,
         AnchorRefused as AnchorRefused,

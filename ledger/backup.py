@@ -67,7 +67,7 @@ from .gc.holders import read_references
 from .ledger import Ledger
 from .log import Head
 from .store import ReadView
-from .store.sqlite.file import BACKUP_DB_NAME, BACKUP_MARKER
+from .store.registry import BACKUP_DB_NAME, BACKUP_MARKER
 from .verify import verify
 from .witness import anchor_problems, recorded_anchor
 

@@ -38,18 +38,14 @@ def export_rows(path: str, what: str) -> Iterator[Iterator[dict[str, Any]]]:
     check_exportable(path)
     if what not in TABLES:
         raise InvalidInput(f"export {what!r}: not one of {', '.join(TABLES)}")
-    from .store.sqlite.export import exported_rows
-
-    with exported_rows(path, what) as rows:
+    with locate(path).backend.exported_rows(path, what) as rows:
         yield rows
 
 
 def unexportable(path: str, exc: BaseException) -> CorruptLedger:
     """The error for a row of the ledger file at `path` that cannot be exported (its
     values cannot be written out: `exc`)."""
-    from .store.sqlite.export import unexportable as error
-
-    return error(path, exc)
+    return locate(path).backend.unexportable(path, exc)
 
 
 __all__ = ["TABLES", "check_exportable", "export_rows", "unexportable"]

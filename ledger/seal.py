@@ -57,7 +57,7 @@ from .ledger import Ledger
 from .projections.steps import SEALED, SETTLED
 from .store import ARCHIVE_DIR_META, EventQuery, EventRow, ReadView, Tx
 from .store.base import check_row, row_to_recorded
-from .store.sqlite.archive import ArchiveFile, remove_stray_temporaries, write_archive
+from .store.archives import ArchiveFile, remove_stray_temporaries, write_archive
 from .verify import Finding, VerifyReport
 
 ARCHIVE_SUFFIX: Final = ".slarchive"

@@ -397,7 +397,8 @@ def test_the_transition_checker_catches_a_front_end_copy() -> None:
 PUBLIC_MODULES = frozenset({
     "ledger.errors", "ledger.events", "ledger.plans", "ledger.gc", "ledger.seal",
     "ledger.backup", "ledger.copying", "ledger.stats", "ledger.metrics", "ledger.verify",
-    "ledger.demo", "ledger.export", "ledger.mcp", "ledger.langgraph",
+    "ledger.demo", "ledger.export", "ledger.mcp", "ledger.langgraph", "ledger.workspace",
+    "ledger.diffs",
 })
 #: The command line: it sees the public API only (and its own modules).
 CLI = "ledger.cli"
@@ -417,9 +418,10 @@ def _declared_all(module: str) -> set[str] | None:
     return None
 
 
-def private_imports(tree: ast.AST, package: str) -> list[tuple[int, str]]:
-    """Where a module of `package` (dotted, under ledger.cli) imports from `ledger` what
-    is not the public API (lazy and TYPE_CHECKING imports count): (line, what)."""
+def private_imports(tree: ast.AST, package: str, own: str = CLI) -> list[tuple[int, str]]:
+    """Where a module of `package` (dotted, under the front end `own`: ledger.cli,
+    ledger.mcp, ...) imports from `ledger` what is not the public API (lazy and
+    TYPE_CHECKING imports count; its own modules are its own): (line, what)."""
     import ledger
 
     top = set(ledger.__all__) | {"__version__"}
@@ -427,7 +429,7 @@ def private_imports(tree: ast.AST, package: str) -> list[tuple[int, str]]:
     for node in ast.walk(tree):
         if isinstance(node, ast.Import):
             for a in node.names:
-                if a.name.startswith("ledger.") and not a.name.startswith(CLI) \
+                if a.name.startswith("ledger.") and not a.name.startswith(own) \
                         and a.name not in PUBLIC_MODULES:
                     out.append((node.lineno, a.name))
             continue
@@ -441,7 +443,7 @@ def private_imports(tree: ast.AST, package: str) -> list[tuple[int, str]]:
             base = parent + ("." + base if base else "")
         if base != "ledger" and not base.startswith("ledger."):
             continue  # not ours (click, msgspec, the standard library)
-        if base == CLI or base.startswith(CLI + "."):
+        if base == own or base.startswith(own + "."):
             continue  # its own modules
         if base == "ledger":
             out.extend((node.lineno, f"ledger.{a.name}") for a in node.names
@@ -501,6 +503,91 @@ def test_the_command_line_imports_only_the_public_api() -> None:
 ])
 def test_the_public_api_checker_catches_a_violation(rel: str, source: str, bad: list[int]) -> None:
     assert _cli_violations({rel: source}).get(rel, []) == bad
+
+
+#: The other front ends held to the public API, as the command line is (its own package).
+FRONT_END_PACKAGES = {"mcp/": "ledger.mcp", "langgraph/": "ledger.langgraph"}
+#: What `ledger/backup.py` still imports beyond the public API (to be emptied: it reads
+#: the references GC holds, the head, a read view, verify's and the witness's internals).
+BACKUP_PRIVATE = frozenset({
+    "ledger.blobs", "ledger.errors.BackupIncomplete", "ledger.errors.BackupInvalid",
+    "ledger.gc.holders", "ledger.ledger", "ledger.log", "ledger.store", "ledger.store.registry",
+    "ledger.witness", "ledger.seal._seal_events"})
+
+
+def test_the_mcp_server_and_the_langgraph_saver_import_only_the_public_api() -> None:
+    found = {}
+    for rel, path in ((_rel(p), p) for p in _modules().values()):
+        for prefix, own in FRONT_END_PACKAGES.items():
+            if rel.startswith(prefix):
+                package = ".".join(["ledger", *Path(rel).parent.parts])
+                if bad := private_imports(ast.parse(path.read_text()), package, own):
+                    found[rel] = bad
+    assert not found, f"beyond the public API: {found}"
+    backup = {what for _line, what in private_imports(
+        ast.parse((PACKAGE / "backup.py").read_text()), "ledger", "ledger.backup")}
+    assert backup <= BACKUP_PRIVATE, f"backup.py reaches further in: {backup - BACKUP_PRIVATE}"
+    assert BACKUP_PRIVATE <= backup, f"stale BACKUP_PRIVATE entries: {BACKUP_PRIVATE - backup}"
+
+
+@pytest.mark.parametrize("source, bad", [
+    ("from ..workspace.confined import Confined\n", [1]),  # inside a public package
+    ("from ..ledger import Ledger\n", [1]),
+    ("def f():\n    from ..store.postgres import PgStore\n", [2]),
+    ("from .. import Ledger, digest_of\nfrom ..workspace import Confined\nfrom .edits import x\n",
+     []),
+])
+def test_the_front_end_checker_catches_a_violation(source: str, bad: list[int]) -> None:
+    assert [line for line, _ in private_imports(ast.parse(source), "ledger.mcp",
+                                                "ledger.mcp")] == bad
+
+
+def concrete_store_imports(tree: ast.AST, package: str) -> list[int]:
+    """Lines where a module of `package` imports a concrete store (`ledger.store.sqlite`,
+    `ledger.store.postgres`, or anything under them), lazily or not."""
+    stores = ("ledger.store.sqlite", "ledger.store.postgres")
+    out = []
+    for node in ast.walk(tree):
+        names: list[str] = []
+        if isinstance(node, ast.Import):
+            names = [a.name for a in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                parent = package
+                for _ in range(node.level - 1):
+                    parent = parent.rpartition(".")[0]
+                base = parent + ("." + base if base else "")
+            names = [base] + [f"{base}.{a.name}" for a in node.names]
+        if any(n == s or n.startswith(s + ".") for n in names for s in stores):
+            out.append(node.lineno)
+    return out
+
+
+def test_only_the_store_names_a_concrete_store() -> None:
+    """Everything above `ledger/store/` opens a location through the registry
+    (`ledger.store.locate`): no module outside the store (or the test machinery) names
+    the SQLite or the PostgreSQL store."""
+    found = {}
+    for rel, path in ((_rel(p), p) for p in _modules().values()):
+        if rel.startswith(("store/", "testing/")):
+            continue
+        package = ".".join(["ledger", *Path(rel).parent.parts])
+        if bad := concrete_store_imports(ast.parse(path.read_text()), package):
+            found[rel] = bad
+    assert not found, f"a concrete store named outside ledger/store/: {found}"
+
+
+@pytest.mark.parametrize("package, source, bad", [
+    ("ledger", "from .store.sqlite import SqliteStore\n", [1]),
+    ("ledger.mcp", "def f():\n    from ..store.postgres.location import is_url\n", [2]),
+    ("ledger", "import ledger.store.postgres\n", [1]),
+    ("ledger", "from .store import sqlite\n", [1]),
+    ("ledger", "from .store import locate, open_store\nfrom .store.registry import Unmapped\n", []),
+])
+def test_the_concrete_store_checker_catches_a_violation(package: str, source: str,
+                                                         bad: list[int]) -> None:
+    assert concrete_store_imports(ast.parse(source), package) == bad
 
 
 def _string_constants(tree: ast.AST) -> dict[str, str]:

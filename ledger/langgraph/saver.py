@@ -56,8 +56,7 @@ from langgraph.checkpoint.base import (
     writes_sort_key,
 )
 
-from ..aio import AsyncLedger
-from ..blobs import digest_of
+from .. import AsyncLedger, digest_of
 from ..errors import (
     BlobNotFound,
     IdempotencyConflict,
@@ -77,7 +76,7 @@ from ..events import (
     RecordedEvent,
     manifest_digest,
 )
-from ..ledger import Ledger
+from .. import Ledger
 
 PREFIX = "langgraph/"
 CHECKPOINT_PREFIX = PREFIX + "checkpoint/"

@@ -67,7 +67,7 @@ from ledger import (
 )
 
 from .edits import EditRefused, apply_edits, unified_diff
-from ..workspace.confined import Confined, Entry, FsRefused, glob_match
+from ..workspace import Confined, Entry, FsRefused, glob_match
 from .leases import LeaseBusy, Leases, holder_name
 
 log = logging.getLogger("steptrail.mcp")

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import importlib
 import os
+import re
 from dataclasses import dataclass
 from typing import Any, Final, Protocol
 
@@ -68,6 +69,20 @@ class Backend(Protocol):
     def without_secrets(self, text: str, location: str) -> str: ...
     def unmapped(self, exc: BaseException, location: str) -> Unmapped | None: ...
 
+    def exported_rows(self, location: str, what: str) -> Any:
+        """`steptrail export`'s rows of table `what`: a context manager yielding dicts
+        (a store that cannot be exported in place raises InvalidInput)."""
+        ...
+
+    def unexportable(self, location: str, exc: BaseException) -> Any:
+        """The typed error for a row of `location` that cannot be written out."""
+        ...
+
+
+#: A backup directory's completion marker, and the name of the database file a backup
+#: holds (`ledger.backup`): a store refuses to open such a file to write.
+BACKUP_MARKER: Final = "BACKUP.json"
+BACKUP_DB_NAME: Final = re.compile(r"ledger-[0-9]+-[0-9a-f]{12}\.db", re.ASCII)
 
 #: The registered stores, most specific first; the last one takes every location the
 #: others do not (a file path). Module paths, imported on first use.
@@ -175,5 +190,5 @@ def unmapped_error(exc: BaseException, location: str = "") -> Unmapped | None:
     return None
 
 
-__all__ = ["BACKENDS", "Backend", "Location", "Unmapped", "create_store", "locate",
+__all__ = ["BACKENDS", "BACKUP_DB_NAME", "BACKUP_MARKER", "Backend", "Location", "Unmapped", "create_store", "locate",
            "open_store", "shown_location", "unmapped_error"]

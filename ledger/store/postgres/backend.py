@@ -63,6 +63,14 @@ class PgBackend:
     def without_secrets(self, text: str, location: str) -> str:
         return without_secrets(text, location)
 
+    def exported_rows(self, location: str, what: str) -> Any:
+        raise InvalidInput("export reads a SQLite ledger file; for a PostgreSQL ledger copy"
+                           " it to a file first: steptrail copy URL ledger.db, then"
+                           " steptrail --ledger ledger.db export")
+
+    def unexportable(self, location: str, exc: BaseException) -> Any:
+        return self.exported_rows(location, "")
+
     def unmapped(self, exc: BaseException, location: str) -> Unmapped | None:
         """A driver error no boundary mapped: a lost connection, or a refused statement."""
         from .driver import driver_errors

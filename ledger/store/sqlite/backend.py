@@ -78,6 +78,17 @@ class SqliteBackend:
     def without_secrets(self, text: str, location: str) -> str:
         return text  # a file path holds no password
 
+    def exported_rows(self, location: str, what: str) -> Any:
+        """`steptrail export`'s rows of table `what` (a context manager)."""
+        from .export import exported_rows
+
+        return exported_rows(location, what)
+
+    def unexportable(self, location: str, exc: BaseException) -> Any:
+        from .export import unexportable
+
+        return unexportable(location, exc)
+
     def unmapped(self, exc: BaseException, location: str) -> Unmapped | None:
         """What SQLite raised past every boundary (each maps its own): what it means."""
         from . import errors

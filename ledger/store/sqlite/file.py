@@ -22,7 +22,6 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import os
-import re
 import random
 import shutil
 import stat
@@ -1219,8 +1218,7 @@ def _check_sync(value: str) -> str:
 
 #: A backup directory's completion marker, and the name of the database snapshot it
 #: names (`ledger.backup`): such a file is never opened to write.
-BACKUP_MARKER: Final = "BACKUP.json"
-BACKUP_DB_NAME: Final = re.compile(r"ledger-[0-9]+-[0-9a-f]{12}\.db", re.ASCII)
+from ..registry import BACKUP_DB_NAME, BACKUP_MARKER  # noqa: E402  (the backup format's)
 
 
 def refuse_a_backups_database(path: str) -> None:

@@ -259,15 +259,6 @@ class PgFiles:
     def scan(self) -> Iterator[BlobFile]:
         return iter([BlobFile(d, n, t) for d, (n, t) in sorted(self.files().items())])
 
-    def orphan_chunks(self) -> list[str]:
-        """Digests with chunk rows but no pointer row (a write cut off cannot leave them:
-        it is one transaction; a hand edit can)."""
-        with self._using() as conn:
-            rows = conn.execute("SELECT DISTINCT c.digest FROM blob_chunks c LEFT JOIN"
-                                " blob_files f ON f.digest = c.digest WHERE f.digest IS NULL"
-                                " ORDER BY 1 LIMIT 100").fetchall()
-        return [r[0] for r in rows]
-
     def temp_files(self) -> Iterator[TempFile]:
         return iter(())
 

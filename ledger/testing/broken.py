@@ -1,6 +1,6 @@
 """The broken protocols the harnesses use as negative controls (never the runtime's).
 
-- `append_unchecked`: an append without the ledger's blob guard (ARCHITECTURE.md
+- `append_unchecked`: an append without the ledger's blob guard (docs/internals.md
   "Content before pointer"), as a buggy writer would make it, and without the epoch
   check a zombie's late event would meet: what the checkers must catch.
 - `run_step_wrong_order`: a step that publishes its manifest before any blob is stored

@@ -243,7 +243,7 @@ class WriterQueue:
     no queue: a poller sleeps past the release, and a writer that commits and begins
     again within microseconds wins every gap a sleeping poller leaves).
 
-    Three bytes of the file (ARCHITECTURE.md, "Writers and the write lock"): the room
+    Three bytes of the file (docs/internals.md, "Writers and the write lock"): the room
     is the lock. A writer takes it at once if it is free; otherwise it queues: it
     takes the turnstile (waiting), then the room (waiting), then lets the turnstile
     go, so only one waiter at a time waits on the room. A free room may be taken past

@@ -66,7 +66,7 @@ from .errors import (
 from .gc.holders import read_references
 from .ledger import Ledger
 from .log import Head
-from .store import ReadView
+from .store import BlobIndex, ReadView
 from .store.registry import BACKUP_DB_NAME, BACKUP_MARKER
 from .verify import verify
 from .witness import anchor_problems, recorded_anchor
@@ -358,7 +358,7 @@ class _Needs(msgspec.Struct):
     pinned_absent: int
 
 
-def _needs(view: ReadView, size_of: Callable[[str], tuple[int, bool] | None] | None = None
+def _needs(view: BlobIndex, size_of: Callable[[str], tuple[int, bool] | None] | None = None
            ) -> _Needs:
     """The file blobs a snapshot (read through `view`, whose blob files are where the
     blobs are read from) needs: every blob GC keeps (live manifests, compensation
@@ -375,7 +375,7 @@ def _needs(view: ReadView, size_of: Callable[[str], tuple[int, bool] | None] | N
         size, inline = found
         if not inline:
             required[digest] = size
-    pinned = {hold[0] for hold in view.pin_holds()}
+    pinned = {hold.digest for hold in view.pin_holds()}
     for digest in sorted(pinned - refs.referenced):
         found = blob_size(digest)
         if found is None:

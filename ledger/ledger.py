@@ -70,7 +70,7 @@ from .workspace.protocol import (
     Workspaces,
 )
 from .log import EventLog, Guard, Head
-from .store import BUSY_TIMEOUT_MS, EventQuery, ReadView, Scope, Store, Synchronous, Tx, locate
+from .store import BUSY_TIMEOUT_MS, BlobIndex, EventQuery, Scope, Store, Synchronous, Tx, locate
 from .projections import (
     StepRow,
     StepsProjector,
@@ -722,7 +722,7 @@ class Ledger:
 
     # -- blobs -----------------------------------------------------------------------
 
-    def _check_blob(self, view: ReadView, digest: str, size: int, *, deep: bool) -> None:
+    def _check_blob(self, view: BlobIndex, digest: str, size: int, *, deep: bool) -> None:
         """Raise BlobNotFound / BlobCorrupt unless the blob is present with `size` bytes
         (and, when `deep` or small enough, hashes to its name)."""
         view.check_blob(digest, size, hash_file=deep or size <= self.hash_check_max_bytes)
@@ -785,7 +785,7 @@ class Ledger:
         """Every stored blob (inline rows, files) and leftover temporary file, with its
         holders: `referenced` (named by some manifest revision) and `pinned`. Read-only."""
         refs = read_refs(self._log)
-        referenced = {e[4] for e in refs.entries}
+        referenced = {e.digest for e in refs.entries}
         pinned = {d for (_s, _a, d) in refs.pins}
         out: list[dict[str, Any]] = []
         with self._store.read() as view:
@@ -924,7 +924,7 @@ class Ledger:
         step = row.step_id
         with self._store.read() as view:
             hit = view.journal_lookup(journal_key(Planned(step=step, attempt=attempt)))
-        planned = None if hit is None else decode(hit[11], hit[10])
+        planned = None if hit is None else decode(hit.payload, hit.v)
         if not isinstance(planned, Planned) or planned.workspace or planned.artifacts != tuple(
                 sorted(outputs)):
             return None

@@ -407,7 +407,7 @@ class EventLog:
             try:
                 yield row_to_recorded(check_row(row))
             except _DECODE_ERRORS as exc:
-                raise CorruptLedger(self.path, f"event #{row[0]} cannot be decoded: {exc}") from None
+                raise CorruptLedger(self.path, f"event #{row.seq} cannot be decoded: {exc}") from None
 
     def count(self) -> int:
         return self.store.view.count()

@@ -55,7 +55,7 @@ from .events import (
 )
 from .ledger import Ledger
 from .projections.steps import SEALED, SETTLED
-from .store import ARCHIVE_DIR_META, EventQuery, EventRow, ReadView, Tx
+from .store import ARCHIVE_DIR_META, EventQuery, EventReader, EventRow, Forensics, ReadView, Tx
 from .store.base import check_row, row_to_recorded
 from .store.archives import ArchiveFile, remove_stray_temporaries, write_archive
 from .verify import Finding, VerifyReport
@@ -93,7 +93,7 @@ def default_archive_dir(ledger: Ledger) -> str:
     return os.path.join(os.path.dirname(os.path.abspath(ledger.path)), "archive")
 
 
-def archive_dir_at(location: str, view: ReadView) -> str | None:
+def archive_dir_at(location: str, view: Forensics) -> str | None:
     """Where the ledger at `location` (read through `view`) keeps its archives:
     ``archive/`` beside a SQLite file; for a ledger in a database, the directory its
     first seal recorded (None: it was never sealed). Never a place under the current
@@ -158,10 +158,10 @@ def gaps_of(rows: Sequence[EventRow]) -> list[SealGap]:
     out: list[SealGap] = []
     start = 0
     for i in range(1, len(rows) + 1):
-        if i == len(rows) or rows[i][0] != rows[i - 1][0] + 1:
+        if i == len(rows) or rows[i].seq != rows[i - 1].seq + 1:
             part = rows[start:i]
-            out.append(SealGap(part[0][0], part[-1][0], bytes(part[0][12]).hex(),
-                               bytes(part[-1][13]).hex(), gap_digest([bytes(r[13]) for r in part])))
+            out.append(SealGap(part[0].seq, part[-1].seq, bytes(part[0].prev_hash).hex(),
+                               bytes(part[-1].hash).hex(), gap_digest([bytes(r.hash) for r in part])))
             start = i
     return out
 
@@ -203,10 +203,10 @@ def sealable(ledger: Ledger) -> SealableReport:
                 per_run.setdefault(step.run, []).append(step)
         counts: dict[str, list[int]] = {run: [0, 0] for run in per_run}
         for row in view.events():
-            c = counts.get(row[3])
+            c = counts.get(row.run)
             if c is not None:
                 c[0] += 1
-                c[1] += len(row[11])
+                c[1] += len(row.payload)
         total = view.count()
     runs = []
     for run, steps in sorted(per_run.items()):
@@ -267,19 +267,19 @@ def _plan(ledger: Ledger, view: ReadView, run: str) -> _Plan:
     for row in rows:
         try:
             check_row(row)
-            event = decode(row[11], row[10])
+            event = decode(row.payload, row.v)
         except (ValueError, msgspec.DecodeError, msgspec.ValidationError, InvalidInput) as exc:
-            raise CorruptLedger(ledger.path, f"event #{row[0]} cannot be read: {exc}") from None
-        kind = row[9]
-        if not row[4]:
-            raise NotSealable(run, f"event #{row[0]} ({kind}) belongs to no step")
-        if row[6] > 0 or kind in _WORKSPACE_KINDS or getattr(event, "writes", ()) and kind == "planned":
-            raise NotSealable(run, f"step {row[4]!r} writes a workspace (event #{row[0]}, {kind});"
+            raise CorruptLedger(ledger.path, f"event #{row.seq} cannot be read: {exc}") from None
+        kind = row.kind
+        if not row.step:
+            raise NotSealable(run, f"event #{row.seq} ({kind}) belongs to no step")
+        if row.epoch > 0 or kind in _WORKSPACE_KINDS or getattr(event, "writes", ()) and kind == "planned":
+            raise NotSealable(run, f"step {row.step!r} writes a workspace (event #{row.seq}, {kind});"
                               " runs that write a workspace are not sealed: its revisions and"
                               " restore are folded from their events")
         if kind == "compensated" and (event.restored or event.rev):  # type: ignore[union-attr]
-            raise NotSealable(run, f"step {row[4]!r} restored workspace paths (event #{row[0]})")
-        by_step[row[4]] = by_step.get(row[4], 0) + 1
+            raise NotSealable(run, f"step {row.step!r} restored workspace paths (event #{row.seq})")
+        by_step[row.step] = by_step.get(row.step, 0) + 1
         if kind == "manifest-published":
             for e in (*event.writes, *event.artifacts):  # type: ignore[union-attr]
                 digests[e.digest] = e.size
@@ -308,9 +308,9 @@ def _plan(ledger: Ledger, view: ReadView, run: str) -> _Plan:
         blobs.append(SealedBlob(digest, found.size))
     ledger_id = ledger.ledger_id
     return _Plan(run=run, rows=rows, gaps=gaps_of(rows), steps=tombstones, blobs=blobs,
-                 digest=archive_digest(ledger_id, run, [bytes(r[13]) for r in rows]),
-                 size_bytes=sum(len(r[11]) for r in rows),
-                 name=archive_name(ledger_id, run, rows[0][0]))
+                 digest=archive_digest(ledger_id, run, [bytes(r.hash) for r in rows]),
+                 size_bytes=sum(len(r.payload) for r in rows),
+                 name=archive_name(ledger_id, run, rows[0].seq))
 
 
 # -- sealing ---------------------------------------------------------------------------
@@ -385,11 +385,11 @@ def seal_run(ledger: Ledger, run: str, archive_dir: str | None = None, *,
     event = Sealed(sealed_run=run, archive=plan.name, archive_digest=plan.digest,
                    events=len(plan.rows), size_bytes=plan.size_bytes, gaps=tuple(plan.gaps),
                    steps=tuple(plan.steps), blobs=tuple(plan.blobs))
-    seqs = [r[0] for r in plan.rows]
+    seqs = [r.seq for r in plan.rows]
 
     def build(tx: Tx, _time_ns: int) -> Sequence[Event]:
         # Under the write lock: the run must be exactly what was archived.
-        now = [r[0] for r in tx.events(EventQuery(run=run))]
+        now = [r.seq for r in tx.events(EventQuery(run=run))]
         if now != seqs:
             raise NotSealable(run, "its events changed while it was being archived; seal"
                               " it again")
@@ -464,13 +464,13 @@ def _seal_events(ledger: Ledger) -> dict[str, tuple[int, Sealed]]:
     return seals_in(ledger.storage.view)
 
 
-def seals_in(view: ReadView) -> dict[str, tuple[int, Sealed]]:
+def seals_in(view: EventReader) -> dict[str, tuple[int, Sealed]]:
     """Every seal `view` holds: its archive digest -> (its seq, the seal)."""
     out: dict[str, tuple[int, Sealed]] = {}
     for row in view.events(EventQuery(kinds=frozenset({"run-sealed"}))):
-        event = decode(row[11], row[10])
+        event = decode(row.payload, row.v)
         assert isinstance(event, Sealed)
-        out[event.archive_digest] = (row[0], event)
+        out[event.archive_digest] = (row.seq, event)
     return out
 
 
@@ -503,10 +503,10 @@ def verify_archive(path: str, ledger: Ledger | None = None, *,
         for row in archive.rows():
             try:
                 check_row(row)
-                event = decode(row[11], row[10])
+                event = decode(row.payload, row.v)
             except (ValueError, msgspec.DecodeError, msgspec.ValidationError,
                     InvalidInput) as exc:
-                raise ArchiveInvalid(path, f"archived event #{row[0]} cannot be read: {exc}") from None
+                raise ArchiveInvalid(path, f"archived event #{row.seq} cannot be read: {exc}") from None
             (seq, time_ns, ws, row_run, step, attempt, epoch, rev, key, kind, v, payload,
              prev_hash, digest) = row
             env = envelope(event)
@@ -517,7 +517,7 @@ def verify_archive(path: str, ledger: Ledger | None = None, *,
                 raise ArchiveInvalid(path, f"archived event #{seq} is of run {row_run!r}, not {run!r}")
             if chain_hash(bytes(prev_hash), seq, time_ns, env, key, kind, v, payload) != bytes(digest):
                 raise ArchiveInvalid(path, f"archived event #{seq} does not match its hash")
-            if prev_row is not None and seq == prev_row[0] + 1 and bytes(prev_hash) != bytes(prev_row[13]):
+            if prev_row is not None and seq == prev_row.seq + 1 and bytes(prev_hash) != bytes(prev_row.hash):
                 raise ArchiveInvalid(path, f"archived event #{seq} does not link to #{seq - 1}")
             hashes.append(bytes(digest))
             rows.append((seq, prev_hash, digest))
@@ -526,7 +526,8 @@ def verify_archive(path: str, ledger: Ledger | None = None, *,
             raise ArchiveInvalid(path, f"it holds {len(rows)} events, its header says {n_events}")
         if not rows:
             raise ArchiveInvalid(path, "it holds no events")
-        found_gaps = gaps_of([(s, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, p, d) for s, p, d in rows])
+        found_gaps = gaps_of([EventRow(s, 0, "", "", "", 0, 0, 0, "", "", 0, b"", p, d)
+                               for s, p, d in rows])
         if tuple(found_gaps) != gaps:
             raise ArchiveInvalid(path, "its rows do not form the gaps its header records")
         digest_now = archive_digest(header["ledger_id"], run, hashes)
@@ -584,7 +585,7 @@ def read_archive(path: str) -> Iterator[RecordedEvent]:
                 yield row_to_recorded(check_row(row))
             except (ValueError, msgspec.DecodeError, msgspec.ValidationError,
                     InvalidInput) as exc:
-                raise ArchiveInvalid(path, f"archived event #{row[0]} cannot be read: {exc}") from None
+                raise ArchiveInvalid(path, f"archived event #{row.seq} cannot be read: {exc}") from None
 
 
 def read_archived_blob(path: str, digest: str) -> bytes | None:

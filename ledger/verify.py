@@ -34,7 +34,7 @@ from .projections.refs import RefsFold
 from .projections.steps import NAME as STEPS_NAME
 from .projections.steps import VERSION as STEPS_VERSION
 from .projections.workspaces import WorkspacesFold
-from .store import ROW_ERRORS, ReadView, RowsUnreadable, Scratch, Store
+from .store import ROW_ERRORS, Forensics, ReadView, RowsUnreadable, Scratch, Store
 
 Progress = Callable[[int, int], None]
 
@@ -236,13 +236,13 @@ def verify(
             if progress is not None and done % 10_000 == 0:
                 progress(done, total)
             if problem is not None:
-                seq = row[0]
+                seq = row.seq
                 findings.append(Finding("row", seq if isinstance(seq, int) else 0,
                                         f"event #{seq} is damaged: {problem}"))
                 if isinstance(seq, int):
                     expected_seq = seq + 1
-                if isinstance(row[13], bytes):
-                    prev = row[13]
+                if isinstance(row.hash, bytes):
+                    prev = row.hash
                 continue
             (seq, time_ns, ws, run, step, attempt, epoch, rev, key, kind, v, payload,
              prev_hash, digest) = row
@@ -390,7 +390,7 @@ def _schema(store: Store) -> list[Finding]:
                     f" v{info.version} ledger: {change}") for change in info.schema_changes]
 
 
-def _meta_facts(view: ReadView) -> list[Finding]:
+def _meta_facts(view: Forensics) -> list[Finding]:
     """The facts `meta` holds that openers act on: the ledger id (the chain's genesis),
     its creation time, the compensation window (GC and `compensate` act on it)."""
     out = []
@@ -411,7 +411,7 @@ def _meta_facts(view: ReadView) -> list[Finding]:
     return out
 
 
-def _checkpoint_facts(view: ReadView, head_seq: int) -> list[Finding]:
+def _checkpoint_facts(view: Forensics, head_seq: int) -> list[Finding]:
     """The projection checkpoint: one row, at or behind the head (a checkpoint ahead of
     the log would make catch-up skip the events in between), with a version number."""
     out = []
@@ -430,7 +430,7 @@ def _checkpoint_facts(view: ReadView, head_seq: int) -> list[Finding]:
     return out
 
 
-def _blob_row_facts(view: ReadView) -> list[Finding]:
+def _blob_row_facts(view: Forensics) -> list[Finding]:
     """Inline blob rows: a well-formed name and a size column that is the data's length
     (audit and GC account by the column)."""
     out = []

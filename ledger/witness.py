@@ -46,7 +46,7 @@ from .errors import (
     WitnessMissing,
 )
 from .events import WitnessAnchored, WitnessState, decode
-from .store import EventQuery, ReadView
+from .store import EventQuery, EventReader
 
 MAGIC: Final = b"SLW1"
 SLOT: Final = 128
@@ -88,19 +88,19 @@ def same_location(a: str, b: str) -> bool:
 ANCHOR_KEY_PREFIX: Final = '["witness-anchored","",'
 
 
-def newest_anchor_seq(view: ReadView) -> int:
+def newest_anchor_seq(view: EventReader) -> int:
     """The seq of the newest `witness-anchored` event (0: none), by an index seek."""
     row = view.journal_newest(ANCHOR_KEY_PREFIX, "witness-anchored")
-    return 0 if row is None else int(row[0])
+    return 0 if row is None else int(row.seq)
 
 
-def recorded_anchor(view: ReadView, path: str) -> tuple[int, WitnessAnchored] | None:
+def recorded_anchor(view: EventReader, path: str) -> tuple[int, WitnessAnchored] | None:
     """The newest `witness-anchored` event (its seq and event); None if never witnessed
     this way. Reads through the journal-key index; `verify` re-derives every key."""
     row = view.journal_newest(ANCHOR_KEY_PREFIX, "witness-anchored")
     if row is None:
         return None
-    seq, v, payload = row[0], row[10], row[11]
+    seq, v, payload = row.seq, row.v, row.payload
     try:
         event = decode(payload, v)
     except (msgspec.DecodeError, msgspec.ValidationError, InvalidInput, ValueError,
@@ -111,7 +111,7 @@ def recorded_anchor(view: ReadView, path: str) -> tuple[int, WitnessAnchored] | 
     return seq, event
 
 
-def anchor_problems(view: ReadView) -> list[tuple[int, str]]:
+def anchor_problems(view: EventReader) -> list[tuple[int, str]]:
     """What is wrong with the recorded anchors, found by a scan of the kind column (not
     the key index): each names the head it was anchored at (its predecessor) and the
     location it replaced, and the newest is the one openers find. Read-only."""
@@ -119,7 +119,7 @@ def anchor_problems(view: ReadView) -> list[tuple[int, str]]:
     last: WitnessAnchored | None = None
     last_seq = 0
     for row in view.events(EventQuery(kinds=frozenset({"witness-anchored"}))):
-        seq, v, payload, prev_hash = row[0], row[10], row[11], row[12]
+        seq, v, payload, prev_hash = row.seq, row.v, row.payload, row.prev_hash
         try:
             event = decode(payload, v)
         except (msgspec.DecodeError, msgspec.ValidationError, InvalidInput, ValueError,

@@ -71,7 +71,7 @@ from ledger import (
     StaleEpoch,
 )
 from ledger.store.sqlite import file as dbmod
-from ledger import fences as fences_mod
+from ledger.workspace import protocol as fences_mod
 from ledger.cli import cli
 from ledger.errors import BlobCorrupt, BlobNotFound
 from ledger.workspace.protocol import TTL_MAX_S, Write

@@ -113,7 +113,7 @@ def audit(
         report.pending_steps, report.pending_bytes = conn.step_totals(IN_FLIGHT)
         archived: set[str] = set()
         for row in conn.events(EventQuery(kinds=frozenset({"blob-collected", "run-sealed"}))):
-            event = decode(row[11], row[10])
+            event = decode(row.payload, row.v)
             if isinstance(event, Sealed):
                 for b in event.blobs:
                     report.archived.add(b.size)

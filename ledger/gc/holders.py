@@ -21,7 +21,7 @@ from typing import Annotated, Final, Union
 import msgspec
 
 from ..errors import GcRefused
-from ..store import EventQuery, PinHold, ReadView
+from ..store import BlobIndex, EventQuery, EventReader, PinHold, ReadView
 from ..events import BLOB_NAMING_KINDS, EVENT_VERSION
 
 
@@ -97,7 +97,7 @@ def read_references(conn: ReadView, *, cross_check: bool = True) -> Holders:
     latest: dict[str, int] = {}
     by_manifest: list[tuple[str, int, list[str]]] = []
     for row in conn.events(EventQuery(kinds=BLOB_NAMING_KINDS)):
-        seq, kind, v, payload = row[0], row[9], row[10], row[11]
+        seq, kind, v, payload = row.seq, row.kind, row.v, row.payload
         try:
             if v > EVENT_VERSION:
                 raise ValueError(f"event version {v} is newer than this steptrail")
@@ -132,27 +132,27 @@ def read_references(conn: ReadView, *, cross_check: bool = True) -> Holders:
     return out
 
 
-def compensation_refs_since(conn: ReadView, seq: int) -> set[str]:
+def compensation_refs_since(conn: EventReader, seq: int) -> set[str]:
     """Digests compensations recorded after `seq` (the collector's re-check)."""
     out: set[str] = set()
     for row in conn.events(EventQuery(after_seq=seq, kinds=frozenset({"compensated"}))):
-        event = _refs_decoder.decode(row[11])
+        event = _refs_decoder.decode(row.payload)
         assert isinstance(event, _Compensated)
         out.update(r.digest for r in event.restored if r.outcome != "conflict" and r.digest)
     _check_hex(out, "a compensation record")
     return out
 
 
-def live_pins(conn: ReadView, now_ns: int, window_ns: int) -> dict[str, str]:
+def live_pins(conn: BlobIndex, now_ns: int, window_ns: int) -> dict[str, str]:
     """digest -> the role of a pin that still holds it."""
     out: dict[str, str] = {}
     for hold in conn.pin_holds():
         if not _pin_expired(hold, now_ns, window_ns):
-            out.setdefault(hold[0], hold[1])
+            out.setdefault(hold.digest, hold.role)
     return out
 
 
-def pinned_now(conn: ReadView, digest: str, now_ns: int, window_ns: int) -> bool:
+def pinned_now(conn: BlobIndex, digest: str, now_ns: int, window_ns: int) -> bool:
     """Whether a live pin holds `digest` (the collector's re-check, inside its lock)."""
     return any(not _pin_expired(h, now_ns, window_ns) for h in conn.pin_holds(digest))
 

@@ -25,7 +25,7 @@ import msgspec
 from ..errors import CorruptLedger, IllegalTransition, InvalidInput
 from ..events import StepEvent
 from ..log import EventLog
-from ..store import Checkpoint, ProjectionChanges, ProjectionSink, ReadView
+from ..store import Checkpoint, EventReader, ProjectionChanges, ProjectionSink, ReadView
 from . import refs as refs_mod
 from . import steps as steps_mod
 from . import workspaces as ws_mod
@@ -49,7 +49,7 @@ WORKING_SET_MAX: Final = 50_000
 _FINISHED: Final = frozenset({ACKED, REJECTED, COMPENSATED, SEALED})
 
 
-def checkpoint(view: ReadView) -> Checkpoint:
+def checkpoint(view: EventReader) -> Checkpoint:
     """How far the inline projections have folded (none yet: nothing, this version)."""
     cp = view.checkpoint()
     return Checkpoint(0, steps_mod.VERSION) if cp is None else cp
@@ -119,7 +119,7 @@ class StepsProjector:
         """Every change kept in this transaction, and the new checkpoint."""
         refs = self.refs
         # A pin or a manifest naming a blob un-condemns it (GC re-checks anyway).
-        named = {d for (_s, _a, d) in refs.pins} | {e[4] for e in refs.entries}
+        named = {d for (_s, _a, d) in refs.pins} | {e.digest for e in refs.entries}
         return refs.changes([r.as_tuple() for r in self.pending.values()], self.ws.changes(),
                             named, Checkpoint(last_seq, steps_mod.VERSION))
 

@@ -18,7 +18,8 @@ from __future__ import annotations
 from typing import Final
 
 from ..events import ManifestPublished, kinds_folded_by
-from ..store import Checkpoint, EntryRow, ProjectionChanges, ProjectionSink, RebuildSink
+from ..store import (Checkpoint, EntryRow, ProjectionChanges, ProjectionSink, RebuildSink,
+                     make_entry_row)
 from .lite import SlimPublished
 
 VERSION: Final = 1
@@ -36,9 +37,10 @@ ManifestRow = tuple[str, int, int, str, str | None, int]
 def manifest_rows(event: ManifestPublished | SlimPublished, seq: int) -> tuple[ManifestRow, list[EntryRow]]:
     manifest = (event.step, event.manifest_rev, event.attempt, event.digest, event.supersedes, seq)
     entries = [
-        (event.step, event.manifest_rev, "write", e.path, e.digest, e.size) for e in event.writes
+        make_entry_row((event.step, event.manifest_rev, "write", e.path, e.digest, e.size))
+        for e in event.writes
     ] + [
-        (event.step, event.manifest_rev, "artifact", e.path, e.digest, e.size)
+        make_entry_row((event.step, event.manifest_rev, "artifact", e.path, e.digest, e.size))
         for e in event.artifacts
     ]
     return manifest, entries
@@ -97,7 +99,7 @@ class RefsFold:
         for key in [k for k in self._by_attempt if k[0] in steps]:
             del self._by_attempt[key]
         self.manifests = [m for m in self.manifests if m[0] not in steps]
-        self.entries = [e for e in self.entries if e[0] not in steps]
+        self.entries = [e for e in self.entries if e.step not in steps]
 
     def drain(self, sink: ProjectionSink) -> None:
         """Write the manifests and entries folded since the last drain into `sink`, and
@@ -153,7 +155,7 @@ def fold_tables(fold: RefsFold) -> tuple[list[object], list[object], list[object
     return (
         list(fold.pin_rows()),
         sorted(fold.manifests, key=lambda r: (r[0], r[1])),
-        sorted(fold.entries, key=lambda r: (r[0], r[1], r[2], r[3])),
+        sorted(fold.entries, key=lambda r: (r.step, r.manifest_rev, r.role, r.path)),
     )
 
 

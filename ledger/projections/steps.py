@@ -14,32 +14,32 @@ skipped, so folding a tail twice cannot double-apply it.
 
 from __future__ import annotations
 
-from typing import ClassVar, Final
-
-import msgspec
+from typing import Final
 
 from ..errors import IllegalTransition, StepSealed
 from ..events import AnyEvent, ManifestPublished, Sealed, kinds_folded_by
+from ..store.rows import (  # the step table's states and row live with the stores
+    ACKED,
+    COMPENSATED,
+    COMPENSATING,
+    ENDED,
+    FENCED,
+    IN_FLIGHT,
+    PLANNED,
+    PUBLISHED,
+    REJECTED,
+    SEALED,
+    SETTLED,
+    STATES,
+    STORED,
+    StepRow,
+)
 from .lite import SlimEvent, SlimPublished
 
 #: Bump when the fold or the table changes: the next read-write open rebuilds.
 VERSION: Final = 5  # 2: workspaces (schema v2); 3: workspace-restored; 4: settled epoch; 5: compensating
 NAME: Final = "steps"
 
-PLANNED, FENCED, STORED = "planned", "fenced", "blob-stored"
-PUBLISHED, ACKED, COMPENSATED, REJECTED = "manifest-published", "acked", "compensated", "rejected"
-#: An undo under way: its intent is recorded, its `compensated` not yet.
-COMPENSATING = "compensating"
-#: A sealed step's tombstone (docs/design.md "Sealed runs"): its events are archived.
-SEALED = "sealed"
-STATES: Final = (PLANNED, FENCED, STORED, PUBLISHED, ACKED, COMPENSATING, COMPENSATED, REJECTED,
-                 SEALED)
-#: The states a run's steps must all be in for the run to be sealed.
-SETTLED: Final = frozenset({ACKED, COMPENSATED, REJECTED})
-#: States in which the attempt is over: only here may a new attempt begin.
-ENDED: Final = frozenset({COMPENSATED, REJECTED})
-#: States in which the attempt may still change (settling finishes them).
-IN_FLIGHT: Final = frozenset({PLANNED, FENCED, STORED, COMPENSATING})
 _OPEN: Final = frozenset({PLANNED, FENCED, STORED, PUBLISHED, ACKED})
 
 # kind -> states of the latest attempt it may follow
@@ -55,60 +55,6 @@ ALLOWED_AFTER: Final[dict[str, frozenset[str]]] = {
 }
 
 
-class StepRow(msgspec.Struct, kw_only=True, gc=False):
-    """One row of the `steps` table: a step's current state (its latest attempt's)."""
-
-    step_id: str
-    run: str
-    workspace: str
-    state: str
-    attempt: int
-    epoch: int
-    rev: int
-    manifest_rev: int  # the latest manifest revision (-1: none ever published)
-    manifest_digest: str | None  # the live manifest's digest, None when not live
-    live: bool  # a live manifest: published and not compensated since (committed)
-    committed_bytes: int  # bytes the live manifest names
-    stored_bytes: int  # bytes stored by the latest attempt
-    first_seq: int
-    last_seq: int
-    updated_ns: int
-
-    COLUMNS: ClassVar[tuple[str, ...]] = (
-        "step_id", "run", "workspace", "state", "attempt", "epoch", "rev", "manifest_rev",
-        "manifest_digest", "live", "committed_bytes", "stored_bytes", "first_seq",
-        "last_seq", "updated_ns",
-    )
-
-    def as_tuple(self) -> tuple[object, ...]:
-        return (
-            self.step_id, self.run, self.workspace, self.state, self.attempt, self.epoch,
-            self.rev, self.manifest_rev, self.manifest_digest, int(self.live),
-            self.committed_bytes, self.stored_bytes, self.first_seq, self.last_seq,
-            self.updated_ns,
-        )
-
-    @classmethod
-    def from_tuple(cls, row: tuple[object, ...]) -> StepRow:
-        for name, value in zip(cls.COLUMNS, row, strict=True):
-            want = _STEP_TYPES[name]
-            if type(value) is not want and not (value is None and name == "manifest_digest"):
-                raise TypeError(f"steps row {row[0]!r}: {name} is {type(value).__name__},"
-                                f" not {want.__name__}")
-        values = dict(zip(cls.COLUMNS, row, strict=True))
-        values["live"] = bool(values["live"])
-        return cls(**values)  # type: ignore[arg-type]
-
-    @property
-    def committed(self) -> bool:
-        return self.live
-
-
-#: The storage class each column holds (a damaged record can yield another on read).
-_STEP_TYPES: Final[dict[str, type]] = {
-    c: str if c in ("step_id", "run", "workspace", "state", "manifest_digest") else int
-    for c in StepRow.COLUMNS
-}
 #: The tags the steps projection folds (`KIND_SPECS`): the step transitions, each folded
 #: by `fold`, and the seal (`tombstones`).
 STEP_KIND_TAGS: Final = kinds_folded_by("steps")

@@ -15,12 +15,13 @@ writer calls them per event (validate, then — if the event is inserted — app
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import ClassVar, Final
+from typing import Final
 
 import msgspec
 
 from ..errors import IllegalWorkspaceTransition
-from ..store import ReadView
+from ..store import EventReader
+from ..store.rows import PathState, WsRow  # the workspace table's row lives with the stores
 from ..events import (
     Compensated,
     Fenced,
@@ -39,48 +40,6 @@ KINDS: Final = kinds_folded_by("workspaces")
 #: The events that say where a workspace lives and what it may write; the newest wins.
 REGISTRATION_KINDS: Final = ("workspace-added", "workspace-restored", "workspace-rebound")
 
-
-class WsRow(msgspec.Struct, kw_only=True, gc=False):
-    """One row of the `workspaces` table."""
-
-    name: str
-    root: str  # "" for a bare lease (`lease-acquired` with `bare`): no directory
-    rev: int = 0
-    epoch: int = 0  # the latest epoch ever acquired (0: never leased)
-    holder: str = ""
-    expires_ns: int = 0
-    released: bool = False
-    acquired_ns: int = 0
-    last_seq: int = 0
-
-    COLUMNS: ClassVar[tuple[str, ...]] = (
-        "name", "root", "rev", "epoch", "holder", "expires_ns", "released", "acquired_ns",
-        "last_seq",
-    )
-
-    def as_tuple(self) -> tuple[object, ...]:
-        return (self.name, self.root, self.rev, self.epoch, self.holder, self.expires_ns,
-                int(self.released), self.acquired_ns, self.last_seq)
-
-    @classmethod
-    def from_tuple(cls, row: tuple[object, ...]) -> WsRow:
-        for name, value in zip(cls.COLUMNS, row, strict=True):
-            want = str if name in ("name", "root", "holder") else int
-            if type(value) is not want:
-                raise TypeError(f"workspaces row {row[0]!r}: {name} is {type(value).__name__},"
-                                f" not {want.__name__}")
-        values = dict(zip(cls.COLUMNS, row, strict=True))
-        values["released"] = bool(values["released"])
-        return cls(**values)  # type: ignore[arg-type]
-
-    def live_epoch(self, now_ns: int) -> int | None:
-        """The live epoch at `now_ns`, or None when no lease is live."""
-        if self.epoch == 0 or self.released or now_ns >= self.expires_ns:
-            return None
-        return self.epoch
-
-
-PathState = tuple[int, str | None, int]  # (rev, hash or None for absent, seq)
 
 class WorkspacesFold:
     """Workspace rows and path states, loaded lazily (through `loader`, `path_loader`:
@@ -252,7 +211,7 @@ class Registration(msgspec.Struct, frozen=True, kw_only=True):
         return None if self.dev is None or self.ino is None else (self.dev, self.ino)
 
 
-def load_registration(view: ReadView, name: str) -> Registration | None:
+def load_registration(view: EventReader, name: str) -> Registration | None:
     """The workspace's newest registration event, read from the log by its journal keys
     (an index seek per kind: `["workspace-added", name]` and the newest key extending
     `["workspace-restored", name, ...]` / `["workspace-rebound", name, ...]`); None
@@ -265,12 +224,12 @@ def load_registration(view: ReadView, name: str) -> Registration | None:
         row = view.journal_newest(prefix + ",")
         if row is not None:
             rows.append(row)
-    best = max(rows, default=None, key=lambda r: int(r[0]))
+    best = max(rows, default=None, key=lambda r: int(r.seq))
     if best is None:
         return None
-    event = decode(bytes(best[11]), int(best[10]))
+    event = decode(bytes(best.payload), int(best.v))
     if not isinstance(event, WorkspaceAdded | WorkspaceRestored | WorkspaceRebound):
-        raise TypeError(f"event #{best[0]} under a workspace registration key is a"
+        raise TypeError(f"event #{best.seq} under a workspace registration key is a"
                         f" {type(event).__name__}")
     return Registration(root=event.root, dev=event.dev, ino=event.ino,
                         allow_git=event.allow_git, seq=int(best[0]))

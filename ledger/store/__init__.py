@@ -4,9 +4,13 @@ docs/storage.md is the design. In short: a `Store` hands out read views (`read()
 consistent snapshot) and write transactions (`transaction()`: everything inside commits
 or nothing does). The append loop — journal answers, the fast and slow paths, the guard
 and projector calls — is written once, in `store.base.TxBase`; a backend provides a few
-primitives under it. Rows cross the boundary as plain tuples in `ROW_NAMES` order (no
-struct per row on the hot paths). This module holds types and Protocols only: no driver,
-no SQL. The SQLite store lives in `ledger.store.sqlite`.
+primitives under it. Rows cross the boundary as named tuples (`EventRow`, `FoldRow`,
+`PinHold`, `EntryRow`: tuples in `ROW_NAMES` order, read by field name; no struct per
+row on the hot paths). The interface is split by role (`EventReader`, `ProjectionReader`,
+`BlobIndex`, `Forensics`; `EventWriter`, `ProjectionWriter`, `BlobWriter`, `Maintenance`):
+`ReadView` and `Tx` are their unions, and a caller names the narrowest it uses. This
+module holds types and Protocols only: no driver, no SQL. The SQLite store lives in
+`ledger.store.sqlite`.
 
 Designed with a second backend in view (PostgreSQL: per-connection transactions, no file
 header and no ``-wal``, bytes in the database, many writers at once): a transaction names
@@ -19,7 +23,8 @@ from __future__ import annotations
 import re
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import AbstractContextManager
-from typing import TYPE_CHECKING, Any, Final, Literal, Protocol
+from functools import partial
+from typing import TYPE_CHECKING, Any, Final, Literal, NamedTuple, Protocol
 
 import msgspec
 
@@ -34,15 +39,42 @@ BUSY_TIMEOUT_MS: Final = 30_000
 #: A SQLite ledger's durability (``PRAGMA synchronous``); a database's is the server's.
 Synchronous = Literal["FULL", "EXTRA", "NORMAL", "OFF"]
 
-#: An event row: seq, time_ns, workspace, run, step, attempt, epoch, rev, journal_key,
-#: kind, v, payload, prev_hash, hash.
-EventRow = tuple[int, int, str, str, str, int, int, int, str, str, int, bytes, bytes, bytes]
+
+class EventRow(NamedTuple):
+    """An event row, in `ROW_NAMES` order (a tuple: it unpacks and compares as one)."""
+
+    seq: int
+    time_ns: int
+    workspace: str
+    run: str
+    step: str
+    attempt: int
+    epoch: int
+    rev: int
+    journal_key: str
+    kind: str
+    v: int
+    payload: bytes
+    prev_hash: bytes
+    hash: bytes
+
+
 ROW_NAMES: Final = ("seq", "time_ns", "workspace", "run", "step", "attempt", "epoch", "rev",
                     "journal_key", "kind", "v", "payload", "prev_hash", "hash")
 #: The type each cell of an `EventRow` holds (a damaged row can yield another on read).
 ROW_TYPES: Final = (int, int, str, str, str, int, int, int, str, str, int, bytes, bytes, bytes)
-#: What the folds read of an event: seq, time_ns, kind, v, payload.
-FoldRow = tuple[int, int, str, int, bytes]
+
+
+class FoldRow(NamedTuple):
+    """What the folds read of an event."""
+
+    seq: int
+    time_ns: int
+    kind: str
+    v: int
+    payload: bytes
+
+
 #: An event ready to append: the event, its encoded payload, journal key, kind, envelope.
 Prepared = tuple[Event, bytes, str, str, Envelope]
 
@@ -50,12 +82,38 @@ Prepared = tuple[Event, bytes, str, str, Envelope]
 #: (UnicodeDecodeError), a cell of another type than declared (TypeError, ValueError), a
 #: short or odd row (KeyError, IndexError). Readers report these as damage, typed.
 ROW_ERRORS: Final = (UnicodeDecodeError, TypeError, ValueError, KeyError, IndexError)
-#: A pin and what decides whether it still holds (docs/design.md "GC"): digest, role,
-#: the step's state, the pinned attempt, the step's latest attempt, its last update
-#: (the last three None: the step has no row).
-PinHold = tuple[str, str, "str | None", int, "int | None", "int | None"]
-#: A manifest entry: step, manifest_rev, role, path, digest, size.
-EntryRow = tuple[str, int, str, str, str, int]
+
+
+class PinHold(NamedTuple):
+    """A pin and what decides whether it still holds (docs/design.md "GC"): the step's
+    state, the pinned attempt, the step's latest attempt, its last update (`state`,
+    `latest`, `updated_ns` None: the step has no row)."""
+
+    digest: str
+    role: str
+    state: str | None
+    attempt: int
+    latest: int | None
+    updated_ns: int | None
+
+
+class EntryRow(NamedTuple):
+    """A manifest entry."""
+
+    step: str
+    manifest_rev: int
+    role: str
+    path: str
+    digest: str
+    size: int
+
+
+#: Fast constructors for rows read from a store (no length check: the SELECT fixes the
+#: columns): `list(map(make_event_row, rows))`.
+make_event_row: Final = partial(tuple.__new__, EventRow)
+make_fold_row: Final = partial(tuple.__new__, FoldRow)
+make_pin_hold: Final = partial(tuple.__new__, PinHold)
+make_entry_row: Final = partial(tuple.__new__, EntryRow)
 
 #: Every table a ledger holds, with its columns, in the order `copy` moves them (the same
 #: names on every store): what `ReadView.table_rows` reads and `Tx.load_rows` writes.
@@ -289,8 +347,8 @@ class Projector(Protocol):
     def forget(self) -> None: ...
 
 
-class ReadView(Protocol):
-    """One consistent snapshot of the ledger (inside a `Tx`: the transaction's own)."""
+class EventReader(Protocol):
+    """What the log's readers use: the chain head, the events, the journal, the checkpoint."""
 
     def head(self) -> Head: ...
     def count(self) -> int: ...
@@ -298,8 +356,13 @@ class ReadView(Protocol):
     def fold_rows(self, after_seq: int = 0) -> Iterator[FoldRow]: ...
     def checked_rows(self, after_seq: int = 0) -> Iterator[tuple[EventRow, str | None]]: ...
     def journal_lookup(self, key: str) -> EventRow | None: ...
-    def journal_newest(self, prefix: str) -> EventRow | None: ...
+    def journal_newest(self, prefix: str, kind: str | None = None) -> EventRow | None: ...
     def checkpoint(self) -> Checkpoint | None: ...
+
+
+class ProjectionReader(Protocol):
+    """The inline projections' rows: steps, workspaces and their paths, pins, manifests."""
+
     def step(self, step_id: str) -> Any: ...
     def steps(self, *, state: str | None = None, step_id: str | None = None) -> list[Any]: ...
     def steps_in_flight(self, workspace: str, before_epoch: int | None = None, *,
@@ -315,9 +378,16 @@ class ReadView(Protocol):
     def path_rows(self) -> list[tuple[object, ...]]: ...
     def pin_rows(self) -> list[tuple[object, ...]]: ...
     def manifest_rows(self) -> list[tuple[object, ...]]: ...
-    def entry_rows(self) -> list[tuple[object, ...]]: ...
-    def meta(self, key: str) -> str | None: ...
-    def meta_all(self) -> dict[str, object]: ...
+    def entry_rows(self) -> list[EntryRow]: ...
+    def live_step_count(self) -> int: ...
+    def step_totals(self, states: frozenset[str]) -> tuple[int, int]:
+        """(steps, their stored bytes) of the steps in `states`."""
+        ...
+
+
+class BlobIndex(Protocol):
+    """What GC, audit and the blob readers use: stored blobs, what holds them, what is condemned."""
+
     def blob_size(self, digest: str) -> tuple[int, bool] | None:
         """(size, inline) of a stored blob, looked up now; None: it is not stored."""
         ...
@@ -330,8 +400,6 @@ class ReadView(Protocol):
     def inline_blob(self, digest: str) -> tuple[int, bytes] | None: ...
     def inline_stat(self, digest: str) -> BlobStat | None: ...
     def inline_blobs(self) -> Iterator[BlobStat]: ...
-
-    # -- what GC and audit read ---------------------------------------------------------
     def pin_holds(self, digest: str | None = None) -> list[PinHold]:
         """Every pin (of `digest` only, when given) with what decides whether it holds."""
         ...
@@ -352,18 +420,6 @@ class ReadView(Protocol):
         """(digest, size) of every entry of a committed step's live manifest."""
         ...
 
-    def live_step_count(self) -> int: ...
-    def event_totals(self, bucket_ns: int) -> tuple[list[tuple[str, str, int, int, int, int]],
-                                                     list[tuple[int, int, int]]]:
-        """What `steptrail stats` reads: per (run, kind) (run, kind, events, bytes, first
-        time_ns, last time_ns), and per time bucket of `bucket_ns` (bucket start, events,
-        bytes), in order. An event's bytes: its payload, journal key and two hashes."""
-        ...
-
-    def step_totals(self, states: frozenset[str]) -> tuple[int, int]:
-        """(steps, their stored bytes) of the steps in `states`."""
-        ...
-
     def condemned(self) -> dict[str, tuple[int, bool]]:
         """GC's condemned rows: digest -> (size, inline)."""
         ...
@@ -371,7 +427,10 @@ class ReadView(Protocol):
     def condemned_entry(self, digest: str) -> tuple[int, bool] | None: ...
     def condemned_count(self) -> int: ...
 
-    # -- what verify reads (forensics: cells as stored) ---------------------------------
+
+class Forensics(Protocol):
+    """What verify, copy and stats read: cells as stored, meta, the engine's own checks."""
+
     def integrity_problems(self) -> list[str]:
         """What the storage engine's own consistency check reports (empty: nothing)."""
         ...
@@ -391,14 +450,26 @@ class ReadView(Protocol):
         bounded batches (events in seq order): what `copy` reads."""
         ...
 
+    def meta(self, key: str) -> str | None: ...
+    def meta_all(self) -> dict[str, object]: ...
+    def event_totals(self, bucket_ns: int) -> tuple[list[tuple[str, str, int, int, int, int]],
+                                                     list[tuple[int, int, int]]]:
+        """What `steptrail stats` reads: per (run, kind) (run, kind, events, bytes, first
+        time_ns, last time_ns), and per time bucket of `bucket_ns` (bucket start, events,
+        bytes), in order. An event's bytes: its payload, journal key and two hashes."""
+        ...
+
+
+class ReadView(EventReader, ProjectionReader, BlobIndex, Forensics, Protocol):
+    """One consistent snapshot of the ledger (inside a `Tx`: the transaction's own): every
+    read role. A caller that needs only some names those (`EventReader`, `BlobIndex`, …)."""
+
 
 Guard = Callable[[Any, Event], None]
 
 
-class Tx(ReadView, Protocol):
-    """A write transaction: any exception rolls all of it back."""
-
-    scope: Scope
+class EventWriter(Protocol):
+    """Appending events, at the transaction's time."""
 
     @property
     def time_ns(self) -> int:
@@ -408,21 +479,35 @@ class Tx(ReadView, Protocol):
 
     def append(self, prepared: Sequence[Prepared], *, head: Head, time_ns: int,
                projector: Projector | None, guard: Guard | None) -> list[RecordedEvent]: ...
-    def put_inline(self, blobs: Mapping[str, bytes], stored_ns: int) -> None: ...
-    def delete_inline(self, digest: str) -> None: ...
-    def set_meta(self, key: str, value: str) -> None: ...
+
+
+class ProjectionWriter(Protocol):
+    """Writing the inline projections (an append's changes; a rebuild)."""
+
     def write_projection(self, changes: ProjectionChanges) -> None: ...
     def rebuild_projections(self) -> AbstractContextManager[RebuildSink]:
         """Empty every projection table for a rebuild and hand out the sink it writes
         through (a store may drop and rebuild its secondary indexes around it)."""
         ...
 
+
+class BlobWriter(Protocol):
+    """Inline blob rows and GC's condemned rows."""
+
+    def put_inline(self, blobs: Mapping[str, bytes], stored_ns: int) -> None: ...
+    def delete_inline(self, digest: str) -> None: ...
     def condemn(self, rows: Sequence[tuple[str, int, bool]], condemned_ns: int,
                 collection: str) -> None:
         """Record GC's condemned rows (digest, size, inline); one already there stays."""
         ...
 
     def uncondemn(self, digests: Iterable[str]) -> None: ...
+
+
+class Maintenance(Protocol):
+    """Meta, seals, copy's loads, and a group commit's parts."""
+
+    def set_meta(self, key: str, value: str) -> None: ...
     def seal_rows(self, run: str, ranges: Sequence[tuple[int, int]], seal_seq: int) -> int:
         """Register `ranges` (first, last seq) as sealed by event `seal_seq` (already
         appended in this transaction) and delete `run`'s rows inside them; return how
@@ -441,6 +526,12 @@ class Tx(ReadView, Protocol):
         """Roll the part back after `exc` (True), or say the transaction cannot go on
         (False: `exc` may have ended it; every part fails)."""
         ...
+
+
+class Tx(ReadView, EventWriter, ProjectionWriter, BlobWriter, Maintenance, Protocol):
+    """A write transaction: any exception rolls all of it back."""
+
+    scope: Scope
 
 
 class BlobBackend(Protocol):
@@ -514,4 +605,8 @@ __all__ = [
     "Guard", "Head", "Held", "PinHold", "Prepared", "ProjectionChanges", "ProjectionSink",
     "Projector", "ReadView", "RebuildSink", "RowsUnreadable", "Scope", "Scratch", "Store",
     "StoreInfo", "Tx",
+    # the roles ReadView and Tx are made of
+    "BlobIndex", "BlobWriter", "EventReader", "EventWriter", "Forensics", "Maintenance",
+    "ProjectionReader", "ProjectionWriter",
+    "make_entry_row", "make_event_row", "make_fold_row", "make_pin_hold",
 ]

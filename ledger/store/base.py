@@ -17,7 +17,8 @@ from typing import Any, Final
 
 from ..errors import IdempotencyConflict, IllegalTransition, LedgerError
 from ..events import EVENT_VERSION, GUARDED_KINDS, Envelope, RecordedEvent, chain_hash, decode
-from . import ROW_NAMES, ROW_TYPES, DuplicateKey, EventRow, Guard, Head, Prepared, Projector
+from . import (ROW_NAMES, ROW_TYPES, DuplicateKey, EventRow, Guard, Head, Prepared, Projector,
+               make_event_row)
 
 
 
@@ -183,8 +184,9 @@ class TxBase:
                     recorded.append(original)
                     continue
             digest = chain_hash(prev, seq + 1, time_ns, env, key, kind, EVENT_VERSION, payload)
-            row = (seq + 1, time_ns, env.workspace, env.run, env.step, env.attempt, env.epoch,
-                   env.rev, key, kind, EVENT_VERSION, payload, prev, digest)
+            row = make_event_row((seq + 1, time_ns, env.workspace, env.run, env.step,
+                                  env.attempt, env.epoch, env.rev, key, kind, EVENT_VERSION,
+                                  payload, prev, digest))
             if fast:
                 rows.append(row)
             else:
@@ -217,13 +219,13 @@ class TxBase:
         if row is None:
             return None
         same = (
-            row[9] == kind
-            and bytes(row[11]) == payload
-            and (row[2], row[3], row[4], row[5], row[6], row[7])
+            row.kind == kind
+            and bytes(row.payload) == payload
+            and (row.workspace, row.run, row.step, row.attempt, row.epoch, row.rev)
             == (env.workspace, env.run, env.step, env.attempt, env.epoch, env.rev)
         )
         if not same:
-            raise IdempotencyConflict(key, row[0])
+            raise IdempotencyConflict(key, row.seq)
         return row_to_recorded(row, deduped=True)
 
 

@@ -17,8 +17,8 @@ from __future__ import annotations
 from collections.abc import Iterable, Iterator, Sequence
 from typing import Any, Final, Protocol
 
-from ..projections.steps import StepRow
-from . import CondemnedCheck, EntryRow
+from .rows import StepRow
+from . import CondemnedCheck, EntryRow, make_entry_row
 from .sql import ENTRY_COLUMNS, MANIFEST_COLUMNS, Statements
 
 #: The rebuild verify compares the tables with: scratch tables, never the ledger's.
@@ -174,14 +174,14 @@ class Scratch(TableSink):
     def live_entries(self) -> Iterator[EntryRow]:
         space, page = self.space, self.space.page
         if page is None:  # one statement, streamed: every committed step's entries
-            yield from space.rows(space.q.live_entries_of(self._entries, self._steps))
+            yield from map(make_entry_row, space.rows(space.q.live_entries_of(self._entries, self._steps)))
             return
         first = space.q.live_entries_of(self._entries, self._steps, page=page)
         rest = space.q.live_entries_of(self._entries, self._steps, after=True, page=page)
         last: tuple[Any, ...] | None = None
         while True:
             rows = (space.run(first) if last is None else space.run(rest, last)).fetchall()
-            yield from rows
+            yield from map(make_entry_row, rows)
             if len(rows) < page:
                 return
             last = rows[-1]

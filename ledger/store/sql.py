@@ -20,8 +20,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any, Final
 
-from ..projections.steps import IN_FLIGHT, StepRow
-from ..projections.workspaces import WsRow
+from .rows import IN_FLIGHT, StepRow, WsRow
 from . import COPY_TABLES, ROW_NAMES, EventQuery
 
 #: The events table: (column, kind, constraint) in `ROW_NAMES` order; a kind is "int",

@@ -400,7 +400,7 @@ def _commit_events(tx: Tx, now: int, planned: Planned, fenced: Fenced,
         query = EventQuery(step=planned.step, attempt=fenced.attempt,
                            kinds=frozenset({"blob-stored"}))
         for row in tx.events(query):
-            e = msgspec.json.decode(row[11], type=BlobStored)
+            e = msgspec.json.decode(row.payload, type=BlobStored)
             stored[e.path] = ManifestEntry(path=e.path, digest=e.digest, size=e.size)
     events: list[Event] = []
     rows: dict[str, bytes] = {}
@@ -1126,7 +1126,7 @@ class Workspaces:
         query = EventQuery(kinds=frozenset({"planned"}), run=run, workspace=workspace, limit=1)
         with self._storage.read() as view:
             for row in view.events(query):
-                event = msgspec.json.decode(row[11])
+                event = msgspec.json.decode(row.payload)
                 value = event.get("plan_rev")
                 return None if value is None else int(value)
         return None
@@ -1364,7 +1364,7 @@ class Workspaces:
             if hit is not None:
                 ev = self._attempt_events(step, attempt)
                 if cur.attempt == attempt and cur.state not in ENDED:
-                    fenced = msgspec.json.decode(hit[11], type=Fenced)
+                    fenced = msgspec.json.decode(hit.payload, type=Fenced)
                     raise _Answered(ApplyResult(verdict="deduped", step=step, attempt=attempt,
                                                 receipt=receipt_of(fenced, hit[0])))
                 raise _Answered(self._end_result(step, attempt, ev))
@@ -1629,7 +1629,7 @@ class Workspaces:
         """A committed step may be compensated only within the compensation window."""
         if not cur.live:
             return
-        published = max((r[1] for r in tx.events(EventQuery(
+        published = max((r.time_ns for r in tx.events(EventQuery(
             step=cur.step_id, kinds=frozenset({"manifest-published"})))), default=None)
         age_s = (now - (published or now)) / 1e9
         if age_s > self._options.compensation_window_s:

@@ -41,14 +41,14 @@ from ...errors import (
 )
 from ...blobs import pulse_with
 from ...events import genesis_hash
-from ...projections.steps import IN_FLIGHT, StepRow
-from ...projections.workspaces import PathState, WsRow
+from ..rows import IN_FLIGHT, PathState, StepRow, WsRow
 from .. import (
     BUSY_TIMEOUT_MS,
     COPY_TABLES,
     BlobStat,
     Checkpoint,
     DuplicateKey,
+    EntryRow,
     EventQuery,
     EventRow,
     FoldRow,
@@ -59,6 +59,10 @@ from .. import (
     RowsUnreadable,
     Scope,
     StoreInfo,
+    make_entry_row,
+    make_event_row,
+    make_fold_row,
+    make_pin_hold,
 )
 from ..base import TxBase, locked_view, paged, row_problem
 from . import schema as sch
@@ -138,15 +142,15 @@ class PgView:
     def events(self, query: EventQuery = EventQuery()) -> Iterator[EventRow]:
         sql, params = q.query(query)
         start = 2**63 - 1 if query.descending else query.after_seq
-        return self._paged(sql, params, start, query.limit)  # type: ignore[return-value]
+        return self._paged(sql, params, start, query.limit, make_event_row)  # type: ignore[return-value]
 
     def fold_rows(self, after_seq: int = 0) -> Iterator[FoldRow]:
         sql, params = q.query(EventQuery(after_seq=after_seq), q.FOLD_COLUMNS)
-        return self._paged(sql, params, after_seq, None)  # type: ignore[return-value]
+        return self._paged(sql, params, after_seq, None, make_fold_row)  # type: ignore[return-value]
 
-    def _paged(self, sql: str, params: list[Any], start: int, limit: int | None
-               ) -> Iterator[tuple[Any, ...]]:
-        return paged(lambda last, batch: self._all(sql, (last, *params, batch)),  # type: ignore[no-any-return]
+    def _paged(self, sql: str, params: list[Any], start: int, limit: int | None,
+               make: Callable[[Any], tuple[Any, ...]]) -> Iterator[tuple[Any, ...]]:
+        return paged(lambda last, batch: list(map(make, self._all(sql, (last, *params, batch)))),  # type: ignore[no-any-return]
                      start, limit, READ_BATCH)
 
     def checked_rows(self, after_seq: int = 0) -> Iterator[tuple[EventRow, str | None]]:
@@ -159,21 +163,23 @@ class PgView:
             except LedgerError as exc:
                 raise RowsUnreadable(str(exc)) from None
             for r in got:
-                yield r, row_problem(r)  # type: ignore[misc]
+                yield make_event_row(r), row_problem(r)
             if len(got) < READ_BATCH:
                 return
             last = got[-1][0]
 
     def journal_lookup(self, key: str) -> EventRow | None:
-        return self._one(q.JOURNAL, (key,))  # type: ignore[return-value]
+        row = self._one(q.JOURNAL, (key,))
+        return None if row is None else make_event_row(row)
 
     def journal_newest(self, prefix: str, kind: str | None = None) -> EventRow | None:
         from ..sql import prefix_range
         low, high = prefix_range(prefix)
         if kind is None:
-            return self._one(q.JOURNAL_RANGE.format(""), (low, high))  # type: ignore[return-value]
-        return self._one(q.JOURNAL_RANGE.format(" AND kind = %s"),  # type: ignore[return-value]
-                         (low, high, kind))
+            row = self._one(q.JOURNAL_RANGE.format(""), (low, high))
+        else:
+            row = self._one(q.JOURNAL_RANGE.format(" AND kind = %s"), (low, high, kind))
+        return None if row is None else make_event_row(row)
 
     # -- projections, meta -------------------------------------------------------------
 
@@ -221,8 +227,8 @@ class PgView:
     def manifest_rows(self) -> list[tuple[object, ...]]:
         return self._all(q.SELECT_MANIFESTS)
 
-    def entry_rows(self) -> list[tuple[object, ...]]:
-        return self._all(q.SELECT_ENTRIES)
+    def entry_rows(self) -> list[EntryRow]:
+        return list(map(make_entry_row, self._all(q.SELECT_ENTRIES)))
 
     def meta(self, key: str) -> str | None:
         row = self._one("SELECT value FROM meta WHERE key = %s", (key,))
@@ -259,8 +265,8 @@ class PgView:
 
     def pin_holds(self, digest: str | None = None) -> list[PinHold]:
         if digest is None:
-            return self._all(q.PIN_HOLDS)  # type: ignore[return-value]
-        return self._all(q.PIN_HOLDS_OF, (digest,))  # type: ignore[return-value]
+            return list(map(make_pin_hold, self._all(q.PIN_HOLDS)))
+        return list(map(make_pin_hold, self._all(q.PIN_HOLDS_OF, (digest,))))
 
     def manifest_digests(self) -> set[str]:
         return {r[0] for r in self._all(q.MANIFEST_DIGESTS)}

@@ -49,6 +49,7 @@ from .. import (
     BlobStat,
     Checkpoint,
     DuplicateKey,
+    EntryRow,
     EventQuery,
     EventRow,
     FoldRow,
@@ -59,10 +60,13 @@ from .. import (
     RowsUnreadable,
     Scope,
     StoreInfo,
+    make_entry_row,
+    make_event_row,
+    make_fold_row,
+    make_pin_hold,
 )
 from ..base import TxBase, locked_view
-from ...projections.steps import IN_FLIGHT, StepRow
-from ...projections.workspaces import PathState, WsRow
+from ..rows import IN_FLIGHT, PathState, StepRow, WsRow
 from . import blobs as bl
 from . import tables as tb
 from . import events as ev
@@ -110,11 +114,11 @@ class SqliteView:
         """Event rows matching `query`, in bounded batches (each its own statement)."""
         sql, params = ev.query_sql(query)
         start = 2**63 - 1 if query.descending else query.after_seq
-        return ev.paged(self._db, sql, params, start, query.limit)  # type: ignore[return-value]
+        return ev.paged(self._db, sql, params, start, query.limit, make_event_row)  # type: ignore[return-value]
 
     def fold_rows(self, after_seq: int = 0) -> Iterator[FoldRow]:
         sql, params = ev.query_sql(EventQuery(after_seq=after_seq), ev.FOLD_COLUMNS)
-        return ev.paged(self._db, sql, params, after_seq, None)  # type: ignore[return-value]
+        return ev.paged(self._db, sql, params, after_seq, None, make_fold_row)  # type: ignore[return-value]
 
     def checked_rows(self, after_seq: int = 0) -> Iterator[tuple[EventRow, str | None]]:
         """Every row after `after_seq` with what is wrong with its cells (None: nothing);
@@ -131,17 +135,19 @@ class SqliteView:
             yield got  # type: ignore[misc]
 
     def journal_lookup(self, key: str) -> EventRow | None:
-        return self._db.conn.execute(ev.JOURNAL_SQL, (key,)).fetchone()  # type: ignore[no-any-return]
+        row = self._db.conn.execute(ev.JOURNAL_SQL, (key,)).fetchone()
+        return None if row is None else make_event_row(row)
 
     def journal_newest(self, prefix: str, kind: str | None = None) -> EventRow | None:
         """The newest event whose journal key starts with `prefix` (and, given `kind`, of
         that kind): a seek on the key's index, however long the log."""
         low, high = ev.prefix_range(prefix)
         if kind is None:
-            return self._db.conn.execute(ev.JOURNAL_RANGE_SQL.format(""),  # type: ignore[no-any-return]
-                                         (low, high)).fetchone()
-        return self._db.conn.execute(ev.JOURNAL_RANGE_SQL.format(" AND kind = ?"),  # type: ignore[no-any-return]
-                                     (low, high, kind)).fetchone()
+            row = self._db.conn.execute(ev.JOURNAL_RANGE_SQL.format(""), (low, high)).fetchone()
+        else:
+            row = self._db.conn.execute(ev.JOURNAL_RANGE_SQL.format(" AND kind = ?"),
+                                        (low, high, kind)).fetchone()
+        return None if row is None else make_event_row(row)
 
     # -- projections, meta -------------------------------------------------------------
 
@@ -190,8 +196,8 @@ class SqliteView:
         return [tb.check_types("manifests", r)
                 for r in self._db.conn.execute(tb.SELECT_MANIFESTS).fetchall()]
 
-    def entry_rows(self) -> list[tuple[object, ...]]:
-        return [tb.check_types("manifest_entries", r)
+    def entry_rows(self) -> list[EntryRow]:
+        return [make_entry_row(tb.check_types("manifest_entries", r))
                 for r in self._db.conn.execute(tb.SELECT_ENTRIES).fetchall()]
 
     def meta(self, key: str) -> str | None:
@@ -236,8 +242,8 @@ class SqliteView:
     def pin_holds(self, digest: str | None = None) -> list[PinHold]:
         conn = self._db.conn
         if digest is None:
-            return conn.execute(tb.PIN_HOLDS).fetchall()  # type: ignore[no-any-return]
-        return conn.execute(tb.PIN_HOLDS_OF, (digest,)).fetchall()  # type: ignore[no-any-return]
+            return list(map(make_pin_hold, conn.execute(tb.PIN_HOLDS).fetchall()))
+        return list(map(make_pin_hold, conn.execute(tb.PIN_HOLDS_OF, (digest,)).fetchall()))
 
     def manifest_digests(self) -> set[str]:
         return {r[0] for r in self._db.conn.execute(tb.MANIFEST_DIGESTS).fetchall()}

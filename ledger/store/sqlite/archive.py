@@ -20,7 +20,7 @@ from typing import Any, Final
 import apsw
 
 from ...errors import ArchiveInvalid, StorageFailure
-from .. import ROW_NAMES, EventRow
+from .. import ROW_NAMES, EventRow, make_event_row
 from .file import resolved
 from .schema import events_table
 
@@ -199,7 +199,7 @@ class ArchiveFile:
                                         " ORDER BY seq LIMIT ?", (last, _BATCH)).fetchall()
             except (apsw.Error, UnicodeDecodeError) as exc:
                 raise ArchiveInvalid(self.path, f"its events cannot be read: {exc}") from None
-            yield from got
+            yield from map(make_event_row, got)
             if len(got) < _BATCH:
                 return
             last = got[-1][0]

@@ -7,12 +7,12 @@ read of the whole log holds neither a long statement nor the log in memory.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any, Final
 
 import apsw
 
-from .. import ROW_NAMES, ROW_TYPES
+from .. import ROW_NAMES, ROW_TYPES, make_event_row
 from ..base import paged as base_paged
 from ..base import row_problem
 from ..sql import FOLD_COLUMNS, ROW_COLUMNS, SQLITE, Statements, prefix_range
@@ -45,13 +45,14 @@ _RAW_SQL: Final = "SELECT {} FROM events WHERE seq > ? ORDER BY seq LIMIT ?".for
 query_sql = _S.query
 
 
-def paged(db: Database, sql: str, params: list[Any], start: int, limit: int | None
-          ) -> Iterator[tuple[Any, ...]]:
+def paged(db: Database, sql: str, params: list[Any], start: int, limit: int | None,
+          make: Callable[[Any], tuple[Any, ...]]) -> Iterator[tuple[Any, ...]]:
     """Rows of `sql` in batches of READ_BATCH (`store.base.paged`), paging on the first
-    column (seq); a failed read is a typed error (`read_error`)."""
+    column (seq), each made by `make` (`make_event_row`, `make_fold_row`); a failed read
+    is a typed error (`read_error`)."""
     def fetch(last: int, batch: int) -> list[tuple[Any, ...]]:
         try:
-            return db.conn.execute(sql, (last, *params, batch)).fetchall()  # type: ignore[no-any-return]
+            return list(map(make, db.conn.execute(sql, (last, *params, batch)).fetchall()))
         except (apsw.Error, UnicodeDecodeError) as exc:
             raise read_error(exc, db.path) from None
 
@@ -64,7 +65,7 @@ def checked_rows(conn: apsw.Connection, after_seq: int = 0
     last = after_seq
     while True:
         try:
-            got = [(r, None if tuple(map(type, r)) == ROW_TYPES else row_problem(r))
+            got = [(make_event_row(r), None if tuple(map(type, r)) == ROW_TYPES else row_problem(r))
                    for r in conn.execute(_CHECKED_SQL, (last, READ_BATCH)).fetchall()]
         except UnicodeDecodeError:
             got = [_decode_row(r) for r in conn.execute(_RAW_SQL, (last, READ_BATCH)).fetchall()]
@@ -82,8 +83,8 @@ def _decode_row(row: tuple[Any, ...]) -> tuple[tuple[Any, ...], str | None]:
             try:
                 out[i] = out[i].decode("utf-8")
             except UnicodeDecodeError:
-                return tuple(out), f"its {name} is not valid UTF-8"
-    return tuple(out), row_problem(tuple(out))
+                return make_event_row(out), f"its {name} is not valid UTF-8"
+    return make_event_row(out), row_problem(tuple(out))
 
 
 __all__ = ["FOLD_COLUMNS", "READ_BATCH", "ROW_COLUMNS", "checked_rows", "paged", "prefix_range", "query_sql"]

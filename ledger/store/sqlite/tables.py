@@ -9,8 +9,7 @@ from typing import Final
 
 import apsw
 
-from ...projections.steps import StepRow
-from ...projections.workspaces import PathState, WsRow
+from ..rows import PathState, StepRow, WsRow
 from .. import ProjectionChanges
 from ..sql import SQLITE, STEP_COLUMNS, WS_COLUMNS, Statements
 

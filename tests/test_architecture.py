@@ -286,6 +286,23 @@ def test_no_mixin_and_no_private_reach_ins() -> None:
                 raise AssertionError(f"{name}:{node.lineno}: reaches into .{node.attr}")
 
 
+def imported_names(node: ast.AST, package: str) -> list[str]:
+    """What an import statement of a module of `package` (dotted) names, absolute: the
+    modules, and for ``from X import a`` both X and X.a (a may be a module); [] for any
+    other node."""
+    if isinstance(node, ast.Import):
+        return [a.name for a in node.names]
+    if not isinstance(node, ast.ImportFrom):
+        return []
+    base = node.module or ""
+    if node.level:
+        parent = package
+        for _ in range(node.level - 1):
+            parent = parent.rpartition(".")[0]
+        base = parent + ("." + base if base else "")
+    return [base] + [f"{base}.{a.name}" for a in node.names]
+
+
 #: The test machinery (faults, chaos, fuzz): nothing outside it imports it, not even
 #: lazily; its commands (``chaos``, ``fuzz``) reach the command line as entry points
 #: (pyproject.toml, ``steptrail.commands``).
@@ -299,17 +316,7 @@ def machinery_imports(tree: ast.Module, package: str) -> list[tuple[int, bool]]:
             for n in ast.walk(f)}
     out = []
     for node in ast.walk(tree):
-        names: list[str] = []
-        if isinstance(node, ast.Import):
-            names = [a.name for a in node.names]
-        elif isinstance(node, ast.ImportFrom):
-            base = node.module or ""
-            if node.level:
-                parent = package
-                for _ in range(node.level - 1):
-                    parent = parent.rpartition(".")[0]
-                base = parent + ("." + base if base else "")
-            names = [base] + [f"{base}.{a.name}" for a in node.names]
+        names = imported_names(node, package)
         if any(n == TESTING or n.startswith(TESTING + ".") for n in names):
             out.append((node.lineno, id(node) in lazy))
     return out
@@ -548,17 +555,7 @@ def concrete_store_imports(tree: ast.AST, package: str) -> list[int]:
     stores = ("ledger.store.sqlite", "ledger.store.postgres")
     out = []
     for node in ast.walk(tree):
-        names: list[str] = []
-        if isinstance(node, ast.Import):
-            names = [a.name for a in node.names]
-        elif isinstance(node, ast.ImportFrom):
-            base = node.module or ""
-            if node.level:
-                parent = package
-                for _ in range(node.level - 1):
-                    parent = parent.rpartition(".")[0]
-                base = parent + ("." + base if base else "")
-            names = [base] + [f"{base}.{a.name}" for a in node.names]
+        names = imported_names(node, package)
         if any(n == s or n.startswith(s + ".") for n in names for s in stores):
             out.append(node.lineno)
     return out

@@ -20,6 +20,7 @@ if TYPE_CHECKING:  # the one list of public names; at run time each is imported 
         AsyncLedger as AsyncLedger,
     )
     from .blobs import (
+        BlobStore as BlobStore,
         digest_of as digest_of,
     )
     from .errors import (
@@ -127,8 +128,10 @@ if TYPE_CHECKING:  # the one list of public names; at run time each is imported 
         StepStatus as StepStatus,
     )
     from .store import (
+        BlobIndex as BlobIndex,
         locate as locate,
         Location as Location,
+        ReadView as ReadView,
         shown_location as shown_location,
         unmapped_error as unmapped_error,
     )

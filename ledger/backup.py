@@ -48,8 +48,7 @@ from typing import Final
 
 import msgspec
 
-from . import __version__
-from .blobs import BlobStore
+from . import BlobIndex, BlobStore, Head, Ledger, ReadView, __version__
 from .errors import (
     ArchiveMissing,
     BackupIncomplete,
@@ -63,11 +62,8 @@ from .errors import (
     LedgerTooNew,
     NotALedger,
 )
-from .gc.holders import read_references
-from .ledger import Ledger
-from .log import Head
-from .store import BlobIndex, ReadView
-from .store.registry import BACKUP_DB_NAME, BACKUP_MARKER
+from .events import BACKUP_DB_NAME, BACKUP_MARKER
+from .gc import read_references
 from .verify import verify
 from .witness import anchor_problems, recorded_anchor
 
@@ -330,11 +326,11 @@ def _check_archives(archives: tuple[tuple[str, int, str], ...], where: str, copy
                     ) -> None:
     """Every archive listed hashes to its sha256 and verifies as the archive of a seal in
     the backup's own database (ledger.seal.verify_archive)."""
-    from .seal import _seal_events, verify_archive
+    from .seal import seal_events, verify_archive
 
     if not archives:
         return
-    seals = _seal_events(copy)  # read once: each archive is checked against its seal
+    seals = seal_events(copy)  # read once: each archive is checked against its seal
     for name, _size, sha in archives:
         path = os.path.join(where, ARCHIVE_DIR, name)
         if _sha256_file(path)[0] != sha:
@@ -554,7 +550,7 @@ def backup(
     ledger's backup, a directory of other files) is refused with nothing written.
     """
     started = time.perf_counter()
-    from .store import locate, shown_location
+    from . import locate, shown_location
 
     url = locate(ledger).in_database
     path = str(ledger) if url else os.path.abspath(os.fspath(ledger))
@@ -587,7 +583,7 @@ def backup(
 def _backup_locked(source: Ledger, path: str, where: str, previous: BackupMarker | None, *,
                    deep: bool, progress: Progress | None, clock: Callable[[], int]
                    ) -> BackupReport:
-    from .store import locate
+    from . import locate
 
     head = source.head()
     dest_files = BlobStore(os.path.join(where, BLOBS_DIR))

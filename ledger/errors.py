@@ -633,6 +633,8 @@ class AnchorRefused(ProtocolRefused):
 
 
 __all__ = [
+    "BackupIncomplete",
+    "BackupInvalid",
     "ANCHOR_COMMAND",
     "AccessDenied",
     "ArchiveInvalid",

@@ -662,6 +662,11 @@ def envelope(event: Event) -> Envelope:
     )
 
 
+#: A backup directory's completion marker, and the name of the database file a backup
+#: holds (`ledger.backup`): format names, declared here with the others so that a store
+#: can refuse to open a backup's database to write without importing the backup code.
+BACKUP_MARKER: Final = "BACKUP.json"
+BACKUP_DB_NAME: Final = re.compile(r"ledger-[0-9]+-[0-9a-f]{12}\.db", re.ASCII)
 GENESIS_DOMAIN: Final = b"stepledger/chain/v1\x00"
 
 
@@ -764,6 +769,8 @@ def to_builtins(event: Event) -> dict[str, Any]:
 
 
 __all__ = [
+    "BACKUP_DB_NAME",
+    "BACKUP_MARKER",
     "BLOB_NAMING_KINDS",
     "EVENT_TYPES",
     "GUARDED_KINDS",

@@ -460,7 +460,8 @@ class ArchiveReport(msgspec.Struct, kw_only=True):
     blob_set: list[tuple[str, int]] = msgspec.field(default_factory=list)
 
 
-def _seal_events(ledger: Ledger) -> dict[str, tuple[int, Sealed]]:
+def seal_events(ledger: Ledger) -> dict[str, tuple[int, Sealed]]:
+    """Every seal the ledger holds: its archive digest -> (its seq, the seal)."""
     return seals_in(ledger.storage.view)
 
 
@@ -551,7 +552,7 @@ def verify_archive(path: str, ledger: Ledger | None = None, *,
             raise ArchiveInvalid(path, f"it belongs to ledger {header['ledger_id'][:12]}…, not"
                                  f" {ledger.ledger_id[:12]}…")
         if seals is None:
-            seals = _seal_events(ledger)
+            seals = seal_events(ledger)
         named = seals.get(digest_now)
         if named is None:
             report.ok = False
@@ -615,7 +616,7 @@ def sealed_runs(ledger: Ledger, archive_dir: str | None = None) -> list[SealInfo
     ledger's archive directory (`archive_dir`: another, absolute). Read-only."""
     directory = _directory(ledger, archive_dir)
     out = []
-    for seq, seal in sorted(_seal_events(ledger).values(), key=lambda p: p[0]):
+    for seq, seal in sorted(seal_events(ledger).values(), key=lambda p: p[0]):
         out.append(SealInfo(run=seal.sealed_run, seal_seq=seq, archive=seal.archive,
                             events=seal.events, steps=len(seal.steps), blobs=len(seal.blobs),
                             size_bytes=seal.size_bytes,
@@ -641,7 +642,7 @@ def verify_sealed(ledger: Ledger, archive_dir: str | None = None) -> SealedVerif
     for a ledger in a database."""
     directory = _directory(ledger, archive_dir)
     report = ledger.verify()
-    seals = _seal_events(ledger)
+    seals = seal_events(ledger)
     archives, findings = [], []
     seen: set[str] = set()
     for seq, seal in sorted(seals.values(), key=lambda p: p[0]):
@@ -789,6 +790,7 @@ def file_bytes(path: str) -> int:
 
 
 __all__ = [
+    "seal_events",
     "ARCHIVE_SUFFIX",
     "ArchiveReport",
     "RunCandidate",

@@ -18,9 +18,10 @@ from .collector import (
     collect,
     parse_duration,
 )
-from .holders import GcRefused
+from .holders import GcRefused, read_references
 
 __all__ = [
+    "read_references",
     "DEFAULT_GRACE_S",
     "MIN_GRACE_S",
     "AuditReport",

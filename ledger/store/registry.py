@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import importlib
 import os
-import re
 from dataclasses import dataclass
 from typing import Any, Final, Protocol
 
@@ -78,11 +77,6 @@ class Backend(Protocol):
         """The typed error for a row of `location` that cannot be written out."""
         ...
 
-
-#: A backup directory's completion marker, and the name of the database file a backup
-#: holds (`ledger.backup`): a store refuses to open such a file to write.
-BACKUP_MARKER: Final = "BACKUP.json"
-BACKUP_DB_NAME: Final = re.compile(r"ledger-[0-9]+-[0-9a-f]{12}\.db", re.ASCII)
 
 #: The registered stores, most specific first; the last one takes every location the
 #: others do not (a file path). Module paths, imported on first use.
@@ -190,5 +184,5 @@ def unmapped_error(exc: BaseException, location: str = "") -> Unmapped | None:
     return None
 
 
-__all__ = ["BACKENDS", "BACKUP_DB_NAME", "BACKUP_MARKER", "Backend", "Location", "Unmapped", "create_store", "locate",
+__all__ = ["BACKENDS", "Backend", "Location", "Unmapped", "create_store", "locate",
            "open_store", "shown_location", "unmapped_error"]

@@ -1218,7 +1218,7 @@ def _check_sync(value: str) -> str:
 
 #: A backup directory's completion marker, and the name of the database snapshot it
 #: names (`ledger.backup`): such a file is never opened to write.
-from ..registry import BACKUP_DB_NAME, BACKUP_MARKER  # noqa: E402  (the backup format's)
+from ...events import BACKUP_DB_NAME, BACKUP_MARKER  # noqa: E402  (the backup format's)
 
 
 def refuse_a_backups_database(path: str) -> None:

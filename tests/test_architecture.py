@@ -696,3 +696,26 @@ def test_the_runtime_reads_no_test_only_environment_variable() -> None:
 def test_the_environment_checker_catches_a_test_hook(rel: str, source: str, bad: list[int]) -> None:
     other = {"cli/z.py": 'ENV_HOOK = "STEPTRAIL_TEST_HOOK"\n'}
     assert _test_env_violations({rel: source, **other}).get(rel, []) == bad
+
+
+def test_every_public_name_is_listed_once_and_resolves() -> None:
+    """`ledger/__init__.py` lists each public name once (its TYPE_CHECKING block); at run
+    time each resolves to the object its module defines, and `__all__` is those names."""
+    import importlib
+
+    import ledger
+
+    tree = ast.parse((PACKAGE / "__init__.py").read_text())
+    (block,) = [n for n in tree.body if isinstance(n, ast.If)
+                and isinstance(n.test, ast.Name) and n.test.id == "TYPE_CHECKING"]
+    listed = [(a.name, a.asname, node.module) for node in block.body
+              if isinstance(node, ast.ImportFrom) for a in node.names]
+    names = [name for name, _as, _module in listed]
+    assert len(names) == len(set(names)), "a public name listed twice"
+    assert all(asname == name for name, asname, _ in listed), "re-exported as X as X"
+    assert sorted(ledger.__all__) == sorted(names)
+    for name, _as, module in listed:
+        assert getattr(ledger, name) is getattr(importlib.import_module(f"ledger.{module}"),
+                                                name), name
+    with pytest.raises(AttributeError):
+        ledger.not_a_public_name  # noqa: B018

@@ -67,7 +67,8 @@ from ledger.events import (  # noqa: E402
     validate,
 )
 from ledger.projections.steps import StepRow, fold  # noqa: E402
-from ledger.store.sqlite.tables import UPSERT_STEP as UPSERT_SQL  # noqa: E402
+from ledger.store.sqlite.tables import S  # noqa: E402
+UPSERT_SQL = S.UPSERT_STEP
 
 CHECKPOINT_SQL = (
     "INSERT INTO projection_checkpoint(name, last_seq, version) VALUES ('steps', ?, 0)"

@@ -129,7 +129,7 @@ class PgView:
     # -- events ------------------------------------------------------------------------
 
     def head(self) -> Head:
-        row = self._one(q.HEAD)
+        row = self._one(q.S.HEAD)
         if row is None:
             return Head(0, self._store.genesis)
         if not isinstance(row[1], bytes):
@@ -137,7 +137,7 @@ class PgView:
         return Head(row[0], row[1])
 
     def count(self) -> int:
-        return int(self._one(q.COUNT)[0])  # type: ignore[index]
+        return int(self._one(q.S.COUNT)[0])  # type: ignore[index]
 
     def events(self, query: EventQuery = EventQuery()) -> Iterator[EventRow]:
         sql, params = q.query(query)
@@ -159,7 +159,7 @@ class PgView:
         last = after_seq
         while True:
             try:
-                got = self._all(q.CHECKED, (last, READ_BATCH))
+                got = self._all(q.S.CHECKED, (last, READ_BATCH))
             except LedgerError as exc:
                 raise RowsUnreadable(str(exc)) from None
             for r in got:
@@ -169,7 +169,7 @@ class PgView:
             last = got[-1][0]
 
     def journal_lookup(self, key: str) -> EventRow | None:
-        row = self._one(q.JOURNAL, (key,))
+        row = self._one(q.S.JOURNAL, (key,))
         return None if row is None else make_event_row(row)
 
     def journal_newest(self, prefix: str, kind: str | None = None) -> EventRow | None:
@@ -184,11 +184,11 @@ class PgView:
     # -- projections, meta -------------------------------------------------------------
 
     def checkpoint(self) -> Checkpoint | None:
-        row = self._one(q.SELECT_CHECKPOINT, (CHECKPOINT_NAME,))
+        row = self._one(q.S.SELECT_CHECKPOINT, (CHECKPOINT_NAME,))
         return None if row is None else Checkpoint(row[0], row[1])
 
     def step(self, step_id: str) -> StepRow | None:
-        row = self._one(q.SELECT_STEP, (step_id,))
+        row = self._one(q.S.SELECT_STEP, (step_id,))
         return None if row is None else StepRow.from_tuple(row)
 
     def steps(self, *, state: str | None = None, step_id: str | None = None) -> list[StepRow]:
@@ -208,27 +208,27 @@ class PgView:
         return [(r[0], int(r[1])) for r in self._all(sql, params)]
 
     def workspace(self, name: str) -> WsRow | None:
-        row = self._one(q.SELECT_ONE_WS, (name,))
+        row = self._one(q.S.SELECT_ONE_WS, (name,))
         return None if row is None else WsRow.from_tuple(row)
 
     def workspace_rows(self) -> list[WsRow]:
-        return [WsRow.from_tuple(r) for r in self._all(q.SELECT_WS)]
+        return [WsRow.from_tuple(r) for r in self._all(q.S.SELECT_WS)]
 
     def path_state(self, workspace: str, path: str) -> PathState | None:
-        row = self._one(q.SELECT_PATH, (workspace, path))
+        row = self._one(q.S.SELECT_PATH, (workspace, path))
         return None if row is None else (int(row[0]), row[1], int(row[2]))
 
     def path_rows(self) -> list[tuple[object, ...]]:
-        return self._all(q.SELECT_PATHS)
+        return self._all(q.S.SELECT_PATHS)
 
     def pin_rows(self) -> list[tuple[object, ...]]:
-        return self._all(q.SELECT_PINS)
+        return self._all(q.S.SELECT_PINS)
 
     def manifest_rows(self) -> list[tuple[object, ...]]:
-        return self._all(q.SELECT_MANIFESTS)
+        return self._all(q.S.SELECT_MANIFESTS)
 
     def entry_rows(self) -> list[EntryRow]:
-        return list(map(make_entry_row, self._all(q.SELECT_ENTRIES)))
+        return list(map(make_entry_row, self._all(q.S.SELECT_ENTRIES)))
 
     def meta(self, key: str) -> str | None:
         row = self._one("SELECT value FROM meta WHERE key = %s", (key,))
@@ -240,7 +240,7 @@ class PgView:
     # -- blobs: the inline row, else the blob's chunk rows ------------------------------
 
     def blob_size(self, digest: str) -> tuple[int, bool] | None:
-        row = self._one(q.INLINE_SIZE, (digest,))
+        row = self._one(q.S.INLINE_SIZE, (digest,))
         if row is not None:
             return int(row[0]), True
         row = self._one("SELECT size FROM blob_files WHERE digest = %s", (digest,))
@@ -251,59 +251,59 @@ class PgView:
         check_blob(self, self._store.files, digest, size, hash_file=hash_file)
 
     def inline_blob(self, digest: str) -> tuple[int, bytes] | None:
-        row = self._one(q.INLINE_BLOB, (digest,))
+        row = self._one(q.S.INLINE_BLOB, (digest,))
         return None if row is None else (row[0], row[1])
 
     def inline_stat(self, digest: str) -> BlobStat | None:
-        row = self._one(q.INLINE_STAT, (digest,))
+        row = self._one(q.S.INLINE_STAT, (digest,))
         return None if row is None else BlobStat(digest, int(row[0]), True, int(row[1]))
 
     def inline_blobs(self) -> Iterator[BlobStat]:
-        return iter([BlobStat(d, n, True, t) for d, n, t in self._all(q.INLINE_ALL)])
+        return iter([BlobStat(d, n, True, t) for d, n, t in self._all(q.S.INLINE_ALL)])
 
     # -- what GC and audit read ---------------------------------------------------------
 
     def pin_holds(self, digest: str | None = None) -> list[PinHold]:
         if digest is None:
-            return list(map(make_pin_hold, self._all(q.PIN_HOLDS)))
-        return list(map(make_pin_hold, self._all(q.PIN_HOLDS_OF, (digest,))))
+            return list(map(make_pin_hold, self._all(q.S.PIN_HOLDS)))
+        return list(map(make_pin_hold, self._all(q.S.PIN_HOLDS_OF, (digest,))))
 
     def manifest_digests(self) -> set[str]:
-        return {r[0] for r in self._all(q.MANIFEST_DIGESTS)}
+        return {r[0] for r in self._all(q.S.MANIFEST_DIGESTS)}
 
     def names_digest(self, digest: str) -> bool:
-        return self._one(q.NAMES_DIGEST, (digest,)) is not None
+        return self._one(q.S.NAMES_DIGEST, (digest,)) is not None
 
     def entries_naming(self, digest: str, limit: int) -> list[tuple[str, int, str]]:
-        return self._all(q.ENTRIES_NAMING, (digest, limit))  # type: ignore[return-value]
+        return self._all(q.S.ENTRIES_NAMING, (digest, limit))  # type: ignore[return-value]
 
     def live_entries(self) -> list[tuple[str, int]]:
-        return self._all(q.LIVE_ENTRIES)  # type: ignore[return-value]
+        return self._all(q.S.LIVE_ENTRIES)  # type: ignore[return-value]
 
     def event_totals(self, bucket_ns: int) -> tuple[list[tuple[str, str, int, int, int, int]],
                                                      list[tuple[int, int, int]]]:
         by_run = [(str(r), str(k), int(n), int(b), int(t0), int(t1))
-                  for r, k, n, b, t0, t1 in self._all(q.TOTALS_BY_RUN)]
+                  for r, k, n, b, t0, t1 in self._all(q.S.TOTALS_BY_RUN)]
         by_time = [(int(t), int(n), int(b)) for t, n, b in
                    self._all(q.TOTALS_BY_TIME, (bucket_ns, bucket_ns))]
         return by_run, by_time
 
     def live_step_count(self) -> int:
-        return int(self._one(q.LIVE_STEPS)[0])  # type: ignore[index]
+        return int(self._one(q.S.LIVE_STEPS)[0])  # type: ignore[index]
 
     def step_totals(self, states: frozenset[str]) -> tuple[int, int]:
-        n, b = self._one(q.STEP_TOTALS, (sorted(states),))  # type: ignore[misc]
+        n, b = self._one(q.S.STEP_TOTALS, (sorted(states),))  # type: ignore[misc]
         return int(n), int(b)
 
     def condemned(self) -> dict[str, tuple[int, bool]]:
-        return {d: (int(n), bool(i)) for d, n, i in self._all(q.SELECT_CONDEMNED)}
+        return {d: (int(n), bool(i)) for d, n, i in self._all(q.S.SELECT_CONDEMNED)}
 
     def condemned_entry(self, digest: str) -> tuple[int, bool] | None:
-        row = self._one(q.SELECT_ONE_CONDEMNED, (digest,))
+        row = self._one(q.S.SELECT_ONE_CONDEMNED, (digest,))
         return None if row is None else (int(row[0]), bool(row[1]))
 
     def condemned_count(self) -> int:
-        return int(self._one(q.COUNT_CONDEMNED)[0])  # type: ignore[index]
+        return int(self._one(q.S.COUNT_CONDEMNED)[0])  # type: ignore[index]
 
     # -- what verify reads -------------------------------------------------------------
 
@@ -320,10 +320,10 @@ class PgView:
                 f" of {got_n} bytes are stored" for d, n, k, got_k, got_n in rows]
 
     def checkpoint_rows(self) -> list[tuple[object, object, object]]:
-        return self._all(q.CHECKPOINT_ROWS)  # type: ignore[return-value]
+        return self._all(q.S.CHECKPOINT_ROWS)  # type: ignore[return-value]
 
     def inline_row_problems(self, limit: int) -> list[tuple[object, object, object]]:
-        return self._all(q.INLINE_ROW_PROBLEMS, (limit,))  # type: ignore[return-value]
+        return self._all(q.S.INLINE_ROW_PROBLEMS, (limit,))  # type: ignore[return-value]
 
     def table_rows(self, table: str) -> Iterator[tuple[object, ...]]:
         """Every row of a `COPY_TABLES` table, in its columns' order, streamed through a
@@ -401,7 +401,7 @@ class PgTx(PgView, TxBase):
     def _insert_many(self, rows: list[EventRow]) -> None:
         psycopg = _psycopg()
         try:
-            self._store._run_many(q.INSERT_EVENT, rows)
+            self._store._run_many(q.S.INSERT_EVENT, rows)
         except psycopg.errors.UniqueViolation as exc:  # (`_translated` lets it through)
             raise DuplicateKey(exc) from None
 
@@ -444,15 +444,15 @@ class PgTx(PgView, TxBase):
     def put_inline(self, blobs: Mapping[str, bytes], stored_ns: int) -> None:
         self._store._chain()
         for digest, data in blobs.items():
-            found = self._one(q.INLINE_DATA, (digest,))
+            found = self._one(q.S.INLINE_DATA, (digest,))
             if found is not None and bytes(found[0]) == data:
-                self._store._run(q.INLINE_FRESHEN, (stored_ns, digest))
+                self._store._run(q.S.INLINE_FRESHEN, (stored_ns, digest))
             else:
-                self._store._run(q.INLINE_PUT, (digest, len(data), data, stored_ns))
+                self._store._run(q.S.INLINE_PUT, (digest, len(data), data, stored_ns))
 
     def delete_inline(self, digest: str) -> None:
         self._store._chain()
-        self._store._run(q.INLINE_DELETE, (digest,))
+        self._store._run(q.S.INLINE_DELETE, (digest,))
 
     def set_meta(self, key: str, value: str) -> None:
         self._store._chain()
@@ -464,32 +464,32 @@ class PgTx(PgView, TxBase):
         self._store._chain()
         run = self._store._run_many
         if changes.steps:
-            run(q.UPSERT_STEP, changes.steps)
+            run(q.S.UPSERT_STEP, changes.steps)
         if changes.releases:
             acked = [(s, a, *changes.released_on_ack) for s, a, ack in changes.releases if ack]
             ended = [(s, a) for s, a, ack in changes.releases if not ack]
             if acked:
-                run(q.RELEASE_ACKED, acked)
+                run(q.S.RELEASE_ACKED, acked)
             if ended:
-                run(q.RELEASE_ENDED, ended)
+                run(q.S.RELEASE_ENDED, ended)
         if changes.pins:
-            run(q.ADD_PINS, changes.pins)
+            run(q.S.ADD_PINS, changes.pins)
         if changes.manifests:
-            run(q.ADD_MANIFESTS.format("manifests"), changes.manifests)
-            run(q.ADD_ENTRIES.format("manifest_entries"), changes.entries)
+            run(q.S.ADD_MANIFESTS.format("manifests"), changes.manifests)
+            run(q.S.ADD_ENTRIES.format("manifest_entries"), changes.entries)
         if changes.dropped_steps:
             dropped = [(s,) for s in changes.dropped_steps]
-            run(q.DROP_ENTRIES, dropped)
-            run(q.DROP_MANIFESTS, dropped)
-            run(q.DROP_PINS, dropped)
+            run(q.S.DROP_ENTRIES, dropped)
+            run(q.S.DROP_MANIFESTS, dropped)
+            run(q.S.DROP_PINS, dropped)
         if changes.workspaces:
-            run(q.UPSERT_WS, changes.workspaces)
+            run(q.S.UPSERT_WS, changes.workspaces)
         if changes.paths:
-            run(q.UPSERT_PATH, changes.paths)
+            run(q.S.UPSERT_PATH, changes.paths)
         if changes.uncondemn:
-            run(q.UNCONDEMN, [(d,) for d in sorted(changes.uncondemn)])
+            run(q.S.UNCONDEMN, [(d,) for d in sorted(changes.uncondemn)])
         if changes.checkpoint is not None:
-            self._store._run(q.SET_CHECKPOINT, (CHECKPOINT_NAME, changes.checkpoint.last_seq,
+            self._store._run(q.S.SET_CHECKPOINT, (CHECKPOINT_NAME, changes.checkpoint.last_seq,
                                                 changes.checkpoint.version))
 
     def rebuild_projections(self) -> contextlib.AbstractContextManager[Any]:
@@ -500,12 +500,12 @@ class PgTx(PgView, TxBase):
     def condemn(self, rows: Sequence[tuple[str, int, bool]], condemned_ns: int,
                 collection: str) -> None:
         self._store._chain()
-        self._store._run_many(q.CONDEMN, [(d, n, int(i), condemned_ns, collection)
+        self._store._run_many(q.S.CONDEMN, [(d, n, int(i), condemned_ns, collection)
                                           for d, n, i in rows])
 
     def uncondemn(self, digests: Iterable[str]) -> None:
         self._store._chain()
-        self._store._run_many(q.UNCONDEMN, [(d,) for d in digests])
+        self._store._run_many(q.S.UNCONDEMN, [(d,) for d in digests])
 
     def load_rows(self, table: str, rows: Sequence[tuple[object, ...]]) -> None:
         self._store._chain()
@@ -516,10 +516,10 @@ class PgTx(PgView, TxBase):
 
     def seal_rows(self, run: str, ranges: Sequence[tuple[int, int]], seal_seq: int) -> int:
         self._store._chain()
-        self._store._run_many(q.ADD_SEALED_RANGE, [(a, b, run, seal_seq) for a, b in ranges])
+        self._store._run_many(q.S.ADD_SEALED_RANGE, [(a, b, run, seal_seq) for a, b in ranges])
         removed = 0
         for a, b in ranges:
-            removed += self._store._run(q.DELETE_SEALED, (a, b, run)).rowcount
+            removed += self._store._run(q.S.DELETE_SEALED, (a, b, run)).rowcount
         return removed
 
 

@@ -152,7 +152,7 @@ class SqliteView:
     # -- projections, meta -------------------------------------------------------------
 
     def checkpoint(self) -> Checkpoint | None:
-        row = self._db.conn.execute(tb.SELECT_CHECKPOINT, (CHECKPOINT_NAME,)).fetchone()
+        row = self._db.conn.execute(tb.S.SELECT_CHECKPOINT, (CHECKPOINT_NAME,)).fetchone()
         return None if row is None else Checkpoint(row[0], row[1])
 
     def step(self, step_id: str) -> StepRow | None:
@@ -179,7 +179,7 @@ class SqliteView:
         return tb.load_workspace(self._db.conn, name)
 
     def workspace_rows(self) -> list[WsRow]:
-        return [WsRow.from_tuple(r) for r in self._db.conn.execute(tb.SELECT_WS).fetchall()]
+        return [WsRow.from_tuple(r) for r in self._db.conn.execute(tb.S.SELECT_WS).fetchall()]
 
     def path_state(self, workspace: str, path: str) -> PathState | None:
         return tb.load_path(self._db.conn, workspace, path)
@@ -187,18 +187,18 @@ class SqliteView:
     def path_rows(self) -> list[tuple[object, ...]]:
         """(workspace, path, rev, hash, seq) of every path a step wrote."""
         return [tb.check_types("ws_paths", r)
-                for r in self._db.conn.execute(tb.SELECT_PATHS).fetchall()]
+                for r in self._db.conn.execute(tb.S.SELECT_PATHS).fetchall()]
 
     def pin_rows(self) -> list[tuple[object, ...]]:
-        return [tb.check_types("pins", r) for r in self._db.conn.execute(tb.SELECT_PINS).fetchall()]
+        return [tb.check_types("pins", r) for r in self._db.conn.execute(tb.S.SELECT_PINS).fetchall()]
 
     def manifest_rows(self) -> list[tuple[object, ...]]:
         return [tb.check_types("manifests", r)
-                for r in self._db.conn.execute(tb.SELECT_MANIFESTS).fetchall()]
+                for r in self._db.conn.execute(tb.S.SELECT_MANIFESTS).fetchall()]
 
     def entry_rows(self) -> list[EntryRow]:
         return [make_entry_row(tb.check_types("manifest_entries", r))
-                for r in self._db.conn.execute(tb.SELECT_ENTRIES).fetchall()]
+                for r in self._db.conn.execute(tb.S.SELECT_ENTRIES).fetchall()]
 
     def meta(self, key: str) -> str | None:
         """A meta value; None if the key is absent (CorruptLedger if it cannot be read)."""
@@ -212,7 +212,7 @@ class SqliteView:
     def blob_size(self, digest: str) -> tuple[int, bool] | None:
         """(size, inline) of a stored blob — the inline row, else the blob file —, looked
         up now: never cached across calls."""
-        row = self._db.conn.execute(bl.INLINE_SIZE, (digest,)).fetchone()
+        row = self._db.conn.execute(tb.S.INLINE_SIZE, (digest,)).fetchone()
         if row is not None:
             return int(row[0]), True
         size = self._store.files.size(digest)
@@ -225,16 +225,16 @@ class SqliteView:
 
     def inline_blob(self, digest: str) -> tuple[int, bytes] | None:
         """(recorded size, bytes) of an inline blob row; None when there is none."""
-        row = self._db.conn.execute(bl.INLINE_BLOB, (digest,)).fetchone()
+        row = self._db.conn.execute(tb.S.INLINE_BLOB, (digest,)).fetchone()
         return None if row is None else (row[0], row[1])
 
     def inline_stat(self, digest: str) -> BlobStat | None:
         """An inline blob row's size and stored time (no bytes read); None: none."""
-        row = self._db.conn.execute(bl.INLINE_STAT, (digest,)).fetchone()
+        row = self._db.conn.execute(tb.S.INLINE_STAT, (digest,)).fetchone()
         return None if row is None else BlobStat(digest, int(row[0]), True, int(row[1]))
 
     def inline_blobs(self) -> Iterator[BlobStat]:
-        rows = self._db.conn.execute(bl.INLINE_ALL).fetchall()
+        rows = self._db.conn.execute(tb.S.INLINE_ALL).fetchall()
         return iter([BlobStat(digest, size, True, stored_ns) for digest, size, stored_ns in rows])
 
     # -- what GC and audit read ---------------------------------------------------------
@@ -242,21 +242,21 @@ class SqliteView:
     def pin_holds(self, digest: str | None = None) -> list[PinHold]:
         conn = self._db.conn
         if digest is None:
-            return list(map(make_pin_hold, conn.execute(tb.PIN_HOLDS).fetchall()))
-        return list(map(make_pin_hold, conn.execute(tb.PIN_HOLDS_OF, (digest,)).fetchall()))
+            return list(map(make_pin_hold, conn.execute(tb.S.PIN_HOLDS).fetchall()))
+        return list(map(make_pin_hold, conn.execute(tb.S.PIN_HOLDS_OF, (digest,)).fetchall()))
 
     def manifest_digests(self) -> set[str]:
-        return {r[0] for r in self._db.conn.execute(tb.MANIFEST_DIGESTS).fetchall()}
+        return {r[0] for r in self._db.conn.execute(tb.S.MANIFEST_DIGESTS).fetchall()}
 
     def names_digest(self, digest: str) -> bool:
-        return self._db.conn.execute(tb.NAMES_DIGEST, (digest,)).fetchone() is not None
+        return self._db.conn.execute(tb.S.NAMES_DIGEST, (digest,)).fetchone() is not None
 
     def entries_naming(self, digest: str, limit: int) -> list[tuple[str, int, str]]:
-        return self._db.conn.execute(tb.ENTRIES_NAMING,  # type: ignore[no-any-return]
+        return self._db.conn.execute(tb.S.ENTRIES_NAMING,  # type: ignore[no-any-return]
                                      (digest, limit)).fetchall()
 
     def live_entries(self) -> list[tuple[str, int]]:
-        return self._db.conn.execute(tb.LIVE_ENTRIES).fetchall()  # type: ignore[no-any-return]
+        return self._db.conn.execute(tb.S.LIVE_ENTRIES).fetchall()  # type: ignore[no-any-return]
 
     def event_totals(self, bucket_ns: int) -> tuple[list[tuple[str, str, int, int, int, int]],
                                                      list[tuple[int, int, int]]]:
@@ -268,23 +268,23 @@ class SqliteView:
         return by_run, by_time
 
     def live_step_count(self) -> int:
-        return int(self._db.conn.execute(tb.LIVE_STEPS).fetchone()[0])
+        return int(self._db.conn.execute(tb.S.LIVE_STEPS).fetchone()[0])
 
     def step_totals(self, states: frozenset[str]) -> tuple[int, int]:
-        n, b = self._db.conn.execute(tb.STEP_TOTALS.format(", ".join("?" * len(states))),
+        n, b = self._db.conn.execute(tb.S.STEP_TOTALS.format(", ".join("?" * len(states))),
                                      tuple(sorted(states))).fetchone()
         return int(n), int(b)
 
     def condemned(self) -> dict[str, tuple[int, bool]]:
         return {d: (int(n), bool(i))
-                for d, n, i in self._db.conn.execute(tb.SELECT_CONDEMNED).fetchall()}
+                for d, n, i in self._db.conn.execute(tb.S.SELECT_CONDEMNED).fetchall()}
 
     def condemned_entry(self, digest: str) -> tuple[int, bool] | None:
-        row = self._db.conn.execute(tb.SELECT_ONE_CONDEMNED, (digest,)).fetchone()
+        row = self._db.conn.execute(tb.S.SELECT_ONE_CONDEMNED, (digest,)).fetchone()
         return None if row is None else (int(row[0]), bool(row[1]))
 
     def condemned_count(self) -> int:
-        return int(self._db.conn.execute(tb.COUNT_CONDEMNED).fetchone()[0])
+        return int(self._db.conn.execute(tb.S.COUNT_CONDEMNED).fetchone()[0])
 
     # -- what verify reads -------------------------------------------------------------
 
@@ -297,10 +297,10 @@ class SqliteView:
         return [] if found == ["ok"] else [f"SQLite quick_check: {m}" for m in found]
 
     def checkpoint_rows(self) -> list[tuple[object, object, object]]:
-        return self._db.conn.execute(tb.CHECKPOINT_ROWS).fetchall()  # type: ignore[no-any-return]
+        return self._db.conn.execute(tb.S.CHECKPOINT_ROWS).fetchall()  # type: ignore[no-any-return]
 
     def inline_row_problems(self, limit: int) -> list[tuple[object, object, object]]:
-        return self._db.conn.execute(tb.INLINE_ROW_PROBLEMS,  # type: ignore[no-any-return]
+        return self._db.conn.execute(tb.S.INLINE_ROW_PROBLEMS,  # type: ignore[no-any-return]
                                      (limit,)).fetchall()
 
     def table_rows(self, table: str) -> Iterator[tuple[object, ...]]:
@@ -398,14 +398,14 @@ class SqliteTx(SqliteView, TxBase):
         (its `stored_ns`: GC's grace window counts from it)."""
         conn = self._db.conn
         for digest, data in blobs.items():
-            found = conn.execute(bl.INLINE_DATA, (digest,)).fetchone()
+            found = conn.execute(tb.S.INLINE_DATA, (digest,)).fetchone()
             if found is not None and bytes(found[0]) == data:
-                conn.execute(bl.INLINE_FRESHEN, (stored_ns, digest))
+                conn.execute(tb.S.INLINE_FRESHEN, (stored_ns, digest))
             else:
-                conn.execute(bl.INLINE_PUT, (digest, len(data), data, stored_ns))
+                conn.execute(tb.S.INLINE_PUT, (digest, len(data), data, stored_ns))
 
     def delete_inline(self, digest: str) -> None:
-        self._db.conn.execute(bl.INLINE_DELETE, (digest,))
+        self._db.conn.execute(tb.S.INLINE_DELETE, (digest,))
 
     def set_meta(self, key: str, value: str) -> None:
         self._db.conn.execute(_UPSERT_META, (key, value))
@@ -418,11 +418,11 @@ class SqliteTx(SqliteView, TxBase):
 
     def condemn(self, rows: Sequence[tuple[str, int, bool]], condemned_ns: int,
                 collection: str) -> None:
-        self._db.conn.executemany(tb.CONDEMN, [(d, n, int(i), condemned_ns, collection)
+        self._db.conn.executemany(tb.S.CONDEMN, [(d, n, int(i), condemned_ns, collection)
                                                for d, n, i in rows])
 
     def uncondemn(self, digests: Iterable[str]) -> None:
-        self._db.conn.executemany(tb.UNCONDEMN, [(d,) for d in digests])
+        self._db.conn.executemany(tb.S.UNCONDEMN, [(d,) for d in digests])
 
     def load_rows(self, table: str, rows: Sequence[tuple[object, ...]]) -> None:
         columns = COPY_TABLES[table]
@@ -432,10 +432,10 @@ class SqliteTx(SqliteView, TxBase):
 
     def seal_rows(self, run: str, ranges: Sequence[tuple[int, int]], seal_seq: int) -> int:
         conn = self._db.conn
-        conn.executemany(tb.ADD_SEALED_RANGE, [(a, b, run, seal_seq) for a, b in ranges])
+        conn.executemany(tb.S.ADD_SEALED_RANGE, [(a, b, run, seal_seq) for a, b in ranges])
         removed = 0
         for a, b in ranges:
-            conn.execute(tb.DELETE_SEALED, (a, b, run))
+            conn.execute(tb.S.DELETE_SEALED, (a, b, run))
             removed += conn.changes()
         return removed
 

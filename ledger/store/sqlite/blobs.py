@@ -3,25 +3,12 @@
 The rule (`ledger.store.inline`): a digest with an inline row is that row, anything
 else is the blob file of that name (`ledger.blobs.BlobStore`: fsynced, renamed,
 directory fsynced before any event names it). The inline rows' statements are the
-shared ones (`ledger.store.sql`), rendered for SQLite.
+shared ones (`ledger.store.sql`), rendered for SQLite in `tables.S`.
 """
 
 from __future__ import annotations
 
-from typing import Final
-
 from ..inline import InlineBlobs, check_blob, inline_bytes
-from ..sql import SQLITE, Statements
-
-_S: Final = Statements(SQLITE)
-INLINE_SIZE: Final = _S.INLINE_SIZE
-INLINE_BLOB: Final = _S.INLINE_BLOB
-INLINE_STAT: Final = _S.INLINE_STAT
-INLINE_DATA: Final = _S.INLINE_DATA
-INLINE_FRESHEN: Final = _S.INLINE_FRESHEN
-INLINE_PUT: Final = _S.INLINE_PUT
-INLINE_DELETE: Final = _S.INLINE_DELETE
-INLINE_ALL: Final = _S.INLINE_ALL
 
 
 class SqliteBlobs(InlineBlobs):

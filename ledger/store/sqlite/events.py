@@ -15,26 +15,26 @@ import apsw
 from .. import ROW_NAMES, ROW_TYPES, make_event_row
 from ..base import paged as base_paged
 from ..base import row_problem
-from ..sql import FOLD_COLUMNS, ROW_COLUMNS, SQLITE, Statements, prefix_range
+from ..sql import FOLD_COLUMNS, ROW_COLUMNS, prefix_range
 from .errors import read_error
 from .file import Database
+from .tables import S  # the shared statements, rendered once for SQLite
 
 READ_BATCH: Final = 2_000
 
-_S: Final = Statements(SQLITE)
-INSERT_SQL: Final = _S.INSERT_EVENT
-HEAD_SQL: Final = _S.HEAD
-COUNT_SQL: Final = _S.COUNT
-TOTALS_BY_RUN_SQL: Final = _S.TOTALS_BY_RUN
-TOTALS_BY_TIME_SQL: Final = (f"SELECT (time_ns / ?) * ?, count(*), sum({_S.EVENT_BYTES})"
+INSERT_SQL: Final = S.INSERT_EVENT
+HEAD_SQL: Final = S.HEAD
+COUNT_SQL: Final = S.COUNT
+TOTALS_BY_RUN_SQL: Final = S.TOTALS_BY_RUN
+TOTALS_BY_TIME_SQL: Final = (f"SELECT (time_ns / ?) * ?, count(*), sum({S.EVENT_BYTES})"
                              " FROM events GROUP BY time_ns / ? ORDER BY 1")
-JOURNAL_SQL: Final = _S.JOURNAL
+JOURNAL_SQL: Final = S.JOURNAL
 #: The newest event whose journal key lies in [low, high) (a seek on the key's index).
 JOURNAL_RANGE_SQL: Final = (f"SELECT {ROW_COLUMNS} FROM events WHERE journal_key >= ?"
                             " AND journal_key < ?{} ORDER BY seq DESC LIMIT 1")
 
 _TEXT_COLUMNS: Final = frozenset({"workspace", "run", "step", "journal_key", "kind"})
-_CHECKED_SQL: Final = _S.CHECKED
+_CHECKED_SQL: Final = S.CHECKED
 #: The same with TEXT cells read as bytes: apsw decodes TEXT strictly, so one invalid
 #: UTF-8 cell fails its whole batch; that batch is read again this way, row by row.
 _RAW_SQL: Final = "SELECT {} FROM events WHERE seq > ? ORDER BY seq LIMIT ?".format(", ".join(
@@ -42,7 +42,7 @@ _RAW_SQL: Final = "SELECT {} FROM events WHERE seq > ? ORDER BY seq LIMIT ?".for
     else c for c in ROW_NAMES))
 
 
-query_sql = _S.query
+query_sql = S.query
 
 
 def paged(db: Database, sql: str, params: list[Any], start: int, limit: int | None,

@@ -13,62 +13,23 @@ from ..rows import PathState, StepRow, WsRow
 from .. import ProjectionChanges
 from ..sql import SQLITE, STEP_COLUMNS, WS_COLUMNS, Statements
 
-_S: Final = Statements(SQLITE)
-SELECT_STEP: Final = _S.SELECT_STEP
-UPSERT_STEP: Final = _S.UPSERT_STEP
-SELECT_WS: Final = _S.SELECT_WS
-SELECT_ONE_WS: Final = _S.SELECT_ONE_WS
-UPSERT_WS: Final = _S.UPSERT_WS
-SELECT_PATH: Final = _S.SELECT_PATH
-SELECT_PATHS: Final = _S.SELECT_PATHS
-UPSERT_PATH: Final = _S.UPSERT_PATH
-DROP_ENTRIES: Final = _S.DROP_ENTRIES
-DROP_MANIFESTS: Final = _S.DROP_MANIFESTS
-DROP_PINS: Final = _S.DROP_PINS
-RELEASE_ACKED: Final = _S.RELEASE_ACKED
-RELEASE_ENDED: Final = _S.RELEASE_ENDED
-ADD_PINS: Final = _S.ADD_PINS
-ADD_MANIFESTS: Final = _S.ADD_MANIFESTS
-ADD_ENTRIES: Final = _S.ADD_ENTRIES
-UNCONDEMN: Final = _S.UNCONDEMN
-CONDEMN: Final = _S.CONDEMN
-SELECT_CONDEMNED: Final = _S.SELECT_CONDEMNED
-SELECT_ONE_CONDEMNED: Final = _S.SELECT_ONE_CONDEMNED
-COUNT_CONDEMNED: Final = _S.COUNT_CONDEMNED
-PIN_HOLDS: Final = _S.PIN_HOLDS
-PIN_HOLDS_OF: Final = _S.PIN_HOLDS_OF
-MANIFEST_DIGESTS: Final = _S.MANIFEST_DIGESTS
-NAMES_DIGEST: Final = _S.NAMES_DIGEST
-ENTRIES_NAMING: Final = _S.ENTRIES_NAMING
-LIVE_ENTRIES: Final = _S.LIVE_ENTRIES
-LIVE_STEPS: Final = _S.LIVE_STEPS
-#: a template: one ``?`` per state
-STEP_TOTALS: Final = _S.STEP_TOTALS
-CHECKPOINT_ROWS: Final = _S.CHECKPOINT_ROWS
-INLINE_ROW_PROBLEMS: Final = _S.INLINE_ROW_PROBLEMS
-SELECT_CHECKPOINT: Final = _S.SELECT_CHECKPOINT
-SET_CHECKPOINT: Final = _S.SET_CHECKPOINT
-SELECT_PINS: Final = _S.SELECT_PINS
-SELECT_MANIFESTS: Final = _S.SELECT_MANIFESTS
-SELECT_ENTRIES: Final = _S.SELECT_ENTRIES
-ADD_SEALED_RANGE: Final = _S.ADD_SEALED_RANGE
-DELETE_SEALED: Final = _S.DELETE_SEALED
-in_flight_sql = _S.in_flight
-select_steps = _S.select_steps
+S: Final = Statements(SQLITE)
+in_flight_sql = S.in_flight
+select_steps = S.select_steps
 
 
 def load_step(conn: apsw.Connection, step_id: str) -> StepRow | None:
-    row = conn.execute(SELECT_STEP, (step_id,)).fetchone()
+    row = conn.execute(S.SELECT_STEP, (step_id,)).fetchone()
     return None if row is None else StepRow.from_tuple(row)
 
 
 def load_workspace(conn: apsw.Connection, name: str) -> WsRow | None:
-    row = conn.execute(SELECT_ONE_WS, (name,)).fetchone()
+    row = conn.execute(S.SELECT_ONE_WS, (name,)).fetchone()
     return None if row is None else WsRow.from_tuple(row)
 
 
 def load_path(conn: apsw.Connection, workspace: str, path: str) -> PathState | None:
-    row = conn.execute(SELECT_PATH, (workspace, path)).fetchone()
+    row = conn.execute(S.SELECT_PATH, (workspace, path)).fetchone()
     return None if row is None else (int(row[0]), row[1], int(row[2]))
 
 
@@ -81,32 +42,32 @@ def write_projection(conn: apsw.Connection, changes: ProjectionChanges, checkpoi
     archived; workspace rows and paths; blobs un-condemned (a pin or a
     manifest named them); the checkpoint."""
     if changes.steps:
-        conn.executemany(UPSERT_STEP, changes.steps)
+        conn.executemany(S.UPSERT_STEP, changes.steps)
     if changes.releases:
         acked = [(s, a, *changes.released_on_ack) for s, a, ack in changes.releases if ack]
         ended = [(s, a) for s, a, ack in changes.releases if not ack]
         if acked:
-            conn.executemany(RELEASE_ACKED, acked)
+            conn.executemany(S.RELEASE_ACKED, acked)
         if ended:
-            conn.executemany(RELEASE_ENDED, ended)
+            conn.executemany(S.RELEASE_ENDED, ended)
     if changes.pins:
-        conn.executemany(ADD_PINS, changes.pins)
+        conn.executemany(S.ADD_PINS, changes.pins)
     if changes.manifests:
-        conn.executemany(ADD_MANIFESTS.format("manifests"), changes.manifests)
-        conn.executemany(ADD_ENTRIES.format("manifest_entries"), changes.entries)
+        conn.executemany(S.ADD_MANIFESTS.format("manifests"), changes.manifests)
+        conn.executemany(S.ADD_ENTRIES.format("manifest_entries"), changes.entries)
     if changes.dropped_steps:
         dropped = [(s,) for s in changes.dropped_steps]
-        conn.executemany(DROP_ENTRIES, dropped)
-        conn.executemany(DROP_MANIFESTS, dropped)
-        conn.executemany(DROP_PINS, dropped)
+        conn.executemany(S.DROP_ENTRIES, dropped)
+        conn.executemany(S.DROP_MANIFESTS, dropped)
+        conn.executemany(S.DROP_PINS, dropped)
     if changes.workspaces:
-        conn.executemany(UPSERT_WS, changes.workspaces)
+        conn.executemany(S.UPSERT_WS, changes.workspaces)
     if changes.paths:
-        conn.executemany(UPSERT_PATH, changes.paths)
+        conn.executemany(S.UPSERT_PATH, changes.paths)
     if changes.uncondemn:
-        conn.executemany(UNCONDEMN, [(d,) for d in changes.uncondemn])
+        conn.executemany(S.UNCONDEMN, [(d,) for d in changes.uncondemn])
     if changes.checkpoint is not None:
-        conn.execute(SET_CHECKPOINT, (checkpoint_name, changes.checkpoint.last_seq,
+        conn.execute(S.SET_CHECKPOINT, (checkpoint_name, changes.checkpoint.last_seq,
                                       changes.checkpoint.version))
 
 

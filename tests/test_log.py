@@ -29,7 +29,7 @@ from ledger import (
 )
 from ledger import events as ev
 from ledger.errors import BlobNotFound
-from ledger.store.sqlite import events as eventsmod
+from ledger.store.sqlite import sql as eventsmod
 
 BLOBS = {digest_of(data): data for data in (b"one", b"two", b"three")}
 D1, D2, D3 = BLOBS

@@ -167,7 +167,7 @@ def test_the_newest_key_in_a_range_is_found_through_the_key_index_whatever_the_p
     from ledger import Ledger
     from ledger.events import Planned
     from ledger.store.postgres import sql as q
-    from ledger.store.sqlite import events as E
+    from ledger.store.sqlite import sql as E
 
     with Ledger.init(pg_url) as led:
         for i in range(20):
@@ -180,7 +180,7 @@ def test_the_newest_key_in_a_range_is_found_through_the_key_index_whatever_the_p
         def plan(sql: str) -> str:
             return "\n".join(r[0] for r in conn.execute("EXPLAIN " + sql, args).fetchall())
 
-        old = plan(E.JOURNAL_RANGE_SQL.replace("?", "%s").format(""))
+        old = plan(E.JOURNAL_RANGE.replace("?", "%s").format(""))
         assert "Backward using events_pkey" in old and "Filter" in old, old  # the trap
         new = plan(q.JOURNAL_RANGE.format(""))
         assert "Backward" not in new and "events_journal_key_key" in new, new

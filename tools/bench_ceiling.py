@@ -67,7 +67,7 @@ from ledger.events import (  # noqa: E402
     validate,
 )
 from ledger.projections.steps import StepRow, fold  # noqa: E402
-from ledger.store.sqlite.tables import S  # noqa: E402
+from ledger.store.sqlite.sql import S  # noqa: E402
 UPSERT_SQL = S.UPSERT_STEP
 
 CHECKPOINT_SQL = (

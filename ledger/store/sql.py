@@ -8,7 +8,7 @@ placeholder (``?`` / ``%s``), INSERT OR IGNORE / ON CONFLICT DO NOTHING, INSERT 
 REPLACE / an upsert, GLOB / a regular expression, ``length(CAST(x AS BLOB))`` /
 ``octet_length``, an IN list / ``= ANY`` of one array, a join order fixed by CROSS JOIN
 / a plain JOIN, the column types. What differs in more than form stays with its store
-(`sqlite/events.py`, `postgres/sql.py`: the newest journal key of a range, the totals by
+(`sqlite/sql.py`, `postgres/sql.py`: the newest journal key of a range, the totals by
 time). The events table's columns are defined here once (`EVENT_COLUMNS`): the SQLite
 schema, a seal's archive and the PostgreSQL schema render them.
 
@@ -17,11 +17,11 @@ Each store's modules render from here and from nothing of the other store's.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from typing import Any, Final
 
 from .rows import IN_FLIGHT, StepRow, WsRow
-from . import COPY_TABLES, ROW_NAMES, EventQuery
+from . import COPY_TABLES, ROW_NAMES, EventQuery, ProjectionChanges
 
 #: The events table: (column, kind, constraint) in `ROW_NAMES` order; a kind is "int",
 #: "text" or "bytes" (`Dialect.TYPES`). Every column is NOT NULL (the primary key is by
@@ -396,6 +396,44 @@ class Statements:
                 f" c.digest IN (SELECT digest FROM {entries})"
                 " FROM condemned c LEFT JOIN blob_data b ON b.digest = c.digest"
                 " ORDER BY c.digest")
+
+    def projection_writes(self, changes: ProjectionChanges, checkpoint_name: str
+                          ) -> Iterator[tuple[str, Sequence[tuple[Any, ...]]]]:
+        """One transaction's inline projection changes (`Tx.write_projection`) as
+        (statement, rows) to run with the driver's executemany, in this order: step rows;
+        pins released (an ack: its artifact and post-image pins; an end: all), pins taken
+        (deletes first: every pin still pending was taken after the last release of its
+        attempt); manifests and their entries; the manifests, entries and pins of steps a
+        seal archived; workspace rows and paths; blobs un-condemned (a pin or a manifest
+        named them: in digest order, so two stores lock them alike); the checkpoint."""
+        if changes.steps:
+            yield self.UPSERT_STEP, changes.steps
+        if changes.releases:
+            acked = [(s, a, *changes.released_on_ack) for s, a, ack in changes.releases if ack]
+            ended = [(s, a) for s, a, ack in changes.releases if not ack]
+            if acked:
+                yield self.RELEASE_ACKED, acked
+            if ended:
+                yield self.RELEASE_ENDED, ended
+        if changes.pins:
+            yield self.ADD_PINS, changes.pins
+        if changes.manifests:
+            yield self.ADD_MANIFESTS.format("manifests"), changes.manifests
+            yield self.ADD_ENTRIES.format("manifest_entries"), changes.entries
+        if changes.dropped_steps:
+            dropped = [(s,) for s in changes.dropped_steps]
+            yield self.DROP_ENTRIES, dropped
+            yield self.DROP_MANIFESTS, dropped
+            yield self.DROP_PINS, dropped
+        if changes.workspaces:
+            yield self.UPSERT_WS, changes.workspaces
+        if changes.paths:
+            yield self.UPSERT_PATH, changes.paths
+        if changes.uncondemn:
+            yield self.UNCONDEMN, [(d,) for d in sorted(changes.uncondemn)]
+        if changes.checkpoint is not None:
+            yield self.SET_CHECKPOINT, [(checkpoint_name, changes.checkpoint.last_seq,
+                                         changes.checkpoint.version)]
 
 
 def prefix_range(prefix: str) -> tuple[str, str]:

@@ -460,37 +460,10 @@ class PgTx(PgView, TxBase):
                          " ON CONFLICT(key) DO UPDATE SET value = excluded.value", (key, value))
 
     def write_projection(self, changes: ProjectionChanges) -> None:
-        """One transaction's inline projection changes, in the SQLite store's order."""
+        """One transaction's inline projection changes (`Statements.projection_writes`)."""
         self._store._chain()
-        run = self._store._run_many
-        if changes.steps:
-            run(q.S.UPSERT_STEP, changes.steps)
-        if changes.releases:
-            acked = [(s, a, *changes.released_on_ack) for s, a, ack in changes.releases if ack]
-            ended = [(s, a) for s, a, ack in changes.releases if not ack]
-            if acked:
-                run(q.S.RELEASE_ACKED, acked)
-            if ended:
-                run(q.S.RELEASE_ENDED, ended)
-        if changes.pins:
-            run(q.S.ADD_PINS, changes.pins)
-        if changes.manifests:
-            run(q.S.ADD_MANIFESTS.format("manifests"), changes.manifests)
-            run(q.S.ADD_ENTRIES.format("manifest_entries"), changes.entries)
-        if changes.dropped_steps:
-            dropped = [(s,) for s in changes.dropped_steps]
-            run(q.S.DROP_ENTRIES, dropped)
-            run(q.S.DROP_MANIFESTS, dropped)
-            run(q.S.DROP_PINS, dropped)
-        if changes.workspaces:
-            run(q.S.UPSERT_WS, changes.workspaces)
-        if changes.paths:
-            run(q.S.UPSERT_PATH, changes.paths)
-        if changes.uncondemn:
-            run(q.S.UNCONDEMN, [(d,) for d in sorted(changes.uncondemn)])
-        if changes.checkpoint is not None:
-            self._store._run(q.S.SET_CHECKPOINT, (CHECKPOINT_NAME, changes.checkpoint.last_seq,
-                                                changes.checkpoint.version))
+        for sql, rows in q.S.projection_writes(changes, CHECKPOINT_NAME):
+            self._store._run_many(sql, rows)
 
     def rebuild_projections(self) -> contextlib.AbstractContextManager[Any]:
         self._store._chain()

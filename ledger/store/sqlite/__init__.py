@@ -68,8 +68,7 @@ from .. import (
 from ..base import TxBase, locked_view
 from ..rows import IN_FLIGHT, PathState, StepRow, WsRow
 from . import blobs as bl
-from . import tables as tb
-from . import events as ev
+from . import sql as q
 from . import scratch as sc
 
 #: The projection checkpoint's row (the inline projections are checkpointed together).
@@ -98,7 +97,7 @@ class SqliteView:
 
     def head(self) -> Head:
         try:
-            row = self._db.conn.execute(ev.HEAD_SQL).fetchone()
+            row = self._db.conn.execute(q.S.HEAD).fetchone()
         except apsw.Error as exc:
             raise read_error(exc, self._db.path) from None
         if row is None:
@@ -108,23 +107,23 @@ class SqliteView:
         return Head(row[0], row[1])
 
     def count(self) -> int:
-        return int(self._db.conn.execute(ev.COUNT_SQL).fetchone()[0])
+        return int(self._db.conn.execute(q.S.COUNT).fetchone()[0])
 
     def events(self, query: EventQuery = EventQuery()) -> Iterator[EventRow]:
         """Event rows matching `query`, in bounded batches (each its own statement)."""
-        sql, params = ev.query_sql(query)
+        sql, params = q.query(query)
         start = 2**63 - 1 if query.descending else query.after_seq
-        return ev.paged(self._db, sql, params, start, query.limit, make_event_row)  # type: ignore[return-value]
+        return q.paged(self._db, sql, params, start, query.limit, make_event_row)  # type: ignore[return-value]
 
     def fold_rows(self, after_seq: int = 0) -> Iterator[FoldRow]:
-        sql, params = ev.query_sql(EventQuery(after_seq=after_seq), ev.FOLD_COLUMNS)
-        return ev.paged(self._db, sql, params, after_seq, None, make_fold_row)  # type: ignore[return-value]
+        sql, params = q.query(EventQuery(after_seq=after_seq), q.FOLD_COLUMNS)
+        return q.paged(self._db, sql, params, after_seq, None, make_fold_row)  # type: ignore[return-value]
 
     def checked_rows(self, after_seq: int = 0) -> Iterator[tuple[EventRow, str | None]]:
         """Every row after `after_seq` with what is wrong with its cells (None: nothing);
         an invalid UTF-8 cell is named, not raised. A failing read raises RowsUnreadable
         (verify reports how far it got)."""
-        rows = ev.checked_rows(self._db.conn, after_seq)
+        rows = q.checked_rows(self._db.conn, after_seq)
         while True:
             try:
                 got = next(rows, None)
@@ -135,38 +134,38 @@ class SqliteView:
             yield got  # type: ignore[misc]
 
     def journal_lookup(self, key: str) -> EventRow | None:
-        row = self._db.conn.execute(ev.JOURNAL_SQL, (key,)).fetchone()
+        row = self._db.conn.execute(q.S.JOURNAL, (key,)).fetchone()
         return None if row is None else make_event_row(row)
 
     def journal_newest(self, prefix: str, kind: str | None = None) -> EventRow | None:
         """The newest event whose journal key starts with `prefix` (and, given `kind`, of
         that kind): a seek on the key's index, however long the log."""
-        low, high = ev.prefix_range(prefix)
+        low, high = q.prefix_range(prefix)
         if kind is None:
-            row = self._db.conn.execute(ev.JOURNAL_RANGE_SQL.format(""), (low, high)).fetchone()
+            row = self._db.conn.execute(q.JOURNAL_RANGE.format(""), (low, high)).fetchone()
         else:
-            row = self._db.conn.execute(ev.JOURNAL_RANGE_SQL.format(" AND kind = ?"),
+            row = self._db.conn.execute(q.JOURNAL_RANGE.format(" AND kind = ?"),
                                         (low, high, kind)).fetchone()
         return None if row is None else make_event_row(row)
 
     # -- projections, meta -------------------------------------------------------------
 
     def checkpoint(self) -> Checkpoint | None:
-        row = self._db.conn.execute(tb.S.SELECT_CHECKPOINT, (CHECKPOINT_NAME,)).fetchone()
+        row = self._db.conn.execute(q.S.SELECT_CHECKPOINT, (CHECKPOINT_NAME,)).fetchone()
         return None if row is None else Checkpoint(row[0], row[1])
 
     def step(self, step_id: str) -> StepRow | None:
-        return tb.load_step(self._db.conn, step_id)
+        return q.load_step(self._db.conn, step_id)
 
     def steps(self, *, state: str | None = None, step_id: str | None = None) -> list[StepRow]:
         """The step rows (of one state, or one step), oldest first."""
-        sql, params = tb.select_steps(state, step_id)
+        sql, params = q.select_steps(state, step_id)
         return [StepRow.from_tuple(r) for r in self._db.conn.execute(sql, params).fetchall()]
 
     def steps_in_flight(self, workspace: str, before_epoch: int | None = None, *,
                         limit: int | None = None, oldest_first: bool = False
                         ) -> list[tuple[str, int]]:
-        sql = tb.in_flight_sql(before_epoch is not None, oldest_first, limit is not None)
+        sql = q.in_flight(before_epoch is not None, oldest_first, limit is not None)
         params: list[object] = [workspace]
         if before_epoch is not None:
             params.append(before_epoch)
@@ -176,29 +175,29 @@ class SqliteView:
         return [(r[0], int(r[1])) for r in self._db.conn.execute(sql, params).fetchall()]
 
     def workspace(self, name: str) -> WsRow | None:
-        return tb.load_workspace(self._db.conn, name)
+        return q.load_workspace(self._db.conn, name)
 
     def workspace_rows(self) -> list[WsRow]:
-        return [WsRow.from_tuple(r) for r in self._db.conn.execute(tb.S.SELECT_WS).fetchall()]
+        return [WsRow.from_tuple(r) for r in self._db.conn.execute(q.S.SELECT_WS).fetchall()]
 
     def path_state(self, workspace: str, path: str) -> PathState | None:
-        return tb.load_path(self._db.conn, workspace, path)
+        return q.load_path(self._db.conn, workspace, path)
 
     def path_rows(self) -> list[tuple[object, ...]]:
         """(workspace, path, rev, hash, seq) of every path a step wrote."""
-        return [tb.check_types("ws_paths", r)
-                for r in self._db.conn.execute(tb.S.SELECT_PATHS).fetchall()]
+        return [q.check_types("ws_paths", r)
+                for r in self._db.conn.execute(q.S.SELECT_PATHS).fetchall()]
 
     def pin_rows(self) -> list[tuple[object, ...]]:
-        return [tb.check_types("pins", r) for r in self._db.conn.execute(tb.S.SELECT_PINS).fetchall()]
+        return [q.check_types("pins", r) for r in self._db.conn.execute(q.S.SELECT_PINS).fetchall()]
 
     def manifest_rows(self) -> list[tuple[object, ...]]:
-        return [tb.check_types("manifests", r)
-                for r in self._db.conn.execute(tb.S.SELECT_MANIFESTS).fetchall()]
+        return [q.check_types("manifests", r)
+                for r in self._db.conn.execute(q.S.SELECT_MANIFESTS).fetchall()]
 
     def entry_rows(self) -> list[EntryRow]:
-        return [make_entry_row(tb.check_types("manifest_entries", r))
-                for r in self._db.conn.execute(tb.S.SELECT_ENTRIES).fetchall()]
+        return [make_entry_row(q.check_types("manifest_entries", r))
+                for r in self._db.conn.execute(q.S.SELECT_ENTRIES).fetchall()]
 
     def meta(self, key: str) -> str | None:
         """A meta value; None if the key is absent (CorruptLedger if it cannot be read)."""
@@ -212,7 +211,7 @@ class SqliteView:
     def blob_size(self, digest: str) -> tuple[int, bool] | None:
         """(size, inline) of a stored blob — the inline row, else the blob file —, looked
         up now: never cached across calls."""
-        row = self._db.conn.execute(tb.S.INLINE_SIZE, (digest,)).fetchone()
+        row = self._db.conn.execute(q.S.INLINE_SIZE, (digest,)).fetchone()
         if row is not None:
             return int(row[0]), True
         size = self._store.files.size(digest)
@@ -225,16 +224,16 @@ class SqliteView:
 
     def inline_blob(self, digest: str) -> tuple[int, bytes] | None:
         """(recorded size, bytes) of an inline blob row; None when there is none."""
-        row = self._db.conn.execute(tb.S.INLINE_BLOB, (digest,)).fetchone()
+        row = self._db.conn.execute(q.S.INLINE_BLOB, (digest,)).fetchone()
         return None if row is None else (row[0], row[1])
 
     def inline_stat(self, digest: str) -> BlobStat | None:
         """An inline blob row's size and stored time (no bytes read); None: none."""
-        row = self._db.conn.execute(tb.S.INLINE_STAT, (digest,)).fetchone()
+        row = self._db.conn.execute(q.S.INLINE_STAT, (digest,)).fetchone()
         return None if row is None else BlobStat(digest, int(row[0]), True, int(row[1]))
 
     def inline_blobs(self) -> Iterator[BlobStat]:
-        rows = self._db.conn.execute(tb.S.INLINE_ALL).fetchall()
+        rows = self._db.conn.execute(q.S.INLINE_ALL).fetchall()
         return iter([BlobStat(digest, size, True, stored_ns) for digest, size, stored_ns in rows])
 
     # -- what GC and audit read ---------------------------------------------------------
@@ -242,49 +241,49 @@ class SqliteView:
     def pin_holds(self, digest: str | None = None) -> list[PinHold]:
         conn = self._db.conn
         if digest is None:
-            return list(map(make_pin_hold, conn.execute(tb.S.PIN_HOLDS).fetchall()))
-        return list(map(make_pin_hold, conn.execute(tb.S.PIN_HOLDS_OF, (digest,)).fetchall()))
+            return list(map(make_pin_hold, conn.execute(q.S.PIN_HOLDS).fetchall()))
+        return list(map(make_pin_hold, conn.execute(q.S.PIN_HOLDS_OF, (digest,)).fetchall()))
 
     def manifest_digests(self) -> set[str]:
-        return {r[0] for r in self._db.conn.execute(tb.S.MANIFEST_DIGESTS).fetchall()}
+        return {r[0] for r in self._db.conn.execute(q.S.MANIFEST_DIGESTS).fetchall()}
 
     def names_digest(self, digest: str) -> bool:
-        return self._db.conn.execute(tb.S.NAMES_DIGEST, (digest,)).fetchone() is not None
+        return self._db.conn.execute(q.S.NAMES_DIGEST, (digest,)).fetchone() is not None
 
     def entries_naming(self, digest: str, limit: int) -> list[tuple[str, int, str]]:
-        return self._db.conn.execute(tb.S.ENTRIES_NAMING,  # type: ignore[no-any-return]
+        return self._db.conn.execute(q.S.ENTRIES_NAMING,  # type: ignore[no-any-return]
                                      (digest, limit)).fetchall()
 
     def live_entries(self) -> list[tuple[str, int]]:
-        return self._db.conn.execute(tb.S.LIVE_ENTRIES).fetchall()  # type: ignore[no-any-return]
+        return self._db.conn.execute(q.S.LIVE_ENTRIES).fetchall()  # type: ignore[no-any-return]
 
     def event_totals(self, bucket_ns: int) -> tuple[list[tuple[str, str, int, int, int, int]],
                                                      list[tuple[int, int, int]]]:
         conn = self._db.conn
         by_run = [(str(r), str(k), int(n), int(b), int(t0), int(t1))
-                  for r, k, n, b, t0, t1 in conn.execute(ev.TOTALS_BY_RUN_SQL)]
+                  for r, k, n, b, t0, t1 in conn.execute(q.S.TOTALS_BY_RUN)]
         by_time = [(int(t), int(n), int(b)) for t, n, b in
-                   conn.execute(ev.TOTALS_BY_TIME_SQL, (bucket_ns, bucket_ns, bucket_ns))]
+                   conn.execute(q.TOTALS_BY_TIME, (bucket_ns, bucket_ns, bucket_ns))]
         return by_run, by_time
 
     def live_step_count(self) -> int:
-        return int(self._db.conn.execute(tb.S.LIVE_STEPS).fetchone()[0])
+        return int(self._db.conn.execute(q.S.LIVE_STEPS).fetchone()[0])
 
     def step_totals(self, states: frozenset[str]) -> tuple[int, int]:
-        n, b = self._db.conn.execute(tb.S.STEP_TOTALS.format(", ".join("?" * len(states))),
+        n, b = self._db.conn.execute(q.S.STEP_TOTALS.format(", ".join("?" * len(states))),
                                      tuple(sorted(states))).fetchone()
         return int(n), int(b)
 
     def condemned(self) -> dict[str, tuple[int, bool]]:
         return {d: (int(n), bool(i))
-                for d, n, i in self._db.conn.execute(tb.S.SELECT_CONDEMNED).fetchall()}
+                for d, n, i in self._db.conn.execute(q.S.SELECT_CONDEMNED).fetchall()}
 
     def condemned_entry(self, digest: str) -> tuple[int, bool] | None:
-        row = self._db.conn.execute(tb.S.SELECT_ONE_CONDEMNED, (digest,)).fetchone()
+        row = self._db.conn.execute(q.S.SELECT_ONE_CONDEMNED, (digest,)).fetchone()
         return None if row is None else (int(row[0]), bool(row[1]))
 
     def condemned_count(self) -> int:
-        return int(self._db.conn.execute(tb.S.COUNT_CONDEMNED).fetchone()[0])
+        return int(self._db.conn.execute(q.S.COUNT_CONDEMNED).fetchone()[0])
 
     # -- what verify reads -------------------------------------------------------------
 
@@ -297,10 +296,10 @@ class SqliteView:
         return [] if found == ["ok"] else [f"SQLite quick_check: {m}" for m in found]
 
     def checkpoint_rows(self) -> list[tuple[object, object, object]]:
-        return self._db.conn.execute(tb.S.CHECKPOINT_ROWS).fetchall()  # type: ignore[no-any-return]
+        return self._db.conn.execute(q.S.CHECKPOINT_ROWS).fetchall()  # type: ignore[no-any-return]
 
     def inline_row_problems(self, limit: int) -> list[tuple[object, object, object]]:
-        return self._db.conn.execute(tb.S.INLINE_ROW_PROBLEMS,  # type: ignore[no-any-return]
+        return self._db.conn.execute(q.S.INLINE_ROW_PROBLEMS,  # type: ignore[no-any-return]
                                      (limit,)).fetchall()
 
     def table_rows(self, table: str) -> Iterator[tuple[object, ...]]:
@@ -356,13 +355,13 @@ class SqliteTx(SqliteView, TxBase):
 
     def _insert_many(self, rows: list[EventRow]) -> None:
         try:
-            self._db.conn.executemany(ev.INSERT_SQL, rows)
+            self._db.conn.executemany(q.S.INSERT_EVENT, rows)
         except apsw.ConstraintError as exc:
             raise DuplicateKey(exc) from None
 
     def _insert_one(self, row: EventRow) -> None:
         try:
-            self._db.conn.execute(ev.INSERT_SQL, row)
+            self._db.conn.execute(q.S.INSERT_EVENT, row)
         except apsw.ConstraintError as exc:
             raise DuplicateKey(exc) from None
 
@@ -398,31 +397,32 @@ class SqliteTx(SqliteView, TxBase):
         (its `stored_ns`: GC's grace window counts from it)."""
         conn = self._db.conn
         for digest, data in blobs.items():
-            found = conn.execute(tb.S.INLINE_DATA, (digest,)).fetchone()
+            found = conn.execute(q.S.INLINE_DATA, (digest,)).fetchone()
             if found is not None and bytes(found[0]) == data:
-                conn.execute(tb.S.INLINE_FRESHEN, (stored_ns, digest))
+                conn.execute(q.S.INLINE_FRESHEN, (stored_ns, digest))
             else:
-                conn.execute(tb.S.INLINE_PUT, (digest, len(data), data, stored_ns))
+                conn.execute(q.S.INLINE_PUT, (digest, len(data), data, stored_ns))
 
     def delete_inline(self, digest: str) -> None:
-        self._db.conn.execute(tb.S.INLINE_DELETE, (digest,))
+        self._db.conn.execute(q.S.INLINE_DELETE, (digest,))
 
     def set_meta(self, key: str, value: str) -> None:
         self._db.conn.execute(_UPSERT_META, (key, value))
 
     def write_projection(self, changes: ProjectionChanges) -> None:
-        tb.write_projection(self._db.conn, changes, CHECKPOINT_NAME)
+        for sql, rows in q.S.projection_writes(changes, CHECKPOINT_NAME):
+            self._db.conn.executemany(sql, rows)
 
     def rebuild_projections(self) -> contextlib.AbstractContextManager[sc.RebuildSink]:
         return sc.rebuilding(self._db.conn)
 
     def condemn(self, rows: Sequence[tuple[str, int, bool]], condemned_ns: int,
                 collection: str) -> None:
-        self._db.conn.executemany(tb.S.CONDEMN, [(d, n, int(i), condemned_ns, collection)
+        self._db.conn.executemany(q.S.CONDEMN, [(d, n, int(i), condemned_ns, collection)
                                                for d, n, i in rows])
 
     def uncondemn(self, digests: Iterable[str]) -> None:
-        self._db.conn.executemany(tb.S.UNCONDEMN, [(d,) for d in digests])
+        self._db.conn.executemany(q.S.UNCONDEMN, [(d,) for d in digests])
 
     def load_rows(self, table: str, rows: Sequence[tuple[object, ...]]) -> None:
         columns = COPY_TABLES[table]
@@ -432,10 +432,10 @@ class SqliteTx(SqliteView, TxBase):
 
     def seal_rows(self, run: str, ranges: Sequence[tuple[int, int]], seal_seq: int) -> int:
         conn = self._db.conn
-        conn.executemany(tb.S.ADD_SEALED_RANGE, [(a, b, run, seal_seq) for a, b in ranges])
+        conn.executemany(q.S.ADD_SEALED_RANGE, [(a, b, run, seal_seq) for a, b in ranges])
         removed = 0
         for a, b in ranges:
-            conn.execute(tb.S.DELETE_SEALED, (a, b, run))
+            conn.execute(q.S.DELETE_SEALED, (a, b, run))
             removed += conn.changes()
         return removed
 

@@ -91,7 +91,7 @@ class SqliteBackend:
 
     def unmapped(self, exc: BaseException, location: str) -> Unmapped | None:
         """What SQLite raised past every boundary (each maps its own): what it means."""
-        from . import errors
+        from . import driver as errors
 
         shown = location or "the ledger"
         if isinstance(exc, errors.BUSY_ERRORS):

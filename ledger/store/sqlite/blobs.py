@@ -3,7 +3,7 @@
 The rule (`ledger.store.inline`): a digest with an inline row is that row, anything
 else is the blob file of that name (`ledger.blobs.BlobStore`: fsynced, renamed,
 directory fsynced before any event names it). The inline rows' statements are the
-shared ones (`ledger.store.sql`), rendered for SQLite in `tables.S`.
+shared ones (`ledger.store.sql`), rendered for SQLite in `sql.S`.
 """
 
 from __future__ import annotations

@@ -14,7 +14,7 @@ is checked, since SQLite can answer ``delete`` on an I/O error without raising),
 write transaction (a deferred read-then-write fails with BUSY_SNAPSHOT at once,
 which no busy handler can retry).
 
-This module knows tables, not events; of ours it imports only errors and the schema.
+This module knows tables, not events; of ours it imports only the driver's errors and the schema.
 """
 
 from __future__ import annotations
@@ -50,7 +50,7 @@ from ...errors import (
     ReadOnlyLedger,
     StorageFailure,
 )
-from .errors import (
+from .driver import (
     BUSY_TIMEOUT_MS,
     ROW_ERRORS,
     VALUE_SIZE_MAX,

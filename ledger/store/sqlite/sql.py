@@ -1,8 +1,11 @@
-"""The `events` table's SQL on SQLite: the insert, the columns (the shared statements,
-`ledger.store.sql`, rendered for SQLite), paged reads.
+"""The SQLite store's statements: the shared ones (`ledger.store.sql`) rendered for
+SQLite (`S`), the few that differ in more than form (the newest journal key of a range,
+the totals by time), and the reads that run them: paged event reads and the checked
+reads of damaged rows, one projection row by key.
 
-Every read pages on `seq` in batches of READ_BATCH, each batch its own statement, so a
-read of the whole log holds neither a long statement nor the log in memory.
+Every events read pages on `seq` in batches of READ_BATCH, each batch its own
+statement, so a read of the whole log holds neither a long statement nor the log in
+memory.
 """
 
 from __future__ import annotations
@@ -15,23 +18,23 @@ import apsw
 from .. import ROW_NAMES, ROW_TYPES, make_event_row
 from ..base import paged as base_paged
 from ..base import row_problem
-from ..sql import FOLD_COLUMNS, ROW_COLUMNS, prefix_range
-from .errors import read_error
+from ..rows import PathState, StepRow, WsRow
+from ..sql import FOLD_COLUMNS, ROW_COLUMNS, SQLITE, STEP_COLUMNS, WS_COLUMNS, Statements, prefix_range
+from .driver import read_error
 from .file import Database
-from .tables import S  # the shared statements, rendered once for SQLite
+
+S: Final = Statements(SQLITE)
+in_flight = S.in_flight
+select_steps = S.select_steps
+query = S.query
 
 READ_BATCH: Final = 2_000
 
-INSERT_SQL: Final = S.INSERT_EVENT
-HEAD_SQL: Final = S.HEAD
-COUNT_SQL: Final = S.COUNT
-TOTALS_BY_RUN_SQL: Final = S.TOTALS_BY_RUN
-TOTALS_BY_TIME_SQL: Final = (f"SELECT (time_ns / ?) * ?, count(*), sum({S.EVENT_BYTES})"
-                             " FROM events GROUP BY time_ns / ? ORDER BY 1")
-JOURNAL_SQL: Final = S.JOURNAL
+TOTALS_BY_TIME: Final = (f"SELECT (time_ns / ?) * ?, count(*), sum({S.EVENT_BYTES})"
+                         " FROM events GROUP BY time_ns / ? ORDER BY 1")
 #: The newest event whose journal key lies in [low, high) (a seek on the key's index).
-JOURNAL_RANGE_SQL: Final = (f"SELECT {ROW_COLUMNS} FROM events WHERE journal_key >= ?"
-                            " AND journal_key < ?{} ORDER BY seq DESC LIMIT 1")
+JOURNAL_RANGE: Final = (f"SELECT {ROW_COLUMNS} FROM events WHERE journal_key >= ?"
+                        " AND journal_key < ?{} ORDER BY seq DESC LIMIT 1")
 
 _TEXT_COLUMNS: Final = frozenset({"workspace", "run", "step", "journal_key", "kind"})
 _CHECKED_SQL: Final = S.CHECKED
@@ -41,8 +44,6 @@ _RAW_SQL: Final = "SELECT {} FROM events WHERE seq > ? ORDER BY seq LIMIT ?".for
     f"CASE WHEN typeof({c}) = 'text' THEN CAST({c} AS BLOB) ELSE {c} END" if c in _TEXT_COLUMNS
     else c for c in ROW_NAMES))
 
-
-query_sql = S.query
 
 
 def paged(db: Database, sql: str, params: list[Any], start: int, limit: int | None,
@@ -87,4 +88,43 @@ def _decode_row(row: tuple[Any, ...]) -> tuple[tuple[Any, ...], str | None]:
     return make_event_row(out), row_problem(tuple(out))
 
 
-__all__ = ["FOLD_COLUMNS", "READ_BATCH", "ROW_COLUMNS", "checked_rows", "paged", "prefix_range", "query_sql"]
+def load_step(conn: apsw.Connection, step_id: str) -> StepRow | None:
+    row = conn.execute(S.SELECT_STEP, (step_id,)).fetchone()
+    return None if row is None else StepRow.from_tuple(row)
+
+
+def load_workspace(conn: apsw.Connection, name: str) -> WsRow | None:
+    row = conn.execute(S.SELECT_ONE_WS, (name,)).fetchone()
+    return None if row is None else WsRow.from_tuple(row)
+
+
+def load_path(conn: apsw.Connection, workspace: str, path: str) -> PathState | None:
+    row = conn.execute(S.SELECT_PATH, (workspace, path)).fetchone()
+    return None if row is None else (int(row[0]), row[1], int(row[2]))
+
+
+_TYPES: Final = {
+    "ws_paths": (str, str, int, (str, None), int),
+    "pins": (str, int, str, str, int),
+    "manifests": (str, int, int, str, (str, None), int),
+    "manifest_entries": (str, int, str, str, str, int),
+}
+
+
+def check_types(table: str, row: tuple[object, ...]) -> tuple[object, ...]:
+    """`row` if its cells hold their declared storage class (a damaged record can yield
+    NULL or another class), else TypeError — which a read reports as CorruptLedger."""
+    for value, want in zip(row, _TYPES[table], strict=True):
+        if isinstance(want, tuple):
+            if value is None and None in want:
+                continue
+            want = want[0]
+        if type(value) is not want:
+            raise TypeError(f"a {table} row holds a {type(value).__name__} where a"
+                            f" {want.__name__} belongs")  # type: ignore[union-attr]
+    return row
+
+
+__all__ = ["FOLD_COLUMNS", "READ_BATCH", "ROW_COLUMNS", "STEP_COLUMNS", "WS_COLUMNS", "check_types",
+           "checked_rows", "in_flight", "load_path", "load_step", "load_workspace", "paged",
+           "prefix_range", "query", "select_steps"]

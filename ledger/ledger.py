@@ -43,7 +43,6 @@ from .events import (
     Envelope,
     chain_hash,
     AppliedWrite,
-    StepEvent,
     WitnessAnchored,
     Acked,
     BlobPinned,
@@ -63,28 +62,30 @@ from .events import (
     journal_key,
     manifest_digest,
 )
-from .workspace.core import Clock, Core, Options
+from .guard import AppendGuard, check_blob
+from .workspace.core import Clock, Core, Options, OwnFiles
 from .workspace.protocol import (
     COMPENSATION_WINDOW_S_DEFAULT,
     Receipt,
     Workspaces,
 )
-from .log import EventLog, Guard, Head
-from .store import BUSY_TIMEOUT_MS, BlobIndex, EventQuery, Scope, Store, Synchronous, Tx, locate
+from .log import EventLog, Head
+from .store import BUSY_TIMEOUT_MS, EventQuery, Scope, Store, Synchronous, Tx, locate
 from .projections import (
     StepRow,
+    StepLookup,
     StepsProjector,
     catch_up,
     checkpoint,
     read_refs,
     read_steps,
-    read_workspaces,
     rebuild,
 )
 from .projections.steps import ENDED
 from .projections.steps import VERSION as STEPS_VERSION
 from .verify import Finding, VerifyReport, exposure_warnings, verify, window_problem
 from .witness import (
+    AnchorCheck,
     AnchorRefused,
     Witness,
     Witnessed,
@@ -98,7 +99,6 @@ from .witness import (
     same_location,
     witness_path,
 )
-from .workspace.directory import Boundary
 
 Progress = Callable[[int, int], None]
 
@@ -200,12 +200,17 @@ class Ledger:
         self.created = created
         self._steps = StepsProjector()
         self._log = EventLog(store, None if info.readonly else self._steps)
+        #: A step's current row (served from this writer's own commits while fresh).
+        self._rows = StepLookup(self._log, None if info.readonly else self._steps)
+        #: The check every append runs before inserting an event (blobs durable, epochs live).
+        self._guard = AppendGuard(self._steps, hash_check_max_bytes)
+        #: The witness re-anchoring check every write transaction runs before COMMIT.
+        self._anchor = AnchorCheck(info.location)
+        #: The ledger's own files, which no workspace may overlap.
+        self._own = OwnFiles(info.location, store)
         if not witness_check and not info.readonly:
             raise InvalidInput("witness_check=False is for read-only inspection; a writer"
                                " keeps the witness (to replace one, use anchor_witness)")
-        #: The witness in use (the one given, else the one the ledger records); None if
-        #: the ledger is not witnessed and none was given.
-        self.witness: Witness | None = None
         self.witness_lag = 0  # commits the ledger is ahead of its witness (1: an honest crash)
         #: Whether the ledger records that it is witnessed (a `witness-anchored` event, or
         #: the witness tag of a ledger witnessed before locations were recorded).
@@ -213,17 +218,24 @@ class Ledger:
         self._witness_check = witness_check
         self._witness_given = None if witness is None else witness_path(witness)
         self._witness_unknown = False  # witnessed, but where is recorded nowhere
-        self._anchor_seq = 0  # the newest witness-anchored event when this process looked
-        self._anchoring = False  # this process is appending its own witness-anchored event
         #: What the workspace protocol and restore work through (never this object).
         self._core = Core(
             log=self._log, storage=self._store, options=self.options, clock=clock,
-            guard=self._guard, boundary=self._boundary, step=self.step,
-            files=lambda: self._store.files,
-            workspace_fold=lambda: read_workspaces(self._log))
+            guard=self._guard, own=self._own, steps=self._rows)
         #: The workspace protocol (`ledger.workspace.Workspaces`): registration, leases and
         #: epochs, plan/admit/apply/compensate/settle, reads, restore — one object.
         self.workspaces = Workspaces(self._core)
+
+    @property
+    def witness(self) -> Witness | None:
+        """The witness in use (the one given, else the one the ledger records); None if
+        the ledger is not witnessed and none was given."""
+        return self._anchor.witness
+
+    @witness.setter
+    def witness(self, witness: Witness | None) -> None:
+        self._anchor.witness = witness
+        self._own.witness = None if witness is None else witness.path
 
     @property
     def inline_max_bytes(self) -> int:
@@ -357,7 +369,7 @@ class Ledger:
         with self._store.read() as view:
             found = recorded_anchor(view, self.path)
             legacy = found is None and view.meta("witness_tag") is not None
-        self._anchor_seq = found[0] if found is not None else 0
+        self._anchor.seq = found[0] if found is not None else 0
         self.witnessed = found is not None or legacy
         given, path = self._witness_given, self._witness_given
         if found is not None:
@@ -370,7 +382,7 @@ class Ledger:
                 raise WitnessMissing(self.path, None, "witnessed by an older steptrail")
             self._witness_unknown = True
         if not self.readonly:
-            self._log.before_commit = self._before_commit
+            self._log.before_commit = self._anchor.before_commit
         if path is None:
             return
         witness = self.witness = Witness(path, self.ledger_id)
@@ -378,7 +390,7 @@ class Ledger:
             self.witness_lag = self.check_witness()
         if self.readonly:
             return
-        self._log.on_commit = lambda head: witness.write(head.seq, head.hash)
+        self._log.on_commit = witness.record
         if self.witness_lag:
             # An honest crash left the ledger ahead of its witness, and check_witness
             # proved the tail was written under it: catch the witness up now, so a crash
@@ -397,31 +409,16 @@ class Ledger:
                 witness=path, head_seq=head.seq, head_hash=head.hash.hex(),
                 previous_state="ok" if legacy else "none"))
 
-    def _before_commit(self, tx: Tx, head: Head) -> None:
-        """Inside every write transaction, before COMMIT: refuse if another process
-        re-anchored the witness since this one looked (its commits would not be under the
-        new witness); tag the new head with the witness's key."""
-        newest = newest_anchor_seq(tx)
-        if newest != self._anchor_seq and not (self._anchoring and newest == head.seq):
-            found = recorded_anchor(tx, self.path)
-            where = found[1].witness if found is not None else "?"
-            raise WitnessMismatch(
-                self.path, where, f"the witness was anchored at {where} by another process"
-                f" (event #{newest}) after this one opened the ledger",
-                "Nothing was written: open the ledger again (it then uses the new witness)")
-        if self.witness is not None:
-            tx.set_meta("witness_tag", self.witness.tag(head.seq, head.hash))
-
     def _append_anchor(self, event: WitnessAnchored | Callable[[Tx, int], Sequence[Event]]
                        ) -> RecordedEvent:
         """Append this process's own `witness-anchored` event (which the re-anchoring
-        check in `_before_commit` lets through)."""
-        self._anchoring = True
+        check, `AnchorCheck`, lets through)."""
+        self._anchor.anchoring = True
         try:
             recorded = self._log.append(event if callable(event) else [event])[0]
         finally:
-            self._anchoring = False
-        self._anchor_seq = recorded.seq
+            self._anchor.anchoring = False
+        self._anchor.seq = recorded.seq
         return recorded
 
     @classmethod
@@ -504,9 +501,9 @@ class Ledger:
                     previous=old or "", previous_state=state, forced=bool(force and problems),
                     overridden=tuple(p[:TEXT_MAX] for p in problems[:ITEMS_MAX]) if force else ())]
 
-            led.witness, led.witnessed, led._anchor_seq = new, True, anchor_seq
-            led._log.before_commit = led._before_commit
-            led._log.on_commit = lambda head: new.write(head.seq, head.hash)
+            led.witness, led.witnessed, led._anchor.seq = new, True, anchor_seq
+            led._log.before_commit = led._anchor.before_commit
+            led._log.on_commit = new.record
             return led._append_anchor(build)
         finally:
             led.close()
@@ -515,7 +512,7 @@ class Ledger:
         """Where the witness is and what it says about this ledger. Read-only; reports,
         never refuses (open with ``witness_check=False`` to ask about a refused ledger)."""
         head = self.head()
-        out = WitnessStatus(witnessed=self.witnessed, anchored_seq=self._anchor_seq,
+        out = WitnessStatus(witnessed=self.witnessed, anchored_seq=self._anchor.seq,
                             head_seq=head.seq, state="none")
         if self._witness_unknown:
             out.state, out.problem = "unknown", "the ledger does not record where its witness is"
@@ -722,48 +719,6 @@ class Ledger:
 
     # -- blobs -----------------------------------------------------------------------
 
-    def _check_blob(self, view: BlobIndex, digest: str, size: int, *, deep: bool) -> None:
-        """Raise BlobNotFound / BlobCorrupt unless the blob is present with `size` bytes
-        (and, when `deep` or small enough, hashes to its name)."""
-        view.check_blob(digest, size, hash_file=deep or size <= self.hash_check_max_bytes)
-
-    def _guard(self) -> Guard:
-        """The check the log runs inside an append transaction, before inserting an event
-        that names blobs: refuse it unless every blob is durable. A blob checked once is
-        not checked again within the same transaction."""
-        seen: set[tuple[object, ...]] = set()
-
-        def guard(tx: Tx, event: Event) -> None:
-            if isinstance(event, StepEvent) and event.epoch > 0 and event.workspace:
-                # I5: a writing step's every new effect carries its epoch, which must be
-                # the workspace's live one at this transaction's time.
-                key = ("epoch", event.workspace, event.epoch)
-                if key not in seen:
-                    # the projector's view: this transaction's earlier events included
-                    ws = self._steps.ws.row(event.workspace)
-                    live = None if ws is None else ws.live_epoch(tx.time_ns)
-                    if live != event.epoch:
-                        raise StaleEpoch(event.workspace, event.epoch, live)
-                    seen.add(key)
-            if isinstance(event, BlobStored):
-                if (event.digest, event.size, event.inline) in seen:
-                    return
-                found = tx.blob_size(event.digest)
-                if found is None:
-                    raise BlobNotFound(event.digest, "store the bytes before recording blob-stored")
-                if found != (event.size, event.inline):
-                    where = "inline" if found[1] else "a file"
-                    raise BlobCorrupt(event.digest, f"it is stored as {where} of {found[0]} bytes,"
-                                      f" the event says {event.size}")
-                seen.add((event.digest, event.size, event.inline))
-            elif isinstance(event, ManifestPublished):
-                for entry in (*event.writes, *event.artifacts):
-                    if (entry.digest, entry.size) not in seen:
-                        self._check_blob(tx, entry.digest, entry.size, deep=False)
-                        seen.add((entry.digest, entry.size))
-
-        return guard
-
     def read_blob(self, digest: str, *, size: int | None = None, verify: bool = True) -> bytes:
         """A blob's bytes (inline row or file), checked against `size` and its hash."""
         check_digest(digest)
@@ -779,7 +734,8 @@ class Ledger:
         """Raise BlobNotFound / BlobCorrupt unless the blob is intact (re-hashed if `deep`)."""
         check_digest(digest)
         with self._store.read() as view:
-            self._check_blob(view, digest, size, deep=deep)
+            check_blob(view, digest, size, deep=deep,
+                       hash_check_max_bytes=self.hash_check_max_bytes)
 
     def blob_list(self) -> list[dict[str, Any]]:
         """Every stored blob (inline rows, files) and leftover temporary file, with its
@@ -806,18 +762,7 @@ class Ledger:
 
     def find_step(self, step_id: str) -> StepRow | None:
         """A step's current state, or None if it has no events."""
-        check_step_id(step_id)
-        if not self.readonly:
-            # Unless another connection wrote since our last commit, the tables are as we
-            # left them — caught up (at open, then by every append): serve the row from
-            # what this connection committed, or read it with a single query.
-            if self._log.fresh():
-                cached = self._steps.cache.get(step_id)
-                if cached is not None:
-                    return cached.__copy__()
-                return self._store.view.step(step_id)
-        rows = read_steps(self._log, step_id=step_id)
-        return rows[0] if rows else None
+        return self._rows.find(step_id)
 
     def plan(
         self,
@@ -1170,31 +1115,6 @@ class Ledger:
                                  epoch=row.epoch if epoch is None else epoch,
                                  manifest_rev=max(row.manifest_rev, 0)))
 
-    # -- what the workspace protocol is handed -----------------------------------------
-
-    def _boundary(self) -> Boundary:
-        """The ledger's own files no workspace walk may touch: its directory (the file,
-        ``-wal``/``-shm``/``-lockq``, the GC lock), the blob root, the witness."""
-        witness = [self.witness.path] if self.witness is not None else []
-        # what may appear later is part of the key: a witness made on first use, the blob
-        # root made by the first file blob
-        key = (tuple(os.path.exists(p) for p in witness), tuple(witness),
-               self.blobs.root is not None and os.path.isdir(self.blobs.root))
-        cached = self.__dict__.get("_boundary_cache")
-        if cached is not None and cached[0] == key:
-            return cached[1]  # type: ignore[no-any-return]
-        if self.blobs.root is None:  # a ledger in a database: only the witness is local
-            found = Boundary.of(None, None, witness)
-        else:
-            files = [self.path] + witness
-            found = Boundary.of(os.path.dirname(os.path.abspath(self.path)), self.blobs.root,
-                                files)
-        # The ledger's own directory and files cannot move under an open ledger: kept,
-        # looked up again when the key says something appeared since.
-        self.__dict__["_boundary_cache"] = (key, found)
-        return found
-
-
     # -- reading ---------------------------------------------------------------------
 
     def head(self) -> Head:
@@ -1226,10 +1146,7 @@ class Ledger:
 
     def step(self, step_id: str) -> StepRow:
         """One step's current state; UnknownStep if it has no events."""
-        row = self.find_step(step_id)
-        if row is None:
-            raise UnknownStep(step_id)
-        return row
+        return self._rows.get(step_id)
 
     def timeline(self, step_id: str) -> list[RecordedEvent]:
         """Every event of one step, in order; UnknownStep if it has none."""

@@ -46,7 +46,7 @@ from .errors import (
     WitnessMissing,
 )
 from .events import WitnessAnchored, WitnessState, decode
-from .store import EventQuery, EventReader
+from .store import EventQuery, EventReader, Head, Tx
 
 MAGIC: Final = b"SLW1"
 SLOT: Final = 128
@@ -310,13 +310,46 @@ class Witness:
                                  ) from None
         self.last = Witnessed(seq, digest, self.key)
 
+    def record(self, head: Head) -> None:
+        """Write `head` (the log calls this after every commit that appended)."""
+        self.write(head.seq, head.hash)
+
     def close(self) -> None:
         if self._fd is not None:
             os.close(self._fd)
             self._fd = None
 
 
+class AnchorCheck:
+    """What a writer checks inside every write transaction, before COMMIT (the log's
+    `before_commit`): refuse if another process re-anchored the witness since this one
+    looked (its commits would not be under the new witness); tag the new head with the
+    witness's key. `seq` is the newest witness-anchored event this process saw;
+    `anchoring` is set while it appends its own (which the check lets through)."""
+
+    __slots__ = ("path", "seq", "anchoring", "witness")
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+        self.seq = 0
+        self.anchoring = False
+        self.witness: Witness | None = None
+
+    def before_commit(self, tx: Tx, head: Head) -> None:
+        newest = newest_anchor_seq(tx)
+        if newest != self.seq and not (self.anchoring and newest == head.seq):
+            found = recorded_anchor(tx, self.path)
+            where = found[1].witness if found is not None else "?"
+            raise WitnessMismatch(
+                self.path, where, f"the witness was anchored at {where} by another process"
+                f" (event #{newest}) after this one opened the ledger",
+                "Nothing was written: open the ledger again (it then uses the new witness)")
+        if self.witness is not None:
+            tx.set_meta("witness_tag", self.witness.tag(head.seq, head.hash))
+
+
 __all__ = [
+    "AnchorCheck",
     "ANCHOR_COMMAND",
     "MAGIC",
     "SLOT",

@@ -22,8 +22,8 @@ from typing import Final
 
 import msgspec
 
-from ..errors import CorruptLedger, IllegalTransition, InvalidInput
-from ..events import StepEvent
+from ..errors import CorruptLedger, IllegalTransition, InvalidInput, UnknownStep
+from ..events import StepEvent, check_step_id
 from ..log import EventLog
 from ..store import Checkpoint, EventReader, ProjectionChanges, ProjectionSink, ReadView
 from . import refs as refs_mod
@@ -349,6 +349,37 @@ def read_refs(log: EventLog) -> RefsFold:
     return fold
 
 
+class StepLookup:
+    """A step's current row as this process serves it (`Ledger.find_step`, and the
+    workspace protocol's `Core.step`): a writer whose store says no other connection
+    committed since its last look answers from the rows it committed itself, or with a
+    single query; otherwise (another writer, a read-only ledger) the rows are read as
+    `read_steps` reads them."""
+
+    __slots__ = ("log", "projector")
+
+    def __init__(self, log: EventLog, projector: StepsProjector | None) -> None:
+        self.log, self.projector = log, projector
+
+    def find(self, step_id: str) -> StepRow | None:
+        """The step's row, or None if it has no events."""
+        check_step_id(step_id)
+        if self.projector is not None and self.log.fresh():
+            cached = self.projector.cache.get(step_id)
+            if cached is not None:
+                return cached.__copy__()
+            return self.log.store.view.step(step_id)
+        rows = read_steps(self.log, step_id=step_id)
+        return rows[0] if rows else None
+
+    def get(self, step_id: str) -> StepRow:
+        """The step's row; UnknownStep if it has no events."""
+        row = self.find(step_id)
+        if row is None:
+            raise UnknownStep(step_id)
+        return row
+
+
 def read_steps(
     log: EventLog, *, state: str | None = None, step_id: str | None = None
 ) -> list[StepRow]:
@@ -381,6 +412,7 @@ def read_steps(
 __all__ = [
     "Checkpoint",
     "StepRow",
+    "StepLookup",
     "StepSpill",
     "StepsProjector",
     "catch_up",

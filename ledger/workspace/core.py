@@ -1,24 +1,25 @@
 """What the ledger's collaborators may use of its core, and nothing else: `Core`.
 
 `Ledger` composes the event log, the storage and the read side; the workspace protocol
-(`fences.Workspaces`) and `restore` work on top of them. They are handed a `Core` —
-the log (appends with builders, guards and inline bytes; reads), the storage (read
-views, transactions, blob bytes), the clock, the options they read, and a few
-callables the ledger answers (the append guard, its boundary, a step's row, the blob
-files, the workspace fold) — never the `Ledger` itself. This module imports neither
-`ledger.ledger` (nor does any module of `ledger.workspace`): the dependency points one way.
+(`ledger.workspace.Workspaces`) and `restore` work on top of them. They are handed a
+`Core` — the log (appends with builders, guards and inline bytes; reads), the storage
+(read views, transactions, blob bytes and files), the clock, the options they read, and
+three collaborators made below the ledger (the append guard, `ledger.guard`; the
+ledger's own files, `OwnFiles`; a step's row, `ledger.projections.StepLookup`) — never
+the `Ledger` itself, and nothing defined in `ledger.ledger`: no call of the protocol
+goes back up into it. No module of `ledger.workspace` imports `ledger.ledger`.
 """
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
-from ..blobs import BlobStore
 from ..events import check_digest
-from ..log import EventLog, Guard
-from ..projections.steps import StepRow
-from ..projections.workspaces import WorkspacesFold
+from ..guard import AppendGuard
+from ..log import EventLog
+from ..projections import StepLookup
 from ..store import Store
 from .directory import Boundary
 
@@ -38,6 +39,39 @@ class Options:
     compensation_window_s: float
 
 
+class OwnFiles:
+    """The ledger's own files, which no workspace may overlap and no walk may touch
+    (`boundary()`): its directory (the file, ``-wal``/``-shm``/``-lockq``, the GC lock),
+    the blob root, the witness. `witness` is set by the ledger when it has one."""
+
+    __slots__ = ("path", "storage", "witness", "_kept")
+
+    def __init__(self, path: str, storage: Store) -> None:
+        self.path, self.storage = path, storage
+        #: The witness file's path, if the ledger keeps one.
+        self.witness: str | None = None
+        self._kept: tuple[object, Boundary] | None = None
+
+    def boundary(self) -> Boundary:
+        """The ledger's own files as a `Boundary`. The ledger's directory and files cannot
+        move under an open ledger, so it is kept, and looked up again only when what may
+        appear later did (a witness made on first use, the blob root made by the first
+        file blob)."""
+        witness = [self.witness] if self.witness is not None else []
+        root = self.storage.files.root
+        key = (tuple(os.path.exists(p) for p in witness), tuple(witness),
+               root is not None and os.path.isdir(root))
+        if self._kept is not None and self._kept[0] == key:
+            return self._kept[1]
+        if root is None:  # a ledger in a database: only the witness is local
+            found = Boundary.of(None, None, witness)
+        else:
+            found = Boundary.of(os.path.dirname(os.path.abspath(self.path)), root,
+                                [self.path] + witness)
+        self._kept = (key, found)
+        return found
+
+
 @dataclass(frozen=True, slots=True)
 class Core:
     """The parts of a ledger its collaborators work through (see the module)."""
@@ -49,16 +83,13 @@ class Core:
     storage: Store
     options: Options
     clock: Clock
-    #: A fresh append guard (blobs durable, epochs live; it memoizes per transaction).
-    guard: Callable[[], Guard]
+    #: Makes a fresh append guard (blobs durable, epochs live; it memoizes per
+    #: transaction): `guard()`.
+    guard: AppendGuard
     #: The ledger's own files, which no workspace may overlap and no walk may touch.
-    boundary: Callable[[], Boundary]
-    #: A step's current row (UnknownStep when it has no events).
-    step: Callable[[str], StepRow]
-    #: The blob files as they are now (the fault harness swaps them on the ledger).
-    files: Callable[[], BlobStore]
-    #: Every workspace row and path state as of now (the tables, or a fold of the log).
-    workspace_fold: Callable[[], WorkspacesFold]
+    own: OwnFiles
+    #: A step's current row: `steps.get(id)` (UnknownStep when it has no events).
+    steps: StepLookup
 
     def blob_chunks(self, digest: str, *, size: int | None = None) -> Iterator[bytes]:
         """A blob's bytes in bounded pieces, its size and hash checked by the last."""
@@ -71,4 +102,4 @@ class Core:
             return view.blob_size(digest)
 
 
-__all__ = ["Clock", "Core", "Options"]
+__all__ = ["Clock", "Core", "Options", "OwnFiles"]

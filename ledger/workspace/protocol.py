@@ -98,7 +98,7 @@ from ..events import (
 from .confined import Confined
 from .core import Core
 from .restore import RestoreReport, restore
-from ..projections import checkpoint
+from ..projections import checkpoint, read_workspaces
 from ..projections.steps import (
     COMPENSATED,
     COMPENSATING,
@@ -562,7 +562,7 @@ class Workspaces:
         def inside(a: str, b: str) -> bool:
             return a == b or a.startswith(b.rstrip("/") + "/")
 
-        boundary = self.core.boundary()
+        boundary = self.core.own.boundary()
         mine = ancestors(real)  # identity -> path, the root itself included when it exists
         if boundary.dir_paths:  # (a ledger in a database has no directory here)
             ledger_dir, blob_root = boundary.dir_paths
@@ -594,21 +594,21 @@ class Workspaces:
             if cp.version == STEPS_VERSION and cp.last_seq >= self._log.head().seq:
                 row = conn.workspace(name)  # caught up: one row, not the whole fold
             else:
-                row = self.core.workspace_fold().rows.get(name)
+                row = read_workspaces(self.core.log).rows.get(name)
         if row is None:
             raise UnknownWorkspace(name)
         return row
 
     def list(self) -> list[WsRow]:
         """Every workspace's row, by name (a bare lease has no directory: not listed)."""
-        fold = self.core.workspace_fold()
+        fold = read_workspaces(self.core.log)
         return sorted((r for r in fold.rows.values() if r is not None and r.root),
                       key=lambda r: r.name)
 
     def paths(self, name: str) -> dict[str, tuple[int, str | None]]:
         """Every path a step wrote: its rev and the hash of the content it should hold."""
         self.get(name)
-        fold = self.core.workspace_fold()
+        fold = read_workspaces(self.core.log)
         return {p: (s[0], s[1]) for (w, p), s in sorted(fold.paths.items())
                 if w == name and s is not None}
 
@@ -630,7 +630,7 @@ class Workspaces:
         it (`Confined`): every walk the protocol's own, under the same boundary — the
         ledger's files, ``.git`` unless the workspace allows it, no symlink followed."""
         row = self.get(name)
-        return Confined(self._wsdir(row), self.core.boundary(),
+        return Confined(self._wsdir(row), self.core.own.boundary(),
                         allow_git=self.registration(name).allow_git)
 
     def _wsdir(self, row: WsRow, step: str = "", attempt: int = 0,
@@ -639,9 +639,9 @@ class Workspaces:
         boundary, its `.git` opt-in); staging for `step`'s `attempt` under `epoch` (the
         stamp its temporaries carry, see `_remove_temporaries`)."""
         reg = self.registration(row.name)
-        return WorkspaceDir(row.name, row.root, self.core.files().ops,
+        return WorkspaceDir(row.name, row.root, self.core.storage.files.ops,
                             identity=reg.identity if reg.root == row.root else None,
-                            boundary=self.core.boundary(), allow_git=reg.allow_git,
+                            boundary=self.core.own.boundary(), allow_git=reg.allow_git,
                             epoch=epoch, tag=attempt_tag(step, attempt))
 
     def _remove_temporaries(self, wsdir: WorkspaceDir, writes: Sequence[PlannedWrite],
@@ -680,7 +680,7 @@ class Workspaces:
         """Remove what the step's latest attempt left in its slots, once it is over (a
         kill after its commit, before the displaced files went): a re-run of a
         committed step calls it. Best effort; an attempt in flight is left alone."""
-        row = self.core.step(step)
+        row = self.core.steps.get(step)
         if row.state in IN_FLIGHT or not row.workspace:
             return
         ev = self._attempt_events(step, row.attempt)
@@ -1096,7 +1096,7 @@ class Workspaces:
         now = self.core.clock()
         self._log.append([*planned, *pins], guard=self.core.guard(), inline=small, inline_ns=now)
         for d, c in large.items():  # pinned (committed) before the file is written
-            self.core.files().put_content(c, d)
+            self.core.storage.files.put_content(c, d)
         return [None] * len(plans)
 
     def _restore_post_images(
@@ -1117,7 +1117,7 @@ class Workspaces:
                 with self._storage.transaction() as tx:
                     tx.put_inline({digest: inline}, now)
             else:
-                self.core.files().put_content(data, digest)
+                self.core.storage.files.put_content(data, digest)
 
     def _run_plan_rev(self, run: str, workspace: str) -> int | None:
         """The plan revision a run was first admitted at (fence "plan")."""
@@ -1138,7 +1138,7 @@ class Workspaces:
         writes, post-images, fence mode and the run's plan rev, and gets the path revs of
         now as its bases. Returns the new attempt number. ReplanRefused otherwise.
         """
-        row = self.core.step(step)
+        row = self.core.steps.get(step)
         if row.live:
             raise ReplanRefused(step, "it is committed; compensate it first")
         if row.state not in ENDED:
@@ -1181,7 +1181,7 @@ class Workspaces:
                 # a file post-image whose name may never have been made durable (a failed
                 # directory fsync): put it again — the dedup path fsyncs file and directory
                 # (and reads nothing from the source, streamed as it would be otherwise)
-                self.core.files().put_stream(self.core.blob_chunks(w.post_hash), w.post_hash)
+                self.core.storage.files.put_stream(self.core.blob_chunks(w.post_hash), w.post_hash)
         return planned.attempt
 
     # -- applying ------------------------------------------------------------------------
@@ -1203,7 +1203,7 @@ class Workspaces:
         but the apply. The caller learns the result when this returns; a crash before is
         answered by the journal on a re-run.
         """
-        row = self.core.step(step)
+        row = self.core.steps.get(step)
         attempt = row.attempt if attempt is None else attempt
         ev = self._attempt_events(step, attempt)
         planned = ev.planned
@@ -1329,7 +1329,7 @@ class Workspaces:
                     continue
                 if self.core.blob_size(w.pre_hash) is None:
                     with contextlib.suppress(ContentChanged):
-                        self.core.files().put_stream(fd_chunks(fd), w.pre_hash)
+                        self.core.storage.files.put_stream(fd_chunks(fd), w.pre_hash)
         return small
 
     def _fence(
@@ -1504,7 +1504,7 @@ class Workspaces:
                                              " stored; apply again")
                     inline[d] = data
                 else:
-                    self.core.files().put_stream(fd_chunks(fd), d)
+                    self.core.storage.files.put_stream(fd_chunks(fd), d)
         if inline:
             tx.put_inline(inline, now)
         return [BlobPinned(step=planned.step, attempt=planned.attempt, run=planned.run,
@@ -1572,7 +1572,7 @@ class Workspaces:
         an undo killed halfway leaves its step ``compensating`` (in flight): the next
         settle — the next epoch's acquire — or a retry finishes it.
         """
-        row = self.core.step(step)
+        row = self.core.steps.get(step)
         attempt = row.attempt if attempt is None else attempt
         ev = self._attempt_events(step, attempt)
         planned = ev.planned
@@ -1796,7 +1796,7 @@ class Workspaces:
                     inline[d] = data
                 return
             with contextlib.suppress(ContentChanged):
-                self.core.files().put_stream(fd_chunks(fd), d)
+                self.core.storage.files.put_stream(fd_chunks(fd), d)
 
 
     # -- receipts ------------------------------------------------------------------------

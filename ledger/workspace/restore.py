@@ -248,8 +248,8 @@ def restore(workspaces: RestoreSource, workspace: str, to: str | os.PathLike[str
                            " shorter path to a new or empty directory") from None
     st = os.stat(target)
     workspaces.check_root(workspace, target, identity_of(st))
-    out = WorkspaceDir(workspace, target, core.files().ops, identity=identity_of(st),
-                       boundary=core.boundary(), allow_git=reg.allow_git)
+    out = WorkspaceDir(workspace, target, core.storage.files.ops, identity=identity_of(st),
+                       boundary=core.own.boundary(), allow_git=reg.allow_git)
     out.remove_temporaries(temps, lambda epoch, _tag: epoch == 0)
     written = absent = size = 0
     for path, digest in content.items():

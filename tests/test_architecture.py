@@ -719,3 +719,43 @@ def test_every_public_name_is_listed_once_and_resolves() -> None:
                                                 name), name
     with pytest.raises(AttributeError):
         ledger.not_a_public_name  # noqa: B018
+
+
+def _walk_tool():  # type: ignore[no-untyped-def]
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location(
+        "walk_step", PACKAGE.parent / "tools" / "walk_step.py")
+    assert spec is not None and spec.loader is not None
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def test_a_fenced_step_from_the_command_line_calls_nothing_back_up_into_ledger_py(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """One `step run`, traced at run time (tools/walk_step.py): it commits, and no
+    module below `ledger.py` in the import graph calls into it (a callback, a bound
+    method or a lambda handed down would)."""
+    import os
+
+    for var in [v for v in os.environ if v.startswith("STEPTRAIL_")]:
+        monkeypatch.delenv(var)  # the tool clears them; restored after the test
+    walk = _walk_tool()
+    doc = walk.report(*walk.traced_step(tmp_path))
+    assert doc["commit"]["state"] == "acked"
+    assert doc["into_ledger_py"] == []
+
+
+def test_the_walk_checker_catches_a_call_back_up_into_ledger_py() -> None:
+    """The planted violation: a call from the store's append loop into a function of
+    `ledger.py` (what the append guard was, as a closure of `Ledger`)."""
+    from collections import Counter
+
+    walk = _walk_tool()
+    base, top = str(PACKAGE / "store" / "base.py"), str(PACKAGE / "ledger.py")
+    edges = Counter({(base, top): 3})
+    names = {(base, top): Counter({"Ledger._guard.<locals>.guard": 3})}
+    doc = walk.report(Counter({base: 1, top: 3}), edges, names, {"state": "acked"})
+    (found,) = doc["into_ledger_py"]
+    assert (found["caller"], found["callee"], found["calls"]) == ("store/base.py", "ledger.py", 3)

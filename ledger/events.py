@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import hashlib
 import re
-from typing import Annotated, Any, ClassVar, Final, Literal, Union
+from typing import Annotated, Any, ClassVar, Final, Literal, NamedTuple, Union
 
 import msgspec
 from msgspec import Meta, Struct
@@ -605,6 +605,30 @@ def validate(event: Event) -> bytes:
         if type(a) is not type(b) or a != b:
             raise InvalidInput(f"{kind_of(event)} event: field {name!r} is {a!r}, not a"
                                f" {type(b).__name__}")
+    return payload
+
+
+_EVENT_CLASSES: Final = frozenset(EVENT_TYPES.values())
+
+
+class Built(NamedTuple):
+    """An event the library built from fields it already checked (the trusted
+    construction path, `encode_built`): every field is copied from an event that
+    `validate` accepted in the same append, or computed by the library in a form its
+    constraints admit (a digest it hashed, a length, a counter it read and advanced)."""
+
+    event: Event
+
+
+def encode_built(event: Event) -> bytes:
+    """A `Built` event's payload: encoded and size-checked like `validate`'s, not
+    decoded again to re-check constraints its fields were checked under already."""
+    if type(event) not in _EVENT_CLASSES:
+        raise InvalidInput(f"{event!r} is not a steptrail event; use one of {', '.join(KINDS)}")
+    payload = _encoder.encode(event)
+    if len(payload) > PAYLOAD_MAX:
+        raise InvalidInput(f"{kind_of(event)} event of {len(payload)} bytes is too large; the"
+                           f" limit is {PAYLOAD_MAX} bytes: split it into smaller steps")
     return payload
 
 

@@ -37,6 +37,7 @@ from .errors import (
     UnknownStep,
 )
 from .events import (
+    Built,
     ITEMS_MAX,
     KINDS,
     TEXT_MAX,
@@ -138,6 +139,15 @@ def _refuse_anchor(events: Sequence[Event]) -> None:
 
 
 
+class _NotFresh(Exception):
+    """A builder found the step not fresh (`Ledger._step_in_one_commit`): nothing is
+    written; the row it found goes back to the caller."""
+
+    def __init__(self, row: StepRow) -> None:
+        super().__init__(row.step_id)
+        self.row = row
+
+
 class Ledger:
     """A steptrail ledger file.
 
@@ -205,7 +215,7 @@ class Ledger:
         #: The check every append runs before inserting an event (blobs durable, epochs live).
         self._guard = AppendGuard(self._steps, hash_check_max_bytes)
         #: The witness re-anchoring check every write transaction runs before COMMIT.
-        self._anchor = AnchorCheck(info.location)
+        self._anchor = AnchorCheck(info.location, self._log)
         #: The ledger's own files, which no workspace may overlap.
         self._own = OwnFiles(info.location, store)
         if not witness_check and not info.readonly:
@@ -912,49 +922,65 @@ class Ledger:
         return Manifest.from_event(event, recorded[-2].seq, True)
 
     def _step_in_one_commit(
-        self, step: str, prev: StepRow | None, run: str,
-        outputs: Mapping[str, tuple[str, bytes]],
-    ) -> tuple[int, Manifest] | None:
+        self, step: str, run: str, outputs: Mapping[str, tuple[str, bytes]],
+    ) -> tuple[int, Manifest] | StepRow | None:
         """A fresh artifact-only attempt whose artifacts all fit inline, in ONE
         transaction: `planned`, the inline bytes with every `blob-stored`,
         `manifest-published` and `acked` (the runner's fastest path).
 
         Nothing is written outside the transaction, so the plan is durable before any
         write the attempt makes exactly as in the three-commit order: all of it commits,
-        or none of it does. `prev` is the step's row as the runner saw it (None: no
-        attempt yet; otherwise its latest attempt ended). Returns (attempt, manifest),
-        or None having written nothing when another runner planned the step meanwhile
-        (the caller continues what that runner planned)."""
+        or none of it does. Whether the step is fresh (no attempt yet, or its latest one
+        ended unpublished) is decided inside the transaction, from the row read there.
+        Returns (attempt, manifest); the step's row, having written nothing, when it is
+        not fresh (committed, or an attempt in flight: the caller continues that); None,
+        having written nothing, when the journal answered with another runner's identical
+        attempt (its manifest is the one that stands)."""
         assert all(len(data) <= self.inline_max_bytes for _, data in outputs.values())
-        attempt = 1 if prev is None else prev.attempt + 1
-        manifest_rev = 0 if prev is None else prev.manifest_rev + 1
-        common = {"step": step, "attempt": attempt, "run": run, "workspace": "", "epoch": 0}
         paths = tuple(sorted(outputs))
         artifacts = tuple(ManifestEntry(path=path, digest=outputs[path][0],
                                         size=len(outputs[path][1])) for path in paths)
-        published = ManifestPublished(
-            **common, manifest_rev=manifest_rev, expected_rev=-1,  # type: ignore[arg-type]
-            digest=manifest_digest(step, (), artifacts), artifacts=artifacts)
-        # No `blob-pinned`: a pin holds a blob between commits (written before it is
-        # stored, stored before it is published); here it is stored and published in the
-        # same transaction that makes it exist, so no moment needs holding.
-        events: list[Event] = [
-            Planned(**common, artifacts=paths),  # type: ignore[arg-type]
-            *(BlobStored(**common, digest=digest, size=len(data), path=path,  # type: ignore[arg-type]
-                         inline=True) for path, (digest, data) in sorted(outputs.items())),
-            published,
-            Acked(**common, manifest_rev=manifest_rev),  # type: ignore[arg-type]
-        ]
-        small = {digest: data for digest, data in outputs.values()}
+        digest = manifest_digest(step, (), artifacts)
+        decided: list[tuple[int, ManifestPublished]] = []
+
+        def build(tx: Tx, _now: int) -> list[Event]:
+            prev = self._steps.peek(tx, step)
+            if prev is not None and (prev.live or prev.state not in ENDED):
+                raise _NotFresh(prev)
+            attempt = 1 if prev is None else prev.attempt + 1
+            manifest_rev = 0 if prev is None else prev.manifest_rev + 1
+            common = {"step": step, "attempt": attempt, "run": run, "workspace": "", "epoch": 0}
+            published = ManifestPublished(
+                **common, manifest_rev=manifest_rev, expected_rev=-1,  # type: ignore[arg-type]
+                digest=digest, artifacts=artifacts)
+            decided[:] = [(attempt, published)]
+            # No `blob-pinned`: a pin holds a blob between commits (written before it is
+            # stored, stored before it is published); here it is stored and published in
+            # the same transaction that makes it exist, so no moment needs holding.
+            # The plan is validated; the rest are built from its fields (step, run,
+            # attempt, the paths it declares) and from values computed here (digests
+            # hashed, lengths, the manifest revision read and advanced): not decoded again.
+            return [
+                Planned(**common, artifacts=paths),  # type: ignore[arg-type]
+                *(Built(BlobStored(**common, digest=d, size=len(data), path=path,  # type: ignore[arg-type]
+                                   inline=True)) for path, (d, data) in sorted(outputs.items())),
+                Built(published),
+                Built(Acked(**common, manifest_rev=manifest_rev)),  # type: ignore[arg-type]
+            ]
+
+        small = {d: data for d, data in outputs.values()}
         try:
-            recorded = self._log.append(events, guard=self._guard(), inline=small,
+            recorded = self._log.append(build, guard=self._guard(), inline=small,
                                         inline_ns=self.clock())
+        except _NotFresh as not_fresh:
+            return not_fresh.row
         except (IllegalTransition, IdempotencyConflict):
             return None  # a concurrent runner planned this attempt first: nothing written
         if recorded[-2].deduped:
             # Another runner recorded this very attempt with identical content first: the
             # journal answered, and its manifest is the one that stands.
             return None
+        attempt, published = decided[0]
         return attempt, Manifest.from_event(published, recorded[-2].seq, True)
 
     def manifest(self, step: str, manifest_rev: int | None = None) -> Manifest | None:

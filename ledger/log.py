@@ -31,7 +31,8 @@ from typing import Final
 import msgspec
 
 from .errors import CorruptLedger, InvalidInput
-from .events import Event, RecordedEvent, envelope, journal_key, kind_of, validate
+from .events import (Built, Event, RecordedEvent, encode_built, envelope, journal_key, kind_of,
+                     validate)
 from .store import (ROW_ERRORS, ROW_NAMES, ROW_TYPES, EventQuery, Head, Prepared, Projector,
                     Scope, Store, Tx)
 from .store.base import GUARDED_KINDS, check_row, row_problem, row_to_recorded
@@ -41,7 +42,7 @@ BATCH_SIZE_MAX: Final = 100_000
 _DECODE_ERRORS: Final = (msgspec.DecodeError, msgspec.ValidationError, InvalidInput, *ROW_ERRORS)
 
 #: A builder: events decided inside the transaction, at its time.
-Builder = Callable[[Tx, int], Sequence[Event]]
+Builder = Callable[[Tx, int], Sequence[Event | Built]]
 Guard = Callable[[Tx, Event], None]
 #: Run inside the transaction after its events and projection rows are written (a seal
 #: deletes the rows its event covers there: docs/design.md "Sealed runs").
@@ -359,7 +360,7 @@ class EventLog:
             call.result = recorded
 
     @staticmethod
-    def _prepare(events: Sequence[Event]) -> list[Prepared]:
+    def _prepare(events: Sequence[Event | Built]) -> list[Prepared]:
         if not events:
             raise InvalidInput("append() needs at least one event")
         if len(events) > BATCH_SIZE_MAX:
@@ -368,7 +369,11 @@ class EventLog:
             )
         prepared = []
         for event in events:
-            payload = validate(event)
+            if type(event) is Built:  # built from checked fields: not decoded again
+                event = event.event
+                payload = encode_built(event)
+            else:
+                payload = validate(event)
             prepared.append((event, payload, journal_key(event), kind_of(event), envelope(event)))
         return prepared
 
@@ -384,6 +389,12 @@ class EventLog:
         self._generation = None
         if self.projector is not None:
             self.projector.forget()
+
+    @property
+    def generation(self) -> object:
+        """The store's generation as this log last looked (inside a write transaction:
+        as of its start, under the write lock); None when unknown."""
+        return self._generation
 
     def fresh(self) -> bool:
         """Whether no other connection has committed since this log's last look (its

@@ -60,13 +60,11 @@ def run_step(ledger: Ledger, step: str, outputs: Outputs, *, run: str = "") -> S
     `outputs` maps artifact paths to bytes, or is a callable producing them — called
     only when the step is not committed yet (a committed step runs nothing).
     """
-    row = ledger.find_step(step)
+    # Bytes given (not a callable to run only when needed): the step's state is read
+    # inside the transaction that records it, not before.
+    row = ledger.find_step(step) if callable(outputs) else None
     if row is not None and row.live:
-        manifest = ledger.manifest(step)
-        assert manifest is not None
-        if row.state != "acked":  # died between publish and ack: the ack releases its pins
-            ledger.ack(step, row.attempt)
-        return StepResult(step, row.attempt, manifest, ran=False)
+        return _committed_result(ledger, row)
     produced = dict(outputs() if callable(outputs) else outputs)
     produced = {path: artifact_bytes(path, data) for path, data in produced.items()}
     digested = {path: (digest_of(data), data) for path, data in produced.items()}
@@ -74,11 +72,19 @@ def run_step(ledger: Ledger, step: str, outputs: Outputs, *, run: str = "") -> S
     if fresh and all(len(data) <= ledger.inline_max_bytes for _, data in digested.values()):
         # Every artifact fits inline: nothing is written outside the ledger, so the whole
         # attempt — plan, pins, bytes, stores, manifest, ack — is one commit.
-        done = ledger._step_in_one_commit(step, row, run, digested)
-        if done is not None:
+        done = ledger._step_in_one_commit(step, run, digested)
+        if isinstance(done, tuple):
             return StepResult(step, done[0], done[1], ran=True)
-        row = ledger.find_step(step)  # another runner planned it meanwhile: continue that
+        # not fresh (committed, or in flight: continue it), or another runner's attempt
+        row = ledger.find_step(step) if done is None else done
+        if row is not None and row.live:
+            return _committed_result(ledger, row)
         fresh = False
+    elif row is None:
+        row = ledger.find_step(step)
+        if row is not None and row.live:
+            return _committed_result(ledger, row)
+        fresh = row is None or row.state in ENDED
     row = ledger.plan(step, run=run, artifacts=tuple(produced),
                        pins=[d for d, _ in digested.values()] if fresh else ())
     if row.live:  # a concurrent runner committed it meanwhile
@@ -111,6 +117,16 @@ def run_step(ledger: Ledger, step: str, outputs: Outputs, *, run: str = "") -> S
         manifest = ledger.publish(step, attempt)
     ledger.ack(step, attempt)
     return StepResult(step, attempt, manifest, ran=True)
+
+
+def _committed_result(ledger: Ledger, row: StepRow) -> StepResult:
+    """A committed step's answer: its live manifest (acked first if it died between the
+    publish and the ack: the ack releases its pins); nothing runs."""
+    manifest = ledger.manifest(row.step_id)
+    assert manifest is not None
+    if row.state != "acked":
+        ledger.ack(row.step_id, row.attempt)
+    return StepResult(row.step_id, row.attempt, manifest, ran=False)
 
 
 # -- the fenced step -------------------------------------------------------------------

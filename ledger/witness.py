@@ -31,7 +31,7 @@ import hmac
 import os
 import struct
 from dataclasses import dataclass
-from typing import Final
+from typing import TYPE_CHECKING, Final
 
 import msgspec
 
@@ -47,6 +47,9 @@ from .errors import (
 )
 from .events import WitnessAnchored, WitnessState, decode
 from .store import EventQuery, EventReader, Head, Tx
+
+if TYPE_CHECKING:
+    from .log import EventLog
 
 MAGIC: Final = b"SLW1"
 SLOT: Final = 128
@@ -325,17 +328,33 @@ class AnchorCheck:
     `before_commit`): refuse if another process re-anchored the witness since this one
     looked (its commits would not be under the new witness); tag the new head with the
     witness's key. `seq` is the newest witness-anchored event this process saw;
-    `anchoring` is set while it appends its own (which the check lets through)."""
+    `anchoring` is set while it appends its own (which the check lets through).
 
-    __slots__ = ("path", "seq", "anchoring", "witness")
+    The log is asked for the store's generation (`EventLog.generation`, read at the
+    transaction's start under the write lock): while it is the one this check last
+    looked at the anchors under, no other connection has committed since — so none
+    re-anchored — and the events need not be read again (a store whose generation says
+    nothing exact, PostgreSQL's, reads them every time)."""
 
-    def __init__(self, path: str) -> None:
+    __slots__ = ("path", "seq", "anchoring", "witness", "log", "_looked")
+
+    def __init__(self, path: str, log: EventLog) -> None:
         self.path = path
         self.seq = 0
         self.anchoring = False
         self.witness: Witness | None = None
+        self.log = log
+        self._looked: object = None  # the generation the anchors were last read under
 
     def before_commit(self, tx: Tx, head: Head) -> None:
+        generation = self.log.generation
+        if generation is None or generation != self._looked or self.anchoring:
+            self._check(tx, head)
+            self._looked = generation
+        if self.witness is not None:
+            tx.set_meta("witness_tag", self.witness.tag(head.seq, head.hash))
+
+    def _check(self, tx: Tx, head: Head) -> None:
         newest = newest_anchor_seq(tx)
         if newest != self.seq and not (self.anchoring and newest == head.seq):
             found = recorded_anchor(tx, self.path)
@@ -344,8 +363,6 @@ class AnchorCheck:
                 self.path, where, f"the witness was anchored at {where} by another process"
                 f" (event #{newest}) after this one opened the ledger",
                 "Nothing was written: open the ledger again (it then uses the new witness)")
-        if self.witness is not None:
-            tx.set_meta("witness_tag", self.witness.tag(head.seq, head.hash))
 
 
 __all__ = [

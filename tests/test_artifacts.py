@@ -392,16 +392,18 @@ def test_a_blob_gone_before_the_commit_falls_back_and_still_commits(
 def test_the_fast_path_only_publishes_what_the_plan_declared(
         ledger: Ledger, monkeypatch: pytest.MonkeyPatch, data: bytes) -> None:
     """Another runner planned the attempt, with other artifacts, between this runner's
-    look and its plan: the runner does not publish its own set in one commit; step by
-    step, publish names what is missing."""
+    look and its plan (for a file blob; an inline step looks inside the transaction
+    that would record it, where it finds the attempt): the runner does not publish its
+    own set in one commit; step by step, publish names what is missing."""
     ledger.plan("s", artifacts=["a.txt", "b.txt"])
-    real = ledger.find_step
-    looks = [None]  # the runner's first look saw no step yet
+    if data is LARGE:
+        real = ledger.find_step
+        looks = [None]  # the runner's first look saw no step yet
 
-    def find_step(step: str) -> object:
-        return looks.pop() if looks else real(step)
+        def find_step(step: str) -> object:
+            return looks.pop() if looks else real(step)
 
-    monkeypatch.setattr(ledger, "find_step", find_step)
+        monkeypatch.setattr(ledger, "find_step", find_step)
     stores: list[str] = []
     fast = "_store_and_publish" if data is LARGE else "_step_in_one_commit"
     real_fast = getattr(Ledger, fast)
@@ -418,3 +420,29 @@ def test_the_fast_path_only_publishes_what_the_plan_declared(
 #: The tests that take `ledger_at` (or `ledger`, `ledger_location`) run on SQLite and on
 #: PostgreSQL (tests/conftest.py).
 BOTH_STORES = True
+
+
+@pytest.mark.parametrize("same_transaction", [True, False])
+def test_inline_bytes_not_of_their_name_are_refused_when_published(
+        ledger: Ledger, same_transaction: bool) -> None:
+    """Bytes written inline under a digest they do not hash to — in the very transaction
+    that publishes them, or in an earlier one — are refused at the publish (BlobCorrupt),
+    and nothing of that transaction is written. (A transaction answers the guard from
+    the inline rows it wrote only for bytes it checked against their name.)"""
+    real = b"the bytes the name is of\n"
+    fake = real[::-1]  # the same size
+    assert len(real) == len(fake) and sha(real) != sha(fake)
+    digest = sha(real)
+    ledger.append(Planned(step="s", attempt=1, artifacts=("a.txt",)))
+    stored = BlobStored(step="s", attempt=1, digest=digest, size=len(fake), path="a.txt",
+                        inline=True)
+    entry = ManifestEntry(path="a.txt", digest=digest, size=len(fake))
+    published = ManifestPublished(step="s", attempt=1, manifest_rev=0, artifacts=(entry,),
+                                  digest=manifest_digest("s", (), (entry,)))
+    events = [stored, published] if same_transaction else [published]
+    if not same_transaction:
+        ledger.log.append([stored], inline={digest: fake}, guard=ledger._guard())
+    head = ledger.head().seq
+    with pytest.raises(BlobCorrupt, match="do not hash to its name"):
+        ledger.log.append(events, inline={digest: fake}, guard=ledger._guard())
+    assert ledger.head().seq == head and ledger.manifest("s") is None

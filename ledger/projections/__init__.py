@@ -73,6 +73,22 @@ class StepsProjector:
         self.cache: dict[str, StepRow] = {}
         self.refs = refs_mod.RefsBatch()
         self.ws = WorkspacesFold()
+        # Rows a builder read in this transaction (`peek`), None for a step with no
+        # row: `current` answers from them instead of reading again. Dropped when the
+        # transaction ends (`committed`, `forget`).
+        self.seen: dict[str, StepRow | None] = {}
+
+    def peek(self, view: ReadView, step_id: str) -> StepRow | None:
+        """A step's row as a builder sees it inside the transaction (a copy: the caller
+        may keep it); read once, then remembered for `current` until the transaction
+        ends."""
+        row = self.pending.get(step_id) or self.cache.get(step_id)
+        if row is None:
+            if step_id in self.seen:
+                row = self.seen[step_id]
+            else:
+                row = self.seen[step_id] = view.step(step_id)
+        return None if row is None else row.__copy__()
 
     def begin(self, view: ReadView) -> None:
         self.view, self.pending = view, {}
@@ -83,6 +99,8 @@ class StepsProjector:
         """The step's row as this transaction sees it (pending changes included)."""
         row = self.pending.get(step_id) or self.cache.get(step_id)
         if row is None and self.view is not None:
+            if step_id in self.seen:
+                return self.seen[step_id]
             row = self.view.step(step_id)
         return row
 
@@ -110,7 +128,9 @@ class StepsProjector:
         elif row is not None:
             self.pending[row.step_id] = row
         kind = event.__struct_config__.tag
-        if kind in refs_mod.KINDS:
+        if kind == "planned":
+            self.refs.began(event.step, event.attempt)
+        elif kind in refs_mod.KINDS:
             self.refs.fold(event, seq)
         if kind in ws_mod.KINDS:
             self.ws.apply(event, seq, time_ns)
@@ -128,10 +148,12 @@ class StepsProjector:
             self.cache.clear()
         self.cache.update(self.pending)
         self.pending = {}
+        self.seen = {}
 
     def forget(self) -> None:
         self.cache.clear()
         self.pending = {}
+        self.seen = {}
 
 
 def fold_rows(

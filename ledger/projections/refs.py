@@ -128,13 +128,21 @@ class RefsBatch(RefsFold):
         super().__init__()
         self.releases: list[tuple[str, int, bool]] = []  # (step, attempt, ack only)
         self.dropped: list[str] = []  # steps a seal archived: their rows leave the tables
+        # Attempts planned in this batch: no earlier transaction can have pinned for them
+        # (a pin is taken only for an attempt already planned), so their releases
+        # delete nothing from the tables and are not sent.
+        self.begun: set[tuple[str, int]] = set()
+
+    def began(self, step: str, attempt: int) -> None:
+        """Attempt `attempt` of `step` was planned in this batch."""
+        self.begun.add((step, attempt))
 
     def fold(self, event: object, seq: int) -> None:
         super().fold(event, seq)
         kind = event.__struct_config__.tag  # type: ignore[attr-defined]
         if kind == "run-sealed":
             self.dropped.extend(s.step for s in event.steps)  # type: ignore[attr-defined]
-        elif kind in _ENDS:
+        elif kind in _ENDS and (event.step, event.attempt) not in self.begun:  # type: ignore[attr-defined]
             self.releases.append((event.step, event.attempt, kind == "acked"))  # type: ignore[attr-defined]
 
     def changes(self, steps: list[tuple[object, ...]],

@@ -65,6 +65,12 @@ class TxBase:
         """Insert the row, or raise DuplicateKey."""
         raise NotImplementedError
 
+    def _whole_insert(self, n: int) -> bool:
+        """Whether `_insert_many` of `n` rows inserts every row or none (raising
+        DuplicateKey) and leaves the transaction as it was: then the fast path needs no
+        savepoint around it."""
+        return False
+
     def _savepoint(self) -> None:
         raise NotImplementedError
 
@@ -127,6 +133,13 @@ class TxBase:
         # and answers each duplicate.
         if len(prepared) == 1:  # nothing to batch: row by row, no savepoint
             return self._append_rows(prepared, head, time_ns, projector, guard, fast=False)
+        if self._whole_insert(len(prepared)):
+            # The fast path writes nothing before its one insert, which writes all or
+            # nothing: a refusal or a duplicate leaves the transaction as it was.
+            try:
+                return self._append_rows(prepared, head, time_ns, projector, guard, fast=True)
+            except (_Duplicate, LedgerError):
+                return self._append_rows(prepared, head, time_ns, projector, guard, fast=False)
         self._savepoint()
         try:
             recorded = self._append_rows(prepared, head, time_ns, projector, guard, fast=True)

@@ -275,6 +275,8 @@ class Statements:
         self.INLINE_DATA: Final = r("SELECT data FROM blob_data WHERE digest = ?")
         self.INLINE_FRESHEN: Final = r("UPDATE blob_data SET stored_ns = ? WHERE digest = ?")
         self.INLINE_PUT: Final = r(d.insert_or_replace("blob_data", INLINE_COLUMNS, ("digest",)))
+        #: Insert, or make the row of the same digest these bytes at this time (in place).
+        self.INLINE_UPSERT: Final = r(d.upsert("blob_data", INLINE_COLUMNS, ("digest",)))
         self.INLINE_DELETE: Final = r("DELETE FROM blob_data WHERE digest = ?")
         self.INLINE_ALL: Final = "SELECT digest, size, stored_ns FROM blob_data ORDER BY digest"
         #: inline rows whose cells cannot be a blob's (verify)

@@ -30,7 +30,7 @@ from typing import Any, Final
 
 import apsw
 
-from ...blobs import BlobStore, FileOps
+from ...blobs import BlobStore, FileOps, digest_of
 from .file import (
     BUSY_TIMEOUT_MS,
     GC_LOCK_NAME,
@@ -328,6 +328,12 @@ class SqliteTx(SqliteView, TxBase):
         self.scope = scope
         self._time_ns: int | None = None
         self._cm = store.db.transaction()
+        # Inline rows this transaction wrote whose bytes hash to their digest (digest ->
+        # size): the guard's look-ups of them are answered from here — they cannot
+        # change but through this transaction (`put_inline`, `delete_inline`, a part
+        # undone) — instead of reading back (and re-hashing) what was just written.
+        self._wrote: dict[str, int] = {}
+        self._wrote_before_part: dict[str, int] = {}
 
     def __enter__(self) -> SqliteTx:
         lock = self._store.lock
@@ -353,9 +359,17 @@ class SqliteTx(SqliteView, TxBase):
 
     # -- TxBase's primitives -------------------------------------------------------------
 
+    def _whole_insert(self, n: int) -> bool:
+        return n <= q.MULTI_ROW_MAX
+
     def _insert_many(self, rows: list[EventRow]) -> None:
         try:
-            self._db.conn.executemany(q.S.INSERT_EVENT, rows)
+            if len(rows) <= q.MULTI_ROW_MAX:
+                # one statement: every row or none (a constraint error undoes the statement)
+                self._db.conn.execute(q.insert_events(len(rows)),
+                                      [cell for row in rows for cell in row])
+            else:
+                self._db.conn.executemany(q.S.INSERT_EVENT, rows)
         except apsw.ConstraintError as exc:
             raise DuplicateKey(exc) from None
 
@@ -376,9 +390,11 @@ class SqliteTx(SqliteView, TxBase):
 
     def _open_part(self) -> None:
         self._db.conn.execute("SAVEPOINT group_part")
+        self._wrote_before_part = dict(self._wrote)
 
     def _undo_part(self) -> None:
         conn = self._db.conn
+        self._wrote = self._wrote_before_part
         conn.execute("ROLLBACK TO group_part")
         conn.execute("RELEASE group_part")
 
@@ -397,14 +413,25 @@ class SqliteTx(SqliteView, TxBase):
         (its `stored_ns`: GC's grace window counts from it)."""
         conn = self._db.conn
         for digest, data in blobs.items():
-            found = conn.execute(q.S.INLINE_DATA, (digest,)).fetchone()
-            if found is not None and bytes(found[0]) == data:
-                conn.execute(q.S.INLINE_FRESHEN, (stored_ns, digest))
-            else:
-                conn.execute(q.S.INLINE_PUT, (digest, len(data), data, stored_ns))
+            # one upsert: SQLite rewrites in place only the bytes that differ, so an
+            # intact row's data pages stay clean
+            conn.execute(q.S.INLINE_UPSERT, (digest, len(data), data, stored_ns))
+            if digest_of(data) == digest:
+                self._wrote[digest] = len(data)
+            else:  # bytes not of their name: the guard reads them back and refuses
+                self._wrote.pop(digest, None)
 
     def delete_inline(self, digest: str) -> None:
+        self._wrote.pop(digest, None)
         self._db.conn.execute(q.S.INLINE_DELETE, (digest,))
+
+    def blob_size(self, digest: str) -> tuple[int, bool] | None:
+        size = self._wrote.get(digest)
+        return (size, True) if size is not None else SqliteView.blob_size(self, digest)
+
+    def check_blob(self, digest: str, size: int, *, hash_file: bool) -> None:
+        if self._wrote.get(digest) != size:
+            SqliteView.check_blob(self, digest, size, hash_file=hash_file)
 
     def set_meta(self, key: str, value: str) -> None:
         self._db.conn.execute(_UPSERT_META, (key, value))

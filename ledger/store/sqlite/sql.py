@@ -10,6 +10,7 @@ memory.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Iterator
 from typing import Any, Final
 
@@ -29,6 +30,17 @@ select_steps = S.select_steps
 query = S.query
 
 READ_BATCH: Final = 2_000
+
+#: The most events one INSERT statement carries (14 parameters a row, well under
+#: SQLite's 32,766); a larger batch is inserted row by row under a savepoint.
+MULTI_ROW_MAX: Final = 1_000
+
+
+@functools.lru_cache(maxsize=64)
+def insert_events(n: int) -> str:
+    """One INSERT of `n` event rows."""
+    one = "(" + ", ".join("?" * len(ROW_NAMES)) + ")"
+    return f"INSERT INTO events({ROW_COLUMNS}) VALUES " + ", ".join([one] * n)
 
 TOTALS_BY_TIME: Final = (f"SELECT (time_ns / ?) * ?, count(*), sum({S.EVENT_BYTES})"
                          " FROM events GROUP BY time_ns / ? ORDER BY 1")

@@ -1,0 +1,158 @@
+"""The statements one step sends to its store, counted: `run_step` (an inline artifact,
+one commit) and `run_fenced_step` (one write and an inline artifact) on SQLite and, with
+a PostgreSQL server, on PostgreSQL.
+
+    .venv/bin/python tools/count_statements.py              # SQLite, and PostgreSQL on a
+                                                            # throwaway server if it starts
+    .venv/bin/python tools/count_statements.py --stores sqlite --list
+    .venv/bin/python tools/count_statements.py --url postgresql://u@host/db --json
+
+Each step runs after warm-up steps on the same ledger (caches as a long-running writer
+has them). SQLite's statements are what apsw's exec trace sees (every statement,
+BEGIN and COMMIT included); PostgreSQL's are the driver's calls (`execute`, and each
+statement of an `executemany`) — without pipeline mode, each call is one round trip to
+the server. `--list` prints every statement's first words.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import sys
+import tempfile
+from collections.abc import Callable, Iterator
+from typing import Any
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..")) 
+
+from ledger import Ledger, run_fenced_step  # noqa: E402
+from ledger.runner import run_step  # noqa: E402
+
+RESULT = os.urandom(4096)
+
+
+@contextlib.contextmanager
+def sqlite_trace(led: Ledger, seen: list[str]) -> Iterator[None]:
+    conn = led.storage.db.conn  # type: ignore[attr-defined]
+
+    def trace(_cur: Any, sql: str, _bindings: Any) -> bool:
+        seen.append(" ".join(sql.split()))
+        return True
+
+    conn.exec_trace = trace
+    try:
+        yield
+    finally:
+        conn.exec_trace = None
+
+
+@contextlib.contextmanager
+def pg_trace(_led: Ledger, seen: list[str]) -> Iterator[None]:
+    import psycopg
+
+    real_execute, real_many = psycopg.Cursor.execute, psycopg.Cursor.executemany
+    real_conn_execute = psycopg.Connection.execute
+
+    def execute(self: Any, query: Any, *a: Any, **k: Any) -> Any:
+        seen.append(" ".join(str(query if isinstance(query, str) else query.as_string(self))
+                             .split()))
+        return real_execute(self, query, *a, **k)
+
+    def executemany(self: Any, query: Any, params: Any, *a: Any, **k: Any) -> Any:
+        params = list(params)
+        text = " ".join(str(query if isinstance(query, str) else query.as_string(self)).split())
+        seen.extend([f"(many) {text}"] * len(params))
+        return real_many(self, query, params, *a, **k)
+
+    def conn_execute(self: Any, query: Any, *a: Any, **k: Any) -> Any:
+        # Connection.execute makes a cursor and calls Cursor.execute: counted there
+        return real_conn_execute(self, query, *a, **k)
+
+    psycopg.Cursor.execute, psycopg.Cursor.executemany = execute, executemany  # type: ignore[method-assign]
+    psycopg.Connection.execute = conn_execute  # type: ignore[method-assign]
+    try:
+        yield
+    finally:
+        psycopg.Cursor.execute, psycopg.Cursor.executemany = real_execute, real_many  # type: ignore[method-assign]
+        psycopg.Connection.execute = real_conn_execute  # type: ignore[method-assign]
+
+
+def count(location: str, tracer: Callable[..., Any], work: str) -> list[str]:
+    root = tempfile.mkdtemp(prefix="count-statements-")
+    with Ledger.init(location) as led:
+        wsdir = os.path.join(root, "ws")
+        os.makedirs(wsdir)
+        with open(os.path.join(wsdir, "app.py"), "wb") as f:
+            f.write(b"v0\n")
+        led.workspaces.add("w", wsdir)
+        epoch = led.workspaces.acquire("w", "counter", ttl_s=3600).epoch
+
+        def one(k: int) -> None:
+            if work == "run_step":
+                run_step(led, f"s{k}", {"result.bin": RESULT})
+                return
+            out = run_fenced_step(
+                led, "w", f"f{k}", lambda read: [read.read("app.py").write(b"v%d\n" % k)],
+                epoch=epoch, artifacts={"out/log.txt": b"log %d\n" % k})
+            assert out.status == "applied", out
+
+        for k in range(5):
+            one(k)
+        seen: list[str] = []
+        with tracer(led, seen):
+            one(5)
+    return seen
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--stores", default="sqlite,postgres")
+    ap.add_argument("--url", help="a postgresql:// database (default: a throwaway server)")
+    ap.add_argument("--list", action="store_true", help="print every statement")
+    ap.add_argument("--json", action="store_true")
+    args = ap.parse_args()
+    server = None
+    out: dict[str, dict[str, Any]] = {}
+    try:
+        for store in args.stores.split(","):
+            if store == "sqlite":
+                location, tracer = os.path.join(tempfile.mkdtemp(), "ledger.db"), sqlite_trace
+            else:
+                if args.url:
+                    location = args.url
+                else:
+                    from ledger.testing.pgserver import PgServer
+
+                    server = PgServer.start(None)
+                    location = server.create_database("count")
+                tracer = pg_trace
+            for work in ("run_step", "run_fenced_step"):
+                if store == "postgres" and work == "run_step":
+                    pass
+                seen = count(location if store == "sqlite" else location, tracer, work) \
+                    if store == "sqlite" else count(location, tracer, work)
+                if store == "sqlite":  # a fresh file for the next work
+                    location = os.path.join(tempfile.mkdtemp(), "ledger.db")
+                out.setdefault(store, {})[work] = {
+                    "statements": len(seen), "commits": sum(s.startswith("COMMIT") for s in seen),
+                    "list": seen}
+    finally:
+        if server is not None:
+            server.close()
+    if args.json:
+        print(json.dumps(out, indent=1))
+        return 0
+    for store, works in out.items():
+        for work, got in works.items():
+            print(f"{store:9} {work:16} {got['statements']:4} statements, {got['commits']} commits")
+            if args.list:
+                for s in got["list"]:
+                    print(f"    {s[:110]}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

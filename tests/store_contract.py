@@ -76,6 +76,9 @@ class Refusing:
     def begin(self, tx: Any) -> None:
         pass
 
+    def prefetch(self, tx: Any, step_ids: set[str]) -> None:
+        pass
+
     def check(self, event: Any, seq: int, time_ns: int) -> object:
         if getattr(event, "step", "") == "refused":
             raise IllegalTransition("refused", 1, "planned", "refused by the test")

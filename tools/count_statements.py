@@ -1,6 +1,6 @@
-"""The statements one step sends to its store, counted: `run_step` (an inline artifact,
-one commit) and `run_fenced_step` (one write and an inline artifact) on SQLite and, with
-a PostgreSQL server, on PostgreSQL.
+"""The statements one operation sends to its store, counted: an append of one event, a
+batch of 100, `run_step` (an inline artifact, one commit) and `run_fenced_step` (one
+write and an inline artifact), on SQLite and, with a PostgreSQL server, on PostgreSQL.
 
     .venv/bin/python tools/count_statements.py              # SQLite, and PostgreSQL on a
                                                             # throwaway server if it starts
@@ -27,10 +27,13 @@ from typing import Any
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..")) 
 
-from ledger import Ledger, run_fenced_step  # noqa: E402
+from ledger import Ledger, Planned, run_fenced_step  # noqa: E402
 from ledger.runner import run_step  # noqa: E402
 
 RESULT = os.urandom(4096)
+#: append: one `planned` event; bulk-100: `append_batch` of 100; run_step: a step with
+#: one 4 KiB inline artifact; run_fenced_step: one write and an inline artifact.
+WORKS = ("append", "bulk-100", "run_step", "run_fenced_step")
 
 
 @contextlib.contextmanager
@@ -79,6 +82,16 @@ def pg_trace(_led: Ledger, seen: list[str]) -> Iterator[None]:
         psycopg.Connection.execute = real_conn_execute  # type: ignore[method-assign]
 
 
+def with_schema(url: str, schema: str) -> str:
+    """`url` with its search path set to `schema` (made first): one schema a work."""
+    import psycopg
+
+    with psycopg.connect(url, autocommit=True) as conn:
+        conn.execute(f"CREATE SCHEMA IF NOT EXISTS {schema}")
+    sep = "&" if "?" in url else "?"
+    return f"{url}{sep}options=-csearch_path%3D{schema}"
+
+
 def count(location: str, tracer: Callable[..., Any], work: str) -> list[str]:
     root = tempfile.mkdtemp(prefix="count-statements-")
     with Ledger.init(location) as led:
@@ -90,6 +103,12 @@ def count(location: str, tracer: Callable[..., Any], work: str) -> list[str]:
         epoch = led.workspaces.acquire("w", "counter", ttl_s=3600).epoch
 
         def one(k: int) -> None:
+            if work == "append":
+                led.append(Planned(step=f"a{k}", attempt=1))
+                return
+            if work == "bulk-100":
+                led.append_batch([Planned(step=f"b{k}/{i:03d}", attempt=1) for i in range(100)])
+                return
             if work == "run_step":
                 run_step(led, f"s{k}", {"result.bin": RESULT})
                 return
@@ -118,24 +137,19 @@ def main() -> int:
     out: dict[str, dict[str, Any]] = {}
     try:
         for store in args.stores.split(","):
-            if store == "sqlite":
-                location, tracer = os.path.join(tempfile.mkdtemp(), "ledger.db"), sqlite_trace
-            else:
-                if args.url:
-                    location = args.url
-                else:
-                    from ledger.testing.pgserver import PgServer
+            tracer = sqlite_trace if store == "sqlite" else pg_trace
+            if store == "postgres" and not args.url:
+                from ledger.testing.pgserver import PgServer
 
-                    server = PgServer.start(None)
-                    location = server.create_database("count")
-                tracer = pg_trace
-            for work in ("run_step", "run_fenced_step"):
-                if store == "postgres" and work == "run_step":
-                    pass
-                seen = count(location if store == "sqlite" else location, tracer, work) \
-                    if store == "sqlite" else count(location, tracer, work)
-                if store == "sqlite":  # a fresh file for the next work
+                server = PgServer.start(None)
+            for work in WORKS:
+                if store == "sqlite":
                     location = os.path.join(tempfile.mkdtemp(), "ledger.db")
+                elif args.url:
+                    location = with_schema(args.url, f"count_{work.replace('-', '_')}")
+                else:
+                    location = server.create_database(f"count_{work.replace('-', '_')}")
+                seen = count(location, tracer, work)
                 out.setdefault(store, {})[work] = {
                     "statements": len(seen), "commits": sum(s.startswith("COMMIT") for s in seen),
                     "list": seen}

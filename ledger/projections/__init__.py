@@ -90,6 +90,17 @@ class StepsProjector:
                 row = self.seen[step_id] = view.step(step_id)
         return None if row is None else row.__copy__()
 
+    def prefetch(self, view: ReadView, step_ids: set[str]) -> None:
+        """Read the rows of a batch's steps this transaction has not seen yet in one
+        statement (`seen`), instead of one read a step as `check` meets them."""
+        unknown = [s for s in step_ids
+                   if s not in self.pending and s not in self.cache and s not in self.seen]
+        if len(unknown) < 2:
+            return  # one read either way
+        found = {r.step_id: r for r in view.steps_by_id(unknown)}
+        for s in unknown:
+            self.seen[s] = found.get(s)
+
     def begin(self, view: ReadView) -> None:
         self.view, self.pending = view, {}
         self.refs = refs_mod.RefsBatch()

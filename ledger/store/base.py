@@ -163,6 +163,8 @@ class TxBase:
     ) -> list[RecordedEvent]:
         if projector is not None:
             projector.begin(self)
+            if len(prepared) > 1:
+                projector.prefetch(self, {p[4].step for p in prepared if p[4].step})
         seq, prev = head.seq, head.hash
         recorded: list[RecordedEvent] = []
         rows = []

@@ -209,6 +209,9 @@ class Statements:
 
         # -- steps, workspaces, paths -------------------------------------------------
         self.SELECT_STEP: Final = r(f"SELECT {STEP_COLUMNS} FROM steps WHERE step_id = ?")
+        #: the rows of a set of steps (`Dialect.in_set`: its parameters)
+        self.SELECT_STEPS_IN: Final = r(f"SELECT {STEP_COLUMNS} FROM steps WHERE "
+                                        + d.in_set("step_id"))
         # Updated in place (not REPLACE, which deletes and reinserts the row).
         self.UPSERT_STEP: Final = r(d.upsert("steps", StepRow.COLUMNS, ("step_id",)))
         self.SELECT_WS: Final = f"SELECT {WS_COLUMNS} FROM workspaces"

@@ -191,6 +191,9 @@ class PgView:
         row = self._one(q.S.SELECT_STEP, (step_id,))
         return None if row is None else StepRow.from_tuple(row)
 
+    def steps_by_id(self, step_ids: Sequence[str]) -> list[StepRow]:
+        return [StepRow.from_tuple(r) for r in self._all(q.S.SELECT_STEPS_IN, (list(step_ids),))]
+
     def steps(self, *, state: str | None = None, step_id: str | None = None) -> list[StepRow]:
         sql, params = q.select_steps(state, step_id)
         return [StepRow.from_tuple(r) for r in self._all(sql, params)]

@@ -157,6 +157,15 @@ class SqliteView:
     def step(self, step_id: str) -> StepRow | None:
         return q.load_step(self._db.conn, step_id)
 
+    def steps_by_id(self, step_ids: Sequence[str]) -> list[StepRow]:
+        out: list[StepRow] = []
+        conn, ids = self._db.conn, list(step_ids)
+        for i in range(0, len(ids), q.PARAMS_MAX):
+            chunk = ids[i:i + q.PARAMS_MAX]
+            out.extend(StepRow.from_tuple(r) for r in conn.execute(
+                q.S.SELECT_STEPS_IN.format(", ".join("?" * len(chunk))), chunk).fetchall())
+        return out
+
     def steps(self, *, state: str | None = None, step_id: str | None = None) -> list[StepRow]:
         """The step rows (of one state, or one step), oldest first."""
         sql, params = q.select_steps(state, step_id)
@@ -437,8 +446,9 @@ class SqliteTx(SqliteView, TxBase):
         self._db.conn.execute(_UPSERT_META, (key, value))
 
     def write_projection(self, changes: ProjectionChanges) -> None:
+        conn = self._db.conn
         for sql, rows in q.S.projection_writes(changes, CHECKPOINT_NAME):
-            self._db.conn.executemany(sql, rows)
+            q.run_many(conn, sql, rows)
 
     def rebuild_projections(self) -> contextlib.AbstractContextManager[sc.RebuildSink]:
         return sc.rebuilding(self._db.conn)

@@ -394,6 +394,12 @@ class StepLookup:
     def __init__(self, log: EventLog, projector: StepsProjector | None) -> None:
         self.log, self.projector = log, projector
 
+    def current(self) -> bool:
+        """Whether the projection tables are as this writer left them (caught up at open,
+        then by every append of its own, and no other connection has committed since):
+        then a row is read with one statement, no lag check."""
+        return self.projector is not None and self.log.fresh()
+
     def find(self, step_id: str) -> StepRow | None:
         """The step's row, or None if it has no events."""
         check_step_id(step_id)

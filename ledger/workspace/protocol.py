@@ -589,12 +589,16 @@ class Workspaces:
     def get(self, name: str) -> WsRow:
         """A workspace's row (revision, lease); UnknownWorkspace if it was never added."""
         check_step_id(name)
-        with self._storage.read() as conn:
-            cp = checkpoint(conn)
-            if cp.version == STEPS_VERSION and cp.last_seq >= self._log.head().seq:
-                row = conn.workspace(name)  # caught up: one row, not the whole fold
-            else:
-                row = read_workspaces(self.core.log).rows.get(name)
+        if self.core.steps.current():
+            # a writer's tables, as it left them: one statement
+            row = self._storage.view.workspace(name)
+        else:
+            with self._storage.read() as conn:
+                cp = checkpoint(conn)
+                if cp.version == STEPS_VERSION and cp.last_seq >= self._log.head().seq:
+                    row = conn.workspace(name)  # caught up: one row, not the whole fold
+                else:
+                    row = read_workspaces(self.core.log).rows.get(name)
         if row is None:
             raise UnknownWorkspace(name)
         return row
@@ -750,8 +754,7 @@ class Workspaces:
         check_relpath(path)
         if max_bytes is not None and max_bytes < 0:
             raise InvalidInput(f"max_bytes must be 0 or more, not {max_bytes}")
-        with self._storage.read() as conn:
-            state = conn.path_state(workspace, path)
+        state = self._storage.view.path_state(workspace, path)  # one statement
         rev = 0 if state is None else state[0]
         with self._wsdir(row).open(path) as fd:
             if fd is None:

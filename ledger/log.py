@@ -128,6 +128,9 @@ class EventLog:
         self.on_commit: Callable[[Head], None] | None = None
         #: Called inside the transaction, before COMMIT, with the head it will commit.
         self.before_commit: Callable[[Tx, Head], None] | None = None
+        #: The head the current (or last) write transaction appends after, read under
+        #: its write lock: `before_commit` may compare it with a head it saw before.
+        self.start_head: Head | None = None
         #: Concurrent appends (threads) share one transaction and one fsync; off: each
         #: append is its own transaction, the threads taking turns.
         self.group_commit = True
@@ -270,6 +273,7 @@ class EventLog:
                 # The head last: a store that lets transactions of several workspaces run
                 # at once takes its chain lock here (docs/design.md "Many writers").
                 head = self._head if self._head is not None else tx.head()
+                self.start_head = head
                 self.appended.update(p[3] for p in prepared)
                 recorded = tx.append(prepared, head=head, time_ns=time_ns,
                                      projector=self.projector, guard=call.guard)
@@ -305,6 +309,7 @@ class EventLog:
             with self.store.transaction(scope) as tx:
                 self._sync()
                 start = head = self._head if self._head is not None else tx.head()
+                self.start_head = start
                 time_ns = tx.time_ns  # one transaction, one time for every part
                 for call in batch:
                     tx.open_part()
@@ -389,12 +394,6 @@ class EventLog:
         self._generation = None
         if self.projector is not None:
             self.projector.forget()
-
-    @property
-    def generation(self) -> object:
-        """The store's generation as this log last looked (inside a write transaction:
-        as of its start, under the write lock); None when unknown."""
-        return self._generation
 
     def fresh(self) -> bool:
         """Whether no other connection has committed since this log's last look (its

@@ -330,13 +330,14 @@ class AnchorCheck:
     witness's key. `seq` is the newest witness-anchored event this process saw;
     `anchoring` is set while it appends its own (which the check lets through).
 
-    The log is asked for the store's generation (`EventLog.generation`, read at the
-    transaction's start under the write lock): while it is the one this check last
-    looked at the anchors under, no other connection has committed since — so none
-    re-anchored — and the events need not be read again (a store whose generation says
-    nothing exact, PostgreSQL's, reads them every time)."""
+    The events are read only when the chain moved under this writer: when the head its
+    transaction appends after (`EventLog.start_head`, read under the write lock) is the
+    head the last checked transaction was to commit, nobody has appended since — so
+    nobody re-anchored (a re-anchor is an event) — and the answer stands. (A checked
+    transaction that did not commit leaves a head no later transaction starts from:
+    the next one reads the events again.)"""
 
-    __slots__ = ("path", "seq", "anchoring", "witness", "log", "_looked")
+    __slots__ = ("path", "seq", "anchoring", "witness", "log", "_after")
 
     def __init__(self, path: str, log: EventLog) -> None:
         self.path = path
@@ -344,13 +345,13 @@ class AnchorCheck:
         self.anchoring = False
         self.witness: Witness | None = None
         self.log = log
-        self._looked: object = None  # the generation the anchors were last read under
+        self._after: Head | None = None  # the head the last checked transaction committed
 
     def before_commit(self, tx: Tx, head: Head) -> None:
-        generation = self.log.generation
-        if generation is None or generation != self._looked or self.anchoring:
+        start = self.log.start_head
+        if self.anchoring or start is None or start != self._after:
             self._check(tx, head)
-            self._looked = generation
+        self._after = head
         if self.witness is not None:
             tx.set_meta("witness_tag", self.witness.tag(head.seq, head.hash))
 

@@ -23,7 +23,7 @@ Each ledger commit is ``BEGIN IMMEDIATE ... COMMIT`` on a WAL database with
 ``synchronous=FULL``: the COMMIT appends the transaction's dirty pages to the WAL and
 fsyncs it once (plus, whenever the WAL passes 1000 pages, SQLite's auto-checkpoint).
 
-* all artifacts inline: ONE commit holding ``planned``, every ``blob-pinned``, the
+* all artifacts inline: ONE commit holding ``planned`` (no ``blob-pinned``), the
   inline bytes in ``blob_data``, every ``blob-stored``, ``manifest-published`` and
   ``acked``. Nothing is written outside the ledger file, so the plan is durable before
   any write the step makes (they are the same commit), and a crash leaves all of it or
@@ -361,7 +361,10 @@ class RawRows:
 
     def __init__(self, case: Case, template: Template) -> None:
         kinds = [k for k, _, _ in template.events]
-        want = (["planned"] + ["blob-pinned"] * case.artifacts
+        # an inline step records no pins: its bytes are stored and published in the
+        # transaction that makes them exist, so no moment between commits needs holding
+        pins = 0 if case.inline else case.artifacts
+        want = (["planned"] + ["blob-pinned"] * pins
                 + ["blob-stored"] * case.artifacts + ["manifest-published", "acked"])
         assert kinds == want, f"ours wrote {kinds} for one step, expected {want}"
         self.template = template

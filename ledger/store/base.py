@@ -15,6 +15,7 @@ import functools
 from collections.abc import Sequence
 from typing import Any, Final
 
+from ..blobs import digest_of
 from ..errors import IdempotencyConflict, IllegalTransition, LedgerError
 from ..events import EVENT_VERSION, GUARDED_KINDS, Envelope, RecordedEvent, chain_hash, decode
 from . import (ROW_NAMES, ROW_TYPES, DuplicateKey, EventRow, Guard, Head, Prepared, Projector,
@@ -99,11 +100,32 @@ class TxBase:
     def _intact(self, exc: BaseException) -> bool:
         raise NotImplementedError
 
+    # -- inline rows this transaction wrote ---------------------------------------------
+    # Those whose bytes hash to their digest (digest -> size): the guard's look-ups of
+    # them are answered from here — they cannot change but through this transaction
+    # (`put_inline`, `delete_inline`, a part undone) — instead of reading back, and
+    # hashing again, what was just written. A store's `put_inline` calls `_wrote_inline`,
+    # its `delete_inline` `_unwrote`, its `blob_size` and `check_blob` ask `_wrote_size`.
+
+    def _wrote_inline(self, digest: str, data: bytes) -> None:
+        wrote = self.__dict__.setdefault("_wrote", {})
+        if digest_of(data) == digest:
+            wrote[digest] = len(data)
+        else:  # bytes not of their name: the guard reads them back and refuses
+            wrote.pop(digest, None)
+
+    def _unwrote(self, digest: str) -> None:
+        self.__dict__.get("_wrote", {}).pop(digest, None)
+
+    def _wrote_size(self, digest: str) -> int | None:
+        return self.__dict__.get("_wrote", {}).get(digest)  # type: ignore[no-any-return]
+
     # -- one caller's part of a group transaction --------------------------------------
 
     def open_part(self) -> None:
         """Start one caller's part of a shared transaction (a savepoint)."""
         self._open_part()
+        self.__dict__["_wrote_before_part"] = dict(self.__dict__.get("_wrote", {}))
 
     def close_part(self) -> None:
         """Keep the part (it commits with the transaction)."""
@@ -114,6 +136,7 @@ class TxBase:
         `exc` may have ended the whole transaction (nothing undone; the group fails)."""
         if not isinstance(exc, Exception) or not self._intact(exc):
             return False
+        self.__dict__["_wrote"] = self.__dict__.get("_wrote_before_part", {})
         try:
             self._undo_part()
         except Exception:

@@ -17,6 +17,7 @@ Each store's modules render from here and from nothing of the other store's.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Iterator, Sequence
 from typing import Any, Final
 
@@ -441,6 +442,26 @@ class Statements:
                                          changes.checkpoint.version)]
 
 
+@functools.lru_cache(maxsize=256)
+def many_rows(sql: str, n: int, mark: str) -> str | None:
+    """`sql` — an INSERT of one VALUES row, or a DELETE by one key (``WHERE k = <mark>``),
+    `mark` the driver's placeholder — as one statement for `n` rows (the VALUES row
+    repeated, an IN list); None for any other statement. Both databases run the rows of
+    one statement in order, as a loop of single statements would, and a failing
+    statement leaves no row of it behind."""
+    if sql.startswith("INSERT"):
+        start = sql.find(" VALUES (")
+        end = sql.find(")", start)
+        if start < 0 or end < 0:
+            return None
+        row = sql[start + len(" VALUES "):end + 1]
+        return sql[:start] + " VALUES " + ", ".join([row] * n) + sql[end + 1:]
+    tail = f" = {mark}"
+    if sql.startswith("DELETE") and sql.endswith(tail) and sql.count(mark) == 1:
+        return sql[:-len(tail)] + " IN (" + ", ".join([mark] * n) + ")"
+    return None
+
+
 def prefix_range(prefix: str) -> tuple[str, str]:
     """[low, high): exactly the texts that start with `prefix`, in byte order (both
     stores compare text as UTF-8 bytes, which sort as code points do)."""
@@ -450,4 +471,4 @@ def prefix_range(prefix: str) -> tuple[str, str]:
 
 
 __all__ = ["EVENT_COLUMNS", "FOLD_COLUMNS", "POSTGRES", "ROW_COLUMNS", "SQLITE", "STEP_COLUMNS",
-           "Dialect", "Statements", "prefix_range"]
+           "Dialect", "Statements", "many_rows", "prefix_range"]

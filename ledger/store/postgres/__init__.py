@@ -69,8 +69,11 @@ from . import schema as sch
 from .driver import _first_line, _psycopg
 from .location import SCHEMES, check_url, is_url, shown_location, without_secrets
 from . import sql as q
+from ..sql import many_rows
 
 CHECKPOINT_NAME: Final = "steps"
+#: The most parameters one multi-row statement carries (the protocol's limit: 65,535).
+PARAMS_MAX: Final = 30_000
 READ_BATCH: Final = 2_000
 #: The advisory lock class of every steptrail lock ('STLG' as a signed 32-bit int).
 LOCK_CLASS: Final = 0x53544C47
@@ -447,15 +450,23 @@ class PgTx(PgView, TxBase):
     def put_inline(self, blobs: Mapping[str, bytes], stored_ns: int) -> None:
         self._store._chain()
         for digest, data in blobs.items():
-            found = self._one(q.S.INLINE_DATA, (digest,))
-            if found is not None and bytes(found[0]) == data:
-                self._store._run(q.S.INLINE_FRESHEN, (stored_ns, digest))
-            else:
-                self._store._run(q.S.INLINE_PUT, (digest, len(data), data, stored_ns))
+            # one upsert; the data column is rewritten only when its bytes differ (an
+            # intact row keeps its stored value: no new TOAST copy of the same bytes)
+            self._store._run(q.INLINE_UPSERT, (digest, len(data), data, stored_ns))
+            self._wrote_inline(digest, data)
 
     def delete_inline(self, digest: str) -> None:
         self._store._chain()
+        self._unwrote(digest)
         self._store._run(q.S.INLINE_DELETE, (digest,))
+
+    def blob_size(self, digest: str) -> tuple[int, bool] | None:
+        size = self._wrote_size(digest)
+        return (size, True) if size is not None else PgView.blob_size(self, digest)
+
+    def check_blob(self, digest: str, size: int, *, hash_file: bool) -> None:
+        if self._wrote_size(digest) != size:
+            PgView.check_blob(self, digest, size, hash_file=hash_file)
 
     def set_meta(self, key: str, value: str) -> None:
         self._store._chain()
@@ -698,13 +709,21 @@ class PgStore:
             return conn.execute(sql, params)
 
     def _run_many(self, sql: str, rows: Sequence[Sequence[object]], *, raw: bool = False) -> None:
+        """Execute `sql` for each of `rows`: as few multi-row statements as
+        `many_rows` makes of it (chunks of at most PARAMS_MAX parameters), else the
+        driver's executemany."""
         conn = self._connect()
-        if raw:
-            with conn.cursor() as cur:
+        width = len(rows[0]) if rows else 1
+        step = max(1, PARAMS_MAX // max(1, width))
+        multi = len(rows) > 1 and many_rows(sql, min(len(rows), step), "%s") is not None
+        with contextlib.nullcontext() if raw else self._translated(), conn.cursor() as cur:
+            if not multi:
                 cur.executemany(sql, rows)
-            return
-        with self._translated(), conn.cursor() as cur:
-            cur.executemany(sql, rows)
+                return
+            for i in range(0, len(rows), step):
+                chunk = rows[i:i + step]
+                cur.execute(many_rows(sql, len(chunk), "%s"),  # type: ignore[arg-type]
+                            [cell for row in chunk for cell in row])
 
     def _begin(self, *, write: bool, scope: Scope = Scope()) -> None:
         """BEGIN, and the scope's locks (docs/design.md "Many writers"): a transaction of

@@ -34,6 +34,15 @@ TOTALS_BY_TIME: Final = (f"SELECT t.b * %s, count(*), sum(t.n) FROM (SELECT time
 
 
 
+#: Insert an inline blob, or make the row of its digest these bytes at this time: the
+#: data column rewritten only when it differs (an update of an equal value would still
+#: write a new copy of it).
+INLINE_UPSERT: Final = (
+    "INSERT INTO blob_data(digest, size, data, stored_ns) VALUES (%s, %s, %s, %s)"
+    " ON CONFLICT(digest) DO UPDATE SET size = excluded.size, stored_ns = excluded.stored_ns,"
+    " data = CASE WHEN blob_data.data = excluded.data THEN blob_data.data"
+    " ELSE excluded.data END")
+
 in_flight = S.in_flight
 select_steps = S.select_steps
 query = S.query

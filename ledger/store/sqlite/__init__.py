@@ -30,7 +30,7 @@ from typing import Any, Final
 
 import apsw
 
-from ...blobs import BlobStore, FileOps, digest_of
+from ...blobs import BlobStore, FileOps
 from .file import (
     BUSY_TIMEOUT_MS,
     GC_LOCK_NAME,
@@ -337,12 +337,6 @@ class SqliteTx(SqliteView, TxBase):
         self.scope = scope
         self._time_ns: int | None = None
         self._cm = store.db.transaction()
-        # Inline rows this transaction wrote whose bytes hash to their digest (digest ->
-        # size): the guard's look-ups of them are answered from here — they cannot
-        # change but through this transaction (`put_inline`, `delete_inline`, a part
-        # undone) — instead of reading back (and re-hashing) what was just written.
-        self._wrote: dict[str, int] = {}
-        self._wrote_before_part: dict[str, int] = {}
 
     def __enter__(self) -> SqliteTx:
         lock = self._store.lock
@@ -399,11 +393,9 @@ class SqliteTx(SqliteView, TxBase):
 
     def _open_part(self) -> None:
         self._db.conn.execute("SAVEPOINT group_part")
-        self._wrote_before_part = dict(self._wrote)
 
     def _undo_part(self) -> None:
         conn = self._db.conn
-        self._wrote = self._wrote_before_part
         conn.execute("ROLLBACK TO group_part")
         conn.execute("RELEASE group_part")
 
@@ -425,21 +417,18 @@ class SqliteTx(SqliteView, TxBase):
             # one upsert: SQLite rewrites in place only the bytes that differ, so an
             # intact row's data pages stay clean
             conn.execute(q.S.INLINE_UPSERT, (digest, len(data), data, stored_ns))
-            if digest_of(data) == digest:
-                self._wrote[digest] = len(data)
-            else:  # bytes not of their name: the guard reads them back and refuses
-                self._wrote.pop(digest, None)
+            self._wrote_inline(digest, data)
 
     def delete_inline(self, digest: str) -> None:
-        self._wrote.pop(digest, None)
+        self._unwrote(digest)
         self._db.conn.execute(q.S.INLINE_DELETE, (digest,))
 
     def blob_size(self, digest: str) -> tuple[int, bool] | None:
-        size = self._wrote.get(digest)
+        size = self._wrote_size(digest)
         return (size, True) if size is not None else SqliteView.blob_size(self, digest)
 
     def check_blob(self, digest: str, size: int, *, hash_file: bool) -> None:
-        if self._wrote.get(digest) != size:
+        if self._wrote_size(digest) != size:
             SqliteView.check_blob(self, digest, size, hash_file=hash_file)
 
     def set_meta(self, key: str, value: str) -> None:

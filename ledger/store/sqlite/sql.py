@@ -20,7 +20,8 @@ from .. import ROW_NAMES, ROW_TYPES, make_event_row
 from ..base import paged as base_paged
 from ..base import row_problem
 from ..rows import PathState, StepRow, WsRow
-from ..sql import FOLD_COLUMNS, ROW_COLUMNS, SQLITE, STEP_COLUMNS, WS_COLUMNS, Statements, prefix_range
+from ..sql import (FOLD_COLUMNS, ROW_COLUMNS, SQLITE, STEP_COLUMNS, WS_COLUMNS, Statements,
+                   many_rows, prefix_range)
 from .driver import read_error
 from .file import Database
 
@@ -43,42 +44,24 @@ def insert_events(n: int) -> str:
     return f"INSERT INTO events({ROW_COLUMNS}) VALUES " + ", ".join([one] * n)
 
 
-#: The most parameters one statement `many` makes carries (SQLite's limit is 32,766).
+#: The most parameters one statement `run_many` makes carries (SQLite's limit: 32,766).
 PARAMS_MAX: Final = 16_000
 
 
-@functools.lru_cache(maxsize=256)
-def many(sql: str, n: int) -> str | None:
-    """`sql` — an INSERT of one VALUES row, or a DELETE by one key (``WHERE k = ?``) —
-    as one statement for `n` rows (VALUES repeated, an IN list); None for any other
-    statement. SQLite runs the rows of one statement in order, as executemany would, and
-    a failing statement leaves no row of it behind."""
-    if sql.startswith("INSERT"):
-        start = sql.find(" VALUES (")
-        end = sql.find(")", start)
-        if start < 0 or end < 0:
-            return None
-        row = sql[start + len(" VALUES "):end + 1]
-        return sql[:start] + " VALUES " + ", ".join([row] * n) + sql[end + 1:]
-    if sql.startswith("DELETE") and sql.endswith(" = ?") and sql.count("?") == 1:
-        return sql[:-len(" = ?")] + " IN (" + ", ".join("?" * n) + ")"
-    return None
-
-
 def run_many(conn: apsw.Connection, sql: str, rows: Sequence[Sequence[Any]]) -> None:
-    """Run `sql` for each of `rows`: in as few statements as `many` allows (chunks of at
-    most PARAMS_MAX parameters), else one statement a row."""
+    """Run `sql` for each of `rows`: in as few statements as `many_rows` allows (chunks of
+    at most PARAMS_MAX parameters), else one statement a row."""
     if len(rows) == 1:
         conn.execute(sql, rows[0])
         return
     width = len(rows[0]) if rows else 1
     step = max(1, PARAMS_MAX // max(1, width))
-    if not rows or many(sql, min(len(rows), step)) is None:
+    if not rows or many_rows(sql, min(len(rows), step), "?") is None:
         conn.executemany(sql, rows)
         return
     for i in range(0, len(rows), step):
         chunk = rows[i:i + step]
-        conn.execute(many(sql, len(chunk)), [cell for row in chunk for cell in row])
+        conn.execute(many_rows(sql, len(chunk), "?"), [cell for row in chunk for cell in row])
 
 TOTALS_BY_TIME: Final = (f"SELECT (time_ns / ?) * ?, count(*), sum({S.EVENT_BYTES})"
                          " FROM events GROUP BY time_ns / ? ORDER BY 1")

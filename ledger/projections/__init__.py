@@ -408,6 +408,10 @@ class StepLookup:
             if cached is not None:
                 return cached.__copy__()
             return self.log.store.view.step(step_id)
+        # the row and the lag check in one statement; a fold only when the tables lag
+        current, row = self.log.store.view.step_if_current(step_id, steps_mod.VERSION)
+        if current:
+            return row  # type: ignore[no-any-return]
         rows = read_steps(self.log, step_id=step_id)
         return rows[0] if rows else None
 

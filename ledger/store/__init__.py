@@ -365,6 +365,16 @@ class ProjectionReader(Protocol):
     """The inline projections' rows: steps, workspaces and their paths, pins, manifests."""
 
     def step(self, step_id: str) -> Any: ...
+    def step_if_current(self, step_id: str, version: int) -> tuple[bool, Any]:
+        """(True, the step's row or None) when the tables are caught up with the log at
+        projection `version`, read with the lag check in one statement; (False, None)
+        when they lag (fold the log instead)."""
+        ...
+
+    def workspace_if_current(self, name: str, version: int) -> tuple[bool, Any]:
+        """`step_if_current` for a workspace's row."""
+        ...
+
     def steps_by_id(self, step_ids: Sequence[str]) -> list[Any]:
         """The rows of those of `step_ids` that have one, in one read (any order)."""
         ...

@@ -217,6 +217,12 @@ class Statements:
         self.UPSERT_STEP: Final = r(d.upsert("steps", StepRow.COLUMNS, ("step_id",)))
         self.SELECT_WS: Final = f"SELECT {WS_COLUMNS} FROM workspaces"
         self.SELECT_ONE_WS: Final = r(f"SELECT {WS_COLUMNS} FROM workspaces WHERE name = ?")
+        #: One row with what says whether the tables are caught up, in one statement
+        #: (one snapshot): the checkpoint's last seq and version, the head's seq, then the
+        #: row's columns (NULLs when there is none). Parameters: the checkpoint's name
+        #: twice, the key.
+        self.STEP_IF_CURRENT: Final = r(_if_current("steps", "step_id", StepRow.COLUMNS))
+        self.WS_IF_CURRENT: Final = r(_if_current("workspaces", "name", WsRow.COLUMNS))
         self.UPSERT_WS: Final = r(d.upsert("workspaces", WsRow.COLUMNS, ("name",)))
         self.SELECT_PATH: Final = r("SELECT rev, hash, seq FROM ws_paths"
                                     " WHERE workspace = ? AND path = ?")
@@ -442,6 +448,23 @@ class Statements:
                                          changes.checkpoint.version)]
 
 
+def _if_current(table: str, key: str, columns: Sequence[str]) -> str:
+    return ("SELECT (SELECT last_seq FROM projection_checkpoint WHERE name = ?),"
+            " (SELECT version FROM projection_checkpoint WHERE name = ?),"
+            " (SELECT seq FROM events ORDER BY seq DESC LIMIT 1), "
+            + ", ".join(f"t.{c}" for c in columns)
+            + f" FROM (SELECT 1) AS one LEFT JOIN {table} t ON t.{key} = ?")
+
+
+def if_current(row: Sequence[Any], version: int, make: Any) -> tuple[bool, Any]:
+    """(whether the tables are caught up at `version`, the row made by `make` or None)
+    from an `*_IF_CURRENT` statement's row; (False, None) when they lag."""
+    last, ver, head, *cells = row
+    if ver != version or last is None or last < (head or 0):
+        return False, None
+    return True, None if cells[0] is None else make(tuple(cells))
+
+
 @functools.lru_cache(maxsize=256)
 def many_rows(sql: str, n: int, mark: str) -> str | None:
     """`sql` — an INSERT of one VALUES row, or a DELETE by one key (``WHERE k = <mark>``),
@@ -471,4 +494,4 @@ def prefix_range(prefix: str) -> tuple[str, str]:
 
 
 __all__ = ["EVENT_COLUMNS", "FOLD_COLUMNS", "POSTGRES", "ROW_COLUMNS", "SQLITE", "STEP_COLUMNS",
-           "Dialect", "Statements", "many_rows", "prefix_range"]
+           "Dialect", "Statements", "if_current", "many_rows", "prefix_range"]

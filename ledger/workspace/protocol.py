@@ -98,7 +98,7 @@ from ..events import (
 from .confined import Confined
 from .core import Core
 from .restore import RestoreReport, restore
-from ..projections import checkpoint, read_workspaces
+from ..projections import read_workspaces
 from ..projections.steps import (
     COMPENSATED,
     COMPENSATING,
@@ -593,12 +593,10 @@ class Workspaces:
             # a writer's tables, as it left them: one statement
             row = self._storage.view.workspace(name)
         else:
-            with self._storage.read() as conn:
-                cp = checkpoint(conn)
-                if cp.version == STEPS_VERSION and cp.last_seq >= self._log.head().seq:
-                    row = conn.workspace(name)  # caught up: one row, not the whole fold
-                else:
-                    row = read_workspaces(self.core.log).rows.get(name)
+            # the row and the lag check in one statement; a fold only when they lag
+            current, row = self._storage.view.workspace_if_current(name, STEPS_VERSION)
+            if not current:
+                row = read_workspaces(self.core.log).rows.get(name)
         if row is None:
             raise UnknownWorkspace(name)
         return row

@@ -69,7 +69,7 @@ from . import schema as sch
 from .driver import _first_line, _psycopg
 from .location import SCHEMES, check_url, is_url, shown_location, without_secrets
 from . import sql as q
-from ..sql import many_rows
+from ..sql import if_current, many_rows
 
 CHECKPOINT_NAME: Final = "steps"
 #: The most parameters one multi-row statement carries (the protocol's limit: 65,535).
@@ -193,6 +193,19 @@ class PgView:
     def step(self, step_id: str) -> StepRow | None:
         row = self._one(q.S.SELECT_STEP, (step_id,))
         return None if row is None else StepRow.from_tuple(row)
+
+    def step_if_current(self, step_id: str, version: int) -> tuple[bool, StepRow | None]:
+        return self._if_current(q.S.STEP_IF_CURRENT, step_id, version, StepRow.from_tuple)
+
+    def workspace_if_current(self, name: str, version: int) -> tuple[bool, WsRow | None]:
+        return self._if_current(q.S.WS_IF_CURRENT, name, version, WsRow.from_tuple)
+
+    def _if_current(self, sql: str, key: str, version: int, make: Any) -> tuple[bool, Any]:
+        row = self._one(sql, (CHECKPOINT_NAME, CHECKPOINT_NAME, key))
+        try:
+            return if_current(row, version, make)
+        except (TypeError, ValueError) as exc:  # a damaged row's cells
+            raise CorruptLedger(self._store.location, str(exc)) from None
 
     def steps_by_id(self, step_ids: Sequence[str]) -> list[StepRow]:
         return [StepRow.from_tuple(r) for r in self._all(q.S.SELECT_STEPS_IN, (list(step_ids),))]

@@ -69,6 +69,7 @@ from ..base import TxBase, locked_view
 from ..rows import IN_FLIGHT, PathState, StepRow, WsRow
 from . import blobs as bl
 from . import sql as q
+from ..sql import if_current
 from . import scratch as sc
 
 #: The projection checkpoint's row (the inline projections are checkpointed together).
@@ -156,6 +157,21 @@ class SqliteView:
 
     def step(self, step_id: str) -> StepRow | None:
         return q.load_step(self._db.conn, step_id)
+
+    def step_if_current(self, step_id: str, version: int) -> tuple[bool, StepRow | None]:
+        return self._if_current(q.S.STEP_IF_CURRENT, step_id, version, StepRow.from_tuple)
+
+    def workspace_if_current(self, name: str, version: int) -> tuple[bool, WsRow | None]:
+        return self._if_current(q.S.WS_IF_CURRENT, name, version, WsRow.from_tuple)
+
+    def _if_current(self, sql: str, key: str, version: int, make: Any) -> tuple[bool, Any]:
+        try:
+            row = self._db.conn.execute(sql, (CHECKPOINT_NAME, CHECKPOINT_NAME, key)).fetchone()
+            return if_current(row, version, make)
+        except apsw.Error as exc:
+            raise read_error(exc, self._db.path) from None
+        except (TypeError, ValueError) as exc:  # a damaged row's cells
+            raise CorruptLedger(self._db.path, str(exc)) from None
 
     def steps_by_id(self, step_ids: Sequence[str]) -> list[StepRow]:
         out: list[StepRow] = []

@@ -723,15 +723,18 @@ class PgStore:
 
     def _run_many(self, sql: str, rows: Sequence[Sequence[object]], *, raw: bool = False) -> None:
         """Execute `sql` for each of `rows`: as few multi-row statements as
-        `many_rows` makes of it (chunks of at most PARAMS_MAX parameters), else the
-        driver's executemany."""
+        `many_rows` makes of it (chunks of at most PARAMS_MAX parameters), else one
+        statement a row. Never the driver's executemany: it runs in pipeline mode, and a
+        writer frozen right after one was never ended by the server's idle bound — the
+        fleet waited on its locks (tests/test_postgres_frozen.py, the chain stage)."""
         conn = self._connect()
         width = len(rows[0]) if rows else 1
         step = max(1, PARAMS_MAX // max(1, width))
         multi = len(rows) > 1 and many_rows(sql, min(len(rows), step), "%s") is not None
         with contextlib.nullcontext() if raw else self._translated(), conn.cursor() as cur:
             if not multi:
-                cur.executemany(sql, rows)
+                for row in rows:
+                    cur.execute(sql, row)
                 return
             for i in range(0, len(rows), step):
                 chunk = rows[i:i + step]

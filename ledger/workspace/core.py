@@ -97,9 +97,9 @@ class Core:
         return self.storage.blobs.chunks(digest, size=size)
 
     def blob_size(self, digest: str) -> tuple[int, bool] | None:
-        """(size, inline) of a stored blob, looked up now; None: it is not stored."""
-        with self.storage.read() as view:
-            return view.blob_size(digest)
+        """(size, inline) of a stored blob, looked up now (one statement); None: it is
+        not stored."""
+        return self.storage.view.blob_size(digest)  # type: ignore[no-any-return]
 
 
 __all__ = ["Clock", "Core", "Options", "OwnFiles"]

@@ -131,6 +131,11 @@ class EventLog:
         #: The head the current (or last) write transaction appends after, read under
         #: its write lock: `before_commit` may compare it with a head it saw before.
         self.start_head: Head | None = None
+        # The head after this log's last commit, and where its run of back-to-back
+        # commits began (each started from the head the one before it committed): every
+        # event between the two is this log's own (`only_mine_since`).
+        self._last_end: Head | None = None
+        self._run_from: Head | None = None
         #: Concurrent appends (threads) share one transaction and one fsync; off: each
         #: append is its own transaction, the threads taking turns.
         self.group_commit = True
@@ -289,6 +294,7 @@ class EventLog:
             raise
         if new:
             self._head = Head(new[-1].seq, new[-1].hash)
+            self._extend_run(head, self._head)
         if self.projector is not None:
             self.projector.committed()
         if new and self.on_commit is not None:
@@ -354,6 +360,7 @@ class EventLog:
             projector.forget()
         if head.seq != start.seq:
             self._head = head
+            self._extend_run(start, head)
             if self.on_commit is not None:
                 try:
                     self.on_commit(head)
@@ -394,6 +401,23 @@ class EventLog:
         self._generation = None
         if self.projector is not None:
             self.projector.forget()
+
+    def _extend_run(self, start: Head, end: Head) -> None:
+        """A commit of this log appended after `start` up to `end`."""
+        if start != self._last_end or self._run_from is None:
+            self._run_from = start  # someone else appended since our last commit
+        self._last_end = end
+
+    def only_mine_since(self, then: Head, now: Head) -> bool:
+        """Whether every event appended after head `then` up to head `now` is this
+        log's own (both read from the store; `now` the newer): nothing was appended, or
+        `now` is this log's last commit and `then` lies within its run of back-to-back
+        commits."""
+        if then == now:
+            return True
+        run_from, last = self._run_from, self._last_end
+        return (run_from is not None and now == last
+                and run_from.seq <= then.seq <= now.seq)
 
     def fresh(self) -> bool:
         """Whether no other connection has committed since this log's last look (its

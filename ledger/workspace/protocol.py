@@ -110,7 +110,7 @@ from ..projections.steps import (
 )
 from ..projections.steps import VERSION as STEPS_VERSION
 from ..projections.workspaces import REGISTRATION_KINDS, Registration, WsRow, load_registration
-from ..store import EventQuery, Scope, Tx
+from ..store import EventQuery, Head, Scope, Tx
 from .directory import (
     NOT_A_FILE,
     FileIdentity,
@@ -455,8 +455,8 @@ class Workspaces:
         self._log = core.log
         self._storage = core.storage
         self._options = core.options
-        #: name -> (store generation, registration events appended, registration)
-        self._registrations: dict[str, tuple[object, int, Registration]] = {}
+        #: name -> (the head it was read at, registration events appended, registration)
+        self._registrations: dict[str, tuple[Head, int, Registration]] = {}
 
     # -- workspaces ----------------------------------------------------------------------
 
@@ -526,22 +526,24 @@ class Workspaces:
         """Where workspace `name` lives and what it may write (its newest
         `workspace-added`/`-restored`/`-rebound` event); UnknownWorkspace if never added."""
         check_step_id(name)
-        # Kept while nothing can have changed it: no other connection committed (the
-        # store's generation; a store without a cheap signal never repeats one) and this
-        # log appended no registration event (counted before its commit). Read inside a
-        # transaction or read already open, it is not kept (it may be uncommitted).
+        # Kept while nothing can have changed it: every event appended since it was read
+        # is this log's own (the head now, one statement, against the head it was read
+        # at: `EventLog.only_mine_since` — exact on every store) and none of those was a
+        # registration event (counted before its commit). Read inside a transaction or
+        # read already open, it is not kept (it may be uncommitted).
         seen = sum(self._log.appended[k] for k in REGISTRATION_KINDS)
-        generation = self._storage.generation()
-        hit = self._registrations.get(name)
-        if hit is not None and hit[0] == generation and hit[1] == seen:
-            return hit[2]
         nested = self._storage.lock._is_owned()
+        hit = self._registrations.get(name)
+        if hit is not None and not nested and hit[1] == seen:
+            if self._log.only_mine_since(hit[0], self._storage.view.head()):
+                return hit[2]
         with self._storage.read() as view:
+            head = view.head()
             reg = load_registration(view, name)
         if reg is None:
             raise UnknownWorkspace(name)
         if not nested:
-            self._registrations[name] = (generation, seen, reg)
+            self._registrations[name] = (head, seen, reg)
         return reg
 
     def check_root(self, name: str, real: str, ident: FileIdentity | None) -> None:

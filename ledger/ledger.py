@@ -699,8 +699,7 @@ class Ledger:
                 check_int(epoch, "epoch", 0)
             return self._append_fenced(events, dict(epochs), small)
         if small:
-            return self._log.append(events, guard=self._guard(), inline=small,
-                                    inline_ns=self.clock())
+            return self._log.append(events, guard=self._guard(), inline=small)
         return self._log.append(events, guard=self._guard())
 
     def _append_fenced(self, events: list[Event], epochs: dict[str, int],
@@ -724,8 +723,7 @@ class Ledger:
         names = {getattr(e, "workspace", "") for e in events}
         (only,) = names if len(names) == 1 else ("",)
         scope = Scope(only) if only and set(epochs) == names else Scope()
-        return self._log.append(build, guard=self._guard(), scope=scope, inline=small,
-                                inline_ns=self.clock() if small else 0)
+        return self._log.append(build, guard=self._guard(), scope=scope, inline=small)
 
     # -- blobs -----------------------------------------------------------------------
 
@@ -854,9 +852,7 @@ class Ledger:
             small = content_bytes(data, digest)
             # The pin, the bytes and `blob-stored` commit together: the blob is never
             # visible unpinned, so one transaction does what two would.
-            now = self.clock()
-            self._log.append([pin, event], guard=self._guard(), inline={digest: small},
-                             inline_ns=now)
+            self._log.append([pin, event], guard=self._guard(), inline={digest: small})
         else:
             self.blobs.check_writable(digest)  # a store that refuses the put: pin nothing
             self.append(pin)  # committed before the file is written or deduplicated
@@ -908,10 +904,9 @@ class Ledger:
         # records the ack: recording it with the manifest saves a commit and changes no
         # answer (a crash before the return is answered from the journal on a re-run).
         ack = Acked(**common, manifest_rev=event.manifest_rev)  # type: ignore[arg-type]
-        now = self.clock()
         try:
             recorded = self._log.append(
-                [*stored, event, ack], guard=self._guard(), inline=small, inline_ns=now)
+                [*stored, event, ack], guard=self._guard(), inline=small)
         except IllegalTransition:
             # a concurrent runner of the same attempt published first: its manifest won
             if self.step(step).live:
@@ -970,8 +965,7 @@ class Ledger:
 
         small = {d: data for d, data in outputs.values()}
         try:
-            recorded = self._log.append(build, guard=self._guard(), inline=small,
-                                        inline_ns=self.clock())
+            recorded = self._log.append(build, guard=self._guard(), inline=small)
         except _NotFresh as not_fresh:
             return not_fresh.row
         except (IllegalTransition, IdempotencyConflict):

@@ -178,7 +178,8 @@ class EventLog:
         `deduped=True`; with a different event, IdempotencyConflict. An illegal
         transition raises IllegalTransition. On any error nothing is written.
         `events` may be a builder, `build(tx, time_ns)`, run under the write lock.
-        `inline` (digest -> bytes, stored at `inline_ns`) is written first inside the
+        `inline` (digest -> bytes, stored at `inline_ns`; 0: at the transaction's time, the
+        one its events carry — no clock read of its own) is written first inside the
         transaction: the inline blob bytes the events name commit with them.
         `guard(tx, event)` runs before the insert of each new `blob-stored` or
         `manifest-published` (and each event under an epoch) and raises to refuse it.
@@ -274,7 +275,7 @@ class EventLog:
                     prepared = self._prepare(call.build(tx, time_ns))
                     _check_scope(prepared, call.scope)
                 if call.inline:
-                    tx.put_inline(call.inline, call.inline_ns)
+                    tx.put_inline(call.inline, call.inline_ns or time_ns)
                 # The head last: a store that lets transactions of several workspaces run
                 # at once takes its chain lock here (docs/design.md "Many writers").
                 head = self._head if self._head is not None else tx.head()
@@ -321,7 +322,7 @@ class EventLog:
                     tx.open_part()
                     try:
                         if call.inline:
-                            tx.put_inline(call.inline, call.inline_ns)
+                            tx.put_inline(call.inline, call.inline_ns or time_ns)
                         prepared = (call.prepared if call.build is None
                                     else self._prepare(call.build(tx, time_ns)))
                         _check_scope(prepared, scope)

@@ -1096,8 +1096,8 @@ class Workspaces:
         small = {d: content_bytes(c, d) for d, (c, n) in contents.items()
                  if n <= self._options.inline_max_bytes}
         large = {d: c for d, (c, n) in contents.items() if n > self._options.inline_max_bytes}
-        now = self.core.clock()
-        self._log.append([*planned, *pins], guard=self.core.guard(), inline=small, inline_ns=now)
+        # (the inline bytes are stored at the transaction's time)
+        self._log.append([*planned, *pins], guard=self.core.guard(), inline=small)
         for d, c in large.items():  # pinned (committed) before the file is written
             self.core.storage.files.put_content(c, d)
         return [None] * len(plans)

@@ -415,6 +415,14 @@ class StepLookup:
         rows = read_steps(self.log, step_id=step_id)
         return rows[0] if rows else None
 
+    def in_tx(self, tx: ReadView, step_id: str) -> StepRow | None:
+        """The step's row as a builder sees it inside its write transaction, read once
+        and remembered for the fold that follows (`StepsProjector.peek`; a read-only
+        ledger's log has no projector: read)."""
+        if self.projector is None:
+            return tx.step(step_id)  # type: ignore[no-any-return]
+        return self.projector.peek(tx, step_id)
+
     def get(self, step_id: str) -> StepRow:
         """The step's row; UnknownStep if it has no events."""
         row = self.find(step_id)

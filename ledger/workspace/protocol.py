@@ -386,13 +386,12 @@ def _plan_differences(recorded: Planned | None, p: StepPlan, workspace: str,
 
 
 def _commit_events(tx: Tx, now: int, planned: Planned, fenced: Fenced,
-                   inline: dict[str, bytes]) -> list[Event]:
+                   inline: dict[str, bytes], cur: StepRow) -> list[Event]:
     """The artifacts, manifest and ack that commit a step with its apply: `inline`
     artifacts stored now (rows of this transaction), the others as stored before; the
     manifest names each written path's post-image (a deletion names none) and each
-    declared artifact. A declared artifact stored nowhere: no commit (the apply alone)."""
-    cur = tx.step(planned.step)
-    assert cur is not None
+    declared artifact. A declared artifact stored nowhere: no commit (the apply alone).
+    `cur` is the step's row as this transaction read it before the apply."""
     common = dict(step=planned.step, attempt=fenced.attempt, run=planned.run,
                   workspace=planned.workspace, epoch=fenced.epoch)
     stored: dict[str, ManifestEntry] = {}
@@ -1256,8 +1255,10 @@ class Workspaces:
                 events = self._fence(tx, now, planned, attempt, epoch, key, ws, wsdir, staged,
                                      holder, pre_bytes, landings)
                 if commit and isinstance(events[-1], Fenced):
+                    cur = self.core.steps.in_tx(tx, planned.step)
+                    assert cur is not None
                     events += _commit_events(tx, now, planned, events[-1],
-                                             inline_artifacts or {})
+                                             inline_artifacts or {}, cur)
                 built.append(True)
                 return events
 
@@ -1360,7 +1361,7 @@ class Workspaces:
         with the rest. The displaced pre-images are stored and pinned in this very
         transaction; their files stay on disk until it has committed (`release`)."""
         step, name = planned.step, planned.workspace
-        cur = tx.step(step)
+        cur = self.core.steps.in_tx(tx, step)
         assert cur is not None
         if planned.journal:
             hit = tx.journal_lookup(key)

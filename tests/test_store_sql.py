@@ -71,9 +71,12 @@ def test_each_dialect_renders_its_own_placeholders_and_forms() -> None:
         assert "ON CONFLICT DO NOTHING" not in lite[name] and "octet_length" not in lite[name]
     assert lite["ADD_PINS"].startswith("INSERT OR IGNORE INTO pins(")
     assert pg["ADD_PINS"].endswith(" ON CONFLICT DO NOTHING")
-    assert lite["INLINE_PUT"].startswith("INSERT OR REPLACE INTO blob_data(")
-    assert pg["INLINE_PUT"].endswith(" ON CONFLICT(digest) DO UPDATE SET size = excluded.size,"
-                                     " data = excluded.data, stored_ns = excluded.stored_ns")
+    assert lite["ADD_MANIFESTS"].startswith("INSERT OR REPLACE INTO {}(")
+    assert pg["ADD_MANIFESTS"].endswith(" ON CONFLICT(step, manifest_rev) DO UPDATE SET"
+                                        " attempt = excluded.attempt, digest = excluded.digest,"
+                                        " supersedes = excluded.supersedes, seq = excluded.seq")
+    assert lite["INLINE_UPSERT"].endswith(" ON CONFLICT(digest) DO UPDATE SET size = excluded.size,"
+                                          " data = excluded.data, stored_ns = excluded.stored_ns")
     # what is the same on both stores is the same text
     assert lite["SELECT_STEP"].replace("?", "%s") == pg["SELECT_STEP"]
     assert lite["UPSERT_STEP"].replace("?", "%s") == pg["UPSERT_STEP"]

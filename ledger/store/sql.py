@@ -282,9 +282,6 @@ class Statements:
         self.INLINE_SIZE: Final = r("SELECT size FROM blob_data WHERE digest = ?")
         self.INLINE_BLOB: Final = r("SELECT size, data FROM blob_data WHERE digest = ?")
         self.INLINE_STAT: Final = r("SELECT size, stored_ns FROM blob_data WHERE digest = ?")
-        self.INLINE_DATA: Final = r("SELECT data FROM blob_data WHERE digest = ?")
-        self.INLINE_FRESHEN: Final = r("UPDATE blob_data SET stored_ns = ? WHERE digest = ?")
-        self.INLINE_PUT: Final = r(d.insert_or_replace("blob_data", INLINE_COLUMNS, ("digest",)))
         #: Insert, or make the row of the same digest these bytes at this time (in place).
         self.INLINE_UPSERT: Final = r(d.upsert("blob_data", INLINE_COLUMNS, ("digest",)))
         self.INLINE_DELETE: Final = r("DELETE FROM blob_data WHERE digest = ?")

@@ -130,8 +130,13 @@ def _check_options(*, inline_max_bytes: int = 0, hash_check_max_bytes: int = 0,
 
 
 def _refuse_anchor(events: Sequence[Event]) -> None:
-    """Only `Ledger.anchor_witness` (which verifies first) and a first witnessed open
-    record where the witness is; `append` refuses to."""
+    """What `append` and `append_batch` refuse before anything is read: the library's
+    own trusted wrapper (`events.Built`: a caller's events are validated whole, always);
+    a witness-anchored event (only `Ledger.anchor_witness`, which verifies first, and a
+    first witnessed open record where the witness is)."""
+    if any(type(e) is Built for e in events):
+        raise InvalidInput("append takes events (ledger.events), each validated whole; the"
+                           " library's own wrapper events.Built is not accepted")
     if any(isinstance(e, WitnessAnchored) for e in events):
         raise InvalidInput("a witness-anchored event is recorded by Ledger.anchor_witness"
                            " ('steptrail witness anchor'), which verifies the ledger first;"

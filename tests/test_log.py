@@ -508,3 +508,23 @@ def test_two_connections_interleaved_keep_one_chain(tmp_path, ledger_at) -> None
 
 #: The `ledger` fixture runs each test on SQLite and on PostgreSQL (tests/conftest.py).
 BOTH_STORES = True
+
+
+def test_a_callers_events_are_validated_whole_even_wrapped_as_the_librarys_own(
+        tmp_path: Path, ledger_at: Any) -> None:
+    """`events.Built` (the library's trusted construction path: encoded, not decoded
+    again) is not accepted from a caller: an event with a step id its constraints refuse
+    (too long)
+    is refused, nothing written, wrapped or not."""
+    from ledger import InvalidInput, Ledger, Planned
+    from ledger.events import Built
+
+    with Ledger.init(ledger_at(tmp_path / "l.db")) as led:
+        bad = Planned(step="x" * 5000, attempt=1)  # longer than a step id may be
+        head = led.head()
+        for attempt in (bad, Built(bad)):
+            with pytest.raises(InvalidInput):
+                led.append(attempt)  # type: ignore[arg-type]
+            with pytest.raises(InvalidInput):
+                led.append_batch([attempt])  # type: ignore[list-item]
+        assert led.head() == head

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import ast
 import re
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -322,18 +323,27 @@ def machinery_imports(tree: ast.Module, package: str) -> list[tuple[int, bool]]:
     return out
 
 
-def _testing_violations(sources: dict[str, str]) -> dict[str, list[int]]:
-    """Per module (path relative to ledger/) outside ledger/testing/: the lines importing
-    it (none is allowed, at module level or inside a function)."""
+def _import_lines(sources: dict[str, str], checked: Callable[[str], bool],
+                  finder: Callable[[ast.Module, str], list[tuple[int, object]]]
+                  ) -> dict[str, list[int]]:
+    """Per checked module (path relative to ledger/): the lines `finder` reports in it,
+    given its parsed source and its package."""
     out = {}
     for rel, text in sources.items():
-        if rel.startswith("testing/"):
+        if not checked(rel):
             continue
         package = ".".join(["ledger", *Path(rel).parent.parts])
-        bad = [line for line, _lazy in machinery_imports(ast.parse(text), package)]
+        bad = [line for line, _what in finder(ast.parse(text), package)]
         if bad:
             out[rel] = bad
     return out
+
+
+def _testing_violations(sources: dict[str, str]) -> dict[str, list[int]]:
+    """Per module (path relative to ledger/) outside ledger/testing/: the lines importing
+    it (none is allowed, at module level or inside a function)."""
+    return _import_lines(sources, lambda rel: not rel.startswith("testing/"),
+                         machinery_imports)
 
 
 def test_the_runtime_never_imports_the_test_machinery() -> None:
@@ -467,15 +477,7 @@ def private_imports(tree: ast.AST, package: str, own: str = CLI) -> list[tuple[i
 def _cli_violations(sources: dict[str, str]) -> dict[str, list[int]]:
     """Per module of ledger/cli/ (path relative to ledger/): the lines importing from
     `ledger` what is not its public API."""
-    out = {}
-    for rel, text in sources.items():
-        if not rel.startswith("cli/"):
-            continue
-        package = ".".join(["ledger", *Path(rel).parent.parts])
-        bad = [line for line, _what in private_imports(ast.parse(text), package)]
-        if bad:
-            out[rel] = bad
-    return out
+    return _import_lines(sources, lambda rel: rel.startswith("cli/"), private_imports)
 
 
 def test_the_command_line_imports_only_the_public_api() -> None:

@@ -2021,6 +2021,21 @@ def test_error_message_spans_many_lines(world: World) -> None:
     assert changes(before, world.snap()) == []
 
 
+def test_regression_a_schema_row_whose_name_is_not_text_is_a_finding(world: World) -> None:
+    """Found by the 5,000-mutant sweep (seed 20,245,483, a flipped bit in sqlite_schema):
+    a trigger's name stored as a BLOB made `verify` sort TEXT against BLOB keys — an
+    untyped TypeError, a traceback, and the -shm left behind. Now it is a schema finding
+    naming the row; nothing on disk changes."""
+    conn = apsw.Connection(str(world.db))
+    conn.execute("PRAGMA writable_schema=ON")
+    conn.execute("UPDATE sqlite_schema SET name = CAST(name AS BLOB) WHERE name = 'events_no_delete'")
+    conn.close()
+    before = world.snap()
+    tried("foreign-sqlite")
+    r = run_cli(world.db, "verify", codes=(1,), match="trigger <bytes b'events_no_delete'> was added")
+    assert changes(before, world.snap()) == []
+
+
 # === 12. the witness taken away, the ledger rolled back ====================================
 # tests/test_witness.py covers a rolled-back ledger file whose witness is also taken
 # away. Here the rest, on a full world (blobs, a workspace): the whole ledger directory,

@@ -205,10 +205,18 @@ def expected_schema(version: int) -> frozenset[tuple[str, str, str, str | None]]
     return frozenset(rows)
 
 
+def _text(value: object) -> str:
+    """A schema row's type or name as text: its value when TEXT, else a printable stand-in."""
+    return value if isinstance(value, str) else f"<{type(value).__name__} {value!r:.40}>"
+
+
 def schema_changes(conn: apsw.Connection, version: int) -> list[str]:
     """How the file's schema differs from the allow-list of `version`, one line per object
     (added, dropped or changed); empty when it matches exactly."""
-    found = {(t, n): sql for t, n, _, sql in
+    # A damaged schema row may hold any value type in any column (a flipped bit turns a
+    # name's TEXT into a BLOB): compared and named as text, so one damaged row is one
+    # line of the answer, never an error of its own.
+    found = {(_text(t), _text(n)): sql for t, n, _, sql in
              conn.execute("SELECT type, name, tbl_name, sql FROM sqlite_schema")}
     expected = {(t, n): sql for t, n, _, sql in expected_schema(version)}
     out = []

@@ -5,7 +5,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test bench clean
+.PHONY: demo test bench dist release-check clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -19,8 +19,16 @@ demo: $(STAMP)
 test: $(STAMP)
 	$(BIN)/python -m pytest -q
 
+# The sdist and wheel in dist/, checked (twine check --strict).
+dist: $(STAMP)
+	rm -rf dist && $(BIN)/python -m build --outdir dist . && $(BIN)/python -m twine check --strict dist/*
+
+# The wheel installed as users install it, the docs' snippets run against it (.ci/run).
+release-check: $(STAMP)
+	$(BIN)/python tools/release_check.py
+
 bench: $(STAMP)
 	$(BIN)/python tools/bench_ledger.py
 
 clean:
-	rm -rf $(VENV) build *.egg-info
+	rm -rf $(VENV) build dist *.egg-info

@@ -179,6 +179,10 @@ class RunCandidate(msgspec.Struct, kw_only=True):
     size_bytes: int
     sealable: bool
     why: str | None = None
+    #: the kind of `why`: "unsettled" (a step not yet acked, compensated or rejected),
+    #: "live-thread" (a LangGraph thread's live state), "workspace" (it wrote a
+    #: workspace: never sealed), "pinned" (a compensation window open), "sealed"
+    cause: str | None = None
 
 
 class SealableReport(msgspec.Struct, kw_only=True):
@@ -210,37 +214,42 @@ def sealable(ledger: Ledger) -> SealableReport:
         total = view.count()
     runs = []
     for run, steps in sorted(per_run.items()):
-        why = _step_problem(steps, pinned)
+        problem = _step_problem(steps, pinned)
         n, size = counts[run]
-        if why is None and n == 0:
-            why = "it is sealed already"
+        if problem is None and n == 0:
+            problem = ("sealed", "it is sealed already")
+        cause, why = problem or (None, None)
         runs.append(RunCandidate(run=run, steps=len(steps), events=n, size_bytes=size,
-                                 sealable=why is None, why=why))
+                                 sealable=why is None, why=why, cause=cause))
     ok = [r for r in runs if r.sealable]
     return SealableReport(runs=runs, sealable_runs=len(ok), events=sum(r.events for r in ok),
                           size_bytes=sum(r.size_bytes for r in ok), ledger_events=total)
 
 
-def _step_problem(steps: Sequence[Any], pinned: set[str]) -> str | None:
+def _step_problem(steps: Sequence[Any], pinned: set[str]) -> tuple[str, str] | None:
+    """Why these steps' run may not be sealed now, as (cause, words); None: it may."""
     live = [s for s in steps if s.state not in SETTLED and s.state != SEALED]
     if live:
-        return (f"step {live[0].step_id!r} is {live[0].state} (every step must be acked,"
-                " compensated or rejected)")
+        return "unsettled", (f"step {live[0].step_id!r} is {live[0].state} (every step must be"
+                             " acked, compensated or rejected)")
     read_back = [s for s in steps if s.live and s.step_id.startswith(READ_BACK_PREFIXES)]
     if read_back:
-        return (f"step {read_back[0].step_id!r} is a LangGraph thread's live state, read back"
-                " from the ledger (a checkpoint or pending write): a thread's run is sealed"
-                " only once the thread is deleted (saver.delete_thread); shrink a live thread"
-                " with saver.prune and gc")
+        return "live-thread", (
+            f"step {read_back[0].step_id!r} is a LangGraph thread's live state, read back"
+            " from the ledger (a checkpoint or pending write): a thread's run is sealed"
+            " only once the thread is deleted (saver.delete_thread); shrink a live thread"
+            " with saver.prune and gc")
     for s in steps:
         if s.epoch > 0 or s.rev > 0:
-            return (f"step {s.step_id!r} ran under a lease of workspace {s.workspace!r}"
-                    " (runs that write a workspace are not sealed: its revisions and"
-                    " restore are folded from their events)")
+            return "workspace", (
+                f"step {s.step_id!r} ran under a lease of workspace {s.workspace!r}"
+                " (runs that write a workspace are not sealed: its revisions and"
+                " restore are folded from their events)")
         if s.step_id in pinned:
-            return f"step {s.step_id!r} still holds a pin (its compensation window is open)"
+            return "pinned", (f"step {s.step_id!r} still holds a pin (its compensation window"
+                              " is open)")
     if steps and all(s.state == SEALED for s in steps):
-        return "it is sealed already"
+        return "sealed", "it is sealed already"
     return None
 
 
@@ -297,9 +306,9 @@ def _plan(ledger: Ledger, view: ReadView, run: str) -> _Plan:
         if others != by_step[step_id]:
             raise NotSealable(run, f"step {step_id!r} has events of another run too")
         tombstones.append(SealedStep(step_id, step.attempt, step.state, step.manifest_rev))
-    why = _step_problem(step_rows, pinned)
-    if why is not None:
-        raise NotSealable(run, why)
+    problem = _step_problem(step_rows, pinned)
+    if problem is not None:
+        raise NotSealable(run, problem[1])
     blobs = []
     for digest, size in sorted(digests.items()):
         found = ledger.storage.blobs.stat(digest)

@@ -47,6 +47,7 @@ class RunStats(msgspec.Struct, kw_only=True):
     first_ns: int = 0
     last_ns: int = 0
     settled: bool = False  # sealable now (ledger.seal.sealable)
+    why_not: str | None = None  # why it may not be sealed now (None: it may)
 
 
 class Growth(msgspec.Struct, kw_only=True):
@@ -72,6 +73,9 @@ class StatsReport(msgspec.Struct, kw_only=True):
     growth: list[Growth]
     sealable: Count  # events and their bytes in settled runs
     sealable_runs: int
+    #: the runs that may not be sealed now, by cause (`ledger.seal.RunCandidate.cause`):
+    #: unsettled, live-thread, workspace, pinned, sealed
+    not_sealable: dict[str, int] = msgspec.field(default_factory=dict)
 
     def as_dict(self) -> dict[str, object]:
         return msgspec.to_builtins(self)  # type: ignore[no-any-return]
@@ -117,10 +121,19 @@ def stats(ledger: Ledger, *, by: str = "day", top: int = 20) -> StatsReport:
     # bytes as counted here.
     from .seal import sealable as seal_candidates
 
-    candidates = {c.run for c in seal_candidates(ledger).runs if c.sealable}
+    candidates = {c.run: c for c in seal_candidates(ledger).runs}
     sealable, sealable_runs = Count(), 0
+    not_sealable: dict[str, int] = {}
     for r in runs.values():
-        r.settled = r.run in candidates
+        c = candidates.get(r.run)
+        r.settled = c is not None and c.sealable
+        if c is None:  # steps recorded without a run
+            r.why_not = "steps recorded without a run are never sealed"
+            not_sealable["no-run"] = not_sealable.get("no-run", 0) + 1
+        elif not c.sealable:
+            r.why_not = c.why
+            cause = c.cause or "other"
+            not_sealable[cause] = not_sealable.get(cause, 0) + 1
         if r.settled:
             sealable_runs += 1
             sealable.count += r.events
@@ -141,6 +154,7 @@ def stats(ledger: Ledger, *, by: str = "day", top: int = 20) -> StatsReport:
         runs=listed[:top] if top else listed, blobs=blobs, bucket=by,
         growth=[Growth(start_ns=t, events=n, bytes=b) for t, n, b in by_time],
         sealable=sealable, sealable_runs=sealable_runs,
+        not_sealable=dict(sorted(not_sealable.items())),
     )
 
 

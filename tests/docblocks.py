@@ -19,6 +19,17 @@ ROOT = Path(__file__).resolve().parent.parent
 #: The directory of the interpreter running the tests: the venv's bin, which holds the
 #: `steptrail` command `pip install -e .` made.
 BIN = Path(sys.executable).parent
+#: Set by tools/release_check.py: the snippets run against the built wheel installed in
+#: this interpreter's venv — not the checkout (no PYTHONPATH) — and a block that needs an
+#: extra that venv did not install is skipped, naming it (the check installs each venv
+#: with only the extras it tests: the core snippets run with none).
+INSTALLED = os.environ.get("STEPTRAIL_TEST_INSTALLED") == "1"
+#: extra -> (what in a block's text needs it, the module the extra installs)
+EXTRAS = {
+    "langgraph": (re.compile(r"\blanggraph\b"), "langgraph"),
+    "postgres": (re.compile(r"postgresql://|\bpgserver\b|\$URL\b"), "psycopg"),
+    "mcp": (re.compile(r"\bsteptrail mcp\b|\.mcp\.json|\bmcp\.(client|server)\b"), "mcp"),
+}
 #: The words that mark a block as the continuation of the one before it.
 CONTINUES = re.compile(r"continu\w* the previous", re.I)
 
@@ -76,14 +87,33 @@ def clean_env(**extra: str) -> dict[str, str]:
     on PATH (a user who installed steptrail has `steptrail` on theirs)."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("STEPTRAIL_")}
     env["PATH"] = f"{BIN}{os.pathsep}{env.get('PATH', '')}"
-    env["PYTHONPATH"] = str(ROOT)  # the checkout under test, whatever the cwd
+    if not INSTALLED:
+        env["PYTHONPATH"] = str(ROOT)  # the checkout under test, whatever the cwd
     env.update(extra)
     return env
+
+
+def extras_needed(code: str) -> list[str]:
+    """The extras a snippet's text needs (the core needs none)."""
+    return [name for name, (words, _) in EXTRAS.items() if words.search(code)]
+
+
+def skip_without_extras(code: str) -> None:
+    """In an installed-wheel run, skip a snippet whose extra this venv does not have."""
+    if INSTALLED:
+        import importlib.util
+
+        import pytest
+
+        missing = [n for n in extras_needed(code) if importlib.util.find_spec(EXTRAS[n][1]) is None]
+        if missing:
+            pytest.skip(f"needs the {', '.join(missing)} extra (not in this venv)")
 
 
 def run_python(block: Block, cwd: Path, doc: str, timeout: float = 120) -> str:
     """Run a python block verbatim in `cwd`; return its stdout. Every `print(...)  # X`
     line must have printed a line that X starts with (the comment says what it prints)."""
+    skip_without_extras(block.code)
     done = subprocess.run([sys.executable, "-c", block.code], cwd=cwd, env=clean_env(),
                           capture_output=True, text=True, timeout=timeout, check=False)
     assert done.returncode == 0, (
@@ -102,6 +132,7 @@ def run_python(block: Block, cwd: Path, doc: str, timeout: float = 120) -> str:
 def run_shell(code: str, cwd: Path, doc: str, what: str, *, env: dict[str, str] | None = None,
               timeout: float = 180) -> subprocess.CompletedProcess[str]:
     """Run shell text verbatim with bash, stopping at the first failing command."""
+    skip_without_extras(code)
     done = subprocess.run(["bash", "-e", "-o", "pipefail", "-c", code], cwd=cwd,
                           env=env or clean_env(), capture_output=True, text=True,
                           timeout=timeout, check=False)

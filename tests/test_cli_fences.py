@@ -464,6 +464,20 @@ def _commands() -> list[tuple[str, click.Command]]:
     return out
 
 
+def _has_example(name: str) -> bool:
+    out = Cli(pathlib.Path("unused.db"))(*name.split(), "--help").out
+    return any(line.startswith("  ") and line.strip().startswith("steptrail ")
+               for line in out.splitlines())
+
+
+def test_the_example_checker_catches_a_help_without_one(monkeypatch: pytest.MonkeyPatch) -> None:
+    from ledger.cli import ledger as ledger_commands
+
+    assert _has_example("head")
+    monkeypatch.setattr(ledger_commands.head, "help", "Print the chain head as SEQ:HASH.")
+    assert not _has_example("head")
+
+
 def test_every_command_and_subcommand_teaches_and_is_documented() -> None:
     docs = (ROOT / "docs" / "cli-json.md").read_text()
     for name, command in _commands():
@@ -472,12 +486,9 @@ def test_every_command_and_subcommand_teaches_and_is_documented() -> None:
         assert r.code == 0 and "Usage:" in r.out, name
         if any(p.name == "as_json" for p in command.params):
             assert f"## `{name}" in docs, f"docs/cli-json.md lacks {name}"
-    for name in ("workspace add", "workspace list", "workspace show", "workspace snapshot",
-                 "lease acquire", "lease heartbeat", "lease release", "lease show",
-                 "lease settle", "step plan", "step apply", "step replan", "step compensate",
-                 "step publish", "step ack", "step store", "metrics"):
-        command = dict(_commands())[name]
-        assert command.epilog and "steptrail " in command.epilog, f"{name} has no example"
+    # every command's --help teaches by example: an indented `steptrail ...` line
+    missing = [name for name, _ in _commands() if not _has_example(name)]
+    assert missing == [], f"--help without an example: {missing}"
     assert "## The plan format" in docs and "The receipt" in docs
 
 

@@ -44,12 +44,26 @@ def test_the_two_setup_commands_are_the_ones_ci_and_make_run() -> None:
     assert "make test" in (ROOT / ".ci" / "run").read_text().splitlines()
     makefile = (ROOT / "Makefile").read_text()
     assert re.search(r"^demo:", makefile, re.M) and re.search(r"^test:", makefile, re.M)
-    # installing into one's own project: from a path, and from a git URL (a placeholder,
-    # marked as one)
+    # installing into one's own project: from a path, with the extras by name — and never
+    # a distribution name the index gives to another project, nor a placeholder URL
     pips = [c for c in cmds if c.startswith("pip install")]
     assert any(re.fullmatch(r"pip install /path/to/steptrail", c) for c in pips)
-    url = next(b.code for b in setup if "git+https://" in b.code)
-    assert "placeholder" in url
+    assert any(re.fullmatch(r"pip install '/path/to/steptrail\[[a-z,]+\]'", c) for c in pips)
+    assert not re.search(r"YOUR-ORG|git\+https://|pip install '?stepledger", README.read_text())
+
+
+def test_the_snippets_import_the_package_under_test(tmp_path: Path) -> None:
+    """The checkout's `ledger` (PYTHONPATH) in a dev run; the installed wheel's, and never
+    the checkout's, under tools/release_check.py (STEPTRAIL_TEST_INSTALLED=1)."""
+    import subprocess
+    import sys
+
+    from docblocks import INSTALLED
+
+    done = subprocess.run([sys.executable, "-c", "import ledger; print(ledger.__file__)"],
+                          cwd=tmp_path, env=clean_env(), capture_output=True, text=True, check=True)
+    found = Path(done.stdout.strip()).resolve()
+    assert found.is_relative_to(ROOT / "ledger") != INSTALLED, found
 
 
 PYTHON = [b for b in ALL if b.lang == "python"]

@@ -159,12 +159,18 @@ def test_cli_text_json_and_read_only(filled: pathlib.Path | str, tmp_path: pathl
     before = {p.name: p.read_bytes() for p in tmp_path.iterdir() if p.is_file()}
     text = runner.invoke(cli, ["--ledger", str(filled), "stats"])
     assert text.exit_code == 0, text.output
-    assert "sealable: 1 of 3 runs settled" in text.stdout and "growth by day:" in text.stdout
+    assert "sealable: 1 of 3 runs" in text.stdout and "growth by day:" in text.stdout
     assert "(no run)" in text.stdout
+    # what is not sealable, and why, in words; and per run in --json
+    assert "not sealable: " in text.stdout and "1 run with a step not yet acked" in text.stdout
     done = runner.invoke(cli, ["--ledger", str(filled), "stats", "--json", "--top", "0"])
     data = json.loads(done.stdout)
     assert done.exit_code == 0 and data["runs_total"] == 3 and len(data["runs"]) == 3
     assert data["sealable_runs"] == 1
+    assert data["not_sealable"] == {"no-run": 1, "unsettled": 1}
+    why = {r["run"]: r["why_not"] for r in data["runs"]}
+    assert [run for run, w in why.items() if w is None] == [r["run"] for r in data["runs"] if r["settled"]]
+    assert any(w and "is planned" in w or w and "is fenced" in w for w in why.values()), why
     after = {p.name: p.read_bytes() for p in tmp_path.iterdir() if p.is_file()}
     assert lock_files_aside(after) == lock_files_aside(before)
     bad = runner.invoke(cli, ["--ledger", str(filled), "stats", "--by", "month"])

@@ -95,7 +95,18 @@ def events(
 def steps(ctx: click.Context, states: tuple[str, ...], in_flight: bool, as_json: bool) -> None:
     """List steps and their current state (their latest attempt's). Read-only.
 
-    A step is committed when it has a live manifest.
+    A step is committed when it has a live manifest. The columns:
+
+    \b
+      STEP      the step's id
+      STATE     its latest attempt's state (planned, fenced, blob-stored,
+                manifest-published, acked; compensating, compensated, rejected; sealed)
+      ATTEMPT   its latest attempt's number (1, then 2 after a retry)
+      EPOCH     the lease epoch it ran under (0: not under a workspace lease)
+      MANIFEST  its newest manifest revision: r0, r1 ...; "-" after it: not live (its
+                step compensated); "-" alone: no manifest yet (not committed)
+      BYTES     the bytes its live manifest names (what is committed)
+      LAST      the seq of its newest event ('steptrail show STEP': its timeline)
 
     \b
         steptrail steps --in-flight             # after a crash: replay or settle these
@@ -113,11 +124,15 @@ def steps(ctx: click.Context, states: tuple[str, ...], in_flight: bool, as_json:
         shown = " or ".join(sorted(wanted))
         click.echo("no steps" + (f" in state {shown}" if wanted else ""), err=True)
         return
-    click.echo(f"{'STEP':<32} {'STATE':<18} {'ATTEMPT':>7} {'EPOCH':>5} {'MANIFEST':>8} {'BYTES':>10} {'LAST':>8}")
+    # The step column is as wide as the longest id shown (ids run to 256 characters), so
+    # the columns stay aligned whatever the ids.
+    w = max(4, *(len(r.step_id) for r in rows))
+    click.echo(f"{'STEP':<{w}}  {'STATE':<18} {'ATTEMPT':>7} {'EPOCH':>5} {'MANIFEST':>8}"
+               f" {'BYTES':>10} {'LAST':>8}")
     for r in rows:
         manifest = f"r{r.manifest_rev}" + ("" if r.live else "-") if r.manifest_rev >= 0 else "-"
         click.echo(
-            f"{r.step_id:<32} {r.state:<18} {r.attempt:>7} {r.epoch:>5} {manifest:>8}"
+            f"{r.step_id:<{w}}  {r.state:<18} {r.attempt:>7} {r.epoch:>5} {manifest:>8}"
             f" {r.committed_bytes:>10} {r.last_seq:>8}"
         )
 
@@ -156,7 +171,13 @@ def show(ctx: click.Context, step: str, as_json: bool) -> None:
 def rebuild(ctx: click.Context, as_json: bool) -> None:
     """Recompute every projection from the events and swap them in atomically.
 
-    Safe at any time: readers see the old tables or the new ones, never a mix.
+    Safe at any time: readers see the old tables or the new ones, never a mix. Run it
+    when verify reports a projection that disagrees with the events, or after restoring
+    a copy of the file; it takes the write lock while it swaps.
+
+    \b
+        steptrail rebuild
+        steptrail rebuild --json && steptrail verify
     """
     update, finish = _progress("rebuilding")
     with _open(ctx, readonly=False) as ledger:
@@ -227,6 +248,11 @@ def head(ctx: click.Context, as_json: bool) -> None:
 
     Store it outside the ledger (another volume, your orchestrator) and later run
     'steptrail verify --expect-head SEQ:HASH' to prove no history was cut off.
+
+    \b
+        steptrail head > /other/volume/ledger.head
+        steptrail verify --expect-head "$(cat /other/volume/ledger.head)"
+        steptrail head --json | jq .seq
     """
     with _open(ctx, readonly=True) as ledger:
         h = ledger.head()
@@ -244,6 +270,13 @@ def blobs(ctx: click.Context, as_json: bool) -> None:
 
     `referenced`: named by some manifest revision; `pinned`: an attempt may still use
     it; neither: an orphan that GC may collect once it is older than the grace window.
+    WHERE is `inline` (a row in the ledger), `file` (the blob directory) or `temp` (a
+    leftover temporary file of an interrupted store).
+
+    \b
+        steptrail blobs
+        steptrail blobs --json | jq '[.[] | select(.referenced | not)] | length'
+        steptrail gc --dry-run                  # what of these gc would collect
     """
     with _open(ctx, readonly=True) as ledger:
         rows = ledger.blob_list()
@@ -253,7 +286,7 @@ def blobs(ctx: click.Context, as_json: bool) -> None:
     click.echo(f"{'DIGEST':<64}  {'SIZE':>10}  {'WHERE':<6}  STATUS")
     for r in rows:
         status = "referenced" if r["referenced"] else "pinned" if r["pinned"] else "orphan"
-        click.echo(f"{r['digest']}  {r['size']:>10}  {r['where']:<6}  {status}")
+        click.echo(f"{r['digest'] or r['name']:<64}  {r['size']:>10}  {r['where']:<6}  {status}")
     temps = [r for r in rows if r["where"] == "temp"]
     if temps:
         click.echo(f"{_n(len(temps), 'leftover temporary file')}", err=True)

@@ -90,8 +90,12 @@ def stats_cmd(ctx: click.Context, by: str, top: int, as_json: bool) -> None:
     Events by kind, steps by state, runs (their steps, states, events and bytes, the
     largest first), blobs (inline rows and files, bucketed as `audit` does), events and
     bytes per hour, day or week, and what sealing would take out of the ledger file:
-    the runs whose every step is settled (acked, compensated or rejected). An event's
-    bytes are its payload, journal key and hashes.
+    the runs whose every step is settled (acked, compensated or rejected), and, for the
+    rest, why not (a step in flight, a live LangGraph thread, a workspace's revisions, an
+    open compensation window). An event's bytes are its payload, journal key and hashes.
+
+    The runs table's SETTLED column says whether `steptrail seal run RUN` would take
+    that run now; `--json` gives each run's `why_not`.
     """
     from ledger.stats import stats
 
@@ -117,8 +121,13 @@ def stats_cmd(ctx: click.Context, by: str, top: int, as_json: bool) -> None:
                f" orphan {_short(b['orphan_young'].bytes + b['orphan_old'].bytes)},"
                f" temporary {_short(b['temporary'].bytes)}")
     share = f", {r.sealable.bytes * 100 // r.events.bytes}% of the events' bytes" if r.events.bytes else ""
-    click.echo(f"  sealable: {r.sealable_runs} of {_n(r.runs_total, 'run')} settled,"
-               f" {_n(r.sealable.count, 'event')} ({_short(r.sealable.bytes)}{share})")
+    click.echo(f"  sealable: {r.sealable_runs} of {_n(r.runs_total, 'run')},"
+               f" {_n(r.sealable.count, 'event')} ({_short(r.sealable.bytes)}{share})"
+               + ("; seal them: steptrail seal run RUN" if r.sealable_runs else ""))
+    if r.not_sealable:
+        click.echo("  not sealable: " + "; ".join(
+            _WHY_NOT["no-run"] if cause == "no-run" else f"{_n(n, 'run')} {_WHY_NOT.get(cause, cause)}"
+            for cause, n in r.not_sealable.items()))
     if r.runs:
         shown = f"the {len(r.runs)} largest" if len(r.runs) < r.runs_total else "every run"
         click.echo(f"  runs ({shown}):")
@@ -132,6 +141,19 @@ def stats_cmd(ctx: click.Context, by: str, top: int, as_json: bool) -> None:
         for g in r.growth:
             click.echo(f"    {_iso(g.start_ns)[:16 if r.bucket == 'hour' else 10]:<17}"
                        f" {g.events:>8} events {_short(g.bytes):>10}")
+
+
+#: `stats`' not-sealable causes (ledger.seal.RunCandidate.cause), in words.
+_WHY_NOT = {
+    "unsettled": "with a step not yet acked, compensated or rejected (finish or settle it:"
+                 " steptrail steps --in-flight)",
+    "live-thread": "holding a LangGraph thread's live state (sealed once the thread is deleted)",
+    "workspace": "that wrote a workspace (never sealed: its revisions are folded from them)",
+    "pinned": "with a compensation window open (a pin held)",
+    "sealed": "sealed already",
+    "no-run": "the events of no run (leases, workspaces, steps recorded without a run: a seal"
+              " archives whole runs)",
+}
 
 
 def _short(n: int) -> str:

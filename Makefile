@@ -5,7 +5,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test bench dist release-check clean
+.PHONY: demo test bench dist release-check docs clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -26,6 +26,10 @@ dist: $(STAMP)
 # The wheel installed as users install it, the docs' snippets run against it (.ci/run).
 release-check: $(STAMP)
 	$(BIN)/python tools/release_check.py
+
+# The API reference, from the docstrings of ledger.__all__, into docs/api/ (links checked).
+docs: $(STAMP)
+	$(BIN)/python tools/build_api_docs.py -o docs/api
 
 bench: $(STAMP)
 	$(BIN)/python tools/bench_ledger.py

@@ -46,7 +46,20 @@ MAX_WORKERS_DEFAULT = 32
 
 class AsyncLedger:
     """A `Ledger` for asyncio (see the module docstring). `ledger` is the one it wraps;
-    closing the `AsyncLedger` closes it when the `AsyncLedger` opened it."""
+    closing the `AsyncLedger` closes it when the `AsyncLedger` opened it.
+
+    >>> import asyncio
+    >>> from ledger import AsyncLedger
+    >>> async def main():
+    ...     ledger = await AsyncLedger.init("ledger.db")
+    ...     try:
+    ...         await ledger.plan("fetch")
+    ...         return (await ledger.step("fetch")).state
+    ...     finally:
+    ...         await ledger.aclose()
+    >>> asyncio.run(main())
+    'planned'
+    """
 
     def __init__(self, ledger: Ledger, *, max_workers: int = MAX_WORKERS_DEFAULT,
                  _owned: bool = False) -> None:

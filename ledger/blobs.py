@@ -116,6 +116,12 @@ class TempFile:
 
 
 def digest_of(data: bytes | memoryview) -> str:
+    """The name of `data` in the blob store: its SHA-256, in hex.
+
+    >>> from ledger import digest_of
+    >>> digest_of(b"hello")
+    '2cf24dba5fb0a30e26e83b2ac5b9e29e1b161e5c1fa7425e73043362938b9824'
+    """
     return hashlib.sha256(data).hexdigest()
 
 
@@ -132,7 +138,14 @@ def put_digest(data: bytes | memoryview, digest: str | None, *, verified: bool) 
 
 
 class BlobStore:
-    """Blob files under `root` (created on first put)."""
+    """Blob files under `root` (created on first put).
+
+    >>> from ledger import BlobStore, digest_of
+    >>> blobs = BlobStore("blobs")
+    >>> _ = blobs.put(b"hello")
+    >>> blobs.read(digest_of(b"hello"))
+    b'hello'
+    """
 
     def __init__(self, root: str | os.PathLike[str], ops: FileOps | None = None) -> None:
         # normalized: with a trailing "/" or "/." the kernel follows a symlinked root

@@ -15,7 +15,15 @@ EXIT_ENVIRONMENT = 3
 
 
 class LedgerError(Exception):
-    """Base class for every error steptrail raises on purpose."""
+    """Base class for every error steptrail raises on purpose.
+
+    >>> from ledger import Ledger, LedgerError
+    >>> try:
+    ...     Ledger.open("no/such/ledger.db")
+    ... except LedgerError as e:
+    ...     print(type(e).__name__, e.exit_code)
+    LedgerNotFound 2
+    """
 
     exit_code = EXIT_USAGE
 
@@ -24,7 +32,16 @@ class LedgerError(Exception):
 
 
 class InvalidInput(LedgerError, ValueError):
-    """An argument or an event field failed validation; nothing was written."""
+    """An argument or an event field failed validation; nothing was written.
+
+    >>> from ledger import Ledger, InvalidInput
+    >>> with Ledger.init("ledger.db") as ledger:
+    ...     try:
+    ...         ledger.plan("")
+    ...     except InvalidInput as e:
+    ...         print(e.exit_code, isinstance(e, ValueError))
+    2 True
+    """
 
     exit_code = EXIT_USAGE
 
@@ -32,7 +49,13 @@ class InvalidInput(LedgerError, ValueError):
 class ContentChanged(InvalidInput):
     """Content changed between the hash that named it and the copy that stored it: a
     file read twice (hashed, then streamed into the blob store) was written to in
-    between. Nothing was stored under the wrong name."""
+    between. Nothing was stored under the wrong name.
+
+    >>> from ledger import ContentChanged, InvalidInput
+    >>> err = ContentChanged("ab" * 32, "cd" * 32)
+    >>> isinstance(err, InvalidInput), err.exit_code
+    (True, 2)
+    """
 
     def __init__(self, digest: str, actual: str) -> None:
         super().__init__(
@@ -44,6 +67,16 @@ class ContentChanged(InvalidInput):
 
 
 class LedgerNotFound(LedgerError):
+    """No ledger at `path` (and the call does not create one).
+
+    >>> from ledger import Ledger, LedgerNotFound
+    >>> try:
+    ...     Ledger.open("no/such/ledger.db")
+    ... except LedgerNotFound as e:
+    ...     print(e.path)
+    no/such/ledger.db
+    """
+
     def __init__(self, path: str) -> None:
         super().__init__(
             f"no ledger at {path}; create one with 'steptrail --ledger {path} init'"
@@ -53,7 +86,17 @@ class LedgerNotFound(LedgerError):
 
 
 class NotALedger(LedgerError):
-    """The file exists but is not a steptrail ledger. It was left byte-identical."""
+    """The file exists but is not a steptrail ledger. It was left byte-identical.
+
+    >>> from pathlib import Path
+    >>> from ledger import Ledger, NotALedger
+    >>> _ = Path("notes.txt").write_text("not a database")
+    >>> try:
+    ...     Ledger.open("notes.txt")
+    ... except NotALedger as e:
+    ...     print(e.path)
+    notes.txt
+    """
 
     def __init__(self, path: str, why: str) -> None:
         super().__init__(
@@ -64,6 +107,14 @@ class NotALedger(LedgerError):
 
 
 class LedgerTooNew(LedgerError):
+    """The file's schema is newer than this steptrail reads; it was left untouched.
+
+    >>> from ledger import LedgerTooNew, LedgerError
+    >>> err = LedgerTooNew("ledger.db", found=9, supported=3)
+    >>> isinstance(err, LedgerError), err.exit_code
+    (True, 2)
+    """
+
     def __init__(self, path: str, found: int, supported: int) -> None:
         super().__init__(
             f"ledger {path} has schema version {found}, this steptrail reads up to"
@@ -73,6 +124,17 @@ class LedgerTooNew(LedgerError):
 
 
 class UnknownStep(LedgerError):
+    """`step` has no events in this ledger.
+
+    >>> from ledger import Ledger, UnknownStep
+    >>> with Ledger.init("ledger.db") as ledger:
+    ...     try:
+    ...         ledger.step("nope")
+    ...     except UnknownStep as e:
+    ...         print(e.step)
+    nope
+    """
+
     def __init__(self, step: str) -> None:
         super().__init__(
             f"step {step!r} has no events in this ledger; list steps with 'steptrail steps'"
@@ -81,6 +143,18 @@ class UnknownStep(LedgerError):
 
 
 class ReadOnlyLedger(LedgerError):
+    """A write through a ledger opened with `readonly=True`; nothing was written.
+
+    >>> from ledger import Ledger, ReadOnlyLedger
+    >>> Ledger.init("ledger.db").close()
+    >>> with Ledger.open("ledger.db", readonly=True) as ledger:
+    ...     try:
+    ...         ledger.plan("fetch")
+    ...     except ReadOnlyLedger as e:
+    ...         print(e.exit_code)
+    2
+    """
+
     def __init__(self, path: str) -> None:
         super().__init__(
             f"ledger {path} was opened read-only; open it with readonly=False to write"
@@ -89,6 +163,17 @@ class ReadOnlyLedger(LedgerError):
 
 
 class UnknownWorkspace(LedgerError):
+    """`workspace` is not registered in this ledger.
+
+    >>> from ledger import Ledger, UnknownWorkspace
+    >>> with Ledger.init("ledger.db") as ledger:
+    ...     try:
+    ...         ledger.workspaces.acquire("nope", holder="agent-1")
+    ...     except UnknownWorkspace as e:
+    ...         print(e.workspace)
+    nope
+    """
+
     def __init__(self, workspace: str) -> None:
         super().__init__(
             f"workspace {workspace!r} is not in this ledger; add it with"
@@ -98,7 +183,23 @@ class UnknownWorkspace(LedgerError):
 
 
 class PathEscapes(InvalidInput):
-    """A workspace path leaves the workspace (``..``, absolute, or through a symlink)."""
+    """A workspace path leaves the workspace (``..``, absolute, or through a symlink).
+
+    >>> from pathlib import Path
+    >>> from ledger import Ledger
+    >>> Path("repo").mkdir(); _ = Path("repo/app.py").write_text("v0\\n")
+    >>> ledger = Ledger.init("ledger.db")
+    >>> _ = ledger.workspaces.add("repo", "repo")
+    >>> lease = ledger.workspaces.acquire("repo", holder="agent-1", ttl_s=600)
+    >>> from ledger import PathEscapes
+    >>> Path("elsewhere").mkdir(); Path("repo/link").symlink_to("../elsewhere")
+    >>> try:
+    ...     ledger.workspaces.read_file("repo", "link/notes.txt")
+    ... except PathEscapes as e:
+    ...     print(e.path)
+    link/notes.txt
+    >>> ledger.close()
+    """
 
     def __init__(self, workspace: str, path: str, why: str) -> None:
         super().__init__(
@@ -111,7 +212,13 @@ class PathEscapes(InvalidInput):
 class PathForbidden(InvalidInput):
     """A workspace path no step may write: the ledger's own files (its directory, blobs,
     ``-wal``/``-shm``/``-lockq``, GC lock, witness) or, unless the workspace opted in,
-    ``.git`` internals. Judged at admit and again by every walk to the file."""
+    ``.git`` internals. Judged at admit and again by every walk to the file.
+
+    >>> from ledger import PathForbidden, InvalidInput
+    >>> err = PathForbidden("repo", ".git/config", "git internals", "allow git on the workspace")
+    >>> isinstance(err, InvalidInput), err.exit_code
+    (True, 2)
+    """
 
     def __init__(self, workspace: str, path: str, why: str, fix: str) -> None:
         super().__init__(f"path {path!r} in workspace {workspace!r} is refused ({why}); {fix}")
@@ -121,7 +228,13 @@ class PathForbidden(InvalidInput):
 class WorkspaceMoved(InvalidInput):
     """The workspace's root is not the directory it was registered as: a component of
     its path is now a symlink, or the directory there has another device and inode
-    (moved, swapped, restored from a backup). Nothing was read or written in it."""
+    (moved, swapped, restored from a backup). Nothing was read or written in it.
+
+    >>> from ledger import WorkspaceMoved, InvalidInput
+    >>> err = WorkspaceMoved("repo", "/srv/repo", "another directory is there")
+    >>> isinstance(err, InvalidInput), err.exit_code
+    (True, 2)
+    """
 
     def __init__(self, workspace: str, root: str, why: str) -> None:
         super().__init__(
@@ -135,7 +248,13 @@ class WorkspaceMoved(InvalidInput):
 
 class WorkspaceOverlap(InvalidInput):
     """A workspace root that is, contains or lies inside another workspace's root or the
-    ledger's own directory: one directory belongs to one workspace."""
+    ledger's own directory: one directory belongs to one workspace.
+
+    >>> from ledger import WorkspaceOverlap, InvalidInput
+    >>> err = WorkspaceOverlap("/srv/repo/sub", "repo", "/srv/repo", "inside")
+    >>> isinstance(err, InvalidInput), err.exit_code
+    (True, 2)
+    """
 
     def __init__(self, root: str, other: str, other_root: str, how: str) -> None:
         owner = f"workspace {other!r}" if other else "the ledger's own directory"
@@ -149,7 +268,13 @@ class WorkspaceOverlap(InvalidInput):
 
 class ContentFileEscapes(InvalidInput):
     """A plan's `content_file` leaves the plan file's directory (absolute, ``..``, or
-    through a symlink). Plans come from agents: they may not read the host's files."""
+    through a symlink). Plans come from agents: they may not read the host's files.
+
+    >>> from ledger import ContentFileEscapes, InvalidInput
+    >>> err = ContentFileEscapes("../secret", "plans/", "leaves the plan's directory")
+    >>> isinstance(err, InvalidInput), err.exit_code
+    (True, 2)
+    """
 
     def __init__(self, path: str, base_dir: str, why: str) -> None:
         super().__init__(
@@ -162,7 +287,13 @@ class ContentFileEscapes(InvalidInput):
 class OperatorOnly(InvalidInput):
     """A plan (written by an agent) tried to turn a protection off — a fence mode other
     than ``step``, or the apply journal off. Only the operator may: on the command
-    line (`flag`) or through the library's parameters. Nothing was written."""
+    line (`flag`) or through the library's parameters. Nothing was written.
+
+    >>> from ledger import OperatorOnly, InvalidInput
+    >>> err = OperatorOnly("fence", "off", "--fence off")
+    >>> isinstance(err, InvalidInput), err.exit_code
+    (True, 2)
+    """
 
     def __init__(self, key: str, value: object, flag: str) -> None:
         super().__init__(
@@ -177,12 +308,30 @@ class OperatorOnly(InvalidInput):
 
 
 class ProtocolRefused(LedgerError):
-    """The ledger refused a transition; nothing was written."""
+    """The ledger refused a transition; nothing was written.
+
+    >>> from ledger import Ledger, ProtocolRefused
+    >>> with Ledger.init("ledger.db") as ledger:
+    ...     _ = ledger.plan("fetch"); _ = ledger.publish("fetch"); _ = ledger.ack("fetch")
+    ...     try:
+    ...         ledger.publish("fetch", expected_rev=5)
+    ...     except ProtocolRefused as e:
+    ...         print(type(e).__name__, e.exit_code)
+    ManifestConflict 1
+    """
 
     exit_code = EXIT_NO
 
 
 class IllegalTransition(ProtocolRefused):
+    """An event that does not follow from its step's state (`why`); nothing was written.
+
+    >>> from ledger import IllegalTransition, ProtocolRefused
+    >>> err = IllegalTransition("fetch", 1, "acked", "the step was never published")
+    >>> isinstance(err, ProtocolRefused), err.exit_code
+    (True, 1)
+    """
+
     def __init__(self, step: str, attempt: int, kind: str, why: str) -> None:
         super().__init__(
             f"step {step!r} attempt {attempt}: {kind} is not allowed ({why});"
@@ -194,7 +343,13 @@ class IllegalTransition(ProtocolRefused):
 class StepSealed(IllegalTransition):
     """An event for a step of a sealed run: its events were archived and their journal
     keys left the ledger, so a redelivery cannot be answered from it; the tombstone the
-    seal left refuses it instead (docs/design.md "Sealed runs")."""
+    seal left refuses it instead (docs/design.md "Sealed runs").
+
+    >>> from ledger import StepSealed, IllegalTransition
+    >>> err = StepSealed("fetch", 1, "acked", seal_seq=40)
+    >>> isinstance(err, IllegalTransition), err.exit_code
+    (True, 1)
+    """
 
     def __init__(self, step: str, attempt: int, kind: str, seal_seq: int) -> None:
         Exception.__init__(
@@ -208,7 +363,13 @@ class StepSealed(IllegalTransition):
 
 
 class NotSealable(ProtocolRefused):
-    """A run that may not be sealed (yet): something live or unsettled needs it."""
+    """A run that may not be sealed (yet): something live or unsettled needs it.
+
+    >>> from ledger import NotSealable, ProtocolRefused
+    >>> err = NotSealable("nightly", "a step is in flight")
+    >>> isinstance(err, ProtocolRefused), err.exit_code
+    (True, 1)
+    """
 
     def __init__(self, run: str, why: str) -> None:
         super().__init__(f"run {run!r} cannot be sealed: {why}; nothing was archived")
@@ -217,7 +378,13 @@ class NotSealable(ProtocolRefused):
 
 class ArchiveInvalid(LedgerError):
     """A file offered as a seal archive that is not one, is damaged, or belongs to another
-    ledger or seal. It is only read, never changed."""
+    ledger or seal. It is only read, never changed.
+
+    >>> from ledger import ArchiveInvalid, LedgerError
+    >>> err = ArchiveInvalid("seal-1.tar", "not a seal archive")
+    >>> isinstance(err, LedgerError), err.exit_code
+    (True, 2)
+    """
 
     exit_code = EXIT_USAGE
 
@@ -232,7 +399,13 @@ class ArchiveMissing(InvalidInput):
     """Archives a ledger's seals name that are not in its archive directory (or, for a
     ledger in a database, no archive directory is recorded). A copy or a backup of a
     sealed ledger carries every archive its seals name, or it is refused, nothing
-    written: it never makes a copy that has lost a sealed run's history."""
+    written: it never makes a copy that has lost a sealed run's history.
+
+    >>> from ledger import ArchiveMissing, InvalidInput
+    >>> err = ArchiveMissing("ledger.db", "archives/", ["seal-1.tar"])
+    >>> isinstance(err, InvalidInput), err.exit_code
+    (True, 2)
+    """
 
     def __init__(self, location: str, directory: str | None, names: list[str]) -> None:
         where = directory if directory is not None else "no directory (the ledger records none)"
@@ -245,6 +418,15 @@ class ArchiveMissing(InvalidInput):
 
 
 class IdempotencyConflict(ProtocolRefused):
+    """An event whose journal key is already recorded (at `seq`) with different contents;
+    nothing was written.
+
+    >>> from ledger import IdempotencyConflict, ProtocolRefused
+    >>> err = IdempotencyConflict('["fetch",1,"planned"]', 3)
+    >>> isinstance(err, ProtocolRefused), err.exit_code
+    (True, 1)
+    """
+
     def __init__(self, journal_key: str, seq: int) -> None:
         super().__init__(
             f"journal key {journal_key} already recorded event #{seq} with a different"
@@ -254,7 +436,13 @@ class IdempotencyConflict(ProtocolRefused):
 
 
 class CorruptLedger(LedgerError):
-    """The ledger's contents contradict themselves (a broken chain, a bad row)."""
+    """The ledger's contents contradict themselves (a broken chain, a bad row).
+
+    >>> from ledger import CorruptLedger, LedgerError
+    >>> err = CorruptLedger("ledger.db", "broken chain at seq 7")
+    >>> isinstance(err, LedgerError), err.exit_code
+    (True, 2)
+    """
 
     exit_code = EXIT_USAGE
 
@@ -269,7 +457,13 @@ class CorruptLedger(LedgerError):
 class BackupInvalid(LedgerError):
     """A backup directory that cannot be used as one: damaged (its marker or database
     digest does not match, a blob is missing or corrupt, it fails verify), or another
-    ledger's. Nothing was written."""
+    ledger's. Nothing was written.
+
+    >>> from ledger import BackupInvalid, LedgerError
+    >>> err = BackupInvalid("backup/", "its marker is damaged")
+    >>> isinstance(err, LedgerError), err.exit_code
+    (True, 2)
+    """
 
     exit_code = EXIT_USAGE
 
@@ -281,7 +475,13 @@ class BackupInvalid(LedgerError):
 
 class BackupIncomplete(BackupInvalid):
     """A backup directory without its completion marker: a backup interrupted before it
-    finished (or never one). It is never taken for complete."""
+    finished (or never one). It is never taken for complete.
+
+    >>> from ledger import BackupIncomplete, BackupInvalid
+    >>> err = BackupIncomplete("backup/", "no completion marker")
+    >>> isinstance(err, BackupInvalid), err.exit_code
+    (True, 2)
+    """
 
     def __init__(self, path: str, why: str) -> None:
         LedgerError.__init__(self, f"incomplete backup {path}: {why}; it was interrupted before"
@@ -290,7 +490,13 @@ class BackupIncomplete(BackupInvalid):
 
 
 class BlobNotFound(LedgerError):
-    """A blob that should be stored is not there."""
+    """A blob that should be stored is not there.
+
+    >>> from ledger import BlobNotFound, LedgerError
+    >>> err = BlobNotFound("ab" * 32)
+    >>> isinstance(err, LedgerError), err.exit_code
+    (True, 1)
+    """
 
     exit_code = EXIT_NO
 
@@ -304,7 +510,13 @@ class BlobNotFound(LedgerError):
 
 
 class BlobCorrupt(LedgerError):
-    """A stored blob is not what its name says: wrong bytes, wrong size, or not a file."""
+    """A stored blob is not what its name says: wrong bytes, wrong size, or not a file.
+
+    >>> from ledger import BlobCorrupt, LedgerError
+    >>> err = BlobCorrupt("ab" * 32, "wrong size")
+    >>> isinstance(err, LedgerError), err.exit_code
+    (True, 1)
+    """
 
     exit_code = EXIT_NO
 
@@ -317,7 +529,17 @@ class BlobCorrupt(LedgerError):
 
 
 class ManifestConflict(ProtocolRefused):
-    """The manifest compare-and-swap failed: the live revision is not the expected one."""
+    """The manifest compare-and-swap failed: the live revision is not the expected one.
+
+    >>> from ledger import Ledger, ManifestConflict
+    >>> with Ledger.init("ledger.db") as ledger:
+    ...     _ = ledger.plan("fetch"); _ = ledger.publish("fetch")
+    ...     try:
+    ...         ledger.publish("fetch", expected_rev=5)
+    ...     except ManifestConflict as e:
+    ...         print(e.step)
+    fetch
+    """
 
     def __init__(self, step: str, expected: int, live: int | None) -> None:
         have = "no live manifest" if live is None else f"live revision {live}"
@@ -330,6 +552,15 @@ class ManifestConflict(ProtocolRefused):
 
 
 class HeadMismatch(ProtocolRefused):
+    """The ledger's head is not the one the caller expected (`expected`); nothing was
+    written.
+
+    >>> from ledger import HeadMismatch, ProtocolRefused
+    >>> err = HeadMismatch("7:ab", "the ledger's head moved")
+    >>> isinstance(err, ProtocolRefused), err.exit_code
+    (True, 1)
+    """
+
     def __init__(self, expected: str, why: str) -> None:
         super().__init__(
             f"the ledger does not contain the head {expected} recorded elsewhere ({why});"
@@ -340,7 +571,22 @@ class HeadMismatch(ProtocolRefused):
 
 class StaleEpoch(ProtocolRefused):
     """An effect carried an epoch that is not the workspace's live one: a zombie, a late
-    receipt, or a lease that expired. Nothing was written."""
+    receipt, or a lease that expired. Nothing was written.
+
+    >>> from pathlib import Path
+    >>> from ledger import Ledger
+    >>> Path("repo").mkdir(); _ = Path("repo/app.py").write_text("v0\\n")
+    >>> ledger = Ledger.init("ledger.db")
+    >>> _ = ledger.workspaces.add("repo", "repo")
+    >>> lease = ledger.workspaces.acquire("repo", holder="agent-1", ttl_s=600)
+    >>> from ledger import StepStatus, run_fenced_step
+    >>> _ = ledger.workspaces.acquire("repo", holder="agent-2", force=True)      # epoch 2
+    >>> late = run_fenced_step(ledger, "repo", "edit-1",
+    ...                        lambda read: [read.read("app.py").write(b"v1\\n")], epoch=lease.epoch)
+    >>> late.status is StepStatus.STALE_EPOCH, type(late.error).__name__
+    (True, 'StaleEpoch')
+    >>> ledger.close()
+    """
 
     def __init__(self, workspace: str, epoch: int, live: int | None, why: str = "", *,
                  latest: int | None = None, holder: str = "") -> None:
@@ -372,7 +618,22 @@ class StaleEpoch(ProtocolRefused):
 
 
 class LeaseHeld(ProtocolRefused):
-    """Another holder's lease on the workspace is live."""
+    """Another holder's lease on the workspace is live.
+
+    >>> from pathlib import Path
+    >>> from ledger import Ledger
+    >>> Path("repo").mkdir(); _ = Path("repo/app.py").write_text("v0\\n")
+    >>> ledger = Ledger.init("ledger.db")
+    >>> _ = ledger.workspaces.add("repo", "repo")
+    >>> lease = ledger.workspaces.acquire("repo", holder="agent-1", ttl_s=600)
+    >>> from ledger import LeaseHeld
+    >>> try:
+    ...     ledger.workspaces.acquire("repo", holder="agent-2")
+    ... except LeaseHeld as e:
+    ...     print(e.holder, e.epoch)
+    agent-1 1
+    >>> ledger.close()
+    """
 
     def __init__(self, workspace: str, epoch: int, holder: str, expires_ns: int,
                  remedy: str = "wait for it to expire or acquire with --force") -> None:
@@ -390,7 +651,13 @@ class LeaseHeld(ProtocolRefused):
 
 
 class Unsettled(ProtocolRefused):
-    """Attempts of an older epoch are still in flight on the workspace."""
+    """Attempts of an older epoch are still in flight on the workspace.
+
+    >>> from ledger import Unsettled, ProtocolRefused
+    >>> err = Unsettled("repo", ["edit-1"])
+    >>> isinstance(err, ProtocolRefused), err.exit_code
+    (True, 1)
+    """
 
     def __init__(self, workspace: str, steps: list[str]) -> None:
         shown = ", ".join(steps[:5]) + (" …" if len(steps) > 5 else "")
@@ -402,7 +669,13 @@ class Unsettled(ProtocolRefused):
 
 
 class ReplanRefused(ProtocolRefused):
-    """`replan` cannot re-stamp a plan whose pre-images no longer hold."""
+    """`replan` cannot re-stamp a plan whose pre-images no longer hold.
+
+    >>> from ledger import ReplanRefused, ProtocolRefused
+    >>> err = ReplanRefused("edit-1", "app.py changed since it was read")
+    >>> isinstance(err, ProtocolRefused), err.exit_code
+    (True, 1)
+    """
 
     def __init__(self, step: str, why: str) -> None:
         super().__init__(
@@ -416,7 +689,13 @@ class PlanConflict(ProtocolRefused):
     """A plan names a step whose attempt is in flight or committed, and it is not the
     plan recorded for that attempt. Re-sending the recorded plan is a retried admission
     (answered `unchanged`); a different one is refused, nothing written, so a new plan
-    is never silently dropped."""
+    is never silently dropped.
+
+    >>> from ledger import PlanConflict, ProtocolRefused
+    >>> err = PlanConflict("edit-1", 1, "fenced", ["writes differ"])
+    >>> isinstance(err, ProtocolRefused), err.exit_code
+    (True, 1)
+    """
 
     def __init__(self, step: str, attempt: int, state: str, differences: list[str]) -> None:
         shown = "; ".join(differences[:5]) + (" …" if len(differences) > 5 else "")
@@ -434,7 +713,13 @@ class StepRejected(ProtocolRefused):
     ``rejected:<reason>`` (``stale_rev``, ``pre_hash``, ``overlap``) and the attempt is
     over. The library returns this as a verdict (`ApplyResult`); the command line
     raises it so that a refusal has a type. `facts` are what the fence saw (for
-    ``pre_hash``: the path and the hash on disk)."""
+    ``pre_hash``: the path and the hash on disk).
+
+    >>> from ledger import StepRejected, ProtocolRefused
+    >>> err = StepRejected("edit-1", 1, "pre_hash", "app.py changed")
+    >>> isinstance(err, ProtocolRefused), err.exit_code
+    (True, 1)
+    """
 
     def __init__(self, step: str, attempt: int, reason: str, detail: str,
                  facts: dict[str, object] | None = None) -> None:
@@ -450,7 +735,13 @@ class StepRejected(ProtocolRefused):
 class CompensationConflict(ProtocolRefused):
     """A compensation (or settling) found paths changed since the attempt wrote them:
     they were left as they are, and the rest was put back. The compensation is
-    recorded; a human decides about `paths` (``STEP:PATH`` each)."""
+    recorded; a human decides about `paths` (``STEP:PATH`` each).
+
+    >>> from ledger import CompensationConflict, ProtocolRefused
+    >>> err = CompensationConflict(["app.py"])
+    >>> isinstance(err, ProtocolRefused), err.exit_code
+    (True, 1)
+    """
 
     def __init__(self, paths: list[str]) -> None:
         shown = ", ".join(paths[:10]) + (" …" if len(paths) > 10 else "")
@@ -462,6 +753,14 @@ class CompensationConflict(ProtocolRefused):
 
 
 class CompensationWindowClosed(ProtocolRefused):
+    """The step committed longer ago than the compensation window allows; it was not undone.
+
+    >>> from ledger import CompensationWindowClosed, ProtocolRefused
+    >>> err = CompensationWindowClosed("edit-1", age_s=7200.0, window_s=3600.0)
+    >>> isinstance(err, ProtocolRefused), err.exit_code
+    (True, 1)
+    """
+
     def __init__(self, step: str, age_s: float, window_s: float) -> None:
         super().__init__(
             f"step {step!r} was committed {age_s:.0f}s ago, past the compensation window"
@@ -475,12 +774,27 @@ class CompensationWindowClosed(ProtocolRefused):
 
 class EnvironmentFailure(LedgerError):
     """The disk, the OS or a lock failed us; the transaction did not commit (or its
-    outcome is unknown: retry with the same journal key)."""
+    outcome is unknown: retry with the same journal key).
+
+    >>> from ledger import EnvironmentFailure, LedgerError
+    >>> err = EnvironmentFailure("disk full")
+    >>> isinstance(err, LedgerError), err.exit_code
+    (True, 3)
+    """
 
     exit_code = EXIT_ENVIRONMENT
 
 
 class LedgerBusy(EnvironmentFailure):
+    """The ledger stayed locked by other writers for `waited_s` seconds; the transaction did
+    not commit.
+
+    >>> from ledger import LedgerBusy, EnvironmentFailure
+    >>> err = LedgerBusy("ledger.db", 5.0)
+    >>> isinstance(err, EnvironmentFailure), err.exit_code
+    (True, 3)
+    """
+
     def __init__(self, path: str, waited_s: float) -> None:
         super().__init__(
             f"ledger {path} stayed locked by another writer for {waited_s:g}s;"
@@ -490,6 +804,15 @@ class LedgerBusy(EnvironmentFailure):
 
 
 class StorageFailure(EnvironmentFailure):
+    """Reading or writing the ledger's storage failed (disk full, I/O error); the
+    transaction did not commit.
+
+    >>> from ledger import StorageFailure, EnvironmentFailure
+    >>> err = StorageFailure("ledger.db", "I/O error")
+    >>> isinstance(err, EnvironmentFailure), err.exit_code
+    (True, 3)
+    """
+
     def __init__(self, path: str, what: str) -> None:
         super().__init__(
             f"storage failed under {path}: {what}; free space or fix the disk, then retry"
@@ -501,7 +824,13 @@ class StorageFailure(EnvironmentFailure):
 class DatabaseUnavailable(EnvironmentFailure):
     """The database server could not be reached, or the connection was lost (a
     PostgreSQL ledger). A transaction in flight may or may not have committed: retry
-    with the same journal key, which answers either way."""
+    with the same journal key, which answers either way.
+
+    >>> from ledger import DatabaseUnavailable, EnvironmentFailure
+    >>> err = DatabaseUnavailable("postgresql://db/steptrail", "connection refused")
+    >>> isinstance(err, EnvironmentFailure), err.exit_code
+    (True, 3)
+    """
 
     def __init__(self, location: str, what: str) -> None:
         super().__init__(
@@ -515,7 +844,13 @@ class DatabaseUnavailable(EnvironmentFailure):
 class AccessDenied(StorageFailure):
     """The ledger or its blob store cannot be read or written where it is: a read-only
     file system, or permissions (the ledger is private to its owner). Retrying as it is
-    fails the same way: the message names the cause and its fix."""
+    fails the same way: the message names the cause and its fix.
+
+    >>> from ledger import AccessDenied, EnvironmentFailure
+    >>> err = AccessDenied("ledger.db", "permission denied", "fix the owner")
+    >>> isinstance(err, EnvironmentFailure), err.exit_code
+    (True, 3)
+    """
 
     def __init__(self, path: str, why: str, fix: str, *, readers_work: bool = True) -> None:
         also = (" (read-only commands, such as verify, events and audit, work as it is)"
@@ -531,7 +866,13 @@ ANCHOR_COMMAND = "steptrail --ledger {ledger} witness anchor --witness {witness}
 
 
 class IllegalWorkspaceTransition(IllegalTransition):
-    """A workspace or lease event that does not follow from the workspace's state."""
+    """A workspace or lease event that does not follow from the workspace's state.
+
+    >>> from ledger import IllegalWorkspaceTransition, IllegalTransition
+    >>> err = IllegalWorkspaceTransition("repo", "lease-renewed", "no live lease")
+    >>> isinstance(err, IllegalTransition), err.exit_code
+    (True, 1)
+    """
 
     def __init__(self, workspace: str, kind: str, why: str) -> None:
         Exception.__init__(
@@ -544,7 +885,13 @@ class IllegalWorkspaceTransition(IllegalTransition):
 
 
 class GcRefused(ProtocolRefused):
-    """GC (or audit) found something it cannot be sure about; it deleted nothing."""
+    """GC (or audit) found something it cannot be sure about; it deleted nothing.
+
+    >>> from ledger import GcRefused, ProtocolRefused
+    >>> err = GcRefused("a blob is held by an unknown step")
+    >>> isinstance(err, ProtocolRefused), err.exit_code
+    (True, 1)
+    """
 
     def __init__(self, why: str) -> None:
         super().__init__(
@@ -555,6 +902,14 @@ class GcRefused(ProtocolRefused):
 
 
 class CollectorBusy(EnvironmentFailure):
+    """Another GC (or audit) holds the collector's lock on the ledger; nothing was deleted.
+
+    >>> from ledger import CollectorBusy, EnvironmentFailure
+    >>> err = CollectorBusy("ledger.db")
+    >>> isinstance(err, EnvironmentFailure), err.exit_code
+    (True, 3)
+    """
+
     def __init__(self, path: str) -> None:
         super().__init__(
             f"another steptrail gc holds {path}; this run did nothing. Two collectors"
@@ -565,7 +920,13 @@ class CollectorBusy(EnvironmentFailure):
 
 class WitnessMismatch(HeadMismatch):
     """The ledger does not contain the head its witness recorded: history was cut off,
-    rolled back or rewritten. Nothing was written."""
+    rolled back or rewritten. Nothing was written.
+
+    >>> from ledger import WitnessMismatch, HeadMismatch
+    >>> err = WitnessMismatch("ledger.db", "ledger.witness", "history was rewritten")
+    >>> isinstance(err, HeadMismatch), err.exit_code
+    (True, 1)
+    """
 
     def __init__(self, ledger_path: str, witness_path: str, why: str, remedy: str = "") -> None:
         Exception.__init__(
@@ -585,7 +946,13 @@ class WitnessMismatch(HeadMismatch):
 class WitnessMissing(WitnessMismatch):
     """A witnessed ledger whose witness is missing, empty or zero-filled, or whose
     location is recorded nowhere (`witness_path` None): it fails closed (a rolled-back
-    copy with its witness deleted looks exactly like this). Nothing was written."""
+    copy with its witness deleted looks exactly like this). Nothing was written.
+
+    >>> from ledger import WitnessMissing, WitnessMismatch
+    >>> err = WitnessMissing("ledger.db", "ledger.witness", "the file is empty")
+    >>> isinstance(err, WitnessMismatch), err.exit_code
+    (True, 1)
+    """
 
     def __init__(self, ledger_path: str, witness_path: str | None, why: str) -> None:
         command = ANCHOR_COMMAND.format(ledger=ledger_path, witness=witness_path or "/ABSOLUTE/PATH")
@@ -607,7 +974,13 @@ class WitnessMissing(WitnessMismatch):
 
 
 class WitnessElsewhere(InvalidInput):
-    """A witness was named that is not the one the ledger records. Nothing was written."""
+    """A witness was named that is not the one the ledger records. Nothing was written.
+
+    >>> from ledger import WitnessElsewhere, InvalidInput
+    >>> err = WitnessElsewhere("ledger.db", "a.witness", "b.witness", 7)
+    >>> isinstance(err, InvalidInput), err.exit_code
+    (True, 2)
+    """
 
     def __init__(self, ledger_path: str, given: str, recorded: str, seq: int) -> None:
         super().__init__(
@@ -619,7 +992,13 @@ class WitnessElsewhere(InvalidInput):
 
 
 class AnchorRefused(ProtocolRefused):
-    """`anchor_witness` found problems and was not forced. Nothing was written."""
+    """`anchor_witness` found problems and was not forced. Nothing was written.
+
+    >>> from ledger import AnchorRefused, ProtocolRefused
+    >>> err = AnchorRefused("ledger.db", ["the witness is behind"])
+    >>> isinstance(err, ProtocolRefused), err.exit_code
+    (True, 1)
+    """
 
     def __init__(self, ledger_path: str, problems: list[str]) -> None:
         shown = "; ".join(problems[:3]) + (f"; and {len(problems) - 3} more"

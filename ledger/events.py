@@ -139,7 +139,12 @@ class _PathChecked(Struct, frozen=True, kw_only=True):
 
 
 class PlannedWrite(_PathChecked, frozen=True, kw_only=True):
-    """One file a step plans to change: the state it was planned against and its result."""
+    """One file a step plans to change: the state it was planned against and its result.
+
+    >>> from ledger import PlannedWrite
+    >>> PlannedWrite(path="app.py", base_rev=0).path
+    'app.py'
+    """
 
     base_rev: NonNegative
     pre_hash: Digest | None = None  # None: the file did not exist
@@ -150,7 +155,12 @@ class PlannedWrite(_PathChecked, frozen=True, kw_only=True):
 
 
 class AppliedWrite(_PathChecked, frozen=True, kw_only=True):
-    """One file a step applied: its new per-path revision and hashes."""
+    """One file a step applied: its new per-path revision and hashes.
+
+    >>> from ledger import AppliedWrite
+    >>> AppliedWrite(path="app.py", rev=1).rev
+    1
+    """
 
     rev: NonNegative
     pre_hash: Digest | None = None
@@ -162,14 +172,25 @@ class AppliedWrite(_PathChecked, frozen=True, kw_only=True):
 
 
 class ManifestEntry(_PathChecked, frozen=True, kw_only=True):
-    """A path the manifest names and the blob holding its bytes."""
+    """A path the manifest names and the blob holding its bytes.
+
+    >>> from ledger import ManifestEntry, digest_of
+    >>> entry = ManifestEntry(path="out.txt", digest=digest_of(b"ok\\n"), size=3)
+    >>> entry.path, entry.size
+    ('out.txt', 3)
+    """
 
     digest: Digest
     size: NonNegative
 
 
 class Restored(_PathChecked, frozen=True, kw_only=True):
-    """What a compensation did to one path."""
+    """What a compensation did to one path.
+
+    >>> from ledger import Restored
+    >>> Restored(path="app.py", rev=2).path
+    'app.py'
+    """
 
     rev: NonNegative
     digest: Digest | None = None  # the pre-image put back; None: the file was removed
@@ -178,14 +199,24 @@ class Restored(_PathChecked, frozen=True, kw_only=True):
 
 
 class Event(Struct, frozen=True, kw_only=True, tag_field="kind"):
-    """Base class for every fact a ledger can record."""
+    """Base class for every fact a ledger can record.
+
+    >>> from ledger import Event, Planned, LeaseReleased
+    >>> issubclass(Planned, Event), issubclass(LeaseReleased, Event)
+    (True, True)
+    """
 
     #: Fields after the kind that make the journal key of this event distinct.
     key_extra: ClassVar[tuple[str, ...]] = ()
 
 
 class StepEvent(Event, frozen=True, kw_only=True):
-    """A transition of one attempt of one step."""
+    """A transition of one attempt of one step.
+
+    >>> from ledger import StepEvent, Planned, Acked
+    >>> [issubclass(kind, StepEvent) for kind in (Planned, Acked)]
+    [True, True]
+    """
 
     step: StepId
     attempt: Attempt
@@ -195,7 +226,14 @@ class StepEvent(Event, frozen=True, kw_only=True):
 
 
 class Planned(StepEvent, frozen=True, kw_only=True, tag="planned"):
-    """The attempt's contract, durable before any write: the intent record."""
+    """The attempt's contract, durable before any write: the intent record.
+
+    >>> from ledger import Ledger, Planned
+    >>> with Ledger.init("ledger.db") as ledger:
+    ...     _ = ledger.append(Planned(step="fetch", attempt=1, artifacts=("out.txt",)))
+    ...     print(ledger.step("fetch").state)
+    planned
+    """
 
     writes: Annotated[tuple[PlannedWrite, ...], Meta(max_length=ITEMS_MAX)] = ()
     artifacts: Annotated[tuple[RelPath, ...], Meta(max_length=ITEMS_MAX)] = ()
@@ -211,7 +249,23 @@ class Planned(StepEvent, frozen=True, kw_only=True, tag="planned"):
 
 
 class Fenced(StepEvent, frozen=True, kw_only=True, tag="fenced"):
-    """The writes passed the fence and were applied; revisions advanced."""
+    """The writes passed the fence and were applied; revisions advanced.
+
+    >>> from pathlib import Path
+    >>> from ledger import Ledger
+    >>> Path("repo").mkdir(); _ = Path("repo/app.py").write_text("v0\\n")
+    >>> ledger = Ledger.init("ledger.db")
+    >>> _ = ledger.workspaces.add("repo", "repo")
+    >>> lease = ledger.workspaces.acquire("repo", holder="agent-1", ttl_s=600)
+    >>> read = ledger.workspaces.read_file("repo", "app.py")
+    >>> from ledger import StepPlan
+    >>> steps = [StepPlan("edit-1", [read.write(b"v1\\n")])]
+    >>> _ = ledger.workspaces.admit("repo", lease.epoch, steps)
+    >>> _ = ledger.workspaces.apply("edit-1", epoch=lease.epoch)
+    >>> [e.kind for e in ledger.read(kind="fenced")]
+    ['fenced']
+    >>> ledger.close()
+    """
 
     writes: Annotated[tuple[AppliedWrite, ...], Meta(max_length=ITEMS_MAX)] = ()
     rev: NonNegative = 0  # the workspace rev after the apply
@@ -220,7 +274,15 @@ class Fenced(StepEvent, frozen=True, kw_only=True, tag="fenced"):
 
 
 class BlobPinned(StepEvent, frozen=True, kw_only=True, tag="blob-pinned"):
-    """The attempt may write, deduplicate or publish this blob: GC must keep it."""
+    """The attempt may write, deduplicate or publish this blob: GC must keep it.
+
+    >>> from ledger import Ledger, BlobPinned
+    >>> with Ledger.init("ledger.db") as ledger:
+    ...     _ = ledger.plan("build", artifacts=["out.txt"])
+    ...     _ = ledger.store("build", 1, "out.txt", b"ok\\n")
+    ...     print([e.kind for e in ledger.read(kind="blob-pinned")])
+    ['blob-pinned']
+    """
 
     key_extra: ClassVar[tuple[str, ...]] = ("digest",)
     digest: Digest
@@ -228,7 +290,15 @@ class BlobPinned(StepEvent, frozen=True, kw_only=True, tag="blob-pinned"):
 
 
 class BlobStored(StepEvent, frozen=True, kw_only=True, tag="blob-stored"):
-    """An artifact's bytes are durable (inline rows in this very transaction)."""
+    """An artifact's bytes are durable (inline rows in this very transaction).
+
+    >>> from ledger import Ledger
+    >>> with Ledger.init("ledger.db") as ledger:
+    ...     _ = ledger.plan("build", artifacts=["out.txt"])
+    ...     stored = ledger.store("build", 1, "out.txt", b"ok\\n")
+    >>> stored.path, stored.size, stored.inline
+    ('out.txt', 3, True)
+    """
 
     key_extra: ClassVar[tuple[str, ...]] = ("digest",)
     digest: Digest
@@ -242,7 +312,16 @@ class BlobStored(StepEvent, frozen=True, kw_only=True, tag="blob-stored"):
 
 
 class ManifestPublished(StepEvent, frozen=True, kw_only=True, tag="manifest-published"):
-    """The commit point: the step's manifest revision `manifest_rev` is live."""
+    """The commit point: the step's manifest revision `manifest_rev` is live.
+
+    >>> from ledger import Ledger, ManifestPublished
+    >>> with Ledger.init("ledger.db") as ledger:
+    ...     _ = ledger.plan("fetch")
+    ...     manifest = ledger.publish("fetch")
+    ...     [event] = ledger.read(kind="manifest-published")
+    >>> isinstance(event.event, ManifestPublished), event.event.manifest_rev
+    (True, 0)
+    """
 
     key_extra: ClassVar[tuple[str, ...]] = ("manifest_rev",)
     manifest_rev: NonNegative
@@ -254,7 +333,15 @@ class ManifestPublished(StepEvent, frozen=True, kw_only=True, tag="manifest-publ
 
 
 class Acked(StepEvent, frozen=True, kw_only=True, tag="acked"):
-    """The client learned the result: manifest revision `manifest_rev` of the step."""
+    """The client learned the result: manifest revision `manifest_rev` of the step.
+
+    >>> from ledger import Ledger, Acked
+    >>> with Ledger.init("ledger.db") as ledger:
+    ...     _ = ledger.plan("fetch"); _ = ledger.publish("fetch")
+    ...     recorded = ledger.ack("fetch")
+    >>> isinstance(recorded.event, Acked), recorded.kind
+    (True, 'acked')
+    """
 
     key_extra: ClassVar[tuple[str, ...]] = ("manifest_rev",)
     manifest_rev: NonNegative = 0
@@ -266,7 +353,12 @@ class Compensated(StepEvent, frozen=True, kw_only=True, tag="compensated"):
     `release`: the step's manifest revisions published so far stop holding their blobs
     (an artifact-only step deleted on purpose: a pruned LangGraph checkpoint); GC may
     reclaim whatever no other manifest, compensation record or pin holds. False (every
-    compensation before it existed): a manifest revision holds its blobs forever."""
+    compensation before it existed): a manifest revision holds its blobs forever.
+
+    >>> from ledger import Compensated
+    >>> Compensated(step="edit-1", attempt=1).restored
+    ()
+    """
 
     reason: Text = ""
     restored: Annotated[tuple[Restored, ...], Meta(max_length=ITEMS_MAX)] = ()
@@ -276,9 +368,14 @@ class Compensated(StepEvent, frozen=True, kw_only=True, tag="compensated"):
 
 class Compensating(StepEvent, frozen=True, kw_only=True, tag="compensating"):
     """An undo's intent: committed before compensation touches the first file, under
-    the live `epoch` that undoes. The step stays ``compensating`` (in flight) until its
+    the live epoch that undoes. The step stays ``compensating`` (in flight) until its
     `compensated` ends it, so an undo killed halfway is found and finished by the next
-    settle, or by a retry of the compensation."""
+    settle, or by a retry of the compensation.
+
+    >>> from ledger import Compensating
+    >>> Compensating(step="edit-1", attempt=1).step
+    'edit-1'
+    """
 
     reason: Text = ""
 
@@ -291,6 +388,11 @@ class Rejected(StepEvent, frozen=True, kw_only=True, tag="rejected"):
     replay put back to their pre-image (``restored``), or did not (``conflict``: no
     evidence the attempt got to its renames, or no readable pre-image; left as found,
     for a human). Absent in ledgers written before it existed.
+
+    >>> from ledger import Rejected
+    >>> event = Rejected(step="edit-1", attempt=1, reason="pre_hash")
+    >>> event.reason
+    'pre_hash'
     """
 
     reason: Literal["stale_rev", "pre_hash", "stale_epoch", "overlap"]
@@ -304,7 +406,18 @@ class WorkspaceAdded(Event, frozen=True, kw_only=True, tag="workspace-added"):
     `dev`/`ino` (None in ledgers written before they were recorded: no identity check
     until the workspace is re-registered with `rebind`) are the root's device and inode;
     every walk into the workspace opens the root without following symlinks and refuses
-    another directory. `allow_git`: steps may write ``.git`` internals (an opt-in)."""
+    another directory. `allow_git`: steps may write ``.git`` internals (an opt-in).
+
+    >>> from pathlib import Path
+    >>> from ledger import Ledger
+    >>> Path("repo").mkdir(); _ = Path("repo/app.py").write_text("v0\\n")
+    >>> ledger = Ledger.init("ledger.db")
+    >>> _ = ledger.workspaces.add("repo", "repo")
+    >>> lease = ledger.workspaces.acquire("repo", holder="agent-1", ttl_s=600)
+    >>> [e.event.workspace for e in ledger.read(kind="workspace-added")]
+    ['repo']
+    >>> ledger.close()
+    """
 
     workspace: StepId
     root: Annotated[str, Meta(min_length=1, max_length=PATH_MAX)]
@@ -316,7 +429,12 @@ class WorkspaceAdded(Event, frozen=True, kw_only=True, tag="workspace-added"):
 class WorkspaceRestored(Event, frozen=True, kw_only=True, tag="workspace-restored"):
     """A workspace's committed content materialized at a fresh `root`: steps write there
     from then on. `dev`/`ino`/`allow_git` as in `WorkspaceAdded` (None: written before
-    identities were recorded)."""
+    identities were recorded).
+
+    >>> from ledger import WorkspaceRestored
+    >>> WorkspaceRestored(workspace="repo", root="/srv/repo-restored").workspace
+    'repo'
+    """
 
     key_extra: ClassVar[tuple[str, ...]] = ("rev", "root")
     workspace: StepId
@@ -333,7 +451,12 @@ class WorkspaceRebound(Event, frozen=True, kw_only=True, tag="workspace-rebound"
     or the same path with a new directory), that directory's identity and its options.
     `after` is the seq of the registration it replaces (`workspace-added`,
     `-restored` or `-rebound`), so two operators re-registering from the same state
-    conflict instead of both winning, and a redelivery is answered by the journal."""
+    conflict instead of both winning, and a redelivery is answered by the journal.
+
+    >>> from ledger import WorkspaceRebound
+    >>> WorkspaceRebound(workspace="repo", root="/srv/repo", dev=1, ino=2).root
+    '/srv/repo'
+    """
 
     key_extra: ClassVar[tuple[str, ...]] = ("after",)
     workspace: StepId
@@ -350,7 +473,18 @@ class LeaseAcquired(Event, frozen=True, kw_only=True, tag="lease-acquired"):
     `bare`: the first lease on a name no workspace registered, which it makes: a lease
     with no directory behind it (a LangGraph thread's claim, ledger.langgraph). Its
     later epochs are ordinary `lease-acquired` events; no step writes under it (there
-    is nothing to write), and it is no workspace's: `workspaces()` does not list it."""
+    is nothing to write), and it is no workspace's: `workspaces()` does not list it.
+
+    >>> from pathlib import Path
+    >>> from ledger import Ledger
+    >>> Path("repo").mkdir(); _ = Path("repo/app.py").write_text("v0\\n")
+    >>> ledger = Ledger.init("ledger.db")
+    >>> _ = ledger.workspaces.add("repo", "repo")
+    >>> lease = ledger.workspaces.acquire("repo", holder="agent-1", ttl_s=600)
+    >>> [e.event.holder for e in ledger.read(kind="lease-acquired")]
+    ['agent-1']
+    >>> ledger.close()
+    """
 
     key_extra: ClassVar[tuple[str, ...]] = ("epoch",)
     workspace: StepId
@@ -362,6 +496,13 @@ class LeaseAcquired(Event, frozen=True, kw_only=True, tag="lease-acquired"):
 
 
 class LeaseRenewed(Event, frozen=True, kw_only=True, tag="lease-renewed"):
+    """A lease's holder extended it: `epoch` on `workspace` now expires at `expires_ns`.
+
+    >>> from ledger import LeaseRenewed
+    >>> LeaseRenewed(workspace="repo", epoch=1, expires_ns=0).workspace
+    'repo'
+    """
+
     key_extra: ClassVar[tuple[str, ...]] = ("epoch", "expires_ns")
     workspace: StepId
     epoch: Attempt
@@ -369,12 +510,27 @@ class LeaseRenewed(Event, frozen=True, kw_only=True, tag="lease-renewed"):
 
 
 class LeaseReleased(Event, frozen=True, kw_only=True, tag="lease-released"):
+    """A lease ended: `epoch` on `workspace` was given up by its holder.
+
+    >>> from ledger import LeaseReleased
+    >>> LeaseReleased(workspace="repo", epoch=1).epoch
+    1
+    """
+
     key_extra: ClassVar[tuple[str, ...]] = ("epoch",)
     workspace: StepId
     epoch: Attempt
 
 
 class BlobCollected(Event, frozen=True, kw_only=True, tag="blob-collected"):
+    """GC deleted a blob nothing holds any more (`reason`), in collection `collection`.
+
+    >>> from ledger import BlobCollected, digest_of
+    >>> event = BlobCollected(digest=digest_of(b"old"), size=3)
+    >>> event.size
+    3
+    """
+
     key_extra: ClassVar[tuple[str, ...]] = ("digest", "collection")
     digest: Digest
     size: NonNegative
@@ -400,6 +556,10 @@ class WitnessAnchored(Event, frozen=True, kw_only=True, tag="witness-anchored"):
     ``damaged`` (no valid slot, unreadable, or another ledger's) or ``mismatch`` (the
     ledger behind it or off its chain). A ``mismatch`` or findings of verify are
     anchored over only with `forced`, and the findings overridden are listed.
+
+    >>> from ledger import WitnessAnchored
+    >>> WitnessAnchored(witness="/backup/ledger.witness", head_seq=7, head_hash="ab" * 32).head_seq
+    7
     """
 
     key_extra: ClassVar[tuple[str, ...]] = ("witness", "head_seq")
@@ -638,7 +798,12 @@ def journal_key(event: Event, v: int = EVENT_VERSION) -> str:
     A step transition is keyed ``(step, attempt, kind[, digest])`` — a `blob-stored` by
     ``(step, attempt, kind, path, digest)`` from version 2 on; workspace, lease and GC
     events by their subject. The key is a JSON array, so no separator can collide.
+
+    >>> from ledger import Planned, journal_key
+    >>> journal_key(Planned(step="fetch", attempt=1))
+    '["fetch",1,"planned"]'
     """
+
     parts: list[Any]
     if isinstance(event, Fenced):
         # Applying is keyed (workspace, step, attempt): the (step_id, base_rev) key of the usual fencing recipe
@@ -715,6 +880,7 @@ def chain_hash(
     attempt, epoch, rev, time, key, kind and version, so any edit, deletion,
     reordering or insertion breaks the chain at the first row it touches.
     """
+
     body = _chain_encoder.encode(
         (seq, time_ns, env.workspace, env.run, env.step, env.attempt, env.epoch, env.rev,
          journal_key, kind, v, payload)
@@ -727,6 +893,12 @@ class RecordedEvent(Struct, frozen=True, kw_only=True):
 
     `deduped` is not stored: it is True when an append found the journal key already
     recorded and returned this original instead of writing.
+
+    >>> from ledger import Ledger
+    >>> with Ledger.init("ledger.db") as ledger:
+    ...     _ = ledger.plan("fetch"); _ = ledger.publish("fetch"); _ = ledger.ack("fetch")
+    ...     print([(e.seq, e.kind) for e in ledger.timeline("fetch")])
+    [(1, 'planned'), (2, 'manifest-published'), (3, 'acked')]
     """
 
     seq: int

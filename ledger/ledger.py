@@ -104,6 +104,15 @@ from .witness import (
 Progress = Callable[[int, int], None]
 
 DEFAULT_PATH = os.path.join(".steptrail", "ledger.db")
+"""Where a ledger lives when no path is given: `.steptrail/ledger.db`, relative to the current
+directory (like `.git`, inside the project).
+
+>>> import os
+>>> from ledger import DEFAULT_PATH
+>>> DEFAULT_PATH == os.path.join(".steptrail", "ledger.db")
+True
+"""
+
 #: Artifacts up to this size live inside the ledger file, written in the transaction
 #: that records `blob-stored` (one WAL fsync instead of a file create + 2 fsyncs).
 INLINE_MAX_DEFAULT = 64 * 1024
@@ -156,8 +165,11 @@ class _NotFresh(Exception):
 class Ledger:
     """A steptrail ledger file.
 
-    >>> with Ledger.init("ws/.steptrail/ledger.db") as ledger:   # doctest: +SKIP
-    ...     ledger.append(Planned(step="fetch", attempt=1))
+    >>> from ledger import Ledger, Planned
+    >>> with Ledger.init("ws/.steptrail/ledger.db") as ledger:
+    ...     _ = ledger.append(Planned(step="fetch", attempt=1))
+    ...     print(ledger.step("fetch").state)
+    planned
 
     Writers open read-write (the default); inspection opens `readonly=True` and never
     writes: not the file, not its log, not a projection catch-up (it reads under SQLite's
@@ -460,6 +472,7 @@ class Ledger:
         the new witness is written (a fresh key) and a `witness-anchored` event committed
         (the new witness then holds it). Returns that event as recorded.
         """
+
         target = None if witness is None else witness_path(witness)
         with cls.open(path, readonly=True, clock=clock, vfs=vfs, witness_check=False,
                       _witness_resolve=False) as ro:
@@ -686,6 +699,7 @@ class Ledger:
         attempt of the thread it compensates may name no lease), everyone else's under 0,
         so a thread another worker claimed refuses them.
         """
+
         events = list(events)
         _refuse_anchor(events)
         small: dict[str, bytes] = {}
@@ -796,6 +810,7 @@ class Ledger:
         digests of blobs the new attempt will store, pinned in that same commit (what
         `pin` does one commit each; ignored when no new attempt is planned).
         """
+
         row = self.find_step(step)
         if row is not None and (row.live or row.state not in ENDED):
             return row

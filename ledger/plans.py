@@ -244,6 +244,11 @@ class Plan:
 
     A content file larger than INPUT_READ_MAX is handed on open (streamed by the ledger,
     never held whole): `close()` the plan when done with it (or use it in a ``with``).
+
+    >>> from ledger import load_plan
+    >>> plan = load_plan(b'{"run": "nightly", "steps": [{"step": "fetch"}]}')
+    >>> plan.run, [s.step for s in plan.steps]
+    ('nightly', ['fetch'])
     """
 
     steps: list[StepPlan]
@@ -271,6 +276,10 @@ def load_plan(source: bytes | str | os.PathLike[str], base_dir: str | None = Non
     directory (the current directory for bytes), and stay inside it (`open_confined`).
     Raises InvalidInput (naming the field), OperatorOnly or ContentFileEscapes; nothing is
     written anywhere.
+
+    >>> from ledger import load_plan
+    >>> load_plan(b'{"step": "fetch", "artifacts": ["out.txt"]}').steps[0].artifacts
+    ('out.txt',)
     """
     if isinstance(source, bytes):
         raw = source
@@ -292,7 +301,20 @@ def check_settled(ledger: Ledger, workspace: str, epoch: int, *, but: str = "") 
     and leases"): Unsettled while a step of an epoch older than `epoch` is still in flight
     on `workspace` (an acquire that died before its settle), step `but` aside. The core
     checks only the applied step's own epoch; a harness (the CLI's ``step plan`` and
-    ``step apply``) checks this before planning or applying."""
+    ``step apply``) checks this before planning or applying.
+
+    >>> from pathlib import Path
+    >>> from ledger import Ledger
+    >>> Path("repo").mkdir(); _ = Path("repo/app.py").write_text("v0\\n")
+    >>> ledger = Ledger.init("ledger.db")
+    >>> _ = ledger.workspaces.add("repo", "repo")
+    >>> lease = ledger.workspaces.acquire("repo", holder="agent-1", ttl_s=600)
+    >>> from ledger import check_settled
+    >>> check_settled(ledger, "repo", lease.epoch) is None     # nothing older in flight
+    True
+    >>> ledger.close()
+    """
+
     pending = [s for s in ledger.workspaces.unsettled(workspace, epoch) if s != but]
     if pending:
         raise Unsettled(workspace, pending)

@@ -133,7 +133,22 @@ def _committed_result(ledger: Ledger, row: StepRow) -> StepResult:
 
 
 class StepStatus(StrEnum):
-    """How a fenced step came out (`FencedOutcome.status`)."""
+    """How a fenced step came out (`FencedOutcome.status`).
+
+    >>> from pathlib import Path
+    >>> from ledger import Ledger
+    >>> Path("repo").mkdir(); _ = Path("repo/app.py").write_text("v0\\n")
+    >>> ledger = Ledger.init("ledger.db")
+    >>> _ = ledger.workspaces.add("repo", "repo")
+    >>> lease = ledger.workspaces.acquire("repo", holder="agent-1", ttl_s=600)
+    >>> from ledger import StepStatus, run_fenced_step
+    >>> plan = lambda read: [read.read("app.py").write(b"v1\\n")]
+    >>> _ = run_fenced_step(ledger, "repo", "edit-1", plan, epoch=lease.epoch)
+    >>> again = run_fenced_step(ledger, "repo", "edit-1", plan, epoch=lease.epoch)
+    >>> again.status is StepStatus.DEDUPED
+    True
+    >>> ledger.close()
+    """
 
     APPLIED = "applied"  # this call planned (or continued) the step and committed it
     DEDUPED = "deduped"  # it was committed before: nothing ran, its manifest is the answer
@@ -143,7 +158,12 @@ class StepStatus(StrEnum):
 
 
 class RejectReason(StrEnum):
-    """Why the fence refused an attempt (the `rejected` event's reason)."""
+    """Why the fence refused an attempt (the `rejected` event's reason).
+
+    >>> from ledger import RejectReason
+    >>> RejectReason("pre_hash")
+    <RejectReason.PRE_HASH: 'pre_hash'>
+    """
 
     STALE_REV = "stale_rev"
     PRE_HASH = "pre_hash"
@@ -157,7 +177,24 @@ class PathConflict:
 
     `read_hash`/`read_rev`: the write's `pre_hash` and `base_rev`; `on_disk_hash` (None:
     absent) and `on_disk_rev`: now; `diff`: what was read → what is there, when the
-    planner read the bytes through this call's reader and both are text-sized."""
+    planner read the bytes through this call's reader and both are text-sized.
+
+    >>> from pathlib import Path
+    >>> from ledger import Ledger
+    >>> Path("repo").mkdir(); _ = Path("repo/app.py").write_text("v0\\n")
+    >>> ledger = Ledger.init("ledger.db")
+    >>> _ = ledger.workspaces.add("repo", "repo")
+    >>> lease = ledger.workspaces.acquire("repo", holder="agent-1", ttl_s=600)
+    >>> from ledger import run_fenced_step
+    >>> def edit(read):
+    ...     got = read.read("app.py")
+    ...     _ = Path("repo/app.py").write_text("a person's fix\\n")   # the file changes under it
+    ...     return [got.write(b"v1\\n")]
+    >>> out = run_fenced_step(ledger, "repo", "edit-1", edit, epoch=lease.epoch)
+    >>> out.status.value, out.conflicts[0].path
+    ('conflict', 'app.py')
+    >>> ledger.close()
+    """
 
     path: str
     read_hash: str | None
@@ -171,7 +208,21 @@ class PathConflict:
 class FencedOutcome:
     """What `run_fenced_step` did. `ran`: the planner was called in this call.
     `receipt` and `manifest`: the committed apply (APPLIED, DEDUPED); `reason`,
-    `conflicts`, `detail`: why not (CONFLICT, REJECTED, STALE_EPOCH)."""
+    `conflicts`, `detail`: why not (CONFLICT, REJECTED, STALE_EPOCH).
+
+    >>> from pathlib import Path
+    >>> from ledger import Ledger
+    >>> Path("repo").mkdir(); _ = Path("repo/app.py").write_text("v0\\n")
+    >>> ledger = Ledger.init("ledger.db")
+    >>> _ = ledger.workspaces.add("repo", "repo")
+    >>> lease = ledger.workspaces.acquire("repo", holder="agent-1", ttl_s=600)
+    >>> from ledger import run_fenced_step
+    >>> out = run_fenced_step(ledger, "repo", "edit-1",
+    ...                       lambda read: [read.read("app.py").write(b"v1\\n")], epoch=lease.epoch)
+    >>> out.status.value, out.ran, [e.path for e in out.manifest.writes]
+    ('applied', True, ['app.py'])
+    >>> ledger.close()
+    """
 
     status: StepStatus
     step: str
@@ -193,7 +244,19 @@ class FencedOutcome:
 class StepReader:
     """What a planner reads through: `read(path)` returns the bytes with the rev and hash
     to fence on (`ledger.workspaces.read_file`), and remembers them, so a refusal can show a diff
-    from exactly what was read."""
+    from exactly what was read.
+
+    >>> from pathlib import Path
+    >>> from ledger import Ledger
+    >>> Path("repo").mkdir(); _ = Path("repo/app.py").write_text("v0\\n")
+    >>> ledger = Ledger.init("ledger.db")
+    >>> _ = ledger.workspaces.add("repo", "repo")
+    >>> lease = ledger.workspaces.acquire("repo", holder="agent-1", ttl_s=600)
+    >>> from ledger import StepReader
+    >>> StepReader(ledger, "repo").read("app.py").content
+    b'v0\\n'
+    >>> ledger.close()
+    """
 
     def __init__(self, ledger: Ledger, workspace: str) -> None:
         self.ledger, self.workspace = ledger, workspace
@@ -242,7 +305,21 @@ def run_fenced_step(ledger: Ledger, workspace: str, step: str, plan: Planner, *,
                                   epoch=lease.epoch)
             if out.status is StepStatus.CONFLICT:
                 print(out.conflicts[0].diff)
+
+    >>> from pathlib import Path
+    >>> from ledger import Ledger
+    >>> Path("repo").mkdir(); _ = Path("repo/app.py").write_text("v0\\n")
+    >>> ledger = Ledger.init("ledger.db")
+    >>> _ = ledger.workspaces.add("repo", "repo")
+    >>> lease = ledger.workspaces.acquire("repo", holder="agent-1", ttl_s=600)
+    >>> from ledger import run_fenced_step
+    >>> def plan(read):
+    ...     return [read.read("app.py").write(b"v1\\n")]
+    >>> run_fenced_step(ledger, "repo", "edit-1", plan, epoch=lease.epoch).status
+    <StepStatus.APPLIED: 'applied'>
+    >>> ledger.close()
     """
+
     reader = StepReader(ledger, workspace)
     outputs = {p: d if not isinstance(d, bytes | bytearray | memoryview)
                else artifact_bytes(p, d) for p, d in (artifacts or {}).items()}

@@ -60,7 +60,12 @@ def window_problem(value: str | float) -> str | None:
 
 
 class Finding(msgspec.Struct, frozen=True):
-    """One thing verify found wrong. `seq` is 0 when it concerns no single event."""
+    """One thing verify found wrong. `seq` is 0 when it concerns no single event.
+
+    >>> from ledger import Finding
+    >>> Finding(check="chain", seq=7, message="hash does not follow").seq
+    7
+    """
 
     # "integrity", "chain", "seq", "row", "head", "projection", "schema", "meta", "blob", "gc"
     check: str
@@ -69,6 +74,17 @@ class Finding(msgspec.Struct, frozen=True):
 
 
 class VerifyReport(msgspec.Struct, kw_only=True):
+    """What `Ledger.verify` found: `ok` when the chain, the projections and the fences all
+    hold; otherwise the `findings`.
+
+    >>> from ledger import Ledger
+    >>> with Ledger.init("ledger.db") as ledger:
+    ...     _ = ledger.plan("fetch")
+    ...     report = ledger.verify()
+    >>> report.ok, report.events, report.findings
+    (True, 1, [])
+    """
+
     ok: bool
     events: int
     head_seq: int

@@ -187,6 +187,12 @@ class WitnessStatus(msgspec.Struct, kw_only=True):
     `state`: ``none`` (not witnessed), ``unknown`` (witnessed, location not recorded),
     ``ok``, ``missing``, ``blank`` (empty or zero-filled), ``damaged`` or ``mismatch``
     (the ledger behind it or off its chain); `problem` says why when not ``ok``.
+
+    >>> from ledger import Ledger
+    >>> with Ledger.init("ledger.db") as ledger:
+    ...     status = ledger.witness_status()
+    >>> status.witnessed, status.state
+    (False, 'none')
     """
 
     witnessed: bool

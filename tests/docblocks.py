@@ -110,6 +110,17 @@ def skip_without_extras(code: str) -> None:
             pytest.skip(f"needs the {', '.join(missing)} extra (not in this venv)")
 
 
+def needs_extra(name: str) -> object:
+    """A test's mark: in an installed-wheel run whose venv lacks the extra `name`, skip
+    (before any fixture runs, so a PostgreSQL server is not started for nothing)."""
+    import importlib.util
+
+    import pytest
+
+    missing = INSTALLED and importlib.util.find_spec(EXTRAS[name][1]) is None
+    return pytest.mark.skipif(missing, reason=f"needs the {name} extra (not in this venv)")
+
+
 def run_python(block: Block, cwd: Path, doc: str, timeout: float = 120) -> str:
     """Run a python block verbatim in `cwd`; return its stdout. Every `print(...)  # X`
     line must have printed a line that X starts with (the comment says what it prints)."""

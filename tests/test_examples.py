@@ -28,6 +28,7 @@ import threading
 from pathlib import Path
 
 import pytest
+from docblocks import needs_extra
 
 ROOT = Path(__file__).resolve().parent.parent
 EXAMPLES = ROOT / "examples"
@@ -161,6 +162,7 @@ def test_agent_loop_killed_anywhere_resumes_exactly(tmp_path: Path, after_lines:
 # -- two_workers_postgres.py --------------------------------------------------------------
 
 
+@needs_extra("postgres")
 def test_two_workers_postgres_takeover(tmp_path: Path, pg_url: str) -> None:
     """A applies step-3 and is SIGSTOPped; B waits out A's lease, takes epoch 2 (settling
     step-3: the file put back), finishes the job; A's late receipt is StaleEpoch."""
@@ -203,6 +205,7 @@ def test_two_workers_postgres_takes_the_url_from_the_environment(tmp_path: Path)
 # -- langgraph_graph.py -------------------------------------------------------------------
 
 
+@needs_extra("langgraph")
 def test_langgraph_graph_ownership_and_prune(tmp_path: Path) -> None:
     out = run(PYTHON, str(EXAMPLES / "langgraph_graph.py"), cwd=tmp_path)
     assert out.returncode == 0, (out.stdout, out.stderr)
@@ -225,6 +228,7 @@ PLACEHOLDER_BIN = "/home/you/project/.venv/bin/steptrail"
 PLACEHOLDER_PROJECT = "/home/you/project"
 
 
+@needs_extra("mcp")
 @pytest.mark.parametrize("config, key", [(".mcp.json", "mcpServers"),
                                          ("vscode-mcp.json", "servers")])
 def test_mcp_client_configuration_starts_a_server(tmp_path: Path, config: str, key: str) -> None:

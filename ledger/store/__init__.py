@@ -146,7 +146,15 @@ _HEAD_RE: Final = re.compile(r"([0-9]+):([0-9a-fA-F]{64})", re.ASCII)
 
 
 class Head(msgspec.Struct, frozen=True):
-    """The chain head: the last seq and its hash (seq 0: an empty ledger)."""
+    """The chain head: the last seq and its hash (seq 0: an empty ledger).
+
+    >>> from ledger import Ledger
+    >>> with Ledger.init("ledger.db") as ledger:
+    ...     empty = ledger.head()
+    ...     _ = ledger.plan("fetch")
+    ...     print(empty.seq, ledger.head().seq)
+    0 1
+    """
 
     seq: int
     hash: bytes
@@ -401,7 +409,12 @@ class ProjectionReader(Protocol):
 
 
 class BlobIndex(Protocol):
-    """What GC, audit and the blob readers use: stored blobs, what holds them, what is condemned."""
+    """What GC, audit and the blob readers use: stored blobs, what holds them, what is condemned.
+
+    >>> from ledger import BlobIndex
+    >>> callable(getattr(BlobIndex, "blob_rows", None)) or BlobIndex.__name__
+    'BlobIndex'
+    """
 
     def blob_size(self, digest: str) -> tuple[int, bool] | None:
         """(size, inline) of a stored blob, looked up now; None: it is not stored."""
@@ -477,7 +490,12 @@ class Forensics(Protocol):
 
 class ReadView(EventReader, ProjectionReader, BlobIndex, Forensics, Protocol):
     """One consistent snapshot of the ledger (inside a `Tx`: the transaction's own): every
-    read role. A caller that needs only some names those (`EventReader`, `BlobIndex`, …)."""
+    read role. A caller that needs only some names those (`EventReader`, `BlobIndex`, …).
+
+    >>> from ledger import ReadView
+    >>> [name for name in ("head", "step") if hasattr(ReadView, name)]
+    ['head', 'step']
+    """
 
 
 Guard = Callable[[Any, Event], None]

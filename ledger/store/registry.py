@@ -94,7 +94,12 @@ def _backend(module: str) -> Backend:
 
 @dataclass(frozen=True)
 class Location:
-    """A ledger's location and the store it names (`locate`)."""
+    """A ledger's location and the store it names (`locate`).
+
+    >>> from ledger import locate
+    >>> locate("ledger.db").text
+    'ledger.db'
+    """
 
     text: str
     backend: Backend
@@ -150,7 +155,13 @@ class Location:
 
 
 def locate(location: str | os.PathLike[str]) -> Location:
-    """The store `location` names: a database URL or keyword string, else a file path."""
+    """The store `location` names: a database URL or keyword string, else a file path.
+
+    >>> from ledger import locate
+    >>> type(locate("postgresql://agent@db/steptrail").backend).__name__
+    'PgBackend'
+    """
+
     text = location if isinstance(location, str) else os.fspath(location)
     for module in BACKENDS:
         backend = _backend(module)
@@ -170,13 +181,23 @@ def create_store(location: str | os.PathLike[str], **options: Any) -> tuple[Stor
 
 
 def shown_location(location: str | os.PathLike[str]) -> str:
-    """A location as messages name it: a URL's or keyword string's password masked."""
+    """A location as messages name it: a URL's or keyword string's password masked.
+
+    >>> from ledger import shown_location
+    >>> shown_location("postgresql://agent:secret@db/steptrail")
+    'postgresql://agent:***@db/steptrail'
+    """
     return locate(location).shown
 
 
 def unmapped_error(exc: BaseException, location: str = "") -> Unmapped | None:
     """What a store's error no boundary mapped means (each store is asked), or None (a
-    bug: let it propagate)."""
+    bug: let it propagate).
+
+    >>> from ledger import unmapped_error
+    >>> unmapped_error(ValueError("not a store's error")) is None
+    True
+    """
     for module in BACKENDS:
         found = _backend(module).unmapped(exc, location)
         if found is not None:

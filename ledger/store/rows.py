@@ -26,7 +26,14 @@ ENDED: Final = frozenset({COMPENSATED, REJECTED})
 IN_FLIGHT: Final = frozenset({PLANNED, FENCED, STORED, COMPENSATING})
 
 class StepRow(msgspec.Struct, kw_only=True, gc=False):
-    """One row of the `steps` table: a step's current state (its latest attempt's)."""
+    """One row of the `steps` table: a step's current state (its latest attempt's).
+
+    >>> from ledger import Ledger
+    >>> with Ledger.init("ledger.db") as ledger:
+    ...     row = ledger.plan("fetch", run="nightly")
+    >>> row.step_id, row.run, row.state, row.attempt
+    ('fetch', 'nightly', 'planned', 1)
+    """
 
     step_id: str
     run: str
@@ -82,7 +89,18 @@ _STEP_TYPES: Final[dict[str, type]] = {
 
 
 class WsRow(msgspec.Struct, kw_only=True, gc=False):
-    """One row of the `workspaces` table."""
+    """One row of the `workspaces` table.
+
+    >>> from pathlib import Path
+    >>> from ledger import Ledger
+    >>> Path("repo").mkdir(); _ = Path("repo/app.py").write_text("v0\\n")
+    >>> ledger = Ledger.init("ledger.db")
+    >>> _ = ledger.workspaces.add("repo", "repo")
+    >>> lease = ledger.workspaces.acquire("repo", holder="agent-1", ttl_s=600)
+    >>> [(row.name, row.epoch, row.holder) for row in ledger.workspaces.list()]
+    [('repo', 1, 'agent-1')]
+    >>> ledger.close()
+    """
 
     name: str
     root: str  # "" for a bare lease (`lease-acquired` with `bare`): no directory

@@ -140,6 +140,17 @@ class Write:
     into the blob store without holding it whole (large post-images); `base_rev` the
     path's rev the planner read (None: the path's current rev, or — in a batch — the
     rev an earlier sibling's write to the same path will get).
+
+    >>> from pathlib import Path
+    >>> from ledger import Ledger
+    >>> Path("repo").mkdir(); _ = Path("repo/app.py").write_text("v0\\n")
+    >>> ledger = Ledger.init("ledger.db")
+    >>> _ = ledger.workspaces.add("repo", "repo")
+    >>> lease = ledger.workspaces.acquire("repo", holder="agent-1", ttl_s=600)
+    >>> write = ledger.workspaces.read_file("repo", "app.py").write(b"v1\\n")
+    >>> write.path, write.base_rev
+    ('app.py', 0)
+    >>> ledger.close()
     """
 
     path: str
@@ -160,6 +171,17 @@ class FileRead:
     not exist) and `rev` the path's revision read just before it, so a write planned
     from this read is refused if anything — another step or a person's edit — changed
     the path after the planner saw it. `write(new)` builds that write.
+
+    >>> from pathlib import Path
+    >>> from ledger import Ledger
+    >>> Path("repo").mkdir(); _ = Path("repo/app.py").write_text("v0\\n")
+    >>> ledger = Ledger.init("ledger.db")
+    >>> _ = ledger.workspaces.add("repo", "repo")
+    >>> lease = ledger.workspaces.acquire("repo", holder="agent-1", ttl_s=600)
+    >>> read = ledger.workspaces.read_file("repo", "app.py")
+    >>> read.rev, read.content
+    (0, b'v0\\n')
+    >>> ledger.close()
     """
 
     workspace: str
@@ -176,7 +198,22 @@ class FileRead:
 
 @dataclass(frozen=True)
 class StepPlan:
-    """A step as a planner emits it: its writes and declared artifacts."""
+    """A step as a planner emits it: its writes and declared artifacts.
+
+    >>> from pathlib import Path
+    >>> from ledger import Ledger
+    >>> Path("repo").mkdir(); _ = Path("repo/app.py").write_text("v0\\n")
+    >>> ledger = Ledger.init("ledger.db")
+    >>> _ = ledger.workspaces.add("repo", "repo")
+    >>> lease = ledger.workspaces.acquire("repo", holder="agent-1", ttl_s=600)
+    >>> from ledger import StepPlan
+    >>> read = ledger.workspaces.read_file("repo", "app.py")
+    >>> steps = [StepPlan("edit-1", [read.write(b"v1\\n")])]
+    >>> _ = ledger.workspaces.admit("repo", lease.epoch, steps)
+    >>> ledger.step("edit-1").state
+    'planned'
+    >>> ledger.close()
+    """
 
     step: str
     writes: Sequence[Write] = ()
@@ -187,7 +224,14 @@ class StepPlan:
 
 class SettleConflict(msgspec.Struct, frozen=True, kw_only=True):
     """A path settling left as found for a human: a ``conflict`` entry of the
-    compensation that ended `step`'s `attempt` (nothing was overwritten)."""
+    compensation that ended `step`'s `attempt` (nothing was overwritten).
+
+    >>> from ledger import SettleConflict, digest_of
+    >>> conflict = SettleConflict(step="edit-1", attempt=1, path="app.py", rev=2,
+    ...                           digest=digest_of(b"v1\\n"))
+    >>> conflict.path
+    'app.py'
+    """
 
     step: str
     attempt: int
@@ -197,7 +241,18 @@ class SettleConflict(msgspec.Struct, frozen=True, kw_only=True):
 
 
 class Lease(msgspec.Struct, frozen=True, kw_only=True):
-    """A workspace's lease as the ledger holds it."""
+    """A workspace's lease as the ledger holds it.
+
+    >>> from pathlib import Path
+    >>> from ledger import Ledger
+    >>> Path("repo").mkdir(); _ = Path("repo/app.py").write_text("v0\\n")
+    >>> ledger = Ledger.init("ledger.db")
+    >>> _ = ledger.workspaces.add("repo", "repo")
+    >>> lease = ledger.workspaces.acquire("repo", holder="agent-1", ttl_s=600)
+    >>> lease.epoch, lease.holder, lease.live
+    (1, 'agent-1', True)
+    >>> ledger.close()
+    """
 
     workspace: str
     epoch: int
@@ -212,7 +267,23 @@ class Lease(msgspec.Struct, frozen=True, kw_only=True):
 
 
 class Receipt(msgspec.Struct, frozen=True, kw_only=True):
-    """What applying an attempt returns: hand it to `publish(receipt=...)`."""
+    """What applying an attempt returns: hand it to `publish(receipt=...)`.
+
+    >>> from pathlib import Path
+    >>> from ledger import Ledger
+    >>> Path("repo").mkdir(); _ = Path("repo/app.py").write_text("v0\\n")
+    >>> ledger = Ledger.init("ledger.db")
+    >>> _ = ledger.workspaces.add("repo", "repo")
+    >>> lease = ledger.workspaces.acquire("repo", holder="agent-1", ttl_s=600)
+    >>> from ledger import StepPlan
+    >>> read = ledger.workspaces.read_file("repo", "app.py")
+    >>> steps = [StepPlan("edit-1", [read.write(b"v1\\n")])]
+    >>> _ = ledger.workspaces.admit("repo", lease.epoch, steps)
+    >>> receipt = ledger.workspaces.apply("edit-1", epoch=lease.epoch).receipt
+    >>> ledger.publish("edit-1", receipt=receipt).writes[0].path
+    'app.py'
+    >>> ledger.close()
+    """
 
     workspace: str
     step: str
@@ -236,6 +307,21 @@ class ApplyResult(msgspec.Struct, frozen=True, kw_only=True):
     `verdict`: ``applied``; ``deduped`` (the journal answered: the receipt is the first
     apply's); ``rejected:<reason>``; or the attempt's end when it is over
     (``compensated``).
+
+    >>> from pathlib import Path
+    >>> from ledger import Ledger
+    >>> Path("repo").mkdir(); _ = Path("repo/app.py").write_text("v0\\n")
+    >>> ledger = Ledger.init("ledger.db")
+    >>> _ = ledger.workspaces.add("repo", "repo")
+    >>> lease = ledger.workspaces.acquire("repo", holder="agent-1", ttl_s=600)
+    >>> from ledger import StepPlan
+    >>> read = ledger.workspaces.read_file("repo", "app.py")
+    >>> steps = [StepPlan("edit-1", [read.write(b"v1\\n")])]
+    >>> _ = ledger.workspaces.admit("repo", lease.epoch, steps)
+    >>> result = ledger.workspaces.apply("edit-1", epoch=lease.epoch)
+    >>> result.verdict, Path("repo/app.py").read_bytes()
+    ('applied', b'v1\\n')
+    >>> ledger.close()
     """
 
     verdict: str
@@ -273,7 +359,24 @@ class ApplyResult(msgspec.Struct, frozen=True, kw_only=True):
 
 
 class Compensation(msgspec.Struct, frozen=True, kw_only=True):
-    """What a compensation did, per path (``restored``, ``already``, ``conflict``)."""
+    """What a compensation did, per path (``restored``, ``already``, ``conflict``).
+
+    >>> from pathlib import Path
+    >>> from ledger import Ledger
+    >>> Path("repo").mkdir(); _ = Path("repo/app.py").write_text("v0\\n")
+    >>> ledger = Ledger.init("ledger.db")
+    >>> _ = ledger.workspaces.add("repo", "repo")
+    >>> lease = ledger.workspaces.acquire("repo", holder="agent-1", ttl_s=600)
+    >>> from ledger import StepPlan
+    >>> read = ledger.workspaces.read_file("repo", "app.py")
+    >>> steps = [StepPlan("edit-1", [read.write(b"v1\\n")])]
+    >>> _ = ledger.workspaces.admit("repo", lease.epoch, steps)
+    >>> _ = ledger.workspaces.apply("edit-1", epoch=lease.epoch)
+    >>> done = ledger.workspaces.compensate("edit-1", epoch=lease.epoch)
+    >>> [r.outcome for r in done.restored], Path("repo/app.py").read_bytes()
+    (['restored'], b'v0\\n')
+    >>> ledger.close()
+    """
 
     step: str
     attempt: int
@@ -287,7 +390,12 @@ class Compensation(msgspec.Struct, frozen=True, kw_only=True):
 
 
 def settle_conflicts(done: Sequence[Compensation]) -> tuple[SettleConflict, ...]:
-    """Every path the compensations `done` left as found, in their order."""
+    """Every path the compensations `done` left as found, in their order.
+
+    >>> from ledger import settle_conflicts
+    >>> settle_conflicts([])
+    ()
+    """
     return tuple(SettleConflict(step=c.step, attempt=c.attempt, path=r.path, rev=r.rev,
                                 digest=r.digest) for c in done for r in c.conflicts)
 
@@ -446,7 +554,18 @@ def _check_ttl(ttl_s: float) -> int:
 
 class Workspaces:
     """The workspace protocol: registrations, leases, admission, the fenced apply,
-    compensation and settling (see the module docstring), over the ledger's `Core`."""
+    compensation and settling (see the module docstring), over the ledger's `Core`.
+
+    >>> from pathlib import Path
+    >>> from ledger import Ledger
+    >>> Path("repo").mkdir(); _ = Path("repo/app.py").write_text("v0\\n")
+    >>> ledger = Ledger.init("ledger.db")
+    >>> _ = ledger.workspaces.add("repo", "repo")
+    >>> lease = ledger.workspaces.acquire("repo", holder="agent-1", ttl_s=600)
+    >>> ledger.workspaces.read_file("repo", "app.py").content
+    b'v0\\n'
+    >>> ledger.close()
+    """
 
     def __init__(self, core: Core) -> None:
         #: What this works through (the log, the storage, the clock, the options, …).
@@ -749,6 +868,7 @@ class Workspaces:
         in between makes the plan stale, never wrongly fresh. A file larger than
         `max_bytes` is refused (InvalidInput) rather than read whole.
         """
+
         row = self.get(workspace)
         check_relpath(path)
         if max_bytes is not None and max_bytes < 0:
@@ -1140,6 +1260,7 @@ class Workspaces:
         writes, post-images, fence mode and the run's plan rev, and gets the path revs of
         now as its bases. Returns the new attempt number. ReplanRefused otherwise.
         """
+
         row = self.core.steps.get(step)
         if row.live:
             raise ReplanRefused(step, "it is committed; compensate it first")
@@ -1205,6 +1326,7 @@ class Workspaces:
         but the apply. The caller learns the result when this returns; a crash before is
         answered by the journal on a re-run.
         """
+
         row = self.core.steps.get(step)
         attempt = row.attempt if attempt is None else attempt
         ev = self._attempt_events(step, attempt)
@@ -1576,6 +1698,7 @@ class Workspaces:
         an undo killed halfway leaves its step ``compensating`` (in flight): the next
         settle — the next epoch's acquire — or a retry finishes it.
         """
+
         row = self.core.steps.get(step)
         attempt = row.attempt if attempt is None else attempt
         ev = self._attempt_events(step, attempt)
@@ -1687,6 +1810,7 @@ class Workspaces:
         displaced, which are stored first (the compensation names them). An undo killed
         before (its intent's epoch) may have displaced a person's save: that goes back.
         """
+
         name = planned.workspace
         applied: dict[str, AppliedWrite] = {}
         for _, fenced in ev.fenced:

@@ -237,6 +237,7 @@ SETUP: dict[str, Callable[[Path], Path] | None] = {
     "What the ledger holds: `steptrail stats`": with_ledger,
     "Backups": with_ledger,
     "Sealing": with_runs,
+    "Shell completion": empty,
 }
 
 

@@ -11,7 +11,7 @@ a usage error click reports too.
 One module per command or group of commands: `ledger` (init, events, steps, show,
 rebuild, verify, head, blobs), `export`, `workspace`, `lease`, `step` (with `step_store`
 and `step_run`), `gc` (gc, audit), `copy`, `backup` (backup, restore), `witness`, `seal`,
-`stats` (stats, metrics), `demo`, `mcp`; under them `_common` (the group and command
+`stats` (stats, metrics), `status`, `demo`, `mcp`; under them `_common` (the group and command
 classes, the one place errors leave, --json, opening the ledger), `_options` (the
 shared options) and `_format` (what the commands print). Commands of other packages
 come from the entry-point group ``steptrail.commands`` (`ledger.testing.commands`:
@@ -35,6 +35,7 @@ from ledger import __version__
 # module (its command is `ledger.cli.step.step`).
 from . import (
     backup,
+    completion,
     copy,
     demo,
     export,
@@ -44,6 +45,7 @@ from . import (
     mcp,
     seal,
     stats,
+    status,
     step,
     step_run,
     step_store,
@@ -104,6 +106,7 @@ def cli(ctx: click.Context, ledger_path: str, workspace: str | None, witness: st
     \b
     Start here:
         steptrail init                      # create ./.steptrail/ledger.db
+        steptrail status                    # the whole picture, and what to run next
         steptrail steps                     # every step and its state
         steptrail show STEP                 # one step's timeline
         steptrail verify                    # chain, seq, projections
@@ -143,7 +146,7 @@ for _command in (
     ledger.head, ledger.blobs, export.export, workspace.workspace, lease.lease, step.step,
     gc.gc_cmd, gc.audit_cmd, copy.copy_cmd, backup.backup_group, backup.restore_cmd,
     witness.witness_group, seal.seal_group, stats.stats_cmd, stats.metrics, demo.demo,
-    mcp.mcp,
+    mcp.mcp, status.status, completion.completion,
 ):
     cli.add_command(_command)
 step.step.add_command(step_store.step_store)

@@ -53,7 +53,11 @@ included); CPU ms a step (the writers', + the server's); and the write lock's ti
 step, held and waited for, read from the store's internals in each writer (on SQLite
 its connection's write statistics; on PostgreSQL the chain lock, the advisory lock every
 appending transaction takes, timed from taking it to COMMIT, and every advisory lock's
-wait).
+wait). Under the table, a line per row: a fenced step's wall time a writer, its client
+and server CPU, the statements it sends (counted once, untimed, through the driver: on
+PostgreSQL each call is one round trip), its commits and the lock's hold time.
+tools/bench_pg_ceiling.py splits one writer's step further (a raw replay of its
+statements, the same work in 4 round trips, the bare loop, PostgresSaver.put).
 
 Targets (printed with PASS/FAIL; the exit status is 0 whatever they say):
 * PostgreSQL, 16 writers: at least 5x its own single-writer steps/s;
@@ -78,6 +82,7 @@ import contextlib
 import json
 import os
 import platform
+import re
 import secrets
 import shutil
 import statistics
@@ -223,15 +228,22 @@ def lock_meter(led: Any) -> Callable[[], tuple[float, float]] | None:
     chain_key = getattr(store, "_chain_key", None)
     acc = [0.0, 0.0, 0.0]  # waited, held, when the chain lock was taken (0: not held)
 
+    def is_chain(query: str, params: Any) -> bool:
+        # the store sends its keys as literals ("pg_advisory_xact_lock(class, key)", after a
+        # BEGIN and SET LOCALs in the same string) or, in older builds, as parameters
+        if chain_key is None:
+            return "pg_advisory_xact_lock(" in query
+        return (re.search(rf"pg_advisory_xact_lock\(\s*-?\d+,\s*{chain_key}\)", query)
+                is not None or (params is not None and "pg_advisory_xact_lock(" in query
+                                and chain_key in tuple(params)))
+
     def timed(query: Any, params: Any = None, *a: Any, **kw: Any) -> Any:
-        if isinstance(query, str) and query.startswith("SELECT pg_advisory_xact_lock"):
+        if isinstance(query, str) and "pg_advisory_xact_lock" in query:
             t0 = time.perf_counter()
             out = execute(query, params, *a, **kw)
             t1 = time.perf_counter()
             acc[0] += t1 - t0
-            chain = query.startswith("SELECT pg_advisory_xact_lock(") and (
-                chain_key is None or (params is not None and chain_key in tuple(params)))
-            if chain and not acc[2]:
+            if not acc[2] and is_chain(query, params):
                 acc[2] = t1
             return out
         if acc[2] and isinstance(query, str) and query in ("COMMIT", "ROLLBACK"):
@@ -405,6 +417,7 @@ class Bench:
         self.loads: list[float] = []
         self.payload: dict[str, int] = {}
         self.commits_per_step: dict[str, list[int]] = {}
+        self.statements_per_step: dict[str, float] = {}
         self.event_bytes_per_commit: dict[str, float] = {}
         self._cases = 0
 
@@ -452,6 +465,9 @@ class Bench:
         with self.place(store) as (root, url):
             where = self._ledger_with_workspaces(root, url, 1)
             ops: list[str] = []
+            seen: list[str] = []
+            from count_statements import pg_trace, sqlite_trace
+            tracer = pg_trace if store == "postgres" else sqlite_trace
             with Ledger.open(where, on_op=ops.append) as led:
                 epoch = led.workspaces.acquire("w0", "count", ttl_s=3600).epoch
                 with led.storage.read() as view:
@@ -460,13 +476,16 @@ class Bench:
                 for k in range(every):
                     ops.clear()
                     art = self.args.artifact_every > 0 and k % self.args.artifact_every == 0
-                    fenced_step(led, "w0", epoch, f"c{k}", content(0, k),
-                                artifact(0, k) if art else None, run="run-0")
+                    with tracer(led, seen):
+                        fenced_step(led, "w0", epoch, f"c{k}", content(0, k),
+                                    artifact(0, k) if art else None, run="run-0")
                     counts.append(ops.count("commit"))
                 with led.storage.read() as view:
                     size = sum(len(r[11]) + len(r[12]) + len(r[13])
                                for r in view.events() if r[0] > seq0)
         self.commits_per_step[store] = counts
+        # driver calls (PostgreSQL: each one round trip) / statements (SQLite), a step
+        self.statements_per_step[store] = len(seen) / every
         self.event_bytes_per_commit[store] = size / sum(counts)
         self.payload[store] = max(64, round(size / sum(counts)))
 
@@ -694,6 +713,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         "rounds": bench.rounds, "seconds": bench.seconds, "warmup": bench.warmup,
         "stores": args.stores, "writers": args.writers, "artifact_every": args.artifact_every,
         "commits_per_step": bench.commits_per_step,
+        "statements_per_step": {k: round(v, 1) for k, v in bench.statements_per_step.items()},
         "event_bytes_per_commit": {k: round(v, 1) for k, v in bench.event_bytes_per_commit.items()},
         "raw_payload_bytes": bench.payload,
         "fs": {"path": os.path.realpath(fs_path), "type": mount_of(fs_path)[1]},
@@ -738,6 +758,8 @@ def summarize(runs: dict[tuple[str, str, int], list[dict[str, Any]]], stores: li
                                                                   "commits_per_s")))),
                 "p50_ms": rnd(median([c["p50_ms"] for c in f]), 2),
                 "p99_ms": rnd(median([c["p99_ms"] for c in f]), 2),
+                # a writer's mean time a step: writers / steps/s
+                "wall_ms_per_step": rnd(n * 1e3 / median(steps), 2) if median(steps) else None,
                 "cpus_busy": rnd(median([c["cpus_busy"] for c in f]), 2),
                 "own_cpus": rnd(median([c["own_cpus"] for c in f]), 2),
                 "client_cpu_ms_per_step": rnd(median([c["client_cpu_ms_per_op"] for c in f])),
@@ -897,6 +919,16 @@ def print_table(res: dict[str, Any]) -> None:
       " server's / the whole machine's (others' work included); cpu ms/step = the writers'"
       " (+ the server's); lock held/wait = ms a step the write lock (PostgreSQL: the chain"
       " lock) was held / locks were waited for, all writers' together")
+    spp = res.get("statements_per_step", {})
+    for r in res["rows"]:
+        srv_cpu = (f", server CPU {fmt(r['server_cpu_ms_per_step'], '.2f')} ms"
+                   if r["server_cpu_ms_per_step"] is not None else "")
+        what = "statements (round trips)" if r["store"] == "postgres" else "statements"
+        p(f"per fenced step, {r['store']} x{r['writers']}: wall {fmt(r['wall_ms_per_step'], '.1f')}"
+          f" ms a writer, client CPU {fmt(r['client_cpu_ms_per_step'], '.2f')} ms{srv_cpu},"
+          f" {fmt(spp.get(r['store']), 'g')} {what},"
+          f" {fmt(r['commits_per_step'], 'g')} commits, write lock held"
+          f" {fmt(r['lock_held_ms_per_step'], '.2f')} ms")
     for r in res["rows"]:
         if r["writers"] == 1:
             srv = (f" + server {fmt(r['raw_server_cpu_ms_per_commit'], '.3f')}"

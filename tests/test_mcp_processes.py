@@ -96,10 +96,13 @@ def test_the_readme_client_configuration_serves_the_project(repo: Path) -> None:
     """The `.mcp.json` the README shows, started the way a client starts it (its command
     and arguments, in the project's directory), serves that project."""
     readme = (Path(__file__).resolve().parent.parent / "README.md").read_text()
-    block = re.search(r"cat > \.mcp\.json <<'EOF'\n(.*?)\nEOF\n", readme, re.S)
+    block = re.search(r"cat > \.mcp\.json <<'?EOF'?\n(.*?)\nEOF\n", readme, re.S)
     assert block, "the README lost its client configuration"
-    entry = json.loads(block[1])["mcpServers"]["steptrail"]
-    assert entry["command"] == "steptrail"
+    # an unquoted heredoc: the shell expands $(command -v steptrail) and $PWD (the project)
+    shown = block[1].replace("$(command -v steptrail)", steptrail_command())
+    shown = shown.replace("$PWD", str(repo))
+    entry = json.loads(shown)["mcpServers"]["steptrail"]
+    assert entry["command"] in ("steptrail", steptrail_command())
     params = StdioServerParameters(command=steptrail_command(), args=entry["args"],
                                    env=server_env(), cwd=str(repo))
 

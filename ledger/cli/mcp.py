@@ -20,12 +20,14 @@ _MCP_SDK_MODULES = ("mcp", "mcp_types", "pydantic", "anyio", "starlette", "uvico
     "steptrail mcp --workspace ~/src/app --workspace ~/src/lib",
     "steptrail --ledger /srv/ledger.db mcp --workspace app   # a registered NAME",
     "steptrail mcp --workspace . --http --port 8765  # streamable HTTP on 127.0.0.1",
+    "steptrail mcp                                  # the client's roots are the workspaces",
 ))
 @click.option("--workspace", "workspaces", multiple=True, metavar="DIR|NAME",
               help="A directory to serve (registered as a workspace under its base name if it"
               " is not one yet), or the NAME of a registered workspace; repeat it for several."
               " Relative paths in tool calls are inside the first. Default: the global"
-              " --workspace.")
+              " --workspace; without either, the directories the client announces as its"
+              " roots (stdio only).")
 @click.option("--http", is_flag=True,
               help="Serve streamable HTTP (at /mcp) instead of stdio.")
 @click.option("--host", default="127.0.0.1", show_default=True, metavar="HOST",
@@ -53,8 +55,10 @@ def mcp(ctx: click.Context, workspaces: tuple[str, ...], http: bool, host: str, 
     (read_text_file, write_file, edit_file, move_file, ...) and history, undo, status
     and audit. Every write is a steptrail step fenced on what the client read; a
     stale write is a conflict with a diff, never an overwrite. Without --ledger the
-    ledger is the first directory's .steptrail/ledger.db, created if absent. Needs
-    the extra: pip install 'steptrail[mcp]'. See docs/mcp.md.
+    ledger is the first directory's .steptrail/ledger.db, created if absent. Without
+    --workspace, the directories the client announces as its roots (MCP roots) are
+    served, as if each were given as --workspace, in the client's order. Needs the
+    extra: pip install 'steptrail[mcp]'. See docs/mcp.md.
     """
     try:
         from ledger.mcp import serve
@@ -66,9 +70,9 @@ def mcp(ctx: click.Context, workspaces: tuple[str, ...], http: bool, host: str, 
               " extra: pip install 'steptrail[mcp]'", EXIT_USAGE, "MissingExtra",
               {"extra": "mcp", "module": exc.name})
     specs = list(workspaces) or ([ctx.obj["workspace"]] if ctx.obj.get("workspace") else [])
-    if not specs:
-        raise click.UsageError("give the workspace to serve: --workspace DIR (e.g."
-                               " --workspace .)", ctx=ctx)
+    if not specs and http:
+        raise click.UsageError("--http needs the workspace to serve: --workspace DIR (the"
+                               " client's roots are served over stdio only)", ctx=ctx)
     for name, value in (("--lease-ttl", lease_ttl), ("--lease-wait", lease_wait),
                         ("--lease-linger", lease_linger)):
         if value > 7 * 24 * 3600:

@@ -23,6 +23,7 @@ import re
 import secrets
 import threading
 import time
+import urllib.parse
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from typing import Annotated, Any, Final, Self
@@ -30,21 +31,24 @@ from typing import Annotated, Any, Final, Self
 import anyio
 from mcp.server.mcpserver import Context, MCPServer
 from mcp.server.mcpserver.exceptions import ToolError
+from mcp.server.mcpserver.resolve import ListRoots, Resolve
 from mcp.server.stdio import stdio_server
 from mcp.server.transport_security import TransportSecuritySettings
-from mcp.shared.message import SessionMessage
+from mcp.shared.message import ServerMessageMetadata, SessionMessage
 from mcp.types import (CLIENT_CAPABILITIES_META_KEY, INVALID_REQUEST, PARSE_ERROR,
                        PROTOCOL_VERSION_META_KEY, CallToolResult, ErrorData, JSONRPCError,
-                       JSONRPCNotification, JSONRPCRequest, TextContent, ToolAnnotations,
-                       jsonrpc_message_adapter)
+                       JSONRPCNotification, JSONRPCRequest, ListRootsRequest, ListRootsResult,
+                       NotificationParams, TextContent, ToolAnnotations, jsonrpc_message_adapter)
+from mcp_types.version import MODERN_PROTOCOL_VERSIONS
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from starlette.applications import Starlette
 from starlette.responses import Response
 
-from ledger import InvalidInput, Ledger, NotALedger, __version__
+from ledger import InvalidInput, Ledger, LedgerError, NotALedger, __version__
 
 from .leases import open_lock_file
-from .service import ClientView, FileTools, Limits, Result, exchange_hook, one_line
+from .service import (ClientView, FileTools, Limits, Result, ToolFailure, exchange_hook,
+                      one_line)
 
 LOOPBACK: Final = ("127.0.0.1", "localhost", "::1")
 
@@ -435,6 +439,16 @@ def _error(message: str) -> CallToolResult:
                           structured_content={"status": "error", "error": message}, is_error=True)
 
 
+def _refusal(exc: RootRefused) -> CallToolResult:
+    """A tool error for roots that cannot be served: one line, and its kind."""
+    message = str(exc)
+    data: dict[str, Any] = {"status": "error", "error": message, "kind": exc.kind}
+    if exc.root is not None:
+        data["root"] = exc.root
+    return CallToolResult(content=[TextContent(type="text", text=message)],
+                          structured_content=data, is_error=True)
+
+
 def _validation_line(tool: str, exc: ValidationError) -> str:
     parts = []
     for err in exc.errors()[:5]:
@@ -444,17 +458,242 @@ def _validation_line(tool: str, exc: ValidationError) -> str:
     return f"invalid arguments for {tool}: " + "; ".join(parts) + more
 
 
-class SteptrailServer(MCPServer):
-    """The MCP server of `steptrail mcp` over one `FileTools`."""
+# -- the client's roots: the workspaces of a server started without --workspace -----------
 
-    def __init__(self, tools: FileTools, *, name: str = "steptrail") -> None:
+
+class RootRefused(ToolFailure):
+    """Why the client's roots cannot be served; `kind` names the case for a program
+    (``NoRoots``, ``InvalidRoot``, ``RootsUnavailable``), `root` the URI at fault."""
+
+    def __init__(self, kind: str, message: str, root: str | None = None) -> None:
+        super().__init__(one_line(message))
+        self.kind, self.root = kind, root
+
+
+#: What the fix is, in every refusal of roots: the two ways to name a workspace.
+_ROOTS_FIX: Final = ("Start the server with --workspace DIR (e.g. --workspace /path/to/project),"
+                     " or announce the project's directory as a file:// root from the client")
+
+
+def _refused_roots(exc: ValidationError) -> RootRefused:
+    """A client's roots/list answer that is not a list of file:// roots."""
+    for err in exc.errors():
+        loc = err.get("loc", ())
+        if loc and loc[-1] == "uri":
+            uri = _clean(str(err.get("input")))
+            return RootRefused("InvalidRoot", f"the client's root {uri!r} is not a file:// URI"
+                               f" ({one_line(err.get('msg', 'invalid'))}); nothing was created."
+                               f" Fix the client's roots. {_ROOTS_FIX}", root=uri)
+    return RootRefused("InvalidRoot", "the client's roots/list answer is not a list of roots"
+                       f" ({_validation_detail(exc)}); nothing was created. {_ROOTS_FIX}")
+
+
+def root_directories(roots: Sequence[Any]) -> list[str]:
+    """The absolute directories of announced roots (each a ``Root`` with a ``uri``), in
+    order, the same directory once. A root that is not a ``file://`` URI of an existing
+    directory on this machine (a host other than localhost, a relative or '..' path, a
+    path that does not exist or is not a directory) is a `RootRefused`: nothing is
+    created for any of them."""
+    if not roots:
+        raise RootRefused("NoRoots", f"the client announced no roots, and no --workspace was"
+                          f" given: nothing to serve. {_ROOTS_FIX}")
+    out: list[str] = []
+    seen: set[str] = set()
+    for root in roots:
+        uri = _clean(str(getattr(root, "uri", root)))
+        parts = urllib.parse.urlsplit(uri)
+        if parts.scheme.lower() != "file":
+            raise RootRefused("InvalidRoot", f"the client's root {uri!r} is not a file:// URI;"
+                              f" nothing was created. {_ROOTS_FIX}", root=uri)
+        if parts.netloc not in ("", "localhost"):
+            raise RootRefused("InvalidRoot", f"the client's root {uri!r} names the host"
+                              f" {parts.netloc!r} (a relative path?): a root is"
+                              f" file:///absolute/path; nothing was created", root=uri)
+        path = urllib.parse.unquote(parts.path, errors="surrogateescape")
+        why = ("is not an absolute path" if not path.startswith("/") else
+               "contains '..'" if ".." in path.split("/") else
+               "contains a NUL byte" if "\x00" in path else
+               "does not exist" if not os.path.lexists(path) else
+               "is not a directory" if not os.path.isdir(path) else None)
+        if why is not None:
+            raise RootRefused("InvalidRoot", f"the client's root {uri!r}: {_clean(path)} {why};"
+                              f" nothing was created. {_ROOTS_FIX}", root=uri)
+        path = os.path.normpath(path)
+        real = os.path.realpath(path)
+        if real not in seen:
+            seen.add(real)
+            out.append(path)
+    return out
+
+
+class _Served:
+    """The workspaces of one set of roots: their ledger and tools, and the calls using
+    them (a set replaced while calls run is closed when the last one ends)."""
+
+    def __init__(self, key: tuple[str, ...], ledger: Ledger, tools: FileTools) -> None:
+        self.key, self.ledger, self.tools = key, ledger, tools
+        self.users = 0
+        self.retired = False
+
+    def close(self) -> None:
+        try:
+            self.tools.close()
+        finally:
+            self.ledger.close()
+
+
+class ClientRoots:
+    """The workspaces of a server started without ``--workspace``: the directories the
+    client announces as roots (MCP's roots capability), opened as ``--workspace`` would
+    open them (`open_workspaces`: without ``--ledger``, the first root's
+    ``.steptrail/ledger.db``), and opened again when the roots change.
+
+    On a handshake-era connection (up to 2025-11-25) the server asks ``roots/list``
+    at the first tool call and keeps the answer until the client sends
+    ``notifications/roots/list_changed``; on 2026-07-28, which has no notifications,
+    each tool call carries the question (an ``InputRequiredResult`` the client's SDK
+    answers)."""
+
+    def __init__(self, *, ledger_path: str | None = None, witness: str | None = None,
+                 echo: Callable[[str], None] | None = None,
+                 on_op: Callable[[str], None] | None = None, **tools_kw: Any) -> None:
+        self.ledger_path, self.witness, self.echo, self.on_op = ledger_path, witness, echo, on_op
+        self.tools_kw = tools_kw
+        self.limits: Limits = tools_kw.get("limits") or Limits()
+        self._lock = threading.Lock()
+        self._current: _Served | None = None
+        self._generation = 0
+        self._cached: Any = None
+
+    def changed(self) -> None:
+        """The client said its roots changed: ask again at the next tool call."""
+        self._generation += 1
+        self._cached = None
+
+    async def ask(self, ctx: Context) -> Any:
+        """The resolver's answer for one tool call: the client's roots (a
+        ``ListRootsResult``, or the `ListRoots` marker for the SDK to ask them), or a
+        `RootRefused` to answer the call with."""
+        caps = ctx.client_capabilities
+        if caps is None or caps.roots is None:
+            return RootRefused("NoRoots", "no --workspace was given and the client does not"
+                               f" announce roots (the MCP roots capability): nothing to serve."
+                               f" {_ROOTS_FIX}")
+        if ctx.protocol_version in MODERN_PROTOCOL_VERSIONS:
+            return ListRoots()
+        cached, generation = self._cached, self._generation
+        if cached is not None:
+            return cached
+        try:
+            got = await ctx.session.send_request(
+                ListRootsRequest(), ListRootsResult,
+                metadata=ServerMessageMetadata(related_request_id=ctx.request_id))
+        except ValidationError as exc:
+            return _refused_roots(exc)
+        except Exception as exc:  # the client's error, a timeout, the connection gone
+            return RootRefused("RootsUnavailable", "could not get the client's roots"
+                               f" (roots/list: {type(exc).__name__}: {exc}). {_ROOTS_FIX}")
+        if generation == self._generation:
+            self._cached = got
+        return got
+
+    def acquire(self, roots: Any) -> tuple[_Served, bool]:
+        """The workspaces of `roots` (opened, or the ones already open), counted as in
+        use until `release`; and whether the ledger is another one than before."""
+        dirs = root_directories(getattr(roots, "roots", None) or [])
+        key = tuple(dirs)
+        with self._lock:
+            cur = self._current
+            moved = False
+            if cur is None or cur.key != key:
+                try:
+                    ledger, names, given = open_workspaces(
+                        dirs, self.ledger_path, witness=self.witness, echo=self.echo,
+                        on_op=self.on_op)
+                except LedgerError as exc:
+                    raise ToolFailure(one_line(f"cannot serve the client's roots: {exc}")) from None
+                try:
+                    tools = FileTools(ledger, names, given_roots=given, **self.tools_kw)
+                except BaseException:
+                    ledger.close()
+                    raise
+                new = _Served(key, ledger, tools)
+                moved = cur is None or cur.ledger.path != ledger.path
+                if self.echo is not None:
+                    served = ", ".join(f"{w.name} ({w.root})" for w in tools.workspaces)
+                    self.echo(f"steptrail mcp: serving the client's roots: {served} from"
+                              f" {ledger.path}")
+                self._current = new
+                if cur is not None:
+                    cur.retired = True
+                    if cur.users == 0:
+                        cur.close()
+                cur = new
+            cur.users += 1
+            return cur, moved
+
+    def release(self, served: _Served) -> None:
+        with self._lock:
+            served.users -= 1
+            last = served.retired and served.users == 0
+        if last:
+            served.close()
+
+    def close(self) -> None:
+        with self._lock:
+            cur, self._current = self._current, None
+        if cur is not None:
+            cur.close()
+
+
+async def _client_roots(ctx: Context) -> Any:
+    """The resolver every tool's `client_roots` parameter is filled by: None for a
+    server with fixed workspaces, else `ClientRoots.ask`."""
+    server = ctx.mcp_server
+    roots = server.roots if isinstance(server, SteptrailServer) else None
+    if roots is None:
+        return None
+    return await roots.ask(ctx)
+
+
+#: The hidden parameter of every tool (not in its schema): the client's roots.
+RootsArg = Annotated[Any, Resolve(_client_roots)]
+
+
+class SteptrailServer(MCPServer):
+    """The MCP server of `steptrail mcp` over one `FileTools` (fixed workspaces), or
+    over the client's roots (`ClientRoots`: ``roots``, with `tools` None)."""
+
+    def __init__(self, tools: FileTools | None, *, roots: ClientRoots | None = None,
+                 name: str = "steptrail") -> None:
+        if (tools is None) == (roots is None):
+            raise ValueError("give the tools of fixed workspaces or the client's roots")
         super().__init__(name, title="steptrail", version=__version__,
                          instructions=INSTRUCTIONS, log_level="WARNING",
                          website_url=None)
         self.tools = tools
+        self.roots = roots
         self._views: OrderedDict[str, ClientView] = OrderedDict()
         self._params: dict[str, frozenset[str]] = {}
         self._register()
+        if roots is not None:
+            async def roots_changed(_ctx: Any, _params: Any) -> None:
+                roots.changed()
+
+            self._lowlevel_server.add_notification_handler(
+                "notifications/roots/list_changed", NotificationParams, roots_changed)
+
+    @property
+    def limits(self) -> Limits:
+        return self.tools.limits if self.tools is not None else self.roots.limits  # type: ignore[union-attr]
+
+    def close(self) -> None:
+        """Release the leases this server holds; close the ledgers it opened for the
+        client's roots (a ledger of fixed workspaces is its caller's to close)."""
+        if self.tools is not None:
+            self.tools.close()
+        if self.roots is not None:
+            self.roots.close()
 
     # -- plumbing -------------------------------------------------------------------------
 
@@ -503,6 +742,9 @@ class SteptrailServer(MCPServer):
         try:
             return await super().call_tool(name, arguments, context)
         except ToolError as exc:
+            if isinstance(exc.__cause__, ValidationError) and _client_roots.__name__ in str(exc):
+                # the client's roots/list answer (2026-07-28), refused by the SDK
+                return _refusal(_refused_roots(exc.__cause__))
             if isinstance(exc.__cause__, ValidationError):
                 return _error(_validation_line(name, exc.__cause__))
             return _error(str(exc))
@@ -518,7 +760,7 @@ class SteptrailServer(MCPServer):
     def streamable_http_app(self, **options: Any) -> Starlette:
         """The SDK's streamable HTTP app behind `RequestCap` (the stdio bound)."""
         app = super().streamable_http_app(**options)
-        app.add_middleware(RequestCap, cap=self.tools.limits.request_bytes)
+        app.add_middleware(RequestCap, cap=self.limits.request_bytes)
         return app
 
     def _tool(self, fn: Callable[..., CallToolResult], *, read_only: bool,
@@ -531,15 +773,35 @@ class SteptrailServer(MCPServer):
                       structured_output=False)
         import inspect
         self._params[fn.__name__] = frozenset(
-            p for p in inspect.signature(fn).parameters if p != "ctx")
+            p for p in inspect.signature(fn).parameters if p not in ("ctx", "client_roots"))
 
-    def _run(self, method: Callable[..., Result], *args: Any, **kwargs: Any) -> CallToolResult:
-        return _result(self.tools.call(method, *args, **kwargs))
+    def _run(self, roots: Any, ctx: Context | None, method: str, *args: Any,
+             **kwargs: Any) -> CallToolResult:
+        """Run `FileTools.<method>` for the calling client (its view first) on the
+        fixed workspaces, or on the workspaces of the client's `roots`."""
+        if self.roots is None:
+            assert self.tools is not None
+            return _result(self.tools.call(getattr(self.tools, method), self.view(ctx),
+                                           *args, **kwargs))
+        if isinstance(roots, RootRefused):
+            return _refusal(roots)
+        try:
+            served, moved = self.roots.acquire(roots)
+        except RootRefused as exc:
+            return _refusal(exc)
+        except ToolFailure as exc:
+            return _error(str(exc))
+        try:
+            if moved:  # what a client read is of the ledger it read it from
+                self._views.clear()
+            tools = served.tools
+            return _result(tools.call(getattr(tools, method), self.view(ctx), *args, **kwargs))
+        finally:
+            self.roots.release(served)
 
     # -- the tools --------------------------------------------------------------------------
 
     def _register(self) -> None:
-        t = self.tools
 
         def read_text_file(
             path: PathArg,
@@ -547,34 +809,34 @@ class SteptrailServer(MCPServer):
                                               " lines.")] = None,
             tail: Annotated[int | None, Field(default=None, ge=0, description="Only the last N"
                                               " lines.")] = None,
-            ctx: Context | None = None,
+            client_roots: RootsArg = None, ctx: Context | None = None,
         ) -> CallToolResult:
             """Read a text file (UTF-8). Returns its content, and its rev and sha256: your next
             write or edit of this path is applied only if the file still holds what you read.
             Read a file before you write or edit it."""
-            return self._run(t.read_text_file, self.view(ctx), path, head, tail)
+            return self._run(client_roots, ctx, "read_text_file", path, head, tail)
 
         def read_multiple_files(
             paths: Annotated[list[str], Field(description="File paths (as for"
                                               " read_text_file), at most 100.")],
-            ctx: Context | None = None,
+            client_roots: RootsArg = None, ctx: Context | None = None,
         ) -> CallToolResult:
             """Read several text files at once; each comes with its rev and sha256, and a file
             that cannot be read reports its error without failing the others."""
-            return self._run(t.read_multiple_files, self.view(ctx), paths)
+            return self._run(client_roots, ctx, "read_multiple_files", paths)
 
         def write_file(
             path: PathArg,
             content: Annotated[str, Field(description="The file's complete new content.")],
             expectedHash: ExpectedHash = None,
             requestId: RequestId = None,
-            ctx: Context | None = None,
+            client_roots: RootsArg = None, ctx: Context | None = None,
         ) -> CallToolResult:
             """Create a file or replace its whole content, as one committed, undoable step.
             Fenced: an existing file must still hold what this session read (or expectedHash);
             if it changed, nothing is written and you get a conflict with the current hash and
             a diff from what you read. A new file must not have appeared meanwhile."""
-            return self._run(t.write_file, self.view(ctx), path, content, expectedHash,
+            return self._run(client_roots, ctx, "write_file", path, content, expectedHash,
                              requestId, self.who(ctx))
 
         def edit_file(
@@ -585,13 +847,13 @@ class SteptrailServer(MCPServer):
                                           " write nothing.")] = False,
             expectedHash: ExpectedHash = None,
             requestId: RequestId = None,
-            ctx: Context | None = None,
+            client_roots: RootsArg = None, ctx: Context | None = None,
         ) -> CallToolResult:
             """Edit a text file by exact text replacements (whitespace-tolerant line matching
             as a fallback) and return the git-style diff. The edits are made to the content
             this session read; if the file changed since, nothing is written and you get a
             conflict with a diff. One committed, undoable step."""
-            return self._run(t.edit_file, self.view(ctx), path,
+            return self._run(client_roots, ctx, "edit_file", path,
                              [(e.oldText, e.newText) for e in edits], dryRun, expectedHash,
                              requestId, self.who(ctx))
 
@@ -601,12 +863,12 @@ class SteptrailServer(MCPServer):
             dryRun: Annotated[bool, Field(default=False, description="true: only show the"
                                           " diffs of the edits, write nothing.")] = False,
             requestId: RequestId = None,
-            ctx: Context | None = None,
+            client_roots: RootsArg = None, ctx: Context | None = None,
         ) -> CallToolResult:
             """Write, edit or delete several files of one workspace as ONE atomic step: every
             file lands or none does (a conflict on one refuses them all). Each file is fenced
             as in write_file/edit_file. Undo reverts them together."""
-            return self._run(t.write_files, self.view(ctx),
+            return self._run(client_roots, ctx, "write_files",
                              [{"path": f.path, "content": f.content, "delete": f.delete,
                                "expectedHash": f.expectedHash,
                                "edits": None if f.edits is None else
@@ -617,33 +879,33 @@ class SteptrailServer(MCPServer):
             path: PathArg,
             expectedHash: ExpectedHash = None,
             requestId: RequestId = None,
-            ctx: Context | None = None,
+            client_roots: RootsArg = None, ctx: Context | None = None,
         ) -> CallToolResult:
             """Delete a file, as one committed step that undo can revert. Fenced like
             write_file: the file must still hold what this session read (read it first)."""
-            return self._run(t.delete_file, self.view(ctx), path, expectedHash, requestId,
+            return self._run(client_roots, ctx, "delete_file", path, expectedHash, requestId,
                              self.who(ctx))
 
-        def create_directory(path: DirArg, ctx: Context | None = None) -> CallToolResult:
+        def create_directory(path: DirArg, client_roots: RootsArg = None, ctx: Context | None = None) -> CallToolResult:
             """Create a directory and any missing parents (succeeds if it exists). Symlinks are
             not followed; the ledger's own directory and .git are refused. Not a step: files
             written into it are."""
-            return self._run(t.create_directory, self.view(ctx), path)
+            return self._run(client_roots, ctx, "create_directory", path)
 
-        def list_directory(path: DirArg, ctx: Context | None = None) -> CallToolResult:
+        def list_directory(path: DirArg, client_roots: RootsArg = None, ctx: Context | None = None) -> CallToolResult:
             """List a directory: [FILE], [DIR] and [LINK] (a symlink, never followed) entries,
             by name. The ledger's own directory, .git and steptrail's temporaries are not
             shown; a huge directory is cut short (said so)."""
-            return self._run(t.list_directory, self.view(ctx), path)
+            return self._run(client_roots, ctx, "list_directory", path)
 
         def list_directory_with_sizes(
             path: DirArg,
             sortBy: Annotated[str, Field(default="name", pattern="^(name|size)$",
                                          description="'name' or 'size'.")] = "name",
-            ctx: Context | None = None,
+            client_roots: RootsArg = None, ctx: Context | None = None,
         ) -> CallToolResult:
             """List a directory as list_directory does, with file sizes and totals."""
-            return self._run(t.list_directory, self.view(ctx), path, True, sortBy)
+            return self._run(client_roots, ctx, "list_directory", path, True, sortBy)
 
         def directory_tree(
             path: DirArg,
@@ -652,12 +914,12 @@ class SteptrailServer(MCPServer):
                 " 'node_modules', '**/*.pyc'.")] = None,
             maxDepth: Annotated[int | None, Field(default=None, ge=1, le=64, description="How"
                                                   " many levels to descend.")] = None,
-            ctx: Context | None = None,
+            client_roots: RootsArg = None, ctx: Context | None = None,
         ) -> CallToolResult:
             """A recursive tree of a directory as JSON ({name, type, children}); symlinks are
             listed, never followed. Bounded in entries, depth and time: a huge tree comes back
             truncated, with the reason."""
-            return self._run(t.directory_tree, self.view(ctx), path, excludePatterns or [], maxDepth)
+            return self._run(client_roots, ctx, "directory_tree", path, excludePatterns or [], maxDepth)
 
         def move_file(
             source: Annotated[str, Field(description="The file or directory to move (path as"
@@ -665,14 +927,14 @@ class SteptrailServer(MCPServer):
             destination: Annotated[str, Field(description="Where it goes; must not exist.")],
             requestId: RequestId = None,
             expectedHash: ExpectedHash = None,
-            ctx: Context | None = None,
+            client_roots: RootsArg = None, ctx: Context | None = None,
         ) -> CallToolResult:
             """Move or rename a file or a directory (with its files) within a workspace, as
             one committed, undoable step. Fenced like delete_file: each moved file must
             still hold what this session read of it (read it first; expectedHash fences a
             single file instead); the destination is created fenced on its absence. Never
             replaces anything; a file's permission bits come along."""
-            return self._run(t.move_file, self.view(ctx), source, destination, requestId,
+            return self._run(client_roots, ctx, "move_file", source, destination, requestId,
                              self.who(ctx), expectedHash)
 
         def search_files(
@@ -681,51 +943,51 @@ class SteptrailServer(MCPServer):
                                           " plain text found case-insensitively in names.")],
             excludePatterns: Annotated[list[str] | None, Field(
                 default=None, description="Glob patterns of paths to skip.")] = None,
-            ctx: Context | None = None,
+            client_roots: RootsArg = None, ctx: Context | None = None,
         ) -> CallToolResult:
             """Find files and directories below a directory by name or glob. Symlinks are not
             followed; results are bounded (said so when cut short)."""
-            return self._run(t.search_files, self.view(ctx), path, pattern, excludePatterns or [])
+            return self._run(client_roots, ctx, "search_files", path, pattern, excludePatterns or [])
 
-        def get_file_info(path: DirArg, ctx: Context | None = None) -> CallToolResult:
+        def get_file_info(path: DirArg, client_roots: RootsArg = None, ctx: Context | None = None) -> CallToolResult:
             """Metadata of a file or directory: type, size, times, permissions; for a file also
             its rev and sha256 (the hash a write's expectedHash compares with)."""
-            return self._run(t.get_file_info, self.view(ctx), path)
+            return self._run(client_roots, ctx, "get_file_info", path)
 
-        def list_allowed_directories(ctx: Context | None = None) -> CallToolResult:
+        def list_allowed_directories(client_roots: RootsArg = None, ctx: Context | None = None) -> CallToolResult:
             """The directories this server may read and write (its steptrail workspaces).
             Relative paths are inside the first one."""
-            return self._run(t.list_allowed_directories, self.view(ctx))
+            return self._run(client_roots, ctx, "list_allowed_directories")
 
         def history(
             path: Annotated[str | None, Field(default=None, description="A file path; omit it"
                                               " for every path.")] = None,
             limit: Annotated[int, Field(default=20, ge=1, le=200, description="How many steps,"
                                         " newest first.")] = 20,
-            ctx: Context | None = None,
+            client_roots: RootsArg = None, ctx: Context | None = None,
         ) -> CallToolResult:
             """The steps that changed a file (or any file): when, by whom (which client), what
             each did to which path, and what became of it (committed, refused, undone). Any
             step id shown can be given to undo."""
-            return self._run(t.history, self.view(ctx), path, limit)
+            return self._run(client_roots, ctx, "history", path, limit)
 
         def undo(
             step: Annotated[str | None, Field(default=None, description="The step to undo (as a"
                                               " write or history returned it), or the requestId"
                                               " of the change. Omit it: this session's last"
                                               " committed change.")] = None,
-            ctx: Context | None = None,
+            client_roots: RootsArg = None, ctx: Context | None = None,
         ) -> CallToolResult:
             """Undo one committed change: each file it wrote goes back to what it held before
             (a file it created is removed). Fenced: a file changed since (by a person or a
             later step) is left exactly as found and reported, never overwritten."""
-            return self._run(t.undo, self.view(ctx), step, self.who(ctx))
+            return self._run(client_roots, ctx, "undo", step, self.who(ctx))
 
-        def status(ctx: Context | None = None) -> CallToolResult:
+        def status(client_roots: RootsArg = None, ctx: Context | None = None) -> CallToolResult:
             """The ledger and its workspaces now: each workspace's rev and lease (who holds it,
             until when), steps in flight, anything an interrupted server left unsettled (the
             next write settles it), and what this session has read and done."""
-            return self._run(t.status, self.view(ctx))
+            return self._run(client_roots, ctx, "status")
 
         def audit(
             limit: Annotated[int, Field(default=50, ge=1, le=500, description="How many of the"
@@ -733,12 +995,12 @@ class SteptrailServer(MCPServer):
             verify: Annotated[bool, Field(default=False, description="true: also verify the"
                                           " whole ledger (hash chain, projections, fences,"
                                           " blobs); slower on a big ledger.")] = False,
-            ctx: Context | None = None,
+            client_roots: RootsArg = None, ctx: Context | None = None,
         ) -> CallToolResult:
             """The audit log: the newest events of the served workspaces — every step planned,
             applied, committed, refused or undone, with who and when, and every lease taken
             (over). With verify, the ledger's tamper-evident check."""
-            return self._run(t.audit, self.view(ctx), limit, verify)
+            return self._run(client_roots, ctx, "audit", limit, verify)
 
         reads = [read_text_file, read_multiple_files, list_directory, list_directory_with_sizes,
                  directory_tree, search_files, get_file_info, list_allowed_directories, history,
@@ -847,11 +1109,19 @@ def open_workspaces(specs: Sequence[str], ledger_path: str | None, *,
         if not os.path.isdir(first):
             raise InvalidInput(f"--workspace {first}: not a directory (a workspace NAME needs"
                                " --ledger PATH, the ledger that registered it)")
-        ledger_path = os.path.join(os.path.realpath(first), ".steptrail", "ledger.db")
+        home = os.path.realpath(first)
+        ledger_path = os.path.join(home, ".steptrail", "ledger.db")
+    else:
+        home = None
     if create:
         ledger = _init(ledger_path, witness, on_op)
         if ledger.created and echo is not None:
             echo(f"steptrail mcp: created ledger {ledger.path}")
+            if home is not None and not os.path.lexists(os.path.join(home, ".git")):
+                echo(f"steptrail mcp: notice: {home} is not a project (no .git, no ledger"
+                     f" before this one): its new ledger is {ledger.path}. If that is not the"
+                     " directory you meant, remove its .steptrail and serve the project's"
+                     " directory (--workspace /path/to/project, or the client's root)")
     else:
         ledger = Ledger.open(ledger_path, witness=witness, on_op=on_op)  # LedgerNotFound
     try:
@@ -918,6 +1188,15 @@ def serve(specs: Sequence[str], *, ledger_path: str | None = None, witness: str 
     `on_stage` hears each stage a write reaches (`ledger.mcp.service.STAGES`)."""
     if http:
         check_bind(host, allow_remote)
+    if not specs:
+        if http:
+            raise InvalidInput("--http needs --workspace DIR: over HTTP one server has many"
+                               " clients, each with its own roots; the client's roots are"
+                               " served over stdio only")
+        _serve_roots(ledger_path=ledger_path, witness=witness, lease_ttl_s=lease_ttl_s,
+                     lease_wait_s=lease_wait_s, lease_linger_s=lease_linger_s, limits=limits,
+                     echo=echo, on_stage=on_stage)
+        return
     ledger, names, given = open_workspaces(specs, ledger_path, witness=witness, echo=echo,
                                            on_op=exchange_hook(on_stage))
     with ledger:
@@ -943,5 +1222,24 @@ def serve(specs: Sequence[str], *, ledger_path: str | None = None, witness: str 
             tools.close()
 
 
-__all__ = ["SteptrailServer", "check_bind", "open_workspaces", "serve"]
+def _serve_roots(*, ledger_path: str | None, witness: str | None,
+                 echo: Callable[[str], None] | None, on_stage: Callable[[str], None] | None,
+                 **tools_kw: Any) -> None:
+    """`serve` without workspaces: the client's roots, over stdio (`ClientRoots`)."""
+    roots = ClientRoots(ledger_path=ledger_path, witness=witness, echo=echo,
+                        on_op=exchange_hook(on_stage), on_stage=on_stage, **tools_kw)
+    server = SteptrailServer(None, roots=roots)
+    try:
+        if echo is not None:
+            echo("steptrail mcp: no --workspace: serving the directories the client announces"
+                 " as its roots" + (f", from {ledger_path}" if ledger_path else "")
+                 + " over stdio")
+        guard_stdin(roots.limits.request_bytes)
+        server.run("stdio")
+    finally:
+        server.close()
+
+
+__all__ = ["ClientRoots", "RootRefused", "SteptrailServer", "check_bind", "open_workspaces",
+           "root_directories", "serve"]
 

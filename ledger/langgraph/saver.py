@@ -34,6 +34,7 @@ ledger stays the only ground truth.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import random
 import threading
@@ -122,6 +123,13 @@ def _thread(thread_id: object, what: str) -> str:
     if not isinstance(thread_id, str | int) or isinstance(thread_id, bool):
         raise InvalidInput(f"{what}: thread id {thread_id!r} must be a string (or an int)")
     return _text(str(thread_id), f"{what}: thread id")
+
+
+@functools.lru_cache(maxsize=4096)
+def _lease_name(thread_id: str) -> str:
+    """The name of a thread's lease (`LedgerSaver.owner_workspace`), for a thread id
+    already checked (`_thread`): a hash, cached (every commit fences on it)."""
+    return "langgraph-" + _key(thread_id)[:32]
 
 
 def _run_name(thread_id: str) -> str:
@@ -285,6 +293,8 @@ class LedgerSaver(BaseCheckpointSaver[str]):
         #: thread -> this saver's claim, live or lost: a lost one stays (its writes are
         #: refused as stale) until `claim` again or a successful `release`. Under _lock.
         self._owned: dict[str, Ownership] = {}
+        #: The last catch-up read found no event (`_catch_up` checks the head first).
+        self._quiet = False
 
     # -- the index ---------------------------------------------------------------------
 
@@ -293,10 +303,19 @@ class LedgerSaver(BaseCheckpointSaver[str]):
         while another thread's were). A step's blobs are read only if it is still live
         at the end: a pruned checkpoint's may be collected already. Under `_lock`."""
         index = self._index
+        # While the last read found nothing new (no other writer lately), the head first:
+        # one light statement, and when it is still the last event folded there is
+        # nothing to read (exact on every store: seqs only grow, so an event after
+        # index.seq would be the head). Once a read finds events (another writer is
+        # busy), the next one reads straight away: one statement a catch-up, steady
+        # either way (two at the turn from quiet to busy).
+        if self._quiet and self.ledger.log.head().seq == index.seq:
+            return
         published: dict[str, tuple[ManifestEntry, ...]] = {}
         last = index.seq
+        found = False
         for recorded in self.ledger.read(index.seq):
-            last = recorded.seq
+            last, found = recorded.seq, True
             event = recorded.event
             step = getattr(event, "step", "")
             if not step.startswith(PREFIX):
@@ -315,6 +334,7 @@ class LedgerSaver(BaseCheckpointSaver[str]):
         for step, artifacts in published.items():
             self._index_manifest(step, artifacts)
         index.seq = last
+        self._quiet = not found
 
     def _index_manifest(self, step: str, artifacts: Sequence[ManifestEntry]) -> None:
         """Index a committed step from its blobs (a step another process wrote)."""
@@ -404,7 +424,7 @@ class LedgerSaver(BaseCheckpointSaver[str]):
         for digest, blob in data.items():
             if len(blob) > inline_max:
                 self.ledger.blobs.put(blob, digest, verified=True)
-        names = {self.owner_workspace(t): t for t in fence}
+        names = {_lease_name(t): t for t in fence}
         try:
             return self.ledger.append_batch(
                 events, inline=small, epochs={name: fence[t] for name, t in names.items()})
@@ -778,7 +798,7 @@ class LedgerSaver(BaseCheckpointSaver[str]):
     def owner_workspace(self, thread_id: str) -> str:
         """The name of the lease that is the thread's ownership: a bare lease (no
         directory; `steptrail --workspace NAME lease show` shows it)."""
-        return "langgraph-" + _key(_thread(thread_id, "owner_workspace"))[:32]
+        return _lease_name(_thread(thread_id, "owner_workspace"))
 
     def claim(self, thread_id: str, holder: str, *, ttl_s: float = CLAIM_TTL_S_DEFAULT,
               takeover: bool = False) -> Ownership:

@@ -70,7 +70,7 @@ The numbers
    warm in the OS page cache (it was just written; a VM's proactive reclaim may not
    keep it there, which then costs both sides alike). The ledger is built with
    ``append_batch`` of 1000 events (one COMMIT each); the build rate is printed for
-   information. Target: ours >= 0.5x the raw fold.
+   information. Target: ours >= 0.6x the raw fold.
    Memory: the peak of Python allocations during the rebuild only (tracemalloc, in
    its own subprocess since tracing slows Python down) and the growth of the
    process's peak RSS during the timed rebuilds (VmHWM after a reset through
@@ -142,7 +142,7 @@ RAW_INSERT = (
     " journal_key, kind, v, payload, prev_hash, hash) VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?)"
 )
 
-TARGETS = {"single": 0.8, "batch_100": 0.5, "batch_1000": 0.5, "rebuild": 0.5}
+TARGETS = {"single": 0.8, "batch_100": 0.5, "batch_1000": 0.5, "rebuild": 0.6}
 MEMORY_GROWTH_MAX = 1.5  # peak(N) <= 1.5 * peak(N/4) + 1 MiB
 MEMORY_SLACK = 1 * MiB
 

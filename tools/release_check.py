@@ -19,7 +19,8 @@
 
    - ``core``: the wheel alone (apsw, msgspec, click, sqlite-utils): every snippet that
      needs no extra runs here;
-   - ``extras``: the wheel with ``[mcp,langgraph,postgres]``: the rest.
+   - ``extras``: the wheel with ``[mcp,langgraph,postgres,ui]``: the rest, and the ui's
+     pages (its templates and static files must be in the wheel).
 
 The test tools (pytest, hypothesis, and LangGraph's conformance suite the LangGraph
 test module imports) are installed beside the wheel; none of them is steptrail's.
@@ -45,9 +46,10 @@ TEST_TOOLS = ["pytest>=8", "hypothesis>=6.100"]
 #: venv name -> (extras, test tools beyond TEST_TOOLS, the tests it runs)
 VENVS: dict[str, tuple[str, list[str], list[str]]] = {
     "core": ("", [], ["tests/test_readme.py", "tests/test_docs.py", "tests/test_examples.py"]),
-    "extras": ("[mcp,langgraph,postgres]", ["langgraph-checkpoint-conformance==0.0.2"], [
+    "extras": ("[mcp,langgraph,postgres,ui]", ["langgraph-checkpoint-conformance==0.0.2"], [
         "tests/test_readme.py", "tests/test_docs.py", "tests/test_examples.py",
-        "tests/test_langgraph.py::test_the_langgraph_docs_snippets_run_as_printed"]),
+        "tests/test_langgraph.py::test_the_langgraph_docs_snippets_run_as_printed",
+        "tests/test_ui.py"]),  # the ui's templates and static files ship in the wheel
 }
 
 
@@ -99,8 +101,11 @@ def inspect_wheel(wheel: Path) -> None:
     if meta["Name"] != "steptrail" or meta["Version"] != want:
         problems.append(f"metadata says {meta['Name']} {meta['Version']}, not steptrail {want}")
     extras = set(meta.get_all("Provides-Extra") or [])
-    if not {"mcp", "langgraph", "postgres"} <= extras:
-        problems.append(f"extras {sorted(extras)} lack one of mcp, langgraph, postgres")
+    if not {"mcp", "langgraph", "postgres", "ui"} <= extras:
+        problems.append(f"extras {sorted(extras)} lack one of mcp, langgraph, postgres, ui")
+    for asset in ("ledger/ui/static/ui.js", "ledger/ui/templates/base.html"):
+        if asset not in names:
+            problems.append(f"{asset} is not in the wheel")
     if "steptrail = ledger.cli:main" not in entry or "[steptrail.commands]" not in entry:
         problems.append("entry_points.txt lacks the steptrail script or the plugin group")
     packages = {str(p.parent.relative_to(ROOT)) for p in (ROOT / "ledger").rglob("__init__.py")}

@@ -49,6 +49,7 @@ from . import (
     step,
     step_run,
     step_store,
+    ui,
     witness,
     workspace,
 )
@@ -146,7 +147,7 @@ for _command in (
     ledger.head, ledger.blobs, export.export, workspace.workspace, lease.lease, step.step,
     gc.gc_cmd, gc.audit_cmd, copy.copy_cmd, backup.backup_group, backup.restore_cmd,
     witness.witness_group, seal.seal_group, stats.stats_cmd, stats.metrics, demo.demo,
-    mcp.mcp, status.status, completion.completion,
+    mcp.mcp, status.status, completion.completion, ui.ui,
 ):
     cli.add_command(_command)
 step.step.add_command(step_store.step_store)

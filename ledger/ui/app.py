@@ -1,0 +1,635 @@
+"""The UI's ASGI application: Starlette routes rendering Jinja templates (autoescape
+on), behind `Guard` — the loopback Host check, the token, the security headers.
+
+Every route is a GET (HEAD too) and reads only; each takes a read-only `Ledger` from
+the pool for the request and gives it back.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hmac
+import sys
+import time
+from collections.abc import AsyncIterator, Callable
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Final
+from urllib.parse import parse_qsl, quote, urlencode
+
+from jinja2 import Environment, FileSystemLoader, StrictUndefined
+from markupsafe import Markup
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response, StreamingResponse
+from starlette.routing import Route
+
+from ledger.errors import InvalidInput, LedgerError, UnknownStep, UnknownWorkspace
+
+from . import model, text
+
+if TYPE_CHECKING:
+    from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+    from ledger import Ledger
+
+HERE: Final = Path(__file__).resolve().parent
+#: Rows a page shows.
+PAGE: Final = 50
+EVENTS_PAGE: Final = 100
+STEP_EVENTS_PAGE: Final = 100
+TREE_PAGE: Final = 200
+#: Diffs rendered per step page (the rest are listed with their hashes).
+DIFFS_PER_PAGE: Final = 40
+#: The header that asks for a page's main fragment (the live update).
+FRAGMENT_HEADER: Final = "x-steptrail-fragment"
+CSP: Final = ("default-src 'self'; script-src 'self'; style-src 'self'; img-src 'self' data:;"
+              " frame-ancestors 'none'; base-uri 'none'; form-action 'self'")
+SECURITY_HEADERS: Final = (
+    (b"content-security-policy", CSP.encode()),
+    (b"x-content-type-options", b"nosniff"),
+    (b"x-frame-options", b"DENY"),
+    (b"referrer-policy", b"no-referrer"),
+    (b"cache-control", b"no-store"),
+    (b"cross-origin-opener-policy", b"same-origin"),
+    (b"cross-origin-resource-policy", b"same-origin"),
+)
+
+
+class NotFound(Exception):
+    """A page about something the ledger does not hold."""
+
+
+class BadRequest(Exception):
+    """A query parameter that is not what the page takes."""
+
+
+# -- the guard --------------------------------------------------------------------------
+
+
+def cookie_name(port: int) -> str:
+    """The token's cookie (cookies are per host, not per port: one per served port)."""
+    return f"steptrail_ui_{port}"
+
+
+class Guard:
+    """Every request passes here first: a Host header that is not the loopback address
+    and port served (DNS rebinding) → 403; without the token (``?token=``, or the cookie
+    a first request with it sets) → 403; a method other than GET/HEAD → 405. Every
+    response gets the security headers (CSP, nosniff, no framing, no referrer, no
+    store)."""
+
+    def __init__(self, app: ASGIApp, *, token: str, port: int) -> None:
+        self.app, self.token, self.port = app, token, port
+        self.hosts = {f"127.0.0.1:{port}".encode(), f"localhost:{port}".encode()}
+        self.cookie = cookie_name(port)
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "lifespan":
+            await self.app(scope, receive, send)
+            return
+        if scope["type"] != "http":
+            await _plain(send, 403, "forbidden")
+            return
+
+        async def secured(message: Message) -> None:
+            if message["type"] == "http.response.start":
+                names = {k.lower() for k, _ in message.get("headers", [])}
+                message["headers"] = list(message.get("headers", [])) + [
+                    (k, v) for k, v in SECURITY_HEADERS if k not in names]
+            await send(message)
+
+        headers = dict(scope.get("headers") or [])
+        if headers.get(b"host", b"").lower() not in self.hosts:
+            await _plain(secured, 403, "forbidden: this server answers only to"
+                         f" http://127.0.0.1:{self.port}/ (the Host header is checked)")
+            return
+        if scope["method"] not in ("GET", "HEAD"):
+            await _plain(secured, 405, "method not allowed: this server only reads")
+            return
+        query = scope.get("query_string", b"").decode("latin-1")
+        params = parse_qsl(query, keep_blank_values=True)
+        given = [v for k, v in params if k == "token"]
+        if given:
+            if len(given) != 1 or not self._matches(given[0]):
+                await _plain(secured, 403, "forbidden: wrong token; use the URL"
+                             " 'steptrail ui' printed")
+                return
+            rest = urlencode([(k, v) for k, v in params if k != "token"], quote_via=quote)
+            where = scope.get("path", "/") + (f"?{rest}" if rest else "")
+            await secured({"type": "http.response.start", "status": 303, "headers": [
+                (b"location", where.encode("utf-8")),
+                (b"set-cookie", (f"{self.cookie}={self.token}; Path=/; HttpOnly;"
+                                 " SameSite=Strict").encode()),
+                (b"content-type", b"text/plain; charset=utf-8")]})
+            await secured({"type": "http.response.body", "body": b"see the page\n"})
+            return
+        if not self._matches(_cookie(headers.get(b"cookie", b""), self.cookie)):
+            await _plain(secured, 403, "forbidden: open the URL 'steptrail ui' printed"
+                         " (it carries the token)")
+            return
+        await self.app(scope, receive, secured)
+
+    def _matches(self, value: str | None) -> bool:
+        if value is None:
+            return False
+        return hmac.compare_digest(value.encode("utf-8", "surrogateescape"),
+                                   self.token.encode())
+
+
+def _cookie(header: bytes, name: str) -> str | None:
+    for part in header.decode("latin-1").split(";"):
+        key, _, value = part.strip().partition("=")
+        if key == name:
+            return value
+    return None
+
+
+async def _plain(send: Callable[[Any], Any], status: int, body: str) -> None:
+    await send({"type": "http.response.start", "status": status,
+                "headers": [(b"content-type", b"text/plain; charset=utf-8")]})
+    await send({"type": "http.response.body", "body": (body + "\n").encode()})
+
+
+# -- rendering -----------------------------------------------------------------------------
+
+
+def _finalize(value: Any) -> Any:
+    """Every ``{{ value }}`` of every template: strings with their control and
+    invisible characters made visible (then autoescaped)."""
+    if isinstance(value, Markup) or not isinstance(value, str):
+        return "" if value is None else value
+    return text.visible(value)
+
+
+def url(where: str, /, **params: Any) -> str:
+    """A link to one of our pages; every parameter percent-encoded."""
+    kept = [(k, str(v)) for k, v in params.items() if v is not None and v != ""]
+    return where + ("?" + urlencode(kept, quote_via=quote, safe="") if kept else "")
+
+
+def make_env() -> Environment:
+    env = Environment(loader=FileSystemLoader(str(HERE / "templates")), autoescape=True,
+                      finalize=_finalize, undefined=StrictUndefined, trim_blocks=True,
+                      lstrip_blocks=True)
+    env.globals.update(url=url, size=text.size, iso=text.iso, ago=text.ago)
+    env.filters["visible_nl"] = lambda s: text.visible(s, newlines=True)
+    return env
+
+
+# -- the application -------------------------------------------------------------------
+
+
+class UI:
+    """One served ledger: its pool, background jobs, templates and routes."""
+
+    def __init__(self, location: str, *, token: str, port: int, verify: bool = True,
+                 shown: str | None = None) -> None:
+        self.location = location
+        self.shown = shown or location
+        self.token, self.port = token, port
+        self.pool = model.Pool(location)
+        self.jobs = model.Jobs(self.pool, verify=verify)
+        self.holders = model.Holders()
+        self.env = make_env()
+        self.static = {name: (HERE / "static" / name).read_bytes()
+                       for name in ("ui.js", "ui.css")}
+        with self.pool.ledger() as led:
+            self.ledger_id = led.ledger_id
+            head = led.head().seq
+        self.jobs.start(head)
+
+    # the plumbing
+
+    def render(self, request: Request, template: str, led: Ledger, status: int = 200,
+               **ctx: Any) -> Response:
+        head = led.head()
+        self.jobs.refresh(head.seq)
+        fragment = request.headers.get(FRAGMENT_HEADER) == "1"
+        v, s = self.jobs.verify, self.jobs.stats
+        page = self.env.get_template(template).render(
+            layout="fragment.html" if fragment else "base.html", head=head,
+            head_hash=head.hash.hex(), shown=self.shown, ledger_id=self.ledger_id,
+            verify=v, stats_job=s, now_ns=time.time_ns(), **ctx)
+        return Response(page, status_code=status, media_type="text/html; charset=utf-8",
+                        headers={"x-steptrail-head": str(head.seq),
+                                 "x-steptrail-verify": v.state})
+
+    def routes(self) -> list[Route]:
+        pages: list[tuple[str, Callable[..., Response]]] = [
+            ("/", self.overview), ("/events", self.events), ("/step", self.step),
+            ("/run", self.run), ("/workspace", self.workspace), ("/history", self.history),
+            ("/tree", self.tree), ("/file", self.file), ("/stats", self.stats),
+        ]
+        out = [Route(p, self._page(f), methods=["GET", "HEAD"]) for p, f in pages]
+        out += [Route("/download", self.download, methods=["GET", "HEAD"]),
+                Route("/api/head", self.api_head, methods=["GET", "HEAD"]),
+                Route("/static/{name}", self.static_file, methods=["GET", "HEAD"]),
+                Route("/favicon.ico", lambda _r: Response(status_code=204),
+                      methods=["GET", "HEAD"])]
+        return out
+
+    def _page(self, handler: Callable[[Request, Ledger], Response]) -> Callable[[Request], Response]:
+        def endpoint(request: Request) -> Response:
+            try:
+                with self.pool.ledger() as led:
+                    try:
+                        return handler(request, led)
+                    except (NotFound, UnknownStep, UnknownWorkspace) as exc:
+                        return self.render(request, "error.html", led, 404, title="not found",
+                                           message=str(exc))
+                    except (BadRequest, InvalidInput) as exc:
+                        return self.render(request, "error.html", led, 400,
+                                           title="bad request", message=str(exc))
+            except LedgerError as exc:
+                return _error_page(500, f"{type(exc).__name__}: {exc}")
+            except Exception as exc:  # noqa: BLE001 - one line, never a traceback in a page
+                print(f"steptrail ui: error: {type(exc).__name__}: {exc}", file=sys.stderr)
+                return _error_page(500, f"{type(exc).__name__}: {exc}")
+        return endpoint
+
+    # the pages
+
+    def overview(self, request: Request, led: Ledger) -> Response:
+        now = led.clock()
+        workspaces = []
+        waiting = []
+        for state in (*model.IN_FLIGHT, model.UNACKED):
+            waiting.extend(led.steps(state))
+        waiting.sort(key=lambda r: r.last_seq, reverse=True)
+        for row in led.workspaces.list():
+            live = row.live_epoch(now) is not None
+            older = set(led.workspaces.unsettled(row.name, row.epoch)) if row.epoch else set()
+            mine = [r for r in waiting if r.workspace == row.name]
+            workspaces.append({
+                "row": row, "live": live,
+                "lease": ("never leased" if row.epoch == 0 else "live" if live else
+                          "released" if row.released else "expired"),
+                "in_flight": sum(1 for r in mine if r.state in model.IN_FLIGHT),
+                "unacked": sum(1 for r in mine if r.state == model.UNACKED),
+                "unsettled": len(older)})
+        rows = []
+        for r in waiting[:PAGE]:
+            ws = next((w for w in workspaces if w["row"].name == r.workspace), None)
+            what = ("unacked" if r.state == model.UNACKED else
+                    "unsettled" if ws is not None and r.epoch < ws["row"].epoch else "in flight")
+            rows.append({"row": r, "what": what})
+        head = led.head().seq
+        recent = list(led.read(max(0, head - 15)))
+        recent.reverse()
+        return self.render(request, "overview.html", led, workspaces=workspaces, waiting=rows,
+                           waiting_total=len(waiting), recent=recent,
+                           witness=led.witness_status(), lag=led.projection_lag(),
+                           charts=self._charts(small=True))
+
+    def events(self, request: Request, led: Ledger) -> Response:
+        head = led.head().seq
+        before = _int(request, "before", head + 1, lo=1)
+        lo = max(0, before - 1 - EVENTS_PAGE)
+        got = [r for r in led.read(lo, limit=EVENTS_PAGE) if r.seq < before]
+        got.reverse()
+        older = got[-1].seq if got and got[-1].seq > 1 else None
+        newer = min(head + 1, before + EVENTS_PAGE) if before <= head else None
+        return self.render(request, "events.html", led, events=got, older=older,
+                           newer=newer if newer and newer <= head + 1 and before <= head else None)
+
+    def step(self, request: Request, led: Ledger) -> Response:
+        step_id = _param(request, "id")
+        row = led.find_step(step_id) if _step_id_ok(step_id) else None
+        if row is None:
+            raise NotFound(f"no step {step_id!r} in this ledger")
+        after = _int(request, "after", 0)
+        events = list(led.read(after, step=step_id, limit=STEP_EVENTS_PAGE + 1))
+        more = len(events) > STEP_EVENTS_PAGE
+        events = events[:STEP_EVENTS_PAGE]
+        planned: dict[int, Any] = {}
+        budget = [DIFFS_PER_PAGE]
+        items = [self._event_item(led, r, planned, budget) for r in events]
+        manifest = led.manifest(step_id) if row.manifest_rev >= 0 else None
+        if manifest is None and row.manifest_rev >= 0:
+            manifest = led.manifest(step_id, row.manifest_rev)
+        return self.render(request, "step.html", led, row=row, items=items, manifest=manifest,
+                           more_after=events[-1].seq if more else None, after=after,
+                           holder=self.holders.get(led, row.workspace, row.epoch)
+                           if row.workspace else None)
+
+    def _event_item(self, led: Ledger, r: Any, planned: dict[int, Any],
+                    budget: list[int]) -> dict[str, Any]:
+        ev = r.event
+        item: dict[str, Any] = {"r": r, "ev": ev, "kind": r.kind, "diffs": [], "blobs": []}
+        ws = getattr(ev, "workspace", "")
+        epoch = getattr(ev, "epoch", 0)
+        item["holder"] = self.holders.get(led, ws, epoch) if ws and epoch else None
+
+        def diff_of(path: str, pre: str | None, post: str | None, **extra: Any) -> dict[str, Any]:
+            d: dict[str, Any] = {"path": path, "pre": pre, "post": post, **extra}
+            if budget[0] <= 0:
+                d["diff"] = text.Diff("unavailable", note="not diffed on this page (too many"
+                                      " writes): see the path's history")
+                return d
+            budget[0] -= 1
+            a, b = model.read_content(led, pre), model.read_content(led, post)
+            d["pre_size"], d["post_size"] = a.size, b.size
+            missing = [f"{label} {c.why}" for label, c in (("before:", a), ("after:", b))
+                       if c.digest is not None and c.data is None]
+            if missing:
+                d["diff"] = text.Diff("unavailable", note="; ".join(missing))
+            else:
+                d["diff"] = text.diff(a.data, b.data, path)
+            return d
+
+        if r.kind == "planned":
+            planned[ev.attempt] = ev
+        elif r.kind == "fenced":
+            item["diffs"] = [diff_of(w.path, w.pre_hash, w.post_hash, rev=w.rev) for w in ev.writes]
+        elif r.kind == "rejected":
+            plan = planned.get(ev.attempt) or self._planned(led, ev.step, ev.attempt)
+            writes = plan.writes if plan is not None else ()
+            for w in writes:
+                now_hash: str | None = None
+                why = ""
+                try:
+                    _rev, now_hash = led.workspaces.snapshot(ev.workspace, w.path)
+                except (LedgerError, OSError) as exc:
+                    why = f"{type(exc).__name__}: {exc}"
+                item["diffs"].append(diff_of(w.path, w.pre_hash, w.post_hash, base_rev=w.base_rev,
+                                             disk_now=now_hash, disk_why=why, refused=True))
+        elif r.kind in ("blob-stored",):
+            item["blobs"] = [{"path": ev.path or "", "digest": ev.digest, "size": ev.size}]
+        elif r.kind == "manifest-published":
+            item["blobs"] = [{"path": e.path, "digest": e.digest, "size": e.size}
+                             for e in ev.artifacts]
+        return item
+
+    @staticmethod
+    def _planned(led: Ledger, step: str, attempt: int) -> Any:
+        for r in led.read(step=step, kind="planned"):
+            if r.event.attempt == attempt:  # type: ignore[union-attr]
+                return r.event
+        return None
+
+    def run(self, request: Request, led: Ledger) -> Response:
+        run_id = _param(request, "id")
+        after = _int(request, "after", 0)
+
+        def match(r: Any) -> Any:
+            return r if r.event.run == run_id else None
+
+        scan = model.scan_forward(led, ("planned",), match, after=after, want=PAGE)
+        if not scan.items and after == 0 and scan.complete:
+            raise NotFound(f"no step of run {run_id!r} in this ledger")
+        return self.render(request, "timeline.html", led, what="run", name=run_id,
+                           rows=self._attempt_rows(led, scan.items), scan=scan, after=after,
+                           ws=None, paths=None, paths_more=None)
+
+    def workspace(self, request: Request, led: Ledger) -> Response:
+        name = _param(request, "name")
+        if not _step_id_ok(name):
+            raise NotFound(f"no workspace {name!r} in this ledger")
+        row = led.workspaces.get(name)  # UnknownWorkspace: 404
+        after = _int(request, "after", 0)
+        paths_after = request.query_params.get("paths_after", "")
+        every = led.workspaces.paths(name)
+        names = [p for p in every if p > paths_after][:TREE_PAGE]
+        paths = [(p, every[p]) for p in names]
+        paths_more = names[-1] if len(names) == TREE_PAGE and names[-1] != max(every) else None
+
+        def match(r: Any) -> Any:
+            return r if r.event.workspace == name else None
+
+        scan = model.scan_forward(led, ("planned",), match, after=after, want=PAGE)
+        now = led.clock()
+        return self.render(request, "timeline.html", led, what="workspace", name=name,
+                           rows=self._attempt_rows(led, scan.items), scan=scan, after=after,
+                           ws=row, live=row.live_epoch(now) is not None, paths=paths,
+                           paths_more=paths_more, paths_total=len(every))
+
+    def _attempt_rows(self, led: Ledger, planned: list[Any]) -> list[dict[str, Any]]:
+        out = []
+        for r in planned:
+            ev = r.event
+            row = led.find_step(ev.step)
+            out.append({"r": r, "ev": ev, "row": row,
+                        "holder": self.holders.get(led, ev.workspace, ev.epoch)
+                        if ev.workspace and ev.epoch else None})
+        return out
+
+    def history(self, request: Request, led: Ledger) -> Response:
+        ws, path = _param(request, "ws"), _param(request, "path")
+        if not _step_id_ok(ws):
+            raise NotFound(f"no workspace {ws!r} in this ledger")
+        led.workspaces.get(ws)
+        before = _int(request, "before", 0, lo=0) or None
+
+        def match(r: Any) -> Any:
+            ev = r.event
+            if ev.workspace != ws:
+                return None
+            if r.kind == "fenced":
+                hit = [w for w in ev.writes if w.path == path]
+                return (r, hit[0]) if hit else None
+            if r.kind == "compensated":
+                hit = [x for x in ev.restored if x.path == path]
+                return (r, hit[0]) if hit else None
+            if r.kind == "rejected":
+                plan = self._planned(led, ev.step, ev.attempt)
+                hit = [w for w in (plan.writes if plan else ()) if w.path == path]
+                return (r, hit[0]) if hit else None
+            return None
+
+        scan = model.scan_backward(led, ("fenced", "compensated", "rejected"), match,
+                                   before=before, want=PAGE // 2)
+        entries = []
+        budget = [DIFFS_PER_PAGE]
+        for r, w in scan.items:
+            entry: dict[str, Any] = {"r": r, "ev": r.event, "w": w, "kind": r.kind}
+            if budget[0] > 0:
+                budget[0] -= 1
+                if r.kind == "compensated":
+                    pre, post = None, w.digest
+                    entry["diff"] = None
+                else:
+                    pre, post = w.pre_hash, w.post_hash
+                a, b = model.read_content(led, pre), model.read_content(led, post)
+                missing = [c.why for c in (a, b) if c.digest is not None and c.data is None]
+                entry["diff"] = (None if r.kind == "compensated" else
+                                 text.Diff("unavailable", note="; ".join(missing)) if missing
+                                 else text.diff(a.data, b.data, path))
+            else:
+                entry["diff"] = None
+            entries.append(entry)
+        return self.render(request, "history.html", led, ws=ws, path=path, entries=entries,
+                           scan=scan, before=before)
+
+    def tree(self, request: Request, led: Ledger) -> Response:
+        ws = _param(request, "ws")
+        if not _step_id_ok(ws):
+            raise NotFound(f"no workspace {ws!r} in this ledger")
+        led.workspaces.get(ws)
+        head = led.head().seq
+        step_id = request.query_params.get("step")
+        if step_id:
+            row = led.find_step(step_id) if _step_id_ok(step_id) else None
+            if row is None:
+                raise NotFound(f"no step {step_id!r} in this ledger")
+            seq = row.last_seq
+        else:
+            seq = _int(request, "seq", head, lo=0)
+        after = request.query_params.get("after", "")
+        every = model.workspace_as_of(led, ws, seq)
+        names = sorted(p for p, s in every.items() if s[1] is not None and p > after)
+        shown = names[:TREE_PAGE]
+        return self.render(request, "tree.html", led, ws=ws, seq=seq, step_id=step_id,
+                           files=[(p, every[p]) for p in shown],
+                           total=sum(1 for s in every.values() if s[1] is not None),
+                           more=shown[-1] if len(names) > TREE_PAGE else None)
+
+    def file(self, request: Request, led: Ledger) -> Response:
+        digest = _digest(request)
+        name = request.query_params.get("name", "") or digest[:12]
+        content = model.read_content(led, digest, limit=text.TEXT_MAX)
+        if content.data is None and content.why.startswith("not in the ledger"):
+            raise NotFound(f"blob {digest} is {content.why}")
+        binary = content.data is not None and text.is_binary(content.data)
+        lines = text.text_lines(content.data) if content.data is not None and not binary else []
+        if lines and lines[-1] == "":
+            lines.pop()
+        return self.render(request, "file.html", led, digest=digest, name=name,
+                           content=content, binary=binary, lines=lines,
+                           ws=request.query_params.get("ws"),
+                           seq=request.query_params.get("seq"))
+
+    def stats(self, request: Request, led: Ledger) -> Response:
+        return self.render(request, "stats.html", led, charts=self._charts(small=False))
+
+    def _charts(self, *, small: bool) -> dict[str, Any] | None:
+        job = self.jobs.stats
+        if job.result is None:
+            return None
+        rep = job.result["report"]
+        states = list(rep.by_state.items())
+        out: dict[str, Any] = {"report": rep, "gc": job.result["gc"]}
+        out["bytes_by_state"] = text.hbars(
+            "bytes stored by state", [(k, rep.bytes_by_state.get(k, 0)) for k, _ in states],
+            [f"{text.size(rep.bytes_by_state.get(k, 0))} · {n} steps" for k, n in states])
+        growth = rep.growth
+        out["growth_events"] = text.vbars(
+            "events per day", [(text.iso(g.start_ns)[:10], g.events) for g in growth],
+            [f"{g.events:,} events" for g in growth], height=120 if small else 180)
+        if not small:
+            out["growth_bytes"] = text.vbars(
+                "bytes per day", [(text.iso(g.start_ns)[:10], g.bytes) for g in growth],
+                [text.size(g.bytes) for g in growth])
+            kinds = list(rep.by_kind.items())
+            out["kinds"] = text.hbars("events by kind", [(k, c.count) for k, c in kinds],
+                                      [f"{c.count:,} ({text.size(c.bytes)})" for _, c in kinds])
+            blobs = list(rep.blobs.items())
+            out["blobs"] = text.hbars("blob bytes (as audit buckets them)",
+                                      [(k, c.bytes) for k, c in blobs],
+                                      [f"{text.size(c.bytes)} · {c.count}" for _, c in blobs])
+        return out
+
+    # not pages
+
+    def download(self, request: Request) -> Response:
+        try:
+            digest = _digest(request)
+        except BadRequest as exc:
+            return _error_page(400, str(exc))
+        name = request.query_params.get("name", "") or digest
+        with self.pool.ledger() as led:
+            head = model.read_content(led, digest, limit=0)
+        if head.why.startswith("not in the ledger") or head.why.startswith("CORRUPT"):
+            return _error_page(404, f"blob {digest}: {head.why}")
+        pool = self.pool
+
+        def chunks() -> Any:
+            with pool.ledger() as led:
+                yield from led.blob_chunks(digest)
+
+        base = name.rsplit("/", 1)[-1] or "blob"
+        ascii_name = "".join(c if c.isascii() and (c.isalnum() or c in "._-") else "_"
+                             for c in base)[:120] or "blob"
+        return StreamingResponse(chunks(), media_type="application/octet-stream", headers={
+            "content-disposition": f"attachment; filename=\"{ascii_name}\";"
+                                   f" filename*=UTF-8''{quote(base, safe='')}",
+            "x-content-type-options": "nosniff",
+            "content-security-policy": "default-src 'none'; sandbox",
+        })
+
+    def api_head(self, request: Request) -> Response:
+        with self.pool.ledger() as led:
+            head = led.head()
+        self.jobs.refresh(head.seq)
+        v, s = self.jobs.verify, self.jobs.stats
+        doc: dict[str, Any] = {
+            "seq": head.seq, "hash": head.hash.hex(),
+            "verify": {"state": v.state, "seconds": round(v.seconds(), 1),
+                       "ok": None if v.result is None else v.result["ok"],
+                       "findings": None if v.result is None else len(v.result["findings"])},
+            "stats": {"state": s.state, "head_seq": s.head_seq}}
+        return JSONResponse(doc)
+
+    def static_file(self, request: Request) -> Response:
+        name = request.path_params["name"]
+        if name not in self.static:
+            return _error_page(404, "not found")
+        kind = "text/javascript" if name.endswith(".js") else "text/css"
+        return Response(self.static[name], media_type=f"{kind}; charset=utf-8")
+
+
+def _error_page(status: int, message: str) -> Response:
+    return Response(f"{status}: {text.visible(message)}\n", status_code=status,
+                    media_type="text/plain; charset=utf-8")
+
+
+def _param(request: Request, name: str) -> str:
+    value = request.query_params.get(name)
+    if value is None or value == "":
+        raise BadRequest(f"the page needs ?{name}=")
+    return value
+
+
+def _int(request: Request, name: str, default: int, *, lo: int = 0) -> int:
+    value = request.query_params.get(name)
+    if value is None or value == "":
+        return default
+    if not value.isdigit() or int(value) < lo or int(value) > 2**63 - 1:
+        raise BadRequest(f"?{name}= takes a whole number of at least {lo}, not {value!r}")
+    return int(value)
+
+
+def _digest(request: Request) -> str:
+    digest = request.query_params.get("digest", "")
+    if len(digest) != 64 or any(c not in "0123456789abcdef" for c in digest):
+        raise BadRequest("?digest= takes a sha256 digest (64 lowercase hex characters)")
+    return digest
+
+
+def _step_id_ok(value: str) -> bool:
+    from ledger.events import check_step_id
+
+    try:
+        check_step_id(value)
+    except InvalidInput:
+        return False
+    return True
+
+
+def create_app(location: str, *, token: str, port: int, verify: bool = True,
+               shown: str | None = None) -> Guard:
+    """The ASGI app serving the ledger at `location` read-only, answering only to
+    ``127.0.0.1:port`` / ``localhost:port`` with `token` (see `Guard`). Verify starts
+    in a background thread unless `verify` is False."""
+    ui = UI(location, token=token, port=port, verify=verify, shown=shown)
+    @contextlib.asynccontextmanager
+    async def lifespan(_app: Starlette) -> AsyncIterator[None]:
+        yield
+        ui.pool.close()
+
+    app = Starlette(routes=ui.routes(), lifespan=lifespan)
+    guarded = Guard(app, token=token, port=port)
+    guarded.ui = ui  # type: ignore[attr-defined]
+    return guarded
+
+
+__all__ = ["CSP", "Guard", "UI", "cookie_name", "create_app"]

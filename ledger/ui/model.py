@@ -1,0 +1,375 @@
+"""What the UI reads, and how: every page's data from the public API of a ledger opened
+read-only, in bounded work.
+
+- `Pool`: read-only `Ledger`s, one per request at a time (a `Ledger` is not shared
+  between threads), opened on demand and kept for the next request.
+- `Job`: a figure too slow for a request on a large ledger (verify, stats with its
+  audit), computed in a background thread on a `Ledger` of its own; a page shows
+  "verifying…" / "computing…" until it is done. Verify runs once, at start; the stats
+  again when the head moved and they are older than `STATS_REFRESH_S`.
+- Scans (a run's or a workspace's timeline, a path's history, a workspace as of a
+  step) read one kind of event at a time through `Ledger.read(after_seq, kind=...)`,
+  in bounded batches, keep only what the page shows, and stop after `SCAN_BUDGET_S`
+  with a link to go on: memory follows the page, never the log.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import queue
+import threading
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Final
+
+from ledger.errors import BlobCorrupt, BlobNotFound, LedgerError
+
+from . import text
+
+if TYPE_CHECKING:
+    from ledger import Ledger, RecordedEvent
+
+#: How many idle read-only ledgers the pool keeps.
+POOL_IDLE: Final = 4
+#: The stats are recomputed at most this often (and only when the head moved).
+STATS_REFRESH_S: Final = 15.0
+#: A scan stops after this long and offers to go on from where it stopped.
+SCAN_BUDGET_S: Final = 2.0
+#: Steps waiting for a command: in flight, or committed and not acked.
+IN_FLIGHT: Final = ("planned", "fenced", "blob-stored", "compensating")
+UNACKED: Final = "manifest-published"
+
+
+def open_readonly(location: str) -> Ledger:
+    """The ledger at `location`, read-only: it never writes the ledger nor takes its
+    write lock. Forensic (a ledger verify would fail still opens, so the UI can name
+    the findings) and without the witness check (reported, not refused)."""
+    from ledger import Ledger
+
+    return Ledger.open(location, readonly=True, forensic=True, witness_check=False)
+
+
+class Pool:
+    """Read-only ledgers, each used by one request at a time."""
+
+    def __init__(self, location: str, opener: Callable[[str], Ledger] = open_readonly) -> None:
+        self.location = location
+        self._opener = opener
+        self._idle: queue.SimpleQueue[Ledger] = queue.SimpleQueue()
+        self._closed = False
+
+    @contextlib.contextmanager
+    def ledger(self) -> Iterator[Ledger]:
+        try:
+            led = self._idle.get_nowait()
+        except queue.Empty:
+            led = self._opener(self.location)
+        try:
+            yield led
+        except BaseException:
+            led.close()  # whatever went wrong, the next request opens afresh
+            raise
+        if self._closed or self._idle.qsize() >= POOL_IDLE:
+            led.close()
+        else:
+            self._idle.put(led)
+
+    def close(self) -> None:
+        self._closed = True
+        while True:
+            try:
+                self._idle.get_nowait().close()
+            except queue.Empty:
+                return
+
+
+@dataclass
+class Job:
+    """A computation in a background thread: its state and result."""
+
+    name: str
+    run: Callable[[Ledger], Any]
+    state: str = "idle"  # idle, running, done, failed
+    result: Any = None
+    error: str = ""
+    started: float = 0.0
+    finished: float = 0.0
+    head_seq: int = -1
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def start(self, pool: Pool, head_seq: int) -> bool:
+        with self.lock:
+            if self.state == "running":
+                return False
+            self.state, self.started, self.head_seq = "running", time.time(), head_seq
+        threading.Thread(target=self._work, args=(pool,), name=f"steptrail-ui-{self.name}",
+                         daemon=True).start()
+        return True
+
+    def _work(self, pool: Pool) -> None:
+        try:
+            with pool.ledger() as led:
+                result = self.run(led)
+        except LedgerError as exc:
+            self._end("failed", None, f"{type(exc).__name__}: {exc}")
+        except Exception as exc:  # noqa: BLE001 - shown on the page, one line
+            self._end("failed", None, f"{type(exc).__name__}: {exc}")
+        else:
+            self._end("done", result, "")
+
+    def _end(self, state: str, result: Any, error: str) -> None:
+        with self.lock:
+            if state == "done" or self.result is None:
+                self.result = result
+            self.state, self.error, self.finished = state, error, time.time()
+
+    def seconds(self) -> float:
+        return (self.finished or time.time()) - self.started if self.started else 0.0
+
+
+def _verify(led: Ledger) -> dict[str, Any]:
+    report = led.verify()
+    return {"ok": report.ok, "events": report.events, "head_seq": report.head_seq,
+            "findings": [(f.check, f.seq, f.message) for f in report.findings],
+            "warnings": [str(w) for w in getattr(report, "warnings", [])]}
+
+
+def _stats(led: Ledger) -> dict[str, Any]:
+    from ledger.stats import stats
+
+    report = stats(led, by="day", top=15)
+    gc = last_collection(led)
+    return {"report": report, "gc": gc}
+
+
+def last_collection(led: Ledger) -> dict[str, Any]:
+    """The last garbage collection the ledger recorded (`blob-collected` events)."""
+    last: dict[str, Any] | None = None
+    blobs = nbytes = 0
+    for r in led.read(kind="blob-collected"):
+        ev: Any = r.event
+        blobs, nbytes = blobs + 1, nbytes + ev.size
+        if last is None or last["collection"] != ev.collection:
+            last = {"collection": ev.collection, "blobs": 0, "bytes": 0}
+        last.update(time_ns=r.time_ns, seq=r.seq)
+        last["blobs"] += 1
+        last["bytes"] += ev.size
+    return {"last": last, "blobs": blobs, "bytes": nbytes}
+
+
+class Jobs:
+    """The background figures of one served ledger."""
+
+    def __init__(self, pool: Pool, *, verify: bool = True) -> None:
+        self.pool = pool
+        self.verify = Job("verify", _verify)
+        self.stats = Job("stats", _stats)
+        self._verify_on = verify
+
+    def start(self, head_seq: int) -> None:
+        if self._verify_on:
+            self.verify.start(self.pool, head_seq)
+        self.stats.start(self.pool, head_seq)
+
+    def refresh(self, head_seq: int) -> None:
+        """Recompute the stats if the head moved since and they are not fresh."""
+        s = self.stats
+        # at most every STATS_REFRESH_S, and never more than a fifth of the time: on a
+        # large ledger a pass takes seconds of the process's time
+        wait = max(STATS_REFRESH_S, 4 * s.seconds())
+        if (s.state in ("done", "failed") and s.head_seq != head_seq
+                and time.time() - s.finished > wait):
+            s.start(self.pool, head_seq)
+
+
+# -- reading blobs -----------------------------------------------------------------------
+
+
+@dataclass
+class Content:
+    """A blob's bytes as a page shows them: `data` (None when not shown: `why`)."""
+
+    digest: str | None
+    data: bytes | None
+    size: int | None
+    why: str = ""
+
+
+def read_content(led: Ledger, digest: str | None, *, limit: int = text.TEXT_MAX,
+                 size: int | None = None) -> Content:
+    """The bytes of blob `digest` (None: the file was absent), read up to `limit`."""
+    if digest is None:
+        return Content(None, None, None, "absent")
+    if size is not None and size > limit:
+        return Content(digest, None, size, f"larger than {limit:,} bytes")
+    got: list[bytes] = []
+    n = 0
+    try:
+        chunks = led.blob_chunks(digest)
+        try:
+            for piece in chunks:
+                got.append(piece)
+                n += len(piece)
+                if n > limit:
+                    return Content(digest, None, None, f"larger than {limit:,} bytes")
+        finally:
+            close = getattr(chunks, "close", None)
+            if close is not None:
+                close()
+    except BlobNotFound:
+        return Content(digest, None, size, "not in the ledger (never stored, or collected)")
+    except BlobCorrupt as exc:
+        return Content(digest, None, size, f"CORRUPT: {exc}")
+    return Content(digest, b"".join(got), n)
+
+
+# -- scans ------------------------------------------------------------------------------
+
+
+@dataclass
+class Scan:
+    """What a bounded scan found: `items` and where it stopped (`next_after`: go on
+    after this seq; None: it reached the head)."""
+
+    items: list[Any]
+    next_after: int | None
+    scanned_to: int
+    complete: bool
+
+
+def scan_forward(led: Ledger, kinds: tuple[str, ...], match: Callable[[RecordedEvent], Any],
+                 *, after: int, want: int, until: int | None = None,
+                 budget_s: float = SCAN_BUDGET_S) -> Scan:
+    """Events of `kinds` after seq `after` (up to `until`), in seq order, that `match`
+    (it returns the item to keep, or None): at most `want`, within `budget_s`."""
+    head = led.head().seq if until is None else until
+    deadline = time.monotonic() + budget_s
+    items: list[Any] = []
+    lo = after
+    window = 8192
+    while lo < head:
+        hi = min(head, lo + window)
+        found: list[tuple[int, Any]] = []
+        for kind in kinds:
+            events = led.read(lo, kind=kind)
+            try:
+                for r in events:
+                    if r.seq > hi:
+                        break
+                    got = match(r)
+                    if got is not None:
+                        found.append((r.seq, got))
+            finally:
+                close = getattr(events, "close", None)
+                if close is not None:
+                    close()
+        found.sort(key=lambda x: x[0])
+        for seq, got in found:
+            items.append(got)
+            if len(items) >= want:
+                return Scan(items, seq, seq, False)
+        lo = hi
+        window = min(window * 4, 1 << 16)
+        if lo < head and time.monotonic() > deadline:
+            return Scan(items, lo, lo, False)
+    return Scan(items, None, head, True)
+
+
+def scan_backward(led: Ledger, kinds: tuple[str, ...], match: Callable[[RecordedEvent], Any],
+                  *, before: int | None, want: int, budget_s: float = SCAN_BUDGET_S) -> Scan:
+    """Events of `kinds` before seq `before` (None: the head), newest first, that
+    `match`: at most `want`, scanning back in growing windows within `budget_s`."""
+    hi = led.head().seq if before is None else before - 1
+    deadline = time.monotonic() + budget_s
+    items: list[Any] = []
+    window = 4096
+    while hi > 0:
+        lo = max(0, hi - window)
+        found: list[tuple[int, Any]] = []
+        for kind in kinds:
+            events = led.read(lo, kind=kind)
+            try:
+                for r in events:
+                    if r.seq > hi:
+                        break
+                    got = match(r)
+                    if got is not None:
+                        found.append((r.seq, got))
+            finally:
+                close = getattr(events, "close", None)
+                if close is not None:
+                    close()
+        found.sort(key=lambda x: -x[0])
+        for seq, got in found:
+            items.append(got)
+            if len(items) >= want:
+                return Scan(items, seq, seq, seq <= 1)
+        hi = lo
+        window = min(window * 4, 1 << 16)
+        if hi > 0 and time.monotonic() > deadline:
+            return Scan(items, hi + 1, hi + 1, False)
+    return Scan(items, None, 0, True)
+
+
+class Holders:
+    """Who held each (workspace, epoch): read from `lease-acquired` events once, then
+    only the new ones (memory follows the number of epochs)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._seen = 0
+        self._holders: dict[tuple[str, int], str] = {}
+
+    def get(self, led: Ledger, workspace: str, epoch: int) -> str | None:
+        if not epoch:
+            return None
+        key = (workspace, epoch)
+        with self._lock:
+            if key not in self._holders:
+                self._catch_up(led)
+            return self._holders.get(key)
+
+    def _catch_up(self, led: Ledger) -> None:
+        head = led.head().seq
+        for r in led.read(self._seen, kind="lease-acquired"):
+            ev: Any = r.event
+            self._holders[(ev.workspace, ev.epoch)] = ev.holder
+            self._seen = r.seq
+        self._seen = max(self._seen, head)
+
+
+def workspace_as_of(led: Ledger, workspace: str, seq: int) -> dict[str, tuple[int, str | None, int, str]]:
+    """Every path workspace `workspace` held as of event `seq`: path -> (rev, digest
+    (None: deleted), the seq that wrote it, the step). Folded from the writes that
+    change a file: applies (`fenced`), undos (`compensated`) and a refused apply's undo
+    (`rejected`'s `undone`)."""
+    paths: dict[str, tuple[int, str | None, int, str]] = {}
+    for kind in ("fenced", "compensated", "rejected"):
+        events = led.read(0, kind=kind)
+        try:
+            for r in events:
+                if r.seq > seq:
+                    break
+                ev: Any = r.event
+                if ev.workspace != workspace:
+                    continue
+                if kind == "fenced":
+                    changes = [(w.path, w.rev, w.post_hash) for w in ev.writes]
+                else:
+                    changes = [(x.path, x.rev, x.digest) for x in
+                               (ev.restored if kind == "compensated" else ev.undone)
+                               if x.outcome != "conflict"]
+                for path, rev, digest in changes:
+                    old = paths.get(path)
+                    if old is None or old[2] < r.seq:  # the latest write of a path wins
+                        paths[path] = (rev, digest, r.seq, ev.step)
+        finally:
+            close = getattr(events, "close", None)
+            if close is not None:
+                close()
+    return paths
+
+
+__all__ = ["Content", "Holders", "IN_FLIGHT", "Job", "Jobs", "Pool", "Scan", "UNACKED",
+           "open_readonly", "read_content", "scan_backward", "scan_forward", "workspace_as_of"]

@@ -1,0 +1,194 @@
+"""What the UI prints, made safe to print: control characters shown visibly, bytes
+that are not UTF-8 shown as escapes, binary content summarised, diffs of two versions
+of a file as lines a template marks up, and the geometry of the stats charts.
+
+Pure: no I/O, no HTML. The HTML escaping itself is Jinja's (autoescape, every
+template): this module only makes what it is handed *visible* — a BEL in a file name
+or a right-to-left override in a step id shows as ``\\x07`` / ``\\u202e`` instead of
+acting on the page.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import difflib
+import re
+from collections.abc import Sequence
+from typing import Final, NamedTuple
+
+#: Diffs are cut to this many lines; files larger than this are not diffed.
+DIFF_LINES_MAX: Final = 600
+TEXT_MAX: Final = 2 * 1024 * 1024
+#: C0 and C1 controls (tab kept), DEL, and the Unicode format characters that reorder
+#: or hide text (bidirectional overrides and isolates, zero-width ones, the BOM).
+_INVISIBLE: Final = re.compile(
+    "[\x00-\x08\x0a-\x1f\x7f-\x9f\u200b-\u200f\u2028-\u202e\u2060-\u2069\ufeff\ufff9-\ufffb]")
+_INVISIBLE_KEEP_NL: Final = re.compile(
+    "[\x00-\x08\x0b-\x1f\x7f-\x9f\u200b-\u200f\u2028-\u202e\u2060-\u2069\ufeff\ufff9-\ufffb]")
+
+
+def _escape(m: re.Match[str]) -> str:
+    c = ord(m.group())
+    return f"\\x{c:02x}" if c < 0x100 else f"\\u{c:04x}"
+
+
+def visible(text: str, *, newlines: bool = False) -> str:
+    """`text` with every control or invisible formatting character written out as an
+    escape (``\\x07``, ``\\u202e``); with `newlines`, line feeds are kept."""
+    return (_INVISIBLE_KEEP_NL if newlines else _INVISIBLE).sub(_escape, text)
+
+
+def decode(data: bytes) -> str:
+    """Bytes as text: UTF-8, each byte that is not shown as ``\\xNN``."""
+    return data.decode("utf-8", "backslashreplace")
+
+
+def is_binary(data: bytes) -> bool:
+    """Binary as git judges it: a NUL byte in the first 8 KiB."""
+    return b"\x00" in data[:8192]
+
+
+def text_lines(data: bytes) -> list[str]:
+    """A text file's lines, each made visible (its line end dropped)."""
+    return [visible(line) for line in decode(data).split("\n")]
+
+
+class DiffLine(NamedTuple):
+    kind: str  # "add", "del", "ctx", "hunk", "meta"
+    text: str
+
+
+class Diff(NamedTuple):
+    """What a write changed, as the step page shows it. `kind`: ``text`` (lines),
+    ``binary`` (sizes and hashes only), ``same``, ``too-large`` or ``unavailable`` (a
+    version's bytes are not in the ledger: `note` says which)."""
+
+    kind: str
+    lines: tuple[DiffLine, ...] = ()
+    note: str = ""
+    added: int = 0
+    removed: int = 0
+    cut: int = 0
+
+
+def diff(before: bytes | None, after: bytes | None, path: str) -> Diff:
+    """The diff of two versions of `path` (None: absent)."""
+    if before == after:
+        return Diff("same")
+    if len(before or b"") > TEXT_MAX or len(after or b"") > TEXT_MAX:
+        return Diff("too-large", note=f"larger than {TEXT_MAX:,} bytes: not diffed")
+    if is_binary(before or b"") or is_binary(after or b""):
+        return Diff("binary")
+    a = [] if before is None else _split(before)
+    b = [] if after is None else _split(after)
+    out: list[DiffLine] = []
+    added = removed = 0
+    for line in difflib.unified_diff(a, b, fromfile=f"a/{path}" if before is not None
+                                     else "/dev/null", tofile=f"b/{path}" if after is not None
+                                     else "/dev/null", lineterm="", n=3):
+        if line.startswith(("---", "+++")):
+            out.append(DiffLine("meta", visible(line)))
+        elif line.startswith("@@"):
+            out.append(DiffLine("hunk", visible(line)))
+        elif line.startswith("+"):
+            added += 1
+            out.append(DiffLine("add", visible(line)))
+        elif line.startswith("-"):
+            removed += 1
+            out.append(DiffLine("del", visible(line)))
+        else:
+            out.append(DiffLine("ctx", visible(line)))
+    cut = max(0, len(out) - DIFF_LINES_MAX)
+    return Diff("text", tuple(out[:DIFF_LINES_MAX]), added=added, removed=removed, cut=cut)
+
+
+def _split(data: bytes) -> list[str]:
+    text = decode(data)
+    lines = text.split("\n")
+    if lines and lines[-1] == "":
+        lines.pop()
+    elif text:
+        lines[-1] += "  \\ no newline at end of file"
+    return lines
+
+
+def iso(time_ns: int) -> str:
+    """A time as the command line prints it (UTC, milliseconds)."""
+    if not time_ns:
+        return "-"
+    return dt.datetime.fromtimestamp(time_ns / 1e9, dt.timezone.utc).isoformat(
+        timespec="milliseconds").replace("+00:00", "Z")
+
+
+def ago(delta_ns: int) -> str:
+    s = abs(delta_ns) / 1e9
+    if s < 120:
+        return f"{s:.0f}s"
+    if s < 7200:
+        return f"{s / 60:.0f}m"
+    if s < 2 * 86400:
+        return f"{s / 3600:.0f}h"
+    return f"{s / 86400:.0f}d"
+
+
+def size(n: int | None) -> str:
+    """Bytes, in a binary unit once past a KiB."""
+    if n is None:
+        return "?"
+    value, unit = float(n), "B"
+    for next_unit in ("KiB", "MiB", "GiB", "TiB"):
+        if value < 1024:
+            break
+        value, unit = value / 1024, next_unit
+    return f"{n} B" if unit == "B" else f"{value:.1f} {unit}"
+
+
+class Bar(NamedTuple):
+    label: str
+    value: int
+    shown: str  # the value as printed
+    x: float
+    y: float
+    w: float
+    h: float
+
+
+class Chart(NamedTuple):
+    """A bar chart's geometry, for a template to draw as SVG."""
+
+    width: int
+    height: int
+    bars: tuple[Bar, ...]
+    horizontal: bool
+    title: str
+    axis: str = ""
+
+
+def hbars(title: str, items: Sequence[tuple[str, int]], shown: Sequence[str], *,
+          width: int = 640, row: int = 22, label_w: int = 170) -> Chart:
+    """Horizontal bars, one a row (a category each: bytes by state)."""
+    top = max((v for _, v in items), default=0) or 1
+    span = width - label_w - 110
+    bars = tuple(Bar(label, v, s, label_w, i * row + 4, max(1.0, span * v / top) if v else 0.0,
+                     row - 6) for i, ((label, v), s) in enumerate(zip(items, shown, strict=True)))
+    return Chart(width, max(row, len(items) * row + 8), bars, True, title)
+
+
+def vbars(title: str, items: Sequence[tuple[str, int]], shown: Sequence[str], *,
+          width: int = 640, height: int = 180, axis: str = "") -> Chart:
+    """Vertical bars in time order (growth per day); the newest `width // 6` buckets."""
+    items, shown = list(items)[-(width // 6):], list(shown)[-(width // 6):]
+    top = max((v for _, v in items), default=0) or 1
+    n = max(1, len(items))
+    step = min(40.0, (width - 20) / n)
+    plot = height - 36
+    bars = []
+    for i, ((label, v), s) in enumerate(zip(items, shown, strict=True)):
+        h = max(1.0, plot * v / top) if v else 0.0
+        bars.append(Bar(label, v, s, 10 + i * step + step * 0.1, 8 + plot - h,
+                        max(1.0, step * 0.8), h))
+    return Chart(width, height, tuple(bars), False, title, axis)
+
+
+__all__ = ["Bar", "Chart", "Diff", "DiffLine", "ago", "decode", "diff", "hbars", "is_binary",
+           "iso", "size", "text_lines", "vbars", "visible"]

@@ -1,0 +1,394 @@
+"""`steptrail ui` (ledger/ui/, docs/ui.md): the token, the Host check, 404s, read-only
+serving beside a writer, hostile names and contents shown escaped, downloads that never
+render, pagination. Driven in process by Starlette's TestClient; the real browser is
+tests/test_ui_browser.py's."""
+
+from __future__ import annotations
+
+import hashlib
+import html.parser
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+pytest.importorskip("starlette", reason="the [ui] extra: pip install 'steptrail[ui]'")
+pytest.importorskip("jinja2", reason="the [ui] extra: pip install 'steptrail[ui]'")
+
+from starlette.testclient import TestClient  # noqa: E402
+
+import ui_corpus  # noqa: E402
+from ledger import Ledger  # noqa: E402
+from ledger.ui import check_host, create_app  # noqa: E402
+from ledger.ui.app import CSP, cookie_name, url  # noqa: E402
+
+TOKEN = "s3cret-token"
+PORT = 8123
+BASE = f"http://127.0.0.1:{PORT}"
+
+
+@pytest.fixture(scope="module")
+def corpus(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return ui_corpus.build(tmp_path_factory.mktemp("ui"))
+
+
+def _client(path: Path, *, verify: bool = False, base: str = BASE) -> TestClient:
+    return TestClient(create_app(str(path), token=TOKEN, port=PORT, verify=verify),
+                      base_url=base, follow_redirects=False)
+
+
+@pytest.fixture(scope="module")
+def client(corpus: Path) -> Any:
+    with _client(corpus, verify=True) as c:
+        r = c.get(f"/?token={TOKEN}")
+        assert r.status_code == 303
+        _wait_jobs(c)
+        yield c
+
+
+def _wait_jobs(c: TestClient) -> None:
+    deadline = time.time() + 30
+    while time.time() < deadline:
+        doc = c.get("/api/head").json()
+        if doc["verify"]["state"] != "running" and doc["stats"]["state"] != "running":
+            return
+        time.sleep(0.05)
+    raise AssertionError("the background jobs did not finish")
+
+
+class _Page(html.parser.HTMLParser):
+    """Every element and attribute of a page."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.tags: list[tuple[str, dict[str, str | None]]] = []
+        self.links: list[str] = []
+
+    def handle_starttag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
+        self.tags.append((tag, dict(attrs)))
+        href = dict(attrs).get("href")
+        if tag == "a" and href:
+            self.links.append(href)
+
+
+def _parse(text: str) -> _Page:
+    p = _Page()
+    p.feed(text)
+    return p
+
+
+def _assert_inert(text: str, where: str) -> None:
+    """Nothing in the page runs script: one <script>, ours, by src; no event handler
+    attribute; no element the corpus planted; none of its raw markup."""
+    page = _parse(text)
+    scripts = [a for t, a in page.tags if t == "script"]
+    assert all(a.get("src") == "/static/ui.js" for a in scripts), (where, scripts)
+    handlers = [(t, k) for t, a in page.tags for k in a if k.lower().startswith("on")]
+    assert not handlers, (where, handlers)
+    assert not [t for t, _ in page.tags if t in ("img", "iframe", "object", "embed", "form")], where
+    assert [t for t, _ in page.tags if t == "svg"] == [] or all(
+        "onload" not in a for t, a in page.tags if t == "svg"), where
+    for raw in ui_corpus.RAW:
+        assert raw not in text, (where, raw)
+    assert not any(h.lower().startswith(("javascript:", "data:")) for h in page.links), where
+
+
+def _crawl(c: TestClient, start: str = "/", limit: int = 400) -> dict[str, Any]:
+    """Every page reachable from `start` (our links only), once."""
+    seen: dict[str, Any] = {}
+    todo = [start]
+    while todo and len(seen) < limit:
+        link = todo.pop()
+        if link in seen or link.startswith("/download"):
+            continue
+        r = c.get(link)
+        seen[link] = r
+        if r.headers.get("content-type", "").startswith("text/html"):
+            todo.extend(h for h in _parse(r.text).links if h.startswith("/") and h not in seen)
+    return seen
+
+
+# -- the token and the Host check -----------------------------------------------------------
+
+
+def test_without_the_token_every_page_is_forbidden(corpus: Path) -> None:
+    with _client(corpus) as c:
+        for path in ("/", "/step?id=plain-1", "/api/head", "/static/ui.js", "/download?digest="
+                     + "0" * 64, "/nope"):
+            r = c.get(path)
+            assert r.status_code == 403, path
+            assert "plain-1" not in r.text
+        assert c.get("/?token=wrong").status_code == 403
+        assert c.get(f"/?token={TOKEN}x").status_code == 403
+        assert c.get(f"/?token={TOKEN}&token={TOKEN}").status_code == 403
+        c.cookies.set(cookie_name(PORT), "wrong")
+        assert c.get("/").status_code == 403
+
+
+def test_the_token_sets_a_strict_cookie_and_then_links_work(corpus: Path) -> None:
+    with _client(corpus) as c:
+        r = c.get(f"/step?id=plain-1&token={TOKEN}")
+        assert r.status_code == 303 and r.headers["location"] == "/step?id=plain-1"
+        cookie = r.headers["set-cookie"]
+        assert f"{cookie_name(PORT)}={TOKEN}" in cookie
+        assert "HttpOnly" in cookie and "SameSite=Strict" in cookie
+        r = c.get("/step?id=plain-1")
+        assert r.status_code == 200 and "plain-1" in r.text
+
+
+def test_a_host_other_than_loopback_is_refused(corpus: Path) -> None:
+    for base in ("http://evil.example:8123", "http://127.0.0.1:9999", "http://127.0.0.2:8123",
+                 "http://testserver"):
+        with _client(corpus, base=base) as c:
+            assert c.get(f"/?token={TOKEN}").status_code == 403, base
+    with _client(corpus, base=f"http://localhost:{PORT}") as c:
+        assert c.get(f"/?token={TOKEN}").status_code == 303
+
+
+def test_only_loopback_is_bound() -> None:
+    from ledger.errors import InvalidInput
+
+    assert check_host("127.0.0.1") == "127.0.0.1"
+    for host in ("0.0.0.0", "::", "192.168.1.2", "localhost", "example.com"):
+        with pytest.raises(InvalidInput):
+            check_host(host)
+
+
+def test_only_reads_are_answered(client: TestClient) -> None:
+    for method in ("POST", "PUT", "DELETE", "PATCH"):
+        assert client.request(method, "/").status_code == 405
+
+
+def test_every_response_carries_the_security_headers(client: TestClient) -> None:
+    for path in ("/", "/step?id=plain-1", "/step?id=nope", "/api/head", "/static/ui.js"):
+        r = client.get(path)
+        assert r.headers["content-security-policy"] == CSP, path
+        assert r.headers["x-content-type-options"] == "nosniff"
+        assert r.headers["x-frame-options"] == "DENY"
+        assert r.headers["referrer-policy"] == "no-referrer"
+    assert "script-src 'self'" in CSP and "frame-ancestors 'none'" in CSP
+    assert "unsafe-inline" not in CSP
+
+
+# -- pages --------------------------------------------------------------------------------
+
+
+def test_unknown_things_are_404(client: TestClient) -> None:
+    for path in ("/step?id=nope", "/step?id=a%07b", "/workspace?name=nope", "/run?id=nope",
+                 "/history?ws=nope&path=a", "/tree?ws=nope", "/tree?ws=w&step=nope",
+                 "/file?digest=" + "a" * 64, "/nope"):
+        assert client.get(path).status_code == 404, path
+    for path in ("/step", "/step?id=plain-1&after=x", "/file?digest=zz", "/events?before=-1"):
+        assert client.get(path).status_code == 400, path
+
+
+def test_every_page_answers_and_runs_no_planted_script(client: TestClient) -> None:
+    pages = _crawl(client)
+    assert len(pages) > 40
+    for link, r in pages.items():
+        assert r.status_code == 200, (link, r.status_code, r.text[:200])
+        if r.headers["content-type"].startswith("text/html"):
+            _assert_inert(r.text, link)
+    shown = "\n".join(r.text for r in pages.values())
+    # escaped, and visible: the markup as text, control characters as escapes
+    assert "&lt;script&gt;document.title" in shown
+    assert "\\x07" in shown and "\\x1b" in shown and "\\u202e" in shown
+    assert "\\xff\\xfe" in shown  # bytes that are not UTF-8, shown as escapes
+    step_page = client.get(url("/step", id=ui_corpus.STEP)).text
+    assert "&lt;script&gt;" in step_page and "binary file" in step_page
+    assert "class=\"add\"" in step_page  # the text write's diff
+
+
+def test_the_refused_write_and_the_undo_are_shown(client: TestClient) -> None:
+    page = client.get("/step?id=refused-1").text
+    assert "refused: pre_hash" in page and "on disk now" in page and "differs" in page
+    page = client.get("/step?id=undone-1").text
+    assert "compensated" in page and "restored" in page and "\\x07" in page
+
+
+def test_downloads_never_render(client: TestClient) -> None:
+    page = client.get("/step?id=art-1").text
+    links = sorted({h for h in _parse(page).links if h.startswith("/download")})
+    assert len(links) == 2  # the manifest's and the blob-stored events' links: 2 blobs
+    for link in links:
+        r = client.get(link)
+        assert r.status_code == 200
+        assert r.headers["content-type"] == "application/octet-stream"
+        assert r.headers["content-disposition"].startswith("attachment;")
+        assert r.headers["x-content-type-options"] == "nosniff"
+        assert "sandbox" in r.headers["content-security-policy"]
+    html_link = next(h for h in links if "evil.html" in h)
+    r = client.get(html_link)
+    assert r.content == ui_corpus.HTML_ARTIFACT
+    assert 'filename="evil.html"' in r.headers["content-disposition"]
+    other = client.get(next(h for h in links if "evil.html" not in h))
+    plain = other.headers["content-disposition"].split('filename="')[1].split('"')[0]
+    assert set(plain) <= set("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789._-")
+    assert other.content == ui_corpus.CONTENT
+    assert client.get("/download?digest=" + "b" * 64).status_code == 404
+
+
+def test_pages_paginate(client: TestClient) -> None:
+    first = client.get("/events").text
+    older = [h for h in _parse(first).links if h.startswith("/events?before=")]
+    assert older, "the events page links to older events"
+    assert first.count('<tr><td>#') == 100
+    second = client.get(older[-1]).text
+    assert second.count('<tr><td>#') > 0 and second != first
+    run = client.get("/run?id=bulk").text
+    assert run.count("/step?id=bulk-") == 50
+    later = [h for h in _parse(run).links if h.startswith("/run?") and "after=" in h]
+    assert later
+    rest = client.get(later[0]).text
+    assert "bulk-050" in rest and "bulk-000" not in rest
+
+
+def test_the_live_endpoint_and_the_fragment(client: TestClient) -> None:
+    doc = client.get("/api/head").json()
+    assert doc["seq"] > 100 and doc["verify"]["state"] == "done" and doc["verify"]["ok"]
+    r = client.get("/", headers={"X-Steptrail-Fragment": "1"})
+    assert r.status_code == 200 and "<html" not in r.text and "Ledger at a glance" in r.text
+    assert r.headers["x-steptrail-head"] == str(doc["seq"])
+
+
+def test_the_stats_are_svg_drawn_on_the_server(client: TestClient) -> None:
+    page = client.get("/stats").text
+    assert page.count("<svg") >= 4 and "bytes stored by state" in page
+
+
+def test_the_workspace_as_of_a_step(client: TestClient) -> None:
+    before = client.get("/tree?ws=w&step=plain-1").text
+    assert "plain.txt" in before and "&lt;svg onload" not in before
+    after = client.get(url("/tree", ws="w", step=ui_corpus.STEP)).text
+    assert "&lt;svg onload=alert(1)&gt;.py" in after
+    history = client.get("/history?ws=w&path=plain.txt").text
+    assert history.count("class=\"hist") >= 3  # plain-1, the hostile step, the undo
+
+
+# -- read-only ---------------------------------------------------------------------------------
+
+
+def _digest_of(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def test_browsing_every_page_leaves_the_ledger_file_unchanged(tmp_path: Path) -> None:
+    path = ui_corpus.build(tmp_path)
+    with Ledger.open(str(path)):
+        pass  # checkpointed and closed: no -wal
+    before = _digest_of(path)
+    with _client(path, verify=True) as c:
+        c.get(f"/?token={TOKEN}")
+        _wait_jobs(c)
+        pages = _crawl(c)
+        for r in pages.values():
+            assert r.status_code == 200
+    assert _digest_of(path) == before
+    wal = Path(str(path) + "-wal")
+    assert not wal.exists() or wal.stat().st_size == 0
+
+
+WRITER = """
+import sys, time
+from ledger import Ledger, Planned
+with Ledger.open(sys.argv[1]) as led:
+    print("ready", flush=True)
+    n = 0
+    end = time.time() + float(sys.argv[2])
+    while time.time() < end:
+        led.append(Planned(step=f"live-{n}", attempt=1, run="live"))
+        n += 1
+    print(n, flush=True)
+"""
+
+
+def test_a_writer_keeps_committing_while_pages_are_served(tmp_path: Path) -> None:
+    import sqlite3
+
+    path = ui_corpus.build(tmp_path)
+    with _client(path, verify=True) as c:
+        c.get(f"/?token={TOKEN}")
+        start = c.get("/api/head").json()["seq"]
+        writer = subprocess.Popen([sys.executable, "-c", WRITER, str(path), "2.0"],
+                                  stdout=subprocess.PIPE, text=True)
+        assert writer.stdout is not None and writer.stdout.readline().strip() == "ready"
+        served = 0
+        stop = threading.Event()
+
+        def browse() -> None:
+            nonlocal served
+            while not stop.is_set():
+                for link in ("/", "/events", "/step?id=plain-1", "/run?id=live", "/stats"):
+                    assert c.get(link).status_code in (200, 404)
+                    served += 1
+
+        t = threading.Thread(target=browse)
+        t.start()
+        # the write lock is free whenever the writer does not hold it: never the UI's
+        raw = sqlite3.connect(str(path), timeout=5)
+        try:
+            for _ in range(20):
+                raw.execute("BEGIN IMMEDIATE")
+                raw.execute("COMMIT")
+        finally:
+            raw.close()
+        committed = int(writer.communicate(timeout=30)[0].strip())
+        stop.set()
+        t.join()
+        assert writer.returncode == 0 and committed > 20 and served > 5
+        head = c.get("/api/head").json()["seq"]
+        assert head >= start + committed  # and the UI sees them
+        assert "live-" in c.get("/events").text
+
+
+def test_a_ledger_that_fails_verify_still_opens_with_a_banner(tmp_path: Path) -> None:
+    import sqlite3
+
+    path = ui_corpus.build(tmp_path)
+    with Ledger.open(str(path)) as led:
+        digest = led.manifest("art-1").artifacts[0].digest  # type: ignore[union-attr]
+    raw = sqlite3.connect(str(path))
+    with raw:
+        raw.execute("DELETE FROM blob_data WHERE digest = ?", (digest,))  # a lost blob
+    raw.close()
+    with _client(path, verify=True) as c:
+        c.get(f"/?token={TOKEN}")
+        _wait_jobs(c)
+        page = c.get("/").text
+        assert "verify FAILED" in page and "3 finding(s)" in page and digest[:12] in page
+        assert c.get("/step?id=art-1").status_code == 200
+        assert c.get("/api/head").json()["verify"]["ok"] is False
+
+
+def test_the_command_serves_on_loopback_and_prints_the_url(tmp_path: Path) -> None:
+    import re
+    import urllib.error
+    import urllib.request
+
+    path = ui_corpus.build(tmp_path)
+    exe = Path(sys.executable).parent / "steptrail"
+    proc = subprocess.Popen([str(exe), "--ledger", str(path), "ui", "--port", "0",
+                             "--no-browser"], stdout=subprocess.PIPE,
+                            stderr=subprocess.DEVNULL, text=True)
+    try:
+        assert proc.stdout is not None
+        lines = [proc.stdout.readline() for _ in range(2)]
+        found = re.search(r"http://127\.0\.0\.1:(\d+)/\?token=([\w-]+)", "".join(lines))
+        assert found, lines
+        port = int(found.group(1))
+        with pytest.raises(urllib.error.HTTPError) as refused:
+            urllib.request.urlopen(f"http://127.0.0.1:{port}/", timeout=5)
+        assert refused.value.code == 403
+        refused.value.close()
+        opener = urllib.request.build_opener(urllib.request.HTTPCookieProcessor())
+        with opener.open(found.group(0), timeout=10) as r:
+            assert r.status == 200 and b"Ledger at a glance" in r.read()
+    finally:
+        proc.terminate()
+        proc.wait(timeout=10)
+        assert proc.stdout is not None
+        proc.stdout.close()

@@ -40,6 +40,7 @@ from .events import (
     Built,
     ITEMS_MAX,
     KINDS,
+    STEP_ID_MAX,
     TEXT_MAX,
     Envelope,
     chain_hash,
@@ -57,6 +58,7 @@ from .events import (
     RecordedEvent,
     check_digest,
     check_int,
+    check_utf8,
     check_relpath,
     check_step_id,
     decode,
@@ -1169,16 +1171,28 @@ class Ledger:
         step: str | None = None,
         kind: str | None = None,
         limit: int | None = None,
+        run: str | None = None,
+        workspace: str | None = None,
     ) -> Iterator[RecordedEvent]:
-        """Events after `after_seq` in seq order, optionally one step's or one kind's."""
+        """Events after `after_seq` in seq order, optionally one step's, one kind's, one
+        run's (``""``: events of no run) or one workspace's; at most `limit`. The filters
+        are the store's (a run's events come from an index), so a page of one run's
+        steps costs that page, not a scan of the log."""
         if kind is not None and kind not in KINDS:
             raise InvalidInput(f"kind {kind!r} is not one of {', '.join(KINDS)}")
         if step is not None:
             check_step_id(step)
+        for value, what in ((run, "run"), (workspace, "workspace")):
+            if value is not None and (not isinstance(value, str) or len(value) > STEP_ID_MAX):
+                raise InvalidInput(f"{what} {value!r} must be a name of at most {STEP_ID_MAX}"
+                                   " characters")
+            if value is not None:
+                check_utf8(value, what)
         check_int(after_seq, "after_seq")
         if limit is not None:
             check_int(limit, "limit")
-        return self._log.read(after_seq, step=step, kind=kind, limit=limit)
+        return self._log.read(after_seq, step=step, kind=kind, limit=limit, run=run,
+                              workspace=workspace)
 
     def steps(self, state: str | None = None) -> list[StepRow]:
         """Every step's current state (optionally only those in `state`), oldest first."""

@@ -434,9 +434,12 @@ class EventLog:
         step: str | None = None,
         kind: str | None = None,
         limit: int | None = None,
+        run: str | None = None,
+        workspace: str | None = None,
     ) -> Iterator[RecordedEvent]:
         """Events with seq > `after_seq`, in order, read in bounded batches."""
-        query = EventQuery(after_seq=after_seq, step=step, limit=limit,
+        query = EventQuery(after_seq=after_seq, step=step, limit=limit, run=run,
+                           workspace=workspace,
                            kinds=None if kind is None else frozenset((kind,)))
         for row in self.store.view.events(query):
             try:

@@ -686,3 +686,22 @@ def test_a_read_only_file_system_names_the_cause(tmp_path: Path) -> None:
     r = run("--ledger", str(d / "sub" / "ledger.db"), "init")
     assert r.returncode == 3 and "read-only file system" in r.stderr, r
     assert run("verify").returncode == 0
+
+
+def test_read_filters_by_run_and_workspace(ledger: Ledger) -> None:
+    """`Ledger.read(run=..., workspace=...)`: the store filters (a run through its index),
+    combined with kind, after_seq and limit; bad names are a typed error."""
+    from ledger import InvalidInput, Planned
+
+    ledger.append_batch([Planned(step=f"rf{i}", attempt=1, run="a" if i % 3 == 0 else "b")
+                         for i in range(12)])
+    assert [r.event.step for r in ledger.read(run="a", kind="planned")] == ["rf0", "rf3", "rf6", "rf9"]
+    first = list(ledger.read(run="b", limit=2))
+    assert [r.event.step for r in first] == ["rf1", "rf2"]
+    assert [r.event.step for r in ledger.read(first[-1].seq, run="b", limit=2)] == ["rf4", "rf5"]
+    assert list(ledger.read(run="none-such")) == []
+    assert list(ledger.read(workspace="w-none")) == []
+    assert len(list(ledger.read(workspace=""))) == len(list(ledger.read()))  # no workspace
+    for bad in ({"run": 5}, {"workspace": "x" * 257}, {"run": "\udcff"}):
+        with pytest.raises(InvalidInput):
+            ledger.read(**bad)  # type: ignore[arg-type]

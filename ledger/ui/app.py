@@ -371,10 +371,10 @@ class UI:
         run_id = _param(request, "id")
         after = _int(request, "after", 0)
 
-        def match(r: Any) -> Any:
-            return r if r.event.run == run_id else None
-
-        scan = model.scan_forward(led, ("planned",), match, after=after, want=PAGE)
+        try:
+            scan = model.read_page(led, "planned", after=after, want=PAGE, run=run_id)
+        except InvalidInput:  # not a name a run can have
+            raise NotFound(f"no step of run {run_id!r} in this ledger") from None
         if not scan.items and after == 0 and scan.complete:
             raise NotFound(f"no step of run {run_id!r} in this ledger")
         return self.render(request, "timeline.html", led, what="run", name=run_id,
@@ -396,7 +396,8 @@ class UI:
         def match(r: Any) -> Any:
             return r if r.event.workspace == name else None
 
-        scan = model.scan_forward(led, ("planned",), match, after=after, want=PAGE)
+        scan = model.scan_forward(led, ("planned",), match, after=after, want=PAGE,
+                                  workspace=name)
         now = led.clock()
         return self.render(request, "timeline.html", led, what="workspace", name=name,
                            rows=self._attempt_rows(led, scan.items), scan=scan, after=after,
@@ -437,7 +438,7 @@ class UI:
             return None
 
         scan = model.scan_backward(led, ("fenced", "compensated", "rejected"), match,
-                                   before=before, want=PAGE // 2)
+                                   before=before, want=PAGE // 2, workspace=ws)
         entries = []
         budget = [DIFFS_PER_PAGE]
         for r, w in scan.items:

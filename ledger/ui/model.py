@@ -238,11 +238,22 @@ class Scan:
     complete: bool
 
 
+def read_page(led: Ledger, kind: str, *, after: int, want: int, **filters: str) -> Scan:
+    """One page of `kind` events after seq `after` matching `filters` (`run`,
+    `workspace`: the store filters them, a run's through its index): no scan budget."""
+    items = list(led.read(after, kind=kind, limit=want + 1, **filters))
+    more = len(items) > want
+    items = items[:want]
+    last = items[-1].seq if items else after
+    return Scan(items, last if more else None, last, not more)
+
+
 def scan_forward(led: Ledger, kinds: tuple[str, ...], match: Callable[[RecordedEvent], Any],
                  *, after: int, want: int, until: int | None = None,
-                 budget_s: float = SCAN_BUDGET_S) -> Scan:
+                 budget_s: float = SCAN_BUDGET_S, **filters: str) -> Scan:
     """Events of `kinds` after seq `after` (up to `until`), in seq order, that `match`
-    (it returns the item to keep, or None): at most `want`, within `budget_s`."""
+    (it returns the item to keep, or None): at most `want`, within `budget_s`. `filters`
+    (`run`, `workspace`) go to the store, so rows that cannot match are not decoded."""
     head = led.head().seq if until is None else until
     deadline = time.monotonic() + budget_s
     items: list[Any] = []
@@ -252,7 +263,7 @@ def scan_forward(led: Ledger, kinds: tuple[str, ...], match: Callable[[RecordedE
         hi = min(head, lo + window)
         found: list[tuple[int, Any]] = []
         for kind in kinds:
-            events = led.read(lo, kind=kind)
+            events = led.read(lo, kind=kind, **filters)
             try:
                 for r in events:
                     if r.seq > hi:
@@ -277,7 +288,8 @@ def scan_forward(led: Ledger, kinds: tuple[str, ...], match: Callable[[RecordedE
 
 
 def scan_backward(led: Ledger, kinds: tuple[str, ...], match: Callable[[RecordedEvent], Any],
-                  *, before: int | None, want: int, budget_s: float = SCAN_BUDGET_S) -> Scan:
+                  *, before: int | None, want: int, budget_s: float = SCAN_BUDGET_S,
+                  **filters: str) -> Scan:
     """Events of `kinds` before seq `before` (None: the head), newest first, that
     `match`: at most `want`, scanning back in growing windows within `budget_s`."""
     hi = led.head().seq if before is None else before - 1
@@ -288,7 +300,7 @@ def scan_backward(led: Ledger, kinds: tuple[str, ...], match: Callable[[Recorded
         lo = max(0, hi - window)
         found: list[tuple[int, Any]] = []
         for kind in kinds:
-            events = led.read(lo, kind=kind)
+            events = led.read(lo, kind=kind, **filters)
             try:
                 for r in events:
                     if r.seq > hi:

@@ -23,7 +23,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Final
 
-from ledger.errors import BlobCorrupt, BlobNotFound, LedgerError
+from ledger.errors import BlobCorrupt, BlobNotFound
 
 from . import text
 
@@ -84,9 +84,28 @@ class Pool:
                 return
 
 
+def _in_child(run: Callable[[Ledger], Any], location: str, conn: Any) -> None:
+    """A job's body in its own process: open the ledger read-only, run, send back
+    ("ok", result) or ("failed", one line)."""
+    try:
+        led = open_readonly(location)
+        try:
+            conn.send(("ok", run(led)))
+        finally:
+            led.close()
+    except Exception as exc:  # noqa: BLE001 - shown on the page, one line
+        conn.send(("failed", f"{type(exc).__name__}: {exc}"))
+    finally:
+        conn.close()
+
+
 @dataclass
 class Job:
-    """A computation in a background thread: its state and result."""
+    """A computation over the whole ledger — verify, the stats — in a child process (its
+    own interpreter, so a minute of verify never holds the server's GIL while pages are
+    asked for), waited for by a background thread: its state and result. The child is
+    daemonic: it ends with the server. The location goes to it through a pipe, never
+    its command line (a PostgreSQL URL may carry a password)."""
 
     name: str
     run: Callable[[Ledger], Any]
@@ -108,15 +127,29 @@ class Job:
         return True
 
     def _work(self, pool: Pool) -> None:
+        import multiprocessing
+
+        ctx = multiprocessing.get_context("spawn")
         try:
-            with pool.ledger() as led:
-                result = self.run(led)
-        except LedgerError as exc:
-            self._end("failed", None, f"{type(exc).__name__}: {exc}")
+            mine, theirs = ctx.Pipe(duplex=False)
+            child = ctx.Process(target=_in_child, args=(self.run, pool.location, theirs),
+                                name=f"steptrail-ui-{self.name}", daemon=True)
+            child.start()
+            theirs.close()
+            try:
+                state, value = mine.recv()
+            except EOFError:
+                child.join()
+                state, value = "failed", f"the {self.name} process ended (exit code {child.exitcode})"
+            finally:
+                mine.close()
+            child.join()
         except Exception as exc:  # noqa: BLE001 - shown on the page, one line
-            self._end("failed", None, f"{type(exc).__name__}: {exc}")
+            state, value = "failed", f"{type(exc).__name__}: {exc}"
+        if state == "ok":
+            self._end("done", value, "")
         else:
-            self._end("done", result, "")
+            self._end("failed", None, value)
 
     def _end(self, state: str, result: Any, error: str) -> None:
         with self.lock:

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import hashlib
 import html.parser
+import re
 import subprocess
 import sys
 import threading
@@ -37,8 +38,10 @@ def corpus(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def _client(path: Path, *, verify: bool = False, base: str = BASE) -> TestClient:
-    return TestClient(create_app(str(path), token=TOKEN, port=PORT, verify=verify),
-                      base_url=base, follow_redirects=False)
+    """A client of a fresh app whose relative URLs are under the app's secret prefix
+    (``c.app.prefix``); an absolute URL (``f"{BASE}/..."``) reaches outside it."""
+    app = create_app(str(path), token=TOKEN, port=PORT, verify=verify)
+    return TestClient(app, base_url=f"{base}{app.prefix}/", follow_redirects=False)
 
 
 @pytest.fixture(scope="module")
@@ -81,12 +84,23 @@ def _parse(text: str) -> _Page:
     return p
 
 
-def _assert_inert(text: str, where: str) -> None:
+def _links(c: TestClient, text: str) -> list[str]:
+    """A page's links, each checked to be under the served prefix, without it (as the
+    client, whose base URL carries the prefix, asks for them)."""
+    prefix = c.app.prefix  # type: ignore[attr-defined]
+    out = []
+    for h in _parse(text).links:
+        assert h.startswith(prefix + "/"), f"a link outside the prefix: {h!r}"
+        out.append(h[len(prefix):])
+    return out
+
+
+def _assert_inert(text: str, where: str, prefix: str) -> None:
     """Nothing in the page runs script: one <script>, ours, by src; no event handler
     attribute; no element the corpus planted; none of its raw markup."""
     page = _parse(text)
     scripts = [a for t, a in page.tags if t == "script"]
-    assert all(a.get("src") == "/static/ui.js" for a in scripts), (where, scripts)
+    assert all(a.get("src") == f"{prefix}/static/ui.js" for a in scripts), (where, scripts)
     handlers = [(t, k) for t, a in page.tags for k in a if k.lower().startswith("on")]
     assert not handlers, (where, handlers)
     assert not [t for t, _ in page.tags if t in ("img", "iframe", "object", "embed", "form")], where
@@ -108,7 +122,7 @@ def _crawl(c: TestClient, start: str = "/", limit: int = 400) -> dict[str, Any]:
         r = c.get(link)
         seen[link] = r
         if r.headers.get("content-type", "").startswith("text/html"):
-            todo.extend(h for h in _parse(r.text).links if h.startswith("/") and h not in seen)
+            todo.extend(h for h in _links(c, r.text) if h not in seen)
     return seen
 
 
@@ -117,27 +131,81 @@ def _crawl(c: TestClient, start: str = "/", limit: int = 400) -> dict[str, Any]:
 
 def test_without_the_token_every_page_is_forbidden(corpus: Path) -> None:
     with _client(corpus) as c:
+        prefix = c.app.prefix  # type: ignore[attr-defined]
         for path in ("/", "/step?id=plain-1", "/api/head", "/static/ui.js", "/download?digest="
                      + "0" * 64, "/nope"):
-            r = c.get(path)
-            assert r.status_code == 403, path
-            assert "plain-1" not in r.text
+            for where in (path, f"{BASE}{path}"):  # under the prefix, and outside it
+                r = c.get(where)
+                assert r.status_code == 403, where
+                assert "plain-1" not in r.text and prefix not in r.text
         assert c.get("/?token=wrong").status_code == 403
         assert c.get(f"/?token={TOKEN}x").status_code == 403
         assert c.get(f"/?token={TOKEN}&token={TOKEN}").status_code == 403
         c.cookies.set(cookie_name(PORT), "wrong")
         assert c.get("/").status_code == 403
+        c.cookies.clear()
+        c.cookies.set(cookie_name(PORT), TOKEN)  # the cookie is a session, not the token
+        assert c.get("/").status_code == 403
+
+
+def test_the_prefix_is_secret_fresh_and_not_the_token(corpus: Path) -> None:
+    with _client(corpus) as a, _client(corpus) as b:
+        pa, pb = a.app.prefix, b.app.prefix  # type: ignore[attr-defined]
+        assert pa != pb and re.fullmatch(r"/s-[\w-]{20,}", pa), (pa, pb)
+        assert TOKEN not in pa
+        assert a.get(f"/?token={TOKEN}").status_code == 303
+        session = a.cookies.get(cookie_name(PORT))
+        assert session and TOKEN not in session
+        # the session of one start is no good at another's prefix
+        b.cookies.set(cookie_name(PORT), session, path=pb)
+        assert b.get("/").status_code == 403
+        # nor anywhere outside its own prefix, even sent along
+        r = a.get(f"{BASE}/", headers={"cookie": f"{cookie_name(PORT)}={session}"})
+        assert r.status_code == 403
+        assert a.get(f"{BASE}{pa}").status_code == 303  # the bare prefix: its '/'
+        assert a.get(f"{BASE}{pa}").headers["location"] == f"{pa}/"
+        assert a.get(f"{BASE}{pa}x/").status_code == 403  # not a path under it
 
 
 def test_the_token_sets_a_strict_cookie_and_then_links_work(corpus: Path) -> None:
     with _client(corpus) as c:
+        prefix = c.app.prefix  # type: ignore[attr-defined]
         r = c.get(f"/step?id=plain-1&token={TOKEN}")
-        assert r.status_code == 303 and r.headers["location"] == "/step?id=plain-1"
+        assert r.status_code == 303 and r.headers["location"] == f"{prefix}/step?id=plain-1"
         cookie = r.headers["set-cookie"]
-        assert f"{cookie_name(PORT)}={TOKEN}" in cookie
+        assert cookie.startswith(f"{cookie_name(PORT)}=") and TOKEN not in cookie
+        assert f"; Path={prefix};" in cookie
         assert "HttpOnly" in cookie and "SameSite=Strict" in cookie
         r = c.get("/step?id=plain-1")
         assert r.status_code == 200 and "plain-1" in r.text
+        # the URL printed (no prefix) leads under the prefix; outside it, nothing
+        r = c.get(f"{BASE}/?token={TOKEN}")
+        assert r.status_code == 303 and r.headers["location"] == f"{prefix}/"
+        r = c.get(f"{BASE}/events?token={TOKEN}&before=5")
+        assert r.headers["location"] == f"{prefix}/events?before=5"
+        assert c.get(f"{BASE}/step?id=plain-1").status_code == 403
+        assert c.get(f"{BASE}/api/head").status_code == 403
+
+
+def test_a_cross_site_navigation_with_the_token_moves_on_from_a_page_of_ours(
+        corpus: Path) -> None:
+    """The launcher page (file://) is another site: a redirect chain it starts stays
+    cross-site, and the SameSite=Strict cookie would not go with the redirected request.
+    A page of ours that moves on (meta refresh) makes the next request same-origin."""
+    with _client(corpus) as c:
+        prefix = c.app.prefix  # type: ignore[attr-defined]
+        r = c.get(f"{BASE}/step?id=plain-1&token={TOKEN}",
+                  headers={"sec-fetch-site": "cross-site", "sec-fetch-mode": "navigate"})
+        assert r.status_code == 200 and r.headers["content-type"].startswith("text/html")
+        assert "SameSite=Strict" in r.headers["set-cookie"]
+        assert f'content="0;url={prefix}/step?id=plain-1"' in r.text
+        assert "<script" not in r.text and TOKEN not in r.text
+        assert r.headers["content-security-policy"] == CSP
+        assert c.get("/step?id=plain-1").status_code == 200
+        # without the token, a cross-site navigation gets nothing
+        c.cookies.clear()
+        r = c.get("/", headers={"sec-fetch-site": "cross-site", "sec-fetch-mode": "navigate"})
+        assert r.status_code == 403
 
 
 def test_a_host_other_than_loopback_is_refused(corpus: Path) -> None:
@@ -192,7 +260,7 @@ def test_every_page_answers_and_runs_no_planted_script(client: TestClient) -> No
     for link, r in pages.items():
         assert r.status_code == 200, (link, r.status_code, r.text[:200])
         if r.headers["content-type"].startswith("text/html"):
-            _assert_inert(r.text, link)
+            _assert_inert(r.text, link, client.app.prefix)  # type: ignore[attr-defined]
     shown = "\n".join(r.text for r in pages.values())
     # escaped, and visible: the markup as text, control characters as escapes
     assert "&lt;script&gt;document.title" in shown
@@ -212,7 +280,7 @@ def test_the_refused_write_and_the_undo_are_shown(client: TestClient) -> None:
 
 def test_downloads_never_render(client: TestClient) -> None:
     page = client.get("/step?id=art-1").text
-    links = sorted({h for h in _parse(page).links if h.startswith("/download")})
+    links = sorted({h for h in _links(client, page) if h.startswith("/download")})
     assert len(links) == 2  # the manifest's and the blob-stored events' links: 2 blobs
     for link in links:
         r = client.get(link)
@@ -234,14 +302,14 @@ def test_downloads_never_render(client: TestClient) -> None:
 
 def test_pages_paginate(client: TestClient) -> None:
     first = client.get("/events").text
-    older = [h for h in _parse(first).links if h.startswith("/events?before=")]
+    older = [h for h in _links(client, first) if h.startswith("/events?before=")]
     assert older, "the events page links to older events"
     assert first.count('<tr><td>#') == 100
     second = client.get(older[-1]).text
     assert second.count('<tr><td>#') > 0 and second != first
     run = client.get("/run?id=bulk").text
     assert run.count("/step?id=bulk-") == 50
-    later = [h for h in _parse(run).links if h.startswith("/run?") and "after=" in h]
+    later = [h for h in _links(client, run) if h.startswith("/run?") and "after=" in h]
     assert later
     rest = client.get(later[0]).text
     assert "bulk-050" in rest and "bulk-000" not in rest
@@ -365,7 +433,6 @@ def test_a_ledger_that_fails_verify_still_opens_with_a_banner(tmp_path: Path) ->
 
 
 def test_the_command_serves_on_loopback_and_prints_the_url(tmp_path: Path) -> None:
-    import re
     import urllib.error
     import urllib.request
 
@@ -392,3 +459,112 @@ def test_the_command_serves_on_loopback_and_prints_the_url(tmp_path: Path) -> No
         proc.wait(timeout=10)
         assert proc.stdout is not None
         proc.stdout.close()
+
+
+# -- bounded work -------------------------------------------------------------------------------
+
+
+_TREE_ROW = re.compile(r'history\?ws=w&amp;path=([^"]+)"><code>.*?</code></a></td><td>\d+</td>\s*'
+                       r'<td><a href="[^"]*file\?digest=([0-9a-f]{64})', re.DOTALL)
+_GONE = re.compile(r"deleted after #\d+: (.*?)</p>", re.DOTALL)
+
+
+def test_the_workspace_as_of_a_seq_stops_on_its_budget_and_goes_on(
+        client: TestClient, corpus: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from ledger.ui import model
+
+    with Ledger.open(str(corpus), readonly=True) as led:
+        last = led.find_step("refused-1").last_seq  # type: ignore[union-attr]
+    full = client.get(f"/tree?ws=w&seq={last}").text
+    assert 'id="tree-stopped"' not in full
+    want = dict(_TREE_ROW.findall(full))
+    assert len(want) >= 3, want
+    monkeypatch.setattr(model, "SCAN_BUDGET_S", 0.0)  # then one event of the workspace a page
+    page = client.get(f"/tree?ws=w&seq={last}")
+    assert page.status_code == 200
+    assert 'id="tree-stopped"' in page.text and "Stopped to answer quickly" in page.text
+    got = dict(_TREE_ROW.findall(page.text))
+    assert got != want
+    link: str | None = page.text
+    pages = 1
+    while link is not None:
+        on = [h for h in _links(client, link) if h.startswith("/tree?") and "since=" in h
+              and "after=" not in h]
+        if not on:
+            break
+        assert len(on) == 1, on
+        nxt = client.get(on[0])
+        assert nxt.status_code == 200 and "Continued: the paths written after #" in nxt.text
+        got.update(_TREE_ROW.findall(nxt.text))
+        for listed in _GONE.findall(nxt.text):
+            for gone in re.findall(r"path=([^\"]+)\"", listed):
+                got.pop(gone, None)
+        link = nxt.text
+        pages += 1
+        assert pages < 40
+    assert pages >= 4  # plain-1, the hostile step, undone-1 and its undo, refused-1
+    assert got == want  # the pages together: the workspace as of the head
+    assert client.get("/tree?ws=w&seq=10&since=10").status_code == 400
+
+
+def test_a_refused_plan_beyond_the_page_says_what_it_left_out(tmp_path: Path) -> None:
+    from ledger import run_fenced_step
+    from ledger.ui.app import DIFFS_PER_PAGE, WRITES_PER_EVENT
+
+    n = WRITES_PER_EVENT + 7
+    repo = tmp_path / "w"
+    repo.mkdir()
+    for i in range(n):
+        (repo / f"f{i:03d}.txt").write_text(f"{i}\n")
+    path = tmp_path / "l.db"
+    with Ledger.init(str(path)) as led:
+        led.workspaces.add("w", str(repo))
+        epoch = led.workspaces.acquire("w", holder="h", ttl_s=3600).epoch
+
+        def clash(r: Any) -> Any:
+            got = [r.read(f"f{i:03d}.txt") for i in range(n)]
+            (repo / "f000.txt").write_text("a person's edit\n")
+            return [g.write(b"new\n") for g in got]
+
+        assert run_fenced_step(led, "w", "big", clash, epoch=epoch).status.value == "conflict"
+    with _client(path) as c:
+        c.get(f"/?token={TOKEN}")
+        page = c.get("/step?id=big").text
+    assert page.count('<div class="write">') == WRITES_PER_EVENT
+    assert page.count("not checked on this page") == WRITES_PER_EVENT - DIFFS_PER_PAGE
+    assert "… 7 more planned write(s) not listed on this page" in page
+    assert "f000.txt" in page and f"f{n - 1:03d}.txt" not in page.split("<h2>Events")[1]
+
+
+def test_the_browser_is_opened_on_a_private_page_removed_on_exit(
+        corpus: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import os
+    import stat
+    import urllib.parse
+    import webbrowser
+
+    import uvicorn
+
+    from ledger import ui
+
+    seen: list[tuple[str, int, int, str]] = []
+
+    def fake_open(u: str, *a: Any, **k: Any) -> bool:
+        file = urllib.parse.urlparse(u)
+        assert file.scheme == "file", u
+        folder = os.path.dirname(file.path)
+        seen.append((u, stat.S_IMODE(os.stat(folder).st_mode),
+                     stat.S_IMODE(os.stat(file.path).st_mode), Path(file.path).read_text()))
+        return True
+
+    monkeypatch.setattr(webbrowser, "open", fake_open)
+    monkeypatch.setattr(uvicorn.Server, "run", lambda self, sockets=None: time.sleep(1.0))
+    printed: list[str] = []
+    ui.serve(str(corpus), port=0, open_browser=True, token=TOKEN, echo=printed.append)
+    assert seen, "the browser was not opened"
+    u, folder_mode, file_mode, text = seen[0]
+    assert TOKEN not in u and folder_mode == 0o700 and file_mode == 0o600
+    printed_url = next(line.strip() for line in printed if "?token=" in line)
+    assert f'content="0;url={printed_url}"' in text and f'href="{printed_url}"' in text
+    assert not os.path.exists(urllib.parse.urlparse(u).path)  # removed on exit
+    assert not os.path.exists(os.path.dirname(urllib.parse.urlparse(u).path))

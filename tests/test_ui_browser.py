@@ -9,6 +9,7 @@ that fails. Screenshots go to the test's tmp dir."""
 
 from __future__ import annotations
 
+import http.client
 import os
 import re
 import shutil
@@ -68,7 +69,20 @@ class Served:
         lines = "".join(self.proc.stdout.readline() for _ in range(2))
         found = re.search(r"(http://127\.0\.0\.1:(\d+))/\?token=[\w-]+", lines)
         assert found, lines
-        self.url, self.base, self.port = found.group(0), found.group(1), int(found.group(2))
+        self.url, self.origin, self.port = found.group(0), found.group(1), int(found.group(2))
+        # the pages live under a secret prefix: where the printed URL redirects
+        conn = http.client.HTTPConnection("127.0.0.1", self.port, timeout=10)
+        try:
+            conn.request("GET", self.url[len(self.origin):])
+            r = conn.getresponse()
+            r.read()
+            assert r.status == 303, r.status
+            where = r.getheader("location") or ""
+        finally:
+            conn.close()
+        assert re.fullmatch(r"/s-[\w-]+/", where), where
+        self.prefix = where.rstrip("/")
+        self.base = self.origin + self.prefix
 
     def stop(self) -> None:
         self.proc.terminate()
@@ -122,13 +136,38 @@ def _no_script_ran(driver: Any, where: str) -> None:
 
 
 def test_the_token_is_enforced(browser: Any, demo: Served) -> None:
-    browser.get(f"http://localhost:{demo.port}/")  # another host name: no cookie yet
+    browser.get(f"http://localhost:{demo.port}{demo.prefix}/")  # another host name: no cookie
     assert "forbidden" in browser.find_element(By.TAG_NAME, "body").text
     browser.get(demo.base + "/?token=wrong")
     assert "forbidden" in browser.find_element(By.TAG_NAME, "body").text
     browser.get(demo.url)  # the URL printed: the cookie is set, the token leaves the URL
     assert browser.current_url == demo.base + "/"
     assert "Ledger at a glance" in browser.find_element(By.TAG_NAME, "h1").text
+    browser.get(demo.origin + "/")  # outside the prefix: the cookie does not go there
+    assert "forbidden" in browser.find_element(By.TAG_NAME, "body").text
+
+
+def test_the_launcher_page_opens_the_ui(browser: Any, hostile: Served) -> None:
+    """What `steptrail ui` opens the browser on: a private file:// page that forwards
+    to the printed URL. A navigation from it is cross-site, so it must still land on
+    the overview with the SameSite=Strict cookie set and sent."""
+    from ledger.ui import write_launcher
+
+    browser.delete_all_cookies()
+    folder, page = write_launcher(hostile.url)
+    try:
+        assert os.stat(folder).st_mode & 0o777 == 0o700
+        assert all(os.stat(os.path.join(folder, f)).st_mode & 0o777 == 0o600
+                   for f in os.listdir(folder))
+        browser.get(page)
+        WebDriverWait(browser, 20).until(
+            lambda d: d.current_url == hostile.base + "/" and d.find_elements(By.TAG_NAME, "h1"))
+        assert "Ledger at a glance" in browser.find_element(By.TAG_NAME, "h1").text
+        browser.find_element(By.LINK_TEXT, "events").click()  # and the cookie stays good
+        assert browser.current_url == hostile.base + "/events"
+        assert "Events, newest first" in browser.find_element(By.TAG_NAME, "h1").text
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
 
 
 def test_the_demos_story_from_the_overview(browser: Any, demo: Served, tmp_path: Path) -> None:

@@ -16,7 +16,9 @@ The ledger is built fast with `Ledger.append_batch`: artifact-only steps of four
 page has diffs and a refusal to render.
 
 The timed part is the UI's own ASGI app (`ledger.ui.create_app`) driven in process by
-Starlette's TestClient (no network, no browser): each page is fetched once to warm it,
+Starlette's TestClient (no network, no browser; its base URL carries the app's secret
+path prefix, so the pages are named as in the templates' `url()`): each page is fetched
+once to warm it,
 then `--repeat` times; the median and the worst are printed. Verify runs in the app's
 background thread as it does when serving (the pages answer meanwhile: that is
 the point); its duration is printed when it finishes. The target (issue): the overview
@@ -158,8 +160,9 @@ def measure(path: str, repeat: int, log=print) -> dict[str, object]:  # type: ig
         "head (the live poll)": "/api/head",
     }
     t0 = time.perf_counter()
-    with TestClient(app, base_url="http://127.0.0.1:8000") as client:
-        client.get("/?token=bench")
+    # the pages live under the app's secret prefix: the client's base URL carries it
+    with TestClient(app, base_url=f"http://127.0.0.1:8000{app.prefix}/") as client:
+        assert client.get("/?token=bench", follow_redirects=False).status_code == 303
         for name, url in pages.items():
             out[name] = got = _time(client, url, repeat)
             log(f"  {name:<32} median {got['median_ms']:>7.1f} ms   max {got['max_ms']:>7.1f} ms"

@@ -14,13 +14,18 @@ strict Content-Security-Policy — is docs/ui.md's. Needs the extra:
 
 from __future__ import annotations
 
+import html
 import ipaddress
+import os
 import secrets
+import shutil
 import socket
 import sys
+import tempfile
 import threading
 import webbrowser
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any, Final
 
 from ledger.errors import EnvironmentFailure, InvalidInput
@@ -65,11 +70,47 @@ def bind(port: int, host: str = LOOPBACK) -> socket.socket:
 
 
 def create_app(location: str, *, token: str, port: int, verify: bool = True,
-               shown: str | None = None) -> Any:
+               shown: str | None = None, prefix: str | None = None) -> Any:
     """The ASGI application (see `ledger.ui.app.create_app`)."""
     from .app import create_app as make
 
-    return make(location, token=token, port=port, verify=verify, shown=shown)
+    return make(location, token=token, port=port, verify=verify, shown=shown, prefix=prefix)
+
+
+#: The local page the browser is opened on: it sends the browser on to the URL (a
+#: meta refresh, and a link should that not happen). A file, not our server's page:
+#: the server's CSP does not apply to it, and none is needed (no script).
+_LAUNCHER: Final = """<!doctype html>
+<html lang="en">
+<head>
+<meta charset="utf-8">
+<meta name="referrer" content="no-referrer">
+<meta http-equiv="refresh" content="0;url={url}">
+<title>steptrail ui</title>
+</head>
+<body>
+<p>Opening steptrail ui&hellip; if nothing happens, <a href="{url}">follow this link</a>.</p>
+</body>
+</html>
+"""
+
+
+def write_launcher(url: str) -> tuple[str, str]:
+    """A page that opens `url` (it carries the token), for the browser to be launched
+    on instead of the URL itself — a command line is visible to every local user (ps,
+    /proc/PID/cmdline); a file in a private directory is not. Like Jupyter's. Returns
+    (the directory, mode 0700 — remove it when done; the page's ``file://`` URL)."""
+    folder = tempfile.mkdtemp(prefix="steptrail-ui-")  # 0700, ours
+    try:
+        path = os.path.join(folder, "open.html")
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL
+                     | getattr(os, "O_NOFOLLOW", 0), 0o600)
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            f.write(_LAUNCHER.format(url=html.escape(url, quote=True)))
+    except BaseException:
+        shutil.rmtree(folder, ignore_errors=True)
+        raise
+    return folder, Path(path).as_uri()
 
 
 def serve(location: str, *, port: int = DEFAULT_PORT, host: str = LOOPBACK,
@@ -77,7 +118,9 @@ def serve(location: str, *, port: int = DEFAULT_PORT, host: str = LOOPBACK,
           echo: Callable[[str], None] = print, on_ready: Callable[[str], None] | None = None,
           ) -> None:
     """Serve the ledger at `location` read-only on ``http://127.0.0.1:PORT`` until
-    interrupted; `echo` gets the URL to open (it carries the token)."""
+    interrupted; `echo` gets the URL to open (it carries the token). With
+    `open_browser`, the browser is launched on a private local page that forwards to
+    the URL (`write_launcher`: never the token on a command line), removed on exit."""
     import uvicorn
 
     from ledger import shown_location
@@ -96,13 +139,23 @@ def serve(location: str, *, port: int = DEFAULT_PORT, host: str = LOOPBACK,
     echo("(loopback only; the token is the key: do not share the URL. Ctrl-C stops it.)")
     if on_ready is not None:
         on_ready(url)
-    if open_browser:
-        threading.Timer(0.5, lambda: webbrowser.open(url)).start()
+    launcher: str | None = None
+    timer: threading.Timer | None = None
     try:
+        if open_browser:
+            launcher, page = write_launcher(url)
+            timer = threading.Timer(0.5, lambda: webbrowser.open(page))
+            timer.daemon = True
+            timer.start()
         server.run(sockets=[sock])
     finally:
+        if timer is not None:
+            timer.cancel()
+        if launcher is not None:
+            shutil.rmtree(launcher, ignore_errors=True)
         sock.close()
         sys.stdout.flush()
 
 
-__all__ = ["DEFAULT_PORT", "LOOPBACK", "bind", "check_host", "create_app", "new_token", "serve"]
+__all__ = ["DEFAULT_PORT", "LOOPBACK", "bind", "check_host", "create_app", "new_token", "serve",
+           "write_launcher"]

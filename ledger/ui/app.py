@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import contextlib
 import hmac
+import html
+import secrets
 import sys
 import time
 from collections.abc import AsyncIterator, Callable
@@ -38,8 +40,12 @@ PAGE: Final = 50
 EVENTS_PAGE: Final = 100
 STEP_EVENTS_PAGE: Final = 100
 TREE_PAGE: Final = 200
-#: Diffs rendered per step page (the rest are listed with their hashes).
+#: Diffs rendered per step page (the rest are listed with their hashes); a refused
+#: write's file is hashed on disk within the same budget only.
 DIFFS_PER_PAGE: Final = 40
+#: Writes, artifacts, undos and restores listed per event or manifest on a step page
+#: (an event may hold 10,000): the rest are counted, each path's history has them.
+WRITES_PER_EVENT: Final = 2 * DIFFS_PER_PAGE
 #: The header that asks for a page's main fragment (the live update).
 FRAGMENT_HEADER: Final = "x-steptrail-fragment"
 CSP: Final = ("default-src 'self'; script-src 'self'; style-src 'self'; img-src 'self' data:;"
@@ -67,19 +73,43 @@ class BadRequest(Exception):
 
 
 def cookie_name(port: int) -> str:
-    """The token's cookie (cookies are per host, not per port: one per served port)."""
+    """The session cookie's name (one per served port; its Path is the secret prefix)."""
     return f"steptrail_ui_{port}"
+
+
+def new_prefix() -> str:
+    """A fresh secret path prefix for one server start (not the token)."""
+    return "/s-" + secrets.token_urlsafe(16)
+
+
+#: What a cross-site navigation carrying the token gets instead of a 303: a page of
+#: ours that moves on by itself, so the next request is same-origin and carries the
+#: SameSite=Strict cookie (a redirect would keep the chain cross-site, cookie-less).
+_BOUNCE: Final = ('<!doctype html>\n<html lang="en"><head><meta charset="utf-8">'
+                  '<meta name="referrer" content="no-referrer">'
+                  '<meta http-equiv="refresh" content="0;url={where}">'
+                  '<title>steptrail ui</title></head>\n<body><p><a href="{where}">open the'
+                  ' ledger</a></p></body></html>\n')
 
 
 class Guard:
     """Every request passes here first: a Host header that is not the loopback address
-    and port served (DNS rebinding) → 403; without the token (``?token=``, or the cookie
-    a first request with it sets) → 403; a method other than GET/HEAD → 405. Every
+    and port served (DNS rebinding) → 403; a method other than GET/HEAD → 405. The pages
+    live under a secret path prefix drawn at each start (`prefix`, not the token):
+    a request with the right ``?token=`` (any path) is redirected into it and gets a
+    session cookie — a random value, not the token — scoped ``Path=<prefix>``,
+    HttpOnly, SameSite=Strict (browsers scope cookies by host, not port: the path is
+    what keeps the cookie from other servers on 127.0.0.1). Under the prefix, a request
+    needs that cookie; outside it, nothing is served without the token: 403. Every
     response gets the security headers (CSP, nosniff, no framing, no referrer, no
     store)."""
 
-    def __init__(self, app: ASGIApp, *, token: str, port: int) -> None:
-        self.app, self.token, self.port = app, token, port
+    def __init__(self, app: ASGIApp, *, token: str, port: int, prefix: str) -> None:
+        if not (prefix.startswith("/") and len(prefix) > 1 and "/" not in prefix[1:]
+                and prefix.isascii() and all(c.isalnum() or c in "-_" for c in prefix[1:])):
+            raise ValueError(f"a prefix is '/' and URL-safe characters, not {prefix!r}")
+        self.app, self.token, self.port, self.prefix = app, token, port, prefix
+        self.session = secrets.token_urlsafe(32)
         self.hosts = {f"127.0.0.1:{port}".encode(), f"localhost:{port}".encode()}
         self.cookie = cookie_name(port)
 
@@ -106,6 +136,9 @@ class Guard:
         if scope["method"] not in ("GET", "HEAD"):
             await _plain(secured, 405, "method not allowed: this server only reads")
             return
+        path: str = scope.get("path", "/") or "/"
+        inside = path == self.prefix or path.startswith(self.prefix + "/")
+        rest = path[len(self.prefix):] if inside else path
         query = scope.get("query_string", b"").decode("latin-1")
         params = parse_qsl(query, keep_blank_values=True)
         given = [v for k, v in params if k == "token"]
@@ -114,26 +147,56 @@ class Guard:
                 await _plain(secured, 403, "forbidden: wrong token; use the URL"
                              " 'steptrail ui' printed")
                 return
-            rest = urlencode([(k, v) for k, v in params if k != "token"], quote_via=quote)
-            where = scope.get("path", "/") + (f"?{rest}" if rest else "")
+            kept = urlencode([(k, v) for k, v in params if k != "token"], quote_via=quote)
+            where = self._where(rest, kept)
+            cookie = (f"{self.cookie}={self.session}; Path={self.prefix}; HttpOnly;"
+                      " SameSite=Strict").encode()
+            if (headers.get(b"sec-fetch-site") == b"cross-site"
+                    and headers.get(b"sec-fetch-mode") == b"navigate"):
+                await secured({"type": "http.response.start", "status": 200, "headers": [
+                    (b"set-cookie", cookie), (b"content-type", b"text/html; charset=utf-8")]})
+                body = _BOUNCE.format(where=html.escape(where, quote=True))
+                await secured({"type": "http.response.body", "body": body.encode()})
+                return
             await secured({"type": "http.response.start", "status": 303, "headers": [
-                (b"location", where.encode("utf-8")),
-                (b"set-cookie", (f"{self.cookie}={self.token}; Path=/; HttpOnly;"
-                                 " SameSite=Strict").encode()),
+                (b"location", where.encode("ascii")), (b"set-cookie", cookie),
                 (b"content-type", b"text/plain; charset=utf-8")]})
             await secured({"type": "http.response.body", "body": b"see the page\n"})
             return
-        if not self._matches(_cookie(headers.get(b"cookie", b""), self.cookie)):
+        if not inside or not self._is_session(
+                _cookie(headers.get(b"cookie", b""), self.cookie)):
             await _plain(secured, 403, "forbidden: open the URL 'steptrail ui' printed"
                          " (it carries the token)")
             return
-        await self.app(scope, receive, secured)
+        if rest == "":
+            await secured({"type": "http.response.start", "status": 303, "headers": [
+                (b"location", self._where("/", scope.get("query_string", b"")).encode("ascii"))]})
+            await secured({"type": "http.response.body", "body": b""})
+            return
+        # ASGI: `path` keeps the prefix, `root_path` names it (routing strips it)
+        await self.app(dict(scope, root_path=self.prefix), receive, secured)
+
+    def _where(self, rest: str, query: str | bytes) -> str:
+        """A Location under our prefix for the decoded path `rest`: one leading slash,
+        the rest percent-encoded (no CR, LF, tab, backslash or second slash up front);
+        `query` as given, with anything but URL characters percent-encoded."""
+        tail = rest.lstrip("/\\").encode("utf-8", "surrogateescape")
+        where = f"{self.prefix}/{quote(tail, safe='/')}"
+        if query:
+            where += "?" + quote(query, safe="=&%+;:@,/-._~!$'()*")
+        return where
 
     def _matches(self, value: str | None) -> bool:
         if value is None:
             return False
         return hmac.compare_digest(value.encode("utf-8", "surrogateescape"),
                                    self.token.encode())
+
+    def _is_session(self, value: str | None) -> bool:
+        if value is None:
+            return False
+        return hmac.compare_digest(value.encode("utf-8", "surrogateescape"),
+                                   self.session.encode())
 
 
 def _cookie(header: bytes, name: str) -> str | None:
@@ -162,7 +225,8 @@ def _finalize(value: Any) -> Any:
 
 
 def url(where: str, /, **params: Any) -> str:
-    """A link to one of our pages; every parameter percent-encoded."""
+    """A link to one of our pages, relative to the served prefix (`UI.url` adds it);
+    every parameter percent-encoded."""
     kept = [(k, str(v)) for k, v in params.items() if v is not None and v != ""]
     return where + ("?" + urlencode(kept, quote_via=quote, safe="") if kept else "")
 
@@ -171,7 +235,7 @@ def make_env() -> Environment:
     env = Environment(loader=FileSystemLoader(str(HERE / "templates")), autoescape=True,
                       finalize=_finalize, undefined=StrictUndefined, trim_blocks=True,
                       lstrip_blocks=True)
-    env.globals.update(url=url, size=text.size, iso=text.iso, ago=text.ago)
+    env.globals.update(size=text.size, iso=text.iso, ago=text.ago)
     env.filters["visible_nl"] = lambda s: text.visible(s, newlines=True)
     return env
 
@@ -182,15 +246,16 @@ def make_env() -> Environment:
 class UI:
     """One served ledger: its pool, background jobs, templates and routes."""
 
-    def __init__(self, location: str, *, token: str, port: int, verify: bool = True,
-                 shown: str | None = None) -> None:
+    def __init__(self, location: str, *, token: str, port: int, prefix: str,
+                 verify: bool = True, shown: str | None = None) -> None:
         self.location = location
         self.shown = shown or location
-        self.token, self.port = token, port
+        self.token, self.port, self.prefix = token, port, prefix
         self.pool = model.Pool(location)
         self.jobs = model.Jobs(self.pool, verify=verify)
         self.holders = model.Holders()
         self.env = make_env()
+        self.env.globals["url"] = self.url
         self.static = {name: (HERE / "static" / name).read_bytes()
                        for name in ("ui.js", "ui.css")}
         with self.pool.ledger() as led:
@@ -199,6 +264,11 @@ class UI:
         self.jobs.start(head)
 
     # the plumbing
+
+    def url(self, where: str, /, **params: Any) -> str:
+        """A link to one of our pages as the browser must ask for it: under the secret
+        prefix (every link a template renders goes through here)."""
+        return self.prefix + url(where, **params)
 
     def render(self, request: Request, template: str, led: Ledger, status: int = 200,
                **ctx: Any) -> Response:
@@ -308,6 +378,7 @@ class UI:
         if manifest is None and row.manifest_rev >= 0:
             manifest = led.manifest(step_id, row.manifest_rev)
         return self.render(request, "step.html", led, row=row, items=items, manifest=manifest,
+                           listed=WRITES_PER_EVENT,
                            more_after=events[-1].seq if more else None, after=after,
                            holder=self.holders.get(led, row.workspace, row.epoch)
                            if row.workspace else None)
@@ -315,7 +386,8 @@ class UI:
     def _event_item(self, led: Ledger, r: Any, planned: dict[int, Any],
                     budget: list[int]) -> dict[str, Any]:
         ev = r.event
-        item: dict[str, Any] = {"r": r, "ev": ev, "kind": r.kind, "diffs": [], "blobs": []}
+        item: dict[str, Any] = {"r": r, "ev": ev, "kind": r.kind, "diffs": [], "blobs": [],
+                                "more": 0}
         ws = getattr(ev, "workspace", "")
         epoch = getattr(ev, "epoch", 0)
         item["holder"] = self.holders.get(led, ws, epoch) if ws and epoch else None
@@ -340,24 +412,31 @@ class UI:
         if r.kind == "planned":
             planned[ev.attempt] = ev
         elif r.kind == "fenced":
-            item["diffs"] = [diff_of(w.path, w.pre_hash, w.post_hash, rev=w.rev) for w in ev.writes]
+            item["diffs"] = [diff_of(w.path, w.pre_hash, w.post_hash, rev=w.rev)
+                             for w in ev.writes[:WRITES_PER_EVENT]]
+            item["more"] = max(0, len(ev.writes) - WRITES_PER_EVENT)
         elif r.kind == "rejected":
             plan = planned.get(ev.attempt) or self._planned(led, ev.step, ev.attempt)
             writes = plan.writes if plan is not None else ()
-            for w in writes:
+            item["more"] = max(0, len(writes) - WRITES_PER_EVENT)
+            for w in writes[:WRITES_PER_EVENT]:
                 now_hash: str | None = None
                 why = ""
-                try:
-                    _rev, now_hash = led.workspaces.snapshot(ev.workspace, w.path)
-                except (LedgerError, OSError) as exc:
-                    why = f"{type(exc).__name__}: {exc}"
+                checked = budget[0] > 0  # hashing the file on disk costs like a diff
+                if checked:
+                    try:
+                        _rev, now_hash = led.workspaces.snapshot(ev.workspace, w.path)
+                    except (LedgerError, OSError) as exc:
+                        why = f"{type(exc).__name__}: {exc}"
                 item["diffs"].append(diff_of(w.path, w.pre_hash, w.post_hash, base_rev=w.base_rev,
-                                             disk_now=now_hash, disk_why=why, refused=True))
+                                             disk_now=now_hash, disk_why=why,
+                                             disk_checked=checked, refused=True))
         elif r.kind in ("blob-stored",):
             item["blobs"] = [{"path": ev.path or "", "digest": ev.digest, "size": ev.size}]
         elif r.kind == "manifest-published":
             item["blobs"] = [{"path": e.path, "digest": e.digest, "size": e.size}
-                             for e in ev.artifacts]
+                             for e in ev.artifacts[:WRITES_PER_EVENT]]
+            item["more"] = max(0, len(ev.artifacts) - WRITES_PER_EVENT)
         return item
 
     @staticmethod
@@ -476,11 +555,19 @@ class UI:
         else:
             seq = _int(request, "seq", head, lo=0)
         after = request.query_params.get("after", "")
-        every = model.workspace_as_of(led, ws, seq)
+        since = _int(request, "since", 0, lo=0)
+        if since and since >= seq:
+            raise BadRequest(f"?since= must be before the seq shown (#{seq})")
+        tree = model.workspace_as_of(led, ws, seq, after=since)
+        every = tree.paths
         names = sorted(p for p, s in every.items() if s[1] is not None and p > after)
         shown = names[:TREE_PAGE]
+        # paths deleted (or undone to absent) by the writes read: only a continuation,
+        # whose earlier page may have shown them, needs to say so
+        gone = sorted(p for p, s in every.items() if s[1] is None) if since else []
         return self.render(request, "tree.html", led, ws=ws, seq=seq, step_id=step_id,
-                           files=[(p, every[p]) for p in shown],
+                           files=[(p, every[p]) for p in shown], tree=tree, since=since,
+                           gone=gone[:TREE_PAGE], gone_total=len(gone),
                            total=sum(1 for s in every.values() if s[1] is not None),
                            more=shown[-1] if len(names) > TREE_PAGE else None)
 
@@ -594,8 +681,11 @@ def _int(request: Request, name: str, default: int, *, lo: int = 0) -> int:
     value = request.query_params.get(name)
     if value is None or value == "":
         return default
-    if not value.isdigit() or int(value) < lo or int(value) > 2**63 - 1:
-        raise BadRequest(f"?{name}= takes a whole number of at least {lo}, not {value!r}")
+    # ASCII digits only ('²'.isdigit() is true), and short enough for int() and a seq
+    if (not (value.isascii() and value.isdigit()) or len(value) > 19
+            or not lo <= int(value) <= 2**63 - 1):
+        shown = value if len(value) <= 40 else value[:40] + "…"
+        raise BadRequest(f"?{name}= takes a whole number of at least {lo}, not {shown!r}")
     return int(value)
 
 
@@ -617,20 +707,22 @@ def _step_id_ok(value: str) -> bool:
 
 
 def create_app(location: str, *, token: str, port: int, verify: bool = True,
-               shown: str | None = None) -> Guard:
+               shown: str | None = None, prefix: str | None = None) -> Guard:
     """The ASGI app serving the ledger at `location` read-only, answering only to
-    ``127.0.0.1:port`` / ``localhost:port`` with `token` (see `Guard`). Verify starts
-    in a background thread unless `verify` is False."""
-    ui = UI(location, token=token, port=port, verify=verify, shown=shown)
+    ``127.0.0.1:port`` / ``localhost:port`` with `token`, its pages under a secret path
+    prefix (`prefix`, or a fresh one: the app's ``.prefix``; see `Guard`). Verify
+    starts in a background thread unless `verify` is False."""
+    prefix = prefix or new_prefix()
+    ui = UI(location, token=token, port=port, prefix=prefix, verify=verify, shown=shown)
     @contextlib.asynccontextmanager
     async def lifespan(_app: Starlette) -> AsyncIterator[None]:
         yield
         ui.pool.close()
 
     app = Starlette(routes=ui.routes(), lifespan=lifespan)
-    guarded = Guard(app, token=token, port=port)
+    guarded = Guard(app, token=token, port=port, prefix=prefix)
     guarded.ui = ui  # type: ignore[attr-defined]
     return guarded
 
 
-__all__ = ["CSP", "Guard", "UI", "cookie_name", "create_app"]
+__all__ = ["CSP", "UI", "Guard", "cookie_name", "create_app", "new_prefix", "url"]

@@ -16,6 +16,7 @@ read-only, in bounded work.
 from __future__ import annotations
 
 import contextlib
+import heapq
 import queue
 import threading
 import time
@@ -384,37 +385,61 @@ class Holders:
         self._seen = max(self._seen, head)
 
 
-def workspace_as_of(led: Ledger, workspace: str, seq: int) -> dict[str, tuple[int, str | None, int, str]]:
-    """Every path workspace `workspace` held as of event `seq`: path -> (rev, digest
-    (None: deleted), the seq that wrote it, the step). Folded from the writes that
-    change a file: applies (`fenced`), undos (`compensated`) and a refused apply's undo
-    (`rejected`'s `undone`)."""
+@dataclass
+class Tree:
+    """What `workspace_as_of` folded: `paths` (path -> (rev, digest (None: deleted),
+    the seq that wrote it, the step)) from the writes after seq `after` up to
+    `scanned_to`; `complete` when that reached the seq asked for."""
+
+    paths: dict[str, tuple[int, str | None, int, str]]
+    after: int
+    scanned_to: int
+    complete: bool
+
+
+def workspace_as_of(led: Ledger, workspace: str, seq: int, *, after: int = 0,
+                    budget_s: float | None = None) -> Tree:
+    """What each path of workspace `workspace` held after the writes of events
+    (`after`, `seq`]: folded from the writes that change a file — applies (`fenced`),
+    undos (`compensated`) and a refused apply's undo (`rejected`'s `undone`) — within
+    `budget_s` (None: `SCAN_BUDGET_S`, read when called).
+
+    One pass: the three kinds' events of the workspace (the store filters them), each
+    read once in bounded batches, merged in seq order; the clock is looked at after
+    each event, so where it stops every write up to `scanned_to` was folded and none
+    after. With `after` 0 and `complete`, the workspace as of `seq`; stopped early, the
+    workspace as of `scanned_to`, and going on ``after=scanned_to`` gives the paths
+    written since. Memory follows the workspace's paths, time the budget."""
+    deadline = time.monotonic() + (SCAN_BUDGET_S if budget_s is None else budget_s)
     paths: dict[str, tuple[int, str | None, int, str]] = {}
-    for kind in ("fenced", "compensated", "rejected"):
-        events = led.read(0, kind=kind)
-        try:
-            for r in events:
-                if r.seq > seq:
-                    break
-                ev: Any = r.event
-                if ev.workspace != workspace:
-                    continue
-                if kind == "fenced":
+    streams = [led.read(after, kind=kind, workspace=workspace)
+               for kind in ("fenced", "compensated", "rejected")]
+    scanned_to, complete = after, True
+    try:
+        for r in heapq.merge(*streams, key=lambda r: r.seq):
+            if r.seq > seq:
+                break
+            ev: Any = r.event
+            if ev.workspace == workspace:
+                if r.kind == "fenced":
                     changes = [(w.path, w.rev, w.post_hash) for w in ev.writes]
                 else:
                     changes = [(x.path, x.rev, x.digest) for x in
-                               (ev.restored if kind == "compensated" else ev.undone)
+                               (ev.restored if r.kind == "compensated" else ev.undone)
                                if x.outcome != "conflict"]
-                for path, rev, digest in changes:
-                    old = paths.get(path)
-                    if old is None or old[2] < r.seq:  # the latest write of a path wins
-                        paths[path] = (rev, digest, r.seq, ev.step)
-        finally:
+                for path, rev, digest in changes:  # in seq order: the latest write wins
+                    paths[path] = (rev, digest, r.seq, ev.step)
+            scanned_to = r.seq
+            if scanned_to < seq and time.monotonic() > deadline:
+                complete = False
+                break
+    finally:
+        for events in streams:
             close = getattr(events, "close", None)
             if close is not None:
                 close()
-    return paths
+    return Tree(paths, after, seq if complete else scanned_to, complete)
 
 
-__all__ = ["Content", "Holders", "IN_FLIGHT", "Job", "Jobs", "Pool", "Scan", "UNACKED",
+__all__ = ["Content", "Holders", "IN_FLIGHT", "Job", "Jobs", "Pool", "Scan", "Tree", "UNACKED",
            "open_readonly", "read_content", "scan_backward", "scan_forward", "workspace_as_of"]

@@ -13,28 +13,64 @@ from __future__ import annotations
 import datetime as dt
 import difflib
 import re
+import unicodedata
 from collections.abc import Sequence
 from typing import Final, NamedTuple
 
 #: Diffs are cut to this many lines; files larger than this are not diffed.
 DIFF_LINES_MAX: Final = 600
 TEXT_MAX: Final = 2 * 1024 * 1024
-#: C0 and C1 controls (tab kept), DEL, and the Unicode format characters that reorder
-#: or hide text (bidirectional overrides and isolates, zero-width ones, the BOM).
-_INVISIBLE: Final = re.compile(
-    "[\x00-\x08\x0a-\x1f\x7f-\x9f\u200b-\u200f\u2028-\u202e\u2060-\u2069\ufeff\ufff9-\ufffb]")
-_INVISIBLE_KEEP_NL: Final = re.compile(
-    "[\x00-\x08\x0b-\x1f\x7f-\x9f\u200b-\u200f\u2028-\u202e\u2060-\u2069\ufeff\ufff9-\ufffb]")
+#: C0 and C1 controls (tab kept), DEL, every Unicode format character (category Cf:
+#: the bidirectional overrides, isolates and marks, zero-width ones, the BOM, the soft
+#: hyphen, tags, …), the line and paragraph separators, and the characters that are not
+#: Cf yet show nothing: the combining grapheme joiner, the Hangul fillers, the Khmer
+#: inherent vowels, the Mongolian free variation selectors, the variation selectors, the
+#: deprecated format characters, the tag block's unassigned and variation code points.
+_SHOWN_AS_NOTHING: Final = (
+    (0x00, 0x08), (0x0A, 0x1F), (0x7F, 0x9F), (0x00AD, 0x00AD), (0x034F, 0x034F),
+    (0x061C, 0x061C), (0x115F, 0x1160), (0x17B4, 0x17B5), (0x180B, 0x180F),
+    (0x200B, 0x200F), (0x2028, 0x202E), (0x2060, 0x206F), (0x3164, 0x3164),
+    (0xFE00, 0xFE0F), (0xFEFF, 0xFEFF), (0xFFA0, 0xFFA0), (0xFFF9, 0xFFFB),
+    (0x1D173, 0x1D17A), (0xE0000, 0xE0FFF),
+)
+
+
+def _format_characters() -> list[int]:
+    """Every code point of category Cf in this Python's Unicode database."""
+    return [c for c in range(0x110000) if unicodedata.category(chr(c)) == "Cf"]
+
+
+def _char_class(points: set[int]) -> str:
+    ranges: list[list[int]] = []
+    for c in sorted(points):
+        if ranges and ranges[-1][1] == c - 1:
+            ranges[-1][1] = c
+        else:
+            ranges.append([c, c])
+    return "[" + "".join(re.escape(chr(a)) if a == b else f"{re.escape(chr(a))}-{re.escape(chr(b))}"
+                         for a, b in ranges) + "]"
+
+
+_INVISIBLE_POINTS: Final = frozenset(
+    {c for a, b in _SHOWN_AS_NOTHING for c in range(a, b + 1)} | set(_format_characters()))
+_INVISIBLE: Final = re.compile(_char_class(set(_INVISIBLE_POINTS)))
+_INVISIBLE_KEEP_NL: Final = re.compile(_char_class(set(_INVISIBLE_POINTS) - {0x0A}))
+
+
+def is_invisible(char: str) -> bool:
+    """Whether `visible` writes `char` out as an escape."""
+    return ord(char) in _INVISIBLE_POINTS
 
 
 def _escape(m: re.Match[str]) -> str:
     c = ord(m.group())
-    return f"\\x{c:02x}" if c < 0x100 else f"\\u{c:04x}"
+    return f"\\x{c:02x}" if c < 0x100 else f"\\u{c:04x}" if c < 0x10000 else f"\\U{c:08x}"
 
 
 def visible(text: str, *, newlines: bool = False) -> str:
     """`text` with every control or invisible formatting character written out as an
-    escape (``\\x07``, ``\\u202e``); with `newlines`, line feeds are kept."""
+    escape (``\\x07``, ``\\u202e``, ``\\U000e0041``); with `newlines`, line feeds are
+    kept."""
     return (_INVISIBLE_KEEP_NL if newlines else _INVISIBLE).sub(_escape, text)
 
 
@@ -191,4 +227,4 @@ def vbars(title: str, items: Sequence[tuple[str, int]], shown: Sequence[str], *,
 
 
 __all__ = ["Bar", "Chart", "Diff", "DiffLine", "ago", "decode", "diff", "hbars", "is_binary",
-           "iso", "size", "text_lines", "vbars", "visible"]
+           "is_invisible", "iso", "size", "text_lines", "vbars", "visible"]

@@ -1,5 +1,6 @@
 // steptrail ui: follow the ledger without reloading. Every 2 s (while the tab is
-// visible) ask /api/head for the head; when it moved, or verify finished, fetch this
+// visible) ask the server's api/head (its URL, under the served prefix, is the body's
+// data-api) for the head; when it moved, or verify finished, fetch this
 // page's main fragment and swap it in. No inline script, nothing from the network
 // but this server; the fragment is the server's escaped HTML.
 "use strict";
@@ -7,6 +8,7 @@
   var body = document.body;
   var busy = false;
   var PERIOD = 2000;
+  var API = body.dataset.api;
 
   function changed(doc) {
     return String(doc.seq) !== body.dataset.head ||
@@ -26,9 +28,9 @@
   }
 
   function tick() {
-    if (busy || document.hidden) { return; }
+    if (busy || document.hidden || !API) { return; }
     busy = true;
-    fetch("/api/head", {credentials: "same-origin", cache: "no-store"})
+    fetch(API, {credentials: "same-origin", cache: "no-store"})
       .then(function (r) { return r.ok ? r.json() : null; })
       .then(function (doc) {
         if (!doc) { return null; }

@@ -189,6 +189,11 @@ def test_the_demos_story_from_the_overview(browser: Any, demo: Served, tmp_path:
     browser.get(demo.base + "/step?id=s06")  # the dead worker's attempt, settled
     text = browser.find_element(By.ID, "content").text
     assert "compensated" in text and "settled by epoch 2" in text and "worker-2" in text
+    # the demo's refused late receipt: the ledger records no refusal, the page states
+    # the rule that refused it, for the attempt of the dead epoch
+    dead = browser.find_element(By.CSS_SELECTOR, "p.dead-epoch").text
+    assert "attempt 1 ran under epoch 1 (worker-1)" in dead and "late receipt" in dead
+    assert "refused (StaleEpoch)" in dead
     browser.save_screenshot(str(tmp_path / "step-s06.png"))
     browser.get(demo.base + "/stats")
     assert len(browser.find_elements(By.CSS_SELECTOR, "figure.chart svg")) >= 4

@@ -377,11 +377,32 @@ class UI:
         manifest = led.manifest(step_id) if row.manifest_rev >= 0 else None
         if manifest is None and row.manifest_rev >= 0:
             manifest = led.manifest(step_id, row.manifest_rev)
+        dead, current = self._dead_epochs(led, row, items)
         return self.render(request, "step.html", led, row=row, items=items, manifest=manifest,
-                           listed=WRITES_PER_EVENT,
+                           listed=WRITES_PER_EVENT, dead=dead, current=current,
                            more_after=events[-1].seq if more else None, after=after,
                            holder=self.holders.get(led, row.workspace, row.epoch)
                            if row.workspace else None)
+
+    def _dead_epochs(self, led: Ledger, row: Any, items: list[dict[str, Any]]
+                     ) -> tuple[list[dict[str, Any]], dict[str, Any] | None]:
+        """The attempts on this page that ran under an epoch the workspace has left: the
+        protocol refuses anything they still send (a late receipt, a publish, an ack:
+        StaleEpoch) — the ledger records no refusal, so the page states the rule."""
+        if not row.workspace:
+            return [], None
+        try:
+            ws = led.workspaces.get(row.workspace)
+        except LedgerError:
+            return [], None
+        seen: dict[int, dict[str, Any]] = {}
+        for it in items:
+            epoch, attempt = getattr(it["ev"], "epoch", 0), getattr(it["ev"], "attempt", 0)
+            if epoch and epoch < ws.epoch and attempt not in seen:
+                seen[attempt] = {"attempt": attempt, "epoch": epoch, "holder": it["holder"]}
+        current = {"epoch": ws.epoch,
+                   "holder": self.holders.get(led, row.workspace, ws.epoch) if ws.epoch else None}
+        return [seen[a] for a in sorted(seen)], current
 
     def _event_item(self, led: Ledger, r: Any, planned: dict[int, Any],
                     budget: list[int]) -> dict[str, Any]:
@@ -711,7 +732,7 @@ def create_app(location: str, *, token: str, port: int, verify: bool = True,
     """The ASGI app serving the ledger at `location` read-only, answering only to
     ``127.0.0.1:port`` / ``localhost:port`` with `token`, its pages under a secret path
     prefix (`prefix`, or a fresh one: the app's ``.prefix``; see `Guard`). Verify
-    starts in a background thread unless `verify` is False."""
+    starts in a child process unless `verify` is False."""
     prefix = prefix or new_prefix()
     ui = UI(location, token=token, port=port, prefix=prefix, verify=verify, shown=shown)
     @contextlib.asynccontextmanager

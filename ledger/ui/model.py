@@ -4,7 +4,7 @@ read-only, in bounded work.
 - `Pool`: read-only `Ledger`s, one per request at a time (a `Ledger` is not shared
   between threads), opened on demand and kept for the next request.
 - `Job`: a figure too slow for a request on a large ledger (verify, stats with its
-  audit), computed in a background thread on a `Ledger` of its own; a page shows
+  audit), computed in a child process on a `Ledger` of its own; a page shows
   "verifying…" / "computing…" until it is done. Verify runs once, at start; the stats
   again when the head moved and they are older than `STATS_REFRESH_S`.
 - Scans (a run's or a workspace's timeline, a path's history, a workspace as of a

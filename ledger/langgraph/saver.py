@@ -188,7 +188,19 @@ class _Row:
 @dataclass
 class Ownership:
     """A claim on a thread: the thread's lease (`workspace`: its name, a bare lease with
-    no directory), under `epoch`."""
+    no directory), under `epoch`.
+
+    >>> from ledger import Ledger
+    >>> from ledger.langgraph import LedgerSaver
+    >>> ledger = Ledger.init("ledger.db")
+    >>> saver = LedgerSaver(ledger)
+    >>> claim = saver.claim("t1", "worker-1")
+    >>> (claim.thread_id, claim.epoch, claim.holder)
+    ('t1', 1, 'worker-1')
+    >>> saver.claim("t1", "worker-2", takeover=True).epoch   # worker-1's writes now refused
+    2
+    >>> saver.close(); ledger.close()
+    """
 
     thread_id: str
     workspace: str
@@ -278,6 +290,20 @@ class LedgerSaver(BaseCheckpointSaver[str]):
     pool, so concurrent coroutines' commits share transactions (group commit). A claim
     (`claim`) is a lease in the ledger itself, no file or directory: it works wherever
     the ledger is (inside a workspace, in PostgreSQL).
+
+    >>> from langgraph.checkpoint.base import empty_checkpoint
+    >>> from ledger import Ledger
+    >>> from ledger.langgraph import LedgerSaver
+    >>> ledger = Ledger.init("ledger.db")
+    >>> saver = LedgerSaver(ledger)
+    >>> config = {"configurable": {"thread_id": "t1", "checkpoint_ns": ""}}
+    >>> checkpoint = empty_checkpoint()
+    >>> saved = saver.put(config, checkpoint, {"step": 0}, {})
+    >>> saver.get_tuple(config).checkpoint["id"] == checkpoint["id"]   # one commit, read back
+    True
+    >>> ledger.verify().ok
+    True
+    >>> saver.close(); ledger.close()
     """
 
     def __init__(self, ledger: Ledger, *, serde: SerializerProtocol | None = None,

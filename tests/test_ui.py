@@ -568,3 +568,28 @@ def test_the_browser_is_opened_on_a_private_page_removed_on_exit(
     assert f'content="0;url={printed_url}"' in text and f'href="{printed_url}"' in text
     assert not os.path.exists(urllib.parse.urlparse(u).path)  # removed on exit
     assert not os.path.exists(os.path.dirname(urllib.parse.urlparse(u).path))
+
+
+def test_the_background_jobs_run_when_the_server_is_embedded_from_stdin(corpus: Path,
+                                                                         tmp_path: Path) -> None:
+    """Verify and the stats run in a fresh interpreter (not multiprocessing's spawn, which
+    re-imports the parent's __main__ and failed for a server started from stdin or a
+    notebook): embedded from `python -`, the overview still gets verify's answer."""
+    script = f"""
+import time
+from starlette.testclient import TestClient
+from ledger.ui import create_app
+app = create_app({str(corpus)!r}, token="t", port=8124)
+with TestClient(app, base_url="http://127.0.0.1:8124" + app.prefix + "/") as c:
+    c.get("/?token=t")
+    for _ in range(300):
+        doc = c.get("/api/head").json()
+        if doc["verify"]["state"] != "running" and doc["stats"]["state"] != "running":
+            break
+        time.sleep(0.1)
+    print(doc["verify"]["state"], doc["stats"]["state"])
+"""
+    done = subprocess.run([sys.executable, "-"], input=script, cwd=tmp_path, text=True,
+                          capture_output=True, timeout=120, check=False)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == ["done", "done"], (done.stdout, done.stderr[-2000:])

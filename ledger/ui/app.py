@@ -738,6 +738,7 @@ def create_app(location: str, *, token: str, port: int, verify: bool = True,
     @contextlib.asynccontextmanager
     async def lifespan(_app: Starlette) -> AsyncIterator[None]:
         yield
+        ui.jobs.stop()
         ui.pool.close()
 
     app = Starlette(routes=ui.routes(), lifespan=lifespan)

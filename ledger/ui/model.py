@@ -85,28 +85,33 @@ class Pool:
                 return
 
 
-def _in_child(run: Callable[[Ledger], Any], location: str, conn: Any) -> None:
-    """A job's body in its own process: open the ledger read-only, run, send back
-    ("ok", result) or ("failed", one line)."""
+def child_main() -> None:
+    """A job's body in its own interpreter (`Job._work` starts it): reads (job name,
+    location) pickled from stdin, opens the ledger read-only, runs the job and writes
+    ("ok", result) or ("failed", one line) pickled to stdout."""
+    import pickle
+    import sys
+
+    name, location = pickle.load(sys.stdin.buffer)
     try:
         led = open_readonly(location)
         try:
-            conn.send(("ok", run(led)))
+            out: tuple[str, Any] = ("ok", JOBS[name](led))
         finally:
             led.close()
     except Exception as exc:  # noqa: BLE001 - shown on the page, one line
-        conn.send(("failed", f"{type(exc).__name__}: {exc}"))
-    finally:
-        conn.close()
+        out = ("failed", f"{type(exc).__name__}: {exc}")
+    pickle.dump(out, sys.stdout.buffer)
+    sys.stdout.buffer.flush()
 
 
 @dataclass
 class Job:
     """A computation over the whole ledger — verify, the stats — in a child process (its
     own interpreter, so a minute of verify never holds the server's GIL while pages are
-    asked for), waited for by a background thread: its state and result. The child is
-    daemonic: it ends with the server. The location goes to it through a pipe, never
-    its command line (a PostgreSQL URL may carry a password)."""
+    asked for), waited for by a background thread: its state and result. `stop` ends
+    the child with the server. The location goes to it through a pipe, never its command
+    line (a PostgreSQL URL may carry a password)."""
 
     name: str
     run: Callable[[Ledger], Any]
@@ -117,6 +122,14 @@ class Job:
     finished: float = 0.0
     head_seq: int = -1
     lock: threading.Lock = field(default_factory=threading.Lock)
+    process: Any = None
+
+    def stop(self) -> None:
+        """End a running child (the server is stopping)."""
+        with self.lock:
+            child = self.process
+        if child is not None and child.poll() is None:
+            child.kill()
 
     def start(self, pool: Pool, head_seq: int) -> bool:
         with self.lock:
@@ -128,23 +141,32 @@ class Job:
         return True
 
     def _work(self, pool: Pool) -> None:
-        import multiprocessing
+        import os
+        import pickle
+        import subprocess
+        import sys
 
-        ctx = multiprocessing.get_context("spawn")
+        import ledger
+
+        # A fresh interpreter running `child_main` (not multiprocessing's spawn, which
+        # re-imports the parent's __main__: a server started from a notebook or stdin
+        # would break it); it finds this same `ledger` package first on its path.
+        env = dict(os.environ)
+        here = os.path.dirname(os.path.dirname(os.path.abspath(ledger.__file__)))
+        env["PYTHONPATH"] = os.pathsep.join(p for p in (here, env.get("PYTHONPATH")) if p)
         try:
-            mine, theirs = ctx.Pipe(duplex=False)
-            child = ctx.Process(target=_in_child, args=(self.run, pool.location, theirs),
-                                name=f"steptrail-ui-{self.name}", daemon=True)
-            child.start()
-            theirs.close()
-            try:
-                state, value = mine.recv()
-            except EOFError:
-                child.join()
-                state, value = "failed", f"the {self.name} process ended (exit code {child.exitcode})"
-            finally:
-                mine.close()
-            child.join()
+            child = subprocess.Popen(
+                [sys.executable, "-c", "from ledger.ui.model import child_main; child_main()"],
+                stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env)
+            with self.lock:
+                self.process = child
+            out, err = child.communicate(pickle.dumps((self.name, pool.location)))
+            if child.returncode == 0 and out:
+                state, value = pickle.loads(out)  # our own child's answer
+            else:
+                last = (err.decode("utf-8", "replace").strip().splitlines() or [""])[-1]
+                state, value = "failed", (f"the {self.name} process ended (exit code"
+                                          f" {child.returncode}){': ' + last if last else ''}")
         except Exception as exc:  # noqa: BLE001 - shown on the page, one line
             state, value = "failed", f"{type(exc).__name__}: {exc}"
         if state == "ok":
@@ -192,6 +214,10 @@ def last_collection(led: Ledger) -> dict[str, Any]:
     return {"last": last, "blobs": blobs, "bytes": nbytes}
 
 
+#: The jobs a child runs, by name (`child_main`).
+JOBS: Final[dict[str, Callable[[Ledger], Any]]] = {"verify": _verify, "stats": _stats}
+
+
 class Jobs:
     """The background figures of one served ledger."""
 
@@ -200,6 +226,11 @@ class Jobs:
         self.verify = Job("verify", _verify)
         self.stats = Job("stats", _stats)
         self._verify_on = verify
+
+    def stop(self) -> None:
+        """End the running children (the server is stopping)."""
+        self.verify.stop()
+        self.stats.stop()
 
     def start(self, head_seq: int) -> None:
         if self._verify_on:

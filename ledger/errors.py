@@ -600,7 +600,8 @@ class StaleEpoch(ProtocolRefused):
                 f"the live epoch is {live}" if live == newest else
                 f"the newest is {newest}, not live")
             message = (f"epoch {epoch} was never issued ({issued}{why}); an epoch comes from"
-                       " 'steptrail lease acquire', which prints it: use that one")
+                       " acquiring the lease (workspaces.acquire, or 'steptrail lease"
+                       " acquire'), which returns it: use that one")
         elif newest is not None and epoch < newest:
             by = f"epoch {newest}" + (f", holder {holder!r}" if holder else "")
             state = "" if live == newest else ", itself no longer live"
@@ -608,11 +609,11 @@ class StaleEpoch(ProtocolRefused):
                        f"{why}; this worker must stop: the newer epoch's holder continues")
         elif newest is not None:
             message = (f"epoch {epoch} is not live: the lease expired or was released, and an"
-                       f" ended lease is never revived{why}; 'steptrail lease acquire' a new"
-                       " epoch")
+                       f" ended lease is never revived{why}; acquire a new epoch"
+                       " (workspaces.acquire, or 'steptrail lease acquire')")
         else:
-            message = (f"epoch {epoch} is not live ({have}{why}); stop, and 'steptrail lease"
-                       " acquire' a new epoch")
+            message = (f"epoch {epoch} is not live ({have}{why}); stop, and acquire a new"
+                       " epoch (workspaces.acquire, or 'steptrail lease acquire')")
         super().__init__(f"workspace {workspace!r}: {message}")
         self.workspace, self.epoch, self.live = workspace, epoch, live
 
@@ -636,7 +637,8 @@ class LeaseHeld(ProtocolRefused):
     """
 
     def __init__(self, workspace: str, epoch: int, holder: str, expires_ns: int,
-                 remedy: str = "wait for it to expire or acquire with --force") -> None:
+                 remedy: str = "wait for it to expire, or take it over when its holder is"
+                               " dead (force=True; 'steptrail lease acquire --force')") -> None:
         import datetime as dt
 
         until = dt.datetime.fromtimestamp(expires_ns / 1e9, dt.timezone.utc).isoformat(

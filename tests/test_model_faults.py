@@ -1596,7 +1596,16 @@ def test_regression_restore_after_a_settled_conflict_agrees_with_workspace_paths
     writes app.py absent (and `committed_content` says so). The ledger's two views of the
     committed workspace disagree once the new root's WorkspaceRestored ends the conflict.
     Left for the owners of restore/settling (the same sequence fails on the machine
-    without a witness at the equivalent operation); kept as a strict xfail."""
+    without a witness at the equivalent operation); kept as a strict xfail.
+
+    Diagnosis: the workspaces fold keeps a path's state through a compensation that ends
+    in a conflict (no rev, no state change) and through `workspace-restored` (only the
+    root changes), while a restore writes the committed content. Fences read only the
+    path's rev, so no write is let through or lost by it; what is wrong is the hash the
+    projection reports (`workspaces.paths`, the UI, `workspace show`). The fix: at
+    `workspace-restored` the fold sets the workspace's path states to what the restore
+    wrote — its committed content, which means the fold follows `manifest-published` as
+    restore's own fold does (a projection change, so a version bump of the fold)."""
     trace = rule_trace("workspace_step", ("acquire", {"crash": None}), paths=(WS_PATH,), content=0)
     renamed = max(i for i, kind in enumerate(trace, 1) if kind == "ws-rename")
     at = next(i for i, kind in enumerate(trace, 1) if i > renamed and kind == "witness-write")

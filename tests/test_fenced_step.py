@@ -134,6 +134,10 @@ def test_a_persons_edit_after_the_read_is_a_conflict_with_a_diff(
     assert c.on_disk_hash == h(b"print('human')\n")
     assert "-print('v0')" in c.diff and "+print('human')" in c.diff
     assert (w.dir / "app.py").read_bytes() == b"print('human')\n"
+    # the recorded refusal keeps what the fence found on disk (a reviewer reads it later)
+    [refusal] = [r.event for r in w.ledger.read(step="s1", kind="rejected")]
+    human = h(b"print('human')\n")
+    assert refusal.detail.endswith(f"(on disk: {human})"), refusal.detail
     # run again: planned afresh from what is there now
     again = run_fenced_step(w.ledger, "w", "s1",
                             lambda read: [read.read("app.py").write(b"print('agent')\n")],

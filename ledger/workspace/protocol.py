@@ -69,6 +69,7 @@ from ..errors import (
 from ..events import (
     Acked,
     AppliedWrite,
+    TEXT_MAX,
     BlobStored,
     BlobPinned,
     Compensated,
@@ -1520,6 +1521,10 @@ class Workspaces:
             # Whatever landed — in this call or a crashed one — goes back, newest first.
             undone = self._roll_back(tx, planned, wsdir, found, landings)
             landings.clear()
+            if "on_disk" in facts:  # what the fence found, kept with the refusal
+                found_now = facts["on_disk"]
+                detail = f"{detail} (on disk: {found_now or 'absent'})"
+            detail = detail[:TEXT_MAX]  # a path can be as long as the detail may be
             return [Rejected(step=step, attempt=attempt, run=planned.run, workspace=name,
                              epoch=epoch, reason=reason, detail=detail,  # type: ignore[arg-type]
                              undone=undone)]

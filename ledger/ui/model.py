@@ -313,6 +313,27 @@ def read_page(led: Ledger, kind: str, *, after: int, want: int, **filters: str) 
     return Scan(items, last if more else None, last, not more)
 
 
+def _window(led: Ledger, kinds: tuple[str, ...], match: Callable[[RecordedEvent], Any],
+            lo: int, hi: int, filters: dict[str, str]) -> list[tuple[int, Any]]:
+    """(seq, item) for each event of `kinds` in (lo, hi] that `match` keeps, per kind in
+    seq order (the caller sorts the kinds together); each read closed when left early."""
+    found: list[tuple[int, Any]] = []
+    for kind in kinds:
+        events = led.read(lo, kind=kind, **filters)
+        try:
+            for r in events:
+                if r.seq > hi:
+                    break
+                got = match(r)
+                if got is not None:
+                    found.append((r.seq, got))
+        finally:
+            close = getattr(events, "close", None)
+            if close is not None:
+                close()
+    return found
+
+
 def scan_forward(led: Ledger, kinds: tuple[str, ...], match: Callable[[RecordedEvent], Any],
                  *, after: int, want: int, until: int | None = None,
                  budget_s: float = SCAN_BUDGET_S, **filters: str) -> Scan:
@@ -326,20 +347,7 @@ def scan_forward(led: Ledger, kinds: tuple[str, ...], match: Callable[[RecordedE
     window = 8192
     while lo < head:
         hi = min(head, lo + window)
-        found: list[tuple[int, Any]] = []
-        for kind in kinds:
-            events = led.read(lo, kind=kind, **filters)
-            try:
-                for r in events:
-                    if r.seq > hi:
-                        break
-                    got = match(r)
-                    if got is not None:
-                        found.append((r.seq, got))
-            finally:
-                close = getattr(events, "close", None)
-                if close is not None:
-                    close()
+        found = _window(led, kinds, match, lo, hi, filters)
         found.sort(key=lambda x: x[0])
         for seq, got in found:
             items.append(got)
@@ -363,20 +371,7 @@ def scan_backward(led: Ledger, kinds: tuple[str, ...], match: Callable[[Recorded
     window = 4096
     while hi > 0:
         lo = max(0, hi - window)
-        found: list[tuple[int, Any]] = []
-        for kind in kinds:
-            events = led.read(lo, kind=kind, **filters)
-            try:
-                for r in events:
-                    if r.seq > hi:
-                        break
-                    got = match(r)
-                    if got is not None:
-                        found.append((r.seq, got))
-            finally:
-                close = getattr(events, "close", None)
-                if close is not None:
-                    close()
+        found = _window(led, kinds, match, lo, hi, filters)
         found.sort(key=lambda x: -x[0])
         for seq, got in found:
             items.append(got)

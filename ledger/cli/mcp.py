@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-import functools
 
 import click
 
 from ledger.errors import EXIT_USAGE
 
 from ._common import LedgerCommand, _examples, _fail
+from ._format import _shown
 from ._options import Duration
 
 #: The modules whose absence means the [mcp] extra is not installed.
@@ -85,5 +85,5 @@ def mcp(ctx: click.Context, workspaces: tuple[str, ...], http: bool, host: str, 
     serve(specs, ledger_path=ctx.obj["ledger_path"] if given else None,
           witness=ctx.obj.get("witness"), http=http, host=host, port=port,
           allow_remote=allow_remote, lease_ttl_s=lease_ttl, lease_wait_s=lease_wait,
-          lease_linger_s=lease_linger, echo=functools.partial(click.echo, err=True),
+          lease_linger_s=lease_linger, echo=lambda line: click.echo(_shown(line), err=True),
           on_stage=ctx.obj.get("on_stage"))

@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any
 import click
 
 from ._common import LedgerCommand, _emit_json, _examples, _open, json_option
-from ._format import _iso, _n
+from ._format import _iso, _n, _shown
 from ._options import CLI_LEASE_TTL, IN_FLIGHT, workspace_option
 
 if TYPE_CHECKING:
@@ -80,6 +80,10 @@ class _Commands:
                               + (" --force" if force else ""))
 
     def step(self, verb: str, step: str, rest: str = "") -> str:
+        if step.startswith("-") and not rest.startswith("FILE"):
+            # an id that reads as an option goes after `--` (options before it)
+            return (f"{self.base} step {verb}" + (f" {rest}" if rest else "")
+                    + f" -- {shlex.quote(step)}")
         return f"{self.base} step {verb} {shlex.quote(step)}" + (f" {rest}" if rest else "")
 
 
@@ -214,6 +218,18 @@ def status_document(ctx: click.Context, ledger: Ledger, only: str | None) -> dic
     }
 
 
+def _say(line: str) -> None:
+    """One line of the text report, every ledger-made name in it shown safely."""
+    click.echo(_shown(line))
+
+
+def _runnable(command: str) -> str:
+    """A NEXT command as printed: itself, or — when a name in it holds control or format
+    characters, which the line shows escaped — a pointer to the exact one in --json."""
+    return command if _shown(command) == command else (
+        "(a name in it holds control characters, shown escaped; the exact command: --json)")
+
+
 def _echo_steps(steps: list[dict[str, Any]], indent: str, with_workspace: bool = False) -> None:
     if not steps:
         return
@@ -223,21 +239,21 @@ def _echo_steps(steps: list[dict[str, Any]], indent: str, with_workspace: bool =
     if with_workspace:
         wsw = max(9, *(len(s["workspace"]) for s in steps[:SHOWN]))
         ws = f" {'WORKSPACE':<{wsw}}"
-    click.echo(f"{indent}{'STEP':<{wide}}{ws} {'WAITS':<9} {'STATE':<18} {'ATTEMPT':>7}"
+    _say(f"{indent}{'STEP':<{wide}}{ws} {'WAITS':<9} {'STATE':<18} {'ATTEMPT':>7}"
                f" {'EPOCH':>5}  NEXT")
     for s in steps[:SHOWN]:
         ws = f" {s['workspace'] or '-':<{wsw}}" if with_workspace else ""
-        click.echo(f"{indent}{s['step']:<{wide}}{ws} {s['what']:<9} {s['state']:<18}"
-                   f" {s['attempt']:>7} {s['epoch'] or '-':>5}  {s['next'] or '-'}")
+        _say(f"{indent}{s['step']:<{wide}}{ws} {s['what']:<9} {s['state']:<18}"
+                   f" {s['attempt']:>7} {s['epoch'] or '-':>5}  {_runnable(s['next']) or '-'}")
     if len(steps) > SHOWN:
-        click.echo(f"{indent}… and {len(steps) - SHOWN} more: 'steptrail status --json' lists"
+        _say(f"{indent}… and {len(steps) - SHOWN} more: 'steptrail status --json' lists"
                    " them all")
 
 
 def _echo(doc: dict[str, Any]) -> None:
     now = doc["now_ns"]
-    click.echo(f"{'ledger':<9}{doc['ledger']}")
-    click.echo(f"{'head':<9}{doc['head']['seq']}:{doc['head']['hash']}")
+    _say(f"{'ledger':<9}{doc['ledger']}")
+    _say(f"{'head':<9}{doc['head']['seq']}:{doc['head']['hash']}")
     w = doc["witness"]
     if not w["configured"]:
         text = "none (keep one on another volume: 'steptrail witness anchor --witness PATH')"
@@ -248,41 +264,41 @@ def _echo(doc: dict[str, Any]) -> None:
                    else f"matches, the ledger {_n(w['lag'], 'commit')} ahead" if w["matches"]
                    else f"{w['state'].upper()}: {w['problem']}; run 'steptrail witness show'")
         text = f"{w['path'] or '(location not recorded)'}: {held}; {verdict}"
-    click.echo(f"{'witness':<9}{text}")
+    _say(f"{'witness':<9}{text}")
     g = doc["gc"]
     if g["recorded"]:
         last = g["last"]
         total = ("" if g["blobs"] == last["blobs"]
                  else f"; {_n(g['blobs'], 'blob')}, {_n(g['bytes'], 'byte')} in all")
-        click.echo(f"{'gc':<9}last collection {_ago(now - last['time_ns'])} ago ({last['time']}):"
+        _say(f"{'gc':<9}last collection {_ago(now - last['time_ns'])} ago ({last['time']}):"
                    f" {_n(last['blobs'], 'blob')}, {_n(last['bytes'], 'byte')} collected{total}")
     else:
-        click.echo(f"{'gc':<9}never collected here (a run that collects nothing leaves no"
+        _say(f"{'gc':<9}never collected here (a run that collects nothing leaves no"
                    " record); 'steptrail gc --dry-run'")
-    click.echo(f"{'audit':<9}not recorded (audit only reads); 'steptrail audit'")
+    _say(f"{'audit':<9}not recorded (audit only reads); 'steptrail audit'")
     for ws in doc["workspaces"]:
-        click.echo("")
-        click.echo(f"workspace {ws['name']} at {ws['root']}: rev {ws['rev']}")
-        click.echo(f"  lease   {_lease_text(ws['lease'], now)}")
+        _say("")
+        _say(f"workspace {ws['name']} at {ws['root']}: rev {ws['rev']}")
+        _say(f"  lease   {_lease_text(ws['lease'], now)}")
         if not ws["steps"]:
-            click.echo("  nothing in flight")
+            _say("  nothing in flight")
             continue
         _echo_steps(ws["steps"], "  ")
         for c in ws["next"]:
             if c not in {s["next"] for s in ws["steps"][:SHOWN]}:  # not said in a row
-                click.echo(f"  next: {c}")
+                _say(f"  next: {c}")
         if ws["takeover"]:
-            click.echo(f"  {ws['lease']['holder']} gone? take over (settles its epoch):"
+            _say(f"  {ws['lease']['holder']} gone? take over (settles its epoch):"
                        f" {ws['takeover']}")
     if not doc["workspaces"] and not doc["workspaces_not_shown"]:
-        click.echo("")
-        click.echo("no workspaces; add one with 'steptrail workspace add NAME DIR'")
+        _say("")
+        _say("no workspaces; add one with 'steptrail workspace add NAME DIR'")
     if doc["workspaces_not_shown"]:
-        click.echo(f"({_n(doc['workspaces_not_shown'], 'other workspace')} not shown:"
+        _say(f"({_n(doc['workspaces_not_shown'], 'other workspace')} not shown:"
                    " --workspace picks one)")
     if doc["other_steps"]:
-        click.echo("")
-        click.echo("steps of no workspace")
+        _say("")
+        _say("steps of no workspace")
         _echo_steps(doc["other_steps"], "  ", with_workspace=any(
             s["workspace"] for s in doc["other_steps"]))
 

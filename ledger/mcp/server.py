@@ -47,6 +47,7 @@ from starlette.responses import Response
 from ledger import InvalidInput, Ledger, LedgerError, NotALedger, __version__
 
 from .leases import open_lock_file
+from ..workspace import is_git_name, is_ledger_dir_name
 from .service import (ClientView, FileTools, Limits, Result, ToolFailure, exchange_hook,
                       one_line)
 
@@ -488,6 +489,29 @@ def _refused_roots(exc: ValidationError) -> RootRefused:
                        f" ({_validation_detail(exc)}); nothing was created. {_ROOTS_FIX}")
 
 
+#: At most this many roots are served from one announcement (each becomes a workspace).
+MAX_ROOTS: Final = 64
+
+
+def _unservable(path: str, real: str) -> str | None:
+    """Why an existing directory may not be a root (None: it may): the file system's
+    root (every file on the machine), a directory that is or lies inside a `.git` (a
+    step writing git's internals runs code at the next git command) or a ledger's
+    `.steptrail` directory (another ledger's files), or a name that is not UTF-8."""
+    try:
+        path.encode("utf-8")
+    except UnicodeEncodeError:
+        return "is not valid UTF-8"
+    if real == "/":
+        return "is the file system's root: give the project's directory"
+    for part in (*path.split("/"), *real.split("/")):
+        if is_git_name(part):
+            return "is or lies inside a .git directory: git's internals are not a workspace"
+        if is_ledger_dir_name(part):
+            return "is or lies inside a .steptrail directory: a ledger's files are not a workspace"
+    return None
+
+
 def root_directories(roots: Sequence[Any]) -> list[str]:
     """The absolute directories of announced roots (each a ``Root`` with a ``uri``), in
     order, the same directory once. A root that is not a ``file://`` URI of an existing
@@ -497,6 +521,10 @@ def root_directories(roots: Sequence[Any]) -> list[str]:
     if not roots:
         raise RootRefused("NoRoots", f"the client announced no roots, and no --workspace was"
                           f" given: nothing to serve. {_ROOTS_FIX}")
+    if len(roots) > MAX_ROOTS:
+        raise RootRefused("InvalidRoot", f"the client announced {len(roots)} roots; at most"
+                          f" {MAX_ROOTS} are served (each is a workspace registered for good);"
+                          f" nothing was created. {_ROOTS_FIX}")
     out: list[str] = []
     seen: set[str] = set()
     for root in roots:
@@ -520,6 +548,10 @@ def root_directories(roots: Sequence[Any]) -> list[str]:
                               f" nothing was created. {_ROOTS_FIX}", root=uri)
         path = os.path.normpath(path)
         real = os.path.realpath(path)
+        why = _unservable(path, real)
+        if why is not None:
+            raise RootRefused("InvalidRoot", f"the client's root {uri!r}: {_clean(path)} {why};"
+                              f" nothing was created. {_ROOTS_FIX}", root=uri)
         if real not in seen:
             seen.add(real)
             out.append(path)

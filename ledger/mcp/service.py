@@ -67,7 +67,7 @@ from ledger import (
 )
 
 from .edits import EditRefused, apply_edits, unified_diff
-from ..workspace import Confined, Entry, FsRefused, glob_match
+from ..workspace import Confined, Entry, FsRefused, glob_match, is_ledger_dir_name
 from .leases import LeaseBusy, Leases, holder_name
 
 log = logging.getLogger("steptrail.mcp")
@@ -317,6 +317,12 @@ class FileTools:
                                   f" {allowed}); see list_allowed_directories")
         else:
             rel = "/".join(p for p in parts if p not in ("", "."))
+        if any(is_ledger_dir_name(p) for p in rel.split("/")):
+            # a ledger's directory (this server's is refused by identity further down;
+            # another's — a nested project's, or one an earlier set of roots made — here)
+            raise ToolFailure(f"{what} {arg!r} is or lies inside a .steptrail directory: a"
+                              " ledger's files are not served; its history changes only"
+                              " through steptrail")
         if not rel and not directory:
             raise ToolFailure(f"{what} {arg!r} is the workspace root, a directory; give a file"
                               " path")

@@ -26,7 +26,7 @@ Nothing here imports `ledger.ledger`: the dependency points one way.
 """
 
 from .confined import Confined, Entry, FsRefused, Walk, glob_match
-from .directory import Boundary, WorkspaceDir
+from .directory import LEDGER_DIR_NAME, Boundary, WorkspaceDir, is_git_name, is_ledger_dir_name
 from .protocol import (
     ApplyResult,
     Compensation,
@@ -44,5 +44,6 @@ from .restore import RestoreReport
 __all__ = [
     "ApplyResult", "Boundary", "Compensation", "Confined", "Entry", "FileRead", "FsRefused",
     "Lease", "Receipt", "RestoreReport", "SettleConflict", "StepPlan", "Walk", "Workspaces",
-    "WorkspaceDir", "Write", "glob_match", "settle_conflicts",
+    "WorkspaceDir", "Write", "glob_match", "settle_conflicts", "LEDGER_DIR_NAME", "is_git_name",
+    "is_ledger_dir_name",
 ]

@@ -112,6 +112,16 @@ def identity_of(st: os.stat_result) -> FileIdentity:
     return (st.st_dev, st.st_ino)
 
 
+#: The directory a ledger lives in by default (`.steptrail/ledger.db`).
+LEDGER_DIR_NAME: Final = ".steptrail"
+
+
+def is_ledger_dir_name(name: str) -> bool:
+    """True for a path component that names a ledger's default directory (any case, the
+    same normalisation as `is_git_name`)."""
+    return name.translate(_HFS_IGNORED).rstrip(". ").casefold() == LEDGER_DIR_NAME
+
+
 def is_git_name(name: str) -> bool:
     """True for a path component git would read as ``.git``: any case, HFS+-ignored code
     points removed, NTFS trailing dots and spaces stripped."""
@@ -308,6 +318,12 @@ class WorkspaceDir:
         if hit is not None:
             raise PathForbidden(self.name, path, f"it is or lies inside {hit}, the ledger's"
                                 " own", _LEDGER_FIX)
+        if any(is_ledger_dir_name(p) for p in path.split("/")):
+            # another ledger's directory (a nested project's, or one an MCP client's roots
+            # once made): its history is changed only through steptrail, never by a step
+            raise PathForbidden(self.name, path, f"it is or lies inside a {LEDGER_DIR_NAME}"
+                                " directory: a ledger's files, which no step writes",
+                                "write somewhere else; a ledger changes only through steptrail")
 
     def check_write(self, path: str) -> None:
         """The boundary of a write to `path`, checked now without creating anything

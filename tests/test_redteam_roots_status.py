@@ -627,11 +627,6 @@ os.kill(os.getpid(), signal.SIGKILL)
 
 @pytest.mark.skipif(os.geteuid() != 0 or shutil.which("setpriv") is None,
                     reason="needs root and setpriv to run status as another user")
-@pytest.mark.xfail(strict=True, reason=(
-    "LOW: a read-only ledger directory holding a -wal but no -shm (a ledger copied or"
-    " restored without its -shm, then made read-only) cannot be read by SQLite, and"
-    " status calls it 'NotALedger: ... is not a steptrail ledger' - a wrong diagnosis of"
-    " a valid ledger (the fix is to say why: read-only directory, the WAL index missing)"))
 def test_a_read_only_ledger_without_its_shm_is_not_called_not_a_ledger(scratch: Path) -> None:
     d = scratch / "l"
     location = str(d / "ledger.db")
@@ -654,6 +649,7 @@ def test_a_read_only_ledger_without_its_shm_is_not_called_not_a_ledger(scratch: 
                            capture_output=True, text=True, timeout=60,
                            env={"PATH": "/usr/bin:/bin"})
         assert "not a steptrail ledger" not in r.stderr, r.stderr
+        assert r.returncode == 3 and "AccessDenied" in r.stderr and "-shm" in r.stderr, r.stderr
     finally:
         d.chmod(0o700)
 

@@ -462,10 +462,13 @@ class Database:
             # No -shm can be created here. With no committed -wal content, reading the
             # main file alone is complete, and no writer can run without creating one.
             if os.path.exists(wal) and os.path.getsize(wal) > 0:
-                raise NotALedger(path, "its -wal holds committed data but no -shm can be"
-                                 " created beside it to read it (a read-only directory):"
-                                 " copy the ledger and its -wal somewhere writable"
-                                 ) from None
+                # a ledger, readable elsewhere: the place, not the file, is the problem
+                raise AccessDenied(path, "its -wal holds committed data and SQLite cannot"
+                                   " create the -shm it needs to read it beside it (the"
+                                   " directory is read-only to this user)",
+                                   "copy the ledger and its -wal somewhere writable, or read"
+                                   " it as a user who may write its directory",
+                                   readers_work=False) from None
             _remove_created(shm, shm_existed)
             _remove_created(wal, wal_existed)
             return cls._immutable_reader(path, busy_timeout_ms, vfs, forensic)
@@ -980,6 +983,17 @@ def _judge(path: str, header: Header | None, busy_timeout_ms: int, vfs: str | No
                 raise NotALedger(wal_path(path), f"the ledger's own header is fine, but through"
                                  f" this -wal SQLite reads another database ({exc.why}): the"
                                  " -wal belongs to another file; move it aside") from None
+            if (isinstance(exc, apsw.CantOpenError | apsw.ReadOnlyError) and through_wal
+                    and header is not None and not shm_existed
+                    and not os.access(os.path.dirname(path) or ".", os.W_OK)):
+                # a ledger by its header, readable elsewhere: it is the place — a directory
+                # this user may not create the -shm in — that SQLite cannot read it from
+                raise AccessDenied(path, "its -wal holds committed data and SQLite cannot"
+                                   " create the -shm it needs to read it beside it (the"
+                                   " directory is read-only to this user)",
+                                   "copy the ledger and its -wal somewhere writable, or read"
+                                   " it as a user who may write its directory",
+                                   readers_work=False) from None
             if isinstance(exc, apsw.Error | UnicodeDecodeError):
                 raise NotALedger(path, f"SQLite cannot read it: {exc}") from None
             raise

@@ -402,3 +402,44 @@ def test_a_cross_site_request_never_carries_a_usable_credential(client: TestClie
     assert r.status_code == 403
     r = client.post("/?token=" + TOKEN)
     assert r.status_code == 405 and "set-cookie" not in r.headers
+
+
+def test_a_module_planted_in_the_working_directory_is_not_run_by_the_background_jobs(
+        tmp_path: Path) -> None:
+    """`steptrail ui` is run inside workspaces agents write; its verify and stats run in a
+    child interpreter started from that directory. A `pickle.py` an agent planted there
+    must not be imported by the child (`python -c` puts the working directory first on
+    its path; the child is started with -P)."""
+    import subprocess
+    import sys
+
+    from ledger import Ledger
+
+    work = tmp_path / "repo"
+    work.mkdir()
+    with Ledger.init(str(work / "l.db")):
+        pass
+    marker = tmp_path / "planted-ran"
+    (work / "pickle.py").write_text(f"open({str(marker)!r}, 'w').close()\n"
+                                    "raise SystemExit('planted')\n")
+    script = f"""
+import time
+from starlette.testclient import TestClient
+from ledger.ui import create_app
+app = create_app({str(work / 'l.db')!r}, token="t", port=8125)
+with TestClient(app, base_url="http://127.0.0.1:8125" + app.prefix + "/") as c:
+    c.get("/?token=t")
+    for _ in range(300):
+        doc = c.get("/api/head").json()
+        if doc["verify"]["state"] != "running" and doc["stats"]["state"] != "running":
+            break
+        time.sleep(0.1)
+    print(doc["verify"]["state"], doc["stats"]["state"])
+"""
+    # the parent runs from elsewhere (its own imports are not the question); the child
+    # inherits the working directory the server was started in
+    done = subprocess.run([sys.executable, "-P", "-c", f"import os; os.chdir({str(work)!r}); exec({script!r})"],
+                          cwd=tmp_path, text=True, capture_output=True, timeout=120, check=False)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert not marker.exists(), "the background job imported a module planted in the cwd"
+    assert done.stdout.split() == ["done", "done"], (done.stdout, done.stderr[-2000:])

@@ -156,7 +156,11 @@ class Job:
         env["PYTHONPATH"] = os.pathsep.join(p for p in (here, env.get("PYTHONPATH")) if p)
         try:
             child = subprocess.Popen(
-                [sys.executable, "-c", "from ledger.ui.model import child_main; child_main()"],
+                # -P: not the current directory first on its path — `steptrail ui` is run
+                # inside workspaces agents write, and a planted ledger/ or pickle.py there
+                # would be imported by the child
+                [sys.executable, "-P", "-c",
+                 "from ledger.ui.model import child_main; child_main()"],
                 stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env)
             with self.lock:
                 self.process = child

@@ -67,6 +67,7 @@ if TYPE_CHECKING:  # the one list of public names; at run time each is imported 
         StorageFailure as StorageFailure,
         UnknownStep as UnknownStep,
         UnknownWorkspace as UnknownWorkspace,
+        UnsafeRename as UnsafeRename,
         Unsettled as Unsettled,
         WitnessElsewhere as WitnessElsewhere,
         WitnessMismatch as WitnessMismatch,

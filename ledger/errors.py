@@ -861,6 +861,29 @@ class AccessDenied(StorageFailure):
         self.path, self.what = path, why
 
 
+class UnsafeRename(StorageFailure):
+    """A workspace's file system offers neither a no-replace rename (renameat2's
+    ``RENAME_NOREPLACE``) nor hard links, so giving a file its name could replace a file
+    a person saves at that very moment; steptrail refuses to move bytes there unless the
+    user accepts that window with ``STEPTRAIL_UNSAFE_RENAME=1`` (docs/guarantees.md).
+    Nothing was moved.
+
+    >>> from ledger import UnsafeRename, StorageFailure
+    >>> err = UnsafeRename("/mnt/fat/app.py")
+    >>> isinstance(err, StorageFailure), err.exit_code
+    (True, 3)
+    """
+
+    def __init__(self, path: str) -> None:
+        why = ("its file system has neither a no-replace rename nor hard links, so a move"
+               " could replace a file a person saves at that moment")
+        EnvironmentFailure.__init__(
+            self, f"refused to move bytes under {path}: {why}; keep the workspace on a"
+            " file system that has either (ext4, xfs, btrfs, tmpfs, APFS), or accept the"
+            " window with STEPTRAIL_UNSAFE_RENAME=1 (docs/guarantees.md); nothing was moved")
+        self.path, self.what = path, why
+
+
 # --- the collector, workspaces and the witness ---------------------------------------
 
 #: How an operator re-anchors a witness (named by the witness errors).
@@ -1058,6 +1081,7 @@ __all__ = [
     "StaleEpoch",
     "StepRejected",
     "StorageFailure",
+    "UnsafeRename",
     "DatabaseUnavailable",
     "UnknownStep",
     "UnknownWorkspace",

@@ -196,6 +196,11 @@ class Restored(_PathChecked, frozen=True, kw_only=True):
     digest: Digest | None = None  # the pre-image put back; None: the file was removed
     outcome: Literal["restored", "already", "conflict"] = "restored"
     mode: Mode | None = None  # the permission bits the file has now (None: absent, unknown)
+    # A file steptrail could not put back and did not remove — what the step displaced,
+    # or a person's save met while taking it back — now under this visible path
+    # (``NAME.steptrail-kept-TAG`` beside the path, or where its directory was moved);
+    # None: nothing kept. Absent in ledgers written before it existed.
+    kept: RelPath | None = None
 
 
 class Event(Struct, frozen=True, kw_only=True, tag_field="kind"):

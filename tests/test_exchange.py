@@ -19,8 +19,9 @@ from pathlib import Path
 import pytest
 from conftest import FakeClock
 
-from ledger import Ledger
+from ledger import Ledger, UnsafeRename
 from ledger.workspace import exchange as exchange_mod
+from ledger.workspace import moves as moves_mod
 from ledger.workspace.protocol import StepPlan, Write
 from ledger.gc.collector import collect
 
@@ -206,11 +207,12 @@ def test_a_save_during_the_renames_is_kept_and_the_step_rolled_back(
     assert ws.ledger.verify().ok
 
 
-def test_a_save_between_the_check_and_the_rename_is_the_fallbacks_window(
+def test_a_save_right_before_the_move_is_kept_with_and_without_the_exchange_call(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """The residual window docs/guarantees.md names: with the exchange call a save made
-    right before a path's rename is displaced and put back; without it (check, then
-    rename) that save is overwritten. Both measured here, on the same workload."""
+    """With the exchange call a save made right before a path's move is displaced,
+    checked and put back; without it the file is moved aside, checked there and put
+    back the same way (the fallback's old window — check, then rename over the name —
+    is closed: the name is only ever given a file with a no-replace link)."""
     kept = {}
     for label in ("exchange", "fallback"):
         if label == "fallback":
@@ -229,7 +231,7 @@ def test_a_save_between_the_check_and_the_rename_is_the_fallbacks_window(
         kept[label] = (verdict, (ws.dir / "a.txt").read_bytes())
         ws.ledger.close()
     assert kept["exchange"] == ("rejected:pre_hash", b"saved\n")
-    assert kept["fallback"] == ("applied", b"a1\n")  # the documented window
+    assert kept["fallback"] == ("rejected:pre_hash", b"saved\n")
 
 
 def test_a_moved_private_file_is_private_before_any_name_shows_it(
@@ -306,10 +308,27 @@ def test_a_retried_undo_finishes_what_a_killed_one_began(tmp_path: Path, mode: s
     ws.ledger.workspaces.apply(plan.step, epoch=ws.epoch)
     ws.ledger.publish(plan.step)
     ws.ledger.ack(plan.step, epoch=ws.epoch)
+    # killed before its third rename: the third path's exchange — without the exchange
+    # call (two renames a path: aside, then link) the second path's move aside
     ws.killed_during(lambda led: led.workspaces.compensate(plan.step, epoch=ws.epoch), 3)
     comp = ws.ledger.workspaces.compensate(plan.step, epoch=ws.epoch)
-    assert sorted(r.outcome for r in comp.restored) == ["already", "already", "restored",
-                                                         "restored"]
+    assert sorted(r.outcome for r in comp.restored) == (
+        ["already", "already", "restored", "restored"] if mode == "exchange"
+        else ["already", "restored", "restored", "restored"])
+    ws.ledger.close()
+    ws.ledger = Ledger.open(ws.path, clock=ws.clock)
+    # and killed between the move aside and the link: the name is absent; the retry
+    # finishes the link
+    ws2 = Ws(tmp_path / "between", files)
+    ws2.ledger.workspaces.admit("w", ws2.epoch, [plan])
+    ws2.ledger.workspaces.apply(plan.step, epoch=ws2.epoch)
+    ws2.ledger.publish(plan.step)
+    ws2.ledger.ack(plan.step, epoch=ws2.epoch)
+    ws2.killed_during(lambda led: led.workspaces.compensate(plan.step, epoch=ws2.epoch), 4)
+    comp = ws2.ledger.workspaces.compensate(plan.step, epoch=ws2.epoch)
+    assert {r.outcome for r in comp.restored} <= {"already", "restored"}
+    assert ws2.files() == files and ws2.leftovers() == []
+    assert ws2.ledger.verify().ok
     assert ws.files() == files and ws.leftovers() == []
     assert ws.ledger.verify().ok
 
@@ -341,7 +360,7 @@ def test_a_directory_swapped_for_a_symlink_mid_step_writes_nothing_outside(
     assert sorted(p.name for p in outside.iterdir()) == ["b"]
 
 
-def test_without_exchange_or_hard_links_steps_still_apply_and_refuse(
+def test_without_exchange_or_hard_links_steps_apply_only_once_the_window_is_accepted(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """A file system with neither (FAT, some FUSE mounts): creates, edits, deletes and
     moves apply; a stale write is refused with the person's bytes kept; nothing is left
@@ -354,9 +373,15 @@ def test_without_exchange_or_hard_links_steps_still_apply_and_refuse(
         raise OSError(errno_mod.EPERM, "Operation not permitted")
 
     monkeypatch.setattr(os, "link", no_link)
+    monkeypatch.setattr(moves_mod, "_LINKS_BY_DEVICE", {})  # probed anew
     files, plan = move(3)
     ws = Ws(tmp_path, {**files, "a.txt": b"a0\n"})
     ws.ledger.workspaces.admit("w", ws.epoch, [plan])
+    # refused until the user accepts the check-then-rename window; nothing moved
+    with pytest.raises(UnsafeRename, match="STEPTRAIL_UNSAFE_RENAME=1"):
+        ws.ledger.workspaces.apply(plan.step, epoch=ws.epoch)
+    assert ws.files() == {**files, "a.txt": b"a0\n"} and ws.leftovers() == []
+    monkeypatch.setattr(moves_mod, "unsafe_fallback", True)
     assert ws.ledger.workspaces.apply(plan.step, epoch=ws.epoch).verdict == "applied"
     assert ws.files() == {"a.txt": b"a0\n", **{"dst/" + k[4:]: v for k, v in files.items()}}
     ws.ledger.workspaces.admit("w", ws.epoch, [StepPlan("e", [Write("a.txt", b"a1\n", h(b"a0\n"))])])

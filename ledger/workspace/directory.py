@@ -33,6 +33,7 @@ and the crash harness kills the process at an exact operation: ``ws-write``,
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import errno
 import hashlib
 import os
@@ -44,6 +45,7 @@ from dataclasses import dataclass
 from typing import Final
 
 from . import exchange
+from .moves import ABSENT, ANY_FILE, NOT_A_FILE, Mover, Seen, UnsafeFallbackRefused, look, stat_at
 from ..blobs import FileOps, fd_chunks, hash_chunks
 from ..errors import (
     InvalidInput,
@@ -51,6 +53,7 @@ from ..errors import (
     PathEscapes,
     PathForbidden,
     StorageFailure,
+    UnsafeRename,
     WorkspaceMoved,
     WorkspaceOverlap,
 )
@@ -219,6 +222,13 @@ class WorkspaceDir:
         #: The root's descriptor from the last full walk, with its identity: reused while
         #: the root's name still names that directory (`_open_root`).
         self._root: tuple[int, FileIdentity] | None = None
+        #: Directory (relative path) -> (descriptor, identity), held from the first time
+        #: this object reached it: every later move in it goes through this descriptor,
+        #: never a walk by name (`_held_parent`).
+        self._held: dict[str, tuple[int, FileIdentity]] = {}
+        #: (path, visible name) of every file this object had to keep (`moves.Mover.keep`)
+        #: instead of removing it: reported by the caller.
+        self.kept: list[tuple[str, str]] = []
 
     def __del__(self) -> None:
         self.close()
@@ -230,6 +240,10 @@ class WorkspaceDir:
         if root is not None:
             with contextlib.suppress(OSError):
                 os.close(root[0])
+        held, self._held = getattr(self, "_held", {}), {}
+        for fd, _ in held.values():
+            with contextlib.suppress(OSError):
+                os.close(fd)
 
     # -- descriptors -------------------------------------------------------------------
 
@@ -498,26 +512,27 @@ class WorkspaceDir:
         the write's deterministic name (`slot`), replacing what a crashed call left there.
         """
         try:
-            opened = self._open_parent(path, create=True)
+            opened = self._held_parent(path, check=False, create=True)
         except OSError as exc:
             raise self._storage(path, exc) from None
         assert opened is not None
         dir_fd, leaf = opened
+        mover = self._mover()
         # Written under a fresh name, then renamed to the slot once whole and fsynced: a
         # slot holds a complete post-image or, after the exchange, the displaced bytes —
         # never a copy cut short by a kill (`landed` tells the two apart by content).
         tmp = temp_name(leaf, self.epoch, self.tag, _name_max(dir_fd))
         final_name = tmp if slot is None else self.slot(path, slot)
-        if slot is not None:  # the slot's earlier content was judged by the caller
-            _unlink_regular(dir_fd, final_name)
         h = hashlib.sha256()
         size = 0
+        mine: tuple[int, int] | None = None
         try:
             pre_mode = _mode_of(leaf, dir_fd)
             want = mode if mode is not None else pre_mode
             fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC,
                          0o666 if want is None else want & MODE_BITS, dir_fd=dir_fd)
             try:
+                mine = identity_of(os.fstat(fd))
                 if want is not None:
                     os.fchmod(fd, want & MODE_BITS)
                 final = stat.S_IMODE(os.fstat(fd).st_mode)
@@ -532,16 +547,26 @@ class WorkspaceDir:
                 os.fsync(fd)
             finally:
                 os.close(fd)
+            mover.check_safe(dir_fd, tmp)
             if final_name != tmp:
+                # what a crashed call left in the slot (judged by the caller: a copy of
+                # these bytes) goes, verified; anything else is kept visible
+                kept = mover.drop(dir_fd, final_name, expect=frozenset({h.hexdigest()}),
+                                  keep_for=leaf)
+                if kept is not None:
+                    self.kept.append((path, kept))
                 try:
-                    os.rename(tmp, final_name, src_dir_fd=dir_fd, dst_dir_fd=dir_fd)
+                    mover.hide(dir_fd, tmp, final_name)
                 except FileNotFoundError:
                     # removed meanwhile as a dead stager's leftover: a newer epoch's
                     # cleanup (this stager is a zombie), or a second apply of the attempt
                     raise StagingLost(path) from None
         except BaseException as exc:
-            with contextlib.suppress(OSError):
-                os.unlink(tmp, dir_fd=dir_fd)
+            if mine is not None:
+                with contextlib.suppress(OSError):
+                    mover.drop_own(dir_fd, tmp, mine)
+            if isinstance(exc, UnsafeFallbackRefused):
+                raise UnsafeRename(os.path.join(self.root, path)) from None
             if isinstance(exc, OSError):
                 raise self._storage(path, exc) from None
             raise
@@ -581,17 +606,21 @@ class WorkspaceDir:
             os.close(dir_fd)
 
     def remove_temporaries(self, dirs: Iterable[str], dead: Callable[[int, str], bool],
-                           keep: Callable[[], frozenset[tuple[str, str]]] = frozenset) -> int:
-        """Remove the temporaries steptrail staged and left behind (a killed apply,
+                           keep: Callable[[], frozenset[tuple[str, str]]] = frozenset,
+                           held: Callable[[str], bool] | None = None) -> int:
+        """Collect the temporaries steptrail staged and left behind (a killed apply,
         compensation or settle) from each directory in `dirs` (relative; "" is the root).
 
         Only a regular file with a name `temp_name` makes, whose (epoch, attempt tag)
-        `dead` says no live stager can own, is removed; anything else — a user's file, a
-        symlink, a directory, a live temporary, a (directory, name) in `keep()` (the
+        `dead` says no live stager can own, is looked at; anything else — a user's file,
+        a symlink, a directory, a live temporary, a (directory, name) in `keep()` (the
         slots of attempts in flight: what their crashed writes displaced; asked for only
-        when a dead temporary is found) — stays. Best effort: a directory that is
-        missing or not a plain directory is skipped. Returns how many files went.
-        """
+        when a dead temporary is found) — stays. A dead temporary is removed only once its
+        bytes are shown to be held by the ledger (`held(digest)`) or by a file beside it
+        of the same name prefix; otherwise it is kept under a visible name
+        (``NAME.steptrail-kept-TAG``): it may hold a person's save a crash displaced.
+        Best effort: a directory that is missing or not a plain directory is skipped.
+        Returns how many files went (kept ones not counted)."""
         removed = 0
         kept: frozenset[tuple[str, str]] | None = None
         for d in sorted(set(dirs)):
@@ -611,12 +640,20 @@ class WorkspaceDir:
                         kept = keep()
                     if (d, name) in kept:
                         continue
-                    with contextlib.suppress(FileNotFoundError):
-                        st = os.stat(name, dir_fd=dir_fd, follow_symlinks=False)
-                        if stat.S_ISREG(st.st_mode):
-                            self.ops.tick("ws-unlink")
-                            os.unlink(name, dir_fd=dir_fd)
-                            here += 1
+                    st = stat_at(dir_fd, name)
+                    if st is None or not stat.S_ISREG(st.st_mode):
+                        continue
+                    mover = Mover(self.ops, stamp[1] or "old")
+                    leaf = _leaf_of_temp(name)
+                    beside = look(dir_fd, leaf) if leaf else ABSENT
+
+                    def ours(digest: str, beside: Seen = beside) -> bool:
+                        return digest == beside.digest or (held is not None and held(digest))
+
+                    if mover.drop(dir_fd, name, held=ours, keep_for=leaf or None) is None:
+                        here += 1
+                    else:
+                        self.kept.append((os.path.join(d, leaf) if d else leaf, name))
                 if here:
                     self.ops.tick("ws-dirfsync")
                     os.fsync(dir_fd)
@@ -626,39 +663,6 @@ class WorkspaceDir:
             finally:
                 os.close(dir_fd)
         return removed
-
-    def install(self, staged: Staged) -> None:
-        """Rename a staged file over its target and fsync the directory. A file staged
-        with its target's mode takes the target's mode of now (a chmod since staging is
-        kept); `staged.mode`/`pre_mode` say what it was and is."""
-        opened = self._open_parent(staged.path, create=True)
-        assert opened is not None
-        dir_fd, leaf = opened
-        try:
-            try:
-                st = os.stat(leaf, dir_fd=dir_fd, follow_symlinks=False)
-            except FileNotFoundError:
-                st = None
-            if st is not None and not stat.S_ISREG(st.st_mode):
-                raise self._escape(staged.path, "it is a symlink or not a regular file")
-            if (st is not None and staged.follows_target
-                    and stat.S_IMODE(st.st_mode) & MODE_BITS != staged.mode):
-                fd = os.open(staged.tmp_name, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC,
-                             dir_fd=dir_fd)
-                try:
-                    os.fchmod(fd, stat.S_IMODE(st.st_mode) & MODE_BITS)
-                finally:
-                    os.close(fd)
-                staged.mode = staged.pre_mode = stat.S_IMODE(st.st_mode) & MODE_BITS
-            self.ops.tick("ws-rename")
-            os.rename(staged.tmp_name, leaf, src_dir_fd=dir_fd, dst_dir_fd=dir_fd)
-            self.ops.tick("ws-dirfsync")
-            os.fsync(dir_fd)
-        except OSError as exc:
-            raise StorageFailure(os.path.join(self.root, staged.path),
-                                 os.strerror(exc.errno or 0)) from None
-        finally:
-            os.close(dir_fd)
 
     def sync(self, path: str) -> None:
         """Make the file's bytes and its name durable (fsync it and its directory): for a
@@ -692,70 +696,106 @@ class WorkspaceDir:
             os.close(dir_fd)
 
     def discard(self, staged: Staged) -> None:
-        """Remove a staged file that will not be installed (best effort: a parent that
-        is gone or became a symlink leaves it to `remove_temporaries`)."""
-        try:
-            opened = self._open_parent(staged.path, create=False)
-        except (LedgerError, OSError):
-            return
+        """Remove a staged file that will not be installed, once it is shown to hold the
+        staged bytes (best effort: a parent that is gone or became a symlink leaves it to
+        `remove_temporaries`; a file that is not the staged one is kept visible)."""
+        opened = self._held_parent(staged.path, check=False)
         if opened is None:
             return
-        dir_fd, _ = opened
+        dir_fd, leaf = opened
         try:
-            with contextlib.suppress(FileNotFoundError):
-                os.unlink(staged.tmp_name, dir_fd=dir_fd)
+            kept = self._mover().drop(dir_fd, staged.tmp_name, expect=frozenset({staged.digest}),
+                                      keep_for=leaf)
+            if kept is not None:
+                self.kept.append((staged.path, kept))
+        except OSError:
+            pass
         finally:
             os.close(dir_fd)
 
     def remove_created_dirs(self) -> None:
         """Remove the directories this object created that are still empty, deepest
-        first, through the same no-symlink walk (best effort: a directory something was
-        put in since, or one swapped for a symlink, stays)."""
+        first, from the descriptors held since they were made (best effort: a directory
+        something was put in since stays; one a person moved is left where it went)."""
         while self.created_dirs:
+            rel = self.created_dirs.pop()
+            parent, _, leaf = rel.rpartition("/")
+            held = self._held.get(parent)
             try:
-                opened = self._open_parent(self.created_dirs.pop(), create=False)
+                fd = os.dup(held[0]) if held is not None else self._dir_fd(parent)
             except (LedgerError, OSError):
                 continue
-            if opened is None:
+            if fd is None:
                 continue
-            fd, leaf = opened
             try:
-                os.rmdir(leaf, dir_fd=fd)
-                os.fsync(fd)
+                mine = self._held.get(rel)
+                st = stat_at(fd, leaf)
+                if mine is not None and (st is None or identity_of(st) != mine[1]):
+                    continue  # not the directory this object made (moved, replaced)
+                if self._mover().rmdir(fd, leaf):
+                    os.fsync(fd)
             except OSError:
                 pass
             finally:
                 os.close(fd)
 
-    def remove(self, path: str) -> None:
-        """Delete the file (a write whose new content is "absent") and fsync its directory."""
-        opened = self._open_parent(path, create=False)
-        if opened is None:
-            return
-        dir_fd, leaf = opened
-        try:
-            try:
-                st = os.stat(leaf, dir_fd=dir_fd, follow_symlinks=False)
-            except FileNotFoundError:
-                return
-            if not stat.S_ISREG(st.st_mode):
-                raise self._escape(path, "it is a symlink or not a regular file")
-            self.ops.tick("ws-unlink")
-            os.unlink(leaf, dir_fd=dir_fd)
-            self.ops.tick("ws-dirfsync")
-            os.fsync(dir_fd)
-        except OSError as exc:
-            raise StorageFailure(os.path.join(self.root, path), os.strerror(exc.errno or 0)) from None
-        finally:
-            os.close(dir_fd)
-
     # -- fenced writes: exchange, then verify --------------------------------------------
+
+    def _mover(self) -> Mover:
+        return Mover(self.ops, self.tag)
+
+    def _held_parent(self, path: str, *, check: bool = True, create: bool = False
+                     ) -> tuple[int, str] | None:
+        """(descriptor of `path`'s directory, leaf), the caller closes it. The directory
+        is the one this object first reached for it (held since: staging or the first
+        landing), never found again by name: a directory a person renamed or moved while
+        the step ran is still the one its files went to. `check`: that held directory
+        must still be at its name (a landing never goes into a directory moved away:
+        `DirectoryMoved`, naming where it is now). None: missing (not `create`)."""
+        self.check_path(path)
+        d, _, leaf = path.rpartition("/")
+        held = self._held.get(d)
+        if held is None:
+            opened = self._open_parent(path, create=create)
+            if opened is None:
+                return None
+            fd = opened[0]
+            self._held[d] = (os.dup(fd), identity_of(os.fstat(fd)))
+            return fd, leaf
+        if check:
+            try:
+                fresh = self._dir_fd(d)
+            except PathEscapes:
+                fresh = None
+            try:
+                now = None if fresh is None else identity_of(os.fstat(fresh))
+            finally:
+                if fresh is not None:
+                    os.close(fresh)
+            if now != held[1]:
+                raise DirectoryMoved(path, d, self._where(held[0]))
+        fd = os.dup(held[0])
+        try:
+            self._check_leaf(fd, leaf, path)
+        except BaseException:
+            os.close(fd)
+            raise
+        return fd, leaf
+
+    def _where(self, fd: int) -> str | None:
+        """Where a held directory is now, relative to the root (None: not known, or
+        outside it)."""
+        with contextlib.suppress(OSError):
+            real = os.readlink(f"/proc/self/fd/{fd}")
+            if real == self.root or real.startswith(self.root + "/"):
+                return os.path.relpath(real, self.root)
+        return None
 
     def slot(self, path: str, role: str) -> str:
         """The name, beside `path`, of this attempt's write to it in `role` under this
         object's epoch (``x``: a write's staged post-image, which after the exchange
-        holds the displaced bytes; ``y``: the displaced bytes' second name where there is
-        no exchange call; ``u``: an undo's). The same in every call, so what a crashed
+        holds the displaced bytes; ``y``: the displaced bytes' name where there is no
+        exchange call; ``u``: an undo's). The same in every call, so what a crashed
         call left is found again (`landed`). It has a temporary's shape: only the
         attempt's own apply, settle or undo removes it while the attempt is in flight."""
         leaf = path.rsplit("/", 1)[-1]
@@ -763,27 +803,33 @@ class WorkspaceDir:
 
     def land(self, path: str, staged: Staged | None, expect: str | None, *,
              check: bool = True, role: str = "x") -> Landing:
-        """Put one write in place atomically and verify what it displaced.
+        """Put one write in place atomically and verify what it displaced (`moves`).
 
-        `staged` None deletes: the file is renamed aside (to its `slot`) without
-        replacing anything, then hashed. Otherwise `expect` None creates: the staged file
-        is hard-linked to the target, which fails if anything holds the name. Otherwise
-        the staged file and the target are exchanged (one system call) and the displaced
+        `staged` None deletes: the file is moved aside (to its `slot`) without replacing
+        anything, then hashed. Otherwise `expect` None creates: the staged file is
+        hard-linked to the target, which fails if anything holds the name. Otherwise the
+        staged file and the target are exchanged (one system call) and the displaced
         bytes, now under the staged name, are hashed. Unless they are `expect` (the
-        planned pre-image; anything when not `check`) the step is undone on the spot —
-        exchanged back, renamed back, unlinked — and the Landing says ``ok=False`` with
-        what was found: a person's save made at any moment before is never overwritten.
+        planned pre-image; anything when not `check`) the move is undone on the spot and
+        the Landing says ``ok=False`` with what was found: a person's save made at any
+        moment before is never overwritten, and one made between the move and its undo
+        is kept under a visible name (`Landing.kept`).
 
-        Where the system has no exchange call, the target is hard-linked to a second
-        name, hashed there, and the staged file renamed over it: a save by rename between
-        the hash and the rename is lost (docs/guarantees.md gives that window).
+        Where the system has no exchange call the target is moved aside, hashed there,
+        and the staged file linked in: the name is absent between the two, and a file a
+        person makes in that moment wins (the write is refused).
 
-        The displaced bytes stay under the slot name (`Landing.displaced`) until
-        `release` — after the ledger recorded the write — so a crash at any point leaves
-        each path's before and after on disk, for `landed` to find. Directories are not
+        The directory is the one held since staging (`_held_parent`): if it was renamed
+        or moved since, nothing is written and the Landing says where it went (`moved`).
+        The displaced bytes stay under the slot name (`Landing.displaced`) until `release`
+        — after the ledger recorded the write — so a crash at any point leaves each
+        path's before and after on disk, for `landed` to find. Directories are not
         fsynced here (`sync_dirs`, once per directory, before the commit).
         """
-        opened = self._open_parent(path, create=staged is not None)
+        try:
+            opened = self._held_parent(path, create=staged is not None)
+        except DirectoryMoved as moved:
+            return Landing(path, False, None, None, moved=moved.now or "")
         if opened is None:  # a delete whose directory is gone: nothing there to delete
             return Landing(path, False, None, None)
         dir_fd, leaf = opened
@@ -793,6 +839,8 @@ class WorkspaceDir:
             if expect is None and check:
                 return self._land_create(dir_fd, leaf, path, staged)
             return self._land_exchange(dir_fd, leaf, path, staged, expect, check)
+        except UnsafeFallbackRefused:
+            raise UnsafeRename(os.path.join(self.root, path)) from None
         except OSError as exc:
             raise StorageFailure(os.path.join(self.root, path),
                                  os.strerror(exc.errno or 0)) from None
@@ -800,36 +848,30 @@ class WorkspaceDir:
             os.close(dir_fd)
 
     def _land_create(self, dir_fd: int, leaf: str, path: str, staged: Staged) -> Landing:
-        self.ops.tick("ws-rename")
-        try:
-            linked = _link(dir_fd, staged.tmp_name, leaf)
-            if not linked:  # no hard links here: a rename that replaces nothing
-                _rename_aside(dir_fd, staged.tmp_name, leaf)
-        except FileExistsError:
-            return Landing(path, False, _digest_at(dir_fd, leaf), None)
+        mover = self._mover()
+        if not mover.link(dir_fd, staged.tmp_name, leaf):
+            return Landing(path, False, look(dir_fd, leaf).digest, None)
+        linked = stat_at(dir_fd, staged.tmp_name) is not None
         return Landing(path, True, None, staged.tmp_name if linked else None,
-                       post_mode=staged.mode)
+                       post_mode=staged.mode, post=staged.digest)
 
     def _land_delete(self, dir_fd: int, leaf: str, path: str, expect: str | None,
                      check: bool, role: str) -> Landing:
         aside = self.slot(path, role)
-        _unlink_regular(dir_fd, aside)
-        self.ops.tick("ws-rename")
-        try:
-            moved = _rename_aside(dir_fd, leaf, aside)
-        except FileNotFoundError:
+        mover = self._mover()
+        # a slot left by a crashed call of this attempt was judged by the caller
+        mover.drop(dir_fd, aside, expect=frozenset({expect} - {None}), keep_for=leaf)
+        move = mover.aside(dir_fd, leaf, aside, expect if check else ANY_FILE)
+        if move.verdict == "absent":
             return Landing(path, False, None, None)
-        found = _digest_at(dir_fd, aside)
-        if check and found != expect:
-            self._put_back(dir_fd, aside, leaf, moved)
-            return Landing(path, False, found, None)
-        if not moved:  # the fallback linked it aside: now the name goes
-            os.unlink(leaf, dir_fd=dir_fd)
-        return Landing(path, True, found, aside, pre_mode=_mode_of(aside, dir_fd))
+        if not move.ok:
+            return Landing(path, False, move.found, None, kept=move.kept)
+        return Landing(path, True, move.seen.digest, aside, pre_mode=_mode_of(aside, dir_fd),
+                       seen=move.seen)
 
     def _land_exchange(self, dir_fd: int, leaf: str, path: str, staged: Staged,
                        expect: str | None, check: bool) -> Landing:
-        st = _stat_at(dir_fd, leaf)
+        st = stat_at(dir_fd, leaf)
         if st is not None and staged.follows_target and stat.S_ISREG(st.st_mode) \
                 and stat.S_IMODE(st.st_mode) & MODE_BITS != staged.mode:
             _chmod_at(dir_fd, staged.tmp_name, stat.S_IMODE(st.st_mode) & MODE_BITS)
@@ -838,118 +880,201 @@ class WorkspaceDir:
             if check:
                 return Landing(path, False, None, None)
             return self._land_create(dir_fd, leaf, path, staged)  # fence "none": created
-        if exchange.supported():
-            self.ops.tick("ws-rename")
+        want = expect if check else ANY_FILE
+        mover = self._mover()
+        if mover.can_exchange():
             try:
-                exchange.exchange(dir_fd, staged.tmp_name, leaf)
+                move = mover.exchange(dir_fd, leaf, staged.tmp_name, want, staged.digest)
             except FileNotFoundError:
                 return Landing(path, False, None, None)
             except exchange.Unsupported:
                 pass
             else:
-                found = _digest_at(dir_fd, staged.tmp_name)
-                if check and found != expect:
-                    self.ops.tick("ws-rename")
-                    exchange.exchange(dir_fd, staged.tmp_name, leaf)
-                    return Landing(path, False, found, None)
-                return Landing(path, True, found, staged.tmp_name,
+                if not move.ok:
+                    return Landing(path, False, move.found, None, kept=move.kept)
+                return Landing(path, True, move.seen.digest, staged.tmp_name,
                                pre_mode=_mode_of(staged.tmp_name, dir_fd),
-                               post_mode=staged.mode)
-        # No exchange here: the target is linked to a second name, checked there, then
-        # replaced by rename (a save by rename in between is lost: the documented window).
-        alias = self.slot(path, "y")
-        _unlink_regular(dir_fd, alias)
-        try:
-            linked = _link(dir_fd, leaf, alias)
-        except FileNotFoundError:
+                               post_mode=staged.mode, seen=move.seen, post=staged.digest)
+        # No exchange here: the target moved aside and checked, then the staged file
+        # linked in (the name is absent in between: a file made then wins).
+        aside = self.slot(path, "y")
+        mover.drop(dir_fd, aside, expect=frozenset({expect} - {None}), keep_for=leaf)
+        move = mover.aside(dir_fd, leaf, aside, want)
+        if move.verdict == "absent":
             return Landing(path, False, None, None)
-        if not linked:  # no hard links either: checked in place, then replaced
-            found = _digest_at(dir_fd, leaf)
-            pre_mode = _mode_of(leaf, dir_fd)
-            if check and found != expect:
-                return Landing(path, False, found, None)
-            self.ops.tick("ws-rename")
-            os.rename(staged.tmp_name, leaf, src_dir_fd=dir_fd, dst_dir_fd=dir_fd)
-            return Landing(path, True, found, None, pre_mode=pre_mode, post_mode=staged.mode)
-        found = _digest_at(dir_fd, alias)
-        if check and found != expect:
-            os.unlink(alias, dir_fd=dir_fd)
-            return Landing(path, False, found, None)
-        self.ops.tick("ws-rename")
-        os.rename(staged.tmp_name, leaf, src_dir_fd=dir_fd, dst_dir_fd=dir_fd)
-        return Landing(path, True, found, alias, pre_mode=_mode_of(alias, dir_fd),
-                       post_mode=staged.mode)
+        if not move.ok:
+            return Landing(path, False, move.found, None, kept=move.kept)
+        if not mover.link(dir_fd, staged.tmp_name, leaf):
+            # a file made in the moment the name was absent: it stays; what was moved
+            # aside (the pre-image) is kept beside it, visible
+            found = look(dir_fd, leaf).digest
+            kept = mover.keep(dir_fd, aside, leaf)
+            return Landing(path, False, found, None, kept=kept)
+        # the staged name stays a second link of the file now at the name until the
+        # ledger recorded the write (`release`)
+        return Landing(path, True, move.seen.digest, aside,
+                       pre_mode=_mode_of(aside, dir_fd), post_mode=staged.mode,
+                       seen=move.seen, post=staged.digest, link=staged.tmp_name)
 
-    def _put_back(self, dir_fd: int, aside: str, leaf: str, moved: bool) -> None:
-        """Undo a delete's move aside: the file goes back under its name, never over a
-        file that appeared there since (then it stays aside, under a name a person sees
-        and steptrail never removes: ``NAME.steptrail-kept-RANDOM``)."""
-        if not moved:  # linked aside: the name still holds it
-            os.unlink(aside, dir_fd=dir_fd)
-            return
-        self.ops.tick("ws-rename")
+    def unland(self, landing: Landing, post: str | None) -> TakeBack:
+        """Take back a write this call landed (a later path of the step conflicted):
+        the displaced file goes back only if the path still holds what was put there
+        (`post`), each move verified (`moves`). Otherwise the path is left as found —
+        a save made after the write landed is kept — and what the write displaced is
+        kept under a visible name (`TakeBack.kept`), never removed."""
+        if landing.displaced is None:
+            if landing.ok and landing.post is not None and post is not None:
+                return self._take_back_unlinked_create(landing.path, post)
+            return TakeBack(landing.path, True, None)
+        return self._take_back(landing.path, landing.displaced, post, landing.found,
+                               landed=True)
+
+    def _take_back_unlinked_create(self, path: str, post: str) -> TakeBack:
+        """Take back a create made by renaming (a file system without hard links: no
+        second name was left): the file goes aside, checked, then away."""
+        opened = self._held_parent(path, check=False)
+        if opened is None:
+            return TakeBack(path, False, None, error="its directory is gone")
+        dir_fd, leaf = opened
+        mover = self._mover()
         try:
-            if not _rename_aside(dir_fd, aside, leaf):
-                os.unlink(aside, dir_fd=dir_fd)
-        except FileExistsError:
-            os.rename(aside, f"{leaf}.steptrail-kept-{secrets.token_hex(4)}",
-                      src_dir_fd=dir_fd, dst_dir_fd=dir_fd)
+            trash = temp_name(leaf, self.epoch, self.tag, _name_max(dir_fd))
+            move = mover.aside(dir_fd, leaf, trash, post)
+            if move.verdict == "absent":
+                return TakeBack(path, True, None)
+            if not move.ok:
+                return TakeBack(path, False, move.found, kept=move.kept)
+            return TakeBack(path, True, None, kept=mover.drop(dir_fd, trash, move.seen,
+                                                              keep_for=leaf))
+        except OSError as exc:
+            return TakeBack(path, False, None, error=os.strerror(exc.errno or 0))
+        finally:
+            os.close(dir_fd)
 
-    def unland(self, landing: Landing, post: str | None) -> bool:
-        """Take back a write this call landed (a later path of the step conflicted),
-        only if the path still holds what was put there (`post`). False, the path left
-        as found: it does not (a save made after the write landed is kept)."""
-        return self._take_back(landing.path, landing.displaced, post)
-
-    def roll_back(self, found: Found, post: str | None) -> bool:
+    def roll_back(self, found: Found, post: str | None) -> TakeBack:
         """Undo a crashed call's landed write (`landed`): the displaced bytes go back
-        where they were (exchanged back; renamed back for a delete; a create's link
-        removed), only if the path still holds what the write put there. False, nothing
-        touched: it does not (changed since: a conflict for a human)."""
-        return self._take_back(found.path, found.slot, post)
+        where they were, only if the path still holds what the write put there. Otherwise
+        nothing of the path is touched (a conflict for a human) and what the write
+        displaced is kept under a visible name."""
+        if found.slot is None:
+            return TakeBack(found.path, True, None)
+        return self._take_back(found.path, found.slot, post, found.displaced, landed=False)
 
-    def _take_back(self, path: str, displaced: str | None, post: str | None) -> bool:
-        if displaced is None:
-            return True
+    def _take_back(self, path: str, displaced: str, post: str | None, pre: str | None, *,
+                   landed: bool) -> TakeBack:
+        try:
+            opened = self._held_parent(path, check=False)
+        except (LedgerError, OSError) as exc:
+            return TakeBack(path, False, None, error=str(exc))
+        if opened is None:
+            return TakeBack(path, False, None, error="its directory is gone")
+        dir_fd, leaf = opened
+        where = None
+        d = path.rpartition("/")[0]
+        if d in self._held:
+            now = self._where(dir_fd)
+            if now is not None and now != (d or "."):
+                where = now
+        try:
+            back = self._unland(dir_fd, leaf, path, displaced, post, pre, landed)
+        except UnsafeFallbackRefused as exc:
+            back = TakeBack(path, False, None, error=exc.strerror or "")
+        except OSError as exc:
+            back = TakeBack(path, False, None, error=os.strerror(exc.errno or 0))
+        finally:
+            os.close(dir_fd)
+        return back if where is None else dataclasses.replace(back, moved=where)
+
+    def _unland(self, dir_fd: int, leaf: str, path: str, displaced: str, post: str | None,
+                pre: str | None, landed: bool) -> TakeBack:
+        mover = self._mover()
+        here = stat_at(dir_fd, leaf)
+        there = stat_at(dir_fd, displaced)
+        if there is None:
+            return TakeBack(path, False, look(dir_fd, leaf).digest,
+                            error="what the write displaced is gone")
+        if post is None:  # a delete: its file goes back from aside, over nothing
+            if mover.put(dir_fd, displaced, leaf):
+                return TakeBack(path, True, pre)
+            now = look(dir_fd, leaf).digest
+            return TakeBack(path, False, now, kept=mover.keep(dir_fd, displaced, leaf))
+        if here is not None and identity_of(here) == identity_of(there):  # a create's link
+            trash = temp_name(leaf, self.epoch, self.tag, _name_max(dir_fd))
+            move = mover.aside(dir_fd, leaf, trash, post)
+            if move.ok:
+                mover.drop(dir_fd, displaced, twin=trash, expect=frozenset({post}),
+                           keep_for=leaf)
+                kept = mover.drop(dir_fd, trash, move.seen, keep_for=leaf)
+                return TakeBack(path, True, None, kept=kept)
+            if move.verdict == "absent":  # deleted since: as it was before the step
+                mover.drop(dir_fd, displaced, expect=frozenset({post}), keep_for=leaf)
+                return TakeBack(path, True, None)
+            # not the step's file any more: left as found; the step's own copy goes
+            kept = mover.drop(dir_fd, displaced, expect=frozenset({post}), keep_for=leaf)
+            return TakeBack(path, False, move.found, kept=move.kept or kept)
+        if pre is None:  # a create whose link is gone: nothing of the step at the path
+            mover.drop(dir_fd, displaced, expect=frozenset({post}), keep_for=leaf)
+            return TakeBack(path, False, look(dir_fd, leaf).digest)
+        if here is None:
+            staged = self.slot(path, "x")
+            if not landed and displaced != staged and look(dir_fd, staged).digest == post:
+                # the fallback stopped between moving the file aside and linking the
+                # new one in: the name was never given the step's bytes
+                if mover.put(dir_fd, displaced, leaf):
+                    mover.drop(dir_fd, staged, expect=frozenset({post}), keep_for=leaf)
+                    return TakeBack(path, True, pre)
+            # deleted since the write landed: stays deleted; the displaced file is kept
+            return TakeBack(path, False, None, kept=mover.keep(dir_fd, displaced, leaf))
+        if mover.can_exchange():
+            try:
+                move = mover.exchange(dir_fd, leaf, displaced, post, pre or "")
+            except exchange.Unsupported:
+                pass
+            else:
+                if move.ok:  # the step's bytes are in the slot now, checked
+                    kept = mover.drop(dir_fd, displaced, move.seen, keep_for=leaf)
+                    return TakeBack(path, True, pre, kept=kept)
+                kept = move.kept or mover.keep(dir_fd, displaced, leaf)
+                return TakeBack(path, False, look(dir_fd, leaf).digest, kept=kept)
+        trash = temp_name(leaf, self.epoch, self.tag, _name_max(dir_fd))
+        move = mover.aside(dir_fd, leaf, trash, post)
+        if not move.ok:
+            kept = move.kept if move.kept else mover.keep(dir_fd, displaced, leaf)
+            return TakeBack(path, False, look(dir_fd, leaf).digest, kept=kept)
+        if not mover.put(dir_fd, displaced, leaf):
+            # a file made while the name was absent: it stays, the pre-image beside it
+            now = look(dir_fd, leaf).digest
+            kept = mover.keep(dir_fd, displaced, leaf)
+            mover.drop(dir_fd, trash, move.seen, keep_for=leaf)
+            return TakeBack(path, False, now, kept=kept)
+        kept = mover.drop(dir_fd, trash, move.seen, keep_for=leaf)
+        return TakeBack(path, True, pre, kept=kept)
+
+    def finish_aside(self, path: str, role: str) -> bool:
+        """Finish a landing the fallback (no exchange call) began and a kill stopped
+        between moving the file aside (to the ``y`` slot) and linking the staged one (the
+        `role` slot) in: the name is absent then, and gets the staged file, never over
+        anything. True when that was done."""
         opened = self._open_parent(path, create=False)
         if opened is None:
             return False
         dir_fd, leaf = opened
         try:
-            return self._unland(dir_fd, leaf, displaced, post)
-        except OSError as exc:
-            raise StorageFailure(os.path.join(self.root, path),
-                                 os.strerror(exc.errno or 0)) from None
+            staged, aside = self.slot(path, role), self.slot(path, "y")
+            if stat_at(dir_fd, leaf) is not None or stat_at(dir_fd, aside) is None:
+                return False
+            st = stat_at(dir_fd, staged)
+            if st is None or not stat.S_ISREG(st.st_mode):
+                return False
+            mover = self._mover()
+            if not mover.link(dir_fd, staged, leaf):
+                return False
+            mover.drop(dir_fd, staged, twin=leaf)
+            return True
+        except OSError:
+            return False
         finally:
             os.close(dir_fd)
-
-    def _unland(self, dir_fd: int, leaf: str, displaced: str, post: str | None) -> bool:
-        here = _stat_at(dir_fd, leaf)
-        there = _stat_at(dir_fd, displaced)
-        if there is None:
-            return False
-        if post is None:  # a delete: its file goes back from aside, over nothing
-            if here is not None and identity_of(here) != identity_of(there):
-                return False
-            self._put_back(dir_fd, displaced, leaf, here is None)
-            return True
-        if here is None or _digest_at(dir_fd, leaf) != post:
-            return False
-        self.ops.tick("ws-rename")
-        if identity_of(here) == identity_of(there):  # a create's link
-            os.unlink(leaf, dir_fd=dir_fd)
-            os.unlink(displaced, dir_fd=dir_fd)
-            return True
-        if exchange.supported():
-            try:
-                exchange.exchange(dir_fd, displaced, leaf)
-            except exchange.Unsupported:
-                pass
-            else:
-                os.unlink(displaced, dir_fd=dir_fd)
-                return True
-        os.rename(displaced, leaf, src_dir_fd=dir_fd, dst_dir_fd=dir_fd)
-        return True
 
     def landed(self, path: str, pre: str | None, post: str | None, role: str = "x"
                ) -> Found:
@@ -967,16 +1092,16 @@ class WorkspaceDir:
             return Found(path, False, None, None, None)
         dir_fd, leaf = opened
         try:
-            here = _stat_at(dir_fd, leaf)
-            now = _digest_at(dir_fd, leaf)
+            here = stat_at(dir_fd, leaf)
+            now = look(dir_fd, leaf).digest
             for name in (self.slot(path, role), self.slot(path, "y")):
-                there = _stat_at(dir_fd, name)
+                there = stat_at(dir_fd, name)
                 if there is None or not stat.S_ISREG(there.st_mode):
                     continue
                 same = here is not None and identity_of(here) == identity_of(there)
                 if post is None:
                     if not same:
-                        return Found(path, True, now, name, _digest_at(dir_fd, name))
+                        return Found(path, True, now, name, look(dir_fd, name).digest)
                 elif pre is None:
                     if same:
                         return Found(path, True, now, name, None)
@@ -984,7 +1109,7 @@ class WorkspaceDir:
                     # the slot held the whole staged post-image until the exchange: any
                     # other content there is what the exchange displaced (the path may
                     # have changed again since: `now` says what it holds)
-                    displaced = _digest_at(dir_fd, name)
+                    displaced = look(dir_fd, name).digest
                     if displaced != post:
                         return Found(path, True, now, name, displaced)
             return Found(path, False, now, None, None)
@@ -994,54 +1119,109 @@ class WorkspaceDir:
     @contextlib.contextmanager
     def open_slot(self, path: str, name: str) -> Iterator[int | None]:
         """A read-only descriptor of slot `name` beside `path` (None: absent, or not a
-        regular file): a crashed write's displaced pre-image, on its way into the store."""
-        with self._open_beside(path, name, strict=False) as fd:
-            yield fd
-
-    def release(self, landings: Iterable[Landing]) -> None:
-        """After the ledger recorded the writes: remove what they displaced (bytes the
-        blob store holds now). Not fsynced, and best effort: what a crash or a failure
-        leaves is a temporary the next apply, settle or gc of the workspace removes."""
-        by_dir: dict[str, list[str]] = {}
-        for landing in landings:
-            if landing.displaced is not None:
-                by_dir.setdefault(landing.path.rpartition("/")[0], []).append(landing.displaced)
-        for d, names in by_dir.items():
+        regular file): a crashed write's displaced pre-image, on its way into the store.
+        Read from the directory held since the landing (wherever it went)."""
+        try:
+            opened = self._held_parent(path, check=False)
+        except (LedgerError, OSError):
+            opened = None
+        if opened is None:
+            yield None
+            return
+        dir_fd, _ = opened
+        try:
             try:
-                dir_fd = self._dir_fd(d)
+                fd = os.open(name, _READ_FLAGS, dir_fd=dir_fd)
+            except OSError:
+                fd = None
+        finally:
+            os.close(dir_fd)
+        if fd is None:
+            yield None
+            return
+        try:
+            yield fd if stat.S_ISREG(os.fstat(fd).st_mode) else None
+        finally:
+            os.close(fd)
+
+    def release(self, landings: Iterable[Landing]) -> list[tuple[str, str]]:
+        """After the ledger recorded the writes: remove what they displaced (bytes the
+        blob store holds now), each only if it is still the file checked at the landing
+        (same inode, size and times) — or, for a create, the second link of the file at
+        the path, or the step's own bytes. A displaced file written since (a process that
+        held it open, such as a logger with O_APPEND) is kept under a visible name:
+        returns those (path, kept name). Not fsynced, and best effort: what a crash or a
+        failure leaves is a temporary the next apply, settle or gc of the workspace
+        collects (verified the same way)."""
+        out: list[tuple[str, str]] = []
+        for landing in landings:
+            if landing.displaced is None:
+                continue
+            try:
+                opened = self._held_parent(landing.path, check=False)
             except (LedgerError, OSError):
                 continue
-            if dir_fd is None:
+            if opened is None:
                 continue
+            dir_fd, leaf = opened
             try:
-                for name in names:
-                    self.ops.tick("ws-unlink")
-                    _unlink_regular(dir_fd, name)
+                # the file checked at the landing; a create's link (the path's twin); or
+                # the displaced or the step's bytes (a crashed call's landing, found)
+                kept = self._mover().drop(
+                    dir_fd, landing.displaced, landing.seen, keep_for=leaf,
+                    twin=leaf if landing.found is None else None,
+                    expect=frozenset({landing.found, landing.post} - {None, NOT_A_FILE}))
+                if kept is not None:
+                    out.append((landing.path, kept))
+                if landing.link is not None:
+                    kept = self._mover().drop(dir_fd, landing.link, twin=leaf, keep_for=leaf,
+                                              expect=frozenset({landing.post} - {None}))
+                    if kept is not None:
+                        out.append((landing.path, kept))
             except OSError:
                 pass
             finally:
                 os.close(dir_fd)
+        self.kept.extend(out)
+        return out
 
-    def discard_slots(self, path: str, roles: str = "xy") -> None:
-        """Remove this attempt's leftovers in `path`'s slots (judged by the caller)."""
+    def discard_slots(self, path: str, roles: str = "xy",
+                      held: Callable[[str], bool] | None = None) -> None:
+        """Remove this attempt's leftovers in `path`'s slots (an attempt that is over),
+        each only once its bytes are shown to be held by the ledger (`held`) or by the
+        path itself; anything else is kept under a visible name."""
         with contextlib.suppress(LedgerError, OSError):
             opened = self._open_parent(path, create=False)
             if opened is None:
                 return
-            dir_fd, _ = opened
+            dir_fd, leaf = opened
             try:
+                beside = look(dir_fd, leaf).digest
                 for role in roles:
-                    _unlink_regular(dir_fd, self.slot(path, role))
+                    kept = self._mover().drop(
+                        dir_fd, self.slot(path, role), keep_for=leaf,
+                        held=lambda d: d == beside or (held is not None and held(d)))
+                    if kept is not None:
+                        self.kept.append((path, kept))
             finally:
                 os.close(dir_fd)
 
     def sync_dirs(self, paths: Iterable[str]) -> None:
-        """fsync the directory of each path once: a step's renames made durable before
-        the ledger records them."""
-        for d in sorted({p.rpartition("/")[0] for p in paths}):
-            dir_fd = self._dir_fd(d)
-            if dir_fd is None:
+        """fsync the directory of each path once (the one held since the landing): a
+        step's renames made durable before the ledger records them."""
+        seen: set[str] = set()
+        for p in sorted(paths):
+            d = p.rpartition("/")[0]
+            if d in seen:
                 continue
+            seen.add(d)
+            try:
+                opened = self._held_parent(p, check=False)
+            except PathEscapes:
+                continue
+            if opened is None:
+                continue
+            dir_fd = opened[0]
             try:
                 self.ops.tick("ws-dirfsync")
                 os.fsync(dir_fd)
@@ -1051,16 +1231,35 @@ class WorkspaceDir:
             finally:
                 os.close(dir_fd)
 
-    def put(self, path: str, data: bytes | Iterable[bytes] | None, *,
-            mode: int | None = None) -> int | None:
-        """Make `path` hold `data` (None: absent; pieces: see `stage`) durably: stage +
-        install, or remove. `mode` as `stage` takes it; returns the file's mode now
-        (None: removed)."""
-        if data is None:
-            self.remove(path)
-            return None
+    def put(self, path: str, data: bytes | Iterable[bytes], *,
+            mode: int | None = None) -> int:
+        """Make `path` — absent, or holding these very bytes already (a killed restore's
+        output) — hold `data` durably (pieces: see `stage`); returns the file's mode. A
+        file of other bytes at the path is never replaced: InvalidInput, nothing lost."""
         staged = self.stage(path, data, mode=mode)
-        self.install(staged)
+        opened = self._held_parent(path, check=False)
+        assert opened is not None
+        dir_fd, leaf = opened
+        mover = self._mover()
+        try:
+            if not mover.put(dir_fd, staged.tmp_name, leaf):
+                now = look(dir_fd, leaf)
+                mover.drop(dir_fd, staged.tmp_name, expect=frozenset({staged.digest}),
+                           keep_for=leaf)
+                if now.digest != staged.digest:
+                    raise InvalidInput(
+                        f"{os.path.join(self.root, path)} appeared while it was being"
+                        " written and holds other bytes; it was left as it is: remove it"
+                        " or give another directory, then run again")
+            self.ops.tick("ws-dirfsync")
+            os.fsync(dir_fd)
+        except UnsafeFallbackRefused:
+            raise UnsafeRename(os.path.join(self.root, path)) from None
+        except OSError as exc:
+            raise StorageFailure(os.path.join(self.root, path),
+                                 os.strerror(exc.errno or 0)) from None
+        finally:
+            os.close(dir_fd)
         return staged.mode
 
 
@@ -1070,12 +1269,25 @@ class StagingLost(Exception):
     zombie)."""
 
 
+class DirectoryMoved(Exception):
+    """The directory a step's path lies in is not at its name any more (renamed or
+    moved while the step ran): nothing is landed there. `now`: where it went, relative
+    to the root (None: not known, or out of the workspace)."""
+
+    def __init__(self, path: str, directory: str, now: str | None) -> None:
+        super().__init__(path, directory, now)
+        self.path, self.directory, self.now = path, directory, now
+
+
 @dataclass
 class Landing:
     """One write put in place by `WorkspaceDir.land`: `ok`, or refused with what was
     `found` (the digest displaced or in the way; None: absent); `displaced`, the name
     in the path's directory now holding what the write displaced (for a create, a
-    second link to the new file), removed by `release` once the ledger recorded it."""
+    second link to the new file), removed by `release` once the ledger recorded it;
+    `seen`, that file as it was checked; `kept`, a refused landing's race: a file it
+    could not put back, under this visible name beside the path; `moved`, the path's
+    directory was moved away before the landing (where it is now; "" unknown)."""
 
     path: str
     ok: bool
@@ -1083,6 +1295,27 @@ class Landing:
     displaced: str | None
     pre_mode: int | None = None
     post_mode: int | None = None
+    seen: Seen | None = None
+    post: str | None = None
+    kept: str | None = None
+    moved: str | None = None
+    link: str | None = None  # the fallback's staged name: a second link of the new file
+
+
+@dataclass(frozen=True)
+class TakeBack:
+    """How taking one landed write back ended: `ok` (the path holds what it held before
+    the write: `now`), or not (left as found, holding `now`). `kept`: a file put under
+    this visible name beside the path (what the write displaced, when it could not go
+    back; or a person's save met on the way); `moved`: the path's directory is now at
+    this place (a person moved it while the step ran); `error`: why nothing was done."""
+
+    path: str
+    ok: bool
+    now: str | None
+    kept: str | None = None
+    moved: str | None = None
+    error: str | None = None
 
 
 @dataclass(frozen=True)
@@ -1098,43 +1331,9 @@ class Found:
     displaced: str | None
 
 
-def _stat_at(dir_fd: int, name: str) -> os.stat_result | None:
-    try:
-        return os.stat(name, dir_fd=dir_fd, follow_symlinks=False)
-    except FileNotFoundError:
-        return None
-
-
-#: What `_digest_at` reports for a name holding something other than a regular file
-#: (never a planned pre-image).
-NOT_A_FILE: Final = "not a regular file"
-
-
-def _digest_at(dir_fd: int, name: str) -> str | None:
-    """sha256 of the regular file `name` (None: absent; `NOT_A_FILE`: a symlink, a
-    directory, a device)."""
-    try:
-        fd = os.open(name, _READ_FLAGS, dir_fd=dir_fd)
-    except FileNotFoundError:
-        return None
-    except OSError as exc:
-        if exc.errno in (errno.ELOOP, errno.EISDIR, errno.ENXIO, errno.EACCES):
-            return NOT_A_FILE
-        raise
-    try:
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
-            return NOT_A_FILE
-        return hash_chunks(fd_chunks(fd))[0]
-    finally:
-        os.close(fd)
-
-
-def _unlink_regular(dir_fd: int, name: str) -> None:
-    """Remove `name` if it is a regular file (a slot's leftover); anything else stays."""
-    st = _stat_at(dir_fd, name)
-    if st is not None and stat.S_ISREG(st.st_mode):
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(name, dir_fd=dir_fd)
+def _leaf_of_temp(name: str) -> str:
+    """The target's name a temporary's name repeats (cut, possibly: then not a name)."""
+    return name[1:].split(TMP_MARK, 1)[0]
 
 
 def _chmod_at(dir_fd: int, name: str, mode: int) -> None:
@@ -1143,42 +1342,6 @@ def _chmod_at(dir_fd: int, name: str, mode: int) -> None:
         os.fchmod(fd, mode)
     finally:
         os.close(fd)
-
-
-#: What a file system without hard links answers `link` with.
-_NO_LINKS: Final = frozenset({errno.EPERM, errno.EOPNOTSUPP, errno.EMLINK,
-                              getattr(errno, "ENOTSUP", errno.EOPNOTSUPP)})
-
-
-def _link(dir_fd: int, src: str, dst: str) -> bool:
-    """Hard-link `src` as `dst` (FileExistsError if `dst` exists): True; False where the
-    file system has no hard links (FAT, some network and FUSE file systems)."""
-    try:
-        os.link(src, dst, src_dir_fd=dir_fd, dst_dir_fd=dir_fd, follow_symlinks=False)
-    except OSError as exc:
-        if exc.errno in _NO_LINKS:
-            return False
-        raise
-    return True
-
-
-def _rename_aside(dir_fd: int, src: str, dst: str) -> bool:
-    """Move `src` to `dst` without replacing anything at `dst` (FileExistsError): True.
-    Without a no-replace rename, `dst` is linked to `src` and False returned: the caller
-    removes `src` once it has judged the file. With neither, `dst` is checked absent and
-    `src` renamed (a name made at `dst` in between is replaced: the fallback's window)."""
-    if exchange.supported():
-        try:
-            exchange.rename_noreplace(dir_fd, src, dst)
-            return True
-        except exchange.Unsupported:
-            pass
-    if _link(dir_fd, src, dst):
-        return False
-    if _stat_at(dir_fd, dst) is not None:
-        raise FileExistsError(errno.EEXIST, os.strerror(errno.EEXIST), dst)
-    os.rename(src, dst, src_dir_fd=dir_fd, dst_dir_fd=dir_fd)
-    return True
 
 
 def _mode_of(leaf: str, dir_fd: int) -> int | None:
@@ -1201,7 +1364,7 @@ def _name_max(where: int | str) -> int:
     return limit if limit > 0 else 255
 
 
-__all__ = ["NOT_A_FILE", "TMP_MARK", "Boundary", "FileIdentity", "Found", "Landing", "Staged",
-           "StagingLost",
+__all__ = ["NOT_A_FILE", "TMP_MARK", "Boundary", "DirectoryMoved", "FileIdentity", "Found",
+           "Landing", "Staged", "StagingLost", "TakeBack",
            "WorkspaceDir", "attempt_tag",
            "identity_of", "is_git_name", "temp_name", "temp_stamp"]

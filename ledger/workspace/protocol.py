@@ -119,6 +119,7 @@ from .directory import (
     Landing,
     Staged,
     StagingLost,
+    TakeBack,
     WorkspaceDir,
     attempt_tag,
     identity_of,
@@ -541,6 +542,20 @@ def _commit_events(tx: Tx, now: int, planned: Planned, fenced: Fenced,
             Acked(**common, manifest_rev=rev)]
 
 
+def _digest(found: str | None) -> str | None:
+    """A digest to record for what a path holds (None: absent, or not a regular file)."""
+    return None if found == NOT_A_FILE else found
+
+
+def _kept_path(path: str, taken: TakeBack | Landing) -> str | None:
+    """The workspace-relative path of the file a take-back or a landing kept (beside
+    `path`, in the directory where it is now)."""
+    if taken.kept is None:
+        return None
+    d = taken.moved if taken.moved else path.rpartition("/")[0]
+    return taken.kept if d in ("", ".") else f"{d}/{taken.kept}"
+
+
 def receipt_of(event: Fenced, seq: int) -> Receipt:
     return Receipt(workspace=event.workspace, step=event.step, attempt=event.attempt,
                    epoch=event.epoch, rev=event.rev, writes=event.writes, seq=seq,
@@ -792,7 +807,11 @@ class Workspaces:
         wsdir.remove_temporaries({w.path.rpartition("/")[0] for w in writes},
                                  lambda e, t: e < epoch or (e == epoch and t == tag)
                                  or (e <= current_epoch and t not in in_flight()),
-                                 lambda: self._slots_in_flight(wsdir.name))
+                                 lambda: self._slots_in_flight(wsdir.name), self._held)
+
+    def _held(self, digest: str) -> bool:
+        """Whether the ledger holds these bytes (a temporary of this digest may go)."""
+        return self.core.blob_size(digest) is not None
 
     def _in_flight_tags(self, workspace: str) -> frozenset[str]:
         """The temporaries' tags (`attempt_tag`) of the workspace's attempts in flight."""
@@ -816,7 +835,7 @@ class Workspaces:
         for epoch, roles in epochs:
             wsdir = self._wsdir(ws, step, row.attempt, epoch)
             for w in ev.planned.writes:
-                wsdir.discard_slots(w.path, roles)
+                wsdir.discard_slots(w.path, roles, self._held)
 
     def _slots_in_flight(self, workspace: str,
                          steps: Sequence[tuple[str, int]] | None = None
@@ -846,7 +865,9 @@ class Workspaces:
                     with contextlib.suppress(LedgerError, OSError):
                         found = wsdir.landed(w.path, w.pre_hash, w.post_hash)
                         if found.landed and found.slot is not None:
-                            out.add((d, found.slot))
+                            # and the staged copy beside it: a landing without the
+                            # exchange call cut between its moves links it in next
+                            out.update({(d, found.slot), (d, wsdir.slot(w.path, "x"))})
         return frozenset(out)
 
     def snapshot(self, workspace: str, path: str) -> tuple[int, str | None]:
@@ -1016,28 +1037,41 @@ class Workspaces:
         return done, failed
 
     def remove_abandoned_temporaries(self, now: int) -> int:
-        """Remove, in every workspace, the temporaries that applies of attempts still in
-        flight left when they were killed and that no live stager can own (an epoch older
-        than the live one; any epoch once the lease has lapsed). gc calls it: it reaches
-        an attempt nobody came back to (a re-apply or a settle removes them otherwise).
-        Returns how many files went."""
+        """Collect, in every workspace, the temporaries no live stager can own: those of
+        an epoch older than the live one (any epoch once the lease has lapsed), and those
+        of attempts that are over (a kill after the commit, before the displaced files
+        went; a takeover after it). gc calls it: it reaches an attempt nobody came back
+        to. It looks in the directories of the attempts in flight and of every path the
+        ledger knows in the workspace. Each file goes only once its bytes are shown held
+        by the ledger or by the path beside it; anything else is kept under a visible
+        name (`WorkspaceDir.remove_temporaries`). Returns how many files went."""
         removed = 0
+        known: dict[str, set[str]] = {}
+        for (w, p), state in read_workspaces(self.core.log).paths.items():
+            if state is not None:
+                known.setdefault(w, set()).add(p.rpartition("/")[0])
         for row in self.list():
             if row.epoch == 0:
                 continue
             with self._storage.read() as view:
                 steps = view.steps_in_flight(row.name)
-            dirs: set[str] = set()
+            dirs: set[str] = set(known.get(row.name, ()))
             for step, attempt in steps:
                 planned = self._attempt_events(step, attempt).planned
                 if planned is not None:
                     dirs.update(w.path.rpartition("/")[0] for w in planned.writes)
             if not dirs:
                 continue
+            flying = frozenset(attempt_tag(s, a) for s, a in steps)
             newest_dead = row.epoch - 1 if row.live_epoch(now) is not None else row.epoch
-            removed += self._wsdir(row).remove_temporaries(
-                dirs, lambda e, _t, newest_dead=newest_dead: e <= newest_dead,
-                lambda row=row, steps=steps: self._slots_in_flight(row.name, steps))
+            try:
+                removed += self._wsdir(row).remove_temporaries(
+                    dirs, lambda e, t, newest_dead=newest_dead, top=row.epoch, flying=flying:
+                    e <= newest_dead or (e <= top and t not in flying),
+                    lambda row=row, steps=steps: self._slots_in_flight(row.name, steps),
+                    self._held)
+            except LedgerError:
+                continue  # a workspace moved or gone: nothing of it to collect here
         return removed
 
     # -- reading an attempt --------------------------------------------------------------
@@ -1275,7 +1309,13 @@ class Workspaces:
         writes = []
         with self._storage.read() as conn:
             for w in old.writes:
-                disk = wsdir.hash(w.path)
+                try:
+                    disk = wsdir.hash(w.path)
+                except PathEscapes as exc:  # a symlink, a directory or a FIFO swapped in
+                    return reject("pre_hash", f"{w.path} on disk is not the regular file it"
+                                  f" was planned against ({exc.why})", path=w.path,
+                                  on_disk=NOT_A_FILE, pre_hash=w.pre_hash,
+                                  post_hash=w.post_hash)
                 if disk != w.pre_hash:
                     raise ReplanRefused(step, f"{w.path} no longer holds the content it was"
                                         " planned against")
@@ -1509,17 +1549,26 @@ class Workspaces:
             raise StaleEpoch(name, planned.epoch, epoch)
         recordable = cur.attempt == attempt and cur.state == PLANNED
         check = planned.fence != "none"
+        if recordable and planned.journal:
+            for w in planned.writes:  # a fallback landing a kill cut between its moves
+                if w.pre_hash is not None and w.post_hash is not None:
+                    wsdir.finish_aside(w.path, "x")
         found = {w.path: wsdir.landed(w.path, w.pre_hash, w.post_hash)
                  for w in planned.writes} if recordable and planned.journal else {}
+
+        order = {w.path: i for i, w in enumerate(planned.writes)}
 
         def reject(reason: str, detail: str, **facts: Any) -> list[Event]:
             verdict = ApplyResult(verdict=f"rejected:{reason}", step=step, attempt=attempt,
                                   detail=detail, facts=facts)
             if not recordable:  # journal off, attempt already applied: answer, record nothing
                 raise _Answered(verdict)
+            met = facts.pop("met", None)
             holder.append(verdict)
             # Whatever landed — in this call or a crashed one — goes back, newest first.
             undone = self._roll_back(tx, planned, wsdir, found, landings)
+            if met is not None:  # the refused path itself: a save met there was kept
+                undone = tuple(sorted((*undone, met), key=lambda r: order[r.path]))
             landings.clear()
             if "on_disk" in facts:  # what the fence found, kept with the refusal
                 found_now = facts["on_disk"]
@@ -1549,7 +1598,13 @@ class Workspaces:
                 f = found.get(w.path)
                 if f is not None and f.landed:
                     continue
-                disk = wsdir.hash(w.path)
+                try:
+                    disk = wsdir.hash(w.path)
+                except PathEscapes as exc:  # a symlink, a directory or a FIFO swapped in
+                    return reject("pre_hash", f"{w.path} on disk is not the regular file it"
+                                  f" was planned against ({exc.why})", path=w.path,
+                                  on_disk=NOT_A_FILE, pre_hash=w.pre_hash,
+                                  post_hash=w.post_hash)
                 if disk != w.pre_hash:
                     return reject("pre_hash", f"{w.path} on disk does not hold the content it"
                                   " was planned against", path=w.path, on_disk=disk,
@@ -1584,13 +1639,25 @@ class Workspaces:
                 landing = Landing(w.path, True, f.displaced, f.slot,
                                   pre_mode=wsdir.mode(w.path, f.slot) if w.pre_hash
                                   is not None and f.slot is not None else None,
-                                  post_mode=wsdir.mode(w.path))
+                                  post_mode=wsdir.mode(w.path), post=w.post_hash,
+                                  link=None if f.slot == wsdir.slot(w.path, "x")
+                                  else wsdir.slot(w.path, "x"))
             else:
                 landing = wsdir.land(w.path, staged.get(w.path), w.pre_hash, check=check)
+            if landing.moved is not None:
+                d = w.path.rpartition("/")[0]
+                went = f" (it is now {landing.moved})" if landing.moved else ""
+                return reject("pre_hash", f"{w.path}: its directory {d} was renamed or moved"
+                              f" while the step ran{went}; nothing was written there and"
+                              " nothing of the step was left applied", path=w.path,
+                              moved=landing.moved)
             if not landing.ok:
+                met = None if landing.kept is None else Restored(
+                    path=w.path, rev=w.base_rev, digest=_digest(landing.found),
+                    outcome="conflict", kept=_kept_path(w.path, landing))
                 return reject("pre_hash", f"{w.path} on disk does not hold the content it"
                               " was planned against", path=w.path, on_disk=landing.found,
-                              pre_hash=w.pre_hash, post_hash=w.post_hash)
+                              pre_hash=w.pre_hash, post_hash=w.post_hash, met=met)
             landings.append(landing)
             applied.append(AppliedWrite(path=w.path, rev=rev,
                                         pre_hash=w.pre_hash if check else landing.found,
@@ -1648,34 +1715,40 @@ class Workspaces:
     ) -> tuple[Restored, ...]:
         """Put back, newest first, the writes this call landed and those a crashed call of
         the attempt landed (`found`): each displaced file returns where it was, if the
-        path still holds what the write put there; otherwise it is a ``conflict`` left
-        as found. Returns the crashed call's writes as `Rejected.undone` lists them."""
+        path still holds what the write put there; otherwise the path is a ``conflict``
+        left as found, and what the write displaced is kept under a visible name
+        (`Restored.kept`). Every path touched is listed, with what it holds now — as
+        `Rejected.undone` records them."""
         posts = {w.path: w.post_hash for w in planned.writes}
-        back: dict[str, bool] = {}
+        back: dict[str, tuple[TakeBack, str | None]] = {}
         for landing in reversed(landings):
-            back[landing.path] = wsdir.unland(landing, posts[landing.path])
+            back[landing.path] = (wsdir.unland(landing, posts[landing.path]), landing.found)
         out: list[Restored] = []
         for w in reversed(planned.writes):
             f = found.get(w.path)
-            if f is None:
-                continue
-            state = tx.path_state(planned.workspace, w.path)
-            if (0 if state is None else state[0]) != w.base_rev:
-                continue  # recorded as a later step's since: not this attempt's to undo
-            if not f.landed:
-                if f.now == w.post_hash and w.post_hash != w.pre_hash and f.now is not None:
-                    # its bytes are there with no sign this attempt put them (a person may
-                    # have): left as found, and said so
-                    out.append(Restored(path=w.path, rev=w.base_rev, digest=f.now,
-                                        outcome="conflict"))
-                continue
-            if back[w.path] if w.path in back else wsdir.roll_back(f, w.post_hash):
-                out.append(Restored(path=w.path, rev=w.base_rev, digest=f.displaced,
-                                    outcome="restored" if f.displaced == w.pre_hash
-                                    else "conflict"))
+            if w.path not in back:
+                if f is None:
+                    continue
+                state = tx.path_state(planned.workspace, w.path)
+                if (0 if state is None else state[0]) != w.base_rev:
+                    continue  # recorded as a later step's since: not this attempt's to undo
+                if not f.landed:
+                    if f.now == w.post_hash and w.post_hash != w.pre_hash and f.now is not None:
+                        # its bytes are there with no sign this attempt put them (a person
+                        # may have): left as found, and said so
+                        out.append(Restored(path=w.path, rev=w.base_rev, digest=f.now,
+                                            outcome="conflict"))
+                    continue
+                back[w.path] = (wsdir.roll_back(f, w.post_hash), f.displaced)
+            taken, displaced = back[w.path]
+            kept = _kept_path(w.path, taken)
+            if taken.ok:
+                out.append(Restored(path=w.path, rev=w.base_rev, digest=displaced,
+                                    outcome="restored" if displaced == w.pre_hash
+                                    else "conflict", kept=kept))
             else:
-                out.append(Restored(path=w.path, rev=w.base_rev, digest=f.now,
-                                    outcome="conflict"))
+                out.append(Restored(path=w.path, rev=w.base_rev, digest=_digest(taken.now),
+                                    outcome="conflict", kept=kept))
         return tuple(reversed(out))
 
     # -- compensating --------------------------------------------------------------------
@@ -1830,6 +1903,11 @@ class Workspaces:
         for w in reversed(planned.writes):
             state = tx.path_state(name, w.path)
             path_rev = 0 if state is None else state[0]
+            if undone_by is not None and w.pre_hash is not None:
+                # an undo killed mid-landing without the exchange call (its file aside,
+                # the pre-image not yet linked in): finished first
+                with contextlib.suppress(LedgerError):
+                    undone_by.finish_aside(w.path, "u")
             try:
                 disk = wsdir.hash(w.path)
             except (WorkspaceMoved, WorkspaceOverlap):

@@ -35,7 +35,7 @@ from enum import StrEnum
 
 from .blobs import Content, digest_of
 from .diffs import unified_diff
-from .errors import BlobNotFound, InvalidInput, LedgerError, PlanConflict, StaleEpoch
+from .errors import BlobNotFound, InvalidInput, LedgerError, PathEscapes, PlanConflict, StaleEpoch
 from .events import Fenced, Manifest, Planned
 from .workspace.protocol import ApplyResult, FenceMode, FileRead, Receipt, StepPlan, Write, receipt_of
 from .ledger import Ledger, artifact_bytes
@@ -465,7 +465,11 @@ def _refused(ledger: Ledger, workspace: str, step: str, result: ApplyResult,
     conflicts = []
     planned = _attempt(ledger, step, result.attempt)[0]
     for w in planned.writes if planned is not None else ():
-        rev, now = ledger.workspaces.snapshot(workspace, w.path)
+        try:
+            rev, now = ledger.workspaces.snapshot(workspace, w.path)
+        except PathEscapes:  # a symlink, a directory, a FIFO swapped in: no bytes to show
+            conflicts.append(PathConflict(w.path, w.pre_hash, w.base_rev, None, w.base_rev, ""))
+            continue
         if now == w.pre_hash and rev == w.base_rev:
             continue  # this path still holds what was read
         diff = ""

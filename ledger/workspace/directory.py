@@ -452,6 +452,13 @@ class WorkspaceDir:
             yield fd
 
     @contextlib.contextmanager
+    def open_if_file(self, path: str) -> Iterator[int | None]:
+        """Like `open`, but None (not PathEscapes) for a symlink or anything not a
+        regular file at the leaf: a target a person swapped for another kind."""
+        with self._open_beside(path, None, strict=False) as fd:
+            yield fd
+
+    @contextlib.contextmanager
     def _open_beside(self, path: str, name: str | None, *, strict: bool
                      ) -> Iterator[int | None]:
         """A read-only descriptor of `name` in `path`'s directory (None: `path`'s own

@@ -1486,7 +1486,7 @@ class Workspaces:
         for w in planned.writes:
             if w.pre_hash is None or w.pre_hash in posts or w.pre_hash in small:
                 continue  # absent, or pinned and stored as a post-image at admission
-            with wsdir.open(w.path) as fd:
+            with wsdir.open_if_file(w.path) as fd:  # not a file now: the fence refuses it
                 if fd is None:
                     continue
                 if os.fstat(fd).st_size <= self._options.inline_max_bytes:
@@ -1900,9 +1900,15 @@ class Workspaces:
             if intent is not None else None
         out: list[Restored] = []
         inline: dict[str, bytes] = {}
-        for w in reversed(planned.writes):
+        # What the undo puts back goes first, what it removes after: a file the step
+        # created with bytes it took from another path (a move) is removed only once those
+        # bytes are back at their old path — otherwise both are left as found.
+        sources = {w.pre_hash: w.path for w in planned.writes
+                   if w.post_hash is None and w.pre_hash is not None}
+        for w in sorted(reversed(planned.writes), key=lambda w: w.pre_hash is None):
             state = tx.path_state(name, w.path)
             path_rev = 0 if state is None else state[0]
+            src = sources.get(w.post_hash) if w.pre_hash is None else None
             if undone_by is not None and w.pre_hash is not None:
                 # an undo killed mid-landing without the exchange call (its file aside,
                 # the pre-image not yet linked in): finished first
@@ -1914,6 +1920,11 @@ class Workspaces:
                 raise  # the root itself is not the workspace's: refuse, record nothing
             except (PathEscapes, InvalidInput):  # a symlink, a directory, a forbidden path
                 out.append(Restored(path=w.path, rev=path_rev, digest=None, outcome="conflict"))
+                continue
+            if src is not None and any(r.path == src and r.outcome == "conflict" for r in out):
+                # a move's destination whose source could not be put back: kept as is
+                out.append(Restored(path=w.path, rev=path_rev, digest=_digest(disk),
+                                    outcome="conflict"))
                 continue
             a = applied.get(w.path)
             if a is None:  # never recorded: did a crashed apply land it?
@@ -1983,6 +1994,8 @@ class Workspaces:
                 out.append(Restored(path=w.path, rev=path_rev, digest=disk, outcome="conflict"))
         if inline:
             tx.put_inline(inline, now)
+        rank = {w.path: i for i, w in enumerate(reversed(planned.writes))}
+        out.sort(key=lambda r: rank[r.path])  # the record lists paths in undo order
         wsdir.sync_dirs(r.path for r in out if r.outcome != "conflict")
         # the fold assigns revs in event order: renumber the moved entries in order
         moved = [r for r in out if r.outcome != "conflict"]

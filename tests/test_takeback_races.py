@@ -1,0 +1,301 @@
+"""A person's save is never lost on the paths that take bytes back (issue 36, defects 1-5).
+
+Each test acts as a person at every workspace file operation of a step (the `ws-*`
+points of the `on_op` seam), in both modes (with the exchange call and without), and
+checks that every byte the person wrote last is on disk at a visible path at the end,
+that nothing the step displaced sits only in a hidden temporary, and that the outcome
+names what happened. Each of these lost a save, or left a step half-applied, before the
+verified primitive (`ledger/workspace/moves.py`).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+from conftest import FakeClock
+
+from ledger import Ledger, StepStatus, run_fenced_step
+from ledger.workspace import exchange as exchange_mod
+from ledger.workspace.directory import temp_stamp
+from ledger.workspace.protocol import StepPlan, Write
+
+BIG = 300_000
+
+
+def h(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+@pytest.fixture(params=["exchange", "fallback"])
+def mode(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+    if request.param == "fallback":
+        monkeypatch.setattr(exchange_mod, "_CALL", None)
+    return str(request.param)
+
+
+def save_by_rename(path: Path, data: bytes) -> None:
+    """What an editor does: write a temporary beside the file, rename it over."""
+    tmp = path.with_name(path.name + ".swp~")
+    tmp.write_bytes(data)
+    os.rename(tmp, path)
+
+
+class World:
+    """A workspace, its ledger and a lease; `run` applies a step with a person acting
+    at chosen `ws-*` points."""
+
+    def __init__(self, tmp: Path, files: dict[str, bytes]) -> None:
+        self.dir = tmp / "ws"
+        self.dir.mkdir(parents=True)
+        for name, data in files.items():
+            (self.dir / name).parent.mkdir(parents=True, exist_ok=True)
+            (self.dir / name).write_bytes(data)
+        self.clock = FakeClock()
+        self.path = tmp / "ledger.db"
+        self.ledger = Ledger.init(self.path, clock=self.clock)
+        self.ledger.workspaces.add("w", str(self.dir))
+        self.epoch = self.ledger.workspaces.acquire("w", "agent", ttl_s=3600).epoch
+
+    def reopen(self, actions: dict[int, Callable[[], None]]) -> list[str]:
+        """Reopen the ledger with a person acting right before the i-th `ws-*` point."""
+        seen: list[str] = []
+
+        def on_op(name: str) -> None:
+            if name.startswith("ws-"):
+                seen.append(name)
+                act = actions.get(len(seen))
+                if act is not None:
+                    act()
+
+        self.ledger.close()
+        self.ledger = Ledger.open(self.path, clock=self.clock, on_op=on_op)
+        return seen
+
+    def visible(self) -> dict[str, bytes]:
+        """Every regular file a person sees (not steptrail's temporaries, not the
+        ledger)."""
+        out = {}
+        for p in sorted(self.dir.rglob("*")):
+            rel = p.relative_to(self.dir)
+            if p.is_file() and not p.is_symlink() and temp_stamp(p.name) is None \
+                    and not p.name.endswith(".swp~"):
+                out[str(rel)] = p.read_bytes()
+        return out
+
+    def hidden(self) -> dict[str, bytes]:
+        return {str(p.relative_to(self.dir)): p.read_bytes() for p in self.dir.rglob("*")
+                if p.is_file() and temp_stamp(p.name) is not None}
+
+
+def points(tmp: Path, files: dict[str, bytes], run: Callable[[World], object]) -> int:
+    """How many `ws-*` points `run` passes with nobody acting."""
+    w = World(tmp / "count", files)
+    seen = w.reopen({})
+    run(w)
+    w.ledger.close()
+    return len(seen)
+
+
+def test_a_save_during_the_take_back_after_a_refusal_is_kept(tmp_path: Path, mode: str) -> None:
+    """Defect 1: a step writes a large file and a small one; the small one is edited
+    by a person while the step lands (its fence fails), so the landed large one is
+    taken back — and a person's save of the large one lands during that take-back.
+    For every pair of points: both of the person's saves are on disk, visible."""
+    big0, small0 = b"B" * BIG, b"small 0\n"
+    files = {"big.bin": big0, "small.txt": small0}
+
+    def admit(w: World) -> None:
+        w.ledger.workspaces.admit("w", w.epoch, [StepPlan("s", [
+            Write("big.bin", b"N" * BIG, h(big0), 0), Write("small.txt", b"small 1\n",
+                                                           h(small0), 0)])])
+
+    def run(w: World) -> object:
+        return w.ledger.workspaces.apply("s", epoch=w.epoch)
+
+    def counted(w: World) -> object:
+        admit(w)
+        w.reopen({})
+        return run(w)
+
+    n = points(tmp_path, files, lambda w: (admit(w), run(w)))
+    assert n >= 6
+    losses = []
+    for i in range(1, n + 1):
+        for j in range(i, n + 2):
+            w = World(tmp_path / f"{i}-{j}", files)
+            admit(w)
+            edit = b"person edit of small\n"
+            save = b"P" * (BIG - 7) + b"person\n"
+            saved: list[bool] = []
+
+            def do_save(w: World = w, save: bytes = save, saved: list[bool] = saved) -> None:
+                save_by_rename(w.dir / "big.bin", save)
+                saved.append(True)
+
+            w.reopen({i: lambda w=w, edit=edit: (w.dir / "small.txt").write_bytes(edit),
+                      j: do_save} if i != j else {i: lambda w=w, edit=edit: (
+                          (w.dir / "small.txt").write_bytes(edit), do_save())})
+            result = run(w)
+            seen = w.visible()
+            values = set(seen.values())
+            if save not in values and saved:
+                losses.append((i, j, result.verdict, "the save of big.bin is nowhere visible"))
+            if edit not in values:
+                losses.append((i, j, result.verdict, "the edit of small.txt is nowhere visible"))
+            if result.verdict.startswith("rejected") and save in w.hidden().values() \
+                    and save not in values:
+                losses.append((i, j, result.verdict, "the save sits in a hidden temporary"))
+            w.ledger.close()
+    assert losses == []
+
+
+def test_a_second_quick_save_is_kept(tmp_path: Path, mode: str) -> None:
+    """Defect 2: save, then an immediate second save (format-on-save) of one file during
+    a step: at every pair of consecutive points, the second save is on disk, visible."""
+    a0 = b"a0\n" * 1000
+    files = {"a.txt": a0, "b.txt": b"b0\n"}
+
+    def admit(w: World) -> None:
+        w.ledger.workspaces.admit("w", w.epoch, [StepPlan("s", [
+            Write("a.txt", b"a1\n", h(a0), 0), Write("b.txt", b"b1\n", h(b"b0\n"), 0)])])
+
+    n = points(tmp_path, files,
+               lambda w: (admit(w), w.ledger.workspaces.apply("s", epoch=w.epoch)))
+    losses = []
+    for i in range(1, n + 1):
+        w = World(tmp_path / str(i), files)
+        admit(w)
+        first, second = b"first save\n", b"second save\n"
+        saved: list[bool] = []
+        w.reopen({i: lambda w=w: save_by_rename(w.dir / "a.txt", first),
+                  i + 1: lambda w=w, saved=saved: (save_by_rename(w.dir / "a.txt", second),
+                                                   saved.append(True))})
+        result = w.ledger.workspaces.apply("s", epoch=w.epoch)
+        if saved and second not in w.visible().values():
+            losses.append((i, result.verdict, sorted(w.visible()), sorted(w.hidden())))
+        w.ledger.close()
+    assert losses == []
+
+
+def test_a_directory_renamed_mid_step_is_never_recreated_and_nothing_is_half_applied(
+        tmp_path: Path, mode: str) -> None:
+    """Defect 3: `git mv src lib` at any point of a step writing src/a.bin and src/b.txt:
+    the step either lands whole before the move (both new files under lib/) or is
+    refused with every original back under lib/; src/ is never recreated; nothing of
+    the originals is left only in a hidden temporary; the outcome names the move."""
+    a0, b0 = b"A" * BIG, b"b0\n"
+    a1, b1 = b"N" * BIG, b"b1\n"
+    files = {"src/a.bin": a0, "src/b.txt": b0, "keep.txt": b"k\n"}
+
+    def admit(w: World) -> None:
+        w.ledger.workspaces.admit("w", w.epoch, [StepPlan("s", [
+            Write("src/a.bin", a1, h(a0), 0), Write("src/b.txt", b1, h(b0), 0)])])
+
+    n = points(tmp_path, files,
+               lambda w: (admit(w), w.ledger.workspaces.apply("s", epoch=w.epoch)))
+    bad = []
+    for i in range(1, n + 1):
+        w = World(tmp_path / str(i), files)
+        admit(w)
+        w.reopen({i: lambda w=w: os.rename(w.dir / "src", w.dir / "lib")})
+        result = w.ledger.workspaces.apply("s", epoch=w.epoch)
+        seen = w.visible()
+        if (w.dir / "src").exists():
+            bad.append((i, result.verdict, "src/ was recreated"))
+        got = (seen.get("lib/a.bin"), seen.get("lib/b.txt"))
+        if result.verdict == "applied":
+            ok = got == (a1, b1)
+        else:
+            # moved before the step's checks: the path is absent; after: the landing
+            # finds its directory moved, and says where it went
+            ok = got == (a0, b0) and ("renamed or moved" in result.detail
+                                      and "now lib" in result.detail
+                                      or "(on disk: absent)" in result.detail)
+        if not ok:
+            bad.append((i, result.verdict, result.detail[:120],
+                        tuple(None if g is None else g[:4] for g in got)))
+        w.ledger.close()
+    assert bad == []
+
+
+def test_undo_of_a_move_whose_old_name_a_person_reused_touches_neither(
+        tmp_path: Path, mode: str) -> None:
+    """Defect 4: a committed move src/m.txt -> dst/m.txt; a person makes a new src/m.txt;
+    the undo cannot put the moved file back, so it removes nothing: the destination
+    stays, the person's new file stays, both are reported."""
+    m = b"moved content\n"
+    w = World(tmp_path, {"src/m.txt": m})
+    w.ledger.workspaces.admit("w", w.epoch, [StepPlan("mv", [
+        Write("src/m.txt", None, h(m), 0), Write("dst/m.txt", m, None, 0)])])
+    assert w.ledger.workspaces.apply("mv", epoch=w.epoch).verdict == "applied"
+    w.ledger.publish("mv")
+    w.ledger.ack("mv", epoch=w.epoch)
+    (w.dir / "src/m.txt").write_bytes(b"the person's new file\n")
+    comp = w.ledger.workspaces.compensate("mv", epoch=w.epoch)
+    assert {r.path: r.outcome for r in comp.restored} == {"src/m.txt": "conflict",
+                                                          "dst/m.txt": "conflict"}
+    assert w.visible() == {"src/m.txt": b"the person's new file\n", "dst/m.txt": m}
+    assert w.ledger.verify().ok
+
+
+def test_undo_of_a_move_puts_the_source_back_before_removing_the_destination(
+        tmp_path: Path, mode: str) -> None:
+    """The undo of a move with nothing in the way: both paths back, and at no point of
+    it is the moved content at no visible path (checked at every point)."""
+    m = b"moved content\n"
+    files = {"src/m.txt": m}
+
+    def setup(w: World) -> None:
+        w.ledger.workspaces.admit("w", w.epoch, [StepPlan("mv", [
+            Write("src/m.txt", None, h(m), 0), Write("dst/m.txt", m, None, 0)])])
+        w.ledger.workspaces.apply("mv", epoch=w.epoch)
+        w.ledger.publish("mv")
+        w.ledger.ack("mv", epoch=w.epoch)
+
+    def undo(w: World) -> object:
+        return w.ledger.workspaces.compensate("mv", epoch=w.epoch)
+
+    n = points(tmp_path, files, lambda w: (setup(w), w.reopen({}), undo(w)))
+    missing = []
+    for i in range(1, n + 1):
+        w = World(tmp_path / str(i), files)
+        setup(w)
+        w.reopen({i: lambda w=w, i=i: missing.append(i) if m not in w.visible().values()
+                  else None})
+        comp = undo(w)
+        assert {r.outcome for r in comp.restored} == {"restored"}
+        assert w.visible() == files
+        w.ledger.close()
+    assert missing == []
+
+
+@pytest.mark.parametrize("swap", ["symlink", "directory", "fifo"])
+def test_a_target_swapped_for_another_kind_is_a_conflict_outcome(
+        tmp_path: Path, mode: str, swap: str) -> None:
+    """Defect 5: a symlink, a directory or a FIFO put in the target's place between the
+    read and the apply is a conflict outcome (nothing written), not an exception."""
+    w = World(tmp_path, {"a.txt": b"a0\n", "other.txt": b"o\n"})
+
+    def plan(read):  # type: ignore[no-untyped-def]
+        r = read.read("a.txt")
+        os.unlink(w.dir / "a.txt")
+        if swap == "symlink":
+            os.symlink("other.txt", w.dir / "a.txt")
+        elif swap == "directory":
+            os.mkdir(w.dir / "a.txt")
+        else:
+            os.mkfifo(w.dir / "a.txt")
+        return [r.write(b"a1\n")]
+
+    out = run_fenced_step(w.ledger, "w", "s", plan, epoch=w.epoch)
+    assert out.status is StepStatus.CONFLICT, out
+    assert "not the regular file" in out.detail
+    assert (w.dir / "other.txt").read_bytes() == b"o\n"
+    kind = os.lstat(w.dir / "a.txt").st_mode
+    assert {"symlink": os.path.islink, "directory": os.path.isdir,
+            "fifo": lambda p: not os.path.isfile(p)}[swap](w.dir / "a.txt"), kind
+    w.ledger.close()

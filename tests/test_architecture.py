@@ -761,3 +761,84 @@ def test_the_walk_checker_catches_a_call_back_up_into_ledger_py() -> None:
     doc = walk.report(Counter({base: 1, top: 3}), edges, names, {"state": "acked"})
     (found,) = doc["into_ledger_py"]
     assert (found["caller"], found["callee"], found["calls"]) == ("store/base.py", "ledger.py", 3)
+
+
+# --- every byte move in a workspace goes through the verified primitive ----------------
+
+#: The one module that may remove, rename, replace, link or exchange a workspace's
+#: files (issue 36: exchange, then verify what left the namespace).
+MOVES_PRIMITIVE = "workspace/moves.py"
+#: Modules that move only the ledger's own files — never a workspace's — each with why.
+OWN_FILES_MOVERS: dict[str, str] = {
+    "blobs.py": "the content-addressed blob store's own temporaries and blobs",
+    "backup.py": "backup snapshots and a restore's new ledger directory",
+    "seal.py": "seal archives",
+    "witness.py": "the witness file",
+    "copying.py": "a copy of a ledger into a new place",
+    "store/sqlite/file.py": "the ledger's -wal/-shm/-lockq side files and probes",
+    "store/sqlite/archive.py": "seal archives of a SQLite ledger",
+    "store/sqlite/faultvfs.py": "the fault-injecting VFS's scratch files",
+    "ui/__init__.py": "the ui's private launcher file",
+    "demo.py": "the demo's own scratch directory",
+}
+#: Calls that change what a name holds: `module.function` or a bare name imported.
+_MOVE_CALLS = frozenset({
+    "os.unlink", "os.remove", "os.rename", "os.replace", "os.link", "os.rmdir",
+    "os.removedirs", "os.renames", "shutil.rmtree", "shutil.move", "exchange.exchange",
+    "exchange.rename_noreplace", "_xchg.exchange", "_xchg.rename_noreplace"})
+#: Method names that move or remove a file when called on a path object.
+_MOVE_METHODS = frozenset({"unlink", "rmdir", "rename", "replace", "hardlink_to"})
+
+
+def _move_violations(sources: dict[str, str]) -> dict[str, list[int]]:
+    """module -> lines of calls that move or remove files outside the primitive (and
+    outside the modules that move only the ledger's own files and the test machinery)."""
+    out: dict[str, list[int]] = {}
+    for rel, source in sources.items():
+        if rel == MOVES_PRIMITIVE or rel in OWN_FILES_MOVERS or rel.startswith("testing/"):
+            continue
+        tree = ast.parse(source)
+        strings = {id(n) for n in ast.walk(tree) if isinstance(n, ast.Constant)}
+        bad = []
+        for node in ast.walk(tree):
+            if not isinstance(node, ast.Call) or not isinstance(node.func, ast.Attribute):
+                continue
+            f = node.func
+            dotted = f"{f.value.id}.{f.attr}" if isinstance(f.value, ast.Name) else ""
+            if dotted in _MOVE_CALLS:
+                bad.append(node.lineno)
+            elif f.attr in _MOVE_METHODS and not (
+                    # str.replace(a, b[, n]) and msgspec.structs.replace(x, **kw) are not
+                    # moves; nor is a call on the primitive itself (a Mover)
+                    f.attr == "replace" and (len(node.args) >= 2 or node.keywords
+                                             or id(f.value) in strings
+                                             or dotted.endswith("structs.replace")
+                                             or isinstance(f.value, ast.Attribute))
+                    or "mover" in ast.unparse(f.value).lower()):
+                bad.append(node.lineno)
+        if bad:
+            out[rel] = bad
+    return out
+
+
+def test_every_workspace_byte_move_goes_through_the_verified_primitive() -> None:
+    sources = {_rel(p): p.read_text() for p in PACKAGE.rglob("*.py")}
+    assert _move_violations(sources) == {}
+    for rel in OWN_FILES_MOVERS:  # each entry still moves something (no stale entry)
+        assert (PACKAGE / rel).exists(), rel
+
+
+@pytest.mark.parametrize(("source", "bad"), [
+    ("import os\ndef f(d):\n    os.unlink('a', dir_fd=d)\n", [3]),
+    ("import os\nos.rename('a', 'b')\n", [2]),
+    ("from pathlib import Path\nPath('a').unlink()\n", [2]),
+    ("from pathlib import Path\nPath('a').replace('b')\n", [2]),
+    ("import shutil\nshutil.rmtree('x')\n", [2]),
+    ("from . import exchange\nexchange.exchange(3, 'a', 'b')\n", [2]),
+    ("s = 'a'.replace('a', 'b', 1)\nimport msgspec\nmsgspec.structs.replace(x, a=1)\n", []),
+    ("def f(self, d):\n    self._mover().rmdir(d, 'x')\n    Mover(o, 't').rmdir(d, 'y')\n", []),
+])
+def test_the_move_checker_catches_a_violation(source: str, bad: list[int]) -> None:
+    """A planted unlink, rename, replace or exchange outside the primitive is caught."""
+    assert _move_violations({"workspace/directory.py": source}).get(
+        "workspace/directory.py", []) == bad

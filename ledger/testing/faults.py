@@ -60,7 +60,8 @@ API
     given) fails, and every later one if `persistent`; `error` ``"eio"`` or ``"full"``
     (SQLITE_IOERR_* or SQLITE_FULL / EIO or ENOSPC). Kinds: ``db-write db-sync
     db-truncate`` (SQLite), ``write fsync rename dirfsync unlink mkdir`` (blob store),
-    ``ws-write ws-fsync ws-rename ws-dirfsync ws-unlink ws-mkdir`` (workspace).
+    ``ws-write ws-fsync ws-rename ws-hide ws-dirfsync ws-unlink ws-mkdir ws-rmdir``
+    (workspace; ``ws-hide`` a rename between steptrail's own hidden names).
     ``quota=bytes`` on the disk: writes past that many bytes fail as disk full until
     ``disk.quota`` is raised or set to None ("space freed").
 ``FaultVFS(disk)``
@@ -150,7 +151,8 @@ MODELS: tuple[str, ...] = ("drop", "random", "garbage", "prefix")
 EXTRA_MODELS: tuple[str, ...] = ("torn",)
 SQLITE_KINDS = frozenset({"db-write", "db-sync", "db-truncate"})
 BLOB_KINDS = frozenset({"write", "fsync", "rename", "dirfsync", "unlink", "mkdir"})
-WS_KINDS = frozenset({"ws-write", "ws-fsync", "ws-rename", "ws-dirfsync", "ws-unlink", "ws-mkdir"})
+WS_KINDS = frozenset({"ws-write", "ws-fsync", "ws-rename", "ws-hide", "ws-dirfsync", "ws-unlink",
+                      "ws-mkdir", "ws-rmdir"})
 ALL_KINDS = SQLITE_KINDS | BLOB_KINDS | WS_KINDS
 SYNC_KINDS = frozenset({"db-sync", "fsync", "dirfsync", "ws-fsync", "ws-dirfsync"})
 WRITE_KINDS = frozenset({"db-write", "write", "ws-write"})

@@ -33,6 +33,7 @@ from typing import Final
 
 from ..errors import LedgerError
 from .directory import Boundary, WorkspaceDir, identity_of, is_git_name
+from .moves import Mover
 
 #: A subdirectory entered during a bounded walk, relative to its confined parent.
 _DIR_FLAGS: Final = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
@@ -321,7 +322,8 @@ class Confined:
                 st = os.stat(parts[-1], dir_fd=fd, follow_symlinks=False)
                 if not stat.S_ISDIR(st.st_mode):
                     return False
-                os.rmdir(parts[-1], dir_fd=fd)
+                if not Mover(self.wsdir.ops, "rmdir").rmdir(fd, parts[-1]):
+                    return False
                 os.fsync(fd)
                 return True
         except (OSError, FsRefused):

@@ -250,7 +250,8 @@ def restore(workspaces: RestoreSource, workspace: str, to: str | os.PathLike[str
     workspaces.check_root(workspace, target, identity_of(st))
     out = WorkspaceDir(workspace, target, core.storage.files.ops, identity=identity_of(st),
                        boundary=core.own.boundary(), allow_git=reg.allow_git)
-    out.remove_temporaries(temps, lambda epoch, _tag: epoch == 0)
+    out.remove_temporaries(temps, lambda epoch, _tag: epoch == 0,
+                           held=lambda digest: core.blob_size(digest) is not None)
     written = absent = size = 0
     for path, digest in content.items():
         if digest is None:

@@ -299,3 +299,41 @@ def test_a_target_swapped_for_another_kind_is_a_conflict_outcome(
     assert {"symlink": os.path.islink, "directory": os.path.isdir,
             "fifo": lambda p: not os.path.isfile(p)}[swap](w.dir / "a.txt"), kind
     w.ledger.close()
+
+
+def test_what_a_kill_after_the_commit_left_is_collected_by_gc_after_a_takeover(
+        tmp_path: Path, mode: str) -> None:
+    """Defect 9: killed after the step's commit, before the displaced files went, then
+    taken over by another worker: the next `gc` collects those temporaries (the old
+    bytes, which the ledger holds since the commit) — checked, not by name — and keeps
+    nothing visible, since nobody raced the step."""
+    import signal
+
+    from ledger.gc.collector import collect
+
+    files = {f"d/f{i}.txt": f"content {i}\n".encode() for i in range(3)}
+    w = World(tmp_path, files)
+    writes = [Write(f"d/f{i}.txt", f"new {i}\n".encode(), h(files[f"d/f{i}.txt"]), 0)
+              for i in range(3)]
+    w.ledger.close()
+    pid = os.fork()
+    if pid == 0:  # pragma: no cover - the child, killed at its first release
+        def on_op(name: str) -> None:
+            if name == "ws-unlink":
+                os.kill(os.getpid(), signal.SIGKILL)
+
+        led = Ledger.open(w.path, clock=w.clock, on_op=on_op)
+        run_fenced_step(led, "w", "s", writes, epoch=w.epoch)
+        os._exit(0)
+    _, status = os.waitpid(pid, 0)
+    assert os.WIFSIGNALED(status)
+    w.ledger = Ledger.open(w.path, clock=w.clock)
+    assert w.ledger.step("s").state == "acked"
+    assert len(w.hidden()) >= 3  # (without the exchange call, the links of the new files too)
+    w.ledger.workspaces.acquire("w", "agent-2", ttl_s=3600, force=True)
+    w.clock.advance(7200)
+    report = collect(w.ledger, grace_s=0, force=True, now_ns=w.clock() + 10**13)
+    assert w.hidden() == {}, report
+    assert w.visible() == {f"d/f{i}.txt": f"new {i}\n".encode() for i in range(3)}
+    assert w.ledger.verify().ok
+    w.ledger.close()

@@ -272,6 +272,24 @@ def test_move_file_is_one_fenced_undoable_step(repo: Path) -> None:
     run(go)
 
 
+def test_undo_of_a_move_whose_old_name_a_person_reused_removes_nothing(repo: Path) -> None:
+    """Issue 36, defect 4: the undo of a move whose source name a person reused since
+    would delete the destination and leave the moved content at no visible path; it is
+    all-or-nothing: neither path is touched, and the answer says so."""
+    async def go() -> None:
+        async with inprocess([str(repo)]) as agent:
+            await agent.ok("read_text_file", path="src/app.py")
+            moved = await agent.ok("move_file", source="src/app.py", destination="lib/app.py")
+            (repo / "src" / "app.py").write_text("the person's new app.py\n")
+            r = await agent.call("undo", step=moved["step"])
+            assert "NOT undone" in text(r), text(r)
+            assert (repo / "src/app.py").read_text() == "the person's new app.py\n"
+            assert "v0" in (repo / "lib/app.py").read_text()  # the moved content stays
+        verify_ok(repo)
+
+    run(go)
+
+
 def test_listings_hide_the_ledger_and_git_and_never_follow_symlinks(
         repo: Path, tmp_path: Path) -> None:
     outside = tmp_path / "outside"

@@ -337,3 +337,50 @@ def test_what_a_kill_after_the_commit_left_is_collected_by_gc_after_a_takeover(
     assert w.visible() == {f"d/f{i}.txt": f"new {i}\n".encode() for i in range(3)}
     assert w.ledger.verify().ok
     w.ledger.close()
+
+
+def test_a_save_met_between_the_swaps_is_kept_recorded_and_shown_by_status(
+        tmp_path: Path) -> None:
+    """A person saves right before the landing's exchange (the landing is refused) and
+    again right before its swap back: the second save is in the step's slot then. It is
+    kept under a visible name, named in the refusal (`undone[].kept`), the ledger and
+    `status`; nothing is kept in a run where nobody raced."""
+    from conftest import run_cli
+
+    a0 = b"a0\n"
+    files = {"a.txt": a0}
+
+    def admit(w: World) -> None:
+        w.ledger.workspaces.admit("w", w.epoch, [StepPlan("s", [Write("a.txt", b"a1\n", h(a0), 0)])])
+
+    count = World(tmp_path / "count", files)
+    admit(count)
+    seen = count.reopen({})
+    count.ledger.workspaces.apply("s", epoch=count.epoch)
+    assert count.ledger.workspaces.kept("w") == [] and count.hidden() == {}
+    count.ledger.close()
+    i = seen.index("ws-rename") + 1  # the exchange's point
+
+    w = World(tmp_path / "race", files)
+    admit(w)
+    w.reopen({i: lambda: save_by_rename(w.dir / "a.txt", b"first\n"),
+              i + 1: lambda: save_by_rename(w.dir / "a.txt", b"second\n")})
+    result = w.ledger.workspaces.apply("s", epoch=w.epoch)
+    assert result.verdict == "rejected:pre_hash"
+    seen_files = w.visible()
+    assert seen_files["a.txt"] == b"first\n"
+    kept = [k for k in seen_files if ".steptrail-kept-" in k]
+    assert len(kept) == 1 and seen_files[kept[0]] == b"second\n"
+    [k] = w.ledger.workspaces.kept("w")
+    assert (k.path, k.kept, k.step, k.present) == ("a.txt", kept[0], "s", True)
+    assert f"a.txt: conflict (kept as {kept[0]})" in result.detail
+    w.ledger.close()
+    out = run_cli(["--ledger", str(w.path), "status", "--json"])
+    assert out.code == 0, out
+    [ws] = out.json["workspaces"]
+    assert [x["kept"] for x in ws["kept"]] == [kept[0]]
+    text = run_cli(["--ledger", str(w.path), "status"]).out
+    assert f"KEPT    {kept[0]}" in text and "rm " in text
+    (w.dir / kept[0]).unlink()  # the person kept what they needed
+    assert run_cli(["--ledger", str(w.path), "status", "--json"]).json["workspaces"][0][
+        "kept"] == []

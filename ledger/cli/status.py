@@ -142,8 +142,13 @@ def _workspace_json(cmd: _Commands, ledger: Ledger, row: WsRow, waiting: list[St
     elif steps and not lease["live"]:
         nxt.append(cmd.acquire(row.name))
     takeover = cmd.acquire(row.name, force=True) if steps and lease["live"] else None
+    kept = [{"path": k.path, "kept": k.kept, "step": k.step, "attempt": k.attempt,
+             "seq": k.seq, "next": f"diff {shlex.quote(os.path.join(row.root, k.path))}"
+                                  f" {shlex.quote(os.path.join(row.root, k.kept))}; rm"
+                                  f" {shlex.quote(os.path.join(row.root, k.kept))}"}
+            for k in ledger.workspaces.kept(row.name) if k.present]
     return {"name": row.name, "root": row.root, "rev": row.rev, "lease": lease,
-            "steps": steps, "next": nxt, "takeover": takeover}
+            "steps": steps, "next": nxt, "takeover": takeover, "kept": kept}
 
 
 def _gc_json(ledger: Ledger) -> dict[str, Any]:
@@ -280,6 +285,13 @@ def _echo(doc: dict[str, Any]) -> None:
         _say("")
         _say(f"workspace {ws['name']} at {ws['root']}: rev {ws['rev']}")
         _say(f"  lease   {_lease_text(ws['lease'], now)}")
+        for k in ws["kept"][:SHOWN]:
+            _say(f"  KEPT    {k['kept']}: bytes step {k['step']} could not put back beside"
+                 f" {k['path']} (a person raced it); compare, keep what you need, then"
+                 f" remove it: {_runnable(k['next'])}")
+        if len(ws["kept"]) > SHOWN:
+            _say(f"  … and {len(ws['kept']) - SHOWN} more kept files: 'steptrail status"
+                 " --json' lists them all")
         if not ws["steps"]:
             _say("  nothing in flight")
             continue

@@ -1202,13 +1202,18 @@ class FileTools:
             if r.outcome != "conflict":
                 view.put(ws.name, r.path, Seen(r.rev, r.digest))
             files.append({"path": self.show(ws, r.path), "outcome": r.outcome, "rev": r.rev,
-                          "hash": r.digest})
+                          "hash": r.digest,
+                          "kept": None if r.kept is None else self.show(ws, r.kept)})
         conflicts = [f for f in files if f["outcome"] == "conflict"]
         lines = [f"{f['path']}: " + {"restored": "put back" + (" (removed: the step created it)"
                                                               if f["hash"] is None else ""),
                                      "already": "already back",
-                                     "conflict": "LEFT AS FOUND: it changed after the step"
-                                                 " (nothing was overwritten)"}[f["outcome"]]
+                                     "conflict": "LEFT AS FOUND: it changed after the step,"
+                                                 " or it is where the step moved a file whose"
+                                                 " old place could not be given back (nothing"
+                                                 " was overwritten or removed)"}[f["outcome"]]
+                 + (f"; a file that could not go back is kept as {f['kept']}"
+                    if f["kept"] else "")
                  for f in files]
         summary = _summary(comp.restored)
         head = {"undone": "Undone", "partly undone": "Partly undone",

@@ -31,6 +31,7 @@ from .protocol import (
     ApplyResult,
     Compensation,
     FileRead,
+    KeptFile,
     Lease,
     Receipt,
     SettleConflict,
@@ -43,6 +44,7 @@ from .restore import RestoreReport
 
 __all__ = [
     "ApplyResult", "Boundary", "Compensation", "Confined", "Entry", "FileRead", "FsRefused",
+    "KeptFile",
     "Lease", "Receipt", "RestoreReport", "SettleConflict", "StepPlan", "Walk", "Workspaces",
     "WorkspaceDir", "Write", "glob_match", "settle_conflicts", "LEDGER_DIR_NAME", "is_git_name",
     "is_ledger_dir_name",

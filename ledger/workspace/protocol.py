@@ -402,6 +402,22 @@ def settle_conflicts(done: Sequence[Compensation]) -> tuple[SettleConflict, ...]
                                 digest=r.digest) for c in done for r in c.conflicts)
 
 
+class KeptFile(msgspec.Struct, frozen=True, kw_only=True):
+    """A file steptrail kept under a visible name instead of removing it (a person raced
+    a step: what a take-back or an undo could not put back): `kept`, its path in the
+    workspace; `path`, the step's path it belongs beside; the step and attempt whose
+    refusal or compensation recorded it (`seq`); `present`, whether it is still there
+    (a person removes it once they have kept what they need)."""
+
+    workspace: str
+    path: str
+    kept: str
+    step: str
+    attempt: int
+    seq: int
+    present: bool
+
+
 class _Answered(Exception):
     """Raised inside a transaction to roll it back and answer without writing."""
 
@@ -749,6 +765,32 @@ class Workspaces:
         fold = read_workspaces(self.core.log)
         return {p: (s[0], s[1]) for (w, p), s in sorted(fold.paths.items())
                 if w == name and s is not None}
+
+    def kept(self, name: str) -> list[KeptFile]:
+        """The files steptrail kept in workspace `name` under a visible name
+        (``NAME.steptrail-kept-TAG``) instead of removing them, as its refusals and
+        compensations recorded them (`Restored.kept`), each with whether it is still on
+        disk: `status` shows those still there as needing attention."""
+        row = self.get(name)
+        out: list[KeptFile] = []
+        for kind in ("rejected", "compensated"):
+            for r in self.core.log.read(kind=kind):
+                ev = r.event
+                if getattr(ev, "workspace", None) != name:
+                    continue
+                entries = ev.undone if isinstance(ev, Rejected) else ev.restored  # type: ignore[union-attr]
+                for x in entries:
+                    if x.kept is None:
+                        continue
+                    try:
+                        present = os.path.isfile(os.path.join(row.root, x.kept)) and not \
+                            os.path.islink(os.path.join(row.root, x.kept))
+                    except OSError:
+                        present = False
+                    out.append(KeptFile(workspace=name, path=x.path, kept=x.kept,
+                                        step=ev.step, attempt=ev.attempt,  # type: ignore[union-attr]
+                                        seq=r.seq, present=present))
+        return sorted(out, key=lambda k: k.seq)
 
     def directory(self, name: str) -> WorkspaceDir:
         """Workspace `name`'s directory, confined as every step's write is: the root
@@ -1435,8 +1477,10 @@ class Workspaces:
             event = final.event
             if isinstance(event, Rejected):
                 detail = event.detail
-                if event.undone:  # writes that had landed before a crash, put back
-                    detail += "; " + ", ".join(f"{u.path}: {u.outcome}" for u in event.undone)
+                if event.undone:  # writes that had landed (now or before a crash), put back
+                    detail += "; " + ", ".join(
+                        f"{u.path}: {u.outcome}" + (f" (kept as {u.kept})" if u.kept else "")
+                        for u in event.undone)
                 return ApplyResult(verdict=f"rejected:{event.reason}", step=step, attempt=attempt,
                                    detail=detail, facts=holder[-1].facts if holder else {})
             assert isinstance(event, Fenced)
@@ -2060,6 +2104,7 @@ __all__ = [
     "FENCE_MODES",
     "ApplyResult",
     "Compensation",
+    "KeptFile",
     "Lease",
     "Receipt",
     "SettleConflict",

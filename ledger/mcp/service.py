@@ -688,7 +688,10 @@ class FileTools:
                 continue  # this path still holds what was read
             shown = self.show(ws, w.path)
             before = self._content_of(seen) if seen is not None else None
-            if w.pre_hash is None:
+            if now_hash == "unreadable":
+                what = (f"{shown} is now a symlink, a directory or another kind of file that is"
+                        " not a regular file (steptrail never writes through one)")
+            elif w.pre_hash is None:
                 what = f"{shown} did not exist when you planned this, and now it does"
             elif now_hash is None:
                 what = f"{shown} was deleted since you read it"
@@ -697,7 +700,7 @@ class FileTools:
                         f" (rev {w.base_rev} -> {now_rev})")
             else:
                 what = f"{shown} changed since you read it"
-            diff = "" if now_hash == w.pre_hash else (
+            diff = "" if now_hash in (w.pre_hash, "unreadable") else (
                 unified_diff(before, now, w.path, before_label="what you read",
                              after_label="on disk now")
                 if (before is not None or w.pre_hash is None) and (now is not None or now_hash is None)
@@ -705,7 +708,8 @@ class FileTools:
             files.append({"path": shown, "read_hash": w.pre_hash, "read_rev": w.base_rev,
                           "current_hash": now_hash, "current_rev": now_rev, "diff": diff,
                           "why": what})
-            blocks.append(f"- {what}: you read sha256 {short(w.pre_hash)}, it is now"
+            blocks.append(f"- {what}." if now_hash == "unreadable" else
+                          f"- {what}: you read sha256 {short(w.pre_hash)}, it is now"
                           f" sha256 {short(now_hash)} (rev {now_rev})."
                           + (f"\n```diff\n{diff}```" if diff else ""))
         if not files:  # the fence saw something that is gone again: say what it saw

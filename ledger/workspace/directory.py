@@ -100,6 +100,27 @@ def temp_name(leaf: str, epoch: int, tag: str, name_max: int = 255,
     return f".{prefix}{suffix}"
 
 
+#: The roles of slot names (`WorkspaceDir.slot`): a fixed name per (path, epoch, attempt,
+#: role). ``t`` is a take-back's: where it moves the step's own file aside to check it.
+SLOT_ROLES: Final = "xyut"
+
+
+def is_scratch(name: str) -> bool:
+    """True for a temporary `temp_name` made with a fresh random tail (a stager's own
+    scratch copy: only ever written by its stager, from bytes the ledger holds), False
+    for a slot (`WorkspaceDir.slot`: it may hold what a move displaced) — or a name too
+    long to tell (its leaf cut short): judged as a slot, by its content."""
+    m = _TMP_NAME.fullmatch(name)
+    if m is None or m.group(1) is None:
+        return False
+    leaf = name[1:].split(TMP_MARK, 1)[0]
+    if len(leaf.encode()) >= TMP_PREFIX_BYTES_MAX - 4:
+        return False
+    tail = name[-12:-4]
+    return all(tail != hashlib.sha256(f"{r}\0{leaf}".encode()).hexdigest()[:8]
+               for r in SLOT_ROLES)
+
+
 def temp_stamp(name: str) -> tuple[int, str] | None:
     """(epoch, attempt tag) of a name `temp_name` made; None for any other name."""
     m = _TMP_NAME.fullmatch(name)
@@ -652,6 +673,12 @@ class WorkspaceDir:
                         continue
                     mover = Mover(self.ops, stamp[1] or "old")
                     leaf = _leaf_of_temp(name)
+                    if is_scratch(name) and st.st_nlink == 1:
+                        # a dead stager's own copy, whole or cut short by a kill: no move
+                        # ever gives such a name to bytes it did not write itself
+                        mover.drop_own(dir_fd, name, identity_of(st))
+                        here += 1
+                        continue
                     beside = look(dir_fd, leaf) if leaf else ABSENT
 
                     def ours(digest: str, beside: Seen = beside) -> bool:
@@ -797,6 +824,18 @@ class WorkspaceDir:
             if real == self.root or real.startswith(self.root + "/"):
                 return os.path.relpath(real, self.root)
         return None
+
+    def _trash(self, path: str, dir_fd: int, post: str) -> str:
+        """The take-back's slot (``t``) beside `path`, cleared first: what a crashed
+        take-back left there goes only once it is shown to be the step's own bytes or
+        held by the ledger — here, the displaced file it was about to put back is kept
+        visible otherwise (`Mover.drop`)."""
+        trash = self.slot(path, "t")
+        leaf = path.rpartition("/")[2]
+        kept = self._mover().drop(dir_fd, trash, keep_for=leaf, expect=frozenset({post}))
+        if kept is not None:
+            self.kept.append((path, kept))
+        return trash
 
     def slot(self, path: str, role: str) -> str:
         """The name, beside `path`, of this attempt's write to it in `role` under this
@@ -945,7 +984,7 @@ class WorkspaceDir:
         dir_fd, leaf = opened
         mover = self._mover()
         try:
-            trash = temp_name(leaf, self.epoch, self.tag, _name_max(dir_fd))
+            trash = self._trash(path, dir_fd, post)
             move = mover.aside(dir_fd, leaf, trash, post)
             if move.verdict == "absent":
                 return TakeBack(path, True, None)
@@ -1006,7 +1045,7 @@ class WorkspaceDir:
             now = look(dir_fd, leaf).digest
             return TakeBack(path, False, now, kept=mover.keep(dir_fd, displaced, leaf))
         if here is not None and identity_of(here) == identity_of(there):  # a create's link
-            trash = temp_name(leaf, self.epoch, self.tag, _name_max(dir_fd))
+            trash = self._trash(path, dir_fd, post)
             move = mover.aside(dir_fd, leaf, trash, post)
             if move.ok:
                 mover.drop(dir_fd, displaced, twin=trash, expect=frozenset({post}),
@@ -1043,7 +1082,7 @@ class WorkspaceDir:
                     return TakeBack(path, True, pre, kept=kept)
                 kept = move.kept or mover.keep(dir_fd, displaced, leaf)
                 return TakeBack(path, False, look(dir_fd, leaf).digest, kept=kept)
-        trash = temp_name(leaf, self.epoch, self.tag, _name_max(dir_fd))
+        trash = self._trash(path, dir_fd, post)
         move = mover.aside(dir_fd, leaf, trash, post)
         if not move.ok:
             kept = move.kept if move.kept else mover.keep(dir_fd, displaced, leaf)

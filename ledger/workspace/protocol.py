@@ -871,9 +871,9 @@ class Workspaces:
         if ev.planned is None or not ev.planned.workspace:
             return
         ws = self.get(ev.planned.workspace)
-        epochs = [(ev.planned.epoch, "xy")]
+        epochs = [(ev.planned.epoch, "xyt")]
         if ev.compensating is not None:
-            epochs.append((ev.compensating[1].epoch, "u"))
+            epochs.append((ev.compensating[1].epoch, "ut"))
         for epoch, roles in epochs:
             wsdir = self._wsdir(ws, step, row.attempt, epoch)
             for w in ev.planned.writes:

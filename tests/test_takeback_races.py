@@ -384,3 +384,112 @@ def test_a_save_met_between_the_swaps_is_kept_recorded_and_shown_by_status(
     (w.dir / kept[0]).unlink()  # the person kept what they needed
     assert run_cli(["--ledger", str(w.path), "status", "--json"]).json["workspaces"][0][
         "kept"] == []
+
+
+def _killed(w: World, run: Callable[[Ledger], object], acts: dict[int, Callable[[], None]],
+            kill_at: int) -> bool:
+    """Run `run` in a forked child over the ledger, a person acting at `acts`' points,
+    SIGKILLed right before its `kill_at`-th `ws-*` point; reopen here. True: it died."""
+    import signal
+
+    w.ledger.close()
+    pid = os.fork()
+    if pid == 0:  # pragma: no cover - the child
+        n = [0]
+
+        def on_op(name: str) -> None:
+            if name.startswith("ws-"):
+                n[0] += 1
+                if n[0] in acts:
+                    acts[n[0]]()
+                if n[0] == kill_at:
+                    os.kill(os.getpid(), signal.SIGKILL)
+
+        try:
+            run(Ledger.open(w.path, clock=w.clock, on_op=on_op))
+        finally:
+            os._exit(0)
+    _, status = os.waitpid(pid, 0)
+    w.ledger = Ledger.open(w.path, clock=w.clock)
+    return os.WIFSIGNALED(status)
+
+
+def test_a_take_back_killed_at_every_point_is_settled_back_by_the_next_epoch(
+        tmp_path: Path, mode: str) -> None:
+    """The SIGKILL sweep with take-backs in its workload: a 4-file rotation whose last
+    file a person edits right before its exchange (so the three landed files are taken
+    back), killed at every point of that take-back; the next epoch's settling leaves
+    every file as it was before the step (the edit kept), no temporary behind, and
+    nothing kept (nobody raced the take-back itself)."""
+    files = {f"f{i}": f"content {i}\n".encode() for i in range(4)}
+    names = sorted(files)
+    writes = [Write(names[i], files[names[(i + 1) % 4]], h(files[names[i]]), 0)
+              for i in range(4)]
+
+    def admit(w: World) -> None:
+        w.ledger.workspaces.admit("w", w.epoch, [StepPlan("rot", writes)])
+
+    count = World(tmp_path / "count", files)
+    admit(count)
+    seen = count.reopen({})
+    count.ledger.workspaces.apply("rot", epoch=count.epoch)
+    count.ledger.close()
+    renames = [i for i, name in enumerate(seen, 1) if name == "ws-rename"]
+    # the 4th path's landing: its first rename (the exchange, or the move aside)
+    last = renames[3] if mode == "exchange" else renames[6]
+    edit = b"person edit\n"
+    n_total = 0
+    bad = []
+    for kill_at in range(last + 1, last + 40):
+        w = World(tmp_path / str(kill_at), files)
+        admit(w)
+        died = _killed(w, lambda led: led.workspaces.apply("rot", epoch=w.epoch),
+                       {last: lambda w=w: (w.dir / "f03").write_bytes(edit)}, kill_at)
+        if not died:
+            w.ledger.close()
+            break
+        n_total += 1
+        lease = w.ledger.workspaces.acquire("w", "agent-2", ttl_s=3600, force=True)
+        expected = {**files, "f03": edit}
+        if w.visible() != expected or w.hidden():
+            bad.append((kill_at, lease.settled, sorted(w.visible()), sorted(w.hidden())))
+        w.ledger.close()
+    assert n_total >= 5 and bad == []
+
+
+def test_an_undo_killed_at_every_point_is_finished_by_the_retry(
+        tmp_path: Path, mode: str) -> None:
+    """The SIGKILL sweep with undos: a committed rotation and a directory move undone,
+    killed at every point of the undo; the retried undo puts every file back, nothing
+    left behind or kept."""
+    files = {f"f{i}": f"content {i}\n".encode() for i in range(3)}
+    files["src/m.txt"] = b"moved\n"
+    names = [f"f{i}" for i in range(3)]
+    writes = [Write(names[i], files[names[(i + 1) % 3]], h(files[names[i]]), 0)
+              for i in range(3)]
+    writes += [Write("src/m.txt", None, h(b"moved\n"), 0), Write("dst/m.txt", b"moved\n", None, 0)]
+
+    def commit(w: World) -> None:
+        w.ledger.workspaces.admit("w", w.epoch, [StepPlan("s", writes)])
+        assert w.ledger.workspaces.apply("s", epoch=w.epoch).verdict == "applied"
+        w.ledger.publish("s")
+        w.ledger.ack("s", epoch=w.epoch)
+
+    bad = []
+    n_total = 0
+    for kill_at in range(1, 60):
+        w = World(tmp_path / str(kill_at), files)
+        commit(w)
+        died = _killed(w, lambda led: led.workspaces.compensate("s", epoch=w.epoch), {},
+                       kill_at)
+        if not died:
+            w.ledger.close()
+            break
+        n_total += 1
+        comp = w.ledger.workspaces.compensate("s", epoch=w.epoch)
+        if w.visible() != files or w.hidden() or any(r.outcome == "conflict"
+                                                     for r in comp.restored):
+            bad.append((kill_at, [(r.path, r.outcome) for r in comp.restored],
+                        sorted(w.visible()), sorted(w.hidden())))
+        w.ledger.close()
+    assert n_total >= 10 and bad == []

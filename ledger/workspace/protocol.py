@@ -558,6 +558,11 @@ def _commit_events(tx: Tx, now: int, planned: Planned, fenced: Fenced,
             Acked(**common, manifest_rev=rev)]
 
 
+def recorded_before(result: object) -> bool:
+    """Whether a compensation's answer is a redelivery of one recorded before."""
+    return isinstance(result, Compensation) and result.deduped
+
+
 def _digest(found: str | None) -> str | None:
     """A digest to record for what a path holds (None: absent, or not a regular file)."""
     return None if found == NOT_A_FILE else found
@@ -1866,6 +1871,11 @@ class Workspaces:
                                         scope=Scope(planned.workspace) if writing  # type: ignore[union-attr]
                                         else None)[0]
         except _Answered as answered:
+            if recorded_before(answered.result):
+                # a redelivery: what a kill after that commit left (the slots of what
+                # the undo displaced) goes now, each only once the ledger holds it
+                with contextlib.suppress(LedgerError, OSError):
+                    self.tidy(step)
             return answered.result  # type: ignore[no-any-return]
         event = recorded.event
         assert isinstance(event, Compensated)

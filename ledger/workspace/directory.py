@@ -997,17 +997,21 @@ class WorkspaceDir:
         finally:
             os.close(dir_fd)
 
-    def roll_back(self, found: Found, post: str | None) -> TakeBack:
+    def roll_back(self, found: Found, post: str | None, *,
+                  displaced_stored: bool = False) -> TakeBack:
         """Undo a crashed call's landed write (`landed`): the displaced bytes go back
         where they were, only if the path still holds what the write put there. Otherwise
         nothing of the path is touched (a conflict for a human) and what the write
-        displaced is kept under a visible name."""
+        displaced is kept under a visible name — or, when the caller stores it in the
+        transaction that records this (`displaced_stored`), left in its slot, collected
+        (verified) once that has committed."""
         if found.slot is None:
             return TakeBack(found.path, True, None)
-        return self._take_back(found.path, found.slot, post, found.displaced, landed=False)
+        return self._take_back(found.path, found.slot, post, found.displaced, landed=False,
+                               stored=displaced_stored)
 
     def _take_back(self, path: str, displaced: str, post: str | None, pre: str | None, *,
-                   landed: bool) -> TakeBack:
+                   landed: bool, stored: bool = False) -> TakeBack:
         try:
             opened = self._held_parent(path, check=False)
         except (LedgerError, OSError) as exc:
@@ -1022,7 +1026,7 @@ class WorkspaceDir:
             if now is not None and now != (d or "."):
                 where = now
         try:
-            back = self._unland(dir_fd, leaf, path, displaced, post, pre, landed)
+            back = self._unland(dir_fd, leaf, path, displaced, post, pre, landed, stored)
         except UnsafeFallbackRefused as exc:
             back = TakeBack(path, False, None, error=exc.strerror or "")
         except OSError as exc:
@@ -1032,8 +1036,14 @@ class WorkspaceDir:
         return back if where is None else dataclasses.replace(back, moved=where)
 
     def _unland(self, dir_fd: int, leaf: str, path: str, displaced: str, post: str | None,
-                pre: str | None, landed: bool) -> TakeBack:
+                pre: str | None, landed: bool, stored: bool = False) -> TakeBack:
         mover = self._mover()
+
+        def keep_displaced() -> str | None:
+            """What the write displaced, when it cannot go back: visible — or, stored by
+            the caller's transaction, left in its slot for the collection after it."""
+            return None if stored else mover.keep(dir_fd, displaced, leaf)
+
         here = stat_at(dir_fd, leaf)
         there = stat_at(dir_fd, displaced)
         if there is None:
@@ -1043,7 +1053,7 @@ class WorkspaceDir:
             if mover.put(dir_fd, displaced, leaf):
                 return TakeBack(path, True, pre)
             now = look(dir_fd, leaf).digest
-            return TakeBack(path, False, now, kept=mover.keep(dir_fd, displaced, leaf))
+            return TakeBack(path, False, now, kept=keep_displaced())
         if here is not None and identity_of(here) == identity_of(there):  # a create's link
             trash = self._trash(path, dir_fd, post)
             move = mover.aside(dir_fd, leaf, trash, post)
@@ -1070,7 +1080,7 @@ class WorkspaceDir:
                     mover.drop(dir_fd, staged, expect=frozenset({post}), keep_for=leaf)
                     return TakeBack(path, True, pre)
             # deleted since the write landed: stays deleted; the displaced file is kept
-            return TakeBack(path, False, None, kept=mover.keep(dir_fd, displaced, leaf))
+            return TakeBack(path, False, None, kept=keep_displaced())
         if mover.can_exchange():
             try:
                 move = mover.exchange(dir_fd, leaf, displaced, post, pre or "")
@@ -1080,17 +1090,17 @@ class WorkspaceDir:
                 if move.ok:  # the step's bytes are in the slot now, checked
                     kept = mover.drop(dir_fd, displaced, move.seen, keep_for=leaf)
                     return TakeBack(path, True, pre, kept=kept)
-                kept = move.kept or mover.keep(dir_fd, displaced, leaf)
+                kept = move.kept or keep_displaced()
                 return TakeBack(path, False, look(dir_fd, leaf).digest, kept=kept)
         trash = self._trash(path, dir_fd, post)
         move = mover.aside(dir_fd, leaf, trash, post)
         if not move.ok:
-            kept = move.kept if move.kept else mover.keep(dir_fd, displaced, leaf)
+            kept = move.kept if move.kept else keep_displaced()
             return TakeBack(path, False, look(dir_fd, leaf).digest, kept=kept)
         if not mover.put(dir_fd, displaced, leaf):
             # a file made while the name was absent: it stays, the pre-image beside it
             now = look(dir_fd, leaf).digest
-            kept = mover.keep(dir_fd, displaced, leaf)
+            kept = keep_displaced()
             mover.drop(dir_fd, trash, move.seen, keep_for=leaf)
             return TakeBack(path, False, now, kept=kept)
         kept = mover.drop(dir_fd, trash, move.seen, keep_for=leaf)

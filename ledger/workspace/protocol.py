@@ -1997,14 +1997,17 @@ class Workspaces:
                     continue
                 if found.displaced is not None and found.displaced != NOT_A_FILE:
                     self._keep_displaced(tx, crashed, found, inline)
-                if crashed.roll_back(found, w.post_hash):
+                stored = found.displaced not in (None, NOT_A_FILE)
+                taken = crashed.roll_back(found, w.post_hash, displaced_stored=stored)
+                if taken.ok:
                     ok = found.displaced == w.pre_hash
                     out.append(Restored(path=w.path, rev=path_rev + 1, digest=found.displaced,
                                         outcome="restored" if ok else "conflict",
-                                        mode=wsdir.mode(w.path)))
+                                        mode=wsdir.mode(w.path),
+                                        kept=_kept_path(w.path, taken)))
                 else:
-                    out.append(Restored(path=w.path, rev=path_rev, digest=disk,
-                                        outcome="conflict"))
+                    out.append(Restored(path=w.path, rev=path_rev, digest=_digest(taken.now),
+                                        outcome="conflict", kept=_kept_path(w.path, taken)))
                 continue
             pre, post, expected_rev = a.pre_hash, a.post_hash, a.rev
             if path_rev != expected_rev:
@@ -2037,9 +2040,11 @@ class Workspaces:
                     if f.landed and f.displaced not in (post, NOT_A_FILE):
                         if f.displaced is not None:
                             self._keep_displaced(tx, undone_by, f, inline)
-                        if undone_by.roll_back(f, pre):
+                        taken = undone_by.roll_back(f, pre, displaced_stored=True)
+                        if taken.ok:
                             out.append(Restored(path=w.path, rev=path_rev,
-                                                digest=f.displaced, outcome="conflict"))
+                                                digest=f.displaced, outcome="conflict",
+                                                kept=_kept_path(w.path, taken)))
                             continue
                 wsdir.sync(w.path)  # durable, then recorded
                 out.append(Restored(path=w.path, rev=path_rev + 1, digest=pre,

@@ -48,6 +48,7 @@ if TYPE_CHECKING:  # the one list of public names; at run time each is imported 
         InvalidInput as InvalidInput,
         LeaseHeld as LeaseHeld,
         LedgerBusy as LedgerBusy,
+        LedgerMoved as LedgerMoved,
         LedgerError as LedgerError,
         LedgerNotFound as LedgerNotFound,
         LedgerTooNew as LedgerTooNew,

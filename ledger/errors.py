@@ -246,6 +246,75 @@ class WorkspaceMoved(InvalidInput):
         self.workspace, self.root, self.why = workspace, root, why
 
 
+class LedgerMoved(InvalidInput):
+    """The ledger is not where it was when the workspace was registered, and it travels
+    with the workspace (its directory inside the root — the default ``.steptrail/`` —,
+    or a ``.steptrail/`` whose parent holds the root): the project was copied (``cp -a``,
+    a restored CI cache, a container snapshot), moved, or the ledger alone was copied or
+    moved. A step would write the registered root — in a
+    copy, the original project's files —, so nothing was read or written.
+
+    `case`: ``copied`` (the registered root is still there: the original's), ``moved``
+    (it is gone, and the ledger's new place holds the project) or ``ledger-only`` (the
+    ledger's new place holds none of the workspace's files); `new_root`: where the
+    workspace is when it moved with the ledger; `command`: the one that resolves it
+    (``workspace add --rebind``, or ``restore`` into `restore_to` — `new_root` when it
+    does not exist — or a new directory). A ledger in a database has no directory: it is
+    never judged by its place.
+
+    >>> from ledger import LedgerMoved, InvalidInput
+    >>> err = LedgerMoved("repo", "/srv/repo", "/srv/repo/.steptrail", "/tmp/repo2/.steptrail",
+    ...                   "copied", "/tmp/repo2", "/tmp/repo2/.steptrail/ledger.db", True)
+    >>> isinstance(err, InvalidInput), err.exit_code
+    (True, 2)
+    >>> err.command
+    'steptrail --ledger /tmp/repo2/.steptrail/ledger.db workspace add repo /tmp/repo2 --rebind'
+    """
+
+    def __init__(self, workspace: str, root: str, recorded_dir: str, ledger_dir: str,
+                 case: str, new_root: str | None, ledger: str, root_exists: bool,
+                 restore_to: str | None = None, witness: str | None = None) -> None:
+        from shlex import quote
+
+        base = f"steptrail --ledger {quote(ledger)}"
+        rebind = (f"{base} workspace add {quote(workspace)} {quote(new_root or 'DIR')}"
+                  " --rebind")
+        where = (f"this ledger ({ledger_dir}) is not where it was when workspace {workspace!r}"
+                 f" was registered ({recorded_dir})")
+        if case == "copied":
+            command = rebind
+            text = (f"{where}: it is a copy, and the workspace's directory {root} is still"
+                    f" there with the original's files, which a step from this copy would"
+                    f" write; nothing was read or written. To make this copy's steps write"
+                    f" its own files ({new_root}), run '{command}'")
+        elif case == "moved":
+            command = rebind
+            text = (f"{where}: the project was moved with its ledger, and {root} is gone;"
+                    f" nothing was read or written. Re-register the workspace where it is"
+                    f" now ({new_root}): run '{command}'")
+        else:
+            target = quote(restore_to) if restore_to else "NEWDIR"
+            command = f"{base} restore --workspace {quote(workspace)} --to {target}"
+            holds = (f"{new_root}, where its files would be, does not exist" if restore_to
+                     else f"{new_root}, where its files would be, holds none of them")
+            there = (f"{root} is still there (another ledger's workspace)" if root_exists
+                     else f"{root} is gone")
+            text = (f"{where}: the ledger was copied or moved without the workspace"
+                    f" ({holds}) and {there}; nothing was read or written. Write the"
+                    f" workspace's committed files into a new directory with '{command}'"
+                    + (f", or, if this ledger alone is to write {root} from now on, run"
+                       f" '{base} workspace add {quote(workspace)} {quote(root)} --rebind'"
+                       if root_exists else ""))
+        if witness is not None and root_exists:
+            # a commit of the copy would reach the witness the original is checked against
+            text += (f" (first give this copy a witness of its own: '{base} witness anchor"
+                     f" --witness /ANOTHER/PATH'; it shares {witness} with the original)")
+        super().__init__(text)
+        self.workspace, self.root, self.case, self.new_root = workspace, root, case, new_root
+        self.recorded_dir, self.ledger_dir, self.command = recorded_dir, ledger_dir, command
+        self.root_exists = root_exists
+
+
 class WorkspaceOverlap(InvalidInput):
     """A workspace root that is, contains or lies inside another workspace's root or the
     ledger's own directory: one directory belongs to one workspace.
@@ -1067,6 +1136,7 @@ __all__ = [
     "LeaseHeld",
     "LedgerBusy",
     "LedgerError",
+    "LedgerMoved",
     "LedgerNotFound",
     "LedgerTooNew",
     "ManifestConflict",

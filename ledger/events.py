@@ -413,6 +413,13 @@ class WorkspaceAdded(Event, frozen=True, kw_only=True, tag="workspace-added"):
     every walk into the workspace opens the root without following symlinks and refuses
     another directory. `allow_git`: steps may write ``.git`` internals (an opt-in).
 
+    `ledger_dir`/`ledger_dev`/`ledger_ino`: where the ledger itself was — its
+    directory's real path, device and inode (the directory: a copy carries the files
+    inside it). None in a ledger in a database (it has no directory) and in ledgers
+    written before they were recorded (not judged by its place until the workspace is
+    re-registered with `rebind`). A ledger that travels with the workspace and no longer
+    sits there refuses its steps (`LedgerMoved`: a copied or moved project).
+
     >>> from pathlib import Path
     >>> from ledger import Ledger
     >>> Path("repo").mkdir(); _ = Path("repo/app.py").write_text("v0\\n")
@@ -429,12 +436,15 @@ class WorkspaceAdded(Event, frozen=True, kw_only=True, tag="workspace-added"):
     dev: FileId | None = None
     ino: FileId | None = None
     allow_git: bool = False
+    ledger_dir: Annotated[str, Meta(min_length=1, max_length=PATH_MAX)] | None = None
+    ledger_dev: FileId | None = None
+    ledger_ino: FileId | None = None
 
 
 class WorkspaceRestored(Event, frozen=True, kw_only=True, tag="workspace-restored"):
     """A workspace's committed content materialized at a fresh `root`: steps write there
-    from then on. `dev`/`ino`/`allow_git` as in `WorkspaceAdded` (None: written before
-    identities were recorded).
+    from then on. `dev`/`ino`/`allow_git` and the ledger's place (`ledger_dir`, …) as in
+    `WorkspaceAdded` (None: written before they were recorded).
 
     >>> from ledger import WorkspaceRestored
     >>> WorkspaceRestored(workspace="repo", root="/srv/repo-restored").workspace
@@ -449,6 +459,9 @@ class WorkspaceRestored(Event, frozen=True, kw_only=True, tag="workspace-restore
     dev: FileId | None = None
     ino: FileId | None = None
     allow_git: bool = False
+    ledger_dir: Annotated[str, Meta(min_length=1, max_length=PATH_MAX)] | None = None
+    ledger_dev: FileId | None = None
+    ledger_ino: FileId | None = None
 
 
 class WorkspaceRebound(Event, frozen=True, kw_only=True, tag="workspace-rebound"):
@@ -456,7 +469,9 @@ class WorkspaceRebound(Event, frozen=True, kw_only=True, tag="workspace-rebound"
     or the same path with a new directory), that directory's identity and its options.
     `after` is the seq of the registration it replaces (`workspace-added`,
     `-restored` or `-rebound`), so two operators re-registering from the same state
-    conflict instead of both winning, and a redelivery is answered by the journal.
+    conflict instead of both winning, and a redelivery is answered by the journal. The
+    ledger's place (`ledger_dir`, …) as in `WorkspaceAdded`, recorded anew: rebinding is
+    how a copied or moved project's ledger is told where it lives now.
 
     >>> from ledger import WorkspaceRebound
     >>> WorkspaceRebound(workspace="repo", root="/srv/repo", dev=1, ino=2).root
@@ -470,6 +485,9 @@ class WorkspaceRebound(Event, frozen=True, kw_only=True, tag="workspace-rebound"
     ino: FileId
     allow_git: bool = False
     after: NonNegative = 0
+    ledger_dir: Annotated[str, Meta(min_length=1, max_length=PATH_MAX)] | None = None
+    ledger_dev: FileId | None = None
+    ledger_ino: FileId | None = None
 
 
 class LeaseAcquired(Event, frozen=True, kw_only=True, tag="lease-acquired"):

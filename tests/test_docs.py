@@ -226,6 +226,7 @@ with Ledger.init(".steptrail/ledger.db") as ledger:
 #: The state each section's blocks run in (in order, in one directory per section).
 SETUP: dict[str, Callable[[Path], Path] | None] = {
     "Where the ledger lives": empty,
+    "A copied or moved project": empty,
     "A ledger on PostgreSQL": empty,
     RUNBOOK: None,  # the scenarios above
     "If the workspace's machine is gone": None,

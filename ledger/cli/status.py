@@ -137,6 +137,12 @@ def _workspace_json(cmd: _Commands, ledger: Ledger, row: WsRow, waiting: list[St
                 else "unacked" if r.state == UNACKED else "in-flight")
         steps.append(_step_json(cmd, r, what, lease))
     nxt: list[str] = []
+    # what needs an operator before any step can go on: the ledger is not where it was
+    # when the workspace was registered (a copied or moved project)
+    moved = ledger.workspaces.ledger_moved(row.name)
+    attention = [] if moved is None else [{"type": type(moved).__name__, "case": moved.case,
+                                           "message": str(moved), "next": moved.command}]
+    nxt.extend(a["next"] for a in attention)
     if any(s["what"] == "unsettled" for s in steps) and lease["live"]:
         nxt.append(cmd.lease(row.name, f"settle --epoch {row.epoch}"))
     elif steps and not lease["live"]:
@@ -148,7 +154,8 @@ def _workspace_json(cmd: _Commands, ledger: Ledger, row: WsRow, waiting: list[St
                                   f" {shlex.quote(os.path.join(row.root, k.kept))}"}
             for k in ledger.workspaces.kept(row.name) if k.present]
     return {"name": row.name, "root": row.root, "rev": row.rev, "lease": lease,
-            "steps": steps, "next": nxt, "takeover": takeover, "kept": kept}
+            "attention": attention, "steps": steps, "next": nxt, "takeover": takeover,
+            "kept": kept}
 
 
 def _gc_json(ledger: Ledger) -> dict[str, Any]:
@@ -284,6 +291,9 @@ def _echo(doc: dict[str, Any]) -> None:
     for ws in doc["workspaces"]:
         _say("")
         _say(f"workspace {ws['name']} at {ws['root']}: rev {ws['rev']}")
+        for a in ws["attention"]:
+            _say(f"  ATTENTION {a['type']}: {a['message']}")
+            _say(f"  next: {_runnable(a['next'])}")
         _say(f"  lease   {_lease_text(ws['lease'], now)}")
         for k in ws["kept"][:SHOWN]:
             _say(f"  KEPT    {k['kept']}: bytes step {k['step']} could not put back beside"
@@ -296,8 +306,9 @@ def _echo(doc: dict[str, Any]) -> None:
             _say("  nothing in flight")
             continue
         _echo_steps(ws["steps"], "  ")
+        said = {s["next"] for s in ws["steps"][:SHOWN]} | {a["next"] for a in ws["attention"]}
         for c in ws["next"]:
-            if c not in {s["next"] for s in ws["steps"][:SHOWN]}:  # not said in a row
+            if c not in said:  # not said in a row
                 _say(f"  next: {c}")
         if ws["takeover"]:
             _say(f"  {ws['lease']['holder']} gone? take over (settles its epoch):"
@@ -331,6 +342,9 @@ def status(ctx: click.Context, ws_name: str | None, as_json: bool) -> None:
     waiting for a command — in flight (planned, fenced, blob-stored, compensating),
     unsettled (in flight under an older epoch: the live one compensates them) or
     unacked (published, the ack missing) — each with the command that moves it on;
+    a workspace that needs an operator first (ATTENTION: its ledger is not where it
+    was when the workspace was registered — a copied or moved project), with the
+    command that resolves it;
     the last garbage collection the ledger recorded (an audit only reads: nothing
     records it); the witness and whether it holds the ledger's head. Nothing is
     written: not the ledger, not its lock.

@@ -42,13 +42,15 @@ def workspace() -> None:
     "steptrail workspace add agent-1 ./checkout",
     "steptrail workspace add agent-1 ./checkout --json   # again: a no-op",
     "steptrail workspace add agent-1 ./moved-checkout --rebind   # it moved: re-register",
+    "steptrail workspace add repo . --rebind   # in a copied project: write the copy",
     "steptrail workspace add dotfiles ~/dots --allow-git   # steps may write .git/",
 ))
 @click.argument("name")
 @click.argument("directory", metavar="DIR")
 @click.option("--rebind", is_flag=True,
               help="Re-register an added workspace: at DIR (moved, or restored by other"
-                   " means), with DIR's device and inode and these options.")
+                   " means), with DIR's device and inode, these options and where the"
+                   " ledger is now (a copied or moved project's ledger).")
 @click.option("--allow-git", is_flag=True,
               help="Let steps write .git internals (hooks, config); refused by default.")
 @json_option
@@ -59,7 +61,9 @@ def workspace_add(ctx: click.Context, name: str, directory: str, rebind: bool, a
 
     DIR is recorded resolved, with its device and inode: a step's writes are refused
     when the directory there is no longer that one (swapped for a symlink, moved,
-    replaced). DIR may not overlap another workspace's directory, nor be the ledger's
+    replaced). So is where the ledger itself is: when the ledger travels with DIR (its
+    .steptrail inside DIR) and is later found elsewhere — the project copied or moved
+    with it — steps are refused (LedgerMoved) until --rebind records its new place. DIR may not overlap another workspace's directory, nor be the ledger's
     own directory; the ledger's directory may sit inside DIR (like .git in a repository:
     steps never write it).
     """
@@ -73,7 +77,8 @@ def workspace_add(ctx: click.Context, name: str, directory: str, rebind: bool, a
     if as_json:
         _emit_json(workspace_json(row, now) | {"added": existing is None, "rebound": rebound,
                                                "allow_git": after.allow_git,
-                                               "identity": after.identity is not None})
+                                               "identity": after.identity is not None,
+                                               "ledger_dir": after.ledger_dir})
     elif existing is None:
         click.echo(f"added workspace {row.name} at {row.root}")
     elif rebound:

@@ -646,6 +646,9 @@ class ClientRoots:
                     raise ToolFailure(one_line(f"cannot serve the client's roots: {exc}")) from None
                 try:
                     tools = FileTools(ledger, names, given_roots=given, **self.tools_kw)
+                except LedgerError as exc:
+                    ledger.close()
+                    raise ToolFailure(one_line(f"cannot serve the client's roots: {exc}")) from None
                 except BaseException:
                     ledger.close()
                     raise
@@ -1067,6 +1070,13 @@ def _register(ledger: Ledger, real: str, echo: Callable[[str], None] | None) -> 
         name = next((w.name for w in rows.values() if w.root == real), None)
         if name is not None:
             return name
+        for w in rows.values():
+            # a copied or moved project: its ledger registered this directory's project
+            # at the original place; say so (the operator rebinds) rather than register
+            # the copy beside it under another name
+            moved = ledger.workspaces.ledger_moved(w.name)
+            if moved is not None and moved.new_root == real:
+                raise moved
         name = _workspace_name(real, set(rows))
         try:
             ledger.workspaces.add(name, real)

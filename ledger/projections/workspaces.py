@@ -198,17 +198,30 @@ class WorkspacesFold:
 class Registration(msgspec.Struct, frozen=True, kw_only=True):
     """Where a workspace lives and what it may write, as its newest registration event
     (`workspace-added`, `-restored` or `-rebound`) recorded it. `dev`/`ino` None: a
-    registration written before identities were recorded (no identity to check)."""
+    registration written before identities were recorded (no identity to check).
+    `ledger_dir`/`ledger_dev`/`ledger_ino`: where the ledger itself was then (None: a
+    ledger in a database, or a registration written before it was recorded)."""
 
     root: str
     dev: int | None
     ino: int | None
     allow_git: bool
     seq: int
+    ledger_dir: str | None = None
+    ledger_dev: int | None = None
+    ledger_ino: int | None = None
 
     @property
     def identity(self) -> tuple[int, int] | None:
         return None if self.dev is None or self.ino is None else (self.dev, self.ino)
+
+    @property
+    def ledger_place(self) -> tuple[str, int, int] | None:
+        """(real path, device, inode) of the ledger's directory when this registration
+        was recorded; None when it was not."""
+        if self.ledger_dir is None or self.ledger_dev is None or self.ledger_ino is None:
+            return None
+        return (self.ledger_dir, self.ledger_dev, self.ledger_ino)
 
 
 def load_registration(view: EventReader, name: str) -> Registration | None:
@@ -232,7 +245,9 @@ def load_registration(view: EventReader, name: str) -> Registration | None:
         raise TypeError(f"event #{best.seq} under a workspace registration key is a"
                         f" {type(event).__name__}")
     return Registration(root=event.root, dev=event.dev, ino=event.ino,
-                        allow_git=event.allow_git, seq=int(best[0]))
+                        allow_git=event.allow_git, seq=int(best[0]),
+                        ledger_dir=event.ledger_dir, ledger_dev=event.ledger_dev,
+                        ledger_ino=event.ledger_ino)
 
 
 Loader = Callable[[str], WsRow | None]

@@ -16,6 +16,7 @@ import os
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
+from ..errors import StorageFailure
 from ..events import check_digest
 from ..guard import AppendGuard
 from ..log import EventLog
@@ -44,13 +45,34 @@ class OwnFiles:
     (`boundary()`): its directory (the file, ``-wal``/``-shm``/``-lockq``, the GC lock),
     the blob root, the witness. `witness` is set by the ledger when it has one."""
 
-    __slots__ = ("path", "storage", "witness", "_kept")
+    __slots__ = ("path", "storage", "witness", "_kept", "_dir", "_place")
 
     def __init__(self, path: str, storage: Store) -> None:
         self.path, self.storage = path, storage
         #: The witness file's path, if the ledger keeps one.
         self.witness: str | None = None
         self._kept: tuple[object, Boundary] | None = None
+        # the ledger's directory as opened (relative to the working directory then)
+        self._dir = (None if storage.files.root is None
+                     else os.path.dirname(os.path.abspath(path)))
+        self._place: tuple[str, int, int] | None = None
+
+    def place(self) -> tuple[str, int, int] | None:
+        """Where the ledger lives: its directory's real path, device and inode (None: a
+        ledger in a database has no directory). The directory, not a file in it: a copy
+        of the project carries the files, never the directory's identity. Kept once
+        known (the directory cannot move under an open ledger); StorageFailure when it
+        cannot be looked at."""
+        if self._dir is None:
+            return None
+        if self._place is None:
+            real = os.path.realpath(self._dir)
+            try:
+                st = os.stat(real)
+            except OSError as exc:
+                raise StorageFailure(real, os.strerror(exc.errno or 0)) from None
+            self._place = (real, st.st_dev, st.st_ino)
+        return self._place
 
     def boundary(self) -> Boundary:
         """The ledger's own files as a `Boundary`. The ledger's directory and files cannot

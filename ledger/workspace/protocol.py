@@ -55,6 +55,7 @@ from ..errors import (
     InvalidInput,
     LeaseHeld,
     LedgerError,
+    LedgerMoved,
     PathEscapes,
     PlanConflict,
     ReplanRefused,
@@ -98,6 +99,7 @@ from ..events import (
 )
 from .confined import Confined
 from .core import Core
+from .place import ledger_moved
 from .restore import RestoreReport, restore
 from ..projections import read_workspaces
 from ..projections.steps import (
@@ -629,6 +631,12 @@ class Workspaces:
         a workspace moved or restored by other means, and how a workspace registered
         before identities were recorded obtains one. Rebinding while a lease is live is
         allowed: every write is still fenced on the bytes on disk.
+
+        Each registration also records where the ledger itself is (its directory's real
+        path, device and inode; nothing for a ledger in a database): a ledger that
+        travels with the workspace and is later found elsewhere — a copied or moved
+        project — refuses its steps (`LedgerMoved`) until it is rebound, which records
+        its new place (`ledger_moved`).
         """
         check_step_id(name)
         if not isinstance(root, str | os.PathLike) or not os.fspath(root):
@@ -645,6 +653,9 @@ class Workspaces:
                                if st is None else f"workspace directory {root} is not a"
                                " directory (a file, a device or a FIFO); give a directory")
         ident = identity_of(st)
+        here = self.core.own.place()  # where the ledger is: recorded with the registration
+        place = {} if here is None else dict(zip(("ledger_dir", "ledger_dev", "ledger_ino"),
+                                                 here, strict=True))
 
         def build(tx: Tx, now: int) -> list[Event]:
             self.check_root(name, real, ident)  # under the lock: two adds cannot race
@@ -654,10 +665,13 @@ class Workspaces:
                     raise InvalidInput(f"workspace {name!r} was never added; add it without"
                                        " --rebind")
                 return [WorkspaceAdded(workspace=name, root=real, dev=ident[0], ino=ident[1],
-                                       allow_git=allow_git)]
+                                       allow_git=allow_git, **place)]
             same = (reg.root == real and reg.identity == ident and reg.allow_git == allow_git)
-            if same or (not rebind and reg.root == real and reg.identity is None
-                        and reg.allow_git == allow_git):
+            # (adding it again never records the ledger's place: in a copy that would
+            # bless the copy; only a rebind does)
+            if (same and (not rebind or reg.ledger_place == here)) or (
+                    not rebind and reg.root == real and reg.identity is None
+                    and reg.allow_git == allow_git):
                 raise _Answered(None)  # nothing changed (an old registration keeps no identity)
             if not rebind:
                 if reg.root != real:
@@ -671,7 +685,7 @@ class Workspaces:
                     f" another name, or re-register it with 'steptrail workspace add {name}"
                     f" {real} --rebind{' --allow-git' if allow_git else ''}'")
             return [WorkspaceRebound(workspace=name, root=real, dev=ident[0], ino=ident[1],
-                                     allow_git=allow_git, after=reg.seq)]
+                                     allow_git=allow_git, after=reg.seq, **place)]
 
         with contextlib.suppress(_Answered):
             self._log.append(build)
@@ -700,6 +714,14 @@ class Workspaces:
         if not nested:
             self._registrations[name] = (head, seen, reg)
         return reg
+
+    def ledger_moved(self, name: str) -> LedgerMoved | None:
+        """Why a step on workspace `name` is refused because the ledger is not where it
+        was when the workspace was registered (a copied or moved project: `LedgerMoved`,
+        its `command` resolves it), or None. Every step, read and walk of the workspace
+        raises it (`directory`); `steptrail status` shows it. Never for a ledger in a
+        database, nor for a registration that did not record the ledger's place."""
+        return ledger_moved(name, self.registration(name), self.core.own)
 
     def check_root(self, name: str, real: str, ident: FileIdentity | None) -> None:
         """Refuse a root that is, contains or lies inside another workspace's root, or is
@@ -822,8 +844,12 @@ class Workspaces:
                epoch: int = 0) -> WorkspaceDir:
         """The workspace's directory, confined (its registered identity, the ledger's
         boundary, its `.git` opt-in); staging for `step`'s `attempt` under `epoch` (the
-        stamp its temporaries carry, see `_remove_temporaries`)."""
+        stamp its temporaries carry, see `_remove_temporaries`). The one way in to a
+        workspace's files: refused (`LedgerMoved`) while the ledger is not where it was."""
         reg = self.registration(row.name)
+        moved = ledger_moved(row.name, reg, self.core.own)
+        if moved is not None:
+            raise moved
         return WorkspaceDir(row.name, row.root, self.core.storage.files.ops,
                             identity=reg.identity if reg.root == row.root else None,
                             boundary=self.core.own.boundary(), allow_git=reg.allow_git,
@@ -971,7 +997,8 @@ class Workspaces:
     ) -> Lease:
         """Start a new epoch (previous + 1) on the workspace and settle the older ones.
 
-        Refused with LeaseHeld while another lease is live, unless `force`. Every attempt
+        Refused with LeaseHeld while another lease is live, unless `force`, and with
+        LedgerMoved while the ledger is not where it was registered. Every attempt
         of an older epoch still in flight is compensated before this returns (`settled`).
         The new epoch is live whatever settling found: a path it left for a human is in
         `conflicts`, a step it could not settle in `unsettled` (new work is refused with
@@ -985,6 +1012,9 @@ class Workspaces:
         ttl_ns = _check_ttl(ttl_s)
         if type(bare) is not bool:
             raise InvalidInput("bare is a boolean")
+        moved = None if bare else self.ledger_moved(workspace)  # (UnknownWorkspace too)
+        if moved is not None:
+            raise moved  # its settling would put files back in the registered root
 
         def build(tx: Tx, now: int) -> list[Event]:
             row = tx.workspace(workspace)
@@ -1098,8 +1128,8 @@ class Workspaces:
             if state is not None:
                 known.setdefault(w, set()).add(p.rpartition("/")[0])
         for row in self.list():
-            if row.epoch == 0:
-                continue
+            if row.epoch == 0 or self.ledger_moved(row.name) is not None:
+                continue  # (a copied ledger's account does not describe that directory)
             with self._storage.read() as view:
                 steps = view.steps_in_flight(row.name)
             dirs: set[str] = set(known.get(row.name, ()))

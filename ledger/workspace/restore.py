@@ -6,8 +6,8 @@ published a manifest (then or later), or the pre-image a compensation put back â
 blob a manifest or a compensation record references (invariant I9), verified by hash as
 it is written. Revision order, not publish order: an attempt retried to its publish
 after a newer step wrote the same path does not bring its older bytes back. A
-`workspace-restored` event records the new root with its device and inode; steps write
-there from then on. The target is never the ledger's own directory nor inside another
+`workspace-restored` event records the new root with its device and inode, and where the
+ledger itself is (see `ledger.workspace.place`); steps write there from then on. The target is never the ledger's own directory nor inside another
 workspace. Files steptrail never wrote (untracked) are not in the ledger and are not
 restored. Each file gets the mode the ledger recorded for it (events written before
 modes were: 0o666 less the umask).
@@ -264,8 +264,12 @@ def restore(workspaces: RestoreSource, workspace: str, to: str | os.PathLike[str
     for path, digest in content.items():  # read back: what is on disk is what was committed
         if out.hash(path) != digest:
             raise InvalidInput(f"restored {path} does not read back as {digest}; check {target}")
+    here = core.own.place()  # where the ledger is: recorded with the new root
     event = WorkspaceRestored(workspace=workspace, root=target, rev=row.rev, paths=written,
-                              dev=st.st_dev, ino=st.st_ino, allow_git=reg.allow_git)
+                              dev=st.st_dev, ino=st.st_ino, allow_git=reg.allow_git,
+                              ledger_dir=None if here is None else here[0],
+                              ledger_dev=None if here is None else here[1],
+                              ledger_ino=None if here is None else here[2])
 
     def build(_tx: Any, _now: int) -> list[Any]:
         # The root checked again under the write lock of the whole ledger: a workspace

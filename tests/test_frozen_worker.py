@@ -230,3 +230,159 @@ def test_an_exchange_landed_after_a_takeover_is_taken_back(
         assert out.status is StepStatus.APPLIED, out
         assert led.verify().ok
     assert w.hidden() == []
+
+
+# --- an undo frozen in its file work ----------------------------------------------------
+
+UNDO = r"""
+import json, os, signal, sys
+from ledger import Ledger
+location, epoch = sys.argv[1], int(sys.argv[2])
+renames = 0
+def on_op(name):
+    global renames
+    if name == "ws-rename":
+        renames += 1
+        if renames == 2:
+            print("STOPPED", renames, flush=True)
+            os.kill(os.getpid(), signal.SIGSTOP)
+led = Ledger.open(location, on_op=on_op)
+try:
+    done = led.workspaces.compensate("a1", epoch=epoch, reason="undo")
+    print(json.dumps({"deduped": done.deduped}), flush=True)
+except Exception as exc:
+    print(json.dumps({"error": type(exc).__name__, "message": str(exc)}), flush=True)
+"""
+
+
+def test_a_takeover_does_not_wait_for_an_undo_frozen_in_its_file_work(
+        tmp_path: pathlib.Path, ledger_at: LedgerAt) -> None:
+    """A committed step is undone by a worker that stops before its second exchange
+    (c.bin, then b.txt: an undo goes newest first; c.bin is back). A forced acquire by
+    another process succeeds within the bound and finishes the undo (its intent is
+    recorded: the step is in flight); the worker, continued, hears StaleEpoch. Every
+    file holds its bytes from before the step."""
+    w = World(tmp_path, ledger_at)
+    with Ledger.open(w.location) as led:
+        assert led.workspaces.apply("a1", epoch=w.epoch, commit=True).committed
+    assert w.files() == {"a.txt": A1, "b.txt": B1, "c.bin": C1}
+    child = subprocess.Popen([sys.executable, "-c", UNDO, w.location, str(w.epoch)],
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        _stopped(child, 2)
+        assert w.files()["c.bin"] == C0  # its first exchange landed
+        done, took = w.cli("lease", "acquire", "--holder", "B", "--ttl", "1h", "--force",
+                           "--json")
+        assert done.returncode == 0, (done, took)
+        assert took < TAKEOVER_BOUND_S, took
+        lease = json.loads(done.stdout)
+        assert lease["settled"] == ["a1"] and lease["conflicts"] == []
+        assert w.files() == {"a.txt": A0, "b.txt": B0, "c.bin": C0}
+        answer = _answer(child)
+    finally:
+        _cleanup(child)
+    assert answer.get("error") == "StaleEpoch", answer
+    assert w.files() == {"a.txt": A0, "b.txt": B0, "c.bin": C0}
+    assert w.hidden() == []
+    with Ledger.open(w.location) as led:
+        assert led.step("a1").state == "compensated"
+        comp = next(iter(led.read(step="a1", kind="compensated"))).event
+        assert comp.epoch == lease["epoch"]
+        assert sorted((r.path, r.outcome) for r in comp.restored) == [
+            ("a.txt", "restored"), ("b.txt", "restored"), ("c.bin", "already")]
+        for path, (_rev, digest) in led.workspaces.paths("w").items():
+            assert digest == h((w.dir / path).read_bytes()), path
+        assert led.verify().ok
+
+
+# --- what may move while no lock is held --------------------------------------------------
+
+PAUSED = r"""
+import json, os, signal, sys
+from ledger import Ledger
+location, epoch = sys.argv[1], int(sys.argv[2])
+landed = False
+def on_op(name):
+    global landed
+    landed = landed or name == "ws-rename"
+    if landed and name == "ws-dirfsync":  # every path landed; the commit is next
+        landed = False
+        print("STOPPED 0", flush=True)
+        os.kill(os.getpid(), signal.SIGSTOP)
+led = Ledger.open(location, on_op=on_op)
+out = led.workspaces.apply("s1", epoch=epoch)
+print(json.dumps({"verdict": out.verdict, "rev": out.receipt.rev if out.receipt else None,
+                  "writes": [[x.path, x.rev] for x in out.receipt.writes] if out.receipt
+                  else []}), flush=True)
+"""
+
+
+@pytest.mark.parametrize("fence", ["step", "plan"])
+def test_another_step_commits_while_one_is_between_its_landings_and_its_commit(
+        tmp_path: pathlib.Path, ledger_at: LedgerAt, fence: str) -> None:
+    """Step s1 (a.txt) has landed and stops before its commit; s2 of the same epoch,
+    another path, commits meanwhile — at once: s1 holds no lock. Continued, s1's commit
+    checks again what its fence read. `step`: its path's rev did not move, so it is
+    recorded, its revs after s2's. `plan`: the workspace's rev moved, so the plan is
+    stale: s1 takes its exchange back and is rejected (stale_rev)."""
+    w = World(tmp_path, ledger_at)
+    (w.dir / "other.txt").write_bytes(b"o0\n")
+    with Ledger.open(w.location) as led:
+        assert led.workspaces.admit("w", w.epoch, [StepPlan("s1", [
+            Write("a.txt", b"s1's a\n", h(A0))])], fence=fence) == [None]  # type: ignore[arg-type]
+    child = subprocess.Popen([sys.executable, "-c", PAUSED, w.location, str(w.epoch)],
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        _stopped(child, 0)
+        assert w.files()["a.txt"] == b"s1's a\n"
+        with Ledger.open(w.location) as led:
+            t0 = time.monotonic()
+            out = run_fenced_step(led, "w", "s2",
+                                  lambda r: [r.read("other.txt").write(b"s2's\n")],
+                                  epoch=w.epoch)
+            assert out.status is StepStatus.APPLIED, out
+            assert time.monotonic() - t0 < TAKEOVER_BOUND_S
+            s2_rev = out.receipt.rev  # type: ignore[union-attr]
+        answer = _answer(child)
+    finally:
+        _cleanup(child)
+    if fence == "step":
+        assert answer == {"verdict": "applied", "rev": s2_rev + 1,
+                          "writes": [["a.txt", s2_rev + 1]]}, answer
+        assert w.files()["a.txt"] == b"s1's a\n"
+    else:
+        assert answer["verdict"] == "rejected:stale_rev", answer
+        assert w.files()["a.txt"] == A0
+    assert w.files()["other.txt"] == b"s2's\n"
+    assert w.hidden() == []
+    with Ledger.open(w.location) as led:
+        for path, (_rev, digest) in led.workspaces.paths("w").items():
+            assert digest == h((w.dir / path).read_bytes()), path
+        assert led.verify().ok
+
+
+def test_threads_applying_one_attempt_take_turns(tmp_path: pathlib.Path,
+                                                 ledger_at: LedgerAt) -> None:
+    """Two threads of one process apply the same attempt at once (a retry while the
+    first call still runs): one applies it, the other hears the journal (deduped);
+    the files and the ledger agree."""
+    import threading
+
+    w = World(tmp_path, ledger_at)
+    with Ledger.open(w.location) as led:
+        verdicts: list[str] = []
+        barrier = threading.Barrier(2)
+
+        def apply() -> None:
+            barrier.wait()
+            verdicts.append(led.workspaces.apply("a1", epoch=w.epoch).verdict)
+
+        threads = [threading.Thread(target=apply) for _ in range(2)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        assert sorted(verdicts) == ["applied", "deduped"], verdicts
+        assert w.files() == {"a.txt": A1, "b.txt": B1, "c.bin": C1}
+        assert w.hidden() == []
+        assert led.verify().ok

@@ -32,6 +32,7 @@ import contextlib
 import os
 import stat
 import threading
+import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Final, Literal
@@ -450,6 +451,7 @@ class _Draft:
         self._before_path = before_path
         #: The time the builder decides at (its clock's now; the commit judges again).
         self.time_ns = now
+        self._started = time.monotonic_ns()
         self.inline: dict[str, bytes] = {}
         self.steps: dict[str, tuple[int, str] | None] = {}
         self.journal: dict[str, bool] = {}
@@ -509,20 +511,14 @@ class _Draft:
 
     # -- the check at the commit -------------------------------------------------------
 
-    def moved(self, tx: Tx, *, workspace_rev: bool) -> str | None:
-        """What the draft read that `tx` reads otherwise (None: nothing). A workspace
-        is compared by its epoch (and its rev with `workspace_rev`: a plan-fenced
-        apply); a blob only if the draft found it stored (the draft stored the others
-        itself). The step rows and the journal are the caller's to compare."""
+    def moved(self, tx: Tx) -> str | None:
+        """What the draft read that `tx` reads otherwise (None: nothing): a path's state,
+        the steps in flight, a blob the draft found stored (it stored the others
+        itself). The step row, the journal and the workspace (its live epoch; its rev,
+        for a plan-fenced apply) are the caller's to compare."""
         for (workspace, path), state in self.paths.items():
             if tx.path_state(workspace, path) != state:
                 return f"{path} was written meanwhile"
-        for name, row in self.workspaces.items():
-            now = tx.workspace(name)
-            if (None if row is None else row.epoch) != (None if now is None else now.epoch):
-                return f"workspace {name} changed epoch"
-            if workspace_rev and row is not None and now is not None and now.rev != row.rev:
-                return f"workspace {name} moved from rev {row.rev} to {now.rev}"
         for (workspace, before, limit, oldest), got in self.in_flight.items():
             if list(tx.steps_in_flight(workspace, before, limit=limit,
                                        oldest_first=oldest)) != got:
@@ -531,6 +527,11 @@ class _Draft:
             if present and tx.blob_size(digest) is None:
                 return f"blob {digest[:12]} is gone"
         return None
+
+    def now(self) -> int:
+        """The clock's time now, as the draft's time and the time since (no clock read:
+        on a store whose clock is the server's, that would be a round trip a landing)."""
+        return self.time_ns + time.monotonic_ns() - self._started
 
     def rev_shift(self, name: str, now: WsRow) -> int:
         """How far workspace `name`'s rev moved since the draft read it (other paths'
@@ -1641,7 +1642,10 @@ class Workspaces:
         if _step_key(self.core.steps.in_tx(tx, step)) != draft.steps.get(step):
             raise _Moved(f"step {step!r} moved on")
         if isinstance(events[-1], Fenced):
-            why = draft.moved(tx, workspace_rev=planned.fence == "plan")
+            seen = draft.workspaces.get(name)
+            if planned.fence == "plan" and seen is not None and seen.rev != ws.rev:
+                raise _Moved(f"workspace {name} moved from rev {seen.rev} to {ws.rev}")
+            why = draft.moved(tx)
             if why is not None:
                 raise _Moved(why)
         draft.flush(tx, now)
@@ -1671,11 +1675,12 @@ class Workspaces:
                 wsdir.unland(landing, posts[landing.path])
         landings.clear()
 
-    def _check_epoch(self, workspace: str, epoch: int) -> None:
+    def _check_epoch(self, workspace: str, epoch: int, now: int | None = None) -> None:
         """Before each landing, with no store lock held: StaleEpoch unless `epoch` is the
-        workspace's live one now (one read of the latest commit)."""
+        workspace's live one at `now` (None: the clock's now) in the latest commit (one
+        read)."""
         row = self.get(workspace)
-        live = row.live_epoch(self.core.clock())
+        live = row.live_epoch(self.core.clock() if now is None else now)
         if live != epoch:
             raise StaleEpoch(workspace, epoch, live, latest=row.epoch, holder=row.holder)
 
@@ -1872,7 +1877,7 @@ class Workspaces:
                                   is not None and f.slot is not None else None,
                                   post_mode=wsdir.mode(w.path))
             else:
-                self._check_epoch(name, epoch)  # a takeover since: no landing (StaleEpoch)
+                self._check_epoch(name, epoch, tx.now())  # a takeover since: StaleEpoch
                 landing = wsdir.land(w.path, staged.get(w.path), w.pre_hash, check=check)
             if not landing.ok:
                 return reject("pre_hash", f"{w.path} on disk does not hold the content it"
@@ -2067,7 +2072,8 @@ class Workspaces:
         try:
             for _round in range(DRAFT_ROUNDS):
                 draft = _Draft(self._storage.view, self.core.clock(), self.core.steps.find,
-                               before_path=lambda _path: self._check_epoch(name, epoch))
+                               before_path=lambda _path: self._check_epoch(
+                                   name, epoch, draft.now()))
                 try:
                     events = build(draft, draft.time_ns)
                 finally:
@@ -2081,7 +2087,7 @@ class Workspaces:
                     ws = self._live_epoch(tx, name, epoch, now)
                     if cur is not None and cur.state != COMPENSATING:
                         self._check_window(tx, cur, now)
-                    why = draft.moved(tx, workspace_rev=False)
+                    why = draft.moved(tx)
                     if why is not None:
                         raise _Moved(why)
                     draft.flush(tx, now)

@@ -386,3 +386,51 @@ def test_threads_applying_one_attempt_take_turns(tmp_path: pathlib.Path,
         assert w.files() == {"a.txt": A1, "b.txt": B1, "c.bin": C1}
         assert w.hidden() == []
         assert led.verify().ok
+
+
+COMMITTING = r"""
+import json, os, signal, sys
+from ledger import Ledger
+location, epoch = sys.argv[1], int(sys.argv[2])
+landed = False
+def on_op(name):
+    global landed
+    landed = landed or name == "ws-rename"
+    if landed and name == "commit":  # inside the write transaction, before its COMMIT
+        landed = False
+        print("STOPPED 0", flush=True)
+        os.kill(os.getpid(), signal.SIGSTOP)
+led = Ledger.open(location, on_op=on_op)
+print(json.dumps({"verdict": led.workspaces.apply("a1", epoch=epoch).verdict}), flush=True)
+"""
+
+
+@pytest.mark.sqlite_only
+def test_the_window_left_on_sqlite_is_the_commit_itself(tmp_path: pathlib.Path,
+                                                         ledger_at: LedgerAt) -> None:
+    """What remains (docs/design.md "Epochs and leases"): a worker stopped inside its
+    commit — between BEGIN IMMEDIATE and COMMIT, a few milliseconds of database work —
+    holds SQLite's write lock for as long as it is stopped, and a takeover waits its busy
+    timeout (LedgerBusy, exit 3: retry). Continued, the worker commits what it checked
+    under that lock, and the next takeover settles it like any unpublished attempt.
+    (On PostgreSQL the server ends such a session: tests/test_postgres_frozen.py.)"""
+    from ledger.errors import LedgerBusy
+
+    w = World(tmp_path, ledger_at)
+    child = subprocess.Popen([sys.executable, "-c", COMMITTING, w.location, str(w.epoch)],
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        _stopped(child, 0)
+        with Ledger.open(w.location, busy_timeout_ms=1000) as led:
+            with pytest.raises(LedgerBusy):
+                led.workspaces.acquire("w", "B", ttl_s=3600, force=True)
+        answer = _answer(child)
+    finally:
+        _cleanup(child)
+    assert answer == {"verdict": "applied"}, answer
+    assert w.files() == {"a.txt": A1, "b.txt": B1, "c.bin": C1}
+    with Ledger.open(w.location) as led:
+        lease = led.workspaces.acquire("w", "B", ttl_s=3600, force=True)
+        assert lease.settled == ("a1",) and lease.conflicts == ()
+        assert w.files() == {"a.txt": A0, "b.txt": B0, "c.bin": C0}
+        assert led.verify().ok

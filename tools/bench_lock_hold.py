@@ -128,8 +128,12 @@ def _takeover(location: str, root: str) -> float:
         epoch = led.workspaces.acquire("frozen", "worker", ttl_s=3600).epoch
         led.workspaces.admit("frozen", epoch, [StepPlan("frozen", [
             Write("a", b"1\n", digest_of(b"0\n")), Write("b", b"1\n", digest_of(b"0\n"))])])
-    child = subprocess.Popen([sys.executable, "-c", FROZEN, location, str(epoch)],
-                             stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+    # (run where no `ledger` package lies: the child imports the one this process did)
+    env = dict(os.environ, PYTHONPATH=os.path.dirname(os.path.dirname(
+        os.path.abspath(sys.modules["ledger"].__file__ or ""))))
+    child = subprocess.Popen([sys.executable, "-c", FROZEN, location, str(epoch)], cwd=root,
+                             env=env, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
+                             text=True)
     try:
         assert child.stdout is not None
         if child.stdout.readline().strip() != "STOPPED":

@@ -9,14 +9,17 @@ point:
 1. plan (`admit`, `plan_step`, `replan`): a durable `planned` event with each write's
    path, base_rev, pre_hash and post-image digest; the post-images are pinned and
    stored in the same step, before anything is applied.
-2. apply: outside the write lock, the pre-images on disk are pinned and stored and the
-   post-images are staged (temporary files, fsynced). Then, under the write lock: the
-   journal — `(workspace, step, attempt)` — answers a redelivery; the epoch must be
-   live; each write's path rev must equal its base_rev and the bytes on disk must hash
-   to its pre_hash (`fence="step"`; `plan` compares the workspace rev with the run's
-   admitted plan rev; `none` checks nothing); then the staged files are renamed into
-   place, their directories fsynced, and one transaction records `fenced` with the new
-   revisions and hashes. No new epoch can begin between the check and the rename.
+2. apply: the store's write lock covers the commit only. With no lock held, the
+   pre-images on disk are stored and the post-images are staged (temporary files,
+   fsynced); then the checks: the journal — `(workspace, step, attempt)` — answers a
+   redelivery; the epoch must be live; each write's path rev must equal its base_rev
+   and the bytes on disk must hash to its pre_hash (`fence="step"`; `plan` compares the
+   workspace rev with the run's admitted plan rev; `none` checks nothing); then the
+   staged files are exchanged into place — the epoch read again before each — and their
+   directories fsynced. Then one transaction checks again what may have moved (the
+   journal, the live epoch, the attempt, the revs) and records `fenced` with the new
+   revisions and hashes. A takeover during the file work is seen at the next landing or
+   at the commit: what landed is taken back, and the caller hears StaleEpoch.
 3. compensate: fenced like a write — a pre-image goes back only where the path's rev
    is still the attempt's and its bytes still hash to the attempt's post-image.
 
@@ -1530,11 +1533,12 @@ class Workspaces:
                                 w.path, self.core.blob_chunks(w.post_hash), mode=w.mode,
                                 slot="x")
                 holder: list[ApplyResult] = []
-                # The store's write lock covers the commit only (docs/design.md "Epochs
-                # and leases"): the checks and the file work run first, with no lock held
-                # (a worker frozen there holds nothing a takeover needs); the epoch is read
-                # again before each landing; then one transaction checks that nothing the
-                # checks read has moved and records `fenced` (or `rejected`).
+                # The store's write lock covers the commit only (docs/design.md
+                # "Epochs and leases"): the checks and the file work run first, with no
+                # lock held (a worker frozen there holds nothing a takeover needs); the
+                # epoch is read again before each landing; then one transaction checks
+                # that nothing the checks read has moved and records `fenced` (or
+                # `rejected`).
                 for _round in range(DRAFT_ROUNDS):
                     holder.clear()
                     draft = _Draft(self._storage.view, self.core.clock(), self.core.steps.find)

@@ -1,13 +1,15 @@
 """A frozen writer does not stop a PostgreSQL fleet (docs/design.md "Many writers").
 
-Real processes, a real server: worker A (a child process) SIGSTOPs itself inside a write
-transaction — in its builder, after its first exchange (holding its workspace's lock and
-the ledger lock shared), or just before COMMIT (holding the chain lock every writer
-needs). Meanwhile the parent, worker B, keeps committing steps on another workspace, and
-takes A's workspace over. The server ends A's silent session at the idle bound
-(`WRITE_IDLE_MS`, `CHAIN_IDLE_MS`; shortened here so the test runs in seconds), so
-B's steps wait at most that long, the takeover succeeds, and once A is continued it
-hears a typed error, commits nothing, and its files are back as they were.
+Real processes, a real server: worker A (a child process) SIGSTOPs itself during its
+apply — in its file work, after its first exchange (no transaction open: the store's
+write lock covers commits only, docs/design.md "Epochs and leases"), or just before
+COMMIT (inside the write transaction, holding the chain lock every writer needs).
+Meanwhile the parent, worker B, keeps committing steps on another workspace, and takes
+A's workspace over. Stopped in its file work A holds nothing; stopped in its commit, the
+server ends A's silent session at the idle bound (`CHAIN_IDLE_MS`, `WRITE_IDLE_MS`;
+shortened here so the test runs in seconds). So B's steps wait at most that long, the
+takeover succeeds, and once A is continued it hears a typed error, commits nothing, and
+its files are back as they were.
 """
 
 from __future__ import annotations
@@ -41,7 +43,7 @@ seen = []
 def on_op(name):
     seen.append(name)
     hit = (stage == "chain" and name == "commit" and "ws-rename" in seen) or (
-        stage == "builder" and name == "ws-rename" and seen.count("ws-rename") == 2)
+        stage == "files" and name == "ws-rename" and seen.count("ws-rename") == 2)
     if hit and not os.environ.get("STOPPED_ONCE"):
         os.environ["STOPPED_ONCE"] = "1"
         print("STOPPED", flush=True)
@@ -66,7 +68,7 @@ def _sessions(url: str) -> list[tuple[int, str]]:
             " AND application_name = 'steptrail' AND pid <> pg_backend_pid()").fetchall()]
 
 
-@pytest.mark.parametrize("stage", ["builder", "chain"])
+@pytest.mark.parametrize("stage", ["files", "chain"])
 def test_a_frozen_writer_loses_its_session_and_the_fleet_goes_on(
         pg_url: str, tmp_path: Path, stage: str, monkeypatch: pytest.MonkeyPatch) -> None:
     import ledger.store.postgres as pg
@@ -91,9 +93,11 @@ def test_a_frozen_writer_loses_its_session_and_the_fleet_goes_on(
         line = child.stdout.readline()
         assert line.strip() == "STOPPED", (line, child.stderr.read() if child.stderr else "")
         frozen_at = time.monotonic()
-        assert any(state == "idle in transaction" for _pid, state in _sessions(pg_url))
+        # in its file work A holds no transaction (nothing to wait for); in its commit, one
+        idle = any(state == "idle in transaction" for _pid, state in _sessions(pg_url))
+        assert idle is (stage == "chain")
         # B keeps committing on its own workspace: the first step waits at most the idle
-        # bound of what A holds (the chain: CHAIN_IDLE_MS; in its builder A holds nothing
+        # bound of what A holds (the chain: CHAIN_IDLE_MS; in its file work A holds nothing
         # B needs), the rest do not wait at all
         waits = []
         for i in range(5):
@@ -105,7 +109,8 @@ def test_a_frozen_writer_loses_its_session_and_the_fleet_goes_on(
             assert out.status is StepStatus.APPLIED, out
         assert max(waits) < (CHAIN_IDLE_MS + WRITE_IDLE_MS) / 1000 + 3, waits
         # a takeover of A's workspace succeeds within the write bound (A's workspace
-        # lock goes with its session), and settles A's attempt
+        # lock goes with its session; in its file work A holds none), and settles A's
+        # attempt
         lease = led.workspaces.acquire("w1", "B", ttl_s=3600, force=True)
         took = time.monotonic() - frozen_at
         assert lease.epoch > a_epoch

@@ -288,16 +288,19 @@ def _terminate(url: str, pid: int) -> None:
 
 def test_a_fence_whose_session_was_killed_does_not_delete_after_the_next_epoch_settled(
         pg_url: str, tmp_path: Path) -> None:
-    """A worker's apply has checked its fence (epoch live, revs, bytes) and renamed its
-    first write, holding w1's lock; its session ends (killed by an operator, by the
-    server's idle-in-transaction timeout that steptrail sets to 60 s, by a failover)
-    and the server frees w1's lock, while the worker's builder goes on with no lock
-    at all. A rescuer takes a new epoch and settles the attempt: the first write is
-    put back, the second (a delete) had not happened. Then the builder goes on: a
-    rename is fenced (settling removed the older epoch's staged file), but a delete
-    needs no staged file: the worker deletes old.py after the new epoch settled, and
-    the ledger, which says the attempt is compensated, says old.py is there."""
-    from ledger.errors import DatabaseUnavailable
+    """A worker's apply has checked its fence (epoch live, revs, bytes), exchanged its
+    first write and read its epoch before the second (a delete); its session ends
+    (killed by an operator, by a failover). The file work holds no lock in any case
+    (docs/design.md "Epochs and leases"). A rescuer takes a new epoch and settles the
+    attempt: the first write is put back, the second had not happened. Then the worker
+    goes on: a rename would find its staged file gone (settling removed the older
+    epoch's), but a delete needs none — the one exchange a frozen worker may land after
+    a takeover: old.py is moved aside after the new epoch settled. The worker must then
+    find its epoch dead (at its commit) and put old.py back itself: the ledger, which
+    says the attempt is compensated, says old.py is there. (Before the write lock
+    covered commits only, the worker heard DatabaseUnavailable at its next round trip
+    inside the transaction, and put it back then.)"""
+    from ledger.errors import DatabaseUnavailable, StaleEpoch
     led, epochs = _world(pg_url, tmp_path, ("w1",))
     wsdir = tmp_path / "dir-0"
     (wsdir / "old.py").write_text("old")
@@ -339,7 +342,7 @@ def test_a_fence_whose_session_was_killed_does_not_delete_after_the_next_epoch_s
         go.set()
         t.join(30)
     try:
-        assert isinstance(out["apply"], DatabaseUnavailable), out
+        assert isinstance(out["apply"], StaleEpoch | DatabaseUnavailable), out
         assert rescuer.step("s1").state == "compensated"
         # the ledger says s1 is undone and old.py untouched: the disk must agree
         assert (wsdir / "old.py").exists(), "the killed worker deleted old.py after epoch" \
@@ -776,26 +779,28 @@ def test_a_read_transaction_the_server_ended_for_idling_is_database_unavailable(
 
 def test_a_stalled_builder_of_w1_and_a_queued_registration_do_not_stop_w2(
         pg_url: str, tmp_path: Path) -> None:
-    """Liveness (attack 1, once a strict xfail): w1's apply is in its builder (ledger
-    lock shared, w1's lock); an `add_workspace` (the ledger lock exclusive) waits for it;
-    then a heartbeat of w2 arrives. PostgreSQL grants locks in queue order, so had the
-    registration queued, w2 would wait behind it for w1's builder and hear LedgerBusy: a
-    whole-ledger transaction asks without queuing first (`EXCLUSIVE_POLL_MS`), so w2
-    commits at once, and the registration gets its turn when w1's apply is done."""
+    """Liveness (attack 1, once a strict xfail): a transaction of w1 is in its builder
+    (ledger lock shared, w1's lock) — a slow builder (an apply's was one, before its
+    file work left the transaction: docs/design.md "Epochs and leases"); an
+    `add_workspace` (the ledger lock exclusive) waits for it; then a heartbeat of w2
+    arrives. PostgreSQL grants locks in queue order, so had the registration queued, w2
+    would wait behind it for w1's builder and hear LedgerBusy: a whole-ledger
+    transaction asks without queuing first (`EXCLUSIVE_POLL_MS`), so w2 commits at once,
+    and the registration gets its turn when w1's transaction is done."""
     from ledger.errors import LedgerBusy
+    from ledger.events import LeaseRenewed
+    from ledger.store import Scope
     led, epochs = _world(pg_url, tmp_path)
-    assert led.workspaces.admit("w1", epochs["w1"], [StepPlan("s1", [Write("app.py", b"v1", h("v0"))])]) \
-        == [None]
     paused, go = threading.Event(), threading.Event()
-    seen: list[str] = []
 
-    def on_op(name: str) -> None:
-        seen.append(name)
-        if name == "ws-dirfsync" and "ws-rename" in seen and not paused.is_set():
-            paused.set()
-            go.wait(20)
+    def slow(tx: Any, now: int) -> list[Any]:
+        row = tx.workspace("w1")  # w1's state read, under w1's lock
+        paused.set()
+        go.wait(20)
+        return [LeaseRenewed(workspace="w1", epoch=epochs["w1"],
+                             expires_ns=max(row.expires_ns, now + 3600 * 10**9))]
 
-    worker = Ledger.open(pg_url, on_op=on_op)
+    worker = Ledger.open(pg_url)
     registrar = Ledger.open(pg_url)
     w2 = Ledger.open(pg_url, busy_timeout_ms=2000)
     (tmp_path / "w9").mkdir()
@@ -807,8 +812,8 @@ def test_a_stalled_builder_of_w1_and_a_queued_registration_do_not_stop_w2(
         except LedgerError as exc:
             out[name] = exc
 
-    ta = threading.Thread(target=run, args=("apply", lambda: worker.workspaces.apply(
-        "s1", epoch=epochs["w1"]).verdict))
+    ta = threading.Thread(target=run, args=("apply", lambda: type(worker.log.append(
+        slow, scope=Scope("w1"))[0].event).__name__))
     ta.start()
     tg = threading.Thread(target=run, args=("add", lambda: registrar.workspaces.add(
         "w9", str(tmp_path / "w9")).name))
@@ -834,7 +839,7 @@ def test_a_stalled_builder_of_w1_and_a_queued_registration_do_not_stop_w2(
         ta.join(30)
         tg.join(30)
     try:
-        assert out["apply"] == "applied" and out["add"] == "w9", out
+        assert out["apply"] == "LeaseRenewed" and out["add"] == "w9", out
         assert out["w2"] == "committed", out
     finally:
         worker.close()

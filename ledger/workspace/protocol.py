@@ -9,14 +9,17 @@ point:
 1. plan (`admit`, `plan_step`, `replan`): a durable `planned` event with each write's
    path, base_rev, pre_hash and post-image digest; the post-images are pinned and
    stored in the same step, before anything is applied.
-2. apply: outside the write lock, the pre-images on disk are pinned and stored and the
-   post-images are staged (temporary files, fsynced). Then, under the write lock: the
-   journal — `(workspace, step, attempt)` — answers a redelivery; the epoch must be
-   live; each write's path rev must equal its base_rev and the bytes on disk must hash
-   to its pre_hash (`fence="step"`; `plan` compares the workspace rev with the run's
-   admitted plan rev; `none` checks nothing); then the staged files are renamed into
-   place, their directories fsynced, and one transaction records `fenced` with the new
-   revisions and hashes. No new epoch can begin between the check and the rename.
+2. apply: the store's write lock covers the commit only. With no lock held, the
+   pre-images on disk are stored and the post-images are staged (temporary files,
+   fsynced); then the checks: the journal — `(workspace, step, attempt)` — answers a
+   redelivery; the epoch must be live; each write's path rev must equal its base_rev
+   and the bytes on disk must hash to its pre_hash (`fence="step"`; `plan` compares the
+   workspace rev with the run's admitted plan rev; `none` checks nothing); then the
+   staged files are exchanged into place — the epoch read again before each — and their
+   directories fsynced. Then one transaction checks again what may have moved (the
+   journal, the live epoch, the attempt, the revs) and records `fenced` with the new
+   revisions and hashes. A takeover during the file work is seen at the next landing or
+   at the commit: what landed is taken back, and the caller hears StaleEpoch.
 3. compensate: fenced like a write — a pre-image goes back only where the path's rev
    is still the attempt's and its bytes still hash to the attempt's post-image.
 
@@ -31,7 +34,9 @@ from __future__ import annotations
 import contextlib
 import os
 import stat
-from collections.abc import Sequence
+import threading
+import time
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Final, Literal
 
@@ -428,6 +433,157 @@ class _Answered(Exception):
         self.result = result
 
 
+class _Moved(Exception):
+    """Raised inside the transaction that would record a draft (`_Draft`): something the
+    draft decided on moved since it was read. Rolls the transaction back; the caller
+    takes back what the draft landed (an apply) or goes on from the disk (an undo) and
+    decides again."""
+
+    def __init__(self, why: str) -> None:
+        super().__init__(why)
+        self.why = why
+
+
+#: How many times an apply or an undo decides again after what it read moved under its
+#: file work (`_Moved`) before it gives up (StorageFailure: apply again).
+DRAFT_ROUNDS: Final = 3
+
+
+def _step_key(row: StepRow | None) -> tuple[int, str] | None:
+    return None if row is None else (row.attempt, row.state)
+
+
+class _Draft:
+    """What a builder reads and writes, for a builder run with no store lock held: the
+    checks of an apply or an undo and its file work (docs/design.md "Epochs and leases":
+    the write lock covers commits only).
+
+    It stands where the transaction stood for `_fence`, `_roll_back`, `_undo`: each read
+    goes to the store's latest commit (no snapshot or lock is held across the file
+    work) and is remembered; the inline bytes the builder would write are kept for the
+    transaction that records its events (`flush`), which first asks `moved` whether
+    anything the draft decided on reads otherwise now."""
+
+    def __init__(self, view: Any, now: int, step_row: Any,
+                 before_path: Any = None) -> None:
+        self._view = view
+        self._step_row = step_row
+        #: Called with a path before the builder first reads its state (an undo's check
+        #: of its epoch before it works on that path).
+        self._before_path = before_path
+        #: The time the builder decides at (its clock's now; the commit judges again).
+        self.time_ns = now
+        self._started = time.monotonic_ns()
+        self.inline: dict[str, bytes] = {}
+        self.steps: dict[str, tuple[int, str] | None] = {}
+        self.journal: dict[str, bool] = {}
+        self.workspaces: dict[str, WsRow | None] = {}
+        self.paths: dict[tuple[str, str], Any] = {}
+        self.in_flight: dict[tuple[Any, ...], list[tuple[str, int]]] = {}
+        self.blobs: dict[str, bool] = {}
+
+    # -- reads, each remembered --------------------------------------------------------
+
+    def step(self, step_id: str) -> StepRow | None:
+        row = self._step_row(step_id)
+        self.steps.setdefault(step_id, _step_key(row))
+        return row  # type: ignore[no-any-return]
+
+    def journal_lookup(self, key: str) -> Any:
+        row = self._view.journal_lookup(key)
+        self.journal.setdefault(key, row is not None)
+        return row
+
+    def workspace(self, name: str) -> WsRow | None:
+        row = self._view.workspace(name)
+        self.workspaces.setdefault(name, row)
+        return row  # type: ignore[no-any-return]
+
+    def path_state(self, workspace: str, path: str) -> Any:
+        if self._before_path is not None:
+            self._before_path(path)
+        state = self._view.path_state(workspace, path)
+        self.paths.setdefault((workspace, path), state)
+        return state
+
+    def steps_in_flight(self, workspace: str, before_epoch: int | None = None, *,
+                        limit: int | None = None, oldest_first: bool = False
+                        ) -> list[tuple[str, int]]:
+        got = self._view.steps_in_flight(workspace, before_epoch, limit=limit,
+                                         oldest_first=oldest_first)
+        self.in_flight.setdefault((workspace, before_epoch, limit, oldest_first), list(got))
+        return got  # type: ignore[no-any-return]
+
+    def blob_size(self, digest: str) -> tuple[int, bool] | None:
+        found = self._view.blob_size(digest)
+        self.blobs.setdefault(digest, found is not None)
+        return found  # type: ignore[no-any-return]
+
+    def events(self, query: EventQuery) -> Any:
+        return self._view.events(query)  # immutable rows: nothing to check again
+
+    # -- writes, kept for the transaction ----------------------------------------------
+
+    def put_inline(self, blobs: dict[str, bytes], _stored_ns: int) -> None:
+        self.inline.update(blobs)
+
+    def flush(self, tx: Tx, now: int) -> None:
+        if self.inline:
+            tx.put_inline(self.inline, now)
+
+    # -- the check at the commit -------------------------------------------------------
+
+    def moved(self, tx: Tx) -> str | None:
+        """What the draft read that `tx` reads otherwise (None: nothing): a path's state,
+        the steps in flight, a blob the draft found stored (it stored the others
+        itself). The step row, the journal and the workspace (its live epoch; its rev,
+        for a plan-fenced apply) are the caller's to compare."""
+        for (workspace, path), state in self.paths.items():
+            if tx.path_state(workspace, path) != state:
+                return f"{path} was written meanwhile"
+        for (workspace, before, limit, oldest), got in self.in_flight.items():
+            if list(tx.steps_in_flight(workspace, before, limit=limit,
+                                       oldest_first=oldest)) != got:
+                return f"the steps in flight in {workspace} changed"
+        for digest, present in self.blobs.items():
+            if present and tx.blob_size(digest) is None:
+                return f"blob {digest[:12]} is gone"
+        return None
+
+    def now(self) -> int:
+        """The clock's time now, as the draft's time and the time since (no clock read:
+        on a store whose clock is the server's, that would be a round trip a landing)."""
+        return self.time_ns + time.monotonic_ns() - self._started
+
+    def rev_shift(self, name: str, now: WsRow) -> int:
+        """How far workspace `name`'s rev moved since the draft read it (other paths'
+        writes, committed meanwhile): the draft's revs move as far."""
+        row = self.workspaces.get(name)
+        return 0 if row is None else now.rev - row.rev
+
+
+def _shifted(events: Sequence[Event], delta: int) -> list[Event]:
+    """`events` with the revs a draft gave its `fenced` or `compensated` event moved by
+    `delta` (the workspace's rev moved by that much before the commit: the fold gives
+    each write the next revs of its workspace)."""
+    if not delta:
+        return list(events)
+    out: list[Event] = []
+    for e in events:
+        if isinstance(e, Fenced):
+            e = msgspec.structs.replace(
+                e, rev=e.rev + delta,
+                writes=tuple(msgspec.structs.replace(w, rev=w.rev + delta) for w in e.writes))
+        elif isinstance(e, Compensated) and e.rev:
+            e = msgspec.structs.replace(
+                e, rev=e.rev + delta,
+                restored=tuple(r if r.outcome == "conflict" else
+                               msgspec.structs.replace(r, rev=r.rev + delta)
+                               for r in e.restored))
+        out.append(e)
+    return out
+
+
 @dataclass
 class _AttemptEvents:
     planned: Planned | None = None
@@ -614,6 +770,9 @@ class Workspaces:
         self._options = core.options
         #: name -> (the head it was read at, registration events appended, registration)
         self._registrations: dict[str, tuple[Head, int, Registration]] = {}
+        #: workspace -> [its lock, its users]: `_workspace_lock`
+        self._ws_locks: dict[str, list[Any]] = {}
+        self._locks_lock = threading.Lock()
 
     # -- workspaces ----------------------------------------------------------------------
 
@@ -1466,89 +1625,221 @@ class Workspaces:
         wsdir = self._wsdir(ws, step, attempt, epoch)
         key = journal_key(Fenced(step=step, attempt=attempt, workspace=planned.workspace))
         fresh = row.attempt == attempt and row.state == PLANNED
+        name = planned.workspace
         staged: dict[str, Staged] = {}
         landings: list[Landing] = []
         pre_bytes: dict[str, bytes] = {}
         recorded: list[RecordedEvent] = []
-        try:
-            # A dead epoch stages nothing (staging creates parent directories: no new
-            # effect under it); the fence refuses it under the lock (StaleEpoch).
-            if (fresh or not planned.journal) and ws.live_epoch(self.core.clock()) == epoch \
-                    and epoch == planned.epoch:
-                self._remove_temporaries(wsdir, planned.writes, ws.epoch)
-                pre_bytes = self._store_pre_images(planned, wsdir)
-                for w in planned.writes:
-                    if w.post_hash is None or (planned.journal and wsdir.landed(
-                            w.path, w.pre_hash, w.post_hash).landed):
-                        continue  # a crashed call's landed write: its slot is the evidence
-                    # copied piece by piece, verified by the end of the copy, under the
-                    # path's slot name, with its final mode before any name shows it
-                    with contextlib.suppress(StagingLost):  # the fence decides (below)
-                        staged[w.path] = wsdir.stage(
-                            w.path, self.core.blob_chunks(w.post_hash), mode=w.mode, slot="x")
-            holder: list[ApplyResult] = []
-            built: list[bool] = []
-
-            def build(tx: Tx, now: int) -> list[Event]:
-                holder.clear()
-                built.clear()
-                events = self._fence(tx, now, planned, attempt, epoch, key, ws, wsdir, staged,
-                                     holder, pre_bytes, landings)
-                if commit and isinstance(events[-1], Fenced):
-                    cur = self.core.steps.in_tx(tx, planned.step)
-                    assert cur is not None
-                    events += _commit_events(tx, now, planned, events[-1],
-                                             inline_artifacts or {}, cur)
-                built.append(True)
-                return events
-
+        built: list[bool] = []
+        with self._workspace_lock(name):  # (this process's threads: in turn)
             try:
-                recorded = self._log.append(build, guard=self.core.guard(),
-                                            scope=Scope(planned.workspace))
-            except _Answered as answered:
-                return answered.result  # type: ignore[no-any-return]
-            committed = isinstance(recorded[-1].event, Acked)
-            final = next(r for r in reversed(recorded) if isinstance(r.event, Fenced | Rejected))
-            event = final.event
-            if isinstance(event, Rejected):
-                detail = event.detail
-                if event.undone:  # writes that had landed (now or before a crash), put back
-                    detail += "; " + ", ".join(
-                        f"{u.path}: {u.outcome}" + (f" (kept as {u.kept})" if u.kept else "")
-                        for u in event.undone)
-                return ApplyResult(verdict=f"rejected:{event.reason}", step=step, attempt=attempt,
-                                   detail=detail, facts=holder[-1].facts if holder else {})
-            assert isinstance(event, Fenced)
-            published = next((r for r in recorded if isinstance(r.event, ManifestPublished)),
-                             None) if committed else None
-            manifest = None if published is None else Manifest.from_event(
-                published.event, published.seq, True)  # type: ignore[arg-type]
-            return ApplyResult(verdict="applied", step=step, attempt=attempt,
-                               receipt=receipt_of(event, final.seq), committed=committed,
-                               manifest=manifest)
-        except DatabaseUnavailable:
-            if landings and not built:
-                # The server ended this transaction before the builder was done (a writer
-                # that stalled past the idle bound: a takeover may own the files now, and
-                # may have settled this attempt already): what this call exchanged goes
-                # back, each path only if it still holds what was put there. (Any other
-                # failure leaves them to the journal: a re-run finishes them, settling
-                # takes them back; a failure at COMMIT may have committed.)
-                posts = {w.path: w.post_hash for w in planned.writes}
-                for landing in reversed(landings):
-                    with contextlib.suppress(LedgerError, OSError):
-                        wsdir.unland(landing, posts[landing.path])
-                landings.clear()
-            raise
+                # A dead epoch stages nothing (staging creates parent directories: no new
+                # effect under it); the checks below refuse it (StaleEpoch).
+                if (fresh or not planned.journal) and ws.live_epoch(self.core.clock()) == epoch \
+                        and epoch == planned.epoch:
+                    self._remove_temporaries(wsdir, planned.writes, ws.epoch)
+                    pre_bytes = self._store_pre_images(planned, wsdir)
+                    for w in planned.writes:
+                        if w.post_hash is None or (planned.journal and wsdir.landed(
+                                w.path, w.pre_hash, w.post_hash).landed):
+                            continue  # a crashed call's landed write: its slot is the evidence
+                        # copied piece by piece, verified by the end of the copy, under the
+                        # path's slot name, with its final mode before any name shows it
+                        with contextlib.suppress(StagingLost):  # the fence decides (below)
+                            staged[w.path] = wsdir.stage(
+                                w.path, self.core.blob_chunks(w.post_hash), mode=w.mode,
+                                slot="x")
+                holder: list[ApplyResult] = []
+                # The store's write lock covers the commit only (docs/design.md
+                # "Epochs and leases"): the checks and the file work run first, with no
+                # lock held (a worker frozen there holds nothing a takeover needs); the
+                # epoch is read again before each landing; then one transaction checks
+                # that nothing the checks read has moved and records `fenced` (or
+                # `rejected`).
+                for _round in range(DRAFT_ROUNDS):
+                    holder.clear()
+                    draft = _Draft(self._storage.view, self.core.clock(), self.core.steps.find)
+                    try:
+                        events = self._fence(draft, draft.time_ns, planned, attempt, epoch,
+                                             key, ws, wsdir, staged, holder, pre_bytes, landings)
+                    except _Answered as answered:
+                        return answered.result  # type: ignore[no-any-return]
+                    except LedgerError as exc:
+                        # a takeover under the file work: what this call landed goes back
+                        # (each path only if it still holds what was put there)
+                        if landings and (isinstance(exc, StaleEpoch)
+                                         or self._epoch_live(name, epoch) is False):
+                            self._take_back(wsdir, planned, landings)
+                            if not isinstance(exc, StaleEpoch):
+                                raise self._stale(name, epoch) from exc
+                        raise
+
+                    def build(tx: Tx, now: int, draft: _Draft = draft,
+                              events: list[Event] = events) -> list[Event]:
+                        built.clear()
+                        out = self._recheck(tx, now, draft, events, planned, attempt, epoch,
+                                            key)
+                        if commit and isinstance(out[-1], Fenced):
+                            cur = self.core.steps.in_tx(tx, planned.step)
+                            assert cur is not None
+                            out += _commit_events(tx, now, planned, out[-1],
+                                                  inline_artifacts or {}, cur)
+                        built.append(True)
+                        return out
+
+                    try:
+                        recorded = self._log.append(build, guard=self.core.guard(),
+                                                    scope=Scope(name))
+                    except _Answered as answered:
+                        return answered.result  # type: ignore[no-any-return]
+                    except StaleEpoch:
+                        self._take_back(wsdir, planned, landings)
+                        raise
+                    except _Moved:
+                        # what the checks read moved under the file work (another step
+                        # wrote a path, the attempt ended): take back, decide again
+                        self._take_back(wsdir, planned, landings)
+                        continue
+                    break
+                else:
+                    raise StorageFailure(wsdir.root, f"step {step!r}: the workspace moved"
+                                         f" under its apply {DRAFT_ROUNDS} times; apply again")
+                committed = isinstance(recorded[-1].event, Acked)
+                final = next(r for r in reversed(recorded)
+                             if isinstance(r.event, Fenced | Rejected))
+                event = final.event
+                if isinstance(event, Rejected):
+                    detail = event.detail
+                    if event.undone:  # writes that had landed (now or before a crash), put back
+                        detail += "; " + ", ".join(
+                            f"{u.path}: {u.outcome}" + (f" (kept as {u.kept})" if u.kept else "")
+                            for u in event.undone)
+                    return ApplyResult(verdict=f"rejected:{event.reason}", step=step,
+                                       attempt=attempt, detail=detail,
+                                       facts=holder[-1].facts if holder else {})
+                assert isinstance(event, Fenced)
+                published = next((r for r in recorded if isinstance(r.event, ManifestPublished)),
+                                 None) if committed else None
+                manifest = None if published is None else Manifest.from_event(
+                    published.event, published.seq, True)  # type: ignore[arg-type]
+                return ApplyResult(verdict="applied", step=step, attempt=attempt,
+                                   receipt=receipt_of(event, final.seq), committed=committed,
+                                   manifest=manifest)
+            except DatabaseUnavailable:
+                if landings and not built:
+                    # The store is out of reach before the commit (the server ended the
+                    # session, or it is gone): a takeover may own the files now, and may
+                    # have settled this attempt already. What this call exchanged goes
+                    # back, each path only if it still holds what was put there. (Any
+                    # other failure leaves them to the journal: a re-run finishes them,
+                    # settling takes them back; a failure at COMMIT may have committed.)
+                    self._take_back(wsdir, planned, landings)
+                raise
+            finally:
+                done = any(isinstance(r.event, Fenced) for r in recorded)
+                if done:  # recorded: what the writes displaced goes (the store holds it)
+                    wsdir.release(landings)
+                for path, s in staged.items():
+                    if not any(x.path == path and x.ok for x in landings):
+                        wsdir.discard(s)
+                if not done:  # refused or failed: take back the directories staging made
+                    wsdir.remove_created_dirs()
+
+    def _recheck(self, tx: Tx, now: int, draft: _Draft, events: list[Event],
+                 planned: Planned, attempt: int, epoch: int, key: str) -> list[Event]:
+        """In the transaction that records an apply's draft: the checks again, on what
+        may have moved while its files were worked on with no lock held — the journal,
+        the live epoch (StaleEpoch), the attempt's state and, for `fenced`, every path
+        rev and blob the fence read (`_Moved`). Returns the draft's events with their
+        revs after the workspace's rev of now (writes to other paths committed
+        meanwhile move them), its inline bytes written."""
+        step, name = planned.step, planned.workspace
+        if planned.journal and tx.journal_lookup(key) is not None:
+            answer = self._journal_answer(tx, planned, attempt)
+            if answer.verdict == "deduped":
+                # another call of this attempt recorded its apply meanwhile (the same
+                # writes: what landed is what it recorded): its answer
+                raise _Answered(answer)
+            raise _Moved(f"step {step!r} moved on")  # and ended: taken back, then answered
+        ws = self._live_epoch(tx, name, epoch, now)
+        if _step_key(self.core.steps.in_tx(tx, step)) != draft.steps.get(step):
+            raise _Moved(f"step {step!r} moved on")
+        if isinstance(events[-1], Fenced):
+            seen = draft.workspaces.get(name)
+            if planned.fence == "plan" and seen is not None and seen.rev != ws.rev:
+                raise _Moved(f"workspace {name} moved from rev {seen.rev} to {ws.rev}")
+            why = draft.moved(tx)
+            if why is not None:
+                raise _Moved(why)
+        draft.flush(tx, now)
+        return _shifted(events, draft.rev_shift(name, ws))
+
+    def _journal_answer(self, tx: Tx, planned: Planned, attempt: int) -> ApplyResult:
+        """The answer of an attempt whose apply the journal holds (a redelivery)."""
+        step = planned.step
+        cur = self.core.steps.in_tx(tx, step)
+        hit = tx.journal_lookup(journal_key(Fenced(step=step, attempt=attempt,
+                                                   workspace=planned.workspace)))
+        assert cur is not None and hit is not None
+        if cur.attempt == attempt and cur.state not in ENDED:
+            fenced = msgspec.json.decode(hit.payload, type=Fenced)
+            return ApplyResult(verdict="deduped", step=step, attempt=attempt,
+                               receipt=receipt_of(fenced, hit[0]))
+        return self._end_result(step, attempt, self._attempt_events(step, attempt))
+
+    def _take_back(self, wsdir: WorkspaceDir, planned: Planned,
+                   landings: list[Landing]) -> None:
+        """Take back, newest first, what this call landed and did not record: each path
+        only if it still holds what was put there (`WorkspaceDir.unland`; otherwise it is
+        left as found — a settle took it back already, or a later write is there)."""
+        posts = {w.path: w.post_hash for w in planned.writes}
+        for landing in reversed(landings):
+            with contextlib.suppress(LedgerError, OSError):
+                wsdir.unland(landing, posts[landing.path])
+        landings.clear()
+
+    def _check_epoch(self, workspace: str, epoch: int, now: int | None = None) -> None:
+        """Before each landing, with no store lock held: StaleEpoch unless `epoch` is the
+        workspace's live one at `now` (None: the clock's now) in the latest commit (one
+        read)."""
+        row = self.get(workspace)
+        live = row.live_epoch(self.core.clock() if now is None else now)
+        if live != epoch:
+            raise StaleEpoch(workspace, epoch, live, latest=row.epoch, holder=row.holder)
+
+    def _epoch_live(self, workspace: str, epoch: int) -> bool | None:
+        """Whether `epoch` is the workspace's live one now (None: the store cannot say)."""
+        try:
+            self._check_epoch(workspace, epoch)
+        except StaleEpoch:
+            return False
+        except LedgerError:
+            return None
+        return True
+
+    def _stale(self, workspace: str, epoch: int) -> StaleEpoch:
+        row = self.get(workspace)
+        return StaleEpoch(workspace, epoch, row.live_epoch(self.core.clock()),
+                          latest=row.epoch, holder=row.holder)
+
+    @contextlib.contextmanager
+    def _workspace_lock(self, workspace: str) -> Iterator[None]:
+        """The threads of this process apply and undo in one workspace in turn, from
+        their checks to their commit — as they did when the store's write lock covered
+        the file work (docs/design.md "Epochs and leases"): one step's checks never see
+        another's landing that is not recorded yet. A lock of this process only: a
+        thread is never frozen alone, and a takeover from another process needs none."""
+        with self._locks_lock:
+            entry = self._ws_locks.setdefault(workspace, [threading.RLock(), 0])
+            entry[1] += 1
+        try:
+            with entry[0]:
+                yield
         finally:
-            done = any(isinstance(r.event, Fenced) for r in recorded)
-            if done:  # recorded: what the writes displaced goes (the store holds it)
-                wsdir.release(landings)
-            for path, s in staged.items():
-                if not any(x.path == path and x.ok for x in landings):
-                    wsdir.discard(s)
-            if not done:  # refused or failed: take back the directories staging made
-                wsdir.remove_created_dirs()
+            with self._locks_lock:
+                entry[1] -= 1
+                if not entry[1]:
+                    self._ws_locks.pop(workspace, None)
 
     def _store_pre_images(self, planned: Planned, wsdir: WorkspaceDir) -> dict[str, bytes]:
         """Read what each path holds now, if it is the planned pre-image, before the lock:
@@ -1580,7 +1871,7 @@ class Workspaces:
 
     def _fence(
         self,
-        tx: Tx,
+        tx: _Draft,
         now: int,
         planned: Planned,
         attempt: int,
@@ -1593,17 +1884,21 @@ class Workspaces:
         pre_bytes: dict[str, bytes],
         landings: list[Landing],
     ) -> list[Event]:
-        """The checks and the exchanges, under the write lock (inside the transaction).
+        """The checks and the exchanges, with no store lock held: `tx` is a `_Draft`,
+        whose reads `_recheck` checks again in the transaction that records the events
+        returned (`fenced` with its pins, or `rejected`).
 
-        Each path is put in place by an atomic exchange (`WorkspaceDir.land`) and what it
-        displaced is checked after: the first path whose displaced bytes are not its
-        pre-image rolls back every path before it and rejects the attempt. A write a
-        crashed call of this attempt landed (`WorkspaceDir.landed`: its slot holds what
-        it displaced) is checked the same way and recorded (`settled`), or rolled back
-        with the rest. The displaced pre-images are stored and pinned in this very
-        transaction; their files stay on disk until it has committed (`release`)."""
+        Each path is put in place by an atomic exchange (`WorkspaceDir.land`), after a
+        read of the live epoch (a takeover stops the landings: StaleEpoch, and the caller
+        takes back what landed), and what it displaced is checked after: the first path
+        whose displaced bytes are not its pre-image rolls back every path before it and
+        rejects the attempt. A write a crashed call of this attempt landed
+        (`WorkspaceDir.landed`: its slot holds what it displaced) is checked the same way
+        and recorded (`settled`), or rolled back with the rest. The displaced pre-images
+        are stored (large ones now, small ones as rows of the recording transaction) and
+        pinned there; their files stay on disk until it has committed (`release`)."""
         step, name = planned.step, planned.workspace
-        cur = self.core.steps.in_tx(tx, step)
+        cur = tx.step(step)
         assert cur is not None
         if planned.journal:
             hit = tx.journal_lookup(key)
@@ -1722,6 +2017,7 @@ class Workspaces:
                                   link=None if f.slot == wsdir.slot(w.path, "x")
                                   else wsdir.slot(w.path, "x"))
             else:
+                self._check_epoch(name, epoch, tx.now())  # a takeover since: StaleEpoch
                 landing = wsdir.land(w.path, staged.get(w.path), w.pre_hash, check=check)
             if landing.moved is not None:
                 d = w.path.rpartition("/")[0]
@@ -1896,23 +2192,77 @@ class Workspaces:
                                 epoch=epoch if writing else cur.epoch, reason=reason,
                                 restored=tuple(restored), rev=rev)]
 
-        try:
-            recorded = self._log.append(build, guard=self.core.guard(),
-                                        scope=Scope(planned.workspace) if writing  # type: ignore[union-attr]
-                                        else None)[0]
-        except _Answered as answered:
-            if recorded_before(answered.result):
-                # a redelivery: what a kill after that commit left (the slots of what
-                # the undo displaced) goes now, each only once the ledger holds it
-                with contextlib.suppress(LedgerError, OSError):
-                    self.tidy(step)
-            return answered.result  # type: ignore[no-any-return]
+        if wsdir is None:  # nothing on disk to undo: the checks and the record, one commit
+            try:
+                recorded = self._log.append(build, guard=self.core.guard(),
+                                            scope=Scope(planned.workspace) if writing  # type: ignore[union-attr]
+                                            else None)[0]
+            except _Answered as answered:
+                return answered.result  # type: ignore[no-any-return]
+        else:
+            assert planned is not None and epoch is not None
+            with self._workspace_lock(planned.workspace):
+                try:
+                    recorded = self._undo_drafted(build, planned, epoch, landings)
+                except _Answered as answered:
+                    if recorded_before(answered.result):
+                        # a redelivery: what a kill after that commit left (the slots of
+                        # what the undo displaced) goes now, each once the ledger holds it
+                        with contextlib.suppress(LedgerError, OSError):
+                            self.tidy(step)
+                    return answered.result  # type: ignore[no-any-return]
         event = recorded.event
         assert isinstance(event, Compensated)
         if wsdir is not None and ws_row is not None and planned is not None:
             wsdir.release(landings)  # what the undo displaced: the post-images, in the store
             self._remove_temporaries(wsdir, planned.writes, ws_row.epoch)
         return Compensation(step=step, attempt=attempt, seq=recorded.seq, restored=event.restored)
+
+    def _undo_drafted(self, build: Any, planned: Planned, epoch: int,
+                      landings: list[Landing]) -> RecordedEvent:
+        """Run an undo's `build` — its checks and its file work (`_undo`) — with no store
+        lock held (a `_Draft`; the epoch read again before each path), then record its
+        `compensated` in one transaction that checks the draft's reads again: the step,
+        the live epoch (StaleEpoch), every path rev and blob it read. What moved meanwhile
+        (another step wrote a path) makes it decide again from the disk: an undo only
+        ever goes forward — its intent (`compensating`) is durable, what it put back
+        stays, and the next round finds it ``already`` there. `landings` ends up holding
+        every round's, for `release` once recorded."""
+        step, attempt, name = planned.step, planned.attempt, planned.workspace
+        kept: list[Landing] = []
+        try:
+            for _round in range(DRAFT_ROUNDS):
+                draft = _Draft(self._storage.view, self.core.clock(), self.core.steps.find,
+                               before_path=lambda _path: self._check_epoch(
+                                   name, epoch, draft.now()))
+                try:
+                    events = build(draft, draft.time_ns)
+                finally:
+                    kept += landings
+
+                def record(tx: Tx, now: int, draft: _Draft = draft,
+                           events: list[Event] = events) -> list[Event]:
+                    cur = self.core.steps.in_tx(tx, step)
+                    if _step_key(cur) != draft.steps.get(step):
+                        raise _Moved(f"step {step!r} moved on")
+                    ws = self._live_epoch(tx, name, epoch, now)
+                    if cur is not None and cur.state != COMPENSATING:
+                        self._check_window(tx, cur, now)
+                    why = draft.moved(tx)
+                    if why is not None:
+                        raise _Moved(why)
+                    draft.flush(tx, now)
+                    return _shifted(events, draft.rev_shift(name, ws))
+
+                try:
+                    return self._log.append(record, guard=self.core.guard(),
+                                            scope=Scope(name))[0]
+                except _Moved:
+                    continue
+            raise StorageFailure(name, f"step {step!r} attempt {attempt}: the workspace moved"
+                                 f" under its undo {DRAFT_ROUNDS} times; compensate again")
+        finally:
+            landings[:] = kept
 
     def _check_window(self, tx: Tx, cur: StepRow, now: int) -> None:
         """A committed step may be compensated only within the compensation window."""

@@ -11,6 +11,13 @@
 - `commands`: the ``chaos`` and ``fuzz`` commands, entry points of the group
   ``steptrail.commands`` (pyproject.toml) that ``steptrail`` loads when one is invoked
   or listed.
+- `person`: the person injector (issue 36): a person with an editor and a shell — a
+  save by rename, a write in place, a second quick save, a delete, a create, a chmod, a
+  rename of the parent directory, a symlink or a directory swapped in, a hard link —
+  acting at every ``ws-`` point of a multi-path step's apply, refusal, undo, crash,
+  settling and resumption, in both exchange modes, and the checker that says whether
+  anything the person did was lost or the ledger's account disagrees with the disk
+  (``python -m ledger.testing.person`` prints the table).
 - `broken`: the negative controls (an append without the ledger's guard, a step that
   publishes its manifest before its blobs).
 - `pgserver`: a throwaway PostgreSQL server from the machine's binaries (a temporary data

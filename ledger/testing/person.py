@@ -39,8 +39,8 @@ The predicate (`check`), per issue 36 — losses:
 (4) a directory the person renamed: every file of it at a visible path under the new
     name, and for each step path in it the digest the ledger says at its new place, or
     reported;
-(7) content the step moved between paths (a swap, a move) that the ledger's verdict
-    puts on disk is at a visible path, unless the person saved over it themselves (an
+(7) content the step moved between paths (a move: deleted at one, created at another)
+    that the ledger's verdict puts on disk is at a visible path, unless the person saved over it themselves (an
     undo of a move does not delete the destination while the source cannot take the
     content back: issue 36, 4);
 
@@ -664,8 +664,12 @@ def check(ev: Evidence) -> list[Problem]:
             acct("4", f"{old}/, which the person renamed to {new}/ ({e.line()}), was"
                       " recreated")
 
-    # (7) content the step moves (a swap, a move), meant to be on disk, is visible
-    intended = {d for d in ev.intended.values() if d is not None}
+    # (7) content the step moves, meant to be on disk, is visible
+    # a move: bytes one path's write deletes and another's creates (a swap's per-path
+    # undo is allowed to go path by path: the issue asks all-or-nothing of moves)
+    moved = {pre for pre, post in ev.plan.values() if pre is not None and post is None} & \
+        {post for pre, post in ev.plan.values() if pre is None and post is not None}
+    intended = {d for d in ev.intended.values() if d is not None} & moved
     replaced = {e.replaced for e in ev.person if e.replaced}
     for p, ent in ev.start.items():
         d = ent.digest

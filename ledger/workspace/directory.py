@@ -973,7 +973,7 @@ class WorkspaceDir:
                 return self._take_back_unlinked_create(landing.path, post)
             return TakeBack(landing.path, True, None)
         return self._take_back(landing.path, landing.displaced, post, landing.found,
-                               landed=True)
+                               landed=True, post_mode=landing.post_mode)
 
     def _take_back_unlinked_create(self, path: str, post: str) -> TakeBack:
         """Take back a create made by renaming (a file system without hard links: no
@@ -1011,7 +1011,8 @@ class WorkspaceDir:
                                stored=displaced_stored)
 
     def _take_back(self, path: str, displaced: str, post: str | None, pre: str | None, *,
-                   landed: bool, stored: bool = False) -> TakeBack:
+                   landed: bool, stored: bool = False, post_mode: int | None = None
+                   ) -> TakeBack:
         try:
             opened = self._held_parent(path, check=False)
         except (LedgerError, OSError) as exc:
@@ -1026,7 +1027,8 @@ class WorkspaceDir:
             if now is not None and now != (d or "."):
                 where = now
         try:
-            back = self._unland(dir_fd, leaf, path, displaced, post, pre, landed, stored)
+            back = self._unland(dir_fd, leaf, path, displaced, post, pre, landed, stored,
+                                post_mode)
         except UnsafeFallbackRefused as exc:
             back = TakeBack(path, False, None, error=exc.strerror or "")
         except OSError as exc:
@@ -1036,7 +1038,8 @@ class WorkspaceDir:
         return back if where is None else dataclasses.replace(back, moved=where)
 
     def _unland(self, dir_fd: int, leaf: str, path: str, displaced: str, post: str | None,
-                pre: str | None, landed: bool, stored: bool = False) -> TakeBack:
+                pre: str | None, landed: bool, stored: bool = False,
+                post_mode: int | None = None) -> TakeBack:
         mover = self._mover()
 
         def keep_displaced() -> str | None:
@@ -1088,6 +1091,7 @@ class WorkspaceDir:
                 pass
             else:
                 if move.ok:  # the step's bytes are in the slot now, checked
+                    self._keep_persons_mode(dir_fd, leaf, displaced, post_mode)
                     kept = mover.drop(dir_fd, displaced, move.seen, keep_for=leaf)
                     return TakeBack(path, True, pre, kept=kept)
                 kept = move.kept or keep_displaced()
@@ -1129,6 +1133,35 @@ class WorkspaceDir:
             return True
         except OSError:
             return False
+        finally:
+            os.close(dir_fd)
+
+    def _keep_persons_mode(self, dir_fd: int, leaf: str, gone: str,
+                           step_mode: int | None) -> None:
+        """A take-back or an undo replaced the step's file (now `gone`, hidden) with what
+        was there before: if a person had chmodded the step's file since (its mode is
+        not the one the step gave it, `step_mode`), the file at the name takes that mode
+        — a person's chmod is kept, never undone."""
+        if step_mode is None:
+            return
+        theirs = _mode_of(gone, dir_fd)
+        if theirs is not None and theirs != step_mode and _mode_of(leaf, dir_fd) != theirs:
+            with contextlib.suppress(OSError):
+                _chmod_at(dir_fd, leaf, theirs)
+
+    def keep_persons_mode(self, landing: Landing, step_mode: int | None) -> int | None:
+        """After an undo's landing (`landing.displaced` holds the step's file): keep a
+        person's chmod of it on the file put back (`_keep_persons_mode`); returns the
+        file's mode now."""
+        if landing.displaced is None:
+            return None
+        opened = self._held_parent(landing.path, check=False)
+        if opened is None:
+            return None
+        dir_fd, leaf = opened
+        try:
+            self._keep_persons_mode(dir_fd, leaf, landing.displaced, step_mode)
+            return _mode_of(leaf, dir_fd)
         finally:
             os.close(dir_fd)
 

@@ -2368,11 +2368,11 @@ class Workspaces:
                             and path_rev == w.base_rev:
                         # its bytes are there with no sign this attempt put them: a
                         # person may have; left for a human
-                        out.append(Restored(path=w.path, rev=path_rev, digest=disk,
+                        out.append(Restored(path=w.path, rev=path_rev, digest=_digest(disk),
                                             outcome="conflict"))
                     continue
                 if path_rev != w.base_rev:
-                    out.append(Restored(path=w.path, rev=path_rev, digest=disk,
+                    out.append(Restored(path=w.path, rev=path_rev, digest=_digest(disk),
                                         outcome="conflict"))
                     continue
                 if found.displaced is not None and found.displaced != NOT_A_FILE:
@@ -2391,27 +2391,29 @@ class Workspaces:
                 continue
             pre, post, expected_rev = a.pre_hash, a.post_hash, a.rev
             if path_rev != expected_rev:
-                out.append(Restored(path=w.path, rev=path_rev, digest=disk, outcome="conflict"))
+                out.append(Restored(path=w.path, rev=path_rev, digest=_digest(disk), outcome="conflict"))
                 continue
             if disk == post and post != pre:
                 try:  # the pre-image is copied piece by piece, checked before it goes in
                     staged = None if pre is None else wsdir.stage(
                         w.path, self.core.blob_chunks(pre), mode=a.pre_mode, slot="u")
                 except (BlobNotFound, BlobCorrupt):
-                    out.append(Restored(path=w.path, rev=path_rev, digest=disk,
+                    out.append(Restored(path=w.path, rev=path_rev, digest=_digest(disk),
                                         outcome="conflict"))
                     continue
                 landing = wsdir.land(w.path, staged, post, role="u")
                 if not landing.ok:
                     if staged is not None:
                         wsdir.discard(staged)
-                    out.append(Restored(path=w.path, rev=path_rev, digest=landing.found,
+                    out.append(Restored(path=w.path, rev=path_rev, digest=_digest(landing.found),
                                         outcome="conflict"))
                     continue
                 landings.append(landing)
+                mode = None if staged is None else staged.mode
+                if staged is not None:  # a person's chmod of the step's file is kept
+                    mode = wsdir.keep_persons_mode(landing, a.post_mode) or mode
                 out.append(Restored(path=w.path, rev=path_rev + 1, digest=pre,
-                                    outcome="restored",
-                                    mode=None if staged is None else staged.mode))
+                                    outcome="restored", mode=mode))
             elif disk == pre:
                 # put back by an undo that was killed before it recorded it: was a
                 # person's save displaced by it (its slot holds neither image)?
@@ -2430,7 +2432,7 @@ class Workspaces:
                 out.append(Restored(path=w.path, rev=path_rev + 1, digest=pre,
                                     outcome="already", mode=wsdir.mode(w.path)))
             else:
-                out.append(Restored(path=w.path, rev=path_rev, digest=disk, outcome="conflict"))
+                out.append(Restored(path=w.path, rev=path_rev, digest=_digest(disk), outcome="conflict"))
         if inline:
             tx.put_inline(inline, now)
         rank = {w.path: i for i, w in enumerate(reversed(planned.writes))}

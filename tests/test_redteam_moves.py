@@ -155,3 +155,121 @@ def test_a_directory_swapped_in_and_exchanged_aside_by_a_killed_step_is_not_hidd
     if step.state != "acked" and step.state != "fenced":
         assert got.get("a.txt") != a1, (step.state, got)
     w.ledger.close()
+
+
+# -- (b) a person's delete undone by the fallback's crash recovery ------------------------
+
+@pytest.mark.xfail(strict=True, reason=(
+    "`finish_aside` (run by the retry's fence) cannot tell 'killed between the move aside"
+    " and the link' from 'landed, then a person deleted the file': both leave the name"
+    " absent, ``y`` holding the pre-image and ``x`` the post-image with one link. It links"
+    " ``x`` in again and the step is recorded applied: the person's delete is silently"
+    " undone (with the exchange call the same history ends deleted, the pre-image kept"
+    " visible). A fix needs a mark the landing leaves once its link is made (e.g. a third"
+    " link of ``x`` under another slot role, made right after the link) so that"
+    " finish_aside acts only without it; the window then shrinks to the two calls."))
+def test_a_delete_after_a_killed_fallback_landing_stays_deleted(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Without the exchange call a landing is: the file moved aside (``y``), then the
+    staged file (``x``) linked in. Here the landing completes, the process is killed
+    before the commit, and a person deletes a.txt (they did not want the agent's
+    version). The retry (same epoch) must not silently recreate the file and record the
+    step applied: with the exchange call the same history ends with a.txt deleted and
+    the pre-image kept visible. `finish_aside` reads "name absent, ``y`` present, ``x``
+    present" as "killed between the two moves" — but a completed landing whose file a
+    person then deleted looks exactly the same (``x``'s link count is back to 1)."""
+    monkeypatch.setattr(exchange_mod, "_CALL", None)
+    a0, a1 = b"a0\n", b"a1 by the step\n"
+    files = {"a.txt": a0, "b.txt": b"b0\n"}
+    plan = [StepPlan("s", [Write("a.txt", a1, h(a0), 0)])]
+    count = World(tmp_path / "count", files)
+    count.ledger.workspaces.admit("w", count.epoch, plan)
+    seen = ops_of(count, lambda led: led.workspaces.apply("s", epoch=count.epoch))
+    count.ledger.close()
+    sync = seen.index("ws-dirfsync", seen.index("ws-rename")) + 1  # after the landing
+
+    w = World(tmp_path / "race", files)
+    w.ledger.workspaces.admit("w", w.epoch, plan)
+    assert killed_at(w, lambda led: led.workspaces.apply("s", epoch=w.epoch), {}, sync)
+    assert (w.dir / "a.txt").read_bytes() == a1
+    os.unlink(w.dir / "a.txt")  # the person's delete
+    result = w.ledger.workspaces.apply("s", epoch=w.epoch)
+    assert not (w.dir / "a.txt").exists() or result.verdict != "applied", (
+        result.verdict, shown(w.dir))
+    w.ledger.close()
+
+
+# -- (a)/(b) a directory renamed while a killed step is in flight -----------------------
+
+@pytest.mark.xfail(strict=True, reason=(
+    "after a kill no directory descriptor is held: `landed` (the settle's evidence) walks"
+    " the path by name, finds src/ gone and reads the write as never landed; lib/a.bin"
+    " keeps the agent's bytes, the original stays only in lib/'s hidden slot (no later"
+    " scan looks in lib/: gc looks in the directories of known paths), and the step is"
+    " recorded settled with nothing put back. Fixing it needs the plan or a journal to"
+    " record the identity (dev, ino) of each directory a step lands in, and the settle to"
+    " find a moved directory by it (or to refuse and report the path as needing"
+    " attention)."))
+def test_a_directory_renamed_after_a_killed_landing_is_settled_or_reported(
+        tmp_path: Path, mode: str) -> None:
+    """Defect 3 with a kill: the step lands src/a.bin, is killed before src/b.txt, and a
+    person runs `git mv src lib`; a takeover settles. lib/a.bin must hold its original
+    again, or the settle must say where the original is (visible)."""
+    a0, b0 = b"A" * 1000, b"b0\n"
+    files = {"src/a.bin": a0, "src/b.txt": b0}
+    plan = [StepPlan("s", [Write("src/a.bin", b"N" * 1000, h(a0), 0),
+                           Write("src/b.txt", b"b1\n", h(b0), 0)])]
+    count = World(tmp_path / "count", files)
+    count.ledger.workspaces.admit("w", count.epoch, plan)
+    seen = ops_of(count, lambda led: led.workspaces.apply("s", epoch=count.epoch))
+    count.ledger.close()
+    renames = [i for i, n in enumerate(seen, 1) if n == "ws-rename"]
+    second = renames[1] if mode == "exchange" else renames[2]  # b.txt's landing
+
+    w = World(tmp_path / "race", files)
+    w.ledger.workspaces.admit("w", w.epoch, plan)
+    assert killed_at(w, lambda led: led.workspaces.apply("s", epoch=w.epoch), {}, second)
+    os.rename(w.dir / "src", w.dir / "lib")
+    lease = w.ledger.workspaces.acquire("w", "agent-2", ttl_s=3600, force=True)
+    got = shown(w.dir)
+    kept = [k.kept for k in w.ledger.workspaces.kept("w")]
+    assert got.get("lib/a.bin") == a0 or any(got.get(k) == a0 for k in kept), (
+        got.keys(), hidden_entries(w.dir), lease.settled)
+    w.ledger.close()
+
+
+# -- reporting: files kept by release, gc and staging reach no outcome -------------------
+
+@pytest.mark.xfail(strict=True, reason=(
+    "`WorkspaceDir.kept` (filled by release, discard, discard_slots, stage and"
+    " remove_temporaries) is never read by the protocol: a file kept there is visible on"
+    " disk but no event records it, so `workspaces.kept()` / `status` never show it (only"
+    " `Restored.kept` of rejections and compensations are recorded). Needs an event (or a"
+    " field of `fenced`/a gc record) that names such kept files."))
+def test_lines_an_append_writer_adds_after_the_exchange_are_kept_and_reported(
+        tmp_path: Path, mode: str) -> None:
+    """A logger holds app.log open with O_APPEND; a step rewrites app.log. What the
+    logger writes between the exchange and the release goes to the displaced inode:
+    `release` finds it changed and keeps it visible — and the ledger must name it.
+    (What it writes after the release's check goes to an unlinked inode and is lost
+    when the logger closes it: no move can prevent that; docs/guarantees.md says so.)"""
+    log0 = b"line 0\n"
+    w = World(tmp_path, {"app.log": log0})
+    w.ledger.workspaces.admit("w", w.epoch, [StepPlan("s", [
+        Write("app.log", b"rotated\n", h(log0), 0)])])
+    fd = os.open(w.dir / "app.log", os.O_WRONLY | os.O_APPEND)
+    try:
+        def on(name: str) -> None:  # after the exchange, before the commit and release
+            if name == "ws-dirfsync":
+                os.write(fd, b"line 1, after the exchange\n")
+
+        w.ledger.close()
+        w.ledger = Ledger.open(w.path, clock=w.clock, on_op=on)
+        assert w.ledger.workspaces.apply("s", epoch=w.epoch).verdict == "applied"
+    finally:
+        os.close(fd)
+    got = shown(w.dir)
+    kept = [k for k in got if ".steptrail-kept-" in k]
+    assert len(kept) == 1 and got[kept[0]].endswith(b"line 1, after the exchange\n")
+    assert [k.kept for k in w.ledger.workspaces.kept("w")] == kept
+    w.ledger.close()

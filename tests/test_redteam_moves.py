@@ -273,3 +273,113 @@ def test_lines_an_append_writer_adds_after_the_exchange_are_kept_and_reported(
     assert len(kept) == 1 and got[kept[0]].endswith(b"line 1, after the exchange\n")
     assert [k.kept for k in w.ledger.workspaces.kept("w")] == kept
     w.ledger.close()
+
+
+# -- (d) no race, no kept file: hard links, modes, a move, a create, a delete ----------
+
+def test_nobody_racing_leaves_nothing_kept_or_hidden_with_hard_links_and_modes(
+        tmp_path: Path, mode: str) -> None:
+    """A person's hard links to the targets (a backup made before the step), a 0600
+    file, an edit, a create, a delete and a move between directories, applied and then
+    undone, with nobody racing: no kept file anywhere, no temporary left, the hard
+    links untouched."""
+    files = {"a.txt": b"a0\n", "secret.txt": b"s0\n", "gone.txt": b"g0\n",
+             "src/m.txt": b"moved\n"}
+    w = World(tmp_path, files)
+    os.chmod(w.dir / "secret.txt", 0o600)
+    os.link(w.dir / "a.txt", w.dir / "a.backup")
+    os.link(w.dir / "src/m.txt", w.dir / "m.backup")
+    os.link(w.dir / "gone.txt", w.dir / "gone.backup")
+    writes = [Write("a.txt", b"a1\n", h(b"a0\n"), 0),
+              Write("secret.txt", b"s1\n", h(b"s0\n"), 0),
+              Write("gone.txt", None, h(b"g0\n"), 0),
+              Write("new.txt", b"n1\n", None, 0),
+              Write("src/m.txt", None, h(b"moved\n"), 0),
+              Write("dst/m.txt", b"moved\n", None, 0)]
+    w.ledger.workspaces.admit("w", w.epoch, [StepPlan("s", writes)])
+    assert w.ledger.workspaces.apply("s", epoch=w.epoch).verdict == "applied"
+    w.ledger.publish("s")
+    w.ledger.ack("s", epoch=w.epoch)
+    assert hidden_entries(w.dir) == []
+    assert os.stat(w.dir / "secret.txt").st_mode & 0o777 == 0o600
+    comp = w.ledger.workspaces.compensate("s", epoch=w.epoch)
+    assert {r.outcome for r in comp.restored} == {"restored"}, comp.restored
+    got = shown(w.dir)
+    assert {k: v for k, v in got.items() if not k.endswith(".backup")} == files
+    assert got["a.backup"] == b"a0\n" and got["m.backup"] == b"moved\n"
+    assert got["gone.backup"] == b"g0\n"
+    assert os.stat(w.dir / "secret.txt").st_mode & 0o777 == 0o600
+    assert hidden_entries(w.dir) == [] and w.ledger.workspaces.kept("w") == []
+    assert not any(".steptrail-kept-" in p for p in everything(w.dir))
+    w.ledger.close()
+
+
+# -- (a) the undo of a move whose destination a person edits, at every point -----------
+
+@pytest.mark.parametrize("how", ["rename", "in-place"])
+def test_an_edit_of_a_moved_file_during_its_undo_is_kept(
+        tmp_path: Path, mode: str, how: str) -> None:
+    """A committed move src/m.txt -> dst/m.txt is undone while a person edits
+    dst/m.txt (an editor's rename-save, or a write in place) right before any point of
+    the undo: the edit is on disk at a visible path at the end."""
+    m = b"moved content\n"
+    files = {"src/m.txt": m}
+
+    def setup(w: World) -> None:
+        w.ledger.workspaces.admit("w", w.epoch, [StepPlan("mv", [
+            Write("src/m.txt", None, h(m), 0), Write("dst/m.txt", m, None, 0)])])
+        assert w.ledger.workspaces.apply("mv", epoch=w.epoch).verdict == "applied"
+        w.ledger.publish("mv")
+        w.ledger.ack("mv", epoch=w.epoch)
+
+    count = World(tmp_path / "count", files)
+    setup(count)
+    n = len(ops_of(count, lambda led: led.workspaces.compensate("mv", epoch=count.epoch)))
+    count.ledger.close()
+    edit = b"the person's edit of the moved file\n"
+    bad = []
+    for i in range(1, n + 2):
+        w = World(tmp_path / str(i), files)
+        setup(w)
+
+        acted: list[bool] = []
+
+        def act(w: World = w, acted: list[bool] = acted) -> None:
+            if how == "rename":
+                if (w.dir / "dst").is_dir():
+                    save_by_rename(w.dir / "dst/m.txt", edit)
+                    acted.append(True)
+            elif (w.dir / "dst/m.txt").is_file():  # (an editor with the file open)
+                (w.dir / "dst/m.txt").write_bytes(edit)
+                acted.append(True)
+
+        w.reopen({i: act})
+        comp = w.ledger.workspaces.compensate("mv", epoch=w.epoch)
+        got = shown(w.dir)
+        if acted and edit not in got.values() and (w.dir / "dst").exists():
+            bad.append((i, [(r.path, r.outcome, r.kept) for r in comp.restored],
+                        sorted(got), hidden_entries(w.dir)))
+        w.ledger.close()
+    assert bad == []
+
+
+# -- (a) a person's chmod at the moment of the exchange ---------------------------------
+
+def test_a_chmod_at_the_exchange_is_kept_or_reported(tmp_path: Path, mode: str) -> None:
+    """A person makes a.txt private (chmod 600) right before the step's exchange (or
+    move aside): the edited file must end private too — an edit keeps the file's
+    permission bits (`stage`), and those are the person's now."""
+    a0 = b"a0\n"
+    plan = [StepPlan("s", [Write("a.txt", b"a1\n", h(a0), 0)])]
+    count = World(tmp_path / "count", {"a.txt": a0})
+    count.ledger.workspaces.admit("w", count.epoch, plan)
+    seen = ops_of(count, lambda led: led.workspaces.apply("s", epoch=count.epoch))
+    count.ledger.close()
+    first = seen.index("ws-rename") + 1
+    w = World(tmp_path / "race", {"a.txt": a0})
+    w.ledger.workspaces.admit("w", w.epoch, plan)
+    w.reopen({first: lambda: os.chmod(w.dir / "a.txt", 0o600)})
+    result = w.ledger.workspaces.apply("s", epoch=w.epoch)
+    assert result.verdict == "applied"
+    assert os.stat(w.dir / "a.txt").st_mode & 0o777 == 0o600
+    w.ledger.close()

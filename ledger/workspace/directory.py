@@ -937,6 +937,8 @@ class WorkspaceDir:
             return self._land_create(dir_fd, leaf, path, staged)  # fence "none": created
         want = expect if check else ANY_FILE
         mover = self._mover()
+        ours = stat_at(dir_fd, staged.tmp_name)
+        mine = None if ours is None else identity_of(ours)
         if mover.can_exchange():
             try:
                 move = mover.exchange(dir_fd, leaf, staged.tmp_name, want, staged.digest)
@@ -947,9 +949,11 @@ class WorkspaceDir:
             else:
                 if not move.ok:
                     return Landing(path, False, move.found, None, kept=move.kept)
+                pre_mode = _mode_of(staged.tmp_name, dir_fd)
                 return Landing(path, True, move.seen.digest, staged.tmp_name,
-                               pre_mode=_mode_of(staged.tmp_name, dir_fd),
-                               post_mode=staged.mode, seen=move.seen, post=staged.digest)
+                               pre_mode=pre_mode,
+                               post_mode=self._follow_mode(dir_fd, leaf, staged, mine, pre_mode),
+                               seen=move.seen, post=staged.digest)
         # No exchange here: the target moved aside and checked, then the staged file
         # linked in (the name is absent in between: a file made then wins).
         aside = self.slot(path, "y")
@@ -967,9 +971,36 @@ class WorkspaceDir:
             return Landing(path, False, found, None, kept=kept)
         # the staged name stays a second link of the file now at the name until the
         # ledger recorded the write (`release`)
-        return Landing(path, True, move.seen.digest, aside,
-                       pre_mode=_mode_of(aside, dir_fd), post_mode=staged.mode,
+        pre_mode = _mode_of(aside, dir_fd)
+        return Landing(path, True, move.seen.digest, aside, pre_mode=pre_mode,
+                       post_mode=self._follow_mode(dir_fd, leaf, staged, mine, pre_mode),
                        seen=move.seen, post=staged.digest, link=staged.tmp_name)
+
+    @staticmethod
+    def _follow_mode(dir_fd: int, leaf: str, staged: Staged, mine: FileIdentity | None,
+                     displaced: int | None) -> int:
+        """The mode an edit ends with: the staged file's — or, when it follows its
+        target's and a person changed the target's (a chmod right before the move), the
+        mode the displaced file had, set on the landed file (only while `leaf` is still
+        that file: `mine`). Returns the mode the file has."""
+        if not staged.follows_target or displaced is None or displaced == staged.mode \
+                or mine is None:
+            return staged.mode
+        try:
+            fd = os.open(leaf, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC,
+                         dir_fd=dir_fd)
+        except OSError:
+            return staged.mode
+        try:
+            if identity_of(os.fstat(fd)) != mine:
+                return staged.mode
+            os.fchmod(fd, displaced)
+        except OSError:
+            return staged.mode
+        finally:
+            os.close(fd)
+        staged.mode = displaced
+        return displaced
 
     def unland(self, landing: Landing, post: str | None) -> TakeBack:
         """Take back a write this call landed (a later path of the step conflicted):

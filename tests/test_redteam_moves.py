@@ -383,3 +383,48 @@ def test_a_chmod_at_the_exchange_is_kept_or_reported(tmp_path: Path, mode: str) 
     assert result.verdict == "applied"
     assert os.stat(w.dir / "a.txt").st_mode & 0o777 == 0o600
     w.ledger.close()
+
+
+# -- (a) a save during a take-back, then a kill, then a takeover -------------------------
+
+def test_a_save_during_a_take_back_then_a_kill_is_visible_after_the_takeover(
+        tmp_path: Path, mode: str) -> None:
+    """A step edits a.txt and b.txt; a person edits b.txt before its landing (so a.txt
+    is taken back). The person also rename-saves a.txt at point i, and the process is
+    killed at point j >= i; a takeover settles. For every (i, j) from a.txt's landing
+    on: the person's save of a.txt and the edit of b.txt are at visible paths, and
+    nothing is left in a hidden temporary."""
+    a0, b0 = b"a0\n", b"b0\n"
+    files = {"a.txt": a0, "b.txt": b0}
+    plan = [StepPlan("s", [Write("a.txt", b"a1\n", h(a0), 0),
+                           Write("b.txt", b"b1\n", h(b0), 0)])]
+    count = World(tmp_path / "count", files)
+    count.ledger.workspaces.admit("w", count.epoch, plan)
+    seen = ops_of(count, lambda led: led.workspaces.apply("s", epoch=count.epoch))
+    count.ledger.close()
+    first = seen.index("ws-rename") + 1  # a.txt's landing
+    n = len(seen)
+    edit, save = b"person edit of b\n", b"person save of a\n"
+    bad = []
+    for i in range(first, n + 4):
+        for j in range(i, n + 8):
+            w = World(tmp_path / f"{i}-{j}", files)
+            w.ledger.workspaces.admit("w", w.epoch, plan)
+            b_at = first + (1 if mode == "exchange" else 2)  # b.txt's landing point
+            acts = {b_at: lambda w=w: (w.dir / "b.txt").write_bytes(edit)}
+            if i in acts:
+                prev = acts[i]
+                acts[i] = lambda w=w, prev=prev: (prev(), save_by_rename(w.dir / "a.txt", save))
+            else:
+                acts[i] = lambda w=w: save_by_rename(w.dir / "a.txt", save)
+            died = killed_at(w, lambda led, w=w: led.workspaces.apply("s", epoch=w.epoch),
+                             acts, j)
+            w.ledger.workspaces.acquire("w", "agent-2", ttl_s=3600, force=True)
+            got = shown(w.dir)
+            if i <= j and died and (save not in got.values()
+                                    or (j > b_at and edit not in got.values())):
+                bad.append((i, j, sorted(got), hidden_entries(w.dir)))
+            elif not died and i <= len(seen) and save not in got.values():
+                bad.append((i, j, "not killed", sorted(got), hidden_entries(w.dir)))
+            w.ledger.close()
+    assert bad == [], '\n'.join(map(repr, [seen] + bad))

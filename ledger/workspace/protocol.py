@@ -2390,7 +2390,12 @@ class Workspaces:
                     continue
                 if found.displaced is not None and found.displaced != NOT_A_FILE:
                     self._keep_displaced(tx, crashed, found, inline)
-                stored = found.displaced not in (None, NOT_A_FILE)
+                # what the write displaced may stay in its slot, for the collection
+                # after the record, only when it is the planned pre-image: anything else
+                # there is a person's save a killed move displaced (a take-back killed
+                # between its swaps), kept visible when it cannot go back
+                stored = found.displaced not in (None, NOT_A_FILE) \
+                    and found.displaced == w.pre_hash
                 taken = crashed.roll_back(found, w.post_hash, displaced_stored=stored)
                 if taken.ok:
                     ok = found.displaced == w.pre_hash
@@ -2434,7 +2439,8 @@ class Workspaces:
                     if f.landed and f.displaced not in (post, NOT_A_FILE):
                         if f.displaced is not None:
                             self._keep_displaced(tx, undone_by, f, inline)
-                        taken = undone_by.roll_back(f, pre, displaced_stored=True)
+                        # (a person's save: kept visible if it cannot go back)
+                        taken = undone_by.roll_back(f, pre, displaced_stored=False)
                         if taken.ok:
                             out.append(Restored(path=w.path, rev=path_rev,
                                                 digest=f.displaced, outcome="conflict",

@@ -387,11 +387,12 @@ def test_a_chmod_at_the_exchange_is_kept_or_reported(tmp_path: Path, mode: str) 
 
 # -- (a) a save during a take-back, then a kill, then a takeover -------------------------
 
+@pytest.mark.parametrize("recover", ["takeover", "retry"])
 def test_a_save_during_a_take_back_then_a_kill_is_visible_after_the_takeover(
-        tmp_path: Path, mode: str) -> None:
+        tmp_path: Path, mode: str, recover: str) -> None:
     """A step edits a.txt and b.txt; a person edits b.txt before its landing (so a.txt
     is taken back). The person also rename-saves a.txt at point i, and the process is
-    killed at point j >= i; a takeover settles. For every (i, j) from a.txt's landing
+    killed at point j >= i; a takeover settles (or the apply is retried). For every (i, j) from a.txt's landing
     on: the person's save of a.txt and the edit of b.txt are at visible paths, and
     nothing is left in a hidden temporary."""
     a0, b0 = b"a0\n", b"b0\n"
@@ -419,7 +420,10 @@ def test_a_save_during_a_take_back_then_a_kill_is_visible_after_the_takeover(
                 acts[i] = lambda w=w: save_by_rename(w.dir / "a.txt", save)
             died = killed_at(w, lambda led, w=w: led.workspaces.apply("s", epoch=w.epoch),
                              acts, j)
-            w.ledger.workspaces.acquire("w", "agent-2", ttl_s=3600, force=True)
+            if recover == "takeover":
+                w.ledger.workspaces.acquire("w", "agent-2", ttl_s=3600, force=True)
+            else:
+                w.ledger.workspaces.apply("s", epoch=w.epoch)
             got = shown(w.dir)
             if i <= j and died and (save not in got.values()
                                     or (j > b_at and edit not in got.values())):

@@ -1233,7 +1233,15 @@ class WorkspaceDir:
         try:
             here = stat_at(dir_fd, leaf)
             now = look(dir_fd, leaf).digest
-            for name in (self.slot(path, role), self.slot(path, "y")):
+            aside = self.slot(path, "y")
+            if here is None and pre is not None and post is not None \
+                    and stat_at(dir_fd, aside) is not None \
+                    and stat_at(dir_fd, self.slot(path, role)) is not None:
+                # the fallback cut between its move aside and its link: the name is
+                # absent, the file it held aside (even when its bytes are the post-image's:
+                # a mode change)
+                return Found(path, True, None, aside, look(dir_fd, aside).digest)
+            for name in (self.slot(path, role), aside):
                 there = stat_at(dir_fd, name)
                 if there is None:
                     continue

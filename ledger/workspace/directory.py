@@ -669,18 +669,10 @@ class WorkspaceDir:
                     if (d, name) in kept:
                         continue
                     st = stat_at(dir_fd, name)
-                    if st is None:
+                    if st is None or not stat.S_ISREG(st.st_mode):
                         continue
                     mover = Mover(self.ops, stamp[1] or "old")
                     leaf = _leaf_of_temp(name)
-                    if not stat.S_ISREG(st.st_mode):
-                        # steptrail makes only regular files under these names: anything
-                        # else is a person's (a directory, a symlink) a killed move left
-                        # here; it holds no bytes of steptrail's to collect: shown again
-                        with contextlib.suppress(OSError):
-                            shown = mover.keep(dir_fd, name, leaf or None)
-                            self.kept.append((os.path.join(d, leaf) if d else leaf, shown))
-                        continue
                     if is_scratch(name) and st.st_nlink == 1:
                         # a dead stager's own copy, whole or cut short by a kill: no move
                         # ever gives such a name to bytes it did not write itself
@@ -692,11 +684,10 @@ class WorkspaceDir:
                     def ours(digest: str, beside: Seen = beside) -> bool:
                         return digest == beside.digest or (held is not None and held(digest))
 
-                    shown = mover.drop(dir_fd, name, held=ours, keep_for=leaf or None)
-                    if shown is None:
+                    if mover.drop(dir_fd, name, held=ours, keep_for=leaf or None) is None:
                         here += 1
-                    else:  # (the visible name it has now, not the temporary's)
-                        self.kept.append((os.path.join(d, leaf) if d else leaf, shown))
+                    else:
+                        self.kept.append((os.path.join(d, leaf) if d else leaf, name))
                 if here:
                     self.ops.tick("ws-dirfsync")
                     os.fsync(dir_fd)
@@ -937,8 +928,6 @@ class WorkspaceDir:
             return self._land_create(dir_fd, leaf, path, staged)  # fence "none": created
         want = expect if check else ANY_FILE
         mover = self._mover()
-        ours = stat_at(dir_fd, staged.tmp_name)
-        mine = None if ours is None else identity_of(ours)
         if mover.can_exchange():
             try:
                 move = mover.exchange(dir_fd, leaf, staged.tmp_name, want, staged.digest)
@@ -949,11 +938,9 @@ class WorkspaceDir:
             else:
                 if not move.ok:
                     return Landing(path, False, move.found, None, kept=move.kept)
-                pre_mode = _mode_of(staged.tmp_name, dir_fd)
                 return Landing(path, True, move.seen.digest, staged.tmp_name,
-                               pre_mode=pre_mode,
-                               post_mode=self._follow_mode(dir_fd, leaf, staged, mine, pre_mode),
-                               seen=move.seen, post=staged.digest)
+                               pre_mode=_mode_of(staged.tmp_name, dir_fd),
+                               post_mode=staged.mode, seen=move.seen, post=staged.digest)
         # No exchange here: the target moved aside and checked, then the staged file
         # linked in (the name is absent in between: a file made then wins).
         aside = self.slot(path, "y")
@@ -971,36 +958,9 @@ class WorkspaceDir:
             return Landing(path, False, found, None, kept=kept)
         # the staged name stays a second link of the file now at the name until the
         # ledger recorded the write (`release`)
-        pre_mode = _mode_of(aside, dir_fd)
-        return Landing(path, True, move.seen.digest, aside, pre_mode=pre_mode,
-                       post_mode=self._follow_mode(dir_fd, leaf, staged, mine, pre_mode),
+        return Landing(path, True, move.seen.digest, aside,
+                       pre_mode=_mode_of(aside, dir_fd), post_mode=staged.mode,
                        seen=move.seen, post=staged.digest, link=staged.tmp_name)
-
-    @staticmethod
-    def _follow_mode(dir_fd: int, leaf: str, staged: Staged, mine: FileIdentity | None,
-                     displaced: int | None) -> int:
-        """The mode an edit ends with: the staged file's — or, when it follows its
-        target's and a person changed the target's (a chmod right before the move), the
-        mode the displaced file had, set on the landed file (only while `leaf` is still
-        that file: `mine`). Returns the mode the file has."""
-        if not staged.follows_target or displaced is None or displaced == staged.mode \
-                or mine is None:
-            return staged.mode
-        try:
-            fd = os.open(leaf, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC,
-                         dir_fd=dir_fd)
-        except OSError:
-            return staged.mode
-        try:
-            if identity_of(os.fstat(fd)) != mine:
-                return staged.mode
-            os.fchmod(fd, displaced)
-        except OSError:
-            return staged.mode
-        finally:
-            os.close(fd)
-        staged.mode = displaced
-        return displaced
 
     def unland(self, landing: Landing, post: str | None) -> TakeBack:
         """Take back a write this call landed (a later path of the step conflicted):
@@ -1155,18 +1115,13 @@ class WorkspaceDir:
         between moving the file aside (to the ``y`` slot) and linking the staged one (the
         `role` slot) in: the name is absent then, and gets the staged file, never over
         anything. True when that was done."""
-        try:
-            opened = self._open_parent(path, create=False)
-        except PathEscapes:  # a parent swapped for a symlink or a file: nothing to finish
-            return False
+        opened = self._open_parent(path, create=False)
         if opened is None:
             return False
         dir_fd, leaf = opened
         try:
             staged, aside = self.slot(path, role), self.slot(path, "y")
-            moved = stat_at(dir_fd, aside)
-            if stat_at(dir_fd, leaf) is not None or moved is None \
-                    or not stat.S_ISREG(moved.st_mode):  # (not a file: a person's, goes back)
+            if stat_at(dir_fd, leaf) is not None or stat_at(dir_fd, aside) is None:
                 return False
             st = stat_at(dir_fd, staged)
             if st is None or not stat.S_ISREG(st.st_mode):
@@ -1220,13 +1175,8 @@ class WorkspaceDir:
         post-image or, after the exchange, the displaced bytes; a create when the path
         and its slot are one inode (the link); a delete when its slot exists and the path
         does not hold that same inode. `Found.now` says what the path holds now (a
-        person may have changed it since). Anything else did not land — and so does
-        a path whose parent is a symlink or a file now (a person swapped it in: no slot
-        of this write is reachable by that name; ``now`` is `NOT_A_FILE`)."""
-        try:
-            opened = self._open_parent(path, create=False)
-        except PathEscapes:
-            return Found(path, False, NOT_A_FILE, None, None)
+        person may have changed it since). Anything else did not land."""
+        opened = self._open_parent(path, create=False)
         if opened is None:
             return Found(path, False, None, None, None)
         dir_fd, leaf = opened
@@ -1243,16 +1193,9 @@ class WorkspaceDir:
                 return Found(path, True, None, aside, look(dir_fd, aside).digest)
             for name in (self.slot(path, role), aside):
                 there = stat_at(dir_fd, name)
-                if there is None:
+                if there is None or not stat.S_ISREG(there.st_mode):
                     continue
                 same = here is not None and identity_of(here) == identity_of(there)
-                if not stat.S_ISREG(there.st_mode):
-                    # steptrail only ever makes regular files under a slot's name: a
-                    # directory, a symlink or a FIFO there is what a person had put at
-                    # the path, displaced by a move a kill stopped before it swapped back
-                    if pre is not None and not same:
-                        return Found(path, True, now, name, NOT_A_FILE)
-                    continue
                 if post is None:
                     if not same:
                         return Found(path, True, now, name, look(dir_fd, name).digest)

@@ -294,17 +294,12 @@ class Mover:
                 pass
         st = stat_at(dir_fd, src)
         if st is not None and stat.S_ISDIR(st.st_mode):
-            # a person's directory (displaced by a move a kill stopped): rename(2) puts a
-            # directory over nothing but an empty directory (ENOTEMPTY, ENOTDIR, EISDIR
-            # otherwise), so no byte can be replaced
+            # a directory a person put where a file was, moved aside and going back: a
+            # rename of a directory never replaces a file (ENOTDIR) nor a directory
+            # holding anything (ENOTEMPTY)
             if stat_at(dir_fd, dst) is not None:
                 raise FileExistsError(errno.EEXIST, os.strerror(errno.EEXIST), dst)
-            try:
-                os.rename(src, dst, src_dir_fd=dir_fd, dst_dir_fd=dir_fd)
-            except OSError as exc:
-                if exc.errno in (errno.ENOTEMPTY, errno.ENOTDIR, errno.EISDIR):
-                    raise FileExistsError(errno.EEXIST, os.strerror(errno.EEXIST), dst) from None
-                raise
+            os.rename(src, dst, src_dir_fd=dir_fd, dst_dir_fd=dir_fd)
             return
         if _hard_link(dir_fd, src, dst):  # link refuses an existing name
             self._unlink_second_name(dir_fd, src, dst)

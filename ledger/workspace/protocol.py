@@ -1645,10 +1645,7 @@ class Workspaces:
                             continue  # a crashed call's landed write: its slot is the evidence
                         # copied piece by piece, verified by the end of the copy, under the
                         # path's slot name, with its final mode before any name shows it
-                        # the fence decides (below): a staged copy removed meanwhile, or
-                        # a parent a person swapped for a symlink or a file since the read
-                        # (the fence's check refuses it: a conflict, not an exception)
-                        with contextlib.suppress(StagingLost, PathEscapes):
+                        with contextlib.suppress(StagingLost):  # the fence decides (below)
                             staged[w.path] = wsdir.stage(
                                 w.path, self.core.blob_chunks(w.post_hash), mode=w.mode,
                                 slot="x")
@@ -1859,20 +1856,17 @@ class Workspaces:
         for w in planned.writes:
             if w.pre_hash is None or w.pre_hash in posts or w.pre_hash in small:
                 continue  # absent, or pinned and stored as a post-image at admission
-            try:
-                with wsdir.open_if_file(w.path) as fd:  # not a file now: the fence refuses it
-                    if fd is None:
-                        continue
-                    if os.fstat(fd).st_size <= self._options.inline_max_bytes:
-                        data = b"".join(fd_chunks(fd))
-                        if digest_of(data) == w.pre_hash:
-                            small[w.pre_hash] = data
-                        continue
-                    if self.core.blob_size(w.pre_hash) is None:
-                        with contextlib.suppress(ContentChanged):
-                            self.core.storage.files.put_stream(fd_chunks(fd), w.pre_hash)
-            except PathEscapes:  # a parent swapped for a symlink or a file: the fence refuses it
-                continue
+            with wsdir.open_if_file(w.path) as fd:  # not a file now: the fence refuses it
+                if fd is None:
+                    continue
+                if os.fstat(fd).st_size <= self._options.inline_max_bytes:
+                    data = b"".join(fd_chunks(fd))
+                    if digest_of(data) == w.pre_hash:
+                        small[w.pre_hash] = data
+                    continue
+                if self.core.blob_size(w.pre_hash) is None:
+                    with contextlib.suppress(ContentChanged):
+                        self.core.storage.files.put_stream(fd_chunks(fd), w.pre_hash)
         return small
 
     def _fence(
@@ -2002,13 +1996,6 @@ class Workspaces:
         for w in planned.writes:
             f = found.get(w.path)
             if w.post_hash is not None and w.path not in staged and not (f and f.landed):
-                try:
-                    wsdir.hash(w.path)
-                except PathEscapes as exc:  # its parent swapped for a symlink or a file
-                    return reject("pre_hash", f"{w.path} on disk is not the regular file it"
-                                  f" was planned against ({exc.why})", path=w.path,
-                                  on_disk=NOT_A_FILE, pre_hash=w.pre_hash,
-                                  post_hash=w.post_hash)
                 # its staged file was removed before it was placed (the live epoch's
                 # cleanup of a dead stager's files, a second apply of the attempt):
                 # nothing of the step has been touched yet
@@ -2131,7 +2118,7 @@ class Workspaces:
             taken, displaced = back[w.path]
             kept = _kept_path(w.path, taken)
             if taken.ok:
-                out.append(Restored(path=w.path, rev=w.base_rev, digest=_digest(displaced),
+                out.append(Restored(path=w.path, rev=w.base_rev, digest=displaced,
                                     outcome="restored" if displaced == w.pre_hash
                                     else "conflict", kept=kept))
             else:
@@ -2390,17 +2377,11 @@ class Workspaces:
                     continue
                 if found.displaced is not None and found.displaced != NOT_A_FILE:
                     self._keep_displaced(tx, crashed, found, inline)
-                # what the write displaced may stay in its slot, for the collection
-                # after the record, only when it is the planned pre-image: anything else
-                # there is a person's save a killed move displaced (a take-back killed
-                # between its swaps), kept visible when it cannot go back
-                stored = found.displaced not in (None, NOT_A_FILE) \
-                    and found.displaced == w.pre_hash
+                stored = found.displaced not in (None, NOT_A_FILE)
                 taken = crashed.roll_back(found, w.post_hash, displaced_stored=stored)
                 if taken.ok:
                     ok = found.displaced == w.pre_hash
-                    out.append(Restored(path=w.path, rev=path_rev + 1,
-                                        digest=_digest(found.displaced),
+                    out.append(Restored(path=w.path, rev=path_rev + 1, digest=found.displaced,
                                         outcome="restored" if ok else "conflict",
                                         mode=wsdir.mode(w.path),
                                         kept=_kept_path(w.path, taken)))
@@ -2441,8 +2422,7 @@ class Workspaces:
                     if f.landed and f.displaced not in (post, NOT_A_FILE):
                         if f.displaced is not None:
                             self._keep_displaced(tx, undone_by, f, inline)
-                        # (a person's save: kept visible if it cannot go back)
-                        taken = undone_by.roll_back(f, pre, displaced_stored=False)
+                        taken = undone_by.roll_back(f, pre, displaced_stored=True)
                         if taken.ok:
                             out.append(Restored(path=w.path, rev=path_rev,
                                                 digest=f.displaced, outcome="conflict",

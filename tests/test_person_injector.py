@@ -69,6 +69,10 @@ KNOWN_OPEN: dict[tuple[str, str], tuple[frozenset[str], str]] = {
                       " of a crashed (or refused) call: the step's mode is not known to the"
                       " roll-back, so the person's mode is not carried over (bytes kept)")
        for s in ("refuse", "crash", "settle")},
+    **{(s, "chmod"): (frozenset({"3"}), "an undo puts back the mode recorded with the"
+                      " pre-image, over a chmod made since (a decision: the recorded mode"
+                      " wins, tests/test_workdir.py); the bytes are the pre-image's")
+       for s in ("undo", "undo-crash", "resume")},
     ("crash", "create"): (frozenset({"5"}), "fallback only: a create killed between its"
                           " move aside and its link, the name made by a person meanwhile:"
                           " the ledger's account names the step's digest (bytes kept)"),

@@ -2409,9 +2409,9 @@ class Workspaces:
                                         outcome="conflict"))
                     continue
                 landings.append(landing)
+                # the mode recorded with the pre-image goes back, a chmod since or not
+                # (tests/test_workdir.py: the recorded mode wins)
                 mode = None if staged is None else staged.mode
-                if staged is not None:  # a person's chmod of the step's file is kept
-                    mode = wsdir.keep_persons_mode(landing, a.post_mode) or mode
                 out.append(Restored(path=w.path, rev=path_rev + 1, digest=pre,
                                     outcome="restored", mode=mode))
             elif disk == pre:

@@ -493,3 +493,22 @@ def test_an_undo_killed_at_every_point_is_finished_by_the_retry(
                         sorted(w.visible()), sorted(w.hidden())))
         w.ledger.close()
     assert n_total >= 10 and bad == []
+
+
+def test_replan_of_a_step_whose_target_became_a_symlink_is_a_typed_refusal(
+        tmp_path: Path) -> None:
+    """A refused step's replan when the target is a symlink now: PathEscapes (typed, the
+    ledger unchanged), not an error of the code."""
+    from ledger import PathEscapes
+
+    w = World(tmp_path, {"a.txt": b"a0\n", "other.txt": b"o\n"})
+    w.ledger.workspaces.admit("w", w.epoch, [StepPlan("s", [Write("a.txt", b"a1\n", h(b"a0\n"), 0)])])
+    (w.dir / "a.txt").write_bytes(b"person\n")
+    assert w.ledger.workspaces.apply("s", epoch=w.epoch).verdict == "rejected:pre_hash"
+    os.unlink(w.dir / "a.txt")
+    os.symlink("other.txt", w.dir / "a.txt")
+    head = w.ledger.head().seq
+    with pytest.raises(PathEscapes):
+        w.ledger.workspaces.replan("s", epoch=w.epoch)
+    assert w.ledger.head().seq == head
+    w.ledger.close()

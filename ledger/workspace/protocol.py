@@ -1545,13 +1545,7 @@ class Workspaces:
         writes = []
         with self._storage.read() as conn:
             for w in old.writes:
-                try:
-                    disk = wsdir.hash(w.path)
-                except PathEscapes as exc:  # a symlink, a directory or a FIFO swapped in
-                    return reject("pre_hash", f"{w.path} on disk is not the regular file it"
-                                  f" was planned against ({exc.why})", path=w.path,
-                                  on_disk=NOT_A_FILE, pre_hash=w.pre_hash,
-                                  post_hash=w.post_hash)
+                disk = wsdir.hash(w.path)  # a symlink or a non-file now: PathEscapes
                 if disk != w.pre_hash:
                     raise ReplanRefused(step, f"{w.path} no longer holds the content it was"
                                         " planned against")

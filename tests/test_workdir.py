@@ -719,9 +719,13 @@ def test_a_chmod_between_staging_and_the_rename_is_kept(tmp_path: Path) -> None:
     assert (fenced.writes[0].pre_mode, fenced.writes[0].post_mode) == (0o755, 0o755)
 
 
-def test_compensate_puts_the_recorded_mode_of_the_pre_image_back(tmp_path: Path) -> None:
-    """Not just "whatever the file has now": the mode recorded when it was applied — for
-    an edited file chmodded since, and for a deleted secret brought back."""
+def test_compensate_puts_the_recorded_mode_back_but_keeps_a_persons_chmod(
+        tmp_path: Path) -> None:
+    """The mode recorded when it was applied goes back — for a deleted secret brought
+    back; but an edited file a person chmodded since (its bits are not the ones the step
+    gave it) keeps the person's bits: a chmod is a person's edit, never undone (issue
+    36; it was "the recorded mode wins" before, which reopened a file a person had just
+    made private)."""
     w = World(tmp_path)
     w.file("run.sh", b"v0", 0o755)
     w.file(".env", b"TOKEN=1", 0o600)
@@ -730,10 +734,10 @@ def test_compensate_puts_the_recorded_mode_of_the_pre_image_back(tmp_path: Path)
     assert not (w.dir / ".env").exists()
     (w.dir / "run.sh").chmod(0o700)  # same bytes, bits changed since
     done = w.ledger.workspaces.compensate("s1", epoch=w.epoch)
-    assert (w.dir / "run.sh").read_bytes() == b"v0" and mode(w.dir / "run.sh") == 0o755
+    assert (w.dir / "run.sh").read_bytes() == b"v0" and mode(w.dir / "run.sh") == 0o700
     assert (w.dir / ".env").read_bytes() == b"TOKEN=1" and mode(w.dir / ".env") == 0o600
     assert {(r.path, r.outcome, r.mode) for r in done.restored} == {
-        ("run.sh", "restored", 0o755), (".env", "restored", 0o600)}
+        ("run.sh", "restored", 0o700), (".env", "restored", 0o600)}
     assert w.ledger.verify().ok
 
 

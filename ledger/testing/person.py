@@ -44,7 +44,8 @@ The predicate (`check`), per issue 36 — losses:
     undo of a move does not delete the destination while the source cannot take the
     content back: issue 36, 4);
 
-accounting: (4) a directory the person moved away is not recreated; (5) every step
+accounting: (4) a directory the person moved away is not recreated (one that did not
+exist before the step, which the step's own plan makes, may be made again); (5) every step
 path the person did not touch holds the digest the ledger's account says (or the
 outcome and the ledger report the digest it holds); (6) no temporary holds bytes that
 neither the ledger nor a visible path holds, and the ledger verifies.
@@ -660,7 +661,9 @@ def check(ev: Evidence) -> list[Problem]:
                      + ", ".join(x for x in where[want] if visible(x)))
             else:
                 loss("4", text + f"; {short(want)} is {whereabouts(want)}")
-        if old in disk and disk[old].kind == "dir":
+        if old in disk and disk[old].kind == "dir" and old in ev.start:
+            # (a directory the step itself made — absent at the start — may be made again
+            # by the step's own run: its plan creates a file there)
             acct("4", f"{old}/, which the person renamed to {new}/ ({e.line()}), was"
                       " recreated")
 

@@ -247,6 +247,16 @@ class WorkspaceDir:
         #: this object reached it: every later move in it goes through this descriptor,
         #: never a walk by name (`_held_parent`).
         self._held: dict[str, tuple[int, FileIdentity]] = {}
+        self._walked: dict[str, tuple[FileIdentity, frozenset[str]]] | None = None
+        #: The directories (relative) of the attempt's planned paths, when known: what a
+        #: search for a directory moved after a kill must not take for it (`landed`).
+        self.planned_dirs: frozenset[str] = frozenset()
+        #: Path -> the directory made for it while staging and renamed or removed at
+        #: once (`stage` raised DirectoryMoved): the fence refuses the step.
+        self.staging_moved: dict[str, DirectoryMoved] = {}
+        #: Directories (relative) to collect temporaries from besides the plan's: where
+        #: a settle found a planned directory moved to (`moved_dirs`).
+        self.also_dirs: set[str] = set()
         #: (path, visible name) of every file this object had to keep (`moves.Mover.keep`)
         #: instead of removing it: reported by the caller.
         self.kept: list[tuple[str, str]] = []
@@ -408,6 +418,17 @@ class WorkspaceDir:
             if fd is not None:
                 os.close(fd)
 
+    def has_dir(self, path: str) -> bool:
+        """True when `path` ("": the root) names a directory, reached as `open_dir` does
+        (a symlink or a file on the way: False)."""
+        try:
+            fd = self._dir_fd(path)
+        except (LedgerError, OSError):
+            return False
+        if fd is not None:
+            os.close(fd)
+        return fd is not None
+
     def _dir_fd(self, path: str) -> int | None:
         """`open_dir`'s descriptor, owned by the caller (None: missing)."""
         if path in ("", "."):
@@ -436,7 +457,13 @@ class WorkspaceDir:
                             os.fsync(fd)
                         # what is there now may have been put there since (a symlink
                         # swapped in during staging): refused like any other
-                        child = os.open(part, _DIR_FLAGS, dir_fd=fd)
+                        try:
+                            child = os.open(part, _DIR_FLAGS, dir_fd=fd)
+                        except FileNotFoundError:
+                            # made, then renamed or removed at once (a person's `mv`):
+                            # never made again behind them
+                            raise DirectoryMoved(path, "/".join(parts[: i + 1]),
+                                                 None) from None
                 except OSError as exc:
                     if exc.errno in (errno.ELOOP, errno.ENOTDIR):
                         raise self._escape(path, f"{'/'.join(parts[: i + 1])!r} is a symlink"
@@ -541,6 +568,9 @@ class WorkspaceDir:
         """
         try:
             opened = self._held_parent(path, check=False, create=True)
+        except DirectoryMoved as moved:
+            self.staging_moved[path] = moved
+            raise
         except OSError as exc:
             raise self._storage(path, exc) from None
         assert opened is not None
@@ -928,6 +958,7 @@ class WorkspaceDir:
             return self._land_create(dir_fd, leaf, path, staged)  # fence "none": created
         want = expect if check else ANY_FILE
         mover = self._mover()
+        ours = stat_at(dir_fd, staged.tmp_name)
         if mover.can_exchange():
             try:
                 move = mover.exchange(dir_fd, leaf, staged.tmp_name, want, staged.digest)
@@ -938,6 +969,7 @@ class WorkspaceDir:
             else:
                 if not move.ok:
                     return Landing(path, False, move.found, None, kept=move.kept)
+                self._follow_chmod(dir_fd, leaf, staged.tmp_name, staged, ours)
                 return Landing(path, True, move.seen.digest, staged.tmp_name,
                                pre_mode=_mode_of(staged.tmp_name, dir_fd),
                                post_mode=staged.mode, seen=move.seen, post=staged.digest)
@@ -956,11 +988,26 @@ class WorkspaceDir:
             found = look(dir_fd, leaf).digest
             kept = mover.keep(dir_fd, aside, leaf)
             return Landing(path, False, found, None, kept=kept)
+        self._follow_chmod(dir_fd, leaf, aside, staged, ours)
         # the staged name stays a second link of the file now at the name until the
         # ledger recorded the write (`release`)
         return Landing(path, True, move.seen.digest, aside,
                        pre_mode=_mode_of(aside, dir_fd), post_mode=staged.mode,
                        seen=move.seen, post=staged.digest, link=staged.tmp_name)
+
+    def _follow_chmod(self, dir_fd: int, leaf: str, gone: str, staged: Staged,
+                      ours: os.stat_result | None) -> None:
+        """An edit keeps its file's bits: a chmod made between the check before the
+        landing and the move (the file now hidden as `gone` has bits other than the
+        staged file's) is carried to the step's file at the name — that inode only."""
+        if not staged.follows_target or ours is None:
+            return
+        theirs = _mode_of(gone, dir_fd)
+        if theirs is None or theirs == staged.mode:
+            return
+        with contextlib.suppress(OSError):
+            _chmod_at(dir_fd, leaf, theirs, only=identity_of(ours))
+            staged.mode = staged.pre_mode = theirs
 
     def unland(self, landing: Landing, post: str | None) -> TakeBack:
         """Take back a write this call landed (a later path of the step conflicted):
@@ -998,17 +1045,19 @@ class WorkspaceDir:
             os.close(dir_fd)
 
     def roll_back(self, found: Found, post: str | None, *,
-                  displaced_stored: bool = False) -> TakeBack:
+                  displaced_stored: bool = False, post_mode: int | None = None) -> TakeBack:
         """Undo a crashed call's landed write (`landed`): the displaced bytes go back
         where they were, only if the path still holds what the write put there. Otherwise
         nothing of the path is touched (a conflict for a human) and what the write
         displaced is kept under a visible name — or, when the caller stores it in the
         transaction that records this (`displaced_stored`), left in its slot, collected
-        (verified) once that has committed."""
+        (verified) once that has committed. `post_mode`: the bits the write gave its
+        file (None: those of the file it replaced); a person's chmod of the step's file
+        since is carried over to the file put back, never undone."""
         if found.slot is None:
             return TakeBack(found.path, True, None)
         return self._take_back(found.path, found.slot, post, found.displaced, landed=False,
-                               stored=displaced_stored)
+                               stored=displaced_stored, post_mode=post_mode)
 
     def _take_back(self, path: str, displaced: str, post: str | None, pre: str | None, *,
                    landed: bool, stored: bool = False, post_mode: int | None = None
@@ -1052,6 +1101,10 @@ class WorkspaceDir:
         if there is None:
             return TakeBack(path, False, look(dir_fd, leaf).digest,
                             error="what the write displaced is gone")
+        if post_mode is None and pre is not None and stat.S_ISREG(there.st_mode):
+            # a crashed call's write with no mode of its own: its staged file took the
+            # bits of the file it replaced — the ones the displaced file still has
+            post_mode = stat.S_IMODE(there.st_mode) & MODE_BITS
         if post is None:  # a delete: its file goes back from aside, over nothing
             if mover.put(dir_fd, displaced, leaf):
                 return TakeBack(path, True, pre)
@@ -1107,6 +1160,7 @@ class WorkspaceDir:
             kept = keep_displaced()
             mover.drop(dir_fd, trash, move.seen, keep_for=leaf)
             return TakeBack(path, False, now, kept=kept)
+        self._keep_persons_mode(dir_fd, leaf, trash, post_mode)
         kept = mover.drop(dir_fd, trash, move.seen, keep_for=leaf)
         return TakeBack(path, True, pre, kept=kept)
 
@@ -1145,22 +1199,24 @@ class WorkspaceDir:
         if step_mode is None:
             return
         theirs = _mode_of(gone, dir_fd)
-        if theirs is not None and theirs != step_mode and _mode_of(leaf, dir_fd) != theirs:
+        here = _mode_of(leaf, dir_fd)  # None: not a regular file (a person's directory)
+        if theirs is not None and theirs != step_mode and here is not None and here != theirs:
             with contextlib.suppress(OSError):
                 _chmod_at(dir_fd, leaf, theirs)
 
-    def keep_persons_mode(self, landing: Landing, step_mode: int | None) -> int | None:
-        """After an undo's landing (`landing.displaced` holds the step's file): keep a
-        person's chmod of it on the file put back (`_keep_persons_mode`); returns the
-        file's mode now."""
-        if landing.displaced is None:
+    def keep_persons_mode(self, path: str, gone: str | None, step_mode: int | None
+                          ) -> int | None:
+        """After an undo's landing (slot `gone` beside `path` holds the step's file it
+        displaced): keep a person's chmod of it on the file put back
+        (`_keep_persons_mode`); returns the file's mode now."""
+        if gone is None:
             return None
-        opened = self._held_parent(landing.path, check=False)
+        opened = self._held_parent(path, check=False)
         if opened is None:
             return None
         dir_fd, leaf = opened
         try:
-            self._keep_persons_mode(dir_fd, leaf, landing.displaced, step_mode)
+            self._keep_persons_mode(dir_fd, leaf, gone, step_mode)
             return _mode_of(leaf, dir_fd)
         finally:
             os.close(dir_fd)
@@ -1176,7 +1232,7 @@ class WorkspaceDir:
         and its slot are one inode (the link); a delete when its slot exists and the path
         does not hold that same inode. `Found.now` says what the path holds now (a
         person may have changed it since). Anything else did not land."""
-        opened = self._open_parent(path, create=False)
+        opened = self._found_parent(path)
         if opened is None:
             return Found(path, False, None, None, None)
         dir_fd, leaf = opened
@@ -1193,6 +1249,12 @@ class WorkspaceDir:
                 return Found(path, True, None, aside, look(dir_fd, aside).digest)
             for name in (self.slot(path, role), aside):
                 there = stat_at(dir_fd, name)
+                if there is not None and not stat.S_ISREG(there.st_mode) \
+                        and pre is not None and (now == post or here is None):
+                    # what a person had put at the name — a directory, a symlink —
+                    # exchanged (or moved aside) into the slot, and a kill before the
+                    # check could swap it back: it landed, displacing that
+                    return Found(path, True, now, name, NOT_A_FILE)
                 if there is None or not stat.S_ISREG(there.st_mode):
                     continue
                 same = here is not None and identity_of(here) == identity_of(there)
@@ -1212,6 +1274,87 @@ class WorkspaceDir:
             return Found(path, False, now, None, None)
         finally:
             os.close(dir_fd)
+
+    def _found_parent(self, path: str) -> tuple[int, str] | None:
+        """`path`'s directory for reading what a crashed call left there: the one held
+        already; else the one at its name, when this attempt's slots for `path` are in
+        it; else — a directory a person renamed or moved after the kill (``git mv src
+        lib``), which a new process cannot follow by a held descriptor — the one
+        directory of the workspace that holds `path`'s slots under this epoch and tag,
+        found by one walk of the workspace (`_attempt_dirs`) and held from then on, so
+        the take-back happens inside it and says where it went (`TakeBack.moved`). Two
+        such directories (a copy of it made by a person): neither is guessed."""
+        d, _, leaf = path.rpartition("/")
+        if d in self._held:
+            return self._held_parent(path, check=False)
+        opened = self._open_parent(path, create=False)
+        names = {self.slot(path, r) for r in SLOT_ROLES}
+        if opened is not None and any(stat_at(opened[0], n) is not None for n in names):
+            self._held[d] = (os.dup(opened[0]), identity_of(os.fstat(opened[0])))
+            return opened
+        here = None if opened is None else identity_of(os.fstat(opened[0]))
+        # a slot's name comes from the leaf alone: another planned directory at its own
+        # name holding a file of the same leaf (src/m.txt beside dst/m.txt) is not it
+        others = set()
+        for other in self.planned_dirs - {d}:
+            with contextlib.suppress(LedgerError, OSError):
+                fd = self._dir_fd(other)
+                if fd is not None:
+                    others.add(identity_of(os.fstat(fd)))
+                    os.close(fd)
+        found = [rel for rel, (ident, inside) in self._attempt_dirs().items()
+                 if ident != here and ident not in others and inside & names]
+        if len(found) != 1:
+            return opened
+        try:
+            fd = self._dir_fd(found[0])
+        except (LedgerError, OSError):
+            fd = None
+        if fd is None:
+            return opened
+        if opened is not None:
+            os.close(opened[0])
+        self._held[d] = (os.dup(fd), identity_of(os.fstat(fd)))
+        return fd, leaf
+
+    def moved_dirs(self, *, search: bool = False) -> set[str]:
+        """Where the directories this object holds are now (relative), for those no
+        longer at the name they were reached by (a settle found them there:
+        `_found_parent`), and every directory a search for them saw this attempt's names
+        in (`search`: search now): a settle collects its temporaries there too."""
+        if search:
+            self._attempt_dirs()
+        out = set(self._walked or ())  # and any directory a search saw its names in
+        for d, (fd, _) in self._held.items():
+            now = self._where(fd)
+            if now is not None and now != (d or "."):
+                out.add(now)
+        return out
+
+    def _attempt_dirs(self) -> dict[str, tuple[FileIdentity, frozenset[str]]]:
+        """Every directory of the workspace holding a name of this attempt under this
+        epoch (relative path -> (identity, those names)): one walk, not following
+        symlinks, skipping the ledger's directories and ``.git``; made once per object
+        (the settling of one crashed attempt), only when a path's slots are not beside
+        it by name."""
+        if self._walked is not None:
+            return self._walked
+        out: dict[str, tuple[FileIdentity, frozenset[str]]] = {}
+        with contextlib.suppress(OSError):
+            root = self._open_root()
+            try:
+                for top, dirs, files, fd in os.fwalk(".", dir_fd=root):
+                    dirs[:] = [x for x in dirs
+                               if not is_ledger_dir_name(x) and not is_git_name(x)]
+                    mine = frozenset(n for n in files
+                                     if temp_stamp(n) == (self.epoch, self.tag))
+                    if mine:
+                        rel = os.path.normpath(top)
+                        out["" if rel == "." else rel] = (identity_of(os.fstat(fd)), mine)
+            finally:
+                os.close(root)
+        self._walked = out
+        return out
 
     @contextlib.contextmanager
     def open_slot(self, path: str, name: str) -> Iterator[int | None]:
@@ -1433,10 +1576,16 @@ def _leaf_of_temp(name: str) -> str:
     return name[1:].split(TMP_MARK, 1)[0]
 
 
-def _chmod_at(dir_fd: int, name: str, mode: int) -> None:
-    fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=dir_fd)
+def _chmod_at(dir_fd: int, name: str, mode: int,
+              only: FileIdentity | None = None) -> None:
+    """chmod the file at `name` (never through a symlink; a FIFO is not waited on):
+    only a regular file — and, given `only`, only that inode."""
+    fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC,
+                 dir_fd=dir_fd)
     try:
-        os.fchmod(fd, mode)
+        st = os.fstat(fd)
+        if stat.S_ISREG(st.st_mode) and (only is None or identity_of(st) == only):
+            os.fchmod(fd, mode)
     finally:
         os.close(fd)
 

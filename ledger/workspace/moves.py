@@ -188,6 +188,7 @@ class Mover:
         anything else (a second save landed on `name` between the swaps) that file is
         kept visible. Raises `exchange.Unsupported` (nothing moved) where the call is
         missing; FileNotFoundError (nothing moved) when `name` is absent."""
+        ours = stat_at(dir_fd, slot)
         self._exchange(dir_fd, slot, name)
         seen = look(dir_fd, slot)
         if expect is ANY_FILE and seen.digest not in (None, NOT_A_FILE) or seen.digest == expect:
@@ -195,6 +196,7 @@ class Mover:
         self._exchange(dir_fd, slot, name)
         back = look(dir_fd, slot)
         if back.digest == incoming:
+            _carry_chmod(dir_fd, slot, name, ours)
             return Move("refused", found=seen.digest)
         # the name was saved again between the swaps: that save is in the slot now
         return Move("refused", found=seen.digest, kept=self.keep(dir_fd, slot, name))
@@ -386,6 +388,30 @@ class _Any:
 
 #: An `expect` that accepts whatever regular file was displaced (a write fenced "none").
 ANY_FILE: Final = _Any()
+
+
+def _carry_chmod(dir_fd: int, slot: str, name: str, ours: os.stat_result | None) -> None:
+    """Our file (`ours` when it went in) was at `name` for a moment and is back in `slot`:
+    a chmod made of `name` meanwhile went to our file — it is the person's, and goes to
+    the file at `name` again (a regular file, never through a symlink)."""
+    now = stat_at(dir_fd, slot)
+    if ours is None or now is None or (now.st_dev, now.st_ino) != (ours.st_dev, ours.st_ino):
+        return
+    bits = stat.S_IMODE(now.st_mode)
+    if bits == stat.S_IMODE(ours.st_mode):
+        return
+    try:
+        fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC,
+                     dir_fd=dir_fd)
+    except OSError:
+        return
+    try:
+        if stat.S_ISREG(os.fstat(fd).st_mode):
+            os.fchmod(fd, bits)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
 
 
 def _hard_link(dir_fd: int, src: str, dst: str) -> bool:

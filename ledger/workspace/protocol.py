@@ -104,6 +104,7 @@ from ..events import (
 )
 from .confined import Confined
 from .core import Core
+from .moves import KEPT_MARK, is_kept_name, stat_at
 from .place import ledger_moved
 from .restore import RestoreReport, restore
 from ..projections import read_workspaces
@@ -121,6 +122,7 @@ from ..projections.workspaces import REGISTRATION_KINDS, Registration, WsRow, lo
 from ..store import EventQuery, Head, Scope, Tx
 from .directory import (
     NOT_A_FILE,
+    DirectoryMoved,
     FileIdentity,
     Found,
     Landing,
@@ -413,8 +415,11 @@ class KeptFile(msgspec.Struct, frozen=True, kw_only=True):
     """A file steptrail kept under a visible name instead of removing it (a person raced
     a step: what a take-back or an undo could not put back): `kept`, its path in the
     workspace; `path`, the step's path it belongs beside; the step and attempt whose
-    refusal or compensation recorded it (`seq`); `present`, whether it is still there
-    (a person removes it once they have kept what they need)."""
+    refusal or compensation recorded it (`seq`) — or, for one kept after a commit (what
+    a write displaced had been appended to since; a dead stager's temporary gc could not
+    show the ledger holds), found on disk by its name: `seq` 0, the step and attempt its
+    name's tag belongs to ("" and 0 when the ledger knows none); `present`, whether it
+    is still there (a person removes it once they have kept what they need)."""
 
     workspace: str
     path: str
@@ -976,7 +981,52 @@ class Workspaces:
                     out.append(KeptFile(workspace=name, path=x.path, kept=x.kept,
                                         step=ev.step, attempt=ev.attempt,  # type: ignore[union-attr]
                                         seq=r.seq, present=present))
-        return sorted(out, key=lambda k: k.seq)
+        out.extend(self._kept_on_disk(row, {k.kept for k in out}))
+        return sorted(out, key=lambda k: (k.seq == 0, k.seq, k.kept))
+
+    def _kept_on_disk(self, row: WsRow, recorded: set[str]) -> list[KeptFile]:
+        """Kept files no refusal or compensation recorded — kept after a commit, by the
+        removal of what a write displaced (a writer appended to it after the landing),
+        of an attempt's slots, or of a dead stager's temporaries (gc) — found by name
+        (``.steptrail-kept-``) in the directories of the paths the ledger knows in the
+        workspace; each named after the attempt whose tag it carries where the ledger
+        knows it (``seq`` 0: found on disk, not recorded)."""
+        if row.epoch == 0 or self.ledger_moved(row.name) is not None:
+            return []
+        dirs = {p.rpartition("/")[0] for (w, p), state
+                in read_workspaces(self.core.log).paths.items() if w == row.name}
+        dirs.update(k.rpartition("/")[0] for k in recorded)
+        if not dirs:
+            return []
+        tags: dict[str, tuple[str, int]] | None = None
+        out: list[KeptFile] = []
+        try:
+            wsdir = self._wsdir(row)
+        except LedgerError:
+            return []
+        for d in sorted(dirs):
+            try:
+                with wsdir.open_dir(d) as fd:
+                    names = [] if fd is None else [
+                        n for n in os.listdir(fd) if is_kept_name(n)
+                        and (st := stat_at(fd, n)) is not None and stat.S_ISREG(st.st_mode)]
+            except (LedgerError, OSError):
+                continue
+            for n in sorted(names):
+                rel = f"{d}/{n}" if d else n
+                if rel in recorded:
+                    continue
+                leaf, _, tail = n.partition(KEPT_MARK)
+                if tags is None:
+                    with self._storage.read() as view:
+                        tags = {attempt_tag(s.step_id, a): (s.step_id, a)
+                                for s in view.steps() if s.workspace == row.name
+                                for a in range(1, s.attempt + 1)}
+                step, attempt = tags.get(tail.split("-")[0], ("", 0))
+                out.append(KeptFile(workspace=row.name, path=f"{d}/{leaf}" if d else leaf,
+                                    kept=rel, step=step, attempt=attempt, seq=0,
+                                    present=True))
+        return out
 
     def directory(self, name: str) -> WorkspaceDir:
         """Workspace `name`'s directory, confined as every step's write is: the root
@@ -1036,7 +1086,7 @@ class Workspaces:
 
         # dead: an older epoch's; this attempt's own; or an attempt's that is over (no
         # stager of an ended or committed attempt is alive: a kill after its commit)
-        wsdir.remove_temporaries({w.path.rpartition("/")[0] for w in writes},
+        wsdir.remove_temporaries({w.path.rpartition("/")[0] for w in writes} | wsdir.also_dirs,
                                  lambda e, t: e < epoch or (e == epoch and t == tag)
                                  or (e <= current_epoch and t not in in_flight()),
                                  lambda: self._slots_in_flight(wsdir.name), self._held)
@@ -1089,6 +1139,7 @@ class Workspaces:
                 epochs.append((ev.compensating[1].epoch, "u"))
             for epoch, roles in epochs:
                 wsdir = self._wsdir(row, step, attempt, epoch)
+                wsdir.planned_dirs = _dirs_of(ev.planned)
                 for w in ev.planned.writes:
                     d = w.path.rpartition("/")[0]
                     if roles == "u":
@@ -1633,13 +1684,15 @@ class Workspaces:
                         and epoch == planned.epoch:
                     self._remove_temporaries(wsdir, planned.writes, ws.epoch)
                     pre_bytes = self._store_pre_images(planned, wsdir)
+                    wsdir.planned_dirs = _dirs_of(planned)
                     for w in planned.writes:
                         if w.post_hash is None or (planned.journal and wsdir.landed(
                                 w.path, w.pre_hash, w.post_hash).landed):
                             continue  # a crashed call's landed write: its slot is the evidence
                         # copied piece by piece, verified by the end of the copy, under the
                         # path's slot name, with its final mode before any name shows it
-                        with contextlib.suppress(StagingLost):  # the fence decides (below)
+                        # the fence decides (below)
+                        with contextlib.suppress(StagingLost, DirectoryMoved):
                             staged[w.path] = wsdir.stage(
                                 w.path, self.core.blob_chunks(w.post_hash), mode=w.mode,
                                 slot="x")
@@ -1921,6 +1974,7 @@ class Workspaces:
             for w in planned.writes:  # a fallback landing a kill cut between its moves
                 if w.pre_hash is not None and w.post_hash is not None:
                     wsdir.finish_aside(w.path, "x")
+        wsdir.planned_dirs = _dirs_of(planned)
         found = {w.path: wsdir.landed(w.path, w.pre_hash, w.post_hash)
                  for w in planned.writes} if recordable and planned.journal else {}
 
@@ -1989,6 +2043,12 @@ class Workspaces:
                                   pre_hash=w.pre_hash, post_hash=w.post_hash)
         for w in planned.writes:
             f = found.get(w.path)
+            gone = wsdir.staging_moved.get(w.path)
+            if gone is not None and w.path not in staged:
+                return reject("pre_hash", f"{w.path}: its directory {gone.directory} was"
+                              " renamed or removed while the step ran; nothing was written"
+                              " there and nothing of the step was left applied",
+                              path=w.path, moved=None)
             if w.post_hash is not None and w.path not in staged and not (f and f.landed):
                 # its staged file was removed before it was placed (the live epoch's
                 # cleanup of a dead stager's files, a second apply of the attempt):
@@ -2108,11 +2168,12 @@ class Workspaces:
                         out.append(Restored(path=w.path, rev=w.base_rev, digest=f.now,
                                             outcome="conflict"))
                     continue
-                back[w.path] = (wsdir.roll_back(f, w.post_hash), f.displaced)
+                back[w.path] = (wsdir.roll_back(f, w.post_hash, post_mode=w.mode),
+                                f.displaced)
             taken, displaced = back[w.path]
             kept = _kept_path(w.path, taken)
             if taken.ok:
-                out.append(Restored(path=w.path, rev=w.base_rev, digest=displaced,
+                out.append(Restored(path=w.path, rev=w.base_rev, digest=_digest(displaced),
                                     outcome="restored" if displaced == w.pre_hash
                                     else "conflict", kept=kept))
             else:
@@ -2323,9 +2384,12 @@ class Workspaces:
             for w in fenced.writes:
                 applied[w.path] = w  # journal off: the latest application of a path
         crashed = self._wsdir(ws, planned.step, planned.attempt, planned.epoch)
+        crashed.planned_dirs = _dirs_of(planned)
         intent = ev.compensating[1].epoch if ev.compensating is not None else None
         undone_by = self._wsdir(ws, planned.step, planned.attempt, intent) \
             if intent is not None else None
+        if undone_by is not None:
+            undone_by.planned_dirs = crashed.planned_dirs
         out: list[Restored] = []
         inline: dict[str, bytes] = {}
         # What the undo puts back goes first, what it removes after: a file the step
@@ -2333,6 +2397,10 @@ class Workspaces:
         # bytes are back at their old path — otherwise both are left as found.
         sources = {w.pre_hash: w.path for w in planned.writes
                    if w.post_hash is None and w.pre_hash is not None}
+        # directories the step left a file of its own in (a move's emptied source
+        # directory, removed after it, is not one: its undo makes it again)
+        kept_dirs = {a.path.rpartition("/")[0] for a in applied.values()
+                     if a.post_hash is not None}
         for w in sorted(reversed(planned.writes), key=lambda w: w.pre_hash is None):
             state = tx.path_state(name, w.path)
             path_rev = 0 if state is None else state[0]
@@ -2371,11 +2439,16 @@ class Workspaces:
                     continue
                 if found.displaced is not None and found.displaced != NOT_A_FILE:
                     self._keep_displaced(tx, crashed, found, inline)
-                stored = found.displaced not in (None, NOT_A_FILE)
-                taken = crashed.roll_back(found, w.post_hash, displaced_stored=stored)
+                # the pre-image, stored now, may stay in its slot for the collection
+                # after the commit; anything else (a person's save the crashed call met)
+                # that cannot go back is kept visible
+                stored = found.displaced == w.pre_hash and found.displaced is not None
+                taken = crashed.roll_back(found, w.post_hash, displaced_stored=stored,
+                                          post_mode=w.mode)
                 if taken.ok:
                     ok = found.displaced == w.pre_hash
-                    out.append(Restored(path=w.path, rev=path_rev + 1, digest=found.displaced,
+                    out.append(Restored(path=w.path, rev=path_rev + 1,
+                                        digest=_digest(found.displaced),
                                         outcome="restored" if ok else "conflict",
                                         mode=wsdir.mode(w.path),
                                         kept=_kept_path(w.path, taken)))
@@ -2386,6 +2459,15 @@ class Workspaces:
             pre, post, expected_rev = a.pre_hash, a.post_hash, a.rev
             if path_rev != expected_rev:
                 out.append(Restored(path=w.path, rev=path_rev, digest=_digest(disk), outcome="conflict"))
+                continue
+            if disk is None and w.path.rpartition("/")[0] in kept_dirs \
+                    and not wsdir.has_dir(w.path.rpartition("/")[0]):
+                # the directory the step left holding its files is gone: a person renamed
+                # or removed it since (`git mv src lib`). Neither "already undone" (a
+                # create's file is not absent, it moved) nor a file put back into a
+                # directory recreated behind them
+                out.append(Restored(path=w.path, rev=path_rev, digest=None,
+                                    outcome="conflict"))
                 continue
             if disk == post and post != pre:
                 try:  # the pre-image is copied piece by piece, checked before it goes in
@@ -2403,9 +2485,12 @@ class Workspaces:
                                         outcome="conflict"))
                     continue
                 landings.append(landing)
-                # the mode recorded with the pre-image goes back, a chmod since or not
-                # (tests/test_workdir.py: the recorded mode wins)
-                mode = None if staged is None else staged.mode
+                # the mode recorded with the pre-image goes back — unless a person
+                # chmodded the step's file since (its bits are not the ones the step
+                # gave it): a person's chmod is theirs, kept on the file put back, as a
+                # take-back keeps it
+                mode = None if staged is None else \
+                    wsdir.keep_persons_mode(w.path, landing.displaced, a.post_mode)
                 out.append(Restored(path=w.path, rev=path_rev + 1, digest=pre,
                                     outcome="restored", mode=mode))
             elif disk == pre:
@@ -2416,12 +2501,16 @@ class Workspaces:
                     if f.landed and f.displaced not in (post, NOT_A_FILE):
                         if f.displaced is not None:
                             self._keep_displaced(tx, undone_by, f, inline)
-                        taken = undone_by.roll_back(f, pre, displaced_stored=True)
+                        taken = undone_by.roll_back(f, pre, post_mode=a.pre_mode)
                         if taken.ok:
                             out.append(Restored(path=w.path, rev=path_rev,
                                                 digest=f.displaced, outcome="conflict",
                                                 kept=_kept_path(w.path, taken)))
                             continue
+                    elif f.landed and f.displaced == post:
+                        # the killed undo displaced the step's file: a person's chmod
+                        # of it is carried over, as the undo would have
+                        undone_by.keep_persons_mode(w.path, f.slot, a.post_mode)
                 wsdir.sync(w.path)  # durable, then recorded
                 out.append(Restored(path=w.path, rev=path_rev + 1, digest=pre,
                                     outcome="already", mode=wsdir.mode(w.path)))
@@ -2429,6 +2518,13 @@ class Workspaces:
                 out.append(Restored(path=w.path, rev=path_rev, digest=_digest(disk), outcome="conflict"))
         if inline:
             tx.put_inline(inline, now)
+        # a directory moved after the kill, where the settle found the crashed writes:
+        # the attempt's temporaries there are collected too
+        wsdir.also_dirs |= crashed.moved_dirs()
+        if undone_by is not None and any(not wsdir.has_dir(d) for d in crashed.planned_dirs):
+            # an undo killed while a directory it staged into was renamed: its
+            # temporaries went with the directory (one search of the workspace)
+            wsdir.also_dirs |= undone_by.moved_dirs(search=True)
         rank = {w.path: i for i, w in enumerate(reversed(planned.writes))}
         out.sort(key=lambda r: rank[r.path])  # the record lists paths in undo order
         wsdir.sync_dirs(r.path for r in out if r.outcome != "conflict")
@@ -2488,6 +2584,11 @@ class Workspaces:
             raise IllegalTransition(receipt.step, receipt.attempt, "manifest-published",
                                     "the receipt does not match the apply the ledger recorded")
         return receipt
+
+
+def _dirs_of(planned: Planned) -> frozenset[str]:
+    """The directories (relative; "" the root) of a plan's paths."""
+    return frozenset(w.path.rpartition("/")[0] for w in planned.writes)
 
 
 __all__ = [

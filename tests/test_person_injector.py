@@ -53,37 +53,31 @@ def _verdict(table: person.Table) -> str:
 
 
 #: What the table still finds, each class open and documented (docs/guarantees.md "What
-#: is not promised yet"), by (scenario, action): a run of any other class that fails, or
-#: one of these failing by another rule, fails the test. Each entry names its diagnosis.
-KNOWN_OPEN: dict[tuple[str, str], tuple[frozenset[str], str]] = {
-    **{(s, "rename-parent"): (frozenset({"4", "6"}),
-                              "a directory renamed after a kill: a new process has no held"
-                              " descriptor and walks by name; the originals stay in hidden"
-                              " slots in the moved directory (needs each landing directory's"
-                              " identity recorded; tests/test_redteam_moves.py xfail)")
-       for s in ("crash", "settle", "resume", "undo-crash")},
-    ("undo", "rename-parent"): (frozenset({"4"}), "an undo of a committed step stages the"
-                                " pre-image into a directory a person renamed since the"
-                                " commit: the directory is recreated (nothing is lost)"),
-    **{(s, "chmod"): (frozenset({"3"}), "a chmod of the step's landed file, then a take-back"
-                      " of a crashed (or refused) call: the step's mode is not known to the"
-                      " roll-back, so the person's mode is not carried over (bytes kept)")
-       for s in ("refuse", "crash", "settle")},
-    **{(s, "chmod"): (frozenset({"3"}), "an undo puts back the mode recorded with the"
-                      " pre-image, over a chmod made since (a decision: the recorded mode"
-                      " wins, tests/test_workdir.py); the bytes are the pre-image's")
-       for s in ("undo", "undo-crash", "resume")},
-    ("crash", "create"): (frozenset({"5"}), "fallback only: a create killed between its"
-                          " move aside and its link, the name made by a person meanwhile:"
-                          " the ledger's account names the step's digest (bytes kept)"),
+#: is not promised"), by (scenario, action) -> (the rules it may break, its diagnosis): a
+#: run of any other class that fails, or one of these failing by another rule, fails the
+#: test. Empty: the full table (22,727 runs, both exchange modes) finds nothing (issue 36).
+KNOWN_OPEN: dict[tuple[str, str], tuple[frozenset[str], str]] = {}
+
+
+#: What a random sweep of several actions a run may still find, by (scenario, action) as
+#: `KNOWN_OPEN`: the one class without the exchange call that docs/guarantees.md "What is
+#: not promised" names (the seeded sweep below, 400 runs a mode, finds none today).
+SWEEP_OPEN: dict[tuple[str, str], tuple[frozenset[str], str]] = {
+    ("resume", "delete"): (frozenset({"2"}), "fallback only: a person's delete of a file"
+                           " whose landing completed, then the settle: the disk looks like"
+                           " a landing cut between its move aside and its link, and the"
+                           " pre-image goes back (tests/test_redteam_moves.py, xfail)"),
 }
 
 
-def _unexplained(table: person.Table) -> list[str]:
+def _unexplained(table: person.Table,
+                 known_open: dict[tuple[str, str], tuple[frozenset[str], str]] | None = None
+                 ) -> list[str]:
+    known_open = KNOWN_OPEN if known_open is None else known_open
     out = []
     for r in table.failures:
         rules = {p.rule for p in r.problems}
-        known = [KNOWN_OPEN.get((r.spec.scenario, a.name)) for a in r.spec.actions]
+        known = [known_open.get((r.spec.scenario, a.name)) for a in r.spec.actions]
         if not any(k is not None and rules <= k[0] for k in known):
             out.append(f"{r.spec}: {sorted(rules)}")
     return out
@@ -118,7 +112,9 @@ def test_a_random_sweep_of_several_actions_a_run_loses_nothing(mode: str) -> Non
     table = person.sweep(400, seed=36, modes=[mode], per_run=3, scratch=SCRATCH)
     print()
     print(table.render())
-    assert not table.failures, _verdict(table)
+    assert not _unexplained(table, SWEEP_OPEN), _verdict(table)
+    if mode == "exchange":
+        assert not table.failures, _verdict(table)  # the open classes are the fallback's
 
 
 def test_without_a_person_every_scenario_passes_the_checker(mode: str) -> None:

@@ -556,6 +556,42 @@ def test_no_form_of_a_postgres_password_is_printed(tmp_path: Path, ledger_at: Le
 AS_NOBODY = ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups"]
 
 
+def other_users_steptrail(scratch: Path) -> list[str]:
+    """A `steptrail` command another user can run: this checkout's `ledger` package and
+    the core dependencies copied into `scratch` (world-readable), run by this
+    interpreter. The checkout and its venv may sit in a directory only its owner can
+    enter (a 0700 home, `mktemp -d`): a test must not depend on where it was cloned
+    (issue 37). The interpreter itself must be reachable (a system or shared one)."""
+    import importlib.util
+    import ledger
+
+    prog = scratch / "prog"
+    prog.mkdir()
+    sources = [Path(ledger.__file__).parent]
+    for name in ("apsw", "msgspec", "click", "sqlite_utils", "sqlite_fts4", "tabulate",
+                 "dateutil", "click_default_group", "pluggy", "six"):
+        spec = importlib.util.find_spec(name)
+        if spec is None or spec.origin is None:
+            continue
+        origin = Path(spec.origin)  # a package's directory; a module's file
+        sources.append(origin.parent if spec.submodule_search_locations else origin)
+    for src in sources:
+        if src.is_dir():
+            shutil.copytree(src, prog / src.name,
+                            ignore=shutil.ignore_patterns("__pycache__"))
+        else:
+            shutil.copy2(src, prog / src.name)
+    for p in [prog, *prog.rglob("*")]:
+        p.chmod(0o755 if p.is_dir() else 0o644)
+    python = os.path.realpath(sys.executable)
+    probe = subprocess.run([*AS_NOBODY, python, "-c", "pass"], capture_output=True,
+                           timeout=60, check=False)
+    if probe.returncode != 0:
+        pytest.skip(f"the interpreter {python} is not reachable by another user")
+    return [python, "-c", f"import sys; sys.path.insert(0, {str(prog)!r});"
+            " from ledger.cli import main; sys.exit(main())"]
+
+
 @pytest.fixture
 def scratch() -> Any:
     """A directory another user can reach (pytest's tmp_path is 0700 up the tree)."""
@@ -578,6 +614,7 @@ def test_status_on_a_read_only_directory_and_a_0400_ledger_changes_nothing(
     """Held: a ledger with a step in flight and its commits still in the -wal (a writer
     killed), its directory 0500 and every file 0400, owned by the user who runs status:
     status answers, and no byte, mode or mtime changes."""
+    steptrail = other_users_steptrail(scratch)
     d = scratch / "l"
     location = str(d / "ledger.db")
     (scratch / "w").mkdir()
@@ -604,7 +641,7 @@ def test_status_on_a_read_only_directory_and_a_0400_ledger_changes_nothing(
     before = state()
     try:
         for extra in ([], ["--json"]):
-            r = subprocess.run(check=False, args=[*AS_NOBODY, steptrail_command(), "--ledger", location,
+            r = subprocess.run(check=False, args=[*AS_NOBODY, *steptrail, "--ledger", location,
                                 "status", *extra], capture_output=True, text=True,
                                timeout=60, env={"PATH": "/usr/bin:/bin"})
             assert r.returncode == 0, r.stderr
@@ -628,6 +665,7 @@ os.kill(os.getpid(), signal.SIGKILL)
 @pytest.mark.skipif(os.geteuid() != 0 or shutil.which("setpriv") is None,
                     reason="needs root and setpriv to run status as another user")
 def test_a_read_only_ledger_without_its_shm_is_not_called_not_a_ledger(scratch: Path) -> None:
+    steptrail = other_users_steptrail(scratch)
     d = scratch / "l"
     location = str(d / "ledger.db")
     (scratch / "w").mkdir()
@@ -645,7 +683,7 @@ def test_a_read_only_ledger_without_its_shm_is_not_called_not_a_ledger(scratch: 
     d.chmod(0o500)
     scratch.chmod(0o755)
     try:
-        r = subprocess.run(check=False, args=[*AS_NOBODY, steptrail_command(), "--ledger", location, "status"],
+        r = subprocess.run(check=False, args=[*AS_NOBODY, *steptrail, "--ledger", location, "status"],
                            capture_output=True, text=True, timeout=60,
                            env={"PATH": "/usr/bin:/bin"})
         assert "not a steptrail ledger" not in r.stderr, r.stderr

@@ -607,11 +607,19 @@ def check(ev: Evidence) -> list[Problem]:
         loss("2", f"{name} deleted by the person ({e.line()}) is back, holding"
                   f" {short(now)}{image}, and no record of the step says it put it there")
 
-    # (3) a person's chmod kept or reported
+    def moved_to(name: str, after: Effect) -> str:
+        """Where `name` is after the person's directory renames that followed `after`."""
+        for x in ev.person[ev.person.index(after) + 1:]:
+            if x.what == "renamed-dir" and _under(name, x.path):
+                name = x.to + name[len(x.path):]
+        return name
+
+    # (3) a person's chmod kept or reported (at the name it has after the person's own
+    # directory renames)
     for name, e in last.items():
         if e.what != "chmod":
             continue
-        got = disk.get(name)
+        got = disk.get(moved_to(name, e))
         if got is not None and got.kind == "file" and got.mode == e.mode:
             continue
         if reported(name):

@@ -219,6 +219,7 @@ class Staged:
     mode: int  # the permission bits the file has once installed
     pre_mode: int | None  # the target's bits (None: it did not exist)
     follows_target: bool = False  # `mode` is the target's: `install` follows a chmod since
+    identity: FileIdentity | None = None  # the staged file's (device, inode)
 
 
 class WorkspaceDir:
@@ -248,9 +249,15 @@ class WorkspaceDir:
         #: never a walk by name (`_held_parent`).
         self._held: dict[str, tuple[int, FileIdentity]] = {}
         self._walked: dict[str, tuple[FileIdentity, frozenset[str]]] | None = None
-        #: The directories (relative) of the attempt's planned paths, when known: what a
-        #: search for a directory moved after a kill must not take for it (`landed`).
-        self.planned_dirs: frozenset[str] = frozenset()
+        #: The attempt's planned paths, when known: a search for a directory moved after
+        #: a kill matches the planned directories gone from their names to the
+        #: directories holding their slots (`_moved_dirs_found`).
+        self.planned: frozenset[str] = frozenset()
+        self._moved_to: dict[str, str | None] | None = None
+        #: Directories of the plan's edits and deletes absent at their names when the
+        #: apply began (renamed, moved or removed since the plan): nothing is staged in
+        #: them and the fence refuses the step (`Workspaces.apply`).
+        self.gone_dirs: frozenset[str] = frozenset()
         #: Path -> the directory made for it while staging and renamed or removed at
         #: once (`stage` raised DirectoryMoved): the fence refuses the step.
         self.staging_moved: dict[str, DirectoryMoved] = {}
@@ -553,7 +560,7 @@ class WorkspaceDir:
     # -- writing -----------------------------------------------------------------------
 
     def stage(self, path: str, data: bytes | Iterable[bytes], *, mode: int | None = None,
-              slot: str | None = None) -> Staged:
+              slot: str | None = None, make_dirs: bool = True) -> Staged:
         """Write `data` (bytes, or pieces of them: held one piece at a time) to a fsynced
         temporary file beside `path` (parents created). Whatever stops the copy — an OS
         error, or a source that raises (a blob found corrupt by its last piece) — removes
@@ -565,15 +572,22 @@ class WorkspaceDir:
         a 0600 secret is never readable by others, not even while staged. A name the file
         system can never hold is InvalidInput (a retry cannot help). `slot`: stage under
         the write's deterministic name (`slot`), replacing what a crashed call left there.
+        `make_dirs` False (an edit: its directory existed when it was planned): a missing
+        directory is DirectoryMoved, never made again.
         """
         try:
-            opened = self._held_parent(path, check=False, create=True)
+            opened = self._held_parent(path, check=False, create=make_dirs)
         except DirectoryMoved as moved:
             self.staging_moved[path] = moved
             raise
         except OSError as exc:
             raise self._storage(path, exc) from None
-        assert opened is not None
+        if opened is None:
+            # (`make_dirs` False: an edit's directory, gone since the plan — renamed or
+            # moved by a person — is never made again)
+            moved = DirectoryMoved(path, path.rpartition("/")[0], None)
+            self.staging_moved[path] = moved
+            raise moved
         dir_fd, leaf = opened
         mover = self._mover()
         # Written under a fresh name, then renamed to the slot once whole and fsynced: a
@@ -631,7 +645,7 @@ class WorkspaceDir:
         finally:
             os.close(dir_fd)
         return Staged(path, final_name, h.hexdigest(), size, final, pre_mode,
-                      follows_target=mode is None and pre_mode is not None)
+                      follows_target=mode is None and pre_mode is not None, identity=mine)
 
     def _storage(self, path: str, exc: OSError) -> LedgerError:
         """The typed error for an OSError on `path`: a name too long for the file system
@@ -701,7 +715,7 @@ class WorkspaceDir:
                     st = stat_at(dir_fd, name)
                     if st is None or not stat.S_ISREG(st.st_mode):
                         continue
-                    mover = Mover(self.ops, stamp[1] or "old")
+                    mover = Mover(self.ops, stamp[1] or "0" * 8)  # (a name from before tags)
                     leaf = _leaf_of_temp(name)
                     if is_scratch(name) and st.st_nlink == 1:
                         # a dead stager's own copy, whole or cut short by a kill: no move
@@ -1144,7 +1158,8 @@ class WorkspaceDir:
                 pass
             else:
                 if move.ok:  # the step's bytes are in the slot now, checked
-                    self._keep_persons_mode(dir_fd, leaf, displaced, post_mode)
+                    self._keep_persons_mode(dir_fd, leaf, displaced, post_mode,
+                                            identity_of(there))
                     kept = mover.drop(dir_fd, displaced, move.seen, keep_for=leaf)
                     return TakeBack(path, True, pre, kept=kept)
                 kept = move.kept or keep_displaced()
@@ -1160,7 +1175,7 @@ class WorkspaceDir:
             kept = keep_displaced()
             mover.drop(dir_fd, trash, move.seen, keep_for=leaf)
             return TakeBack(path, False, now, kept=kept)
-        self._keep_persons_mode(dir_fd, leaf, trash, post_mode)
+        self._keep_persons_mode(dir_fd, leaf, trash, post_mode, identity_of(there))
         kept = mover.drop(dir_fd, trash, move.seen, keep_for=leaf)
         return TakeBack(path, True, pre, kept=kept)
 
@@ -1191,7 +1206,7 @@ class WorkspaceDir:
             os.close(dir_fd)
 
     def _keep_persons_mode(self, dir_fd: int, leaf: str, gone: str,
-                           step_mode: int | None) -> None:
+                           step_mode: int | None, only: FileIdentity | None = None) -> None:
         """A take-back or an undo replaced the step's file (now `gone`, hidden) with what
         was there before: if a person had chmodded the step's file since (its mode is
         not the one the step gave it, `step_mode`), the file at the name takes that mode
@@ -1201,11 +1216,11 @@ class WorkspaceDir:
         theirs = _mode_of(gone, dir_fd)
         here = _mode_of(leaf, dir_fd)  # None: not a regular file (a person's directory)
         if theirs is not None and theirs != step_mode and here is not None and here != theirs:
-            with contextlib.suppress(OSError):
-                _chmod_at(dir_fd, leaf, theirs)
+            with contextlib.suppress(OSError):  # (`only`: the file put back, no later save)
+                _chmod_at(dir_fd, leaf, theirs, only=only)
 
-    def keep_persons_mode(self, path: str, gone: str | None, step_mode: int | None
-                          ) -> int | None:
+    def keep_persons_mode(self, path: str, gone: str | None, step_mode: int | None,
+                          only: FileIdentity | None = None) -> int | None:
         """After an undo's landing (slot `gone` beside `path` holds the step's file it
         displaced): keep a person's chmod of it on the file put back
         (`_keep_persons_mode`); returns the file's mode now."""
@@ -1216,13 +1231,13 @@ class WorkspaceDir:
             return None
         dir_fd, leaf = opened
         try:
-            self._keep_persons_mode(dir_fd, leaf, gone, step_mode)
+            self._keep_persons_mode(dir_fd, leaf, gone, step_mode, only)
             return _mode_of(leaf, dir_fd)
         finally:
             os.close(dir_fd)
 
-    def landed(self, path: str, pre: str | None, post: str | None, role: str = "x"
-               ) -> Found:
+    def landed(self, path: str, pre: str | None, post: str | None, role: str = "x", *,
+               search: bool = False, mode: int | None = None) -> Found:
         """What a crashed call of this attempt left of its write to `path` (planned from
         `pre` to `post`): whether the write landed, and what it displaced.
 
@@ -1231,8 +1246,15 @@ class WorkspaceDir:
         post-image or, after the exchange, the displaced bytes; a create when the path
         and its slot are one inode (the link); a delete when its slot exists and the path
         does not hold that same inode. `Found.now` says what the path holds now (a
-        person may have changed it since). Anything else did not land."""
-        opened = self._found_parent(path)
+        person may have changed it since). Anything else did not land. `search`: a
+        settle's — look for the directory where a person moved it (`_found_parent`).
+        `mode`: the bits the write sets, when the plan gives them (a mode change)."""
+        # the slots that are evidence of this write (a create's link is in its role's
+        # slot only; what an edit or a delete displaced may be in ``y`` too): a search
+        # looks for these alone (a move's source and destination share a leaf)
+        evidence = {self.slot(path, role)} | ({self.slot(path, "y")} if pre is not None
+                                              else set())
+        opened = self._found_parent(path, search, evidence)
         if opened is None:
             return Found(path, False, None, None, None)
         dir_fd, leaf = opened
@@ -1269,53 +1291,112 @@ class WorkspaceDir:
                     # other content there is what the exchange displaced (the path may
                     # have changed again since: `now` says what it holds)
                     displaced = look(dir_fd, name).digest
-                    if displaced != post:
+                    if displaced != post or (pre == post and mode is not None
+                                             and _mode_of(name, dir_fd) != mode):
+                        # (a mode change, `mode` the bits it sets: the same bytes in
+                        # the slot, with other bits, are the file it displaced)
                         return Found(path, True, now, name, displaced)
             return Found(path, False, now, None, None)
         finally:
             os.close(dir_fd)
 
-    def _found_parent(self, path: str) -> tuple[int, str] | None:
+    def _found_parent(self, path: str, search: bool, names: set[str]
+                      ) -> tuple[int, str] | None:
         """`path`'s directory for reading what a crashed call left there: the one held
-        already; else the one at its name, when this attempt's slots for `path` are in
-        it; else — a directory a person renamed or moved after the kill (``git mv src
-        lib``), which a new process cannot follow by a held descriptor — the one
-        directory of the workspace that holds `path`'s slots under this epoch and tag,
-        found by one walk of the workspace (`_attempt_dirs`) and held from then on, so
-        the take-back happens inside it and says where it went (`TakeBack.moved`). Two
-        such directories (a copy of it made by a person): neither is guessed."""
+        already; else the one at its name (held from then on when it holds `path`'s
+        slots `names`); else, with `search` (a settle after a kill, never a first apply)
+        and only when no directory has that name any more — a directory a person renamed
+        or moved after the kill (``git mv src lib``), which a new process cannot follow
+        by a held descriptor — where `_moved_dirs_found` says it went, held from then on,
+        so the take-back happens inside it and says where it went (`TakeBack.moved`)."""
         d, _, leaf = path.rpartition("/")
         if d in self._held:
             return self._held_parent(path, check=False)
         opened = self._open_parent(path, create=False)
-        names = {self.slot(path, r) for r in SLOT_ROLES}
         if opened is not None and any(stat_at(opened[0], n) is not None for n in names):
+            # held from here: the take-back goes where its evidence is, even if the
+            # directory is renamed in between
             self._held[d] = (os.dup(opened[0]), identity_of(os.fstat(opened[0])))
+        if opened is not None or not search:
             return opened
-        here = None if opened is None else identity_of(os.fstat(opened[0]))
-        # a slot's name comes from the leaf alone: another planned directory at its own
-        # name holding a file of the same leaf (src/m.txt beside dst/m.txt) is not it
-        others = set()
-        for other in self.planned_dirs - {d}:
-            with contextlib.suppress(LedgerError, OSError):
-                fd = self._dir_fd(other)
-                if fd is not None:
-                    others.add(identity_of(os.fstat(fd)))
-                    os.close(fd)
-        found = [rel for rel, (ident, inside) in self._attempt_dirs().items()
-                 if ident != here and ident not in others and inside & names]
-        if len(found) != 1:
-            return opened
+        rel = self._moved_dirs_found().get(d)
+        if rel is None:
+            return None
         try:
-            fd = self._dir_fd(found[0])
+            fd = self._dir_fd(rel)
         except (LedgerError, OSError):
-            fd = None
+            return None
         if fd is None:
-            return opened
-        if opened is not None:
-            os.close(opened[0])
+            return None
         self._held[d] = (os.dup(fd), identity_of(os.fstat(fd)))
         return fd, leaf
+
+    def _moved_dirs_found(self) -> dict[str, str | None]:
+        """Each planned directory gone from its name -> where it is now (None: not
+        found, or not told apart). One walk (`_attempt_dirs`) gives the directories
+        holding this attempt's names; a directory's score for a planned one is how many
+        of the slot names of its planned paths it holds (a slot's name comes from the
+        leaf alone: a move's source and destination share one, so a single name does
+        not tell). Pairs are taken best score first, each directory and each planned
+        one at most once; a tie between two unmatched pairs sharing either is not
+        guessed (a ``cp -a`` of the moved directory: its slots are given visible names
+        in both copies, `_keep_slots`). A directory that is a planned one at its own
+        name is never a candidate."""
+        if self._moved_to is not None:
+            return self._moved_to
+        planned_dirs = {p.rpartition("/")[0] for p in self.planned}
+        gone = sorted(x for x in planned_dirs if not self.has_dir(x))
+        out: dict[str, str | None] = {x: None for x in gone}
+        self._moved_to = out
+        if not gone:
+            return out
+        at_names = set()
+        for x in planned_dirs - set(gone):
+            with contextlib.suppress(LedgerError, OSError):
+                fd = self._dir_fd(x)
+                if fd is not None:
+                    at_names.add(identity_of(os.fstat(fd)))
+                    os.close(fd)
+        wanted = {x: {self.slot(p, r) for p in self.planned if p.rpartition("/")[0] == x
+                      for r in SLOT_ROLES} for x in gone}
+        pairs = sorted(((len(inside & wanted[x]), rel, x)
+                        for rel, (ident, inside) in self._attempt_dirs().items()
+                        if ident not in at_names for x in gone if inside & wanted[x]),
+                       reverse=True)
+        used: set[str] = set()
+        for score, rel, x in pairs:
+            if rel in used or out[x] is not None or x in used:
+                continue
+            rivals = [r for r in pairs if r[0] == score and (r[1], r[2]) != (rel, x)
+                      and (r[1] == rel or r[2] == x)
+                      and r[1] not in used and out[r[2]] is None and r[2] not in used]
+            if rivals:
+                used.add(x)  # not told apart: nothing guessed; the originals made visible
+                for _, r, y in [(score, rel, x), *rivals]:
+                    names = sorted(self._attempt_dirs()[r][1] & wanted[y])
+                    for leaf in {n[1:].split(TMP_MARK, 1)[0] for n in names}:
+                        self._keep_slots(r, [n for n in names
+                                             if n[1:].split(TMP_MARK, 1)[0] == leaf], leaf)
+                continue
+            out[x] = rel
+            used.add(rel)
+        return out
+
+    def _keep_slots(self, rel: str, names: list[str], leaf: str) -> None:
+        """Give the slot files `names` in directory `rel` visible names beside `leaf`
+        (`Mover.keep`): nothing is removed."""
+        with contextlib.suppress(LedgerError, OSError):
+            fd = self._dir_fd(rel)
+            if fd is None:
+                return
+            try:
+                for n in names:
+                    st = stat_at(fd, n)
+                    if st is not None and stat.S_ISREG(st.st_mode):
+                        kept = self._mover().keep(fd, n, leaf)
+                        self.kept.append((f"{rel}/{leaf}" if rel else leaf, kept))
+            finally:
+                os.close(fd)
 
     def moved_dirs(self, *, search: bool = False) -> set[str]:
         """Where the directories this object holds are now (relative), for those no

@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 import stat
 import threading
 import time
@@ -104,7 +105,7 @@ from ..events import (
 )
 from .confined import Confined
 from .core import Core
-from .moves import KEPT_MARK, is_kept_name, stat_at
+from .moves import KEPT_MARK, stat_at
 from .place import ledger_moved
 from .restore import RestoreReport, restore
 from ..projections import read_workspaces
@@ -1008,7 +1009,7 @@ class Workspaces:
             try:
                 with wsdir.open_dir(d) as fd:
                     names = [] if fd is None else [
-                        n for n in os.listdir(fd) if is_kept_name(n)
+                        n for n in os.listdir(fd) if _KEPT_NAME.fullmatch(n)
                         and (st := stat_at(fd, n)) is not None and stat.S_ISREG(st.st_mode)]
             except (LedgerError, OSError):
                 continue
@@ -1139,14 +1140,15 @@ class Workspaces:
                 epochs.append((ev.compensating[1].epoch, "u"))
             for epoch, roles in epochs:
                 wsdir = self._wsdir(row, step, attempt, epoch)
-                wsdir.planned_dirs = _dirs_of(ev.planned)
+                wsdir.planned = _paths_of(ev.planned)
                 for w in ev.planned.writes:
                     d = w.path.rpartition("/")[0]
                     if roles == "u":
                         out.add((d, wsdir.slot(w.path, "u")))
                         continue
                     with contextlib.suppress(LedgerError, OSError):
-                        found = wsdir.landed(w.path, w.pre_hash, w.post_hash)
+                        found = wsdir.landed(w.path, w.pre_hash, w.post_hash,
+                                             mode=w.mode)
                         if found.landed and found.slot is not None:
                             # and the staged copy beside it: a landing without the
                             # exchange call cut between its moves links it in next
@@ -1684,10 +1686,17 @@ class Workspaces:
                         and epoch == planned.epoch:
                     self._remove_temporaries(wsdir, planned.writes, ws.epoch)
                     pre_bytes = self._store_pre_images(planned, wsdir)
-                    wsdir.planned_dirs = _dirs_of(planned)
+                    wsdir.planned = _paths_of(planned)
+                    # a directory the plan edits or deletes in, gone from its name: no
+                    # directory is made again for any write in it (the fence refuses)
+                    wsdir.gone_dirs = frozenset(
+                        d for d in {w.path.rpartition("/")[0] for w in planned.writes
+                                    if w.pre_hash is not None} if not wsdir.has_dir(d))
                     for w in planned.writes:
+                        if w.path.rpartition("/")[0] in wsdir.gone_dirs:
+                            continue
                         if w.post_hash is None or (planned.journal and wsdir.landed(
-                                w.path, w.pre_hash, w.post_hash).landed):
+                                w.path, w.pre_hash, w.post_hash, mode=w.mode).landed):
                             continue  # a crashed call's landed write: its slot is the evidence
                         # copied piece by piece, verified by the end of the copy, under the
                         # path's slot name, with its final mode before any name shows it
@@ -1695,7 +1704,7 @@ class Workspaces:
                         with contextlib.suppress(StagingLost, DirectoryMoved):
                             staged[w.path] = wsdir.stage(
                                 w.path, self.core.blob_chunks(w.post_hash), mode=w.mode,
-                                slot="x")
+                                slot="x", make_dirs=w.pre_hash is None)
                 holder: list[ApplyResult] = []
                 # The store's write lock covers the commit only (docs/design.md
                 # "Epochs and leases"): the checks and the file work run first, with no
@@ -1974,8 +1983,8 @@ class Workspaces:
             for w in planned.writes:  # a fallback landing a kill cut between its moves
                 if w.pre_hash is not None and w.post_hash is not None:
                     wsdir.finish_aside(w.path, "x")
-        wsdir.planned_dirs = _dirs_of(planned)
-        found = {w.path: wsdir.landed(w.path, w.pre_hash, w.post_hash)
+        wsdir.planned = _paths_of(planned)
+        found = {w.path: wsdir.landed(w.path, w.pre_hash, w.post_hash, mode=w.mode)
                  for w in planned.writes} if recordable and planned.journal else {}
 
         order = {w.path: i for i, w in enumerate(planned.writes)}
@@ -2043,6 +2052,12 @@ class Workspaces:
                                   pre_hash=w.pre_hash, post_hash=w.post_hash)
         for w in planned.writes:
             f = found.get(w.path)
+            d = w.path.rpartition("/")[0]
+            if d in wsdir.gone_dirs and w.path not in staged and not (f and f.landed):
+                return reject("pre_hash", f"{w.path}: its directory {d} is not there any"
+                              " more (renamed, moved or removed since the plan); nothing"
+                              " was written and nothing of the step was left applied",
+                              path=w.path, moved=None)
             gone = wsdir.staging_moved.get(w.path)
             if gone is not None and w.path not in staged:
                 return reject("pre_hash", f"{w.path}: its directory {gone.directory} was"
@@ -2161,6 +2176,11 @@ class Workspaces:
                 state = tx.path_state(planned.workspace, w.path)
                 if (0 if state is None else state[0]) != w.base_rev:
                     continue  # recorded as a later step's since: not this attempt's to undo
+                if not f.landed and w.path.rpartition("/")[0] in wsdir.gone_dirs:
+                    # a crashed call of this attempt, then the directory moved: its
+                    # landings are taken back where the directory went (one search)
+                    f = wsdir.landed(w.path, w.pre_hash, w.post_hash, search=True,
+                                     mode=w.mode)
                 if not f.landed:
                     if f.now == w.post_hash and w.post_hash != w.pre_hash and f.now is not None:
                         # its bytes are there with no sign this attempt put them (a person
@@ -2384,12 +2404,12 @@ class Workspaces:
             for w in fenced.writes:
                 applied[w.path] = w  # journal off: the latest application of a path
         crashed = self._wsdir(ws, planned.step, planned.attempt, planned.epoch)
-        crashed.planned_dirs = _dirs_of(planned)
+        crashed.planned = _paths_of(planned)
         intent = ev.compensating[1].epoch if ev.compensating is not None else None
         undone_by = self._wsdir(ws, planned.step, planned.attempt, intent) \
             if intent is not None else None
         if undone_by is not None:
-            undone_by.planned_dirs = crashed.planned_dirs
+            undone_by.planned = crashed.planned
         out: list[Restored] = []
         inline: dict[str, bytes] = {}
         # What the undo puts back goes first, what it removes after: a file the step
@@ -2424,7 +2444,8 @@ class Workspaces:
                 continue
             a = applied.get(w.path)
             if a is None:  # never recorded: did a crashed apply land it?
-                found = crashed.landed(w.path, w.pre_hash, w.post_hash)
+                found = crashed.landed(w.path, w.pre_hash, w.post_hash, search=True,
+                                       mode=w.mode)
                 if not found.landed:
                     if disk == w.post_hash and w.post_hash != w.pre_hash \
                             and path_rev == w.base_rev:
@@ -2490,14 +2511,15 @@ class Workspaces:
                 # gave it): a person's chmod is theirs, kept on the file put back, as a
                 # take-back keeps it
                 mode = None if staged is None else \
-                    wsdir.keep_persons_mode(w.path, landing.displaced, a.post_mode)
+                    wsdir.keep_persons_mode(w.path, landing.displaced, a.post_mode,
+                                            staged.identity)
                 out.append(Restored(path=w.path, rev=path_rev + 1, digest=pre,
                                     outcome="restored", mode=mode))
             elif disk == pre:
                 # put back by an undo that was killed before it recorded it: was a
                 # person's save displaced by it (its slot holds neither image)?
                 if undone_by is not None:
-                    f = undone_by.landed(w.path, post, pre, role="u")
+                    f = undone_by.landed(w.path, post, pre, role="u", search=True)
                     if f.landed and f.displaced not in (post, NOT_A_FILE):
                         if f.displaced is not None:
                             self._keep_displaced(tx, undone_by, f, inline)
@@ -2521,7 +2543,7 @@ class Workspaces:
         # a directory moved after the kill, where the settle found the crashed writes:
         # the attempt's temporaries there are collected too
         wsdir.also_dirs |= crashed.moved_dirs()
-        if undone_by is not None and any(not wsdir.has_dir(d) for d in crashed.planned_dirs):
+        if undone_by is not None and any(not wsdir.has_dir(d) for d in _dirs_of(planned)):
             # an undo killed while a directory it staged into was renamed: its
             # temporaries went with the directory (one search of the workspace)
             wsdir.also_dirs |= undone_by.moved_dirs(search=True)
@@ -2584,6 +2606,17 @@ class Workspaces:
             raise IllegalTransition(receipt.step, receipt.attempt, "manifest-published",
                                     "the receipt does not match the apply the ledger recorded")
         return receipt
+
+
+#: A name `Mover.keep` gives: the leaf, the mark, the attempt's 8-hex tag and a counter. Not a name of text that is not UTF-8 (no path steptrail writes is) — a
+#: person's ``notes.steptrail-kept-mine`` is not one either.
+_KEPT_NAME: Final = re.compile(r"(?s)[^\udc80-\udcff]+" + re.escape(KEPT_MARK)
+                               + r"[0-9a-f]{8}(?:-[0-9]+)?")
+
+
+def _paths_of(planned: Planned) -> frozenset[str]:
+    """The paths a plan writes."""
+    return frozenset(w.path for w in planned.writes)
 
 
 def _dirs_of(planned: Planned) -> frozenset[str]:

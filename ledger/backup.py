@@ -49,6 +49,7 @@ from typing import Final
 import msgspec
 
 from . import BlobIndex, BlobStore, Head, Ledger, ReadView, __version__
+from .blobs import ignore_in_git
 from .errors import (
     ArchiveMissing,
     BackupIncomplete,
@@ -888,6 +889,7 @@ def restore_backup(
         _fsync_dir(archive_dir)
     _copy_file(os.path.join(where, marker.db), restoring, marker.db_sha256)
     os.rename(restoring, target)
+    ignore_in_git(target_dir)  # last: a killed restore's directory is still its own
     _fsync_dir(target_dir)
     anchored_seq = None
     if witness is not None:

@@ -77,11 +77,11 @@ class LedgerNotFound(LedgerError):
     no/such/ledger.db
     """
 
-    def __init__(self, path: str) -> None:
-        super().__init__(
+    def __init__(self, path: str, message: str | None = None) -> None:
+        super().__init__(message or (
             f"no ledger at {path}; create one with 'steptrail --ledger {path} init'"
             " or point --ledger / STEPTRAIL_LEDGER at an existing one"
-        )
+        ))
         self.path = path
 
 

@@ -309,7 +309,15 @@ class Ledger:
         records — a witnessed ledger is never opened without it), `witness_check`
         (False: a read-only open that reports witness problems from `verify` instead
         of refusing).
+
+        Without `path`: the project's ledger, the nearest ``.steptrail/ledger.db`` at or
+        above the working directory, found as git finds ``.git`` (`ledger.find`); a
+        path given is used as given.
         """
+        if path is DEFAULT_PATH:
+            from .find import find_ledger
+
+            path = find_ledger() or path
         _check_options(**options)
         if forensic and not readonly:
             raise InvalidInput("a forensic open is read-only: pass readonly=True")

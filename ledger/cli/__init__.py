@@ -104,6 +104,10 @@ def cli(ctx: click.Context, ledger_path: str, workspace: str | None, witness: st
     SQLite WAL file (or a PostgreSQL database: --ledger postgresql://...),
     appended atomically with its journal (idempotency) key.
 
+    Without --ledger (or STEPTRAIL_LEDGER), a command uses the nearest
+    .steptrail/ledger.db at or above the directory it runs in, as git finds
+    .git (not across a mount point; STEPTRAIL_CEILING_DIRECTORIES stops it).
+
     \b
     Start here:
         steptrail init                      # create ./.steptrail/ledger.db
@@ -137,6 +141,17 @@ def cli(ctx: click.Context, ledger_path: str, workspace: str | None, witness: st
     130 interrupted (Ctrl-C: what was committed is kept, nothing half done).
     """
     ctx.ensure_object(dict)
+    default = ctx.get_parameter_source("ledger_path") is click.core.ParameterSource.DEFAULT
+    ctx.obj["ledger_default"] = default
+    if default:
+        # no --ledger, no STEPTRAIL_LEDGER: the project's ledger, found upward from here
+        # as git finds .git (ledger/find.py); none found: ./.steptrail/ledger.db
+        from ledger.find import find_ledger
+
+        found = find_ledger()
+        ctx.obj["ledger_found"] = found
+        if found is not None:
+            ledger_path = found
     ctx.obj["ledger_path"] = ledger_path
     ctx.obj["workspace"] = workspace or None
     ctx.obj["witness"] = witness or None

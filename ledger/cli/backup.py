@@ -44,14 +44,19 @@ def restore_cmd(ctx: click.Context, ws_name: str | None, target: str, force: boo
     Each path steptrail knows goes back to its committed content: the post-image of
     its newest committed write (by revision, whenever its step published), or the
     pre-image a compensation put back; every blob is checked before the first file is
-    written. Files steptrail never wrote are not
-    in the ledger and are not restored. A workspace-restored event records DIR as the
+    written. Only files the ledger holds come back: files steptrail never wrote are
+    not in it and are not restored. A workspace-restored event records DIR as the
     workspace's new root: steps write there from now on.
+
+    DIR must be new or empty — or hold nothing but this ledger's own directory (a
+    backup restored into fresh/.steptrail, then 'restore --to fresh'), or a killed
+    restore's output (then it goes on).
 
     \b
     Exit codes: 0 restored; 1 a live lease blocks it (its holder may still write to
     the old directory: --force, then take a new epoch) or a blob is missing;
-    2 DIR is not a new or empty directory, or the workspace is unknown.
+    2 DIR is not a new or empty directory (nor one holding only the ledger), or the
+    workspace is unknown.
     """
     from ledger.errors import LeaseHeld
 
@@ -79,6 +84,8 @@ def restore_cmd(ctx: click.Context, ws_name: str | None, target: str, force: boo
         click.echo(f"restored workspace {report.workspace} to {report.root}:"
                    f" {_n(report.paths, 'path')}, {_size(report.bytes)}{absent}; rev {report.rev},"
                    f" event #{report.seq}{again}")
+        click.echo("only files the ledger holds came back (what steps wrote); files"
+                   " steptrail never wrote are not in it")
     if live:
         click.echo(f"steptrail: the lease of epoch {before.epoch} ({before.holder}) was live:"
                    f" take a new epoch now ('steptrail --workspace {name} lease acquire"

@@ -20,22 +20,38 @@ from ._options import IN_FLIGHT, INT64_MAX, STATES
 @click.option("--parents", is_flag=True, help="Create every missing directory on the"
               " ledger's path (like mkdir -p). Without it only the ledger's own directory"
               " is created, and a missing directory above it is refused (exit 2).")
+@click.option("--nested", is_flag=True, help="Create ./.steptrail/ledger.db even though a"
+              " directory above already has a ledger (commands here then use this one).")
 @json_option
 @click.pass_context
-def init(ctx: click.Context, parents: bool, as_json: bool) -> None:
+def init(ctx: click.Context, parents: bool, nested: bool, as_json: bool) -> None:
     """Create a ledger (and its own directory); a no-op if one is already there.
 
-    A file that exists and is not a ledger is refused and left untouched. Only the
-    directory the ledger file is in is created (ws/.steptrail below): a missing
-    directory above it is refused, nothing written, unless --parents.
+    Without --ledger: ./.steptrail/ledger.db, which git ignores (the directory gets a
+    .gitignore holding '*'). Inside a project that already has a ledger in a
+    directory above, init refuses (commands here already use that one) unless
+    --nested. A file that exists and is not a ledger is refused and left untouched.
+    Only the directory the ledger file is in is created (ws/.steptrail below): a
+    missing directory above it is refused, nothing written, unless --parents.
 
     \b
+        steptrail init
         steptrail --ledger ws/.steptrail/ledger.db init
         steptrail --ledger /srv/ledgers/app/ledger.db init --parents
     """
     from ledger import Ledger, locate
+    from ledger.errors import InvalidInput
+    from ledger.find import LEDGER_DIR, LEDGER_FILE
 
     path = ctx.obj["ledger_path"]
+    if ctx.obj.get("ledger_default"):
+        here = os.path.abspath(os.path.join(LEDGER_DIR, LEDGER_FILE))
+        above = ctx.obj.get("ledger_found")
+        if above is not None and above != here and not nested:
+            raise InvalidInput(
+                f"a ledger already exists above this directory: {above} (commands here"
+                " use it); to make a separate ledger here, run 'steptrail init --nested'")
+        path = here
     with Ledger.init(path, witness=ctx.obj.get("witness"), parents=parents) as ledger:
         info = {"path": ledger.path if locate(path).in_database else os.path.abspath(path),
                 "created": ledger.created, "ledger_id": ledger.ledger_id}

@@ -577,8 +577,9 @@ class _Served:
 class ClientRoots:
     """The workspaces of a server started without ``--workspace``: the directories the
     client announces as roots (MCP's roots capability), opened as ``--workspace`` would
-    open them (`open_workspaces`: without ``--ledger``, the first root's
-    ``.steptrail/ledger.db``), and opened again when the roots change.
+    open them (`open_workspaces`: without ``--ledger``, the nearest
+    ``.steptrail/ledger.db`` at or above the first root), and opened again when the
+    roots change.
 
     On a handshake-era connection (up to 2025-11-25) the server asks ``roots/list``
     at the first tool call and keeps the answer until the client sends
@@ -1141,8 +1142,9 @@ def open_workspaces(specs: Sequence[str], ledger_path: str | None, *,
                     ) -> tuple[Ledger, list[str], dict[str, str]]:
     """The ledger and the names of the workspaces to serve, from ``--workspace`` values:
     a directory (registered under its base name if it is not yet a workspace) or the
-    NAME of a registered workspace. Without `ledger_path` the ledger is the first
-    directory's ``.steptrail/ledger.db``, created if absent (when `create`). `on_op`:
+    NAME of a registered workspace. Without `ledger_path` the ledger is the nearest
+    ``.steptrail/ledger.db`` at or above the first directory (`ledger.find`), else that
+    directory's own, created (when `create`). `on_op`:
     the ledger's hook before each durable operation (`Ledger.open`)."""
     if not specs:
         raise InvalidInput("give the workspace to serve: --workspace DIR (e.g. --workspace .)")
@@ -1152,7 +1154,11 @@ def open_workspaces(specs: Sequence[str], ledger_path: str | None, *,
             raise InvalidInput(f"--workspace {first}: not a directory (a workspace NAME needs"
                                " --ledger PATH, the ledger that registered it)")
         home = os.path.realpath(first)
-        ledger_path = os.path.join(home, ".steptrail", "ledger.db")
+        # the project's ledger, found upward from the workspace as git finds .git (never
+        # from the server's own working directory); none: a new one in the workspace
+        from ..find import find_ledger
+
+        ledger_path = find_ledger(home) or os.path.join(home, ".steptrail", "ledger.db")
     else:
         home = None
     if create:

@@ -16,10 +16,14 @@ mapped means. Adding a store is adding a module with a ``BACKEND`` and a line he
 
 from __future__ import annotations
 
+import difflib
 import importlib
 import os
+import re
 from dataclasses import dataclass
 from typing import Any, Final, Protocol
+
+from ..errors import InvalidInput
 
 #: A `ledger.store.Store` (named, not imported: the store package imports this module).
 Store = Any
@@ -163,11 +167,34 @@ def locate(location: str | os.PathLike[str]) -> Location:
     """
 
     text = location if isinstance(location, str) else os.fspath(location)
+    schemes: list[str] = []
     for module in BACKENDS:
         backend = _backend(module)
         if backend.matches(text):
+            scheme = _SCHEME.match(text) if not getattr(backend, "in_database", True) \
+                else None
+            if scheme is not None:
+                # `postgresq://bob:pw@host/db` taken by the file store: a URL of no store,
+                # not a file path — never a directory made from it, never its password
+                # shown
+                raise InvalidInput(_unknown_scheme(text, scheme.group(1), schemes))
             return Location(text, backend)
+        schemes.extend(getattr(backend, "schemes", ()))
     raise AssertionError("the last backend takes every location")  # pragma: no cover
+
+
+#: ``scheme://`` at the start of a location.
+_SCHEME: Final = re.compile(r"([A-Za-z][A-Za-z0-9+.-]*)://")
+
+
+def _unknown_scheme(text: str, scheme: str, known: list[str]) -> str:
+    masked = re.sub(r"(://[^/@:]*):[^/@]*@", r"\1:***@", text)
+    masked = re.sub(r"(?i)(password=)[^&\s]*", r"\1***", masked)
+    near = difflib.get_close_matches(scheme.lower(), known, n=1)
+    hint = f"did you mean {near[0]}://? " if near else ""
+    return (f"{masked[:200]}: {scheme}:// is not a store steptrail knows ({hint}a ledger is a"
+            f" file path or a {' / '.join(k + '://' for k in known[:1])} URL); nothing was"
+            " written")
 
 
 def open_store(location: str | os.PathLike[str], **options: Any) -> Store:

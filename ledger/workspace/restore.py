@@ -151,11 +151,14 @@ def committed_content(source: Events, workspace: str) -> dict[str, str | None]:
     return _committed_fold(source).paths(workspace)
 
 
-def _own_partial(workspace: str, target: str, content: dict[str, str | None]) -> set[str] | None:
+def _own_partial(workspace: str, target: str, content: dict[str, str | None],
+                 ledger_dir: str | None = None) -> set[str] | None:
     """What `target` holds when it is nothing but (part of) the committed content: files
     at committed paths with their committed bytes, the directories above them, and the
-    temporaries a restore stages (returned: the directories holding those). None when it
-    holds anything else — a file the ledger did not commit there, other bytes, a
+    temporaries a restore stages (returned: the directories holding those) — and the
+    ledger's own directory (`ledger_dir`, real path) when it is right inside: a backup
+    restored into ``fresh/.steptrail``, then its workspace restored into ``fresh``. None
+    when it holds anything else — a file the ledger did not commit there, other bytes, a
     symlink: not a restore's output, never written into. A missing target: empty."""
     if not os.path.lexists(target):
         return set()
@@ -168,6 +171,9 @@ def _own_partial(workspace: str, target: str, content: dict[str, str | None]) ->
     for top, dirs, files in os.walk(target):
         rel = os.path.relpath(top, target)
         rel = "" if rel == "." else rel + "/"
+        if not rel and ledger_dir is not None:
+            dirs[:] = [d for d in dirs if os.path.islink(os.path.join(top, d))
+                       or os.path.realpath(os.path.join(top, d)) != ledger_dir]
         for name in dirs:
             if os.path.islink(os.path.join(top, name)) or rel + name not in above:
                 return None
@@ -222,9 +228,13 @@ def restore(workspaces: RestoreSource, workspace: str, to: str | os.PathLike[str
     target = os.path.realpath(os.fspath(to))
     fold = _committed_fold(core)
     content = fold.paths(workspace)
-    temps = _own_partial(workspace, target, content)  # a killed restore's output: resumed
+    here = core.own.place()  # where the ledger is
+    own = None if here is None else os.path.realpath(here[0])
+    # a killed restore's output: resumed; the ledger's own directory inside: allowed
+    temps = _own_partial(workspace, target, content, own)
     if temps is None:  # (bad input is said first, before the lease's state)
-        raise InvalidInput(f"restore target {to} exists and is not an empty directory;"
+        raise InvalidInput(f"restore target {to} exists and is not an empty directory"
+                           " (nor one holding only this ledger's own directory);"
                            " give a new or empty directory (nothing was written)")
     _check_target(target, to)
     if row.live_epoch(core.clock()) is not None and not force:
@@ -264,7 +274,6 @@ def restore(workspaces: RestoreSource, workspace: str, to: str | os.PathLike[str
     for path, digest in content.items():  # read back: what is on disk is what was committed
         if out.hash(path) != digest:
             raise InvalidInput(f"restored {path} does not read back as {digest}; check {target}")
-    here = core.own.place()  # where the ledger is: recorded with the new root
     event = WorkspaceRestored(workspace=workspace, root=target, rev=row.rev, paths=written,
                               dev=st.st_dev, ino=st.st_ino, allow_git=reg.allow_git,
                               ledger_dir=None if here is None else here[0],

@@ -664,7 +664,17 @@ class PgStore:
                 raise AccessDenied(self.location, msg, "check the user and password in the"
                                    " URL", readers_work=False) from None
             if "database" in msg and "does not exist" in msg:
-                raise LedgerNotFound(self.location) from None
+                # no database to hold a ledger: init cannot make one (a server's
+                # databases are its operator's), so say how
+                try:
+                    name = psycopg.conninfo.conninfo_to_dict(self.url).get("dbname") or "NAME"
+                except Exception:  # (the URL was accepted by connect: a name is there)
+                    name = "NAME"
+                raise LedgerNotFound(self.location, (
+                    f"the database {name!r} does not exist on the server of {self.location};"
+                    f" create it first (createdb {name}, or in psql: CREATE DATABASE"
+                    f" \"{name}\" ENCODING 'UTF8'), then 'steptrail --ledger"
+                    f" {self.location} init'")) from None
             raise DatabaseUnavailable(self.location, msg) from None
         except (ValueError, TypeError) as exc:
             raise InvalidInput(f"{self.location} is not a usable PostgreSQL URL: "

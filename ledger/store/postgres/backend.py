@@ -7,7 +7,7 @@ from typing import Any, Final
 
 from ...errors import EXIT_ENVIRONMENT, InvalidInput
 from ..registry import Unmapped
-from .location import is_url, shown_location, without_secrets
+from .location import SCHEMES, is_url, shown_location, without_secrets
 
 #: What only a file ledger takes (refused here before anything is opened).
 _FILE_OPTIONS: Final = {
@@ -28,6 +28,7 @@ def _options(options: dict[str, Any]) -> dict[str, Any]:
 class PgBackend:
     kind: Final = "postgresql"
     in_database: Final = True
+    schemes: Final = SCHEMES  # (the URL schemes it takes: `locate` names them)
 
     def matches(self, location: str) -> bool:
         return is_url(location)

@@ -37,6 +37,7 @@ from typing import Final
 import apsw
 
 from .. import Synchronous
+from ...blobs import ignore_in_git
 
 from ...errors import (
     AccessDenied,
@@ -587,6 +588,7 @@ class Database:
         made: os.stat_result | None = None  # the empty file this init created
         try:
             _makedirs_durably(parent)
+            ignore_in_git(parent)
             with contextlib.suppress(FileExistsError):  # a concurrent init made it first
                 # created private before SQLite sees it (it would create it 0644 & ~umask)
                 fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW

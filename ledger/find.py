@@ -1,0 +1,95 @@
+"""Finding the default ledger as git finds ``.git``: from the working directory upward.
+
+A command run anywhere inside a project uses the project's ledger, the nearest
+``DIR/.steptrail/ledger.db`` at or above the directory it runs in — the way `git`
+finds the repository from a subdirectory. Without this, a command in ``proj/src``
+reported "no ledger" and its advice (``init``) made a second ledger nested in the
+project.
+
+The search stops, as git's does:
+
+- at a file-system boundary (a mount point: the parent is on another device), unless
+  ``STEPTRAIL_DISCOVERY_ACROSS_FILESYSTEM=1``;
+- before any directory listed in ``STEPTRAIL_CEILING_DIRECTORIES`` (absolute paths
+  separated by ``:``): neither it nor anything above it is looked in — for a home
+  directory on a slow network mount, or to keep a shared parent's ledger out of reach.
+
+An explicit ``--ledger``, ``STEPTRAIL_LEDGER`` or a path given to `Ledger.open` is used
+as given: no search.
+
+>>> import os
+>>> from pathlib import Path
+>>> from ledger import Ledger
+>>> Ledger.init(".steptrail/ledger.db").close()
+>>> Path("src/deeper").mkdir(parents=True)
+>>> os.chdir("src/deeper")
+>>> found = find_ledger()
+>>> os.path.relpath(found, "../..")
+'.steptrail/ledger.db'
+>>> os.chdir("../..")
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Final
+
+#: The default layout: the ledger in a project's own ``.steptrail`` directory.
+LEDGER_DIR: Final = ".steptrail"
+LEDGER_FILE: Final = "ledger.db"
+#: Absolute directories the upward search never enters (``:``-separated), as git's
+#: ``GIT_CEILING_DIRECTORIES``.
+ENV_CEILINGS: Final = "STEPTRAIL_CEILING_DIRECTORIES"
+#: ``1``: the search crosses file-system boundaries (mount points) too.
+ENV_ACROSS: Final = "STEPTRAIL_DISCOVERY_ACROSS_FILESYSTEM"
+
+
+def ceilings(environ: os._Environ[str] | dict[str, str] | None = None) -> frozenset[str]:
+    """The ceiling directories from the environment (absolute, normalized; relative
+    entries are ignored, as git ignores them)."""
+    env = os.environ if environ is None else environ
+    out = set()
+    for part in env.get(ENV_CEILINGS, "").split(":"):
+        if part and os.path.isabs(part):
+            out.add(os.path.normpath(part))
+            real = os.path.realpath(part)
+            out.add(real)
+    return frozenset(out)
+
+
+def find_ledger(start: str | os.PathLike[str] | None = None, *,
+                environ: dict[str, str] | None = None) -> str | None:
+    """The absolute path of the nearest ``DIR/.steptrail/ledger.db`` at or above `start`
+    (default: the working directory), or None when there is none before the root, a
+    file-system boundary or a ceiling directory (see the module)."""
+    env = os.environ if environ is None else environ
+    across = env.get(ENV_ACROSS, "") not in ("", "0")
+    stop = ceilings(env)
+    try:
+        here = os.path.abspath(os.fspath(start) if start is not None else os.getcwd())
+    except OSError:  # the working directory was removed
+        return None
+    try:
+        dev = os.stat(here).st_dev
+    except OSError:
+        return None
+    while True:
+        if here in stop or os.path.realpath(here) in stop:
+            return None
+        candidate = os.path.join(here, LEDGER_DIR, LEDGER_FILE)
+        if os.path.isfile(candidate):
+            return candidate
+        parent = os.path.dirname(here)
+        if parent == here:
+            return None
+        try:
+            parent_dev = os.stat(parent).st_dev
+        except OSError:
+            return None
+        if parent_dev != dev and not across:
+            return None
+        here = parent
+
+
+__all__ = ["ENV_ACROSS", "ENV_CEILINGS", "LEDGER_DIR", "LEDGER_FILE", "ceilings",
+           "find_ledger"]

@@ -1,0 +1,219 @@
+"""A newcomer's second hour (issue 37): what a new user meets after the quickstart —
+each item's test fails before its fix (the newcomer's exact commands where there are
+commands)."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import pytest
+from conftest import run_cli
+
+from ledger import Ledger
+from ledger.backup import backup, restore_backup
+from ledger.find import ENV_ACROSS, ENV_CEILINGS, find_ledger
+
+GIT = shutil.which("git")
+
+
+def git_status(repo: Path) -> str:
+    return subprocess.run(["git", "status", "--porcelain", "--untracked-files=all"],
+                          cwd=repo, capture_output=True, text=True, check=True).stdout
+
+
+# -- item 3: the ledger is ignored by git ------------------------------------------------
+
+@pytest.mark.skipif(GIT is None, reason="git is not installed")
+def test_init_in_a_git_repository_leaves_git_status_clean(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """`steptrail init` in a repository: `git status` must not offer `.steptrail/` (it
+    showed `?? .steptrail/`)."""
+    subprocess.run(["git", "init", "-q", str(tmp_path)], check=True)
+    monkeypatch.chdir(tmp_path)
+    assert run_cli(["init"]).code == 0
+    assert (tmp_path / ".steptrail" / "ledger.db").is_file()
+    assert git_status(tmp_path) == ""
+    assert (tmp_path / ".steptrail" / ".gitignore").read_text().splitlines()[-1] == "*"
+
+
+def test_ledger_init_writes_the_gitignore_only_in_its_own_directory(tmp_path: Path) -> None:
+    """`Ledger.init` of the default layout (what the MCP server's first ledger and `copy`
+    use too) writes ``.steptrail/.gitignore``; a ledger at ``./ledger.db`` lives beside a
+    person's files: nothing is written there; an existing .gitignore is never replaced."""
+    Ledger.init(str(tmp_path / "a" / ".steptrail" / "ledger.db"), parents=True).close()
+    assert (tmp_path / "a" / ".steptrail" / ".gitignore").read_text().endswith("*\n")
+    (tmp_path / "b").mkdir()
+    Ledger.init(str(tmp_path / "b" / "ledger.db")).close()
+    assert not (tmp_path / "b" / ".gitignore").exists()
+    mine = tmp_path / "c" / ".steptrail"
+    mine.mkdir(parents=True)
+    (mine / ".gitignore").write_text("ledger.db\n")
+    Ledger.init(str(mine / "ledger.db")).close()
+    assert (mine / ".gitignore").read_text() == "ledger.db\n"
+
+
+def test_a_copy_and_a_restore_into_the_default_layout_are_ignored_by_git(
+        tmp_path: Path) -> None:
+    src = tmp_path / "src" / ".steptrail" / "ledger.db"
+    Ledger.init(str(src), parents=True).close()
+    (tmp_path / "c" / ".steptrail").mkdir(parents=True)
+    r = run_cli(["copy", str(src), str(tmp_path / "c" / ".steptrail" / "ledger.db")])
+    assert r.code == 0, r
+    assert (tmp_path / "c" / ".steptrail" / ".gitignore").read_text().endswith("*\n")
+    backup(str(src), tmp_path / "bk")
+    restore_backup(tmp_path / "bk", tmp_path / "fresh" / ".steptrail")
+    assert (tmp_path / "fresh" / ".steptrail" / ".gitignore").read_text().endswith("*\n")
+
+
+# -- item 2: the ledger found upward, as git finds .git ---------------------------------
+
+
+@pytest.fixture
+def project(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """proj/ with a ledger, and the newcomer in proj/sub/deeper."""
+    proj = tmp_path / "proj"
+    (proj / "sub" / "deeper").mkdir(parents=True)
+    monkeypatch.chdir(proj)
+    assert run_cli(["init"]).code == 0
+    monkeypatch.chdir(proj / "sub" / "deeper")
+    monkeypatch.delenv("STEPTRAIL_LEDGER", raising=False)
+    monkeypatch.delenv(ENV_CEILINGS, raising=False)
+    return proj
+
+
+def test_a_command_in_a_subdirectory_uses_the_projects_ledger(project: Path) -> None:
+    """From proj/sub/deeper every command said "no ledger at .steptrail/ledger.db" and
+    advised an init that nested a second ledger in the project."""
+    r = run_cli(["status", "--json"])
+    assert r.code == 0, r
+    assert str(project / ".steptrail" / "ledger.db") in r.out
+    with Ledger.open() as led:
+        assert led.path == str(project / ".steptrail" / "ledger.db")
+    assert not (project / "sub" / "deeper" / ".steptrail").exists()
+
+
+def test_init_below_a_ledger_refuses_unless_nested(project: Path) -> None:
+    here = project / "sub" / "deeper"
+    r = run_cli(["init"])
+    assert r.code == 2 and "already exists above" in r.err and "--nested" in r.err, r
+    assert not (here / ".steptrail").exists()
+    assert run_cli(["init", "--nested"]).code == 0
+    assert (here / ".steptrail" / "ledger.db").is_file()
+    r = run_cli(["status", "--json"])  # the nearest one from now on
+    assert str(here / ".steptrail" / "ledger.db") in r.out
+
+
+def test_the_search_stops_at_a_ceiling_directory(project: Path,
+                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv(ENV_CEILINGS, str(project))
+    assert find_ledger() is None
+    r = run_cli(["status"])
+    assert r.code == 2 and "no ledger" in r.err, r
+    monkeypatch.setenv(ENV_CEILINGS, str(project / "sub" / "deeper"))
+    assert find_ledger() is None  # (the ceiling itself is not looked in either)
+    monkeypatch.setenv(ENV_CEILINGS, "relative/ignored:" + str(project.parent / "elsewhere"))
+    assert find_ledger() == str(project / ".steptrail" / "ledger.db")
+
+
+def test_the_search_stops_at_a_file_system_boundary(project: Path,
+                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    """A mount point between the directory and the project's ledger (a device change):
+    not crossed, unless STEPTRAIL_DISCOVERY_ACROSS_FILESYSTEM=1."""
+    import ledger.find as find_mod
+
+    real_stat = os.stat
+    sub = str(project / "sub")
+
+    def stat(p: Any, *a: Any, **k: Any) -> Any:
+        st = real_stat(p, *a, **k)
+        if str(p) != sub and not str(p).startswith(sub + os.sep):
+            return os.stat_result((st.st_mode, st.st_ino, st.st_dev + 1, *st[3:10]))
+        return st
+
+    monkeypatch.setattr(find_mod.os, "stat", stat)
+    assert find_ledger() is None
+    monkeypatch.setenv(ENV_ACROSS, "1")
+    assert find_ledger() == str(project / ".steptrail" / "ledger.db")
+
+
+def test_the_mcp_server_finds_the_ledger_from_its_workspace_not_its_cwd(
+        project: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from ledger.mcp.server import open_workspaces
+
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    monkeypatch.chdir(elsewhere)
+    led, names, _ = open_workspaces([str(project / "sub")], None, create=True)
+    try:
+        assert led.path == str(project / ".steptrail" / "ledger.db") and names == ["sub"]
+    finally:
+        led.close()
+    assert not (elsewhere / ".steptrail").exists()
+    assert not (project / "sub" / ".steptrail").exists()
+
+
+# -- item 4: restore in place, into the default layout ----------------------------------
+
+def test_restore_into_the_directory_holding_the_restored_ledger(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The CLI quickstart's last line restores a backup into ../fresh/.steptrail; the
+    natural next command, `restore --workspace repo --to .` inside ../fresh, was refused
+    ("exists and is not an empty directory")."""
+    repo = tmp_path / "repo"
+    repo.mkdir()
+    (repo / "app.py").write_text("v0\n")
+    monkeypatch.chdir(repo)
+    monkeypatch.delenv("STEPTRAIL_LEDGER", raising=False)
+    assert run_cli(["init"]).code == 0
+    assert run_cli(["workspace", "add", "repo", "."]).code == 0
+    with Ledger.open() as led:
+        lease = led.workspaces.acquire("repo", holder="a", ttl_s=60)
+        from ledger import StepPlan
+        read = led.workspaces.read_file("repo", "app.py")
+        led.workspaces.admit("repo", lease.epoch, [StepPlan("s1", [read.write(b"v1\n")])])
+        assert led.workspaces.apply("s1", epoch=lease.epoch).verdict == "applied"
+        led.publish("s1")
+        led.ack("s1", epoch=lease.epoch)
+        led.workspaces.release("repo", lease.epoch)
+    assert run_cli(["backup", "../backup"]).code == 0
+    assert run_cli(["backup", "restore", "../backup", "../fresh/.steptrail"]).code == 0
+    monkeypatch.chdir(tmp_path / "fresh")
+    r = run_cli(["restore", "--workspace", "repo", "--to", "."])
+    assert r.code == 0, r
+    assert "only files the ledger holds" in r.out
+    assert (tmp_path / "fresh" / "app.py").read_text() == "v1\n"
+    # anything else there is still refused, nothing written
+    (tmp_path / "other").mkdir()
+    (tmp_path / "other" / "notes.txt").write_text("mine\n")
+    r = run_cli(["restore", "--workspace", "repo", "--to", str(tmp_path / "other")])
+    assert r.code == 2 and "not an empty directory" in r.err
+    assert sorted(p.name for p in (tmp_path / "other").iterdir()) == ["notes.txt"]
+
+
+# -- item 5: database URLs ---------------------------------------------------------------
+
+@pytest.mark.parametrize("argv", [["status"], ["init", "--parents"], ["verify"]])
+def test_a_mistyped_database_url_is_refused_its_password_never_shown(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, argv: list[str]) -> None:
+    """`postgresq://bob:S3cretPass@localhost/ledger` printed the password and was taken
+    for a file path; `init --parents` made the directory ./postgresq:/bob:S3cretPass@..."""
+    monkeypatch.chdir(tmp_path)
+    r = run_cli(["--ledger", "postgresq://bob:S3cretPass@localhost/ledger", *argv])
+    assert r.code == 2, r
+    assert "S3cretPass" not in r.out + r.err
+    assert "did you mean postgresql://" in r.err and r.err.count("\n") == 1, r.err
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_init_on_a_database_that_does_not_exist_says_createdb(pg_url: str) -> None:
+    """It said "run init" — which cannot make a database."""
+    missing = pg_url.rsplit("/", 1)[0] + "/no_such_db_37"
+    shown = missing.replace("postgresql://", "postgresql://")
+    r = run_cli(["--ledger", missing, "init"])
+    assert r.code == 2, r
+    assert "createdb no_such_db_37" in r.err and "CREATE DATABASE" in r.err, r.err
+    assert shown.split("@")[-1] in r.err

@@ -755,7 +755,7 @@ def ignore_in_git(directory: str) -> bool:
     try:
         fd = os.open(os.path.join(directory, ".gitignore"),
                      os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC,
-                     0o644)
+                     0o600)  # (private, as everything in a ledger's directory)
     except OSError:
         return False
     try:

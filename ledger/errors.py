@@ -913,15 +913,18 @@ class DatabaseUnavailable(EnvironmentFailure):
 
 
 class AccessDenied(StorageFailure):
-    """The ledger or its blob store cannot be read or written where it is: a read-only
-    file system, or permissions (the ledger is private to its owner). Retrying as it is
-    fails the same way: the message names the cause and its fix.
+    """The ledger, its blob store or a workspace cannot be read or written where it is: a
+    read-only file system, or permissions (the ledger is private to its owner). Retrying
+    as it is fails the same way, so it is not a retry code: exit 2 (``retryable: false``
+    under ``--json``); the message names the cause and its fix.
 
     >>> from ledger import AccessDenied, EnvironmentFailure
     >>> err = AccessDenied("ledger.db", "permission denied", "fix the owner")
     >>> isinstance(err, EnvironmentFailure), err.exit_code
-    (True, 3)
+    (True, 2)
     """
+
+    exit_code = EXIT_USAGE
 
     def __init__(self, path: str, why: str, fix: str, *, readers_work: bool = True) -> None:
         also = (" (read-only commands, such as verify, events and audit, work as it is)"

@@ -217,3 +217,47 @@ def test_init_on_a_database_that_does_not_exist_says_createdb(pg_url: str) -> No
     assert r.code == 2, r
     assert "createdb no_such_db_37" in r.err and "CREATE DATABASE" in r.err, r.err
     assert shown.split("@")[-1] in r.err
+
+
+# -- item 6: errors that say the right thing ---------------------------------------------
+
+def test_a_workspace_that_is_not_writable_is_access_denied_not_a_retry(
+        tmp_path: Path) -> None:
+    """It said `StorageFailure … free space or fix the disk` (exit 3, "retry"): it is
+    permissions — AccessDenied naming the directory, exit 2, `retryable: false`. Real
+    EACCES (root's override dropped by setpriv, as CI runs as root)."""
+    import json
+    import os as _os
+    import sys
+
+    prefix: list[str] = []
+    if _os.geteuid() == 0:
+        if shutil.which("setpriv") is None:
+            pytest.skip("root, and no setpriv to drop CAP_DAC_OVERRIDE")
+        prefix = ["setpriv", "--bounding-set=-dac_override,-dac_read_search"]
+    ws = tmp_path / "ws"
+    (ws / "sub").mkdir(parents=True)
+    (ws / "sub" / "a.txt").write_text("v0\n")
+    led = str(tmp_path / "l" / "ledger.db")
+    with Ledger.init(led) as ledger:
+        ledger.workspaces.add("w", str(ws))
+        epoch = ledger.workspaces.acquire("w", holder="a", ttl_s=600).epoch
+        read = ledger.workspaces.read_file("w", "sub/a.txt")
+    plan = tmp_path / "plan.json"
+    plan.write_text(json.dumps({"step": "s1", "writes": [{
+        "path": "sub/a.txt", "base_rev": read.rev, "pre_hash": read.pre_hash,
+        "content": "v1\n"}]}))
+    (ws / "sub").chmod(0o555)
+    try:
+        r = subprocess.run([*prefix, sys.executable, "-m", "ledger", "--ledger", led,
+                            "--workspace", "w", "step", "run", str(plan), "--epoch",
+                            str(epoch), "--json"], capture_output=True, text=True,
+                           cwd=tmp_path)
+    finally:
+        (ws / "sub").chmod(0o755)
+    assert r.returncode == 2, r
+    assert "AccessDenied" in r.stderr and str(ws / "sub") in r.stderr, r.stderr
+    assert "free space" not in r.stderr
+    err = json.loads(r.stdout.strip().splitlines()[-1])["error"]
+    assert err["type"] == "AccessDenied" and err["retryable"] is False
+    assert (ws / "sub" / "a.txt").read_text() == "v0\n"

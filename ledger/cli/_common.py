@@ -213,7 +213,7 @@ def _fail_interrupted(ctx: click.Context | None, as_json: bool) -> None:
 #: `ctx.meta` key (shared by every context of one run): the command was given --json.
 _JSON_KEY = "steptrail.json"
 #: The error object's own keys; an error's facts never take them.
-_ERROR_KEYS = frozenset({"type", "message", "exit_code"})
+_ERROR_KEYS = frozenset({"type", "message", "exit_code", "retryable"})
 
 
 def _wants_json(ctx: click.Context) -> bool:
@@ -260,7 +260,8 @@ def _fail(ctx: click.Context | None, message: str, code: int, type_name: str,
     `"ok": false` and `"error": {"type", "message", "exit_code", ...facts}`."""
     message = " ".join(message.split())  # one line, whatever an error quotes
     if as_json or (ctx is not None and _wants_json(ctx)):
-        error = {**(facts or {}), "type": type_name, "message": message, "exit_code": code}
+        error = {**(facts or {}), "type": type_name, "message": message, "exit_code": code,
+                 "retryable": code == EXIT_ENVIRONMENT}
         _emit_json({**(document or {}), "ok": False, "error": error})
     click.echo(f"steptrail: error: {type_name}: {message}", err=True)
     sys.exit(code)

@@ -48,6 +48,7 @@ from . import exchange
 from .moves import ABSENT, ANY_FILE, NOT_A_FILE, Mover, Seen, UnsafeFallbackRefused, look, stat_at
 from ..blobs import FileOps, fd_chunks, hash_chunks
 from ..errors import (
+    AccessDenied,
     InvalidInput,
     LedgerError,
     PathEscapes,
@@ -653,6 +654,12 @@ class WorkspaceDir:
         if exc.errno == errno.ENAMETOOLONG:
             return InvalidInput(f"{path[:80]!r} has a name too long for the file system under"
                                 f" {self.root}; plan a shorter name")
+        if exc.errno in (errno.EACCES, errno.EPERM, errno.EROFS):
+            where = os.path.dirname(os.path.join(self.root, path))
+            why = "a read-only file system" if exc.errno == errno.EROFS else \
+                "this user may not write there"
+            return AccessDenied(where, why, "make the workspace writable by this user (or"
+                                " run as its owner), then apply again", readers_work=False)
         return StorageFailure(os.path.join(self.root, path), os.strerror(exc.errno or 0))
 
     def check_fits(self, path: str) -> None:

@@ -240,6 +240,39 @@ class FencedOutcome:
     def committed(self) -> bool:
         return self.status in (StepStatus.APPLIED, StepStatus.DEDUPED)
 
+    def raise_for_status(self) -> FencedOutcome:
+        """Return this outcome when the step committed (APPLIED, DEDUPED); raise
+        otherwise — `StaleEpoch` when the lease moved on, `StepRejected` (with the
+        conflicting paths in `facts`) for a conflict or another rejection. A conflict is
+        a return value, easy to ignore: a loop that ignores it silently skips an edit;
+        this makes it an exception, as ``requests``' method of that name does.
+
+        >>> from pathlib import Path
+        >>> from ledger import Ledger, StepRejected, run_fenced_step
+        >>> Path("repo").mkdir(); _ = Path("repo/app.py").write_text("v0\\n")
+        >>> ledger = Ledger.init("ledger.db")
+        >>> _ = ledger.workspaces.add("repo", "repo")
+        >>> lease = ledger.workspaces.acquire("repo", holder="agent-1", ttl_s=600)
+        >>> def edit(read):
+        ...     got = read.read("app.py")
+        ...     _ = Path("repo/app.py").write_text("a person's edit\\n")
+        ...     return [got.write(b"v1\\n")]
+        >>> try:
+        ...     run_fenced_step(ledger, "repo", "e1", edit, epoch=lease.epoch).raise_for_status()
+        ... except StepRejected as e:
+        ...     print(e.reason, e.facts["paths"])
+        pre_hash ['app.py']
+        >>> ledger.close()
+        """
+        if self.committed:
+            return self
+        if self.status is StepStatus.STALE_EPOCH and self.error is not None:
+            raise self.error
+        from .errors import StepRejected
+
+        raise StepRejected(self.step, self.attempt, str(self.reason or self.status),
+                           self.detail, {"paths": [c.path for c in self.conflicts]})
+
 
 class StepReader:
     """What a planner reads through: `read(path)` returns the bytes with the rev and hash

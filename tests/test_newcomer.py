@@ -261,3 +261,44 @@ def test_a_workspace_that_is_not_writable_is_access_denied_not_a_retry(
     err = json.loads(r.stdout.strip().splitlines()[-1])["error"]
     assert err["type"] == "AccessDenied" and err["retryable"] is False
     assert (ws / "sub" / "a.txt").read_text() == "v0\n"
+
+
+# -- item 7: restart-safe agents by default ----------------------------------------------
+
+def test_a_restarted_agent_takes_its_own_lease_back_and_a_conflict_raises(
+        tmp_path: Path) -> None:
+    """After a crash the README's agent died with LeaseHeld for the TTL; and a conflict,
+    a return value, was easy to skip. `resume=True` takes the same holder's live lease
+    back (settling the dead run), never another's; `raise_for_status()` raises."""
+    from ledger import LeaseHeld, StepRejected, run_fenced_step
+
+    (tmp_path / "repo").mkdir()
+    (tmp_path / "repo" / "app.py").write_text("v0\n")
+    with Ledger.init(str(tmp_path / "repo" / ".steptrail" / "ledger.db")) as ledger:
+        ledger.workspaces.add("repo", str(tmp_path / "repo"))
+        first = ledger.workspaces.acquire("repo", holder="agent-1", ttl_s=600, resume=True)
+        # ... the process dies here; the next run of the same agent:
+        again = ledger.workspaces.acquire("repo", holder="agent-1", ttl_s=600, resume=True)
+        assert again.epoch == first.epoch + 1
+        with pytest.raises(LeaseHeld):
+            ledger.workspaces.acquire("repo", holder="agent-2", ttl_s=600, resume=True)
+
+        def edit(read):  # type: ignore[no-untyped-def]
+            got = read.read("app.py")
+            (tmp_path / "repo" / "app.py").write_text("a person's edit\n")
+            return [got.write(b"v1\n")]
+
+        out = run_fenced_step(ledger, "repo", "e1", edit, epoch=again.epoch)
+        with pytest.raises(StepRejected) as caught:
+            out.raise_for_status()
+        assert caught.value.facts["paths"] == ["app.py"]
+        ok = run_fenced_step(ledger, "repo", "e2",
+                             lambda read: [read.read("app.py").write(b"v2\n")],
+                             epoch=again.epoch)
+        assert ok.raise_for_status() is ok
+        late = run_fenced_step(ledger, "repo", "e3",
+                               lambda read: [read.read("app.py").write(b"v3\n")],
+                               epoch=first.epoch)
+        with pytest.raises(Exception) as stale:
+            late.raise_for_status()
+        assert type(stale.value).__name__ == "StaleEpoch"

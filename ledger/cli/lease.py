@@ -65,20 +65,24 @@ def lease() -> None:
                    f" The default, {CLI_LEASE_TTL}, leaves a person typing commands time; the"
                    " library's ledger.workspaces.acquire defaults to 60s (a harness heartbeats).")
 @click.option("--force", is_flag=True, help="Take over even while another lease is live (its epoch dies now).")
+@click.option("--resume", is_flag=True, help="Take back a live lease this --holder still holds"
+              " (this agent's earlier run, which died): a new epoch that settles what it left"
+              " unfinished. Another holder's live lease is still refused.")
 @json_option
 @click.pass_context
 def lease_acquire(ctx: click.Context, ws_name: str | None, holder: str, ttl: float, force: bool,
-                  as_json: bool) -> None:
+                  resume: bool, as_json: bool) -> None:
     """Start a new epoch on the workspace and print it; settle older epochs first.
 
-    Refused (exit 1) while another lease is live, unless --force. Every attempt of an
+    Refused (exit 1) while another lease is live, unless --force (or --resume, when
+    that lease is this --holder's: a restart after a crash). Every attempt of an
     older epoch still in flight is compensated before this returns (listed as settled).
     Exit 1 as `lease settle` when settling left a path for a human (a conflict) or could
     not settle a step: the lease is acquired all the same, its epoch printed.
     """
     name = _workspace(ctx, ws_name)
     with _open(ctx, readonly=False) as ledger:
-        got = ledger.workspaces.acquire(name, holder, ttl, force=force)
+        got = ledger.workspaces.acquire(name, holder, ttl, force=force, resume=resume)
         now = ledger.clock()
     document = lease_json(got, now)
     if not as_json:

@@ -1205,7 +1205,7 @@ class Workspaces:
 
     def acquire(
         self, workspace: str, holder: str, ttl_s: float = 60, *, force: bool = False,
-        bare: bool = False,
+        bare: bool = False, resume: bool = False,
     ) -> Lease:
         """Start a new epoch (previous + 1) on the workspace and settle the older ones.
 
@@ -1218,7 +1218,10 @@ class Workspaces:
         not UnknownWorkspace but a lease with no directory, made by its first epoch
         (`lease-acquired` with `bare`): ownership of something that is not a directory,
         as a LangGraph thread's (ledger.langgraph). A registered workspace's lease is
-        taken as usual.
+        taken as usual. `resume`: an agent restarting after a crash takes back a live
+        lease its own `holder` still holds (a new epoch, which settles what the dead run
+        left unfinished) — another holder's live lease is still LeaseHeld: the
+        restart-safe way to start (README's quickstart).
         """
         check_step_id(holder)
         ttl_ns = _check_ttl(ttl_s)
@@ -1236,7 +1239,7 @@ class Workspaces:
                 return [LeaseAcquired(workspace=workspace, epoch=1, holder=holder,
                                       expires_ns=now + ttl_ns, bare=True)]
             live = row.live_epoch(now)
-            if live is not None and not force:
+            if live is not None and not force and not (resume and row.holder == holder):
                 raise LeaseHeld(workspace, row.epoch, row.holder, row.expires_ns)
             return [LeaseAcquired(workspace=workspace, epoch=row.epoch + 1, holder=holder,
                                   expires_ns=now + ttl_ns, forced=live is not None)]

@@ -302,3 +302,51 @@ def test_a_restarted_agent_takes_its_own_lease_back_and_a_conflict_raises(
         with pytest.raises(Exception) as stale:
             late.raise_for_status()
         assert type(stale.value).__name__ == "StaleEpoch"
+
+
+# -- item 9: installing from a clone -------------------------------------------------------
+
+def test_a_missing_extra_names_the_install_command_for_this_installation(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """`pip install 'steptrail[mcp]'` fails (the package is not on an index): the hint
+    follows the installer's record — a clone, editable or not; a wheel file; an index."""
+    import importlib.metadata
+    import json
+
+    from ledger import extras
+
+    class Dist:
+        def __init__(self, record: dict[str, Any] | None) -> None:
+            self.record = record
+
+        def read_text(self, name: str) -> str | None:
+            return None if self.record is None else json.dumps(self.record)
+
+    clone = tmp_path / "steptrail"
+    clone.mkdir()
+    cases = [
+        ({"url": clone.as_uri(), "dir_info": {"editable": True}},
+         f"pip install -e '{clone}[mcp]'"),
+        ({"url": clone.as_uri(), "dir_info": {}}, f"pip install '{clone}[mcp]'"),
+        ({"url": "file:///w/dist/steptrail-0.1.0-py3-none-any.whl", "archive_info": {}},
+         "pip install 'steptrail[mcp] @ file:///w/dist/steptrail-0.1.0-py3-none-any.whl'"),
+        (None, "pip install 'steptrail[mcp]'"),
+    ]
+    for record, want in cases:
+        monkeypatch.setattr(importlib.metadata, "distribution", lambda _n, r=record: Dist(r))
+        assert extras.install_hint("mcp") == want
+
+
+def test_importing_an_integration_without_its_extra_says_how_to_install_it(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """`from ledger.langgraph import LedgerSaver` without the extra was a raw
+    `ModuleNotFoundError: langchain_core`."""
+    import sys
+
+    for name in [m for m in sys.modules if m.startswith(("ledger.langgraph", "langgraph",
+                                                          "langchain_core"))]:
+        monkeypatch.delitem(sys.modules, name)
+    monkeypatch.setitem(sys.modules, "langchain_core", None)  # "not installed"
+    with pytest.raises(ModuleNotFoundError) as caught:
+        import ledger.langgraph  # noqa: F401
+    assert "'langgraph' extra" in str(caught.value) and "pip install" in str(caught.value)

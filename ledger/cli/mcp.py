@@ -58,7 +58,7 @@ def mcp(ctx: click.Context, workspaces: tuple[str, ...], http: bool, host: str, 
     ledger is the first directory's .steptrail/ledger.db, created if absent. Without
     --workspace, the directories the client announces as its roots (MCP roots) are
     served, as if each were given as --workspace, in the client's order. Needs the
-    extra: pip install 'steptrail[mcp]'. See docs/mcp.md.
+    extra (the error names the install command for this installation). See docs/mcp.md.
     """
     try:
         from ledger.mcp import serve
@@ -66,8 +66,10 @@ def mcp(ctx: click.Context, workspaces: tuple[str, ...], http: bool, host: str, 
         missing = (exc.name or "").split(".")[0]
         if missing not in _MCP_SDK_MODULES:
             raise
+        from ledger.extras import install_hint
+
         _fail(ctx, f"the MCP SDK is not installed (no module {exc.name!r}); install the"
-              " extra: pip install 'steptrail[mcp]'", EXIT_USAGE, "MissingExtra",
+              f" extra: {install_hint('mcp')}", EXIT_USAGE, "MissingExtra",
               {"extra": "mcp", "module": exc.name})
     specs = list(workspaces) or ([ctx.obj["workspace"]] if ctx.obj.get("workspace") else [])
     if not specs and http:

@@ -36,7 +36,8 @@ def ui(ctx: click.Context, port: int, no_browser: bool) -> None:
     read-only: it never writes it, never takes its write lock, never blocks a
     writer. Verify runs once in the background; a ledger that fails it still opens,
     with a banner naming the findings. Ctrl-C stops it. Needs the extra:
-    pip install 'steptrail[ui]'. See docs/ui.md.
+    the ui extra (the error names the install command for this installation). See
+    docs/ui.md.
     """
     try:
         from ledger.ui import serve
@@ -47,8 +48,10 @@ def ui(ctx: click.Context, port: int, no_browser: bool) -> None:
         missing = (exc.name or "").split(".")[0]
         if missing not in _UI_MODULES:
             raise
+        from ledger.extras import install_hint
+
         _fail(ctx, f"the UI's packages are not installed (no module {exc.name!r}); install"
-              " the extra: pip install 'steptrail[ui]'", EXIT_USAGE, "MissingExtra",
+              f" the extra: {install_hint('ui')}", EXIT_USAGE, "MissingExtra",
               {"extra": "ui", "module": exc.name})
     serve(ctx.obj["ledger_path"], port=port, open_browser=not no_browser,
           echo=functools.partial(click.echo, err=False))

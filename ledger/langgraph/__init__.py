@@ -16,6 +16,13 @@ transaction (`StaleEpoch`). docs/langgraph.md has the mapping and why.
 Nothing else in the package imports this module: `import ledger` stays LangGraph-free.
 """
 
-from .saver import LedgerSaver, Ownership
+try:
+    from .saver import LedgerSaver, Ownership
+except ModuleNotFoundError as _exc:
+    if (_exc.name or "").split(".")[0] not in ("langgraph", "langchain_core"):
+        raise
+    from ..extras import missing_extra
+
+    raise ModuleNotFoundError(missing_extra("langgraph", _exc.name), name=_exc.name) from None
 
 __all__ = ["LedgerSaver", "Ownership"]

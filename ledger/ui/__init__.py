@@ -8,8 +8,8 @@ follows the head): the ledger at a glance; a run's or a workspace's timeline of
 steps; a step's events with each write's diff, refusals and artifacts (downloads are
 attachments, never rendered); a path's history and a workspace as of any step; the
 stats as inline SVG charts. The security model — loopback only, a token, read-only, a
-strict Content-Security-Policy — is docs/ui.md's. Needs the extra:
-``pip install 'steptrail[ui]'``.
+strict Content-Security-Policy — is docs/ui.md's. Needs the ``ui`` extra (`steptrail
+ui` names the install command for this installation: `ledger.extras.install_hint`).
 """
 
 from __future__ import annotations

@@ -13,8 +13,10 @@ def _psycopg() -> Any:
     try:
         import psycopg
     except ImportError:
-        raise InvalidInput("a postgresql:// ledger needs the PostgreSQL extra: pip install"
-                           " 'steptrail[postgres]'") from None
+        from ...extras import install_hint
+
+        raise InvalidInput("a postgresql:// ledger needs the PostgreSQL extra: "
+                           + install_hint("postgres")) from None
     return psycopg
 
 

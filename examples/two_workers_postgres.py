@@ -147,10 +147,15 @@ def main() -> int:
         return worker_a(url)
     if args.role == "b":
         return worker_b(url)
-    workdir = args.workdir or Path(tempfile.mkdtemp(prefix="steptrail-shared-"))
-    workdir.mkdir(parents=True, exist_ok=True)
-    print(f"workspace {WORKSPACE!r} at {workdir}", flush=True)
-    return orchestrate(url, workdir)
+    if args.workdir is not None:  # the caller's directory: kept, as given
+        args.workdir.mkdir(parents=True, exist_ok=True)
+        print(f"workspace {WORKSPACE!r} at {args.workdir}", flush=True)
+        return orchestrate(url, args.workdir)
+    # a temporary one of our own: removed when the demonstration ends, however it ends
+    with tempfile.TemporaryDirectory(prefix="steptrail-shared-") as tmp:
+        print(f"workspace {WORKSPACE!r} at {tmp} (removed at the end; --workdir DIR keeps"
+              " one)", flush=True)
+        return orchestrate(url, Path(tmp))
 
 
 if __name__ == "__main__":

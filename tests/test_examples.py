@@ -196,6 +196,20 @@ def test_two_workers_postgres_takeover(tmp_path: Path, pg_url: str) -> None:
     assert_clean(pg_url)
 
 
+@needs_extra("postgres")
+def test_two_workers_postgres_leaves_no_temporary_directory(tmp_path: Path, pg_url: str
+                                                           ) -> None:
+    """Without --workdir it made /tmp/steptrail-shared-* and left it behind (issue 37)."""
+    tmp = tmp_path / "tmp"
+    tmp.mkdir()
+    out = subprocess.run([PYTHON, str(EXAMPLES / "two_workers_postgres.py"), pg_url],
+                         cwd=tmp_path, env={**clean_env(), "TMPDIR": str(tmp)},
+                         capture_output=True, text=True, timeout=TIMEOUT, check=False)
+    assert out.returncode == 0, (out.stdout, out.stderr)
+    assert "removed at the end" in out.stdout
+    assert list(tmp.iterdir()) == []
+
+
 def test_two_workers_postgres_takes_the_url_from_the_environment(tmp_path: Path) -> None:
     """Without a URL it names what to give, exit 2 (argparse), and starts nothing."""
     out = run(PYTHON, str(EXAMPLES / "two_workers_postgres.py"), cwd=tmp_path)

@@ -10,6 +10,13 @@ from the events at any time. A workspace's writes go through `ledger.workspaces`
     with Ledger.init("ws/.steptrail/ledger.db") as ledger:
         ledger.append(Planned(step="fetch", attempt=1))
         print(ledger.step("fetch").state)        # planned
+
+Start here: `Ledger` (open, init; `Ledger.workspaces`, the `Workspaces` protocol:
+add, acquire, read_file, admit, apply, compensate), `run_fenced_step` (a workspace
+step's whole protocol in one call, its `FencedOutcome` and `StepStatus`), `run_step`
+(an artifact step's, its `StepResult`). Then the events (`Planned`, `Fenced`, ...), the
+errors by family (`InvalidInput`: exit 2; `ProtocolRefused`: exit 1;
+`EnvironmentFailure`: exit 3, retry), and the rest by role.
 """
 
 from typing import TYPE_CHECKING
@@ -126,7 +133,9 @@ if TYPE_CHECKING:  # the one list of public names; at run time each is imported 
         PathConflict as PathConflict,
         RejectReason as RejectReason,
         run_fenced_step as run_fenced_step,
+        run_step as run_step,
         StepReader as StepReader,
+        StepResult as StepResult,
         StepStatus as StepStatus,
     )
     from .store import (

@@ -120,7 +120,7 @@ def _reexported_variable_docs(module: Any) -> None:
 def build(out: Path = DEFAULT_OUT, *, require_optional: bool = False) -> dict[str, Any]:
     """Render the reference into `out` (replacing what an earlier build wrote there);
     return pdoc's modules. pdoc's warnings (annotations it cannot evaluate) are printed to
-    stderr, not raised."""
+    stderr and fail the build (SystemExit)."""
     import pdoc
     import pdoc.render
 
@@ -150,6 +150,8 @@ def build(out: Path = DEFAULT_OUT, *, require_optional: bool = False) -> dict[st
             (out / "search.js").write_text(search, encoding="utf-8")
     for w in caught:
         print(f"pdoc: {w.message}", file=sys.stderr)
+    if caught:  # a type pdoc cannot read is a broken page: the build fails
+        raise SystemExit(f"pdoc reported {len(caught)} problem(s) (above); fix them")
     return modules
 
 

@@ -31,6 +31,7 @@ it). Opening a ledger never does either on its own.
 
 from __future__ import annotations
 
+import builtins  # (annotations: `Workspaces.list` shadows the builtin in the class)
 import contextlib
 import os
 import re
@@ -777,7 +778,7 @@ class Workspaces:
         #: name -> (the head it was read at, registration events appended, registration)
         self._registrations: dict[str, tuple[Head, int, Registration]] = {}
         #: workspace -> [its lock, its users]: `_workspace_lock`
-        self._ws_locks: dict[str, list[Any]] = {}
+        self._ws_locks: dict[str, builtins.list[Any]] = {}
         self._locks_lock = threading.Lock()
 
     # -- workspaces ----------------------------------------------------------------------
@@ -945,7 +946,7 @@ class Workspaces:
             raise UnknownWorkspace(name)
         return row
 
-    def list(self) -> list[WsRow]:
+    def list(self) -> builtins.list[WsRow]:
         """Every workspace's row, by name (a bare lease has no directory: not listed)."""
         fold = read_workspaces(self.core.log)
         return sorted((r for r in fold.rows.values() if r is not None and r.root),
@@ -958,7 +959,7 @@ class Workspaces:
         return {p: (s[0], s[1]) for (w, p), s in sorted(fold.paths.items())
                 if w == name and s is not None}
 
-    def kept(self, name: str) -> list[KeptFile]:
+    def kept(self, name: str) -> builtins.list[KeptFile]:
         """The files steptrail kept in workspace `name` under a visible name
         (``NAME.steptrail-kept-TAG``) instead of removing them, as its refusals and
         compensations recorded them (`Restored.kept`), each with whether it is still on
@@ -985,7 +986,7 @@ class Workspaces:
         out.extend(self._kept_on_disk(row, {k.kept for k in out}))
         return sorted(out, key=lambda k: (k.seq == 0, k.seq, k.kept))
 
-    def _kept_on_disk(self, row: WsRow, recorded: set[str]) -> list[KeptFile]:
+    def _kept_on_disk(self, row: WsRow, recorded: set[str]) -> builtins.list[KeptFile]:
         """Kept files no refusal or compensation recorded — kept after a commit, by the
         removal of what a write displaced (a writer appended to it after the landing),
         of an attempt's slots, or of a dead stager's temporaries (gc) — found by name
@@ -1296,7 +1297,7 @@ class Workspaces:
             raise StaleEpoch(workspace, epoch, live, latest=row.epoch, holder=row.holder)
         return row
 
-    def unsettled(self, workspace: str, epoch: int) -> list[str]:
+    def unsettled(self, workspace: str, epoch: int) -> builtins.list[str]:
         """Steps of the workspace whose latest attempt, of an epoch before `epoch`, is
         still in flight (planned, fenced, blob-stored)."""
         check_int(epoch, "epoch")
@@ -1304,7 +1305,7 @@ class Workspaces:
             return [step for step, _attempt in view.steps_in_flight(workspace, epoch,
                                                                     oldest_first=True)]
 
-    def settle(self, workspace: str, epoch: int) -> list[Compensation]:
+    def settle(self, workspace: str, epoch: int) -> builtins.list[Compensation]:
         """Compensate every attempt of an older epoch still in flight, under `epoch`.
 
         Raises the first failure after trying every step (the others are settled)."""
@@ -1425,7 +1426,7 @@ class Workspaces:
         fence: FenceMode = "step",
         journal: bool = True,
         plan_rev: int | None = None,
-    ) -> list[ApplyResult | None]:
+    ) -> builtins.list[ApplyResult | None]:
         """Admit a plan: a batch of steps submitted together, under the live `epoch`.
 
         Records each step's `planned` attempt (its writes, the workspace rev at dispatch,

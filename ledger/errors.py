@@ -903,11 +903,14 @@ class DatabaseUnavailable(EnvironmentFailure):
     (True, 3)
     """
 
-    def __init__(self, location: str, what: str) -> None:
+    def __init__(self, location: str, what: str, *, reading: bool = False) -> None:
+        # a read-only open (status, verify, steps) wrote nothing: no journal key to keep
+        then = " then run it again (nothing was written)" if reading else (
+            " then retry with the same journal key (a commit cut off may still have been"
+            " durable)")
         super().__init__(
             f"the database at {location} is unavailable: {what}; start the server or fix"
-            " the URL, then retry with the same journal key (a commit cut off may still"
-            " have been durable)"
+            f" the URL,{then}"
         )
         self.path, self.what = location, what
 

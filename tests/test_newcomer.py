@@ -350,3 +350,15 @@ def test_importing_an_integration_without_its_extra_says_how_to_install_it(
     with pytest.raises(ModuleNotFoundError) as caught:
         import ledger.langgraph  # noqa: F401
     assert "'langgraph' extra" in str(caught.value) and "pip install" in str(caught.value)
+
+
+@pytest.mark.parametrize("command", ["status", "verify", "steps"])
+def test_a_read_only_command_on_an_unreachable_database_gives_no_journal_key_advice(
+        command: str) -> None:
+    """`status` on an unreachable database said "retry with the same journal key": the
+    write path's advice, for a command that writes nothing."""
+    r = run_cli(["--ledger", "postgresql://nobody@127.0.0.1:1/none", command])
+    if "PostgreSQL extra" in r.err:
+        pytest.skip("the postgres extra is not installed")
+    assert r.code == 3 and "DatabaseUnavailable" in r.err, r
+    assert "journal key" not in r.err and "nothing was written" in r.err

@@ -648,7 +648,7 @@ class PgStore:
             return self._conn
         if self._depth:
             raise DatabaseUnavailable(self.location, "the connection was lost inside a"
-                                      " transaction, which did not commit")
+                                      " transaction, which did not commit", reading=self.readonly)
         check_url(self.url)  # libpq would read part of a password as the host
         try:
             conn = psycopg.connect(self.url, autocommit=True, connect_timeout=CONNECT_TIMEOUT_S,
@@ -675,7 +675,7 @@ class PgStore:
                     f" create it first (createdb {name}, or in psql: CREATE DATABASE"
                     f" \"{name}\" ENCODING 'UTF8'), then 'steptrail --ledger"
                     f" {self.location} init'")) from None
-            raise DatabaseUnavailable(self.location, msg) from None
+            raise DatabaseUnavailable(self.location, msg, reading=self.readonly) from None
         except (ValueError, TypeError) as exc:
             raise InvalidInput(f"{self.location} is not a usable PostgreSQL URL: "
                                f"{without_secrets(str(exc), self.url)}") from None
@@ -688,7 +688,7 @@ class PgStore:
             schema = conn.execute("SELECT current_schema()").fetchone()[0]
             conn.execute(f"SET idle_in_transaction_session_timeout = {IDLE_IN_TRANSACTION_MS}")
         except psycopg.OperationalError as exc:
-            raise DatabaseUnavailable(self.location, _first_line(exc)) from None
+            raise DatabaseUnavailable(self.location, _first_line(exc), reading=self.readonly) from None
         self._schema = schema or ""
         self._chain_key = _lock_key("chain:" + self._schema)
         self._ledger_key = _lock_key("ledger:" + self._schema)
@@ -708,9 +708,9 @@ class PgStore:
         except (psycopg.errors.LockNotAvailable, psycopg.errors.DeadlockDetected):
             raise LedgerBusy(self.location, self.busy_timeout_ms / 1000) from None
         except psycopg.OperationalError as exc:
-            raise DatabaseUnavailable(self.location, _first_line(exc)) from None
+            raise DatabaseUnavailable(self.location, _first_line(exc), reading=self.readonly) from None
         except psycopg.errors.IdleInTransactionSessionTimeout as exc:
-            raise DatabaseUnavailable(self.location, _first_line(exc)) from None
+            raise DatabaseUnavailable(self.location, _first_line(exc), reading=self.readonly) from None
         except psycopg.errors.ReadOnlySqlTransaction:
             raise ReadOnlyLedger(self.location) from None
         except psycopg.Error as exc:
@@ -851,7 +851,7 @@ class PgStore:
         conn = self._conn
         if conn is None or conn.broken or conn.closed:
             raise DatabaseUnavailable(self.location, "the connection was lost inside a"
-                                      " transaction, which did not commit")
+                                      " transaction, which did not commit", reading=self.readonly)
         with self._translated():
             conn.execute("SELECT 1")
 
@@ -885,11 +885,11 @@ class PgStore:
         except psycopg.errors.IdleInTransactionSessionTimeout:
             raise DatabaseUnavailable(self.location, "the server ended this write transaction,"
                                       " silent past its idle bound, before its COMMIT (nothing"
-                                      " of it committed); retry") from None
+                                      " of it committed); retry", reading=self.readonly) from None
         except psycopg.OperationalError as exc:
             raise DatabaseUnavailable(self.location, "the connection was lost at COMMIT (the"
                                       " transaction may or may not have committed): "
-                                      + _first_line(exc)) from None
+                                      + _first_line(exc), reading=self.readonly) from None
         except psycopg.Error as exc:
             self._abort()
             raise StorageFailure(self.location, f"COMMIT failed: {_first_line(exc)}") from None
@@ -964,7 +964,7 @@ class PgStore:
             conn = psycopg.connect(self.url, autocommit=True, connect_timeout=CONNECT_TIMEOUT_S,
                                    application_name=f"steptrail {name} lock")
         except psycopg.Error as exc:
-            raise DatabaseUnavailable(self.location, _first_line(exc)) from None
+            raise DatabaseUnavailable(self.location, _first_line(exc), reading=self.readonly) from None
         try:
             if wait:
                 conn.execute("SELECT pg_advisory_lock(%s, %s)", (LOCK_CLASS, key))

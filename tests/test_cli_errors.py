@@ -231,7 +231,7 @@ def check(case: Case, code: int, out: str, err: str, as_json: bool) -> None:
         return
     doc = json.loads(out)
     assert out.count("\n") == 1 and doc["ok"] is False, (label, out)
-    assert doc["error"] == {"type": "UsageError", "exit_code": 2,
+    assert doc["error"] == {"type": "UsageError", "exit_code": 2, "retryable": False,
                             "message": err.removeprefix("steptrail: error: UsageError: ")
                             .rstrip("\n")}, (label, doc)
 

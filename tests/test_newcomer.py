@@ -362,3 +362,35 @@ def test_a_read_only_command_on_an_unreachable_database_gives_no_journal_key_adv
         pytest.skip("the postgres extra is not installed")
     assert r.code == 3 and "DatabaseUnavailable" in r.err, r
     assert "journal key" not in r.err and "nothing was written" in r.err
+
+
+def test_a_refused_step_apply_shows_a_diff_once(tmp_path: Path,
+                                                monkeypatch: pytest.MonkeyPatch) -> None:
+    """`step apply`'s rejection showed hashes only, printed twice (stdout and stderr):
+    now stderr has the one error line, stdout the diff (what the step read -> disk)."""
+    import json
+
+    ws = tmp_path / "ws"
+    ws.mkdir()
+    (ws / "a.txt").write_text("line1\nline2\n")
+    monkeypatch.chdir(tmp_path)
+    assert run_cli(["init"]).code == 0
+    assert run_cli(["workspace", "add", "w", "ws"]).code == 0
+    assert run_cli(["--workspace", "w", "lease", "acquire", "--holder", "a"]).code == 0
+
+    def plan(step: str, content: str) -> None:
+        read = json.loads(run_cli(["--workspace", "w", "workspace", "read", "a.txt",
+                                   "--json"]).out)
+        (tmp_path / "p.json").write_text(json.dumps({"step": step, "writes": [{
+            "path": "a.txt", "base_rev": read["rev"], "pre_hash": read["pre_hash"],
+            "content": content}]}))
+
+    plan("s1", "line1\nline2 by step 1\n")
+    assert run_cli(["--workspace", "w", "step", "run", "p.json", "--epoch", "1"]).code == 0
+    plan("s2", "line1\nline2 by step 2\n")
+    assert run_cli(["--workspace", "w", "step", "plan", "p.json", "--epoch", "1"]).code == 0
+    (ws / "a.txt").write_text("line1 by a person\nline2 by step 1\n")
+    r = run_cli(["--workspace", "w", "step", "apply", "s2", "--epoch", "1"])
+    assert r.code == 1 and r.err.count("\n") == 1 and "StepRejected" in r.err, r
+    assert "+line1 by a person" in r.out and "-line1" in r.out, r.out
+    assert "rejected:pre_hash" not in r.out

@@ -183,12 +183,43 @@ def step_apply(ctx: click.Context, step_id: str, attempt: int | None, epoch: int
         if row.workspace and row.state == "planned" and attempt in (None, row.attempt):
             check_settled(ledger, row.workspace, epoch, but=step_id)
         result = ledger.workspaces.apply(step_id, attempt, epoch=epoch)
-    if not as_json:
-        _echo_apply(result)
+        if not as_json:
+            if result.applied:
+                _echo_apply(result)
+            else:  # stderr says why (one line); stdout shows what changed
+                _echo_conflict(ledger, row.workspace, result)
     if not result.applied:
         raise Refusal(_not_applied(result), apply_json(result) if as_json else None)
     if as_json:
         _emit_json(apply_json(result))
+
+
+def _echo_conflict(ledger: Any, workspace: str, result: ApplyResult) -> None:
+    """A refused apply's path as a diff on stdout: the bytes the step was planned against
+    (when the ledger holds them: a path it committed before) against what is on disk."""
+    path, pre = result.facts.get("path"), result.facts.get("pre_hash")
+    if not isinstance(path, str) or not workspace:
+        return
+    from ledger.diffs import unified_diff
+    from ledger.errors import LedgerError
+
+    try:
+        now = ledger.workspaces.read_file(workspace, path, max_bytes=2 * 1024 * 1024).content
+    except LedgerError:
+        return
+    before = None
+    if isinstance(pre, str):
+        try:
+            before = ledger.read_blob(pre)
+        except LedgerError:
+            click.echo(f"{path}: planned against {pre[:12]}, on disk now"
+                       f" {result.facts.get('on_disk') or 'absent'!s:.12}; the bytes the step"
+                       " read are not in the ledger (it never committed them): no diff")
+            return
+    diff = unified_diff(before, now, path, before_label="what the step read",
+                        after_label="on disk now")
+    if diff:
+        click.echo(diff.rstrip("\n"))
 
 
 def _echo_apply(result: ApplyResult) -> None:

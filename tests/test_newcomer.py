@@ -394,3 +394,22 @@ def test_a_refused_step_apply_shows_a_diff_once(tmp_path: Path,
     assert r.code == 1 and r.err.count("\n") == 1 and "StepRejected" in r.err, r
     assert "+line1 by a person" in r.out and "-line1" in r.out, r.out
     assert "rejected:pre_hash" not in r.out
+
+
+def test_steptrail_mcp_with_a_mistyped_workspace_answers_the_client(tmp_path: Path) -> None:
+    """`steptrail mcp --workspace ./repoo` exited before the handshake: the client saw
+    "Connection closed". It stays up and answers every tool with the one-line error."""
+    pytest.importorskip("mcp")
+    import anyio
+    from mcp_agents import over_stdio, server_env, text
+
+    async def session() -> tuple[str, bool]:
+        async with over_stdio("--workspace", str(tmp_path / "repoo"),
+                              env=server_env(), cwd=str(tmp_path)) as agent:
+            r = await agent.call("list_allowed_directories")
+            return text(r), bool(r.is_error)
+
+    said, is_error = anyio.run(session)
+    assert is_error and "repoo" in said and "not a directory" in said, said
+    assert said.count("\n") == 0
+    assert not (tmp_path / ".steptrail").exists()

@@ -701,9 +701,13 @@ class SteptrailServer(MCPServer):
     over the client's roots (`ClientRoots`: ``roots``, with `tools` None)."""
 
     def __init__(self, tools: FileTools | None, *, roots: ClientRoots | None = None,
-                 name: str = "steptrail") -> None:
-        if (tools is None) == (roots is None):
+                 name: str = "steptrail", failed: str | None = None) -> None:
+        if failed is None and (tools is None) == (roots is None):
             raise ValueError("give the tools of fixed workspaces or the client's roots")
+        #: The configuration could not be served (a mistyped --workspace, a ledger that
+        #: cannot be opened): every tool answers with this one line, and the server stays
+        #: up, so the client shows it (it saw only "Connection closed").
+        self.failed = failed
         super().__init__(name, title="steptrail", version=__version__,
                          instructions=INSTRUCTIONS, log_level="WARNING",
                          website_url=None)
@@ -721,6 +725,8 @@ class SteptrailServer(MCPServer):
 
     @property
     def limits(self) -> Limits:
+        if self.tools is None and self.roots is None:
+            return Limits()
         return self.tools.limits if self.tools is not None else self.roots.limits  # type: ignore[union-attr]
 
     def close(self) -> None:
@@ -815,6 +821,8 @@ class SteptrailServer(MCPServer):
              **kwargs: Any) -> CallToolResult:
         """Run `FileTools.<method>` for the calling client (its view first) on the
         fixed workspaces, or on the workspaces of the client's `roots`."""
+        if self.failed is not None:
+            return _error(self.failed)
         if self.roots is None:
             assert self.tools is not None
             return _result(self.tools.call(getattr(self.tools, method), self.view(ctx),
@@ -1245,8 +1253,21 @@ def serve(specs: Sequence[str], *, ledger_path: str | None = None, witness: str 
                      lease_wait_s=lease_wait_s, lease_linger_s=lease_linger_s, limits=limits,
                      echo=echo, on_stage=on_stage)
         return
-    ledger, names, given = open_workspaces(specs, ledger_path, witness=witness, echo=echo,
-                                           on_op=exchange_hook(on_stage))
+    try:
+        ledger, names, given = open_workspaces(specs, ledger_path, witness=witness,
+                                               echo=echo, on_op=exchange_hook(on_stage))
+    except LedgerError as exc:
+        if http:
+            raise  # (no client is connected yet: the command fails, one line)
+        # over stdio the client is waiting for a handshake: answer it, and every tool
+        # call with the error, rather than exit ("Connection closed" tells it nothing)
+        message = f"steptrail mcp cannot serve this: {type(exc).__name__}: {exc}"
+        if echo is not None:
+            echo(message)
+        failed = SteptrailServer(None, failed=message)
+        guard_stdin(failed.limits.request_bytes)
+        failed.run("stdio")
+        return
     with ledger:
         tools = FileTools(ledger, names, lease_ttl_s=lease_ttl_s, lease_wait_s=lease_wait_s,
                           lease_linger_s=lease_linger_s, limits=limits, given_roots=given,

@@ -49,7 +49,7 @@ from typing import Final
 import msgspec
 
 from . import BlobIndex, BlobStore, Head, Ledger, ReadView, __version__
-from .blobs import ignore_in_git
+from .find import ignore_in_git
 from .errors import (
     ArchiveMissing,
     BackupIncomplete,

@@ -736,36 +736,8 @@ def _storage_error(root: str, exc: OSError) -> Exception:
         return StorageFailure(root, "the disk quota for the blob store is exhausted (EDQUOT)")
     return StorageFailure(root, f"{os.strerror(exc.errno or 0)} ({exc.filename or 'blob store'})")
 
-
-
-#: The name of a ledger's own directory in the default layout (``.steptrail/ledger.db``).
-DEFAULT_DIR_NAME: Final = ".steptrail"
-_GITIGNORE: Final = b"# Made by steptrail: its ledger's directory is not for git.\n*\n"
-
-
-def ignore_in_git(directory: str) -> bool:
-    """Give a ledger's own directory (one named ``.steptrail``) a ``.gitignore`` holding
-    ``*`` — as Python's venv does — so that `git status` does not offer the ledger, its
-    blobs and side files for a commit. Made only where a ledger is created (init, a
-    copy, a restore), never over an existing file; any other directory (a ledger at
-    ``./ledger.db`` lives beside other files) is left alone. Best effort: True when
-    written."""
-    if os.path.basename(os.path.normpath(directory)) != DEFAULT_DIR_NAME:
-        return False
-    try:
-        fd = os.open(os.path.join(directory, ".gitignore"),
-                     os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC,
-                     0o600)  # (private, as everything in a ledger's directory)
-    except OSError:
-        return False
-    try:
-        os.write(fd, _GITIGNORE)
-    finally:
-        os.close(fd)
-    return True
-
 __all__ = [
     "BlobFile", "BlobStore", "Content", "FileOps", "PutResult", "TempFile", "check_content",
     "content_bytes", "content_chunks", "content_digest", "digest_of", "fd_chunks",
-    "file_chunks", "hash_chunks", "ignore_in_git",
+    "file_chunks", "hash_chunks",
 ]

@@ -91,5 +91,30 @@ def find_ledger(start: str | os.PathLike[str] | None = None, *,
         here = parent
 
 
+_GITIGNORE: Final = b"# Made by steptrail: its ledger's directory is not for git.\n*\n"
+
+
+def ignore_in_git(directory: str) -> bool:
+    """Give a ledger's own directory (one named ``.steptrail``) a ``.gitignore`` holding
+    ``*`` — as Python's venv does — so that `git status` does not offer the ledger, its
+    blobs and side files for a commit. Made only where a ledger is created (init, a
+    copy, a restore), never over an existing file; any other directory (a ledger at
+    ``./ledger.db`` lives beside other files) is left alone. Best effort: True when
+    written."""
+    if os.path.basename(os.path.normpath(directory)) != LEDGER_DIR:
+        return False
+    try:
+        fd = os.open(os.path.join(directory, ".gitignore"),
+                     os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC,
+                     0o600)  # (private, as everything in a ledger's directory)
+    except OSError:
+        return False
+    try:
+        os.write(fd, _GITIGNORE)
+    finally:
+        os.close(fd)
+    return True
+
+
 __all__ = ["ENV_ACROSS", "ENV_CEILINGS", "LEDGER_DIR", "LEDGER_FILE", "ceilings",
-           "find_ledger"]
+           "find_ledger", "ignore_in_git"]

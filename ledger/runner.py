@@ -46,7 +46,15 @@ Outputs = Mapping[str, bytes] | Callable[[], Mapping[str, bytes]]
 
 @dataclass(frozen=True)
 class StepResult:
-    """What `run_step` did: `ran` is False when the step was already committed."""
+    """What `run_step` did: `ran` is False when the step was already committed.
+
+    >>> from ledger import Ledger, run_step
+    >>> with Ledger.init("ledger.db") as ledger:
+    ...     first = run_step(ledger, "build-1", {"report.txt": b"ok\\n"})
+    ...     again = run_step(ledger, "build-1", lambda: {"report.txt": b"other"})
+    >>> first.ran, again.ran, again.manifest == first.manifest
+    (True, False, True)
+    """
 
     step: str
     attempt: int
@@ -59,6 +67,12 @@ def run_step(ledger: Ledger, step: str, outputs: Outputs, *, run: str = "") -> S
 
     `outputs` maps artifact paths to bytes, or is a callable producing them — called
     only when the step is not committed yet (a committed step runs nothing).
+
+    >>> from ledger import Ledger, run_step
+    >>> with Ledger.init("ledger.db") as ledger:
+    ...     result = run_step(ledger, "build-7", {"report.txt": b"ok\\n"})
+    ...     print([a.path for a in result.manifest.artifacts], ledger.step("build-7").state)
+    ['report.txt'] acked
     """
     # Bytes given (not a callable to run only when needed): the step's state is read
     # inside the transaction that records it, not before.

@@ -415,7 +415,7 @@ PUBLIC_MODULES = frozenset({
     "ledger.errors", "ledger.events", "ledger.plans", "ledger.gc", "ledger.seal",
     "ledger.backup", "ledger.copying", "ledger.stats", "ledger.metrics", "ledger.verify",
     "ledger.demo", "ledger.export", "ledger.mcp", "ledger.langgraph", "ledger.workspace",
-    "ledger.diffs", "ledger.witness", "ledger.ui",
+    "ledger.diffs", "ledger.witness", "ledger.ui", "ledger.find", "ledger.extras",
 })
 #: The command line: it sees the public API only (and its own modules).
 CLI = "ledger.cli"

@@ -37,7 +37,7 @@ from typing import Final
 import apsw
 
 from .. import Synchronous
-from ...blobs import ignore_in_git
+from ...find import ignore_in_git
 
 from ...errors import (
     AccessDenied,

@@ -66,6 +66,9 @@ class StatsReport(msgspec.Struct, kw_only=True):
     by_state: dict[str, int]
     #: per state, the bytes its steps' latest attempts stored (blobs, each as named)
     bytes_by_state: dict[str, int]
+    #: per state, the bytes its committed steps' manifests reference (inline artifacts
+    #: too: a step committed in one commit stores no blob file, its bytes are still there)
+    committed_bytes_by_state: dict[str, int] = msgspec.field(default_factory=dict)
     runs_total: int
     runs: list[RunStats]  # the largest first (`top` of them; all with top=0)
     blobs: dict[str, Count]  # inline, files, and audit's buckets
@@ -109,9 +112,12 @@ def stats(ledger: Ledger, *, by: str = "day", top: int = 20) -> StatsReport:
         total.bytes += nbytes
     by_state: dict[str, int] = {}
     bytes_by_state: dict[str, int] = {}
+    committed_by_state: dict[str, int] = {}
     for row in rows:
         by_state[row.state] = by_state.get(row.state, 0) + 1
         bytes_by_state[row.state] = bytes_by_state.get(row.state, 0) + row.stored_bytes
+        committed_by_state[row.state] = committed_by_state.get(row.state, 0) + (
+            row.committed_bytes if row.live else 0)
         r = runs.setdefault(row.run, RunStats(run=row.run))
         r.steps += 1
         r.states[row.state] = r.states.get(row.state, 0) + 1
@@ -150,7 +156,8 @@ def stats(ledger: Ledger, *, by: str = "day", top: int = 20) -> StatsReport:
         path=ledger.path, file_bytes=file_bytes, head_seq=head, events=total,
         by_kind=dict(sorted(by_kind.items())), steps=len(rows),
         by_state=dict(sorted(by_state.items())),
-        bytes_by_state=dict(sorted(bytes_by_state.items())), runs_total=len(runs),
+        bytes_by_state=dict(sorted(bytes_by_state.items())),
+        committed_bytes_by_state=dict(sorted(committed_by_state.items())), runs_total=len(runs),
         runs=listed[:top] if top else listed, blobs=blobs, bucket=by,
         growth=[Growth(start_ns=t, events=n, bytes=b) for t, n, b in by_time],
         sealable=sealable, sealable_runs=sealable_runs,

@@ -413,3 +413,20 @@ def test_steptrail_mcp_with_a_mistyped_workspace_answers_the_client(tmp_path: Pa
     assert is_error and "repoo" in said and "not a directory" in said, said
     assert said.count("\n") == 0
     assert not (tmp_path / ".steptrail").exists()
+
+
+def test_stats_shows_the_bytes_committed_steps_hold(tmp_path: Path,
+                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    """`stats` said "acked 20 (0 B stored)" while 2.3 KiB was referenced (inline
+    artifacts of steps committed in one commit)."""
+    from ledger import run_step
+
+    monkeypatch.chdir(tmp_path)
+    with Ledger.init(".steptrail/ledger.db") as led:
+        for i in range(20):
+            run_step(led, f"b{i}", {"r.txt": b"x" * 120})
+    r = run_cli(["stats"])
+    assert r.code == 0 and "acked 20 (2.3 KiB committed)" in r.out, r.out
+    import json
+    doc = json.loads(run_cli(["stats", "--json"]).out)
+    assert doc["committed_bytes_by_state"] == {"acked": 2400}

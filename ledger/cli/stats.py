@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import click
 
 from ._common import LedgerCommand, _emit_json, _examples, _open, json_option
@@ -110,7 +112,7 @@ def stats_cmd(ctx: click.Context, by: str, top: int, as_json: bool) -> None:
                f" {_n(r.steps, 'step')}, {_n(r.runs_total, 'run')}")
     if r.by_state:
         click.echo("  steps by state: " + ", ".join(
-            f"{k} {v} ({_short(r.bytes_by_state.get(k, 0))} stored)" for k, v in r.by_state.items()))
+            f"{k} {v} ({_state_bytes(r, k)})" for k, v in r.by_state.items()))
     if r.by_kind:
         click.echo("  events by kind: " + ", ".join(
             f"{k} {c.count} ({_short(c.bytes)})" for k, c in r.by_kind.items()))
@@ -164,3 +166,12 @@ def _short(n: int) -> str:
             break
         value, unit = value / 1024, next_unit
     return f"{n} B" if unit == "B" else f"{value:.1f} {unit}"
+
+
+def _state_bytes(r: Any, state: str) -> str:
+    """What a state's steps hold: the bytes their manifests reference when committed
+    (inline artifacts too), else what their attempts stored so far."""
+    committed = r.committed_bytes_by_state.get(state, 0)
+    if committed:
+        return f"{_short(committed)} committed"
+    return f"{_short(r.bytes_by_state.get(state, 0))} stored"

@@ -430,3 +430,18 @@ def test_stats_shows_the_bytes_committed_steps_hold(tmp_path: Path,
     import json
     doc = json.loads(run_cli(["stats", "--json"]).out)
     assert doc["committed_bytes_by_state"] == {"acked": 2400}
+
+
+def test_a_sealed_run_is_not_shown_unsettled(tmp_path: Path,
+                                             monkeypatch: pytest.MonkeyPatch) -> None:
+    """`seal run nightly`, then `stats` showed the run "SETTLED no"."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "p.log").write_text("12 passed\n")
+    assert run_cli(["init"]).code == 0
+    for argv in (["step", "store", "tests-1", "p.log", "--as", "logs/p.log", "--run",
+                  "nightly"], ["step", "publish", "tests-1"], ["step", "ack", "tests-1"],
+                 ["seal", "run", "nightly"]):
+        assert run_cli(argv).code == 0, argv
+    line = next(ln for ln in run_cli(["stats"]).out.splitlines()
+                if ln.strip().startswith("nightly"))
+    assert " sealed " in line and " no " not in line, line

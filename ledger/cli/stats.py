@@ -136,8 +136,11 @@ def stats_cmd(ctx: click.Context, by: str, top: int, as_json: bool) -> None:
         click.echo(f"    {'RUN':<28} {'STEPS':>6} {'EVENTS':>8} {'BYTES':>10}  {'SETTLED':<7}  STATES")
         for run in r.runs:
             states = ", ".join(f"{k} {v}" for k, v in sorted(run.states.items()))
+            # (a sealed run is settled — and past sealing: its events are in its archive)
+            settled = "sealed" if run.states and set(run.states) == {"sealed"} else \
+                "yes" if run.settled else "no"
             click.echo(f"    {(run.run or '(no run)')[:28]:<28} {run.steps:>6} {run.events:>8}"
-                       f" {_short(run.event_bytes):>10}  {'yes' if run.settled else 'no':<7}  {states}")
+                       f" {_short(run.event_bytes):>10}  {settled:<7}  {states}")
     if r.growth:
         click.echo(f"  growth by {r.bucket}:")
         for g in r.growth:

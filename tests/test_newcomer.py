@@ -445,3 +445,38 @@ def test_a_sealed_run_is_not_shown_unsettled(tmp_path: Path,
     line = next(ln for ln in run_cli(["stats"]).out.splitlines()
                 if ln.strip().startswith("nightly"))
     assert " sealed " in line and " no " not in line, line
+
+
+def test_an_mcp_move_into_the_empty_directory_a_killed_move_left_goes_on(
+        tmp_path: Path) -> None:
+    """A move_file retried after its killed attempt was settled failed on the empty
+    destination directory the attempt left ("moved already exists"): an empty directory
+    holds nothing to replace. A non-empty one is still refused."""
+    pytest.importorskip("mcp")
+    import anyio
+    from mcp_agents import inprocess, text
+
+    repo = tmp_path / "repo"
+    (repo / "src").mkdir(parents=True)
+    (repo / "src" / "a.txt").write_text("a\n")
+    (repo / "moved").mkdir()  # what the killed attempt left, settled
+
+    async def session() -> tuple[str, bool, str, bool]:
+        async with inprocess([str(repo)]) as agent:
+            await agent.ok("read_text_file", path=str(repo / "src" / "a.txt"))
+            r = await agent.call("move_file", source=str(repo / "src"),
+                                 destination=str(repo / "moved"))
+            (repo / "other").mkdir()
+            (repo / "other" / "x").write_text("x\n")
+            (repo / "b").mkdir()
+            (repo / "b" / "y").write_text("y\n")
+            await agent.ok("read_text_file", path=str(repo / "b" / "y"))
+            r2 = await agent.call("move_file", source=str(repo / "b"),
+                                  destination=str(repo / "other"))
+            return text(r), bool(r.is_error), text(r2), bool(r2.is_error)
+
+    said, err, said2, err2 = anyio.run(session)
+    assert not err, said
+    assert (repo / "moved" / "a.txt").read_text() == "a\n" and not (repo / "src").exists()
+    assert err2 and "already exists" in said2
+    assert (repo / "other" / "x").read_text() == "x\n" and (repo / "b" / "y").exists()

@@ -879,6 +879,15 @@ class FileTools:
 
         return self._commit(view, build, ws, request_id, who, matches)
 
+    @staticmethod
+    def _empty_dir(ws: Any, rel: str) -> bool:
+        """Whether the directory `rel` holds nothing at all (no entry, hidden or not)."""
+        try:
+            walk = ws.fs.list_dir(rel, max_entries=1)
+        except (LedgerError, OSError, FsRefused):
+            return False
+        return not walk.entries and not walk.hidden and not walk.truncated
+
     def move_file(self, view: ClientView, source: str, destination: str,
                   request_id: str | None = None, who: str = "mcp",
                   expected_hash: str | None = None) -> Result:
@@ -899,7 +908,11 @@ class FileTools:
             st = ws.fs.lstat(srel)
             if st is None:
                 raise ToolFailure(f"{self.show(ws, srel)} does not exist")
-            if ws.fs.lstat(drel) is not None:
+            dst = ws.fs.lstat(drel)
+            if dst is not None and not (stat.S_ISDIR(dst.st_mode) and stat.S_ISDIR(st.st_mode)
+                                        and self._empty_dir(ws, drel)):
+                # (an empty directory holds nothing to replace: a killed move's, settled,
+                # leaves one — its retry goes on into it)
                 raise ToolFailure(f"{self.show(ws, drel)} already exists; move_file never"
                                   " replaces anything")
             if stat.S_ISLNK(st.st_mode) or not (stat.S_ISREG(st.st_mode) or stat.S_ISDIR(st.st_mode)):
@@ -1018,7 +1031,10 @@ class FileTools:
                 for d in [drel + d[len(srel):] for d in dirs]:
                     with contextlib.suppress(OSError, FsRefused):
                         ws.fs.mkdir(d)  # empty directories come along
-                for d in sorted([*dirs, srel] if dirs or not files else [], key=len, reverse=True):
+                # a directory's move leaves no empty source behind (it did when the
+                # directory held files only); a file's move removes no directory
+                for d in sorted([*dirs, srel] if files != [srel] else [], key=len,
+                                reverse=True):
                     ws.fs.rmdir_empty(d)
             result.data["moved"] = {"from": self.show(ws, srel), "to": self.show(ws, drel)}
             result.texts[0] = (f"Moved {self.show(ws, srel)} to {self.show(ws, drel)}.\n"

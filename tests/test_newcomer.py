@@ -480,3 +480,37 @@ def test_an_mcp_move_into_the_empty_directory_a_killed_move_left_goes_on(
     assert (repo / "moved" / "a.txt").read_text() == "a\n" and not (repo / "src").exists()
     assert err2 and "already exists" in said2
     assert (repo / "other" / "x").read_text() == "x\n" and (repo / "b" / "y").exists()
+
+
+def test_restore_over_existing_files_keeps_what_it_displaces(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Restoring over other files is its own act (--replace, not --force, which means
+    "while a lease is live"): through the verified moves, keeping what it displaces;
+    files the ledger does not know stay."""
+    from ledger import StepPlan
+
+    repo = tmp_path / "repo"
+    repo.mkdir()
+    (repo / "app.py").write_text("v0\n")
+    with Ledger.init(str(repo / ".steptrail" / "ledger.db")) as led:
+        led.workspaces.add("repo", str(repo))
+        lease = led.workspaces.acquire("repo", holder="a", ttl_s=60)
+        read = led.workspaces.read_file("repo", "app.py")
+        led.workspaces.admit("repo", lease.epoch, [StepPlan("s1", [read.write(b"v1\n")])])
+        assert led.workspaces.apply("s1", epoch=lease.epoch).verdict == "applied"
+        led.publish("s1")
+        led.ack("s1", epoch=lease.epoch)
+        led.workspaces.release("repo", lease.epoch)
+    other = tmp_path / "other"
+    other.mkdir()
+    (other / "app.py").write_text("a person's version\n")
+    (other / "notes.txt").write_text("mine\n")
+    monkeypatch.chdir(repo)
+    r = run_cli(["restore", "--workspace", "repo", "--to", str(other)])
+    assert r.code == 2 and (other / "app.py").read_text() == "a person's version\n"
+    r = run_cli(["restore", "--workspace", "repo", "--to", str(other), "--replace"])
+    assert r.code == 0, r
+    assert (other / "app.py").read_text() == "v1\n"
+    kept = [p for p in other.iterdir() if ".steptrail-kept-" in p.name]
+    assert len(kept) == 1 and kept[0].read_text() == "a person's version\n"
+    assert kept[0].name in r.out and (other / "notes.txt").read_text() == "mine\n"

@@ -28,6 +28,7 @@ from ._options import _workspace, workspace_option
     "steptrail --workspace repo restore --to ./repo-restored --json",
     "steptrail restore --workspace repo --to ./new --force && \\",
     "  steptrail --workspace repo lease acquire --holder agent-2 --force",
+    "steptrail restore --workspace repo --to ./repo --replace   # over files already there",
 ))
 @workspace_option
 @click.option("--to", "target", required=True, metavar="DIR",
@@ -35,10 +36,14 @@ from ._options import _workspace, workspace_option
               help="Where to write the files: a new or empty directory.")
 @click.option("--force", is_flag=True,
               help="Restore even while a lease is live; take a new epoch right after.")
+@click.option("--replace", is_flag=True,
+              help="DIR may hold other files: each committed path is written, and a file"
+                   " holding other bytes there is kept beside it (NAME.steptrail-kept-TAG),"
+                   " never removed; files the ledger does not know are left alone.")
 @json_option
 @click.pass_context
 def restore_cmd(ctx: click.Context, ws_name: str | None, target: str, force: bool,
-                as_json: bool) -> None:
+                replace: bool, as_json: bool) -> None:
     """Write a workspace's committed content to DIR, and make DIR its root.
 
     Each path steptrail knows goes back to its committed content: the post-image of
@@ -67,7 +72,7 @@ def restore_cmd(ctx: click.Context, ws_name: str | None, target: str, force: boo
         before = ledger.workspaces.get(name)
         live = before.live_epoch(ledger.clock()) is not None
         try:
-            report = ledger.workspaces.restore(name, target, force=force)
+            report = ledger.workspaces.restore(name, target, force=force, replace=replace)
         except LeaseHeld as exc:
             raise LeaseHeld(
                 exc.workspace, exc.epoch, exc.holder, exc.expires_ns,
@@ -86,6 +91,8 @@ def restore_cmd(ctx: click.Context, ws_name: str | None, target: str, force: boo
                    f" event #{report.seq}{again}")
         click.echo("only files the ledger holds came back (what steps wrote); files"
                    " steptrail never wrote are not in it")
+        for kept in report.kept:
+            click.echo(f"kept: {kept} (what was at its path before: yours to look at)")
     if live:
         click.echo(f"steptrail: the lease of epoch {before.epoch} ({before.holder}) was live:"
                    f" take a new epoch now ('steptrail --workspace {name} lease acquire"

@@ -1560,16 +1560,29 @@ class WorkspaceDir:
                 os.close(dir_fd)
 
     def put(self, path: str, data: bytes | Iterable[bytes], *,
-            mode: int | None = None) -> int:
+            mode: int | None = None, replace: bool = False) -> int:
         """Make `path` — absent, or holding these very bytes already (a killed restore's
         output) — hold `data` durably (pieces: see `stage`); returns the file's mode. A
-        file of other bytes at the path is never replaced: InvalidInput, nothing lost."""
+        file of other bytes at the path is never replaced: InvalidInput, nothing lost —
+        unless `replace`: then it is first given a visible name beside the path
+        (``NAME.steptrail-kept-TAG``, in `kept`: never removed) and the path takes
+        `data`. Anything but a regular file there is refused either way."""
         staged = self.stage(path, data, mode=mode)
         opened = self._held_parent(path, check=False)
         assert opened is not None
         dir_fd, leaf = opened
         mover = self._mover()
         try:
+            there = stat_at(dir_fd, leaf)
+            if replace and there is not None:
+                if not stat.S_ISREG(there.st_mode):
+                    mover.drop(dir_fd, staged.tmp_name, expect=frozenset({staged.digest}),
+                               keep_for=leaf)
+                    raise InvalidInput(f"{os.path.join(self.root, path)} is not a regular"
+                                       " file; a restore replaces files only: move it away,"
+                                       " then run again")
+                if look(dir_fd, leaf).digest != staged.digest:
+                    self.kept.append((path, mover.keep(dir_fd, leaf, leaf)))
             if not mover.put(dir_fd, staged.tmp_name, leaf):
                 now = look(dir_fd, leaf)
                 mover.drop(dir_fd, staged.tmp_name, expect=frozenset({staged.digest}),

@@ -1038,10 +1038,11 @@ class Workspaces:
         return self._wsdir(self.get(name))
 
     def restore(self, workspace: str, to: str | os.PathLike[str], *,
-                force: bool = False) -> RestoreReport:
+                force: bool = False, replace: bool = False) -> RestoreReport:
         """Materialize the workspace's committed content under `to` (a new or empty
-        directory) and record it (`ledger.workspace.restore.restore`)."""
-        return restore(self, workspace, to, force=force)
+        directory; with `replace`, any directory: what held other bytes at a restored
+        path is kept beside it) and record it (`ledger.workspace.restore.restore`)."""
+        return restore(self, workspace, to, force=force, replace=replace)
 
     def confined(self, name: str) -> Confined:
         """Workspace `name`'s directory as a tool may list, walk, search and ``mkdir -p``

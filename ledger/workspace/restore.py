@@ -125,6 +125,9 @@ class RestoreReport(msgspec.Struct, kw_only=True):
     rev: int
     seq: int
     deduped: bool = False
+    #: with `replace`: the files that held other bytes at a restored path, each kept
+    #: beside it under a visible name (``NAME.steptrail-kept-TAG``), never removed
+    kept: list[str] = msgspec.field(default_factory=list)
 
 
 class Events(Protocol):
@@ -212,11 +215,14 @@ def _check_target(target: str, to: object) -> None:
 
 
 def restore(workspaces: RestoreSource, workspace: str, to: str | os.PathLike[str], *,
-            force: bool = False) -> RestoreReport:
+            force: bool = False, replace: bool = False) -> RestoreReport:
     """Write the workspace's committed content under `to` (new or empty) and record it.
 
     Every blob is checked (present, size, hash) before the first file is written; a
-    missing one raises BlobNotFound and nothing is written. Refused while a lease is
+    missing one raises BlobNotFound and nothing is written. `replace`: `to` may hold
+    anything — each committed path is written there, and a file holding other bytes at
+    it is first kept under a visible name beside it (`RestoreReport.kept`; files the
+    ledger does not know are left alone). Refused while a lease is
     live (its holder may still write to the old directory) unless `force`: take a new
     epoch right after (`acquire(..., force=True)`), which settles the old one's
     attempts against the restored files.
@@ -232,6 +238,8 @@ def restore(workspaces: RestoreSource, workspace: str, to: str | os.PathLike[str
     own = None if here is None else os.path.realpath(here[0])
     # a killed restore's output: resumed; the ledger's own directory inside: allowed
     temps = _own_partial(workspace, target, content, own)
+    if temps is None and replace:  # over whatever is there, through the verified moves
+        temps = set()
     if temps is None:  # (bad input is said first, before the lease's state)
         raise InvalidInput(f"restore target {to} exists and is not an empty directory"
                            " (nor one holding only this ledger's own directory);"
@@ -268,7 +276,12 @@ def restore(workspaces: RestoreSource, workspace: str, to: str | os.PathLike[str
             absent += 1
             continue
         # copied piece by piece, checked again
-        out.put(path, core.blob_chunks(digest), mode=fold.mode(workspace, path))
+        if replace and out.hash(path) == digest:
+            written += 1  # already these bytes: nothing to move
+            size += sizes[digest]
+            continue
+        out.put(path, core.blob_chunks(digest), mode=fold.mode(workspace, path),
+                replace=replace)
         written += 1
         size += sizes[digest]
     for path, digest in content.items():  # read back: what is on disk is what was committed
@@ -288,7 +301,9 @@ def restore(workspaces: RestoreSource, workspace: str, to: str | os.PathLike[str
 
     recorded = core.log.append(build, guard=core.guard(), scope=Scope())[0]
     return RestoreReport(workspace=workspace, root=target, paths=written, absent=absent,
-                         bytes=size, rev=row.rev, seq=recorded.seq, deduped=recorded.deduped)
+                         bytes=size, rev=row.rev, seq=recorded.seq, deduped=recorded.deduped,
+                         kept=[os.path.join(p.rpartition("/")[0], k) if "/" in p else k
+                               for p, k in out.kept])
 
 
 __all__ = ["CommittedFold", "Events", "RestoreReport", "committed_content", "restore"]

@@ -135,7 +135,10 @@ def test_steps_in_flight_each_with_the_command_that_moves_it_on(world: World) ->
     assert "epoch 1 held by agent-1, live, expires in 10m" in text
     assert rows(text)["edit-1"].endswith(edit["next"])
     assert rows(text)["build-7"].endswith(build["next"])
-    assert "agent-1 gone? take over" in text
+    # one next, and the other branch said as such (issue 37: two NEXT lines read as
+    # contradictory — publish it, and take over, which undoes it)
+    assert "the NEXT above is agent-1's while it is alive; if agent-1 is gone, take over" \
+        " instead: its unfinished edit-1" in text and "will be undone, not finished" in text
 
     # What status says to run moves each step on: published, then acked, then gone.
     for command in doc["next"]:

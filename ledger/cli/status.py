@@ -311,8 +311,15 @@ def _echo(doc: dict[str, Any]) -> None:
             if c not in said:  # not said in a row
                 _say(f"  next: {c}")
         if ws["takeover"]:
-            _say(f"  {ws['lease']['holder']} gone? take over (settles its epoch):"
-                       f" {ws['takeover']}")
+            # not a second "next": the other branch. The rows' NEXT is what the holder
+            # (alive) does; a takeover undoes what it left unfinished instead
+            holder = ws["lease"]["holder"]
+            flying = [s["step"] for s in ws["steps"] if s.get("what") == "in-flight"]
+            undone = (f": its unfinished {', '.join(flying[:3])}"
+                      f"{' …' if len(flying) > 3 else ''} will be undone, not finished"
+                      if flying else "")
+            _say(f"  the NEXT above is {holder}'s while it is alive; if {holder} is gone,"
+                 f" take over instead{undone}: {ws['takeover']}")
     if not doc["workspaces"] and not doc["workspaces_not_shown"]:
         _say("")
         _say("no workspaces; add one with 'steptrail workspace add NAME DIR'")

@@ -60,13 +60,17 @@ KNOWN_OPEN: dict[tuple[str, str], tuple[frozenset[str], str]] = {}
 
 
 #: What a random sweep of several actions a run may still find, by (scenario, action) as
-#: `KNOWN_OPEN`: the one class without the exchange call that docs/guarantees.md "What is
-#: not promised" names (the seeded sweep below, 400 runs a mode, finds none today).
+#: `KNOWN_OPEN`: the classes docs/guarantees.md "What is not promised" names.
 SWEEP_OPEN: dict[tuple[str, str], tuple[frozenset[str], str]] = {
     ("resume", "delete"): (frozenset({"2"}), "fallback only: a person's delete of a file"
                            " whose landing completed, then the settle: the disk looks like"
                            " a landing cut between its move aside and its link, and the"
                            " pre-image goes back (tests/test_redteam_moves.py, xfail)"),
+    ("crash", "chmod"): (frozenset({"3"}), "a chmod, before its landing, of a file the step"
+                         " gives a mode of its own (a mode in the plan): the step commits"
+                         " and its mode is applied over the person's — modes are not"
+                         " fenced, bytes are (found by the sweep without the exchange"
+                         " call, with a commit and a kill after it)"),
 }
 
 

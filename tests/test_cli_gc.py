@@ -465,6 +465,8 @@ def witnessed_ledger_with_an_orphan(root: pathlib.Path) -> tuple[pathlib.Path, p
 
 
 def relocate(text: str, root: pathlib.Path) -> str:
+    # (the virtualenv's steptrail, named by its absolute path: this one's, on PATH)
+    text = text.replace("/opt/agent/.venv/bin/steptrail", "steptrail")
     for prefix in ("/srv/agent", UNIT_WITNESS_DIR):
         text = text.replace(prefix, str(root) + prefix)
     return text
@@ -515,6 +517,7 @@ def test_the_cron_line_runs_gc_witnessed(tmp_path: pathlib.Path) -> None:
     fields = line.split()
     user, command = fields[5], " ".join(fields[6:])
     assert user == "agent"
+    assert " /opt/agent/.venv/bin/steptrail " in f" {command} "  # absolute: cron's PATH
     path, witness = witnessed_ledger_with_an_orphan(tmp_path)
     done = subprocess.run(["/bin/sh", "-c", relocate(command, tmp_path)], env=_env(tmp_path),
                           cwd=tmp_path, capture_output=True, text=True, timeout=120)

@@ -351,7 +351,7 @@ def test_restore_round_trip_and_its_exits(world: RestoreWorld) -> None:
     doc = r.json
     assert doc == {"workspace": "w", "root": str(target.resolve()), "paths": 2, "absent": 0,
                    "bytes": 2 + len(BIG), "rev": doc["rev"], "seq": doc["seq"],
-                   "deduped": False, "lease_was_live": True}
+                   "deduped": False, "kept": [], "lease_was_live": True}
     assert "take a new epoch" in r.err
     assert (target / "app.py").read_bytes() == b"v1"  # committed, not the unpublished v2
     assert (target / "sub" / "new.bin").read_bytes() == BIG

@@ -101,8 +101,9 @@ def test_an_idle_ledger_says_so_with_its_head_and_lease(world: World) -> None:
     assert "lease   never leased" in r.out and "nothing in flight" in r.out
     (w,) = doc["workspaces"]
     assert w["lease"]["state"] == "never" and w["steps"] == [] and doc["next"] == []
-    assert doc["gc"] == {"recorded": False, "last": None, "blobs": 0, "bytes": 0}
-    assert "never collected here" in r.out
+    assert doc["gc"] == {"recorded": False, "last": None, "blobs": 0, "bytes": 0,
+                         "last_run": None}
+    assert "no run recorded here" in r.out
     assert doc["audit"]["recorded"] is False and "audit    not recorded" in r.out
     assert doc["witness"]["configured"] is False and doc["witness"]["matches"] is None
 

@@ -514,3 +514,22 @@ def test_restore_over_existing_files_keeps_what_it_displaces(
     kept = [p for p in other.iterdir() if ".steptrail-kept-" in p.name]
     assert len(kept) == 1 and kept[0].read_text() == "a person's version\n"
     assert kept[0].name in r.out and (other / "notes.txt").read_text() == "mine\n"
+
+
+def test_status_says_when_gc_last_ran_even_when_it_collected_nothing(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """After scheduled runs that found nothing to collect, status said "gc never collected
+    here": now it says when gc last ran."""
+    import json
+
+    monkeypatch.chdir(tmp_path)
+    assert run_cli(["init"]).code == 0
+    assert "no run recorded here" in run_cli(["status"]).out
+    assert run_cli(["gc", "--json"]).code == 0
+    r = run_cli(["status"])
+    assert "gc       last ran " in r.out and "nothing to collect so far" in r.out, r.out
+    ran = json.loads(run_cli(["status", "--json"]).out)["gc"]["last_run"]
+    assert ran["collected"] == 0 and ran["time_ns"] > 0
+    assert run_cli(["gc", "--dry-run", "--json"]).code == 0  # a dry run records nothing
+    assert json.loads(run_cli(["status", "--json"]).out)["gc"]["last_run"] == ran
+    assert run_cli(["verify"]).code == 0

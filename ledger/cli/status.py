@@ -176,7 +176,13 @@ def _gc_json(ledger: Ledger) -> dict[str, Any]:
         last = {"collection": last["collection"], "time_ns": last["time_ns"],
                 "time": _iso(last["time_ns"]), "seq": last["seq"], "blobs": last["blobs"],
                 "bytes": last["bytes"]}
-    return {"recorded": last is not None, "last": last, "blobs": blobs, "bytes": size}
+    from ledger.gc import last_run
+
+    ran = last_run(ledger)
+    if ran is not None:
+        ran = {**ran, "time": _iso(int(ran["time_ns"]))}  # type: ignore[arg-type]
+    return {"recorded": last is not None, "last": last, "blobs": blobs, "bytes": size,
+            "last_run": ran}
 
 
 def _witness_json(ledger: Ledger, head_seq: int) -> dict[str, Any]:
@@ -282,11 +288,18 @@ def _echo(doc: dict[str, Any]) -> None:
         last = g["last"]
         total = ("" if g["blobs"] == last["blobs"]
                  else f"; {_n(g['blobs'], 'blob')}, {_n(g['bytes'], 'byte')} in all")
+        ran = g.get("last_run")
+        since = (f"; last ran {_ago(now - ran['time_ns'])} ago, nothing to collect"
+                 if ran and ran["time_ns"] > last["time_ns"] and not ran.get("collected")
+                 else "")
         _say(f"{'gc':<9}last collection {_ago(now - last['time_ns'])} ago ({last['time']}):"
-                   f" {_n(last['blobs'], 'blob')}, {_n(last['bytes'], 'byte')} collected{total}")
+                   f" {_n(last['blobs'], 'blob')}, {_n(last['bytes'], 'byte')} collected{total}"
+                   f"{since}")
+    elif g.get("last_run"):
+        _say(f"{'gc':<9}last ran {_ago(now - g['last_run']['time_ns'])} ago"
+             f" ({g['last_run']['time']}): nothing to collect so far")
     else:
-        _say(f"{'gc':<9}never collected here (a run that collects nothing leaves no"
-                   " record); 'steptrail gc --dry-run'")
+        _say(f"{'gc':<9}no run recorded here; 'steptrail gc --dry-run'")
     _say(f"{'audit':<9}not recorded (audit only reads); 'steptrail audit'")
     for ws in doc["workspaces"]:
         _say("")

@@ -16,11 +16,13 @@ from .collector import (
     CollectorBusy,
     GcReport,
     collect,
+    last_run,
     parse_duration,
 )
 from .holders import GcRefused, read_references
 
 __all__ = [
+    "last_run",
     "read_references",
     "DEFAULT_GRACE_S",
     "MIN_GRACE_S",

@@ -34,7 +34,7 @@ from typing import TYPE_CHECKING, Final
 import msgspec
 
 from ..blobs import digest_of
-from ..errors import BlobCorrupt, CollectorBusy, EnvironmentFailure, InvalidInput
+from ..errors import BlobCorrupt, CollectorBusy, EnvironmentFailure, InvalidInput, LedgerError
 from ..events import BlobCollected, Event, check_digest
 from ..store import Held, Tx
 from .holders import GcRefused, compensation_refs_since, live_pins, pinned_now, read_references
@@ -148,8 +148,43 @@ def collect(
     report = GcReport(collection=secrets.token_hex(8), dry_run=dry_run, grace_s=grace_s)
     with collector_lock(ledger, wait=wait) if not ledger.readonly else contextlib.nullcontext():
         _run(ledger, report, grace_s, now_ns, dry_run, deadline, max_delete, progress)
+        if not dry_run:
+            _record_run(ledger, report, now_ns)
     report.elapsed_s = round(time.monotonic() - started, 3)
     return report
+
+
+#: The meta fact that says when gc last ran here, whatever it collected (a run that
+#: collects nothing writes no event: `status` reads this to say the schedule runs).
+LAST_RUN_META: Final = "gc_last_run"
+
+
+def _record_run(ledger: Ledger, report: GcReport, now_ns: int | None) -> None:
+    """Best effort: a role that may collect but not write meta (PostgreSQL grants) still
+    collected; only `status`'s "last ran" is missing."""
+    fact = msgspec.json.encode({
+        "time_ns": now_ns if now_ns is not None else ledger.clock(),
+        "collection": report.collection, "collected": report.collected,
+        "bytes": report.reclaimed_bytes}).decode()
+    with contextlib.suppress(LedgerError):
+        with ledger.storage.transaction() as tx:
+            tx.set_meta(LAST_RUN_META, fact)
+
+
+def last_run(ledger: Ledger) -> dict[str, object] | None:
+    """When gc last ran on this ledger (`time_ns`, `collection`, `collected`, `bytes`), or
+    None: never, or before runs were recorded."""
+    try:
+        raw = ledger.storage.view.meta(LAST_RUN_META)
+    except LedgerError:
+        return None
+    if not raw:
+        return None
+    try:
+        got = msgspec.json.decode(raw)
+    except msgspec.DecodeError:
+        return None
+    return got if isinstance(got, dict) and isinstance(got.get("time_ns"), int) else None
 
 
 def _run(ledger: Ledger, report: GcReport, grace_s: float, now_ns: int | None, dry_run: bool,
@@ -402,5 +437,5 @@ def _collect_batch(ledger: Ledger, report: GcReport, batch: list[str], reference
     report.spared += counts["spared"]
 
 
-__all__ = ["DEFAULT_GRACE_S", "MIN_GRACE_S", "CollectorBusy", "GcReport", "collect",
-           "collector_lock", "parse_duration"]
+__all__ = ["DEFAULT_GRACE_S", "LAST_RUN_META", "MIN_GRACE_S", "CollectorBusy", "GcReport",
+           "collect", "collector_lock", "last_run", "parse_duration"]

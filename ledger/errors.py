@@ -26,6 +26,9 @@ class LedgerError(Exception):
     """
 
     exit_code = EXIT_USAGE
+    #: The same error as the command line says it, where its fix differs by surface
+    #: (a command to run instead of a Python call); None: `str(self)` serves both.
+    cli_message: str | None = None
 
 
 # --- 2: bad input, not a usable ledger -------------------------------------------------
@@ -79,9 +82,13 @@ class LedgerNotFound(LedgerError):
 
     def __init__(self, path: str, message: str | None = None) -> None:
         super().__init__(message or (
-            f"no ledger at {path}; create one with 'steptrail --ledger {path} init'"
-            " or point --ledger / STEPTRAIL_LEDGER at an existing one"
+            f"no ledger at {path}; create one with Ledger.init({path!r}), or open an"
+            " existing one by its path"
         ))
+        if message is None:
+            self.cli_message = (
+                f"no ledger at {path}; create one with 'steptrail --ledger {path} init'"
+                " or point --ledger / STEPTRAIL_LEDGER at an existing one")
         self.path = path
 
 
@@ -706,16 +713,19 @@ class LeaseHeld(ProtocolRefused):
     """
 
     def __init__(self, workspace: str, epoch: int, holder: str, expires_ns: int,
-                 remedy: str = "wait for it to expire, or take it over when its holder is"
-                               " dead (force=True; 'steptrail lease acquire --force')") -> None:
+                 remedy: str | None = None) -> None:
         import datetime as dt
 
         until = dt.datetime.fromtimestamp(expires_ns / 1e9, dt.timezone.utc).isoformat(
             timespec="milliseconds").replace("+00:00", "Z")  # as every time printed
-        super().__init__(
-            f"workspace {workspace!r} is leased by {holder!r} (epoch {epoch}) until"
-            f" {until}; {remedy}"
-        )
+        fact = f"workspace {workspace!r} is leased by {holder!r} (epoch {epoch}) until {until}"
+        super().__init__(fact + "; " + (remedy or (
+            "wait for it to expire, or take it over when its holder is dead"
+            " (acquire(..., force=True); resume=True when the holder is your own)")))
+        if remedy is None:
+            self.cli_message = fact + (
+                "; wait for it to expire, or take it over when its holder is dead ('steptrail"
+                " lease acquire --force'; --resume when it is this --holder's)")
         self.workspace, self.epoch, self.holder, self.expires_ns = (
             workspace, epoch, holder, expires_ns,
         )

@@ -533,3 +533,31 @@ def test_status_says_when_gc_last_ran_even_when_it_collected_nothing(
     assert run_cli(["gc", "--dry-run", "--json"]).code == 0  # a dry run records nothing
     assert json.loads(run_cli(["status", "--json"]).out)["gc"]["last_run"] == ran
     assert run_cli(["verify"]).code == 0
+
+
+def test_each_surface_names_its_own_fix(tmp_path: Path,
+                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A library error named CLI commands ('create one with steptrail … init') and a CLI
+    error named Python (force=True): each surface names its own fix."""
+    from ledger import LeaseHeld, LedgerNotFound
+
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(LedgerNotFound) as caught:
+        Ledger.open("nope/ledger.db")
+    assert "Ledger.init(" in str(caught.value) and "steptrail" not in str(caught.value)
+    r = run_cli(["--ledger", "nope/ledger.db", "status"])
+    assert "steptrail --ledger nope/ledger.db init" in r.err and "Ledger.init" not in r.err
+    (tmp_path / "ws").mkdir()
+    with Ledger.init(str(tmp_path / "l" / "ledger.db")) as led:
+        led.workspaces.add("w", str(tmp_path / "ws"))
+        led.workspaces.acquire("w", holder="a", ttl_s=600)
+        with pytest.raises(LeaseHeld) as held:
+            led.workspaces.acquire("w", holder="b", ttl_s=600)
+    assert "force=True" in str(held.value) and "steptrail" not in str(held.value)
+    r = run_cli(["--ledger", str(tmp_path / "l" / "ledger.db"), "--workspace", "w",
+                 "lease", "acquire", "--holder", "b"])
+    assert r.code == 1 and "--force" in r.err and "force=True" not in r.err, r
+    import json
+    r = run_cli(["--ledger", str(tmp_path / "l" / "ledger.db"), "--workspace", "w",
+                 "lease", "acquire", "--holder", "b", "--json"])
+    assert "cli_message" not in json.loads(r.out)["error"]

@@ -213,7 +213,7 @@ def _fail_interrupted(ctx: click.Context | None, as_json: bool) -> None:
 #: `ctx.meta` key (shared by every context of one run): the command was given --json.
 _JSON_KEY = "steptrail.json"
 #: The error object's own keys; an error's facts never take them.
-_ERROR_KEYS = frozenset({"type", "message", "exit_code", "retryable"})
+_ERROR_KEYS = frozenset({"type", "message", "exit_code", "retryable", "cli_message"})
 
 
 def _wants_json(ctx: click.Context) -> bool:
@@ -248,7 +248,8 @@ def error_facts(exc: LedgerError) -> dict[str, Any]:
 def _fail_typed(ctx: click.Context, exc: LedgerError,
                 document: dict[str, Any] | None = None, note: str = "") -> None:
     """`_fail` for a typed error; `note` is appended to its one line (what still holds)."""
-    message = f"{exc}; {note}" if note else str(exc)
+    said = exc.cli_message or str(exc)  # the command line's words for its fix
+    message = f"{said}; {note}" if note else said
     _fail(ctx, message, exc.exit_code, type(exc).__name__, error_facts(exc), document)
 
 

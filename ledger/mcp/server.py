@@ -1262,12 +1262,10 @@ def serve(specs: Sequence[str], *, ledger_path: str | None = None, witness: str 
         # over stdio the client is waiting for a handshake: answer it, and every tool
         # call with the error, rather than exit ("Connection closed" tells it nothing)
         message = f"steptrail mcp cannot serve this: {type(exc).__name__}: {exc}"
-        if echo is not None:
-            echo(message)
         failed = SteptrailServer(None, failed=message)
         guard_stdin(failed.limits.request_bytes)
         failed.run("stdio")
-        return
+        raise  # the session is over: the command fails as it would have (one line, exit 2)
     with ledger:
         tools = FileTools(ledger, names, lease_ttl_s=lease_ttl_s, lease_wait_s=lease_wait_s,
                           lease_linger_s=lease_linger_s, limits=limits, given_roots=given,

@@ -144,8 +144,10 @@ class UnknownStep(LedgerError):
 
     def __init__(self, step: str) -> None:
         super().__init__(
-            f"step {step!r} has no events in this ledger; list steps with 'steptrail steps'"
+            f"step {step!r} has no events in this ledger; list them with ledger.steps()"
         )
+        self.cli_message = (f"step {step!r} has no events in this ledger; list steps with"
+                            " 'steptrail steps'")
         self.step = step
 
 
@@ -166,6 +168,8 @@ class ReadOnlyLedger(LedgerError):
         super().__init__(
             f"ledger {path} was opened read-only; open it with readonly=False to write"
         )
+        self.cli_message = (f"ledger {path} was opened read-only (a read-only command);"
+                            " use a command that writes")
         self.path = path
 
 
@@ -184,8 +188,10 @@ class UnknownWorkspace(LedgerError):
     def __init__(self, workspace: str) -> None:
         super().__init__(
             f"workspace {workspace!r} is not in this ledger; add it with"
-            f" 'steptrail workspace add {workspace} DIR'"
+            f" ledger.workspaces.add({workspace!r}, DIR)"
         )
+        self.cli_message = (f"workspace {workspace!r} is not in this ledger; add it with"
+                            f" 'steptrail workspace add {workspace} DIR'")
         self.workspace = workspace
 
 

@@ -6,12 +6,12 @@ exception instead of an outcome, a hidden temporary nobody collects)."""
 from __future__ import annotations
 
 import os
-import signal
 from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 from test_takeback_races import World, h, save_by_rename
+from test_takeback_races import _killed as killed_at  # (the one forked-SIGKILL runner)
 
 from ledger import Ledger, StepStatus, run_fenced_step
 from ledger.workspace import exchange as exchange_mod
@@ -33,32 +33,6 @@ def everything(root: Path) -> dict[str, str]:
         rel = str(p.relative_to(root))
         out[rel] = "link" if p.is_symlink() else "dir" if p.is_dir() else "file"
     return out
-
-
-def killed_at(w: World, run: Callable[[Ledger], object],
-              acts: dict[int, Callable[[], None]], kill_at: int) -> bool:
-    """Run `run` in a forked child, a person acting before the given `ws-*` points,
-    SIGKILLed right before its `kill_at`-th point; reopen here. True: it died."""
-    w.ledger.close()
-    pid = os.fork()
-    if pid == 0:  # pragma: no cover - the child
-        n = [0]
-
-        def on_op(name: str) -> None:
-            if name.startswith("ws-"):
-                n[0] += 1
-                if n[0] in acts:
-                    acts[n[0]]()
-                if n[0] == kill_at:
-                    os.kill(os.getpid(), signal.SIGKILL)
-
-        try:
-            run(Ledger.open(w.path, clock=w.clock, on_op=on_op))
-        finally:
-            os._exit(0)
-    _, status = os.waitpid(pid, 0)
-    w.ledger = Ledger.open(w.path, clock=w.clock)
-    return os.WIFSIGNALED(status)
 
 
 def ops_of(w: World, run: Callable[[Ledger], object]) -> list[str]:

@@ -255,7 +255,9 @@ def read_backup(path: str | os.PathLike[str]) -> BackupMarker:
     where = os.fspath(path)
     if not os.path.lexists(where):
         raise BackupInvalid(where, "there is no such directory", "give the directory a"
-                            " backup was written to ('steptrail backup DEST')")
+                            " backup was written to (backup's DEST)").at_a_shell(
+            f"backup {where} is not usable: there is no such directory; give the directory a"
+            " backup was written to ('steptrail backup DEST')")
     st = os.lstat(where)
     if stat.S_ISLNK(st.st_mode):
         st = os.stat(where)
@@ -839,13 +841,16 @@ def restore_backup(
                                                name + "-lockq"}:
             # Only the restored ledger is there: a restore that died after renaming it
             # into place, before (or while) anchoring its new witness, or one that ended.
+            fact = (f"restore target {target_dir} already holds the restored ledger {name}"
+                    " (a restore that died before anchoring its witness, or one that"
+                    " finished): check it with")
             raise InvalidInput(
-                f"restore target {target_dir} already holds the restored ledger {name}"
-                " (a restore that died before anchoring its witness, or one that"
-                f" finished): check it with 'steptrail --ledger {target} verify'; a"
-                " witnessed one whose witness was never anchored is finished with"
-                f" 'steptrail --ledger {target} witness anchor --witness NEW --force'"
-                " (nothing was written)")
+                f"{fact} Ledger.open({target!r}).verify(); a witnessed one whose witness was"
+                f" never anchored is finished with Ledger.anchor_witness({target!r}, NEW,"
+                " force=True) (nothing was written)"
+            ).at_a_shell(f"{fact} 'steptrail --ledger {target} verify'; a witnessed one whose"
+                         " witness was never anchored is finished with 'steptrail --ledger"
+                         f" {target} witness anchor --witness NEW --force' (nothing was written)")
         if leftovers:
             raise InvalidInput(f"restore target {target_dir} is not empty"
                                f" ({', '.join(sorted(leftovers)[:3])}); give a new or empty"

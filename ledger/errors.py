@@ -9,6 +9,9 @@ refusal), 2 usage or bad input (including a file that is not a usable ledger),
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import Self
+
 EXIT_NO = 1
 EXIT_USAGE = 2
 EXIT_ENVIRONMENT = 3
@@ -29,6 +32,19 @@ class LedgerError(Exception):
     #: The same error as the command line says it, where its fix differs by surface
     #: (a command to run instead of a Python call); None: `str(self)` serves both.
     cli_message: str | None = None
+
+    def at_a_shell(self, message: str) -> Self:
+        """This error, with `message` as the command line's words for it (its fix a
+        command, where `str(self)` names a Python call); returns the error, to raise."""
+        self.cli_message = message
+        return self
+
+
+def said_at_a_shell(exc: BaseException) -> str:
+    """`exc` in the words of a person at a shell: its command-line fix where the fix
+    differs by surface (the CLI, and the MCP server, whose operator starts it from a
+    shell and fixes its ledger there), else its text."""
+    return (exc.cli_message if isinstance(exc, LedgerError) else None) or str(exc)
 
 
 # --- 2: bad input, not a usable ledger -------------------------------------------------
@@ -92,6 +108,33 @@ class LedgerNotFound(LedgerError):
         self.path = path
 
 
+class ForeignLedger(InvalidInput):
+    """The ledger the upward search found (`path`) is not this user's: its directory or
+    file belongs to another user (`owner`). Another user could have planted it where
+    you work — in ``/tmp``, a shared directory — and every step, restore and settle
+    would then follow their workspace registrations with your permissions (git refuses
+    a ``.git`` another user owns for the same reason). Nothing was read. A path named
+    (``--ledger``, ``STEPTRAIL_LEDGER``, `Ledger.open(path)`) is used as given.
+
+    >>> from ledger import ForeignLedger, InvalidInput
+    >>> err = ForeignLedger("/tmp/.steptrail/ledger.db", "/tmp/.steptrail", 1001, "mallory")
+    >>> isinstance(err, InvalidInput), err.exit_code
+    (True, 2)
+    """
+
+    def __init__(self, path: str, owned: str, uid: int, owner: str) -> None:
+        fact = (f"the ledger found searching upward from here, {path}, is not yours: {owned}"
+                f" belongs to {owner} (uid {uid}); a ledger found by searching upward is used only"
+                " when it is its user's (another user could have placed it there), so nothing"
+                " was read. To use it anyway, name it:")
+        stop = "or stop the search above with STEPTRAIL_CEILING_DIRECTORIES"
+        super().__init__(f"{fact} Ledger.open({path!r}); to make your own here,"
+                         f" Ledger.init('.steptrail/ledger.db'); {stop}")
+        self.cli_message = (f"{fact} --ledger {path}; to make your own here, 'steptrail init"
+                            f" --nested'; {stop}")
+        self.path, self.owned, self.uid, self.owner = path, owned, uid, owner
+
+
 class NotALedger(LedgerError):
     """The file exists but is not a steptrail ledger. It was left byte-identical.
 
@@ -106,10 +149,10 @@ class NotALedger(LedgerError):
     """
 
     def __init__(self, path: str, why: str) -> None:
-        super().__init__(
-            f"{path} is not a steptrail ledger ({why}); it was left untouched."
-            " Check the --ledger path, or 'steptrail init' a new file elsewhere"
-        )
+        fact = f"{path} is not a steptrail ledger ({why}); it was left untouched."
+        super().__init__(fact + " Check the path, or Ledger.init() a new file elsewhere")
+        self.cli_message = fact + (" Check the --ledger path, or 'steptrail init' a new file"
+                                   " elsewhere")
         self.path, self.why = path, why
 
 
@@ -233,8 +276,12 @@ class PathForbidden(InvalidInput):
     (True, 2)
     """
 
-    def __init__(self, workspace: str, path: str, why: str, fix: str) -> None:
-        super().__init__(f"path {path!r} in workspace {workspace!r} is refused ({why}); {fix}")
+    def __init__(self, workspace: str, path: str, why: str, fix: str,
+                 cli_fix: str | None = None) -> None:
+        fact = f"path {path!r} in workspace {workspace!r} is refused ({why});"
+        super().__init__(f"{fact} {fix}")
+        if cli_fix is not None:
+            self.cli_message = f"{fact} {cli_fix}"
         self.workspace, self.path, self.why, self.fix = workspace, path, why, fix
 
 
@@ -250,12 +297,11 @@ class WorkspaceMoved(InvalidInput):
     """
 
     def __init__(self, workspace: str, root: str, why: str) -> None:
-        super().__init__(
-            f"workspace {workspace!r} directory {root} is not the directory it was registered"
-            f" as ({why}); nothing was written. If that directory is the workspace now (it was"
-            f" moved or restored), re-register it with 'steptrail workspace add {workspace}"
-            f" DIR --rebind'"
-        )
+        fact = (f"workspace {workspace!r} directory {root} is not the directory it was"
+                f" registered as ({why}); nothing was written. If that directory is the"
+                f" workspace now (it was moved or restored), re-register it with")
+        super().__init__(f"{fact} ledger.workspaces.add({workspace!r}, DIR, rebind=True)")
+        self.cli_message = f"{fact} 'steptrail workspace add {workspace} DIR --rebind'"
         self.workspace, self.root, self.why = workspace, root, why
 
 
@@ -290,39 +336,50 @@ class LedgerMoved(InvalidInput):
         from shlex import quote
 
         base = f"steptrail --ledger {quote(ledger)}"
-        rebind = (f"{base} workspace add {quote(workspace)} {quote(new_root or 'DIR')}"
-                  " --rebind")
         where = (f"this ledger ({ledger_dir}) is not where it was when workspace {workspace!r}"
                  f" was registered ({recorded_dir})")
-        if case == "copied":
-            command = rebind
-            text = (f"{where}: it is a copy, and the workspace's directory {root} is still"
-                    f" there with the original's files, which a step from this copy would"
-                    f" write; nothing was read or written. To make this copy's steps write"
-                    f" its own files ({new_root}), run '{command}'")
-        elif case == "moved":
-            command = rebind
-            text = (f"{where}: the project was moved with its ledger, and {root} is gone;"
-                    f" nothing was read or written. Re-register the workspace where it is"
-                    f" now ({new_root}): run '{command}'")
-        else:
-            target = quote(restore_to) if restore_to else "NEWDIR"
-            command = f"{base} restore --workspace {quote(workspace)} --to {target}"
-            holds = (f"{new_root}, where its files would be, does not exist" if restore_to
-                     else f"{new_root}, where its files would be, holds none of them")
-            there = (f"{root} is still there (another ledger's workspace)" if root_exists
-                     else f"{root} is gone")
-            text = (f"{where}: the ledger was copied or moved without the workspace"
-                    f" ({holds}) and {there}; nothing was read or written. Write the"
-                    f" workspace's committed files into a new directory with '{command}'"
-                    + (f", or, if this ledger alone is to write {root} from now on, run"
-                       f" '{base} workspace add {quote(workspace)} {quote(root)} --rebind'"
-                       if root_exists else ""))
-        if witness is not None and root_exists:
-            # a commit of the copy would reach the witness the original is checked against
-            text += (f" (first give this copy a witness of its own: '{base} witness anchor"
-                     f" --witness /ANOTHER/PATH'; it shares {witness} with the original)")
-        super().__init__(text)
+        target = new_root or "DIR"
+        to = restore_to or "NEWDIR"
+        # each fix as the command line says it and as Python does
+        rebind = (f"{base} workspace add {quote(workspace)} {quote(target)} --rebind",
+                  f"ledger.workspaces.add({workspace!r}, {target!r}, rebind=True)")
+        rebind_root = (f"{base} workspace add {quote(workspace)} {quote(root)} --rebind",
+                       f"ledger.workspaces.add({workspace!r}, {root!r}, rebind=True)")
+        restore = (f"{base} restore --workspace {quote(workspace)} --to {quote(to)}",
+                   f"ledger.workspaces.restore({workspace!r}, {to!r})")
+        anchor = (f"{base} witness anchor --witness /ANOTHER/PATH",
+                  f"Ledger.anchor_witness({ledger!r}, '/ANOTHER/PATH')")
+
+        def say(i: int) -> str:  # 0: the command line, 1: Python
+            run = ("run '{}'", "call {}")[i].format
+            if case == "copied":
+                text = (f"{where}: it is a copy, and the workspace's directory {root} is still"
+                        f" there with the original's files, which a step from this copy would"
+                        f" write; nothing was read or written. To make this copy's steps write"
+                        f" its own files ({new_root}), {run(rebind[i])}")
+            elif case == "moved":
+                text = (f"{where}: the project was moved with its ledger, and {root} is gone;"
+                        f" nothing was read or written. Re-register the workspace where it is"
+                        f" now ({new_root}): {run(rebind[i])}")
+            else:
+                holds = (f"{new_root}, where its files would be, does not exist" if restore_to
+                         else f"{new_root}, where its files would be, holds none of them")
+                there = (f"{root} is still there (another ledger's workspace)" if root_exists
+                         else f"{root} is gone")
+                text = (f"{where}: the ledger was copied or moved without the workspace"
+                        f" ({holds}) and {there}; nothing was read or written. Write the"
+                        f" workspace's committed files into a new directory: {run(restore[i])}"
+                        + (f", or, if this ledger alone is to write {root} from now on,"
+                           f" {run(rebind_root[i])}" if root_exists else ""))
+            if witness is not None and root_exists:
+                # a commit of the copy would reach the witness the original is checked against
+                text += (f" (first give this copy a witness of its own: {run(anchor[i])}; it"
+                         f" shares {witness} with the original)")
+            return text
+
+        super().__init__(say(1))
+        self.cli_message = say(0)
+        command = (rebind if case in ("copied", "moved") else restore)[0]
         self.workspace, self.root, self.case, self.new_root = workspace, root, case, new_root
         self.recorded_dir, self.ledger_dir, self.command = recorded_dir, ledger_dir, command
         self.root_exists = root_exists
@@ -378,11 +435,11 @@ class OperatorOnly(InvalidInput):
     """
 
     def __init__(self, key: str, value: object, flag: str) -> None:
-        super().__init__(
-            f"the plan sets {key!r} to {value!r}; a plan may not turn the fence or the"
-            f" journal off. Remove {key!r} from the plan; the operator may choose it with"
-            f" 'steptrail step plan {flag}' (verify reports such steps)"
-        )
+        fact = (f"the plan sets {key!r} to {value!r}; a plan may not turn the fence or the"
+                f" journal off. Remove {key!r} from the plan; the operator may choose it")
+        super().__init__(f"{fact} with the {key}= parameter of the call that takes the plan"
+                         " (verify reports such steps)")
+        self.cli_message = f"{fact} with 'steptrail step plan {flag}' (verify reports such steps)"
         self.key, self.value, self.flag = key, value, flag
 
 
@@ -415,10 +472,9 @@ class IllegalTransition(ProtocolRefused):
     """
 
     def __init__(self, step: str, attempt: int, kind: str, why: str) -> None:
-        super().__init__(
-            f"step {step!r} attempt {attempt}: {kind} is not allowed ({why});"
-            f" inspect the step with 'steptrail show {step}'"
-        )
+        fact = f"step {step!r} attempt {attempt}: {kind} is not allowed ({why}); inspect the step"
+        super().__init__(f"{fact} with ledger.step({step!r}) and ledger.timeline({step!r})")
+        self.cli_message = f"{fact} with 'steptrail show {step}'"
         self.step, self.attempt, self.kind, self.why = step, attempt, kind, why
 
 
@@ -434,12 +490,11 @@ class StepSealed(IllegalTransition):
     """
 
     def __init__(self, step: str, attempt: int, kind: str, seal_seq: int) -> None:
-        Exception.__init__(
-            self,
-            f"step {step!r} attempt {attempt}: {kind} is not allowed (the step's run was"
-            f" sealed by event #{seal_seq}: its events are archived, none may follow);"
-            " find its archive with 'steptrail seal list' and use a new step id",
-        )
+        fact = (f"step {step!r} attempt {attempt}: {kind} is not allowed (the step's run was"
+                f" sealed by event #{seal_seq}: its events are archived, none may follow);")
+        Exception.__init__(self, f"{fact} use a new step id (the archive is named by the"
+                                 f" seal event #{seal_seq})")
+        self.cli_message = f"{fact} find its archive with 'steptrail seal list' and use a new step id"
         self.step, self.attempt, self.kind, self.why = step, attempt, kind, "sealed"
         self.seal_seq = seal_seq
 
@@ -471,9 +526,9 @@ class ArchiveInvalid(LedgerError):
     exit_code = EXIT_USAGE
 
     def __init__(self, path: str, why: str) -> None:
-        super().__init__(f"{path} is not a usable steptrail archive ({why}); it was left"
-                         " untouched: check the path, or 'steptrail seal list' for this"
-                         " ledger's archives")
+        fact = f"{path} is not a usable steptrail archive ({why}); it was left untouched:"
+        super().__init__(f"{fact} check the path (each seal event names its archive)")
+        self.cli_message = f"{fact} check the path, or 'steptrail seal list' for this ledger's archives"
         self.path, self.why = path, why
 
 
@@ -529,10 +584,9 @@ class CorruptLedger(LedgerError):
     exit_code = EXIT_USAGE
 
     def __init__(self, path: str, why: str) -> None:
-        super().__init__(
-            f"ledger {path} is damaged: {why}; run 'steptrail verify' for every finding"
-            " and restore the file from a backup or its witness"
-        )
+        fact, then = f"ledger {path} is damaged: {why};", "and restore the file from a backup"
+        super().__init__(f"{fact} ledger.verify() lists every finding; {then}")
+        self.cli_message = f"{fact} run 'steptrail verify' for every finding {then}"
         self.path, self.why = path, why
 
 
@@ -549,9 +603,13 @@ class BackupInvalid(LedgerError):
 
     exit_code = EXIT_USAGE
 
-    def __init__(self, path: str, why: str, fix: str = "take the backup again ('steptrail"
-                 " backup DEST') into a new directory") -> None:
-        super().__init__(f"backup {path} is not usable: {why}; {fix}")
+    def __init__(self, path: str, why: str, fix: str | None = None) -> None:
+        super().__init__(f"backup {path} is not usable: {why}; " + (
+            fix or "take the backup again (backup(LEDGER, DEST) from ledger.backup) into a new"
+            " directory"))
+        if fix is None:
+            self.cli_message = (f"backup {path} is not usable: {why}; take the backup again"
+                                " ('steptrail backup DEST') into a new directory")
         self.path, self.why = path, why
 
 
@@ -566,8 +624,10 @@ class BackupIncomplete(BackupInvalid):
     """
 
     def __init__(self, path: str, why: str) -> None:
-        LedgerError.__init__(self, f"incomplete backup {path}: {why}; it was interrupted before"
-                             " it was complete: take it again ('steptrail backup DEST')")
+        fact = (f"incomplete backup {path}: {why}; it was interrupted before it was complete:"
+                " take it again")
+        LedgerError.__init__(self, f"{fact} (backup(LEDGER, DEST) from ledger.backup)")
+        self.cli_message = f"{fact} ('steptrail backup DEST')"
         self.path, self.why = path, why
 
 
@@ -583,11 +643,10 @@ class BlobNotFound(LedgerError):
     exit_code = EXIT_NO
 
     def __init__(self, digest: str, why: str = "") -> None:
-        super().__init__(
-            f"blob {digest[:12]}… is missing from the blob store{why and ': ' + why};"
-            " run 'steptrail audit' to list every missing blob, and re-store it"
-            " (replay the step) if you still have the bytes"
-        )
+        fact = f"blob {digest[:12]}… is missing from the blob store{why and ': ' + why};"
+        then = "and re-store it (replay the step) if you still have the bytes"
+        super().__init__(f"{fact} audit(ledger) from ledger.gc lists every missing blob; {then}")
+        self.cli_message = f"{fact} run 'steptrail audit' to list every missing blob, {then}"
         self.digest = digest
 
 
@@ -603,10 +662,10 @@ class BlobCorrupt(LedgerError):
     exit_code = EXIT_NO
 
     def __init__(self, digest: str, why: str) -> None:
-        super().__init__(
-            f"blob {digest[:12]}… is corrupt ({why}); it is never served as valid —"
-            " replay the step that produced it, or run 'steptrail audit --deep'"
-        )
+        fact = (f"blob {digest[:12]}… is corrupt ({why}); it is never served as valid —"
+                " replay the step that produced it, or")
+        super().__init__(f"{fact} list every such blob with audit(ledger, deep=True) from ledger.gc")
+        self.cli_message = f"{fact} run 'steptrail audit --deep'"
         self.digest, self.why = digest, why
 
 
@@ -625,11 +684,12 @@ class ManifestConflict(ProtocolRefused):
 
     def __init__(self, step: str, expected: int, live: int | None) -> None:
         have = "no live manifest" if live is None else f"live revision {live}"
-        super().__init__(
-            f"step {step!r}: expected manifest revision {expected} but the step has {have};"
-            f" re-read it with 'steptrail show {step}' and retry with --expected-rev"
-            f" {-1 if live is None else live}"
-        )
+        fact = f"step {step!r}: expected manifest revision {expected} but the step has {have};"
+        rev = -1 if live is None else live
+        super().__init__(f"{fact} re-read it with ledger.step({step!r}) and retry with"
+                         f" expected_rev={rev}")
+        self.cli_message = (f"{fact} re-read it with 'steptrail show {step}' and retry with"
+                            f" --expected-rev {rev}")
         self.step, self.expected, self.live = step, expected, live
 
 
@@ -677,26 +737,29 @@ class StaleEpoch(ProtocolRefused):
         have = "no live lease" if live is None else f"live epoch {live}"
         newest = live if latest is None else latest
         why = why and f"; {why}"
+        where = f"workspace {workspace!r}: "
         if newest is not None and epoch > newest:
             issued = "no epoch was ever issued" if newest == 0 else (
                 f"the live epoch is {live}" if live == newest else
                 f"the newest is {newest}, not live")
-            message = (f"epoch {epoch} was never issued ({issued}{why}); an epoch comes from"
-                       " acquiring the lease (workspaces.acquire, or 'steptrail lease"
-                       " acquire'), which returns it: use that one")
+            _both(self, lambda fix: (
+                f"{where}epoch {epoch} was never issued ({issued}{why}); an epoch comes from"
+                f" acquiring the lease ({fix['acquire']}), which returns it: use that one"))
         elif newest is not None and epoch < newest:
             by = f"epoch {newest}" + (f", holder {holder!r}" if holder else "")
             state = "" if live == newest else ", itself no longer live"
-            message = (f"epoch {epoch} is not live: the lease was taken over by {by}{state}"
-                       f"{why}; this worker must stop: the newer epoch's holder continues")
+            Exception.__init__(self, f"{where}epoch {epoch} is not live: the lease was taken"
+                               f" over by {by}{state}{why}; this worker must stop: the newer"
+                               " epoch's holder continues")
         elif newest is not None:
-            message = (f"epoch {epoch} is not live: the lease expired or was released, and an"
-                       f" ended lease is never revived{why}; acquire a new epoch"
-                       " (workspaces.acquire, or 'steptrail lease acquire')")
+            _both(self, lambda fix: (
+                f"{where}epoch {epoch} is not live: the lease expired or was released, and"
+                f" an ended lease is never revived{why}; acquire a new epoch"
+                f" ({fix['acquire']})"))
         else:
-            message = (f"epoch {epoch} is not live ({have}{why}); stop, and acquire a new"
-                       " epoch (workspaces.acquire, or 'steptrail lease acquire')")
-        super().__init__(f"workspace {workspace!r}: {message}")
+            _both(self, lambda fix: (
+                f"{where}epoch {epoch} is not live ({have}{why}); stop, and acquire a new"
+                f" epoch ({fix['acquire']})"))
         self.workspace, self.epoch, self.live = workspace, epoch, live
 
 
@@ -748,10 +811,10 @@ class Unsettled(ProtocolRefused):
 
     def __init__(self, workspace: str, steps: list[str]) -> None:
         shown = ", ".join(steps[:5]) + (" …" if len(steps) > 5 else "")
-        super().__init__(
-            f"workspace {workspace!r} has attempts of an older epoch still in flight"
-            f" ({shown}); settle them first with 'steptrail lease settle'"
-        )
+        fact = (f"workspace {workspace!r} has attempts of an older epoch still in flight"
+                f" ({shown}); settle them first")
+        super().__init__(f"{fact} with ledger.workspaces.settle({workspace!r}, epoch=EPOCH)")
+        self.cli_message = f"{fact} with 'steptrail lease settle'"
         self.workspace, self.steps = workspace, steps
 
 
@@ -786,12 +849,12 @@ class PlanConflict(ProtocolRefused):
 
     def __init__(self, step: str, attempt: int, state: str, differences: list[str]) -> None:
         shown = "; ".join(differences[:5]) + (" …" if len(differences) > 5 else "")
-        super().__init__(
-            f"step {step!r} attempt {attempt} ({state}) was admitted with another plan"
-            f" ({shown}); a retry must resend the recorded plan: give a new plan a new step"
-            f" id, or end the attempt first ('steptrail step compensate {step}') and plan"
-            " again"
-        )
+        fact = (f"step {step!r} attempt {attempt} ({state}) was admitted with another plan"
+                f" ({shown}); a retry must resend the recorded plan: give a new plan a new step"
+                f" id, or end the attempt first")
+        super().__init__(f"{fact} (ledger.workspaces.compensate({step!r}, epoch=EPOCH)) and"
+                         " plan again")
+        self.cli_message = f"{fact} ('steptrail step compensate {step}') and plan again"
         self.step, self.attempt, self.state, self.differences = step, attempt, state, differences
 
 
@@ -810,11 +873,11 @@ class StepRejected(ProtocolRefused):
 
     def __init__(self, step: str, attempt: int, reason: str, detail: str,
                  facts: dict[str, object] | None = None) -> None:
-        super().__init__(
-            f"step {step!r} attempt {attempt}: rejected:{reason}"
-            f"{detail and ' (' + detail + ')'}; the attempt is over: plan the step anew from the"
-            f" workspace's current content, or 'steptrail step replan {step}'"
-        )
+        fact = (f"step {step!r} attempt {attempt}: rejected:{reason}"
+                f"{detail and ' (' + detail + ')'}; the attempt is over: plan the step anew from"
+                f" the workspace's current content, or")
+        super().__init__(f"{fact} re-stamp it with ledger.workspaces.replan({step!r}, ...)")
+        self.cli_message = f"{fact} 'steptrail step replan {step}'"
         self.step, self.attempt, self.reason, self.detail = step, attempt, reason, detail
         self.facts = dict(facts or {})
 
@@ -977,8 +1040,27 @@ class UnsafeRename(StorageFailure):
 
 # --- the collector, workspaces and the witness ---------------------------------------
 
-#: How an operator re-anchors a witness (named by the witness errors).
+#: How an operator re-anchors a witness (named by the witness errors), on the command
+#: line and in Python.
 ANCHOR_COMMAND = "steptrail --ledger {ledger} witness anchor --witness {witness}"
+ANCHOR_CALL = "Ledger.anchor_witness({ledger!r}, {witness!r})"
+
+
+def _both(self: LedgerError, say: Callable[[dict[str, str]], str], *,
+          ledger: str = "", witness: str = "") -> None:
+    """Word the error once per surface: `say` gets the fixes' names (``verify``,
+    ``force``, ``witness_flag``, ``acquire``, ``anchor`` for `ledger` and `witness`) as
+    Python calls for the error's text, and as commands for its `cli_message`."""
+    py = {"verify": "ledger.verify()", "force": "force=True", "witness_flag": "witness=",
+          "pass_witness": "witness='/ABSOLUTE/PATH'",
+          "acquire": "ledger.workspaces.acquire",
+          "anchor": ANCHOR_CALL.format(ledger=ledger, witness=witness)}
+    cli = {"verify": "'steptrail verify'", "force": "--force",
+           "witness_flag": "--witness/STEPTRAIL_WITNESS",
+           "pass_witness": "--witness /ABSOLUTE/PATH", "acquire": "'steptrail lease acquire'",
+           "anchor": "'" + ANCHOR_COMMAND.format(ledger=ledger, witness=witness) + "'"}
+    Exception.__init__(self, say(py))
+    self.cli_message = say(cli)
 
 
 class IllegalWorkspaceTransition(IllegalTransition):
@@ -991,11 +1073,9 @@ class IllegalWorkspaceTransition(IllegalTransition):
     """
 
     def __init__(self, workspace: str, kind: str, why: str) -> None:
-        Exception.__init__(
-            self,
-            f"workspace {workspace!r}: {kind} is not allowed ({why});"
-            f" inspect it with 'steptrail lease show --workspace {workspace}'",
-        )
+        fact = f"workspace {workspace!r}: {kind} is not allowed ({why}); inspect it with"
+        Exception.__init__(self, f"{fact} ledger.workspaces.lease({workspace!r})")
+        self.cli_message = f"{fact} 'steptrail lease show --workspace {workspace}'"
         self.step, self.attempt, self.kind, self.why = workspace, 0, kind, why
         self.workspace = workspace
 
@@ -1009,11 +1089,14 @@ class GcRefused(ProtocolRefused):
     (True, 1)
     """
 
-    def __init__(self, why: str) -> None:
-        super().__init__(
-            f"gc refused to delete anything: {why}; run 'steptrail verify' and"
-            " 'steptrail audit', fix the cause, then run gc again"
-        )
+    def __init__(self, why: str, fix: tuple[str, str] | None = None) -> None:
+        # `fix`: (the Python call, the command) when the cause's fix is known
+        fact = f"gc refused to delete anything: {why};"
+        py, cli = fix or ("read ledger.verify() and audit(ledger) from ledger.gc, fix the"
+                          " cause", "run 'steptrail verify' and 'steptrail audit', fix the"
+                          " cause")
+        super().__init__(f"{fact} {py}, then collect again")
+        self.cli_message = f"{fact} {cli}, then run gc again"
         self.why = why
 
 
@@ -1027,10 +1110,10 @@ class CollectorBusy(EnvironmentFailure):
     """
 
     def __init__(self, path: str) -> None:
-        super().__init__(
-            f"another steptrail gc holds {path}; this run did nothing. Two collectors"
-            " are safe but the second is wasted work: retry later, or pass --wait"
-        )
+        fact = (f"another steptrail gc holds {path}; this run did nothing. Two collectors"
+                " are safe but the second is wasted work: retry later, or pass")
+        super().__init__(f"{fact} wait=True")
+        self.cli_message = f"{fact} --wait"
         self.path = path
 
 
@@ -1044,17 +1127,18 @@ class WitnessMismatch(HeadMismatch):
     (True, 1)
     """
 
-    def __init__(self, ledger_path: str, witness_path: str, why: str, remedy: str = "") -> None:
-        Exception.__init__(
-            self,
-            f"ledger {ledger_path} fails its witness {witness_path}: {why}. "
-            + (remedy or "Its history was cut off, rolled back or rewritten (or this is not"
-               " the ledger the witness belongs to); the ledger was not changed. Restore the"
-               " newest copy, or inspect it with 'steptrail verify' (which reports, not"
-               " refuses); to keep this history anyway, re-anchor with '"
-               + ANCHOR_COMMAND.format(ledger=ledger_path, witness=witness_path)
-               + " --force' (recorded)"),
-        )
+    def __init__(self, ledger_path: str, witness_path: str, why: str,
+                 remedy: str | Callable[[dict[str, str]], str] = "") -> None:
+        def say(fix: dict[str, str]) -> str:
+            told = remedy(fix) if callable(remedy) else remedy
+            return f"ledger {ledger_path} fails its witness {witness_path}: {why}. " + (
+                told or "Its history was cut off, rolled back or rewritten (or this is not"
+                " the ledger the witness belongs to); the ledger was not changed. Restore the"
+                f" newest copy, or inspect it with {fix['verify']} (which reports, not"
+                f" refuses); to keep this history anyway, re-anchor with {fix['anchor']} and"
+                f" {fix['force']} (recorded)")
+
+        _both(self, say, ledger=ledger_path, witness=witness_path)
         self.expected, self.why = witness_path, why
         self.ledger_path, self.witness_path = ledger_path, witness_path
 
@@ -1071,21 +1155,21 @@ class WitnessMissing(WitnessMismatch):
     """
 
     def __init__(self, ledger_path: str, witness_path: str | None, why: str) -> None:
-        command = ANCHOR_COMMAND.format(ledger=ledger_path, witness=witness_path or "/ABSOLUTE/PATH")
         if witness_path is None:
-            Exception.__init__(
-                self, f"ledger {ledger_path} is witnessed but records no witness location"
-                f" ({why}); the ledger was not changed. Pass its witness once with --witness"
-                f" /ABSOLUTE/PATH (a writer then records it), or, once 'steptrail verify' is"
-                f" clean, start a new one with '{command}'")
+            _both(self, lambda fix: (
+                f"ledger {ledger_path} is witnessed but records no witness location ({why});"
+                f" the ledger was not changed. Pass its witness once with"
+                f" {fix['pass_witness']} (a writer then records it), or, once"
+                f" {fix['verify']} is clean, start a new one with {fix['anchor']}"),
+                ledger=ledger_path, witness="/ABSOLUTE/PATH")
             self.expected, self.why = "", why
             self.ledger_path, self.witness_path = ledger_path, ""
             return
         super().__init__(
             ledger_path, witness_path, why,
-            "A witnessed ledger is not opened without its witness: the ledger was not"
-            f" changed. Restore the witness file, or, once 'steptrail verify' is clean,"
-            f" start a new one with '{command}'",
+            lambda fix: ("A witnessed ledger is not opened without its witness: the ledger"
+                         " was not changed. Restore the witness file, or, once"
+                         f" {fix['verify']} is clean, start a new one with {fix['anchor']}"),
         )
 
 
@@ -1099,11 +1183,10 @@ class WitnessElsewhere(InvalidInput):
     """
 
     def __init__(self, ledger_path: str, given: str, recorded: str, seq: int) -> None:
-        super().__init__(
-            f"ledger {ledger_path} is witnessed by {recorded} (recorded at event #{seq}),"
-            f" not {given}; drop --witness/STEPTRAIL_WITNESS to use the recorded one, or move"
-            f" the witness with '{ANCHOR_COMMAND.format(ledger=ledger_path, witness=given)}'"
-        )
+        _both(self, lambda fix: (
+            f"ledger {ledger_path} is witnessed by {recorded} (recorded at event #{seq}), not"
+            f" {given}; drop {fix['witness_flag']} to use the recorded one, or move the witness"
+            f" with {fix['anchor']}"), ledger=ledger_path, witness=given)
         self.ledger_path, self.given, self.recorded, self.seq = ledger_path, given, recorded, seq
 
 
@@ -1119,11 +1202,12 @@ class AnchorRefused(ProtocolRefused):
     def __init__(self, ledger_path: str, problems: list[str]) -> None:
         shown = "; ".join(problems[:3]) + (f"; and {len(problems) - 3} more"
                                            if len(problems) > 3 else "")
-        super().__init__(
-            f"ledger {ledger_path} was not re-anchored: {shown}. Run 'steptrail verify' and"
-            " fix or restore the ledger first; to anchor this history anyway, add --force"
-            " (the findings are recorded in the witness-anchored event)"
-        )
+        fact = f"ledger {ledger_path} was not re-anchored: {shown}."
+        why = "(the findings are recorded in the witness-anchored event)"
+        super().__init__(f"{fact} Read ledger.verify() and fix or restore the ledger first;"
+                         f" to anchor this history anyway, pass force=True {why}")
+        self.cli_message = (f"{fact} Run 'steptrail verify' and fix or restore the ledger"
+                            f" first; to anchor this history anyway, add --force {why}")
         self.ledger_path, self.problems = ledger_path, problems
 
 
@@ -1131,7 +1215,10 @@ __all__ = [
     "BackupIncomplete",
     "BackupInvalid",
     "ANCHOR_COMMAND",
+    "ANCHOR_CALL",
+    "said_at_a_shell",
     "AccessDenied",
+    "ForeignLedger",
     "ArchiveInvalid",
     "ArchiveMissing",
     "NotSealable",

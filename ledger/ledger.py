@@ -210,7 +210,7 @@ class Ledger:
             window = float(stored)
         elif stored is not None and not info.forensic:
             raise CorruptLedger(info.location, f"meta compensation_window_s {window_problem(stored)}"
-                                " (the file was edited); run 'steptrail verify' to examine it")
+                                " (the file was edited)")
         elif stored is not None:
             window = COMPENSATION_WINDOW_S_DEFAULT
         else:
@@ -1251,8 +1251,8 @@ class Ledger:
         if isinstance(expect_head, str):
             expect_head = Head.parse(expect_head)
         elif expect_head is not None and not isinstance(expect_head, Head):
-            raise InvalidInput(f"expect_head {expect_head!r} is not a head: give SEQ:HASH as"
-                               " printed by 'steptrail head'")
+            raise InvalidInput(f"expect_head {expect_head!r} is not a head: give a Head, or"
+                               " SEQ:HASH as str(ledger.head()) gives")
         extra, seen = self._witness_findings()
         if seen is not None and expect_head is None:
             expect_head = Head(seen.seq, seen.hash)
@@ -1279,8 +1279,9 @@ class Ledger:
         state, seen, why = self.witness.state()
         if state == "damaged" or (state != "ok" and self.witnessed):
             extra.append(Finding("witness", 0, f"{why}: a witnessed ledger is not opened"
-                                 " without its witness; restore it, or re-anchor with"
-                                 " 'steptrail witness anchor'" if state != "damaged" else why))
+                                 " without its witness; restore it, or re-anchor it"
+                                 " (Ledger.anchor_witness, 'steptrail witness anchor')"
+                                 if state != "damaged" else why))
         if seen is not None:
             try:
                 lag = self.check_witness()

@@ -270,7 +270,9 @@ def _plan(ledger: Ledger, view: ReadView, run: str) -> _Plan:
     rows = list(view.events(EventQuery(run=run)))
     if not rows:
         raise NotSealable(run, "the ledger holds no events of it (never run, or sealed"
-                          " already: 'steptrail seal list')")
+                          " already: seal_events(ledger) lists the seals)").at_a_shell(
+            f"run {run!r} cannot be sealed: the ledger holds no events of it (never run, or"
+            " sealed already: 'steptrail seal list'); nothing was archived")
     by_step: dict[str, int] = {}
     digests: dict[str, int] = {}
     for row in rows:

@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 import click
 import msgspec
 
-from ledger.errors import EXIT_ENVIRONMENT, EXIT_USAGE, LedgerError
+from ledger.errors import EXIT_ENVIRONMENT, EXIT_USAGE, LedgerError, said_at_a_shell
 
 if TYPE_CHECKING:
     from importlib.metadata import EntryPoint
@@ -248,7 +248,7 @@ def error_facts(exc: LedgerError) -> dict[str, Any]:
 def _fail_typed(ctx: click.Context, exc: LedgerError,
                 document: dict[str, Any] | None = None, note: str = "") -> None:
     """`_fail` for a typed error; `note` is appended to its one line (what still holds)."""
-    said = exc.cli_message or str(exc)  # the command line's words for its fix
+    said = said_at_a_shell(exc)  # the command line's words for its fix
     message = f"{said}; {note}" if note else said
     _fail(ctx, message, exc.exit_code, type(exc).__name__, error_facts(exc), document)
 

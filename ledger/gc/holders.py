@@ -123,7 +123,8 @@ def read_references(conn: ReadView, *, cross_check: bool = True) -> Holders:
         extra = sorted(table - out.manifest_refs)[:3]
         missing = sorted(out.manifest_refs - table)[:3]
         raise GcRefused(f"the manifest tables disagree with the events (unexpected {extra},"
-                        f" missing {missing}); run 'steptrail rebuild'")
+                        f" missing {missing})", ("rebuild them with ledger.rebuild()",
+                                                 "run 'steptrail rebuild'"))
     held = out.manifest_refs
     if out.released:
         held = {d for step, rev, digests in by_manifest if out.entry_holds(step, rev)

@@ -45,6 +45,7 @@ from starlette.applications import Starlette
 from starlette.responses import Response
 
 from ledger import InvalidInput, Ledger, LedgerError, NotALedger, __version__
+from ledger.errors import said_at_a_shell
 
 from .leases import open_lock_file
 from ..workspace import is_git_name, is_ledger_dir_name
@@ -644,12 +645,14 @@ class ClientRoots:
                         dirs, self.ledger_path, witness=self.witness, echo=self.echo,
                         on_op=self.on_op)
                 except LedgerError as exc:
-                    raise ToolFailure(one_line(f"cannot serve the client's roots: {exc}")) from None
+                    raise ToolFailure(one_line("cannot serve the client's roots: "
+                                               + said_at_a_shell(exc))) from None
                 try:
                     tools = FileTools(ledger, names, given_roots=given, **self.tools_kw)
                 except LedgerError as exc:
                     ledger.close()
-                    raise ToolFailure(one_line(f"cannot serve the client's roots: {exc}")) from None
+                    raise ToolFailure(one_line("cannot serve the client's roots: "
+                                               + said_at_a_shell(exc))) from None
                 except BaseException:
                     ledger.close()
                     raise
@@ -1261,7 +1264,8 @@ def serve(specs: Sequence[str], *, ledger_path: str | None = None, witness: str 
             raise  # (no client is connected yet: the command fails, one line)
         # over stdio the client is waiting for a handshake: answer it, and every tool
         # call with the error, rather than exit ("Connection closed" tells it nothing)
-        message = f"steptrail mcp cannot serve this: {type(exc).__name__}: {exc}"
+        message = (f"steptrail mcp cannot serve this: {type(exc).__name__}:"
+                   f" {said_at_a_shell(exc)}")
         failed = SteptrailServer(None, failed=message)
         guard_stdin(failed.limits.request_bytes)
         failed.run("stdio")

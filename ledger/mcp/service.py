@@ -68,6 +68,7 @@ from ledger import (
 
 from .edits import EditRefused, apply_edits, unified_diff
 from ..workspace import Confined, Entry, FsRefused, glob_match, is_ledger_dir_name
+from ..errors import said_at_a_shell
 from .leases import LeaseBusy, Leases, holder_name
 
 log = logging.getLogger("steptrail.mcp")
@@ -339,7 +340,7 @@ class FileTools:
         if isinstance(exc, ToolFailure):
             return exc
         if isinstance(exc, LedgerError | FsRefused | EditRefused | LeaseBusy):
-            return ToolFailure(one_line(str(exc)))
+            return ToolFailure(one_line(said_at_a_shell(exc)))
         if isinstance(exc, OSError):
             return ToolFailure(one_line(f"{exc.strerror or exc}"
                                         + (f": {exc.filename}" if exc.filename else "")))
@@ -1216,7 +1217,7 @@ class FileTools:
                 except (CompensationWindowClosed, IllegalTransition) as exc:
                     extra = (" (write the old content back with write_file; history shows it)"
                              if isinstance(exc, CompensationWindowClosed) else "")
-                    raise ToolFailure(one_line(str(exc)) + extra) from None
+                    raise ToolFailure(one_line(said_at_a_shell(exc)) + extra) from None
         files = []
         for r in comp.restored:
             if r.outcome != "conflict":

@@ -168,10 +168,9 @@ class Head(msgspec.Struct, frozen=True):
         # non-ASCII digits and spaces between hex pairs.
         match = _HEAD_RE.fullmatch(text.strip()) if isinstance(text, str) else None
         if match is None:
-            raise InvalidInput(
-                f"head {text!r} is not SEQ:HASH (a seq and 64 hex characters), as printed"
-                " by 'steptrail head'"
-            )
+            fact = f"head {text!r} is not SEQ:HASH (a seq and 64 hex characters), as"
+            raise InvalidInput(f"{fact} str(ledger.head()) gives").at_a_shell(
+                f"{fact} printed by 'steptrail head'")
         return cls(int(match[1]), bytes.fromhex(match[2]))
 
 

@@ -365,6 +365,8 @@ class WorkspaceDir:
             raise PathForbidden(
                 self.name, path, "it is .git or inside it: a step writing git's internals"
                 " (hooks, config) runs code the next time a person runs git",
+                f"if steps must write there, opt in with ledger.workspaces.add({self.name!r},"
+                " DIR, rebind=True, allow_git=True)",
                 f"if steps must write there, opt in with 'steptrail workspace add {self.name}"
                 " DIR --rebind --allow-git'")
         hit = self.boundary.names(self.root, path)

@@ -846,10 +846,13 @@ class Workspaces:
                     differs = f"allow_git={reg.allow_git}"
                 else:
                     differs = "another directory at that path (device and inode differ)"
+                fact = (f"workspace {name!r} is already added with {differs}; give this one"
+                        " another name, or re-register it with")
                 raise InvalidInput(
-                    f"workspace {name!r} is already added with {differs}; give this one"
-                    f" another name, or re-register it with 'steptrail workspace add {name}"
-                    f" {real} --rebind{' --allow-git' if allow_git else ''}'")
+                    f"{fact} ledger.workspaces.add({name!r}, {real!r}, rebind=True"
+                    f"{', allow_git=True' if allow_git else ''})"
+                ).at_a_shell(f"{fact} 'steptrail workspace add {name} {real} --rebind"
+                             f"{' --allow-git' if allow_git else ''}'")
             return [WorkspaceRebound(workspace=name, root=real, dev=ident[0], ino=ident[1],
                                      allow_git=allow_git, after=reg.seq, **place)]
 

@@ -670,11 +670,11 @@ class PgStore:
                     name = psycopg.conninfo.conninfo_to_dict(self.url).get("dbname") or "NAME"
                 except Exception:  # (the URL was accepted by connect: a name is there)
                     name = "NAME"
-                raise LedgerNotFound(self.location, (
-                    f"the database {name!r} does not exist on the server of {self.location};"
-                    f" create it first (createdb {name}, or in psql: CREATE DATABASE"
-                    f" \"{name}\" ENCODING 'UTF8'), then 'steptrail --ledger"
-                    f" {self.location} init'")) from None
+                fact = (f"the database {name!r} does not exist on the server of"
+                        f" {self.location}; create it first (createdb {name}, or in psql:"
+                        f" CREATE DATABASE \"{name}\" ENCODING 'UTF8'), then")
+                raise LedgerNotFound(self.location, f"{fact} Ledger.init(URL)").at_a_shell(
+                    f"{fact} 'steptrail --ledger {self.location} init'") from None
             raise DatabaseUnavailable(self.location, msg, reading=self.readonly) from None
         except (ValueError, TypeError) as exc:
             raise InvalidInput(f"{self.location} is not a usable PostgreSQL URL: "

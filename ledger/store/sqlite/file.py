@@ -1243,11 +1243,13 @@ def refuse_a_backups_database(path: str) -> None:
     what its marker says; it is restored (`backup restore`), or read read-only."""
     where, name = os.path.split(os.path.abspath(path))
     if BACKUP_DB_NAME.fullmatch(name) and os.path.lexists(os.path.join(where, BACKUP_MARKER)):
+        fact = f"{path} is the database of the backup in {where}, which is never written to;"
         raise InvalidInput(
-            f"{path} is the database of the backup in {where}, which is never written to;"
-            f" restore it first ('steptrail backup restore {where} NEW_DIR') and use the"
-            " ledger that makes, or read this one with read-only commands (verify, show,"
-            " events)")
+            f"{fact} restore it first (restore_backup({where!r}, NEW_DIR) from ledger.backup)"
+            " and use the ledger that makes, or open this one with readonly=True"
+        ).at_a_shell(f"{fact} restore it first ('steptrail backup restore {where} NEW_DIR') and"
+                     " use the ledger that makes, or read this one with read-only commands"
+                     " (verify, show, events)")
 
 __all__ = [
     "APPLICATION_ID", "BUSY_TIMEOUT_MS", "GC_LOCK_NAME", "LEDGER_DIR_MODE", "LEDGER_FILE_MODE",

@@ -14,8 +14,14 @@ The search stops, as git's does:
   separated by ``:``): neither it nor anything above it is looked in — for a home
   directory on a slow network mount, or to keep a shared parent's ledger out of reach.
 
+A ledger found this way is used only when it is this user's: its ``.steptrail``
+directory and its file owned by the effective user (or, under ``sudo``, by the user who
+ran it). Another user's is refused (`ForeignLedger`), never used: one planted in ``/tmp``
+or a shared directory would otherwise take every command run below it, as a ``.git``
+planted there took git's before git refused them.
+
 An explicit ``--ledger``, ``STEPTRAIL_LEDGER`` or a path given to `Ledger.open` is used
-as given: no search.
+as given: no search, no ownership check.
 
 >>> import os
 >>> from pathlib import Path
@@ -61,7 +67,8 @@ def find_ledger(start: str | os.PathLike[str] | None = None, *,
                 environ: dict[str, str] | None = None) -> str | None:
     """The absolute path of the nearest ``DIR/.steptrail/ledger.db`` at or above `start`
     (default: the working directory), or None when there is none before the root, a
-    file-system boundary or a ceiling directory (see the module)."""
+    file-system boundary or a ceiling directory (see the module). `ForeignLedger` when
+    the nearest one is another user's."""
     env = os.environ if environ is None else environ
     across = env.get(ENV_ACROSS, "") not in ("", "0")
     stop = ceilings(env)
@@ -78,6 +85,7 @@ def find_ledger(start: str | os.PathLike[str] | None = None, *,
             return None
         candidate = os.path.join(here, LEDGER_DIR, LEDGER_FILE)
         if os.path.isfile(candidate):
+            _check_yours(candidate, env)
             return candidate
         parent = os.path.dirname(here)
         if parent == here:
@@ -89,6 +97,38 @@ def find_ledger(start: str | os.PathLike[str] | None = None, *,
         if parent_dev != dev and not across:
             return None
         here = parent
+
+
+def yours(environ: os._Environ[str] | dict[str, str] | None = None) -> frozenset[int]:
+    """The owners a found ledger may have: this process's effective user; under
+    ``sudo``, also the user who ran it (``SUDO_UID``), as git allows."""
+    env = os.environ if environ is None else environ
+    out = {os.geteuid()}
+    sudo = env.get("SUDO_UID", "")
+    if os.geteuid() == 0 and sudo.isdigit():
+        out.add(int(sudo))
+    return frozenset(out)
+
+
+def _check_yours(candidate: str, env: os._Environ[str] | dict[str, str]) -> None:
+    """Refuse (`ForeignLedger`) a found ledger whose directory or file (the entries
+    themselves, a symlink not followed) belongs to another user."""
+    from .errors import ForeignLedger
+
+    allowed = yours(env)
+    for entry in (os.path.dirname(candidate), candidate):
+        try:
+            uid = os.lstat(entry).st_uid
+        except OSError:
+            return  # (gone since: the open that follows says what is there)
+        if uid not in allowed:
+            try:
+                import pwd
+
+                owner = pwd.getpwuid(uid).pw_name
+            except (KeyError, ImportError):
+                owner = f"user {uid}"
+            raise ForeignLedger(candidate, entry, uid, owner)
 
 
 _GITIGNORE: Final = b"# Made by steptrail: its ledger's directory is not for git.\n*\n"
@@ -117,4 +157,4 @@ def ignore_in_git(directory: str) -> bool:
 
 
 __all__ = ["ENV_ACROSS", "ENV_CEILINGS", "LEDGER_DIR", "LEDGER_FILE", "ceilings",
-           "find_ledger", "ignore_in_git"]
+           "find_ledger", "ignore_in_git", "yours"]

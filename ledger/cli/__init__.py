@@ -66,6 +66,18 @@ from ._options import (
 )
 
 
+class _Settings(dict):  # type: ignore[type-arg]
+    """The group's settings for its commands (``ctx.obj``). Reading ``ledger_path`` when
+    the upward search found another user's ledger raises that refusal: every command
+    that uses the ledger fails with it, and the ones that do not (completion, demo,
+    ``init --nested``, which reads it with ``get``) run."""
+
+    def __getitem__(self, key: str) -> Any:
+        if key == "ledger_path" and self.get("ledger_foreign") is not None:
+            raise self["ledger_foreign"]
+        return super().__getitem__(key)
+
+
 @click.group("steptrail", cls=LedgerGroup, context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(__version__, prog_name="steptrail")
 @click.option(
@@ -140,15 +152,20 @@ def cli(ctx: click.Context, ledger_path: str, workspace: str | None, witness: st
     2 usage or bad input (incl. a file that is not a ledger), 3 environment failure,
     130 interrupted (Ctrl-C: what was committed is kept, nothing half done).
     """
-    ctx.ensure_object(dict)
+    if ctx.obj is None:
+        ctx.obj = _Settings()
     default = ctx.get_parameter_source("ledger_path") is click.core.ParameterSource.DEFAULT
     ctx.obj["ledger_default"] = default
     if default:
         # no --ledger, no STEPTRAIL_LEDGER: the project's ledger, found upward from here
         # as git finds .git (ledger/find.py); none found: ./.steptrail/ledger.db
+        from ledger.errors import ForeignLedger
         from ledger.find import find_ledger
 
-        found = find_ledger()
+        try:
+            found = find_ledger()
+        except ForeignLedger as exc:  # raised when a command needs the ledger, not before
+            found, ctx.obj["ledger_foreign"] = None, exc
         ctx.obj["ledger_found"] = found
         if found is not None:
             ledger_path = found

@@ -43,9 +43,12 @@ def init(ctx: click.Context, parents: bool, nested: bool, as_json: bool) -> None
     from ledger.errors import InvalidInput
     from ledger.find import LEDGER_DIR, LEDGER_FILE
 
-    path = ctx.obj["ledger_path"]
+    path = ctx.obj.get("ledger_path")
     if ctx.obj.get("ledger_default"):
         here = os.path.abspath(os.path.join(LEDGER_DIR, LEDGER_FILE))
+        foreign = ctx.obj.get("ledger_foreign")
+        if foreign is not None and not nested:
+            raise foreign  # another user's ledger above: --nested makes this one's own
         above = ctx.obj.get("ledger_found")
         if above is not None and above != here and not nested:
             raise InvalidInput(

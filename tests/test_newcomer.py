@@ -5,6 +5,7 @@ commands)."""
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import subprocess
 from pathlib import Path
@@ -13,7 +14,7 @@ from typing import Any
 import pytest
 from conftest import run_cli
 
-from ledger import Ledger
+from ledger import Ledger, LedgerError
 from ledger.backup import backup, restore_backup
 from ledger.find import ENV_ACROSS, ENV_CEILINGS, find_ledger
 
@@ -117,6 +118,48 @@ def test_the_search_stops_at_a_ceiling_directory(project: Path,
     assert find_ledger() is None  # (the ceiling itself is not looked in either)
     monkeypatch.setenv(ENV_CEILINGS, "relative/ignored:" + str(project.parent / "elsewhere"))
     assert find_ledger() == str(project / ".steptrail" / "ledger.db")
+
+
+def _planted(project: Path, uid: int) -> None:
+    """Hand the project's ledger (its directory and everything in it) to user `uid`."""
+    for path in [project / ".steptrail", *(project / ".steptrail").rglob("*")]:
+        os.lchown(path, uid, -1)
+
+
+@pytest.mark.skipif(os.geteuid() != 0 and not os.environ.get("CI"),
+                    reason="needs root to give a file to another user (CI runs as root)")
+def test_another_users_ledger_found_upward_is_refused(project: Path,
+                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    """The attack: another user plants /tmp/.steptrail (or one in a shared directory)
+    registering a workspace; a person working below it ran every command against it —
+    its workspaces, restores and settles with the person's permissions. A found ledger
+    is used only when it is the user's own; named explicitly it is used as given."""
+    from ledger.errors import ForeignLedger
+
+    (project / "victim").mkdir()
+    (project / "victim" / "notes.txt").write_text("mine\n")
+    with Ledger.open(str(project / ".steptrail" / "ledger.db")) as led:
+        led.workspaces.add("w", str(project / "victim"))
+    _planted(project, 65534)
+    before = sorted((p.name, p.stat().st_mtime_ns) for p in (project / ".steptrail").rglob("*"))
+    r = run_cli(["status"])
+    assert r.code == 2 and "ForeignLedger" in r.err and "--ledger" in r.err, r
+    assert len(r.err.strip().splitlines()) == 1
+    r = run_cli(["--workspace", "w", "restore", "--to", str(project / "victim"), "--replace"])
+    assert r.code == 2 and "ForeignLedger" in r.err, r
+    assert (project / "victim" / "notes.txt").read_text() == "mine\n"
+    with pytest.raises(ForeignLedger) as caught:
+        Ledger.open()
+    assert "Ledger.open(" in str(caught.value) and "'steptrail" not in str(caught.value)
+    assert sorted((p.name, p.stat().st_mtime_ns)
+                  for p in (project / ".steptrail").rglob("*")) == before  # nothing read
+    assert run_cli(["completion", "bash"]).code == 0  # a command without a ledger runs
+    r = run_cli(["init"])
+    assert r.code == 2 and "init --nested" in r.err, r
+    named = str(project / ".steptrail" / "ledger.db")
+    assert run_cli(["--ledger", named, "status"]).code == 0  # named: used as given
+    assert run_cli(["init", "--nested"]).code == 0  # its own, here
+    assert run_cli(["status"]).code == 0
 
 
 def test_the_search_stops_at_a_file_system_boundary(project: Path,
@@ -561,3 +604,123 @@ def test_each_surface_names_its_own_fix(tmp_path: Path,
     r = run_cli(["--ledger", str(tmp_path / "l" / "ledger.db"), "--workspace", "w",
                  "lease", "acquire", "--holder", "b", "--json"])
     assert "cli_message" not in json.loads(r.out)["error"]
+
+
+# Every typed error, built once: its text names no command, its command-line words name
+# no Python call. A new error class fails `test_every_error_class_is_checked` until added.
+_PYTHONIC = re.compile(r"=True\b|\bledger\.[a-z_]+\(|\bLedger\.[a-z_]+\(|\bexpected_rev=|"
+                       r"\bwitness=|\bfrom ledger\.")
+_COMMANDS = re.compile(r"'steptrail [a-z]|--(?:force|resume|wait|rebind|expected-rev|witness)\b")
+
+
+def _error_samples() -> dict[str, LedgerError]:
+    """One instance of each error class, from the `err = Cls(...)` line of its doctest,
+    or built here where the doctest raises it through a ledger."""
+    from ledger import errors as E
+
+    out: dict[str, LedgerError] = {}
+    for name in E.__all__:
+        cls = getattr(E, name)
+        if not (isinstance(cls, type) and issubclass(cls, LedgerError)):
+            continue
+        found = re.search(r">>> err = " + name + r"\((.*?)\)\n", cls.__doc__ or "", re.S)
+        if found and cls.__init__ is not LedgerError.__init__:
+            out[name] = eval(f"E.{name}({found[1].replace('...', '')})", {"E": E})
+    by_hand: dict[str, LedgerError] = {
+        "LedgerNotFound": E.LedgerNotFound("x/ledger.db"),
+        "UnknownStep": E.UnknownStep("s1"),
+        "NotALedger": E.NotALedger("notes.txt", "not a database"),
+        "PathEscapes": E.PathEscapes("repo", "../x", "it leaves the workspace"),
+        "ManifestConflict": E.ManifestConflict("fetch", 5, 1),
+        "ReadOnlyLedger": E.ReadOnlyLedger("l.db"),
+        "UnknownWorkspace": E.UnknownWorkspace("repo"),
+        "LeaseHeld": E.LeaseHeld("repo", 1, "agent-1", 0),
+        "StaleEpoch": E.StaleEpoch("repo", 9, 5),
+        "StaleEpoch (expired)": E.StaleEpoch("repo", 3, None, latest=3),
+        "StaleEpoch (no lease)": E.StaleEpoch("repo", 3, None),
+        "WitnessMissing (no location)": E.WitnessMissing("l.db", None, "old"),
+        "LedgerMoved (moved)": E.LedgerMoved("repo", "/srv/repo", "/srv/repo/.steptrail",
+                                             "/tmp/r2/.steptrail", "moved", "/tmp/r2",
+                                             "/tmp/r2/.steptrail/ledger.db", False),
+        "LedgerMoved (ledger only)": E.LedgerMoved(
+            "repo", "/srv/repo", "/srv/repo/.steptrail", "/tmp/r2/.steptrail", "ledger-only",
+            "/tmp/r2", "/tmp/r2/.steptrail/ledger.db", True, witness="/w"),
+        "GcRefused (rebuild)": E.GcRefused("tables disagree", ("ledger.rebuild()",
+                                                               "run 'steptrail rebuild'")),
+    }
+    for name, exc in by_hand.items():
+        out.setdefault(name, exc)
+    return out
+
+
+def test_every_error_names_its_own_surfaces_fix() -> None:
+    """Across every typed error: the library's text (`str`) names no command and the
+    command line's (`said_at_a_shell`, also the MCP server's) names no Python call."""
+    from ledger.errors import said_at_a_shell
+
+    wrong = []
+    samples = _error_samples()
+    assert len(samples) > 50
+    for name, exc in samples.items():
+        if _COMMANDS.search(str(exc)):
+            wrong.append(f"{name} (library): {exc}")
+        if _PYTHONIC.search(said_at_a_shell(exc)):
+            wrong.append(f"{name} (command line): {said_at_a_shell(exc)}")
+    assert not wrong, "\n".join(wrong)
+
+
+def test_every_error_class_is_checked() -> None:
+    from ledger import errors as E
+
+    classes = {n for n in E.__all__ if isinstance(getattr(E, n), type)
+               and issubclass(getattr(E, n), LedgerError)}
+    sampled = {n.split(" ")[0] for n in _error_samples()}
+    # classes without their own words (they take the message, or are abstract bases)
+    bases = {"LedgerError", "InvalidInput", "ProtocolRefused", "EnvironmentFailure",
+             "StorageFailure", "Violation"}
+    assert classes - sampled - bases == set()
+
+
+def test_the_surface_check_catches_a_mixed_message() -> None:
+    """The checker is not vacuous: the old words (a CLI command in the library's text,
+    Python in the command line's) are caught."""
+    from ledger import errors as E
+    from ledger.errors import said_at_a_shell
+
+    old = E.CorruptLedger("l.db", "x")
+    Exception.__init__(old, "ledger l.db is damaged: x; run 'steptrail verify' for every finding")
+    assert _COMMANDS.search(str(old))
+    held = E.LeaseHeld("repo", 1, "a", 0)
+    held.cli_message = None
+    assert _PYTHONIC.search(said_at_a_shell(held))
+
+
+def test_raise_sites_outside_errors_py_word_each_surface(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Errors raised with their words at the raise site: a workspace added twice, a
+    path in .git, a head that is not one, a run that cannot be sealed — the library
+    names Python, the command line its commands."""
+    from ledger import InvalidInput, PathForbidden
+    from ledger.store import Head
+
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "ws").mkdir()
+    (tmp_path / "ws2").mkdir()
+    assert run_cli(["init"]).code == 0
+    assert run_cli(["workspace", "add", "w", "ws"]).code == 0
+    with Ledger.open() as led:
+        with pytest.raises(InvalidInput) as twice:
+            led.workspaces.add("w", "ws2")
+        assert "rebind=True" in str(twice.value) and "steptrail" not in str(twice.value)
+        with pytest.raises(PathForbidden) as git:
+            led.workspaces.directory("w").check_path(".git/config")
+        assert "allow_git=True" in str(git.value) and "'steptrail" not in str(git.value)
+    r = run_cli(["workspace", "add", "w", "ws2"])
+    assert r.code == 2 and "--rebind" in r.err and "rebind=True" not in r.err, r
+    with pytest.raises(InvalidInput) as head:
+        Head.parse("nope")
+    assert "ledger.head()" in str(head.value) and "steptrail" not in str(head.value)
+    r = run_cli(["verify", "--expect-head", "nope"])
+    assert r.code == 2 and "'steptrail head'" in r.err and "ledger.head" not in r.err, r
+    r = run_cli(["seal", "run", "never-ran"])
+    assert r.code == 1 and "'steptrail seal list'" in r.err and "seal_events" not in r.err, r

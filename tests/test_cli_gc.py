@@ -413,16 +413,20 @@ def test_new_commands_teach_and_are_documented(name: str) -> None:
     assert f"## `{name} --json`" in docs
 
 
+SCHEDULE = ROOT / "examples" / "schedule"
+
+
 def test_the_scheduling_files_run_gc_with_json_and_explain_the_exit_codes() -> None:
-    service = (ROOT / "tools" / "steptrail-gc.service").read_text()
-    timer = (ROOT / "tools" / "steptrail-gc.timer").read_text()
-    cron = (ROOT / "tools" / "steptrail-gc.cron").read_text()
-    command = "steptrail --ledger /srv/agent/.steptrail/ledger.db gc --grace 24h --max-runtime 10m --json"
+    service = (SCHEDULE / "steptrail-maintenance.service").read_text()
+    timer = (SCHEDULE / "steptrail-maintenance.timer").read_text()
+    cron = (SCHEDULE / "steptrail-maintenance.cron").read_text()
+    command = ("/opt/agent/.venv/bin/steptrail --ledger /srv/agent/.steptrail/ledger.db gc"
+               " --grace 24h --max-runtime 10m --json")
     assert command in service and command in cron
     for key in ("Type=oneshot", "Nice=", "IOSchedulingClass=idle", "ProtectSystem=strict",
                 "ReadWritePaths=/srv/agent/.steptrail", "PrivateTmp=true", "NoNewPrivileges=true"):
         assert key in service, key
-    for key in ("OnCalendar=daily", "RandomizedDelaySec=", "Persistent=true"):
+    for key in ("OnCalendar=", "RandomizedDelaySec=", "Persistent=true"):
         assert key in timer, key
     for text in (service, timer, cron):
         assert "3" in text and "retr" in text and "human" in text
@@ -493,36 +497,39 @@ def _env(tmp: pathlib.Path) -> dict[str, str]:
 
 def test_the_systemd_unit_may_write_the_witness_and_its_command_runs_witnessed(
         tmp_path: pathlib.Path) -> None:
-    service = unit_settings((ROOT / "tools" / "steptrail-gc.service").read_text())
+    service = unit_settings((SCHEDULE / "steptrail-maintenance.service").read_text())
     writable = [p.lstrip("-") for v in service["ReadWritePaths"] for p in v.split()]
     mounts = [p for v in service["RequiresMountsFor"] for p in v.split()]
     assert UNIT_LEDGER_DIR in writable and UNIT_WITNESS_DIR in writable
     assert UNIT_WITNESS_DIR in mounts
     assert service["ProtectSystem"] == ["strict"]  # so ReadWritePaths is all it may write
-    (exec_start,) = service["ExecStart"]
+    audit_start, gc_start = service["ExecStart"]
     path, witness = witnessed_ledger_with_an_orphan(tmp_path)
-    argv = shlex.split(relocate(exec_start, tmp_path))
-    assert argv[0] == "/usr/local/bin/steptrail"
-    argv[0] = "steptrail"
-    done = subprocess.run(argv, env=_env(tmp_path), cwd=tmp_path, capture_output=True, text=True,
-                          timeout=120)
-    assert done.returncode == 0, done
+    for start in (audit_start, gc_start):
+        argv = shlex.split(start)
+        assert argv[0] == "/opt/agent/.venv/bin/steptrail"  # absolute: systemd's PATH
+        done = subprocess.run(shlex.split(relocate(start, tmp_path)), env=_env(tmp_path),
+                              cwd=tmp_path, capture_output=True, text=True, timeout=120)
+        assert done.returncode == 0, done
     check_gc_ran_witnessed(path, witness, done.stdout)
 
 
 def test_the_cron_line_runs_gc_witnessed(tmp_path: pathlib.Path) -> None:
-    text = (ROOT / "tools" / "steptrail-gc.cron").read_text()
-    (line,) = [ln for ln in text.splitlines() if ln.strip() and not ln.startswith(("#", "SHELL",
-                                                                                  "PATH"))]
-    fields = line.split()
-    user, command = fields[5], " ".join(fields[6:])
-    assert user == "agent"
-    assert " /opt/agent/.venv/bin/steptrail " in f" {command} "  # absolute: cron's PATH
+    text = (SCHEDULE / "steptrail-maintenance.cron").read_text()
+    lines = [ln for ln in text.splitlines() if ln.strip() and not ln.startswith(("#", "SHELL",
+                                                                                "PATH"))]
+    assert len(lines) == 2  # the audit, then the gc
     path, witness = witnessed_ledger_with_an_orphan(tmp_path)
-    done = subprocess.run(["/bin/sh", "-c", relocate(command, tmp_path)], env=_env(tmp_path),
-                          cwd=tmp_path, capture_output=True, text=True, timeout=120)
-    assert done.returncode == 0, done
-    log = (path.parent / "gc.log").read_text()
+    for line in lines:
+        fields = line.split()
+        user, command = fields[5], " ".join(fields[6:])
+        assert user == "agent"
+        assert " /opt/agent/.venv/bin/steptrail " in f" {command} "  # absolute: cron's PATH
+        done = subprocess.run(["/bin/sh", "-c", relocate(command, tmp_path)],
+                              env=_env(tmp_path), cwd=tmp_path, capture_output=True, text=True,
+                              timeout=120)
+        assert done.returncode == 0, done
+    log = (path.parent / "maintenance.log").read_text()
     check_gc_ran_witnessed(path, witness, log)
 
 

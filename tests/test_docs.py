@@ -272,13 +272,20 @@ def test_operations_blocks_run_as_printed(name: str, tmp_path: Path) -> None:
 
 def test_the_system_install_commands_name_shipped_files() -> None:
     text = OPERATIONS.read_text()
-    for unit in ("steptrail-gc.service", "steptrail-gc.timer", "steptrail-gc.cron"):
-        assert (ROOT / "tools" / unit).is_file() and f"tools/{unit}" in text
+    for unit in ("steptrail-maintenance.service", "steptrail-maintenance.timer",
+                 "steptrail-maintenance.cron"):
+        assert (ROOT / "examples" / "schedule" / unit).is_file()
+        assert f"examples/schedule/{unit}" in text
     installs = [b for b in blocks(OPERATIONS) if b.lang == "sh" and is_system_install(b)]
     assert len(installs) == 2
     for block in installs:
-        for path in re.findall(r"tools/[\w.-]+", block.code):
+        named = re.findall(r"examples/schedule/[\w.-]+", block.code)
+        assert named
+        for path in named:
             assert (ROOT / path).is_file(), path
+    # one schedule ships: no second set elsewhere
+    assert not list((ROOT / "tools").glob("steptrail-*.service"))
+    assert not list((ROOT / "tools").glob("*.cron"))
 
 
 # --- docs/cli-json.md's demo example ------------------------------------------------------

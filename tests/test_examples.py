@@ -375,7 +375,7 @@ def test_systemd_service_commands_run_as_written(tmp_path: Path, srv: Path) -> N
         assert done.returncode == 0 and not done.stderr, done
     check_logged(log_documents(log_path))
     [paths] = unit_lines("steptrail-maintenance.service", "ReadWritePaths")
-    assert Path(rewrite(paths, srv)) == log_path.parent  # where it writes is writable
+    assert Path(rewrite(paths.split()[0], srv)) == log_path.parent  # it may write the log
 
 
 def test_systemd_units_verify(tmp_path: Path, srv: Path) -> None:

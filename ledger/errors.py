@@ -437,8 +437,8 @@ class OperatorOnly(InvalidInput):
     def __init__(self, key: str, value: object, flag: str) -> None:
         fact = (f"the plan sets {key!r} to {value!r}; a plan may not turn the fence or the"
                 f" journal off. Remove {key!r} from the plan; the operator may choose it")
-        super().__init__(f"{fact} with the {key}= parameter of the call that takes the plan"
-                         " (verify reports such steps)")
+        super().__init__(f"{fact} by passing {key}={value!r} to run_fenced_step or"
+                         " ledger.workspaces.admit (verify reports such steps)")
         self.cli_message = f"{fact} with 'steptrail step plan {flag}' (verify reports such steps)"
         self.key, self.value, self.flag = key, value, flag
 

@@ -126,7 +126,7 @@ def _evidence(exc: BaseException) -> dict[str, object]:
     fields = {
         k: (list(v) if isinstance(v, tuple) else v)
         for k, v in vars(exc).items()
-        if not k.startswith("_")
+        if not k.startswith("_") and k != "cli_message"  # (the command line's words: not a fact)
         and (
             isinstance(v, _SCALARS)
             or (isinstance(v, list | tuple) and all(isinstance(x, _SCALARS) for x in v))

@@ -544,7 +544,7 @@ def test_anchor_refuses_a_damaged_ledger_unless_forced_and_records_the_override(
     world.witness.unlink()
     tamper(world.path, [("UPDATE events SET time_ns = time_ns + 1 WHERE seq = 2", ())])
     before = world.tree()
-    with pytest.raises(AnchorRefused, match="--force"):
+    with pytest.raises(AnchorRefused, match="force=True"):
         Ledger.anchor_witness(world.path)
     r = world.cli("witness", "anchor")
     assert r.code == 1 and "chain" in r.err, r
@@ -563,7 +563,7 @@ def test_anchor_refuses_a_rolled_back_ledger_unless_forced(tmp_path: Path) -> No
     so it takes --force, and the event records what the witness said."""
     world = World(tmp_path)
     rolled_back(world)
-    with pytest.raises(WitnessMismatch, match="--force"):
+    with pytest.raises(WitnessMismatch, match="force=True"):
         Ledger.open(world.path)
     before = world.tree()
     r = world.cli("witness", "anchor")

@@ -285,7 +285,7 @@ def test_a_root_swapped_before_the_plan_is_refused_at_admit(tmp_path: Path, swap
     s = Swap(tmp_path)
     getattr(s, swap)()
     seq = s.led.head().seq
-    with pytest.raises(WorkspaceMoved, match="--rebind"):
+    with pytest.raises(WorkspaceMoved, match="rebind=True"):
         s.plan("evil")
     with pytest.raises(WorkspaceMoved):
         s.led.workspaces.snapshot("w", "conf")
@@ -392,7 +392,7 @@ def test_rebind_is_recorded_and_conflicts_are_refused(tmp_path: Path) -> None:
     b.mkdir()
     led = Ledger.init(tmp_path / "l" / "ledger.db", clock=FakeClock())
     led.workspaces.add("w", str(a))
-    with pytest.raises(InvalidInput, match="--rebind"):
+    with pytest.raises(InvalidInput, match="rebind=True"):
         led.workspaces.add("w", str(b))
     with pytest.raises(InvalidInput, match="never added"):
         led.workspaces.add("x", str(b), rebind=True)
@@ -424,7 +424,7 @@ def test_git_internals_are_refused_by_default(tmp_path: Path, path: str) -> None
     led.workspaces.add("w", str(root))
     epoch = led.workspaces.acquire("w", "a", 3600).epoch
     seq = led.head().seq
-    with pytest.raises(PathForbidden, match="allow-git"):
+    with pytest.raises(PathForbidden, match="allow_git=True"):
         led.workspaces.admit("w", epoch, [StepPlan("evil", [Write(path, b"[core]\nfsmonitor = x\n",
                                                        None)])])
     assert led.head().seq == seq

@@ -10,6 +10,8 @@ from typing import TYPE_CHECKING, Any
 
 import click
 
+from ledger.errors import said_at_a_shell
+
 from ._common import LedgerCommand, _emit_json, _examples, _open, json_option
 from ._format import _iso, _n, _shown
 from ._options import CLI_LEASE_TTL, IN_FLIGHT, workspace_option
@@ -141,7 +143,8 @@ def _workspace_json(cmd: _Commands, ledger: Ledger, row: WsRow, waiting: list[St
     # when the workspace was registered (a copied or moved project)
     moved = ledger.workspaces.ledger_moved(row.name)
     attention = [] if moved is None else [{"type": type(moved).__name__, "case": moved.case,
-                                           "message": str(moved), "next": moved.command}]
+                                           "message": said_at_a_shell(moved),
+                                           "next": moved.command}]
     nxt.extend(a["next"] for a in attention)
     if any(s["what"] == "unsettled" for s in steps) and lease["live"]:
         nxt.append(cmd.lease(row.name, f"settle --epoch {row.epoch}"))

@@ -5,12 +5,14 @@ worked (or still does: xfail)."""
 from __future__ import annotations
 
 import os
+import shutil
 from pathlib import Path
 
 import pytest
 from conftest import run_cli
 
 from ledger import InvalidInput, Ledger, StepPlan
+from ledger.find import ENV_CEILINGS
 
 SECRET = "s3cret"
 
@@ -143,3 +145,57 @@ def test_restore_replace_names_what_is_in_the_way(tmp_path: Path, in_the_way: st
     monkeypatch.chdir(tmp_path / "repo")
     r = run_cli(["restore", "--workspace", "repo", "--to", str(target), "--replace"])
     assert r.code == 2 and "move that entry away" in r.err, r
+
+
+# -- the upward search: a ledger swapped in after the ownership check -------------------
+
+
+def _give_away(root: Path, uid: int) -> None:
+    for path in [root, *root.rglob("*")]:
+        os.lchown(path, uid, -1)
+
+
+@pytest.mark.skipif(os.geteuid() != 0 and not os.environ.get("CI"),
+                    reason="needs root to give a file to another user (CI runs as root)")
+@pytest.mark.xfail(strict=True, reason=(
+    "find_ledger checks the owner of .steptrail and ledger.db by path, then the store"
+    " opens the path again: whoever can rename entries in the directory holding"
+    " .steptrail (another user owning the project's or a shared parent directory) can"
+    " put their ledger there between the check and the open. A fix opens what was"
+    " checked (a directory descriptor, or the identity checked compared with the file"
+    " SQLite opened), or refuses a project directory another user can rename in, as"
+    " git's safe.directory checks the worktree's owner"))
+def test_a_ledger_swapped_in_after_the_ownership_check_is_not_used(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The swap is made deterministic: right after the check returns (the window a
+    process of the other user races for), .steptrail is another user's."""
+    import ledger.find as find
+    from ledger.errors import ForeignLedger
+
+    proj = tmp_path / "proj"
+    (proj / "sub").mkdir(parents=True)
+    Ledger.init(str(proj / ".steptrail" / "ledger.db")).close()
+    theirs = tmp_path / "theirs"
+    theirs.mkdir()
+    with Ledger.init(str(theirs / ".steptrail" / "ledger.db")) as led:
+        (tmp_path / "victim").mkdir()
+        led.workspaces.add("planted", str(tmp_path / "victim"))
+    _give_away(theirs / ".steptrail", 65534)
+    checked = find._check_yours
+
+    def check_then_swap(candidate: str, env: dict[str, str]) -> None:
+        checked(candidate, env)
+        os.rename(proj / ".steptrail", tmp_path / "mine-moved-away")
+        os.rename(theirs / ".steptrail", proj / ".steptrail")
+
+    monkeypatch.setattr(find, "_check_yours", check_then_swap)
+    monkeypatch.chdir(proj / "sub")
+    monkeypatch.delenv("STEPTRAIL_LEDGER", raising=False)
+    monkeypatch.delenv(ENV_CEILINGS, raising=False)
+    try:
+        with pytest.raises(ForeignLedger):
+            with Ledger.open() as led:
+                names = [w.name for w in led.workspaces.list()]
+                assert "planted" not in names  # (the foreign one's registration)
+    finally:
+        shutil.rmtree(proj / ".steptrail", ignore_errors=True)

@@ -68,14 +68,12 @@ def find_ledger(start: str | os.PathLike[str] | None = None, *,
     """The absolute path of the nearest ``DIR/.steptrail/ledger.db`` at or above `start`
     (default: the working directory), or None when there is none before the root, a
     file-system boundary or a ceiling directory (see the module). `ForeignLedger` when
-    the nearest one is another user's."""
+    the nearest one is another user's; InvalidInput when the working directory (no
+    `start`) was removed.""" 
     env = os.environ if environ is None else environ
     across = env.get(ENV_ACROSS, "") not in ("", "0")
     stop = ceilings(env)
-    try:
-        here = os.path.abspath(os.fspath(start) if start is not None else os.getcwd())
-    except OSError:  # the working directory was removed
-        return None
+    here = os.path.abspath(os.fspath(start)) if start is not None else working_directory()
     try:
         dev = os.stat(here).st_dev
     except OSError:
@@ -97,6 +95,26 @@ def find_ledger(start: str | os.PathLike[str] | None = None, *,
         if parent_dev != dev and not across:
             return None
         here = parent
+
+
+def working_directory() -> str:
+    """The working directory; InvalidInput when it was removed (deleted, or moved away
+    under this process): no ledger can be found from it nor made in it, and a retry
+    does not help — run from a directory that exists."""
+    try:
+        return os.getcwd()
+    except OSError as exc:
+        from .errors import InvalidInput
+
+        fact = (f"the working directory is gone ({exc.strerror}: it was removed or moved"
+                " away while this process ran in it); no ledger can be found from it or made"
+                " in it.")
+        err = InvalidInput(f"{fact} os.chdir() to a directory that exists, or open the"
+                           " ledger by its absolute path: Ledger.open('/abs/.steptrail/"
+                           "ledger.db')")
+        err.cli_message = (f"{fact} cd to a directory that exists, or name the ledger:"
+                           " --ledger /abs/.steptrail/ledger.db")
+        raise err from None
 
 
 def yours(environ: os._Environ[str] | dict[str, str] | None = None) -> frozenset[int]:
@@ -157,4 +175,4 @@ def ignore_in_git(directory: str) -> bool:
 
 
 __all__ = ["ENV_ACROSS", "ENV_CEILINGS", "LEDGER_DIR", "LEDGER_FILE", "ceilings",
-           "find_ledger", "ignore_in_git", "yours"]
+           "find_ledger", "ignore_in_git", "working_directory", "yours"]

@@ -159,12 +159,13 @@ def cli(ctx: click.Context, ledger_path: str, workspace: str | None, witness: st
     if default:
         # no --ledger, no STEPTRAIL_LEDGER: the project's ledger, found upward from here
         # as git finds .git (ledger/find.py); none found: ./.steptrail/ledger.db
-        from ledger.errors import ForeignLedger
+        from ledger.errors import LedgerError
         from ledger.find import find_ledger
 
         try:
             found = find_ledger()
-        except ForeignLedger as exc:  # raised when a command needs the ledger, not before
+        except LedgerError as exc:  # ForeignLedger, a removed working directory: raised
+            # when a command needs the ledger, not before
             found, ctx.obj["ledger_foreign"] = None, exc
         ctx.obj["ledger_found"] = found
         if found is not None:

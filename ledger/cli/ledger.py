@@ -41,11 +41,11 @@ def init(ctx: click.Context, parents: bool, nested: bool, as_json: bool) -> None
     """
     from ledger import Ledger, locate
     from ledger.errors import InvalidInput
-    from ledger.find import LEDGER_DIR, LEDGER_FILE
+    from ledger.find import LEDGER_DIR, LEDGER_FILE, working_directory
 
     path = ctx.obj.get("ledger_path")
     if ctx.obj.get("ledger_default"):
-        here = os.path.abspath(os.path.join(LEDGER_DIR, LEDGER_FILE))
+        here = os.path.join(working_directory(), LEDGER_DIR, LEDGER_FILE)  # (gone: refused)
         foreign = ctx.obj.get("ledger_foreign")
         if foreign is not None and not nested:
             raise foreign  # another user's ledger above: --nested makes this one's own

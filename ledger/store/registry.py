@@ -171,13 +171,12 @@ def locate(location: str | os.PathLike[str]) -> Location:
     for module in BACKENDS:
         backend = _backend(module)
         if backend.matches(text):
-            scheme = _SCHEME.match(text) if not getattr(backend, "in_database", True) \
-                else None
-            if scheme is not None:
+            if not getattr(backend, "in_database", True):
                 # `postgresq://bob:pw@host/db` taken by the file store: a URL of no store,
                 # not a file path — never a directory made from it, never its password
-                # shown
-                raise InvalidInput(_unknown_scheme(text, scheme.group(1), schemes))
+                # shown. So is a URL mistyped otherwise (a slash or its colon missing,
+                # a space before it) and a keyword/value string with a mistyped keyword.
+                _refuse_url_like(text, schemes)
             return Location(text, backend)
         schemes.extend(getattr(backend, "schemes", ()))
     raise AssertionError("the last backend takes every location")  # pragma: no cover
@@ -187,9 +186,57 @@ def locate(location: str | os.PathLike[str]) -> Location:
 _SCHEME: Final = re.compile(r"([A-Za-z][A-Za-z0-9+.-]*)://")
 
 
-def _unknown_scheme(text: str, scheme: str, known: list[str]) -> str:
-    masked = re.sub(r"(://[^/@:]*):[^/@]*@", r"\1:***@", text)
-    masked = re.sub(r"(?i)(password=)[^&\s]*", r"\1***", masked)
+#: A scheme mistyped: ``SCHEME:`` with fewer slashes than two, or ``SCHEME//`` (its
+#: colon missing), after any whitespace; a space inside the scheme.
+_SCHEME_LIKE: Final = re.compile(r"\s*([A-Za-z][A-Za-z0-9+. -]*?)\s*(:/*|//)")
+#: ``user@`` or ``user:password@`` right after a scheme: credentials, not a file name.
+_USERINFO: Final = re.compile(r"[^/\s]*@")
+#: A libpq keyword/value string: ``KEY=VALUE`` pairs (two at least, or a password).
+_KEYWORD_PAIRS: Final = re.compile(r"\s*(?:[A-Za-z_]\w*\s*=\s*(?:'[^']*'|\S*)\s+){1,}"
+                                   r"[A-Za-z_]\w*\s*=\s*(?:'[^']*'|\S*)\s*")
+_PASSWORD_PAIR: Final = re.compile(r"(?i)(?:^|\s)\w*pas\w*\s*=")
+
+
+def _refuse_url_like(text: str, known: list[str]) -> None:
+    """InvalidInput when `text`, a location the file store would take, reads as a
+    database URL or keyword/value string gone wrong: its directories would be made
+    from it (``init --parents``) and its password shown as a file's name."""
+    scheme = _SCHEME.match(text)
+    if scheme is not None:
+        raise InvalidInput(_unknown_scheme(text, scheme.group(1), known))
+    like = _SCHEME_LIKE.match(text)
+    if like is not None:
+        name, rest = like.group(1), text[like.end():]
+        near = difflib.get_close_matches(name.lower().replace(" ", ""), known, n=1,
+                                         cutoff=0.8)
+        if (text[:1].isspace() and like.group(2).startswith(":/")) \
+                or _USERINFO.match(rest) or near:
+            raise InvalidInput(_unknown_scheme(text, name.strip(), known, mistyped=True))
+    if _KEYWORD_PAIRS.fullmatch(text) or _PASSWORD_PAIR.search(text):
+        raise InvalidInput(
+            f"{_masked(text)[:200]}: reads as a PostgreSQL keyword/value string, but its first"
+            " keyword is not one libpq knows (host, port, dbname, user, password, ...); fix"
+            " the keyword, or give a file path; nothing was written")
+
+
+def _masked(text: str) -> str:
+    """`text` with whatever may be a password hidden: between a scheme and ``@``, and
+    the value of every keyword that is not plainly harmless."""
+    masked = re.sub(r"([^/\s:@]*):[^/\s@]*@", r"\1:***@", text)
+    return re.sub(r"(?i)\b(\w*pas\w*|\w*secret\w*|\w*key\w*)(\s*=\s*)('[^']*'?|[^&\s]*)",
+                  r"\1\2***", masked)
+
+
+def _unknown_scheme(text: str, scheme: str, known: list[str], *,
+                    mistyped: bool = False) -> str:
+    masked = _masked(text)
+    if mistyped:
+        near = difflib.get_close_matches(scheme.lower().replace(" ", ""), known, n=1,
+                                         cutoff=0.6)
+        hint = f"did you mean {near[0]}://? " if near else ""
+        return (f"{masked[:200]}: reads as a mistyped URL ({hint}a database URL is"
+                f" {' / '.join(k + '://USER@HOST/DB' for k in known[:1])}, with no space"
+                " before it; a file path that looks like one is refused); nothing was written")
     near = difflib.get_close_matches(scheme.lower(), known, n=1)
     hint = f"did you mean {near[0]}://? " if near else ""
     return (f"{masked[:200]}: {scheme}:// is not a store steptrail knows ({hint}a ledger is a"

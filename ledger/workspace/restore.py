@@ -30,7 +30,7 @@ from typing import Any, Protocol
 
 import msgspec
 
-from ..errors import InvalidInput, LeaseHeld, LedgerError
+from ..errors import InvalidInput, LeaseHeld, LedgerError, PathEscapes
 from ..events import (
     Compensated,
     Fenced,
@@ -275,13 +275,21 @@ def restore(workspaces: RestoreSource, workspace: str, to: str | os.PathLike[str
         if digest is None:
             absent += 1
             continue
-        # copied piece by piece, checked again
-        if replace and out.hash(path) == digest:
-            written += 1  # already these bytes: nothing to move
-            size += sizes[digest]
-            continue
-        out.put(path, core.blob_chunks(digest), mode=fold.mode(workspace, path),
-                replace=replace)
+        try:
+            # copied piece by piece, checked again
+            if replace and out.hash(path) == digest:
+                written += 1  # already these bytes: nothing to move
+                size += sizes[digest]
+                continue
+            out.put(path, core.blob_chunks(digest), mode=fold.mode(workspace, path),
+                    replace=replace)
+        except PathEscapes as exc:
+            # the path is the ledger's, not the caller's to change: what is in the target's
+            # way (a symlink, a file where a directory goes) is what to move
+            raise InvalidInput(
+                f"restore target {to}: {path} cannot be written there ({exc.why}); nothing"
+                " is written through a symlink or over a directory: move that entry away,"
+                " then run again (what was restored so far stays)") from None
         written += 1
         size += sizes[digest]
     for path, digest in content.items():  # read back: what is on disk is what was committed

@@ -217,13 +217,22 @@ def _masked_url(url: str) -> str:
     head, tail = (f"{MASK}@", rest[at + 1:]) if at >= 0 else ("", rest)
     tail = re.sub(r"([?&])([^=&]*)=([^&]*)",
                   lambda m: f"{m.group(1)}{m.group(2)}={MASK}"
-                  if unquote(m.group(2)).lower() in SECRET_KEYWORDS else m.group(0), tail)
+                  if unquote(m.group(2)).lower() in SECRET_KEYWORDS
+                  or unquote(m.group(2)).lower() not in KEYWORDS else m.group(0), tail)
     return f"{scheme}://{head}{tail}"
 
 
+#: Any keyword/value pair: a keyword libpq does not know may be a secret's, mistyped
+#: (``pasword=...``): its value is hidden as a secret's is.
+_ANY_PAIR = re.compile(r"\b([A-Za-z_]\w*)(\s*=\s*)('(?:[^'\\]|\\.)*'?|\S*)")
+
+
 def _masked_keywords(text: str) -> str:
-    """A keyword/value string with the value of every secret keyword hidden."""
-    return _SECRET_PAIR.sub(lambda m: f"{m.group(1)}{m.group(2)}{MASK}", text)
+    """A keyword/value string with the value of every secret keyword hidden, and of
+    every keyword libpq does not know (a secret's, mistyped)."""
+    text = _SECRET_PAIR.sub(lambda m: f"{m.group(1)}{m.group(2)}{MASK}", text)
+    return _ANY_PAIR.sub(lambda m: m.group(0) if m.group(1).lower() in KEYWORDS
+                         else f"{m.group(1)}{m.group(2)}{MASK}", text)
 
 
 def _unquoted(value: str) -> str:

@@ -58,6 +58,7 @@ if TYPE_CHECKING:  # the one list of public names; at run time each is imported 
         LedgerMoved as LedgerMoved,
         LedgerError as LedgerError,
         LedgerNotFound as LedgerNotFound,
+        ForeignLedger as ForeignLedger,
         LedgerTooNew as LedgerTooNew,
         ManifestConflict as ManifestConflict,
         NotALedger as NotALedger,

@@ -152,8 +152,8 @@ def cli(ctx: click.Context, ledger_path: str, workspace: str | None, witness: st
     2 usage or bad input (incl. a file that is not a ledger), 3 environment failure,
     130 interrupted (Ctrl-C: what was committed is kept, nothing half done).
     """
-    if ctx.obj is None:
-        ctx.obj = _Settings()
+    if not isinstance(ctx.obj, _Settings):  # (an embedding caller's hooks carried over)
+        ctx.obj = _Settings(ctx.obj or {})
     default = ctx.get_parameter_source("ledger_path") is click.core.ParameterSource.DEFAULT
     ctx.obj["ledger_default"] = default
     if default:

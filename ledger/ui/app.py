@@ -7,6 +7,8 @@ the pool for the request and gives it back.
 
 from __future__ import annotations
 
+import asyncio
+import collections
 import contextlib
 import hmac
 import html
@@ -23,9 +25,12 @@ from markupsafe import Markup
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
+from starlette.concurrency import run_in_threadpool
 from starlette.routing import Route
 
 from ledger.errors import InvalidInput, LedgerError, UnknownStep, UnknownWorkspace
+
+from ledger import diffs
 
 from . import model, text
 
@@ -46,6 +51,21 @@ DIFFS_PER_PAGE: Final = 40
 #: Writes, artifacts, undos and restores listed per event or manifest on a step page
 #: (an event may hold 10,000): the rest are counted, each path's history has them.
 WRITES_PER_EVENT: Final = 2 * DIFFS_PER_PAGE
+#: The time one page may spend on diffs (a step of 40 rewritten 20,000-line files):
+#: past it, the page's remaining diffs are links to their own page (`/diff`).
+PAGE_DIFF_BUDGET_S: Final = 0.75
+#: The time the one-diff page may spend (its diff then says what it did not compare).
+DIFF_PAGE_BUDGET_S: Final = 3.0
+#: Pages that read blobs and diff (step, history, diff, file, tree) rendered at once;
+#: more wait their turn in the event loop, holding no worker thread, so the live poll
+#: and the light pages are always answered.
+HEAVY_AT_ONCE: Final = 2
+#: Complete diffs kept, by (before, after, path): a page reloaded by the live view, or
+#: visited again, costs nothing the second time.
+DIFF_CACHE: Final = 256
+#: Lines and characters of a file shown per page of the file view.
+FILE_PAGE_LINES: Final = 2000
+FILE_PAGE_CHARS: Final = 256 * 1024
 #: The header that asks for a page's main fragment (the live update).
 FRAGMENT_HEADER: Final = "x-steptrail-fragment"
 CSP: Final = ("default-src 'self'; script-src 'self'; style-src 'self'; img-src 'self' data:;"
@@ -247,17 +267,21 @@ class UI:
     """One served ledger: its pool, background jobs, templates and routes."""
 
     def __init__(self, location: str, *, token: str, port: int, prefix: str,
-                 verify: bool = True, shown: str | None = None) -> None:
+                 verify: bool = True, shown: str | None = None, immutable: bool = False) -> None:
         self.location = location
         self.shown = shown or location
         self.token, self.port, self.prefix = token, port, prefix
-        self.pool = model.Pool(location)
+        self.pool = model.Pool(location, immutable=immutable)
         self.jobs = model.Jobs(self.pool, verify=verify)
         self.holders = model.Holders()
         self.env = make_env()
         self.env.globals["url"] = self.url
         self.static = {name: (HERE / "static" / name).read_bytes()
                        for name in ("ui.js", "ui.css")}
+        self._diffs: collections.OrderedDict[tuple[Any, ...], text.Diff] = \
+            collections.OrderedDict()
+        self._diffs_lock = __import__("threading").Lock()
+        self._heavy: asyncio.Semaphore | None = None
         with self.pool.ledger() as led:
             self.ledger_id = led.ledger_id
             head = led.head().seq
@@ -289,8 +313,11 @@ class UI:
             ("/", self.overview), ("/events", self.events), ("/step", self.step),
             ("/run", self.run), ("/workspace", self.workspace), ("/history", self.history),
             ("/tree", self.tree), ("/file", self.file), ("/stats", self.stats),
+            ("/diff", self.diff_page),
         ]
-        out = [Route(p, self._page(f), methods=["GET", "HEAD"]) for p, f in pages]
+        heavy = {"/step", "/history", "/tree", "/file", "/diff"}
+        out = [Route(p, self._page(f, heavy=p in heavy), methods=["GET", "HEAD"])
+               for p, f in pages]
         out += [Route("/download", self.download, methods=["GET", "HEAD"]),
                 Route("/api/head", self.api_head, methods=["GET", "HEAD"]),
                 Route("/static/{name}", self.static_file, methods=["GET", "HEAD"]),
@@ -298,7 +325,23 @@ class UI:
                       methods=["GET", "HEAD"])]
         return out
 
-    def _page(self, handler: Callable[[Request, Ledger], Response]) -> Callable[[Request], Response]:
+    def _page(self, handler: Callable[[Request, Ledger], Response], *,
+              heavy: bool = False) -> Callable[[Request], Any]:
+        sync = self._sync_page(handler)
+
+        async def endpoint(request: Request) -> Response:
+            if not heavy:
+                return await run_in_threadpool(sync, request)
+            if self._heavy is None:  # (made in the server's loop)
+                self._heavy = asyncio.Semaphore(HEAVY_AT_ONCE)
+            async with self._heavy:
+                if await request.is_disconnected():  # gave up while waiting its turn
+                    return Response(status_code=204)
+                return await run_in_threadpool(sync, request)
+        return endpoint
+
+    def _sync_page(self, handler: Callable[[Request, Ledger], Response]
+                   ) -> Callable[[Request], Response]:
         def endpoint(request: Request) -> Response:
             try:
                 with self.pool.ledger() as led:
@@ -373,7 +416,8 @@ class UI:
         events = events[:STEP_EVENTS_PAGE]
         planned: dict[int, Any] = {}
         budget = [DIFFS_PER_PAGE]
-        items = [self._event_item(led, r, planned, budget) for r in events]
+        deadline = time.monotonic() + PAGE_DIFF_BUDGET_S
+        items = [self._event_item(led, r, planned, budget, deadline) for r in events]
         manifest = led.manifest(step_id) if row.manifest_rev >= 0 else None
         if manifest is None and row.manifest_rev >= 0:
             manifest = led.manifest(step_id, row.manifest_rev)
@@ -404,8 +448,48 @@ class UI:
                    "holder": self.holders.get(led, row.workspace, ws.epoch) if ws.epoch else None}
         return [seen[a] for a in sorted(seen)], current
 
+    def diff_of(self, led: Ledger, pre: str | None, post: str | None, path: str,
+                deadline: float) -> tuple[text.Diff, int | None, int | None]:
+        """The diff of two blobs (None: absent) as pages show it, bounded by `deadline`
+        (past it: ``deferred``, its own page linked), a complete one kept in a small
+        cache by (pre, post, path); and the two sizes."""
+        key = (pre, post, path)
+        with self._diffs_lock:
+            hit = self._diffs.get(key)
+            if hit is not None:
+                self._diffs.move_to_end(key)
+                return hit[0], hit[1], hit[2]
+        if time.monotonic() >= deadline:
+            return text.Diff("deferred", note="this page's time for diffs was spent"), None, None
+        a, b = model.read_content(led, pre), model.read_content(led, post)
+        missing = [f"{label} {c.why}" for label, c in (("before:", a), ("after:", b))
+                   if c.digest is not None and c.data is None]
+        if missing:
+            return text.Diff("unavailable", note="; ".join(missing)), a.size, b.size
+        d = text.diff(a.data, b.data, path, deadline=deadline)
+        if d.complete:
+            with self._diffs_lock:
+                self._diffs[key] = (d, a.size, b.size)
+                while len(self._diffs) > DIFF_CACHE:
+                    self._diffs.popitem(last=False)
+        return d, a.size, b.size
+
+    def diff_page(self, request: Request, led: Ledger) -> Response:
+        """One write's diff on a page of its own (a step page's diff it had no time
+        for), with a budget of its own."""
+        path = request.query_params.get("path", "")
+        pre, post = _digest_or_absent(request, "pre"), _digest_or_absent(request, "post")
+        if pre is None and post is None:
+            raise BadRequest("?pre= and ?post= cannot both be absent")
+        d, pre_size, post_size = self.diff_of(led, pre, post, path or "file",
+                                              time.monotonic() + DIFF_PAGE_BUDGET_S)
+        return self.render(request, "diff.html", led, path=path, pre=pre, post=post,
+                           d={"diff": d, "pre": pre, "post": post, "pre_size": pre_size,
+                              "post_size": post_size, "path": path},
+                           step=request.query_params.get("step", ""))
+
     def _event_item(self, led: Ledger, r: Any, planned: dict[int, Any],
-                    budget: list[int]) -> dict[str, Any]:
+                    budget: list[int], deadline: float) -> dict[str, Any]:
         ev = r.event
         item: dict[str, Any] = {"r": r, "ev": ev, "kind": r.kind, "diffs": [], "blobs": [],
                                 "more": 0}
@@ -420,14 +504,9 @@ class UI:
                                       " writes): see the path's history")
                 return d
             budget[0] -= 1
-            a, b = model.read_content(led, pre), model.read_content(led, post)
-            d["pre_size"], d["post_size"] = a.size, b.size
-            missing = [f"{label} {c.why}" for label, c in (("before:", a), ("after:", b))
-                       if c.digest is not None and c.data is None]
-            if missing:
-                d["diff"] = text.Diff("unavailable", note="; ".join(missing))
-            else:
-                d["diff"] = text.diff(a.data, b.data, path)
+            d["diff"], d["pre_size"], d["post_size"] = self.diff_of(led, pre, post, path,
+                                                                    deadline)
+            d["step"] = getattr(ev, "step", "")
             return d
 
         if r.kind == "planned":
@@ -541,22 +620,14 @@ class UI:
                                    before=before, want=PAGE // 2, workspace=ws)
         entries = []
         budget = [DIFFS_PER_PAGE]
+        deadline = time.monotonic() + PAGE_DIFF_BUDGET_S
         for r, w in scan.items:
-            entry: dict[str, Any] = {"r": r, "ev": r.event, "w": w, "kind": r.kind}
-            if budget[0] > 0:
+            entry: dict[str, Any] = {"r": r, "ev": r.event, "w": w, "kind": r.kind,
+                                     "diff": None}
+            if budget[0] > 0 and r.kind != "compensated":
                 budget[0] -= 1
-                if r.kind == "compensated":
-                    pre, post = None, w.digest
-                    entry["diff"] = None
-                else:
-                    pre, post = w.pre_hash, w.post_hash
-                a, b = model.read_content(led, pre), model.read_content(led, post)
-                missing = [c.why for c in (a, b) if c.digest is not None and c.data is None]
-                entry["diff"] = (None if r.kind == "compensated" else
-                                 text.Diff("unavailable", note="; ".join(missing)) if missing
-                                 else text.diff(a.data, b.data, path))
-            else:
-                entry["diff"] = None
+                entry["diff"], _, _ = self.diff_of(led, w.pre_hash, w.post_hash, path,
+                                                   deadline)
             entries.append(entry)
         return self.render(request, "history.html", led, ws=ws, path=path, entries=entries,
                            scan=scan, before=before)
@@ -599,11 +670,32 @@ class UI:
         if content.data is None and content.why.startswith("not in the ledger"):
             raise NotFound(f"blob {digest} is {content.why}")
         binary = content.data is not None and text.is_binary(content.data)
-        lines = text.text_lines(content.data) if content.data is not None and not binary else []
-        if lines and lines[-1] == "":
-            lines.pop()
+        start = _int(request, "line", 1, lo=1)
+        lines: list[str] = []
+        total = 0
+        next_line = None
+        if content.data is not None and not binary:
+            # one page: FILE_PAGE_LINES lines or FILE_PAGE_CHARS characters from `start`
+            # (a 2 MB file of a million lines was 32 MB of HTML), each line cut long
+            every = content.data.split(b"\n")
+            if every and every[-1] == b"":
+                every.pop()
+            total = len(every)
+            if start > max(total, 1):
+                raise BadRequest(f"?line= is past the file's end (it has {total:,} lines)")
+            chars = 0
+            for raw in every[start - 1:start - 1 + FILE_PAGE_LINES]:
+                line = diffs.cut_line(text.visible(text.decode(raw)))
+                chars += len(line) + 1
+                lines.append(line)
+                if chars >= FILE_PAGE_CHARS:
+                    break
+            if start - 1 + len(lines) < total:
+                next_line = start + len(lines)
         return self.render(request, "file.html", led, digest=digest, name=name,
-                           content=content, binary=binary, lines=lines,
+                           content=content, binary=binary, lines=lines, first=start,
+                           total=total, next_line=next_line,
+                           prev_line=max(1, start - FILE_PAGE_LINES) if start > 1 else None,
                            ws=request.query_params.get("ws"),
                            seq=request.query_params.get("seq"))
 
@@ -665,7 +757,9 @@ class UI:
             "content-security-policy": "default-src 'none'; sandbox",
         })
 
-    def api_head(self, request: Request) -> Response:
+    async def api_head(self, request: Request) -> Response:
+        # answered in the event loop, never queued behind pages for a worker thread:
+        # reading the head is one indexed row
         with self.pool.ledger() as led:
             head = led.head()
         self.jobs.refresh(head.seq)
@@ -717,6 +811,17 @@ def _digest(request: Request) -> str:
     return digest
 
 
+def _digest_or_absent(request: Request, name: str) -> str | None:
+    """?name= as a blob digest, or None for ``absent`` (a file created or deleted)."""
+    value = request.query_params.get(name, "absent")
+    if value == "absent":
+        return None
+    if len(value) != 64 or any(c not in "0123456789abcdef" for c in value):
+        raise BadRequest(f"?{name}= takes a sha256 digest (64 lowercase hex characters) or"
+                         " 'absent'")
+    return value
+
+
 def _step_id_ok(value: str) -> bool:
     from ledger.events import check_step_id
 
@@ -728,13 +833,15 @@ def _step_id_ok(value: str) -> bool:
 
 
 def create_app(location: str, *, token: str, port: int, verify: bool = True,
-               shown: str | None = None, prefix: str | None = None) -> Guard:
+               shown: str | None = None, prefix: str | None = None,
+               immutable: bool = False) -> Guard:
     """The ASGI app serving the ledger at `location` read-only, answering only to
     ``127.0.0.1:port`` / ``localhost:port`` with `token`, its pages under a secret path
     prefix (`prefix`, or a fresh one: the app's ``.prefix``; see `Guard`). Verify
     starts in a child process unless `verify` is False."""
     prefix = prefix or new_prefix()
-    ui = UI(location, token=token, port=port, prefix=prefix, verify=verify, shown=shown)
+    ui = UI(location, token=token, port=port, prefix=prefix, verify=verify, shown=shown,
+            immutable=immutable)
     @contextlib.asynccontextmanager
     async def lifespan(_app: Starlette) -> AsyncIterator[None]:
         yield

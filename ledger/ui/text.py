@@ -11,11 +11,13 @@ acting on the page.
 from __future__ import annotations
 
 import datetime as dt
-import difflib
 import re
 import unicodedata
 from collections.abc import Sequence
 from typing import Final, NamedTuple
+
+from ledger import diffs
+from ledger.diffs import DiffLine
 
 #: Diffs are cut to this many lines; files larger than this are not diffed.
 DIFF_LINES_MAX: Final = 600
@@ -89,15 +91,13 @@ def text_lines(data: bytes) -> list[str]:
     return [visible(line) for line in decode(data).split("\n")]
 
 
-class DiffLine(NamedTuple):
-    kind: str  # "add", "del", "ctx", "hunk", "meta"
-    text: str
-
-
 class Diff(NamedTuple):
     """What a write changed, as the step page shows it. `kind`: ``text`` (lines),
-    ``binary`` (sizes and hashes only), ``same``, ``too-large`` or ``unavailable`` (a
-    version's bytes are not in the ledger: `note` says which)."""
+    ``binary`` (sizes and hashes only), ``same``, ``too-large``, ``unavailable`` (a
+    version's bytes are not in the ledger: `note` says which) or ``deferred`` (this
+    page's diff budget was spent: the diff has a page of its own). `complete`: every
+    line was compared (a diff cut for its size or time says what it left out in its
+    last line, kind ``note``)."""
 
     kind: str
     lines: tuple[DiffLine, ...] = ()
@@ -105,10 +105,14 @@ class Diff(NamedTuple):
     added: int = 0
     removed: int = 0
     cut: int = 0
+    complete: bool = True
 
 
-def diff(before: bytes | None, after: bytes | None, path: str) -> Diff:
-    """The diff of two versions of `path` (None: absent)."""
+def diff(before: bytes | None, after: bytes | None, path: str, *,
+         deadline: float | None = None) -> Diff:
+    """The diff of two versions of `path` (None: absent), bounded as `ledger.diffs`'
+    (a window at a time, at most DIFF_LINES_MAX lines, stopping at `deadline`, a
+    `time.monotonic()` value): the worst case costs tens of milliseconds, not minutes."""
     if before == after:
         return Diff("same")
     if len(before or b"") > TEXT_MAX or len(after or b"") > TEXT_MAX:
@@ -117,25 +121,13 @@ def diff(before: bytes | None, after: bytes | None, path: str) -> Diff:
         return Diff("binary")
     a = [] if before is None else _split(before)
     b = [] if after is None else _split(after)
-    out: list[DiffLine] = []
-    added = removed = 0
-    for line in difflib.unified_diff(a, b, fromfile=f"a/{path}" if before is not None
-                                     else "/dev/null", tofile=f"b/{path}" if after is not None
-                                     else "/dev/null", lineterm="", n=3):
-        if line.startswith(("---", "+++")):
-            out.append(DiffLine("meta", visible(line)))
-        elif line.startswith("@@"):
-            out.append(DiffLine("hunk", visible(line)))
-        elif line.startswith("+"):
-            added += 1
-            out.append(DiffLine("add", visible(line)))
-        elif line.startswith("-"):
-            removed += 1
-            out.append(DiffLine("del", visible(line)))
-        else:
-            out.append(DiffLine("ctx", visible(line)))
-    cut = max(0, len(out) - DIFF_LINES_MAX)
-    return Diff("text", tuple(out[:DIFF_LINES_MAX]), added=added, removed=removed, cut=cut)
+    lines, added, removed, found = diffs.diff_lines(
+        a, b, before_name=f"a/{path}" if before is not None else "/dev/null",
+        after_name=f"b/{path}" if after is not None else "/dev/null",
+        max_lines=DIFF_LINES_MAX, deadline=deadline)
+    shown = tuple(DiffLine(x.kind, visible(x.text)) for x in lines)
+    return Diff("text", shown, added=added, removed=removed,
+                complete=not found.stopped and not any(x.kind == "note" for x in lines))
 
 
 def _split(data: bytes) -> list[str]:

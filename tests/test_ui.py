@@ -593,3 +593,89 @@ with TestClient(app, base_url="http://127.0.0.1:8124" + app.prefix + "/") as c:
                           capture_output=True, timeout=120, check=False)
     assert done.returncode == 0, done.stderr
     assert done.stdout.split() == ["done", "done"], (done.stdout, done.stderr[-2000:])
+
+
+def test_a_port_whose_server_just_stopped_serves_again_at_once() -> None:
+    """Its connections left in TIME_WAIT: `steptrail ui` on the same port right after
+    stopping it said "address already in use" for a minute. A port another process
+    listens on is still refused."""
+    import socket
+
+    from ledger.errors import EnvironmentFailure
+    from ledger.ui import bind
+
+    listener = bind(0)
+    port = listener.getsockname()[1]
+    client = socket.create_connection(("127.0.0.1", port))
+    served, _ = listener.accept()
+    served.close()  # the server closes first: its side waits in TIME_WAIT
+    client.close()
+    listener.close()
+    again = bind(port)
+    try:
+        with pytest.raises(EnvironmentFailure, match="--port"):
+            bind(port)  # one is listening there now
+    finally:
+        again.close()
+
+
+def test_the_live_answers_are_signed_with_a_key_only_page_bodies_carry(corpus: Path) -> None:
+    """The poll and the fragment answer a nonce with HMAC-SHA256(key, nonce, "\\n",
+    body); the key is in a full page's body only — never in a fragment, a poll answer
+    or a header — so a process that sees the tab's requests cannot forge an answer."""
+    import hmac as hmac_mod
+
+    with _client(corpus) as c:
+        c.get(f"/?token={TOKEN}")
+        page = c.get("/").text
+        key = re.search(r'data-live-key="([0-9a-f]{64})"', page)
+        assert key, "the page carries the live key"
+        raw = bytes.fromhex(key.group(1))
+        poll = c.get("/api/head?nonce=00ff")
+        mac = hmac_mod.new(raw, b"00ff\n" + poll.content, "sha256").hexdigest()
+        assert poll.headers["x-steptrail-mac"] == mac
+        frag = c.get("/", headers={"x-steptrail-fragment": "1", "x-steptrail-nonce": "abcd"})
+        mac = hmac_mod.new(raw, b"abcd\n" + frag.content, "sha256").hexdigest()
+        assert frag.headers["x-steptrail-mac"] == mac
+        for answer in (poll, frag):
+            assert key.group(1) not in answer.text
+            assert key.group(1) not in str(dict(answer.headers))
+        # no nonce, or not one: no MAC (the tab then rejects the answer)
+        assert "x-steptrail-mac" not in c.get("/api/head").headers
+        assert "x-steptrail-mac" not in c.get("/api/head?nonce=<x>").headers
+
+
+def test_a_download_name_keeps_no_format_characters(corpus: Path) -> None:
+    """A right-to-left override in an artifact's name ("report\\u202etxt.exe" shows as
+    "reportexe.txt") reached the saved file's name through filename*."""
+    digest = hashlib.sha256(b"one\n2\n").hexdigest()  # plain-1's write, in the corpus
+    with _client(corpus) as c:
+        c.get(f"/?token={TOKEN}")
+        r = c.get(url("/download", digest=digest, name="dir/report\u202etxt.exe\u200b"))
+        assert r.status_code == 200
+        disposition = r.headers.get("content-disposition", "")
+        assert "%E2%80%AE" not in disposition.upper() and "\u202e" not in disposition
+        assert "%E2%80%8B" not in disposition.upper()
+        assert "report_txt.exe_" in disposition
+
+
+def test_an_id_outside_ascii_is_flagged(tmp_path: Path) -> None:
+    """A Cyrillic "ѕ1" beside "s1" looks identical: the one outside ASCII is marked."""
+    from ledger import run_fenced_step
+
+    ws = tmp_path / "w"
+    ws.mkdir()
+    path = tmp_path / ".steptrail" / "ledger.db"
+    with Ledger.init(str(path)) as led:
+        led.workspaces.add("w", str(ws))
+        epoch = led.workspaces.acquire("w", holder="h", ttl_s=3600).epoch
+        for step in ("s1", "\u04551"):
+            run_fenced_step(led, "w", step, lambda r, s=step: [r.read(f"{s}.txt").write(b"x")],
+                            epoch=epoch).raise_for_status()
+    with _client(path) as c:
+        c.get(f"/?token={TOKEN}")
+        page = c.get(url("/workspace", name="w")).text
+        marks = page.count('class="nonascii"')
+        assert marks == 1, marks
+        assert 'class="nonascii"' in c.get(url("/step", id="\u04551")).text
+        assert 'class="nonascii"' not in c.get(url("/step", id="s1")).text

@@ -59,6 +59,9 @@ def bind(port: int, host: str = LOOPBACK) -> socket.socket:
     the port is taken."""
     check_host(host)
     sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    # a port whose last server just stopped (its connections in TIME_WAIT) is free to
+    # serve again at once; one another process listens on is still refused
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     try:
         sock.bind((host, port))
     except OSError as exc:

@@ -12,6 +12,7 @@ import collections
 import contextlib
 import hmac
 import html
+import json
 import secrets
 import sys
 import time
@@ -24,7 +25,7 @@ from jinja2 import Environment, FileSystemLoader, StrictUndefined
 from markupsafe import Markup
 from starlette.applications import Starlette
 from starlette.requests import Request
-from starlette.responses import JSONResponse, Response, StreamingResponse
+from starlette.responses import Response, StreamingResponse
 from starlette.concurrency import run_in_threadpool
 from starlette.routing import Route
 
@@ -68,6 +69,12 @@ FILE_PAGE_LINES: Final = 2000
 FILE_PAGE_CHARS: Final = 256 * 1024
 #: The header that asks for a page's main fragment (the live update).
 FRAGMENT_HEADER: Final = "x-steptrail-fragment"
+#: The live view's fresh nonce (a header on a fragment request, ``?nonce=`` on a poll)
+#: and the answer's MAC over it: HMAC-SHA256(live key, nonce + "\n" + body). The key is
+#: drawn at each start and delivered only inside a full page's body, which a process
+#: that takes the port later never sees: it cannot produce an answer a tab accepts.
+NONCE_HEADER: Final = "x-steptrail-nonce"
+MAC_HEADER: Final = "x-steptrail-mac"
 CSP: Final = ("default-src 'self'; script-src 'self'; style-src 'self'; img-src 'self' data:;"
               " frame-ancestors 'none'; base-uri 'none'; form-action 'self'")
 SECURITY_HEADERS: Final = (
@@ -130,6 +137,10 @@ class Guard:
             raise ValueError(f"a prefix is '/' and URL-safe characters, not {prefix!r}")
         self.app, self.token, self.port, self.prefix = app, token, port, prefix
         self.session = secrets.token_urlsafe(32)
+        #: The token opens one session, once: spent by the first navigation that shows
+        #: it (never by a prefetch or a HEAD), so the browser's history keeps nothing
+        #: that opens the ledger.
+        self.spent = False
         self.hosts = {f"127.0.0.1:{port}".encode(), f"localhost:{port}".encode()}
         self.cookie = cookie_name(port)
 
@@ -169,6 +180,20 @@ class Guard:
                 return
             kept = urlencode([(k, v) for k, v in params if k != "token"], quote_via=quote)
             where = self._where(rest, kept)
+            if scope["method"] == "HEAD" or _is_prefetch(headers):
+                # a browser's speculative load must not spend the one use
+                await _plain(secured, 503, "not opened by a prefetch: open the URL itself")
+                return
+            if self.spent:
+                # Spent: no new session. Into the pages, where this browser's session
+                # cookie (if it has one: a second tab) still lets it in; another
+                # browser is told why it is refused (`_NO_SESSION`).
+                await secured({"type": "http.response.start", "status": 303, "headers": [
+                    (b"location", where.encode("ascii")),
+                    (b"content-type", b"text/plain; charset=utf-8")]})
+                await secured({"type": "http.response.body", "body": b"see the page\n"})
+                return
+            self.spent = True
             cookie = (f"{self.cookie}={self.session}; Path={self.prefix}; HttpOnly;"
                       " SameSite=Strict").encode()
             if (headers.get(b"sec-fetch-site") == b"cross-site"
@@ -185,8 +210,9 @@ class Guard:
             return
         if not inside or not self._is_session(
                 _cookie(headers.get(b"cookie", b""), self.cookie)):
-            await _plain(secured, 403, "forbidden: open the URL 'steptrail ui' printed"
-                         " (it carries the token)")
+            await _plain(secured, 403, _NO_SESSION if self.spent else
+                         "forbidden: open the URL 'steptrail ui' printed (it carries the"
+                         " token)")
             return
         if rest == "":
             await secured({"type": "http.response.start", "status": 303, "headers": [
@@ -217,6 +243,24 @@ class Guard:
             return False
         return hmac.compare_digest(value.encode("utf-8", "surrogateescape"),
                                    self.session.encode())
+
+
+#: What a browser without the session is told once the token was spent.
+_NO_SESSION: Final = (
+    "forbidden: this browser has no session. The URL 'steptrail ui' printed opens one"
+    " browser session, once (its token is then void, so history holds nothing that opens"
+    " the ledger); more tabs of that browser work, another browser does not. To open it"
+    " elsewhere, stop steptrail ui and start it again for a new URL.")
+
+
+def _is_prefetch(headers: dict[bytes, bytes]) -> bool:
+    """A request the browser makes speculatively (prefetch, prerender, preview), not
+    the person's navigation."""
+    for name in (b"sec-purpose", b"purpose", b"x-purpose", b"x-moz"):
+        value = headers.get(name, b"").lower()
+        if b"prefetch" in value or b"prerender" in value or b"preview" in value:
+            return True
+    return False
 
 
 def _cookie(header: bytes, name: str) -> str | None:
@@ -271,6 +315,7 @@ class UI:
         self.location = location
         self.shown = shown or location
         self.token, self.port, self.prefix = token, port, prefix
+        self.live_key = secrets.token_bytes(32)
         self.pool = model.Pool(location, immutable=immutable)
         self.jobs = model.Jobs(self.pool, verify=verify)
         self.holders = model.Holders()
@@ -303,10 +348,22 @@ class UI:
         page = self.env.get_template(template).render(
             layout="fragment.html" if fragment else "base.html", head=head,
             head_hash=head.hash.hex(), shown=self.shown, ledger_id=self.ledger_id,
-            verify=v, stats_job=s, now_ns=time.time_ns(), **ctx)
-        return Response(page, status_code=status, media_type="text/html; charset=utf-8",
-                        headers={"x-steptrail-head": str(head.seq),
-                                 "x-steptrail-verify": v.state})
+            verify=v, stats_job=s, now_ns=time.time_ns(), live_key=self.live_key.hex(),
+            **ctx)
+        body = page.encode("utf-8")
+        headers = {"x-steptrail-head": str(head.seq), "x-steptrail-verify": v.state}
+        if fragment:
+            headers.update(self.signed(request.headers.get(NONCE_HEADER), body))
+        return Response(body, status_code=status, media_type="text/html; charset=utf-8",
+                        headers=headers)
+
+    def signed(self, nonce: str | None, body: bytes) -> dict[str, str]:
+        """The MAC header for an answer to the live view's `nonce` (none, or not one:
+        no header, and the tab rejects the answer)."""
+        if not nonce or len(nonce) > 128 or not all(c in "0123456789abcdef" for c in nonce):
+            return {}
+        mac = hmac.new(self.live_key, nonce.encode() + b"\n" + body, "sha256").hexdigest()
+        return {MAC_HEADER: mac}
 
     def routes(self) -> list[Route]:
         pages: list[tuple[str, Callable[..., Response]]] = [
@@ -747,7 +804,10 @@ class UI:
             with pool.ledger() as led:
                 yield from led.blob_chunks(digest)
 
-        base = name.rsplit("/", 1)[-1] or "blob"
+        # a name's control and format characters (U+202E turns "txt.exe" around) do
+        # not reach the saved file's name, in either form of the header
+        base = "".join("_" if text.is_invisible(c) else c
+                       for c in name.rsplit("/", 1)[-1]) or "blob"
         ascii_name = "".join(c if c.isascii() and (c.isalnum() or c in "._-") else "_"
                              for c in base)[:120] or "blob"
         return StreamingResponse(chunks(), media_type="application/octet-stream", headers={
@@ -770,7 +830,9 @@ class UI:
                        "ok": None if v.result is None else v.result["ok"],
                        "findings": None if v.result is None else len(v.result["findings"])},
             "stats": {"state": s.state, "head_seq": s.head_seq}}
-        return JSONResponse(doc)
+        body = json.dumps(doc, separators=(",", ":")).encode()
+        return Response(body, media_type="application/json",
+                        headers=self.signed(request.query_params.get("nonce"), body))
 
     def static_file(self, request: Request) -> Response:
         name = request.path_params["name"]

@@ -103,7 +103,11 @@ def _assert_inert(text: str, where: str, prefix: str) -> None:
     assert all(a.get("src") == f"{prefix}/static/ui.js" for a in scripts), (where, scripts)
     handlers = [(t, k) for t, a in page.tags for k in a if k.lower().startswith("on")]
     assert not handlers, (where, handlers)
-    assert not [t for t, _ in page.tags if t in ("img", "iframe", "object", "embed", "form")], where
+    assert not [t for t, _ in page.tags if t in ("img", "iframe", "object", "embed")], where
+    # forms: ours only (search and filters): GET, to a page under the prefix
+    forms = [a for t, a in page.tags if t == "form"]
+    assert all(a.get("method") == "get" and (a.get("action") or "").startswith(prefix + "/")
+               for a in forms), (where, forms)
     assert [t for t, _ in page.tags if t == "svg"] == [] or all(
         "onload" not in a for t, a in page.tags if t == "svg"), where
     for raw in ui_corpus.RAW:

@@ -361,3 +361,39 @@ def test_a_process_that_takes_the_port_cannot_feed_an_open_tab(
     finally:
         impostor.shutdown()
         impostor.server_close()
+
+
+def test_the_overview_answers_what_happened_overnight(browser: Any, demo: Served,
+                                                      tmp_path: Path) -> None:
+    """The demo's night on the overview: the needs-attention list holds the open item
+    (the artifact step left planned) with the command that resolves it, and one click
+    away the resolved ones — s04's refusal, s05's undo, the killed worker's settled s06
+    — each with its reason; the runs with their states and duration; the search finds
+    a step, a run and a path."""
+    browser.get(demo.enter(browser).base + "/")
+    WebDriverWait(browser, 30).until(
+        lambda d: d.find_elements(By.CSS_SELECTOR, "table.attention"))
+    table = browser.find_element(By.CSS_SELECTOR, "table.attention").text
+    assert "notes" in table and "steptrail step store notes FILE --as NAME" in table
+    summary = browser.find_element(By.CSS_SELECTOR, "details.resolved summary")
+    summary.click()  # one click away
+    resolved = browser.find_elements(By.CSS_SELECTOR, "details.resolved table.attention")[0].text
+    for step, words in (("s04", "refused: pre_hash"), ("s05", "tests/test_calc.py failed"),
+                        ("s06", "settled by epoch 2")):
+        row = next(line for line in resolved.splitlines() if step in line or words in line)
+        assert words in resolved and row, (step, resolved)
+    browser.save_screenshot(str(tmp_path / "attention.png"))
+    runs = browser.find_element(By.CSS_SELECTOR, "table.runs").text
+    assert "refactor-run" in runs and "acked" in runs
+    # the search box in the header: a step, a run, a path
+    for query, expect in (("s04", "/step?id=s04"), ("refactor", "/run?id=refactor-run"),
+                          ("util.py", "path=src%2Futil.py")):
+        box = browser.find_element(By.CSS_SELECTOR, "form.search input[name=q]")
+        box.clear()
+        box.send_keys(query)
+        box.submit()
+        WebDriverWait(browser, 20).until(lambda d: "/search?" in d.current_url)
+        hrefs = [a.get_attribute("href") or "" for a in
+                 browser.find_elements(By.CSS_SELECTOR, "#content a")]
+        assert any(expect in h for h in hrefs), (query, hrefs)
+    _no_script_ran(browser, "overnight")

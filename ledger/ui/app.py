@@ -299,7 +299,8 @@ def make_env() -> Environment:
     env = Environment(loader=FileSystemLoader(str(HERE / "templates")), autoescape=True,
                       finalize=_finalize, undefined=StrictUndefined, trim_blocks=True,
                       lstrip_blocks=True)
-    env.globals.update(size=text.size, iso=text.iso, ago=text.ago)
+    env.globals.update(size=text.size, iso=text.iso, ago=text.ago, span=text.span,
+                       explain=text.explain)
     env.filters["visible_nl"] = lambda s: text.visible(s, newlines=True)
     return env
 
@@ -370,9 +371,9 @@ class UI:
             ("/", self.overview), ("/events", self.events), ("/step", self.step),
             ("/run", self.run), ("/workspace", self.workspace), ("/history", self.history),
             ("/tree", self.tree), ("/file", self.file), ("/stats", self.stats),
-            ("/diff", self.diff_page),
+            ("/diff", self.diff_page), ("/runs", self.runs), ("/search", self.search),
         ]
-        heavy = {"/step", "/history", "/tree", "/file", "/diff"}
+        heavy = {"/step", "/history", "/tree", "/file", "/diff", "/search"}
         out = [Route(p, self._page(f, heavy=p in heavy), methods=["GET", "HEAD"])
                for p, f in pages]
         out += [Route("/download", self.download, methods=["GET", "HEAD"]),
@@ -446,12 +447,76 @@ class UI:
         head = led.head().seq
         recent = list(led.read(max(0, head - 15)))
         recent.reverse()
+        items = self._attention()
         return self.render(request, "overview.html", led, workspaces=workspaces, waiting=rows,
                            waiting_total=len(waiting), recent=recent,
                            witness=led.witness_status(), lag=led.projection_lag(),
-                           charts=self._charts(small=True))
+                           charts=self._charts(small=True),
+                           attention_open=[i for i in items if not i.resolved][:PAGE]
+                           if items is not None else None,
+                           attention_resolved=[i for i in items if i.resolved][:PAGE]
+                           if items is not None else None,
+                           runs=self._runs()[:10])
+
+    def _attention(self) -> list[Any] | None:
+        """What needs a person (`ledger.attention`, as of the stats job's head) and
+        verify's findings; None while the first pass runs."""
+        from ledger.attention import Item
+
+        job = self.jobs.stats
+        if job.result is None:
+            return None
+        items: list[Any] = list(job.result.get("attention", []))
+        v = self.jobs.verify
+        if v.result is not None:
+            items = [Item("verify", check, message, seq=seq, fix="verify")
+                     for check, seq, message in v.result["findings"]] + items
+        return items
+
+    def _runs(self, query: str = "") -> list[Any]:
+        """Every run the stats job saw, the latest first (a substring of the name
+        picks some)."""
+        job = self.jobs.stats
+        if job.result is None:
+            return []
+        runs = [r for r in job.result["report"].runs if query in r.run]
+        return sorted(runs, key=lambda r: r.last_ns, reverse=True)
+
+    def runs(self, request: Request, led: Ledger) -> Response:
+        query = request.query_params.get("q", "")
+        every = self._runs(query)
+        start = _int(request, "start", 0)
+        return self.render(request, "runs.html", led, runs=every[start:start + PAGE * 2],
+                           total=len(every), start=start, q=query,
+                           next_start=start + PAGE * 2 if start + PAGE * 2 < len(every) else None,
+                           ready=self.jobs.stats.result is not None)
+
+    def search(self, request: Request, led: Ledger) -> Response:
+        """Steps, runs and paths whose name holds the text searched for."""
+        query = request.query_params.get("q", "").strip()
+        if len(query) > 256:
+            raise BadRequest("?q= takes at most 256 characters")
+        steps: list[Any] = []
+        paths: list[tuple[str, str]] = []
+        runs: list[Any] = []
+        if query:
+            steps = [r for r in led.steps() if query in r.step_id][:PAGE]
+            runs = self._runs(query)[:PAGE]
+            head = led.head().seq
+            for ws in led.workspaces.list():
+                tree = model.workspace_as_of(led, ws.name, head)
+                paths.extend((ws.name, p) for p, st in sorted(tree.paths.items())
+                             if query in p)
+                if len(paths) >= PAGE:
+                    break
+        return self.render(request, "search.html", led, q=query, steps=steps, runs=runs,
+                           paths=paths[:PAGE])
 
     def events(self, request: Request, led: Ledger) -> Response:
+        filters = {k: request.query_params.get(k, "") for k in ("kind", "step", "run",
+                                                                  "workspace")}
+        if any(filters.values()):
+            return self._filtered_events(request, led, filters)
         head = led.head().seq
         before = _int(request, "before", head + 1, lo=1)
         lo = max(0, before - 1 - EVENTS_PAGE)
@@ -461,6 +526,34 @@ class UI:
         newer = min(head + 1, before + EVENTS_PAGE) if before <= head else None
         return self.render(request, "events.html", led, events=got, older=older,
                            newer=newer if newer and newer <= head + 1 and before <= head else None)
+
+    def _filtered_events(self, request: Request, led: Ledger,
+                         filters: dict[str, str]) -> Response:
+        """The events of one kind, step, run or workspace, newest first, a bounded scan
+        back from ?before=."""
+        from ledger.events import KINDS
+
+        kind = filters["kind"]
+        if kind and kind not in KINDS:
+            raise BadRequest(f"?kind= is one of {', '.join(KINDS)}, not {kind!r}")
+        if filters["step"] and not _step_id_ok(filters["step"]):
+            raise BadRequest("?step= is not a step id")
+        before = _int(request, "before", 0, lo=0) or None
+        by = {k: v for k, v in (("run", filters["run"]), ("workspace", filters["workspace"]))
+              if v}
+        step = filters["step"]
+        if step:
+            got = [r for r in led.read(step=step, kind=kind or None, **by)
+                   if before is None or r.seq < before]
+            got = got[-EVENTS_PAGE:][::-1]
+            older = got[-1].seq if len(got) == EVENTS_PAGE else None
+            complete = True
+        else:
+            scan = model.scan_backward(led, (kind,) if kind else tuple(KINDS), lambda r: r,
+                                       before=before, want=EVENTS_PAGE, **by)
+            got, older, complete = scan.items, scan.next_after, scan.complete
+        return self.render(request, "events.html", led, events=got, older=older, newer=None,
+                           filters=filters, complete=complete)
 
     def step(self, request: Request, led: Ledger) -> Response:
         step_id = _param(request, "id")

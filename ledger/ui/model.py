@@ -203,9 +203,13 @@ def _verify(led: Ledger) -> dict[str, Any]:
 def _stats(led: Ledger) -> dict[str, Any]:
     from ledger.stats import stats
 
-    report = stats(led, by="day", top=15)
+    from ledger.attention import attention
+
+    report = stats(led, by="day", top=0)  # every run: the runs page lists them
     gc = last_collection(led)
-    return {"report": report, "gc": gc}
+    # what needs a person (one definition with status and MCP): computed here, in the
+    # background with the stats, so the overview stays one page of reads
+    return {"report": report, "gc": gc, "attention": attention(led, limit=2000)}
 
 
 def last_collection(led: Ledger) -> dict[str, Any]:

@@ -159,6 +159,50 @@ def ago(delta_ns: int) -> str:
     return f"{s / 86400:.0f}d"
 
 
+#: The words the pages use, each in one line (shown when the pointer rests on one):
+#: the glossary, inline.
+GLOSSARY: Final = {
+    "planned": "the step's plan is recorded: what it will write, read against which bytes",
+    "fenced": "its writes were checked against the bytes it read and applied",
+    "blob-stored": "an artifact's bytes are stored, content-addressed",
+    "blob-pinned": "a blob held for an attempt in flight, so gc keeps it",
+    "manifest-published": "committed: the step's result is published (the manifest); an ack"
+                          " is still owed",
+    "acked": "committed and acknowledged: done",
+    "compensating": "its writes are being undone",
+    "compensated": "its writes were undone (put back as they were before it)",
+    "rejected": "refused: a file changed under the step, nothing of it stayed",
+    "refused": "the fence refused a write: the file was not what the step read",
+    "settled": "a dead worker's attempt, undone by the next lease holder (a later epoch)",
+    "half-undone": "an undo left paths a person had changed: never overwritten",
+    "unacked": "committed but never acknowledged",
+    "in-flight": "planned or applying and not finished",
+    "kept": "bytes steptrail would have removed, kept beside their path under a visible name",
+    "moved": "the ledger is not where its workspace was registered (a copied project)",
+    "verify": "a finding of verify: the chain, rows or projections disagree",
+    "epoch": "a lease's number: a worker's writes count only under the live one",
+}
+
+
+def explain(term: str) -> str:
+    """A word of the pages in one line ('' when it is not one)."""
+    return GLOSSARY.get(term, "")
+
+
+def span(delta_ns: int) -> str:
+    """A duration as a person reads it: 850ms, 42s, 3m 05s, 2h 14m, 3d 4h."""
+    s = max(0, delta_ns) / 1e9
+    if s < 1:
+        return f"{s * 1000:.0f}ms"
+    if s < 60:
+        return f"{s:.0f}s"
+    if s < 3600:
+        return f"{int(s // 60)}m {int(s % 60):02d}s"
+    if s < 86400:
+        return f"{int(s // 3600)}h {int(s % 3600 // 60):02d}m"
+    return f"{int(s // 86400)}d {int(s % 86400 // 3600)}h"
+
+
 def size(n: int | None) -> str:
     """Bytes, in a binary unit once past a KiB."""
     if n is None:
@@ -218,5 +262,5 @@ def vbars(title: str, items: Sequence[tuple[str, int]], shown: Sequence[str], *,
     return Chart(width, height, tuple(bars), False, title, axis)
 
 
-__all__ = ["Bar", "Chart", "Diff", "DiffLine", "ago", "decode", "diff", "hbars", "is_binary",
+__all__ = ["GLOSSARY", "Bar", "Chart", "Diff", "DiffLine", "ago", "explain", "span", "decode", "diff", "hbars", "is_binary",
            "is_invisible", "iso", "size", "text_lines", "vbars", "visible"]

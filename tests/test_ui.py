@@ -683,3 +683,46 @@ def test_an_id_outside_ascii_is_flagged(tmp_path: Path) -> None:
         assert marks == 1, marks
         assert 'class="nonascii"' in c.get(url("/step", id="\u04551")).text
         assert 'class="nonascii"' not in c.get(url("/step", id="s1")).text
+
+
+def test_a_step_page_groups_events_by_attempt_and_explains_a_refusal(tmp_path: Path) -> None:
+    """The step page by attempt (epoch, start, duration, outcome in words), blob pins
+    folded away, and a refusal said in words with the change the step ran into as a
+    diff when the ledger holds its bytes; a dead epoch is flagged only for an attempt
+    that could still send something."""
+    from ledger import run_fenced_step
+
+    ws = tmp_path / "w"
+    ws.mkdir()
+    (ws / "a.txt").write_text("one\n")
+    path = tmp_path / ".steptrail" / "ledger.db"
+    with Ledger.init(str(path)) as led:
+        led.workspaces.add("w", str(ws))
+        epoch = led.workspaces.acquire("w", holder="h", ttl_s=3600).epoch
+        run_fenced_step(led, "w", "base", lambda r: [r.read("a.txt").write(b"two\n")],
+                        epoch=epoch).raise_for_status()
+
+        def racing(r: Any) -> list[Any]:
+            got = r.read("a.txt")
+            # a person's save between the read and the apply, recorded by a step of
+            # theirs so the ledger holds its bytes
+            run_fenced_step(led, "w", "person", lambda q: [q.read("a.txt").write(
+                b"two\nthe person's line\n")], epoch=epoch).raise_for_status()
+            return [got.write(b"agent\n")]
+
+        run_fenced_step(led, "w", "s1", racing, epoch=epoch)
+        run_fenced_step(led, "w", "s1", lambda r: [r.read("a.txt").write(b"agent\n")],
+                        epoch=epoch).raise_for_status()
+        led.workspaces.acquire("w", holder="h2", ttl_s=3600, force=True)
+    with _client(path) as c:
+        c.get(f"/?token={TOKEN}")
+        page = c.get(url("/step", id="s1")).text
+        heads = re.findall(r'<h3 class="attempt" id="attempt-(\d)">(.*?)</h3>', page, re.S)
+        assert [a for a, _ in heads] == ["1", "2"]
+        assert "refused: nothing of it stayed" in heads[0][1]
+        assert "committed and acknowledged" in heads[1][1]
+        assert "blob pin(s) folded away" in page and 'class="kind k-blob-pinned"' not in page
+        assert "In words: the step read" in page and "someone (a person" in page
+        assert "the person&#39;s line" in page or "the person's line" in page
+        # both attempts ended under their own epoch: nothing can still arrive from them
+        assert "dead-epoch" not in page

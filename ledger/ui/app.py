@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import re
 import contextlib
 import hmac
 import html
@@ -573,6 +574,7 @@ class UI:
             manifest = led.manifest(step_id, row.manifest_rev)
         dead, current = self._dead_epochs(led, row, items)
         return self.render(request, "step.html", led, row=row, items=items, manifest=manifest,
+                           attempts=_by_attempt(items),
                            listed=WRITES_PER_EVENT, dead=dead, current=current,
                            more_after=events[-1].seq if more else None, after=after,
                            holder=self.holders.get(led, row.workspace, row.epoch)
@@ -590,9 +592,14 @@ class UI:
         except LedgerError:
             return [], None
         seen: dict[int, dict[str, Any]] = {}
+        # an attempt its own worker ended (acked, refused, undone under its epoch) sends
+        # nothing more: only one that could still send something is shown
+        ended = {getattr(it["ev"], "attempt", 0) for it in items
+                 if it["kind"] in ("acked", "rejected", "compensated")
+                 and getattr(it["ev"], "epoch", 0) == _planned_epoch(items, it["ev"])}
         for it in items:
             epoch, attempt = getattr(it["ev"], "epoch", 0), getattr(it["ev"], "attempt", 0)
-            if epoch and epoch < ws.epoch and attempt not in seen:
+            if epoch and epoch < ws.epoch and attempt not in seen and attempt not in ended:
                 seen[attempt] = {"attempt": attempt, "epoch": epoch, "holder": it["holder"]}
         current = {"epoch": ws.epoch,
                    "holder": self.holders.get(led, row.workspace, ws.epoch) if ws.epoch else None}
@@ -668,6 +675,20 @@ class UI:
         elif r.kind == "rejected":
             plan = planned.get(ev.attempt) or self._planned(led, ev.step, ev.attempt)
             writes = plan.writes if plan is not None else ()
+            # what the fence found on disk, by path, as its detail recorded it
+            found = dict(re.findall(r"(\S+) on disk does not hold[^(]*\(on disk: ([0-9a-f]{64})\)",
+                                    ev.detail or ""))
+            for path, rev in re.findall(r"(\S+) is at rev (\d+), planned against",
+                                        ev.detail or ""):
+                # a stale rev: what that rev holds is what the write that made it wrote
+                def made(x: Any, path: str = path, rev: int = int(rev)) -> Any:
+                    hit = [w for w in x.event.writes if w.path == path and w.rev == rev]
+                    return hit[0].post_hash if hit else None
+
+                scan = model.scan_backward(led, ("fenced",), made, before=r.seq, want=1,
+                                           budget_s=0.2, workspace=ev.workspace)
+                if scan.items and scan.items[0]:
+                    found[path] = scan.items[0]
             item["more"] = max(0, len(writes) - WRITES_PER_EVENT)
             for w in writes[:WRITES_PER_EVENT]:
                 now_hash: str | None = None
@@ -678,9 +699,17 @@ class UI:
                         _rev, now_hash = led.workspaces.snapshot(ev.workspace, w.path)
                     except (LedgerError, OSError) as exc:
                         why = f"{type(exc).__name__}: {exc}"
-                item["diffs"].append(diff_of(w.path, w.pre_hash, w.post_hash, base_rev=w.base_rev,
-                                             disk_now=now_hash, disk_why=why,
-                                             disk_checked=checked, refused=True))
+                d = diff_of(w.path, w.pre_hash, w.post_hash, base_rev=w.base_rev,
+                            disk_now=now_hash, disk_why=why, disk_checked=checked,
+                            refused=True, found=found.get(w.path), change=None)
+                if d["found"] and budget[0] > 0 and d["found"] != w.pre_hash:
+                    # the change the step ran into, when the ledger holds its bytes
+                    change, _, _ = self.diff_of(led, w.pre_hash, d["found"], w.path, deadline)
+                    d["change"] = ({"diff": change, "pre": w.pre_hash, "post": d["found"],
+                                    "path": w.path, "step": ev.step, "pre_size": None,
+                                    "post_size": None}
+                                   if change.kind in ("text", "binary", "deferred") else None)
+                item["diffs"].append(d)
         elif r.kind in ("blob-stored",):
             item["blobs"] = [{"path": ev.path or "", "digest": ev.digest, "size": ev.size}]
         elif r.kind == "manifest-published":
@@ -964,6 +993,50 @@ def _digest(request: Request) -> str:
     if len(digest) != 64 or any(c not in "0123456789abcdef" for c in digest):
         raise BadRequest("?digest= takes a sha256 digest (64 lowercase hex characters)")
     return digest
+
+
+def _planned_epoch(items: list[dict[str, Any]], ev: Any) -> int:
+    """The epoch attempt `ev.attempt` was planned under (as on this page), else its own."""
+    for it in items:
+        if it["kind"] == "planned" and it["ev"].attempt == getattr(ev, "attempt", -1):
+            return int(it["ev"].epoch)
+    return int(getattr(ev, "epoch", 0))
+
+
+#: How an attempt ended, by its last event's kind.
+_OUTCOMES: Final = {"acked": "committed and acknowledged",
+                    "manifest-published": "committed, not acknowledged yet",
+                    "rejected": "refused: nothing of it stayed",
+                    "compensated": "undone", "compensating": "being undone",
+                    "planned": "planned, not applied", "fenced": "applied, not committed",
+                    "blob-stored": "storing artifacts, not committed",
+                    "blob-pinned": "in flight"}
+
+
+def _by_attempt(items: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The page's events grouped by attempt, each with its epoch, start, end, duration
+    and outcome in words; `blob-pinned` rows counted, not listed."""
+    out: list[dict[str, Any]] = []
+    for it in items:
+        attempt = getattr(it["ev"], "attempt", 0)
+        if not out or out[-1]["attempt"] != attempt:
+            out.append({"attempt": attempt, "events": [], "pinned": 0,
+                        "epoch": getattr(it["ev"], "epoch", 0), "holder": it["holder"],
+                        "first_ns": it["r"].time_ns, "last_ns": it["r"].time_ns, "last": ""})
+        group = out[-1]
+        group["last_ns"], group["last"] = it["r"].time_ns, it["kind"]
+        if it["kind"] == "blob-pinned":
+            group["pinned"] += 1
+        else:
+            group["events"].append(it)
+    for group in out:
+        ev = group["events"][-1]["ev"] if group["events"] else None
+        settled = (group["last"] == "compensated" and ev is not None
+                   and getattr(ev, "epoch", 0) > group["epoch"] > 0)
+        group["outcome"] = (f"settled by epoch {ev.epoch}: its worker lost the lease, its"
+                            " writes were undone" if settled
+                            else _OUTCOMES.get(group["last"], group["last"]))
+    return out
 
 
 def _digest_or_absent(request: Request, name: str) -> str | None:

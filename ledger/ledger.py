@@ -294,6 +294,7 @@ class Ledger:
         busy_timeout_ms: int = BUSY_TIMEOUT_MS,
         vfs: str | None = None,
         forensic: bool = False,
+        immutable: bool = False,
         **options: Any,
     ) -> Ledger:
         """Open an existing ledger; refused files (not a ledger, newer, damaged) stay untouched.
@@ -310,6 +311,12 @@ class Ledger:
         (False: a read-only open that reports witness problems from `verify` instead
         of refusing).
 
+        `immutable` (with `readonly`, a SQLite file only): read with SQLite's
+        ``immutable`` flag, so not one byte of the ledger's directory changes — no
+        ``-wal`` or ``-shm`` is created — for a forensic copy that nobody writes. Refused
+        while a ``-wal`` holds committed data; a read after a writer appeared fails
+        (`InvalidInput`) rather than miss its commits: unsafe on a live ledger, by design.
+
         Without `path`: the project's ledger, the nearest ``.steptrail/ledger.db`` at or
         above the working directory, found as git finds ``.git`` (`ledger.find`); a
         path given is used as given.
@@ -321,6 +328,8 @@ class Ledger:
         _check_options(**options)
         if forensic and not readonly:
             raise InvalidInput("a forensic open is read-only: pass readonly=True")
+        if immutable and not readonly:
+            raise InvalidInput("an immutable open is read-only: pass readonly=True")
         # Private: anchor_witness opens without resolving the witness (it replaces it).
         resolve = options.pop("_witness_resolve", True)
         if options.get("witness") is not None:
@@ -328,6 +337,11 @@ class Ledger:
         where = locate(path)
         if not readonly:
             where.check_writer()  # before the read-only look below
+        if immutable and where.in_database:
+            raise InvalidInput(f"{where.shown()} is a database: an immutable open reads a"
+                               " SQLite file without changing its directory; open it"
+                               " read-only instead")
+        more = {"immutable": True} if immutable else {}
         if not readonly and resolve:
             # Judge the file against its witness (the one given, or the one it records)
             # through a read-only open first: closing a read-write connection checkpoints
@@ -336,7 +350,7 @@ class Ledger:
         store = where.open(clock=clock, readonly=readonly, synchronous=synchronous,
                            busy_timeout_ms=busy_timeout_ms, vfs=vfs, forensic=forensic,
                            blob_root=options.pop("blob_root", None),
-                           on_op=options.pop("on_op", None))
+                           on_op=options.pop("on_op", None), **more)
         try:
             ledger = cls(store, store.clock, **options)
             if resolve:

@@ -185,7 +185,11 @@ def test_an_unsettled_attempt_shows_with_settle_and_is_gone_once_settled(world: 
     assert (world.dir / "app.py").read_text() == "v0\n"
     doc = world.doc()
     assert doc["workspaces"][0]["steps"] == [] and doc["next"] == []
-    assert "edit-1" not in world.status().out
+    out = world.status().out
+    # nothing waits for a command any more; the undone attempt stays listed for a
+    # person (its work is gone: re-plan it or leave it) in the attention section
+    head, _, rest = out.partition("refusals, undos and settlements")
+    assert "edit-1" not in head and "SETTLED      edit-1" in rest, out
 
 
 def test_an_expired_lease_says_so_and_a_new_epoch_settles_its_steps(world: World) -> None:

@@ -103,7 +103,11 @@ def _assert_inert(text: str, where: str, prefix: str) -> None:
     assert all(a.get("src") == f"{prefix}/static/ui.js" for a in scripts), (where, scripts)
     handlers = [(t, k) for t, a in page.tags for k in a if k.lower().startswith("on")]
     assert not handlers, (where, handlers)
-    assert not [t for t, _ in page.tags if t in ("img", "iframe", "object", "embed", "form")], where
+    assert not [t for t, _ in page.tags if t in ("img", "iframe", "object", "embed")], where
+    # forms: ours only (search and filters): GET, to a page under the prefix
+    forms = [a for t, a in page.tags if t == "form"]
+    assert all(a.get("method") == "get" and (a.get("action") or "").startswith(prefix + "/")
+               for a in forms), (where, forms)
     assert [t for t, _ in page.tags if t == "svg"] == [] or all(
         "onload" not in a for t, a in page.tags if t == "svg"), where
     for raw in ui_corpus.RAW:
@@ -593,3 +597,132 @@ with TestClient(app, base_url="http://127.0.0.1:8124" + app.prefix + "/") as c:
                           capture_output=True, timeout=120, check=False)
     assert done.returncode == 0, done.stderr
     assert done.stdout.split() == ["done", "done"], (done.stdout, done.stderr[-2000:])
+
+
+def test_a_port_whose_server_just_stopped_serves_again_at_once() -> None:
+    """Its connections left in TIME_WAIT: `steptrail ui` on the same port right after
+    stopping it said "address already in use" for a minute. A port another process
+    listens on is still refused."""
+    import socket
+
+    from ledger.errors import EnvironmentFailure
+    from ledger.ui import bind
+
+    listener = bind(0)
+    port = listener.getsockname()[1]
+    client = socket.create_connection(("127.0.0.1", port))
+    served, _ = listener.accept()
+    served.close()  # the server closes first: its side waits in TIME_WAIT
+    client.close()
+    listener.close()
+    again = bind(port)
+    try:
+        with pytest.raises(EnvironmentFailure, match="--port"):
+            bind(port)  # one is listening there now
+    finally:
+        again.close()
+
+
+def test_the_live_answers_are_signed_with_a_key_only_page_bodies_carry(corpus: Path) -> None:
+    """The poll and the fragment answer a nonce with HMAC-SHA256(key, nonce, "\\n",
+    body); the key is in a full page's body only — never in a fragment, a poll answer
+    or a header — so a process that sees the tab's requests cannot forge an answer."""
+    import hmac as hmac_mod
+
+    with _client(corpus) as c:
+        c.get(f"/?token={TOKEN}")
+        page = c.get("/").text
+        key = re.search(r'data-live-key="([0-9a-f]{64})"', page)
+        assert key, "the page carries the live key"
+        raw = bytes.fromhex(key.group(1))
+        poll = c.get("/api/head?nonce=00ff")
+        mac = hmac_mod.new(raw, b"00ff\n" + poll.content, "sha256").hexdigest()
+        assert poll.headers["x-steptrail-mac"] == mac
+        frag = c.get("/", headers={"x-steptrail-fragment": "1", "x-steptrail-nonce": "abcd"})
+        mac = hmac_mod.new(raw, b"abcd\n" + frag.content, "sha256").hexdigest()
+        assert frag.headers["x-steptrail-mac"] == mac
+        for answer in (poll, frag):
+            assert key.group(1) not in answer.text
+            assert key.group(1) not in str(dict(answer.headers))
+        # no nonce, or not one: no MAC (the tab then rejects the answer)
+        assert "x-steptrail-mac" not in c.get("/api/head").headers
+        assert "x-steptrail-mac" not in c.get("/api/head?nonce=<x>").headers
+
+
+def test_a_download_name_keeps_no_format_characters(corpus: Path) -> None:
+    """A right-to-left override in an artifact's name ("report\\u202etxt.exe" shows as
+    "reportexe.txt") reached the saved file's name through filename*."""
+    digest = hashlib.sha256(b"one\n2\n").hexdigest()  # plain-1's write, in the corpus
+    with _client(corpus) as c:
+        c.get(f"/?token={TOKEN}")
+        r = c.get(url("/download", digest=digest, name="dir/report\u202etxt.exe\u200b"))
+        assert r.status_code == 200
+        disposition = r.headers.get("content-disposition", "")
+        assert "%E2%80%AE" not in disposition.upper() and "\u202e" not in disposition
+        assert "%E2%80%8B" not in disposition.upper()
+        assert "report_txt.exe_" in disposition
+
+
+def test_an_id_outside_ascii_is_flagged(tmp_path: Path) -> None:
+    """A Cyrillic "ѕ1" beside "s1" looks identical: the one outside ASCII is marked."""
+    from ledger import run_fenced_step
+
+    ws = tmp_path / "w"
+    ws.mkdir()
+    path = tmp_path / ".steptrail" / "ledger.db"
+    with Ledger.init(str(path)) as led:
+        led.workspaces.add("w", str(ws))
+        epoch = led.workspaces.acquire("w", holder="h", ttl_s=3600).epoch
+        for step in ("s1", "\u04551"):
+            run_fenced_step(led, "w", step, lambda r, s=step: [r.read(f"{s}.txt").write(b"x")],
+                            epoch=epoch).raise_for_status()
+    with _client(path) as c:
+        c.get(f"/?token={TOKEN}")
+        page = c.get(url("/workspace", name="w")).text
+        marks = page.count('class="nonascii"')
+        assert marks == 1, marks
+        assert 'class="nonascii"' in c.get(url("/step", id="\u04551")).text
+        assert 'class="nonascii"' not in c.get(url("/step", id="s1")).text
+
+
+def test_a_step_page_groups_events_by_attempt_and_explains_a_refusal(tmp_path: Path) -> None:
+    """The step page by attempt (epoch, start, duration, outcome in words), blob pins
+    folded away, and a refusal said in words with the change the step ran into as a
+    diff when the ledger holds its bytes; a dead epoch is flagged only for an attempt
+    that could still send something."""
+    from ledger import run_fenced_step
+
+    ws = tmp_path / "w"
+    ws.mkdir()
+    (ws / "a.txt").write_text("one\n")
+    path = tmp_path / ".steptrail" / "ledger.db"
+    with Ledger.init(str(path)) as led:
+        led.workspaces.add("w", str(ws))
+        epoch = led.workspaces.acquire("w", holder="h", ttl_s=3600).epoch
+        run_fenced_step(led, "w", "base", lambda r: [r.read("a.txt").write(b"two\n")],
+                        epoch=epoch).raise_for_status()
+
+        def racing(r: Any) -> list[Any]:
+            got = r.read("a.txt")
+            # a person's save between the read and the apply, recorded by a step of
+            # theirs so the ledger holds its bytes
+            run_fenced_step(led, "w", "person", lambda q: [q.read("a.txt").write(
+                b"two\nthe person's line\n")], epoch=epoch).raise_for_status()
+            return [got.write(b"agent\n")]
+
+        run_fenced_step(led, "w", "s1", racing, epoch=epoch)
+        run_fenced_step(led, "w", "s1", lambda r: [r.read("a.txt").write(b"agent\n")],
+                        epoch=epoch).raise_for_status()
+        led.workspaces.acquire("w", holder="h2", ttl_s=3600, force=True)
+    with _client(path) as c:
+        c.get(f"/?token={TOKEN}")
+        page = c.get(url("/step", id="s1")).text
+        heads = re.findall(r'<h3 class="attempt" id="attempt-(\d)">(.*?)</h3>', page, re.S)
+        assert [a for a, _ in heads] == ["1", "2"]
+        assert "refused: nothing of it stayed" in heads[0][1]
+        assert "committed and acknowledged" in heads[1][1]
+        assert "blob pin(s) folded away" in page and 'class="kind k-blob-pinned"' not in page
+        assert "In words: the step read" in page and "someone (a person" in page
+        assert "the person&#39;s line" in page or "the person's line" in page
+        # both attempts ended under their own epoch: nothing can still arrive from them
+        assert "dead-epoch" not in page

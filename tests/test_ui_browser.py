@@ -60,29 +60,32 @@ STEPTRAIL = str(Path(sys.executable).parent / "steptrail")
 
 
 class Served:
-    def __init__(self, ledger: Path) -> None:
+    """A `steptrail ui` process. Its URL's token opens one browser session, once: the
+    module's browser spends it (`enter`), and learns the secret prefix from where it
+    lands."""
+
+    def __init__(self, ledger: Path, port: int = 0) -> None:
         self.ledger = ledger
-        self.proc = subprocess.Popen([STEPTRAIL, "--ledger", str(ledger), "ui", "--port", "0",
-                                      "--no-browser"], stdout=subprocess.PIPE,
+        self.proc = subprocess.Popen([STEPTRAIL, "--ledger", str(ledger), "ui", "--port",
+                                      str(port), "--no-browser"], stdout=subprocess.PIPE,
                                      stderr=subprocess.DEVNULL, text=True)
         assert self.proc.stdout is not None
         lines = "".join(self.proc.stdout.readline() for _ in range(2))
         found = re.search(r"(http://127\.0\.0\.1:(\d+))/\?token=[\w-]+", lines)
         assert found, lines
         self.url, self.origin, self.port = found.group(0), found.group(1), int(found.group(2))
-        # the pages live under a secret prefix: where the printed URL redirects
-        conn = http.client.HTTPConnection("127.0.0.1", self.port, timeout=10)
-        try:
-            conn.request("GET", self.url[len(self.origin):])
-            r = conn.getresponse()
-            r.read()
-            assert r.status == 303, r.status
-            where = r.getheader("location") or ""
-        finally:
-            conn.close()
-        assert re.fullmatch(r"/s-[\w-]+/", where), where
-        self.prefix = where.rstrip("/")
-        self.base = self.origin + self.prefix
+        self.base = self.prefix = ""
+
+    def enter(self, browser: Any) -> Served:
+        """The browser opens the printed URL (the token's one use) and lands under the
+        secret prefix with its session cookie; `base` is that prefix's URL."""
+        if not self.base:
+            browser.get(self.url)
+            WebDriverWait(browser, 20).until(
+                lambda d: re.fullmatch(re.escape(self.origin) + r"/s-[\w-]+/", d.current_url))
+            self.base = browser.current_url.rstrip("/")
+            self.prefix = self.base[len(self.origin):]
+        return self
 
     def stop(self) -> None:
         self.proc.terminate()
@@ -91,16 +94,23 @@ class Served:
         self.proc.stdout.close()
 
 
-@pytest.fixture(scope="module")
-def browser() -> Iterator[Any]:
+def _chrome(profile: Path | None = None) -> Any:
     options = webdriver.ChromeOptions()
     options.binary_location = CHROMIUM
     for arg in ("--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage",
                 "--window-size=1280,1000", "--no-first-run", "--disable-extensions",
                 "--disable-background-networking", "--disable-sync"):
         options.add_argument(arg)
+    if profile is not None:  # another browser: its own profile, its own cookies
+        options.add_argument(f"--user-data-dir={profile}")
     driver = webdriver.Chrome(service=Service(executable_path=CHROMEDRIVER), options=options)
     driver.set_page_load_timeout(30)
+    return driver
+
+
+@pytest.fixture(scope="module")
+def browser() -> Iterator[Any]:
+    driver = _chrome()
     try:
         yield driver
     finally:
@@ -136,15 +146,60 @@ def _no_script_ran(driver: Any, where: str) -> None:
 
 
 def test_the_token_is_enforced(browser: Any, demo: Served) -> None:
-    browser.get(f"http://localhost:{demo.port}{demo.prefix}/")  # another host name: no cookie
+    browser.get(demo.origin + "/?token=wrong")
     assert "forbidden" in browser.find_element(By.TAG_NAME, "body").text
-    browser.get(demo.base + "/?token=wrong")
-    assert "forbidden" in browser.find_element(By.TAG_NAME, "body").text
-    browser.get(demo.url)  # the URL printed: the cookie is set, the token leaves the URL
+    demo.enter(browser)  # the URL printed: the cookie is set, the token leaves the URL
     assert browser.current_url == demo.base + "/"
     assert "Ledger at a glance" in browser.find_element(By.TAG_NAME, "h1").text
+    browser.get(f"http://localhost:{demo.port}{demo.prefix}/")  # another host name: no cookie
+    assert "forbidden" in browser.find_element(By.TAG_NAME, "body").text
     browser.get(demo.origin + "/")  # outside the prefix: the cookie does not go there
     assert "forbidden" in browser.find_element(By.TAG_NAME, "body").text
+
+
+def test_the_token_opens_one_session_once(browser: Any, demo: Served,
+                                          tmp_path: Path) -> None:
+    """The token in the browser's history opens nothing: spent by the first
+    navigation. The same browser (another tab) still gets in through its cookie; a
+    second browser is refused and told why."""
+    demo.enter(browser)
+    browser.get(demo.url)  # again, in the browser that holds the session
+    assert browser.current_url == demo.base + "/"
+    assert "Ledger at a glance" in browser.find_element(By.TAG_NAME, "h1").text
+    other = _chrome(tmp_path / "profile-2")
+    try:
+        other.get(demo.url)
+        text = other.find_element(By.TAG_NAME, "body").text
+        assert "forbidden: this browser has no session" in text
+        assert "start it again for a new URL" in text
+    finally:
+        other.quit()
+
+
+def test_a_prefetch_does_not_spend_the_token(hostile: Served) -> None:
+    """A speculative load (Sec-Purpose: prefetch) is refused without spending the one
+    use: the person's navigation after it still opens the session."""
+    fresh = Served(hostile.ledger)
+    try:
+        conn = http.client.HTTPConnection("127.0.0.1", fresh.port, timeout=10)
+        try:
+            conn.request("GET", fresh.url[len(fresh.origin):],
+                         headers={"Sec-Purpose": "prefetch"})
+            r = conn.getresponse()
+            r.read()
+            assert r.status == 503 and r.getheader("set-cookie") is None
+            conn.request("GET", fresh.url[len(fresh.origin):])
+            r = conn.getresponse()
+            r.read()
+            assert r.status == 303 and r.getheader("set-cookie")  # not spent before
+            conn.request("GET", fresh.url[len(fresh.origin):])
+            r = conn.getresponse()
+            r.read()
+            assert r.status == 303 and r.getheader("set-cookie") is None  # spent now
+        finally:
+            conn.close()
+    finally:
+        fresh.stop()
 
 
 def test_the_launcher_page_opens_the_ui(browser: Any, hostile: Served) -> None:
@@ -153,25 +208,28 @@ def test_the_launcher_page_opens_the_ui(browser: Any, hostile: Served) -> None:
     the overview with the SameSite=Strict cookie set and sent."""
     from ledger.ui import write_launcher
 
-    browser.delete_all_cookies()
-    folder, page = write_launcher(hostile.url)
+    served = Served(hostile.ledger)  # a server of its own: its token unspent
+    folder, page = write_launcher(served.url)
     try:
         assert os.stat(folder).st_mode & 0o777 == 0o700
         assert all(os.stat(os.path.join(folder, f)).st_mode & 0o777 == 0o600
                    for f in os.listdir(folder))
         browser.get(page)
         WebDriverWait(browser, 20).until(
-            lambda d: d.current_url == hostile.base + "/" and d.find_elements(By.TAG_NAME, "h1"))
+            lambda d: re.fullmatch(re.escape(served.origin) + r"/s-[\w-]+/", d.current_url)
+            and d.find_elements(By.TAG_NAME, "h1"))
         assert "Ledger at a glance" in browser.find_element(By.TAG_NAME, "h1").text
+        base = browser.current_url.rstrip("/")
         browser.find_element(By.LINK_TEXT, "events").click()  # and the cookie stays good
-        assert browser.current_url == hostile.base + "/events"
+        assert browser.current_url == base + "/events"
         assert "Events, newest first" in browser.find_element(By.TAG_NAME, "h1").text
     finally:
         shutil.rmtree(folder, ignore_errors=True)
+        served.stop()
 
 
 def test_the_demos_story_from_the_overview(browser: Any, demo: Served, tmp_path: Path) -> None:
-    browser.get(demo.url)
+    browser.get(demo.enter(browser).base + "/")
     body = browser.find_element(By.TAG_NAME, "body").text
     assert "repo" in body and "worker-2" in body  # the workspace and its new holder
     WebDriverWait(browser, 20).until(lambda d: "verify: ok" in d.find_element(
@@ -201,7 +259,7 @@ def test_the_demos_story_from_the_overview(browser: Any, demo: Served, tmp_path:
 
 
 def test_an_open_page_follows_new_events_without_reloading(browser: Any, demo: Served) -> None:
-    browser.get(demo.base + "/")
+    browser.get(demo.enter(browser).base + "/")
     WebDriverWait(browser, 20).until(lambda d: d.execute_script(
         "return document.body.dataset.verify") == "done")
     browser.execute_script("window.__still_here = 'yes'")
@@ -214,7 +272,7 @@ def test_an_open_page_follows_new_events_without_reloading(browser: Any, demo: S
 
 def test_the_hostile_corpus_runs_no_script(browser: Any, hostile: Served,
                                            tmp_path: Path) -> None:
-    browser.get(hostile.url)
+    browser.get(hostile.enter(browser).base + "/")
     pages = ["/", "/events", url("/step", id=ui_corpus.STEP), "/step?id=undone-1",
              "/step?id=refused-1", "/step?id=art-1", url("/run", id=ui_corpus.RUN),
              "/workspace?name=w", url("/history", ws="w", path=ui_corpus.NAME),
@@ -237,3 +295,105 @@ def test_the_hostile_corpus_runs_no_script(browser: Any, hostile: Served,
             _no_script_ran(browser, link)
     time.sleep(0.2)
     _no_script_ran(browser, "end")
+
+
+def test_a_process_that_takes_the_port_cannot_feed_an_open_tab(
+        browser: Any, hostile: Served) -> None:
+    """The review's attack: after `ui` stopped, another local process on the same port
+    received the tab's polls (with the secret prefix and the cookie) and the tab swapped
+    in what it returned — a fake "verify: ok", a meta refresh elsewhere — and said
+    "live" again. Now every answer must carry a MAC under a key only the real server's
+    page body held: the tab rejects the impostor's first answer, stops polling for
+    good and says the server stopped."""
+    import http.server
+    import json
+    import threading
+
+    served = Served(hostile.ledger).enter(browser)
+    browser.get(served.base + "/")
+    WebDriverWait(browser, 20).until(lambda d: "live" in d.find_element(By.ID, "live").text)
+    seen: list[str] = []
+
+    class Impostor(http.server.BaseHTTPRequestHandler):
+        def do_GET(self) -> None:  # noqa: N802
+            seen.append(self.path)
+            if "/api/head" in self.path:
+                body = json.dumps({"seq": 10**6, "hash": "0" * 64,
+                                   "verify": {"state": "done", "ok": True},
+                                   "stats": {"state": "done", "head_seq": 10**6}}).encode()
+                kind = "application/json"
+            else:
+                body = (b"<h1>verify: ok FAKE</h1><meta http-equiv=\"refresh\""
+                        b" content=\"0;url=http://example.invalid/\">")
+                kind = "text/html"
+            self.send_response(200)
+            self.send_header("content-type", kind)
+            self.send_header("x-steptrail-mac", "ab" * 32)  # a guess
+            self.send_header("x-steptrail-head", "1000000")
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args: Any) -> None:
+            pass
+
+    served.stop()
+    deadline = time.time() + 30
+    while True:  # the port, as soon as the kernel lets it go
+        try:
+            impostor = http.server.ThreadingHTTPServer(("127.0.0.1", served.port), Impostor)
+            break
+        except OSError:
+            assert time.time() < deadline, "the port was not released"
+            time.sleep(0.2)
+    thread = threading.Thread(target=impostor.serve_forever, daemon=True)
+    thread.start()
+    try:
+        WebDriverWait(browser, 20).until(
+            lambda d: "server stopped" in d.find_element(By.ID, "live").text)
+        assert seen, "the tab never asked the impostor"
+        content = browser.find_element(By.ID, "content").text
+        assert "FAKE" not in content and "Ledger at a glance" in content
+        assert browser.current_url == served.base + "/"
+        asked = len(seen)
+        time.sleep(5)  # two and a half polling periods: polling stopped for good
+        assert len(seen) == asked
+        assert "server stopped" in browser.find_element(By.ID, "live").text
+    finally:
+        impostor.shutdown()
+        impostor.server_close()
+
+
+def test_the_overview_answers_what_happened_overnight(browser: Any, demo: Served,
+                                                      tmp_path: Path) -> None:
+    """The demo's night on the overview: the needs-attention list holds the open item
+    (the artifact step left planned) with the command that resolves it, and one click
+    away the resolved ones — s04's refusal, s05's undo, the killed worker's settled s06
+    — each with its reason; the runs with their states and duration; the search finds
+    a step, a run and a path."""
+    browser.get(demo.enter(browser).base + "/")
+    WebDriverWait(browser, 30).until(
+        lambda d: d.find_elements(By.CSS_SELECTOR, "table.attention"))
+    table = browser.find_element(By.CSS_SELECTOR, "table.attention").text
+    assert "notes" in table and "steptrail step store notes FILE --as NAME" in table
+    summary = browser.find_element(By.CSS_SELECTOR, "details.resolved summary")
+    summary.click()  # one click away
+    resolved = browser.find_elements(By.CSS_SELECTOR, "details.resolved table.attention")[0].text
+    for step, words in (("s04", "refused: pre_hash"), ("s05", "tests/test_calc.py failed"),
+                        ("s06", "settled by epoch 2")):
+        row = next(line for line in resolved.splitlines() if step in line or words in line)
+        assert words in resolved and row, (step, resolved)
+    browser.save_screenshot(str(tmp_path / "attention.png"))
+    runs = browser.find_element(By.CSS_SELECTOR, "table.runs").text
+    assert "refactor-run" in runs and "acked" in runs
+    # the search box in the header: a step, a run, a path
+    for query, expect in (("s04", "/step?id=s04"), ("refactor", "/run?id=refactor-run"),
+                          ("util.py", "path=src%2Futil.py")):
+        box = browser.find_element(By.CSS_SELECTOR, "form.search input[name=q]")
+        box.clear()
+        box.send_keys(query)
+        box.submit()
+        WebDriverWait(browser, 20).until(lambda d: "/search?" in d.current_url)
+        hrefs = [a.get_attribute("href") or "" for a in
+                 browser.find_elements(By.CSS_SELECTOR, "#content a")]
+        assert any(expect in h for h in hrefs), (query, hrefs)
+    _no_script_ran(browser, "overnight")

@@ -226,6 +226,12 @@ def status_document(ctx: click.Context, ledger: Ledger, only: str | None) -> dic
     for s in (*(s for w in workspaces for s in w["steps"]), *others):
         if s["next"] and s["next"] not in nxt:
             nxt.append(s["next"])
+    from ledger.attention import attention
+
+    # the night's story, as the UI's overview and MCP tell it (ledger/attention.py)
+    items = [dict(it.as_json(), fix=f"{cmd.base} {it.fix}" if it.fix else None)
+             for it in attention(ledger)
+             if only is None or it.workspace in ("", only)]
     return {
         "ledger": where, "head": {"seq": head.seq, "hash": head.hash.hex()},
         "now_ns": now, "now": _iso(now),
@@ -235,6 +241,7 @@ def status_document(ctx: click.Context, ledger: Ledger, only: str | None) -> dic
         "audit": {"recorded": False,
                   "note": "audit only reads: the ledger keeps no record of it"},
         "witness": _witness_json(ledger, head.seq),
+        "attention": items,
         "next": nxt,
     }
 
@@ -347,6 +354,33 @@ def _echo(doc: dict[str, Any]) -> None:
         _say("steps of no workspace")
         _echo_steps(doc["other_steps"], "  ", with_workspace=any(
             s["workspace"] for s in doc["other_steps"]))
+    _echo_attention(doc["attention"])
+
+
+#: The kinds the workspace sections above already show, with their next command.
+_SHOWN_ABOVE = frozenset({"moved", "kept", "in-flight", "unacked"})
+
+
+def _echo_attention(items: list[dict[str, Any]]) -> None:
+    """What else needs a look: refusals, undos, settlements (open first); the ones a
+    retry made good, in one line."""
+    open_ = [i for i in items if not i["resolved"] and i["kind"] not in _SHOWN_ABOVE]
+    done = [i for i in items if i["resolved"]]
+    if not open_ and not done:
+        return
+    _say("")
+    _say(f"refusals, undos and settlements: {len(open_)} open"
+         + (f", {len(done)} resolved" if done else ""))
+    for i in open_[:SHOWN]:
+        _say(f"  {i['kind'].upper():<12} {i['subject']}: {i['reason']}")
+        if i["fix"]:
+            _say(f"  {'':<12} next: {_runnable(i['fix'])}")
+    if len(open_) > SHOWN:
+        _say(f"  … and {len(open_) - SHOWN} more: 'steptrail status --json' lists them all")
+    if done:
+        shown = ", ".join(f"{i['subject']} ({i['kind']})" for i in done[:8])
+        more = f" and {len(done) - 8} more" if len(done) > 8 else ""
+        _say(f"  resolved (a later attempt committed): {shown}{more}")
 
 
 @click.command("status", cls=LedgerCommand, epilog=_examples(

@@ -23,8 +23,14 @@ _UI_MODULES = ("starlette", "uvicorn", "jinja2", "markupsafe", "anyio")
 @click.option("--port", type=click.IntRange(0, 65535), default=8766, show_default=True,
               help="The port to serve on, on 127.0.0.1 (0: any free port).")
 @click.option("--no-browser", is_flag=True, help="Do not open a browser; print the URL only.")
+@click.option("--immutable", is_flag=True,
+              help="For a ledger nobody writes (a forensic copy): read it with SQLite's"
+                   " immutable flag, so not one byte of its directory changes (no -wal or"
+                   " -shm is created). Refused while a -wal holds commits; pages fail if a"
+                   " writer appears. Without it, reading creates SQLite's -wal and -shm"
+                   " beside the file (never changing the ledger itself).")
 @click.pass_context
-def ui(ctx: click.Context, port: int, no_browser: bool) -> None:
+def ui(ctx: click.Context, port: int, no_browser: bool, immutable: bool) -> None:
     """Browse the ledger in a web browser, read-only, while agents write it.
 
     Serves the ledger (a file or a postgresql:// URL) on 127.0.0.1 only, behind a
@@ -54,4 +60,4 @@ def ui(ctx: click.Context, port: int, no_browser: bool) -> None:
               f" the extra: {install_hint('ui')}", EXIT_USAGE, "MissingExtra",
               {"extra": "ui", "module": exc.name})
     serve(ctx.obj["ledger_path"], port=port, open_browser=not no_browser,
-          echo=functools.partial(click.echo, err=False))
+          echo=functools.partial(click.echo, err=False), immutable=immutable)

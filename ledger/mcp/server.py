@@ -1033,7 +1033,9 @@ class SteptrailServer(MCPServer):
         def status(client_roots: RootsArg = None, ctx: Context | None = None) -> CallToolResult:
             """The ledger and its workspaces now: each workspace's rev and lease (who holds it,
             until when), steps in flight, anything an interrupted server left unsettled (the
-            next write settles it), and what this session has read and done."""
+            next write settles it), what needs a person (refused writes, undone or settled
+            steps, unacked steps, kept files: open first, then the ones a retry resolved),
+            and what this session has read and done."""
             return self._run(client_roots, ctx, "status")
 
         def audit(

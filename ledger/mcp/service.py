@@ -1365,8 +1365,15 @@ class FileTools:
                     "lease": {"epoch": lease.epoch, "holder": lease.holder, "live": lease.live,
                               "expires": iso(lease.expires_ns) if lease.expires_ns else None},
                     "in_flight": flight, "unsettled": unsettled})
+            from ..attention import attention
+
+            # what needs a person, as status and the UI say it (ledger/attention.py)
+            served = {ws.name for ws in self.workspaces}
+            items = [dict(it.as_json(), fix=f"steptrail {it.fix}" if it.fix else None)
+                     for it in attention(self.ledger, limit=200)
+                     if not it.workspace or it.workspace in served]
         data = {"ledger": self.ledger.path, "holder": self.holder, "time": iso(now),
-                "lease_ttl_s": self.lease_ttl_s, "workspaces": out,
+                "lease_ttl_s": self.lease_ttl_s, "workspaces": out, "attention": items,
                 "session": {"paths_seen": len(view), "steps": list(view.steps)[-20:]},
                 "notices": list(self.notices)}
         lines = [f"ledger {self.ledger.path}; this server is {self.holder}"]
@@ -1377,6 +1384,13 @@ class FileTools:
                                                   f" {lease['expires']}" if lease["live"] else "free")
                          + (f"; in flight: {', '.join(w['in_flight'][:10])}" if w["in_flight"] else "")
                          + (f"; UNSETTLED: {', '.join(w['unsettled'][:10])}" if w["unsettled"] else ""))
+        open_ = [i for i in items if not i["resolved"]]
+        if open_ or len(items) > len(open_):
+            lines.append(f"needs attention: {len(open_)} open, {len(items) - len(open_)}"
+                         " resolved (a later attempt committed)")
+        for i in open_[:10]:
+            lines.append(f"  {i['kind']} {i['subject']}: {i['reason']}"
+                         + (f" (a person resolves it: {i['fix']})" if i["fix"] else ""))
         lines.append(f"this session has seen {len(view)} paths and made {len(view.steps)} steps")
         lines.extend(f"notice: {n}" for n in self.notices)
         return Result(["\n".join(lines)], data)

@@ -59,6 +59,9 @@ def bind(port: int, host: str = LOOPBACK) -> socket.socket:
     the port is taken."""
     check_host(host)
     sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    # a port whose last server just stopped (its connections in TIME_WAIT) is free to
+    # serve again at once; one another process listens on is still refused
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     try:
         sock.bind((host, port))
     except OSError as exc:
@@ -70,11 +73,13 @@ def bind(port: int, host: str = LOOPBACK) -> socket.socket:
 
 
 def create_app(location: str, *, token: str, port: int, verify: bool = True,
-               shown: str | None = None, prefix: str | None = None) -> Any:
+               shown: str | None = None, prefix: str | None = None,
+               immutable: bool = False) -> Any:
     """The ASGI application (see `ledger.ui.app.create_app`)."""
     from .app import create_app as make
 
-    return make(location, token=token, port=port, verify=verify, shown=shown, prefix=prefix)
+    return make(location, token=token, port=port, verify=verify, shown=shown, prefix=prefix,
+                immutable=immutable)
 
 
 #: The local page the browser is opened on: it sends the browser on to the URL (a
@@ -116,7 +121,7 @@ def write_launcher(url: str) -> tuple[str, str]:
 def serve(location: str, *, port: int = DEFAULT_PORT, host: str = LOOPBACK,
           open_browser: bool = True, token: str | None = None,
           echo: Callable[[str], None] = print, on_ready: Callable[[str], None] | None = None,
-          ) -> None:
+          immutable: bool = False) -> None:
     """Serve the ledger at `location` read-only on ``http://127.0.0.1:PORT`` until
     interrupted; `echo` gets the URL to open (it carries the token). With
     `open_browser`, the browser is launched on a private local page that forwards to
@@ -129,7 +134,8 @@ def serve(location: str, *, port: int = DEFAULT_PORT, host: str = LOOPBACK,
     token = token or new_token()
     sock = bind(port, host)
     port = sock.getsockname()[1]
-    app = create_app(location, token=token, port=port, shown=shown_location(location))
+    app = create_app(location, token=token, port=port, shown=shown_location(location),
+                     immutable=immutable)
     url = f"http://{host}:{port}/?token={token}"
     config = uvicorn.Config(app, log_level="warning", access_log=False, lifespan="on",
                             server_header=False, date_header=False)

@@ -7,9 +7,13 @@ the pool for the request and gives it back.
 
 from __future__ import annotations
 
+import asyncio
+import collections
+import re
 import contextlib
 import hmac
 import html
+import json
 import secrets
 import sys
 import time
@@ -22,10 +26,13 @@ from jinja2 import Environment, FileSystemLoader, StrictUndefined
 from markupsafe import Markup
 from starlette.applications import Starlette
 from starlette.requests import Request
-from starlette.responses import JSONResponse, Response, StreamingResponse
+from starlette.responses import Response, StreamingResponse
+from starlette.concurrency import run_in_threadpool
 from starlette.routing import Route
 
 from ledger.errors import InvalidInput, LedgerError, UnknownStep, UnknownWorkspace
+
+from ledger import diffs
 
 from . import model, text
 
@@ -46,8 +53,29 @@ DIFFS_PER_PAGE: Final = 40
 #: Writes, artifacts, undos and restores listed per event or manifest on a step page
 #: (an event may hold 10,000): the rest are counted, each path's history has them.
 WRITES_PER_EVENT: Final = 2 * DIFFS_PER_PAGE
+#: The time one page may spend on diffs (a step of 40 rewritten 20,000-line files):
+#: past it, the page's remaining diffs are links to their own page (`/diff`).
+PAGE_DIFF_BUDGET_S: Final = 0.75
+#: The time the one-diff page may spend (its diff then says what it did not compare).
+DIFF_PAGE_BUDGET_S: Final = 3.0
+#: Pages that read blobs and diff (step, history, diff, file, tree) rendered at once;
+#: more wait their turn in the event loop, holding no worker thread, so the live poll
+#: and the light pages are always answered.
+HEAVY_AT_ONCE: Final = 2
+#: Complete diffs kept, by (before, after, path): a page reloaded by the live view, or
+#: visited again, costs nothing the second time.
+DIFF_CACHE: Final = 256
+#: Lines and characters of a file shown per page of the file view.
+FILE_PAGE_LINES: Final = 2000
+FILE_PAGE_CHARS: Final = 256 * 1024
 #: The header that asks for a page's main fragment (the live update).
 FRAGMENT_HEADER: Final = "x-steptrail-fragment"
+#: The live view's fresh nonce (a header on a fragment request, ``?nonce=`` on a poll)
+#: and the answer's MAC over it: HMAC-SHA256(live key, nonce + "\n" + body). The key is
+#: drawn at each start and delivered only inside a full page's body, which a process
+#: that takes the port later never sees: it cannot produce an answer a tab accepts.
+NONCE_HEADER: Final = "x-steptrail-nonce"
+MAC_HEADER: Final = "x-steptrail-mac"
 CSP: Final = ("default-src 'self'; script-src 'self'; style-src 'self'; img-src 'self' data:;"
               " frame-ancestors 'none'; base-uri 'none'; form-action 'self'")
 SECURITY_HEADERS: Final = (
@@ -110,6 +138,10 @@ class Guard:
             raise ValueError(f"a prefix is '/' and URL-safe characters, not {prefix!r}")
         self.app, self.token, self.port, self.prefix = app, token, port, prefix
         self.session = secrets.token_urlsafe(32)
+        #: The token opens one session, once: spent by the first navigation that shows
+        #: it (never by a prefetch or a HEAD), so the browser's history keeps nothing
+        #: that opens the ledger.
+        self.spent = False
         self.hosts = {f"127.0.0.1:{port}".encode(), f"localhost:{port}".encode()}
         self.cookie = cookie_name(port)
 
@@ -149,6 +181,20 @@ class Guard:
                 return
             kept = urlencode([(k, v) for k, v in params if k != "token"], quote_via=quote)
             where = self._where(rest, kept)
+            if scope["method"] == "HEAD" or _is_prefetch(headers):
+                # a browser's speculative load must not spend the one use
+                await _plain(secured, 503, "not opened by a prefetch: open the URL itself")
+                return
+            if self.spent:
+                # Spent: no new session. Into the pages, where this browser's session
+                # cookie (if it has one: a second tab) still lets it in; another
+                # browser is told why it is refused (`_NO_SESSION`).
+                await secured({"type": "http.response.start", "status": 303, "headers": [
+                    (b"location", where.encode("ascii")),
+                    (b"content-type", b"text/plain; charset=utf-8")]})
+                await secured({"type": "http.response.body", "body": b"see the page\n"})
+                return
+            self.spent = True
             cookie = (f"{self.cookie}={self.session}; Path={self.prefix}; HttpOnly;"
                       " SameSite=Strict").encode()
             if (headers.get(b"sec-fetch-site") == b"cross-site"
@@ -165,8 +211,9 @@ class Guard:
             return
         if not inside or not self._is_session(
                 _cookie(headers.get(b"cookie", b""), self.cookie)):
-            await _plain(secured, 403, "forbidden: open the URL 'steptrail ui' printed"
-                         " (it carries the token)")
+            await _plain(secured, 403, _NO_SESSION if self.spent else
+                         "forbidden: open the URL 'steptrail ui' printed (it carries the"
+                         " token)")
             return
         if rest == "":
             await secured({"type": "http.response.start", "status": 303, "headers": [
@@ -197,6 +244,24 @@ class Guard:
             return False
         return hmac.compare_digest(value.encode("utf-8", "surrogateescape"),
                                    self.session.encode())
+
+
+#: What a browser without the session is told once the token was spent.
+_NO_SESSION: Final = (
+    "forbidden: this browser has no session. The URL 'steptrail ui' printed opens one"
+    " browser session, once (its token is then void, so history holds nothing that opens"
+    " the ledger); more tabs of that browser work, another browser does not. To open it"
+    " elsewhere, stop steptrail ui and start it again for a new URL.")
+
+
+def _is_prefetch(headers: dict[bytes, bytes]) -> bool:
+    """A request the browser makes speculatively (prefetch, prerender, preview), not
+    the person's navigation."""
+    for name in (b"sec-purpose", b"purpose", b"x-purpose", b"x-moz"):
+        value = headers.get(name, b"").lower()
+        if b"prefetch" in value or b"prerender" in value or b"preview" in value:
+            return True
+    return False
 
 
 def _cookie(header: bytes, name: str) -> str | None:
@@ -235,7 +300,8 @@ def make_env() -> Environment:
     env = Environment(loader=FileSystemLoader(str(HERE / "templates")), autoescape=True,
                       finalize=_finalize, undefined=StrictUndefined, trim_blocks=True,
                       lstrip_blocks=True)
-    env.globals.update(size=text.size, iso=text.iso, ago=text.ago)
+    env.globals.update(size=text.size, iso=text.iso, ago=text.ago, span=text.span,
+                       explain=text.explain)
     env.filters["visible_nl"] = lambda s: text.visible(s, newlines=True)
     return env
 
@@ -247,17 +313,22 @@ class UI:
     """One served ledger: its pool, background jobs, templates and routes."""
 
     def __init__(self, location: str, *, token: str, port: int, prefix: str,
-                 verify: bool = True, shown: str | None = None) -> None:
+                 verify: bool = True, shown: str | None = None, immutable: bool = False) -> None:
         self.location = location
         self.shown = shown or location
         self.token, self.port, self.prefix = token, port, prefix
-        self.pool = model.Pool(location)
+        self.live_key = secrets.token_bytes(32)
+        self.pool = model.Pool(location, immutable=immutable)
         self.jobs = model.Jobs(self.pool, verify=verify)
         self.holders = model.Holders()
         self.env = make_env()
         self.env.globals["url"] = self.url
         self.static = {name: (HERE / "static" / name).read_bytes()
                        for name in ("ui.js", "ui.css")}
+        self._diffs: collections.OrderedDict[tuple[Any, ...], text.Diff] = \
+            collections.OrderedDict()
+        self._diffs_lock = __import__("threading").Lock()
+        self._heavy: asyncio.Semaphore | None = None
         with self.pool.ledger() as led:
             self.ledger_id = led.ledger_id
             head = led.head().seq
@@ -279,18 +350,33 @@ class UI:
         page = self.env.get_template(template).render(
             layout="fragment.html" if fragment else "base.html", head=head,
             head_hash=head.hash.hex(), shown=self.shown, ledger_id=self.ledger_id,
-            verify=v, stats_job=s, now_ns=time.time_ns(), **ctx)
-        return Response(page, status_code=status, media_type="text/html; charset=utf-8",
-                        headers={"x-steptrail-head": str(head.seq),
-                                 "x-steptrail-verify": v.state})
+            verify=v, stats_job=s, now_ns=time.time_ns(), live_key=self.live_key.hex(),
+            **ctx)
+        body = page.encode("utf-8")
+        headers = {"x-steptrail-head": str(head.seq), "x-steptrail-verify": v.state}
+        if fragment:
+            headers.update(self.signed(request.headers.get(NONCE_HEADER), body))
+        return Response(body, status_code=status, media_type="text/html; charset=utf-8",
+                        headers=headers)
+
+    def signed(self, nonce: str | None, body: bytes) -> dict[str, str]:
+        """The MAC header for an answer to the live view's `nonce` (none, or not one:
+        no header, and the tab rejects the answer)."""
+        if not nonce or len(nonce) > 128 or not all(c in "0123456789abcdef" for c in nonce):
+            return {}
+        mac = hmac.new(self.live_key, nonce.encode() + b"\n" + body, "sha256").hexdigest()
+        return {MAC_HEADER: mac}
 
     def routes(self) -> list[Route]:
         pages: list[tuple[str, Callable[..., Response]]] = [
             ("/", self.overview), ("/events", self.events), ("/step", self.step),
             ("/run", self.run), ("/workspace", self.workspace), ("/history", self.history),
             ("/tree", self.tree), ("/file", self.file), ("/stats", self.stats),
+            ("/diff", self.diff_page), ("/runs", self.runs), ("/search", self.search),
         ]
-        out = [Route(p, self._page(f), methods=["GET", "HEAD"]) for p, f in pages]
+        heavy = {"/step", "/history", "/tree", "/file", "/diff", "/search"}
+        out = [Route(p, self._page(f, heavy=p in heavy), methods=["GET", "HEAD"])
+               for p, f in pages]
         out += [Route("/download", self.download, methods=["GET", "HEAD"]),
                 Route("/api/head", self.api_head, methods=["GET", "HEAD"]),
                 Route("/static/{name}", self.static_file, methods=["GET", "HEAD"]),
@@ -298,7 +384,23 @@ class UI:
                       methods=["GET", "HEAD"])]
         return out
 
-    def _page(self, handler: Callable[[Request, Ledger], Response]) -> Callable[[Request], Response]:
+    def _page(self, handler: Callable[[Request, Ledger], Response], *,
+              heavy: bool = False) -> Callable[[Request], Any]:
+        sync = self._sync_page(handler)
+
+        async def endpoint(request: Request) -> Response:
+            if not heavy:
+                return await run_in_threadpool(sync, request)
+            if self._heavy is None:  # (made in the server's loop)
+                self._heavy = asyncio.Semaphore(HEAVY_AT_ONCE)
+            async with self._heavy:
+                if await request.is_disconnected():  # gave up while waiting its turn
+                    return Response(status_code=204)
+                return await run_in_threadpool(sync, request)
+        return endpoint
+
+    def _sync_page(self, handler: Callable[[Request, Ledger], Response]
+                   ) -> Callable[[Request], Response]:
         def endpoint(request: Request) -> Response:
             try:
                 with self.pool.ledger() as led:
@@ -346,12 +448,76 @@ class UI:
         head = led.head().seq
         recent = list(led.read(max(0, head - 15)))
         recent.reverse()
+        items = self._attention()
         return self.render(request, "overview.html", led, workspaces=workspaces, waiting=rows,
                            waiting_total=len(waiting), recent=recent,
                            witness=led.witness_status(), lag=led.projection_lag(),
-                           charts=self._charts(small=True))
+                           charts=self._charts(small=True),
+                           attention_open=[i for i in items if not i.resolved][:PAGE]
+                           if items is not None else None,
+                           attention_resolved=[i for i in items if i.resolved][:PAGE]
+                           if items is not None else None,
+                           runs=self._runs()[:10])
+
+    def _attention(self) -> list[Any] | None:
+        """What needs a person (`ledger.attention`, as of the stats job's head) and
+        verify's findings; None while the first pass runs."""
+        from ledger.attention import Item
+
+        job = self.jobs.stats
+        if job.result is None:
+            return None
+        items: list[Any] = list(job.result.get("attention", []))
+        v = self.jobs.verify
+        if v.result is not None:
+            items = [Item("verify", check, message, seq=seq, fix="verify")
+                     for check, seq, message in v.result["findings"]] + items
+        return items
+
+    def _runs(self, query: str = "") -> list[Any]:
+        """Every run the stats job saw, the latest first (a substring of the name
+        picks some)."""
+        job = self.jobs.stats
+        if job.result is None:
+            return []
+        runs = [r for r in job.result["report"].runs if query in r.run]
+        return sorted(runs, key=lambda r: r.last_ns, reverse=True)
+
+    def runs(self, request: Request, led: Ledger) -> Response:
+        query = request.query_params.get("q", "")
+        every = self._runs(query)
+        start = _int(request, "start", 0)
+        return self.render(request, "runs.html", led, runs=every[start:start + PAGE * 2],
+                           total=len(every), start=start, q=query,
+                           next_start=start + PAGE * 2 if start + PAGE * 2 < len(every) else None,
+                           ready=self.jobs.stats.result is not None)
+
+    def search(self, request: Request, led: Ledger) -> Response:
+        """Steps, runs and paths whose name holds the text searched for."""
+        query = request.query_params.get("q", "").strip()
+        if len(query) > 256:
+            raise BadRequest("?q= takes at most 256 characters")
+        steps: list[Any] = []
+        paths: list[tuple[str, str]] = []
+        runs: list[Any] = []
+        if query:
+            steps = [r for r in led.steps() if query in r.step_id][:PAGE]
+            runs = self._runs(query)[:PAGE]
+            head = led.head().seq
+            for ws in led.workspaces.list():
+                tree = model.workspace_as_of(led, ws.name, head)
+                paths.extend((ws.name, p) for p, st in sorted(tree.paths.items())
+                             if query in p)
+                if len(paths) >= PAGE:
+                    break
+        return self.render(request, "search.html", led, q=query, steps=steps, runs=runs,
+                           paths=paths[:PAGE])
 
     def events(self, request: Request, led: Ledger) -> Response:
+        filters = {k: request.query_params.get(k, "") for k in ("kind", "step", "run",
+                                                                  "workspace")}
+        if any(filters.values()):
+            return self._filtered_events(request, led, filters)
         head = led.head().seq
         before = _int(request, "before", head + 1, lo=1)
         lo = max(0, before - 1 - EVENTS_PAGE)
@@ -361,6 +527,34 @@ class UI:
         newer = min(head + 1, before + EVENTS_PAGE) if before <= head else None
         return self.render(request, "events.html", led, events=got, older=older,
                            newer=newer if newer and newer <= head + 1 and before <= head else None)
+
+    def _filtered_events(self, request: Request, led: Ledger,
+                         filters: dict[str, str]) -> Response:
+        """The events of one kind, step, run or workspace, newest first, a bounded scan
+        back from ?before=."""
+        from ledger.events import KINDS
+
+        kind = filters["kind"]
+        if kind and kind not in KINDS:
+            raise BadRequest(f"?kind= is one of {', '.join(KINDS)}, not {kind!r}")
+        if filters["step"] and not _step_id_ok(filters["step"]):
+            raise BadRequest("?step= is not a step id")
+        before = _int(request, "before", 0, lo=0) or None
+        by = {k: v for k, v in (("run", filters["run"]), ("workspace", filters["workspace"]))
+              if v}
+        step = filters["step"]
+        if step:
+            got = [r for r in led.read(step=step, kind=kind or None, **by)
+                   if before is None or r.seq < before]
+            got = got[-EVENTS_PAGE:][::-1]
+            older = got[-1].seq if len(got) == EVENTS_PAGE else None
+            complete = True
+        else:
+            scan = model.scan_backward(led, (kind,) if kind else tuple(KINDS), lambda r: r,
+                                       before=before, want=EVENTS_PAGE, **by)
+            got, older, complete = scan.items, scan.next_after, scan.complete
+        return self.render(request, "events.html", led, events=got, older=older, newer=None,
+                           filters=filters, complete=complete)
 
     def step(self, request: Request, led: Ledger) -> Response:
         step_id = _param(request, "id")
@@ -373,12 +567,14 @@ class UI:
         events = events[:STEP_EVENTS_PAGE]
         planned: dict[int, Any] = {}
         budget = [DIFFS_PER_PAGE]
-        items = [self._event_item(led, r, planned, budget) for r in events]
+        deadline = time.monotonic() + PAGE_DIFF_BUDGET_S
+        items = [self._event_item(led, r, planned, budget, deadline) for r in events]
         manifest = led.manifest(step_id) if row.manifest_rev >= 0 else None
         if manifest is None and row.manifest_rev >= 0:
             manifest = led.manifest(step_id, row.manifest_rev)
         dead, current = self._dead_epochs(led, row, items)
         return self.render(request, "step.html", led, row=row, items=items, manifest=manifest,
+                           attempts=_by_attempt(items),
                            listed=WRITES_PER_EVENT, dead=dead, current=current,
                            more_after=events[-1].seq if more else None, after=after,
                            holder=self.holders.get(led, row.workspace, row.epoch)
@@ -396,16 +592,61 @@ class UI:
         except LedgerError:
             return [], None
         seen: dict[int, dict[str, Any]] = {}
+        # an attempt its own worker ended (acked, refused, undone under its epoch) sends
+        # nothing more: only one that could still send something is shown
+        ended = {getattr(it["ev"], "attempt", 0) for it in items
+                 if it["kind"] in ("acked", "rejected", "compensated")
+                 and getattr(it["ev"], "epoch", 0) == _planned_epoch(items, it["ev"])}
         for it in items:
             epoch, attempt = getattr(it["ev"], "epoch", 0), getattr(it["ev"], "attempt", 0)
-            if epoch and epoch < ws.epoch and attempt not in seen:
+            if epoch and epoch < ws.epoch and attempt not in seen and attempt not in ended:
                 seen[attempt] = {"attempt": attempt, "epoch": epoch, "holder": it["holder"]}
         current = {"epoch": ws.epoch,
                    "holder": self.holders.get(led, row.workspace, ws.epoch) if ws.epoch else None}
         return [seen[a] for a in sorted(seen)], current
 
+    def diff_of(self, led: Ledger, pre: str | None, post: str | None, path: str,
+                deadline: float) -> tuple[text.Diff, int | None, int | None]:
+        """The diff of two blobs (None: absent) as pages show it, bounded by `deadline`
+        (past it: ``deferred``, its own page linked), a complete one kept in a small
+        cache by (pre, post, path); and the two sizes."""
+        key = (pre, post, path)
+        with self._diffs_lock:
+            hit = self._diffs.get(key)
+            if hit is not None:
+                self._diffs.move_to_end(key)
+                return hit[0], hit[1], hit[2]
+        if time.monotonic() >= deadline:
+            return text.Diff("deferred", note="this page's time for diffs was spent"), None, None
+        a, b = model.read_content(led, pre), model.read_content(led, post)
+        missing = [f"{label} {c.why}" for label, c in (("before:", a), ("after:", b))
+                   if c.digest is not None and c.data is None]
+        if missing:
+            return text.Diff("unavailable", note="; ".join(missing)), a.size, b.size
+        d = text.diff(a.data, b.data, path, deadline=deadline)
+        if d.complete:
+            with self._diffs_lock:
+                self._diffs[key] = (d, a.size, b.size)
+                while len(self._diffs) > DIFF_CACHE:
+                    self._diffs.popitem(last=False)
+        return d, a.size, b.size
+
+    def diff_page(self, request: Request, led: Ledger) -> Response:
+        """One write's diff on a page of its own (a step page's diff it had no time
+        for), with a budget of its own."""
+        path = request.query_params.get("path", "")
+        pre, post = _digest_or_absent(request, "pre"), _digest_or_absent(request, "post")
+        if pre is None and post is None:
+            raise BadRequest("?pre= and ?post= cannot both be absent")
+        d, pre_size, post_size = self.diff_of(led, pre, post, path or "file",
+                                              time.monotonic() + DIFF_PAGE_BUDGET_S)
+        return self.render(request, "diff.html", led, path=path, pre=pre, post=post,
+                           d={"diff": d, "pre": pre, "post": post, "pre_size": pre_size,
+                              "post_size": post_size, "path": path},
+                           step=request.query_params.get("step", ""))
+
     def _event_item(self, led: Ledger, r: Any, planned: dict[int, Any],
-                    budget: list[int]) -> dict[str, Any]:
+                    budget: list[int], deadline: float) -> dict[str, Any]:
         ev = r.event
         item: dict[str, Any] = {"r": r, "ev": ev, "kind": r.kind, "diffs": [], "blobs": [],
                                 "more": 0}
@@ -420,14 +661,9 @@ class UI:
                                       " writes): see the path's history")
                 return d
             budget[0] -= 1
-            a, b = model.read_content(led, pre), model.read_content(led, post)
-            d["pre_size"], d["post_size"] = a.size, b.size
-            missing = [f"{label} {c.why}" for label, c in (("before:", a), ("after:", b))
-                       if c.digest is not None and c.data is None]
-            if missing:
-                d["diff"] = text.Diff("unavailable", note="; ".join(missing))
-            else:
-                d["diff"] = text.diff(a.data, b.data, path)
+            d["diff"], d["pre_size"], d["post_size"] = self.diff_of(led, pre, post, path,
+                                                                    deadline)
+            d["step"] = getattr(ev, "step", "")
             return d
 
         if r.kind == "planned":
@@ -439,6 +675,20 @@ class UI:
         elif r.kind == "rejected":
             plan = planned.get(ev.attempt) or self._planned(led, ev.step, ev.attempt)
             writes = plan.writes if plan is not None else ()
+            # what the fence found on disk, by path, as its detail recorded it
+            found = dict(re.findall(r"(\S+) on disk does not hold[^(]*\(on disk: ([0-9a-f]{64})\)",
+                                    ev.detail or ""))
+            for path, rev in re.findall(r"(\S+) is at rev (\d+), planned against",
+                                        ev.detail or ""):
+                # a stale rev: what that rev holds is what the write that made it wrote
+                def made(x: Any, path: str = path, rev: int = int(rev)) -> Any:
+                    hit = [w for w in x.event.writes if w.path == path and w.rev == rev]
+                    return hit[0].post_hash if hit else None
+
+                scan = model.scan_backward(led, ("fenced",), made, before=r.seq, want=1,
+                                           budget_s=0.2, workspace=ev.workspace)
+                if scan.items and scan.items[0]:
+                    found[path] = scan.items[0]
             item["more"] = max(0, len(writes) - WRITES_PER_EVENT)
             for w in writes[:WRITES_PER_EVENT]:
                 now_hash: str | None = None
@@ -449,9 +699,17 @@ class UI:
                         _rev, now_hash = led.workspaces.snapshot(ev.workspace, w.path)
                     except (LedgerError, OSError) as exc:
                         why = f"{type(exc).__name__}: {exc}"
-                item["diffs"].append(diff_of(w.path, w.pre_hash, w.post_hash, base_rev=w.base_rev,
-                                             disk_now=now_hash, disk_why=why,
-                                             disk_checked=checked, refused=True))
+                d = diff_of(w.path, w.pre_hash, w.post_hash, base_rev=w.base_rev,
+                            disk_now=now_hash, disk_why=why, disk_checked=checked,
+                            refused=True, found=found.get(w.path), change=None)
+                if d["found"] and budget[0] > 0 and d["found"] != w.pre_hash:
+                    # the change the step ran into, when the ledger holds its bytes
+                    change, _, _ = self.diff_of(led, w.pre_hash, d["found"], w.path, deadline)
+                    d["change"] = ({"diff": change, "pre": w.pre_hash, "post": d["found"],
+                                    "path": w.path, "step": ev.step, "pre_size": None,
+                                    "post_size": None}
+                                   if change.kind in ("text", "binary", "deferred") else None)
+                item["diffs"].append(d)
         elif r.kind in ("blob-stored",):
             item["blobs"] = [{"path": ev.path or "", "digest": ev.digest, "size": ev.size}]
         elif r.kind == "manifest-published":
@@ -541,22 +799,14 @@ class UI:
                                    before=before, want=PAGE // 2, workspace=ws)
         entries = []
         budget = [DIFFS_PER_PAGE]
+        deadline = time.monotonic() + PAGE_DIFF_BUDGET_S
         for r, w in scan.items:
-            entry: dict[str, Any] = {"r": r, "ev": r.event, "w": w, "kind": r.kind}
-            if budget[0] > 0:
+            entry: dict[str, Any] = {"r": r, "ev": r.event, "w": w, "kind": r.kind,
+                                     "diff": None}
+            if budget[0] > 0 and r.kind != "compensated":
                 budget[0] -= 1
-                if r.kind == "compensated":
-                    pre, post = None, w.digest
-                    entry["diff"] = None
-                else:
-                    pre, post = w.pre_hash, w.post_hash
-                a, b = model.read_content(led, pre), model.read_content(led, post)
-                missing = [c.why for c in (a, b) if c.digest is not None and c.data is None]
-                entry["diff"] = (None if r.kind == "compensated" else
-                                 text.Diff("unavailable", note="; ".join(missing)) if missing
-                                 else text.diff(a.data, b.data, path))
-            else:
-                entry["diff"] = None
+                entry["diff"], _, _ = self.diff_of(led, w.pre_hash, w.post_hash, path,
+                                                   deadline)
             entries.append(entry)
         return self.render(request, "history.html", led, ws=ws, path=path, entries=entries,
                            scan=scan, before=before)
@@ -599,11 +849,32 @@ class UI:
         if content.data is None and content.why.startswith("not in the ledger"):
             raise NotFound(f"blob {digest} is {content.why}")
         binary = content.data is not None and text.is_binary(content.data)
-        lines = text.text_lines(content.data) if content.data is not None and not binary else []
-        if lines and lines[-1] == "":
-            lines.pop()
+        start = _int(request, "line", 1, lo=1)
+        lines: list[str] = []
+        total = 0
+        next_line = None
+        if content.data is not None and not binary:
+            # one page: FILE_PAGE_LINES lines or FILE_PAGE_CHARS characters from `start`
+            # (a 2 MB file of a million lines was 32 MB of HTML), each line cut long
+            every = content.data.split(b"\n")
+            if every and every[-1] == b"":
+                every.pop()
+            total = len(every)
+            if start > max(total, 1):
+                raise BadRequest(f"?line= is past the file's end (it has {total:,} lines)")
+            chars = 0
+            for raw in every[start - 1:start - 1 + FILE_PAGE_LINES]:
+                line = diffs.cut_line(text.visible(text.decode(raw)))
+                chars += len(line) + 1
+                lines.append(line)
+                if chars >= FILE_PAGE_CHARS:
+                    break
+            if start - 1 + len(lines) < total:
+                next_line = start + len(lines)
         return self.render(request, "file.html", led, digest=digest, name=name,
-                           content=content, binary=binary, lines=lines,
+                           content=content, binary=binary, lines=lines, first=start,
+                           total=total, next_line=next_line,
+                           prev_line=max(1, start - FILE_PAGE_LINES) if start > 1 else None,
                            ws=request.query_params.get("ws"),
                            seq=request.query_params.get("seq"))
 
@@ -655,7 +926,10 @@ class UI:
             with pool.ledger() as led:
                 yield from led.blob_chunks(digest)
 
-        base = name.rsplit("/", 1)[-1] or "blob"
+        # a name's control and format characters (U+202E turns "txt.exe" around) do
+        # not reach the saved file's name, in either form of the header
+        base = "".join("_" if text.is_invisible(c) else c
+                       for c in name.rsplit("/", 1)[-1]) or "blob"
         ascii_name = "".join(c if c.isascii() and (c.isalnum() or c in "._-") else "_"
                              for c in base)[:120] or "blob"
         return StreamingResponse(chunks(), media_type="application/octet-stream", headers={
@@ -665,7 +939,9 @@ class UI:
             "content-security-policy": "default-src 'none'; sandbox",
         })
 
-    def api_head(self, request: Request) -> Response:
+    async def api_head(self, request: Request) -> Response:
+        # answered in the event loop, never queued behind pages for a worker thread:
+        # reading the head is one indexed row
         with self.pool.ledger() as led:
             head = led.head()
         self.jobs.refresh(head.seq)
@@ -676,7 +952,9 @@ class UI:
                        "ok": None if v.result is None else v.result["ok"],
                        "findings": None if v.result is None else len(v.result["findings"])},
             "stats": {"state": s.state, "head_seq": s.head_seq}}
-        return JSONResponse(doc)
+        body = json.dumps(doc, separators=(",", ":")).encode()
+        return Response(body, media_type="application/json",
+                        headers=self.signed(request.query_params.get("nonce"), body))
 
     def static_file(self, request: Request) -> Response:
         name = request.path_params["name"]
@@ -717,6 +995,61 @@ def _digest(request: Request) -> str:
     return digest
 
 
+def _planned_epoch(items: list[dict[str, Any]], ev: Any) -> int:
+    """The epoch attempt `ev.attempt` was planned under (as on this page), else its own."""
+    for it in items:
+        if it["kind"] == "planned" and it["ev"].attempt == getattr(ev, "attempt", -1):
+            return int(it["ev"].epoch)
+    return int(getattr(ev, "epoch", 0))
+
+
+#: How an attempt ended, by its last event's kind.
+_OUTCOMES: Final = {"acked": "committed and acknowledged",
+                    "manifest-published": "committed, not acknowledged yet",
+                    "rejected": "refused: nothing of it stayed",
+                    "compensated": "undone", "compensating": "being undone",
+                    "planned": "planned, not applied", "fenced": "applied, not committed",
+                    "blob-stored": "storing artifacts, not committed",
+                    "blob-pinned": "in flight"}
+
+
+def _by_attempt(items: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The page's events grouped by attempt, each with its epoch, start, end, duration
+    and outcome in words; `blob-pinned` rows counted, not listed."""
+    out: list[dict[str, Any]] = []
+    for it in items:
+        attempt = getattr(it["ev"], "attempt", 0)
+        if not out or out[-1]["attempt"] != attempt:
+            out.append({"attempt": attempt, "events": [], "pinned": 0,
+                        "epoch": getattr(it["ev"], "epoch", 0), "holder": it["holder"],
+                        "first_ns": it["r"].time_ns, "last_ns": it["r"].time_ns, "last": ""})
+        group = out[-1]
+        group["last_ns"], group["last"] = it["r"].time_ns, it["kind"]
+        if it["kind"] == "blob-pinned":
+            group["pinned"] += 1
+        else:
+            group["events"].append(it)
+    for group in out:
+        ev = group["events"][-1]["ev"] if group["events"] else None
+        settled = (group["last"] == "compensated" and ev is not None
+                   and getattr(ev, "epoch", 0) > group["epoch"] > 0)
+        group["outcome"] = (f"settled by epoch {ev.epoch}: its worker lost the lease, its"
+                            " writes were undone" if settled
+                            else _OUTCOMES.get(group["last"], group["last"]))
+    return out
+
+
+def _digest_or_absent(request: Request, name: str) -> str | None:
+    """?name= as a blob digest, or None for ``absent`` (a file created or deleted)."""
+    value = request.query_params.get(name, "absent")
+    if value == "absent":
+        return None
+    if len(value) != 64 or any(c not in "0123456789abcdef" for c in value):
+        raise BadRequest(f"?{name}= takes a sha256 digest (64 lowercase hex characters) or"
+                         " 'absent'")
+    return value
+
+
 def _step_id_ok(value: str) -> bool:
     from ledger.events import check_step_id
 
@@ -728,13 +1061,15 @@ def _step_id_ok(value: str) -> bool:
 
 
 def create_app(location: str, *, token: str, port: int, verify: bool = True,
-               shown: str | None = None, prefix: str | None = None) -> Guard:
+               shown: str | None = None, prefix: str | None = None,
+               immutable: bool = False) -> Guard:
     """The ASGI app serving the ledger at `location` read-only, answering only to
     ``127.0.0.1:port`` / ``localhost:port`` with `token`, its pages under a secret path
     prefix (`prefix`, or a fresh one: the app's ``.prefix``; see `Guard`). Verify
     starts in a child process unless `verify` is False."""
     prefix = prefix or new_prefix()
-    ui = UI(location, token=token, port=port, prefix=prefix, verify=verify, shown=shown)
+    ui = UI(location, token=token, port=port, prefix=prefix, verify=verify, shown=shown,
+            immutable=immutable)
     @contextlib.asynccontextmanager
     async def lifespan(_app: Starlette) -> AsyncIterator[None]:
         yield

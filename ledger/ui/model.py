@@ -42,21 +42,25 @@ IN_FLIGHT: Final = ("planned", "fenced", "blob-stored", "compensating")
 UNACKED: Final = "manifest-published"
 
 
-def open_readonly(location: str) -> Ledger:
+def open_readonly(location: str, immutable: bool = False) -> Ledger:
     """The ledger at `location`, read-only: it never writes the ledger nor takes its
     write lock. Forensic (a ledger verify would fail still opens, so the UI can name
-    the findings) and without the witness check (reported, not refused)."""
+    the findings) and without the witness check (reported, not refused). `immutable`:
+    SQLite's immutable read, nothing created beside the file (`Ledger.open`)."""
     from ledger import Ledger
 
-    return Ledger.open(location, readonly=True, forensic=True, witness_check=False)
+    return Ledger.open(location, readonly=True, forensic=True, witness_check=False,
+                       immutable=immutable)
 
 
 class Pool:
     """Read-only ledgers, each used by one request at a time."""
 
-    def __init__(self, location: str, opener: Callable[[str], Ledger] = open_readonly) -> None:
+    def __init__(self, location: str, opener: Callable[[str], Ledger] | None = None, *,
+                 immutable: bool = False) -> None:
         self.location = location
-        self._opener = opener
+        self.immutable = immutable
+        self._opener = opener or (lambda where: open_readonly(where, immutable))
         self._idle: queue.SimpleQueue[Ledger] = queue.SimpleQueue()
         self._closed = False
 
@@ -92,9 +96,9 @@ def child_main() -> None:
     import pickle
     import sys
 
-    name, location = pickle.load(sys.stdin.buffer)
+    name, location, immutable = pickle.load(sys.stdin.buffer)
     try:
-        led = open_readonly(location)
+        led = open_readonly(location, immutable)
         try:
             out: tuple[str, Any] = ("ok", JOBS[name](led))
         finally:
@@ -164,7 +168,8 @@ class Job:
                 stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env)
             with self.lock:
                 self.process = child
-            out, err = child.communicate(pickle.dumps((self.name, pool.location)))
+            out, err = child.communicate(pickle.dumps((self.name, pool.location,
+                                                       pool.immutable)))
             if child.returncode == 0 and out:
                 state, value = pickle.loads(out)  # our own child's answer
             else:
@@ -198,9 +203,13 @@ def _verify(led: Ledger) -> dict[str, Any]:
 def _stats(led: Ledger) -> dict[str, Any]:
     from ledger.stats import stats
 
-    report = stats(led, by="day", top=15)
+    from ledger.attention import attention
+
+    report = stats(led, by="day", top=0)  # every run: the runs page lists them
     gc = last_collection(led)
-    return {"report": report, "gc": gc}
+    # what needs a person (one definition with status and MCP): computed here, in the
+    # background with the stats, so the overview stays one page of reads
+    return {"report": report, "gc": gc, "attention": attention(led, limit=2000)}
 
 
 def last_collection(led: Ledger) -> dict[str, Any]:

@@ -11,11 +11,13 @@ acting on the page.
 from __future__ import annotations
 
 import datetime as dt
-import difflib
 import re
 import unicodedata
 from collections.abc import Sequence
 from typing import Final, NamedTuple
+
+from ledger import diffs
+from ledger.diffs import DiffLine
 
 #: Diffs are cut to this many lines; files larger than this are not diffed.
 DIFF_LINES_MAX: Final = 600
@@ -89,15 +91,13 @@ def text_lines(data: bytes) -> list[str]:
     return [visible(line) for line in decode(data).split("\n")]
 
 
-class DiffLine(NamedTuple):
-    kind: str  # "add", "del", "ctx", "hunk", "meta"
-    text: str
-
-
 class Diff(NamedTuple):
     """What a write changed, as the step page shows it. `kind`: ``text`` (lines),
-    ``binary`` (sizes and hashes only), ``same``, ``too-large`` or ``unavailable`` (a
-    version's bytes are not in the ledger: `note` says which)."""
+    ``binary`` (sizes and hashes only), ``same``, ``too-large``, ``unavailable`` (a
+    version's bytes are not in the ledger: `note` says which) or ``deferred`` (this
+    page's diff budget was spent: the diff has a page of its own). `complete`: every
+    line was compared (a diff cut for its size or time says what it left out in its
+    last line, kind ``note``)."""
 
     kind: str
     lines: tuple[DiffLine, ...] = ()
@@ -105,10 +105,14 @@ class Diff(NamedTuple):
     added: int = 0
     removed: int = 0
     cut: int = 0
+    complete: bool = True
 
 
-def diff(before: bytes | None, after: bytes | None, path: str) -> Diff:
-    """The diff of two versions of `path` (None: absent)."""
+def diff(before: bytes | None, after: bytes | None, path: str, *,
+         deadline: float | None = None) -> Diff:
+    """The diff of two versions of `path` (None: absent), bounded as `ledger.diffs`'
+    (a window at a time, at most DIFF_LINES_MAX lines, stopping at `deadline`, a
+    `time.monotonic()` value): the worst case costs tens of milliseconds, not minutes."""
     if before == after:
         return Diff("same")
     if len(before or b"") > TEXT_MAX or len(after or b"") > TEXT_MAX:
@@ -117,25 +121,13 @@ def diff(before: bytes | None, after: bytes | None, path: str) -> Diff:
         return Diff("binary")
     a = [] if before is None else _split(before)
     b = [] if after is None else _split(after)
-    out: list[DiffLine] = []
-    added = removed = 0
-    for line in difflib.unified_diff(a, b, fromfile=f"a/{path}" if before is not None
-                                     else "/dev/null", tofile=f"b/{path}" if after is not None
-                                     else "/dev/null", lineterm="", n=3):
-        if line.startswith(("---", "+++")):
-            out.append(DiffLine("meta", visible(line)))
-        elif line.startswith("@@"):
-            out.append(DiffLine("hunk", visible(line)))
-        elif line.startswith("+"):
-            added += 1
-            out.append(DiffLine("add", visible(line)))
-        elif line.startswith("-"):
-            removed += 1
-            out.append(DiffLine("del", visible(line)))
-        else:
-            out.append(DiffLine("ctx", visible(line)))
-    cut = max(0, len(out) - DIFF_LINES_MAX)
-    return Diff("text", tuple(out[:DIFF_LINES_MAX]), added=added, removed=removed, cut=cut)
+    lines, added, removed, found = diffs.diff_lines(
+        a, b, before_name=f"a/{path}" if before is not None else "/dev/null",
+        after_name=f"b/{path}" if after is not None else "/dev/null",
+        max_lines=DIFF_LINES_MAX, deadline=deadline)
+    shown = tuple(DiffLine(x.kind, visible(x.text)) for x in lines)
+    return Diff("text", shown, added=added, removed=removed,
+                complete=not found.stopped and not any(x.kind == "note" for x in lines))
 
 
 def _split(data: bytes) -> list[str]:
@@ -165,6 +157,50 @@ def ago(delta_ns: int) -> str:
     if s < 2 * 86400:
         return f"{s / 3600:.0f}h"
     return f"{s / 86400:.0f}d"
+
+
+#: The words the pages use, each in one line (shown when the pointer rests on one):
+#: the glossary, inline.
+GLOSSARY: Final = {
+    "planned": "the step's plan is recorded: what it will write, read against which bytes",
+    "fenced": "its writes were checked against the bytes it read and applied",
+    "blob-stored": "an artifact's bytes are stored, content-addressed",
+    "blob-pinned": "a blob held for an attempt in flight, so gc keeps it",
+    "manifest-published": "committed: the step's result is published (the manifest); an ack"
+                          " is still owed",
+    "acked": "committed and acknowledged: done",
+    "compensating": "its writes are being undone",
+    "compensated": "its writes were undone (put back as they were before it)",
+    "rejected": "refused: a file changed under the step, nothing of it stayed",
+    "refused": "the fence refused a write: the file was not what the step read",
+    "settled": "a dead worker's attempt, undone by the next lease holder (a later epoch)",
+    "half-undone": "an undo left paths a person had changed: never overwritten",
+    "unacked": "committed but never acknowledged",
+    "in-flight": "planned or applying and not finished",
+    "kept": "bytes steptrail would have removed, kept beside their path under a visible name",
+    "moved": "the ledger is not where its workspace was registered (a copied project)",
+    "verify": "a finding of verify: the chain, rows or projections disagree",
+    "epoch": "a lease's number: a worker's writes count only under the live one",
+}
+
+
+def explain(term: str) -> str:
+    """A word of the pages in one line ('' when it is not one)."""
+    return GLOSSARY.get(term, "")
+
+
+def span(delta_ns: int) -> str:
+    """A duration as a person reads it: 850ms, 42s, 3m 05s, 2h 14m, 3d 4h."""
+    s = max(0, delta_ns) / 1e9
+    if s < 1:
+        return f"{s * 1000:.0f}ms"
+    if s < 60:
+        return f"{s:.0f}s"
+    if s < 3600:
+        return f"{int(s // 60)}m {int(s % 60):02d}s"
+    if s < 86400:
+        return f"{int(s // 3600)}h {int(s % 3600 // 60):02d}m"
+    return f"{int(s // 86400)}d {int(s % 86400 // 3600)}h"
 
 
 def size(n: int | None) -> str:
@@ -226,5 +262,5 @@ def vbars(title: str, items: Sequence[tuple[str, int]], shown: Sequence[str], *,
     return Chart(width, height, tuple(bars), False, title, axis)
 
 
-__all__ = ["Bar", "Chart", "Diff", "DiffLine", "ago", "decode", "diff", "hbars", "is_binary",
+__all__ = ["GLOSSARY", "Bar", "Chart", "Diff", "DiffLine", "ago", "explain", "span", "decode", "diff", "hbars", "is_binary",
            "is_invisible", "iso", "size", "text_lines", "vbars", "visible"]

@@ -490,11 +490,13 @@ class SqliteStore:
              synchronous: Synchronous = "FULL", busy_timeout_ms: int = BUSY_TIMEOUT_MS,
              vfs: str | None = None, forensic: bool = False,
              blob_root: str | os.PathLike[str] | None = None,
-             on_op: Callable[[str], None] | None = None) -> SqliteStore:
+             on_op: Callable[[str], None] | None = None,
+             immutable: bool = False) -> SqliteStore:
         """Open the ledger file at `path` (refused files stay untouched: `Database.open`)
         and its blob files (`blob_root`, default ``<ledger dir>/blobs``)."""
         db = Database.open(path, readonly=readonly, synchronous=synchronous,
-                           busy_timeout_ms=busy_timeout_ms, vfs=vfs, forensic=forensic)
+                           busy_timeout_ms=busy_timeout_ms, vfs=vfs, forensic=forensic,
+                           immutable=immutable)
         return cls._over(db, clock, blob_root, on_op)
 
     @classmethod

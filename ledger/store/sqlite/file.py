@@ -425,6 +425,7 @@ class Database:
         busy_timeout_ms: int = BUSY_TIMEOUT_MS,
         vfs: str | None = None,
         forensic: bool = False,
+        immutable: bool = False,
     ) -> Database:
         """Open an existing ledger. Refused files are left byte-identical.
 
@@ -454,6 +455,14 @@ class Database:
             make_private(path)  # a ledger made before its files were private
             return cls._open_writer(path, synchronous, busy_timeout_ms, vfs)
         shm, wal = path + "-shm", wal_path(path)
+        if immutable:
+            # asked for: a ledger nobody writes, read without creating anything beside it
+            if os.path.exists(wal) and os.path.getsize(wal) > 0:
+                raise InvalidInput(
+                    f"ledger {path} has a -wal holding commits: a writer is or was live, and"
+                    " an immutable read would miss them; open it read-only (not immutable),"
+                    " or copy the ledger with 'steptrail backup' and read the copy")
+            return cls._immutable_reader(path, busy_timeout_ms, vfs, forensic, asked=True)
         shm_existed, wal_existed = os.path.lexists(shm), os.path.lexists(wal)
         try:
             conn = _reader(path, busy_timeout_ms, vfs, immutable=False)
@@ -497,8 +506,10 @@ class Database:
 
     @classmethod
     def _immutable_reader(cls, path: str, busy_timeout_ms: int, vfs: str | None,
-                          forensic: bool) -> Database:
-        """A reader of a ledger beside which no -shm can be created (see `open`)."""
+                          forensic: bool, *, asked: bool = False) -> Database:
+        """A reader of a ledger beside which no -shm can be created (see `open`), or
+        one `asked` for: that one never creates anything, and refuses to read on once a
+        writer has appeared (a -wal) rather than miss its commits."""
         try:
             st = os.stat(path)
             conn = _reader(path, busy_timeout_ms, vfs, immutable=True)
@@ -512,6 +523,9 @@ class Database:
         db._forensic(forensic)
 
         def reopen() -> apsw.Connection:
+            if asked and os.path.exists(wal_path(path)):
+                raise InvalidInput(f"ledger {path} is being written (a -wal appeared) since it"
+                                   " was opened immutable; open it read-only instead")
             fresh = _reader(path, busy_timeout_ms, vfs, immutable=not os.path.exists(wal_path(path)))
             check_contents(fresh, path, forensic=forensic)
             return fresh

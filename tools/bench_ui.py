@@ -118,6 +118,20 @@ def _workspace_steps(ledger: Ledger, root: str) -> None:
 
     run_fenced_step(ledger, "repo", "edit-refused", clash, epoch=epoch, run="bench-ws")
 
+    # the review's worst case: a formatter rewriting 8 files of 20,000 lines, every other
+    # line changed (difflib took 21 s for one such file; the page held up to 40)
+    def formatted(i: int, changed: bool) -> bytes:
+        rows = [f"    value_{k} = compute({k}, {k * 7 % 13}"
+                + (", strict=True)" if changed and k % 2 else ")") for k in range(20_000)]
+        return (f"# file {i}\n" + "\n".join(rows) + "\n").encode()
+
+    for i in range(8):
+        with open(os.path.join(repo, f"m{i}.py"), "wb") as f:
+            f.write(formatted(i, False))
+    run_fenced_step(ledger, "repo", "fmt", lambda read: [
+        read.read(f"m{i}.py").write(formatted(i, True)) for i in range(8)],
+        epoch=epoch, run="bench-ws")
+
 
 def _time(client, url: str, repeat: int) -> dict[str, float]:  # type: ignore[no-untyped-def]
     client.get(url)  # warm
@@ -158,6 +172,10 @@ def measure(path: str, repeat: int, log=print) -> dict[str, object]:  # type: ig
         "workspace as of a step": "/tree?ws=repo&step=edit-2",
         "stats": "/stats",
         "head (the live poll)": "/api/head",
+        "step (8 x 20,000-line rewrites)": "/step?id=fmt",
+        "runs": "/runs",
+        "search (a step id)": url("/search", q="step-0120"),
+        "events of one kind": "/events?kind=rejected",
     }
     t0 = time.perf_counter()
     # the pages live under the app's secret prefix: the client's base URL carries it
@@ -192,6 +210,33 @@ def measure(path: str, repeat: int, log=print) -> dict[str, object]:  # type: ig
     return out
 
 
+def diff_ratio(log=print) -> dict[str, float]:  # type: ignore[no-untyped-def]
+    """The worst case's diff, difflib (what the UI used) against ledger.diffs, same run."""
+    import difflib
+
+    from ledger import diffs
+
+    a = [f"    value_{k} = compute({k}, {k * 7 % 13})" for k in range(20_000)]
+    b = [x.replace(")", ", strict=True)") if k % 2 else x for k, x in enumerate(a)]
+    out = {}
+    for lines in (2_000, 5_000):
+        t = time.perf_counter()
+        list(difflib.unified_diff(a[:lines], b[:lines], lineterm=""))
+        old = time.perf_counter() - t
+        t = time.perf_counter()
+        diffs.diff_lines(a[:lines], b[:lines], before_name="a", after_name="b")
+        new = time.perf_counter() - t
+        out[f"{lines}_lines_ratio"] = round(old / new, 1)
+        log(f"  diff of {lines:,} lines, every other changed: difflib {old * 1000:.0f} ms,"
+            f" ledger.diffs {new * 1000:.1f} ms: {old / new:.0f}x")
+    t = time.perf_counter()
+    diffs.diff_lines(a, b, before_name="a", after_name="b")
+    out["20000_lines_ms"] = round((time.perf_counter() - t) * 1000, 1)
+    log(f"  ledger.diffs on all 20,000 lines: {out['20000_lines_ms']} ms (difflib: ~20 s,"
+        " not run)")
+    return out
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="100,000 events")
@@ -211,6 +256,7 @@ def main() -> int:
         log(f"timing the pages ({args.repeat} fetches each, after one to warm), while verify"
         " and the stats run in the background of the same process")
         out = measure(path, args.repeat, log)
+        out["diff"] = diff_ratio(log)
         if args.json:
             print(json.dumps(out, indent=2))
         return 0

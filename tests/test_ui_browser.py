@@ -397,3 +397,38 @@ def test_the_overview_answers_what_happened_overnight(browser: Any, demo: Served
                  browser.find_elements(By.CSS_SELECTOR, "#content a")]
         assert any(expect in h for h in hrefs), (query, hrefs)
     _no_script_ran(browser, "overnight")
+
+
+def test_tables_survive_256_character_ids(browser: Any, tmp_path: Path) -> None:
+    """A step id, a run and a workspace name of 256 characters (the most an id may
+    have) wrap inside their cells: no page is wider than the window."""
+    from ledger import run_fenced_step
+
+    long_step, long_run = "s" * 255 + "1", "r" * 256
+    ws = tmp_path / "w"
+    ws.mkdir()
+    path = tmp_path / ".steptrail" / "ledger.db"
+    with Ledger.init(str(path)) as led:
+        led.workspaces.add("w" * 256, str(ws))
+        epoch = led.workspaces.acquire("w" * 256, holder="h" * 256, ttl_s=3600).epoch
+        run_fenced_step(led, "w" * 256, long_step, lambda r: [r.read("a.txt").write(b"x\n")],
+                        epoch=epoch, run=long_run).raise_for_status()
+        led.plan("p" * 256, run=long_run)  # one left in flight: listed on the overview
+    served = Served(path).enter(browser)
+    try:
+        for page in ("/", "/runs", url("/search", q="sss"), "/events",
+                     url("/step", id=long_step), url("/run", id=long_run)):
+            browser.get(served.base + page)
+            if page == "/":
+                WebDriverWait(browser, 30).until(
+                    lambda d: d.find_elements(By.CSS_SELECTOR, "table.runs"))
+            wide = browser.execute_script(
+                "return [document.documentElement.scrollWidth, window.innerWidth]")
+            widest = browser.execute_script(
+                "let w = null; for (const e of document.querySelectorAll('body *')) {"
+                " if (e.scrollWidth > e.clientWidth + 2) w = e; }"
+                " return w ? w.tagName + '.' + w.className + ': ' + w.textContent.slice(0, 80)"
+                " : '';")
+            assert wide[0] <= wide[1] + 2, (page, wide, widest)
+    finally:
+        served.stop()

@@ -373,8 +373,9 @@ class UI:
             ("/run", self.run), ("/workspace", self.workspace), ("/history", self.history),
             ("/tree", self.tree), ("/file", self.file), ("/stats", self.stats),
             ("/diff", self.diff_page), ("/runs", self.runs), ("/search", self.search),
+            ("/compare", self.compare),
         ]
-        heavy = {"/step", "/history", "/tree", "/file", "/diff", "/search"}
+        heavy = {"/step", "/history", "/tree", "/file", "/diff", "/search", "/compare"}
         out = [Route(p, self._page(f, heavy=p in heavy), methods=["GET", "HEAD"])
                for p, f in pages]
         out += [Route("/download", self.download, methods=["GET", "HEAD"]),
@@ -482,6 +483,32 @@ class UI:
             return []
         runs = [r for r in job.result["report"].runs if query in r.run]
         return sorted(runs, key=lambda r: r.last_ns, reverse=True)
+
+    def compare(self, request: Request, led: Ledger) -> Response:
+        """A workspace between two points (seqs): every path written between them, what
+        it held at the first and at the second, each with its diff a click away."""
+        ws = _param(request, "ws")
+        if not _step_id_ok(ws):
+            raise NotFound(f"no workspace {ws!r} in this ledger")
+        led.workspaces.get(ws)
+        head = led.head().seq
+        frm = _int(request, "from", 0)
+        to = _int(request, "to", head)
+        if frm >= to:
+            raise BadRequest(f"?from= (#{frm}) must be before ?to= (#{to})")
+        written = model.workspace_as_of(led, ws, to, after=frm)  # what changed in (frm, to]
+        before = model.workspace_as_of(led, ws, frm) if frm else None
+        rows = []
+        for path, (_rev, digest, seq, step) in sorted(written.paths.items()):
+            was = before.paths.get(path) if before is not None else None
+            old = was[1] if was is not None else None
+            if old != digest:
+                rows.append({"path": path, "pre": old, "post": digest, "seq": seq,
+                             "step": step})
+        return self.render(request, "compare.html", led, ws=ws, frm=frm, to=to,
+                           rows=rows[:TREE_PAGE], total=len(rows),
+                           complete=written.complete and (before is None or before.complete),
+                           scanned_to=written.scanned_to)
 
     def runs(self, request: Request, led: Ledger) -> Response:
         query = request.query_params.get("q", "")
@@ -891,14 +918,16 @@ class UI:
         out["bytes_by_state"] = text.hbars(
             "bytes stored by state", [(k, rep.bytes_by_state.get(k, 0)) for k, _ in states],
             [f"{text.size(rep.bytes_by_state.get(k, 0))} · {n} steps" for k, n in states])
-        growth = rep.growth
+        growth, unit = _growth(rep)
+        label = (lambda t: text.iso(t)[:10]) if unit == "day" else (
+            lambda t: text.iso(t)[5:13].replace("T", " ") + "h")
         out["growth_events"] = text.vbars(
-            "events per day", [(text.iso(g.start_ns)[:10], g.events) for g in growth],
-            [f"{g.events:,} events" for g in growth], height=120 if small else 180)
+            f"events per {unit}", [(label(t), n) for t, n, _ in growth],
+            [f"{n:,} events" for _, n, _ in growth], height=120 if small else 180)
         if not small:
             out["growth_bytes"] = text.vbars(
-                "bytes per day", [(text.iso(g.start_ns)[:10], g.bytes) for g in growth],
-                [text.size(g.bytes) for g in growth])
+                f"bytes per {unit}", [(label(t), b) for t, _, b in growth],
+                [text.size(b) for _, _, b in growth])
             kinds = list(rep.by_kind.items())
             out["kinds"] = text.hbars("events by kind", [(k, c.count) for k, c in kinds],
                                       [f"{c.count:,} ({text.size(c.bytes)})" for _, c in kinds])
@@ -993,6 +1022,21 @@ def _digest(request: Request) -> str:
     if len(digest) != 64 or any(c not in "0123456789abcdef" for c in digest):
         raise BadRequest("?digest= takes a sha256 digest (64 lowercase hex characters)")
     return digest
+
+
+def _growth(rep: Any) -> tuple[list[tuple[int, int, int]], str]:
+    """The stats' growth as (start, events, bytes) bars: by hour when the ledger spans two
+    days or less (a night's work: one daily bar says nothing), else added up by day."""
+    hours = [(g.start_ns, g.events, g.bytes) for g in rep.growth]
+    if rep.bucket != "hour" or not hours or hours[-1][0] - hours[0][0] <= 48 * 3600 * 10**9:
+        return hours, rep.bucket if rep.bucket != "hour" or not hours else "hour"
+    days: dict[int, list[int]] = {}
+    for start, n, b in hours:
+        day = start - start % (86400 * 10**9)
+        got = days.setdefault(day, [0, 0])
+        got[0] += n
+        got[1] += b
+    return [(d, n, b) for d, (n, b) in sorted(days.items())], "day"
 
 
 def _planned_epoch(items: list[dict[str, Any]], ev: Any) -> int:

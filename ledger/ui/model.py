@@ -205,7 +205,9 @@ def _stats(led: Ledger) -> dict[str, Any]:
 
     from ledger.attention import attention
 
-    report = stats(led, by="day", top=0)  # every run: the runs page lists them
+    # by hour: a night's ledger is one or two days, where daily bars say nothing; the
+    # charts add the hours up into days for a longer one
+    report = stats(led, by="hour", top=0)  # every run: the runs page lists them
     gc = last_collection(led)
     # what needs a person (one definition with status and MCP): computed here, in the
     # background with the stats, so the overview stays one page of reads

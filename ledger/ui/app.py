@@ -53,6 +53,8 @@ DIFFS_PER_PAGE: Final = 40
 #: Writes, artifacts, undos and restores listed per event or manifest on a step page
 #: (an event may hold 10,000): the rest are counted, each path's history has them.
 WRITES_PER_EVENT: Final = 2 * DIFFS_PER_PAGE
+#: A refused write's file on disk is hashed by its step page only up to this size.
+DISK_HASH_MAX: Final = 2 * 1024 * 1024
 #: The time one page may spend on diffs (a step of 40 rewritten 20,000-line files):
 #: past it, the page's remaining diffs are links to their own page (`/diff`).
 PAGE_DIFF_BUDGET_S: Final = 0.75
@@ -694,9 +696,17 @@ class UI:
                 now_hash: str | None = None
                 why = ""
                 checked = budget[0] > 0  # hashing the file on disk costs like a diff
-                if checked:
+                if checked and time.monotonic() >= deadline:
+                    why = "not hashed: this page's time was spent"
+                elif checked:
+                    # read at most DISK_HASH_MAX bytes: a file the agent grew (a sparse
+                    # 2 GB file costs no disk) is not hashed on every load of the page
                     try:
-                        _rev, now_hash = led.workspaces.snapshot(ev.workspace, w.path)
+                        now_hash = led.workspaces.read_file(
+                            ev.workspace, w.path, max_bytes=DISK_HASH_MAX).pre_hash
+                    except InvalidInput as exc:
+                        why = (f"not hashed: larger than {DISK_HASH_MAX:,} bytes"
+                               if "more than max_bytes" in str(exc) else f"InvalidInput: {exc}")
                     except (LedgerError, OSError) as exc:
                         why = f"{type(exc).__name__}: {exc}"
                 d = diff_of(w.path, w.pre_hash, w.post_hash, base_rev=w.base_rev,

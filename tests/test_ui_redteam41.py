@@ -88,3 +88,71 @@ def test_sparse_changes_among_identical_lines_diff_in_bounded_time() -> None:
     started = time.process_time()
     unified_diff(before, after, "f.txt")
     assert time.process_time() - started < 3.0  # a bound of ~1 s, 3x margin
+
+
+@pytest.fixture(scope="module")
+def buried(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A person's refused write in workspace `a`, then 501 newer refusals an agent
+    made in workspace `b` (more than `attention`'s default limit of 500)."""
+    tmp = tmp_path_factory.mktemp("buried")
+    ra, rb = tmp / "a", tmp / "b"
+    ra.mkdir()
+    rb.mkdir()
+    (ra / "f").write_text("x\n")
+    (rb / "f").write_text("x\n")
+    path = tmp / "l.db"
+    with Ledger.init(str(path), synchronous="OFF") as led:
+        led.workspaces.add("a", str(ra))
+        led.workspaces.add("b", str(rb))
+        ea = led.workspaces.acquire("a", holder="person", ttl_s=3600).epoch
+        eb = led.workspaces.acquire("b", holder="agent", ttl_s=3600).epoch
+
+        def clash(repo: Path) -> Any:
+            def plan(r: Any) -> Any:
+                got = r.read("f")
+                (repo / "f").write_text(f"edit {time.time_ns()}\n")
+                return [got.write(b"new\n")]
+            return plan
+
+        assert run_fenced_step(led, "a", "mine", clash(ra), epoch=ea).status.value == "conflict"
+        for i in range(501):
+            run_fenced_step(led, "b", f"noise-{i}", clash(rb), epoch=eb)
+    return path
+
+
+def test_status_of_a_workspace_is_not_emptied_by_another_workspaces_items(
+        buried: Path) -> None:
+    """`steptrail status --workspace a` cut the ledger's items to 500 (open first,
+    newest first) and only then kept workspace a's: 501 newer refusals in b hid a's
+    open refusal entirely — nothing about it, in text or --json (the MCP status tool
+    did the same at 200). And without --workspace, the text said "--json lists them
+    all" while --json held 500 of 502."""
+    import json
+    import subprocess
+    import sys
+
+    exe = str(Path(sys.executable).parent / "steptrail")
+
+    def status(*more: str) -> Any:
+        got = subprocess.run([exe, "--ledger", str(buried), "status", "--json", *more],
+                             capture_output=True, text=True, timeout=120)
+        assert got.returncode == 0, got.stderr
+        return json.loads(got.stdout)["attention"]
+
+    assert [(i["kind"], i["subject"]) for i in status("--workspace", "a")] == [
+        ("refused", "mine")]
+    assert "mine" in {i["subject"] for i in status()}
+
+
+def test_the_overview_counts_the_open_items_it_does_not_show(buried: Path) -> None:
+    """The overview listed 50 open items and said nothing of the other 452: a person's
+    refusal, older than an agent's flood, was simply not there. It now says how many
+    more are open and where they are all listed."""
+    with _client(buried) as c:
+        c.get(f"/?token={TOKEN}")
+        deadline = time.monotonic() + 120
+        while c.get("/api/head").json()["stats"]["state"] != "done":
+            assert time.monotonic() < deadline
+            time.sleep(0.2)
+        page = c.get("/").text
+    assert "… and 452 more open item(s) not shown here" in page

@@ -459,6 +459,7 @@ class UI:
                            if items is not None else None,
                            attention_resolved=[i for i in items if i.resolved][:PAGE]
                            if items is not None else None,
+                           attention_open_total=self._attention_open(items),
                            runs=self._runs()[:10])
 
     def _attention(self) -> list[Any] | None:
@@ -475,6 +476,16 @@ class UI:
             items = [Item("verify", check, message, seq=seq, fix="verify")
                      for check, seq, message in v.result["findings"]] + items
         return items
+
+    def _attention_open(self, items: list[Any] | None) -> int:
+        """How many items are open (verify's findings and every open item the stats
+        job counted, not only those it kept)."""
+        if items is None or self.jobs.stats.result is None:
+            return 0
+        counted = self.jobs.stats.result.get("attention_open")
+        verify = sum(1 for i in items if i.kind == "verify")
+        return verify + counted if counted is not None else sum(
+            1 for i in items if not i.resolved)
 
     def _runs(self, query: str = "") -> list[Any]:
         """Every run the stats job saw, the latest first (a substring of the name

@@ -156,3 +156,37 @@ def test_the_overview_counts_the_open_items_it_does_not_show(buried: Path) -> No
             time.sleep(0.2)
         page = c.get("/").text
     assert "… and 452 more open item(s) not shown here" in page
+
+
+def test_a_search_has_one_scan_budget_not_one_per_workspace(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """/search?q= folds every workspace's writes to find paths, and gave each workspace
+    its own scan budget (2 s): an agent that registers many workspaces, each with a
+    long history, made one search (and each live refresh of it) minutes of CPU. Here
+    each workspace's scan takes its whole budget (up to 0.5 s): 20 workspaces were
+    10 s; the page now shares one budget and says the search was cut."""
+    from ledger.ui import model
+
+    path = tmp_path / "l.db"
+    with Ledger.init(str(path)) as led:
+        for i in range(20):
+            (tmp_path / f"w{i}").mkdir()
+            led.workspaces.add(f"w{i}", str(tmp_path / f"w{i}"))
+    real = model.workspace_as_of
+
+    def slow(led: Any, ws: str, seq: int, *, after: int = 0,
+             budget_s: float | None = None) -> Any:
+        spend = min(0.5, model.SCAN_BUDGET_S if budget_s is None else budget_s)
+        time.sleep(spend)
+        tree = real(led, ws, seq, after=after, budget_s=budget_s)
+        return tree if spend < 0.5 else model.Tree(tree.paths, tree.after, tree.after, False)
+
+    monkeypatch.setattr(model, "workspace_as_of", slow)
+    with _client(path) as c:
+        c.get(f"/?token={TOKEN}")
+        started = time.monotonic()
+        page = c.get("/search?q=nothing-matches")
+        took = time.monotonic() - started
+    assert page.status_code == 200
+    assert took < 3 * model.SCAN_BUDGET_S, took
+    assert "the search for paths ran out of time" in page.text

@@ -513,18 +513,27 @@ class UI:
         steps: list[Any] = []
         paths: list[tuple[str, str]] = []
         runs: list[Any] = []
+        paths_complete = True
         if query:
             steps = [r for r in led.steps() if query in r.step_id][:PAGE]
             runs = self._runs(query)[:PAGE]
             head = led.head().seq
+            # one scan budget for the page, shared by every workspace (each its own:
+            # a ledger of many workspaces made one search minutes)
+            deadline = time.monotonic() + model.SCAN_BUDGET_S
             for ws in led.workspaces.list():
-                tree = model.workspace_as_of(led, ws.name, head)
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    paths_complete = False
+                    break
+                tree = model.workspace_as_of(led, ws.name, head, budget_s=left)
+                paths_complete = paths_complete and tree.complete
                 paths.extend((ws.name, p) for p, st in sorted(tree.paths.items())
                              if query in p)
                 if len(paths) >= PAGE:
                     break
         return self.render(request, "search.html", led, q=query, steps=steps, runs=runs,
-                           paths=paths[:PAGE])
+                           paths=paths[:PAGE], paths_complete=paths_complete)
 
     def events(self, request: Request, led: Ledger) -> Response:
         filters = {k: request.query_params.get(k, "") for k in ("kind", "step", "run",

@@ -35,7 +35,7 @@ index) or that is not acked.
 from __future__ import annotations
 
 import shlex
-from collections.abc import Iterable
+from collections.abc import Container, Iterable
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 if TYPE_CHECKING:
@@ -82,10 +82,13 @@ def _first_line(text: str, limit: int = 200) -> str:
 
 
 def attention(ledger: Ledger, *, findings: Iterable[tuple[str, int, str]] = (),
-              resolved: bool = True, limit: int = 500) -> list[Item]:
+              resolved: bool = True, limit: int = 500,
+              workspaces: Container[str] | None = None) -> list[Item]:
     """Every item that needs a person (see the module), open ones first, at most
     `limit`; `findings` are verify's (check, seq, message), when the caller has them;
-    without `resolved`, only open items."""
+    without `resolved`, only open items. `workspaces`: only the items of those
+    workspaces (and those of none), chosen before `limit` cuts the list — another
+    workspace's many items never push these out."""
     items: list[Item] = []
     for check, seq, message in findings:
         items.append(Item("verify", check, _first_line(message), seq=seq, fix="verify"))
@@ -105,6 +108,8 @@ def attention(ledger: Ledger, *, findings: Iterable[tuple[str, int, str]] = (),
         if row.state == "acked" and row.attempt <= 1:
             continue
         items.extend(_step_items(ledger, row))
+    if workspaces is not None:
+        items = [it for it in items if not it.workspace or it.workspace in workspaces]
     order = {k: i for i, k in enumerate(KINDS)}
     items.sort(key=lambda it: (bool(it.resolved), order.get(it.kind, 99), -it.seq))
     return items[:limit] if resolved else [it for it in items if not it.resolved][:limit]

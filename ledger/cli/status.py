@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 import shlex
+import sys
 from typing import TYPE_CHECKING, Any
 
 import click
@@ -230,8 +231,8 @@ def status_document(ctx: click.Context, ledger: Ledger, only: str | None) -> dic
 
     # the night's story, as the UI's overview and MCP tell it (ledger/attention.py)
     items = [dict(it.as_json(), fix=f"{cmd.base} {it.fix}" if it.fix else None)
-             for it in attention(ledger)
-             if only is None or it.workspace in ("", only)]
+             for it in attention(ledger, limit=sys.maxsize,
+                                 workspaces=None if only is None else (only,))]
     return {
         "ledger": where, "head": {"seq": head.seq, "hash": head.hash.hex()},
         "now_ns": now, "now": _iso(now),

@@ -1370,8 +1370,7 @@ class FileTools:
             # what needs a person, as status and the UI say it (ledger/attention.py)
             served = {ws.name for ws in self.workspaces}
             items = [dict(it.as_json(), fix=f"steptrail {it.fix}" if it.fix else None)
-                     for it in attention(self.ledger, limit=200)
-                     if not it.workspace or it.workspace in served]
+                     for it in attention(self.ledger, limit=200, workspaces=served)]
         data = {"ledger": self.ledger.path, "holder": self.holder, "time": iso(now),
                 "lease_ttl_s": self.lease_ttl_s, "workspaces": out, "attention": items,
                 "session": {"paths_seen": len(view), "steps": list(view.steps)[-20:]},

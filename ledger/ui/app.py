@@ -53,6 +53,8 @@ DIFFS_PER_PAGE: Final = 40
 #: Writes, artifacts, undos and restores listed per event or manifest on a step page
 #: (an event may hold 10,000): the rest are counted, each path's history has them.
 WRITES_PER_EVENT: Final = 2 * DIFFS_PER_PAGE
+#: A refused write's file on disk is hashed by its step page only up to this size.
+DISK_HASH_MAX: Final = 2 * 1024 * 1024
 #: The time one page may spend on diffs (a step of 40 rewritten 20,000-line files):
 #: past it, the page's remaining diffs are links to their own page (`/diff`).
 PAGE_DIFF_BUDGET_S: Final = 0.75
@@ -458,6 +460,7 @@ class UI:
                            if items is not None else None,
                            attention_resolved=[i for i in items if i.resolved][:PAGE]
                            if items is not None else None,
+                           attention_open_total=self._attention_open(items),
                            runs=self._runs()[:10])
 
     def _attention(self) -> list[Any] | None:
@@ -474,6 +477,16 @@ class UI:
             items = [Item("verify", check, message, seq=seq, fix="verify")
                      for check, seq, message in v.result["findings"]] + items
         return items
+
+    def _attention_open(self, items: list[Any] | None) -> int:
+        """How many items are open (verify's findings and every open item the stats
+        job counted, not only those it kept)."""
+        if items is None or self.jobs.stats.result is None:
+            return 0
+        counted = self.jobs.stats.result.get("attention_open")
+        verify = sum(1 for i in items if i.kind == "verify")
+        return verify + counted if counted is not None else sum(
+            1 for i in items if not i.resolved)
 
     def _runs(self, query: str = "") -> list[Any]:
         """Every run the stats job saw, the latest first (a substring of the name
@@ -527,18 +540,27 @@ class UI:
         steps: list[Any] = []
         paths: list[tuple[str, str]] = []
         runs: list[Any] = []
+        paths_complete = True
         if query:
             steps = [r for r in led.steps() if query in r.step_id][:PAGE]
             runs = self._runs(query)[:PAGE]
             head = led.head().seq
+            # one scan budget for the page, shared by every workspace (each its own:
+            # a ledger of many workspaces made one search minutes)
+            deadline = time.monotonic() + model.SCAN_BUDGET_S
             for ws in led.workspaces.list():
-                tree = model.workspace_as_of(led, ws.name, head)
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    paths_complete = False
+                    break
+                tree = model.workspace_as_of(led, ws.name, head, budget_s=left)
+                paths_complete = paths_complete and tree.complete
                 paths.extend((ws.name, p) for p, st in sorted(tree.paths.items())
                              if query in p)
                 if len(paths) >= PAGE:
                     break
         return self.render(request, "search.html", led, q=query, steps=steps, runs=runs,
-                           paths=paths[:PAGE])
+                           paths=paths[:PAGE], paths_complete=paths_complete)
 
     def events(self, request: Request, led: Ledger) -> Response:
         filters = {k: request.query_params.get(k, "") for k in ("kind", "step", "run",
@@ -721,9 +743,17 @@ class UI:
                 now_hash: str | None = None
                 why = ""
                 checked = budget[0] > 0  # hashing the file on disk costs like a diff
-                if checked:
+                if checked and time.monotonic() >= deadline:
+                    why = "not hashed: this page's time was spent"
+                elif checked:
+                    # read at most DISK_HASH_MAX bytes: a file the agent grew (a sparse
+                    # 2 GB file costs no disk) is not hashed on every load of the page
                     try:
-                        _rev, now_hash = led.workspaces.snapshot(ev.workspace, w.path)
+                        now_hash = led.workspaces.read_file(
+                            ev.workspace, w.path, max_bytes=DISK_HASH_MAX).pre_hash
+                    except InvalidInput as exc:
+                        why = (f"not hashed: larger than {DISK_HASH_MAX:,} bytes"
+                               if "more than max_bytes" in str(exc) else f"InvalidInput: {exc}")
                     except (LedgerError, OSError) as exc:
                         why = f"{type(exc).__name__}: {exc}"
                 d = diff_of(w.path, w.pre_hash, w.post_hash, base_rev=w.base_rev,

@@ -211,7 +211,9 @@ def _stats(led: Ledger) -> dict[str, Any]:
     gc = last_collection(led)
     # what needs a person (one definition with status and MCP): computed here, in the
     # background with the stats, so the overview stays one page of reads
-    return {"report": report, "gc": gc, "attention": attention(led, limit=2000)}
+    items = attention(led, limit=2**62)
+    return {"report": report, "gc": gc, "attention": items[:2000],
+            "attention_open": sum(1 for i in items if not i.resolved)}
 
 
 def last_collection(led: Ledger) -> dict[str, Any]:

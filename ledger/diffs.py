@@ -17,7 +17,9 @@ compared is counted, never silently dropped:
    starts there — so an insertion longer than a window shows as a deletion and an
    insertion (a valid diff, not the smallest one), never as a wrong one;
 3. the comparison stops once `max_changed` changed lines are found (the first hunks are
-   what a reader reads) or a `deadline` passes; the lines not compared are reported
+   what a reader reads), after `MAX_WINDOWS` windows (a bound on the work that needs no
+   clock: sparse changes among many identical lines reach no change cap), or once a
+   `deadline` passes; the lines not compared are reported
    (`Bounded.rest_before`, `rest_after`) with a cheap linear estimate of how many of
    them differ (`rest_removed`, `rest_added`: lines of one side missing from the other,
    counted as multisets).
@@ -37,6 +39,10 @@ DIFF_LINES_MAX: Final = 400
 DIFF_INPUT_MAX: Final = 2 * 1024 * 1024
 #: Lines of each side compared at once (difflib's cost is at most WINDOW² per window).
 WINDOW: Final = 400
+#: Windows one comparison may look at: a deterministic bound on its work (at most
+#: MAX_WINDOWS x WINDOW² line pairs) whatever the input — sparse changes among many
+#: identical lines reach neither the change cap nor, without a deadline, any other.
+MAX_WINDOWS: Final = 32
 #: What compares one window (difflib's; a test counts its work through this name).
 _Matcher = difflib.SequenceMatcher
 #: A shown line is cut to this many characters (a minified file is one long line).
@@ -72,9 +78,11 @@ class Bounded(NamedTuple):
 
 
 def compare(a: Sequence[str], b: Sequence[str], *, max_changed: int = DIFF_LINES_MAX,
-            deadline: float | None = None, window: int = WINDOW) -> Bounded:
+            deadline: float | None = None, window: int = WINDOW,
+            max_windows: int = MAX_WINDOWS) -> Bounded:
     """Compare the lines `a` and `b` with bounded work (see the module): stop once
-    `max_changed` changed lines were found or `time.monotonic()` passed `deadline`."""
+    `max_changed` changed lines were found, `max_windows` windows were compared, or
+    `time.monotonic()` passed `deadline`."""
     n, m = len(a), len(b)
     p = 0
     while p < n and p < m and a[p] == b[p]:
@@ -85,16 +93,17 @@ def compare(a: Sequence[str], b: Sequence[str], *, max_changed: int = DIFF_LINES
     ea, eb = n - s, m - s
     ops: list[Op] = [Op("equal", 0, p, 0, p)] if p else []
     i = j = p
-    changed = 0
+    changed = windows = 0
     stopped = ""
     while i < ea or j < eb:
-        if changed >= max_changed:
+        if changed >= max_changed or windows >= max_windows:
             stopped = "lines"
             break
         if deadline is not None and time.monotonic() > deadline:
             stopped = "time"
             break
         wa, wb = min(ea, i + window), min(eb, j + window)
+        windows += 1
         codes = _Matcher(None, a[i:wa], b[j:wb], autojunk=False).get_opcodes()
         if wa < ea or wb < eb:
             # keep the window's result up to its last equal block: past it, a line may
@@ -272,6 +281,6 @@ def unified_diff(before: bytes | None, after: bytes | None, path: str, *,
     return "".join(out)
 
 
-__all__ = ["DIFF_INPUT_MAX", "DIFF_LINES_MAX", "LINE_CHARS_MAX", "WINDOW", "Bounded",
+__all__ = ["DIFF_INPUT_MAX", "DIFF_LINES_MAX", "LINE_CHARS_MAX", "MAX_WINDOWS", "WINDOW", "Bounded",
            "DiffLine", "Op", "compare", "cut_line", "diff_lines", "hunks", "split_lines",
            "unified_diff"]

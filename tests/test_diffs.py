@@ -69,7 +69,7 @@ def apply_unified(a: Sequence[str], lines: Sequence[str]) -> list[str]:
 
 
 def check(a: list[str], b: list[str], window: int) -> None:
-    found = compare(a, b, max_changed=10**9, window=window)
+    found = compare(a, b, max_changed=10**9, window=window, max_windows=10**9)
     assert not found.stopped and (found.a_done, found.b_done) == (len(a), len(b))
     assert apply_ops(a, b, found.ops) == b
     text, _, _, _ = diff_lines(a, b, before_name="a", after_name="b", max_lines=10**9)
@@ -151,7 +151,7 @@ def test_the_work_checker_catches_an_unbounded_diff(monkeypatch: pytest.MonkeyPa
     a, b = worst_case(5_000)
     monkeypatch.setattr(diffs, "_Matcher", Counting)
     Counting.cells = 0
-    diffs.compare(a, b, window=10**9, max_changed=10**9)
+    diffs.compare(a, b, window=10**9, max_changed=10**9, max_windows=10**9)
     assert Counting.cells > WORK_BOUND
 
 
@@ -198,3 +198,13 @@ def test_unified_diff_marks_a_missing_newline_and_equal_files() -> None:
     out = unified_diff(b"a\n", b"a\nb", "f", before_label="read", after_label="now")
     assert "--- a/f (read)" in out and "+++ b/f (now)" in out
     assert "\\ No newline at end of file" in out
+
+
+def test_the_window_cap_bounds_sparse_changes_and_says_so() -> None:
+    """Sparse changes over a long file reach no change cap: the window cap stops the
+    comparison (deterministically, no clock) and the last line says what was left."""
+    a = [f"line {k}" for k in range(100_000)]
+    b = [x if k % 1000 else "changed" for k, x in enumerate(a)]
+    found = compare(a, b)
+    assert found.stopped == "lines" and found.a_done <= diffs.MAX_WINDOWS * diffs.WINDOW + 1
+    assert found.rest_removed > 0 and found.rest_before > 80_000

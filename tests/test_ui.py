@@ -778,3 +778,18 @@ def test_a_nights_growth_is_charted_by_the_hour() -> None:
         SimpleNamespace(start_ns=k * hour, events=1, bytes=1) for k in range(24 * 7)])
     bars, unit = _growth(week)
     assert unit == "day" and len(bars) == 7 and all(n == 24 for _, n, _ in bars)
+
+
+def test_event_filters(corpus: Path) -> None:
+    """Events of one kind, step, run or workspace, newest first; a kind that is none is
+    a 400 naming the kinds."""
+    with _client(corpus) as c:
+        c.get(f"/?token={TOKEN}")
+        page = c.get("/events?kind=fenced").text
+        kinds = set(re.findall(r'<span class="kind k-([a-z-]+)">', page))
+        assert kinds == {"fenced"}, kinds
+        page = c.get(url("/events", step="plain-1")).text
+        steps = set(re.findall(r'class="step" href="[^"]*step\?id=([^"]+)"', page))
+        assert steps == {"plain-1"}, steps
+        bad = c.get("/events?kind=nope")
+        assert bad.status_code == 400 and "fenced" in bad.text

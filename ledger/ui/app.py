@@ -591,17 +591,11 @@ class UI:
         before = _int(request, "before", 0, lo=0) or None
         by = {k: v for k, v in (("run", filters["run"]), ("workspace", filters["workspace"]))
               if v}
-        step = filters["step"]
-        if step:
-            got = [r for r in led.read(step=step, kind=kind or None, **by)
-                   if before is None or r.seq < before]
-            got = got[-EVENTS_PAGE:][::-1]
-            older = got[-1].seq if len(got) == EVENTS_PAGE else None
-            complete = True
-        else:
-            scan = model.scan_backward(led, (kind,) if kind else tuple(KINDS), lambda r: r,
-                                       before=before, want=EVENTS_PAGE, **by)
-            got, older, complete = scan.items, scan.next_after, scan.complete
+        if filters["step"]:
+            by["step"] = filters["step"]  # (the step index: one step's events, a page)
+        scan = model.scan_backward(led, (kind,) if kind else tuple(KINDS), lambda r: r,
+                                   before=before, want=EVENTS_PAGE, **by)
+        got, older, complete = scan.items, scan.next_after, scan.complete
         return self.render(request, "events.html", led, events=got, older=older, newer=None,
                            filters=filters, complete=complete)
 

@@ -793,3 +793,34 @@ def test_event_filters(corpus: Path) -> None:
         assert steps == {"plain-1"}, steps
         bad = c.get("/events?kind=nope")
         assert bad.status_code == 400 and "fenced" in bad.text
+
+
+def test_search_by_state_and_time_and_events_by_time(corpus: Path) -> None:
+    """The filters the review asked for beyond names: a step's state, a time window
+    (steps by their last event, events by their time); bad values are 400s naming the
+    form they take."""
+    with Ledger.open(str(corpus), readonly=True) as led:
+        acked = {r.step_id for r in led.steps("acked")}
+        first = next(iter(led.read(0, limit=1))).time_ns
+    import datetime as dt
+
+    later = dt.datetime.fromtimestamp(first / 1e9 + 3600, dt.timezone.utc).isoformat()
+    with _client(corpus) as c:
+        c.get(f"/?token={TOKEN}")
+        page = c.get("/search?state=acked").text
+        shown = set(re.findall(r'class="step" href="[^"]*step\?id=([^"]+)"', page))
+        assert shown and shown <= {quote_id for quote_id in map(_quoted, acked)}
+        assert "no step" not in page
+        none = c.get(url("/search", state="acked", since=later)).text
+        assert re.findall(r'class="step" href=', none) == []
+        assert c.get(url("/events", until=later)).status_code == 200
+        assert re.findall(r'<tr><td>#', c.get(url("/events", since=later)).text) == []
+        for bad in ("/search?state=nope", "/search?since=yesterday", "/events?until=soon"):
+            r = c.get(bad)
+            assert r.status_code == 400, bad
+
+
+def _quoted(step: str) -> str:
+    from urllib.parse import quote
+
+    return quote(step, safe="")

@@ -537,13 +537,22 @@ class UI:
         query = request.query_params.get("q", "").strip()
         if len(query) > 256:
             raise BadRequest("?q= takes at most 256 characters")
+        from ledger.projections.steps import STATES
+
+        state = request.query_params.get("state", "")
+        if state and state not in STATES:
+            raise BadRequest(f"?state= is one of {', '.join(STATES)}, not {state!r}")
+        since, until = request.query_params.get("since", ""), request.query_params.get("until", "")
+        lo, hi = _time_range(since, until)
         steps: list[Any] = []
         paths: list[tuple[str, str]] = []
         runs: list[Any] = []
         paths_complete = True
+        if query or state or since or until:  # the steps: by name, state and time
+            steps = [r for r in led.steps(state or None) if query in r.step_id
+                     and lo <= r.updated_ns < hi][:PAGE]
         if query:
-            steps = [r for r in led.steps() if query in r.step_id][:PAGE]
-            runs = self._runs(query)[:PAGE]
+            runs = [r for r in self._runs(query) if r.last_ns >= lo and r.first_ns < hi][:PAGE]
             head = led.head().seq
             # one scan budget for the page, shared by every workspace (each its own:
             # a ledger of many workspaces made one search minutes)
@@ -560,11 +569,13 @@ class UI:
                 if len(paths) >= PAGE:
                     break
         return self.render(request, "search.html", led, q=query, steps=steps, runs=runs,
+                           state=state, since=since, until=until, states=STATES,
+                           asked=bool(query or state or since or until),
                            paths=paths[:PAGE], paths_complete=paths_complete)
 
     def events(self, request: Request, led: Ledger) -> Response:
         filters = {k: request.query_params.get(k, "") for k in ("kind", "step", "run",
-                                                                  "workspace")}
+                                                                  "workspace", "since", "until")}
         if any(filters.values()):
             return self._filtered_events(request, led, filters)
         head = led.head().seq
@@ -593,7 +604,9 @@ class UI:
               if v}
         if filters["step"]:
             by["step"] = filters["step"]  # (the step index: one step's events, a page)
-        scan = model.scan_backward(led, (kind,) if kind else tuple(KINDS), lambda r: r,
+        lo, hi = _time_range(filters["since"], filters["until"])
+        scan = model.scan_backward(led, (kind,) if kind else tuple(KINDS),
+                                   lambda r: r if lo <= r.time_ns < hi else None,
                                    before=before, want=EVENTS_PAGE, **by)
         got, older, complete = scan.items, scan.next_after, scan.complete
         return self.render(request, "events.html", led, events=got, older=older, newer=None,
@@ -1061,6 +1074,28 @@ def _growth(rep: Any) -> tuple[list[tuple[int, int, int]], str]:
         got[0] += n
         got[1] += b
     return [(d, n, b) for d, (n, b) in sorted(days.items())], "day"
+
+
+def _time_range(since: str, until: str) -> tuple[int, int]:
+    """?since= and ?until= (an ISO date or date and time, UTC unless it says otherwise)
+    as [lo, hi) in nanoseconds; either may be empty (no bound)."""
+    import datetime as dt
+
+    def ns(value: str, name: str) -> int:
+        try:
+            when = dt.datetime.fromisoformat(value.replace("Z", "+00:00"))
+        except ValueError:
+            raise BadRequest(f"?{name}= takes a date or a date and time (2026-12-06 or"
+                             f" 2026-12-06T03:00), not {value[:40]!r}") from None
+        if when.tzinfo is None:
+            when = when.replace(tzinfo=dt.timezone.utc)
+        return int(when.timestamp() * 1e9)
+
+    lo = ns(since, "since") if since else 0
+    hi = ns(until, "until") if until else 2**63
+    if lo >= hi:
+        raise BadRequest("?since= must be before ?until=")
+    return lo, hi
 
 
 def _planned_epoch(items: list[dict[str, Any]], ev: Any) -> int:

@@ -760,7 +760,8 @@ class UI:
                             ev.workspace, w.path, max_bytes=DISK_HASH_MAX).pre_hash
                     except InvalidInput as exc:
                         why = (f"not hashed: larger than {DISK_HASH_MAX:,} bytes"
-                               if "more than max_bytes" in str(exc) else f"InvalidInput: {exc}")
+                               if "more than max_bytes" in str(exc)
+                               else f"{type(exc).__name__}: {exc}")
                     except (LedgerError, OSError) as exc:
                         why = f"{type(exc).__name__}: {exc}"
                 d = diff_of(w.path, w.pre_hash, w.post_hash, base_rev=w.base_rev,

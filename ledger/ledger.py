@@ -1216,9 +1216,17 @@ class Ledger:
         return self._log.read(after_seq, step=step, kind=kind, limit=limit, run=run,
                               workspace=workspace)
 
-    def steps(self, state: str | None = None) -> list[StepRow]:
-        """Every step's current state (optionally only those in `state`), oldest first."""
-        return read_steps(self._log, state=state)
+    def steps(self, state: str | None = None, *, contains: str | None = None,
+              limit: int | None = None) -> list[StepRow]:
+        """Every step's current state (optionally only those in `state`, or whose id
+        holds the text `contains`: case-sensitive, no wildcards, found by the store),
+        oldest first; at most `limit`."""
+        if contains is not None and (not isinstance(contains, str) or len(contains) > 256):
+            raise InvalidInput("contains takes a text of at most 256 characters")
+        if limit is not None and (isinstance(limit, bool) or not isinstance(limit, int)
+                                  or limit < 0):
+            raise InvalidInput(f"limit {limit!r} must be a whole number >= 0")
+        return read_steps(self._log, state=state, contains=contains, limit=limit)
 
     def step(self, step_id: str) -> StepRow:
         """One step's current state; UnknownStep if it has no events."""

@@ -432,7 +432,8 @@ class StepLookup:
 
 
 def read_steps(
-    log: EventLog, *, state: str | None = None, step_id: str | None = None
+    log: EventLog, *, state: str | None = None, step_id: str | None = None,
+    contains: str | None = None, limit: int | None = None,
 ) -> list[StepRow]:
     """Current step rows, exactly as a caught-up projection would hold them. Read-only.
 
@@ -447,7 +448,9 @@ def read_steps(
         if cp.version != steps_mod.VERSION:
             rows = list(fold_all(log).values())
         else:
-            rows = view.steps(state=state, step_id=step_id)
+            # (a limit only where the tables are the whole answer: an overlay may add rows)
+            rows = view.steps(state=state, step_id=step_id, contains=contains,
+                              limit=limit if cp.last_seq >= head else None)
             if cp.last_seq < head:
                 overlay: dict[str, StepRow] = {}
                 fold_rows(log, cp.last_seq, overlay, view.step, None, None, 0)
@@ -455,9 +458,10 @@ def read_steps(
     out = [
         r for r in rows
         if (state is None or r.state == state) and (step_id is None or r.step_id == step_id)
+        and (contains is None or contains in r.step_id)
     ]
     out.sort(key=lambda r: r.first_seq)
-    return out
+    return out if limit is None else out[:limit]
 
 
 __all__ = [

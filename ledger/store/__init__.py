@@ -386,7 +386,8 @@ class ProjectionReader(Protocol):
         """The rows of those of `step_ids` that have one, in one read (any order)."""
         ...
 
-    def steps(self, *, state: str | None = None, step_id: str | None = None) -> list[Any]: ...
+    def steps(self, *, state: str | None = None, step_id: str | None = None,
+              contains: str | None = None, limit: int | None = None) -> list[Any]: ...
     def steps_in_flight(self, workspace: str, before_epoch: int | None = None, *,
                         limit: int | None = None, oldest_first: bool = False
                         ) -> list[tuple[str, int]]:

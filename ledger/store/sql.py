@@ -134,6 +134,10 @@ class _Sqlite(Dialect):
     def insert_or_ignore(self, table: str, columns: Sequence[str]) -> str:
         return "INSERT OR IGNORE" + self.insert(table, columns)[len("INSERT"):]
 
+    def contains(self, column: str) -> str:
+        """`column` holds the text of one ``?`` (case-sensitive, no wildcards)."""
+        return f"instr({column}, ?) > 0"
+
     def insert_or_replace(self, table: str, columns: Sequence[str], key: Sequence[str]) -> str:
         return "INSERT OR REPLACE" + self.insert(table, columns)[len("INSERT"):]
 
@@ -163,6 +167,9 @@ class _Postgres(Dialect):
 
     def insert_or_ignore(self, table: str, columns: Sequence[str]) -> str:
         return self.insert(table, columns) + " ON CONFLICT DO NOTHING"
+
+    def contains(self, column: str) -> str:
+        return f"strpos({column}, ?) > 0"
 
     def insert_or_replace(self, table: str, columns: Sequence[str], key: Sequence[str]) -> str:
         return self.upsert(table, columns, key)
@@ -323,7 +330,8 @@ class Statements:
         return self.dialect.render(f"SELECT {columns} FROM events WHERE {' AND '.join(where)}"
                                    f" ORDER BY {order} LIMIT ?"), params
 
-    def select_steps(self, state: str | None, step_id: str | None) -> tuple[str, list[object]]:
+    def select_steps(self, state: str | None, step_id: str | None, contains: str | None = None,
+                     limit: int | None = None) -> tuple[str, list[object]]:
         where, params = [], []
         if state is not None:
             where.append("state = ?")
@@ -331,10 +339,17 @@ class Statements:
         if step_id is not None:
             where.append("step_id = ?")
             params.append(step_id)
+        if contains is not None:
+            where.append(self.dialect.contains("step_id"))
+            params.append(contains)
         sql = f"SELECT {STEP_COLUMNS} FROM steps"
         if where:
             sql += " WHERE " + " AND ".join(where)
-        return self.dialect.render(sql + " ORDER BY first_seq"), params
+        sql += " ORDER BY first_seq"
+        if limit is not None:
+            sql += " LIMIT ?"
+            params.append(limit)
+        return self.dialect.render(sql), params
 
     def in_flight(self, before: bool, oldest_first: bool, limit: bool) -> str:
         """The latest attempts of a workspace's steps still in flight under an epoch

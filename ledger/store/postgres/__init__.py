@@ -210,8 +210,9 @@ class PgView:
     def steps_by_id(self, step_ids: Sequence[str]) -> list[StepRow]:
         return [StepRow.from_tuple(r) for r in self._all(q.S.SELECT_STEPS_IN, (list(step_ids),))]
 
-    def steps(self, *, state: str | None = None, step_id: str | None = None) -> list[StepRow]:
-        sql, params = q.select_steps(state, step_id)
+    def steps(self, *, state: str | None = None, step_id: str | None = None,
+              contains: str | None = None, limit: int | None = None) -> list[StepRow]:
+        sql, params = q.select_steps(state, step_id, contains, limit)
         return [StepRow.from_tuple(r) for r in self._all(sql, params)]
 
     def steps_in_flight(self, workspace: str, before_epoch: int | None = None, *,

@@ -182,9 +182,11 @@ class SqliteView:
                 q.S.SELECT_STEPS_IN.format(", ".join("?" * len(chunk))), chunk).fetchall())
         return out
 
-    def steps(self, *, state: str | None = None, step_id: str | None = None) -> list[StepRow]:
-        """The step rows (of one state, or one step), oldest first."""
-        sql, params = q.select_steps(state, step_id)
+    def steps(self, *, state: str | None = None, step_id: str | None = None,
+              contains: str | None = None, limit: int | None = None) -> list[StepRow]:
+        """The step rows (of one state, or one step, or whose id holds `contains`; at
+        most `limit`), oldest first."""
+        sql, params = q.select_steps(state, step_id, contains, limit)
         return [StepRow.from_tuple(r) for r in self._db.conn.execute(sql, params).fetchall()]
 
     def steps_in_flight(self, workspace: str, before_epoch: int | None = None, *,

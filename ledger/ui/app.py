@@ -16,6 +16,7 @@ import html
 import json
 import secrets
 import sys
+import threading
 import time
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
@@ -329,7 +330,7 @@ class UI:
                        for name in ("ui.js", "ui.css")}
         self._diffs: collections.OrderedDict[tuple[Any, ...], text.Diff] = \
             collections.OrderedDict()
-        self._diffs_lock = __import__("threading").Lock()
+        self._diffs_lock = threading.Lock()
         self._heavy: asyncio.Semaphore | None = None
         with self.pool.ledger() as led:
             self.ledger_id = led.ledger_id

@@ -9,11 +9,11 @@ from __future__ import annotations
 
 import asyncio
 import collections
-import re
 import contextlib
 import hmac
 import html
 import json
+import re
 import secrets
 import sys
 import threading

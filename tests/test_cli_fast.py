@@ -22,6 +22,10 @@ def test_the_choices_spelled_out_are_the_librarys() -> None:
     assert tuple(cli_mod.FENCE_MODES) == tuple(FENCE_MODES)
     assert tuple(cli_mod.STATES) == tuple(STATES)
     assert cli_mod.IN_FLIGHT == IN_FLIGHT
+    from ledger.ui import model as ui_model
+
+    assert tuple(ui_model.STATES) == tuple(STATES)
+    assert set(ui_model.IN_FLIGHT) == set(IN_FLIGHT)
 
 
 def loaded_after(code: str) -> set[str]:

@@ -538,8 +538,7 @@ class UI:
         query = request.query_params.get("q", "").strip()
         if len(query) > 256:
             raise BadRequest("?q= takes at most 256 characters")
-        from ledger.projections.steps import STATES
-
+        STATES = model.STATES
         state = request.query_params.get("state", "")
         if state and state not in STATES:
             raise BadRequest(f"?state= is one of {', '.join(STATES)}, not {state!r}")

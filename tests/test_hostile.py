@@ -1583,6 +1583,13 @@ def build_mutant_template(root: Path) -> World:
                 # check none while building (the template's workspace is removed after)
                 mp.setattr(fences_mod, "identity_of", lambda st: (1, 1))
                 mp.setattr(fences_mod.Registration, "identity", property(lambda self: None))
+                # and the ledger directory's identity, recorded with the registration: a
+                # rebuilt directory's inode is whatever the file system hands out (the
+                # same one when nothing else ran in between, another under load)
+                from ledger.workspace import core as core_mod
+
+                mp.setattr(core_mod.OwnFiles, "place", lambda self: (
+                    os.path.realpath(self._dir), 1, 1) if self._dir else None)
                 w = build_world(TEMPLATE_WS_HOME, clock=FakeClock(fixed_ns))
             root.mkdir(parents=True)
             shutil.copytree(w.db.parent, root / "led", symlinks=True)

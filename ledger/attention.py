@@ -122,7 +122,10 @@ def _step_items(ledger: Ledger, row: Any) -> list[Item]:
     base = {"workspace": row.workspace, "run": row.run, "step": s}
     committed = row.state in ("acked", "manifest-published")
     planned_epoch: dict[int, int] = {}
-    for r in ledger.timeline(s):
+    # an earlier attempt, or this one ended refused or undone: its events say how (by
+    # the step index); a first attempt in flight or unacked has nothing more to say
+    told = row.attempt > 1 or row.state in ("rejected", "compensated")
+    for r in ledger.timeline(s) if told else ():
         ev: Any = r.event
         if r.kind == "planned":
             planned_epoch[ev.attempt] = ev.epoch
@@ -154,17 +157,16 @@ def _step_items(ledger: Ledger, row: Any) -> list[Item]:
             conflicts = [x.path for x in ev.restored if x.outcome == "conflict"]
             if conflicts:
                 out.append(_half(s, ev.attempt, r, conflicts, base))
-    last = ledger.step(s)
     if row.state == "manifest-published":
         out.append(Item("unacked", s, f"attempt {row.attempt} committed and was never"
                         " acknowledged", attempt=row.attempt, seq=row.last_seq,
-                        time_ns=last.updated_ns,
+                        time_ns=row.updated_ns,
                         fix=f"step ack {_step_arg(s)}" + (f" --epoch {row.epoch}"
                                                           if row.workspace else ""), **base))
     elif row.state in IN_FLIGHT and row.workspace:
         out.append(Item("in-flight", s, f"attempt {row.attempt} is {row.state} and has not"
                         " finished (its worker may have died: a new lease settles it)",
-                        attempt=row.attempt, seq=row.last_seq, time_ns=last.updated_ns,
+                        attempt=row.attempt, seq=row.last_seq, time_ns=row.updated_ns,
                         fix=f"--workspace {_q(row.workspace)} lease acquire --holder \"$USER\"",
                         **base))
     elif row.state in IN_FLIGHT:  # an artifact-only step: its own commands finish it
@@ -174,7 +176,7 @@ def _step_items(ledger: Ledger, row: Any) -> list[Item]:
                "fenced": f"step publish {_step_arg(s)}"}[row.state]
         out.append(Item("in-flight", s, f"artifact step, attempt {row.attempt} is {row.state}"
                         " and has not finished", attempt=row.attempt, seq=row.last_seq,
-                        time_ns=last.updated_ns, fix=nxt, **base))
+                        time_ns=row.updated_ns, fix=nxt, **base))
     return out
 
 

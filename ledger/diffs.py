@@ -243,10 +243,11 @@ def diff_lines(a: Sequence[str], b: Sequence[str], *, before_name: str, after_na
     return out, added, removed, found
 
 
-def split_lines(data: bytes) -> list[str]:
-    """A file's lines without their line ends, decoded as UTF-8 with each byte that is
-    not shown as a replacement character; a last line without a line end is marked."""
-    text = data.decode("utf-8", "replace")
+def split_lines(data: bytes, *, errors: str = "replace") -> list[str]:
+    """A file's lines without their line ends, decoded as UTF-8 (a byte that is not:
+    as `errors` says — a replacement character, or ``backslashreplace``'s ``\\xNN``);
+    a last line without a line end is marked on a line of its own."""
+    text = data.decode("utf-8", errors)
     lines = text.split("\n")
     if lines and lines[-1] == "":
         lines.pop()
@@ -271,14 +272,7 @@ def unified_diff(before: bytes | None, after: bytes | None, path: str, *,
         a, b, before_name=f"a/{path}" + (f" ({before_label})" if before_label else ""),
         after_name=f"b/{path}" + (f" ({after_label})" if after_label else ""),
         deadline=deadline)
-    out = []
-    for line in lines:
-        text = line.text
-        if "\n\\ No newline at end of file" in text:  # (the marker on its own line)
-            out.append(text + "\n")
-        else:
-            out.append(text + "\n")
-    return "".join(out)
+    return "".join(line.text + "\n" for line in lines)
 
 
 __all__ = ["DIFF_INPUT_MAX", "DIFF_LINES_MAX", "LINE_CHARS_MAX", "MAX_WINDOWS", "WINDOW", "Bounded",

@@ -54,7 +54,8 @@ def test_the_demos_night_is_named(demo: Path) -> None:
     # open first
     assert [i.resolved == "" for i in items] == sorted((i.resolved == "" for i in items),
                                                        reverse=True)
-    assert attention(Ledger.open(str(demo), readonly=True), resolved=False) == [notes]
+    with Ledger.open(str(demo), readonly=True) as led:
+        assert attention(led, resolved=False) == [notes]
 
 
 def test_status_and_mcp_tell_the_same_items(demo: Path) -> None:

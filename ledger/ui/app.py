@@ -743,8 +743,11 @@ class UI:
                     hit = [w for w in x.event.writes if w.path == path and w.rev == rev]
                     return hit[0].post_hash if hit else None
 
+                left = deadline - time.monotonic()  # within the page's time only
+                if left <= 0:
+                    break
                 scan = model.scan_backward(led, ("fenced",), made, before=r.seq, want=1,
-                                           budget_s=0.2, workspace=ev.workspace)
+                                           budget_s=min(0.2, left), workspace=ev.workspace)
                 if scan.items and scan.items[0]:
                     found[path] = scan.items[0]
             item["more"] = max(0, len(writes) - WRITES_PER_EVENT)

@@ -119,8 +119,8 @@ def diff(before: bytes | None, after: bytes | None, path: str, *,
         return Diff("too-large", note=f"larger than {TEXT_MAX:,} bytes: not diffed")
     if is_binary(before or b"") or is_binary(after or b""):
         return Diff("binary")
-    a = [] if before is None else _split(before)
-    b = [] if after is None else _split(after)
+    a = [] if before is None else diffs.split_lines(before, errors="backslashreplace")
+    b = [] if after is None else diffs.split_lines(after, errors="backslashreplace")
     lines, added, removed, found = diffs.diff_lines(
         a, b, before_name=f"a/{path}" if before is not None else "/dev/null",
         after_name=f"b/{path}" if after is not None else "/dev/null",
@@ -128,16 +128,6 @@ def diff(before: bytes | None, after: bytes | None, path: str, *,
     shown = tuple(DiffLine(x.kind, visible(x.text)) for x in lines)
     return Diff("text", shown, added=added, removed=removed,
                 complete=not found.stopped and not any(x.kind == "note" for x in lines))
-
-
-def _split(data: bytes) -> list[str]:
-    text = decode(data)
-    lines = text.split("\n")
-    if lines and lines[-1] == "":
-        lines.pop()
-    elif text:
-        lines[-1] += "  \\ no newline at end of file"
-    return lines
 
 
 def iso(time_ns: int) -> str:

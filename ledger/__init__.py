@@ -154,7 +154,7 @@ if TYPE_CHECKING:  # the one list of public names; at run time each is imported 
     from .witness import (
         WitnessStatus as WitnessStatus,
     )
-    from .workspace import (
+    from .step.values import (
         ApplyResult as ApplyResult,
         Compensation as Compensation,
         FileRead as FileRead,
@@ -163,8 +163,10 @@ if TYPE_CHECKING:  # the one list of public names; at run time each is imported 
         settle_conflicts as settle_conflicts,
         SettleConflict as SettleConflict,
         StepPlan as StepPlan,
-        Workspaces as Workspaces,
         Write as Write,
+    )
+    from .workspaces import (
+        Workspaces as Workspaces,
     )
 
 __version__ = "0.1.0"

@@ -27,7 +27,7 @@ from typing import Any
 from .blobs import digest_of
 from .errors import IdempotencyConflict, IllegalTransition, ReplanRefused, StaleEpoch
 from .events import Acked, Planned
-from .workspace.protocol import StepPlan, Write
+from .step.values import StepPlan, Write
 from .runner import FencedOutcome, StepReader, StepStatus, run_fenced_step
 from .ledger import Ledger
 from .store import shown_location

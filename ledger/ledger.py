@@ -14,24 +14,14 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from types import TracebackType
 from typing import Any
 
-import msgspec
 
-from .blobs import (
-    BlobStore,
-    Content,
-    check_content,
-    content_bytes,
-    content_digest,
-)
+from .blobs import BlobStore, Content, content_digest
 from .errors import (
     BlobCorrupt,
     BlobNotFound,
     CorruptLedger,
-    IdempotencyConflict,
-    IllegalTransition,
     InvalidInput,
     LeaseHeld,
-    ManifestConflict,
     NotALedger,
     StaleEpoch,
     UnknownStep,
@@ -44,34 +34,22 @@ from .events import (
     TEXT_MAX,
     Envelope,
     chain_hash,
-    AppliedWrite,
     WitnessAnchored,
-    Acked,
-    BlobPinned,
     BlobStored,
     Event,
-    Fenced,
     Manifest,
-    ManifestEntry,
-    ManifestPublished,
-    Planned,
     RecordedEvent,
     check_digest,
     check_int,
     check_utf8,
-    check_relpath,
     check_step_id,
-    decode,
-    journal_key,
-    manifest_digest,
 )
 from .guard import AppendGuard, check_blob
 from .workspace.core import Clock, Core, Options, OwnFiles
-from .workspace.protocol import (
-    COMPENSATION_WINDOW_S_DEFAULT,
-    Receipt,
-    Workspaces,
-)
+from .step import artifacts as artifacts_mod
+from .step.attempt import Attempt, read_attempt
+from .step.values import COMPENSATION_WINDOW_S_DEFAULT, Receipt
+from .workspaces import Workspaces
 from .log import EventLog, Head
 from .store import BUSY_TIMEOUT_MS, EventQuery, Scope, Store, Synchronous, Tx, locate
 from .projections import (
@@ -84,7 +62,6 @@ from .projections import (
     read_steps,
     rebuild,
 )
-from .projections.steps import ENDED
 from .projections.steps import VERSION as STEPS_VERSION
 from .verify import Finding, VerifyReport, exposure_warnings, verify, window_problem
 from .witness import (
@@ -122,15 +99,6 @@ INLINE_MAX_DEFAULT = 64 * 1024
 HASH_CHECK_MAX_DEFAULT = 1 << 20
 
 
-def artifact_bytes(path: str, data: object) -> bytes:
-    """An artifact's bytes, its path checked (InvalidInput naming the problem)."""
-    check_relpath(path, "artifact path")
-    if not isinstance(data, bytes | bytearray | memoryview):
-        raise InvalidInput(f"the bytes of artifact {path!r} must be bytes, not"
-                           f" {type(data).__name__}")
-    return bytes(data)
-
-
 def _check_options(*, inline_max_bytes: int = 0, hash_check_max_bytes: int = 0,
                    compensation_window_s: float | None = None, **_: Any) -> None:
     """Refuse out-of-range options (InvalidInput) before anything is opened or created."""
@@ -153,15 +121,6 @@ def _refuse_anchor(events: Sequence[Event]) -> None:
                            " ('steptrail witness anchor'), which verifies the ledger first;"
                            " append does not take one")
 
-
-
-class _NotFresh(Exception):
-    """A builder found the step not fresh (`Ledger._step_in_one_commit`): nothing is
-    written; the row it found goes back to the caller."""
-
-    def __init__(self, row: StepRow) -> None:
-        super().__init__(row.step_id)
-        self.row = row
 
 
 class Ledger:
@@ -254,6 +213,8 @@ class Ledger:
         #: The workspace protocol (`ledger.workspace.Workspaces`): registration, leases and
         #: epochs, plan/admit/apply/compensate/settle, reads, restore — one object.
         self.workspaces = Workspaces(self._core)
+        #: What the step's lifecycle works through (`ledger.step.site.Site`).
+        self._site = self.workspaces.site
 
     @property
     def witness(self) -> Witness | None:
@@ -809,11 +770,23 @@ class Ledger:
                         "mtime_ns": t.mtime_ns, "referenced": False, "pinned": False})
         return out
 
-    # -- the artifact protocol ---------------------------------------------------------
+    # -- the artifact protocol (`ledger.step.artifacts`) ---------------------------------
 
     def find_step(self, step_id: str) -> StepRow | None:
         """A step's current state, or None if it has no events."""
         return self._rows.find(step_id)
+
+    def attempt(self, step: str, attempt: int | None = None, *,
+                kind: str | None = None) -> Attempt:
+        """What the ledger recorded of one attempt of a step (None: its latest), in log
+        order: its plan, applies, stored artifacts, manifests, ack, undo intent and end
+        (`ledger.step.attempt.Attempt`; `kind`: only that kind's events are read).
+        UnknownStep if the step has no events."""
+        row = self._rows.get(step)
+        if attempt is not None:
+            check_int(attempt, "attempt", 1)
+        return read_attempt(self._log, step, row.attempt if attempt is None else attempt,
+                            kind=kind)
 
     def plan(
         self,
@@ -834,26 +807,8 @@ class Ledger:
         digests of blobs the new attempt will store, pinned in that same commit (what
         `pin` does one commit each; ignored when no new attempt is planned).
         """
-
-        row = self.find_step(step)
-        if row is not None and (row.live or row.state not in ENDED):
-            return row
-        attempt = 1 if row is None else row.attempt + 1
-        event = Planned(step=step, attempt=attempt, run=run, workspace=workspace,
-                        epoch=epoch, artifacts=tuple(sorted(set(artifacts))))
-        events: list[Event] = [event]
-        events += [BlobPinned(step=step, attempt=attempt, run=run, workspace=workspace,
-                              epoch=epoch, digest=d, role="artifact") for d in dict.fromkeys(pins)]
-        try:
-            self._log.append(events, guard=self._guard())
-        except IllegalTransition:
-            pass  # a concurrent planner won: its attempt is the one in flight
-        return self.step(step)
-
-    def _attempt(self, step: str, attempt: int | None) -> tuple[StepRow, int]:
-        row = self.step(step)
-        attempt = row.attempt if attempt is None else attempt
-        return row, attempt
+        return artifacts_mod.plan(self._site, step, run=run, artifacts=artifacts,
+                                  workspace=workspace, epoch=epoch, pins=pins)
 
     def pin(self, step: str, attempt: int, digest: str, role: str = "artifact") -> RecordedEvent:
         """Record, in its own committed transaction, that the attempt will use this blob.
@@ -861,13 +816,7 @@ class Ledger:
         Taken before the blob is written or deduplicated, so GC never collects it. The
         same event `store` records, so pinning first and storing later is idempotent.
         """
-        return self.append(self._pin_event(self.step(step), attempt, digest, role))
-
-    @staticmethod
-    def _pin_event(row: StepRow, attempt: int, digest: str, role: str = "artifact") -> BlobPinned:
-        return BlobPinned(step=row.step_id, attempt=attempt, run=row.run,
-                          workspace=row.workspace, epoch=row.epoch, digest=digest,
-                          role=role)  # type: ignore[arg-type]
+        return artifacts_mod.pin(self._site, step, attempt, digest, role)
 
     def store(self, step: str, attempt: int, path: str, data: Content) -> BlobStored:
         """Store one artifact of an attempt: pin, durable bytes, then `blob-stored`.
@@ -879,185 +828,11 @@ class Ledger:
         blob store, never held whole (ContentChanged, nothing recorded as stored, if it
         changed in between).
         """
-        check_relpath(path, "artifact path")
-        if not isinstance(data, bytes):
-            if isinstance(data, bytearray | memoryview):
-                data = bytes(data)
-            else:
-                check_content(data, f"the bytes of artifact {path!r}")
-        row = self.step(step)
-        digest, size = content_digest(data)
-        inline = size <= self.inline_max_bytes
-        event = BlobStored(step=step, attempt=attempt, run=row.run, workspace=row.workspace,
-                           epoch=row.epoch, digest=digest, size=size, path=path,
-                           inline=inline)
-        pin = self._pin_event(row, attempt, digest)
-        if inline:
-            small = content_bytes(data, digest)
-            # The pin, the bytes and `blob-stored` commit together: the blob is never
-            # visible unpinned, so one transaction does what two would.
-            self._log.append([pin, event], guard=self._guard(), inline={digest: small})
-        else:
-            self.blobs.check_writable(digest)  # a store that refuses the put: pin nothing
-            self.append(pin)  # committed before the file is written or deduplicated
-            self.blobs.put_content(data, digest)
-            self.append(event)
-        return event
-
-    def _store_and_publish(
-        self, row: StepRow, attempt: int, outputs: Mapping[str, tuple[str, bytes]]
-    ) -> Manifest | None:
-        """Store every artifact of a fresh artifact-only attempt and publish its manifest,
-        in ONE transaction (the step runner's fast path; `store` + `publish` do the same
-        in 1 + 2k commits). `outputs` maps path -> (digest, bytes), pinned with the plan
-        (`plan(pins=...)`; a blob GC took meanwhile fails the guard: BlobNotFound, and
-        the runner goes step by step, pinning). Files are made durable first; the inline
-        bytes, every `blob-stored` and `manifest-published` then commit together, the
-        blobs re-checked by the guard inside the transaction. None, having done nothing,
-        when the attempt's plan declared other artifacts (another runner planned it):
-        the caller goes step by step, where `publish` says what is missing."""
-        step = row.step_id
-        with self._store.read() as view:
-            hit = view.journal_lookup(journal_key(Planned(step=step, attempt=attempt)))
-        planned = None if hit is None else decode(hit.payload, hit.v)
-        if not isinstance(planned, Planned) or planned.workspace or planned.artifacts != tuple(
-                sorted(outputs)):
-            return None
-        small: dict[str, bytes] = {}
-        for path in sorted(outputs):
-            digest, data = outputs[path]
-            if len(data) <= self.inline_max_bytes:
-                small[digest] = data
-            else:
-                self.blobs.check_writable(digest)
-                self.blobs.put(data, digest, verified=True)
-        common = {"step": step, "attempt": attempt, "run": row.run, "workspace": row.workspace,
-                  "epoch": row.epoch}
-        stored: list[Event] = [
-            BlobStored(**common, digest=digest, size=len(data), path=path,  # type: ignore[arg-type]
-                       inline=len(data) <= self.inline_max_bytes)
-            for path, (digest, data) in sorted(outputs.items())
-        ]
-        artifacts = tuple(ManifestEntry(path=path, digest=digest, size=len(data))
-                          for path, (digest, data) in sorted(outputs.items()))
-        event = ManifestPublished(
-            **common, manifest_rev=row.manifest_rev + 1, expected_rev=-1,  # type: ignore[arg-type]
-            digest=manifest_digest(step, (), artifacts), artifacts=artifacts,
-        )
-        # The runner's caller learns the manifest when run_step returns, whichever commit
-        # records the ack: recording it with the manifest saves a commit and changes no
-        # answer (a crash before the return is answered from the journal on a re-run).
-        ack = Acked(**common, manifest_rev=event.manifest_rev)  # type: ignore[arg-type]
-        try:
-            recorded = self._log.append(
-                [*stored, event, ack], guard=self._guard(), inline=small)
-        except IllegalTransition:
-            # a concurrent runner of the same attempt published first: its manifest won
-            if self.step(step).live:
-                manifest = self.manifest(step)
-                assert manifest is not None
-                return manifest
-            raise
-        return Manifest.from_event(event, recorded[-2].seq, True)
-
-    def _step_in_one_commit(
-        self, step: str, run: str, outputs: Mapping[str, tuple[str, bytes]],
-    ) -> tuple[int, Manifest] | StepRow | None:
-        """A fresh artifact-only attempt whose artifacts all fit inline, in ONE
-        transaction: `planned`, the inline bytes with every `blob-stored`,
-        `manifest-published` and `acked` (the runner's fastest path).
-
-        Nothing is written outside the transaction, so the plan is durable before any
-        write the attempt makes exactly as in the three-commit order: all of it commits,
-        or none of it does. Whether the step is fresh (no attempt yet, or its latest one
-        ended unpublished) is decided inside the transaction, from the row read there.
-        Returns (attempt, manifest); the step's row, having written nothing, when it is
-        not fresh (committed, or an attempt in flight: the caller continues that); None,
-        having written nothing, when the journal answered with another runner's identical
-        attempt (its manifest is the one that stands)."""
-        assert all(len(data) <= self.inline_max_bytes for _, data in outputs.values())
-        paths = tuple(sorted(outputs))
-        artifacts = tuple(ManifestEntry(path=path, digest=outputs[path][0],
-                                        size=len(outputs[path][1])) for path in paths)
-        digest = manifest_digest(step, (), artifacts)
-        decided: list[tuple[int, ManifestPublished]] = []
-
-        def build(tx: Tx, _now: int) -> list[Event]:
-            prev = self._steps.peek(tx, step)
-            if prev is not None and (prev.live or prev.state not in ENDED):
-                raise _NotFresh(prev)
-            attempt = 1 if prev is None else prev.attempt + 1
-            manifest_rev = 0 if prev is None else prev.manifest_rev + 1
-            common = {"step": step, "attempt": attempt, "run": run, "workspace": "", "epoch": 0}
-            published = ManifestPublished(
-                **common, manifest_rev=manifest_rev, expected_rev=-1,  # type: ignore[arg-type]
-                digest=digest, artifacts=artifacts)
-            decided[:] = [(attempt, published)]
-            # No `blob-pinned`: a pin holds a blob between commits (written before it is
-            # stored, stored before it is published); here it is stored and published in
-            # the same transaction that makes it exist, so no moment needs holding.
-            # The plan is validated; the rest are built from its fields (step, run,
-            # attempt, the paths it declares) and from values computed here (digests
-            # hashed, lengths, the manifest revision read and advanced): not decoded again.
-            return [
-                Planned(**common, artifacts=paths),  # type: ignore[arg-type]
-                *(Built(BlobStored(**common, digest=d, size=len(data), path=path,  # type: ignore[arg-type]
-                                   inline=True)) for path, (d, data) in sorted(outputs.items())),
-                Built(published),
-                Built(Acked(**common, manifest_rev=manifest_rev)),  # type: ignore[arg-type]
-            ]
-
-        small = {d: data for d, data in outputs.values()}
-        try:
-            recorded = self._log.append(build, guard=self._guard(), inline=small)
-        except _NotFresh as not_fresh:
-            return not_fresh.row
-        except (IllegalTransition, IdempotencyConflict):
-            return None  # a concurrent runner planned this attempt first: nothing written
-        if recorded[-2].deduped:
-            # Another runner recorded this very attempt with identical content first: the
-            # journal answered, and its manifest is the one that stands.
-            return None
-        attempt, published = decided[0]
-        return attempt, Manifest.from_event(published, recorded[-2].seq, True)
+        return artifacts_mod.store(self._site, step, attempt, path, data)
 
     def manifest(self, step: str, manifest_rev: int | None = None) -> Manifest | None:
         """The step's live manifest (or revision `manifest_rev`, live or not); None if none."""
-        row = self.find_step(step)
-        if row is None or row.manifest_rev < 0:
-            return None
-        want = row.manifest_rev if manifest_rev is None else manifest_rev
-        if manifest_rev is None and not row.live:
-            return None
-        for recorded in self._log.read(step=step, kind="manifest-published"):
-            event = recorded.event
-            assert isinstance(event, ManifestPublished)
-            if event.manifest_rev == want:
-                live = row.live and want == row.manifest_rev
-                return Manifest.from_event(event, recorded.seq, live)
-        return None
-
-    def _stored_artifacts(
-        self, step: str, attempt: int
-    ) -> tuple[tuple[str, ...], tuple[ManifestEntry, ...], Planned | None, dict[str, AppliedWrite] | None]:
-        """The attempt's declared artifacts, per path its latest stored blob, its plan and
-        (None when never applied) its applied writes."""
-        declared: tuple[str, ...] = ()
-        latest: dict[str, ManifestEntry] = {}
-        planned: Planned | None = None
-        applied: dict[str, AppliedWrite] | None = None
-        for recorded in self._log.read(step=step):
-            event = recorded.event
-            if getattr(event, "attempt", None) != attempt:
-                continue
-            if isinstance(event, Planned):
-                declared, planned = event.artifacts, event
-            elif isinstance(event, BlobStored) and event.path is not None:
-                latest[event.path] = ManifestEntry(path=event.path, digest=event.digest, size=event.size)
-            elif isinstance(event, Fenced):
-                applied = applied or {}
-                applied.update((w.path, w) for w in event.writes)
-        return declared, tuple(latest[p] for p in sorted(latest)), planned, applied
+        return artifacts_mod.manifest_of(self._site, step, manifest_rev)
 
     def publish(
         self,
@@ -1079,77 +854,8 @@ class Ledger:
         written path's post-image; given a `receipt` (from an executor that ran apart),
         it must match the apply the ledger recorded.
         """
-        if receipt is not None:
-            checked = self.workspaces.check_receipt(receipt)
-            if checked.step != step or (attempt is not None and checked.attempt != attempt):
-                raise InvalidInput(f"the receipt is for step {checked.step!r} attempt"
-                                   f" {checked.attempt}, not {step!r}")
-            attempt = checked.attempt
-            if checked.epoch > 0:
-                live = self.workspaces.get(checked.workspace).live_epoch(self.clock())
-                if live != checked.epoch:  # a late 200 from a reclaimed sandbox
-                    raise StaleEpoch(checked.workspace, checked.epoch, live,
-                                     "a receipt of a dead epoch commits nothing")
-        if expected_rev < -1:
-            raise InvalidInput(f"expected_rev {expected_rev} must be -1 (create) or a revision >= 0")
-        row, attempt = self._attempt(step, attempt)
-        if attempt != row.attempt:
-            raise IllegalTransition(step, attempt, "manifest-published",
-                                    f"the latest attempt is {row.attempt} ({row.state})")
-        if expected_rev == -1 and row.live:
-            manifest = self.manifest(step)
-            assert manifest is not None
-            return manifest
-        if expected_rev != -1 and (not row.live or row.manifest_rev != expected_rev):
-            raise ManifestConflict(step, expected_rev, row.manifest_rev if row.live else None)
-        declared, artifacts, planned, applied = self._stored_artifacts(step, attempt)
-        missing = sorted(set(declared) - {e.path for e in artifacts})
-        if missing:
-            raise IllegalTransition(step, attempt, "manifest-published",
-                                    f"declared artifacts were never stored: {', '.join(missing)}")
-        writes: tuple[ManifestEntry, ...] = ()
-        if planned is not None and planned.workspace and planned.epoch > 0:
-            # A writing step's publish is an effect under its epoch: a dead one hears
-            # StaleEpoch first, whatever else is wrong (the guard re-checks in the txn).
-            live = self.workspaces.get(planned.workspace).live_epoch(self.clock())
-            if live != planned.epoch:
-                raise StaleEpoch(planned.workspace, planned.epoch, live)
-        if planned is not None and planned.writes:
-            if applied is None:
-                raise IllegalTransition(step, attempt, "manifest-published",
-                                        "its workspace writes were never applied; apply first")
-            entries = []
-            for path in sorted(applied):
-                w = applied[path]
-                if w.post_hash is None:
-                    continue  # a deletion names no blob
-                found = self._core.blob_size(w.post_hash)
-                if found is None:
-                    raise BlobNotFound(w.post_hash, f"the post-image of {path} is gone")
-                entries.append(ManifestEntry(path=path, digest=w.post_hash, size=found[0]))
-            writes = tuple(entries)
-        event = ManifestPublished(
-            step=step, attempt=attempt, run=row.run, workspace=row.workspace,
-            epoch=planned.epoch if planned is not None else row.epoch,
-            manifest_rev=row.manifest_rev + 1, expected_rev=expected_rev,
-            digest=manifest_digest(step, writes, artifacts),
-            supersedes=row.manifest_digest if expected_rev != -1 else None,
-            writes=writes, artifacts=artifacts,
-        )
-        try:
-            recorded = self.append(event)
-        except IllegalTransition:
-            # A concurrent publisher landed first: the first to land wins for a create;
-            # a supersede against a revision that moved is a conflict.
-            now = self.step(step)
-            if expected_rev == -1 and now.live:
-                manifest = self.manifest(step)
-                assert manifest is not None
-                return manifest
-            if expected_rev != -1:
-                raise ManifestConflict(step, expected_rev, now.manifest_rev if now.live else None) from None
-            raise
-        return Manifest.from_event(event, recorded.seq, True)
+        return artifacts_mod.publish(self._site, step, attempt, expected_rev=expected_rev,
+                                     receipt=receipt)
 
     def ack(self, step: str, attempt: int | None = None, *, epoch: int | None = None) -> RecordedEvent:
         """Record that the client learned the step's live manifest (idempotent).
@@ -1158,26 +864,7 @@ class Ledger:
         `epoch` (default: the step's own) must be live. An ack lost across a preemption
         is recorded under the new epoch. A step already acked returns its first ack.
         """
-        row, attempt = self._attempt(step, attempt)
-        if epoch is not None and row.workspace and row.epoch:
-            # an ack under an epoch: that epoch must be live and no older than the
-            # attempt's, even when the answer would be an earlier ack (a zombie must not
-            # hear a newer epoch's ack as its own)
-            ws = self.workspaces.get(row.workspace)
-            live = ws.live_epoch(self.clock())
-            if live != epoch or epoch < row.epoch:
-                raise StaleEpoch(row.workspace, epoch, live, f"attempt {attempt} of step"
-                                 f" {step!r} was planned under epoch {row.epoch}"
-                                 if epoch < row.epoch else "", latest=ws.epoch,
-                                 holder=ws.holder)
-        if row.state == "acked" and row.attempt == attempt:
-            for recorded in self._log.read(step=step, kind="acked"):
-                if getattr(recorded.event, "attempt", None) == attempt:
-                    first = recorded
-            return msgspec.structs.replace(first, deduped=True)
-        return self.append(Acked(step=step, attempt=attempt, run=row.run, workspace=row.workspace,
-                                 epoch=row.epoch if epoch is None else epoch,
-                                 manifest_rev=max(row.manifest_rev, 0)))
+        return artifacts_mod.ack(self._site, step, attempt, epoch=epoch)
 
     # -- reading ---------------------------------------------------------------------
 

@@ -26,7 +26,7 @@ import msgspec
 
 from .errors import ContentFileEscapes, InvalidInput, OperatorOnly, Unsettled
 from .events import check_relpath
-from .workspace.protocol import FENCE_MODES, StepPlan, Write
+from .step.values import FENCE_MODES, StepPlan, Write
 
 if TYPE_CHECKING:
     from .ledger import Ledger

@@ -256,17 +256,53 @@ def test_the_standard_workload_does_the_same_durable_operations(tmp_path: Path) 
     assert (total, runs) == (saved["total"], saved["trace"])
 
 
-#: The ledger's collaborators: they work through `ledger.workspace.core.Core`, never the `Ledger`.
-COLLABORATORS = tuple(f"ledger.workspace.{m}" for m in (
-    "core", "protocol", "restore", "directory", "confined", "exchange"))
+#: The ledger's collaborators: the places on disk (`ledger.workspace`) and the step's
+#: lifecycle (`ledger.step`). They work through `ledger.workspace.core.Core` (the step's
+#: `Site` holds it), never the `Ledger`.
+COLLABORATORS = tuple(sorted(m for m in _modules()
+                             if m.startswith(("ledger.workspace.", "ledger.step."))))
+#: What the step's lifecycle never imports, not even for types: the facades above it and
+#: every front end.
+ABOVE_THE_STEP = ("ledger.ledger", "ledger.workspaces", "ledger.runner", "ledger.demo",
+                  "ledger.cli", "ledger.mcp", "ledger.ui", "ledger.langgraph", "ledger.aio")
+
+
+def lifecycle_violations(graph: dict[str, set[str]]) -> list[str]:
+    """Imports that break the layering of the step's lifecycle: a module of
+    `ledger.step` importing a facade or a front end (`ABOVE_THE_STEP`), and a module of
+    `ledger.workspace` importing anything of `ledger.step` but its plain values."""
+    out = []
+    for mod, targets in sorted(graph.items()):
+        for t in sorted(targets):
+            if mod.startswith("ledger.step") and any(
+                    t == a or t.startswith(a + ".") for a in ABOVE_THE_STEP):
+                out.append(f"{mod} imports {t}")
+            if mod.startswith("ledger.workspace.") and t.startswith("ledger.step") \
+                    and t not in ("ledger.step", "ledger.step.values"):
+                out.append(f"{mod} imports {t}")
+    return out
 
 
 def test_the_collaborators_do_not_import_the_ledger() -> None:
-    """The dependency points one way: `ledger.ledger` composes the workspace protocol and
-    restore; they (and the `Core` they are handed) never import it, not even for types."""
+    """The dependency points one way: `ledger.ledger` and ``ledger.workspaces`` compose
+    the step's lifecycle (`ledger.step`) over the places on disk (`ledger.workspace`);
+    neither imports a facade or a front end, not even for types, and the places import
+    nothing of the lifecycle but its values."""
     graph = import_graph()
+    assert {"ledger.step.apply", "ledger.workspace.places"} <= set(COLLABORATORS)
     for name in COLLABORATORS:
         assert "ledger.ledger" not in graph[name], f"{name} imports ledger.ledger"
+    assert lifecycle_violations(graph) == []
+
+
+def test_the_lifecycle_checker_catches_a_violation() -> None:
+    planted = {"ledger.step.apply": {"ledger.ledger", "ledger.step.fence"},
+               "ledger.step.run": {"ledger.cli.step_run"},
+               "ledger.workspace.places": {"ledger.step.values", "ledger.step.apply"},
+               "ledger.workspace.leases": {"ledger.step"}}
+    assert lifecycle_violations(planted) == [
+        "ledger.step.apply imports ledger.ledger", "ledger.step.run imports ledger.cli.step_run",
+        "ledger.workspace.places imports ledger.step.apply"]
 
 
 def test_no_mixin_and_no_private_reach_ins() -> None:

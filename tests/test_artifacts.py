@@ -23,6 +23,8 @@ from ledger import (
 from ledger.errors import BlobCorrupt, BlobNotFound, ManifestConflict
 from ledger.events import manifest_digest
 from ledger.runner import run_step
+from ledger.projections import StepLookup
+from ledger.step import artifacts as artifacts_mod
 from ledger.testing.broken import run_step_wrong_order
 
 SMALL = b"small artifact\n" * 10  # inline
@@ -397,17 +399,17 @@ def test_the_fast_path_only_publishes_what_the_plan_declared(
     own set in one commit; step by step, publish names what is missing."""
     ledger.plan("s", artifacts=["a.txt", "b.txt"])
     if data is LARGE:
-        real = ledger.find_step
+        real = StepLookup.find
         looks = [None]  # the runner's first look saw no step yet
 
-        def find_step(step: str) -> object:
-            return looks.pop() if looks else real(step)
+        def find_step(self: StepLookup, step: str) -> object:
+            return looks.pop() if looks else real(self, step)
 
-        monkeypatch.setattr(ledger, "find_step", find_step)
+        monkeypatch.setattr(StepLookup, "find", find_step)
     stores: list[str] = []
-    fast = "_store_and_publish" if data is LARGE else "_step_in_one_commit"
-    real_fast = getattr(Ledger, fast)
-    monkeypatch.setattr(ledger, fast, lambda *a: stores.append("fast") or real_fast(ledger, *a))
+    fast = "store_and_publish" if data is LARGE else "step_in_one_commit"
+    real_fast = getattr(artifacts_mod, fast)
+    monkeypatch.setattr(artifacts_mod, fast, lambda *a: stores.append("fast") or real_fast(*a))
     head = ledger.head().seq
     with pytest.raises(IllegalTransition, match="never stored: b.txt"):
         run_step(ledger, "s", {"a.txt": data})

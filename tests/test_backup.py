@@ -30,7 +30,7 @@ from conftest import run_cli
 from ledger import BackupIncomplete, BackupInvalid, InvalidInput, Ledger, WitnessMissing
 from ledger.backup import MARKER, backup, check_backup, read_backup, restore_backup
 from ledger.cli import cli
-from ledger.workspace.protocol import StepPlan, Write
+from ledger.step.values import StepPlan, Write
 from ledger.runner import run_step
 
 BIG = 100 * 1024  # above the inline threshold: a blob file

@@ -34,7 +34,7 @@ from ledger.backup import BLOBS_DIR, check_backup, read_backup, restore_backup
 WRITER = r"""
 import os, sys, time
 from ledger import Ledger, LedgerBusy
-from ledger.workspace.protocol import StepPlan, Write
+from ledger.step.values import StepPlan, Write
 path, name, root, stop = sys.argv[1:5]
 led = Ledger.open(path)
 os.makedirs(root, exist_ok=True)

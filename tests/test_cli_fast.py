@@ -13,7 +13,7 @@ import pytest
 
 import ledger
 import ledger.cli as cli_mod
-from ledger.workspace.protocol import FENCE_MODES
+from ledger.step.values import FENCE_MODES
 from ledger.projections.steps import IN_FLIGHT, STATES
 
 
@@ -50,12 +50,12 @@ ADDED = {"importlib.metadata", "ledger.testing", "ledger.testing.commands"}
 def test_importing_the_cli_loads_no_ledger_and_no_store() -> None:
     mods = loaded_after("import ledger.cli")
     assert "ledger.cli" in mods
-    assert not {"ledger.ledger", "ledger.workspace.protocol", "ledger.store", "apsw", *HEAVY} & mods
+    assert not {"ledger.ledger", "ledger.workspaces", "ledger.step", "ledger.store", "apsw", *HEAVY} & mods
 
 
 def test_the_packages_names_are_found_on_first_use() -> None:
     mods = loaded_after("import ledger.errors")
-    assert "ledger.ledger" not in mods and "ledger.workspace.protocol" not in mods
+    assert "ledger.ledger" not in mods and "ledger.workspaces" not in mods
     mods = loaded_after("from ledger import StaleEpoch, Ledger, load_plan")
     assert {"ledger.ledger", "ledger.plans"} <= mods
     assert set(dir(ledger)) >= set(ledger.__all__)

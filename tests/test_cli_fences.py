@@ -22,7 +22,7 @@ from ledger import Ledger
 from ledger.cli import cli
 from ledger.errors import StorageFailure, Unsettled
 from ledger.events import LeaseAcquired
-from ledger.workspace.protocol import StepPlan, Write
+from ledger.step.values import StepPlan, Write
 from ledger.workspace.directory import WorkspaceDir
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
@@ -563,7 +563,7 @@ def test_new_work_waits_for_the_older_epoch_to_be_settled(world: World) -> None:
     assert r.code == 0 and cli("step", "apply", "s2", "--epoch", "2").code == 0
 
 
-# --- regressions: core bugs found while building the CLI (fixed in ledger/workspace/protocol.py) ----
+# --- regressions: core bugs found while building the CLI (fixed in ledger/step/) ----
 
 
 def test_new_work_waits_for_an_unsettled_older_epoch(world: World) -> None:

@@ -22,7 +22,7 @@ import pytest
 from conftest import CliOut, FakeClock, digest_of, lock_files_aside, run_cli
 
 from ledger import Ledger
-from ledger.workspace.protocol import StepPlan, Write
+from ledger.step.values import StepPlan, Write
 from ledger.gc.collector import collector_lock
 from ledger.runner import run_step
 

@@ -22,7 +22,7 @@ from conftest import FakeClock
 from ledger import Ledger, UnsafeRename
 from ledger.workspace import exchange as exchange_mod
 from ledger.workspace import moves as moves_mod
-from ledger.workspace.protocol import StepPlan, Write
+from ledger.step.values import StepPlan, Write
 from ledger.gc.collector import collect
 
 N = 12

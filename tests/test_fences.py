@@ -29,7 +29,8 @@ from ledger.errors import (
     StaleEpoch,
     UnknownWorkspace,
 )
-from ledger.workspace.protocol import StepPlan, Write
+from ledger.step.values import StepPlan, Write
+from ledger.step.undo import answer_compensation
 
 
 def h(text: str | bytes) -> str:
@@ -349,7 +350,7 @@ def test_settle_never_overwrites_a_human_edit(tmp_path: Path, ledger_at: LedgerA
     (w.dir / "app.py").write_text("human")
     new = w.ledger.workspaces.acquire("w", "agent-2", ttl_s=3600, force=True)
     assert w.disk() == "human"
-    comp = w.ledger.workspaces._answer_compensation("s1", 1)
+    comp = answer_compensation(w.ledger.workspaces.site, "s1", 1)
     assert [r.outcome for r in comp.restored] == ["conflict"]
     with pytest.raises(ReplanRefused):
         w.ledger.workspaces.replan("s1", epoch=new.epoch)
@@ -634,7 +635,7 @@ def test_the_workspace_protocol_is_one_object_on_the_ledger(tmp_path: Path,
                                                            ledger_at: LedgerAt) -> None:
     """Users reach the workspace protocol as `ledger.workspaces` (one `Workspaces`), not
     through delegations on `Ledger`: no public method of `Workspaces` is also on `Ledger`."""
-    from ledger.workspace import Workspaces
+    from ledger.workspaces import Workspaces
 
     names = {n for n, v in vars(Workspaces).items() if callable(v) and not n.startswith("_")}
     assert {"acquire", "add", "admit", "apply", "compensate", "settle", "restore",
@@ -667,7 +668,7 @@ def test_admit_refuses_a_different_plan_in_the_library(tmp_path: Path) -> None:
 
 def test_an_apply_result_is_typed_beside_its_verdict_text() -> None:
     """`outcome` and `reason` are the verdict as types (the JSON contract keeps the text)."""
-    from ledger.workspace.protocol import ApplyResult
+    from ledger.step.values import ApplyResult
 
     rejected = ApplyResult(verdict="rejected:pre_hash", step="s", attempt=1)
     assert (rejected.outcome, rejected.reason, rejected.applied) == ("rejected", "pre_hash", False)

@@ -42,7 +42,7 @@ from ledger.events import (
     PlannedWrite,
     Restored,
 )
-from ledger.workspace.protocol import StepPlan, Write
+from ledger.step.values import StepPlan, Write
 
 FULL = os.environ.get("STEPTRAIL_FUZZ_FULL") == "1"
 CI_SEEDS = 300
@@ -393,7 +393,7 @@ def test_worlds_clean_up_their_directory(tmp_path: Path) -> None:
     assert list(tmp_path.iterdir()) == []
 
 
-# --- regressions: protocol bugs the search found (fixed in ledger/workspace/protocol.py, ledger.py) ----
+# --- regressions: protocol bugs the search found (fixed in ledger/step/) ----
 
 
 def test_settle_keeps_a_hand_edit_equal_to_an_unapplied_post_image(tmp_path: Path) -> None:

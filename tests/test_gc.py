@@ -666,7 +666,7 @@ class Workload:
         elif op == "abandon":
             abandon(led, self.step_id(), self.outputs())
         elif op == "ws_commit":
-            from ledger.workspace.protocol import StepPlan, Write
+            from ledger.step.values import StepPlan, Write
 
             current = (self.ws / "app.py").read_bytes()
             new = rng.choice([c for c in POOL if c != current])

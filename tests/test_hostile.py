@@ -71,10 +71,10 @@ from ledger import (
     StaleEpoch,
 )
 from ledger.store.sqlite import file as dbmod
-from ledger.workspace import protocol as fences_mod
+from ledger.workspace import places as places_mod
 from ledger.cli import cli
 from ledger.errors import BlobCorrupt, BlobNotFound
-from ledger.workspace.protocol import TTL_MAX_S, Write
+from ledger.step.values import TTL_MAX_S, Write
 from ledger.runner import run_step
 from ledger.witness import AnchorRefused, WitnessMismatch, WitnessMissing
 
@@ -1581,8 +1581,8 @@ def build_mutant_template(root: Path) -> World:
                 mp.setattr(dbmod.time, "time_ns", lambda: fixed_ns)
                 # the root's device and inode differ per build: record fixed ones, and
                 # check none while building (the template's workspace is removed after)
-                mp.setattr(fences_mod, "identity_of", lambda st: (1, 1))
-                mp.setattr(fences_mod.Registration, "identity", property(lambda self: None))
+                mp.setattr(places_mod, "identity_of", lambda st: (1, 1))
+                mp.setattr(places_mod.Registration, "identity", property(lambda self: None))
                 # and the ledger directory's identity, recorded with the registration: a
                 # rebuilt directory's inode is whatever the file system hands out (the
                 # same one when nothing else ran in between, another under load)

@@ -28,7 +28,7 @@ import pytest
 from ledger import Ledger, Planned
 from ledger.blobs import TMP_DIR, BlobStore
 from ledger.errors import LedgerError, StorageFailure
-from ledger.workspace.protocol import StepPlan, Write
+from ledger.step.values import StepPlan, Write
 from ledger.gc import collect
 from ledger.runner import run_step
 

@@ -13,7 +13,7 @@ import pytest
 from conftest import FakeClock, LedgerAt, sqlite_at
 
 from ledger import Ledger
-from ledger.workspace.protocol import Write
+from ledger.step.values import Write
 from ledger.metrics import compute
 
 S = 1_000_000_000

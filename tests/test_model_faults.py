@@ -84,7 +84,7 @@ its witness through (the witness rules show them).
 
 What the machine found is kept below as explicit rule sequences, each a regression test:
 a client-protocol finding, and a ledger bug (a rejected replay left the writes that had
-landed before a crash in the workspace, recorded nowhere; fixed in ledger/workspace/protocol.py).
+landed before a crash in the workspace, recorded nowhere; fixed in ledger/step/).
 Also kept: what it missed and a replay of a real project's history found (issue 11 item
 18: settling left a file the dead attempt had created as a conflict), which the
 workspace check above now catches; the honest crash between COMMIT and the witness
@@ -1506,7 +1506,7 @@ def test_regression_rejected_replay_puts_back_the_writes_that_landed() -> None:
     app.py (ws-2 had moved its rev) and neither undid nor recorded lib/new.txt's landed
     rename, and a rejected attempt is ended (compensate refuses it, settling skips it).
     Now a rejecting replay puts such writes back first and lists them in the event's
-    `undone` (ledger/workspace/protocol.py `_undo_landed`). The same holds with a power loss in
+    `undone` (ledger/step/undo.py). The same holds with a power loss in
     place of the kill, and every invariant is checked after each rule."""
     for crash, state, undone, _ in _cut_between_renames_and_fenced_then(
             ("workspace_step", {"paths": (WS_PATH,), "content": 0, "crash": None}),

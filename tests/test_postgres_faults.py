@@ -47,7 +47,7 @@ from ledger.errors import (
     LedgerError,
     ProtocolRefused,
 )
-from ledger.workspace.protocol import StepPlan, Write
+from ledger.step.values import StepPlan, Write
 from ledger.store.postgres import PgStore
 
 psycopg = pytest.importorskip("psycopg")

@@ -35,7 +35,7 @@ import pytest
 from ledger import Ledger
 from ledger.errors import IllegalTransition, LedgerError
 from ledger.events import Rejected
-from ledger.workspace.protocol import StepPlan, Write
+from ledger.step.values import StepPlan, Write
 
 psycopg = pytest.importorskip("psycopg")
 
@@ -520,7 +520,7 @@ _WORKER = r'''
 import json, sys, time, traceback, os
 sys.path.insert(0, {root!r})
 from ledger import Ledger
-from ledger.workspace.protocol import StepPlan
+from ledger.step.values import StepPlan
 from ledger.gc.collector import collect
 
 def pool(i):

@@ -32,7 +32,7 @@ from ledger.errors import (
     EnvironmentFailure,
     NotALedger,
 )
-from ledger.workspace.protocol import StepPlan, Write
+from ledger.step.values import StepPlan, Write
 from ledger.gc import audit, collect
 from ledger.seal import seal_run
 from ledger.store.postgres.schema import TABLES

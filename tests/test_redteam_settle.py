@@ -21,7 +21,7 @@ from test_takeback_races import World, h, save_by_rename
 from ledger import Ledger
 from ledger.workspace import exchange as exchange_mod
 from ledger.workspace.directory import SLOT_ROLES, attempt_tag, temp_name
-from ledger.workspace.protocol import StepPlan, Write
+from ledger.step.values import StepPlan, Write
 
 
 @pytest.fixture(params=["exchange", "fallback"])

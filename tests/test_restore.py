@@ -38,7 +38,7 @@ from ledger.testing import faults as F
 from ledger import InvalidInput, Ledger, WorkspaceMoved
 from ledger.blobs import digest_of
 from ledger.events import WorkspaceRestored
-from ledger.workspace.protocol import StepPlan, Write
+from ledger.step.values import StepPlan, Write
 from ledger.workspace.restore import RestoreReport, committed_content
 
 

@@ -44,7 +44,7 @@ from ledger import (
     VerifyReport,
 )
 from ledger import events as ev
-from ledger.workspace.protocol import StepPlan, Write
+from ledger.step.values import StepPlan, Write
 from ledger.runner import run_step
 
 EVENTS = 13  # a, b, c committed (4 events each), d planned

@@ -25,7 +25,7 @@ from conftest import CliOut, LedgerAt, damage_witness, run_cli, tamper
 from ledger import Ledger, PathForbidden, Planned, WitnessAnchored
 from ledger.blobs import digest_of
 from ledger.errors import InvalidInput, LedgerError
-from ledger.workspace.protocol import StepPlan, Write
+from ledger.step.values import StepPlan, Write
 from ledger.witness import (
     SLOT,
     AnchorRefused,

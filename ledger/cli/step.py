@@ -17,7 +17,7 @@ from ledger.errors import (
     StaleEpoch,
     StepRejected,
 )
-from ledger.events import Manifest, RecordedEvent
+from ledger.events import Manifest
 
 from ._common import LedgerSubgroup, Refusal, _emit_json, _examples, _open, json_option
 from ._format import _echo_compensation, _n, compensation_json
@@ -396,14 +396,14 @@ def step_ack(ctx: click.Context, step_id: str, attempt: int | None, epoch: int |
         _check_live(ledger, row, epoch)  # an acked step too: a zombie hears StaleEpoch
         r = ledger.ack(step_id, attempt, epoch=epoch)
     if as_json:
-        _emit_json(ack_json(step_id, r))
+        _emit_json(ack_json(step_id, r.seq, r.deduped))
     else:
-        _echo_ack(step_id, r)
+        _echo_ack(step_id, r.deduped)
 
 
-def ack_json(step_id: str, r: RecordedEvent) -> dict[str, Any]:
-    return {"step": step_id, "seq": r.seq, "deduped": r.deduped}
+def ack_json(step_id: str, seq: int, deduped: bool) -> dict[str, Any]:
+    return {"step": step_id, "seq": seq, "deduped": deduped}
 
 
-def _echo_ack(step_id: str, r: RecordedEvent) -> None:
-    click.echo(f"step {step_id}: acked" + (" (already)" if r.deduped else ""))
+def _echo_ack(step_id: str, deduped: bool) -> None:
+    click.echo(f"step {step_id}: acked" + (" (already)" if deduped else ""))

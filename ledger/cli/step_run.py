@@ -6,7 +6,6 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, BinaryIO
 
 import click
-import msgspec
 
 from ledger.errors import InvalidInput, LedgerError
 
@@ -144,9 +143,8 @@ def _run_step(ledger: Ledger, name: str, epoch: int, plan: Plan, fence: str, jou
     if out.status is StepStatus.STALE_EPOCH:
         assert out.error is not None
         raise Refusal(out.error)
-    new = [r for r in ledger.read(before, step=step_id)
-           if getattr(r.event, "attempt", None) == out.attempt]
-    fenced_now = any(r.kind == "fenced" for r in new)
+    attempt = ledger.attempt(step_id, out.attempt)
+    fenced_now = any(seq > before for seq, _ in attempt.fenced)
     verdict = ("applied" if fenced_now else "deduped") if out.committed else (
         f"rejected:{out.reason.value}" if out.reason is not None else out.detail)
     result = ApplyResult(verdict=verdict, step=step_id, attempt=out.attempt,
@@ -157,7 +155,7 @@ def _run_step(ledger: Ledger, name: str, epoch: int, plan: Plan, fence: str, jou
         _echo_apply(result)
     if not out.committed:
         raise Refusal(_not_applied(result))
-    stored = [r.event for r in new if r.kind == "blob-stored"]
+    stored = [e for seq, e in sorted(attempt.stored) if seq > before]
     doc["stored"] = stored_json(stored, seen)
     if not as_json and stored:
         _echo_stored(stored, seen)
@@ -166,11 +164,11 @@ def _run_step(ledger: Ledger, name: str, epoch: int, plan: Plan, fence: str, jou
     if not as_json:
         _echo_manifest(out.manifest)
     reached("after-commit")
-    ack = next(r for r in reversed(ledger.timeline(step_id)) if r.kind == "acked")
-    ack = msgspec.structs.replace(ack, deduped=acked_before)
-    doc["ack"] = ack_json(step_id, ack)
+    acked = ledger.attempt(step_id, out.attempt, kind="acked").acked
+    assert acked is not None  # (committed: acked with its manifest)
+    doc["ack"] = ack_json(step_id, acked[0], acked_before)
     if not as_json:
-        _echo_ack(step_id, ack)
+        _echo_ack(step_id, acked_before)
 
 
 def _conflict_facts(out: FencedOutcome) -> dict[str, Any]:

@@ -600,7 +600,7 @@ class FileTools:
         step — fenced on the same read as first recorded, its new content taken from the
         retried call itself (so a post-image lost in the crash is stored again)."""
         row = self.ledger.step(step)
-        planned, _fenced, ended = self._latest_attempt(step, row.attempt)
+        planned, ended = self._latest_attempt(step, row.attempt)
         posts = None
         if row.workspace == ws.name and planned is not None and planned.workspace == ws.name:
             posts = matches(planned.writes)
@@ -627,20 +627,10 @@ class FileTools:
         return self._answer(view, ws, step, out, self._change_from_plan(ws, step, planned),
                             posts, replayed=True)
 
-    def _latest_attempt(self, step: str, attempt: int
-                        ) -> tuple[Planned | None, Fenced | None, Any]:
-        planned = fenced = ended = None
-        for r in self.ledger.timeline(step):
-            e = r.event
-            if getattr(e, "attempt", None) != attempt:
-                continue
-            if isinstance(e, Planned):
-                planned = e
-            elif isinstance(e, Fenced):
-                fenced = e
-            elif isinstance(e, Rejected | Compensated):
-                ended = e
-        return planned, fenced, ended
+    def _latest_attempt(self, step: str, attempt: int) -> tuple[Planned | None, Any]:
+        """The attempt's plan and its end (rejected or compensated; None: not ended)."""
+        got = self.ledger.attempt(step, attempt)
+        return got.planned, None if got.end is None else got.end[1]
 
     def _change_from_plan(self, ws: Workspace, step: str, planned: Planned | None = None
                           ) -> _Change:
@@ -1261,7 +1251,7 @@ class FileTools:
         if row.state == "compensated":
             if row.manifest_rev < 0:
                 return "settled (never committed)"
-            return self._undo_summary(self._latest_attempt(row.step_id, row.attempt)[2])
+            return self._undo_summary(self._latest_attempt(row.step_id, row.attempt)[1])
         return f"in flight ({row.state})"
 
     def history(self, view: ClientView, path: str | None = None, limit: int = 20) -> Result:

@@ -17,12 +17,13 @@ test-only path that skips the publish check: the checker must report violations.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import signal
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass, field
 from typing import Any, Final
 
@@ -84,32 +85,39 @@ class ChaosReport:
         return asdict(self)
 
 
-def _label_phases(ledger: Ledger, counter: _Counter) -> None:
-    """Name each operation after the protocol step it belongs to (for the table)."""
+@contextlib.contextmanager
+def _label_phases(counter: _Counter) -> Iterator[None]:
+    """Name each operation after the protocol step it belongs to (for the table): the
+    artifact protocol's functions (`ledger.step.artifacts`, which the runner and the
+    `Ledger` facade both call) wrapped while the protocol runs."""
+    from ..step import artifacts as artifacts_mod
 
-    def wrap(name: str) -> None:
-        method = getattr(ledger, name)
+    saved = {name: getattr(artifacts_mod, name) for name in PHASES}
 
+    def wrap(name: str, fn: Callable[..., Any]) -> Callable[..., Any]:
         def labelled(*args: Any, **kwargs: Any) -> Any:
-            counter.phase = PHASES[name] if name != "store" else f"store {args[2]}"
-            return method(*args, **kwargs)
+            counter.phase = PHASES[name] if name != "store" else f"store {args[3]}"
+            return fn(*args, **kwargs)
+        return labelled
 
-        setattr(ledger, name, labelled)
+    for name, fn in saved.items():
+        setattr(artifacts_mod, name, wrap(name, fn))
+    try:
+        yield
+    finally:
+        for name, fn in saved.items():
+            setattr(artifacts_mod, name, fn)
 
-    for name in PHASES:
-        wrap(name)
 
-
-#: The runner's calls, named in the table (`_step_in_one_commit`, `_store_and_publish`:
-#: its fast paths).
-PHASES = {"_step_in_one_commit": "whole step", "plan": "plan", "store": "store",
-          "_store_and_publish": "store + publish + ack", "publish": "publish", "ack": "ack"}
+#: The artifact protocol's functions the runner calls, named in the table
+#: (`step_in_one_commit`, `store_and_publish`: its fast paths).
+PHASES = {"step_in_one_commit": "whole step", "plan": "plan", "store": "store",
+          "store_and_publish": "store + publish + ack", "publish": "publish", "ack": "ack"}
 
 
 def _protocol(path: str, outputs: dict[str, bytes], wrong_order: bool, on_op: Callable[[str], None] | None) -> None:
-    with Ledger.open(path, on_op=on_op) as ledger:
-        if isinstance(on_op, _Counter):
-            _label_phases(ledger, on_op)
+    with Ledger.open(path, on_op=on_op) as ledger, (
+            _label_phases(on_op) if isinstance(on_op, _Counter) else contextlib.nullcontext()):
         if wrong_order:
             run_step_wrong_order(ledger, STEP_ID, outputs)
         else:

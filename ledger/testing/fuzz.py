@@ -62,7 +62,7 @@ from typing import Any, Final, Self
 from .. import (AppliedWrite, ApplyResult, IdempotencyConflict, InvalidInput, Ledger, Planned,
                PlannedWrite, ProtocolRefused, Receipt, ReplanRefused, StepPlan, Write)
 from ..events import kind_of
-from ..workspace.protocol import FENCE_MODES
+from ..step.values import FENCE_MODES
 from ..projections.steps import (
     ACKED,
     ENDED,

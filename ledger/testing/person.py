@@ -142,7 +142,7 @@ SEED_MODE: Final = 0o644
 
 
 def workload_writes(workload: Sequence[PathWrite]) -> list[Any]:
-    from ..workspace.protocol import Write
+    from ..step.values import Write
 
     return [Write(w.path, w.post, None if w.pre is None else sha(w.pre), mode=w.mode)
             for w in workload]
@@ -915,7 +915,7 @@ class _Trial:
 
     def setup(self) -> None:
         from .. import Ledger, run_fenced_step
-        from ..workspace.protocol import Write
+        from ..step.values import Write
 
         self.root.mkdir(parents=True, exist_ok=True)
         self.ledger = Ledger.init(self.db, clock=self.clock, synchronous="OFF",

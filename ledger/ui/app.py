@@ -790,10 +790,7 @@ class UI:
 
     @staticmethod
     def _planned(led: Ledger, step: str, attempt: int) -> Any:
-        for r in led.read(step=step, kind="planned"):
-            if r.event.attempt == attempt:  # type: ignore[union-attr]
-                return r.event
-        return None
+        return led.attempt(step, attempt, kind="planned").planned
 
     def run(self, request: Request, led: Ledger) -> Response:
         run_id = _param(request, "id")

@@ -1,51 +1,33 @@
-"""The workspace protocol: a step's writes to a directory, fenced, journaled, undoable.
-
-Users reach it as one object, ``ledger.workspaces`` (a `Workspaces`):
-
-    with Ledger.init("ws/.steptrail/ledger.db") as led:
-        led.workspaces.add("w", "ws")
-        lease = led.workspaces.acquire("w", "agent-1", ttl_s=60)
-        led.workspaces.admit("w", lease.epoch, [StepPlan("s1", [Write("a.txt", b"hi", None)])])
-        led.workspaces.apply("s1", epoch=lease.epoch, commit=True)
+"""Places on disk and their rules: where workspaces live, how a step's bytes reach
+them, how they are walked and restored. The step's lifecycle that uses them is
+`ledger.step`; users reach both as ``ledger.workspaces`` (`ledger.workspaces.Workspaces`).
 
 The modules, from the top down:
 
-- `protocol` — `Workspaces`: registration, epoch leases, plan/admit/apply,
-  compensation, settling, reads (`read_file`, `snapshot`), `restore`, `confined`; and
-  the values it takes and answers (`Write`, `StepPlan`, `Lease`, `ApplyResult`, …).
+- `places` — `Places`: registration (a directory recorded with its device and inode),
+  the ledger where it was registered, the confined way in (`wsdir`), a planner's reads,
+  the files kept under a visible name, `restore`.
+- `leases` — `Leases`: epochs begun, renewed, released; the live epoch checked; the
+  steps an older epoch left in flight; one workspace's threads in turn.
 - `restore` — a workspace's committed content written to a new directory.
 - `confined` — `Confined`: a workspace directory as a tool lists, walks, searches and
-  ``mkdir -p``-s it under the protocol's boundary (the MCP file tools use it).
+  ``mkdir -p``-s it under the same boundary (the MCP file tools use it).
 - `directory` — `WorkspaceDir`: the one walk from the root (no symlink followed, the
   ledger's own files out of reach), staging, exchange-and-verify landing, slots.
+- `moves` — the one verified primitive every byte move goes through.
 - `exchange` — the atomic rename-exchange system call and its fallbacks.
-- `core` — `Core`: what the protocol is handed of a ledger (log, storage, clock,
-  options, the append guard, the boundary), never the `Ledger` itself.
+- `place` — where the ledger itself is (a copied or moved project).
+- `core` — `Core`: what is handed down of a ledger (log, storage, clock, options, the
+  append guard, the boundary), never the `Ledger` itself.
 
-Nothing here imports `ledger.ledger`: the dependency points one way.
+Nothing here imports `ledger.ledger` or `ledger.step`: the dependency points one way.
 """
 
 from .confined import Confined, Entry, FsRefused, Walk, glob_match
 from .directory import LEDGER_DIR_NAME, Boundary, WorkspaceDir, is_git_name, is_ledger_dir_name
-from .protocol import (
-    ApplyResult,
-    Compensation,
-    FileRead,
-    KeptFile,
-    Lease,
-    Receipt,
-    SettleConflict,
-    StepPlan,
-    Workspaces,
-    Write,
-    settle_conflicts,
-)
 from .restore import RestoreReport
 
 __all__ = [
-    "ApplyResult", "Boundary", "Compensation", "Confined", "Entry", "FileRead", "FsRefused",
-    "KeptFile",
-    "Lease", "Receipt", "RestoreReport", "SettleConflict", "StepPlan", "Walk", "Workspaces",
-    "WorkspaceDir", "Write", "glob_match", "settle_conflicts", "LEDGER_DIR_NAME", "is_git_name",
-    "is_ledger_dir_name",
+    "Boundary", "Confined", "Entry", "FsRefused", "RestoreReport", "Walk", "WorkspaceDir",
+    "glob_match", "LEDGER_DIR_NAME", "is_git_name", "is_ledger_dir_name",
 ]

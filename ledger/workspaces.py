@@ -1,0 +1,363 @@
+"""`Workspaces` — what users reach as ``ledger.workspaces``: registrations, epoch leases,
+the fenced step (admit, apply, compensate, settle), reads, restore. A facade: each
+method hands the ledger's `Site` (its core, places and leases) to the part that does
+the work — `ledger.workspace.places`, `ledger.workspace.leases`, and the step's
+lifecycle in `ledger.step` (admit, apply, fence, undo, tidy).
+
+docs/design.md "The commit protocol" steps 1–2 and "Epochs and leases": `Workspaces`, the
+collaborator `Ledger` composes and users reach as ``ledger.workspaces``, working through
+the ledger's `Core` (`ledger.workspace.core`) — the
+log, the storage, the clock, the options — never the `Ledger` itself. The order is the
+point:
+
+1. plan (`admit`, `plan_step`, `replan`): a durable `planned` event with each write's
+   path, base_rev, pre_hash and post-image digest; the post-images are pinned and
+   stored in the same step, before anything is applied.
+2. apply: the store's write lock covers the commit only. With no lock held, the
+   pre-images on disk are stored and the post-images are staged (temporary files,
+   fsynced); then the checks: the journal — `(workspace, step, attempt)` — answers a
+   redelivery; the epoch must be live; each write's path rev must equal its base_rev
+   and the bytes on disk must hash to its pre_hash (`fence="step"`; `plan` compares the
+   workspace rev with the run's admitted plan rev; `none` checks nothing); then the
+   staged files are exchanged into place — the epoch read again before each — and their
+   directories fsynced. Then one transaction checks again what may have moved (the
+   journal, the live epoch, the attempt, the revs) and records `fenced` with the new
+   revisions and hashes. A takeover during the file work is seen at the next landing or
+   at the commit: what landed is taken back, and the caller hears StaleEpoch.
+3. compensate: fenced like a write — a pre-image goes back only where the path's rev
+   is still the attempt's and its bytes still hash to the attempt's post-image.
+
+A crash between a rename and the `fenced` commit is settled when the attempt is
+applied again under the same epoch (the post-image on disk with the path rev still at
+base is recorded, `settled=True`), or by the next epoch's settling (which compensates
+it). Opening a ledger never does either on its own.
+"""
+
+from __future__ import annotations
+
+import builtins  # (annotations: `Workspaces.list` shadows the builtin in the class)
+import os
+from collections.abc import Sequence
+from typing import Any
+
+from .errors import LedgerMoved
+from .projections.workspaces import Registration, WsRow
+from .step import admit, apply, tidy, undo
+from .step.attempt import check_receipt
+from .step.site import Site
+from .step.values import (
+    ApplyResult,
+    Compensation,
+    FenceMode,
+    FileRead,
+    KeptFile,
+    Lease,
+    Receipt,
+    StepPlan,
+    Write,
+    settle_conflicts,
+)
+from .workspace.confined import Confined
+from .workspace.core import Core
+from .workspace.directory import FileIdentity, WorkspaceDir
+from .workspace.restore import RestoreReport
+
+
+class Workspaces:
+    """The workspace protocol: registrations, leases, admission, the fenced apply,
+    compensation and settling (see the module docstring), over the ledger's `Core`.
+
+    >>> from pathlib import Path
+    >>> from ledger import Ledger
+    >>> Path("repo").mkdir(); _ = Path("repo/app.py").write_text("v0\\n")
+    >>> ledger = Ledger.init("ledger.db")
+    >>> _ = ledger.workspaces.add("repo", "repo")
+    >>> lease = ledger.workspaces.acquire("repo", holder="agent-1", ttl_s=600)
+    >>> ledger.workspaces.read_file("repo", "app.py").content
+    b'v0\\n'
+    >>> ledger.close()
+    """
+
+    def __init__(self, core: Core) -> None:
+        #: What the lifecycle works through: the ledger's core, places and leases.
+        self.site = Site.of(core)
+        #: The ledger's core (the log, the storage, the clock, the options, …).
+        self.core = core
+        #: Where the workspaces live (registration, the confined walk, reads).
+        self.places = self.site.places
+        #: Their epoch leases.
+        self.leases = self.site.leases
+
+    def add(self, name: str, root: str | os.PathLike[str], *,
+                      allow_git: bool = False, rebind: bool = False) -> WsRow:
+        """Register a workspace: a named, existing directory, recorded resolved with its
+        device and inode (every later walk checks them).
+
+        Refused (WorkspaceOverlap) when the directory is, contains or lies inside another
+        workspace's root, or is the ledger's own directory or inside its blob root (the
+        ledger's directory may lie inside it: the embedded layout). `allow_git`:
+        steps may write ``.git`` internals. Adding the same name again with the same
+        directory and options is a no-op; anything else is refused unless `rebind`,
+        which re-registers the workspace (a `workspace-rebound` event): the way back for
+        a workspace moved or restored by other means, and how a workspace registered
+        before identities were recorded obtains one. Rebinding while a lease is live is
+        allowed: every write is still fenced on the bytes on disk.
+
+        Each registration also records where the ledger itself is (its directory's real
+        path, device and inode; nothing for a ledger in a database): a ledger that
+        travels with the workspace and is later found elsewhere — a copied or moved
+        project — refuses its steps (`LedgerMoved`) until it is rebound, which records
+        its new place (`ledger_moved`).
+        """
+        return self.places.add(name, root, allow_git=allow_git, rebind=rebind)
+
+    def registration(self, name: str) -> Registration:
+        """Where workspace `name` lives and what it may write (its newest
+        `workspace-added`/`-restored`/`-rebound` event); UnknownWorkspace if never added."""
+        return self.places.registration(name)
+
+    def ledger_moved(self, name: str) -> LedgerMoved | None:
+        """Why a step on workspace `name` is refused because the ledger is not where it
+        was when the workspace was registered (a copied or moved project: `LedgerMoved`,
+        its `command` resolves it), or None. Every step, read and walk of the workspace
+        raises it (`directory`); `steptrail status` shows it. Never for a ledger in a
+        database, nor for a registration that did not record the ledger's place."""
+        return self.places.ledger_moved(name)
+
+    def check_root(self, name: str, real: str, ident: FileIdentity | None) -> None:
+        """Refuse a root that is, contains or lies inside another workspace's root, or is
+        the ledger's own directory or inside its blob root: by resolved path, and by
+        device and inode of the root (None: it does not exist yet) and of its ancestors
+        (a bind mount, a case-variant name)."""
+        return self.places.check_root(name, real, ident)
+
+    def get(self, name: str) -> WsRow:
+        """A workspace's row (revision, lease); UnknownWorkspace if it was never added."""
+        return self.places.get(name)
+
+    def list(self) -> builtins.list[WsRow]:
+        """Every workspace's row, by name (a bare lease has no directory: not listed)."""
+        return self.places.list()
+
+    def paths(self, name: str) -> dict[str, tuple[int, str | None]]:
+        """Every path a step wrote: its rev and the hash of the content it should hold."""
+        return self.places.paths(name)
+
+    def kept(self, name: str) -> builtins.list[KeptFile]:
+        """The files steptrail kept in workspace `name` under a visible name
+        (``NAME.steptrail-kept-TAG``) instead of removing them, as its refusals and
+        compensations recorded them (`Restored.kept`), each with whether it is still on
+        disk: `status` shows those still there as needing attention."""
+        return self.places.kept(name)
+
+    def directory(self, name: str) -> WorkspaceDir:
+        """Workspace `name`'s directory, confined as every step's write is: the root
+        reached without following symlinks and checked against its registration, the
+        ledger's own files and (unless allowed) ``.git`` out of reach. For front ends
+        that list or walk the workspace (the MCP tools): one walk, the library's."""
+        return self.places.directory(name)
+
+    def restore(self, workspace: str, to: str | os.PathLike[str], *,
+                force: bool = False, replace: bool = False) -> RestoreReport:
+        """Materialize the workspace's committed content under `to` (a new or empty
+        directory; with `replace`, any directory: what held other bytes at a restored
+        path is kept beside it) and record it (`ledger.workspace.restore.restore`)."""
+        return self.places.restore(workspace, to, force=force, replace=replace)
+
+    def confined(self, name: str) -> Confined:
+        """Workspace `name`'s directory as a tool may list, walk, search and ``mkdir -p``
+        it (`Confined`): every walk the protocol's own, under the same boundary — the
+        ledger's files, ``.git`` unless the workspace allows it, no symlink followed."""
+        return self.places.confined(name)
+
+    def snapshot(self, workspace: str, path: str) -> tuple[int, str | None]:
+        """What a planner reads before it plans a write: (the path's rev, the sha256 of
+        its bytes on disk now, None when absent)."""
+        return self.places.snapshot(workspace, path)
+
+    def read_file(self, workspace: str, path: str, *,
+                  max_bytes: int | None = None) -> FileRead:
+        """Read a workspace file as a planner must: its bytes, with the sha256 of those
+        very bytes and the path's rev, taken together (`FileRead`).
+
+        Plan writes from this (`read.write(new_content)`), not from a later `snapshot`:
+        a person's edit between the planner's read and a snapshot would be hashed into
+        the plan and applied over. The rev is read before the bytes, so a step applied
+        in between makes the plan stale, never wrongly fresh. A file larger than
+        `max_bytes` is refused (InvalidInput) rather than read whole.
+        """
+        return self.places.read_file(workspace, path, max_bytes=max_bytes)
+
+    def lease(self, workspace: str) -> Lease:
+        return self.leases.lease(workspace)
+
+    def acquire(
+        self, workspace: str, holder: str, ttl_s: float = 60, *, force: bool = False,
+        bare: bool = False, resume: bool = False,
+    ) -> Lease:
+        """Start a new epoch (previous + 1) on the workspace and settle the older ones.
+
+        Refused with LeaseHeld while another lease is live, unless `force`, and with
+        LedgerMoved while the ledger is not where it was registered. Every attempt
+        of an older epoch still in flight is compensated before this returns (`settled`).
+        The new epoch is live whatever settling found: a path it left for a human is in
+        `conflicts`, a step it could not settle in `unsettled` (new work is refused with
+        Unsettled until `settle` succeeds). `bare`: a name no workspace registered is
+        not UnknownWorkspace but a lease with no directory, made by its first epoch
+        (`lease-acquired` with `bare`): ownership of something that is not a directory,
+        as a LangGraph thread's (ledger.langgraph). A registered workspace's lease is
+        taken as usual. `resume`: an agent restarting after a crash takes back a live
+        lease its own `holder` still holds (a new epoch, which settles what the dead run
+        left unfinished) — another holder's live lease is still LeaseHeld: the
+        restart-safe way to start (README's quickstart).
+        """
+        event = self.leases.begin(workspace, holder, ttl_s, force=force, bare=bare,
+                                  resume=resume)
+        # The epoch is ours from here on: a failure to settle one step is reported with
+        # it (apply refuses with Unsettled until `settle` succeeds), never lost.
+        settled, failed = undo.settle_all(self.site, workspace, event.epoch)
+        return Lease(workspace=workspace, epoch=event.epoch, holder=holder,
+                     expires_ns=event.expires_ns, live=True, released=False,
+                     settled=tuple(c.step for c in settled), unsettled=tuple(failed),
+                     conflicts=settle_conflicts(settled))
+
+    def heartbeat(self, workspace: str, epoch: int, ttl_s: float = 60) -> Lease:
+        """Extend the live lease; an expired one is never revived (StaleEpoch)."""
+        return self.leases.heartbeat(workspace, epoch, ttl_s)
+
+    def release(self, workspace: str, epoch: int) -> Lease:
+        """Give the lease up (idempotent for the same epoch)."""
+        return self.leases.release(workspace, epoch)
+
+    def unsettled(self, workspace: str, epoch: int) -> builtins.list[str]:
+        """Steps of the workspace whose latest attempt, of an epoch before `epoch`, is
+        still in flight (planned, fenced, blob-stored)."""
+        return self.leases.unsettled(workspace, epoch)
+
+    def settle(self, workspace: str, epoch: int) -> builtins.list[Compensation]:
+        """Compensate every attempt of an older epoch still in flight, under `epoch`.
+
+        Raises the first failure after trying every step (the others are settled)."""
+        return undo.settle(self.site, workspace, epoch)
+
+    def plan_step(
+        self,
+        step: str,
+        *,
+        workspace: str,
+        epoch: int,
+        writes: Sequence[Write] = (),
+        artifacts: Sequence[str] = (),
+        run: str = "",
+        fence: FenceMode = "step",
+        journal: bool = True,
+        plan_rev: int | None = None,
+        irreversible: bool = False,
+    ) -> ApplyResult | None:
+        """Plan one step that writes the workspace (a batch of one; see `admit`)."""
+        return admit.plan_step(self.site, step, workspace=workspace, epoch=epoch, writes=writes, artifacts=artifacts, run=run, fence=fence, journal=journal, plan_rev=plan_rev, irreversible=irreversible)
+
+    def admit(
+        self,
+        workspace: str,
+        epoch: int,
+        plans: Sequence[StepPlan],
+        *,
+        fence: FenceMode = "step",
+        journal: bool = True,
+        plan_rev: int | None = None,
+    ) -> builtins.list[ApplyResult | None]:
+        """Admit a plan: a batch of steps submitted together, under the live `epoch`.
+
+        Records each step's `planned` attempt (its writes, the workspace rev at dispatch,
+        the fence mode) with its post-images pinned and stored, in one transaction. Steps
+        of the batch that write the same path must chain — each one's pre_hash is the
+        previous one's post-image — or every step is rejected with ``overlap`` (a
+        per-step fence cannot order siblings). Returns, per step, None when admitted or
+        the rejection. A step whose latest attempt is in flight or committed is left as
+        it is when this is its recorded plan (a retried admission: idempotent); any
+        other plan for it raises PlanConflict naming the difference, and nothing of the
+        batch is written.
+        """
+        return admit.admit(self.site, workspace, epoch, plans, fence=fence, journal=journal, plan_rev=plan_rev)
+
+    def replan(self, step: str, *, epoch: int) -> int:
+        """Re-stamp the step's ended attempt onto the current revisions, as a new attempt.
+
+        Allowed when every write's pre_hash still holds on disk; the new attempt keeps the
+        writes, post-images, fence mode and the run's plan rev, and gets the path revs of
+        now as its bases. Returns the new attempt number. ReplanRefused otherwise.
+        """
+        return admit.replan(self.site, step, epoch=epoch)
+
+    def apply(self, step: str, attempt: int | None = None, *, epoch: int,
+              commit: bool = False, inline_artifacts: dict[str, bytes] | None = None
+              ) -> ApplyResult:
+        """Fence and apply the attempt's writes under the live `epoch` (see the module).
+
+        Returns the verdict; a rejection is recorded (the attempt ends) when the attempt
+        was still planned. Raises StaleEpoch for a dead epoch and Unsettled when an older
+        epoch's attempt is still in flight; writes nothing then.
+
+        `commit`: the transaction that records the apply also publishes the attempt's
+        manifest (the commit point) and acks it (`ApplyResult.committed`): a fenced step
+        in two commits, the plan and this. `inline_artifacts` (path -> bytes, each at
+        most `inline_max_bytes`) are stored in that same transaction; the plan's other
+        declared artifacts must have been stored before (`store`), or nothing commits
+        but the apply. The caller learns the result when this returns; a crash before is
+        answered by the journal on a re-run.
+        """
+        return apply.apply(self.site, step, attempt, epoch=epoch, commit=commit, inline_artifacts=inline_artifacts)
+
+    def compensate(
+        self,
+        step: str,
+        attempt: int | None = None,
+        *,
+        reason: str = "",
+        epoch: int | None = None,
+    ) -> Compensation:
+        """End the attempt, undoing its workspace writes where that is safe.
+
+        For each write: the path's rev still the attempt's and its bytes still the
+        post-image → the pre-image goes back (``restored``), by an atomic exchange
+        checked like a write's; the pre-image already there → ``already``; anything else
+        → ``conflict`` and nothing is overwritten. A write a crashed apply landed without
+        recording it goes back from what it displaced (its slot). A committed step's live
+        manifest ends (allowed only within the compensation window). A step that writes
+        the workspace needs its live `epoch`; pins are released. A redelivery returns the
+        first compensation.
+
+        Journaled: a `compensating` intent commits before the first file is touched, so
+        an undo killed halfway leaves its step ``compensating`` (in flight): the next
+        settle — the next epoch's acquire — or a retry finishes it.
+        """
+        return undo.compensate(self.site, step, attempt, reason=reason, epoch=epoch)
+
+    def check_receipt(self, receipt: Receipt | dict[str, Any] | bytes | str) -> Receipt:
+        """Parse a receipt handed back by an executor and check it against the ledger.
+
+        A receipt that is empty, malformed, or does not match the recorded apply is
+        refused (InvalidInput / IllegalTransition): a 200 with an empty body moves nothing.
+        """
+        return check_receipt(self.core.log, receipt)
+
+    def tidy(self, step: str) -> None:
+        """Remove what the step's latest attempt left in its slots, once it is over (a
+        kill after its commit, before the displaced files went): a re-run of a
+        committed step calls it. Best effort; an attempt in flight is left alone."""
+        return tidy.tidy(self.site, step)
+
+    def remove_abandoned_temporaries(self, now: int) -> int:
+        """Collect, in every workspace, the temporaries no live stager can own: those of
+        an epoch older than the live one (any epoch once the lease has lapsed), and those
+        of attempts that are over (a kill after the commit, before the displaced files
+        went; a takeover after it). gc calls it: it reaches an attempt nobody came back
+        to. It looks in the directories of the attempts in flight and of every path the
+        ledger knows in the workspace. Each file goes only once its bytes are shown held
+        by the ledger or by the path beside it; anything else is kept under a visible
+        name (`WorkspaceDir.remove_temporaries`). Returns how many files went."""
+        return tidy.remove_abandoned_temporaries(self.site, now)
+
+
+__all__ = ["Workspaces"]

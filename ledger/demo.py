@@ -25,9 +25,9 @@ from collections.abc import Callable
 from typing import Any
 
 from .blobs import digest_of
-from .errors import IdempotencyConflict, IllegalTransition, ReplanRefused, StaleEpoch
+from .errors import IdempotencyConflict, IllegalTransition, StaleEpoch
 from .events import Acked, Planned
-from .step.values import StepPlan, Write
+from .step.values import Write
 from .runner import FencedOutcome, StepReader, StepStatus, run_fenced_step
 from .ledger import Ledger
 from .store import shown_location
@@ -69,34 +69,30 @@ def _read(root: str, path: str) -> bytes:
 
 
 class Agent:
-    """The scripted agent: plans a step from the workspace as it reads it, applies it,
-    stores its artifacts, publishes and acks."""
+    """The scripted agent: each step through the library's fenced step
+    (`run_fenced_step`: read, plan, admit, apply, store its artifacts, publish, ack; or,
+    called again, resumed from what the ledger recorded). The demo injects its faults at
+    the step's stages (`on_stage`): a person's edit once the plan is durable, a worker
+    that stops once its apply is recorded."""
 
     def __init__(self, ledger: Ledger, epoch: int, counts: dict[str, int]) -> None:
         self.ledger, self.epoch, self.counts = ledger, epoch, counts
 
-    def plan(self, i: int) -> None:
-        step = f"s{i:02d}"
-        path, _ = step_change(i, b"")
-        read = self.ledger.workspaces.read_file(WS, path)  # the bytes planned from, with their hash
-        _, new = step_change(i, read.content or b"")
-        self.ledger.workspaces.admit(WS, self.epoch, [StepPlan(step, [read.write(new)],
-                                                    artifacts=tuple(step_outputs(i)), run=RUN)])
-        self.counts["steps_started"] += 1
-
-    def finish(self, i: int) -> str:
-        """The rest of the step, by the library's fenced step (it continues the attempt
-        planned above): apply, artifacts, publish, ack. Returns the apply verdict."""
-        out = self.run(i)
+    def finish(self, i: int, on_stage: Callable[[str], None] | None = None) -> str:
+        """Run step i to its end; its verdict ("applied", "rejected:<reason>")."""
+        out = self.run(i, on_stage)
         if not out.committed:
             self.counts["rejected"] += 1
             return f"rejected:{out.reason.value}" if out.reason is not None else out.detail
         self.counts["committed"] += 1
         return "applied"
 
-    def run(self, i: int) -> FencedOutcome:
-        return run_fenced_step(self.ledger, WS, f"s{i:02d}", lambda read: self._writes(i, read),
-                               epoch=self.epoch, run=RUN, artifacts=step_outputs(i))
+    def run(self, i: int, on_stage: Callable[[str], None] | None = None) -> FencedOutcome:
+        out = run_fenced_step(self.ledger, WS, f"s{i:02d}", lambda read: self._writes(i, read),
+                              epoch=self.epoch, run=RUN, artifacts=step_outputs(i),
+                              on_stage=on_stage)
+        self.counts["steps_started"] += out.ran
+        return out
 
     @staticmethod
     def _writes(i: int, read: StepReader) -> list[Write]:
@@ -145,7 +141,7 @@ def run_demo(keep: str | None = None, echo: Echo = print, *, ledger: str | None 
             " works in its own directory")
     with Ledger.init(path) as ledger:
         _first_worker(ledger, repo, check, say, counts)
-    _killed_worker(path, root, check, say)
+    _killed_worker(path, root, check, say, counts)
     fresh = os.path.join(root, "workspace-restored")
     _fresh_worker(path, fresh, check, say, counts)
     with Ledger.open(path) as ledger:
@@ -202,14 +198,12 @@ def _first_worker(ledger: Ledger, repo: str, check: Callable[[str, bool], None],
 
     say("2. the agent runs steps s01-s05 (plan -> fence -> apply -> artifacts -> publish -> ack)")
     for i in (1, 2):
-        agent.plan(i)
         agent.finish(i)
     check("s01, s02 committed; their edits are on disk",
           ledger.step("s01").live and ledger.step("s02").live
           and b"def f02" in _read(repo, step_change(2, b"")[0]))
 
     say("3. s03's answer is lost: the harness redelivers the whole step")
-    agent.plan(3)
     first = agent.run(3)
     before = ledger.head()
     again = agent.run(3)  # the same call again: the ledger answers, nothing runs
@@ -222,31 +216,30 @@ def _first_worker(ledger: Ledger, repo: str, check: Callable[[str, bool], None],
 
     target = step_change(4, b"")[0]
     say(f"4. a human edits {target} while s04 (which writes it) is planned")
-    agent.plan(4)
-    with open(os.path.join(repo, target), "ab") as f:
-        f.write(b"\n# human: handle overflow before merging\n")
-    verdict = agent.finish(4)
+
+    def human_edits(stage: str) -> None:
+        if stage == "planned":  # the plan is durable, nothing is written yet
+            with open(os.path.join(repo, target), "ab") as f:
+                f.write(b"\n# human: handle overflow before merging\n")
+
+    verdict = agent.finish(4, on_stage=human_edits)
     say(f"     s04: {verdict}")
     check("s04 is rejected (pre_hash): the human's edit is not overwritten",
           verdict == "rejected:pre_hash" and b"# human:" in _read(repo, target))
-    agent.plan(4)  # re-planned from the file as it is now (a rebase): attempt 2
+    # run again: planned anew from the file as it is now (a rebase), attempt 2
     check("s04 re-planned on the human's edit applies and keeps it",
           agent.finish(4) == "applied" and b"# human:" in _read(repo, target)
           and ledger.step("s04").attempt == 2)
 
-    say("5. s05's tests fail after it is applied: compensate it")
-    agent.plan(5)
-    r5 = ledger.workspaces.apply("s05", epoch=epoch)
-    for p, data in step_outputs(5).items():
-        ledger.store("s05", 1, p, data)
+    say("5. s05's tests fail after it is committed: compensate it")
     before5 = _read(repo, step_change(5, b"")[0])
+    r5 = agent.run(5)
     comp = ledger.workspaces.compensate("s05", epoch=epoch, reason="tests/test_calc.py failed")
     counts["compensated"] += 1
-    check("compensation puts the pre-image back", r5.applied
+    check("compensation puts the pre-image back", r5.committed
           and [r.outcome for r in comp.restored] == ["restored"]
-          and b"def f05" in before5 and b"def f05" not in _read(repo, step_change(5, b"")[0]))
-    agent.plan(5)  # the agent fixes it: a new attempt from the current state
-    agent.finish(5)
+          and _read(repo, step_change(5, b"")[0]) == before5)
+    agent.finish(5)  # the agent fixes it: a new attempt from the current state
 
     say("6. a buggy harness resends s01's plan with other content; another acks out of order")
     head = ledger.head()
@@ -266,32 +259,43 @@ def _first_worker(ledger: Ledger, repo: str, check: Callable[[str, bool], None],
     except IllegalTransition:
         counts["refused"] += 1
         check("an ack before any manifest is refused, nothing written", ledger.head() == mark)
-    agent.plan(6)
-    agent.plan(7)
 
 
 _KILLED = """
 import json, os, signal, sys
 sys.path.insert(0, {pkg!r})
-from ledger import Ledger
+from ledger import Ledger, run_fenced_step
+from ledger.demo import RUN, WS, Agent
+class Stopped(Exception):
+    pass
+def answered(stage):
+    if stage == "applied":  # the sandbox applied s06 and answers 200 ...
+        receipt = ledger.attempt("s06").receipt
+        with open({receipt!r}, "wb") as f:
+            f.write(__import__("msgspec").json.encode(receipt))
+        raise Stopped  # ... which is in flight when its worker moves on
 seen = []
 def on_op(name):
     seen.append(name)
     if name == "ws-dirfsync" and "ws-rename" in seen:
         os.kill(os.getpid(), signal.SIGKILL)  # renamed into place, not yet recorded
+counts = dict(steps_started=0, committed=0, rejected=0)
 with Ledger.open({path!r}) as ledger:
-    epoch = ledger.workspaces.lease({ws!r}).epoch
-    receipt = ledger.workspaces.apply("s06", epoch=epoch).receipt   # the sandbox answers 200 ...
-    with open({receipt!r}, "wb") as f:
-        f.write(__import__("msgspec").json.encode(receipt))
+    agent = Agent(ledger, ledger.workspaces.lease({ws!r}).epoch, counts)
+    try:
+        agent.run(6, on_stage=answered)
+    except Stopped:
+        pass
 with Ledger.open({path!r}, on_op=on_op) as ledger:
-    ledger.workspaces.apply("s07", epoch=epoch)                      # ... and dies inside s07
+    agent.ledger = ledger
+    agent.run(7)                                              # ... and dies inside s07
 """
 
 
-def _killed_worker(path: str, root: str, check: Callable[[str, bool], None], say: Say) -> None:
-    say("7. worker 1 applies s06 (its 200 is in flight) and is SIGKILLed inside s07,"
-        " after the rename, before the commit")
+def _killed_worker(path: str, root: str, check: Callable[[str, bool], None], say: Say,
+                   counts: dict[str, int]) -> None:
+    say("7. worker 1 applies s06 (its 200 is in flight, never published) and is SIGKILLed"
+        " inside s07, after the rename, before the commit")
     code = _KILLED.format(pkg=_package_root(), path=path, ws=WS,
                           receipt=os.path.join(root, "late-receipt.json"))
     child = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
@@ -301,6 +305,7 @@ def _killed_worker(path: str, root: str, check: Callable[[str, bool], None], say
         s06, s07 = ledger.step("s06"), ledger.step("s07")
         say(f"     the ledger says: s06 {s06.state}, s07 {s07.state} (nothing committed)")
         check("neither s06 nor s07 is committed", not s06.live and not s07.live)
+        counts["steps_started"] += 2  # (worker 1 planned both before it died)
     say("   the machine is gone: its workspace directory is lost")
     shutil.rmtree(os.path.join(root, "workspace"))
 
@@ -342,14 +347,7 @@ def _fresh_worker_main(path: str, fresh: str) -> None:
         lease = ledger.workspaces.acquire(WS, "worker-2", ttl_s=600, force=True)
         log.append(f"epoch {lease.epoch}; settled {', '.join(lease.settled)}")
         agent = Agent(ledger, lease.epoch, counts)
-        for i in (6, 7):
-            try:
-                ledger.workspaces.replan(f"s{i:02d}", epoch=lease.epoch)  # re-stamped: pre_hash holds
-            except ReplanRefused:
-                agent.plan(i)  # the file moved on: plan it anew from what is there
-            agent.finish(i)
-        for i in range(8, STEPS + 1):
-            agent.plan(i)
+        for i in range(6, STEPS + 1):  # s06, s07 were settled: planned anew from fresh reads
             agent.finish(i)
         log.append(f"committed s06..s{STEPS:02d}; workspace rev {ledger.workspaces.get(WS).rev}")
     print(json.dumps({"log": log, "settled": list(lease.settled), **counts}))

@@ -46,7 +46,8 @@ def run_fenced_step(ledger: Ledger, workspace: str, step: str, plan: Planner, *,
                     run: str = "", fence: FenceMode = "step", journal: bool = True,
                     plan_rev: int | None = None, irreversible: bool = False,
                     artifacts: Mapping[str, Content] | None = None,
-                    on_planned: Callable[[str], None] | None = None) -> FencedOutcome:
+                    on_planned: Callable[[str], None] | None = None,
+                    on_stage: Callable[[str], None] | None = None) -> FencedOutcome:
     """Run (or finish) one step that writes `workspace`, under the live `epoch`, and say
     how it came out — the whole protocol in one call, safe to call again after a crash.
 
@@ -65,9 +66,14 @@ def run_fenced_step(ledger: Ledger, workspace: str, step: str, plan: Planner, *,
     fit in rows (`inline_max_bytes`), in the apply's commit; otherwise each is stored
     (pinned, durable; a file streamed) after the apply, then the step is published and
     acked (more commits). `fence`, `journal`, `plan_rev` and `irreversible` are
-    `admit`'s (an operator's choices, never a plan's). `on_planned(step)` is called
-    once this call's plan is durable, before any workspace write (a harness's
-    observation point; crash tests stop a process there).
+    `admit`'s (an operator's choices, never a plan's). `on_stage(stage)` is a harness's
+    observation point (a test injects its fault there, a crash test stops the process):
+    ``"planned"`` once this call's plan is durable, before any workspace write;
+    ``"applied"`` once the apply is recorded (with the commit itself when every artifact
+    fits in a row; otherwise before the artifacts are stored and the step published);
+    ``"committed"`` once published and acked by this call. An exception it raises ends
+    the call there, as a crash would leave the step (a re-run finishes it).
+    `on_planned(step)` is the ``"planned"`` stage alone (kept for its callers).
 
         with Ledger.open(".steptrail/ledger.db") as led:
             lease = led.workspaces.acquire("repo", holder="agent-1", ttl_s=600)
@@ -93,7 +99,7 @@ def run_fenced_step(ledger: Ledger, workspace: str, step: str, plan: Planner, *,
     return _run.run_fenced_step(ledger.workspaces.site, workspace, step, plan, epoch=epoch,
                                 run=run, fence=fence, journal=journal, plan_rev=plan_rev,
                                 irreversible=irreversible, artifacts=artifacts,
-                                on_planned=on_planned)
+                                on_planned=on_planned, on_stage=on_stage)
 
 
 __all__ = ["FencedOutcome", "PathConflict", "Planner", "RejectReason", "StepReader",

@@ -452,7 +452,7 @@ PUBLIC_MODULES = frozenset({
     "ledger.backup", "ledger.copying", "ledger.stats", "ledger.metrics", "ledger.verify",
     "ledger.demo", "ledger.export", "ledger.mcp", "ledger.langgraph", "ledger.workspace",
     "ledger.diffs", "ledger.witness", "ledger.ui", "ledger.find", "ledger.extras",
-    "ledger.attention",
+    "ledger.attention", "ledger.kinds",
 })
 #: The command line: it sees the public API only (and its own modules).
 CLI = "ledger.cli"
@@ -879,3 +879,97 @@ def test_the_move_checker_catches_a_violation(source: str, bad: list[int]) -> No
     """A planted unlink, rename, replace or exchange outside the primitive is caught."""
     assert _move_violations({"workspace/directory.py": source}).get(
         "workspace/directory.py", []) == bad
+
+
+#: The step states and the names that stand for them: a front end asks a row in words
+#: (`StepRow.acked`, `.in_flight`, `.settled_unpublished`, …), never compares its state.
+STEP_STATES = frozenset({"planned", "fenced", "blob-stored", "manifest-published", "acked",
+                         "compensating", "compensated", "rejected", "sealed"})
+STATE_NAMES = frozenset({"PLANNED", "FENCED", "STORED", "PUBLISHED", "ACKED", "COMPENSATING",
+                         "COMPENSATED", "REJECTED", "SEALED", "IN_FLIGHT", "ENDED", "UNACKED",
+                         "SETTLED"})
+STATE_FRONT_ENDS = ("cli/", "mcp/", "ui/", "demo.py", "langgraph/")
+
+
+def state_comparisons(source: str) -> list[int]:
+    """Lines of `source` comparing something's ``.state`` with a step state (a string, a
+    name standing for one or a set of them, or a collection of strings)."""
+    def is_state(node: ast.AST) -> bool:
+        if isinstance(node, ast.Constant):
+            return node.value in STEP_STATES
+        if isinstance(node, ast.Name):
+            return node.id in STATE_NAMES
+        if isinstance(node, ast.Attribute):
+            return node.attr in STATE_NAMES
+        if isinstance(node, ast.Tuple | ast.Set | ast.List):
+            return any(is_state(e) for e in node.elts)
+        if isinstance(node, ast.BinOp):
+            return is_state(node.left) or is_state(node.right)
+        return False
+
+    out = []
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Compare):
+            sides = [node.left, *node.comparators]
+            if any(isinstance(s, ast.Attribute) and s.attr == "state" for s in sides) \
+                    and any(is_state(s) for s in sides):
+                out.append(node.lineno)
+    return out
+
+
+_TEMPLATE_STATE = re.compile(r"\.state\s*(?:==|!=|in|not in)\s*\(?\s*[\"'](?:"
+                             + "|".join(sorted(STEP_STATES)) + r")[\"']")
+
+
+def test_no_front_end_compares_state_strings() -> None:
+    """The MCP server, the command line, the UI (code and templates), the demo and the
+    LangGraph saver ask a step's row what it is in words (`StepRow.acked`, `.in_flight`,
+    …): a lifecycle re-derived from state strings drifts from the library's."""
+    found = {}
+    for path in sorted(PACKAGE.rglob("*")):
+        rel = str(path.relative_to(PACKAGE))
+        if not any(rel == f or rel.startswith(f) for f in STATE_FRONT_ENDS):
+            continue
+        if path.suffix == ".py":
+            hits = state_comparisons(path.read_text())
+        elif path.suffix == ".html":
+            hits = [i for i, line in enumerate(path.read_text().splitlines(), 1)
+                    if _TEMPLATE_STATE.search(line)]
+        else:
+            continue
+        if hits:
+            found[rel] = hits
+    assert found == {}
+
+
+@pytest.mark.parametrize("source, bad", [
+    ('if row.state == "acked":\n    pass\n', [1]),
+    ("x = r.state in IN_FLIGHT\n", [1]),
+    ("x = r.state == model.UNACKED\n", [1]),
+    ('x = r.state in ("rejected", "compensated")\n', [1]),
+    ("x = r.state in IN_FLIGHT | {UNACKED}\n", [1]),
+    ('x = witness.state == "none"\nok = r.acked and job.state == "running"\n', []),
+])
+def test_the_state_checker_catches_a_comparison(source: str, bad: list[int]) -> None:
+    assert state_comparisons(source) == bad
+    assert _TEMPLATE_STATE.search('{% if row.state == "acked" %}')
+    assert not _TEMPLATE_STATE.search('{% if witness.state == "none" %}')
+
+
+def hand_transitions(source: str) -> list[str]:
+    """Calls of `source` that drive a step's transitions by hand (admit, apply, replan,
+    store, pin, plan): a front end's step goes through `run_fenced_step`."""
+    return sorted({f"{n.lineno}: {n.func.attr}" for n in ast.walk(ast.parse(source))
+                   if isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute)
+                   and n.func.attr in {"admit", "apply", "replan", "store", "pin", "plan_step"}})
+
+
+def test_the_demo_runs_every_step_through_run_fenced_step() -> None:
+    """The demo (what a newcomer reads first) strings no transition by hand: each step
+    is `run_fenced_step`, and its faults are injected at the step's stages (`on_stage`)."""
+    assert hand_transitions((PACKAGE / "demo.py").read_text()) == []
+
+
+def test_the_hand_transition_checker_catches_a_call() -> None:
+    assert hand_transitions("ledger.workspaces.admit('w', 1, plans)\nx = 1\n") == ["1: admit"]
+    assert hand_transitions("run_fenced_step(ledger, 'w', 's', plan, epoch=1)\n") == []

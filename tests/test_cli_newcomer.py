@@ -352,7 +352,7 @@ def test_show_says_a_settled_conflict_is_a_conflict_not_restored(world: World) -
     assert r.code == 1, r  # settling left a conflict for a human
     shown = world("show", "s1").out
     line = next(x for x in shown.splitlines()[1:] if "compensated" in x)
-    assert "conflict=app.py" in line and "restored=app.py" not in line, line
+    assert "app.py conflict" in line and "app.py restored" not in line, line
 
 
 # --- issue 26: newcomer papercuts that were bugs -----------------------------------------

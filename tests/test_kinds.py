@@ -183,3 +183,50 @@ def test_a_kind_spec_is_a_plain_value() -> None:
     with pytest.raises((AttributeError, TypeError)):
         spec.guarded = False  # type: ignore[misc]
     assert msgspec.structs.replace(spec, guarded=False) != spec
+
+
+# --- every kind in words, once (`ledger.kinds`) ------------------------------------------
+
+
+def undescribed(specs: dict[str, ev.KindSpec], described: dict[str, object]) -> list[str]:
+    """Kinds declared with no words, and words for kinds that are not declared."""
+    return sorted(set(specs) ^ set(described))
+
+
+def test_every_kind_is_described_once() -> None:
+    """The command line, the UI, status and the MCP server word a kind through
+    `ledger.kinds` only: a kind added without its description fails here."""
+    from ledger import kinds
+
+    assert undescribed(ev.KIND_SPECS, kinds.DESCRIBED) == []
+    for kind, described in kinds.DESCRIBED.items():
+        assert described.means and described.means[0].islower(), kind
+    with pytest.raises(KeyError):
+        kinds.describe("made-up")  # no fallback: an unknown kind is not worded as another
+
+
+def test_the_description_checker_catches_a_kind_without_words() -> None:
+    from ledger import kinds
+
+    fewer = {k: v for k, v in kinds.DESCRIBED.items() if k != "lease-renewed"}
+    assert undescribed(ev.KIND_SPECS, fewer) == ["lease-renewed"]
+    assert undescribed(ev.KIND_SPECS, {**kinds.DESCRIBED, "x": None}) == ["x"]
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.one_of(*EVENT_STRATEGIES.values()))
+def test_every_event_has_a_detail_line(event: ev.Event) -> None:
+    from ledger import kinds
+
+    line = kinds.detail(event)
+    assert isinstance(line, str) and "\n" not in line
+
+
+def test_no_front_end_words_a_kind_itself() -> None:
+    """The MCP audit, the CLI's timelines and the UI's event rows take a kind's words
+    from `ledger.kinds`; none keeps a chain of its own per kind."""
+    src = (ROOT / "ledger" / "mcp" / "service.py").read_text()
+    assert "isinstance(e, LeaseAcquired)" not in src and "detail(e)" in src
+    for rel in ("ledger/cli/ledger.py", "ledger/cli/seal.py"):
+        assert "detail(r.event)" in (ROOT / rel).read_text(), rel
+    assert "detail(e)" in (ROOT / "ledger" / "ui" / "templates" / "_events_table.html").read_text()

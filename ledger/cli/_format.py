@@ -76,33 +76,6 @@ def step_json(row: StepRow) -> dict[str, Any]:
     return out  # type: ignore[no-any-return]
 
 
-def _event_detail(r: RecordedEvent) -> str:
-    ev = to_builtins(r.event)
-    for k in ("kind", "step", "attempt", "run", "workspace", "epoch"):
-        ev.pop(k, None)
-    parts = []
-    for k, v in ev.items():
-        if v in ((), [], None, "", False) and k != "expected_rev":
-            continue
-        if k.endswith("_ns") and isinstance(v, int) and not isinstance(v, bool):
-            k, v = k[:-3], _iso(v)  # a time, printed as every time is
-        if isinstance(v, bool):
-            v = "true" if v else "false"
-        if isinstance(v, str) and len(v) == 64:
-            v = v[:12] + "…"
-        if k == "restored" and isinstance(v, list | tuple):
-            # What a compensation did, per outcome: a conflict is not shown as restored.
-            by: dict[str, list[str]] = {}
-            for x in v:
-                by.setdefault(x.get("outcome", "restored"), []).append(x.get("path", "?"))
-            parts.extend(f"{outcome}={','.join(paths)}" for outcome, paths in by.items())
-            continue
-        if isinstance(v, list | tuple):
-            v = ",".join(x if isinstance(x, str) else x.get("path", "?") for x in v)
-        parts.append(f"{k}={v}")
-    return " ".join(parts)
-
-
 def _lease_state(live: bool, released: bool, expires_ns: int) -> str:
     """A lease's state and time in words: "live, expires T", "expired at T", "released"."""
     if live:

@@ -12,7 +12,9 @@ from ledger.errors import EXIT_NO
 from ledger.events import KINDS
 
 from ._common import LedgerCommand, _emit_json, _open, _progress, json_option
-from ._format import _event_detail, _iso, _n, _Spool, event_json, step_json
+from ledger.kinds import detail
+
+from ._format import _iso, _n, _Spool, event_json, step_json
 from ._options import IN_FLIGHT, INT64_MAX, STATES
 
 
@@ -99,7 +101,7 @@ def events(
                 attempt = getattr(ev, "attempt", 0)
                 out.write(
                     f"{r.seq:>8}  {_iso(r.time_ns)}  {r.kind:<18}  {who}"
-                    + (f" #{attempt}" if attempt else "") + f"  {_event_detail(r)}\n"
+                    + (f" #{attempt}" if attempt else "") + f"  {detail(r.event)}\n"
                 )
         out.done()
 
@@ -181,7 +183,7 @@ def show(ctx: click.Context, step: str, as_json: bool) -> None:
         click.echo(f"  manifest revision {row.manifest_rev} ({live}),"
                    f" {_n(row.committed_bytes, 'byte')}")
     for r in timeline:
-        click.echo(f"  {r.seq:>8}  {_iso(r.time_ns)}  #{r.attempt} {r.kind:<18} {_event_detail(r)}")
+        click.echo(f"  {r.seq:>8}  {_iso(r.time_ns)}  #{r.attempt} {r.kind:<18} {detail(r.event)}")
 
 
 @click.command("rebuild", cls=LedgerCommand)

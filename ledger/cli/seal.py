@@ -9,7 +9,9 @@ import click
 import msgspec
 
 from ._common import F, LedgerSubgroup, _emit_json, _examples, _open, json_option
-from ._format import _event_detail, _iso, _n, _size, event_json
+from ledger.kinds import detail
+
+from ._format import _iso, _n, _size, event_json
 
 
 def archive_dir_option(f: F) -> F:
@@ -172,7 +174,7 @@ def seal_show(ctx: click.Context, archive: str, as_json: bool) -> None:
         ev = r.event
         attempt = getattr(ev, "attempt", 0)
         click.echo(f"{r.seq:>8}  {_iso(r.time_ns)}  {r.kind:<18}  {getattr(ev, 'step', '')}"
-                   + (f" #{attempt}" if attempt else "") + f"  {_event_detail(r)}")
+                   + (f" #{attempt}" if attempt else "") + f"  {detail(r.event)}")
 
 
 @seal_group.command("vacuum", epilog=_examples("steptrail seal vacuum"))

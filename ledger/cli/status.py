@@ -102,7 +102,7 @@ def _step_next(cmd: _Commands, row: StepRow, what: str, lease: dict[str, Any] | 
         return (cmd.lease(row.workspace, f"settle --epoch {epoch}") if lease["live"]
                 else cmd.acquire(row.workspace))
     if not lease["live"]:  # the epoch died with the step in flight: a new one settles it
-        if row.state == UNACKED:  # committed: only the ack is missing, under a new epoch
+        if row.unacked:  # committed: only the ack is missing, under a new epoch
             return f"{cmd.acquire(row.workspace)} && {cmd.step('ack', s, f'--epoch {epoch + 1}')}"
         return cmd.acquire(row.workspace)
     return {"planned": cmd.step("apply", s, f"--epoch {epoch}"),
@@ -136,8 +136,8 @@ def _workspace_json(cmd: _Commands, ledger: Ledger, row: WsRow, waiting: list[St
     for r in waiting:
         if r.workspace != row.name:
             continue
-        what = ("unsettled" if r.step_id in older or (r.state in IN_FLIGHT and r.epoch < row.epoch)
-                else "unacked" if r.state == UNACKED else "in-flight")
+        what = ("unsettled" if r.step_id in older or (r.in_flight and r.epoch < row.epoch)
+                else "unacked" if r.unacked else "in-flight")
         steps.append(_step_json(cmd, r, what, lease))
     nxt: list[str] = []
     # what needs an operator before any step can go on: the ledger is not where it was
@@ -220,7 +220,7 @@ def status_document(ctx: click.Context, ledger: Ledger, only: str | None) -> dic
     named = {r.name for r in rows}
     # Steps of no workspace (artifact-only), and of a bare lease (a LangGraph thread's):
     # their owner drives them, so only the artifact-only ones get a command.
-    others = [_step_json(cmd, r, "unacked" if r.state == UNACKED else "in-flight", None)
+    others = [_step_json(cmd, r, "unacked" if r.unacked else "in-flight", None)
               | ({} if not r.workspace else {"next": None})
               for r in waiting if r.workspace not in named and (only is None or not r.workspace)]
     nxt = [c for w in workspaces for c in w["next"]]

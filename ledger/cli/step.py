@@ -180,7 +180,7 @@ def step_apply(ctx: click.Context, step_id: str, attempt: int | None, epoch: int
     epoch = _need_epoch(epoch, "applying")
     with _open(ctx, readonly=False) as ledger:
         row = ledger.step(step_id)
-        if row.workspace and row.state == "planned" and attempt in (None, row.attempt):
+        if row.workspace and row.planned and attempt in (None, row.attempt):
             check_settled(ledger, row.workspace, epoch, but=step_id)
         result = ledger.workspaces.apply(step_id, attempt, epoch=epoch)
         if not as_json:

@@ -127,7 +127,7 @@ def _run_step(ledger: Ledger, name: str, epoch: int, plan: Plan, fence: str, jou
     step_id = planned.step
     found = ledger.find_step(step_id)
     doc["already_committed"] = found is not None and found.live
-    acked_before = found is not None and found.live and found.state == "acked"
+    acked_before = found is not None and found.live and found.acked
     rows, rejected = _admit(ledger, name, epoch, plan, fence, journal)
     doc["plan"], doc["attempt"] = rows[0], rows[0]["attempt"]
     if not as_json:

@@ -48,13 +48,9 @@ from ledger import (
     Compensated,
     FencedOutcome,
     CompensationWindowClosed,
-    Fenced,
     IllegalTransition,
-    LeaseAcquired,
-    LeaseReleased,
     Ledger,
     LedgerError,
-    ManifestPublished,
     Planned,
     PlannedWrite,
     RecordedEvent,
@@ -69,6 +65,7 @@ from ledger import (
 from .edits import EditRefused, apply_edits, unified_diff
 from ..workspace import Confined, Entry, FsRefused, glob_match, is_ledger_dir_name
 from ..errors import said_at_a_shell
+from ..kinds import detail
 from .leases import LeaseBusy, Leases, holder_name
 
 log = logging.getLogger("steptrail.mcp")
@@ -608,18 +605,18 @@ class FileTools:
             raise ToolFailure(f"requestId of step {step} was already used for a different"
                               " change; give every change its own requestId (a UUID)")
         assert planned is not None
-        if row.state == "rejected":
+        if row.rejected:
             change = self._change_from_plan(ws, step, planned)
             reason = ended.reason if isinstance(ended, Rejected) else "pre_hash"
             return self._conflict(view, change, step, f"rejected:{reason}", {}, replayed=True)
-        if row.state == "compensated" and row.manifest_rev >= 0:
+        if row.compensated and not row.settled_unpublished:
             summary = self._undo_summary(ended)
             return Result([f"Step {step} of this requestId was applied and later {summary};"
                            " nothing was applied again. Make a new change with a new"
                            " requestId."], {"status": "undone" if summary == "undone" else
                                             "undo-conflict", "step": step,
                                             "workspace": ws.name, "replayed": True})
-        settled = row.state == "compensated"  # died unpublished, settled: planned again
+        settled = row.settled_unpublished  # died unpublished, settled: planned again
         writes = [Write(w.path, posts.get(w.path), pre_hash=w.pre_hash,
                         base_rev=None if settled else w.base_rev, mode=w.mode)
                   for w in planned.writes]
@@ -1189,10 +1186,10 @@ class FileTools:
                 if ws is None:
                     raise ToolFailure(f"step {step} is not a change of a workspace this server"
                                       " serves")
-                if row.state == "rejected":
+                if row.rejected:
                     raise ToolFailure(f"step {step} was refused when made: nothing of it was"
                                       " written, nothing to undo")
-                if row.state == "compensated" and row.manifest_rev < 0:
+                if row.settled_unpublished:
                     raise ToolFailure(f"step {step} never committed (it was settled): nothing"
                                       " to undo")
             for retry in (False, True):
@@ -1246,10 +1243,10 @@ class FileTools:
             return "unknown"
         if row.live:
             return "committed"
-        if row.state == "rejected":
+        if row.rejected:
             return "refused"
-        if row.state == "compensated":
-            if row.manifest_rev < 0:
+        if row.compensated:
+            if row.settled_unpublished:
                 return "settled (never committed)"
             return self._undo_summary(self._latest_attempt(row.step_id, row.attempt)[1])
         return f"in flight ({row.state})"
@@ -1348,7 +1345,7 @@ class FileTools:
                                                    lease.epoch + 1) if lease.epoch else [])
                 unsettled += [f"undo of {r.step_id} (begun, not finished: the next lease"
                               " taken finishes it)" for r in rows
-                              if r.workspace == ws.name and r.state == "compensating"
+                              if r.workspace == ws.name and r.compensating
                               and r.step_id not in unsettled]
                 out.append({
                     "workspace": ws.name, "root": ws.root, "rev": self.ledger.workspaces.get(ws.name).rev,
@@ -1420,20 +1417,7 @@ class FileTools:
         if isinstance(e, Planned):
             out["who"] = e.run
             out["paths"] = [w.path for w in e.writes]
-            out["detail"] = f"by {e.run or '?'}: " + ", ".join(out["paths"][:5])
-        elif isinstance(e, Fenced):
-            out["detail"] = f"applied at rev {e.rev}"
-        elif isinstance(e, Rejected):
-            out["detail"] = f"refused ({e.reason})"
-        elif isinstance(e, Compensated):
-            out["detail"] = (e.reason or "compensated") + ": " + ", ".join(
-                f"{x.path} {x.outcome}" for x in e.restored[:5])
-        elif isinstance(e, ManifestPublished):
-            out["detail"] = "committed"
-        elif isinstance(e, LeaseAcquired):
-            out["detail"] = f"epoch {e.epoch} by {e.holder}" + (" (forced)" if e.forced else "")
-        elif isinstance(e, LeaseReleased):
-            out["detail"] = f"epoch {e.epoch} released"
+        out["detail"] = detail(e)
         return out
 
 

@@ -328,20 +328,29 @@ def run_fenced_step(site: Site, workspace: str, step: str, plan: Planner, *, epo
                     run: str = "", fence: FenceMode = "step", journal: bool = True,
                     plan_rev: int | None = None, irreversible: bool = False,
                     artifacts: Mapping[str, Content] | None = None,
-                    on_planned: Callable[[str], None] | None = None) -> FencedOutcome:
+                    on_planned: Callable[[str], None] | None = None,
+                    on_stage: Callable[[str], None] | None = None) -> FencedOutcome:
     """`ledger.runner.run_fenced_step`, over the ledger's `Site`."""
+
+    def stage(name: str) -> None:
+        if name == "planned" and on_planned is not None:
+            on_planned(step)
+        if on_stage is not None:
+            on_stage(name)
 
     reader = StepReader(site.places, workspace)
     outputs = {p: d if not isinstance(d, bytes | bytearray | memoryview)
                else artifact_bytes(p, d) for p, d in (artifacts or {}).items()}
     options = _Options(run, fence, journal, plan_rev, irreversible)
     try:
-        return _run_fenced(site, workspace, step, plan, reader, epoch, options,
-                           outputs, on_planned)
+        out = _run_fenced(site, workspace, step, plan, reader, epoch, options, outputs, stage)
     except StaleEpoch as exc:
         row = site.core.steps.find(step)
         return FencedOutcome(StepStatus.STALE_EPOCH, step, row.attempt if row else 0,
                              reason=RejectReason.STALE_EPOCH, detail=str(exc), error=exc)
+    if out.status is StepStatus.APPLIED:
+        stage("committed")
+    return out
 
 
 @dataclass(frozen=True)
@@ -355,7 +364,7 @@ class _Options:
 
 def _run_fenced(site: Site, workspace: str, step: str, plan: Planner, reader: StepReader,
                 epoch: int, opt: _Options, outputs: dict[str, Content],
-                on_planned: Callable[[str], None] | None) -> FencedOutcome:
+                stage: Callable[[str], None]) -> FencedOutcome:
     row = site.core.steps.find(step)
     if row is not None and row.workspace not in ("", workspace):
         raise InvalidInput(f"step {step!r} writes workspace {row.workspace!r}, not"
@@ -382,7 +391,7 @@ def _run_fenced(site: Site, workspace: str, step: str, plan: Planner, reader: St
             if row is None:
                 raise
         else:
-            return _answer(site, workspace, step, result, reader, epoch, ran, outputs)
+            return _answer(site, workspace, step, result, reader, epoch, ran, outputs, stage)
     writes = list(plan(reader) if callable(plan) else plan)
     ran = True
     planned = StepPlan(step, writes, artifacts=tuple(sorted(outputs)), run=opt.run,
@@ -402,10 +411,9 @@ def _run_fenced(site: Site, workspace: str, step: str, plan: Planner, reader: St
         refused = admit_plan()
     if refused is not None:
         return _refused(site, workspace, step, refused, reader, ran)
-    if on_planned is not None:
-        on_planned(step)
+    stage("planned")
     result = _apply(site, step, None, epoch, outputs)  # (the attempt just planned)
-    return _answer(site, workspace, step, result, reader, epoch, ran, outputs)
+    return _answer(site, workspace, step, result, reader, epoch, ran, outputs, stage)
 
 
 def _apply(site: Site, step: str, attempt: int | None, epoch: int,
@@ -424,9 +432,10 @@ def _apply(site: Site, step: str, attempt: int | None, epoch: int,
 
 def _answer(site: Site, workspace: str, step: str, result: ApplyResult,
             reader: StepReader, epoch: int, ran: bool,
-            outputs: dict[str, Content]) -> FencedOutcome:
+            outputs: dict[str, Content], stage: Callable[[str], None]) -> FencedOutcome:
     if not result.applied:
         return _refused(site, workspace, step, result, reader, ran)
+    stage("applied")
     if result.committed and result.manifest is not None:  # committed by this very call
         return FencedOutcome(StepStatus.APPLIED, step, result.attempt, ran=ran,
                              receipt=result.receipt, manifest=result.manifest)
@@ -444,7 +453,7 @@ def _committed(site: Site, step: str, row: StepRow, epoch: int, *, ran: bool,
     if not row.live:
         artifacts.publish(site, step, row.attempt)
         row = site.core.steps.get(step)
-    if row.state != "acked":
+    if not row.acked:
         artifacts.ack(site, step, row.attempt, epoch=epoch)
     manifest = artifacts.manifest_of(site, step)
     if receipt is None:

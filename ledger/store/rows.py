@@ -80,6 +80,55 @@ class StepRow(msgspec.Struct, kw_only=True, gc=False):
     def committed(self) -> bool:
         return self.live
 
+    # -- the state in words: what front ends ask of a row (none compares state strings)
+
+    @property
+    def planned(self) -> bool:
+        """Its latest attempt is planned and nothing of it is applied yet."""
+        return self.state == PLANNED
+
+    @property
+    def in_flight(self) -> bool:
+        """Its latest attempt may still change (planned, applied, storing, undoing):
+        settling finishes it."""
+        return self.state in IN_FLIGHT
+
+    @property
+    def unacked(self) -> bool:
+        """Committed (its manifest published), the ack still owed."""
+        return self.state == PUBLISHED
+
+    @property
+    def acked(self) -> bool:
+        """Committed and acknowledged: done."""
+        return self.state == ACKED
+
+    @property
+    def ended(self) -> bool:
+        """Its latest attempt is over (rejected or compensated): the next run is a new
+        attempt."""
+        return self.state in ENDED
+
+    @property
+    def rejected(self) -> bool:
+        """Its latest attempt was refused (the fence, an overlap, a dead epoch)."""
+        return self.state == REJECTED
+
+    @property
+    def compensating(self) -> bool:
+        """An undo of its latest attempt is under way (its intent recorded)."""
+        return self.state == COMPENSATING
+
+    @property
+    def compensated(self) -> bool:
+        """Its latest attempt was undone (settled, or compensated on purpose)."""
+        return self.state == COMPENSATED
+
+    @property
+    def settled_unpublished(self) -> bool:
+        """Undone before it ever committed (a dead worker's attempt, settled)."""
+        return self.state == COMPENSATED and self.manifest_rev < 0
+
 
 #: The storage class each column holds (a damaged record can yield another on read).
 _STEP_TYPES: Final[dict[str, type]] = {

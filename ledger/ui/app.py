@@ -33,7 +33,7 @@ from starlette.routing import Route
 
 from ledger.errors import InvalidInput, LedgerError, UnknownStep, UnknownWorkspace
 
-from ledger import diffs
+from ledger import diffs, kinds
 
 from . import model, text
 
@@ -304,7 +304,7 @@ def make_env() -> Environment:
                       finalize=_finalize, undefined=StrictUndefined, trim_blocks=True,
                       lstrip_blocks=True)
     env.globals.update(size=text.size, iso=text.iso, ago=text.ago, span=text.span,
-                       explain=text.explain)
+                       explain=text.explain, detail=kinds.detail)
     env.filters["visible_nl"] = lambda s: text.visible(s, newlines=True)
     return env
 
@@ -440,13 +440,13 @@ class UI:
                 "row": row, "live": live,
                 "lease": ("never leased" if row.epoch == 0 else "live" if live else
                           "released" if row.released else "expired"),
-                "in_flight": sum(1 for r in mine if r.state in model.IN_FLIGHT),
-                "unacked": sum(1 for r in mine if r.state == model.UNACKED),
+                "in_flight": sum(1 for r in mine if r.in_flight),
+                "unacked": sum(1 for r in mine if r.unacked),
                 "unsettled": len(older)})
         rows = []
         for r in waiting[:PAGE]:
             ws = next((w for w in workspaces if w["row"].name == r.workspace), None)
-            what = ("unacked" if r.state == model.UNACKED else
+            what = ("unacked" if r.unacked else
                     "unsettled" if ws is not None and r.epoch < ws["row"].epoch else "in flight")
             rows.append({"row": r, "what": what})
         head = led.head().seq

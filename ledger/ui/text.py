@@ -16,7 +16,7 @@ import unicodedata
 from collections.abc import Sequence
 from typing import Final, NamedTuple
 
-from ledger import diffs
+from ledger import diffs, kinds
 from ledger.diffs import DiffLine
 
 #: Diffs are cut to this many lines; files larger than this are not diffed.
@@ -150,18 +150,9 @@ def ago(delta_ns: int) -> str:
 
 
 #: The words the pages use, each in one line (shown when the pointer rests on one):
-#: the glossary, inline.
+#: the glossary, inline. An event kind's line is `ledger.kinds`'s (one wording of a kind).
 GLOSSARY: Final = {
-    "planned": "the step's plan is recorded: what it will write, read against which bytes",
-    "fenced": "its writes were checked against the bytes it read and applied",
-    "blob-stored": "an artifact's bytes are stored, content-addressed",
-    "blob-pinned": "a blob held for an attempt in flight, so gc keeps it",
-    "manifest-published": "committed: the step's result is published (the manifest); an ack"
-                          " is still owed",
-    "acked": "committed and acknowledged: done",
-    "compensating": "its writes are being undone",
-    "compensated": "its writes were undone (put back as they were before it)",
-    "rejected": "refused: a file changed under the step, nothing of it stayed",
+    **{kind: described.means for kind, described in kinds.DESCRIBED.items()},
     "refused": "the fence refused a write: the file was not what the step read",
     "settled": "a dead worker's attempt, undone by the next lease holder (a later epoch)",
     "half-undone": "an undo left paths a person had changed: never overwritten",

@@ -8,7 +8,6 @@ protocol is a collaborator it composes (`fences.Workspaces`, handed the ledger's
 
 from __future__ import annotations
 
-import hmac
 import os
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from types import TracebackType
@@ -16,24 +15,11 @@ from typing import Any
 
 
 from .blobs import BlobStore, Content, content_digest
-from .errors import (
-    BlobCorrupt,
-    BlobNotFound,
-    CorruptLedger,
-    InvalidInput,
-    LeaseHeld,
-    NotALedger,
-    StaleEpoch,
-    UnknownStep,
-)
+from .errors import BlobCorrupt, BlobNotFound, CorruptLedger, InvalidInput, NotALedger, UnknownStep
 from .events import (
     Built,
-    ITEMS_MAX,
     KINDS,
     STEP_ID_MAX,
-    TEXT_MAX,
-    Envelope,
-    chain_hash,
     WitnessAnchored,
     BlobStored,
     Event,
@@ -51,7 +37,7 @@ from .step.attempt import Attempt, read_attempt
 from .step.values import COMPENSATION_WINDOW_S_DEFAULT, Receipt
 from .workspaces import Workspaces
 from .log import EventLog, Head
-from .store import BUSY_TIMEOUT_MS, EventQuery, Scope, Store, Synchronous, Tx, locate
+from .store import BUSY_TIMEOUT_MS, Store, Synchronous, locate
 from .projections import (
     StepRow,
     StepLookup,
@@ -63,22 +49,9 @@ from .projections import (
     rebuild,
 )
 from .projections.steps import VERSION as STEPS_VERSION
-from .verify import Finding, VerifyReport, exposure_warnings, verify, window_problem
-from .witness import (
-    AnchorCheck,
-    AnchorRefused,
-    Witness,
-    Witnessed,
-    WitnessElsewhere,
-    WitnessMismatch,
-    WitnessMissing,
-    WitnessStatus,
-    anchor_problems,
-    newest_anchor_seq,
-    recorded_anchor,
-    same_location,
-    witness_path,
-)
+from .verify import VerifyReport, exposure_warnings, verify, window_problem
+from .witness_keeper import WitnessKeeper, anchor_witness
+from .witness import Witness, WitnessStatus, witness_path
 
 Progress = Callable[[int, int], None]
 
@@ -192,20 +165,15 @@ class Ledger:
         self._rows = StepLookup(self._log, None if info.readonly else self._steps)
         #: The check every append runs before inserting an event (blobs durable, epochs live).
         self._guard = AppendGuard(self._steps, hash_check_max_bytes)
-        #: The witness re-anchoring check every write transaction runs before COMMIT.
-        self._anchor = AnchorCheck(info.location, self._log)
         #: The ledger's own files, which no workspace may overlap.
         self._own = OwnFiles(info.location, store)
         if not witness_check and not info.readonly:
             raise InvalidInput("witness_check=False is for read-only inspection; a writer"
                                " keeps the witness (to replace one, use anchor_witness)")
-        self.witness_lag = 0  # commits the ledger is ahead of its witness (1: an honest crash)
-        #: Whether the ledger records that it is witnessed (a `witness-anchored` event, or
-        #: the witness tag of a ledger witnessed before locations were recorded).
-        self.witnessed = False
-        self._witness_check = witness_check
-        self._witness_given = None if witness is None else witness_path(witness)
-        self._witness_unknown = False  # witnessed, but where is recorded nowhere
+        #: The witness as this ledger keeps it (`ledger.witness_keeper`).
+        self._witness = WitnessKeeper(info.location, lambda: self.ledger_id, self._log, store,
+                                      readonly=info.readonly, given=witness,
+                                      check=witness_check, own=self._own)
         #: What the workspace protocol and restore work through (never this object).
         self._core = Core(
             log=self._log, storage=self._store, options=self.options, clock=clock,
@@ -220,12 +188,23 @@ class Ledger:
     def witness(self) -> Witness | None:
         """The witness in use (the one given, else the one the ledger records); None if
         the ledger is not witnessed and none was given."""
-        return self._anchor.witness
+        return self._witness.witness
 
     @witness.setter
     def witness(self, witness: Witness | None) -> None:
-        self._anchor.witness = witness
-        self._own.witness = None if witness is None else witness.path
+        self._witness.witness = witness
+
+    @property
+    def witnessed(self) -> bool:
+        """Whether the ledger records that it is witnessed (a `witness-anchored` event, or
+        the witness tag of a ledger witnessed before locations were recorded)."""
+        return self._witness.witnessed
+
+    @property
+    def witness_lag(self) -> int:
+        """Commits the ledger is ahead of its witness, found when it opened (1: an honest
+        crash between a COMMIT and the witness's write)."""
+        return self._witness.lag
 
     @property
     def inline_max_bytes(self) -> int:
@@ -315,7 +294,7 @@ class Ledger:
         try:
             ledger = cls(store, store.clock, **options)
             if resolve:
-                ledger._attach_witness()
+                ledger._witness.attach()
             if not readonly:
                 catch_up(ledger._log)
                 ledger.blobs.make_private()  # a store made before blobs were private
@@ -361,77 +340,13 @@ class Ledger:
             blob_root=options.pop("blob_root", None), on_op=options.pop("on_op", None))
         try:
             ledger = cls(store, store.clock, created, **options)
-            ledger._attach_witness()
+            ledger._witness.attach()
             if not created:
                 catch_up(ledger._log)
         except BaseException:
             store.close()
             raise
         return ledger
-
-    def _attach_witness(self) -> None:
-        """Find the witness (the one given, else the one recorded), check the chain against
-        it (fail closed), and on a writer keep it updated; a writer given a witness for a
-        ledger that records none records it (`witness-anchored`), so later openers use it.
-
-        Refusals: a given witness that is not the recorded one (`WitnessElsewhere`); a
-        witnessed ledger whose witness is missing, blank or unknown (`WitnessMissing`);
-        a ledger behind its witness or off its chain (`WitnessMismatch`).
-        """
-        with self._store.read() as view:
-            found = recorded_anchor(view, self.path)
-            legacy = found is None and view.meta("witness_tag") is not None
-        self._anchor.seq = found[0] if found is not None else 0
-        self.witnessed = found is not None or legacy
-        given, path = self._witness_given, self._witness_given
-        if found is not None:
-            seq, anchored = found
-            if given is not None and not same_location(given, anchored.witness):
-                raise WitnessElsewhere(self.path, given, anchored.witness, seq)
-            path = anchored.witness
-        elif legacy and given is None:
-            if self._witness_check:
-                raise WitnessMissing(self.path, None, "witnessed by an older steptrail")
-            self._witness_unknown = True
-        if not self.readonly:
-            self._log.before_commit = self._anchor.before_commit
-        if path is None:
-            return
-        witness = self.witness = Witness(path, self.ledger_id)
-        if self._witness_check:
-            self.witness_lag = self.check_witness()
-        if self.readonly:
-            return
-        self._log.on_commit = witness.record
-        if self.witness_lag:
-            # An honest crash left the ledger ahead of its witness, and check_witness
-            # proved the tail was written under it: catch the witness up now, so a crash
-            # of this writer between its own COMMIT and witness write leaves one commit
-            # ahead again, never two.
-            head = self.head()
-            witness.write(head.seq, head.hash)
-        if found is None:
-            # First use (or a ledger witnessed before locations were recorded): start
-            # the witness from here if it is blank, and record where it is.
-            seen = witness.read()
-            head = self.head()
-            if seen is None:
-                witness.write(head.seq, head.hash)
-            self._append_anchor(WitnessAnchored(
-                witness=path, head_seq=head.seq, head_hash=head.hash.hex(),
-                previous_state="ok" if legacy else "none"))
-
-    def _append_anchor(self, event: WitnessAnchored | Callable[[Tx, int], Sequence[Event]]
-                       ) -> RecordedEvent:
-        """Append this process's own `witness-anchored` event (which the re-anchoring
-        check, `AnchorCheck`, lets through)."""
-        self._anchor.anchoring = True
-        try:
-            recorded = self._log.append(event if callable(event) else [event])[0]
-        finally:
-            self._anchor.anchoring = False
-        self._anchor.seq = recorded.seq
-        return recorded
 
     @classmethod
     def anchor_witness(
@@ -457,146 +372,18 @@ class Ledger:
         the new witness is written (a fresh key) and a `witness-anchored` event committed
         (the new witness then holds it). Returns that event as recorded.
         """
-
-        target = None if witness is None else witness_path(witness)
-        with cls.open(path, readonly=True, clock=clock, vfs=vfs, witness_check=False,
-                      _witness_resolve=False) as ro:
-            with ro._store.read() as view:
-                found = recorded_anchor(view, ro.path)
-                legacy = found is None and view.meta("witness_tag") is not None
-            old = found[1].witness if found is not None else (target if legacy else None)
-            if target is None:
-                if old is None:
-                    raise InvalidInput(f"ledger {ro.path} records no witness to replace; name"
-                                       " the new one with --witness /absolute/path")
-                target = old
-            problems: list[str] = []
-            state: Any = "none"
-            if old is not None:
-                ro.witness, ro.witnessed = Witness(old, ro.ledger_id), True
-                state, seen, why = ro.witness.state()
-                if seen is not None:
-                    try:
-                        ro.check_witness()
-                    except WitnessMismatch as exc:
-                        state = "mismatch"
-                        problems.append(f"the witness {old} says: {exc.why}")
-            if not os.path.isdir(os.path.dirname(target)):
-                raise InvalidInput(f"the witness directory {os.path.dirname(target)} does not"
-                                   " exist; create it (on another volume) first")
-            if not (old is not None and same_location(target, old)):
-                # Never overwrite a file that is not a witness of this ledger.
-                tstate, _seen, twhy = Witness(target, ro.ledger_id).state()
-                if tstate == "damaged":
-                    raise InvalidInput(f"{target} is not a witness of ledger {ro.path} ({twhy});"
-                                       " name a new file, or remove that one first")
-            report = verify(ro._store, ro._log, progress=progress, blob_check=ro.blob_problem)
-            with ro._store.read() as view:
-                problems.extend(message for _seq, message in anchor_problems(view))
-            problems.extend(f"[{f.check}] {f.message}" for f in report.findings)
-            if problems and not force:
-                raise AnchorRefused(ro.path, problems)
-            verified = Head(report.head_seq, bytes.fromhex(report.head_hash))
-            anchor_seq = found[0] if found is not None else 0
-        led = cls.open(path, clock=clock, vfs=vfs, _witness_resolve=False)
-        try:
-            new = Witness(target, led.ledger_id)
-
-            def build(tx: Tx, _time_ns: int) -> list[Event]:
-                head = tx.head()
-                if head != verified or newest_anchor_seq(tx) != anchor_seq:
-                    raise AnchorRefused(led.path, [
-                        f"the ledger changed while it was verified (head #{head.seq}, verified"
-                        f" #{verified.seq}): run the anchor again"])
-                new.start(head.seq, head.hash)
-                return [WitnessAnchored(
-                    witness=target, head_seq=head.seq, head_hash=head.hash.hex(),
-                    previous=old or "", previous_state=state, forced=bool(force and problems),
-                    overridden=tuple(p[:TEXT_MAX] for p in problems[:ITEMS_MAX]) if force else ())]
-
-            led.witness, led.witnessed, led._anchor.seq = new, True, anchor_seq
-            led._log.before_commit = led._anchor.before_commit
-            led._log.on_commit = new.record
-            return led._append_anchor(build)
-        finally:
-            led.close()
+        return anchor_witness(cls.open, path, witness, force=force, clock=clock, vfs=vfs,
+                              progress=progress)
 
     def witness_status(self) -> WitnessStatus:
         """Where the witness is and what it says about this ledger. Read-only; reports,
         never refuses (open with ``witness_check=False`` to ask about a refused ledger)."""
-        head = self.head()
-        out = WitnessStatus(witnessed=self.witnessed, anchored_seq=self._anchor.seq,
-                            head_seq=head.seq, state="none")
-        if self._witness_unknown:
-            out.state, out.problem = "unknown", "the ledger does not record where its witness is"
-        if self.witness is None:
-            return out
-        out.witness = self.witness.path
-        out.state, seen, out.problem = self.witness.state()
-        if seen is not None:
-            out.witnessed_seq = seen.seq
-            try:
-                out.lag = self.check_witness()
-            except WitnessMismatch as exc:
-                out.state, out.problem = "mismatch", exc.why
-        elif not self.witnessed and out.state != "damaged":
-            out.state, out.problem = "none", ""  # given, not started yet: nothing to check
-        return out
+        return self._witness.status()
 
     def check_witness(self) -> int:
         """Raise WitnessMismatch unless the chain contains the witnessed head; return how
         many commits the ledger is ahead of it (0, or 1 after an honest crash)."""
-        assert self.witness is not None
-        try:
-            seen = self.witness.read()
-        except WitnessMismatch as exc:  # damaged: name this ledger
-            raise WitnessMismatch(self.path, self.witness.path, exc.why) from None
-        if seen is None:
-            if self.witnessed:
-                raise WitnessMissing(self.path, self.witness.path, self.witness.state()[2])
-            return 0
-
-        def refuse(why: str) -> WitnessMismatch:
-            assert self.witness is not None
-            return WitnessMismatch(self.path, self.witness.path, why)
-
-        with self._store.read() as view:
-            head = view.head()
-            if head.seq < seen.seq:
-                raise refuse(f"the ledger ends at event #{head.seq}, its witness recorded"
-                             f" #{seen.seq}")
-            # The witnessed row and every row after it are re-hashed from their columns,
-            # not taken from their hash column: a tail edit cannot keep its old hash.
-            prev = self._log.genesis if seen.seq == 0 else None
-            expected = max(seen.seq, 1)
-            commits: set[object] = set()  # events of one append share their time
-            for row in view.events(EventQuery(after_seq=expected - 1)):
-                (seq, time_ns, ws, run, step, attempt, epoch, rev, key, kind, v, payload,
-                 prev_hash, digest) = row
-                if seq != expected or (prev is not None and bytes(prev_hash) != prev):
-                    raise refuse(f"event #{expected} does not follow the witnessed chain")
-                env = Envelope(ws, run, step, attempt, epoch, rev)
-                if chain_hash(bytes(prev_hash), seq, time_ns, env, key, kind, v,
-                              bytes(payload)) != bytes(digest):
-                    raise refuse(f"event #{seq} does not match its hash (edited after the"
-                                 " witness saw it)")
-                if seq == seen.seq and bytes(digest) != seen.hash:
-                    raise refuse(f"event #{seq} is not the one the witness recorded"
-                                 " (history rewritten)")
-                if seq > seen.seq:
-                    commits.add(time_ns)
-                prev, expected = bytes(digest), seq + 1
-            if head.seq > seen.seq:
-                # Ahead of the witness: an honest crash between COMMIT and the witness
-                # write leaves a tail tagged with the witness's key; a forged tail cannot.
-                tag = view.meta_all().get("witness_tag")
-                if tag is None or not hmac.compare_digest(
-                        str(tag), self.witness.tag(head.seq, head.hash)):
-                    raise refuse(f"events #{seen.seq + 1}-#{head.seq} after the witnessed head"
-                                 " were not written under this witness (forged, or written"
-                                 " by a process without --witness)")
-            # the commits after the witness
-            return len(commits)
+        return self._witness.check()
 
     @property
     def blobs(self) -> BlobStore:
@@ -701,33 +488,10 @@ class Ledger:
             for name, epoch in epochs.items():
                 check_step_id(name)
                 check_int(epoch, "epoch", 0)
-            return self._append_fenced(events, dict(epochs), small)
+            return self.workspaces.leases.append_fenced(events, dict(epochs), small)
         if small:
             return self._log.append(events, guard=self._guard(), inline=small)
         return self._log.append(events, guard=self._guard())
-
-    def _append_fenced(self, events: list[Event], epochs: dict[str, int],
-                       small: dict[str, bytes]) -> list[RecordedEvent]:
-        """`append_batch` under `epochs`: the events decided in the transaction, after
-        the leases are read at its time (nothing can move between the check and them)."""
-        def build(tx: Tx, now: int) -> list[Event]:
-            for name, epoch in sorted(epochs.items()):
-                row = tx.workspace(name)
-                live = None if row is None else row.live_epoch(now)
-                if epoch == 0 and live is not None:
-                    assert row is not None
-                    raise LeaseHeld(name, row.epoch, row.holder, row.expires_ns)
-                if epoch > 0 and live != epoch:
-                    raise StaleEpoch(name, epoch, live, latest=None if row is None else
-                                     row.epoch, holder="" if row is None else row.holder)
-            return events
-
-        # One lease named by the events and the fence alike: that workspace's transaction
-        # (its lock, on a store that has one); else the whole ledger's.
-        names = {getattr(e, "workspace", "") for e in events}
-        (only,) = names if len(names) == 1 else ("",)
-        scope = Scope(only) if only and set(epochs) == names else Scope()
-        return self._log.append(build, guard=self._guard(), scope=scope, inline=small)
 
     # -- blobs -----------------------------------------------------------------------
 
@@ -962,7 +726,7 @@ class Ledger:
         elif expect_head is not None and not isinstance(expect_head, Head):
             raise InvalidInput(f"expect_head {expect_head!r} is not a head: give a Head, or"
                                " SEQ:HASH as str(ledger.head()) gives")
-        extra, seen = self._witness_findings()
+        extra, seen = self._witness.findings()
         if seen is not None and expect_head is None:
             expect_head = Head(seen.seq, seen.hash)
         report = verify(self._store, self._log, expect_head=expect_head, progress=progress,
@@ -973,35 +737,6 @@ class Ledger:
             report.findings.extend(extra)
             report.ok = False
         return report
-
-    def _witness_findings(self) -> tuple[list[Finding], Witnessed | None]:
-        """What verify reports about the witness (what opening with the check on would
-        refuse, a tail written without it, the recorded anchors), and the head it holds."""
-        with self._store.read() as view:
-            extra = [Finding("witness", seq, message) for seq, message in anchor_problems(view)]
-        if self._witness_unknown:
-            extra.append(Finding("witness", 0, "the ledger is witnessed but records no witness"
-                                 " location (witnessed by an older steptrail): pass its"
-                                 " witness with --witness PATH"))
-        if self.witness is None:
-            return extra, None
-        state, seen, why = self.witness.state()
-        if state == "damaged" or (state != "ok" and self.witnessed):
-            extra.append(Finding("witness", 0, f"{why}: a witnessed ledger is not opened"
-                                 " without its witness; restore it, or re-anchor it"
-                                 " (Ledger.anchor_witness, 'steptrail witness anchor')"
-                                 if state != "damaged" else why))
-        if seen is not None:
-            try:
-                lag = self.check_witness()
-            except WitnessMismatch as exc:
-                lag = 0
-                extra.append(Finding("witness", seen.seq, exc.why))
-            if lag > 1:
-                extra.append(Finding("witness", seen.seq, f"the ledger is {lag} commits ahead"
-                                     " of its witness: written without the witness, or a"
-                                     " forged tail"))
-        return extra, seen
 
     def blob_problem(self, digest: str, size: int) -> str | None:
         """None if the blob is present, `size` bytes and hashes to its name; else what is

@@ -111,6 +111,8 @@ from typing import Any, ClassVar
 import apsw
 from ledger.testing import faults as F
 import pytest
+
+from ledger.witness_keeper import WitnessKeeper
 from conftest import damage_witness
 from hypothesis import HealthCheck, Phase, reject, settings
 from hypothesis import strategies as st
@@ -1339,12 +1341,12 @@ def test_negative_control_no_blob_dir_fsync_is_caught() -> None:
     assert "missing" in text or "I1" in text
 
 
-def _witness_fails_open(real: Callable[[Ledger], int]) -> Callable[[Ledger], int]:
+def _witness_fails_open(real: Callable[[WitnessKeeper], int]) -> Callable[[WitnessKeeper], int]:
     """THE BROKEN CHECK (negative control): a missing, empty or zero-filled witness is
     taken for no witness at all — the defect of issue 11 item 8 (a writer then starts a
     fresh witness from whatever head the file holds)."""
 
-    def check_witness(self: Ledger) -> int:
+    def check_witness(self: WitnessKeeper) -> int:
         assert self.witness is not None
         if self.witness.read() is None:
             return 0
@@ -1353,11 +1355,11 @@ def _witness_fails_open(real: Callable[[Ledger], int]) -> Callable[[Ledger], int
     return check_witness
 
 
-def _witness_behind_accepted(real: Callable[[Ledger], int]) -> Callable[[Ledger], int]:
+def _witness_behind_accepted(real: Callable[[WitnessKeeper], int]) -> Callable[[WitnessKeeper], int]:
     """THE BROKEN CHECK (negative control): a present witness is read, but a ledger behind
     it or off its chain is let through (only a missing witness is refused)."""
 
-    def check_witness(self: Ledger) -> int:
+    def check_witness(self: WitnessKeeper) -> int:
         try:
             return real(self)
         except WitnessMissing:
@@ -1372,10 +1374,11 @@ def _witness_behind_accepted(real: Callable[[Ledger], int]) -> Callable[[Ledger]
                          ids=["missing-witness-fails-open", "rollback-let-through"])
 def test_negative_control_a_witness_check_that_fails_open_is_caught(
         monkeypatch: pytest.MonkeyPatch, broken: Callable[..., Any]) -> None:
-    """Negative controls for the witness rules: with `Ledger.check_witness` broken, the
-    same machine finds an open that should have been refused (witness_lost or
-    rollback_hidden; rollback)."""
-    monkeypatch.setattr(Ledger, "check_witness", broken(Ledger.check_witness))
+    """Negative controls for the witness rules: with the witness check broken
+    (`WitnessKeeper.check`, what `Ledger.check_witness` and every open run), the same
+    machine finds an open that should have been refused (witness_lost or rollback_hidden;
+    rollback)."""
+    monkeypatch.setattr(WitnessKeeper, "check", broken(WitnessKeeper.check))
     text = _find_counterexample(LedgerModel, 300)
     if broken is _witness_fails_open:
         assert "witness_lost" in text or "rollback_hidden" in text, text

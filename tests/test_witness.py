@@ -477,7 +477,7 @@ def test_verify_checks_the_recorded_anchors(tmp_path: Path) -> None:
         append(led, 2)
         # Written past append's refusal: an anchor naming a head that is not its own
         # predecessor, and a location that does not follow the one before it.
-        led._append_anchor(WitnessAnchored(witness=str(world.witness), head_seq=1,
+        led._witness.append_anchor(WitnessAnchored(witness=str(world.witness), head_seq=1,
                                            head_hash=led.head().hash.hex(),
                                            previous="/somewhere/else"))
         report = led.verify()
@@ -677,7 +677,7 @@ def test_a_ledger_witnessed_before_locations_were_recorded_stays_valid(tmp_path:
         witness = Witness(world.witness, led.ledger_id)
         head = led.head()
         witness.write(head.seq, head.hash)
-        led.witness, led.witnessed = witness, True
+        led.witness, led._witness.witnessed = witness, True
         led._log.on_commit = lambda h: witness.write(h.seq, h.hash)
         append(led, 3)
     with pytest.raises(WitnessMissing, match="records no witness location"):

@@ -14,7 +14,15 @@ from typing import Any
 
 
 from ..errors import InvalidInput, LeaseHeld, LedgerError, StaleEpoch, UnknownWorkspace
-from ..events import Event, LeaseAcquired, LeaseReleased, LeaseRenewed, check_int, check_step_id
+from ..events import (
+    Event,
+    LeaseAcquired,
+    LeaseReleased,
+    LeaseRenewed,
+    RecordedEvent,
+    check_int,
+    check_step_id,
+)
 from .core import Core
 from ..projections.workspaces import WsRow
 from ..store import Scope, Tx
@@ -85,6 +93,30 @@ class Leases:
         event = self.core.log.append(build, scope=Scope(workspace))[0].event
         assert isinstance(event, LeaseAcquired)
         return event
+
+    def append_fenced(self, events: list[Event], epochs: dict[str, int],
+                      small: dict[str, bytes]) -> list[RecordedEvent]:
+        """`Ledger.append_batch` under `epochs` (lease name -> epoch; 0: no lease may be
+        live): the events decided in the transaction, after the leases are read at its
+        time (nothing can move between the check and them)."""
+        def build(tx: Tx, now: int) -> list[Event]:
+            for name, epoch in sorted(epochs.items()):
+                row = tx.workspace(name)
+                live = None if row is None else row.live_epoch(now)
+                if epoch == 0 and live is not None:
+                    assert row is not None
+                    raise LeaseHeld(name, row.epoch, row.holder, row.expires_ns)
+                if epoch > 0 and live != epoch:
+                    raise StaleEpoch(name, epoch, live, latest=None if row is None else
+                                     row.epoch, holder="" if row is None else row.holder)
+            return events
+
+        # One lease named by the events and the fence alike: that workspace's transaction
+        # (its lock, on a store that has one); else the whole ledger's.
+        names = {getattr(e, "workspace", "") for e in events}
+        (only,) = names if len(names) == 1 else ("",)
+        scope = Scope(only) if only and set(epochs) == names else Scope()
+        return self.core.log.append(build, guard=self.core.guard(), scope=scope, inline=small)
 
     def heartbeat(self, workspace: str, epoch: int, ttl_s: float = 60) -> Lease:
         """Extend the live lease; an expired one is never revived (StaleEpoch)."""

@@ -1,0 +1,162 @@
+#!/usr/bin/env python3
+"""Paired A/B of two checkouts of steptrail: fenced steps a second and a 100k-event rebuild.
+
+Run from the repository root::
+
+    .venv/bin/python tools/bench_ab.py --base /path/to/other/checkout      # 7 pairs
+    .venv/bin/python tools/bench_ab.py --base ../base --pairs 11 --steps 3000 --json
+
+Each measurement is its own process (``python -c``) with ``PYTHONPATH`` set to one
+checkout, so A and B import their own ``ledger`` and nothing else differs; A and B run
+in turn (A B A B ...) and the ratio is taken pair by pair, so a drift of the machine's
+speed moves both sides of a pair alike. Quote the median ratio; min and max show the
+spread.
+
+- **fenced**: ``run_fenced_step`` on a fresh SQLite ledger (synchronous=FULL), one
+  4-KiB write and one inline artifact a step, `--steps` steps after 50 warm-up steps;
+  figure: steps a second (higher is better).
+- **rebuild**: ``Ledger.rebuild()`` of a copy of one 100k-event ledger (planned +
+  manifest-published + acked per step, built once by A's code: the format is shared);
+  figure: events a second (higher is better).
+
+A ratio is A/B (the checkout this runs from over `--base`): 1.00 is parity, above is A
+faster. Say under what load the figures were taken (``uptime`` is printed with them).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent.parent
+
+FENCED = r"""
+import os, sys, tempfile, time
+from pathlib import Path
+from ledger import Ledger, run_fenced_step
+steps = int(sys.argv[1])
+with tempfile.TemporaryDirectory() as d:
+    ws = Path(d) / "ws"; ws.mkdir()
+    for i in range(8):
+        (ws / f"f{i}.txt").write_bytes(b"x" * 4096)
+    with Ledger.init(Path(d) / "l.db") as led:
+        led.workspaces.add("w", str(ws))
+        epoch = led.workspaces.acquire("w", "bench", ttl_s=3600).epoch
+        def one(n):
+            path = f"f{n % 8}.txt"
+            out = run_fenced_step(led, "w", f"s{n}", lambda r: [r.read(path).write(
+                n.to_bytes(4, "big") * 1024)], epoch=epoch, artifacts={"r.txt": b"ok %d" % n})
+            assert out.committed, out
+        for n in range(50):
+            one(n)
+        t = time.perf_counter()
+        for n in range(50, 50 + steps):
+            one(n)
+        print(steps / (time.perf_counter() - t))
+"""
+
+BUILD = r"""
+import sys
+from ledger import Ledger
+from ledger.events import Acked, ManifestPublished, Planned
+n = int(sys.argv[2]) // 3
+with Ledger.init(sys.argv[1]) as led:
+    batch = []
+    for i in range(n):
+        s = f"s{i}"
+        batch += [Planned(step=s, attempt=1, run="r"),
+                  ManifestPublished(step=s, attempt=1, run="r", manifest_rev=0, expected_rev=-1,
+                                    digest="0" * 64),
+                  Acked(step=s, attempt=1, run="r", manifest_rev=0)]
+        if len(batch) >= 3000:
+            led.append_batch(batch); batch = []
+    if batch:
+        led.append_batch(batch)
+    print(led.count())
+"""
+
+REBUILD = r"""
+import sys, time
+from ledger import Ledger
+with Ledger.open(sys.argv[1]) as led:
+    n = led.count()
+    t = time.perf_counter()
+    led.rebuild()
+    print(n / (time.perf_counter() - t))
+"""
+
+
+def run(checkout: Path, code: str, *args: str) -> float:
+    env = {**os.environ, "PYTHONPATH": str(checkout)}
+    out = subprocess.run([sys.executable, "-c", code, *args], env=env, capture_output=True,
+                         text=True, check=False)
+    if out.returncode != 0:
+        raise SystemExit(f"{checkout}: {out.stderr.strip()[-2000:]}")
+    return float(out.stdout.strip().splitlines()[-1])
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--base", required=True, type=Path, help="the other checkout (B)")
+    ap.add_argument("--pairs", type=int, default=7)
+    ap.add_argument("--steps", type=int, default=1500)
+    ap.add_argument("--events", type=int, default=100_000)
+    ap.add_argument("--json", action="store_true")
+    args = ap.parse_args()
+    base = args.base.resolve()
+    if not (base / "ledger" / "__init__.py").is_file():
+        raise SystemExit(f"{base} is not a steptrail checkout (no ledger/__init__.py)")
+    scratch = Path(tempfile.mkdtemp(prefix="steptrail-ab-"))
+    try:
+        master = scratch / "rebuild.db"
+        count = int(run(HERE, BUILD, str(master), str(args.events)))
+        rows: dict[str, list[tuple[float, float]]] = {"fenced": [], "rebuild": []}
+        for i in range(args.pairs):
+            a = run(HERE, FENCED, str(args.steps))
+            b = run(base, FENCED, str(args.steps))
+            rows["fenced"].append((a, b))
+            copies = []
+            for side in ("a", "b"):
+                copy = scratch / f"r{i}{side}.db"
+                shutil.copyfile(master, copy)
+                copies.append(copy)
+            a = run(HERE, REBUILD, str(copies[0]))
+            b = run(base, REBUILD, str(copies[1]))
+            rows["rebuild"].append((a, b))
+            for c in copies:
+                c.unlink()
+            print(f"pair {i + 1}/{args.pairs}", file=sys.stderr)
+        load = os.getloadavg()
+        report = {"a": str(HERE), "b": str(base), "pairs": args.pairs, "steps": args.steps,
+                  "events": count, "loadavg": [round(x, 2) for x in load]}
+        for name, pairs in rows.items():
+            ratios = [a / b for a, b in pairs]
+            report[name] = {"a_median": round(statistics.median(a for a, _ in pairs), 1),
+                            "b_median": round(statistics.median(b for _, b in pairs), 1),
+                            "ratio_median": round(statistics.median(ratios), 3),
+                            "ratio_min": round(min(ratios), 3),
+                            "ratio_max": round(max(ratios), 3)}
+        if args.json:
+            print(json.dumps(report, indent=2))
+            return
+        print(f"A {report['a']}\nB {report['b']}\n{args.pairs} pairs; load average"
+              f" {' '.join(map(str, report['loadavg']))}")
+        print(f"{'':<9}{'A median':>12}{'B median':>12}{'A/B median':>12}{'min':>8}{'max':>8}")
+        for name, unit in (("fenced", "steps/s"), ("rebuild", "events/s")):
+            r = report[name]
+            print(f"{name:<9}{r['a_median']:>12,.1f}{r['b_median']:>12,.1f}"
+                  f"{r['ratio_median']:>12.3f}{r['ratio_min']:>8.3f}{r['ratio_max']:>8.3f}"
+                  f"  ({unit})")
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()

@@ -35,8 +35,8 @@ def run_step(ledger: Ledger, step: str, outputs: Outputs, *, run: str = "") -> S
 
     >>> from ledger import Ledger, run_step
     >>> with Ledger.init("ledger.db") as ledger:
-    ...     result = run_step(site, "build-7", {"report.txt": b"ok\\n"})
-    ...     print([a.path for a in result.manifest.artifacts], site.core.steps.get("build-7").state)
+    ...     result = run_step(ledger, "build-7", {"report.txt": b"ok\\n"})
+    ...     print([a.path for a in result.manifest.artifacts], ledger.step("build-7").state)
     ['report.txt'] acked
     """
     return _run.run_step(ledger.workspaces.site, step, outputs, run=run)
@@ -92,7 +92,7 @@ def run_fenced_step(ledger: Ledger, workspace: str, step: str, plan: Planner, *,
     >>> from ledger import run_fenced_step
     >>> def plan(read):
     ...     return [read.read("app.py").write(b"v1\\n")]
-    >>> run_fenced_step(site, "repo", "edit-1", plan, epoch=lease.epoch).status
+    >>> run_fenced_step(ledger, "repo", "edit-1", plan, epoch=lease.epoch).status
     <StepStatus.APPLIED: 'applied'>
     >>> ledger.close()
     """

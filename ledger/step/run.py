@@ -63,8 +63,8 @@ class StepResult:
 
     >>> from ledger import Ledger, run_step
     >>> with Ledger.init("ledger.db") as ledger:
-    ...     first = run_step(site, "build-1", {"report.txt": b"ok\\n"})
-    ...     again = run_step(site, "build-1", lambda: {"report.txt": b"other"})
+    ...     first = run_step(ledger, "build-1", {"report.txt": b"ok\\n"})
+    ...     again = run_step(ledger, "build-1", lambda: {"report.txt": b"other"})
     >>> first.ran, again.ran, again.manifest == first.manifest
     (True, False, True)
     """
@@ -160,8 +160,8 @@ class StepStatus(StrEnum):
     >>> lease = ledger.workspaces.acquire("repo", holder="agent-1", ttl_s=600)
     >>> from ledger import StepStatus, run_fenced_step
     >>> plan = lambda read: [read.read("app.py").write(b"v1\\n")]
-    >>> _ = run_fenced_step(site, "repo", "edit-1", plan, epoch=lease.epoch)
-    >>> again = run_fenced_step(site, "repo", "edit-1", plan, epoch=lease.epoch)
+    >>> _ = run_fenced_step(ledger, "repo", "edit-1", plan, epoch=lease.epoch)
+    >>> again = run_fenced_step(ledger, "repo", "edit-1", plan, epoch=lease.epoch)
     >>> again.status is StepStatus.DEDUPED
     True
     >>> ledger.close()
@@ -207,7 +207,7 @@ class PathConflict:
     ...     got = read.read("app.py")
     ...     _ = Path("repo/app.py").write_text("a person's fix\\n")   # the file changes under it
     ...     return [got.write(b"v1\\n")]
-    >>> out = run_fenced_step(site, "repo", "edit-1", edit, epoch=lease.epoch)
+    >>> out = run_fenced_step(ledger, "repo", "edit-1", edit, epoch=lease.epoch)
     >>> out.status.value, out.conflicts[0].path
     ('conflict', 'app.py')
     >>> ledger.close()
@@ -234,7 +234,7 @@ class FencedOutcome:
     >>> _ = ledger.workspaces.add("repo", "repo")
     >>> lease = ledger.workspaces.acquire("repo", holder="agent-1", ttl_s=600)
     >>> from ledger import run_fenced_step
-    >>> out = run_fenced_step(site, "repo", "edit-1",
+    >>> out = run_fenced_step(ledger, "repo", "edit-1",
     ...                       lambda read: [read.read("app.py").write(b"v1\\n")], epoch=lease.epoch)
     >>> out.status.value, out.ran, [e.path for e in out.manifest.writes]
     ('applied', True, ['app.py'])
@@ -275,7 +275,7 @@ class FencedOutcome:
         ...     _ = Path("repo/app.py").write_text("a person's edit\\n")
         ...     return [got.write(b"v1\\n")]
         >>> try:
-        ...     run_fenced_step(site, "repo", "e1", edit, epoch=lease.epoch).raise_for_status()
+        ...     run_fenced_step(ledger, "repo", "e1", edit, epoch=lease.epoch).raise_for_status()
         ... except StepRejected as e:
         ...     print(e.reason, e.facts["paths"])
         pre_hash ['app.py']
@@ -303,7 +303,7 @@ class StepReader:
     >>> _ = ledger.workspaces.add("repo", "repo")
     >>> lease = ledger.workspaces.acquire("repo", holder="agent-1", ttl_s=600)
     >>> from ledger import StepReader
-    >>> StepReader(site.places, "repo").read("app.py").content
+    >>> StepReader(ledger, "repo").read("app.py").content
     b'v0\\n'
     >>> ledger.close()
     """

@@ -15,19 +15,15 @@ tests/test_kinds.py, and `describe` has no fallback (a KeyError names the kind).
 
 from __future__ import annotations
 
-import datetime as dt
 from collections.abc import Callable
 from typing import Any, Final, NamedTuple
 
 from .events import Event, kind_of, to_builtins
+from .fmt import count
+from .fmt import iso as _iso
 
 #: The fields every step event carries, shown in their own columns, not in the detail.
 _COLUMNS: Final = frozenset({"kind", "step", "attempt", "run", "workspace", "epoch"})
-
-
-def _iso(time_ns: int) -> str:
-    return dt.datetime.fromtimestamp(time_ns / 1e9, dt.timezone.utc).isoformat(
-        timespec="milliseconds").replace("+00:00", "Z")
 
 
 def fields(event: Event) -> str:
@@ -138,7 +134,7 @@ DESCRIBED: Final[dict[str, Described]] = {
         lambda e: f"pins the {e.role} {_h(e.digest)}"),
     "blob-stored": Described(
         "an artifact's bytes are stored, content-addressed",
-        lambda e: f"{e.path or 'a blob'}: {e.size} bytes {_h(e.digest)}"
+        lambda e: f"{e.path or 'a blob'}: {count(e.size, 'byte')} {_h(e.digest)}"
                   f" ({'in the ledger' if e.inline else 'a blob file'})"),
     "manifest-published": Described(
         "committed: the step's result is published (its manifest); an ack is still owed",
@@ -173,7 +169,7 @@ DESCRIBED: Final[dict[str, Described]] = {
         "a lease was given up", lambda e: f"epoch {e.epoch} released"),
     "blob-collected": Described(
         "gc removed a blob no manifest or pin holds",
-        lambda e: f"{_h(e.digest)}, {e.size} bytes ({e.reason})"
+        lambda e: f"{_h(e.digest)}, {count(e.size, 'byte')} ({e.reason})"
                   + (f", collection {e.collection}" if e.collection else "")),
     "witness-anchored": Described(
         "the ledger's head recorded in its witness (a copy kept elsewhere that catches a"

@@ -546,3 +546,17 @@ def test_gc_keeps_a_stray_file_in_blob_tmp_it_did_not_write(store: Store) -> Non
     assert r.code == 0, r
     assert r.json["collected"] == 2
     assert stray.exists()  # not ours to delete: not a name a put ever writes
+
+
+def test_the_gc_command_states_the_library_grace_rule() -> None:
+    """One grace rule (`ledger.gc.grace`): the command's default and its --force bound
+    are the library's, and it refuses a short window with the library's check."""
+    from ledger.cli.gc import gc_cmd
+    from ledger.gc import DEFAULT_GRACE_S, MIN_GRACE_S
+    from ledger.fmt import duration
+
+    grace = next(p for p in gc_cmd.params if p.name == "grace")
+    assert grace.default == duration(DEFAULT_GRACE_S)
+    assert f"Under {duration(MIN_GRACE_S)} only with --force" in (grace.help or "")
+    force = next(p for p in gc_cmd.params if p.name == "force")
+    assert duration(MIN_GRACE_S) in (force.help or "")

@@ -220,7 +220,7 @@ def test_events_text_prints_times_not_nanoseconds(world: World) -> None:
     r = world("events", "--kind", "lease-acquired")
     assert r.code == 0 and "expires_ns=" not in r.out, r.out
     expires = world("--workspace", "w", "lease", "show", "--json").json["expires"]
-    assert f"expires={expires}" in r.out and ISO_Z.fullmatch(expires)
+    assert f"expires {expires}" in r.out and ISO_Z.fullmatch(expires)
 
 
 def test_csv_export_prints_booleans_as_true_and_false(world: World) -> None:

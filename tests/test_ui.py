@@ -786,7 +786,7 @@ def test_event_filters(corpus: Path) -> None:
     with _client(corpus) as c:
         c.get(f"/?token={TOKEN}")
         page = c.get("/events?kind=fenced").text
-        kinds = set(re.findall(r'<span class="kind k-([a-z-]+)">', page))
+        kinds = set(re.findall(r'<span class="kind k-([a-z-]+)"', page))
         assert kinds == {"fenced"}, kinds
         page = c.get(url("/events", step="plain-1")).text
         steps = set(re.findall(r'class="step" href="[^"]*step\?id=([^"]+)"', page))

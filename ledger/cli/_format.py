@@ -3,49 +3,21 @@ and as JSON (docs/cli-json.md); output held back until a command is done (`_Spoo
 
 from __future__ import annotations
 
-import datetime as dt
 import sys
 from typing import TYPE_CHECKING, Any
 
 import click
 import msgspec
 
+from ledger.fmt import count as _n
+from ledger.fmt import duration as _dur
+from ledger.fmt import iso as _iso
+from ledger.fmt import size_exact as _size
+
 from ledger.events import RecordedEvent, to_builtins
 
 if TYPE_CHECKING:
     from ledger import Compensation, StepRow
-
-
-def _iso(time_ns: int) -> str:
-    return dt.datetime.fromtimestamp(time_ns / 1e9, dt.timezone.utc).isoformat(
-        timespec="milliseconds"
-    ).replace("+00:00", "Z")
-
-
-def _n(count: int, noun: str, plural: str = "") -> str:
-    """`count noun`, the noun in its plural unless the count is one: "1 step", "2 steps"."""
-    return f"{count} {noun if count == 1 else plural or noun + 's'}"
-
-
-def _dur(seconds: float) -> str:
-    """A duration as one would type it: 86400 -> "24h", 600 -> "10m", 90 -> "90s"."""
-    if seconds >= 3600 and seconds % 3600 == 0:
-        return f"{int(seconds // 3600)}h"
-    if seconds >= 60 and seconds % 60 == 0:
-        return f"{int(seconds // 60)}m"
-    return f"{seconds:g}s"
-
-
-def _size(n: int) -> str:
-    """Exact bytes, with a binary-unit reading once it is more than a KiB."""
-    if n < 1024:
-        return f"{n} B"
-    value = float(n)
-    for unit in ("KiB", "MiB", "GiB", "TiB", "PiB"):
-        value /= 1024
-        if value < 1024:
-            break
-    return f"{n} B ({value:.1f} {unit})"
 
 
 def event_json(r: RecordedEvent) -> dict[str, Any]:

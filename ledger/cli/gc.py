@@ -7,7 +7,7 @@ from typing import Any
 
 import click
 
-from ledger.errors import EXIT_NO, InvalidInput
+from ledger.errors import EXIT_NO
 
 from ._common import LedgerCommand, _emit_json, _examples, _open, _progress, json_option
 from ._format import _dur, _n, _size
@@ -57,14 +57,9 @@ def gc_cmd(ctx: click.Context, grace: float, force: bool, dry_run: bool,
     under 1h without --force); 3 another gc holds the lock, or storage failed
     (retry later).
     """
-    from ledger.gc import MIN_GRACE_S, collect
+    from ledger.gc import check_grace, collect
 
-    if grace < MIN_GRACE_S and not force:
-        raise InvalidInput(
-            f"--grace {_dur(grace)} is under the {_dur(MIN_GRACE_S)} minimum: a short window"
-            " leaves no margin for clock skew or a blob placed by hand; pass --force to mean"
-            " it (nothing was read or changed)"
-        )
+    check_grace(grace, force=force)  # before the ledger is opened: a refusal reads nothing
     update, finish = _progress("collecting")
     with _open(ctx, readonly=dry_run) as ledger:
         try:

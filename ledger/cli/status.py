@@ -11,6 +11,8 @@ from typing import TYPE_CHECKING, Any
 
 import click
 
+from ledger.fmt import ago as _ago
+
 from ledger.errors import said_at_a_shell
 
 from ._common import LedgerCommand, _emit_json, _examples, _open, json_option
@@ -27,18 +29,6 @@ UNACKED = "manifest-published"
 SHOWN = 20
 #: The holder `lease acquire` is given in the commands printed: the shell's user.
 HOLDER = '"$USER"'
-
-
-def _ago(delta_ns: int) -> str:
-    """A span as one reads it on a status line: 45s, 12m, 5h, 3d."""
-    s = abs(delta_ns) / 1e9
-    if s < 120:
-        return f"{s:.0f}s"
-    if s < 7200:
-        return f"{s / 60:.0f}m"
-    if s < 2 * 86400:
-        return f"{s / 3600:.0f}h"
-    return f"{s / 86400:.0f}d"
 
 
 def _lease_json(row: WsRow, now: int) -> dict[str, Any]:

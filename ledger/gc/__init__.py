@@ -11,14 +11,13 @@
 
 from .audit import AuditReport, Bucket, audit
 from .collector import (
-    DEFAULT_GRACE_S,
-    MIN_GRACE_S,
     CollectorBusy,
     GcReport,
     collect,
     last_run,
     parse_duration,
 )
+from .grace import DEFAULT_GRACE_S, MIN_GRACE_S, check_grace
 from .holders import GcRefused, read_references
 
 __all__ = [
@@ -26,6 +25,7 @@ __all__ = [
     "read_references",
     "DEFAULT_GRACE_S",
     "MIN_GRACE_S",
+    "check_grace",
     "AuditReport",
     "Bucket",
     "CollectorBusy",

@@ -24,7 +24,7 @@ from ..errors import BlobCorrupt
 from ..events import BlobCollected, Sealed, decode
 from ..store import EventQuery
 from ..projections.steps import IN_FLIGHT
-from .collector import DEFAULT_GRACE_S
+from .grace import DEFAULT_GRACE_S, young
 from .holders import GcRefused, live_pins, read_references
 
 if TYPE_CHECKING:
@@ -147,7 +147,7 @@ def audit(
         report.stored_blobs += 1
         report.stored_bytes += size
         report.files.add(size)
-        (report.orphan_young if now - age_ns < grace_ns else report.orphan_old).add(size)
+        (report.orphan_young if young(age_ns, now, grace_ns) else report.orphan_old).add(size)
     # one pass, counting into locals (this loop runs once per stored blob)
     where = [[0, 0], [0, 0]]  # files, inline: [count, bytes]
     buckets_of = [[0, 0], [0, 0], [0, 0], [0, 0]]  # referenced, pinned, young, old

@@ -37,14 +37,13 @@ from ..blobs import digest_of
 from ..errors import BlobCorrupt, CollectorBusy, EnvironmentFailure, InvalidInput, LedgerError
 from ..events import BlobCollected, Event, check_digest
 from ..store import Held, Tx
+from .grace import DEFAULT_GRACE_S, MIN_GRACE_S, check_grace, young
 from .holders import GcRefused, compensation_refs_since, live_pins, pinned_now, read_references
 
 if TYPE_CHECKING:
     from ..ledger import Ledger
 
-DEFAULT_GRACE_S: Final = 24 * 3600
-#: A grace window shorter than this needs `force` (the demo and tests force it).
-MIN_GRACE_S: Final = 3600
+#: Blobs condemned, re-checked and collected per transaction.
 BATCH: Final = 500
 Progress = Callable[[int, int], None]
 
@@ -131,14 +130,7 @@ def collect(
     wait: bool = False,
 ) -> GcReport:
     """Collect orphan blobs (see the module docstring); return what was found and done."""
-    if grace_s < 0:
-        raise InvalidInput("the grace window cannot be negative")
-    if grace_s < MIN_GRACE_S and not force:
-        raise InvalidInput(
-            f"a grace window of {grace_s:g}s is under {MIN_GRACE_S // 3600}h: a writer stalled"
-            " longer than the window is still safe (it pinned first), but a short window"
-            " leaves no margin for clock skew or a hand-made blob; pass --force to mean it"
-        )
+    check_grace(grace_s, force=force)
     if max_delete is not None and max_delete < 0:
         raise InvalidInput("--max-delete must be >= 0")
     if ledger.readonly and not dry_run:
@@ -219,7 +211,7 @@ def _run(ledger: Ledger, report: GcReport, grace_s: float, now_ns: int | None, d
         elif digest in pins:
             report.kept_live += 1
             report.kept_live_bytes += size
-        elif now - age_ns < grace_ns:
+        elif young(age_ns, now, grace_ns):
             report.kept_young += 1
             report.kept_young_bytes += size
         else:
@@ -233,7 +225,7 @@ def _run(ledger: Ledger, report: GcReport, grace_s: float, now_ns: int | None, d
     # thresholds): reads use the row, so an old copy is collectable whatever holds the
     # digest — as long as the row is intact (re-checked under the lock).
     dupes = sorted(d for d in files.keys() & inline.keys()
-                   if d not in candidates and now - files[d][1] >= grace_ns)
+                   if d not in candidates and not young(files[d][1], now, grace_ns))
     for d in dupes:
         report.orphans += 1
         report.orphan_bytes += files[d][0]
@@ -305,7 +297,7 @@ def _temp_removable(name: str, mtime_ns: int, now: int, grace_ns: int,
     """A put's leftover (``<digest>.<hex>.tmp``), old enough, its digest unpinned.
     Anything else in tmp/ is not ours to delete: it is kept (and counted)."""
     m = _TEMP_NAME.fullmatch(name)
-    return m is not None and now - mtime_ns >= grace_ns and m.group(1) not in pins
+    return m is not None and not young(mtime_ns, now, grace_ns) and m.group(1) not in pins
 
 
 def _blobs(inline: dict[str, tuple[int, int]],
@@ -331,7 +323,7 @@ def _collect_copies(ledger: Ledger, report: GcReport, dupes: list[str], grace_ns
             if row is None or digest_of(bytes(row[1])) != digest:
                 continue  # the row went or is damaged: the file may be the good copy
             found = ledger.blobs.stat(digest)
-            if found is None or now - found.mtime_ns < grace_ns:
+            if found is None or young(found.mtime_ns, now, grace_ns):
                 continue
             ledger.blobs.delete(digest)
             done["n"] += 1
@@ -393,7 +385,7 @@ def _collect_batch(ledger: Ledger, report: GcReport, batch: list[str], reference
             reason = "orphan"
             inline_row = tx.inline_stat(digest)
             if inline_row is not None:
-                if now - inline_row.mtime_ns < grace_ns:
+                if young(inline_row.mtime_ns, now, grace_ns):
                     spare()  # freshened by a dedup hit since it was condemned
                     continue
                 tx.delete_inline(digest)
@@ -407,7 +399,7 @@ def _collect_batch(ledger: Ledger, report: GcReport, batch: list[str], reference
                     ledger.blobs.sync_absent(digest)  # its unlink, made durable
                     counts["recovered"] += 1
                 else:
-                    if now - found.mtime_ns < grace_ns:
+                    if young(found.mtime_ns, now, grace_ns):
                         spare()
                         continue
                     ledger.blobs.delete(digest)  # unlink + directory fsync

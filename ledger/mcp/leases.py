@@ -30,7 +30,6 @@ two servers never each keep one while waiting for the other's.
 from __future__ import annotations
 
 import contextlib
-import datetime as dt
 import fcntl
 import hashlib
 import logging
@@ -46,6 +45,7 @@ from collections.abc import Iterator
 from typing import Any
 
 from ledger import LeaseHeld, Ledger, LedgerError, StaleEpoch
+from ledger.fmt import iso
 
 log = logging.getLogger("steptrail.mcp")
 
@@ -55,8 +55,7 @@ class LeaseBusy(Exception):
 
 
 def _iso_now() -> str:
-    return dt.datetime.now(dt.timezone.utc).isoformat(timespec="milliseconds").replace(
-        "+00:00", "Z")
+    return iso(time.time_ns())
 
 
 # -- the holder's name ----------------------------------------------------------------------

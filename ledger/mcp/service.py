@@ -30,7 +30,6 @@ read. The same requestId for a different change is refused.
 from __future__ import annotations
 
 import contextlib
-import datetime as dt
 import hashlib
 import logging
 import os
@@ -65,6 +64,7 @@ from ledger import (
 from .edits import EditRefused, apply_edits, unified_diff
 from ..workspace import Confined, Entry, FsRefused, glob_match, is_ledger_dir_name
 from ..errors import said_at_a_shell
+from ..fmt import iso
 from ..kinds import detail
 from .leases import LeaseBusy, Leases, holder_name
 
@@ -125,11 +125,6 @@ def one_line(text: str) -> str:
 
 def short(digest: str | None) -> str:
     return "absent" if digest is None else digest[:12]
-
-
-def iso(time_ns: int) -> str:
-    return dt.datetime.fromtimestamp(time_ns / 1e9, dt.timezone.utc).isoformat(
-        timespec="milliseconds").replace("+00:00", "Z")
 
 
 def sha256(data: bytes) -> str:

@@ -10,13 +10,19 @@ acting on the page.
 
 from __future__ import annotations
 
-import datetime as dt
 import re
 import unicodedata
 from collections.abc import Sequence
 from typing import Final, NamedTuple
 
-from ledger import diffs, kinds
+from ledger import diffs, fmt, kinds
+from ledger.fmt import ago, size, span
+
+
+def iso(time_ns: int) -> str:
+    """A time as the command line prints it (UTC, milliseconds); "-" for none."""
+    return fmt.iso(time_ns) if time_ns else "-"
+
 from ledger.diffs import DiffLine
 
 #: Diffs are cut to this many lines; files larger than this are not diffed.
@@ -130,25 +136,6 @@ def diff(before: bytes | None, after: bytes | None, path: str, *,
                 complete=not found.stopped and not any(x.kind == "note" for x in lines))
 
 
-def iso(time_ns: int) -> str:
-    """A time as the command line prints it (UTC, milliseconds)."""
-    if not time_ns:
-        return "-"
-    return dt.datetime.fromtimestamp(time_ns / 1e9, dt.timezone.utc).isoformat(
-        timespec="milliseconds").replace("+00:00", "Z")
-
-
-def ago(delta_ns: int) -> str:
-    s = abs(delta_ns) / 1e9
-    if s < 120:
-        return f"{s:.0f}s"
-    if s < 7200:
-        return f"{s / 60:.0f}m"
-    if s < 2 * 86400:
-        return f"{s / 3600:.0f}h"
-    return f"{s / 86400:.0f}d"
-
-
 #: The words the pages use, each in one line (shown when the pointer rests on one):
 #: the glossary, inline. An event kind's line is `ledger.kinds`'s (one wording of a kind).
 GLOSSARY: Final = {
@@ -168,32 +155,6 @@ GLOSSARY: Final = {
 def explain(term: str) -> str:
     """A word of the pages in one line ('' when it is not one)."""
     return GLOSSARY.get(term, "")
-
-
-def span(delta_ns: int) -> str:
-    """A duration as a person reads it: 850ms, 42s, 3m 05s, 2h 14m, 3d 4h."""
-    s = max(0, delta_ns) / 1e9
-    if s < 1:
-        return f"{s * 1000:.0f}ms"
-    if s < 60:
-        return f"{s:.0f}s"
-    if s < 3600:
-        return f"{int(s // 60)}m {int(s % 60):02d}s"
-    if s < 86400:
-        return f"{int(s // 3600)}h {int(s % 3600 // 60):02d}m"
-    return f"{int(s // 86400)}d {int(s % 86400 // 3600)}h"
-
-
-def size(n: int | None) -> str:
-    """Bytes, in a binary unit once past a KiB."""
-    if n is None:
-        return "?"
-    value, unit = float(n), "B"
-    for next_unit in ("KiB", "MiB", "GiB", "TiB"):
-        if value < 1024:
-            break
-        value, unit = value / 1024, next_unit
-    return f"{n} B" if unit == "B" else f"{value:.1f} {unit}"
 
 
 class Bar(NamedTuple):

@@ -1,5 +1,5 @@
 """The append guard: the check the event log runs inside every append transaction,
-before it inserts an event (`ledger.log.Guard`).
+before it inserts an event (`ledger.store.EventCheck`).
 
 It refuses an event that would make the log lie about the world: a writing step's
 effect whose epoch is no longer its workspace's live one (I5), a `blob-stored` whose
@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from .errors import BlobCorrupt, BlobNotFound, StaleEpoch
 from .events import BlobStored, Event, ManifestPublished, StepEvent
-from .log import Guard
+from .store import EventCheck
 from .projections import StepsProjector
 from .store import BlobIndex, Tx
 
@@ -35,7 +35,7 @@ class AppendGuard:
         self.projector = projector
         self.hash_check_max_bytes = hash_check_max_bytes
 
-    def __call__(self) -> Guard:
+    def __call__(self) -> EventCheck:
         seen: set[tuple[object, ...]] = set()
         projector, hash_max = self.projector, self.hash_check_max_bytes
 

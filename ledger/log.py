@@ -33,8 +33,8 @@ import msgspec
 from .errors import CorruptLedger, InvalidInput
 from .events import (Built, Event, RecordedEvent, encode_built, envelope, journal_key, kind_of,
                      validate)
-from .store import (ROW_ERRORS, ROW_NAMES, ROW_TYPES, EventQuery, Head, Prepared, Projector,
-                    Scope, Store, Tx)
+from .store import (ROW_ERRORS, ROW_NAMES, ROW_TYPES, EventCheck, EventQuery, Head, Prepared,
+                    Projector, Scope, Store, Tx)
 from .store.base import GUARDED_KINDS, check_row, row_problem, row_to_recorded
 
 BATCH_SIZE_MAX: Final = 100_000
@@ -43,7 +43,6 @@ _DECODE_ERRORS: Final = (msgspec.DecodeError, msgspec.ValidationError, InvalidIn
 
 #: A builder: events decided inside the transaction, at its time.
 Builder = Callable[[Tx, int], Sequence[Event | Built]]
-Guard = Callable[[Tx, Event], None]
 #: Run inside the transaction after its events and projection rows are written (a seal
 #: deletes the rows its event covers there: docs/design.md "Sealed runs").
 After = Callable[[Tx, list[RecordedEvent]], None]
@@ -58,7 +57,7 @@ class _Call:
                  "result", "error")
 
     def __init__(self, prepared: list[Prepared], build: Builder | None,
-                 inline: Mapping[str, bytes] | None, inline_ns: int, guard: Guard | None,
+                 inline: Mapping[str, bytes] | None, inline_ns: int, guard: EventCheck | None,
                  after: After | None = None, scope: Scope = Scope()) -> None:
         self.prepared, self.build, self.inline, self.inline_ns, self.guard = (
             prepared, build, inline, inline_ns, guard)
@@ -167,7 +166,7 @@ class EventLog:
         *,
         inline: Mapping[str, bytes] | None = None,
         inline_ns: int = 0,
-        guard: Guard | None = None,
+        guard: EventCheck | None = None,
         after: After | None = None,
         scope: Scope | None = None,
     ) -> list[RecordedEvent]:
@@ -192,7 +191,7 @@ class EventLog:
             scope = _scope_of(prepared)
         call = _Call(prepared, build, inline, inline_ns, guard, after, scope)
         lock = self.store.lock
-        if not self.group_commit or lock._is_owned() or after is not None:
+        if not self.group_commit or self.store.held_here() or after is not None:
             # Group commit off, or this thread is inside its own transaction or read
             # already (a nested append): alone, as it always was.
             with lock:

@@ -148,6 +148,26 @@ class StoreContract:
 
     # -- append --------------------------------------------------------------------------
 
+    def test_a_store_knows_whether_this_thread_is_inside_it(self, store: Store) -> None:
+        """`held_here`: inside a transaction or a read of this thread, not outside, and
+        never for another thread (an append from inside joins the transaction)."""
+        import threading
+
+        seen: list[bool] = []
+        assert not store.held_here()
+        with store.read():
+            assert store.held_here()
+            t = threading.Thread(target=lambda: seen.append(store.held_here()))
+            t.start()
+            t.join()
+        assert not store.held_here()
+        with store.transaction():
+            assert store.held_here()
+            with store.read():
+                assert store.held_here()
+            assert store.held_here()
+        assert not store.held_here() and seen == [False]
+
     def test_an_empty_store_has_the_genesis_head(self, store: Store) -> None:
         assert store.view.head() == Head(0, store.genesis)
         assert store.view.count() == 0

@@ -498,7 +498,9 @@ class ReadView(EventReader, ProjectionReader, BlobIndex, Forensics, Protocol):
     """
 
 
-Guard = Callable[[Any, Event], None]
+#: The check an append runs on each event inside its transaction, before inserting it
+#: (`ledger.guard.AppendGuard` makes one): raises to refuse the event.
+EventCheck = Callable[[Any, Event], None]
 
 
 class EventWriter(Protocol):
@@ -511,7 +513,7 @@ class EventWriter(Protocol):
         ...
 
     def append(self, prepared: Sequence[Prepared], *, head: Head, time_ns: int,
-               projector: Projector | None, guard: Guard | None) -> list[RecordedEvent]: ...
+               projector: Projector | None, guard: EventCheck | None) -> list[RecordedEvent]: ...
 
 
 class ProjectionWriter(Protocol):
@@ -600,6 +602,11 @@ class Store(Protocol):
     #: uncommitted writes.
     lock: Any
 
+    def held_here(self) -> bool:
+        """Whether this thread is inside one of this store's transactions or read
+        transactions (an append from there is nested: it joins that transaction)."""
+        ...
+
     @property
     def genesis(self) -> bytes: ...
     @property
@@ -635,7 +642,7 @@ __all__ = [
     "ARCHIVE_DIR_META", "BUSY_TIMEOUT_MS", "Location", "Synchronous", "Unmapped", "create_store",
     "locate", "open_store", "shown_location", "unmapped_error", "COPY_TABLES", "ROW_ERRORS", "ROW_NAMES", "ROW_TYPES", "BlobBackend", "BlobStat", "Checkpoint",
     "CondemnedCheck", "DuplicateKey", "EntryRow", "EventQuery", "EventRow", "FoldRow",
-    "Guard", "Head", "Held", "PinHold", "Prepared", "ProjectionChanges", "ProjectionSink",
+    "EventCheck", "Head", "Held", "PinHold", "Prepared", "ProjectionChanges", "ProjectionSink",
     "Projector", "ReadView", "RebuildSink", "RowsUnreadable", "Scope", "Scratch", "Store",
     "StoreInfo", "Tx",
     # the roles ReadView and Tx are made of

@@ -18,7 +18,7 @@ from typing import Any, Final
 from ..blobs import digest_of
 from ..errors import IdempotencyConflict, IllegalTransition, LedgerError
 from ..events import EVENT_VERSION, GUARDED_KINDS, Envelope, RecordedEvent, chain_hash, decode
-from . import (ROW_NAMES, ROW_TYPES, DuplicateKey, EventRow, Guard, Head, Prepared, Projector,
+from . import (ROW_NAMES, ROW_TYPES, DuplicateKey, EventRow, EventCheck, Head, Prepared, Projector,
                make_event_row)
 
 
@@ -146,7 +146,7 @@ class TxBase:
     # -- the loop ----------------------------------------------------------------------
 
     def append(self, prepared: Sequence[Prepared], *, head: Head, time_ns: int,
-               projector: Projector | None, guard: Guard | None) -> list[RecordedEvent]:
+               projector: Projector | None, guard: EventCheck | None) -> list[RecordedEvent]:
         """Append `prepared` after `head` at `time_ns`; return each as recorded (a
         redelivery: the original, `deduped`). Raises what refuses the first refused event
         (IllegalTransition, IdempotencyConflict, the guard's error)."""
@@ -180,7 +180,7 @@ class TxBase:
         head: Head,
         time_ns: int,
         projector: Projector | None,
-        guard: Guard | None,
+        guard: EventCheck | None,
         *,
         fast: bool,
     ) -> list[RecordedEvent]:

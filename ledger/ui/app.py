@@ -1,5 +1,5 @@
 """The UI's ASGI application: Starlette routes rendering Jinja templates (autoescape
-on), behind `Guard` — the loopback Host check, the token, the security headers.
+on), behind `Gate` — the loopback Host check, the token, the security headers.
 
 Every route is a GET (HEAD too) and reads only; each takes a read-only `Ledger` from
 the pool for the request and gives it back.
@@ -123,7 +123,7 @@ _BOUNCE: Final = ('<!doctype html>\n<html lang="en"><head><meta charset="utf-8">
                   ' ledger</a></p></body></html>\n')
 
 
-class Guard:
+class Gate:
     """Every request passes here first: a Host header that is not the loopback address
     and port served (DNS rebinding) → 403; a method other than GET/HEAD → 405. The pages
     live under a secret path prefix drawn at each start (`prefix`, not the token):
@@ -1168,10 +1168,10 @@ def _step_id_ok(value: str) -> bool:
 
 def create_app(location: str, *, token: str, port: int, verify: bool = True,
                shown: str | None = None, prefix: str | None = None,
-               immutable: bool = False) -> Guard:
+               immutable: bool = False) -> Gate:
     """The ASGI app serving the ledger at `location` read-only, answering only to
     ``127.0.0.1:port`` / ``localhost:port`` with `token`, its pages under a secret path
-    prefix (`prefix`, or a fresh one: the app's ``.prefix``; see `Guard`). Verify
+    prefix (`prefix`, or a fresh one: the app's ``.prefix``; see `Gate`). Verify
     starts in a child process unless `verify` is False."""
     prefix = prefix or new_prefix()
     ui = UI(location, token=token, port=port, prefix=prefix, verify=verify, shown=shown,
@@ -1183,9 +1183,12 @@ def create_app(location: str, *, token: str, port: int, verify: bool = True,
         ui.pool.close()
 
     app = Starlette(routes=ui.routes(), lifespan=lifespan)
-    guarded = Guard(app, token=token, port=port, prefix=prefix)
+    guarded = Gate(app, token=token, port=port, prefix=prefix)
     guarded.ui = ui  # type: ignore[attr-defined]
     return guarded
 
 
-__all__ = ["CSP", "UI", "Guard", "cookie_name", "create_app", "new_prefix", "url"]
+#: The name `Gate` had before (kept for its importers).
+Guard = Gate
+
+__all__ = ["CSP", "UI", "Gate", "Guard", "cookie_name", "create_app", "new_prefix", "url"]

@@ -132,7 +132,7 @@ class Places:
         # registration event (counted before its commit). Read inside a transaction or
         # read already open, it is not kept (it may be uncommitted).
         seen = sum(self.core.log.appended[k] for k in REGISTRATION_KINDS)
-        nested = self.core.storage.lock._is_owned()
+        nested = self.core.storage.held_here()
         hit = self._registrations.get(name)
         if hit is not None and not nested and hit[1] == seen:
             if self.core.log.only_mine_since(hit[0], self.core.storage.view.head()):

@@ -384,6 +384,7 @@ class PgTx(PgView, TxBase):
         except BaseException:
             store.lock.release()
             raise
+        store._inside.n = getattr(store._inside, "n", 0) + 1
         return self
 
     def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
@@ -396,6 +397,7 @@ class PgTx(PgView, TxBase):
             else:
                 store._end(commit=False)
         finally:
+            store._inside.n -= 1
             store.lock.release()
 
     @property
@@ -540,6 +542,8 @@ class PgStore:
         self.forensic = forensic
         self.on_op = on_op
         self.lock = threading.RLock()
+        #: This thread's depth of transactions and reads (`held_here`).
+        self._inside = threading.local()
         self._conn: Any = None
         self._depth = 0  # open transactions of this connection (read or write)
         self._writing = False
@@ -938,12 +942,20 @@ class PgStore:
         transaction: the transaction's own)."""
         with self.lock:
             self._begin(write=False)
+            inside = self._inside
+            inside.n = getattr(inside, "n", 0) + 1
             try:
                 yield self.view
             except BaseException:
                 self._end(commit=False)
                 raise
+            finally:
+                inside.n -= 1
             self._end(commit=True)
+
+    def held_here(self) -> bool:
+        """Whether this thread is inside one of this store's transactions or reads."""
+        return getattr(self._inside, "n", 0) > 0
 
     def transaction(self, scope: Scope = Scope()) -> PgTx:
         return PgTx(self, scope)

@@ -357,20 +357,23 @@ class SqliteTx(SqliteView, TxBase):
         self._cm = store.db.transaction()
 
     def __enter__(self) -> SqliteTx:
-        lock = self._store.lock
-        lock.acquire()
+        store = self._store
+        store.lock.acquire()
         try:
             self._cm.__enter__()
         except BaseException:
-            lock.release()
+            store.lock.release()
             raise
+        store._inside.n = getattr(store._inside, "n", 0) + 1
         return self
 
     def __exit__(self, *exc: Any) -> bool | None:
+        store = self._store
         try:
             return self._cm.__exit__(*exc)
         finally:
-            self._store.lock.release()
+            store._inside.n -= 1
+            store.lock.release()
 
     @property
     def time_ns(self) -> int:
@@ -546,6 +549,8 @@ class SqliteStore:
         #: transaction, each read outside one (`view`). Threads take turns; none reads
         #: another's uncommitted transaction.
         self.lock = threading.RLock()
+        #: This thread's depth of transactions and reads (`held_here`).
+        self._inside = threading.local()
         #: Reads outside a read transaction (each statement sees the latest commit).
         self.view: SqliteView = _LockedView(self)
         self._genesis: bytes | None = None
@@ -576,7 +581,16 @@ class SqliteStore:
         """A read transaction: every read inside sees one state (inside a transaction:
         the transaction's)."""
         with self.lock, self.db.read_transaction():
-            yield self.view
+            inside = self._inside
+            inside.n = getattr(inside, "n", 0) + 1
+            try:
+                yield self.view
+            finally:
+                inside.n -= 1
+
+    def held_here(self) -> bool:
+        """Whether this thread is inside one of this store's transactions or reads."""
+        return getattr(self._inside, "n", 0) > 0
 
     def transaction(self, scope: Scope = Scope()) -> SqliteTx:
         """``BEGIN IMMEDIATE`` … ``COMMIT`` (`with store.transaction() as tx:`)."""

@@ -172,26 +172,59 @@ if TYPE_CHECKING:  # the one list of public names; at run time each is imported 
 __version__ = "0.1.0"
 
 
-def _exports() -> dict[str, str]:
-    """Each public name -> its submodule, read from the TYPE_CHECKING block above (so the
-    names are listed once): `import ledger.cli` or `import ledger.errors` does not
-    import the whole library."""
-    import ast
-    from pathlib import Path
-
-    tree = ast.parse(Path(__file__).read_text(encoding="utf-8"))
-    block = next(n for n in tree.body if isinstance(n, ast.If)
-                 and isinstance(n.test, ast.Name) and n.test.id == "TYPE_CHECKING")
-    return {alias.name: node.module or "" for node in block.body
-            if isinstance(node, ast.ImportFrom) for alias in node.names}
-
-
-_WHERE: dict[str, str] = {}
+#: Each public name -> the submodule it is imported from on first use (so that
+#: `import ledger.cli` or `import ledger.errors` does not import the whole library). The
+#: TYPE_CHECKING block above lists the same names for type checkers;
+#: tests/test_architecture.py holds the two equal.
+_WHERE: dict[str, str] = {
+    "AsyncLedger": "aio",
+    "BlobStore": "blobs", "digest_of": "blobs",
+    "AccessDenied": "errors", "AnchorRefused": "errors", "ArchiveInvalid": "errors",
+    "ArchiveMissing": "errors", "BackupIncomplete": "errors", "BackupInvalid": "errors",
+    "BlobCorrupt": "errors", "BlobNotFound": "errors", "CollectorBusy": "errors",
+    "CompensationConflict": "errors", "CompensationWindowClosed": "errors",
+    "ContentChanged": "errors", "ContentFileEscapes": "errors", "CorruptLedger": "errors",
+    "DatabaseUnavailable": "errors", "EnvironmentFailure": "errors", "ForeignLedger": "errors",
+    "GcRefused": "errors", "HeadMismatch": "errors", "IdempotencyConflict": "errors",
+    "IllegalTransition": "errors", "IllegalWorkspaceTransition": "errors",
+    "InvalidInput": "errors", "LeaseHeld": "errors", "LedgerBusy": "errors",
+    "LedgerError": "errors", "LedgerMoved": "errors", "LedgerNotFound": "errors",
+    "LedgerTooNew": "errors", "ManifestConflict": "errors", "NotALedger": "errors",
+    "NotSealable": "errors", "OperatorOnly": "errors", "PathEscapes": "errors",
+    "PathForbidden": "errors", "PlanConflict": "errors", "ProtocolRefused": "errors",
+    "ReadOnlyLedger": "errors", "ReplanRefused": "errors", "StaleEpoch": "errors",
+    "StepRejected": "errors", "StepSealed": "errors", "StorageFailure": "errors",
+    "UnknownStep": "errors", "UnknownWorkspace": "errors", "UnsafeRename": "errors",
+    "Unsettled": "errors", "WitnessElsewhere": "errors", "WitnessMismatch": "errors",
+    "WitnessMissing": "errors", "WorkspaceMoved": "errors", "WorkspaceOverlap": "errors",
+    "Acked": "events", "AppliedWrite": "events", "BlobCollected": "events",
+    "BlobPinned": "events", "BlobStored": "events", "Compensated": "events",
+    "Compensating": "events", "Event": "events", "Fenced": "events", "journal_key": "events",
+    "LeaseAcquired": "events", "LeaseReleased": "events", "LeaseRenewed": "events",
+    "ManifestEntry": "events", "ManifestPublished": "events", "Planned": "events",
+    "PlannedWrite": "events", "RecordedEvent": "events", "Rejected": "events",
+    "Restored": "events", "StepEvent": "events", "WitnessAnchored": "events",
+    "WorkspaceAdded": "events", "WorkspaceRebound": "events", "WorkspaceRestored": "events",
+    "DEFAULT_PATH": "ledger", "Ledger": "ledger",
+    "Head": "log",
+    "check_settled": "plans", "load_plan": "plans", "Plan": "plans",
+    "StepRow": "projections",
+    "WsRow": "projections.workspaces",
+    "FencedOutcome": "runner", "PathConflict": "runner", "RejectReason": "runner",
+    "run_fenced_step": "runner", "run_step": "runner", "StepReader": "runner",
+    "StepResult": "runner", "StepStatus": "runner",
+    "ApplyResult": "step.values", "Compensation": "step.values", "FileRead": "step.values",
+    "Lease": "step.values", "Receipt": "step.values", "settle_conflicts": "step.values",
+    "SettleConflict": "step.values", "StepPlan": "step.values", "Write": "step.values",
+    "BlobIndex": "store", "locate": "store", "Location": "store", "ReadView": "store",
+    "shown_location": "store", "unmapped_error": "store",
+    "Finding": "verify", "VerifyReport": "verify",
+    "WitnessStatus": "witness",
+    "Workspaces": "workspaces",
+}
 
 
 def __getattr__(name: str) -> object:
-    if not _WHERE:
-        _WHERE.update(_exports())
     if name == "__all__":
         value: object = sorted(_WHERE)
     else:
@@ -206,4 +239,4 @@ def __getattr__(name: str) -> object:
 
 
 def __dir__() -> list[str]:
-    return sorted({*globals(), *_exports()})
+    return sorted({*globals(), *_WHERE})

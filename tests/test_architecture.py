@@ -753,11 +753,31 @@ def test_every_public_name_is_listed_once_and_resolves() -> None:
     assert len(names) == len(set(names)), "a public name listed twice"
     assert all(asname == name for name, asname, _ in listed), "re-exported as X as X"
     assert sorted(ledger.__all__) == sorted(names)
+    assert export_table_problems(listed, ledger._WHERE) == []
     for name, _as, module in listed:
         assert getattr(ledger, name) is getattr(importlib.import_module(f"ledger.{module}"),
                                                 name), name
     with pytest.raises(AttributeError):
         ledger.not_a_public_name  # noqa: B018
+
+
+def export_table_problems(listed: list[tuple[str, str | None, str | None]],
+                          table: dict[str, str]) -> list[str]:
+    """Where the run-time export table (`ledger._WHERE`: name -> module) and the
+    TYPE_CHECKING block disagree: a name in one only, or from another module."""
+    block = {name: module or "" for name, _as, module in listed}
+    return sorted([f"{n}: only in the TYPE_CHECKING block" for n in block.keys() - table.keys()]
+                  + [f"{n}: only in _WHERE" for n in table.keys() - block.keys()]
+                  + [f"{n}: {block[n]} there, {table[n]} in _WHERE"
+                     for n in block.keys() & table.keys() if block[n] != table[n]])
+
+
+def test_the_export_table_checker_catches_a_drift() -> None:
+    listed = [("Ledger", "Ledger", "ledger"), ("Write", "Write", "step.values")]
+    assert export_table_problems(listed, {"Ledger": "ledger", "Write": "step.values"}) == []
+    assert export_table_problems(listed, {"Ledger": "ledger", "Write": "workspace",
+                                          "Extra": "x"}) == [
+        "Extra: only in _WHERE", "Write: step.values there, workspace in _WHERE"]
 
 
 def _walk_tool():  # type: ignore[no-untyped-def]

@@ -393,7 +393,7 @@ def test_the_runtime_never_imports_the_test_machinery() -> None:
 @pytest.mark.parametrize("rel, source, bad", [
     ("blobs.py", "from .testing import faults\n", [1]),
     ("blobs.py", "import ledger.testing.faults as F\n", [1]),
-    ("store/sqlite/file.py", "def f():\n    from ...testing.faults import Fault\n", [2]),
+    ("store/sqlite/database.py", "def f():\n    from ...testing.faults import Fault\n", [2]),
     ("cli/__init__.py", "from ..testing import fuzz\n", [1]),  # the CLI too
     ("cli/chaos.py", "def chaos():\n    from ..testing import faults\n", [2]),  # even lazily
     ("cli/_common.py", "def load():\n    import ledger.testing.commands\n", [2]),
@@ -539,7 +539,7 @@ def test_the_command_line_imports_only_the_public_api() -> None:
      "    from ledger.projections.workspaces import WsRow\n", [3]),
     ("cli/step_run.py", "import ledger.runner\n", [1]),
     ("cli/gc.py", "from .. import fences\n", [1]),  # an internal module, through the package
-    ("cli/ledger.py", "from ledger import _WHERE\n", [1]),  # not in ledger.__all__
+    ("cli/inspect.py", "from ledger import _WHERE\n", [1]),  # not in ledger.__all__
     ("cli/seal.py", "from ledger.seal import ArchiveFile\n", [1]),  # not in seal's __all__
     ("cli/mcp.py", "from ledger.mcp.server import serve\n", [1]),  # ledger.mcp's serve only
     ("cli/x.py", "import ledger.gc\nfrom ledger import Ledger, WsRow, __version__\n"
@@ -832,7 +832,7 @@ OWN_FILES_MOVERS: dict[str, str] = {
     "seal.py": "seal archives",
     "witness.py": "the witness file",
     "copying.py": "a copy of a ledger into a new place",
-    "store/sqlite/file.py": "the ledger's -wal/-shm/-lockq side files and probes",
+    "store/sqlite/database.py": "the ledger's -wal/-shm/-lockq side files and probes",
     "store/sqlite/archive.py": "seal archives of a SQLite ledger",
     "store/sqlite/faultvfs.py": "the fault-injecting VFS's scratch files",
     "ui/__init__.py": "the ui's private launcher file",

@@ -471,7 +471,7 @@ def _has_example(name: str) -> bool:
 
 
 def test_the_example_checker_catches_a_help_without_one(monkeypatch: pytest.MonkeyPatch) -> None:
-    from ledger.cli import ledger as ledger_commands
+    from ledger.cli import inspect as ledger_commands
 
     assert _has_example("head")
     monkeypatch.setattr(ledger_commands.head, "help", "Print the chain head as SEQ:HASH.")

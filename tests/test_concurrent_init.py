@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from ledger import Ledger, NotALedger
-from ledger.store.sqlite import file as dbmod
+from ledger.store.sqlite import database as dbmod
 
 CREATE = """
 import sys, time

@@ -30,7 +30,7 @@ from ledger import (
     ReadOnlyLedger,
 )
 from ledger.events import Compensated
-from ledger.store.sqlite import file as dbmod
+from ledger.store.sqlite import database as dbmod
 
 from conftest import FakeClock, commit_step, copy_ledger, snapshot_dir
 from test_verify import small_ledger

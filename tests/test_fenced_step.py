@@ -74,7 +74,7 @@ def test_a_first_run_applies_and_commits_in_two_commits(
 def test_two_commits_a_step(
         tmp_path: Path, ledger_at: LedgerAt, monkeypatch: pytest.MonkeyPatch) -> None:
     """Counted by SQLite's WAL hook, which runs once after each commit."""
-    from ledger.store.sqlite.file import Database
+    from ledger.store.sqlite.database import Database
 
     w = World(tmp_path, at=ledger_at)
     w.ledger.close()
@@ -221,7 +221,7 @@ def test_artifacts_commit_with_the_step(tmp_path: Path, ledger_at: LedgerAt) -> 
 @pytest.mark.sqlite_only
 def test_small_artifacts_keep_two_commits(
         tmp_path: Path, ledger_at: LedgerAt, monkeypatch: pytest.MonkeyPatch) -> None:
-    from ledger.store.sqlite.file import Database
+    from ledger.store.sqlite.database import Database
 
     w = World(tmp_path, at=ledger_at)
     commits: list[int] = []

@@ -70,7 +70,7 @@ from ledger import (
     Planned,
     StaleEpoch,
 )
-from ledger.store.sqlite import file as dbmod
+from ledger.store.sqlite import database as dbmod
 from ledger.workspace import places as places_mod
 from ledger.cli import cli
 from ledger.errors import BlobCorrupt, BlobNotFound

@@ -227,6 +227,6 @@ def test_no_front_end_words_a_kind_itself() -> None:
     from `ledger.kinds`; none keeps a chain of its own per kind."""
     src = (ROOT / "ledger" / "mcp" / "service.py").read_text()
     assert "isinstance(e, LeaseAcquired)" not in src and "detail(e)" in src
-    for rel in ("ledger/cli/ledger.py", "ledger/cli/seal.py"):
+    for rel in ("ledger/cli/inspect.py", "ledger/cli/seal.py"):
         assert "detail(r.event)" in (ROOT / rel).read_text(), rel
     assert "detail(e)" in (ROOT / "ledger" / "ui" / "templates" / "_events_table.html").read_text()

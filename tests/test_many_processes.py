@@ -255,7 +255,7 @@ def test_a_waiting_writer_is_not_starved_by_a_busy_one(
     assert victim["done"] < greedy["end"]
 
 
-# -- the writers' queue (store/sqlite/file.py, WriterQueue) ------------------------------
+# -- the writers' queue (store/sqlite/database.py, WriterQueue) ------------------------------
 
 
 def test_a_writer_queued_behind_a_long_transaction_gets_LedgerBusy_then_the_lock(

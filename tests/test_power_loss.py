@@ -29,7 +29,7 @@ import pytest
 
 from ledger import Ledger, Planned
 from ledger.blobs import BlobStore
-from ledger.store.sqlite.file import SQLITE_MAGIC
+from ledger.store.sqlite.database import SQLITE_MAGIC
 from ledger.errors import NotALedger, StorageFailure
 from ledger.gc import audit, collect
 

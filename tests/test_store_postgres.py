@@ -14,7 +14,7 @@ from ledger.log import EventLog
 from ledger.store import Scope, Store
 from ledger.store.postgres import PgStore, is_url
 from ledger.store.sqlite import SqliteStore
-from ledger.store.sqlite.file import Database
+from ledger.store.sqlite.database import Database
 
 
 def open_pg(location: str, clock: Callable[[], int], create: bool) -> Store:

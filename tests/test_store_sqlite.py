@@ -7,7 +7,7 @@ from pathlib import Path
 
 from store_contract import StoreContract
 
-from ledger.store.sqlite.file import Database
+from ledger.store.sqlite.database import Database
 from ledger.store.sqlite import SqliteStore
 
 

@@ -147,7 +147,7 @@ def test_a_symlinked_gc_lock_is_refused(linked: Path) -> None:
 
 def test_an_init_that_fails_leaves_nothing_behind(tmp_path: Path,
                                                  monkeypatch: pytest.MonkeyPatch) -> None:
-    from ledger.store.sqlite import file
+    from ledger.store.sqlite import database as file
 
     def broken(*_a: Any, **_k: Any) -> None:
         raise apsw.IOError("injected: the disk failed")

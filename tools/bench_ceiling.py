@@ -50,7 +50,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import bench_ledger as B  # noqa: E402  (the workload, raw rows and raw connection)
 
-from ledger.store.sqlite.file import MIGRATIONS  # noqa: E402
+from ledger.store.sqlite.database import MIGRATIONS  # noqa: E402
 from ledger.events import (  # noqa: E402
     EVENT_VERSION,
     Acked,

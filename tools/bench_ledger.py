@@ -118,7 +118,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # tools/: fsinfo
 from fsinfo import fs_info  # noqa: E402
 import ledger
 from ledger import Acked, BlobStored, Ledger, ManifestEntry, ManifestPublished, Planned
-from ledger.store.sqlite.file import BUSY_TIMEOUT_MS, MIGRATIONS
+from ledger.store.sqlite.database import BUSY_TIMEOUT_MS, MIGRATIONS
 from ledger.events import (
     EVENT_VERSION,
     AnyEvent,

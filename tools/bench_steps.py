@@ -119,7 +119,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # tools/: fsinfo
 from fsinfo import fs_info  # noqa: E402
 import ledger
 from ledger import Ledger
-from ledger.store.sqlite.file import BUSY_TIMEOUT_MS, MIGRATIONS
+from ledger.store.sqlite.database import BUSY_TIMEOUT_MS, MIGRATIONS
 from ledger.runner import run_step
 
 KiB = 1024

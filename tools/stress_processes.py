@@ -68,7 +68,7 @@ import apsw
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # tools/: fsinfo
 from fsinfo import mount_of  # noqa: E402
 from ledger import Ledger, StepPlan, Write
-from ledger.store.sqlite.file import BUSY_TIMEOUT_MS
+from ledger.store.sqlite.database import BUSY_TIMEOUT_MS
 from ledger.errors import (
     LeaseHeld,
     LedgerBusy,

@@ -8,7 +8,7 @@ that is not a usable ledger; 3 the environment failed (disk full, I/O error, loc
 timeout); 130 interrupted (Ctrl-C). Every error is one line on stderr, never a traceback;
 a usage error click reports too.
 
-One module per command or group of commands: `ledger` (init, events, steps, show,
+One module per command or group of commands: `inspect` (init, events, steps, show,
 rebuild, verify, head, blobs), `export`, `workspace`, `lease`, `step` (with `step_store`
 and `step_run`), `gc` (gc, audit), `copy`, `backup` (backup, restore), `witness`, `seal`,
 `stats` (stats, metrics), `status`, `demo`, `mcp`; under them `_common` (the group and command
@@ -40,8 +40,8 @@ from . import (
     demo,
     export,
     gc,
+    inspect,
     lease,
-    ledger,
     mcp,
     seal,
     stats,
@@ -176,8 +176,8 @@ def cli(ctx: click.Context, ledger_path: str, workspace: str | None, witness: st
 
 
 for _command in (
-    ledger.init, ledger.events, ledger.steps, ledger.show, ledger.rebuild, ledger.verify,
-    ledger.head, ledger.blobs, export.export, workspace.workspace, lease.lease, step.step,
+    inspect.init, inspect.events, inspect.steps, inspect.show, inspect.rebuild, inspect.verify,
+    inspect.head, inspect.blobs, export.export, workspace.workspace, lease.lease, step.step,
     gc.gc_cmd, gc.audit_cmd, copy.copy_cmd, backup.backup_group, backup.restore_cmd,
     witness.witness_group, seal.seal_group, stats.stats_cmd, stats.metrics, demo.demo,
     mcp.mcp, status.status, completion.completion, ui.ui,

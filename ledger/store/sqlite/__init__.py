@@ -31,7 +31,7 @@ from typing import Any, Final
 import apsw
 
 from ...blobs import BlobStore, FileOps
-from .file import (
+from .database import (
     BUSY_TIMEOUT_MS,
     GC_LOCK_NAME,
     LEDGER_FILE_MODE,

@@ -21,7 +21,7 @@ import apsw
 
 from ...errors import ArchiveInvalid, StorageFailure
 from .. import ROW_NAMES, EventRow, make_event_row
-from .file import resolved
+from .database import resolved
 from .schema import events_table
 
 APPLICATION_ID: Final = 0x53544C41  # 'STLA'

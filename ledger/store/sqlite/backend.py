@@ -57,7 +57,7 @@ class SqliteBackend:
 
     def check_writer(self, location: str) -> None:
         from . import SqliteStore
-        from .file import refuse_a_backups_database
+        from .database import refuse_a_backups_database
 
         refuse_a_backups_database(location)
         SqliteStore.check_writable(location)

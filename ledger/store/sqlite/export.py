@@ -19,7 +19,7 @@ from typing import Any, Final
 import sqlite_utils
 
 from ...errors import CorruptLedger
-from .file import _readonly_uri
+from .database import _readonly_uri
 
 #: What each table is exported by.
 _QUERIES: Final = {

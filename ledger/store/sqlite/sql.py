@@ -23,7 +23,7 @@ from ..rows import PathState, StepRow, WsRow
 from ..sql import (FOLD_COLUMNS, ROW_COLUMNS, SQLITE, STEP_COLUMNS, WS_COLUMNS, Statements,
                    many_rows, prefix_range)
 from .driver import read_error
-from .file import Database
+from .database import Database
 
 S: Final = Statements(SQLITE)
 in_flight = S.in_flight

@@ -993,3 +993,62 @@ def test_the_demo_runs_every_step_through_run_fenced_step() -> None:
 def test_the_hand_transition_checker_catches_a_call() -> None:
     assert hand_transitions("ledger.workspaces.admit('w', 1, plans)\nx = 1\n") == ["1: admit"]
     assert hand_transitions("run_fenced_step(ledger, 'w', 's', plan, epoch=1)\n") == []
+
+
+def attempt_readers(source: str) -> list[str]:
+    """Functions of `source` that read one attempt's events themselves: a loop over a
+    step's events (``.read(step=…)``, ``.timeline(…)``) that picks them by attempt.
+    `ledger.step.attempt.read_attempt` (``Ledger.attempt``) is the one reader."""
+    def picks_attempt(node: ast.AST) -> bool:
+        for n in ast.walk(node):
+            if isinstance(n, ast.Compare):
+                for side in (n.left, *n.comparators):
+                    if isinstance(side, ast.Attribute) and side.attr == "attempt":
+                        return True
+                    if (isinstance(side, ast.Call) and isinstance(side.func, ast.Name)
+                            and side.func.id == "getattr" and len(side.args) > 1
+                            and isinstance(side.args[1], ast.Constant)
+                            and side.args[1].value == "attempt"):
+                        return True
+        return False
+
+    def over_a_step(it: ast.AST) -> bool:
+        return (isinstance(it, ast.Call) and isinstance(it.func, ast.Attribute)
+                and (it.func.attr == "timeline" or (it.func.attr == "read" and any(
+                    k.arg == "step" for k in it.keywords))))
+
+    out = []
+    for fn in ast.walk(ast.parse(source)):
+        if isinstance(fn, ast.FunctionDef | ast.AsyncFunctionDef):
+            for loop in ast.walk(fn):
+                if isinstance(loop, ast.For | ast.comprehension) and over_a_step(loop.iter) \
+                        and picks_attempt(loop):
+                    out.append(fn.name)
+                    break
+    return out
+
+
+def test_an_attempt_is_read_in_one_place() -> None:
+    """The library and every front end read an attempt's events through
+    `read_attempt` (``Ledger.attempt``); the test machinery may look for itself."""
+    found = {}
+    for path in sorted(PACKAGE.rglob("*.py")):
+        rel = str(path.relative_to(PACKAGE))
+        if rel == "step/attempt.py" or rel.startswith("testing/"):
+            continue
+        hits = attempt_readers(path.read_text())
+        if hits:
+            found[rel] = hits
+    assert found == {}
+
+
+def test_the_attempt_reader_checker_catches_a_copy() -> None:
+    copy = ("def planned_of(led, step, attempt):\n"
+            "    for r in led.timeline(step):\n"
+            "        if getattr(r.event, 'attempt', None) == attempt:\n"
+            "            return r.event\n"
+            "def other(log, step, n):\n"
+            "    return [r for r in log.read(step=step) if r.event.attempt == n]\n")
+    assert attempt_readers(copy) == ["planned_of", "other"]
+    assert attempt_readers("def f(led):\n    for r in led.read(kind='acked'):\n"
+                           "        x = r.event.attempt == 1\n") == []

@@ -411,10 +411,10 @@ def ack(site: Site, step: str, attempt: int | None = None, *, epoch: int | None 
                              f" {step!r} was planned under epoch {row.epoch}"
                              if epoch < row.epoch else "", latest=ws.epoch,
                              holder=ws.holder)
-    if row.state == "acked" and row.attempt == attempt:
-        for recorded in site.core.log.read(step=step, kind="acked"):
-            if getattr(recorded.event, "attempt", None) == attempt:
-                first = recorded
+    if row.acked and row.attempt == attempt:
+        acked = read_attempt(site.core.log, step, attempt, kind="acked").acked
+        assert acked is not None
+        (first,) = site.core.log.read(acked[0] - 1, limit=1)
         return msgspec.structs.replace(first, deduped=True)
     event = Acked(step=step, attempt=attempt, run=row.run, workspace=row.workspace,
                   epoch=row.epoch if epoch is None else epoch,

@@ -513,7 +513,7 @@ def test_the_workspace_as_of_a_seq_stops_on_its_budget_and_goes_on(
 
 def test_a_refused_plan_beyond_the_page_says_what_it_left_out(tmp_path: Path) -> None:
     from ledger import run_fenced_step
-    from ledger.ui.app import DIFFS_PER_PAGE, WRITES_PER_EVENT
+    from ledger.ui.web import DIFFS_PER_PAGE, WRITES_PER_EVENT
 
     n = WRITES_PER_EVENT + 7
     repo = tmp_path / "w"
@@ -767,7 +767,7 @@ def test_a_nights_growth_is_charted_by_the_hour() -> None:
     charted by the hour, a longer one added up by day."""
     from types import SimpleNamespace
 
-    from ledger.ui.app import _growth
+    from ledger.ui.overview import _growth
 
     hour = 3600 * 10**9
     night = SimpleNamespace(bucket="hour", growth=[

@@ -32,7 +32,8 @@ pytest.importorskip("jinja2", reason="the [ui] extra")
 from starlette.testclient import TestClient  # noqa: E402
 
 from ledger import Ledger, diffs, run_fenced_step  # noqa: E402
-from ledger.ui import app as ui_app  # noqa: E402
+from ledger.ui import steps as ui_steps  # noqa: E402
+from ledger.ui import web as ui_web  # noqa: E402
 from ledger.ui import create_app  # noqa: E402
 
 TOKEN = "bounded-token"
@@ -95,7 +96,7 @@ def test_the_worst_case_step_page_does_bounded_work(worst: Path,
     whole page compares at most a few windows per file: 8 x 20,000-line rewrites were
     minutes of difflib."""
     monkeypatch.setattr(diffs, "_Matcher", Counting)
-    monkeypatch.setattr(ui_app, "PAGE_DIFF_BUDGET_S", 3600.0)  # only the work bound acts
+    monkeypatch.setattr(ui_steps, "PAGE_DIFF_BUDGET_S", 3600.0)  # only the work bound acts
     with client(worst) as c:
         assert c.get(f"/?token={TOKEN}").status_code == 303
         Counting.cells = 0
@@ -111,7 +112,7 @@ def test_the_page_budget_defers_diffs_to_their_own_page(
         worst: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Past the page's time for diffs, a write's diff is a link to a page of its own
     (with its own budget), never an unbounded wait."""
-    monkeypatch.setattr(ui_app, "PAGE_DIFF_BUDGET_S", 0.0)
+    monkeypatch.setattr(ui_steps, "PAGE_DIFF_BUDGET_S", 0.0)
     with client(worst) as c:
         c.get(f"/?token={TOKEN}")
         page = c.get("/step?id=fmt").text
@@ -143,7 +144,7 @@ def test_a_long_file_is_paged(tmp_path: Path) -> None:
         c.get(f"/?token={TOKEN}")
         page = c.get(f"/file?digest={digest}&name=big.txt")
         assert page.status_code == 200
-        assert page.text.count('<span class="ln">') == ui_app.FILE_PAGE_LINES
+        assert page.text.count('<span class="ln">') == ui_web.FILE_PAGE_LINES
         assert len(page.content) < 512 * 1024
         assert "line=2001" in page.text and "of 1,000,000" in page.text
         last = c.get(f"/file?digest={digest}&name=big.txt&line=999999")

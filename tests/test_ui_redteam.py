@@ -31,7 +31,8 @@ from ledger import Ledger, run_fenced_step  # noqa: E402
 from ledger.runner import run_step  # noqa: E402
 from ledger.ui import create_app  # noqa: E402
 from ledger.ui import text as ui_text  # noqa: E402
-from ledger.ui.app import DIFFS_PER_PAGE, url  # noqa: E402
+from ledger.ui.app import url  # noqa: E402
+from ledger.ui.web import DIFFS_PER_PAGE  # noqa: E402
 
 TOKEN = "r3dteam-token"
 PORT = 8124

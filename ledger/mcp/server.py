@@ -820,15 +820,16 @@ class SteptrailServer(MCPServer):
         self._params[fn.__name__] = frozenset(
             p for p in inspect.signature(fn).parameters if p not in ("ctx", "client_roots"))
 
-    def _run(self, roots: Any, ctx: Context | None, method: str, *args: Any,
+    def _run(self, roots: Any, ctx: Context | None, method: Callable[..., Result], *args: Any,
              **kwargs: Any) -> CallToolResult:
-        """Run `FileTools.<method>` for the calling client (its view first) on the
-        fixed workspaces, or on the workspaces of the client's `roots`."""
+        """Run `method` (a `FileTools` method, e.g. ``FileTools.write_file``) for the
+        calling client (its view first) on the fixed workspaces, or on the workspaces of
+        the client's `roots`."""
         if self.failed is not None:
             return _error(self.failed)
         if self.roots is None:
             assert self.tools is not None
-            return _result(self.tools.call(getattr(self.tools, method), self.view(ctx),
+            return _result(self.tools.call(method.__get__(self.tools), self.view(ctx),
                                            *args, **kwargs))
         if isinstance(roots, RootRefused):
             return _refusal(roots)
@@ -842,7 +843,7 @@ class SteptrailServer(MCPServer):
             if moved:  # what a client read is of the ledger it read it from
                 self._views.clear()
             tools = served.tools
-            return _result(tools.call(getattr(tools, method), self.view(ctx), *args, **kwargs))
+            return _result(tools.call(method.__get__(tools), self.view(ctx), *args, **kwargs))
         finally:
             self.roots.release(served)
 
@@ -861,7 +862,7 @@ class SteptrailServer(MCPServer):
             """Read a text file (UTF-8). Returns its content, and its rev and sha256: your next
             write or edit of this path is applied only if the file still holds what you read.
             Read a file before you write or edit it."""
-            return self._run(client_roots, ctx, "read_text_file", path, head, tail)
+            return self._run(client_roots, ctx, FileTools.read_text_file, path, head, tail)
 
         def read_multiple_files(
             paths: Annotated[list[str], Field(description="File paths (as for"
@@ -870,7 +871,7 @@ class SteptrailServer(MCPServer):
         ) -> CallToolResult:
             """Read several text files at once; each comes with its rev and sha256, and a file
             that cannot be read reports its error without failing the others."""
-            return self._run(client_roots, ctx, "read_multiple_files", paths)
+            return self._run(client_roots, ctx, FileTools.read_multiple_files, paths)
 
         def write_file(
             path: PathArg,
@@ -883,7 +884,7 @@ class SteptrailServer(MCPServer):
             Fenced: an existing file must still hold what this session read (or expectedHash);
             if it changed, nothing is written and you get a conflict with the current hash and
             a diff from what you read. A new file must not have appeared meanwhile."""
-            return self._run(client_roots, ctx, "write_file", path, content, expectedHash,
+            return self._run(client_roots, ctx, FileTools.write_file, path, content, expectedHash,
                              requestId, self.who(ctx))
 
         def edit_file(
@@ -900,7 +901,7 @@ class SteptrailServer(MCPServer):
             as a fallback) and return the git-style diff. The edits are made to the content
             this session read; if the file changed since, nothing is written and you get a
             conflict with a diff. One committed, undoable step."""
-            return self._run(client_roots, ctx, "edit_file", path,
+            return self._run(client_roots, ctx, FileTools.edit_file, path,
                              [(e.oldText, e.newText) for e in edits], dryRun, expectedHash,
                              requestId, self.who(ctx))
 
@@ -915,7 +916,7 @@ class SteptrailServer(MCPServer):
             """Write, edit or delete several files of one workspace as ONE atomic step: every
             file lands or none does (a conflict on one refuses them all). Each file is fenced
             as in write_file/edit_file. Undo reverts them together."""
-            return self._run(client_roots, ctx, "write_files",
+            return self._run(client_roots, ctx, FileTools.write_files,
                              [{"path": f.path, "content": f.content, "delete": f.delete,
                                "expectedHash": f.expectedHash,
                                "edits": None if f.edits is None else
@@ -930,20 +931,20 @@ class SteptrailServer(MCPServer):
         ) -> CallToolResult:
             """Delete a file, as one committed step that undo can revert. Fenced like
             write_file: the file must still hold what this session read (read it first)."""
-            return self._run(client_roots, ctx, "delete_file", path, expectedHash, requestId,
+            return self._run(client_roots, ctx, FileTools.delete_file, path, expectedHash, requestId,
                              self.who(ctx))
 
         def create_directory(path: DirArg, client_roots: RootsArg = None, ctx: Context | None = None) -> CallToolResult:
             """Create a directory and any missing parents (succeeds if it exists). Symlinks are
             not followed; the ledger's own directory and .git are refused. Not a step: files
             written into it are."""
-            return self._run(client_roots, ctx, "create_directory", path)
+            return self._run(client_roots, ctx, FileTools.create_directory, path)
 
         def list_directory(path: DirArg, client_roots: RootsArg = None, ctx: Context | None = None) -> CallToolResult:
             """List a directory: [FILE], [DIR] and [LINK] (a symlink, never followed) entries,
             by name. The ledger's own directory, .git and steptrail's temporaries are not
             shown; a huge directory is cut short (said so)."""
-            return self._run(client_roots, ctx, "list_directory", path)
+            return self._run(client_roots, ctx, FileTools.list_directory, path)
 
         def list_directory_with_sizes(
             path: DirArg,
@@ -952,7 +953,7 @@ class SteptrailServer(MCPServer):
             client_roots: RootsArg = None, ctx: Context | None = None,
         ) -> CallToolResult:
             """List a directory as list_directory does, with file sizes and totals."""
-            return self._run(client_roots, ctx, "list_directory", path, True, sortBy)
+            return self._run(client_roots, ctx, FileTools.list_directory, path, True, sortBy)
 
         def directory_tree(
             path: DirArg,
@@ -966,7 +967,7 @@ class SteptrailServer(MCPServer):
             """A recursive tree of a directory as JSON ({name, type, children}); symlinks are
             listed, never followed. Bounded in entries, depth and time: a huge tree comes back
             truncated, with the reason."""
-            return self._run(client_roots, ctx, "directory_tree", path, excludePatterns or [], maxDepth)
+            return self._run(client_roots, ctx, FileTools.directory_tree, path, excludePatterns or [], maxDepth)
 
         def move_file(
             source: Annotated[str, Field(description="The file or directory to move (path as"
@@ -981,7 +982,7 @@ class SteptrailServer(MCPServer):
             still hold what this session read of it (read it first; expectedHash fences a
             single file instead); the destination is created fenced on its absence. Never
             replaces anything; a file's permission bits come along."""
-            return self._run(client_roots, ctx, "move_file", source, destination, requestId,
+            return self._run(client_roots, ctx, FileTools.move_file, source, destination, requestId,
                              self.who(ctx), expectedHash)
 
         def search_files(
@@ -994,17 +995,17 @@ class SteptrailServer(MCPServer):
         ) -> CallToolResult:
             """Find files and directories below a directory by name or glob. Symlinks are not
             followed; results are bounded (said so when cut short)."""
-            return self._run(client_roots, ctx, "search_files", path, pattern, excludePatterns or [])
+            return self._run(client_roots, ctx, FileTools.search_files, path, pattern, excludePatterns or [])
 
         def get_file_info(path: DirArg, client_roots: RootsArg = None, ctx: Context | None = None) -> CallToolResult:
             """Metadata of a file or directory: type, size, times, permissions; for a file also
             its rev and sha256 (the hash a write's expectedHash compares with)."""
-            return self._run(client_roots, ctx, "get_file_info", path)
+            return self._run(client_roots, ctx, FileTools.get_file_info, path)
 
         def list_allowed_directories(client_roots: RootsArg = None, ctx: Context | None = None) -> CallToolResult:
             """The directories this server may read and write (its steptrail workspaces).
             Relative paths are inside the first one."""
-            return self._run(client_roots, ctx, "list_allowed_directories")
+            return self._run(client_roots, ctx, FileTools.list_allowed_directories)
 
         def history(
             path: Annotated[str | None, Field(default=None, description="A file path; omit it"
@@ -1016,7 +1017,7 @@ class SteptrailServer(MCPServer):
             """The steps that changed a file (or any file): when, by whom (which client), what
             each did to which path, and what became of it (committed, refused, undone). Any
             step id shown can be given to undo."""
-            return self._run(client_roots, ctx, "history", path, limit)
+            return self._run(client_roots, ctx, FileTools.history, path, limit)
 
         def undo(
             step: Annotated[str | None, Field(default=None, description="The step to undo (as a"
@@ -1028,7 +1029,7 @@ class SteptrailServer(MCPServer):
             """Undo one committed change: each file it wrote goes back to what it held before
             (a file it created is removed). Fenced: a file changed since (by a person or a
             later step) is left exactly as found and reported, never overwritten."""
-            return self._run(client_roots, ctx, "undo", step, self.who(ctx))
+            return self._run(client_roots, ctx, FileTools.undo, step, self.who(ctx))
 
         def status(client_roots: RootsArg = None, ctx: Context | None = None) -> CallToolResult:
             """The ledger and its workspaces now: each workspace's rev and lease (who holds it,
@@ -1036,7 +1037,7 @@ class SteptrailServer(MCPServer):
             next write settles it), what needs a person (refused writes, undone or settled
             steps, unacked steps, kept files: open first, then the ones a retry resolved),
             and what this session has read and done."""
-            return self._run(client_roots, ctx, "status")
+            return self._run(client_roots, ctx, FileTools.status)
 
         def audit(
             limit: Annotated[int, Field(default=50, ge=1, le=500, description="How many of the"
@@ -1049,7 +1050,7 @@ class SteptrailServer(MCPServer):
             """The audit log: the newest events of the served workspaces — every step planned,
             applied, committed, refused or undone, with who and when, and every lease taken
             (over). With verify, the ledger's tamper-evident check."""
-            return self._run(client_roots, ctx, "audit", limit, verify)
+            return self._run(client_roots, ctx, FileTools.audit, limit, verify)
 
         reads = [read_text_file, read_multiple_files, list_directory, list_directory_with_sizes,
                  directory_tree, search_files, get_file_info, list_allowed_directories, history,

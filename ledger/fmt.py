@@ -11,6 +11,7 @@ command line, ``status``, the UI, the MCP server, the event kinds' detail lines)
 from __future__ import annotations
 
 import datetime as dt
+import unicodedata
 
 
 def iso(time_ns: int) -> str:
@@ -78,9 +79,36 @@ def size_exact(n: int) -> str:
     return f"{n} B" if unit == "B" else f"{n} B ({value:.1f} {unit})"
 
 
+def shown(text: str) -> str:
+    r"""`text` as one line for a terminal or a log: every control or format character
+    (C0, C1, DEL, the bidi overrides and isolates, zero-width and tag characters), a
+    line or paragraph separator and a lone surrogate (a name that was not UTF-8) written
+    out as its escape — so text from the ledger can neither start a line of its own,
+    move the cursor, set the clipboard (OSC 52) nor make a command read differently from
+    what it runs.
+
+    >>> print(shown("ok\nfake line\x1b]52;c;AAAA\x07"))
+    ok\x0afake line\x1b]52;c;AAAA\x07
+    """
+    out = []
+    for c in text:
+        if unicodedata.category(c) in _HIDDEN:
+            n = ord(c)
+            out.append(f"\\x{n:02x}" if n < 0x100 else f"\\u{n:04x}" if n < 0x10000
+                       else f"\\U{n:08x}")
+        else:
+            out.append(c)
+    return "".join(out)
+
+
+#: The categories `shown` writes out: controls, formats, surrogates, line and paragraph
+#: separators.
+_HIDDEN = frozenset({"Cc", "Cf", "Cs", "Zl", "Zp"})
+
+
 def count(n: int, noun: str, plural: str = "") -> str:
     """`n noun`, the noun in its plural unless the count is one: "1 step", "2 steps"."""
     return f"{n} {noun if n == 1 else plural or noun + 's'}"
 
 
-__all__ = ["ago", "count", "duration", "iso", "size", "size_exact", "span"]
+__all__ = ["ago", "count", "duration", "iso", "shown", "size", "size_exact", "span"]

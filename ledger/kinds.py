@@ -19,7 +19,7 @@ from collections.abc import Callable
 from typing import Any, Final, NamedTuple
 
 from .events import Event, kind_of, to_builtins
-from .fmt import count
+from .fmt import count, shown
 from .fmt import iso as _iso
 
 #: The fields every step event carries, shown in their own columns, not in the detail.
@@ -194,8 +194,10 @@ def means(kind: str) -> str:
 
 
 def detail(event: Event) -> str:
-    """The line that shows `event` (its kind's `Described.detail`)."""
-    return DESCRIBED[kind_of(event)].detail(event)
+    """The line that shows `event` (its kind's `Described.detail`), one line whatever
+    its text holds: a reason, a detail or a directory name with a newline or a terminal
+    escape in it is written out escaped (`ledger.fmt.shown`), never as a line of its own."""
+    return shown(DESCRIBED[kind_of(event)].detail(event))
 
 
 __all__ = ["DESCRIBED", "Described", "describe", "detail", "fields", "means"]

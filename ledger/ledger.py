@@ -111,7 +111,7 @@ class Ledger:
     (`clock` returns Unix nanoseconds), never read in leaf code.
 
     The workspace protocol (registrations, leases, admit, apply, compensate, settle,
-    restore) is one object, `ledger.workspaces` (`ledger.workspace.Workspaces`):
+    restore) is one object, `ledger.workspaces` (`ledger.workspaces.Workspaces`):
     ``ledger.workspaces.acquire("w", "agent-1")``.
     """
 
@@ -174,11 +174,11 @@ class Ledger:
         self._witness = WitnessKeeper(info.location, lambda: self.ledger_id, self._log, store,
                                       readonly=info.readonly, given=witness,
                                       check=witness_check, own=self._own)
-        #: What the workspace protocol and restore work through (never this object).
+        #: What the step's lifecycle and restore work through (never this object).
         self._core = Core(
             log=self._log, storage=self._store, options=self.options, clock=clock,
             guard=self._guard, own=self._own, steps=self._rows)
-        #: The workspace protocol (`ledger.workspace.Workspaces`): registration, leases and
+        #: The workspace protocol (`ledger.workspaces.Workspaces`): registration, leases and
         #: epochs, plan/admit/apply/compensate/settle, reads, restore — one object.
         self.workspaces = Workspaces(self._core)
         #: What the step's lifecycle works through (`ledger.step.site.Site`).
@@ -546,9 +546,17 @@ class Ledger:
         order: its plan, applies, stored artifacts, manifests, ack, undo intent and end
         (`ledger.step.attempt.Attempt`; `kind`: only that kind's events are read).
         UnknownStep if the step has no events."""
+        if not isinstance(step, str):
+            raise InvalidInput(f"a step id is a string, not {type(step).__name__}")
+        if kind is not None and kind not in KINDS:
+            raise InvalidInput(f"kind {kind!r} is not an event kind; give one of"
+                               f" {', '.join(KINDS)}, or none for all")
         row = self._rows.get(step)
         if attempt is not None:
             check_int(attempt, "attempt", 1)
+            if attempt > row.attempt:
+                raise InvalidInput(f"step {step!r} has no attempt {attempt}: its latest is"
+                                   f" attempt {row.attempt}")
         return read_attempt(self._log, step, row.attempt if attempt is None else attempt,
                             kind=kind)
 
@@ -626,7 +634,8 @@ class Ledger:
 
         For a step that writes a workspace the ack is an effect under the live epoch:
         `epoch` (default: the step's own) must be live. An ack lost across a preemption
-        is recorded under the new epoch. A step already acked returns its first ack.
+        is recorded under the new epoch. A step already acked returns that ack (its live
+        manifest's).
         """
         return artifacts_mod.ack(self._site, step, attempt, epoch=epoch)
 

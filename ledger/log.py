@@ -191,9 +191,14 @@ class EventLog:
             scope = _scope_of(prepared)
         call = _Call(prepared, build, inline, inline_ns, guard, after, scope)
         lock = self.store.lock
+        if self.store.reading_here():
+            raise InvalidInput("an append inside a read transaction (storage.read()) cannot"
+                               " commit: append after the read, or inside a write"
+                               " transaction (storage.transaction())")
         if not self.group_commit or self.store.held_here() or after is not None:
-            # Group commit off, or this thread is inside its own transaction or read
-            # already (a nested append): alone, as it always was.
+            # Group commit off, or this thread holds the store's lock already (inside
+            # its own transaction, or a section it locked: a nested append): alone, as
+            # it always was — never queued behind a leader waiting for that lock.
             with lock:
                 return self._alone(call)
         cond = self._cond

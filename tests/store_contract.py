@@ -162,11 +162,15 @@ class StoreContract:
             t.join()
         assert not store.held_here()
         with store.transaction():
-            assert store.held_here()
+            assert store.held_here() and not store.reading_here()
             with store.read():
-                assert store.held_here()
+                assert store.held_here() and not store.reading_here()
             assert store.held_here()
         assert not store.held_here() and seen == [False]
+        with store.read():
+            assert store.reading_here()  # an append here could not commit: refused
+        with store.lock:  # a section the caller locked itself: held, not reading
+            assert store.held_here() and not store.reading_here()
 
     def test_an_empty_store_has_the_genesis_head(self, store: Store) -> None:
         assert store.view.head() == Head(0, store.genesis)

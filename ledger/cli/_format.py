@@ -12,6 +12,7 @@ import msgspec
 from ledger.fmt import count as _n
 from ledger.fmt import duration as _dur
 from ledger.fmt import iso as _iso
+from ledger.fmt import shown as _shown
 from ledger.fmt import size_exact as _size
 
 from ledger.events import RecordedEvent, to_builtins
@@ -95,19 +96,3 @@ class _Spool:
         self._file.close()
 
 
-def _shown(text: str) -> str:
-    """`text` for a terminal: every control or format character (C0, C1, DEL, the bidi
-    overrides and isolates, zero-width and tag characters: Unicode categories Cc and Cf)
-    written out as its escape, so a name from the ledger can neither move the cursor,
-    set the clipboard (OSC 52) nor make a command read differently from what it runs."""
-    import unicodedata
-
-    out = []
-    for c in text:
-        if unicodedata.category(c) in ("Cc", "Cf"):
-            n = ord(c)
-            out.append(f"\\x{n:02x}" if n < 0x100 else f"\\u{n:04x}" if n < 0x10000
-                       else f"\\U{n:08x}")
-        else:
-            out.append(c)
-    return "".join(out)

@@ -24,7 +24,7 @@ from ..errors import BlobCorrupt
 from ..events import BlobCollected, Sealed, decode
 from ..store import EventQuery
 from ..projections.steps import IN_FLIGHT
-from .grace import DEFAULT_GRACE_S, young
+from .grace import DEFAULT_GRACE_S, check_grace, young
 from .holders import GcRefused, live_pins, read_references
 
 if TYPE_CHECKING:
@@ -95,6 +95,7 @@ def audit(
     """Put every stored byte in its bucket and name every violation. Reads only."""
     started = time.monotonic()
     now = now_ns if now_ns is not None else ledger.clock()
+    check_grace(grace_s, force=True)  # any window, but a finite one
     report = AuditReport(now_ns=now, grace_s=grace_s, deep=deep)
     grace_ns = int(grace_s * 1e9)
     window_ns = int(ledger.compensation_window_s * 1e9)

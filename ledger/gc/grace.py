@@ -10,6 +10,7 @@ judge age here (`young`), and a window is checked once (`check_grace`).
 
 from __future__ import annotations
 
+import math
 from typing import Final
 
 from ..errors import InvalidInput
@@ -22,7 +23,13 @@ MIN_GRACE_S: Final = 3600
 
 
 def check_grace(grace_s: float, *, force: bool) -> None:
-    """InvalidInput for a negative window, or one under `MIN_GRACE_S` without `force`."""
+    """InvalidInput for a window that is not a finite number of seconds, a negative one,
+    or one under `MIN_GRACE_S` without `force`."""
+    if isinstance(grace_s, bool) or not isinstance(grace_s, int | float) \
+            or not math.isfinite(grace_s):
+        raise InvalidInput(f"the grace window must be a finite number of seconds, not"
+                           f" {grace_s!r}").at_a_shell(
+            f"--grace must be a duration such as 24h or 90m, not {grace_s!r}")
     if grace_s < 0:
         raise InvalidInput("the grace window cannot be negative")
     if grace_s < MIN_GRACE_S and not force:

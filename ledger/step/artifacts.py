@@ -397,7 +397,8 @@ def ack(site: Site, step: str, attempt: int | None = None, *, epoch: int | None 
 
     For a step that writes a workspace the ack is an effect under the live epoch:
     `epoch` (default: the step's own) must be live. An ack lost across a preemption
-    is recorded under the new epoch. A step already acked returns its first ack.
+    is recorded under the new epoch. A step already acked returns that ack (its live
+    manifest's).
     """
     row, attempt = _attempt(site, step, attempt)
     if epoch is not None and row.workspace and row.epoch:

@@ -50,7 +50,7 @@ class Attempt:
     stored: tuple[tuple[int, BlobStored], ...] = ()
     #: Each manifest revision it published, (seq, event).
     published: tuple[tuple[int, ManifestPublished], ...] = ()
-    #: Its first ack, (seq, event).
+    #: Its newest ack, (seq, event): the live manifest's (a supersede is acked again).
     acked: tuple[int, Acked] | None = None
     #: An undo's intent, (seq, event), recorded before it touched a file.
     compensating: tuple[int, Compensating] | None = None
@@ -104,7 +104,7 @@ def read_attempt(log: EventLog, step: str, attempt: int, *, kind: str | None = N
         elif isinstance(e, ManifestPublished):
             published.append((recorded.seq, e))
         elif isinstance(e, Acked):
-            acked = acked or (recorded.seq, e)
+            acked = (recorded.seq, e)
         elif isinstance(e, Rejected | Compensated):
             end = (recorded.seq, e)
         elif isinstance(e, Compensating):

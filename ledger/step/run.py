@@ -333,10 +333,13 @@ def run_fenced_step(site: Site, workspace: str, step: str, plan: Planner, *, epo
     """`ledger.runner.run_fenced_step`, over the ledger's `Site`."""
 
     def stage(name: str) -> None:
-        if name == "planned" and on_planned is not None:
-            on_planned(step)
-        if on_stage is not None:
-            on_stage(name)
+        try:
+            if name == "planned" and on_planned is not None:
+                on_planned(step)
+            if on_stage is not None:
+                on_stage(name)
+        except Exception as exc:  # the harness's own: carried past this call's handling
+            raise _FromHook(exc) from exc
 
     reader = StepReader(site.places, workspace)
     outputs = {p: d if not isinstance(d, bytes | bytearray | memoryview)
@@ -344,13 +347,28 @@ def run_fenced_step(site: Site, workspace: str, step: str, plan: Planner, *, epo
     options = _Options(run, fence, journal, plan_rev, irreversible)
     try:
         out = _run_fenced(site, workspace, step, plan, reader, epoch, options, outputs, stage)
+    except _FromHook as hook:
+        # the hook's exception ends the call where it was raised, as it is: never read
+        # as this call's own outcome (a StaleEpoch of another workspace is not this step's)
+        raise hook.exc from None
     except StaleEpoch as exc:
         row = site.core.steps.find(step)
         return FencedOutcome(StepStatus.STALE_EPOCH, step, row.attempt if row else 0,
                              reason=RejectReason.STALE_EPOCH, detail=str(exc), error=exc)
     if out.status is StepStatus.APPLIED:
-        stage("committed")
+        try:
+            stage("committed")
+        except _FromHook as hook:
+            raise hook.exc from None
     return out
+
+
+class _FromHook(Exception):
+    """An exception a stage hook raised, carried out of the runner unread."""
+
+    def __init__(self, exc: Exception) -> None:
+        super().__init__(str(exc))
+        self.exc = exc
 
 
 @dataclass(frozen=True)
@@ -380,6 +398,16 @@ def _run_fenced(site: Site, workspace: str, step: str, plan: Planner, reader: St
         undo.compensate(site, step, epoch=epoch)  # an undo killed halfway: finished first
         row = site.core.steps.find(step)
     ran = False
+    if row is not None and row.state not in ENDED and row.state != PLANNED \
+            and row.epoch == epoch:
+        # applied under this epoch and recorded, not committed (a stop after the apply):
+        # finished forward from the recorded apply — never applied again, which with
+        # the journal off would meet the step's own write as a stale rev
+        receipt = read_attempt(site.core.log, step, row.attempt).receipt
+        if receipt is not None:
+            result = ApplyResult(verdict="deduped", step=step, attempt=row.attempt,
+                                 receipt=receipt)
+            return _answer(site, workspace, step, result, reader, epoch, ran, outputs, stage)
     if row is not None and row.state not in ENDED:
         # in flight under this epoch: continue the recorded plan (a kill between its
         # exchanges is finished forward) — unless a post-image it needs was never

@@ -603,8 +603,14 @@ class Store(Protocol):
     lock: Any
 
     def held_here(self) -> bool:
-        """Whether this thread is inside one of this store's transactions or read
-        transactions (an append from there is nested: it joins that transaction)."""
+        """Whether this thread holds the store's lock — inside one of its transactions,
+        read transactions, or a section it locked (an append from there is nested: it
+        joins that transaction, never a group another thread leads)."""
+        ...
+
+    def reading_here(self) -> bool:
+        """Whether this thread is inside a read transaction and no write transaction (an
+        append from there is refused: it could not commit)."""
         ...
 
     @property

@@ -27,6 +27,27 @@ from .confined import Confined, Entry, FsRefused, Walk, glob_match
 from .directory import LEDGER_DIR_NAME, Boundary, WorkspaceDir, is_git_name, is_ledger_dir_name
 from .restore import RestoreReport
 
+#: Names this package exported before the step's lifecycle moved to `ledger.step`,
+#: kept for their importers (each is also exported from `ledger`): imported on first use.
+_MOVED = {
+    "Workspaces": "ledger.workspaces",
+    **{name: "ledger.step.values" for name in (
+        "ApplyResult", "Compensation", "FileRead", "KeptFile", "Lease", "Receipt",
+        "SettleConflict", "StepPlan", "Write", "settle_conflicts")},
+}
+
+
+def __getattr__(name: str) -> object:
+    where = _MOVED.get(name)
+    if where is None:
+        raise AttributeError(f"module 'ledger.workspace' has no attribute {name!r}")
+    from importlib import import_module
+
+    value = getattr(import_module(where), name)
+    globals()[name] = value
+    return value
+
+
 __all__ = [
     "Boundary", "Confined", "Entry", "FsRefused", "RestoreReport", "Walk", "WorkspaceDir",
     "glob_match", "LEDGER_DIR_NAME", "is_git_name", "is_ledger_dir_name",

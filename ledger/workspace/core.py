@@ -1,13 +1,15 @@
 """What the ledger's collaborators may use of its core, and nothing else: `Core`.
 
-`Ledger` composes the event log, the storage and the read side; the workspace protocol
-(`ledger.workspace.Workspaces`) and `restore` work on top of them. They are handed a
+`Ledger` composes the event log, the storage and the read side; the step's lifecycle
+(`ledger.step`, through its `Site`), the places and leases and `restore` work on top
+of them. They are handed a
 `Core` — the log (appends with builders, guards and inline bytes; reads), the storage
 (read views, transactions, blob bytes and files), the clock, the options they read, and
 three collaborators made below the ledger (the append guard, `ledger.guard`; the
 ledger's own files, `OwnFiles`; a step's row, `ledger.projections.StepLookup`) — never
-the `Ledger` itself, and nothing defined in `ledger.ledger`: no call of the protocol
-goes back up into it. No module of `ledger.workspace` imports `ledger.ledger`.
+the `Ledger` itself, and nothing defined in `ledger.ledger`: no call of theirs goes
+back up into it. No module of `ledger.workspace` or `ledger.step` imports
+`ledger.ledger`.
 """
 
 from __future__ import annotations

@@ -22,7 +22,6 @@ cut off may or may not have committed, which a retry with the same journal key a
 from __future__ import annotations
 
 import contextlib
-import threading
 import zlib
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from typing import Any, Final
@@ -64,6 +63,7 @@ from .. import (
     make_fold_row,
     make_pin_hold,
 )
+from ..lock import StoreLock
 from ..base import TxBase, locked_view, paged, row_problem
 from . import schema as sch
 from .driver import _first_line, _psycopg
@@ -384,7 +384,7 @@ class PgTx(PgView, TxBase):
         except BaseException:
             store.lock.release()
             raise
-        store._inside.n = getattr(store._inside, "n", 0) + 1
+        store.lock.writes += 1
         return self
 
     def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
@@ -397,7 +397,7 @@ class PgTx(PgView, TxBase):
             else:
                 store._end(commit=False)
         finally:
-            store._inside.n -= 1
+            store.lock.writes -= 1
             store.lock.release()
 
     @property
@@ -541,9 +541,7 @@ class PgStore:
         self.readonly = readonly
         self.forensic = forensic
         self.on_op = on_op
-        self.lock = threading.RLock()
-        #: This thread's depth of transactions and reads (`held_here`).
-        self._inside = threading.local()
+        self.lock = StoreLock()
         self._conn: Any = None
         self._depth = 0  # open transactions of this connection (read or write)
         self._writing = False
@@ -942,20 +940,25 @@ class PgStore:
         transaction: the transaction's own)."""
         with self.lock:
             self._begin(write=False)
-            inside = self._inside
-            inside.n = getattr(inside, "n", 0) + 1
+            self.lock.reads += 1
             try:
                 yield self.view
             except BaseException:
                 self._end(commit=False)
                 raise
             finally:
-                inside.n -= 1
+                self.lock.reads -= 1
             self._end(commit=True)
 
     def held_here(self) -> bool:
-        """Whether this thread is inside one of this store's transactions or reads."""
-        return getattr(self._inside, "n", 0) > 0
+        """Whether this thread holds the store's lock (inside a transaction, a read, or
+        any section it locked)."""
+        return self.lock.owned()
+
+    def reading_here(self) -> bool:
+        """Whether this thread is inside a read transaction of the store and no write
+        transaction: an append there cannot commit."""
+        return self.lock.reading_only()
 
     def transaction(self, scope: Scope = Scope()) -> PgTx:
         return PgTx(self, scope)

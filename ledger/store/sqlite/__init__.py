@@ -24,7 +24,6 @@ import contextlib
 import errno
 import fcntl
 import os
-import threading
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from typing import Any, Final
 
@@ -65,6 +64,7 @@ from .. import (
     make_fold_row,
     make_pin_hold,
 )
+from ..lock import StoreLock
 from ..base import TxBase, locked_view
 from ..rows import IN_FLIGHT, PathState, StepRow, WsRow
 from . import blobs as bl
@@ -357,23 +357,23 @@ class SqliteTx(SqliteView, TxBase):
         self._cm = store.db.transaction()
 
     def __enter__(self) -> SqliteTx:
-        store = self._store
-        store.lock.acquire()
+        lock = self._store.lock
+        lock.acquire()
         try:
             self._cm.__enter__()
         except BaseException:
-            store.lock.release()
+            lock.release()
             raise
-        store._inside.n = getattr(store._inside, "n", 0) + 1
+        lock.writes += 1
         return self
 
     def __exit__(self, *exc: Any) -> bool | None:
-        store = self._store
+        lock = self._store.lock
         try:
             return self._cm.__exit__(*exc)
         finally:
-            store._inside.n -= 1
-            store.lock.release()
+            lock.writes -= 1
+            lock.release()
 
     @property
     def time_ns(self) -> int:
@@ -548,9 +548,7 @@ class SqliteStore:
         #: Held by every use of the connection (re-entrant): a write transaction, a read
         #: transaction, each read outside one (`view`). Threads take turns; none reads
         #: another's uncommitted transaction.
-        self.lock = threading.RLock()
-        #: This thread's depth of transactions and reads (`held_here`).
-        self._inside = threading.local()
+        self.lock = StoreLock()
         #: Reads outside a read transaction (each statement sees the latest commit).
         self.view: SqliteView = _LockedView(self)
         self._genesis: bytes | None = None
@@ -581,16 +579,21 @@ class SqliteStore:
         """A read transaction: every read inside sees one state (inside a transaction:
         the transaction's)."""
         with self.lock, self.db.read_transaction():
-            inside = self._inside
-            inside.n = getattr(inside, "n", 0) + 1
+            self.lock.reads += 1
             try:
                 yield self.view
             finally:
-                inside.n -= 1
+                self.lock.reads -= 1
 
     def held_here(self) -> bool:
-        """Whether this thread is inside one of this store's transactions or reads."""
-        return getattr(self._inside, "n", 0) > 0
+        """Whether this thread holds the store's lock (inside a transaction, a read, or
+        any section it locked)."""
+        return self.lock.owned()
+
+    def reading_here(self) -> bool:
+        """Whether this thread is inside a read transaction of the store and no write
+        transaction: an append there cannot commit."""
+        return self.lock.reading_only()
 
     def transaction(self, scope: Scope = Scope()) -> SqliteTx:
         """``BEGIN IMMEDIATE`` … ``COMMIT`` (`with store.transaction() as tx:`)."""

@@ -64,18 +64,7 @@ from ._options import (
     STATES,
     Duration,
 )
-
-
-class _Settings(dict):  # type: ignore[type-arg]
-    """The group's settings for its commands (``ctx.obj``). Reading ``ledger_path`` when
-    the upward search found another user's ledger raises that refusal: every command
-    that uses the ledger fails with it, and the ones that do not (completion, demo,
-    ``init --nested``, which reads it with ``get``) run."""
-
-    def __getitem__(self, key: str) -> Any:
-        if key == "ledger_path" and self.get("ledger_foreign") is not None:
-            raise self["ledger_foreign"]
-        return super().__getitem__(key)
+from ._common import Settings as _Settings
 
 
 @click.group("steptrail", cls=LedgerGroup, context_settings={"help_option_names": ["-h", "--help"]})

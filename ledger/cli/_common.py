@@ -32,6 +32,18 @@ F = TypeVar("F", bound=Callable[..., Any])
 COMMANDS_GROUP = "steptrail.commands"
 
 
+class Settings(dict):  # type: ignore[type-arg]
+    """The group's settings for its commands (``ctx.obj``). Reading ``ledger_path`` when
+    the upward search found another user's ledger raises that refusal: every command
+    that uses the ledger fails with it, and the ones that do not (completion, demo,
+    ``init --nested``, which reads it with ``get``) run."""
+
+    def __getitem__(self, key: str) -> Any:
+        if key == "ledger_path" and self.get("ledger_foreign") is not None:
+            raise self["ledger_foreign"]
+        return super().__getitem__(key)
+
+
 class Refusal(Exception):
     """A command's answer is no, as a typed `error` (exit per its class); `document` is
     the command's own --json output, which the error object is added to."""

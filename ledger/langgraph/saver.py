@@ -224,6 +224,8 @@ class _Index:
     where: dict[str, tuple[Any, ...]] = field(default_factory=dict)
     # (thread, ns, channel, version) -> the value's blob (for unchanged channels)
     versions: dict[tuple[str, str, str, Any], _Value] = field(default_factory=dict)
+    # the last catch-up read found no event (`catch_up` checks the head first)
+    quiet: bool = False
 
     def add_checkpoint(self, c: _Checkpoint) -> None:
         self.threads.setdefault(c.thread_id, {}).setdefault(c.ns, {})[c.checkpoint_id] = c
@@ -234,6 +236,65 @@ class _Index:
     def add_write(self, thread_id: str, ns: str, checkpoint_id: str, w: _Write) -> None:
         self.writes.setdefault((thread_id, ns, checkpoint_id), {})[(w.task_id, w.idx)] = w
         self.where[w.step] = ("write", thread_id, ns, checkpoint_id, w.task_id, w.idx)
+
+    def catch_up(self, ledger: Ledger, serde: SerializerProtocol) -> None:
+        """Fold every event after the index's seq (another process's, or ours appended
+        while another thread's were). A step's blobs are read only if it is still live
+        at the end: a pruned checkpoint's may be collected already. Under the saver's
+        lock."""
+        index = self
+        # While the last read found nothing new (no other writer lately), the head first:
+        # one light statement, and when it is still the last event folded there is
+        # nothing to read (exact on every store: seqs only grow, so an event after
+        # index.seq would be the head). Once a read finds events (another writer is
+        # busy), the next one reads straight away: one statement a catch-up, steady
+        # either way (two at the turn from quiet to busy).
+        if self.quiet and ledger.log.head().seq == index.seq:
+            return
+        published: dict[str, tuple[ManifestEntry, ...]] = {}
+        last = index.seq
+        found = False
+        for recorded in ledger.read(index.seq):
+            last, found = recorded.seq, True
+            event = recorded.event
+            step = getattr(event, "step", "")
+            if not step.startswith(PREFIX):
+                continue
+            if isinstance(event, Planned):
+                prev = index.rows.get(step)
+                index.rows[step] = _Row(event.attempt, prev.manifest_rev if prev else -1, False,
+                                        event.workspace)
+            elif isinstance(event, ManifestPublished):
+                row = index.rows.setdefault(step, _Row(event.attempt, -1, False))
+                row.manifest_rev, row.live = event.manifest_rev, True
+                published[step] = event.artifacts
+            elif isinstance(event, Compensated):
+                published.pop(step, None)
+                index.end(step)
+        for step, artifacts in published.items():
+            self.index_manifest(ledger, serde, step, artifacts)
+        index.seq = last
+        self.quiet = not found
+
+    def index_manifest(self, ledger: Ledger, serde: SerializerProtocol, step: str,
+                       artifacts: Sequence[ManifestEntry]) -> None:
+        """Index a committed step from its blobs (a step another process wrote)."""
+        named = {e.path: e for e in artifacts}
+        if step.startswith(CHECKPOINT_PREFIX) and BODY_PATH in named:
+            entry = named[BODY_PATH]
+            doc = _decode(ledger.read_blob(entry.digest, size=entry.size))
+            body = serde.loads_typed(tuple(doc["body"]))
+            self.add_checkpoint(_Checkpoint(
+                step=step, thread_id=doc["thread_id"], ns=doc["checkpoint_ns"],
+                checkpoint_id=doc["checkpoint_id"], parent_id=doc["parent_checkpoint_id"],
+                body=body["checkpoint"], metadata=body["metadata"],
+                values={ch: _Value(*v) for ch, v in doc["values"].items()}))
+        elif step.startswith(WRITE_PREFIX) and WRITE_PATH in named:
+            entry = named[WRITE_PATH]
+            doc = _decode(ledger.read_blob(entry.digest, size=entry.size))
+            self.add_write(doc["thread_id"], doc["checkpoint_ns"], doc["checkpoint_id"],
+                                  _Write(step, doc["task_id"], doc["idx"], doc["channel"],
+                                         doc["task_path"], entry.digest, entry.size))
 
     def end(self, step: str) -> None:
         """Forget an ended step (deleted, pruned, replaced)."""
@@ -319,67 +380,12 @@ class LedgerSaver(BaseCheckpointSaver[str]):
         #: thread -> this saver's claim, live or lost: a lost one stays (its writes are
         #: refused as stale) until `claim` again or a successful `release`. Under _lock.
         self._owned: dict[str, Ownership] = {}
-        #: The last catch-up read found no event (`_catch_up` checks the head first).
-        self._quiet = False
 
     # -- the index ---------------------------------------------------------------------
 
     def _catch_up(self) -> None:
-        """Fold every event after the index's seq (another process's, or ours appended
-        while another thread's were). A step's blobs are read only if it is still live
-        at the end: a pruned checkpoint's may be collected already. Under `_lock`."""
-        index = self._index
-        # While the last read found nothing new (no other writer lately), the head first:
-        # one light statement, and when it is still the last event folded there is
-        # nothing to read (exact on every store: seqs only grow, so an event after
-        # index.seq would be the head). Once a read finds events (another writer is
-        # busy), the next one reads straight away: one statement a catch-up, steady
-        # either way (two at the turn from quiet to busy).
-        if self._quiet and self.ledger.log.head().seq == index.seq:
-            return
-        published: dict[str, tuple[ManifestEntry, ...]] = {}
-        last = index.seq
-        found = False
-        for recorded in self.ledger.read(index.seq):
-            last, found = recorded.seq, True
-            event = recorded.event
-            step = getattr(event, "step", "")
-            if not step.startswith(PREFIX):
-                continue
-            if isinstance(event, Planned):
-                prev = index.rows.get(step)
-                index.rows[step] = _Row(event.attempt, prev.manifest_rev if prev else -1, False,
-                                        event.workspace)
-            elif isinstance(event, ManifestPublished):
-                row = index.rows.setdefault(step, _Row(event.attempt, -1, False))
-                row.manifest_rev, row.live = event.manifest_rev, True
-                published[step] = event.artifacts
-            elif isinstance(event, Compensated):
-                published.pop(step, None)
-                index.end(step)
-        for step, artifacts in published.items():
-            self._index_manifest(step, artifacts)
-        index.seq = last
-        self._quiet = not found
-
-    def _index_manifest(self, step: str, artifacts: Sequence[ManifestEntry]) -> None:
-        """Index a committed step from its blobs (a step another process wrote)."""
-        named = {e.path: e for e in artifacts}
-        if step.startswith(CHECKPOINT_PREFIX) and BODY_PATH in named:
-            entry = named[BODY_PATH]
-            doc = _decode(self.ledger.read_blob(entry.digest, size=entry.size))
-            body = self.serde.loads_typed(tuple(doc["body"]))
-            self._index.add_checkpoint(_Checkpoint(
-                step=step, thread_id=doc["thread_id"], ns=doc["checkpoint_ns"],
-                checkpoint_id=doc["checkpoint_id"], parent_id=doc["parent_checkpoint_id"],
-                body=body["checkpoint"], metadata=body["metadata"],
-                values={ch: _Value(*v) for ch, v in doc["values"].items()}))
-        elif step.startswith(WRITE_PREFIX) and WRITE_PATH in named:
-            entry = named[WRITE_PATH]
-            doc = _decode(self.ledger.read_blob(entry.digest, size=entry.size))
-            self._index.add_write(doc["thread_id"], doc["checkpoint_ns"], doc["checkpoint_id"],
-                                  _Write(step, doc["task_id"], doc["idx"], doc["channel"],
-                                         doc["task_path"], entry.digest, entry.size))
+        """The index brought up to the log (`_Index.catch_up`). Under `_lock`."""
+        self._index.catch_up(self.ledger, self.serde)
 
     # -- committing --------------------------------------------------------------------
 

@@ -14,10 +14,11 @@ spread.
 
 - **fenced**: ``run_fenced_step`` on a fresh SQLite ledger (synchronous=FULL), one
   4-KiB write and one inline artifact a step, `--steps` steps after 50 warm-up steps;
-  figure: steps a second (higher is better).
+  figures: steps a second, and steps a CPU second of the process (higher is better;
+  the CPU figure is the steadier on a disk whose fsyncs vary).
 - **rebuild**: ``Ledger.rebuild()`` of a copy of one 100k-event ledger (planned +
   manifest-published + acked per step, built once by A's code: the format is shared);
-  figure: events a second (higher is better).
+  figures: events a second and a CPU second (higher is better).
 
 A ratio is A/B (the checkout this runs from over `--base`): 1.00 is parity, above is A
 faster. Say under what load the figures were taken (``uptime`` is printed with them).
@@ -56,10 +57,10 @@ with tempfile.TemporaryDirectory() as d:
             assert out.committed, out
         for n in range(50):
             one(n)
-        t = time.perf_counter()
+        t, c = time.perf_counter(), time.process_time()
         for n in range(50, 50 + steps):
             one(n)
-        print(steps / (time.perf_counter() - t))
+        print(steps / (time.perf_counter() - t), steps / (time.process_time() - c))
 """
 
 BUILD = r"""
@@ -87,19 +88,20 @@ import sys, time
 from ledger import Ledger
 with Ledger.open(sys.argv[1]) as led:
     n = led.count()
-    t = time.perf_counter()
+    t, c = time.perf_counter(), time.process_time()
     led.rebuild()
-    print(n / (time.perf_counter() - t))
+    print(n / (time.perf_counter() - t), n / (time.process_time() - c))
 """
 
 
-def run(checkout: Path, code: str, *args: str) -> float:
+def run(checkout: Path, code: str, *args: str) -> tuple[float, float]:
     env = {**os.environ, "PYTHONPATH": str(checkout)}
     out = subprocess.run([sys.executable, "-c", code, *args], env=env, capture_output=True,
                          text=True, check=False)
     if out.returncode != 0:
         raise SystemExit(f"{checkout}: {out.stderr.strip()[-2000:]}")
-    return float(out.stdout.strip().splitlines()[-1])
+    wall, _, cpu = out.stdout.strip().splitlines()[-1].partition(" ")
+    return float(wall), float(cpu or wall)
 
 
 def main() -> None:
@@ -116,12 +118,14 @@ def main() -> None:
     scratch = Path(tempfile.mkdtemp(prefix="steptrail-ab-"))
     try:
         master = scratch / "rebuild.db"
-        count = int(run(HERE, BUILD, str(master), str(args.events)))
-        rows: dict[str, list[tuple[float, float]]] = {"fenced": [], "rebuild": []}
+        count = int(run(HERE, BUILD, str(master), str(args.events))[0])
+        rows: dict[str, list[tuple[float, float]]] = {
+            "fenced": [], "fenced cpu": [], "rebuild": [], "rebuild cpu": []}
         for i in range(args.pairs):
             a = run(HERE, FENCED, str(args.steps))
             b = run(base, FENCED, str(args.steps))
-            rows["fenced"].append((a, b))
+            rows["fenced"].append((a[0], b[0]))
+            rows["fenced cpu"].append((a[1], b[1]))
             copies = []
             for side in ("a", "b"):
                 copy = scratch / f"r{i}{side}.db"
@@ -129,7 +133,8 @@ def main() -> None:
                 copies.append(copy)
             a = run(HERE, REBUILD, str(copies[0]))
             b = run(base, REBUILD, str(copies[1]))
-            rows["rebuild"].append((a, b))
+            rows["rebuild"].append((a[0], b[0]))
+            rows["rebuild cpu"].append((a[1], b[1]))
             for c in copies:
                 c.unlink()
             print(f"pair {i + 1}/{args.pairs}", file=sys.stderr)
@@ -148,10 +153,11 @@ def main() -> None:
             return
         print(f"A {report['a']}\nB {report['b']}\n{args.pairs} pairs; load average"
               f" {' '.join(map(str, report['loadavg']))}")
-        print(f"{'':<9}{'A median':>12}{'B median':>12}{'A/B median':>12}{'min':>8}{'max':>8}")
-        for name, unit in (("fenced", "steps/s"), ("rebuild", "events/s")):
+        print(f"{'':<13}{'A median':>12}{'B median':>12}{'A/B median':>12}{'min':>8}{'max':>8}")
+        for name, unit in (("fenced", "steps/s"), ("fenced cpu", "steps/CPU-s"),
+                           ("rebuild", "events/s"), ("rebuild cpu", "events/CPU-s")):
             r = report[name]
-            print(f"{name:<9}{r['a_median']:>12,.1f}{r['b_median']:>12,.1f}"
+            print(f"{name:<13}{r['a_median']:>12,.1f}{r['b_median']:>12,.1f}"
                   f"{r['ratio_median']:>12.3f}{r['ratio_min']:>8.3f}{r['ratio_max']:>8.3f}"
                   f"  ({unit})")
     finally:

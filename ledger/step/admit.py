@@ -135,17 +135,7 @@ def admit(
     plan_rev: int | None = None,
 ) -> builtins.list[ApplyResult | None]:
     """Admit a plan: a batch of steps submitted together, under the live `epoch`.
-
-    Records each step's `planned` attempt (its writes, the workspace rev at dispatch,
-    the fence mode) with its post-images pinned and stored, in one transaction. Steps
-    of the batch that write the same path must chain — each one's pre_hash is the
-    previous one's post-image — or every step is rejected with ``overlap`` (a
-    per-step fence cannot order siblings). Returns, per step, None when admitted or
-    the rejection. A step whose latest attempt is in flight or committed is left as
-    it is when this is its recorded plan (a retried admission: idempotent); any
-    other plan for it raises PlanConflict naming the difference, and nothing of the
-    batch is written.
-    """
+    (`Workspaces.admit` says what it promises.)"""
     if fence not in FENCE_MODES:
         raise InvalidInput(f"fence {fence!r} is not one of {', '.join(FENCE_MODES)}")
     if type(epoch) is not int or not 1 <= epoch <= INT64_MAX:
@@ -293,11 +283,7 @@ def _run_plan_rev(site: Site, run: str, workspace: str) -> int | None:
 
 def replan(site: Site, step: str, *, epoch: int) -> int:
     """Re-stamp the step's ended attempt onto the current revisions, as a new attempt.
-
-    Allowed when every write's pre_hash still holds on disk; the new attempt keeps the
-    writes, post-images, fence mode and the run's plan rev, and gets the path revs of
-    now as its bases. Returns the new attempt number. ReplanRefused otherwise.
-    """
+    (`Workspaces.replan` says what it promises.)"""
 
     row = site.core.steps.get(step)
     if row.live:

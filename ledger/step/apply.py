@@ -58,19 +58,7 @@ def apply(site: Site, step: str, attempt: int | None = None, *, epoch: int,
           commit: bool = False, inline_artifacts: dict[str, bytes] | None = None
           ) -> ApplyResult:
     """Fence and apply the attempt's writes under the live `epoch` (see the module).
-
-    Returns the verdict; a rejection is recorded (the attempt ends) when the attempt
-    was still planned. Raises StaleEpoch for a dead epoch and Unsettled when an older
-    epoch's attempt is still in flight; writes nothing then.
-
-    `commit`: the transaction that records the apply also publishes the attempt's
-    manifest (the commit point) and acks it (`ApplyResult.committed`): a fenced step
-    in two commits, the plan and this. `inline_artifacts` (path -> bytes, each at
-    most `inline_max_bytes`) are stored in that same transaction; the plan's other
-    declared artifacts must have been stored before (`store`), or nothing commits
-    but the apply. The caller learns the result when this returns; a crash before is
-    answered by the journal on a re-run.
-    """
+    (`Workspaces.apply` says what it promises.)"""
 
     row = site.core.steps.get(step)
     attempt = row.attempt if attempt is None else attempt

@@ -77,15 +77,8 @@ def plan(
     epoch: int = 0,
     pins: Sequence[str] = (),
 ) -> StepRow:
-    """Start the step's next attempt, or return the one in flight.
-
-    A committed step (live manifest) is returned as it is: nothing runs again. An
-    attempt still in flight is returned to be continued (a replay after a crash).
-    Otherwise — no attempt yet, or the latest ended rejected or compensated — a new
-    attempt is planned (a durable `planned` event, before any write). `pins`: the
-    digests of blobs the new attempt will store, pinned in that same commit (what
-    `pin` does one commit each; ignored when no new attempt is planned).
-    """
+    """Start the step's next attempt, or return the one in flight. (`Ledger.plan` says what
+    it promises.)"""
 
     row = site.core.steps.find(step)
     if row is not None and (row.live or row.state not in ENDED):
@@ -111,10 +104,7 @@ def _attempt(site: Site, step: str, attempt: int | None) -> tuple[StepRow, int]:
 
 def pin(site: Site, step: str, attempt: int, digest: str, role: str = "artifact") -> RecordedEvent:
     """Record, in its own committed transaction, that the attempt will use this blob.
-
-    Taken before the blob is written or deduplicated, so GC never collects it. The
-    same event `store` records, so pinning first and storing later is idempotent.
-    """
+    (`Ledger.pin` says what it promises.)"""
     event = _pin_event(site.core.steps.get(step), attempt, digest, role)
     return site.core.log.append([event], guard=site.core.guard())[0]
 
@@ -127,14 +117,7 @@ def _pin_event(row: StepRow, attempt: int, digest: str, role: str = "artifact") 
 
 def store(site: Site, step: str, attempt: int, path: str, data: Content) -> BlobStored:
     """Store one artifact of an attempt: pin, durable bytes, then `blob-stored`.
-
-    Bytes up to `inline_max_bytes` go into the ledger file in the very transaction
-    that records `blob-stored`; larger ones are written as a blob file (fsynced,
-    renamed, directory fsynced) before it. Identical content is stored once. `data`
-    may be a binary file open for reading: it is hashed, then streamed into the
-    blob store, never held whole (ContentChanged, nothing recorded as stored, if it
-    changed in between).
-    """
+    (`Ledger.store` says what it promises.)"""
     check_relpath(path, "artifact path")
     if not isinstance(data, bytes):
         if isinstance(data, bytearray | memoryview):
@@ -306,17 +289,7 @@ def publish(
     receipt: Receipt | dict[str, Any] | bytes | str | None = None,
 ) -> Manifest:
     """Publish the attempt's manifest: the commit point, a compare-and-swap.
-
-    `expected_rev=-1` creates: when the step already has a live manifest, that one is
-    returned unchanged (the first to land wins). `expected_rev=k` supersedes live
-    revision k (ManifestConflict otherwise), recording both digests. The manifest
-    names, per path, the latest blob the attempt stored; inside the publishing
-    transaction every one is re-stat'ed (and small ones re-hashed): a missing blob
-    raises BlobNotFound and nothing is published. A step that writes the workspace
-    publishes only after its apply, under its live epoch, and its manifest names each
-    written path's post-image; given a `receipt` (from an executor that ran apart),
-    it must match the apply the ledger recorded.
-    """
+    (`Ledger.publish` says what it promises.)"""
     if receipt is not None:
         checked = check_receipt(site.core.log, receipt)
         if checked.step != step or (attempt is not None and checked.attempt != attempt):
@@ -393,13 +366,8 @@ def publish(
 
 
 def ack(site: Site, step: str, attempt: int | None = None, *, epoch: int | None = None) -> RecordedEvent:
-    """Record that the client learned the step's live manifest (idempotent).
-
-    For a step that writes a workspace the ack is an effect under the live epoch:
-    `epoch` (default: the step's own) must be live. An ack lost across a preemption
-    is recorded under the new epoch. A step already acked returns that ack (its live
-    manifest's).
-    """
+    """Record that the client learned the step's live manifest (idempotent). (`Ledger.ack`
+    says what it promises.)"""
     row, attempt = _attempt(site, step, attempt)
     if epoch is not None and row.workspace and row.epoch:
         # an ack under an epoch: that epoch must be live and no older than the

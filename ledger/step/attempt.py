@@ -128,10 +128,7 @@ def end_result(step: str, attempt: int, ev: Attempt) -> ApplyResult:
 
 def check_receipt(log: EventLog, receipt: Receipt | dict[str, Any] | bytes | str) -> Receipt:
     """Parse a receipt handed back by an executor and check it against the ledger.
-
-    A receipt that is empty, malformed, or does not match the recorded apply is
-    refused (InvalidInput / IllegalTransition): a 200 with an empty body moves nothing.
-    """
+    (`Workspaces.check_receipt` says what it promises.)"""
     if isinstance(receipt, bytes | str):
         if not receipt.strip():
             raise InvalidInput("the receipt is empty: a 200 with an empty body moves"

@@ -55,9 +55,9 @@ def in_flight_tags(site: Site, workspace: str) -> frozenset[str]:
 
 
 def tidy(site: Site, step: str) -> None:
-    """Remove what the step's latest attempt left in its slots, once it is over (a
-    kill after its commit, before the displaced files went): a re-run of a
-    committed step calls it. Best effort; an attempt in flight is left alone."""
+    """Remove what the step's latest attempt left in its slots, once it is over (a kill
+    after its commit, before the displaced files went): a re-run of a committed step calls
+    it. (`Workspaces.tidy` says what it promises.)"""
     row = site.core.steps.get(step)
     if row.state in IN_FLIGHT or not row.workspace:
         return
@@ -111,14 +111,11 @@ def slots_in_flight(site: Site, workspace: str,
 
 
 def remove_abandoned_temporaries(site: Site, now: int) -> int:
-    """Collect, in every workspace, the temporaries no live stager can own: those of
-    an epoch older than the live one (any epoch once the lease has lapsed), and those
-    of attempts that are over (a kill after the commit, before the displaced files
-    went; a takeover after it). gc calls it: it reaches an attempt nobody came back
-    to. It looks in the directories of the attempts in flight and of every path the
-    ledger knows in the workspace. Each file goes only once its bytes are shown held
-    by the ledger or by the path beside it; anything else is kept under a visible
-    name (`WorkspaceDir.remove_temporaries`). Returns how many files went."""
+    """Collect, in every workspace, the temporaries no live stager can own: those of an
+    epoch older than the live one (any epoch once the lease has lapsed), and those of
+    attempts that are over (a kill after the commit, before the displaced files went; a
+    takeover after it). (`Workspaces.remove_abandoned_temporaries` says what it
+    promises.)"""
     removed = 0
     known: dict[str, set[str]] = {}
     for (w, p), state in read_workspaces(site.core.log).paths.items():

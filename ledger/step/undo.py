@@ -53,8 +53,7 @@ from .values import Compensation, recorded_before
 
 def settle(site: Site, workspace: str, epoch: int) -> builtins.list[Compensation]:
     """Compensate every attempt of an older epoch still in flight, under `epoch`.
-
-    Raises the first failure after trying every step (the others are settled)."""
+    (`Workspaces.settle` says what it promises.)"""
     check_int(epoch, "epoch", 1)
     done, failed = settle_all(site, workspace, epoch)
     if failed:
@@ -86,20 +85,7 @@ def compensate(
     epoch: int | None = None,
 ) -> Compensation:
     """End the attempt, undoing its workspace writes where that is safe.
-
-    For each write: the path's rev still the attempt's and its bytes still the
-    post-image → the pre-image goes back (``restored``), by an atomic exchange
-    checked like a write's; the pre-image already there → ``already``; anything else
-    → ``conflict`` and nothing is overwritten. A write a crashed apply landed without
-    recording it goes back from what it displaced (its slot). A committed step's live
-    manifest ends (allowed only within the compensation window). A step that writes
-    the workspace needs its live `epoch`; pins are released. A redelivery returns the
-    first compensation.
-
-    Journaled: a `compensating` intent commits before the first file is touched, so
-    an undo killed halfway leaves its step ``compensating`` (in flight): the next
-    settle — the next epoch's acquire — or a retry finishes it.
-    """
+    (`Workspaces.compensate` says what it promises.)"""
 
     row = site.core.steps.get(step)
     attempt = row.attempt if attempt is None else attempt

@@ -52,23 +52,9 @@ class Leases:
         self, workspace: str, holder: str, ttl_s: float = 60, *, force: bool = False,
         bare: bool = False, resume: bool = False,
     ) -> LeaseAcquired:
-        """Start a new epoch (previous + 1) on the workspace (`Workspaces.acquire` then
-        settles the older ones).
-
-        Refused with LeaseHeld while another lease is live, unless `force`, and with
-        LedgerMoved while the ledger is not where it was registered. Every attempt
-        of an older epoch still in flight is compensated before this returns (`settled`).
-        The new epoch is live whatever settling found: a path it left for a human is in
-        `conflicts`, a step it could not settle in `unsettled` (new work is refused with
-        Unsettled until `settle` succeeds). `bare`: a name no workspace registered is
-        not UnknownWorkspace but a lease with no directory, made by its first epoch
-        (`lease-acquired` with `bare`): ownership of something that is not a directory,
-        as a LangGraph thread's (ledger.langgraph). A registered workspace's lease is
-        taken as usual. `resume`: an agent restarting after a crash takes back a live
-        lease its own `holder` still holds (a new epoch, which settles what the dead run
-        left unfinished) — another holder's live lease is still LeaseHeld: the
-        restart-safe way to start (README's quickstart).
-        """
+        """Start a new epoch (previous + 1) on the workspace and return its event; the
+        older epochs' settling is the caller's (`Workspaces.acquire` says what it
+        promises)."""
         check_step_id(holder)
         ttl_ns = _check_ttl(ttl_s)
         if type(bare) is not bool:

@@ -48,24 +48,8 @@ class Places:
     def add(self, name: str, root: str | os.PathLike[str], *,
                       allow_git: bool = False, rebind: bool = False) -> WsRow:
         """Register a workspace: a named, existing directory, recorded resolved with its
-        device and inode (every later walk checks them).
-
-        Refused (WorkspaceOverlap) when the directory is, contains or lies inside another
-        workspace's root, or is the ledger's own directory or inside its blob root (the
-        ledger's directory may lie inside it: the embedded layout). `allow_git`:
-        steps may write ``.git`` internals. Adding the same name again with the same
-        directory and options is a no-op; anything else is refused unless `rebind`,
-        which re-registers the workspace (a `workspace-rebound` event): the way back for
-        a workspace moved or restored by other means, and how a workspace registered
-        before identities were recorded obtains one. Rebinding while a lease is live is
-        allowed: every write is still fenced on the bytes on disk.
-
-        Each registration also records where the ledger itself is (its directory's real
-        path, device and inode; nothing for a ledger in a database): a ledger that
-        travels with the workspace and is later found elsewhere — a copied or moved
-        project — refuses its steps (`LedgerMoved`) until it is rebound, which records
-        its new place (`ledger_moved`).
-        """
+        device and inode (every later walk checks them). (`Workspaces.add` says what it
+        promises.)"""
         check_step_id(name)
         if not isinstance(root, str | os.PathLike) or not os.fspath(root):
             raise InvalidInput("give the workspace directory")
@@ -147,18 +131,17 @@ class Places:
         return reg
 
     def ledger_moved(self, name: str) -> LedgerMoved | None:
-        """Why a step on workspace `name` is refused because the ledger is not where it
-        was when the workspace was registered (a copied or moved project: `LedgerMoved`,
-        its `command` resolves it), or None. Every step, read and walk of the workspace
-        raises it (`directory`); `steptrail status` shows it. Never for a ledger in a
-        database, nor for a registration that did not record the ledger's place."""
+        """Why a step on workspace `name` is refused because the ledger is not where it was
+        when the workspace was registered (a copied or moved project: `LedgerMoved`, its
+        `command` resolves it), or None. (`Workspaces.ledger_moved` says what it
+        promises.)"""
         return ledger_moved(name, self.registration(name), self.core.own)
 
     def check_root(self, name: str, real: str, ident: FileIdentity | None) -> None:
         """Refuse a root that is, contains or lies inside another workspace's root, or is
-        the ledger's own directory or inside its blob root: by resolved path, and by
-        device and inode of the root (None: it does not exist yet) and of its ancestors
-        (a bind mount, a case-variant name)."""
+        the ledger's own directory or inside its blob root: by resolved path, and by device
+        and inode of the root (None: it does not exist yet) and of its ancestors (a bind
+        mount, a case-variant name). (`Workspaces.check_root` says what it promises.)"""
         def ancestors(path: str) -> dict[FileIdentity, str]:
             out: dict[FileIdentity, str] = {}
             while True:
@@ -228,7 +211,8 @@ class Places:
         """The files steptrail kept in workspace `name` under a visible name
         (``NAME.steptrail-kept-TAG``) instead of removing them, as its refusals and
         compensations recorded them (`Restored.kept`), each with whether it is still on
-        disk: `status` shows those still there as needing attention."""
+        disk: `status` shows those still there as needing attention. (`Workspaces.kept` says
+        what it promises.)"""
         row = self.get(name)
         out: list[KeptFile] = []
         for kind in ("rejected", "compensated"):
@@ -296,23 +280,25 @@ class Places:
         return out
 
     def directory(self, name: str) -> WorkspaceDir:
-        """Workspace `name`'s directory, confined as every step's write is: the root
-        reached without following symlinks and checked against its registration, the
-        ledger's own files and (unless allowed) ``.git`` out of reach. For front ends
-        that list or walk the workspace (the MCP tools): one walk, the library's."""
+        """Workspace `name`'s directory, confined as every step's write is: the root reached
+        without following symlinks and checked against its registration, the ledger's own
+        files and (unless allowed) ``.git`` out of reach. (`Workspaces.directory` says what
+        it promises.)"""
         return self.wsdir(self.get(name))
 
     def restore(self, workspace: str, to: str | os.PathLike[str], *,
                 force: bool = False, replace: bool = False) -> RestoreReport:
         """Materialize the workspace's committed content under `to` (a new or empty
-        directory; with `replace`, any directory: what held other bytes at a restored
-        path is kept beside it) and record it (`ledger.workspace.restore.restore`)."""
+        directory; with `replace`, any directory: what held other bytes at a restored path
+        is kept beside it) and record it (`ledger.workspace.restore.restore`).
+        (`Workspaces.restore` says what it promises.)"""
         return restore(self, workspace, to, force=force, replace=replace)
 
     def confined(self, name: str) -> Confined:
-        """Workspace `name`'s directory as a tool may list, walk, search and ``mkdir -p``
-        it (`Confined`): every walk the protocol's own, under the same boundary — the
-        ledger's files, ``.git`` unless the workspace allows it, no symlink followed."""
+        """Workspace `name`'s directory as a tool may list, walk, search and ``mkdir -p`` it
+        (`Confined`): every walk the protocol's own, under the same boundary — the ledger's
+        files, ``.git`` unless the workspace allows it, no symlink followed.
+        (`Workspaces.confined` says what it promises.)"""
         row = self.get(name)
         return Confined(self.wsdir(row), self.core.own.boundary(),
                         allow_git=self.registration(name).allow_git)
@@ -343,15 +329,9 @@ class Places:
 
     def read_file(self, workspace: str, path: str, *,
                   max_bytes: int | None = None) -> FileRead:
-        """Read a workspace file as a planner must: its bytes, with the sha256 of those
-        very bytes and the path's rev, taken together (`FileRead`).
-
-        Plan writes from this (`read.write(new_content)`), not from a later `snapshot`:
-        a person's edit between the planner's read and a snapshot would be hashed into
-        the plan and applied over. The rev is read before the bytes, so a step applied
-        in between makes the plan stale, never wrongly fresh. A file larger than
-        `max_bytes` is refused (InvalidInput) rather than read whole.
-        """
+        """Read a workspace file as a planner must: its bytes, with the sha256 of those very
+        bytes and the path's rev, taken together (`FileRead`). (`Workspaces.read_file` says
+        what it promises.)"""
 
         row = self.get(workspace)
         check_relpath(path)

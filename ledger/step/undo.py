@@ -42,7 +42,7 @@ from ..events import (
 from ..projections.steps import COMPENSATED, COMPENSATING, ENDED, REJECTED, StepRow
 from ..projections.workspaces import WsRow
 from ..store import EventQuery, Scope, Tx
-from ..workspace.directory import NOT_A_FILE, Found, Landing, WorkspaceDir
+from ..workspace.directory import NOT_A_FILE, Found, Landing, StagingLost, WorkspaceDir
 from .attempt import Attempt, read_attempt
 from .draft import DRAFT_ROUNDS, Answered, Draft, Moved, shifted, step_key
 from .fence import digest_or_none, dirs_of, kept_path, paths_of
@@ -173,6 +173,16 @@ def _undo_drafted(site: Site, build: Any, planned: Planned, epoch: int,
                                name, epoch, draft.now()))
             try:
                 events = build(draft, draft.time_ns)
+            except (LedgerError, StagingLost) as exc:
+                if isinstance(exc, StaleEpoch):
+                    raise
+                # a worker taken over meanwhile: the newer epoch's cleanup removed what
+                # it staged, or its settle undid a path under it. That worker has lost
+                # its lease — said so (StaleEpoch), not as a disk failure
+                site.leases.check_epoch(name, epoch)
+                if isinstance(exc, StagingLost):
+                    continue  # removed by something else: decided again from the disk
+                raise
             finally:
                 kept += landings
 
@@ -367,6 +377,14 @@ def _undo(
             if not landing.ok:
                 if staged is not None:
                     wsdir.discard(staged)
+                if landing.found == pre and pre != post:
+                    # another undoer of this attempt (a worker whose epoch this one
+                    # took over, still running) put the pre-image back between this
+                    # one's look and its landing: the path is undone — judged as one
+                    # found undone (a person's save its landing displaced goes back)
+                    out.append(_found_undone(site, tx, wsdir, undone_by, w.path, a,
+                                             path_rev, inline))
+                    continue
                 out.append(Restored(path=w.path, rev=path_rev, digest=digest_or_none(landing.found),
                                     outcome="conflict"))
                 continue
@@ -381,26 +399,8 @@ def _undo(
             out.append(Restored(path=w.path, rev=path_rev + 1, digest=pre,
                                 outcome="restored", mode=mode))
         elif disk == pre:
-            # put back by an undo that was killed before it recorded it: was a
-            # person's save displaced by it (its slot holds neither image)?
-            if undone_by is not None:
-                f = undone_by.landed(w.path, post, pre, role="u", search=True)
-                if f.landed and f.displaced not in (post, NOT_A_FILE):
-                    if f.displaced is not None:
-                        _keep_displaced(site, tx, undone_by, f, inline)
-                    taken = undone_by.roll_back(f, pre, post_mode=a.pre_mode)
-                    if taken.ok:
-                        out.append(Restored(path=w.path, rev=path_rev,
-                                            digest=f.displaced, outcome="conflict",
-                                            kept=kept_path(w.path, taken)))
-                        continue
-                elif f.landed and f.displaced == post:
-                    # the killed undo displaced the step's file: a person's chmod
-                    # of it is carried over, as the undo would have
-                    undone_by.keep_persons_mode(w.path, f.slot, a.post_mode)
-            wsdir.sync(w.path)  # durable, then recorded
-            out.append(Restored(path=w.path, rev=path_rev + 1, digest=pre,
-                                outcome="already", mode=wsdir.mode(w.path)))
+            out.append(_found_undone(site, tx, wsdir, undone_by, w.path, a, path_rev,
+                                     inline))
         else:
             out.append(Restored(path=w.path, rev=path_rev, digest=digest_or_none(disk), outcome="conflict"))
     if inline:
@@ -421,6 +421,33 @@ def _undo(
     out = [msgspec.structs.replace(r, rev=renumbered[id(r)]) if id(r) in renumbered else r
            for r in out]
     return out, (ws.rev + len(moved)) if moved else 0
+
+
+def _found_undone(site: Site, tx: Tx, wsdir: WorkspaceDir, undone_by: WorkspaceDir | None,
+                  path: str, a: AppliedWrite, path_rev: int,
+                  inline: dict[str, bytes]) -> Restored:
+    """A path whose disk holds the attempt's pre-image: put back by an undo that did
+    not record it — one killed before its commit, or one still running under an epoch
+    this undo took over. Was a person's save displaced by it (its slot holds neither
+    image)? That goes back, and the path is a ``conflict`` naming it; otherwise the
+    path is ``already`` undone."""
+    pre, post = a.pre_hash, a.post_hash
+    if undone_by is not None:
+        f = undone_by.landed(path, post, pre, role="u", search=True)
+        if f.landed and f.displaced not in (post, NOT_A_FILE):
+            if f.displaced is not None:
+                _keep_displaced(site, tx, undone_by, f, inline)
+            taken = undone_by.roll_back(f, pre, post_mode=a.pre_mode)
+            if taken.ok:
+                return Restored(path=path, rev=path_rev, digest=f.displaced,
+                                outcome="conflict", kept=kept_path(path, taken))
+        elif f.landed and f.displaced == post:
+            # the other undo displaced the step's file: a person's chmod of it is
+            # carried over, as the undo would have
+            undone_by.keep_persons_mode(path, f.slot, a.post_mode)
+    wsdir.sync(path)  # durable, then recorded
+    return Restored(path=path, rev=path_rev + 1, digest=pre, outcome="already",
+                    mode=wsdir.mode(path))
 
 
 def _keep_displaced(site: Site, tx: Tx, wsdir: WorkspaceDir, found: Found,

@@ -133,6 +133,10 @@ def temp_stamp(name: str) -> tuple[int, str] | None:
 FileIdentity = tuple[int, int]  # (st_dev, st_ino)
 
 
+def _same_file(st: os.stat_result | None, other: os.stat_result) -> bool:
+    return st is not None and identity_of(st) == identity_of(other)
+
+
 def identity_of(st: os.stat_result) -> FileIdentity:
     return (st.st_dev, st.st_ino)
 
@@ -1005,9 +1009,22 @@ class WorkspaceDir:
             return Landing(path, False, None, None)
         if not move.ok:
             return Landing(path, False, move.found, None, kept=move.kept)
-        if not mover.link(dir_fd, staged.tmp_name, leaf):
-            # a file made in the moment the name was absent: it stays; what was moved
-            # aside (the pre-image) is kept beside it, visible
+        try:
+            linked = mover.link(dir_fd, staged.tmp_name, leaf)
+        except FileNotFoundError:
+            linked = False  # the staged name gone: finished by another call, or lost
+        if not linked and ours is not None and _same_file(stat_at(dir_fd, leaf), ours) \
+                and look(dir_fd, leaf).digest == staged.digest:
+            # another call finished this landing in the moment between the two
+            # (`finish_aside`: a settle under a newer epoch, meeting it half done,
+            # linked the staged file in): landed, the name holding the staged file
+            return Landing(path, True, move.seen.digest, aside,
+                           pre_mode=_mode_of(aside, dir_fd), post_mode=staged.mode,
+                           seen=move.seen, post=staged.digest)
+        if not linked:
+            # a file made in the moment the name was absent (or the staged file
+            # removed under it): it stays; what was moved aside (the pre-image) is
+            # kept beside it, visible
             found = look(dir_fd, leaf).digest
             kept = mover.keep(dir_fd, aside, leaf)
             return Landing(path, False, found, None, kept=kept)

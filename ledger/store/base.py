@@ -328,8 +328,11 @@ def locked_view(view: type, doc: str) -> type:
     the store's lock (`self._store.lock`, re-entrant) for its call, or for each step of
     the iterator it returns: a read outside a transaction never meets another thread's
     use of the connection."""
-    methods = {name: _locked(name, fn) for name, fn in vars(view).items()
-               if not name.startswith("_") and callable(fn)}
+    methods: dict[str, Any] = {}
+    for cls in reversed(view.__mro__[:-1]):  # the most derived definition wins
+        methods.update({name: fn for name, fn in vars(cls).items()
+                        if not name.startswith("_") and callable(fn)})
+    methods = {name: _locked(name, fn) for name, fn in methods.items()}
     return type(f"_Locked{view.__name__}", (view,), {"__doc__": doc, **methods})
 
 

@@ -215,6 +215,16 @@ class Statements:
         self.ADD_SEALED_RANGE: Final = r(d.insert("sealed_ranges", SEALED_COLUMNS))
         self.DELETE_SEALED: Final = r("DELETE FROM events WHERE seq BETWEEN ? AND ? AND run = ?")
 
+        # -- savepoints (templates: the name), the same text in both dialects -------
+        self.SAVEPOINT: Final = "SAVEPOINT {}"
+        self.ROLLBACK_TO: Final = "ROLLBACK TO SAVEPOINT {}"
+        self.RELEASE: Final = "RELEASE SAVEPOINT {}"
+
+        # -- meta ---------------------------------------------------------------------
+        self.SELECT_META: Final = r("SELECT value FROM meta WHERE key = ?")
+        self.META_ALL: Final = "SELECT key, value FROM meta"
+        self.UPSERT_META: Final = r(d.upsert("meta", ("key", "value"), ("key",)))
+
         # -- steps, workspaces, paths -------------------------------------------------
         self.SELECT_STEP: Final = r(f"SELECT {STEP_COLUMNS} FROM steps WHERE step_id = ?")
         #: the rows of a set of steps (`Dialect.in_set`: its parameters)

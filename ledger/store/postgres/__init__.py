@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import contextlib
 import zlib
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any, Final
 
 from ...errors import (
@@ -40,41 +40,29 @@ from ...errors import (
 )
 from ...blobs import pulse_with
 from ...events import genesis_hash
-from ..rows import IN_FLIGHT, PathState, StepRow, WsRow
 from .. import (
     BUSY_TIMEOUT_MS,
     COPY_TABLES,
-    BlobStat,
-    Checkpoint,
     DuplicateKey,
-    EntryRow,
-    EventQuery,
     EventRow,
-    FoldRow,
     Head,
     Held,
-    PinHold,
-    ProjectionChanges,
     RowsUnreadable,
     Scope,
     StoreInfo,
-    make_entry_row,
     make_event_row,
-    make_fold_row,
-    make_pin_hold,
 )
 from ..lock import StoreLock
-from ..base import TxBase, locked_view, paged, row_problem
+from ..base import TxBase, locked_view, row_problem
+from ..view import READ_BATCH, SqlTx, SqlView
 from . import schema as sch
-from .driver import _first_line, _psycopg
+from .driver import PgDriver, _first_line, _psycopg
 from .location import SCHEMES, check_url, is_url, shown_location, without_secrets
 from . import sql as q
-from ..sql import if_current, many_rows
+from ..sql import many_rows
 
-CHECKPOINT_NAME: Final = "steps"
 #: The most parameters one multi-row statement carries (the protocol's limit: 65,535).
-PARAMS_MAX: Final = 30_000
-READ_BATCH: Final = 2_000
+PARAMS_MAX: Final = PgDriver.params_max
 #: The advisory lock class of every steptrail lock ('STLG' as a signed 32-bit int).
 LOCK_CLASS: Final = 0x53544C47
 #: The advisory lock class of the workspaces' locks: a class of their own, so that no
@@ -117,44 +105,26 @@ def _lock_key(name: str) -> int:
     return k - (1 << 32) if k >= 1 << 31 else k
 
 
-class PgView:
-    """Reads of the store's connection (inside `read()`: one snapshot)."""
+class PgView(SqlView):
+    """Reads of the store's connection (inside `read()`: one snapshot): the shared reads
+    (`ledger.store.view.SqlView`) over `PgDriver`, and PostgreSQL's own — verify's
+    checked read, the blob pointer rows' check, a table streamed through a server-side
+    cursor, the scratch tables."""
+
+    S = q.S
+    JOURNAL_RANGE = q.JOURNAL_RANGE
 
     def __init__(self, store: PgStore) -> None:
         self._store = store
+        self._q = store.driver
 
-    def _all(self, sql: str, params: Sequence[object] = ()) -> list[tuple[Any, ...]]:
-        return self._store._run(sql, params).fetchall()  # type: ignore[no-any-return]
+    def _totals_by_time(self, bucket_ns: int) -> tuple[str, Sequence[object]]:
+        return q.TOTALS_BY_TIME, (bucket_ns, bucket_ns)
 
-    def _one(self, sql: str, params: Sequence[object] = ()) -> tuple[Any, ...] | None:
-        return self._store._run(sql, params).fetchone()  # type: ignore[no-any-return]
-
-    # -- events ------------------------------------------------------------------------
-
-    def head(self) -> Head:
-        row = self._one(q.S.HEAD)
-        if row is None:
-            return Head(0, self._store.genesis)
-        if not isinstance(row[1], bytes):
-            raise CorruptLedger(self._store.location, f"event #{row[0]}'s hash is not bytes")
-        return Head(row[0], row[1])
-
-    def count(self) -> int:
-        return int(self._one(q.S.COUNT)[0])  # type: ignore[index]
-
-    def events(self, query: EventQuery = EventQuery()) -> Iterator[EventRow]:
-        sql, params = q.query(query)
-        start = 2**63 - 1 if query.descending else query.after_seq
-        return self._paged(sql, params, start, query.limit, make_event_row)  # type: ignore[return-value]
-
-    def fold_rows(self, after_seq: int = 0) -> Iterator[FoldRow]:
-        sql, params = q.query(EventQuery(after_seq=after_seq), q.FOLD_COLUMNS)
-        return self._paged(sql, params, after_seq, None, make_fold_row)  # type: ignore[return-value]
-
-    def _paged(self, sql: str, params: list[Any], start: int, limit: int | None,
-               make: Callable[[Any], tuple[Any, ...]]) -> Iterator[tuple[Any, ...]]:
-        return paged(lambda last, batch: list(map(make, self._all(sql, (last, *params, batch)))),  # type: ignore[no-any-return]
-                     start, limit, READ_BATCH)
+    def _file_size(self, digest: str) -> int | None:
+        # in this view's snapshot (the blob store reads on its own connection)
+        row = self._q.one("SELECT size FROM blob_files WHERE digest = %s", (digest,))
+        return None if row is None else int(row[0])
 
     def checked_rows(self, after_seq: int = 0) -> Iterator[tuple[EventRow, str | None]]:
         """Every row after `after_seq` with what is wrong with its cells (the columns'
@@ -162,7 +132,7 @@ class PgView:
         last = after_seq
         while True:
             try:
-                got = self._all(q.S.CHECKED, (last, READ_BATCH))
+                got = self._q.all(q.S.CHECKED, (last, READ_BATCH))
             except LedgerError as exc:
                 raise RowsUnreadable(str(exc)) from None
             for r in got:
@@ -171,166 +141,10 @@ class PgView:
                 return
             last = got[-1][0]
 
-    def journal_lookup(self, key: str) -> EventRow | None:
-        row = self._one(q.S.JOURNAL, (key,))
-        return None if row is None else make_event_row(row)
-
-    def journal_newest(self, prefix: str, kind: str | None = None) -> EventRow | None:
-        from ..sql import prefix_range
-        low, high = prefix_range(prefix)
-        if kind is None:
-            row = self._one(q.JOURNAL_RANGE.format(""), (low, high))
-        else:
-            row = self._one(q.JOURNAL_RANGE.format(" AND kind = %s"), (low, high, kind))
-        return None if row is None else make_event_row(row)
-
-    # -- projections, meta -------------------------------------------------------------
-
-    def checkpoint(self) -> Checkpoint | None:
-        row = self._one(q.S.SELECT_CHECKPOINT, (CHECKPOINT_NAME,))
-        return None if row is None else Checkpoint(row[0], row[1])
-
-    def step(self, step_id: str) -> StepRow | None:
-        row = self._one(q.S.SELECT_STEP, (step_id,))
-        return None if row is None else StepRow.from_tuple(row)
-
-    def step_if_current(self, step_id: str, version: int) -> tuple[bool, StepRow | None]:
-        return self._if_current(q.S.STEP_IF_CURRENT, step_id, version, StepRow.from_tuple)
-
-    def workspace_if_current(self, name: str, version: int) -> tuple[bool, WsRow | None]:
-        return self._if_current(q.S.WS_IF_CURRENT, name, version, WsRow.from_tuple)
-
-    def _if_current(self, sql: str, key: str, version: int, make: Any) -> tuple[bool, Any]:
-        row = self._one(sql, (CHECKPOINT_NAME, CHECKPOINT_NAME, key))
-        try:
-            return if_current(row, version, make)
-        except (TypeError, ValueError) as exc:  # a damaged row's cells
-            raise CorruptLedger(self._store.location, str(exc)) from None
-
-    def steps_by_id(self, step_ids: Sequence[str]) -> list[StepRow]:
-        return [StepRow.from_tuple(r) for r in self._all(q.S.SELECT_STEPS_IN, (list(step_ids),))]
-
-    def steps(self, *, state: str | None = None, step_id: str | None = None,
-              contains: str | None = None, limit: int | None = None) -> list[StepRow]:
-        sql, params = q.select_steps(state, step_id, contains, limit)
-        return [StepRow.from_tuple(r) for r in self._all(sql, params)]
-
-    def steps_in_flight(self, workspace: str, before_epoch: int | None = None, *,
-                        limit: int | None = None, oldest_first: bool = False
-                        ) -> list[tuple[str, int]]:
-        sql = q.in_flight(before_epoch is not None, oldest_first, limit is not None)
-        params: list[object] = [workspace]
-        if before_epoch is not None:
-            params.append(before_epoch)
-        params.extend(sorted(IN_FLIGHT))
-        if limit is not None:
-            params.append(limit)
-        return [(r[0], int(r[1])) for r in self._all(sql, params)]
-
-    def workspace(self, name: str) -> WsRow | None:
-        row = self._one(q.S.SELECT_ONE_WS, (name,))
-        return None if row is None else WsRow.from_tuple(row)
-
-    def workspace_rows(self) -> list[WsRow]:
-        return [WsRow.from_tuple(r) for r in self._all(q.S.SELECT_WS)]
-
-    def path_state(self, workspace: str, path: str) -> PathState | None:
-        row = self._one(q.S.SELECT_PATH, (workspace, path))
-        return None if row is None else (int(row[0]), row[1], int(row[2]))
-
-    def path_rows(self) -> list[tuple[object, ...]]:
-        return self._all(q.S.SELECT_PATHS)
-
-    def pin_rows(self) -> list[tuple[object, ...]]:
-        return self._all(q.S.SELECT_PINS)
-
-    def manifest_rows(self) -> list[tuple[object, ...]]:
-        return self._all(q.S.SELECT_MANIFESTS)
-
-    def entry_rows(self) -> list[EntryRow]:
-        return list(map(make_entry_row, self._all(q.S.SELECT_ENTRIES)))
-
-    def meta(self, key: str) -> str | None:
-        row = self._one("SELECT value FROM meta WHERE key = %s", (key,))
-        return None if row is None else row[0]
-
-    def meta_all(self) -> dict[str, object]:
-        return dict(self._all("SELECT key, value FROM meta"))  # type: ignore[arg-type]
-
-    # -- blobs: the inline row, else the blob's chunk rows ------------------------------
-
-    def blob_size(self, digest: str) -> tuple[int, bool] | None:
-        row = self._one(q.S.INLINE_SIZE, (digest,))
-        if row is not None:
-            return int(row[0]), True
-        row = self._one("SELECT size FROM blob_files WHERE digest = %s", (digest,))
-        return None if row is None else (int(row[0]), False)
-
-    def check_blob(self, digest: str, size: int, *, hash_file: bool) -> None:
-        from ..inline import check_blob
-        check_blob(self, self._store.files, digest, size, hash_file=hash_file)
-
-    def inline_blob(self, digest: str) -> tuple[int, bytes] | None:
-        row = self._one(q.S.INLINE_BLOB, (digest,))
-        return None if row is None else (row[0], row[1])
-
-    def inline_stat(self, digest: str) -> BlobStat | None:
-        row = self._one(q.S.INLINE_STAT, (digest,))
-        return None if row is None else BlobStat(digest, int(row[0]), True, int(row[1]))
-
-    def inline_blobs(self) -> Iterator[BlobStat]:
-        return iter([BlobStat(d, n, True, t) for d, n, t in self._all(q.S.INLINE_ALL)])
-
-    # -- what GC and audit read ---------------------------------------------------------
-
-    def pin_holds(self, digest: str | None = None) -> list[PinHold]:
-        if digest is None:
-            return list(map(make_pin_hold, self._all(q.S.PIN_HOLDS)))
-        return list(map(make_pin_hold, self._all(q.S.PIN_HOLDS_OF, (digest,))))
-
-    def manifest_digests(self) -> set[str]:
-        return {r[0] for r in self._all(q.S.MANIFEST_DIGESTS)}
-
-    def names_digest(self, digest: str) -> bool:
-        return self._one(q.S.NAMES_DIGEST, (digest,)) is not None
-
-    def entries_naming(self, digest: str, limit: int) -> list[tuple[str, int, str]]:
-        return self._all(q.S.ENTRIES_NAMING, (digest, limit))  # type: ignore[return-value]
-
-    def live_entries(self) -> list[tuple[str, int]]:
-        return self._all(q.S.LIVE_ENTRIES)  # type: ignore[return-value]
-
-    def event_totals(self, bucket_ns: int) -> tuple[list[tuple[str, str, int, int, int, int]],
-                                                     list[tuple[int, int, int]]]:
-        by_run = [(str(r), str(k), int(n), int(b), int(t0), int(t1))
-                  for r, k, n, b, t0, t1 in self._all(q.S.TOTALS_BY_RUN)]
-        by_time = [(int(t), int(n), int(b)) for t, n, b in
-                   self._all(q.TOTALS_BY_TIME, (bucket_ns, bucket_ns))]
-        return by_run, by_time
-
-    def live_step_count(self) -> int:
-        return int(self._one(q.S.LIVE_STEPS)[0])  # type: ignore[index]
-
-    def step_totals(self, states: frozenset[str]) -> tuple[int, int]:
-        n, b = self._one(q.S.STEP_TOTALS, (sorted(states),))  # type: ignore[misc]
-        return int(n), int(b)
-
-    def condemned(self) -> dict[str, tuple[int, bool]]:
-        return {d: (int(n), bool(i)) for d, n, i in self._all(q.S.SELECT_CONDEMNED)}
-
-    def condemned_entry(self, digest: str) -> tuple[int, bool] | None:
-        row = self._one(q.S.SELECT_ONE_CONDEMNED, (digest,))
-        return None if row is None else (int(row[0]), bool(row[1]))
-
-    def condemned_count(self) -> int:
-        return int(self._one(q.S.COUNT_CONDEMNED)[0])  # type: ignore[index]
-
-    # -- what verify reads -------------------------------------------------------------
-
     def integrity_problems(self) -> list[str]:
         """The blob pointer rows whose chunks do not add up (PostgreSQL checks its own
         pages; what it cannot see is a pointer row that lies)."""
-        rows = self._all(
+        rows = self._q.all(
             "SELECT f.digest, f.size, f.chunks, count(c.n), coalesce(sum(octet_length(c.data)), 0)"
             " FROM blob_files f LEFT JOIN blob_chunks c ON c.digest = f.digest"
             " GROUP BY f.digest, f.size, f.chunks"
@@ -338,12 +152,6 @@ class PgView:
             " ORDER BY f.digest LIMIT 20")
         return [f"blob {d}: its pointer row says {n} bytes in {k} chunks, {got_k} chunks"
                 f" of {got_n} bytes are stored" for d, n, k, got_k, got_n in rows]
-
-    def checkpoint_rows(self) -> list[tuple[object, object, object]]:
-        return self._all(q.S.CHECKPOINT_ROWS)  # type: ignore[return-value]
-
-    def inline_row_problems(self, limit: int) -> list[tuple[object, object, object]]:
-        return self._all(q.S.INLINE_ROW_PROBLEMS, (limit,))  # type: ignore[return-value]
 
     def table_rows(self, table: str) -> Iterator[tuple[object, ...]]:
         """Every row of a `COPY_TABLES` table, in its columns' order, streamed through a
@@ -366,11 +174,13 @@ class PgView:
 _LockedView = locked_view(PgView, "The store's view outside a transaction (locked reads).")
 
 
-class PgTx(PgView, TxBase):
-    """A write transaction holding the ledger's chain lock (see the module docstring)."""
+class PgTx(PgView, SqlTx):
+    """A write transaction holding the ledger's chain lock (see the module docstring):
+    the shared writes (`ledger.store.view.SqlTx`), each after the chain lock
+    (`_before_write`), and PostgreSQL's event inserts."""
 
     def __init__(self, store: PgStore, scope: Scope) -> None:
-        self._store = store
+        self._store, self._q = store, store.driver
         self.scope = scope
         self._time_ns: int | None = None
 
@@ -410,6 +220,9 @@ class PgTx(PgView, TxBase):
 
     # -- the chain lock: taken before anything reads the head or writes shared rows -------
 
+    def _before_write(self) -> None:
+        self._store._chain()
+
     def head(self) -> Head:
         self._store._chain()
         return PgView.head(self)
@@ -432,25 +245,6 @@ class PgTx(PgView, TxBase):
         if cur.rowcount != 1:
             raise DuplicateKey()
 
-    def _savepoint(self) -> None:
-        self._store._run("SAVEPOINT append_batch")
-
-    def _rollback_savepoint(self) -> None:
-        self._store._run("ROLLBACK TO SAVEPOINT append_batch")
-
-    def _release_savepoint(self) -> None:
-        self._store._run("RELEASE SAVEPOINT append_batch")
-
-    def _open_part(self) -> None:
-        self._store._run("SAVEPOINT group_part")
-
-    def _undo_part(self) -> None:
-        self._store._run("ROLLBACK TO SAVEPOINT group_part")
-        self._store._run("RELEASE SAVEPOINT group_part")
-
-    def _close_part(self) -> None:
-        self._store._run("RELEASE SAVEPOINT group_part")
-
     def _intact(self, exc: BaseException) -> bool:
         # A refusal of ours leaves the transaction as it was; a driver error (a lost
         # connection, a statement the server refused) ends the group.
@@ -461,69 +255,16 @@ class PgTx(PgView, TxBase):
         return conn is not None and not conn.broken and \
             conn.info.transaction_status == psycopg.pq.TransactionStatus.INTRANS
 
-    # -- other writes ------------------------------------------------------------------
-
-    def put_inline(self, blobs: Mapping[str, bytes], stored_ns: int) -> None:
-        self._store._chain()
-        for digest, data in blobs.items():
-            # one upsert; the data column is rewritten only when its bytes differ (an
-            # intact row keeps its stored value: no new TOAST copy of the same bytes)
-            self._store._run(q.INLINE_UPSERT, (digest, len(data), data, stored_ns))
-            self._wrote_inline(digest, data)
-
-    def delete_inline(self, digest: str) -> None:
-        self._store._chain()
-        self._unwrote(digest)
-        self._store._run(q.S.INLINE_DELETE, (digest,))
-
-    def blob_size(self, digest: str) -> tuple[int, bool] | None:
-        size = self._wrote_size(digest)
-        return (size, True) if size is not None else PgView.blob_size(self, digest)
-
-    def check_blob(self, digest: str, size: int, *, hash_file: bool) -> None:
-        if self._wrote_size(digest) != size:
-            PgView.check_blob(self, digest, size, hash_file=hash_file)
-
-    def set_meta(self, key: str, value: str) -> None:
-        self._store._chain()
-        self._store._run("INSERT INTO meta(key, value) VALUES (%s, %s)"
-                         " ON CONFLICT(key) DO UPDATE SET value = excluded.value", (key, value))
-
-    def write_projection(self, changes: ProjectionChanges) -> None:
-        """One transaction's inline projection changes (`Statements.projection_writes`)."""
-        self._store._chain()
-        for sql, rows in q.S.projection_writes(changes, CHECKPOINT_NAME):
-            self._store._run_many(sql, rows)
+    @property
+    def _inline_upsert(self) -> str:
+        # the data column rewritten only when its bytes differ (an intact row keeps its
+        # stored value: no new TOAST copy of the same bytes)
+        return q.INLINE_UPSERT
 
     def rebuild_projections(self) -> contextlib.AbstractContextManager[Any]:
         self._store._chain()
         from .scratch import rebuilding
         return rebuilding(self._store)
-
-    def condemn(self, rows: Sequence[tuple[str, int, bool]], condemned_ns: int,
-                collection: str) -> None:
-        self._store._chain()
-        self._store._run_many(q.S.CONDEMN, [(d, n, int(i), condemned_ns, collection)
-                                          for d, n, i in rows])
-
-    def uncondemn(self, digests: Iterable[str]) -> None:
-        self._store._chain()
-        self._store._run_many(q.S.UNCONDEMN, [(d,) for d in digests])
-
-    def load_rows(self, table: str, rows: Sequence[tuple[object, ...]]) -> None:
-        self._store._chain()
-        columns = COPY_TABLES[table]
-        if rows:
-            self._store._run_many(f"INSERT INTO {table}({', '.join(columns)}) VALUES"
-                                  f" ({', '.join(['%s'] * len(columns))})", rows)
-
-    def seal_rows(self, run: str, ranges: Sequence[tuple[int, int]], seal_seq: int) -> int:
-        self._store._chain()
-        self._store._run_many(q.S.ADD_SEALED_RANGE, [(a, b, run, seal_seq) for a, b in ranges])
-        removed = 0
-        for a, b in ranges:
-            removed += self._store._run(q.S.DELETE_SEALED, (a, b, run)).rowcount
-        return removed
 
 
 class PgStore:
@@ -555,6 +296,8 @@ class PgStore:
         self._pulsed = 0.0
         self._tx_time_ns = 0
         self._gc_key = 0
+        #: The statements' way to the connection (`ledger.store.view.Driver`).
+        self.driver = PgDriver(self)
         self.view: PgView = _LockedView(self)
         from .blobs import PgBlobs, PgFiles
         #: Blob bytes: the inline rows, else the chunk rows (`PgFiles`).

@@ -3,9 +3,11 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 from ...errors import InvalidInput
+from ..view import Driver
 
 
 def _psycopg() -> Any:
@@ -40,4 +42,39 @@ def _first_line(exc: BaseException) -> str:
     return text.splitlines()[0] if text else type(exc).__name__
 
 
-__all__ = ["_first_line", "_psycopg", "driver_errors"]
+
+
+class PgDriver(Driver):
+    """`ledger.store.view.Driver` over a `PgStore`'s connection: every statement runs
+    through the store (`_run`: reconnecting outside a transaction, errors translated), a
+    set of values is one array parameter, and many rows go as `_run_many` makes them
+    (multi-row statements, never the driver's pipelined executemany)."""
+
+    mark = "%s"
+    #: The most parameters one multi-row statement carries (the protocol's limit: 65,535).
+    params_max = 30_000
+
+    def __init__(self, store: Any) -> None:
+        self._store = store
+        self.where = store.location
+
+    def one(self, sql: str, params: Sequence[object] = ()) -> tuple[Any, ...] | None:
+        return self._store._run(sql, params).fetchone()  # type: ignore[no-any-return]
+
+    def all(self, sql: str, params: Sequence[object] = ()) -> list[tuple[Any, ...]]:
+        return self._store._run(sql, params).fetchall()  # type: ignore[no-any-return]
+
+    def run(self, sql: str, params: Sequence[object] = ()) -> int:
+        return int(self._store._run(sql, params).rowcount)
+
+    def many(self, sql: str, rows: Sequence[Sequence[object]]) -> None:
+        self._store._run_many(sql, rows)
+
+    execute_each = many
+
+    def in_values(self, template: str, values: Sequence[object],
+                  before: Sequence[object] = ()) -> Iterator[tuple[str, list[object]]]:
+        yield template, [*before, list(values)]
+
+
+__all__ = ["PgDriver", "_first_line", "_psycopg", "driver_errors"]

@@ -24,7 +24,7 @@ import contextlib
 import errno
 import fcntl
 import os
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any, Final
 
 import apsw
@@ -38,51 +38,28 @@ from .database import (
     Database,
     Synchronous,
     flock_held,
-    read_error,
     translate,
 )
-from ...errors import CorruptLedger, InvalidInput
+from ...errors import InvalidInput
 from ...events import genesis_hash
-from .. import (
-    COPY_TABLES,
-    BlobStat,
-    Checkpoint,
-    DuplicateKey,
-    EntryRow,
-    EventQuery,
-    EventRow,
-    FoldRow,
-    Head,
-    Held,
-    PinHold,
-    ProjectionChanges,
-    RowsUnreadable,
-    Scope,
-    StoreInfo,
-    make_entry_row,
-    make_event_row,
-    make_fold_row,
-    make_pin_hold,
-)
+from .. import COPY_TABLES, DuplicateKey, EventRow, Held, RowsUnreadable, Scope, StoreInfo
 from ..lock import StoreLock
-from ..base import TxBase, locked_view
-from ..rows import IN_FLIGHT, PathState, StepRow, WsRow
+from ..base import locked_view
+from ..view import CHECKPOINT_NAME, SqlTx, SqlView
+from .driver import SqliteDriver
 from . import blobs as bl
 from . import sql as q
-from ..sql import if_current
 from . import scratch as sc
 
-#: The projection checkpoint's row (the inline projections are checkpointed together).
-CHECKPOINT_NAME: Final = "steps"
 #: What `exclusive(name)` locks: a file beside the ledger, held with flock.
 LOCK_FILES: Final = {"gc": GC_LOCK_NAME}
 
-_SELECT_META: Final = "SELECT value FROM meta WHERE key = ?"
-_UPSERT_META: Final = ("INSERT INTO meta(key, value) VALUES (?, ?)"
-                       " ON CONFLICT(key) DO UPDATE SET value = excluded.value")
 
-class SqliteView:
-    """Reads of the store's connection (inside `read()`: one snapshot).
+class SqliteView(SqlView):
+    """Reads of the store's connection (inside `read()`: one snapshot): the shared reads
+    (`ledger.store.view.SqlView`) over `SqliteDriver`, and SQLite's own — verify's
+    checked read (typeless cells; an invalid UTF-8 cell named, not raised), its
+    ``quick_check``, a table read through a cursor, the scratch tables.
 
     Rows are fetched whole (`fetchall`) before they are decoded: a cursor left open by a
     row that fails to decode would keep its table locked (a comprehension's frame, held
@@ -90,35 +67,19 @@ class SqliteView:
     scratch tables — would fail.
     """
 
+    S = q.S
+    JOURNAL_RANGE = q.JOURNAL_RANGE
+
     def __init__(self, store: SqliteStore) -> None:
         self._store = store
         self._db = store.db
+        self._q = store.driver
 
-    # -- events ------------------------------------------------------------------------
+    def _totals_by_time(self, bucket_ns: int) -> tuple[str, Sequence[object]]:
+        return q.TOTALS_BY_TIME, (bucket_ns, bucket_ns, bucket_ns)
 
-    def head(self) -> Head:
-        try:
-            row = self._db.conn.execute(q.S.HEAD).fetchone()
-        except apsw.Error as exc:
-            raise read_error(exc, self._db.path) from None
-        if row is None:
-            return Head(0, self._store.genesis)
-        if not isinstance(row[1], bytes):
-            raise CorruptLedger(self._db.path, f"event #{row[0]}'s hash is not a blob")
-        return Head(row[0], row[1])
-
-    def count(self) -> int:
-        return int(self._db.conn.execute(q.S.COUNT).fetchone()[0])
-
-    def events(self, query: EventQuery = EventQuery()) -> Iterator[EventRow]:
-        """Event rows matching `query`, in bounded batches (each its own statement)."""
-        sql, params = q.query(query)
-        start = 2**63 - 1 if query.descending else query.after_seq
-        return q.paged(self._db, sql, params, start, query.limit, make_event_row)  # type: ignore[return-value]
-
-    def fold_rows(self, after_seq: int = 0) -> Iterator[FoldRow]:
-        sql, params = q.query(EventQuery(after_seq=after_seq), q.FOLD_COLUMNS)
-        return q.paged(self._db, sql, params, after_seq, None, make_fold_row)  # type: ignore[return-value]
+    def _typed(self, table: str, row: tuple[Any, ...]) -> tuple[Any, ...]:
+        return q.check_types(table, row)
 
     def checked_rows(self, after_seq: int = 0) -> Iterator[tuple[EventRow, str | None]]:
         """Every row after `after_seq` with what is wrong with its cells (None: nothing);
@@ -134,185 +95,8 @@ class SqliteView:
                 return
             yield got  # type: ignore[misc]
 
-    def journal_lookup(self, key: str) -> EventRow | None:
-        row = self._db.conn.execute(q.S.JOURNAL, (key,)).fetchone()
-        return None if row is None else make_event_row(row)
-
-    def journal_newest(self, prefix: str, kind: str | None = None) -> EventRow | None:
-        """The newest event whose journal key starts with `prefix` (and, given `kind`, of
-        that kind): a seek on the key's index, however long the log."""
-        low, high = q.prefix_range(prefix)
-        if kind is None:
-            row = self._db.conn.execute(q.JOURNAL_RANGE.format(""), (low, high)).fetchone()
-        else:
-            row = self._db.conn.execute(q.JOURNAL_RANGE.format(" AND kind = ?"),
-                                        (low, high, kind)).fetchone()
-        return None if row is None else make_event_row(row)
-
-    # -- projections, meta -------------------------------------------------------------
-
-    def checkpoint(self) -> Checkpoint | None:
-        row = self._db.conn.execute(q.S.SELECT_CHECKPOINT, (CHECKPOINT_NAME,)).fetchone()
-        return None if row is None else Checkpoint(row[0], row[1])
-
-    def step(self, step_id: str) -> StepRow | None:
-        return q.load_step(self._db.conn, step_id)
-
-    def step_if_current(self, step_id: str, version: int) -> tuple[bool, StepRow | None]:
-        return self._if_current(q.S.STEP_IF_CURRENT, step_id, version, StepRow.from_tuple)
-
-    def workspace_if_current(self, name: str, version: int) -> tuple[bool, WsRow | None]:
-        return self._if_current(q.S.WS_IF_CURRENT, name, version, WsRow.from_tuple)
-
-    def _if_current(self, sql: str, key: str, version: int, make: Any) -> tuple[bool, Any]:
-        try:
-            row = self._db.conn.execute(sql, (CHECKPOINT_NAME, CHECKPOINT_NAME, key)).fetchone()
-            return if_current(row, version, make)
-        except apsw.Error as exc:
-            raise read_error(exc, self._db.path) from None
-        except (TypeError, ValueError) as exc:  # a damaged row's cells
-            raise CorruptLedger(self._db.path, str(exc)) from None
-
-    def steps_by_id(self, step_ids: Sequence[str]) -> list[StepRow]:
-        out: list[StepRow] = []
-        conn, ids = self._db.conn, list(step_ids)
-        for i in range(0, len(ids), q.PARAMS_MAX):
-            chunk = ids[i:i + q.PARAMS_MAX]
-            out.extend(StepRow.from_tuple(r) for r in conn.execute(
-                q.S.SELECT_STEPS_IN.format(", ".join("?" * len(chunk))), chunk).fetchall())
-        return out
-
-    def steps(self, *, state: str | None = None, step_id: str | None = None,
-              contains: str | None = None, limit: int | None = None) -> list[StepRow]:
-        """The step rows (of one state, or one step, or whose id holds `contains`; at
-        most `limit`), oldest first."""
-        sql, params = q.select_steps(state, step_id, contains, limit)
-        return [StepRow.from_tuple(r) for r in self._db.conn.execute(sql, params).fetchall()]
-
-    def steps_in_flight(self, workspace: str, before_epoch: int | None = None, *,
-                        limit: int | None = None, oldest_first: bool = False
-                        ) -> list[tuple[str, int]]:
-        sql = q.in_flight(before_epoch is not None, oldest_first, limit is not None)
-        params: list[object] = [workspace]
-        if before_epoch is not None:
-            params.append(before_epoch)
-        params.extend(sorted(IN_FLIGHT))
-        if limit is not None:
-            params.append(limit)
-        return [(r[0], int(r[1])) for r in self._db.conn.execute(sql, params).fetchall()]
-
-    def workspace(self, name: str) -> WsRow | None:
-        return q.load_workspace(self._db.conn, name)
-
-    def workspace_rows(self) -> list[WsRow]:
-        return [WsRow.from_tuple(r) for r in self._db.conn.execute(q.S.SELECT_WS).fetchall()]
-
-    def path_state(self, workspace: str, path: str) -> PathState | None:
-        return q.load_path(self._db.conn, workspace, path)
-
-    def path_rows(self) -> list[tuple[object, ...]]:
-        """(workspace, path, rev, hash, seq) of every path a step wrote."""
-        return [q.check_types("ws_paths", r)
-                for r in self._db.conn.execute(q.S.SELECT_PATHS).fetchall()]
-
-    def pin_rows(self) -> list[tuple[object, ...]]:
-        return [q.check_types("pins", r) for r in self._db.conn.execute(q.S.SELECT_PINS).fetchall()]
-
-    def manifest_rows(self) -> list[tuple[object, ...]]:
-        return [q.check_types("manifests", r)
-                for r in self._db.conn.execute(q.S.SELECT_MANIFESTS).fetchall()]
-
-    def entry_rows(self) -> list[EntryRow]:
-        return [make_entry_row(q.check_types("manifest_entries", r))
-                for r in self._db.conn.execute(q.S.SELECT_ENTRIES).fetchall()]
-
     def meta(self, key: str) -> str | None:
-        """A meta value; None if the key is absent (CorruptLedger if it cannot be read)."""
         return self._db.meta_value(key)
-
-    def meta_all(self) -> dict[str, object]:
-        return dict(self._db.conn.execute("SELECT key, value FROM meta").fetchall())
-
-    # -- blobs (docs/storage.md: the inline row, else the blob file) ---------------------
-
-    def blob_size(self, digest: str) -> tuple[int, bool] | None:
-        """(size, inline) of a stored blob — the inline row, else the blob file —, looked
-        up now: never cached across calls."""
-        row = self._db.conn.execute(q.S.INLINE_SIZE, (digest,)).fetchone()
-        if row is not None:
-            return int(row[0]), True
-        size = self._store.files.size(digest)
-        return None if size is None else (size, False)
-
-    def check_blob(self, digest: str, size: int, *, hash_file: bool) -> None:
-        """Raise BlobNotFound / BlobCorrupt unless the blob is present with `size` bytes and
-        hashes to its name (an inline row is always re-hashed; a file when `hash_file`)."""
-        bl.check_blob(self, self._store.files, digest, size, hash_file=hash_file)
-
-    def inline_blob(self, digest: str) -> tuple[int, bytes] | None:
-        """(recorded size, bytes) of an inline blob row; None when there is none."""
-        row = self._db.conn.execute(q.S.INLINE_BLOB, (digest,)).fetchone()
-        return None if row is None else (row[0], row[1])
-
-    def inline_stat(self, digest: str) -> BlobStat | None:
-        """An inline blob row's size and stored time (no bytes read); None: none."""
-        row = self._db.conn.execute(q.S.INLINE_STAT, (digest,)).fetchone()
-        return None if row is None else BlobStat(digest, int(row[0]), True, int(row[1]))
-
-    def inline_blobs(self) -> Iterator[BlobStat]:
-        rows = self._db.conn.execute(q.S.INLINE_ALL).fetchall()
-        return iter([BlobStat(digest, size, True, stored_ns) for digest, size, stored_ns in rows])
-
-    # -- what GC and audit read ---------------------------------------------------------
-
-    def pin_holds(self, digest: str | None = None) -> list[PinHold]:
-        conn = self._db.conn
-        if digest is None:
-            return list(map(make_pin_hold, conn.execute(q.S.PIN_HOLDS).fetchall()))
-        return list(map(make_pin_hold, conn.execute(q.S.PIN_HOLDS_OF, (digest,)).fetchall()))
-
-    def manifest_digests(self) -> set[str]:
-        return {r[0] for r in self._db.conn.execute(q.S.MANIFEST_DIGESTS).fetchall()}
-
-    def names_digest(self, digest: str) -> bool:
-        return self._db.conn.execute(q.S.NAMES_DIGEST, (digest,)).fetchone() is not None
-
-    def entries_naming(self, digest: str, limit: int) -> list[tuple[str, int, str]]:
-        return self._db.conn.execute(q.S.ENTRIES_NAMING,  # type: ignore[no-any-return]
-                                     (digest, limit)).fetchall()
-
-    def live_entries(self) -> list[tuple[str, int]]:
-        return self._db.conn.execute(q.S.LIVE_ENTRIES).fetchall()  # type: ignore[no-any-return]
-
-    def event_totals(self, bucket_ns: int) -> tuple[list[tuple[str, str, int, int, int, int]],
-                                                     list[tuple[int, int, int]]]:
-        conn = self._db.conn
-        by_run = [(str(r), str(k), int(n), int(b), int(t0), int(t1))
-                  for r, k, n, b, t0, t1 in conn.execute(q.S.TOTALS_BY_RUN)]
-        by_time = [(int(t), int(n), int(b)) for t, n, b in
-                   conn.execute(q.TOTALS_BY_TIME, (bucket_ns, bucket_ns, bucket_ns))]
-        return by_run, by_time
-
-    def live_step_count(self) -> int:
-        return int(self._db.conn.execute(q.S.LIVE_STEPS).fetchone()[0])
-
-    def step_totals(self, states: frozenset[str]) -> tuple[int, int]:
-        n, b = self._db.conn.execute(q.S.STEP_TOTALS.format(", ".join("?" * len(states))),
-                                     tuple(sorted(states))).fetchone()
-        return int(n), int(b)
-
-    def condemned(self) -> dict[str, tuple[int, bool]]:
-        return {d: (int(n), bool(i))
-                for d, n, i in self._db.conn.execute(q.S.SELECT_CONDEMNED).fetchall()}
-
-    def condemned_entry(self, digest: str) -> tuple[int, bool] | None:
-        row = self._db.conn.execute(q.S.SELECT_ONE_CONDEMNED, (digest,)).fetchone()
-        return None if row is None else (int(row[0]), bool(row[1]))
-
-    def condemned_count(self) -> int:
-        return int(self._db.conn.execute(q.S.COUNT_CONDEMNED).fetchone()[0])
-
-    # -- what verify reads -------------------------------------------------------------
 
     def integrity_problems(self) -> list[str]:
         """SQLite's ``quick_check`` (a failing check is its own problem)."""
@@ -321,13 +105,6 @@ class SqliteView:
         except apsw.Error as exc:
             return [f"SQLite quick_check: {exc}"]
         return [] if found == ["ok"] else [f"SQLite quick_check: {m}" for m in found]
-
-    def checkpoint_rows(self) -> list[tuple[object, object, object]]:
-        return self._db.conn.execute(q.S.CHECKPOINT_ROWS).fetchall()  # type: ignore[no-any-return]
-
-    def inline_row_problems(self, limit: int) -> list[tuple[object, object, object]]:
-        return self._db.conn.execute(q.S.INLINE_ROW_PROBLEMS,  # type: ignore[no-any-return]
-                                     (limit,)).fetchall()
 
     def table_rows(self, table: str) -> Iterator[tuple[object, ...]]:
         """Every row of a `COPY_TABLES` table, in its columns' order (a cursor: call
@@ -346,12 +123,13 @@ class SqliteView:
 _LockedView = locked_view(SqliteView, "The store's view outside a transaction (locked reads).")
 
 
-class SqliteTx(SqliteView, TxBase):
+class SqliteTx(SqliteView, SqlTx):
     """A ``BEGIN IMMEDIATE`` transaction (the store holds the write lock, and this thread
-    the store's `lock`)."""
+    the store's `lock`): the shared writes (`ledger.store.view.SqlTx`) and SQLite's
+    event inserts."""
 
     def __init__(self, store: SqliteStore, scope: Scope) -> None:
-        self._store, self._db = store, store.db  # (SqliteView's, set here: one call less)
+        self._store, self._db, self._q = store, store.db, store.driver
         self.scope = scope
         self._time_ns: int | None = None
         self._cm = store.db.transaction()
@@ -403,88 +181,13 @@ class SqliteTx(SqliteView, TxBase):
         except apsw.ConstraintError as exc:
             raise DuplicateKey(exc) from None
 
-    def _savepoint(self) -> None:
-        self._db.conn.execute("SAVEPOINT append_batch")
-
-    def _rollback_savepoint(self) -> None:
-        self._db.conn.execute("ROLLBACK TO append_batch")
-
-    def _release_savepoint(self) -> None:
-        self._db.conn.execute("RELEASE append_batch")
-
-    def _open_part(self) -> None:
-        self._db.conn.execute("SAVEPOINT group_part")
-
-    def _undo_part(self) -> None:
-        conn = self._db.conn
-        conn.execute("ROLLBACK TO group_part")
-        conn.execute("RELEASE group_part")
-
-    def _close_part(self) -> None:
-        self._db.conn.execute("RELEASE group_part")
-
     def _intact(self, exc: BaseException) -> bool:
         # A driver error (I/O, disk full, ...) may have rolled the whole transaction
         # back: it ends the group. A refusal of ours leaves the transaction as it was.
         return not isinstance(exc, apsw.Error) and self._db.conn.in_transaction
 
-    # -- other writes ------------------------------------------------------------------
-
-    def put_inline(self, blobs: Mapping[str, bytes], stored_ns: int) -> None:
-        """Write inline blob rows: a damaged row is rewritten, an intact one freshened
-        (its `stored_ns`: GC's grace window counts from it)."""
-        conn = self._db.conn
-        for digest, data in blobs.items():
-            # one upsert: SQLite rewrites in place only the bytes that differ, so an
-            # intact row's data pages stay clean
-            conn.execute(q.S.INLINE_UPSERT, (digest, len(data), data, stored_ns))
-            self._wrote_inline(digest, data)
-
-    def delete_inline(self, digest: str) -> None:
-        self._unwrote(digest)
-        self._db.conn.execute(q.S.INLINE_DELETE, (digest,))
-
-    def blob_size(self, digest: str) -> tuple[int, bool] | None:
-        size = self._wrote_size(digest)
-        return (size, True) if size is not None else SqliteView.blob_size(self, digest)
-
-    def check_blob(self, digest: str, size: int, *, hash_file: bool) -> None:
-        if self._wrote_size(digest) != size:
-            SqliteView.check_blob(self, digest, size, hash_file=hash_file)
-
-    def set_meta(self, key: str, value: str) -> None:
-        self._db.conn.execute(_UPSERT_META, (key, value))
-
-    def write_projection(self, changes: ProjectionChanges) -> None:
-        conn = self._db.conn
-        for sql, rows in q.S.projection_writes(changes, CHECKPOINT_NAME):
-            q.run_many(conn, sql, rows)
-
     def rebuild_projections(self) -> contextlib.AbstractContextManager[sc.RebuildSink]:
         return sc.rebuilding(self._db.conn)
-
-    def condemn(self, rows: Sequence[tuple[str, int, bool]], condemned_ns: int,
-                collection: str) -> None:
-        self._db.conn.executemany(q.S.CONDEMN, [(d, n, int(i), condemned_ns, collection)
-                                               for d, n, i in rows])
-
-    def uncondemn(self, digests: Iterable[str]) -> None:
-        self._db.conn.executemany(q.S.UNCONDEMN, [(d,) for d in digests])
-
-    def load_rows(self, table: str, rows: Sequence[tuple[object, ...]]) -> None:
-        columns = COPY_TABLES[table]
-        self._db.conn.executemany(
-            f"INSERT INTO {table}({', '.join(columns)}) VALUES ({', '.join('?' * len(columns))})",
-            rows)
-
-    def seal_rows(self, run: str, ranges: Sequence[tuple[int, int]], seal_seq: int) -> int:
-        conn = self._db.conn
-        conn.executemany(q.S.ADD_SEALED_RANGE, [(a, b, run, seal_seq) for a, b in ranges])
-        removed = 0
-        for a, b in ranges:
-            conn.execute(q.S.DELETE_SEALED, (a, b, run))
-            removed += conn.changes()
-        return removed
 
 
 class SqliteStore:
@@ -539,6 +242,8 @@ class SqliteStore:
     def __init__(self, db: Database, clock: Callable[[], int], files: BlobStore | None = None
                  ) -> None:
         self.db = db
+        #: The statements' way to the connection (`ledger.store.view.Driver`).
+        self.driver = SqliteDriver(db)
         self.clock = clock
         root = os.path.join(os.path.dirname(db.path), "blobs")
         #: The blob files (what the inline threshold leaves out of the ledger file).

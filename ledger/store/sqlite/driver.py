@@ -9,11 +9,13 @@ from __future__ import annotations
 
 import errno
 import os
-from typing import Final
+from collections.abc import Sequence
+from typing import Any, Final
 
 import apsw
 
 from .. import BUSY_TIMEOUT_MS, ROW_ERRORS  # declared by the interface
+from ..view import Driver
 
 from ...errors import (
     AccessDenied,
@@ -119,3 +121,36 @@ STORAGE_ERRORS: Final = (apsw.FullError, apsw.IOError)
 #: ... anything else of the driver's, or a TEXT cell it cannot decode: the file is
 #: damaged (CorruptLedger, exit 2).
 DAMAGE_ERRORS: Final = (apsw.Error, UnicodeDecodeError)
+
+
+class SqliteDriver(Driver):
+    """`ledger.store.view.Driver` over a `Database`'s apsw connection (read at each call:
+    an immutable reader's connection is replaced when it refreshes). Reads raise apsw's
+    errors (`raw_errors`) where the view does not map them; writes raise them to the
+    transaction, which tells a driver error (`_intact`) from a refusal of ours."""
+
+    mark: Final = "?"
+    #: The most parameters one statement carries (SQLite's limit: 32,766).
+    params_max: Final = 16_000
+    raw_errors: Final = (apsw.Error, UnicodeDecodeError)
+
+    def __init__(self, db: Any) -> None:
+        self._db = db
+        self.where = db.path
+
+    def one(self, sql: str, params: Sequence[object] = ()) -> tuple[Any, ...] | None:
+        return self._db.conn.execute(sql, params).fetchone()  # type: ignore[no-any-return]
+
+    def all(self, sql: str, params: Sequence[object] = ()) -> list[tuple[Any, ...]]:
+        return self._db.conn.execute(sql, params).fetchall()  # type: ignore[no-any-return]
+
+    def run(self, sql: str, params: Sequence[object] = ()) -> int:
+        conn = self._db.conn
+        conn.execute(sql, params)
+        return int(conn.changes())
+
+    def execute_each(self, sql: str, rows: Sequence[Sequence[object]]) -> None:
+        self._db.conn.executemany(sql, rows)
+
+    def read_error(self, exc: BaseException) -> LedgerError:
+        return read_error(exc, self._db.path)

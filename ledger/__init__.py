@@ -119,7 +119,6 @@ if TYPE_CHECKING:  # the one list of public names; at run time each is imported 
         Head as Head,
     )
     from .plans import (
-        check_settled as check_settled,
         load_plan as load_plan,
         Plan as Plan,
     )
@@ -167,6 +166,7 @@ if TYPE_CHECKING:  # the one list of public names; at run time each is imported 
     )
     from .workspaces import (
         Workspaces as Workspaces,
+        check_settled as check_settled,
     )
 
 __version__ = "0.1.0"
@@ -207,7 +207,7 @@ _WHERE: dict[str, str] = {
     "WorkspaceAdded": "events", "WorkspaceRebound": "events", "WorkspaceRestored": "events",
     "DEFAULT_PATH": "ledger", "Ledger": "ledger",
     "Head": "log",
-    "check_settled": "plans", "load_plan": "plans", "Plan": "plans",
+    "check_settled": "workspaces", "load_plan": "plans", "Plan": "plans",
     "StepRow": "projections",
     "WsRow": "projections.workspaces",
     "FencedOutcome": "runner", "PathConflict": "runner", "RejectReason": "runner",

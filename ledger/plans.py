@@ -20,16 +20,13 @@ import errno
 import os
 import stat
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Annotated, BinaryIO, Literal
+from typing import Annotated, BinaryIO, Literal
 
 import msgspec
 
-from .errors import ContentFileEscapes, InvalidInput, OperatorOnly, Unsettled
+from .errors import ContentFileEscapes, InvalidInput, OperatorOnly
 from .events import check_relpath
 from .step.values import FENCE_MODES, StepPlan, Write
-
-if TYPE_CHECKING:
-    from .ledger import Ledger
 
 # The schema (docs/cli-json.md "The plan format").
 _Digest = Annotated[str, msgspec.Meta(pattern=r"^[0-9a-f]{64}\Z")]
@@ -296,30 +293,15 @@ def load_plan(source: bytes | str | os.PathLike[str], base_dir: str | None = Non
     return Plan(steps, doc.run, doc.plan_rev)
 
 
-def check_settled(ledger: Ledger, workspace: str, epoch: int, *, but: str = "") -> None:
-    """New work starts only after the older epochs are settled (docs/design.md "Epochs
-    and leases"): Unsettled while a step of an epoch older than `epoch` is still in flight
-    on `workspace` (an acquire that died before its settle), step `but` aside. The core
-    checks only the applied step's own epoch; a harness (the CLI's ``step plan`` and
-    ``step apply``) checks this before planning or applying.
-
-    >>> from pathlib import Path
-    >>> from ledger import Ledger
-    >>> Path("repo").mkdir(); _ = Path("repo/app.py").write_text("v0\\n")
-    >>> ledger = Ledger.init("ledger.db")
-    >>> _ = ledger.workspaces.add("repo", "repo")
-    >>> lease = ledger.workspaces.acquire("repo", holder="agent-1", ttl_s=600)
-    >>> from ledger import check_settled
-    >>> check_settled(ledger, "repo", lease.epoch) is None     # nothing older in flight
-    True
-    >>> ledger.close()
-    """
-
-    pending = [s for s in ledger.workspaces.unsettled(workspace, epoch) if s != but]
-    if pending:
-        raise Unsettled(workspace, pending)
+def __getattr__(name: str) -> object:
+    # `check_settled` lives beside the workspaces it asks (`ledger.workspaces`); this
+    # name stays for code that imported it from here
+    if name == "check_settled":
+        from .workspaces import check_settled
+        return check_settled
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 __all__ = ["INPUT_FILE_MAX", "INPUT_READ_MAX", "Plan", "PlanDoc", "PlanStepDoc", "PlanWriteDoc",
-           "SinglePlanDoc", "check_settled", "input_content", "load_plan", "open_confined",
+           "SinglePlanDoc", "input_content", "load_plan", "open_confined",
            "open_input", "parse_plan"]

@@ -40,7 +40,7 @@ import os
 from collections.abc import Sequence
 from typing import Any
 
-from .errors import LedgerMoved
+from .errors import LedgerMoved, Unsettled
 from .projections.workspaces import Registration, WsRow
 from .step import admit, apply, tidy, undo
 from .step.attempt import check_receipt
@@ -360,4 +360,28 @@ class Workspaces:
         return tidy.remove_abandoned_temporaries(self.site, now)
 
 
-__all__ = ["Workspaces"]
+def check_settled(ledger: Any, workspace: str, epoch: int, *, but: str = "") -> None:
+    """New work starts only after the older epochs are settled (docs/design.md "Epochs
+    and leases"): Unsettled while a step of an epoch older than `epoch` is still in flight
+    on `workspace` (an acquire that died before its settle), step `but` aside. The core
+    checks only the applied step's own epoch; a harness (the CLI's ``step plan`` and
+    ``step apply``) checks this before planning or applying.
+
+    >>> from pathlib import Path
+    >>> from ledger import Ledger
+    >>> Path("repo").mkdir(); _ = Path("repo/app.py").write_text("v0\\n")
+    >>> ledger = Ledger.init("ledger.db")
+    >>> _ = ledger.workspaces.add("repo", "repo")
+    >>> lease = ledger.workspaces.acquire("repo", holder="agent-1", ttl_s=600)
+    >>> from ledger import check_settled
+    >>> check_settled(ledger, "repo", lease.epoch) is None     # nothing older in flight
+    True
+    >>> ledger.close()
+    """
+
+    pending = [s for s in ledger.workspaces.unsettled(workspace, epoch) if s != but]
+    if pending:
+        raise Unsettled(workspace, pending)
+
+
+__all__ = ["Workspaces", "check_settled"]

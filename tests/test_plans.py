@@ -1,5 +1,6 @@
-"""Plan files in the library (`ledger.plans`): `load_plan` and `check_settled`, the rules
-``steptrail step plan`` / ``step apply`` follow, without the command line."""
+"""Plan files in the library (`ledger.plans`): `load_plan`, and `check_settled`
+(`ledger.workspaces`), the rules ``steptrail step plan`` / ``step apply`` follow, without
+the command line."""
 
 from __future__ import annotations
 
@@ -111,3 +112,11 @@ def test_new_work_waits_for_the_older_epochs() -> None:
 def test_the_plan_api_is_public() -> None:
     assert {"Plan", "load_plan", "check_settled"} <= set(ledger.__all__)
 
+
+
+def test_check_settled_still_imports_from_plans() -> None:
+    """It moved beside the workspaces it asks; the old import still works."""
+    from ledger.plans import check_settled as old
+    from ledger.workspaces import check_settled as new
+
+    assert old is new is ledger.check_settled

@@ -14,6 +14,11 @@ counts as importing the module ``pkg/__init__.py`` re-exports Name from (lazily 
 Leaves sit on floor 0; floor = 1 + the highest floor imported; modules in an import cycle
 share one floor. A *call back up* is a runtime edge from a lower floor into a higher one
 that the caller does not import: a callback, or a call through an object passed down.
+Each is told apart: through an *interface* (the method is declared by a Protocol or base
+class in a module the caller imports, TYPE_CHECKING included, on its floor or lower:
+the caller depends on the interface, the store or projector below implements it), to a
+*callback* the caller was handed (a closure, a lambda, a generator), or *back*: neither
+— a lower module that knows a higher one's concrete type.
 
 Run:  .venv/bin/python tools/walk_step.py [--json]
 (on another checkout: PYTHONPATH=/that/checkout python tools/walk_step.py).
@@ -28,6 +33,7 @@ import hashlib
 import io
 import json
 import os
+import re
 import sys
 import tempfile
 import threading
@@ -51,8 +57,27 @@ def modules_of(pkg: Path) -> dict[str, Path]:
     return out
 
 
-def import_graph(mods: dict[str, Path]) -> dict[str, set[str]]:
-    """Module -> the ledger modules it imports at run time (TYPE_CHECKING blocks skipped)."""
+#: The data model's protocols a caller uses without naming the method.
+DATA_MODEL = frozenset({"__enter__", "__exit__", "__iter__", "__next__", "__call__",
+                        "__len__", "__contains__", "__getitem__", "__bool__"})
+
+
+def declared_methods(mods: dict[str, Path]) -> dict[str, set[str]]:
+    """Module -> the names of the methods its classes declare (Protocols included)."""
+    out: dict[str, set[str]] = {}
+    for mod, path in mods.items():
+        names: set[str] = set()
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.ClassDef):
+                names |= {n.name for n in node.body
+                          if isinstance(n, ast.FunctionDef | ast.AsyncFunctionDef)}
+        out[mod] = names
+    return out
+
+
+def import_graph(mods: dict[str, Path], *, typing: bool = False) -> dict[str, set[str]]:
+    """Module -> the ledger modules it imports at run time (TYPE_CHECKING blocks skipped,
+    unless `typing`)."""
     raw: dict[str, list[tuple[str, str | None]]] = {}
     exports: dict[str, dict[str, tuple[str, str]]] = {}  # package -> name -> (module, name)
     for mod, path in mods.items():
@@ -61,7 +86,7 @@ def import_graph(mods: dict[str, Path]) -> dict[str, set[str]]:
         def visit(node: ast.AST, typing_only: bool, mod: str = mod, is_pkg: bool = is_pkg) -> None:
             if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test):
                 for child in node.body:
-                    visit(child, True)
+                    visit(child, not typing)
                 for child in node.orelse:
                     visit(child, typing_only)
                 return
@@ -202,14 +227,43 @@ def report(calls: Counter, edges: Counter, names: dict, commit: dict) -> dict:
     files = sorted(calls, key=lambda f: (-floor.get(module.get(f, ""), -1), rel.get(f, f)))
     back_up = {(a, b): n for (a, b), n in edges.items() if a in module and b in module
                and floor[module[a]] < floor[module[b]] and module[b] not in graph[module[a]]}
-    ups = [{"caller": rel[a], "caller_floor": floor[module[a]], "callee": rel[b],
-            "callee_floor": floor[module[b]], "calls": n, "functions": dict(names[a, b])}
-           for (a, b), n in sorted(back_up.items(), key=lambda e: -e[1])]
+    typed = import_graph(mods, typing=True)
+    source = {f: Path(f).read_text(encoding="utf-8") for f in module}
+    declared = declared_methods(mods)
+
+    def kind(a: str, qualname: str) -> str:
+        """How a call up reached `qualname`: a function the caller was handed (a closure,
+        a lambda, a generator, or a bound method the caller's source never names:
+        "callback"), a method of Python's data model (a `with`, a `for`) or a method an interface below the caller
+        declares ("interface": a Protocol or base class the caller imports, on its floor
+        or lower — the caller knows only that), or neither ("back")."""
+        if "<" in qualname:
+            return "callback"
+        method = qualname.rsplit(".", 1)[-1]
+        if method in DATA_MODEL:
+            return "interface"  # Python's own protocols: `with`, `for`, a call
+        if not re.search(rf"\b{re.escape(method)}\b", source[a]):
+            return "callback"  # never named by the caller: a function it was handed
+        below = [m for m in (module[a], *typed[module[a]]) if floor[m] <= floor[module[a]]]
+        return "interface" if any(method in declared[m] for m in below) else "back"
+
+    ups = []
+    for (a, b), n in sorted(back_up.items(), key=lambda e: -e[1]):
+        kinds = {q: kind(a, q) for q in names[a, b]}
+        ups.append({"caller": rel[a], "caller_floor": floor[module[a]], "callee": rel[b],
+                    "callee_floor": floor[module[b]], "calls": n,
+                    "functions": dict(names[a, b]), "kinds": kinds})
+    by_kind = Counter()
+    for u in ups:
+        for q, k in u["kinds"].items():
+            by_kind[k] += u["functions"][q]
     return {"package": str(PKG), "modules": len(mods), "floors": 1 + max(floor.values()),
             "files_entered": len(calls),
             "files": [{"file": rel.get(f, f), "floor": floor.get(module.get(f, ""), None),
                        "calls": calls[f]} for f in files],
             "call_back_up_edges": len(ups), "call_back_up_calls": sum(back_up.values()),
+            "call_back_up_by_kind": {k: by_kind.get(k, 0)
+                                     for k in ("interface", "callback", "back")},
             "calls_back_up": ups, "into_ledger_py": [u for u in ups if u["callee"] == "ledger.py"],
             "commit": commit}
 
@@ -228,13 +282,17 @@ def main() -> None:
     print(f"  {'floor':>5} {'calls':>7}  file")
     for f in doc["files"]:
         print(f"  {f['floor']:>5} {f['calls']:>7}  {f['file']}")
+    k = doc["call_back_up_by_kind"]
     print(f"calls back up: {doc['call_back_up_edges']} distinct edges, "
-          f"{doc['call_back_up_calls']} calls")
+          f"{doc['call_back_up_calls']} calls: {k['interface']} through an interface the"
+          f" caller imports, {k['callback']} to a function it was handed, {k['back']} neither")
     for u in doc["calls_back_up"]:
         mark = "  <- into ledger.py" if u["callee"] == "ledger.py" else ""
         print(f"  {u['caller']} ({u['caller_floor']}) -> {u['callee']} ({u['callee_floor']})"
               f" x{u['calls']}{mark}")
-        print("      " + ", ".join(f"{f} x{n}" for f, n in u["functions"].items()))
+        print("      " + ", ".join(f"{f} x{n}" + ("" if u["kinds"][f] == "interface"
+                                                      else f" [{u['kinds'][f]}]")
+                                   for f, n in u["functions"].items()))
     into = doc["into_ledger_py"]
     print(f"into ledger.py from below: {len(into)} edges, {sum(u['calls'] for u in into)} calls")
     c = doc["commit"]

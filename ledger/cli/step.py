@@ -110,7 +110,7 @@ def _admit(ledger: Ledger, name: str, epoch: int, plan: Plan, fence: str, journa
            ) -> tuple[list[dict[str, Any]], ApplyResult | None]:
     """Admit `plan` (`step plan`'s work, after the settled check): one row per step as
     `step plan --json` prints it, and the first rejected step's verdict (None: none)."""
-    from ledger.plans import check_settled
+    from ledger import check_settled
 
     check_settled(ledger, name, epoch)
     plans = plan.steps
@@ -175,7 +175,7 @@ def step_apply(ctx: click.Context, step_id: str, attempt: int | None, epoch: int
     when rejected (stale_rev, pre_hash, overlap) or the attempt already ended
     (compensated), or when the epoch is not live (a zombie: StaleEpoch).
     """
-    from ledger.plans import check_settled
+    from ledger import check_settled
 
     epoch = _need_epoch(epoch, "applying")
     with _open(ctx, readonly=False) as ledger:

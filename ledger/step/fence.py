@@ -207,7 +207,7 @@ def fence(
                                     pre_hash=w.pre_hash if check else landing.found,
                                     post_hash=w.post_hash, pre_mode=landing.pre_mode,
                                     post_mode=landing.post_mode))
-    wsdir.sync_dirs(w.path for w in planned.writes)
+    wsdir.sync_dirs([w.path for w in planned.writes])
     pins = keep_pre_images(site, tx, now, planned, applied, landings, pre_bytes, wsdir)
     return [*pins, Fenced(step=step, attempt=attempt, run=planned.run, workspace=name,
                           epoch=epoch, writes=tuple(applied), rev=rev, settled=settled,

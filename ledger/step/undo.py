@@ -414,7 +414,7 @@ def _undo(
         wsdir.also_dirs |= undone_by.moved_dirs(search=True)
     rank = {w.path: i for i, w in enumerate(reversed(planned.writes))}
     out.sort(key=lambda r: rank[r.path])  # the record lists paths in undo order
-    wsdir.sync_dirs(r.path for r in out if r.outcome != "conflict")
+    wsdir.sync_dirs([r.path for r in out if r.outcome != "conflict"])
     # the fold assigns revs in event order: renumber the moved entries in order
     moved = [r for r in out if r.outcome != "conflict"]
     renumbered = {id(r): ws.rev + i for i, r in enumerate(moved, 1)}

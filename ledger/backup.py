@@ -555,7 +555,7 @@ def backup(
     started = time.perf_counter()
     from . import locate, shown_location
 
-    url = locate(ledger).in_database
+    url = not locate(ledger).local_file
     path = str(ledger) if url else os.path.abspath(os.fspath(ledger))
     shown = shown_location(path)  # what the report and BACKUP.json record (no password)
     where = os.path.abspath(os.fspath(dest))
@@ -609,13 +609,13 @@ def _backup_locked(source: Ledger, path: str, where: str, previous: BackupMarker
         try:
             snap_head = snapshot.head()
             with snapshot.storage.read() as view:
-                def in_database(d: str, view: ReadView = view) -> tuple[int, bool] | None:
+                def stored_size(d: str, view: ReadView = view) -> tuple[int, bool] | None:
                     # the snapshot's inline rows, else the source's chunk rows (which
                     # the collector's lock keeps)
                     return view.blob_size(d) or source.storage.view.blob_size(d)
 
                 # a ledger in a database has its blobs there, not beside the snapshot
-                needs = _needs(view, in_database if source.blobs.root is None else None)
+                needs = _needs(view, stored_size if source.blobs.root is None else None)
                 found = recorded_anchor(view, snap)
                 witnessed = found is not None or view.meta("witness_tag") is not None
             ledger_id = snapshot.ledger_id
@@ -660,7 +660,7 @@ def _backup_locked(source: Ledger, path: str, where: str, previous: BackupMarker
         db_sha, db_bytes = _sha256_file(db)
         marker = BackupMarker(
             format=FORMAT, version=FORMAT_VERSION, ledger_id=ledger_id, source=path,
-            source_name="ledger.db" if locate(path).in_database else os.path.basename(path), db=name,
+            source_name=os.path.basename(path) if locate(path).local_file else "ledger.db", db=name,
             db_bytes=db_bytes, db_sha256=db_sha,
             head_seq=snap_head.seq, head_hash=snap_head.hash.hex(),
             blob_count=len(needs.required) + len(needs.optional),

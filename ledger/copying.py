@@ -99,16 +99,16 @@ def copy_ledger(source: str, dest: str, *, archive_dir: str | None = None,
     it (``.NAME.steptrail-copy.tmp``) and renamed to `dest` last (never over a file that
     appeared meanwhile). A copy killed midway leaves that temporary; the next copy to the
     same name removes it and starts over."""
-    in_database = locate(dest).in_database
+    where = locate(dest)
     if archive_dir is not None:
-        if not in_database:
+        if where.archives_beside:
             raise InvalidInput("--archive-dir is for a destination in a database; a file"
                                " destination keeps its archives beside it (archive/)")
         if not os.path.isabs(archive_dir):
             raise InvalidInput(f"archive directory {archive_dir[:200]} is relative; give it as"
                                " /absolute/path (a ledger in a database records it)")
         archive_dir = os.path.normpath(archive_dir)
-    if in_database:
+    if not where.local_file:
         return _copy(source, dest, None, progress, archive_dir)
     if os.path.lexists(dest):
         raise InvalidInput(f"the destination {dest} exists; give a new file (copy never"
@@ -161,7 +161,7 @@ def _copy(source: str, dest: str, shown: str | None, progress: Progress | None,
     archives into `archive_dir` (None: a database destination given none)."""
     from .seal import archive_dir_at, carry_archives, seals_in
 
-    in_database = locate(dest).in_database
+    recorded_archives = not locate(dest).archives_beside
     src, _ = _open_store(source, create=False, readonly=True)
     try:
         where = src.info.location
@@ -176,7 +176,7 @@ def _copy(source: str, dest: str, shown: str | None, progress: Progress | None,
                                    " (nothing was written)")
             if archive_dir is None:
                 return
-            if (in_database and source_dir is not None
+            if (recorded_archives and source_dir is not None
                     and os.path.realpath(source_dir) == os.path.realpath(archive_dir)):
                 raise InvalidInput(f"the copy's archive directory {archive_dir[:200]} is the"
                                    " source's: the two ledgers would write over each other's"
@@ -208,7 +208,7 @@ def _copy(source: str, dest: str, shown: str | None, progress: Progress | None,
                 events, rows, head = copy_tables(
                     src, dst, progress=progress, before_commit=copy_blobs,
                     meta={ARCHIVE_DIR_META: archive_dir}
-                    if archive_dir is not None and in_database else None)
+                    if archive_dir is not None and recorded_archives else None)
             report = CopyReport(source=src.info.location,
                                 dest=dst.info.location if shown is None else shown,
                                 head=str(head), events=events, rows=rows, blobs=moved["n"],

@@ -23,7 +23,7 @@ TABLES: Final = ("events", "steps")
 
 def check_exportable(path: str) -> None:
     """InvalidInput, before anything is opened, unless `path` names a ledger file."""
-    if locate(path).in_database:
+    if not locate(path).local_file:
         raise InvalidInput("export reads a SQLite ledger file; for a PostgreSQL ledger copy"
                            " it to a file first: steptrail copy URL ledger.db, then"
                            " steptrail --ledger ledger.db export")

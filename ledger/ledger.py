@@ -277,7 +277,7 @@ class Ledger:
         where = locate(path)
         if not readonly:
             where.check_writer()  # before the read-only look below
-        if immutable and where.in_database:
+        if immutable and not where.local_file:
             raise InvalidInput(f"{where.shown()} is a database: an immutable open reads a"
                                " SQLite file without changing its directory; open it"
                                " read-only instead")

@@ -100,7 +100,7 @@ def archive_dir_at(location: str, view: Forensics) -> str | None:
     directory for a URL."""
     from .store import locate
 
-    if not locate(location).in_database:
+    if locate(location).archives_beside:
         return os.path.join(os.path.dirname(os.path.abspath(location)), "archive")
     return view.meta(ARCHIVE_DIR_META)
 

@@ -1052,3 +1052,37 @@ def test_the_attempt_reader_checker_catches_a_copy() -> None:
     assert attempt_readers(copy) == ["planned_of", "other"]
     assert attempt_readers("def f(led):\n    for r in led.read(kind='acked'):\n"
                            "        x = r.event.attempt == 1\n") == []
+
+
+# -- a store's capabilities, by name -------------------------------------------------------
+
+
+def which_store_asks(trees: dict[str, ast.AST]) -> list[str]:
+    """Where code outside `ledger/store/` asks which store a location is (`in_database`,
+    `.kind ==`) instead of the capability it needs (`local_file`, `shared`,
+    `archives_beside`): a third store would fit neither answer."""
+    out = []
+    for rel, tree in trees.items():
+        if rel.startswith("store/"):
+            continue
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Attribute) and node.attr == "in_database":
+                out.append(f"{rel}:{node.lineno}: .in_database")
+            if isinstance(node, ast.Compare) and isinstance(node.left, ast.Attribute) \
+                    and node.left.attr == "kind" and any(
+                        isinstance(c, ast.Constant) and c.value in ("sqlite", "postgresql")
+                        for c in node.comparators):
+                out.append(f"{rel}:{node.lineno}: .kind == a store's name")
+    return out
+
+
+def test_callers_ask_a_capability_not_which_store() -> None:
+    assert which_store_asks(_trees()) == []
+
+
+def test_the_capability_checker_catches_a_store_question() -> None:
+    planted = {"copying.py": ast.parse("if locate(dest).in_database:\n    pass\n"),
+               "cli/x.py": ast.parse("ok = where.kind == 'postgresql'\n"),
+               "store/registry.py": ast.parse("x = self.backend.in_database\n")}
+    assert which_store_asks(planted) == ["copying.py:1: .in_database",
+                                         "cli/x.py:1: .kind == a store's name"]

@@ -37,7 +37,7 @@ def demo(keep: str | None, demo_ledger: str | None, as_json: bool) -> None:
     from ledger import locate
     from ledger.demo import run_demo
 
-    if demo_ledger is not None and not locate(demo_ledger).in_database:
+    if demo_ledger is not None and not locate(demo_ledger).shared:
         raise InvalidInput(f"demo --ledger takes a postgresql:// URL, not {demo_ledger!r}"
                            " (without it the demo makes its own SQLite ledger)")
     try:

@@ -58,7 +58,7 @@ def init(ctx: click.Context, parents: bool, nested: bool, as_json: bool) -> None
                 " use it); to make a separate ledger here, run 'steptrail init --nested'")
         path = here
     with Ledger.init(path, witness=ctx.obj.get("witness"), parents=parents) as ledger:
-        info = {"path": ledger.path if locate(path).in_database else os.path.abspath(path),
+        info = {"path": os.path.abspath(path) if locate(path).local_file else ledger.path,
                 "created": ledger.created, "ledger_id": ledger.ledger_id}
     if as_json:
         _emit_json(info)

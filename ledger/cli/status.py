@@ -198,7 +198,7 @@ def status_document(ctx: click.Context, ledger: Ledger, only: str | None) -> dic
     now = ledger.clock()
     # A file by its absolute path (as init prints it); a database as `shown_location`
     # names it, its password masked (the store's location already is).
-    where = ledger.path if locate(ledger.path).in_database else os.path.abspath(ledger.path)
+    where = os.path.abspath(ledger.path) if locate(ledger.path).local_file else ledger.path
     cmd = _Commands(ctx, where)
     rows = ledger.workspaces.list()
     if only is not None:

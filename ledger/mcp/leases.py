@@ -150,7 +150,7 @@ class _Slot:
         base = f"{ledger_path}-mcp-{hashlib.sha256(workspace.encode()).hexdigest()[:12]}"
         self.fds: list[int] | None = []
         self.held = False
-        if locate(ledger_path).in_database:  # servers on many machines: they wait on the lease itself
+        if locate(ledger_path).shared:  # servers on many machines: they wait on the lease itself
             self.fds = None
             return
         for suffix in (".lock", ".wait"):

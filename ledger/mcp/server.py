@@ -1113,7 +1113,7 @@ def _init(ledger_path: str, witness: str | None,
     a ledger, and new) is waited for, a few seconds at most."""
     from .. import locate
 
-    if locate(ledger_path).in_database:  # a database: concurrent inits make one ledger by themselves
+    if not locate(ledger_path).local_file:  # a database: concurrent inits make one ledger by themselves
         return Ledger.init(ledger_path, witness=witness, on_op=on_op)
     directory = os.path.dirname(os.path.abspath(ledger_path))
     lock_fd = None

@@ -45,8 +45,16 @@ class Backend(Protocol):
 
     #: "sqlite" or "postgresql": what `Location.kind` says.
     kind: str
-    #: A database many machines reach (True), or a file on this machine (False).
-    in_database: bool
+    # What the store can do, by name (what callers ask instead of which store it is):
+    #: The ledger is a file of this machine: its path resolves, the directory beside it
+    #: holds its blobs, archives and lock files, it can be exported, opened immutable.
+    local_file: bool
+    #: Many processes on many machines reach it at once: a lock file beside a ledger
+    #: does not exclude them (they take turns on the ledger's own locks).
+    shared: bool
+    #: A seal's archives go in `archive/` beside the file (True), or in the directory
+    #: the ledger records at its first seal (False: nothing of it is on one disk).
+    archives_beside: bool
 
     def matches(self, location: str) -> bool:
         """Whether `location` names a ledger of this store (decided from the text)."""
@@ -114,14 +122,30 @@ class Location:
         return self.backend.kind
 
     @property
+    def local_file(self) -> bool:
+        """The ledger is a file of this machine (`Backend.local_file`)."""
+        return self.backend.local_file
+
+    @property
+    def shared(self) -> bool:
+        """Many machines reach it at once (`Backend.shared`)."""
+        return self.backend.shared
+
+    @property
+    def archives_beside(self) -> bool:
+        """A seal's archives go beside the file (`Backend.archives_beside`)."""
+        return self.backend.archives_beside
+
+    @property
     def in_database(self) -> bool:
-        """A database many machines reach, not a file of this machine."""
-        return self.backend.in_database
+        """Not a file of this machine (the name before the capabilities above: ask
+        the one that is meant)."""
+        return not self.backend.local_file
 
     @property
     def file(self) -> str | None:
         """The local file the ledger is (as given), None for a database."""
-        return None if self.backend.in_database else self.text
+        return self.text if self.backend.local_file else None
 
     @property
     def shown(self) -> str:
@@ -171,7 +195,7 @@ def locate(location: str | os.PathLike[str]) -> Location:
     for module in BACKENDS:
         backend = _backend(module)
         if backend.matches(text):
-            if not getattr(backend, "in_database", True):
+            if getattr(backend, "local_file", False):
                 # `postgresq://bob:pw@host/db` taken by the file store: a URL of no store,
                 # not a file path — never a directory made from it, never its password
                 # shown. So is a URL mistyped otherwise (a slash or its colon missing,

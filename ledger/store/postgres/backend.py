@@ -27,7 +27,9 @@ def _options(options: dict[str, Any]) -> dict[str, Any]:
 
 class PgBackend:
     kind: Final = "postgresql"
-    in_database: Final = True
+    local_file: Final = False
+    shared: Final = True
+    archives_beside: Final = False
     schemes: Final = SCHEMES  # (the URL schemes it takes: `locate` names them)
 
     def matches(self, location: str) -> bool:

@@ -36,7 +36,9 @@ def _clock(options: dict[str, Any]) -> None:
 
 class SqliteBackend:
     kind: Final = "sqlite"
-    in_database: Final = False
+    local_file: Final = True
+    shared: Final = False
+    archives_beside: Final = True
 
     def matches(self, location: str) -> bool:
         return True  # the last store asked: a file path

@@ -225,7 +225,7 @@ def test_every_event_has_a_detail_line(event: ev.Event) -> None:
 def test_no_front_end_words_a_kind_itself() -> None:
     """The MCP audit, the CLI's timelines and the UI's event rows take a kind's words
     from `ledger.kinds`; none keeps a chain of its own per kind."""
-    src = (ROOT / "ledger" / "mcp" / "service.py").read_text()
+    src = (ROOT / "ledger" / "mcp" / "records.py").read_text()  # (the audit tool)
     assert "isinstance(e, LeaseAcquired)" not in src and "detail(e)" in src
     for rel in ("ledger/cli/inspect.py", "ledger/cli/seal.py"):
         assert "detail(r.event)" in (ROOT / rel).read_text(), rel

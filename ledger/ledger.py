@@ -30,6 +30,7 @@ from .events import (
     check_utf8,
     check_step_id,
 )
+from . import opening
 from .guard import AppendGuard, check_blob
 from .workspace.core import Clock, Core, Options, OwnFiles
 from .step import artifacts as artifacts_mod
@@ -37,21 +38,20 @@ from .step.attempt import Attempt, read_attempt
 from .step.values import COMPENSATION_WINDOW_S_DEFAULT, Receipt
 from .workspaces import Workspaces
 from .log import EventLog, Head
-from .store import BUSY_TIMEOUT_MS, Store, Synchronous, locate
+from .store import BUSY_TIMEOUT_MS, Store, Synchronous
 from .projections import (
     StepRow,
     StepLookup,
     StepsProjector,
     catch_up,
     checkpoint,
-    read_refs,
     read_steps,
     rebuild,
 )
 from .projections.steps import VERSION as STEPS_VERSION
 from .verify import VerifyReport, exposure_warnings, verify, window_problem
 from .witness_keeper import WitnessKeeper, anchor_witness
-from .witness import Witness, WitnessStatus, witness_path
+from .witness import Witness, WitnessStatus
 
 Progress = Callable[[int, int], None]
 
@@ -71,14 +71,6 @@ INLINE_MAX_DEFAULT = 64 * 1024
 #: Blobs up to this size are re-hashed (not only re-stat'ed) before a publish commits.
 HASH_CHECK_MAX_DEFAULT = 1 << 20
 
-
-def _check_options(*, inline_max_bytes: int = 0, hash_check_max_bytes: int = 0,
-                   compensation_window_s: float | None = None, **_: Any) -> None:
-    """Refuse out-of-range options (InvalidInput) before anything is opened or created."""
-    if inline_max_bytes < 0 or hash_check_max_bytes < 0:
-        raise InvalidInput("inline_max_bytes and hash_check_max_bytes must be >= 0")
-    if compensation_window_s is not None and window_problem(compensation_window_s):
-        raise InvalidInput(f"compensation_window_s {window_problem(compensation_window_s)}")
 
 
 def _refuse_anchor(events: Sequence[Event]) -> None:
@@ -130,7 +122,7 @@ class Ledger:
         witness: str | os.PathLike[str] | None = None,
         witness_check: bool = True,
     ) -> None:
-        _check_options(inline_max_bytes=inline_max_bytes, hash_check_max_bytes=hash_check_max_bytes,
+        opening.check_options(inline_max_bytes=inline_max_bytes, hash_check_max_bytes=hash_check_max_bytes,
                        compensation_window_s=compensation_window_s)
         # A fact of the ledger, fixed at init (GC's pre-image pins and `compensate` must
         # agree on it whoever opens the file); the option only names it at creation, or
@@ -265,22 +257,7 @@ class Ledger:
             from .find import find_ledger
 
             path = find_ledger() or path
-        _check_options(**options)
-        if forensic and not readonly:
-            raise InvalidInput("a forensic open is read-only: pass readonly=True")
-        if immutable and not readonly:
-            raise InvalidInput("an immutable open is read-only: pass readonly=True")
-        # Private: anchor_witness opens without resolving the witness (it replaces it).
-        resolve = options.pop("_witness_resolve", True)
-        if options.get("witness") is not None:
-            witness_path(options["witness"])  # a relative witness is refused before any I/O
-        where = locate(path)
-        if not readonly:
-            where.check_writer()  # before the read-only look below
-        if immutable and not where.local_file:
-            raise InvalidInput(f"{where.shown()} is a database: an immutable open reads a"
-                               " SQLite file without changing its directory; open it"
-                               " read-only instead")
+        where, resolve = opening.check_open(path, readonly, forensic, immutable, options)
         more = {"immutable": True} if immutable else {}
         if not readonly and resolve:
             # Judge the file against its witness (the one given, or the one it records)
@@ -322,12 +299,7 @@ class Ledger:
         created: a path whose directory's parent is missing is refused with InvalidInput,
         nothing written.
         """
-        _check_options(**options)  # bad input writes nothing, not even a file
-        where = locate(path)
-        where.check_new(parents=parents)
-        if options.get("witness") is not None:
-            witness_path(options["witness"])  # a relative witness is refused before any I/O
-        where.check_writer()  # before the read-only look below
+        where = opening.check_init(path, parents, options)  # bad input writes nothing
         if where.may_exist():
             try:
                 cls.open(path, readonly=True, clock=clock, vfs=vfs,
@@ -516,23 +488,8 @@ class Ledger:
     def blob_list(self) -> list[dict[str, Any]]:
         """Every stored blob (inline rows, files) and leftover temporary file, with its
         holders: `referenced` (named by some manifest revision) and `pinned`. Read-only."""
-        refs = read_refs(self._log)
-        referenced = {e.digest for e in refs.entries}
-        pinned = {d for (_s, _a, d) in refs.pins}
-        out: list[dict[str, Any]] = []
-        with self._store.read() as view:
-            for b in view.inline_blobs():
-                out.append({"digest": b.digest, "size": b.size, "where": "inline",
-                            "mtime_ns": b.mtime_ns, "referenced": b.digest in referenced,
-                            "pinned": b.digest in pinned})
-        for f in self.blobs.scan():
-            out.append({"digest": f.digest, "size": f.size, "where": "file",
-                        "mtime_ns": f.mtime_ns, "referenced": f.digest in referenced,
-                        "pinned": f.digest in pinned})
-        for t in self.blobs.temp_files():
-            out.append({"digest": None, "name": t.name, "size": t.size, "where": "temp",
-                        "mtime_ns": t.mtime_ns, "referenced": False, "pinned": False})
-        return out
+        from .gc.inventory import list_blobs
+        return list_blobs(self._log, self._store, self.blobs)
 
     # -- the artifact protocol (`ledger.step.artifacts`) ---------------------------------
 

@@ -476,3 +476,13 @@ def test_a_witnessed_copy_is_told_to_take_its_own_witness_first(tmp_path: Path) 
     for where in (proj, copy):
         checked = cli(where, "verify")
         assert checked.code == 0, checked
+
+
+def test_an_immutable_open_of_a_database_is_refused_by_name() -> None:
+    """`immutable` reads a SQLite file; for a database it is refused before anything is
+    opened, naming the location (it raised TypeError: `Location.shown` is a property
+    that was called)."""
+    from ledger import InvalidInput, Ledger
+
+    with pytest.raises(InvalidInput, match=r"postgresql://agent@db.invalid/x is a database"):
+        Ledger.open("postgresql://agent@db.invalid/x", readonly=True, immutable=True)

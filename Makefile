@@ -16,8 +16,10 @@ $(STAMP): pyproject.toml
 demo: $(STAMP)
 	$(BIN)/steptrail demo
 
+# Every core (pytest-xdist): each worker takes a whole test file at a time, so a file's
+# fixtures and servers stay in one process.
 test: $(STAMP)
-	$(BIN)/python -m pytest -q
+	$(BIN)/python -m pytest -q -n auto --dist loadfile
 
 # The sdist and wheel in dist/, checked (twine check --strict).
 dist: $(STAMP)

@@ -21,7 +21,8 @@ spread.
   figures: events a second and a CPU second (higher is better).
 
 A ratio is A/B (the checkout this runs from over `--base`): 1.00 is parity, above is A
-faster. Say under what load the figures were taken (``uptime`` is printed with them).
+faster. `--installed` measures what users run: a wheel built from each checkout,
+installed (not editable) into a fresh venv of its own. Say under what load the figures were taken (``uptime`` is printed with them).
 """
 
 from __future__ import annotations
@@ -94,10 +95,32 @@ with Ledger.open(sys.argv[1]) as led:
 """
 
 
+#: Each side's interpreter and the directory its processes run in: a checkout's own
+#: sources (`PYTHONPATH`), or with `--installed` a wheel built from it in a fresh venv.
+PYTHONS: dict[Path, tuple[str, Path | None]] = {}
+
+
+def install(checkout: Path, where: Path) -> str:
+    """A fresh venv at `where` with a wheel built from `checkout` installed (not
+    editable): what a user runs. Returns its interpreter."""
+    where.mkdir(parents=True)
+    subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "-q", "-w",
+                    str(where / "wheel"), str(checkout)], check=True)
+    (wheel,) = (where / "wheel").glob("*.whl")
+    subprocess.run([sys.executable, "-m", "venv", str(where / "venv")], check=True)
+    python = str(where / "venv" / "bin" / "python")
+    subprocess.run([python, "-m", "pip", "install", "-q", str(wheel)], check=True)
+    return python
+
+
 def run(checkout: Path, code: str, *args: str) -> tuple[float, float]:
-    env = {**os.environ, "PYTHONPATH": str(checkout)}
-    out = subprocess.run([sys.executable, "-c", code, *args], env=env, capture_output=True,
-                         text=True, check=False)
+    python, cwd = PYTHONS.get(checkout, (sys.executable, None))
+    env = dict(os.environ)
+    env.pop("PYTHONPATH", None)
+    if cwd is None:
+        env["PYTHONPATH"] = str(checkout)
+    out = subprocess.run([python, "-c", code, *args], env=env, capture_output=True,
+                         text=True, check=False, cwd=cwd)
     if out.returncode != 0:
         raise SystemExit(f"{checkout}: {out.stderr.strip()[-2000:]}")
     wall, _, cpu = out.stdout.strip().splitlines()[-1].partition(" ")
@@ -111,12 +134,18 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=1500)
     ap.add_argument("--events", type=int, default=100_000)
     ap.add_argument("--json", action="store_true")
+    ap.add_argument("--installed", action="store_true",
+                    help="measure a wheel built from each checkout, installed in a fresh"
+                         " venv (what users run), not the checkouts' sources")
     args = ap.parse_args()
     base = args.base.resolve()
     if not (base / "ledger" / "__init__.py").is_file():
         raise SystemExit(f"{base} is not a steptrail checkout (no ledger/__init__.py)")
     scratch = Path(tempfile.mkdtemp(prefix="steptrail-ab-"))
     try:
+        if args.installed:  # (run outside both checkouts: `python -c` imports from its cwd)
+            for side, checkout in (("a", HERE), ("b", base)):
+                PYTHONS[checkout] = (install(checkout, scratch / f"install-{side}"), scratch)
         master = scratch / "rebuild.db"
         count = int(run(HERE, BUILD, str(master), str(args.events))[0])
         rows: dict[str, list[tuple[float, float]]] = {
@@ -139,7 +168,8 @@ def main() -> None:
                 c.unlink()
             print(f"pair {i + 1}/{args.pairs}", file=sys.stderr)
         load = os.getloadavg()
-        report = {"a": str(HERE), "b": str(base), "pairs": args.pairs, "steps": args.steps,
+        report = {"a": str(HERE), "b": str(base), "installed": args.installed,
+                  "pairs": args.pairs, "steps": args.steps,
                   "events": count, "loadavg": [round(x, 2) for x in load]}
         for name, pairs in rows.items():
             ratios = [a / b for a, b in pairs]
@@ -151,7 +181,8 @@ def main() -> None:
         if args.json:
             print(json.dumps(report, indent=2))
             return
-        print(f"A {report['a']}\nB {report['b']}\n{args.pairs} pairs; load average"
+        how = "wheels installed in fresh venvs" if args.installed else "the checkouts' sources"
+        print(f"A {report['a']}\nB {report['b']}\n({how}) {args.pairs} pairs; load average"
               f" {' '.join(map(str, report['loadavg']))}")
         print(f"{'':<13}{'A median':>12}{'B median':>12}{'A/B median':>12}{'min':>8}{'max':>8}")
         for name, unit in (("fenced", "steps/s"), ("fenced cpu", "steps/CPU-s"),

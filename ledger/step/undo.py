@@ -42,7 +42,8 @@ from ..events import (
 from ..projections.steps import COMPENSATED, COMPENSATING, ENDED, REJECTED, StepRow
 from ..projections.workspaces import WsRow
 from ..store import EventQuery, Scope, Tx
-from ..workspace.directory import NOT_A_FILE, Found, Landing, StagingLost, WorkspaceDir
+from ..workspace.directory import (NOT_A_FILE, DirectoryMoved, Found, Landing, StagingLost,
+                                   WorkspaceDir)
 from .attempt import Attempt, read_attempt
 from .draft import DRAFT_ROUNDS, Answered, Draft, Moved, shifted, step_key
 from .fence import digest_or_none, dirs_of, kept_path, paths_of
@@ -369,7 +370,9 @@ def _undo(
             try:  # the pre-image is copied piece by piece, checked before it goes in
                 staged = None if pre is None else wsdir.stage(
                     w.path, site.core.blob_chunks(pre), mode=a.pre_mode, slot="u")
-            except (BlobNotFound, BlobCorrupt):
+            except (BlobNotFound, BlobCorrupt, DirectoryMoved):
+                # (DirectoryMoved: the directory the undo made again for a delete's
+                # pre-image removed or renamed under it, by a person: left as found)
                 out.append(Restored(path=w.path, rev=path_rev, digest=digest_or_none(disk),
                                     outcome="conflict"))
                 continue
@@ -377,7 +380,16 @@ def _undo(
             if not landing.ok:
                 if staged is not None:
                     wsdir.discard(staged)
-                if landing.found == pre and pre != post:
+                if landing.kept is not None:
+                    # a save made during the landing's refusal, kept beside the path
+                    # under a visible name: the record names it
+                    out.append(Restored(path=w.path, rev=path_rev,
+                                        digest=digest_or_none(landing.found),
+                                        outcome="conflict", kept=kept_path(w.path, landing)))
+                    continue
+                parent = w.path.rpartition("/")[0]
+                if landing.found == pre and pre != post and landing.moved is None \
+                        and (pre is not None or wsdir.has_dir(parent)):
                     # another undoer of this attempt (a worker whose epoch this one
                     # took over, still running) put the pre-image back between this
                     # one's look and its landing: the path is undone — judged as one

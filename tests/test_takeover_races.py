@@ -15,14 +15,12 @@ through, and the two take-backs can each mistake the other's move for a person's
 
 from __future__ import annotations
 
-import hashlib
 import os
-import threading
 from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import FakeClock
+from test_undo_races import SharedClock, h, mode  # noqa: F401 (mode: the fixture)
 
 from ledger import Ledger
 from ledger.errors import LedgerError
@@ -51,27 +49,6 @@ FINISHED_WHILE_REFUSING = (
     " that worker is refusing its landing (it moved a person's save aside): the save ends"
     " kept under a visible name but the record says 'already'. A fix has finish_aside"
     " link only when the aside slot holds the post-image the landing expected")
-
-
-def h(d: bytes | None) -> str | None:
-    return None if d is None else hashlib.sha256(d).hexdigest()
-
-
-@pytest.fixture(params=["exchange", "fallback"])
-def mode(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
-    if request.param == "fallback":
-        monkeypatch.setattr(exchange_mod, "_CALL", None)
-    return str(request.param)
-
-
-class SharedClock(FakeClock):
-    def __init__(self) -> None:
-        super().__init__()
-        self._lock = threading.Lock()
-
-    def __call__(self) -> int:
-        with self._lock:
-            return super().__call__()
 
 
 def world(tmp: Path, writes: list[Write] | None = None, files: dict[str, bytes] | None = None,

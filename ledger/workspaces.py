@@ -59,7 +59,8 @@ from .step.values import (
 )
 from .workspace.confined import Confined
 from .workspace.core import Core
-from .workspace.directory import FileIdentity, WorkspaceDir
+from .workspace.boundary import FileIdentity
+from .workspace.directory import WorkspaceDir
 from .workspace.restore import RestoreReport
 
 
@@ -356,7 +357,7 @@ class Workspaces:
         to. It looks in the directories of the attempts in flight and of every path the
         ledger knows in the workspace. Each file goes only once its bytes are shown held
         by the ledger or by the path beside it; anything else is kept under a visible
-        name (`WorkspaceDir.remove_temporaries`). Returns how many files went."""
+        name (`staging.remove_temporaries`). Returns how many files went."""
         return tidy.remove_abandoned_temporaries(self.site, now)
 
 

@@ -1086,3 +1086,28 @@ def test_the_capability_checker_catches_a_store_question() -> None:
                "store/registry.py": ast.parse("x = self.backend.in_database\n")}
     assert which_store_asks(planted) == ["copying.py:1: .in_database",
                                          "cli/x.py:1: .kind == a store's name"]
+
+
+#: The longest a class of the package may be (lines, docstrings included): a class past it
+#: holds more than one concern — split it by concern into modules (functions over one
+#: handle, as ledger/workspace/staging.py, placing.py and leftovers.py are over
+#: `WorkspaceDir`), never into mixins over the same state.
+CLASS_LINES_MAX = 650
+
+
+def long_classes(source: str, limit: int = CLASS_LINES_MAX) -> list[tuple[str, int]]:
+    """(name, lines) of every class in `source` longer than `limit` lines."""
+    return [(n.name, n.end_lineno - n.lineno + 1) for n in ast.walk(ast.parse(source))
+            if isinstance(n, ast.ClassDef) and n.end_lineno - n.lineno + 1 > limit]
+
+
+def test_no_class_holds_more_than_one_concern_by_size() -> None:
+    found = {str(p.relative_to(PACKAGE)): long
+             for p in sorted(PACKAGE.rglob("*.py")) if (long := long_classes(p.read_text()))}
+    assert found == {}, f"classes over {CLASS_LINES_MAX} lines: {found}"
+
+
+def test_the_class_size_checker_catches_a_long_class() -> None:
+    body = "".join(f"    def m{i}(self) -> int:\n        return {i}\n" for i in range(400))
+    assert long_classes(f"class Big:\n{body}\nclass Small:\n    pass\n") == [("Big", 801)]
+    assert long_classes("class Small:\n    pass\n") == []

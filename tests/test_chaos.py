@@ -81,10 +81,11 @@ def test_the_fenced_chaos_checker_catches_a_settle_that_does_not_roll_back(
     """The negative control: settling that leaves landed writes where they are (what the
     core did before slots) is reported as violations."""
     from ledger.testing.chaos import run_fenced_chaos
-    from ledger.workspace.directory import TakeBack, WorkspaceDir
+    from ledger.workspace import placing
+    from ledger.workspace.placing import TakeBack
 
-    monkeypatch.setattr(WorkspaceDir, "roll_back",
-                        lambda self, found, post, **_: TakeBack(found.path, False, found.now))
+    monkeypatch.setattr(placing, "roll_back",
+                        lambda wsdir, found, post, **_: TakeBack(found.path, False, found.now))
     report = run_fenced_chaos("rotation", workdir=str(tmp_path))
     assert report.violations > 0
 

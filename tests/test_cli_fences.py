@@ -23,6 +23,7 @@ from ledger.cli import cli
 from ledger.errors import StorageFailure, Unsettled
 from ledger.events import LeaseAcquired
 from ledger.step.values import StepPlan, Write
+from ledger.workspace import placing
 from ledger.workspace.directory import WorkspaceDir
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
@@ -935,7 +936,7 @@ def test_acquire_that_could_not_settle_a_step_says_so(
     def refuse(self: WorkspaceDir, path: str, *_: object, **__: object) -> None:
         raise StorageFailure(os.path.join(self.root, path), "Input/output error")
 
-    monkeypatch.setattr(WorkspaceDir, "land", refuse)
+    monkeypatch.setattr(placing, "land", refuse)
     r = w.acquire("agent-2", "--force")
     assert r.code == 1, r
     assert r.json["epoch"] == w.epoch + 1 and r.json["unsettled"] == ["s1"]

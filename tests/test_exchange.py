@@ -425,19 +425,21 @@ def test_a_staged_copy_removed_before_it_was_placed_touches_nothing(
     StaleEpoch; under a live epoch it is a typed StorageFailure; no file is touched and
     nothing is deleted for want of a staged copy."""
     from ledger.errors import StaleEpoch, StorageFailure
-    from ledger.workspace.directory import StagingLost, WorkspaceDir
+    from ledger.workspace import staging
+    from ledger.workspace.directory import WorkspaceDir
+    from ledger.workspace.staging import StagingLost
 
     files, plan = swap()
     ws = Ws(tmp_path, files)
     ws.ledger.workspaces.admit("w", ws.epoch, [plan])
-    real = WorkspaceDir.stage
+    real = staging.stage
 
     def lost(self: WorkspaceDir, path: str, *a: object, **k: object) -> object:
         if path == "b":
             raise StagingLost(path)
         return real(self, path, *a, **k)  # type: ignore[arg-type]
 
-    monkeypatch.setattr(WorkspaceDir, "stage", lost)
+    monkeypatch.setattr(staging, "stage", lost)
     with pytest.raises(StorageFailure):
         ws.ledger.workspaces.apply(plan.step, epoch=ws.epoch)
     assert ws.files() == files and ws.ledger.step(plan.step).state == "planned"

@@ -95,21 +95,23 @@ def one_line_error(r: Any) -> str:
 
 
 #: A server process, run as `python -c KILLER`, that SIGKILLs itself at its Nth exchange
-#: of a staged file with its target (`WorkspaceDir.land`, a write's or an undo's):
+#: of a staged file with its target (`placing.land`, a write's or an undo's):
 #: between two files of one multi-file change, a real kill, not an exception.
 KILLER = """
 import importlib, os, sys
-module, _, attr = os.environ.get("KILL_TARGET", "ledger.workspace.directory:WorkspaceDir.land").partition(":")
-cls_name, _, method = attr.partition(".")
-cls = getattr(importlib.import_module(module), cls_name)
-orig = getattr(cls, method)
+module, _, attr = os.environ.get("KILL_TARGET", "ledger.workspace.placing:land").partition(":")
+*owners, name = attr.split(".")
+owner = importlib.import_module(module)
+for o in owners:
+    owner = getattr(owner, o)
+orig = getattr(owner, name)
 count = [0]
-def patched(self, *args, **kwargs):
+def patched(*args, **kwargs):
     count[0] += 1
     if count[0] == int(os.environ["KILL_AT_INSTALL"]):
         os.kill(os.getpid(), 9)
-    return orig(self, *args, **kwargs)
-setattr(cls, method, patched)
+    return orig(*args, **kwargs)
+setattr(owner, name, patched)
 from ledger.cli import main
 sys.argv = ["steptrail", "mcp", "--workspace", os.environ["KILL_WS"]]
 main()
@@ -118,7 +120,7 @@ main()
 
 @contextlib.asynccontextmanager
 async def killer_agent(repo: Path, kill_at_install: int,
-                       target: str = "ledger.workspace.directory:WorkspaceDir.land") -> Any:
+                       target: str = "ledger.workspace.placing:land") -> Any:
     params = StdioServerParameters(command=sys.executable, args=["-X", "utf8", "-c", KILLER],
                                    env=server_env(KILL_AT_INSTALL=str(kill_at_install),
                                                   KILL_WS=str(repo), KILL_TARGET=target))

@@ -15,7 +15,7 @@ from test_takeback_races import _killed as killed_at  # (the one forked-SIGKILL 
 
 from ledger import Ledger, StepStatus, run_fenced_step
 from ledger.workspace import exchange as exchange_mod
-from ledger.workspace.directory import temp_stamp
+from ledger.workspace.names import temp_stamp
 from ledger.step.values import StepPlan, Write
 
 

@@ -1,5 +1,5 @@
 """Red-team of 0802c7c: the settle's search for a directory moved after a kill
-(`WorkspaceDir._found_parent` / `_attempt_dirs`), the carrying of a person's chmod,
+(`leftovers._found_parent` / `_attempt_dirs`), the carrying of a person's chmod,
 the undo's refusal to recreate a renamed directory, and `Workspaces.kept()` finding
 kept files on disk. Each test fails when its attack succeeds (a person's bytes lost or
 hidden, a wrong directory touched, a chmod of a file it should not touch, an exception
@@ -20,7 +20,7 @@ from test_takeback_races import World, h, save_by_rename
 
 from ledger import Ledger
 from ledger.workspace import exchange as exchange_mod
-from ledger.workspace.directory import SLOT_ROLES, attempt_tag, temp_name
+from ledger.workspace.names import SLOT_ROLES, attempt_tag, temp_name
 from ledger.step.values import StepPlan, Write
 
 
@@ -343,7 +343,7 @@ def test_a_save_right_after_an_undos_landing_keeps_its_own_mode(
     with mode 0600 (a private file). If a.txt ends holding that save, it must keep 0600:
     `keep_persons_mode` (protocol: after the undo's landing) chmods whatever is at the
     name with the mode of the step's file, unless it checks it is the file the undo put
-    there (`_chmod_at` is called without `only`)."""
+    there (`chmod_at` is called without `only`)."""
     a0, a1, save = b"a0\n", b"a1 by the step\n", b"a private save\n"
     files = {"a.txt": a0}
 

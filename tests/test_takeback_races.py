@@ -20,7 +20,7 @@ from conftest import FakeClock
 
 from ledger import Ledger, StepStatus, run_fenced_step
 from ledger.workspace import exchange as exchange_mod
-from ledger.workspace.directory import temp_stamp
+from ledger.workspace.names import temp_stamp
 from ledger.step.values import StepPlan, Write
 
 BIG = 300_000

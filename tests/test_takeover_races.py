@@ -27,6 +27,7 @@ from ledger.errors import LedgerError
 from ledger.step.values import StepPlan, Write
 from ledger.testing.interleave import Lockstep
 from ledger.workspace import exchange as exchange_mod
+from ledger.workspace import placing
 from ledger.workspace.directory import WorkspaceDir
 
 PRE, POST = b"a-pre\n", b"a-post\n"
@@ -109,13 +110,13 @@ def save(root: Path) -> Any:
 
 def test_undo_of_a_create_whose_directory_a_person_renamed_is_a_conflict(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch, mode: str) -> None:
-    land = WorkspaceDir.land
+    land = placing.land
 
     def ticked(self: WorkspaceDir, p: str, *a: Any, **k: Any) -> Any:  # a point before each landing
         self.ops.tick("ws-land")
         return land(self, p, *a, **k)
 
-    monkeypatch.setattr(WorkspaceDir, "land", ticked)
+    monkeypatch.setattr(placing, "land", ticked)
     root, path, clock = world(tmp_path, [Write(path="d/e/n.txt", content=b"new\n",
                                                pre_hash=None)])
     lock = Lockstep()

@@ -29,7 +29,7 @@ from ledger.step.values import StepPlan, Write
 from ledger.testing.faults import full_mode
 from ledger.testing.interleave import Lockstep, schedules
 from ledger.workspace import exchange as exchange_mod
-from ledger.workspace.directory import temp_stamp
+from ledger.workspace.names import temp_stamp
 
 #: The whole table with the fault sweeps or the person injector's (what .ci/run sets);
 #: `make test` plays every third interleaving (each class found here spans several).

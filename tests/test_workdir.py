@@ -39,7 +39,7 @@ from typing import Any
 import pytest
 from conftest import CliOut, FakeClock, run_cli
 
-import ledger.workspace.directory
+import ledger.workspace.names
 from ledger import (
     InvalidInput,
     Ledger,
@@ -789,10 +789,10 @@ def test_the_next_apply_removes_what_a_killed_apply_staged(tmp_path: Path) -> No
     # a sibling step (admitted: in flight) staging under the live epoch right now: its
     # temporary is kept; one of an attempt that is over is removed
     w.admit("sibling", Write("d0/x.bin", b"x", None))
-    sibling = w.dir / "d0" / ledger.workspace.directory.temp_name(
-        "x.bin", w.epoch, ledger.workspace.directory.attempt_tag("sibling", 1))
-    ended = w.dir / "d0" / ledger.workspace.directory.temp_name(
-        "y.bin", w.epoch, ledger.workspace.directory.attempt_tag("long-done", 1))
+    sibling = w.dir / "d0" / ledger.workspace.names.temp_name(
+        "x.bin", w.epoch, ledger.workspace.names.attempt_tag("sibling", 1))
+    ended = w.dir / "d0" / ledger.workspace.names.temp_name(
+        "y.bin", w.epoch, ledger.workspace.names.attempt_tag("long-done", 1))
     ended.write_bytes(b"a kill after its commit")
     sibling.write_bytes(b"live")
     assert w.apply("s1") == "applied"
@@ -863,7 +863,7 @@ def test_a_name_the_file_system_cannot_hold_is_refused_at_admit(
     """A file system with a smaller NAME_MAX (eCryptfs: 143 bytes): refused when the
     plan is admitted (exit 2, nothing recorded), never admitted to fail at every apply."""
     w = World(tmp_path)
-    monkeypatch.setattr(ledger.workspace.directory, "_name_max", lambda where: 143)
+    monkeypatch.setattr(ledger.workspace.names, "name_max", lambda where: 143)
     head = w.ledger.head()
     with pytest.raises(InvalidInput, match="holds at most 143") as err:
         w.ledger.workspaces.admit("w", w.epoch, [StepPlan("s1", [Write("x" * 144, b"n", None)])])
@@ -896,7 +896,7 @@ def test_long_names_on_the_command_line(tmp_path: Path, monkeypatch: pytest.Monk
     assert plan("s1", "漢" * 85).code == 0
     assert cli("step", "apply", "s1", "--epoch", "1").code == 0
     assert (tmp_path / "ws" / ("漢" * 85)).read_text() == "x"
-    monkeypatch.setattr(ledger.workspace.directory, "_name_max", lambda where: 143)
+    monkeypatch.setattr(ledger.workspace.names, "name_max", lambda where: 143)
     refused = plan("s2", "y" * 144)
     assert refused.code == 2 and "holds at most 143" in refused.err, refused
     assert cli("step", "apply", "s2", "--epoch", "1").code == 2  # never planned

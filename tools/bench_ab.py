@@ -23,6 +23,14 @@ spread.
 A ratio is A/B (the checkout this runs from over `--base`): 1.00 is parity, above is A
 faster. `--installed` measures what users run: a wheel built from each checkout,
 installed (not editable) into a fresh venv of its own. Say under what load the figures were taken (``uptime`` is printed with them).
+
+`--instructions` settles what timing on a noisy machine cannot: each side's processes run
+under valgrind's callgrind (``PYTHONHASHSEED=0``) and the figure is the CPU instructions
+one fenced step, or one rebuilt event, costs — the count of a run with N steps (events)
+less the count of the same process doing none, over N. It does not see the disk (an
+fsync is the kernel's), so it measures the code alone; it repeats to within a fraction of
+a percent, where the timings above spread by a third on a shared VM. Lower is better, and
+the ratio printed is B/A so that above 1.00 still means A is faster.
 """
 
 from __future__ import annotations
@@ -61,7 +69,8 @@ with tempfile.TemporaryDirectory() as d:
         t, c = time.perf_counter(), time.process_time()
         for n in range(50, 50 + steps):
             one(n)
-        print(steps / (time.perf_counter() - t), steps / (time.process_time() - c))
+        print(steps / max(time.perf_counter() - t, 1e-9),
+              steps / max(time.process_time() - c, 1e-9))
 """
 
 BUILD = r"""
@@ -90,8 +99,9 @@ from ledger import Ledger
 with Ledger.open(sys.argv[1]) as led:
     n = led.count()
     t, c = time.perf_counter(), time.process_time()
-    led.rebuild()
-    print(n / (time.perf_counter() - t), n / (time.process_time() - c))
+    if sys.argv[2:] != ["skip"]:
+        led.rebuild()
+    print(n / max(time.perf_counter() - t, 1e-9), n / max(time.process_time() - c, 1e-9))
 """
 
 
@@ -127,6 +137,61 @@ def run(checkout: Path, code: str, *args: str) -> tuple[float, float]:
     return float(wall), float(cpu or wall)
 
 
+def instructions(checkout: Path, code: str, *args: str) -> int:
+    """CPU instructions (callgrind's ``Ir``) of one process running `code` from
+    `checkout`'s interpreter."""
+    python, cwd = PYTHONS.get(checkout, (sys.executable, None))
+    env = dict(os.environ, PYTHONHASHSEED="0")
+    env.pop("PYTHONPATH", None)
+    if cwd is None:
+        env["PYTHONPATH"] = str(checkout)
+    # valgrind must run the interpreter itself, not a shell shim in front of it
+    real = subprocess.run([python, "-c", "import sys; print(sys.executable)"], env=env,
+                          capture_output=True, text=True, check=True).stdout.strip()
+    out = subprocess.run(["valgrind", "--tool=callgrind", "--callgrind-out-file=/dev/null",
+                          real, "-c", code, *args], env=env, capture_output=True, text=True,
+                         check=False, cwd=cwd)
+    if out.returncode != 0:
+        raise SystemExit(f"{checkout}: {out.stderr.strip()[-2000:]}")
+    for line in out.stderr.splitlines():
+        if "Collected :" in line:
+            return int(line.rsplit(":", 1)[1].strip())
+    raise SystemExit(f"callgrind printed no count: {out.stderr[-500:]}")
+
+
+def count_instructions(args: argparse.Namespace, base: Path, scratch: Path) -> None:
+    if shutil.which("valgrind") is None:
+        raise SystemExit("--instructions needs valgrind (apt install valgrind)")
+    master = scratch / "rebuild.db"
+    events = int(run(HERE, BUILD, str(master), str(args.events))[0])
+    report: dict = {"a": str(HERE), "b": str(base), "installed": args.installed,
+                    "steps": args.steps, "events": events, "unit": "instructions"}
+    for side, checkout in (("a", HERE), ("b", base)):
+        busy = instructions(checkout, FENCED, str(args.steps))
+        idle = instructions(checkout, FENCED, "0")
+        report.setdefault("fenced step", {})[side] = (busy - idle) // args.steps
+        copy = scratch / f"r-{side}.db"
+        shutil.copyfile(master, copy)
+        busy = instructions(checkout, REBUILD, str(copy))
+        shutil.copyfile(master, copy)
+        idle = instructions(checkout, REBUILD, str(copy), "skip")
+        report.setdefault("rebuilt event", {})[side] = (busy - idle) // events
+        print(f"side {side} counted", file=sys.stderr)
+    for name in ("fenced step", "rebuilt event"):
+        row = report[name]
+        row["b_over_a"] = round(row["b"] / row["a"], 3)
+    if args.json:
+        print(json.dumps(report, indent=2))
+        return
+    how = "wheels installed in fresh venvs" if args.installed else "the checkouts' sources"
+    print(f"A {report['a']}\nB {report['b']}\n({how}) callgrind, PYTHONHASHSEED=0;"
+          f" {args.steps} steps, {events:,} events")
+    print(f"{'':<15}{'A instr.':>14}{'B instr.':>14}{'B/A':>8}")
+    for name in ("fenced step", "rebuilt event"):
+        r = report[name]
+        print(f"{name:<15}{r['a']:>14,}{r['b']:>14,}{r['b_over_a']:>8.3f}")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--base", required=True, type=Path, help="the other checkout (B)")
@@ -137,6 +202,10 @@ def main() -> None:
     ap.add_argument("--installed", action="store_true",
                     help="measure a wheel built from each checkout, installed in a fresh"
                          " venv (what users run), not the checkouts' sources")
+    ap.add_argument("--instructions", action="store_true",
+                    help="count CPU instructions under valgrind instead of timing"
+                         " (deterministic; use small --steps and --events, e.g. 300 and"
+                         " 30000)")
     args = ap.parse_args()
     base = args.base.resolve()
     if not (base / "ledger" / "__init__.py").is_file():
@@ -146,6 +215,9 @@ def main() -> None:
         if args.installed:  # (run outside both checkouts: `python -c` imports from its cwd)
             for side, checkout in (("a", HERE), ("b", base)):
                 PYTHONS[checkout] = (install(checkout, scratch / f"install-{side}"), scratch)
+        if args.instructions:
+            count_instructions(args, base, scratch)
+            return
         master = scratch / "rebuild.db"
         count = int(run(HERE, BUILD, str(master), str(args.events))[0])
         rows: dict[str, list[tuple[float, float]]] = {

@@ -25,6 +25,7 @@ from ..events import (
 )
 from ..projections.steps import ENDED, PLANNED
 from ..store import EventQuery
+from ..workspace import staging
 from .attempt import read_attempt
 from .site import Site
 from .values import FENCE_MODES, INT64_MAX, ApplyResult, FenceMode, StepPlan, Write
@@ -168,7 +169,7 @@ def admit(
             _check_writes(p)  # a retried plan is validated like a fresh one
             for w in p.writes:  # the boundary, now: nothing is recorded for a refusal
                 wsdir.check_write(w.path)
-                wsdir.check_fits(w.path)  # a name the disk cannot hold never applies
+                staging.check_fits(wsdir, w.path)  # a name the disk cannot hold never applies
             row = conn.step(p.step)
             if row is not None and (row.live or row.state not in ENDED):
                 # in flight or committed: a retried admission if it is the recorded

@@ -45,7 +45,10 @@ from ..events import (
 )
 from ..projections.steps import ENDED, PLANNED, StepRow
 from ..store import EventQuery, Scope, Tx
-from ..workspace.directory import DirectoryMoved, Landing, Staged, StagingLost, WorkspaceDir
+from ..workspace import leftovers, placing, staging
+from ..workspace.directory import DirectoryMoved, WorkspaceDir
+from ..workspace.placing import Landing
+from ..workspace.staging import Staged, StagingLost
 from .attempt import end_result, read_attempt
 from .draft import DRAFT_ROUNDS, Answered, Draft, Moved, shifted, step_key
 from .fence import fence, paths_of
@@ -104,14 +107,14 @@ def apply(site: Site, step: str, attempt: int | None = None, *, epoch: int,
                 for w in planned.writes:
                     if w.path.rpartition("/")[0] in wsdir.gone_dirs:
                         continue
-                    if w.post_hash is None or (planned.journal and wsdir.landed(
+                    if w.post_hash is None or (planned.journal and leftovers.landed(wsdir, 
                             w.path, w.pre_hash, w.post_hash, mode=w.mode).landed):
                         continue  # a crashed call's landed write: its slot is the evidence
                     # copied piece by piece, verified by the end of the copy, under the
                     # path's slot name, with its final mode before any name shows it
                     # the fence decides (below)
                     with contextlib.suppress(StagingLost, DirectoryMoved):
-                        staged[w.path] = wsdir.stage(
+                        staged[w.path] = staging.stage(wsdir, 
                             w.path, site.core.blob_chunks(w.post_hash), mode=w.mode,
                             slot="x", make_dirs=w.pre_hash is None)
             holder: list[ApplyResult] = []
@@ -203,12 +206,12 @@ def apply(site: Site, step: str, attempt: int | None = None, *, epoch: int,
         finally:
             done = any(isinstance(r.event, Fenced) for r in recorded)
             if done:  # recorded: what the writes displaced goes (the store holds it)
-                wsdir.release(landings)
+                placing.release(wsdir, landings)
             for path, s in staged.items():
                 if not any(x.path == path and x.ok for x in landings):
-                    wsdir.discard(s)
+                    staging.discard(wsdir, s)
             if not done:  # refused or failed: take back the directories staging made
-                wsdir.remove_created_dirs()
+                staging.remove_created_dirs(wsdir, )
 
 
 def recheck(site: Site, tx: Tx, now: int, draft: Draft, events: list[Event],
@@ -258,12 +261,12 @@ def journal_answer(site: Site, tx: Tx, planned: Planned, attempt: int) -> ApplyR
 def take_back(wsdir: WorkspaceDir, planned: Planned,
                landings: list[Landing]) -> None:
     """Take back, newest first, what this call landed and did not record: each path
-    only if it still holds what was put there (`WorkspaceDir.unland`; otherwise it is
+    only if it still holds what was put there (`placing.unland`; otherwise it is
     left as found — a settle took it back already, or a later write is there)."""
     posts = {w.path: w.post_hash for w in planned.writes}
     for landing in reversed(landings):
         with contextlib.suppress(LedgerError, OSError):
-            wsdir.unland(landing, posts[landing.path])
+            placing.unland(wsdir, landing, posts[landing.path])
     landings.clear()
 
 

@@ -18,7 +18,12 @@ from ..events import AppliedWrite, TEXT_MAX, BlobPinned, Event, Fenced, Planned,
 from ..projections.steps import ENDED, PLANNED
 from ..projections.workspaces import WsRow
 from ..store import Tx
-from ..workspace.directory import NOT_A_FILE, Found, Landing, Staged, TakeBack, WorkspaceDir
+from ..workspace import leftovers, placing
+from ..workspace.directory import WorkspaceDir
+from ..workspace.leftovers import Found
+from ..workspace.moves import NOT_A_FILE
+from ..workspace.placing import Landing, TakeBack
+from ..workspace.staging import Staged
 from .attempt import end_result, read_attempt
 from .draft import Answered, Draft
 from .site import Site
@@ -44,12 +49,12 @@ def fence(
     whose reads `_recheck` checks again in the transaction that records the events
     returned (`fenced` with its pins, or `rejected`).
 
-    Each path is put in place by an atomic exchange (`WorkspaceDir.land`), after a
+    Each path is put in place by an atomic exchange (`placing.land`), after a
     read of the live epoch (a takeover stops the landings: StaleEpoch, and the caller
     takes back what landed), and what it displaced is checked after: the first path
     whose displaced bytes are not its pre-image rolls back every path before it and
     rejects the attempt. A write a crashed call of this attempt landed
-    (`WorkspaceDir.landed`: its slot holds what it displaced) is checked the same way
+    (`leftovers.landed`: its slot holds what it displaced) is checked the same way
     and recorded (`settled`), or rolled back with the rest. The displaced pre-images
     are stored (large ones now, small ones as rows of the recording transaction) and
     pinned there; their files stay on disk until it has committed (`release`)."""
@@ -82,9 +87,9 @@ def fence(
     if recordable and planned.journal:
         for w in planned.writes:  # a fallback landing a kill cut between its moves
             if w.pre_hash is not None and w.post_hash is not None:
-                wsdir.finish_aside(w.path, "x")
+                placing.finish_aside(wsdir, w.path, "x")
     wsdir.planned = paths_of(planned)
-    found = {w.path: wsdir.landed(w.path, w.pre_hash, w.post_hash, mode=w.mode)
+    found = {w.path: leftovers.landed(wsdir, w.path, w.pre_hash, w.post_hash, mode=w.mode)
              for w in planned.writes} if recordable and planned.journal else {}
 
     order = {w.path: i for i, w in enumerate(planned.writes)}
@@ -187,7 +192,7 @@ def fence(
                               else wsdir.slot(w.path, "x"))
         else:
             site.leases.check_epoch(name, epoch, tx.now())  # a takeover since: StaleEpoch
-            landing = wsdir.land(w.path, staged.get(w.path), w.pre_hash, check=check)
+            landing = placing.land(wsdir, w.path, staged.get(w.path), w.pre_hash, check=check)
         if landing.moved is not None:
             d = w.path.rpartition("/")[0]
             went = f" (it is now {landing.moved})" if landing.moved else ""
@@ -207,7 +212,7 @@ def fence(
                                     pre_hash=w.pre_hash if check else landing.found,
                                     post_hash=w.post_hash, pre_mode=landing.pre_mode,
                                     post_mode=landing.post_mode))
-    wsdir.sync_dirs([w.path for w in planned.writes])
+    placing.sync_dirs(wsdir, [w.path for w in planned.writes])
     pins = keep_pre_images(site, tx, now, planned, applied, landings, pre_bytes, wsdir)
     return [*pins, Fenced(step=step, attempt=attempt, run=planned.run, workspace=name,
                           epoch=epoch, writes=tuple(applied), rev=rev, settled=settled,
@@ -234,7 +239,7 @@ def keep_pre_images(
         if d in pre_bytes:
             inline[d] = pre_bytes[d]
             continue
-        with wsdir.open_slot(a.path, landing.displaced or "") as fd:
+        with leftovers.open_slot(wsdir, a.path, landing.displaced or "") as fd:
             if fd is None:
                 raise StorageFailure(os.path.join(wsdir.root, a.path),
                                      "the displaced pre-image went missing before it was"
@@ -268,7 +273,7 @@ def roll_back(
     posts = {w.path: w.post_hash for w in planned.writes}
     back: dict[str, tuple[TakeBack, str | None]] = {}
     for landing in reversed(landings):
-        back[landing.path] = (wsdir.unland(landing, posts[landing.path]), landing.found)
+        back[landing.path] = (placing.unland(wsdir, landing, posts[landing.path]), landing.found)
     out: list[Restored] = []
     for w in reversed(planned.writes):
         f = found.get(w.path)
@@ -281,7 +286,7 @@ def roll_back(
             if not f.landed and w.path.rpartition("/")[0] in wsdir.gone_dirs:
                 # a crashed call of this attempt, then the directory moved: its
                 # landings are taken back where the directory went (one search)
-                f = wsdir.landed(w.path, w.pre_hash, w.post_hash, search=True,
+                f = leftovers.landed(wsdir, w.path, w.pre_hash, w.post_hash, search=True,
                                  mode=w.mode)
             if not f.landed:
                 if f.now == w.post_hash and w.post_hash != w.pre_hash and f.now is not None:
@@ -290,7 +295,7 @@ def roll_back(
                     out.append(Restored(path=w.path, rev=w.base_rev, digest=f.now,
                                         outcome="conflict"))
                 continue
-            back[w.path] = (wsdir.roll_back(f, w.post_hash, post_mode=w.mode),
+            back[w.path] = (placing.roll_back(wsdir, f, w.post_hash, post_mode=w.mode),
                             f.displaced)
         taken, displaced = back[w.path]
         kept = kept_path(w.path, taken)

@@ -2,7 +2,7 @@
 stager's temporaries, an ended attempt's slots (`remove_temporaries`, `tidy`,
 `remove_abandoned_temporaries`). Each file goes only once its bytes are shown held by
 the ledger or by the path beside it; anything else is kept under a visible name
-(`WorkspaceDir.remove_temporaries`)."""
+(`staging.remove_temporaries`)."""
 
 from __future__ import annotations
 
@@ -14,7 +14,9 @@ from ..errors import LedgerError
 from ..events import PlannedWrite
 from ..projections import read_workspaces
 from ..projections.steps import IN_FLIGHT
-from ..workspace.directory import WorkspaceDir, attempt_tag
+from ..workspace import leftovers, placing, staging
+from ..workspace.directory import WorkspaceDir
+from ..workspace.names import attempt_tag
 from .attempt import read_attempt
 from .fence import paths_of
 from .site import Site
@@ -42,7 +44,7 @@ def remove_temporaries(site: Site, wsdir: WorkspaceDir, writes: Sequence[Planned
 
     # dead: an older epoch's; this attempt's own; or an attempt's that is over (no
     # stager of an ended or committed attempt is alive: a kill after its commit)
-    wsdir.remove_temporaries({w.path.rpartition("/")[0] for w in writes} | wsdir.also_dirs,
+    staging.remove_temporaries(wsdir, {w.path.rpartition("/")[0] for w in writes} | wsdir.also_dirs,
                              lambda e, t: e < epoch or (e == epoch and t == tag)
                              or (e <= current_epoch and t not in in_flight()),
                              lambda: slots_in_flight(site, wsdir.name), site.held)
@@ -71,7 +73,7 @@ def tidy(site: Site, step: str) -> None:
     for epoch, roles in epochs:
         wsdir = site.places.wsdir(ws, step, row.attempt, epoch)
         for w in ev.planned.writes:
-            wsdir.discard_slots(w.path, roles, site.held)
+            placing.discard_slots(wsdir, w.path, roles, site.held)
 
 
 def slots_in_flight(site: Site, workspace: str,
@@ -101,7 +103,7 @@ def slots_in_flight(site: Site, workspace: str,
                     out.add((d, wsdir.slot(w.path, "u")))
                     continue
                 with contextlib.suppress(LedgerError, OSError):
-                    found = wsdir.landed(w.path, w.pre_hash, w.post_hash,
+                    found = leftovers.landed(wsdir, w.path, w.pre_hash, w.post_hash,
                                          mode=w.mode)
                     if found.landed and found.slot is not None:
                         # and the staged copy beside it: a landing without the
@@ -136,7 +138,7 @@ def remove_abandoned_temporaries(site: Site, now: int) -> int:
         flying = frozenset(attempt_tag(s, a) for s, a in steps)
         newest_dead = row.epoch - 1 if row.live_epoch(now) is not None else row.epoch
         try:
-            removed += site.places.wsdir(row).remove_temporaries(
+            removed += staging.remove_temporaries(site.places.wsdir(row), 
                 dirs, lambda e, t, newest_dead=newest_dead, top=row.epoch, flying=flying:
                 e <= newest_dead or (e <= top and t not in flying),
                 lambda row=row, steps=steps: slots_in_flight(site, row.name, steps),

@@ -42,8 +42,12 @@ from ..events import (
 from ..projections.steps import COMPENSATED, COMPENSATING, ENDED, REJECTED, StepRow
 from ..projections.workspaces import WsRow
 from ..store import EventQuery, Scope, Tx
-from ..workspace.directory import (NOT_A_FILE, DirectoryMoved, Found, Landing, StagingLost,
-                                   WorkspaceDir)
+from ..workspace import leftovers, placing, staging
+from ..workspace.directory import DirectoryMoved, WorkspaceDir
+from ..workspace.leftovers import Found
+from ..workspace.moves import NOT_A_FILE
+from ..workspace.placing import Landing
+from ..workspace.staging import StagingLost
 from .attempt import Attempt, read_attempt
 from .draft import DRAFT_ROUNDS, Answered, Draft, Moved, shifted, step_key
 from .fence import digest_or_none, dirs_of, kept_path, paths_of
@@ -150,7 +154,7 @@ def compensate(
     event = recorded.event
     assert isinstance(event, Compensated)
     if wsdir is not None and ws_row is not None and planned is not None:
-        wsdir.release(landings)  # what the undo displaced: the post-images, in the store
+        placing.release(wsdir, landings)  # what the undo displaced: the post-images, in the store
         remove_temporaries(site, wsdir, planned.writes, ws_row.epoch)
     return Compensation(step=step, attempt=attempt, seq=recorded.seq, restored=event.restored)
 
@@ -267,9 +271,9 @@ def _undo(
     """Put pre-images back where safe (under the lock). Returns (per path, new rev).
 
     A write the attempt recorded (`fenced`) is judged against that record and undone
-    by an exchange checked like a write's (`WorkspaceDir.land`): the post-image must
+    by an exchange checked like a write's (`placing.land`): the post-image must
     be what it displaces. A write it never recorded — a crashed apply — is undone
-    only where its slot shows it landed (`WorkspaceDir.landed`), from the bytes it
+    only where its slot shows it landed (`leftovers.landed`), from the bytes it
     displaced, which are stored first (the compensation names them). An undo killed
     before (its intent's epoch) may have displaced a person's save: that goes back.
     """
@@ -305,7 +309,7 @@ def _undo(
             # an undo killed mid-landing without the exchange call (its file aside,
             # the pre-image not yet linked in): finished first
             with contextlib.suppress(LedgerError):
-                undone_by.finish_aside(w.path, "u")
+                placing.finish_aside(undone_by, w.path, "u")
         try:
             disk = wsdir.hash(w.path)
         except (WorkspaceMoved, WorkspaceOverlap):
@@ -320,7 +324,7 @@ def _undo(
             continue
         a = applied.get(w.path)
         if a is None:  # never recorded: did a crashed apply land it?
-            found = crashed.landed(w.path, w.pre_hash, w.post_hash, search=True,
+            found = leftovers.landed(crashed, w.path, w.pre_hash, w.post_hash, search=True,
                                    mode=w.mode)
             if not found.landed:
                 if disk == w.post_hash and w.post_hash != w.pre_hash \
@@ -340,7 +344,7 @@ def _undo(
             # after the commit; anything else (a person's save the crashed call met)
             # that cannot go back is kept visible
             stored = found.displaced == w.pre_hash and found.displaced is not None
-            taken = crashed.roll_back(found, w.post_hash, displaced_stored=stored,
+            taken = placing.roll_back(crashed, found, w.post_hash, displaced_stored=stored,
                                       post_mode=w.mode)
             if taken.ok:
                 ok = found.displaced == w.pre_hash
@@ -368,7 +372,7 @@ def _undo(
             continue
         if disk == post and post != pre:
             try:  # the pre-image is copied piece by piece, checked before it goes in
-                staged = None if pre is None else wsdir.stage(
+                staged = None if pre is None else staging.stage(wsdir, 
                     w.path, site.core.blob_chunks(pre), mode=a.pre_mode, slot="u")
             except (BlobNotFound, BlobCorrupt, DirectoryMoved):
                 # (DirectoryMoved: the directory the undo made again for a delete's
@@ -376,10 +380,10 @@ def _undo(
                 out.append(Restored(path=w.path, rev=path_rev, digest=digest_or_none(disk),
                                     outcome="conflict"))
                 continue
-            landing = wsdir.land(w.path, staged, post, role="u")
+            landing = placing.land(wsdir, w.path, staged, post, role="u")
             if not landing.ok:
                 if staged is not None:
-                    wsdir.discard(staged)
+                    staging.discard(wsdir, staged)
                 if landing.kept is not None:
                     # a save made during the landing's refusal, kept beside the path
                     # under a visible name: the record names it
@@ -406,7 +410,7 @@ def _undo(
             # gave it): a person's chmod is theirs, kept on the file put back, as a
             # take-back keeps it
             mode = None if staged is None else \
-                wsdir.keep_persons_mode(w.path, landing.displaced, a.post_mode,
+                placing.keep_persons_mode(wsdir, w.path, landing.displaced, a.post_mode,
                                         staged.identity)
             out.append(Restored(path=w.path, rev=path_rev + 1, digest=pre,
                                 outcome="restored", mode=mode))
@@ -419,14 +423,14 @@ def _undo(
         tx.put_inline(inline, now)
     # a directory moved after the kill, where the settle found the crashed writes:
     # the attempt's temporaries there are collected too
-    wsdir.also_dirs |= crashed.moved_dirs()
+    wsdir.also_dirs |= leftovers.moved_dirs(crashed, )
     if undone_by is not None and any(not wsdir.has_dir(d) for d in dirs_of(planned)):
         # an undo killed while a directory it staged into was renamed: its
         # temporaries went with the directory (one search of the workspace)
-        wsdir.also_dirs |= undone_by.moved_dirs(search=True)
+        wsdir.also_dirs |= leftovers.moved_dirs(undone_by, search=True)
     rank = {w.path: i for i, w in enumerate(reversed(planned.writes))}
     out.sort(key=lambda r: rank[r.path])  # the record lists paths in undo order
-    wsdir.sync_dirs([r.path for r in out if r.outcome != "conflict"])
+    placing.sync_dirs(wsdir, [r.path for r in out if r.outcome != "conflict"])
     # the fold assigns revs in event order: renumber the moved entries in order
     moved = [r for r in out if r.outcome != "conflict"]
     renumbered = {id(r): ws.rev + i for i, r in enumerate(moved, 1)}
@@ -445,18 +449,18 @@ def _found_undone(site: Site, tx: Tx, wsdir: WorkspaceDir, undone_by: WorkspaceD
     path is ``already`` undone."""
     pre, post = a.pre_hash, a.post_hash
     if undone_by is not None:
-        f = undone_by.landed(path, post, pre, role="u", search=True)
+        f = leftovers.landed(undone_by, path, post, pre, role="u", search=True)
         if f.landed and f.displaced not in (post, NOT_A_FILE):
             if f.displaced is not None:
                 _keep_displaced(site, tx, undone_by, f, inline)
-            taken = undone_by.roll_back(f, pre, post_mode=a.pre_mode)
+            taken = placing.roll_back(undone_by, f, pre, post_mode=a.pre_mode)
             if taken.ok:
                 return Restored(path=path, rev=path_rev, digest=f.displaced,
                                 outcome="conflict", kept=kept_path(path, taken))
         elif f.landed and f.displaced == post:
             # the other undo displaced the step's file: a person's chmod of it is
             # carried over, as the undo would have
-            undone_by.keep_persons_mode(path, f.slot, a.post_mode)
+            placing.keep_persons_mode(undone_by, path, f.slot, a.post_mode)
     wsdir.sync(path)  # durable, then recorded
     return Restored(path=path, rev=path_rev + 1, digest=pre, outcome="already",
                     mode=wsdir.mode(path))
@@ -469,7 +473,7 @@ def _keep_displaced(site: Site, tx: Tx, wsdir: WorkspaceDir, found: Found,
     d = found.displaced
     if d is None or d in inline or tx.blob_size(d) is not None or found.slot is None:
         return
-    with wsdir.open_slot(found.path, found.slot) as fd:
+    with leftovers.open_slot(wsdir, found.path, found.slot) as fd:
         if fd is None:
             return
         if os.fstat(fd).st_size <= site.core.options.inline_max_bytes:

@@ -86,7 +86,7 @@ from typing import Any, Final
 from ..errors import LedgerError
 from ..workspace import directory as _directory
 from ..workspace import exchange
-from ..workspace.directory import temp_stamp
+from ..workspace.names import temp_stamp
 from .faults import scratch_root
 
 #: A call of the seam whose name starts with this is a point; nothing else counts.

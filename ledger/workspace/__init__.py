@@ -24,7 +24,8 @@ Nothing here imports `ledger.ledger` or `ledger.step`: the dependency points one
 """
 
 from .confined import Confined, Entry, FsRefused, Walk, glob_match
-from .directory import LEDGER_DIR_NAME, Boundary, WorkspaceDir, is_git_name, is_ledger_dir_name
+from .boundary import LEDGER_DIR_NAME, Boundary, is_git_name, is_ledger_dir_name
+from .directory import WorkspaceDir
 from .restore import RestoreReport
 
 #: Names this package exported before the step's lifecycle moved to `ledger.step`,

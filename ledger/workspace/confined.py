@@ -32,7 +32,8 @@ from dataclasses import dataclass, field
 from typing import Final
 
 from ..errors import LedgerError
-from .directory import Boundary, WorkspaceDir, identity_of, is_git_name
+from .boundary import Boundary, identity_of, is_git_name
+from .directory import WorkspaceDir
 from .moves import Mover
 
 #: A subdirectory entered during a bounded walk, relative to its confined parent.

@@ -24,7 +24,7 @@ from ..guard import AppendGuard
 from ..log import EventLog
 from ..projections import StepLookup
 from ..store import Store
-from .directory import Boundary
+from .boundary import Boundary
 
 #: Unix nanoseconds, injected (leaf code never reads the time itself).
 Clock = Callable[[], int]

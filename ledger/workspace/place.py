@@ -41,7 +41,7 @@ from typing import Final
 from ..errors import LedgerMoved
 from ..projections.workspaces import Registration
 from .core import OwnFiles
-from .directory import LEDGER_DIR_NAME
+from .boundary import LEDGER_DIR_NAME
 
 #: The cases of `LedgerMoved`.
 CASES: Final = ("copied", "moved", "ledger-only")

@@ -27,7 +27,9 @@ from ..projections import read_workspaces
 from ..projections.steps import VERSION as STEPS_VERSION
 from ..projections.workspaces import REGISTRATION_KINDS, Registration, WsRow, load_registration
 from ..store import Head, Tx
-from .directory import FileIdentity, WorkspaceDir, attempt_tag, identity_of
+from .boundary import FileIdentity, identity_of
+from .directory import WorkspaceDir
+from .names import attempt_tag
 from ..step.values import KeptFile, FileRead
 
 

@@ -42,7 +42,10 @@ from ..log import EventLog
 from ..projections.workspaces import Registration, WsRow
 from ..store import Scope, Store
 from .core import Core
-from .directory import FileIdentity, WorkspaceDir, identity_of, temp_stamp
+from . import staging
+from .boundary import FileIdentity, identity_of
+from .directory import WorkspaceDir
+from .names import temp_stamp
 
 
 class RestoreSource(Protocol):
@@ -268,7 +271,7 @@ def restore(workspaces: RestoreSource, workspace: str, to: str | os.PathLike[str
     workspaces.check_root(workspace, target, identity_of(st))
     out = WorkspaceDir(workspace, target, core.storage.files.ops, identity=identity_of(st),
                        boundary=core.own.boundary(), allow_git=reg.allow_git)
-    out.remove_temporaries(temps, lambda epoch, _tag: epoch == 0,
+    staging.remove_temporaries(out, temps, lambda epoch, _tag: epoch == 0,
                            held=lambda digest: core.blob_size(digest) is not None)
     written = absent = size = 0
     for path, digest in content.items():
@@ -281,7 +284,7 @@ def restore(workspaces: RestoreSource, workspace: str, to: str | os.PathLike[str
                 written += 1  # already these bytes: nothing to move
                 size += sizes[digest]
                 continue
-            out.put(path, core.blob_chunks(digest), mode=fold.mode(workspace, path),
+            staging.put(out, path, core.blob_chunks(digest), mode=fold.mode(workspace, path),
                     replace=replace)
         except PathEscapes as exc:
             # the path is the ledger's, not the caller's to change: what is in the target's

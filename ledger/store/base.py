@@ -12,7 +12,7 @@ savepoint (`_savepoint`, `_rollback_savepoint`, `_release_savepoint`) and
 from __future__ import annotations
 
 import functools
-from collections.abc import Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any, Final
 
 from ..blobs import digest_of
@@ -267,24 +267,59 @@ class TxBase:
         return row_to_recorded(row, deduped=True)
 
 
-def paged(fetch: Any, start: int, limit: int | None, batch_max: int) -> Any:
+_END: Final = object()
+
+
+class Paged:
     """Rows in batches of at most `batch_max`, paging on the first column (seq):
-    `fetch(last, batch)` returns the next batch after `last` (each its own statement, so
-    no read holds a long statement nor the log in memory); at most `limit` rows. The
-    fold loop runs through this once per event: rows are yielded straight from each
-    batch."""
-    remaining, last = limit, start
-    while True:
-        batch = batch_max if remaining is None else min(batch_max, remaining)
-        if batch <= 0:
-            return
-        got = fetch(last, batch)
-        yield from got
+    `fetch(last, batch)` returns the next batch after `last` as a list (each its own
+    statement, so no read holds a long statement nor the log in memory); at most
+    `limit` rows. The fold loop runs through this once per event, so a row costs one
+    call here; only `fetch` uses the connection, and only it holds `lock` (set by a
+    locked view: `locked_view`), once a batch, never once a row."""
+
+    __slots__ = ("_fetch", "_last", "_remaining", "_batch_max", "_rows", "_done", "lock")
+
+    def __init__(self, fetch: Callable[[int, int], list[Any]], start: int,
+                 limit: int | None, batch_max: int) -> None:
+        self._fetch, self._last, self._remaining = fetch, start, limit
+        self._batch_max = batch_max
+        self._rows: Iterator[Any] = iter(())
+        self._done = False
+        self.lock: Any = None
+
+    def __iter__(self) -> Paged:
+        return self
+
+    def __next__(self) -> Any:
+        row = next(self._rows, _END)
+        return self._more() if row is _END else row
+
+    def _more(self) -> Any:
+        remaining = self._remaining
+        batch = self._batch_max if remaining is None else min(self._batch_max, remaining)
+        if self._done or batch <= 0:
+            raise StopIteration
+        if self.lock is None:
+            got = self._fetch(self._last, batch)
+        else:
+            with self.lock:
+                got = self._fetch(self._last, batch)
         if len(got) < batch:
-            return
-        last = got[-1][0]
+            self._done = True
+        if not got:
+            raise StopIteration
+        self._last = got[-1][0]
         if remaining is not None:
-            remaining -= len(got)
+            self._remaining = remaining - len(got)
+        self._rows = iter(got)
+        return next(self._rows)
+
+
+def paged(fetch: Callable[[int, int], list[Any]], start: int, limit: int | None,
+          batch_max: int) -> Paged:
+    """The rows of a paged read (`Paged`)."""
+    return Paged(fetch, start, limit, batch_max)
 
 
 class _LockedIterator:
@@ -311,23 +346,28 @@ def _locked(name: str, fn: Any) -> Any:
     if name in ITERATING:
         @functools.wraps(fn)
         def iterate(self: Any, *args: Any, **kwargs: Any) -> Any:
-            lock = self._store.lock
+            lock = self._store.lock.reads_lock
             with lock:
-                return _LockedIterator(iter(fn(self, *args, **kwargs)), lock)
+                it = fn(self, *args, **kwargs)
+            if isinstance(it, Paged):  # (it locks each batch's read itself)
+                it.lock = lock
+                return it
+            return _LockedIterator(iter(it), lock)
         return iterate
 
     @functools.wraps(fn)
     def call(self: Any, *args: Any, **kwargs: Any) -> Any:
-        with self._store.lock:
+        with self._store.lock.reads_lock:
             return fn(self, *args, **kwargs)
     return call
 
 
 def locked_view(view: type, doc: str) -> type:
     """A subclass of a store's read view (`store.view`) whose every public method holds
-    the store's lock (`self._store.lock`, re-entrant) for its call, or for each step of
-    the iterator it returns: a read outside a transaction never meets another thread's
-    use of the connection."""
+    the store's lock (re-entrant; `StoreLock.reads_lock`: a read never appends, so its
+    owner need not be kept) for its call, or for each step of the iterator it returns —
+    for each batch's read of a paged one (`Paged`): a read outside a transaction never
+    meets another thread's use of the connection."""
     methods: dict[str, Any] = {}
     for cls in reversed(view.__mro__[:-1]):  # the most derived definition wins
         methods.update({name: fn for name, fn in vars(cls).items()
@@ -336,5 +376,5 @@ def locked_view(view: type, doc: str) -> type:
     return type(f"_Locked{view.__name__}", (view,), {"__doc__": doc, **methods})
 
 
-__all__ = ["GUARDED_KINDS", "ITERATING", "TxBase", "check_row", "locked_view", "paged", "row_problem",
+__all__ = ["GUARDED_KINDS", "ITERATING", "Paged", "TxBase", "check_row", "locked_view", "paged", "row_problem",
            "row_to_recorded"]

@@ -17,10 +17,14 @@ class StoreLock:
     owner's read transactions open, `writes` its write transactions: an append inside
     a read alone is refused by the log, not attempted."""
 
-    __slots__ = ("_lock", "_owner", "_depth", "reads", "writes")
+    __slots__ = ("_lock", "_owner", "_depth", "reads", "writes", "reads_lock")
 
     def __init__(self) -> None:
         self._lock = threading.RLock()
+        #: The same lock without the owner kept: for a locked view's reads (`locked_view`),
+        #: which never append, so nothing asks `owned` inside them — the cheap way in for
+        #: the many small reads of a step (a C-level `with`, no Python call).
+        self.reads_lock = self._lock
         self._owner = 0
         self._depth = 0
         self.reads = 0
@@ -39,11 +43,19 @@ class StoreLock:
             self._owner = 0
         self._lock.release()
 
+    # (`with` is the hot path — a locked view takes the lock for each read — so these do
+    # the work of `acquire` and `release` themselves: one call each, not two)
     def __enter__(self) -> bool:
-        return self.acquire()
+        self._lock.acquire()
+        self._owner = _ident()
+        self._depth += 1
+        return True
 
     def __exit__(self, *exc: Any) -> None:
-        self.release()
+        self._depth -= 1
+        if not self._depth:
+            self._owner = 0
+        self._lock.release()
 
     def owned(self) -> bool:
         """Whether the calling thread holds the lock."""

@@ -2,15 +2,18 @@
 (found by a red team of the two-undoers fix, `tests/test_undo_races.py`): each schedule
 is played deterministically at the ledger's file operations (`ledger.testing.interleave`).
 
-Three of the findings are fixed and hold here: an undo of a create whose directory a
+Four of the findings are fixed and hold here: an undo of a create whose directory a
 person renamed between the undo's look and its landing is a conflict (the step's file
 lives on under the new name), never ``already``; a save a refused undo landing kept under
 a visible name is named by the record; a directory removed under the undo's staging is a
 conflict, not an untyped exception out of `compensate` (or out of `acquire`, through its
-settle). Four are open, older than that fix, each a strict xfail naming its cause: in the
-mode without the exchange call, and on the apply path, the takeover's cleanup of the
-older epoch's temporaries can remove a slot a still-running worker is moving bytes
-through, and the two take-backs can each mistake the other's move for a person's.
+settle); and the settle never finishes (`finish_aside`) a landing the stale worker was
+refusing — it links the staged file in only where the file aside is the one that
+landing expected to displace. Three are open, older than that fix, each a strict xfail
+naming its cause: in the mode without the exchange call, and on the apply path, the
+takeover's cleanup of the older epoch's temporaries can remove a slot a still-running
+worker is moving bytes through, and the two take-backs can each mistake the other's
+move for a person's.
 """
 
 from __future__ import annotations
@@ -45,11 +48,6 @@ TWO_TAKE_BACKS = (
     " landing each meet the other's move — a slot gone, a name empty, the step's own"
     " post-image — and judge it a conflict or a person's save (a kept copy, a conflict"
     " recorded with no person acting). A fix judges those as 'already taken back'")
-FINISHED_WHILE_REFUSING = (
-    "open: `finish_aside` (the settle) links the stale worker's staged pre-image in while"
-    " that worker is refusing its landing (it moved a person's save aside): the save ends"
-    " kept under a visible name but the record says 'already'. A fix has finish_aside"
-    " link only when the aside slot holds the post-image the landing expected")
 
 
 def world(tmp: Path, writes: list[Write] | None = None, files: dict[str, bytes] | None = None,
@@ -159,6 +157,21 @@ def test_a_directory_removed_under_the_undo_is_a_typed_outcome(tmp_path: Path) -
     assert err is None or isinstance(err, LedgerError), repr(err)
 
 
+def test_the_settle_does_not_finish_a_landing_that_was_refusing(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(exchange_mod, "_CALL", None)
+    root, path, clock = world(tmp_path)
+    lock, att, _ = play(path, clock, [
+        ("first", 3),                  # looked (post), staged
+        ("person", None),              # saves a.txt
+        ("first", 1),                  # aside: not the post-image; about to put back
+        ("second", 1),                 # finish_aside linked the staged pre-image in
+        ("first", None), ("second", None)], person=save(root))
+    r = att.end[1].restored[0]
+    assert names(root).get("a.txt") == MINE or (r.outcome == "conflict" and r.kept), (
+        names(root), r)
+
+
 # -- open -------------------------------------------------------------------------------------
 
 
@@ -207,19 +220,3 @@ def test_an_apply_whose_staged_file_the_settle_collected(
         ("second", None)], first="apply")
     assert lock.points["second"][0] == "ws-unlink"
     assert names(root) == {"a.txt": PRE}, names(root)
-
-
-@pytest.mark.xfail(strict=True, reason=FINISHED_WHILE_REFUSING)
-def test_the_settle_does_not_finish_a_landing_that_was_refusing(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(exchange_mod, "_CALL", None)
-    root, path, clock = world(tmp_path)
-    lock, att, _ = play(path, clock, [
-        ("first", 3),                  # looked (post), staged
-        ("person", None),              # saves a.txt
-        ("first", 1),                  # aside: not the post-image; about to put back
-        ("second", 1),                 # finish_aside linked the staged pre-image in
-        ("first", None), ("second", None)], person=save(root))
-    r = att.end[1].restored[0]
-    assert names(root).get("a.txt") == MINE or (r.outcome == "conflict" and r.kept), (
-        names(root), r)

@@ -107,15 +107,15 @@ def apply(site: Site, step: str, attempt: int | None = None, *, epoch: int,
                 for w in planned.writes:
                     if w.path.rpartition("/")[0] in wsdir.gone_dirs:
                         continue
-                    if w.post_hash is None or (planned.journal and leftovers.landed(wsdir, 
-                            w.path, w.pre_hash, w.post_hash, mode=w.mode).landed):
+                    if w.post_hash is None or (planned.journal and leftovers.landed(
+                            wsdir, w.path, w.pre_hash, w.post_hash, mode=w.mode).landed):
                         continue  # a crashed call's landed write: its slot is the evidence
                     # copied piece by piece, verified by the end of the copy, under the
                     # path's slot name, with its final mode before any name shows it
                     # the fence decides (below)
                     with contextlib.suppress(StagingLost, DirectoryMoved):
-                        staged[w.path] = staging.stage(wsdir, 
-                            w.path, site.core.blob_chunks(w.post_hash), mode=w.mode,
+                        staged[w.path] = staging.stage(
+                            wsdir, w.path, site.core.blob_chunks(w.post_hash), mode=w.mode,
                             slot="x", make_dirs=w.pre_hash is None)
             holder: list[ApplyResult] = []
             # The store's write lock covers the commit only (docs/design.md

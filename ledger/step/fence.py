@@ -87,7 +87,7 @@ def fence(
     if recordable and planned.journal:
         for w in planned.writes:  # a fallback landing a kill cut between its moves
             if w.pre_hash is not None and w.post_hash is not None:
-                placing.finish_aside(wsdir, w.path, "x")
+                placing.finish_aside(wsdir, w.path, "x", w.pre_hash)
     wsdir.planned = paths_of(planned)
     found = {w.path: leftovers.landed(wsdir, w.path, w.pre_hash, w.post_hash, mode=w.mode)
              for w in planned.writes} if recordable and planned.journal else {}

@@ -138,8 +138,9 @@ def remove_abandoned_temporaries(site: Site, now: int) -> int:
         flying = frozenset(attempt_tag(s, a) for s, a in steps)
         newest_dead = row.epoch - 1 if row.live_epoch(now) is not None else row.epoch
         try:
-            removed += staging.remove_temporaries(site.places.wsdir(row), 
-                dirs, lambda e, t, newest_dead=newest_dead, top=row.epoch, flying=flying:
+            removed += staging.remove_temporaries(
+                site.places.wsdir(row), dirs,
+                lambda e, t, newest_dead=newest_dead, top=row.epoch, flying=flying:
                 e <= newest_dead or (e <= top and t not in flying),
                 lambda row=row, steps=steps: slots_in_flight(site, row.name, steps),
                 site.held)

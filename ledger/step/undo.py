@@ -309,7 +309,7 @@ def _undo(
             # an undo killed mid-landing without the exchange call (its file aside,
             # the pre-image not yet linked in): finished first
             with contextlib.suppress(LedgerError):
-                placing.finish_aside(undone_by, w.path, "u")
+                placing.finish_aside(undone_by, w.path, "u", w.post_hash)
         try:
             disk = wsdir.hash(w.path)
         except (WorkspaceMoved, WorkspaceOverlap):
@@ -372,8 +372,8 @@ def _undo(
             continue
         if disk == post and post != pre:
             try:  # the pre-image is copied piece by piece, checked before it goes in
-                staged = None if pre is None else staging.stage(wsdir, 
-                    w.path, site.core.blob_chunks(pre), mode=a.pre_mode, slot="u")
+                staged = None if pre is None else staging.stage(
+                    wsdir, w.path, site.core.blob_chunks(pre), mode=a.pre_mode, slot="u")
             except (BlobNotFound, BlobCorrupt, DirectoryMoved):
                 # (DirectoryMoved: the directory the undo made again for a delete's
                 # pre-image removed or renamed under it, by a person: left as found)

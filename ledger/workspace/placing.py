@@ -394,11 +394,15 @@ def _unland(wsdir: WorkspaceDir, dir_fd: int, leaf: str, path: str, displaced: s
     return TakeBack(path, True, pre, kept=kept)
 
 
-def finish_aside(wsdir: WorkspaceDir, path: str, role: str) -> bool:
+def finish_aside(wsdir: WorkspaceDir, path: str, role: str, expect: str | None) -> bool:
     """Finish a landing the fallback (no exchange call) began and a kill stopped
     between moving the file aside (to the ``y`` slot) and linking the staged one (the
     `role` slot) in: the name is absent then, and gets the staged file, never over
-    anything. True when that was done."""
+    anything — and only when the file aside is the one that landing expected to
+    displace (`expect`). A landing moves aside anything, then checks it: a ``y`` slot
+    holding other bytes is a refusal in progress (a person's save, moved aside, on its
+    way back to its name — by the landing itself if it is still running, or by the
+    roll-back of its crashed call), never a landing to finish. True when it was done."""
     opened = wsdir.open_parent(path, create=False)
     if opened is None:
         return False
@@ -406,6 +410,8 @@ def finish_aside(wsdir: WorkspaceDir, path: str, role: str) -> bool:
     try:
         staged, aside = wsdir.slot(path, role), wsdir.slot(path, "y")
         if stat_at(dir_fd, leaf) is not None or stat_at(dir_fd, aside) is None:
+            return False
+        if expect is None or look(dir_fd, aside).digest != expect:
             return False
         st = stat_at(dir_fd, staged)
         if st is None or not stat.S_ISREG(st.st_mode):

@@ -14,7 +14,7 @@ from types import TracebackType
 from typing import Any
 
 
-from .blobs import BlobStore, Content, content_digest
+from .blobs import BlobStore, Content
 from .errors import BlobCorrupt, BlobNotFound, CorruptLedger, InvalidInput, NotALedger, UnknownStep
 from .events import (
     Built,
@@ -35,7 +35,7 @@ from .guard import AppendGuard, check_blob
 from .workspace.core import Clock, Core, Options, OwnFiles
 from .step import artifacts as artifacts_mod
 from .step.attempt import Attempt, read_attempt
-from .step.values import COMPENSATION_WINDOW_S_DEFAULT, Receipt
+from .step.values import Receipt
 from .workspaces import Workspaces
 from .log import EventLog, Head
 from .store import BUSY_TIMEOUT_MS, Store, Synchronous
@@ -49,7 +49,7 @@ from .projections import (
     rebuild,
 )
 from .projections.steps import VERSION as STEPS_VERSION
-from .verify import VerifyReport, exposure_warnings, verify, window_problem
+from .verify import VerifyReport, exposure_warnings, verify
 from .witness_keeper import WitnessKeeper, anchor_witness
 from .witness import Witness, WitnessStatus
 
@@ -124,31 +124,15 @@ class Ledger:
     ) -> None:
         opening.check_options(inline_max_bytes=inline_max_bytes, hash_check_max_bytes=hash_check_max_bytes,
                        compensation_window_s=compensation_window_s)
-        # A fact of the ledger, fixed at init (GC's pre-image pins and `compensate` must
-        # agree on it whoever opens the file); the option only names it at creation, or
-        # for a ledger made before it was recorded. A stored value out of range was put
-        # there by hand: refused, except by a forensic open (verify reports it).
         info = store.info
-        stored = store.view.meta("compensation_window_s")
-        if stored is not None and window_problem(stored) is None:
-            window = float(stored)
-        elif stored is not None and not info.forensic:
-            raise CorruptLedger(info.location, f"meta compensation_window_s {window_problem(stored)}"
-                                " (the file was edited)")
-        elif stored is not None:
-            window = COMPENSATION_WINDOW_S_DEFAULT
-        else:
-            window = (COMPENSATION_WINDOW_S_DEFAULT
-                      if compensation_window_s is None else compensation_window_s)
-        #: The options the protocol reads, fixed at open.
-        self.options = Options(inline_max_bytes=inline_max_bytes,
-                               hash_check_max_bytes=hash_check_max_bytes,
-                               compensation_window_s=window)
+        #: The options the protocol reads, fixed at open (the compensation window is the
+        #: ledger's own, recorded at init: `opening.compensation_window`).
+        self.options = Options(
+            inline_max_bytes=inline_max_bytes, hash_check_max_bytes=hash_check_max_bytes,
+            compensation_window_s=opening.compensation_window(store, compensation_window_s,
+                                                              created))
         #: The ledger's storage (docs/storage.md): on SQLite, the file and its blob files.
         self._store = store
-        if stored is None and created and not info.readonly:
-            with store.transaction() as tx:
-                tx.set_meta("compensation_window_s", repr(float(window)))
         self.clock = clock
         self.created = created
         self._steps = StepsProjector()
@@ -446,16 +430,7 @@ class Ledger:
 
         events = list(events)
         _refuse_anchor(events)
-        small: dict[str, bytes] = {}
-        for digest, data in (inline or {}).items():
-            if not isinstance(data, bytes) or len(data) > self.inline_max_bytes:
-                raise InvalidInput(f"inline blob {str(digest)[:12]} must be bytes of at most"
-                                   f" {self.inline_max_bytes} bytes; store a larger one as a"
-                                   " blob file first (ledger.blobs.put)")
-            if content_digest(data)[0] != check_digest(digest, "inline blob digest"):
-                raise InvalidInput(f"inline blob {digest[:12]} does not hold the bytes named by"
-                                   " its digest; key each one by the sha256 of its bytes")
-            small[digest] = data
+        small = opening.check_inline(inline or {}, self.inline_max_bytes)
         if epochs:
             for name, epoch in epochs.items():
                 check_step_id(name)

@@ -8,8 +8,12 @@ from __future__ import annotations
 import os
 from typing import Any
 
-from .errors import InvalidInput
-from .store import Location, locate
+from collections.abc import Mapping
+
+from .blobs import check_digest, content_digest
+from .errors import CorruptLedger, InvalidInput
+from .store import Location, Store, locate
+from .step.values import COMPENSATION_WINDOW_S_DEFAULT
 from .verify import window_problem
 from .witness import witness_path
 
@@ -57,4 +61,42 @@ def check_init(path: str | os.PathLike[str], parents: bool, options: dict[str, A
     return where
 
 
-__all__ = ["check_init", "check_open", "check_options"]
+def compensation_window(store: Store, option: float | None, created: bool) -> float:
+    """The ledger's compensation window: a fact of the ledger, fixed at init (GC's
+    pre-image pins and `compensate` must agree on it whoever opens the file); the
+    option only names it at creation (recorded then), or for a ledger made before it
+    was recorded. A stored value out of range was put there by hand: CorruptLedger,
+    except for a forensic open (verify reports it)."""
+    info = store.info
+    stored = store.view.meta("compensation_window_s")
+    if stored is not None and window_problem(stored) is None:
+        return float(stored)
+    if stored is not None and not info.forensic:
+        raise CorruptLedger(info.location, f"meta compensation_window_s"
+                            f" {window_problem(stored)} (the file was edited)")
+    if stored is not None:
+        return COMPENSATION_WINDOW_S_DEFAULT
+    window = COMPENSATION_WINDOW_S_DEFAULT if option is None else option
+    if created and not info.readonly:
+        with store.transaction() as tx:
+            tx.set_meta("compensation_window_s", repr(float(window)))
+    return window
+
+
+def check_inline(inline: Mapping[str, bytes], max_bytes: int) -> dict[str, bytes]:
+    """`Ledger.append_batch`'s inline blobs, each checked (InvalidInput): bytes, at most
+    `max_bytes`, keyed by the sha256 of its bytes."""
+    small: dict[str, bytes] = {}
+    for digest, data in inline.items():
+        if not isinstance(data, bytes) or len(data) > max_bytes:
+            raise InvalidInput(f"inline blob {str(digest)[:12]} must be bytes of at most"
+                               f" {max_bytes} bytes; store a larger one as a blob file"
+                               " first (ledger.blobs.put)")
+        if content_digest(data)[0] != check_digest(digest, "inline blob digest"):
+            raise InvalidInput(f"inline blob {digest[:12]} does not hold the bytes named by"
+                               " its digest; key each one by the sha256 of its bytes")
+        small[digest] = data
+    return small
+
+
+__all__ = ["check_init", "check_inline", "check_open", "check_options", "compensation_window"]

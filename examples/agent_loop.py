@@ -11,7 +11,7 @@ again: it takes a new lease (which puts back whatever the dead run left half don
 walks the same list of steps. Steps the ledger calls committed are answered from the
 ledger ("deduped": the planner is not called again); the rest run. `--pause-at K` stops
 the process for good once edit K's plan is durable, before it touches a file: a known
-point to kill it at (tests/test_examples.py does).
+point to kill it at (tests/docs/test_examples.py does).
 """
 
 from __future__ import annotations

@@ -175,7 +175,7 @@ __version__ = "0.1.0"
 #: Each public name -> the submodule it is imported from on first use (so that
 #: `import ledger.cli` or `import ledger.errors` does not import the whole library). The
 #: TYPE_CHECKING block above lists the same names for type checkers;
-#: tests/test_architecture.py holds the two equal.
+#: tests/architecture/test_architecture.py holds the two equal.
 _WHERE: dict[str, str] = {
     "AsyncLedger": "aio",
     "BlobStore": "blobs", "digest_of": "blobs",

@@ -674,7 +674,7 @@ AnyEvent = Union[
 
 class KindSpec(msgspec.Struct, frozen=True, kw_only=True):
     """What the ledger does with one event kind: the one place a kind is declared
-    (`KIND_SPECS`). Every kind list is derived from it, and tests/test_kinds.py fails
+    (`KIND_SPECS`). Every kind list is derived from it, and tests/log/test_kinds.py fails
     when a kind has no declaration, no decoder, no fold its declaration names, or no
     documentation.
 

@@ -3,7 +3,7 @@
 The command line (``show``, ``events``, ``seal show``), the UI (each event's row, its
 tooltip and the glossary), ``status`` and the MCP server read these, and nothing else
 words a kind: a kind added to `ledger.events.KIND_SPECS` without its entry here fails
-tests/test_kinds.py, and `describe` has no fallback (a KeyError names the kind).
+tests/log/test_kinds.py, and `describe` has no fallback (a KeyError names the kind).
 
 >>> from ledger.kinds import describe, detail, means
 >>> means("fenced")
@@ -121,7 +121,7 @@ def _registered(e: Any) -> str:
     return e.root + (" (.git writable)" if e.allow_git else "")
 
 
-#: Every kind of `ledger.events.KIND_SPECS`, in words (tests/test_kinds.py holds them
+#: Every kind of `ledger.events.KIND_SPECS`, in words (tests/log/test_kinds.py holds them
 #: equal).
 DESCRIBED: Final[dict[str, Described]] = {
     "planned": Described(

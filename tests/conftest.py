@@ -6,6 +6,12 @@ and where a test's ledgers are (`ledger_at`, `ledger_location`): on SQLite, and 
 Every ledger in the tests runs on the fake clock; nothing reads wall time. Fixtures
 expose the helpers (`digest`, `commit_step`, ...); module-level code imports them with
 ``from conftest import ...`` (pytest's default import mode puts tests/ on sys.path).
+
+The tests live in one folder per subject (docs/testing.md "The layout"); each folder is
+on sys.path too (pyproject.toml's `pythonpath`), so a module imports a helper or another
+test module of any folder by its bare name (`from mcp_agents import ...`). The two rules
+that keep this working are checked at start (`pytest_configure`): every folder is
+listed there, and no two modules under tests/ share a name.
 """
 
 from __future__ import annotations
@@ -18,6 +24,7 @@ import os
 import re
 import shutil
 import tempfile
+from collections import Counter
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -460,3 +467,21 @@ def pg_url(pg_server: PgServer, request: pytest.FixtureRequest) -> Iterator[str]
 def pytest_terminal_summary(terminalreporter: Any) -> None:
     if _PG_SKIPPED:
         terminalreporter.write_line(f"PostgreSQL tests skipped: {_PG_SKIPPED[0]}")
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """The layout's two rules: every folder of tests/ is on sys.path (pyproject.toml's
+    `pythonpath`), and every module name under tests/ is unique (each is imported by its
+    bare name: two of one name would be one module to Python and a mismatch to pytest)."""
+    here = Path(__file__).resolve().parent
+    modules = [*here.glob("*.py"), *here.glob("*/*.py")]
+    listed = {Path(p).resolve() for p in config.getini("pythonpath")}
+    folders = {m.parent for m in modules}
+    unlisted = sorted(str(d.relative_to(here.parent)) for d in folders - listed)
+    if unlisted:
+        raise pytest.UsageError(f"add {', '.join(unlisted)} to pythonpath in pyproject.toml"
+                                " ([tool.pytest.ini_options]): a test folder not on sys.path")
+    twice = sorted(name for name, n in Counter(m.name for m in modules).items() if n > 1)
+    if twice:
+        raise pytest.UsageError(f"two modules under tests/ named {', '.join(twice)}: module"
+                                " names are imported bare (docs/testing.md \"The layout\")")

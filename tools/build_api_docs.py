@@ -28,7 +28,7 @@ Then three checks, each failing the build (exit 1):
   class) with an example: at least one ``>>>`` line that doctest does not skip.
 
 ``--examples`` runs those examples (doctest, each object's in a fresh empty directory);
-tests/test_api_docs.py runs them too.
+tests/docs/test_api_docs.py runs them too.
 """
 
 from __future__ import annotations

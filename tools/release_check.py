@@ -12,8 +12,8 @@
    points, `py.typed`, every package under ledger/, and nothing of tests/ or tools/.
 3. Installs the **wheel** (not the checkout, not editable) into fresh venvs, each with
    only the extras it tests, and runs the README's, docs/'s and examples/'s snippets
-   there as printed (tests/test_readme.py, tests/test_docs.py, the LangGraph docs test,
-   tests/test_examples.py), with ``STEPTRAIL_TEST_INSTALLED=1``: the snippets import the
+   there as printed (tests/docs/test_readme.py, tests/docs/test_docs.py, the LangGraph docs test,
+   tests/docs/test_examples.py), with ``STEPTRAIL_TEST_INSTALLED=1``: the snippets import the
    installed package (no PYTHONPATH to the checkout; a test checks where `ledger` was
    imported from), and a snippet whose extra the venv lacks is skipped, naming it:
 
@@ -45,11 +45,12 @@ ROOT = Path(__file__).resolve().parent.parent
 TEST_TOOLS = ["pytest>=8", "hypothesis>=6.100"]
 #: venv name -> (extras, test tools beyond TEST_TOOLS, the tests it runs)
 VENVS: dict[str, tuple[str, list[str], list[str]]] = {
-    "core": ("", [], ["tests/test_readme.py", "tests/test_docs.py", "tests/test_examples.py"]),
+    "core": ("", [], [
+        "tests/docs/test_readme.py", "tests/docs/test_docs.py", "tests/docs/test_examples.py"]),
     "extras": ("[mcp,langgraph,postgres,ui]", ["langgraph-checkpoint-conformance==0.0.2"], [
-        "tests/test_readme.py", "tests/test_docs.py", "tests/test_examples.py",
-        "tests/test_langgraph.py::test_the_langgraph_docs_snippets_run_as_printed",
-        "tests/test_ui.py"]),  # the ui's templates and static files ship in the wheel
+        "tests/docs/test_readme.py", "tests/docs/test_docs.py", "tests/docs/test_examples.py",
+        "tests/langgraph/test_langgraph.py::test_the_langgraph_docs_snippets_run_as_printed",
+        "tests/ui/test_ui.py"]),  # the ui's templates and static files ship in the wheel
 }
 
 

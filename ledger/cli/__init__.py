@@ -16,7 +16,7 @@ classes, the one place errors leave, --json, opening the ledger), `_options` (th
 shared options) and `_format` (what the commands print). Commands of other packages
 come from the entry-point group ``steptrail.commands`` (`ledger.testing.commands`:
 chaos, fuzz). This package imports click; it imports only the library's public API
-(tests/test_architecture.py), each command when it runs (tests/test_cli_fast.py).
+(tests/architecture/test_architecture.py), each command when it runs (tests/cli/test_cli_fast.py).
 """
 
 from __future__ import annotations

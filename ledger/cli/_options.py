@@ -3,7 +3,7 @@
 A command imports what it uses (the ledger, plans, gc, export, ...) when it runs:
 `steptrail --help` or one command's run pays for no other's imports (docs/performance.md
 "The command line"). So the choices of its options are spelled out here, not imported;
-tests/test_cli_fast.py checks they are the library's.
+tests/cli/test_cli_fast.py checks they are the library's.
 """
 
 from __future__ import annotations

@@ -38,7 +38,7 @@ if TYPE_CHECKING:
     from ledger.plans import Plan
 
 #: The stages of `step run`, in order, that an embedding caller's hook hears of
-#: (``main(obj={"on_stage": f})`` calls ``f(STAGE)``; tests/test_cli_run.py SIGKILLs the
+#: (``main(obj={"on_stage": f})`` calls ``f(STAGE)``; tests/cli/test_cli_run.py SIGKILLs the
 #: process there, as a crash would): after-plan (the plan durable), after-commit (the
 #: step committed, before it says so).
 STAGES = ("after-plan", "after-commit")

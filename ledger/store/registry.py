@@ -5,7 +5,7 @@ names a ledger in a PostgreSQL database, anything else a SQLite file. Each store
 registers a `Backend` (its module's ``BACKEND``), imported on first use — the command
 line and the library never import a driver they do not need. Everything outside
 ``ledger/store/`` reaches a store through `locate`, `open_store` and `create_store`, and
-never names a concrete one (tests/test_architecture.py holds that), as litestream picks
+never names a concrete one (tests/architecture/test_architecture.py holds that), as litestream picks
 a replica client by the URL's scheme.
 
 A backend answers what differs between stores and the callers above need to know:

@@ -25,6 +25,6 @@
   benchmarks and ``python -m ledger.testing.pgserver start DIR`` (the README's demo).
 
 The runtime never imports this package, not even lazily: the library works without it,
-and its commands reach the command line as entry points (tests/test_architecture.py
+and its commands reach the command line as entry points (tests/architecture/test_architecture.py
 checks it).
 """

@@ -27,7 +27,7 @@ is P2 even though it also fails P1); the others are listed in `Violation.also`.
 
 With the fences on no schedule may violate anything. With ``fence="none"`` the search
 finds a lost update and `shrink` reduces it to a 1-minimal op list (removing any single
-op makes the violation disappear), which tests/test_fuzz.py keeps as a regression test.
+op makes the violation disappear), which tests/step/test_fuzz.py keeps as a regression test.
 
 An op is a name from `OPS`, optionally with arguments after colons; `schedule` always
 emits the fully specified form, so an op list alone replays exactly (and shrinking one
@@ -96,7 +96,7 @@ STEP_IDS: Final = tuple(s[0] for s in STEPS)
 HUMAN_MODES: Final = ("disk", "ledger", "same")
 #: The human modes `schedule` draws: all of them. ``same`` (the human makes, by hand,
 #: exactly the change the agent planned) found a settle bug once (see
-#: tests/test_fuzz.py::test_settle_keeps_a_hand_edit_equal_to_an_unapplied_post_image).
+#: tests/step/test_fuzz.py::test_settle_keeps_a_hand_edit_equal_to_an_unapplied_post_image).
 SCHEDULED_HUMAN_MODES: Final = HUMAN_MODES
 REPLAN_MODES: Final = ("restamp", "fresh")
 LEASE_TTL_S: Final = 24 * 3600  # never expires inside a schedule: only preempt ends an epoch

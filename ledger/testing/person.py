@@ -58,7 +58,7 @@ Run it: ``python -m ledger.testing.person [--full] [--mode M] [--scenario S]
 [--sweep N]`` prints the table (mode x scenario x action: runs, not applicable, runs
 with a loss, runs with an accounting problem, runs where the operation raised instead of
 answering, runs settled a second time, seconds) and the failing runs grouped.
-tests/test_person_injector.py runs a slice (`SLICE`) in ``make test``, and the whole
+tests/workspace/test_person_injector.py runs a slice (`SLICE`) in ``make test``, and the whole
 table and a seeded random sweep with ``STEPTRAIL_FAULTS_FULL=1``.
 
 The standard library and the ledger only; the runtime never imports this module.

@@ -41,7 +41,7 @@ SCAN_BUDGET_S: Final = 2.0
 IN_FLIGHT: Final = ("planned", "fenced", "blob-stored", "compensating")
 UNACKED: Final = "manifest-published"
 #: Every step state, as the projection names them (a copy: the UI sees the public API
-#: only; tests/test_cli_fast.py holds it equal to the library's).
+#: only; tests/cli/test_cli_fast.py holds it equal to the library's).
 STATES: Final = ("planned", "fenced", "blob-stored", "manifest-published", "acked",
                  "compensating", "compensated", "rejected", "sealed")
 

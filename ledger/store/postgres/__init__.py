@@ -482,7 +482,7 @@ class PgStore:
         `many_rows` makes of it (chunks of at most PARAMS_MAX parameters), else one
         statement a row. Never the driver's executemany: it runs in pipeline mode, and a
         writer frozen right after one was never ended by the server's idle bound — the
-        fleet waited on its locks (tests/test_postgres_frozen.py, the chain stage)."""
+        fleet waited on its locks (tests/postgres/test_postgres_frozen.py, the chain stage)."""
         conn = self._connect()
         width = len(rows[0]) if rows else 1
         step = max(1, PARAMS_MAX // max(1, width))

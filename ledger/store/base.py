@@ -18,7 +18,7 @@ from typing import Any, Final
 from ..blobs import digest_of
 from ..errors import IdempotencyConflict, IllegalTransition, LedgerError
 from ..events import EVENT_VERSION, GUARDED_KINDS, Envelope, RecordedEvent, chain_hash, decode
-from . import (ROW_NAMES, ROW_TYPES, DuplicateKey, EventRow, EventCheck, Head, Prepared, Projector,
+from . import (ROW_ERRORS, ROW_NAMES, ROW_TYPES, DuplicateKey, EventRow, EventCheck, Head, Prepared, Projector,
                make_event_row)
 
 
@@ -323,19 +323,24 @@ def paged(fetch: Callable[[int, int], list[Any]], start: int, limit: int | None,
 
 
 class _LockedIterator:
-    """An iterator over a store's connection that holds the store's lock for each step."""
+    """An iterator over a store's connection that holds the store's lock for each step,
+    a row it cannot read a typed error (`translate`)."""
 
-    __slots__ = ("_it", "_lock")
+    __slots__ = ("_it", "_lock", "_translate")
 
-    def __init__(self, it: Any, lock: Any) -> None:
-        self._it, self._lock = it, lock
+    def __init__(self, it: Any, lock: Any, translate: Callable[[BaseException], Exception]
+                 ) -> None:
+        self._it, self._lock, self._translate = it, lock, translate
 
     def __iter__(self) -> _LockedIterator:
         return self
 
     def __next__(self) -> Any:
         with self._lock:
-            return next(self._it)
+            try:
+                return next(self._it)
+            except ROW_ERRORS as exc:
+                raise self._translate(exc) from exc
 
 
 #: A view's methods that hand out a lazy iterator over the connection.
@@ -343,22 +348,32 @@ ITERATING: Final = frozenset({"events", "fold_rows", "checked_rows", "table_rows
 
 
 def _locked(name: str, fn: Any) -> Any:
+    # A row the view cannot read (a damaged cell: ROW_ERRORS) is the view's to name — a
+    # damaged ledger, CorruptLedger, through its driver's `read_error` — here, where it
+    # is met: never the caller's own exception further out (a read transaction passes
+    # those through as they are).
     if name in ITERATING:
         @functools.wraps(fn)
         def iterate(self: Any, *args: Any, **kwargs: Any) -> Any:
             lock = self._store.lock.reads_lock
             with lock:
-                it = fn(self, *args, **kwargs)
+                try:
+                    it = fn(self, *args, **kwargs)
+                except ROW_ERRORS as exc:
+                    raise self._q.read_error(exc) from exc
             if isinstance(it, Paged):  # (it locks each batch's read itself)
                 it.lock = lock
                 return it
-            return _LockedIterator(iter(it), lock)
+            return _LockedIterator(iter(it), lock, self._q.read_error)
         return iterate
 
     @functools.wraps(fn)
     def call(self: Any, *args: Any, **kwargs: Any) -> Any:
         with self._store.lock.reads_lock:
-            return fn(self, *args, **kwargs)
+            try:
+                return fn(self, *args, **kwargs)
+            except ROW_ERRORS as exc:
+                raise self._q.read_error(exc) from exc
     return call
 
 

@@ -23,6 +23,7 @@ from typing import Any, Final
 from ..errors import CorruptLedger, LedgerError
 from . import (
     COPY_TABLES,
+    ROW_ERRORS,
     BlobStat,
     Checkpoint,
     EntryRow,
@@ -185,7 +186,7 @@ class SqlView:
         def fetch(last: int, batch: int) -> list[tuple[Any, ...]]:
             try:
                 return list(map(make, q.all(sql, (last, *params, batch))))
-            except q.raw_errors as exc:
+            except (*q.raw_errors, *ROW_ERRORS) as exc:  # (a row it cannot make: damaged)
                 raise q.read_error(exc) from None
 
         return paged(fetch, start, limit, READ_BATCH)  # type: ignore[no-any-return]

@@ -199,21 +199,70 @@ def test_append_inside_a_read_is_a_typed_refusal_not_a_damaged_ledger(tmp_path: 
         assert led.verify().ok
 
 
-@pytest.mark.xfail(strict=True, reason="open, older than ledger/step/: the SQLite read"
-                   " transaction translates every ValueError/TypeError met inside it (a row"
-                   " it could not decode) into CorruptLedger, the caller's own included;"
-                   " the fix is for the view's reads to translate their own errors")
 def test_a_callers_exception_inside_a_read_is_not_a_damaged_ledger(tmp_path: Path) -> None:
     """A ValueError raised by the caller's own code inside `with ledger.storage.read():`
-    comes out as CorruptLedger ("a row cannot be read (ValueError: x) … restore the file
-    from a backup"): Database.read_transaction translates every ROW_ERRORS exception
-    thrown into its `yield`, not only the ones the reads raised."""
+    came out as CorruptLedger ("a row cannot be read (ValueError: x) … restore the file
+    from a backup" — advice that could cost a person their newest work):
+    Database.read_transaction translated every ROW_ERRORS exception thrown into its
+    `yield`. Now the view names a row it cannot read where it meets it, and the caller's
+    own exception passes through as it is."""
     with Ledger.init(str(tmp_path / "ledger.db"), clock=FakeClock()) as led:
         run_step(led, "a", {"x": b"1"})
-        with pytest.raises(ValueError):
-            with led.storage.read():
-                raise ValueError("the caller's own bug")
+        for exc in (ValueError("the caller's own bug"), KeyError("k"), TypeError("t")):
+            with pytest.raises(type(exc)):
+                with led.storage.read():
+                    raise exc
         assert not led.storage.held_here()
+
+
+@pytest.mark.parametrize("read", ["call", "paged", "iterating"])
+def test_a_row_the_view_cannot_read_is_a_damaged_ledger_inside_a_read_too(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, read: str) -> None:
+    """The other half: a row the view cannot make (a damaged cell) inside a read
+    transaction is still CorruptLedger, named where it is met — by a plain read
+    (`journal_lookup`), a paged one (`events`) and an iterating one (`table_rows`'s
+    cursor); shown failing when the view lets it out raw (`raw`)."""
+    import ledger.store.view as view_mod
+    from ledger.errors import CorruptLedger
+
+    def broken(*_: object) -> object:
+        raise ValueError("a damaged cell")
+
+    with Ledger.init(str(tmp_path / "ledger.db"), clock=FakeClock()) as led:
+        run_step(led, "a", {"x": b"1"})
+        key = next(iter(led.read())).journal_key
+        monkeypatch.setattr(view_mod, "make_event_row", broken)
+        with pytest.raises(CorruptLedger, match="a damaged cell"):
+            with led.storage.read() as view:
+                if read == "call":
+                    view.journal_lookup(key)
+                elif read == "paged":
+                    list(view.events())
+                else:
+                    rows = view.table_rows("events")
+                    monkeypatch.setattr(rows, "_it", map(broken, range(1)))
+                    list(rows)
+
+
+def test_the_damaged_row_checker_catches_a_raw_error(tmp_path: Path,
+                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    """The test above fails on a view that lets the row's error out raw: without the
+    translation in `store.base._locked`, the ValueError passes a read transaction now."""
+    import ledger.store.base as base_mod
+    import ledger.store.view as view_mod
+
+    def broken(*_: object) -> object:
+        raise ValueError("a damaged cell")
+
+    monkeypatch.setattr(base_mod, "ROW_ERRORS", ())  # the translation gone
+    monkeypatch.setattr(view_mod, "ROW_ERRORS", ())
+    with Ledger.init(str(tmp_path / "ledger.db"), clock=FakeClock()) as led:
+        run_step(led, "a", {"x": b"1"})
+        key = next(iter(led.read())).journal_key
+        monkeypatch.setattr(view_mod, "make_event_row", broken)
+        with pytest.raises(ValueError, match="a damaged cell"):
+            with led.storage.read() as view:
+                view.journal_lookup(key)
 
 
 # -- 6. the journal off: a crash after the apply is never finished by a re-run ---------

@@ -834,7 +834,9 @@ class Database:
             yield conn
         except LedgerError:
             raise
-        except (apsw.Error, *ROW_ERRORS) as exc:
+        except apsw.Error as exc:
+            # (a row the view could not read is named where it was met: `locked_view`;
+            # any other exception is the caller's own and passes through as it is)
             raise read_error(exc, self.path) from exc
         finally:
             if conn.in_transaction:

@@ -211,7 +211,7 @@ def apply(site: Site, step: str, attempt: int | None = None, *, epoch: int,
                 if not any(x.path == path and x.ok for x in landings):
                     staging.discard(wsdir, s)
             if not done:  # refused or failed: take back the directories staging made
-                staging.remove_created_dirs(wsdir, )
+                staging.remove_created_dirs(wsdir)
 
 
 def recheck(site: Site, tx: Tx, now: int, draft: Draft, events: list[Event],

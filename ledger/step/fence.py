@@ -287,7 +287,7 @@ def roll_back(
                 # a crashed call of this attempt, then the directory moved: its
                 # landings are taken back where the directory went (one search)
                 f = leftovers.landed(wsdir, w.path, w.pre_hash, w.post_hash, search=True,
-                                 mode=w.mode)
+                                     mode=w.mode)
             if not f.landed:
                 if f.now == w.post_hash and w.post_hash != w.pre_hash and f.now is not None:
                     # its bytes are there with no sign this attempt put them (a person

@@ -44,10 +44,11 @@ def remove_temporaries(site: Site, wsdir: WorkspaceDir, writes: Sequence[Planned
 
     # dead: an older epoch's; this attempt's own; or an attempt's that is over (no
     # stager of an ended or committed attempt is alive: a kill after its commit)
-    staging.remove_temporaries(wsdir, {w.path.rpartition("/")[0] for w in writes} | wsdir.also_dirs,
-                             lambda e, t: e < epoch or (e == epoch and t == tag)
-                             or (e <= current_epoch and t not in in_flight()),
-                             lambda: slots_in_flight(site, wsdir.name), site.held)
+    staging.remove_temporaries(
+        wsdir, {w.path.rpartition("/")[0] for w in writes} | wsdir.also_dirs,
+        lambda e, t: e < epoch or (e == epoch and t == tag)
+        or (e <= current_epoch and t not in in_flight()),
+        lambda: slots_in_flight(site, wsdir.name), site.held)
 
 
 def in_flight_tags(site: Site, workspace: str) -> frozenset[str]:
@@ -104,7 +105,7 @@ def slots_in_flight(site: Site, workspace: str,
                     continue
                 with contextlib.suppress(LedgerError, OSError):
                     found = leftovers.landed(wsdir, w.path, w.pre_hash, w.post_hash,
-                                         mode=w.mode)
+                                             mode=w.mode)
                     if found.landed and found.slot is not None:
                         # and the staged copy beside it: a landing without the
                         # exchange call cut between its moves links it in next

@@ -325,7 +325,7 @@ def _undo(
         a = applied.get(w.path)
         if a is None:  # never recorded: did a crashed apply land it?
             found = leftovers.landed(crashed, w.path, w.pre_hash, w.post_hash, search=True,
-                                   mode=w.mode)
+                                     mode=w.mode)
             if not found.landed:
                 if disk == w.post_hash and w.post_hash != w.pre_hash \
                         and path_rev == w.base_rev:
@@ -423,7 +423,7 @@ def _undo(
         tx.put_inline(inline, now)
     # a directory moved after the kill, where the settle found the crashed writes:
     # the attempt's temporaries there are collected too
-    wsdir.also_dirs |= leftovers.moved_dirs(crashed, )
+    wsdir.also_dirs |= leftovers.moved_dirs(crashed)
     if undone_by is not None and any(not wsdir.has_dir(d) for d in dirs_of(planned)):
         # an undo killed while a directory it staged into was renamed: its
         # temporaries went with the directory (one search of the workspace)

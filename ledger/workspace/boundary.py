@@ -96,8 +96,8 @@ class Boundary:
 
 
 LEDGER_FIX: Final = ("steps never write the ledger's own files; keep the ledger outside the"
-                      " paths steps write (its default place, .steptrail/ at the workspace"
-                      " root, is such a place)")
+                     " paths steps write (its default place, .steptrail/ at the workspace"
+                     " root, is such a place)")
 
 
 __all__ = ["LEDGER_DIR_NAME", "LEDGER_FIX", "Boundary", "FileIdentity", "identity_of", "is_git_name",

@@ -56,7 +56,7 @@ def landed(wsdir: WorkspaceDir, path: str, pre: str | None, post: str | None, ro
     # slot only; what an edit or a delete displaced may be in ``y`` too): a search
     # looks for these alone (a move's source and destination share a leaf)
     evidence = {wsdir.slot(path, role)} | ({wsdir.slot(path, "y")} if pre is not None
-                                          else set())
+                                           else set())
     opened = _found_parent(wsdir, path, search, evidence)
     if opened is None:
         return Found(path, False, None, None, None)
@@ -181,7 +181,7 @@ def _moved_dirs_found(wsdir: WorkspaceDir) -> dict[str, str | None]:
                 names = sorted(_attempt_dirs(wsdir)[r][1] & wanted[y])
                 for leaf in {n[1:].split(TMP_MARK, 1)[0] for n in names}:
                     _keep_slots(wsdir, r, [n for n in names
-                                         if n[1:].split(TMP_MARK, 1)[0] == leaf], leaf)
+                                           if n[1:].split(TMP_MARK, 1)[0] == leaf], leaf)
             continue
         out[x] = rel
         used.add(rel)

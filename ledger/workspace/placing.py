@@ -244,7 +244,7 @@ def unland(wsdir: WorkspaceDir, landing: Landing, post: str | None) -> TakeBack:
             return _take_back_unlinked_create(wsdir, landing.path, post)
         return TakeBack(landing.path, True, None)
     return _take_back(wsdir, landing.path, landing.displaced, post, landing.found,
-                           landed=True, post_mode=landing.post_mode)
+                      landed=True, post_mode=landing.post_mode)
 
 
 def _take_back_unlinked_create(wsdir: WorkspaceDir, path: str, post: str) -> TakeBack:
@@ -283,7 +283,7 @@ def roll_back(wsdir: WorkspaceDir, found: Found, post: str | None, *,
     if found.slot is None:
         return TakeBack(found.path, True, None)
     return _take_back(wsdir, found.path, found.slot, post, found.displaced, landed=False,
-                           stored=displaced_stored, post_mode=post_mode)
+                      stored=displaced_stored, post_mode=post_mode)
 
 
 def _take_back(wsdir: WorkspaceDir, path: str, displaced: str, post: str | None, pre: str | None, *,
@@ -304,7 +304,7 @@ def _take_back(wsdir: WorkspaceDir, path: str, displaced: str, post: str | None,
             where = now
     try:
         back = _unland(wsdir, dir_fd, leaf, path, displaced, post, pre, landed, stored,
-                            post_mode)
+                       post_mode)
     except UnsafeFallbackRefused as exc:
         back = TakeBack(path, False, None, error=exc.strerror or "")
     except OSError as exc:
@@ -373,7 +373,7 @@ def _unland(wsdir: WorkspaceDir, dir_fd: int, leaf: str, path: str, displaced: s
         else:
             if move.ok:  # the step's bytes are in the slot now, checked
                 _keep_persons_mode(wsdir, dir_fd, leaf, displaced, post_mode,
-                                        identity_of(there))
+                                   identity_of(there))
                 kept = mover.drop(dir_fd, displaced, move.seen, keep_for=leaf)
                 return TakeBack(path, True, pre, kept=kept)
             kept = move.kept or keep_displaced()

@@ -272,7 +272,7 @@ def restore(workspaces: RestoreSource, workspace: str, to: str | os.PathLike[str
     out = WorkspaceDir(workspace, target, core.storage.files.ops, identity=identity_of(st),
                        boundary=core.own.boundary(), allow_git=reg.allow_git)
     staging.remove_temporaries(out, temps, lambda epoch, _tag: epoch == 0,
-                           held=lambda digest: core.blob_size(digest) is not None)
+                               held=lambda digest: core.blob_size(digest) is not None)
     written = absent = size = 0
     for path, digest in content.items():
         if digest is None:
@@ -285,7 +285,7 @@ def restore(workspaces: RestoreSource, workspace: str, to: str | os.PathLike[str
                 size += sizes[digest]
                 continue
             staging.put(out, path, core.blob_chunks(digest), mode=fold.mode(workspace, path),
-                    replace=replace)
+                        replace=replace)
         except PathEscapes as exc:
             # the path is the ledger's, not the caller's to change: what is in the target's
             # way (a symlink, a file where a directory goes) is what to move

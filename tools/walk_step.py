@@ -63,7 +63,9 @@ DATA_MODEL = frozenset({"__enter__", "__exit__", "__iter__", "__next__", "__call
 
 
 def declared_methods(mods: dict[str, Path]) -> dict[str, set[str]]:
-    """Module -> the names of the methods its classes declare (Protocols included)."""
+    """Module -> the names of the methods its classes declare (Protocols included), and
+    of the attributes they declare by annotation (a Protocol's ``info: StoreInfo``, read
+    as a property by an implementation, is part of the interface too)."""
     out: dict[str, set[str]] = {}
     for mod, path in mods.items():
         names: set[str] = set()
@@ -71,6 +73,8 @@ def declared_methods(mods: dict[str, Path]) -> dict[str, set[str]]:
             if isinstance(node, ast.ClassDef):
                 names |= {n.name for n in node.body
                           if isinstance(n, ast.FunctionDef | ast.AsyncFunctionDef)}
+                names |= {n.target.id for n in node.body
+                          if isinstance(n, ast.AnnAssign) and isinstance(n.target, ast.Name)}
         out[mod] = names
     return out
 

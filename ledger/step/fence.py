@@ -21,7 +21,7 @@ from ..store import Tx
 from ..workspace import leftovers, placing
 from ..workspace.directory import WorkspaceDir
 from ..workspace.leftovers import Found
-from ..workspace.moves import NOT_A_FILE
+from ..workspace.moves import ANY_FILE, NOT_A_FILE
 from ..workspace.placing import Landing, TakeBack
 from ..workspace.staging import Staged
 from .attempt import end_result, read_attempt
@@ -87,7 +87,7 @@ def fence(
     if recordable and planned.journal:
         for w in planned.writes:  # a fallback landing a kill cut between its moves
             if w.pre_hash is not None and w.post_hash is not None:
-                placing.finish_aside(wsdir, w.path, "x", w.pre_hash)
+                placing.finish_aside(wsdir, w.path, "x", w.pre_hash if check else ANY_FILE)
     wsdir.planned = paths_of(planned)
     found = {w.path: leftovers.landed(wsdir, w.path, w.pre_hash, w.post_hash, mode=w.mode)
              for w in planned.writes} if recordable and planned.journal else {}

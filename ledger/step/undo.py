@@ -308,8 +308,14 @@ def _undo(
         if undone_by is not None and w.pre_hash is not None:
             # an undo killed mid-landing without the exchange call (its file aside,
             # the pre-image not yet linked in): finished first
+            # — or, when it was refusing (a person's save moved aside), given back
+            # (what it landed: the applied write's images, which a fence "none" may
+            # have made other than the plan's)
+            done = applied.get(w.path, w)
             with contextlib.suppress(LedgerError):
-                placing.finish_aside(undone_by, w.path, "u", w.post_hash)
+                if not placing.finish_aside(undone_by, w.path, "u", done.post_hash):
+                    placing.put_aside_back(undone_by, w.path, "u", done.post_hash,
+                                           done.pre_hash)
         try:
             disk = wsdir.hash(w.path)
         except (WorkspaceMoved, WorkspaceOverlap):

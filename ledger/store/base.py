@@ -275,8 +275,8 @@ class Paged:
     `fetch(last, batch)` returns the next batch after `last` as a list (each its own
     statement, so no read holds a long statement nor the log in memory); at most
     `limit` rows. The fold loop runs through this once per event, so a row costs one
-    call here; only `fetch` uses the connection, and only it holds `lock` (set by a
-    locked view: `locked_view`), once a batch, never once a row."""
+    call here; the lock (`lock`, set by a locked view: `locked_view`) is taken once a
+    batch, around its fetch and the move to it, never once a row."""
 
     __slots__ = ("_fetch", "_last", "_remaining", "_batch_max", "_rows", "_done", "lock")
 
@@ -296,15 +296,23 @@ class Paged:
         return self._more() if row is _END else row
 
     def _more(self) -> Any:
+        if self.lock is None:
+            return self._next_batch()
+        with self.lock:
+            return self._next_batch()
+
+    def _next_batch(self) -> Any:
+        # (under the lock, for an iterator shared by threads: another may have fetched
+        # the next batch while this one waited — its rows first, never a batch skipped
+        # or read twice)
+        row = next(self._rows, _END)
+        if row is not _END:
+            return row
         remaining = self._remaining
         batch = self._batch_max if remaining is None else min(self._batch_max, remaining)
         if self._done or batch <= 0:
             raise StopIteration
-        if self.lock is None:
-            got = self._fetch(self._last, batch)
-        else:
-            with self.lock:
-                got = self._fetch(self._last, batch)
+        got = self._fetch(self._last, batch)
         if len(got) < batch:
             self._done = True
         if not got:

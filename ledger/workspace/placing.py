@@ -394,15 +394,17 @@ def _unland(wsdir: WorkspaceDir, dir_fd: int, leaf: str, path: str, displaced: s
     return TakeBack(path, True, pre, kept=kept)
 
 
-def finish_aside(wsdir: WorkspaceDir, path: str, role: str, expect: str | None) -> bool:
+def finish_aside(wsdir: WorkspaceDir, path: str, role: str, expect: object) -> bool:
     """Finish a landing the fallback (no exchange call) began and a kill stopped
     between moving the file aside (to the ``y`` slot) and linking the staged one (the
     `role` slot) in: the name is absent then, and gets the staged file, never over
     anything — and only when the file aside is the one that landing expected to
-    displace (`expect`). A landing moves aside anything, then checks it: a ``y`` slot
-    holding other bytes is a refusal in progress (a person's save, moved aside, on its
-    way back to its name — by the landing itself if it is still running, or by the
-    roll-back of its crashed call), never a landing to finish. True when it was done."""
+    displace (`expect`: a digest; `moves.ANY_FILE` for a landing that checks nothing,
+    fence "none": any regular file). A landing moves aside anything, then checks it: a
+    ``y`` slot holding other bytes is a refusal in progress (a person's save, moved
+    aside, on its way back to its name — by the landing itself if it is still running,
+    or by `put_aside_back` / the roll-back after its crash), never a landing to finish.
+    True when it was done."""
     opened = wsdir.open_parent(path, create=False)
     if opened is None:
         return False
@@ -411,7 +413,8 @@ def finish_aside(wsdir: WorkspaceDir, path: str, role: str, expect: str | None) 
         staged, aside = wsdir.slot(path, role), wsdir.slot(path, "y")
         if stat_at(dir_fd, leaf) is not None or stat_at(dir_fd, aside) is None:
             return False
-        if expect is None or look(dir_fd, aside).digest != expect:
+        seen = look(dir_fd, aside).digest
+        if seen is None or seen == NOT_A_FILE or (expect is not ANY_FILE and seen != expect):
             return False
         st = stat_at(dir_fd, staged)
         if st is None or not stat.S_ISREG(st.st_mode):
@@ -420,6 +423,40 @@ def finish_aside(wsdir: WorkspaceDir, path: str, role: str, expect: str | None) 
         if not mover.link(dir_fd, staged, leaf):
             return False
         mover.drop(dir_fd, staged, twin=leaf)
+        return True
+    except OSError:
+        return False
+    finally:
+        os.close(dir_fd)
+
+
+def put_aside_back(wsdir: WorkspaceDir, path: str, role: str, expect: str | None,
+                   staged_digest: str | None) -> bool:
+    """The other half of `finish_aside`: a refusal a kill cut between moving a file
+    aside (to the ``y`` slot: not `expect`, the file that landing meant to displace) and
+    putting it back — the name empty, the staged file (the `role` slot, of
+    `staged_digest`) beside it. The file aside goes back to its name, never over
+    anything, and the staged file goes (verified). True when that was done; a stale
+    worker still running its own put-back then finds the name taken, and its save is
+    where it belongs."""
+    opened = wsdir.open_parent(path, create=False)
+    if opened is None:
+        return False
+    dir_fd, leaf = opened
+    try:
+        staged, aside = wsdir.slot(path, role), wsdir.slot(path, "y")
+        if stat_at(dir_fd, leaf) is not None or stat_at(dir_fd, aside) is None:
+            return False
+        seen = look(dir_fd, aside).digest
+        if seen in (None, NOT_A_FILE, expect) or look(dir_fd, staged).digest != staged_digest:
+            return False
+        mover = wsdir.mover()
+        if not mover.put(dir_fd, aside, leaf):
+            return False
+        kept = mover.drop(dir_fd, staged, expect=frozenset({staged_digest} - {None}),
+                          keep_for=leaf)
+        if kept is not None:
+            wsdir.kept.append((path, kept))
         return True
     except OSError:
         return False
@@ -551,4 +588,4 @@ def sync_dirs(wsdir: WorkspaceDir, paths: Iterable[str]) -> None:
 
 
 __all__ = ["Landing", "TakeBack", "discard_slots", "finish_aside", "keep_persons_mode", "land",
-           "release", "roll_back", "sync_dirs", "unland"]
+           "put_aside_back", "release", "roll_back", "sync_dirs", "unland"]

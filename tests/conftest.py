@@ -9,15 +9,17 @@ expose the helpers (`digest`, `commit_step`, ...); module-level code imports the
 
 The tests live in one folder per subject (docs/testing.md "The layout"); each folder is
 on sys.path too (pyproject.toml's `pythonpath`), so a module imports a helper or another
-test module of any folder by its bare name (`from mcp_agents import ...`). The two rules
+test module of any folder by its bare name (`from mcp_agents import ...`). The rules
 that keep this working are checked at start (`pytest_configure`): every folder is
-listed there, and no two modules under tests/ share a name.
+listed there, no two modules under tests/ share a name, and no folder is named like an
+installed package.
 """
 
 from __future__ import annotations
 
 import contextlib
 import hashlib
+import importlib.metadata
 import itertools
 import json
 import os
@@ -470,9 +472,11 @@ def pytest_terminal_summary(terminalreporter: Any) -> None:
 
 
 def pytest_configure(config: pytest.Config) -> None:
-    """The layout's two rules: every folder of tests/ is on sys.path (pyproject.toml's
-    `pythonpath`), and every module name under tests/ is unique (each is imported by its
-    bare name: two of one name would be one module to Python and a mismatch to pytest)."""
+    """The layout's rules: every folder of tests/ is on sys.path (pyproject.toml's
+    `pythonpath`); every module name under tests/ is unique (each is imported by its bare
+    name: two of one name would be one module to Python and a mismatch to pytest); and no
+    folder is named like an installed package (it would import as that package where the
+    package is missing)."""
     here = Path(__file__).resolve().parent
     modules = [*here.glob("*.py"), *here.glob("*/*.py")]
     listed = {Path(p).resolve() for p in config.getini("pythonpath")}
@@ -485,3 +489,12 @@ def pytest_configure(config: pytest.Config) -> None:
     if twice:
         raise pytest.UsageError(f"two modules under tests/ named {', '.join(twice)}: module"
                                 " names are imported bare (docs/testing.md \"The layout\")")
+    # a folder named like a package (tests/mcp) is importable as one, a namespace package,
+    # wherever that package is not installed: `import mcp` then succeeds in a venv
+    # without the extra, and a test that skips without it runs and fails
+    installed = importlib.metadata.packages_distributions()
+    shadowing = sorted(d.name for d in folders if d != here and d.name in installed)
+    if shadowing:
+        raise pytest.UsageError(f"tests/{', tests/'.join(shadowing)} is named like an installed"
+                                " package: rename the folder (it would import as that package"
+                                " where the package is missing)")

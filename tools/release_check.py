@@ -49,7 +49,7 @@ VENVS: dict[str, tuple[str, list[str], list[str]]] = {
         "tests/docs/test_readme.py", "tests/docs/test_docs.py", "tests/docs/test_examples.py"]),
     "extras": ("[mcp,langgraph,postgres,ui]", ["langgraph-checkpoint-conformance==0.0.2"], [
         "tests/docs/test_readme.py", "tests/docs/test_docs.py", "tests/docs/test_examples.py",
-        "tests/langgraph/test_langgraph.py::test_the_langgraph_docs_snippets_run_as_printed",
+        "tests/checkpointer/test_langgraph.py::test_the_langgraph_docs_snippets_run_as_printed",
         "tests/ui/test_ui.py"]),  # the ui's templates and static files ship in the wheel
 }
 

@@ -142,7 +142,7 @@ class Workspace:
 # -- the stages of a write ------------------------------------------------------------------
 
 #: The stages of a write an embedding caller's hook hears of (``FileTools(on_stage=f)``,
-#: ``serve(on_stage=f)``: ``f(STAGE)``; tests/mcp/test_mcp_processes.py stops the server for
+#: ``serve(on_stage=f)``: ``f(STAGE)``; tests/mcp_server/test_mcp_processes.py stops the server for
 #: good there and SIGKILLs it): after-admit (the plan durable), after-exchange (inside the
 #: apply's transaction: the files exchanged, not yet recorded), after-commit (the apply,
 #: manifest and ack committed).

@@ -1,13 +1,13 @@
 #!/usr/bin/env bash
 # Install the Node tools the tests drive: the MCP Inspector CLI (npm
 # @modelcontextprotocol/inspector, pinned below), into .ci/node/ of this checkout (gitignored),
-# for tests/mcp/test_mcp_inspector.py. Installs Debian's nodejs and npm first when node or npm
+# for tests/mcp_server/test_mcp_inspector.py. Installs Debian's nodejs and npm first when node or npm
 # is missing (as root, or with sudo, as .ci/run does for postgresql). Idempotent: a second
 # run with the pinned version in place does nothing.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 
-INSPECTOR_VERSION="2.12.0"  # keep in step with tests/mcp/test_mcp_inspector.py
+INSPECTOR_VERSION="2.12.0"  # keep in step with tests/mcp_server/test_mcp_inspector.py
 NODE_FALLBACK="22"          # a project-local Node when the system one is older than 20
 PREFIX=".ci/node"
 BIN="$PREFIX/node_modules/.bin"

@@ -6,8 +6,8 @@ Every test asserts the SAFE behaviour. A hole found is marked
 the suite red (XPASS) once it is fixed, so the mark is dropped with the fix. The tests
 without the mark are attacks the server refuses today; they stay as regressions.
 
-Driven like tests/mcp/test_mcp.py (in-process, `mcp_agents.inprocess`) and
-tests/mcp/test_mcp_processes.py (the installed command over stdio, `over_stdio`; HTTP).
+Driven like tests/mcp_server/test_mcp.py (in-process, `mcp_agents.inprocess`) and
+tests/mcp_server/test_mcp_processes.py (the installed command over stdio, `over_stdio`; HTTP).
 """
 
 from __future__ import annotations

@@ -5,7 +5,7 @@ same requestId, undo, history); the reference server's other tools; "read it fir
 multi-file steps that land whole or not at all; moves; two servers on one workspace;
 every path argument of every tool fed escapes; malformed arguments; and the schemas
 `list_tools` shows. The processes (stdio, a SIGKILLed server, HTTP) are in
-tests/mcp/test_mcp_processes.py.
+tests/mcp_server/test_mcp_processes.py.
 """
 
 from __future__ import annotations

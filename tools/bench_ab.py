@@ -123,12 +123,19 @@ def install(checkout: Path, where: Path) -> str:
     return python
 
 
-def run(checkout: Path, code: str, *args: str) -> tuple[float, float]:
+def process_of(checkout: Path, **extra: str) -> tuple[str, Path | None, dict[str, str]]:
+    """(interpreter, working directory, environment) of `checkout`'s processes: its
+    installed venv (`--installed`), or this interpreter with the checkout on PYTHONPATH."""
     python, cwd = PYTHONS.get(checkout, (sys.executable, None))
-    env = dict(os.environ)
+    env = dict(os.environ, **extra)
     env.pop("PYTHONPATH", None)
     if cwd is None:
         env["PYTHONPATH"] = str(checkout)
+    return python, cwd, env
+
+
+def run(checkout: Path, code: str, *args: str) -> tuple[float, float]:
+    python, cwd, env = process_of(checkout)
     out = subprocess.run([python, "-c", code, *args], env=env, capture_output=True,
                          text=True, check=False, cwd=cwd)
     if out.returncode != 0:
@@ -140,11 +147,7 @@ def run(checkout: Path, code: str, *args: str) -> tuple[float, float]:
 def instructions(checkout: Path, code: str, *args: str) -> int:
     """CPU instructions (callgrind's ``Ir``) of one process running `code` from
     `checkout`'s interpreter."""
-    python, cwd = PYTHONS.get(checkout, (sys.executable, None))
-    env = dict(os.environ, PYTHONHASHSEED="0")
-    env.pop("PYTHONPATH", None)
-    if cwd is None:
-        env["PYTHONPATH"] = str(checkout)
+    python, cwd, env = process_of(checkout, PYTHONHASHSEED="0")
     # valgrind must run the interpreter itself, not a shell shim in front of it
     real = subprocess.run([python, "-c", "import sys; print(sys.executable)"], env=env,
                           capture_output=True, text=True, check=True).stdout.strip()

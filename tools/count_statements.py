@@ -27,13 +27,10 @@ from typing import Any
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..")) 
 
-from ledger import Ledger, Planned, run_fenced_step  # noqa: E402
-from ledger.runner import run_step  # noqa: E402
+from ledger import Ledger  # noqa: E402
 
-RESULT = os.urandom(4096)
-#: append: one `planned` event; bulk-100: `append_batch` of 100; run_step: a step with
-#: one 4 KiB inline artifact; run_fenced_step: one write and an inline artifact.
-WORKS = ("append", "bulk-100", "run_step", "run_fenced_step")
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from count_pages import WORKS  # noqa: E402  (the operations: tools/count_pages.py)
 
 
 @contextlib.contextmanager
@@ -93,30 +90,11 @@ def with_schema(url: str, schema: str) -> str:
 
 
 def count(location: str, tracer: Callable[..., Any], work: str) -> list[str]:
+    from count_pages import workload  # the same operations, written once
+
     root = tempfile.mkdtemp(prefix="count-statements-")
     with Ledger.init(location) as led:
-        wsdir = os.path.join(root, "ws")
-        os.makedirs(wsdir)
-        with open(os.path.join(wsdir, "app.py"), "wb") as f:
-            f.write(b"v0\n")
-        led.workspaces.add("w", wsdir)
-        epoch = led.workspaces.acquire("w", "counter", ttl_s=3600).epoch
-
-        def one(k: int) -> None:
-            if work == "append":
-                led.append(Planned(step=f"a{k}", attempt=1))
-                return
-            if work == "bulk-100":
-                led.append_batch([Planned(step=f"b{k}/{i:03d}", attempt=1) for i in range(100)])
-                return
-            if work == "run_step":
-                run_step(led, f"s{k}", {"result.bin": RESULT})
-                return
-            out = run_fenced_step(
-                led, "w", f"f{k}", lambda read: [read.read("app.py").write(b"v%d\n" % k)],
-                epoch=epoch, artifacts={"out/log.txt": b"log %d\n" % k})
-            assert out.status == "applied", out
-
+        one = workload(led, root, work, 3)
         for k in range(5):
             one(k)
         seen: list[str] = []

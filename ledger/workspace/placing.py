@@ -19,7 +19,7 @@ import contextlib
 import dataclasses
 import os
 import stat
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 
 from . import exchange
@@ -394,6 +394,28 @@ def _unland(wsdir: WorkspaceDir, dir_fd: int, leaf: str, path: str, displaced: s
     return TakeBack(path, True, pre, kept=kept)
 
 
+@contextlib.contextmanager
+def _cut_landing(wsdir: WorkspaceDir, path: str, role: str
+                 ) -> Iterator[tuple[int, str, str, str, str] | None]:
+    """A landing without the exchange call as a kill between its two moves left it:
+    the name empty, a regular file in the ``y`` slot beside it — (directory descriptor,
+    leaf, the staged file's slot (`role`), the ``y`` slot, the digest the ``y`` slot
+    holds); None for anything else."""
+    opened = wsdir.open_parent(path, create=False)
+    if opened is None:
+        yield None
+        return
+    dir_fd, leaf = opened
+    try:
+        staged, aside = wsdir.slot(path, role), wsdir.slot(path, "y")
+        seen = None
+        if stat_at(dir_fd, leaf) is None and stat_at(dir_fd, aside) is not None:
+            seen = look(dir_fd, aside).digest
+        yield None if seen in (None, NOT_A_FILE) else (dir_fd, leaf, staged, aside, seen)
+    finally:
+        os.close(dir_fd)
+
+
 def finish_aside(wsdir: WorkspaceDir, path: str, role: str, expect: object) -> bool:
     """Finish a landing the fallback (no exchange call) began and a kill stopped
     between moving the file aside (to the ``y`` slot) and linking the staged one (the
@@ -405,29 +427,23 @@ def finish_aside(wsdir: WorkspaceDir, path: str, role: str, expect: object) -> b
     aside, on its way back to its name — by the landing itself if it is still running,
     or by `put_aside_back` / the roll-back after its crash), never a landing to finish.
     True when it was done."""
-    opened = wsdir.open_parent(path, create=False)
-    if opened is None:
-        return False
-    dir_fd, leaf = opened
     try:
-        staged, aside = wsdir.slot(path, role), wsdir.slot(path, "y")
-        if stat_at(dir_fd, leaf) is not None or stat_at(dir_fd, aside) is None:
-            return False
-        seen = look(dir_fd, aside).digest
-        if seen is None or seen == NOT_A_FILE or (expect is not ANY_FILE and seen != expect):
-            return False
-        st = stat_at(dir_fd, staged)
-        if st is None or not stat.S_ISREG(st.st_mode):
-            return False
-        mover = wsdir.mover()
-        if not mover.link(dir_fd, staged, leaf):
-            return False
-        mover.drop(dir_fd, staged, twin=leaf)
-        return True
+        with _cut_landing(wsdir, path, role) as cut:
+            if cut is None:
+                return False
+            dir_fd, leaf, staged, _aside, seen = cut
+            if expect is not ANY_FILE and seen != expect:
+                return False
+            st = stat_at(dir_fd, staged)
+            if st is None or not stat.S_ISREG(st.st_mode):
+                return False
+            mover = wsdir.mover()
+            if not mover.link(dir_fd, staged, leaf):
+                return False
+            mover.drop(dir_fd, staged, twin=leaf)
+            return True
     except OSError:
         return False
-    finally:
-        os.close(dir_fd)
 
 
 def put_aside_back(wsdir: WorkspaceDir, path: str, role: str, expect: str | None,
@@ -439,29 +455,23 @@ def put_aside_back(wsdir: WorkspaceDir, path: str, role: str, expect: str | None
     anything, and the staged file goes (verified). True when that was done; a stale
     worker still running its own put-back then finds the name taken, and its save is
     where it belongs."""
-    opened = wsdir.open_parent(path, create=False)
-    if opened is None:
-        return False
-    dir_fd, leaf = opened
     try:
-        staged, aside = wsdir.slot(path, role), wsdir.slot(path, "y")
-        if stat_at(dir_fd, leaf) is not None or stat_at(dir_fd, aside) is None:
-            return False
-        seen = look(dir_fd, aside).digest
-        if seen in (None, NOT_A_FILE, expect) or look(dir_fd, staged).digest != staged_digest:
-            return False
-        mover = wsdir.mover()
-        if not mover.put(dir_fd, aside, leaf):
-            return False
-        kept = mover.drop(dir_fd, staged, expect=frozenset({staged_digest} - {None}),
-                          keep_for=leaf)
-        if kept is not None:
-            wsdir.kept.append((path, kept))
-        return True
+        with _cut_landing(wsdir, path, role) as cut:
+            if cut is None:
+                return False
+            dir_fd, leaf, staged, aside, seen = cut
+            if seen == expect or look(dir_fd, staged).digest != staged_digest:
+                return False
+            mover = wsdir.mover()
+            if not mover.put(dir_fd, aside, leaf):
+                return False
+            kept = mover.drop(dir_fd, staged, expect=frozenset({staged_digest} - {None}),
+                              keep_for=leaf)
+            if kept is not None:
+                wsdir.kept.append((path, kept))
+            return True
     except OSError:
         return False
-    finally:
-        os.close(dir_fd)
 
 
 def _keep_persons_mode(wsdir: WorkspaceDir, dir_fd: int, leaf: str, gone: str,

@@ -17,9 +17,14 @@ demo: $(STAMP)
 	$(BIN)/steptrail demo
 
 # Every core (pytest-xdist): each worker takes a whole test file at a time, so a file's
-# fixtures and servers stay in one process.
+# fixtures and servers stay in one process. The temporary files go in a fresh directory
+# of their own (removed when every test passed, kept and named when one failed): pytest's
+# own numbered /tmp/pytest-of-USER/ directories are pruned at exit by a walk that can leave
+# a directory iterator open, which the suite's warnings-as-errors turns into a failed run.
 test: $(STAMP)
-	$(BIN)/python -m pytest -q -n auto --dist loadfile
+	@t=$$(mktemp -d "$${TMPDIR:-/tmp}/st-test.XXXXXX") && \
+	$(BIN)/python -m pytest -q -n auto --dist loadfile --basetemp="$$t/t" $(PYTEST_ARGS); \
+	rc=$$?; if [ $$rc -eq 0 ]; then rm -rf "$$t"; else echo "test files kept in $$t"; fi; exit $$rc
 
 # The sdist and wheel in dist/, checked (twine check --strict).
 dist: $(STAMP)

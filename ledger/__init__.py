@@ -100,6 +100,10 @@ if TYPE_CHECKING:  # the one list of public names; at run time each is imported 
         LeaseRenewed as LeaseRenewed,
         ManifestEntry as ManifestEntry,
         ManifestPublished as ManifestPublished,
+        Held as Held,
+        HoldReleased as HoldReleased,
+        NotCaptured as NotCaptured,
+        Observed as Observed,
         Planned as Planned,
         PlannedWrite as PlannedWrite,
         RecordedEvent as RecordedEvent,
@@ -168,6 +172,10 @@ if TYPE_CHECKING:  # the one list of public names; at run time each is imported 
         Workspaces as Workspaces,
         check_settled as check_settled,
     )
+    from .step.observe import Observation as Observation
+    from .step.rewind import Rewind as Rewind, RewindChange as RewindChange
+    from .step.fork import Fork as Fork
+    from .workspace.watch import Watcher as Watcher
 
 __version__ = "0.1.0"
 
@@ -202,6 +210,11 @@ _WHERE: dict[str, str] = {
     "Compensating": "events", "Event": "events", "Fenced": "events", "journal_key": "events",
     "LeaseAcquired": "events", "LeaseReleased": "events", "LeaseRenewed": "events",
     "ManifestEntry": "events", "ManifestPublished": "events", "Planned": "events",
+    "NotCaptured": "events", "Observed": "events", "Held": "events",
+    "HoldReleased": "events",
+    "Observation": "step.observe", "Rewind": "step.rewind", "RewindChange": "step.rewind",
+    "Fork": "step.fork",
+    "Watcher": "workspace.watch",
     "PlannedWrite": "events", "RecordedEvent": "events", "Rejected": "events",
     "Restored": "events", "StepEvent": "events", "WitnessAnchored": "events",
     "WorkspaceAdded": "events", "WorkspaceRebound": "events", "WorkspaceRestored": "events",

@@ -24,6 +24,18 @@ from .errors import InvalidInput
 #: 2: `blob-stored` is journal-keyed by path and digest (two artifacts of one step may
 #: hold the same bytes); rows of version 1 keep their version-1 keys.
 EVENT_VERSION: Final = 2
+#: The newest row version this steptrail reads. 3: the kinds of time travel (`observed`,
+#: `held`, `hold-released`) are written as version 3, so a steptrail older than them
+#: refuses such a row by its version ("upgrade steptrail"), never as a damaged payload;
+#: every other kind is still written as version 2.
+READ_VERSION: Final = 3
+#: Kinds written with a row version above EVENT_VERSION (see READ_VERSION).
+KIND_VERSIONS: Final = {"observed": 3, "held": 3, "hold-released": 3}
+
+
+def row_version(kind: str) -> int:
+    """The version a new row of `kind` is written with."""
+    return KIND_VERSIONS.get(kind, EVENT_VERSION)
 
 STEP_ID_MAX: Final = 256
 PATH_MAX: Final = 4096
@@ -385,6 +397,43 @@ class Compensating(StepEvent, frozen=True, kw_only=True, tag="compensating"):
     reason: Text = ""
 
 
+class NotCaptured(_PathChecked, frozen=True, kw_only=True):
+    """A file an observation saw and did not record, and why (``ignored``: .gitignore'd;
+    ``too-large``: over the size cap; ``not-a-file``: a symlink, a FIFO, a socket, a
+    device; ``unreadable``: permission denied or gone while read; ``changing``: it
+    changed under every try to store it — a log being written, say).
+
+    >>> from ledger import NotCaptured
+    >>> NotCaptured(path="build/out.o", why="ignored").why
+    'ignored'
+    """
+
+    why: Literal["ignored", "too-large", "not-a-file", "unreadable", "changing"]
+
+
+class Observed(StepEvent, frozen=True, kw_only=True, tag="observed"):
+    """The attempt records changes made outside the steps, found on disk by `observe`:
+    it follows the attempt's `planned` (whose writes are the changes: pre-image the
+    content the ledger knew, post-image the content found) and precedes its `fenced`,
+    manifest and ack, which record those changes as a step's writes are recorded — no
+    byte on disk moves. `by` names who asked (``cli:USER@HOST``, ``mcp:CLIENT``,
+    ``library``, ``lease``: the observation an acquire makes), so an agent's own shell
+    edits are attributed to the agent that asked, not to a person; `label` is theirs.
+    `baseline`: the workspace's first observation (every file it holds, as created).
+    `not_captured`: up to 100 files left out, of `not_captured_total`.
+
+    >>> from ledger import Observed
+    >>> Observed(step="observed-w-1", attempt=1, by="library").baseline
+    False
+    """
+
+    by: Name
+    label: Text = ""
+    baseline: bool = False
+    not_captured: Annotated[tuple[NotCaptured, ...], Meta(max_length=100)] = ()
+    not_captured_total: NonNegative = 0
+
+
 class Rejected(StepEvent, frozen=True, kw_only=True, tag="rejected"):
     """The fence refused the attempt; nothing of it stays applied.
 
@@ -562,6 +611,40 @@ class BlobCollected(Event, frozen=True, kw_only=True, tag="blob-collected"):
     collection: Name = ""  # the GC run that collected it
 
 
+class Held(Event, frozen=True, kw_only=True, tag="held"):
+    """A run (or one step) held: kept out of `seal`, and its blobs out of `gc` even where
+    a releasing compensation (a pruned checkpoint) would let them go, until released.
+    `n`: the how-manieth hold of this target (a hold after a release is a new one).
+
+    >>> from ledger import Held
+    >>> Held(scope="run", target="nightly", reason="audit").scope
+    'run'
+    """
+
+    key_extra: ClassVar[tuple[str, ...]] = ("scope", "target", "n")
+    scope: Literal["run", "step"]
+    target: StepId
+    n: NonNegative = 0
+    reason: Text = ""
+    by: Name = ""
+
+
+class HoldReleased(Event, frozen=True, kw_only=True, tag="hold-released"):
+    """A hold (`Held` number `n` of this target) released: seal and gc treat the run or
+    step as they would have.
+
+    >>> from ledger import HoldReleased
+    >>> HoldReleased(scope="step", target="edit-4").target
+    'edit-4'
+    """
+
+    key_extra: ClassVar[tuple[str, ...]] = ("scope", "target", "n")
+    scope: Literal["run", "step"]
+    target: StepId
+    n: NonNegative = 0
+    by: Name = ""
+
+
 AbsPath = Annotated[str, Meta(min_length=1, max_length=PATH_MAX, pattern=r"^/")]
 #: What the witness a `witness-anchored` event replaces said when it was replaced.
 WitnessState = Literal["none", "ok", "missing", "blank", "damaged", "mismatch"]
@@ -651,6 +734,7 @@ class Sealed(Event, frozen=True, kw_only=True, tag="run-sealed"):
 
 AnyEvent = Union[
     Planned,
+    Observed,
     Fenced,
     BlobPinned,
     BlobStored,
@@ -668,6 +752,8 @@ AnyEvent = Union[
     BlobCollected,
     WitnessAnchored,
     Sealed,
+    Held,
+    HoldReleased,
 ]
 
 
@@ -698,6 +784,7 @@ def _spec(t: type[Event], *folds: str, guarded: bool = False, names_blobs: bool 
 #: Every event kind, declared once (docs/design.md "Events and the attempt lifecycle").
 KIND_SPECS: Final[dict[str, KindSpec]] = dict([
     _spec(Planned, "steps"),
+    _spec(Observed, "steps"),
     _spec(Fenced, "steps", "workspaces"),
     _spec(BlobPinned, "steps", "refs"),
     _spec(BlobStored, "steps", guarded=True),
@@ -715,6 +802,8 @@ KIND_SPECS: Final[dict[str, KindSpec]] = dict([
     _spec(BlobCollected),
     _spec(WitnessAnchored),
     _spec(Sealed, "steps", "refs"),
+    _spec(Held),
+    _spec(HoldReleased),
 ])
 #: The projections a kind may name in `KindSpec.folds`.
 PROJECTIONS: Final = ("steps", "workspaces", "refs")
@@ -754,9 +843,9 @@ def encode(event: Event) -> bytes:
 
 def decode(payload: bytes, v: int = EVENT_VERSION) -> AnyEvent:
     """Decode a payload column. Rows of a newer event version are refused."""
-    if v > EVENT_VERSION:
+    if v > READ_VERSION:
         raise InvalidInput(
-            f"event encoding version {v} is newer than this steptrail ({EVENT_VERSION});"
+            f"event encoding version {v} is newer than this steptrail ({READ_VERSION});"
             " upgrade steptrail"
         )
     return _decoder.decode(payload)
@@ -997,6 +1086,9 @@ __all__ = [
     "KindSpec",
     "PROJECTIONS",
     "EVENT_VERSION",
+    "KIND_VERSIONS",
+    "READ_VERSION",
+    "row_version",
     "KINDS",
     "STEP_KINDS",
     "kinds_folded_by",
@@ -1019,6 +1111,10 @@ __all__ = [
     "Planned",
     "PlannedWrite",
     "RecordedEvent",
+    "Held",
+    "HoldReleased",
+    "NotCaptured",
+    "Observed",
     "Rejected",
     "Restored",
     "StepEvent",

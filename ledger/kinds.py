@@ -127,6 +127,13 @@ DESCRIBED: Final[dict[str, Described]] = {
     "planned": Described(
         "the step's plan is recorded: what it will write, read against which bytes,"
         " before anything is written", _planned),
+    "observed": Described(
+        "changes made outside the steps (a person, a shell, a tool), found on disk and"
+        " recorded as this step's writes; no byte was moved",
+        lambda e: f"asked by {e.by}" + (f" ({e.label})" if e.label else "")
+                  + (", the workspace's baseline" if e.baseline else "")
+                  + (f"; {e.not_captured_total} file(s) not captured"
+                     if e.not_captured_total else "")),
     "fenced": Described(
         "the step's writes were checked against the bytes it read, and applied", _fenced),
     "blob-pinned": Described(
@@ -176,6 +183,13 @@ DESCRIBED: Final[dict[str, Described]] = {
         " cut tail)",
         lambda e: f"{e.witness} at #{e.head_seq} (was {e.previous_state})"
                   + (" (forced)" if e.forced else "")),
+    "held": Described(
+        "a run or a step held: kept out of seal, and its blobs out of gc, until released",
+        lambda e: f"{e.scope} {e.target}" + (f": {e.reason}" if e.reason else "")
+                  + (f" (by {e.by})" if e.by else "")),
+    "hold-released": Described(
+        "a hold released: seal and gc treat the run or step as before",
+        lambda e: f"{e.scope} {e.target}" + (f" (by {e.by})" if e.by else "")),
     "run-sealed": Described(
         "a finished run's events archived and removed from the ledger, their chain kept",
         lambda e: f"run {e.sealed_run}: {e.events} event(s) to {e.archive}"

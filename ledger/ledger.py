@@ -30,7 +30,9 @@ from .events import (
     check_utf8,
     check_step_id,
 )
+from . import holds as holds_mod
 from . import opening
+from .holds import Hold
 from .guard import AppendGuard, check_blob
 from .workspace.core import Clock, Core, Options, OwnFiles
 from .step import artifacts as artifacts_mod
@@ -297,8 +299,9 @@ class Ledger:
         try:
             ledger = cls(store, store.clock, created, **options)
             ledger._witness.attach()
-            if not created:
-                catch_up(ledger._log)
+            # (a new ledger too: its first catch-up writes the checkpoint that says the
+            # tables follow the log, before any append relies on it)
+            catch_up(ledger._log)
         except BaseException:
             store.close()
             raise
@@ -570,6 +573,31 @@ class Ledger:
         manifest's).
         """
         return artifacts_mod.ack(self._site, step, attempt, epoch=epoch)
+
+    # -- holds -----------------------------------------------------------------------
+
+    def hold(self, target: str, *, scope: str = "run", reason: str = "",
+             by: str = "") -> Hold:
+        """Hold run `target` (or step, `scope="step"`): `seal` refuses it and `gc` keeps
+        its blobs even where a releasing compensation would let them go, until
+        `release_hold`. Holding what is held already is a no-op returning that hold
+        (ledger/holds.py)."""
+        event = holds_mod.held_event(self._log, scope, target, reason, by)
+        if event is not None:
+            self.append(event)
+        return holds_mod.read_holds(self._log)[(scope, target)]
+
+    def release_hold(self, target: str, *, scope: str = "run", by: str = "") -> bool:
+        """Release the hold on `target`; False when none was in force (nothing written)."""
+        event = holds_mod.release_event(self._log, scope, target, by)
+        if event is None:
+            return False
+        self.append(event)
+        return True
+
+    def holds(self) -> list[Hold]:
+        """The holds in force, oldest first."""
+        return sorted(holds_mod.read_holds(self._log).values(), key=lambda h: h.seq)
 
     # -- reading ---------------------------------------------------------------------
 

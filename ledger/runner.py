@@ -47,7 +47,8 @@ def run_fenced_step(ledger: Ledger, workspace: str, step: str, plan: Planner, *,
                     plan_rev: int | None = None, irreversible: bool = False,
                     artifacts: Mapping[str, Content] | None = None,
                     on_planned: Callable[[str], None] | None = None,
-                    on_stage: Callable[[str], None] | None = None) -> FencedOutcome:
+                    on_stage: Callable[[str], None] | None = None,
+                    observe: bool = False) -> FencedOutcome:
     """Run (or finish) one step that writes `workspace`, under the live `epoch`, and say
     how it came out — the whole protocol in one call, safe to call again after a crash.
 
@@ -74,6 +75,10 @@ def run_fenced_step(ledger: Ledger, workspace: str, step: str, plan: Planner, *,
     ``"committed"`` once published and acked by this call. An exception it raises ends
     the call there, as a crash would leave the step (a re-run finishes it).
     `on_planned(step)` is the ``"planned"`` stage alone (kept for its callers).
+    `observe`: first record the edits made to the workspace outside the steps
+    (`Workspaces.observe` under `epoch`, asked by ``runner:STEP``), so a person's edit
+    since the last step is in the history before this one plans — a stat walk of the
+    tree each step (docs/performance.md "Observing a workspace").
 
         with Ledger.open(".steptrail/ledger.db") as led:
             lease = led.workspaces.acquire("repo", holder="agent-1", ttl_s=600)
@@ -99,7 +104,7 @@ def run_fenced_step(ledger: Ledger, workspace: str, step: str, plan: Planner, *,
     return _run.run_fenced_step(ledger.workspaces.site, workspace, step, plan, epoch=epoch,
                                 run=run, fence=fence, journal=journal, plan_rev=plan_rev,
                                 irreversible=irreversible, artifacts=artifacts,
-                                on_planned=on_planned, on_stage=on_stage)
+                                on_planned=on_planned, on_stage=on_stage, observe=observe)
 
 
 __all__ = ["FencedOutcome", "PathConflict", "Planner", "RejectReason", "StepReader",

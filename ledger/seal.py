@@ -268,6 +268,19 @@ def _plan(ledger: Ledger, view: ReadView, run: str) -> _Plan:
     """Everything the seal of `run` will record, read in one snapshot; NotSealable when
     something live or unsettled needs the run."""
     rows = list(view.events(EventQuery(run=run)))
+    held = {(h.scope, h.target): h for h in ledger.holds()}
+    steps_of_run = {r.step for r in rows if r.step}
+    hold = held.get(("run", run)) or next(
+        (held[("step", s)] for s in sorted(steps_of_run) if ("step", s) in held), None)
+    if hold is not None:
+        what = f"run {run!r}" if hold.scope == "run" else f"its step {hold.target!r}"
+        raise NotSealable(run, f"{what} is held ({hold.reason or 'no reason given'}):"
+                          f" release it first with ledger.release_hold({hold.target!r},"
+                          f" scope={hold.scope!r})").at_a_shell(
+            f"run {run!r} cannot be sealed: {what} is held"
+            f" ({hold.reason or 'no reason given'}); release it with 'steptrail hold"
+            f" --release {'--step ' if hold.scope == 'step' else ''}{hold.target}'; nothing"
+            " was archived")
     if not rows:
         raise NotSealable(run, "the ledger holds no events of it (never run, or sealed"
                           " already: seal_events(ledger) lists the seals)").at_a_shell(

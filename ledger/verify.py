@@ -34,7 +34,7 @@ from .projections.refs import RefsFold
 from .projections.steps import NAME as STEPS_NAME
 from .projections.steps import VERSION as STEPS_VERSION
 from .projections.workspaces import WorkspacesFold
-from .store import ROW_ERRORS, Forensics, ReadView, RowsUnreadable, Scratch, Store
+from .store import FOLLOWS, ROW_ERRORS, Forensics, ReadView, RowsUnreadable, Scratch, Store
 
 Progress = Callable[[int, int], None]
 
@@ -428,14 +428,16 @@ def _meta_facts(view: Forensics) -> list[Finding]:
 
 
 def _checkpoint_facts(view: Forensics, head_seq: int) -> list[Finding]:
-    """The projection checkpoint: one row, at or behind the head (a checkpoint ahead of
-    the log would make catch-up skip the events in between), with a version number."""
+    """The projection checkpoint: one row, following the log (`FOLLOWS`) or at or behind
+    the head (a checkpoint ahead of the log would make catch-up skip the events in
+    between), with a version number."""
     out = []
     for name, last_seq, version in view.checkpoint_rows():
         if name != STEPS_NAME:
             out.append(Finding("projection", 0, f"VIOLATION: projection_checkpoint holds a row"
                                f" {str(name)[:40]!r} no steptrail projection writes"))
-        elif not isinstance(last_seq, int) or not 0 <= last_seq <= head_seq:
+        elif not isinstance(last_seq, int) or not (last_seq == FOLLOWS
+                                                   or 0 <= last_seq <= head_seq):
             out.append(Finding("projection", 0, f"VIOLATION: projection_checkpoint says the"
                                f" projections folded event #{last_seq}, but the log ends at"
                                f" #{head_seq}: catching up would skip events"))

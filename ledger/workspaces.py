@@ -36,13 +36,18 @@ it). Opening a ledger never does either on its own.
 from __future__ import annotations
 
 import builtins  # (annotations: `Workspaces.list` shadows the builtin in the class)
+import contextlib
+import dataclasses
 import os
 from collections.abc import Sequence
 from typing import Any
 
-from .errors import LedgerMoved, Unsettled
+from .errors import InvalidInput, LedgerError, LedgerMoved, UnknownWorkspace, Unsettled
 from .projections.workspaces import Registration, WsRow
 from .step import admit, apply, tidy, undo
+from .step import observe as observing
+from .step import fork as forking
+from .step import rewind as rewinding
 from .step.attempt import check_receipt
 from .step.site import Site
 from .step.values import (
@@ -62,6 +67,7 @@ from .workspace.core import Core
 from .workspace.boundary import FileIdentity
 from .workspace.directory import WorkspaceDir
 from .workspace.restore import RestoreReport
+from .workspace.watch import Watcher
 
 
 class Workspaces:
@@ -194,7 +200,7 @@ class Workspaces:
 
     def acquire(
         self, workspace: str, holder: str, ttl_s: float = 60, *, force: bool = False,
-        bare: bool = False, resume: bool = False,
+        bare: bool = False, resume: bool = False, observe: bool = False,
     ) -> Lease:
         """Start a new epoch (previous + 1) on the workspace and settle the older ones.
 
@@ -210,17 +216,148 @@ class Workspaces:
         taken as usual. `resume`: an agent restarting after a crash takes back a live
         lease its own `holder` still holds (a new epoch, which settles what the dead run
         left unfinished) — another holder's live lease is still LeaseHeld: the
-        restart-safe way to start (README's quickstart).
+        restart-safe way to start (README's quickstart). `observe`: once settled, record
+        the edits made to the workspace outside the steps while nobody held it (`observe`,
+        as asked by ``lease:HOLDER``; its steps in `observed`): the new holder starts from
+        a history that has them. A failure to observe fails the acquire after it (the
+        lease stays yours: release it, or observe again).
         """
         event = self.leases.begin(workspace, holder, ttl_s, force=force, bare=bare,
                                   resume=resume)
         # The epoch is ours from here on: a failure to settle one step is reported with
         # it (apply refuses with Unsettled until `settle` succeeds), never lost.
         settled, failed = undo.settle_all(self.site, workspace, event.epoch)
+        seen: observing.Observation | None = None
+        if observe and not bare and not failed:
+            seen = observing.observe(self.site, workspace, event.epoch,
+                                     by=f"lease:{holder}"[:255])
         return Lease(workspace=workspace, epoch=event.epoch, holder=holder,
                      expires_ns=event.expires_ns, live=True, released=False,
                      settled=tuple(c.step for c in settled), unsettled=tuple(failed),
-                     conflicts=settle_conflicts(settled))
+                     conflicts=settle_conflicts(settled),
+                     observed=seen.steps if seen is not None else (),
+                     observed_changes=len(seen.changes) if seen is not None else 0)
+
+    def observe(
+        self, workspace: str, *, epoch: int | None = None, holder: str | None = None,
+        ttl_s: float = 60, label: str = "", by: str | None = None, dry_run: bool = False,
+        include_ignored: bool = False, max_file_bytes: int = observing.MAX_FILE_BYTES,
+        full: bool = False,
+    ) -> observing.Observation:
+        """Record the changes made to the workspace outside the steps (a person's editor,
+        a shell, a formatter): every regular file that differs from what the ledger knows
+        — created, changed, deleted, a changed mode — as an observation step (`planned`,
+        `observed`, `fenced`, manifest, ack; no byte on disk moves). Nothing changed:
+        nothing is written. The workspace's first observation is its baseline.
+
+        Under the live `epoch` of the caller's lease (only between its own steps), or,
+        without one, under a lease taken for it as `holder` and released after (an
+        older epoch's step in flight is settled first; a live lease of another holder is
+        LeaseHeld). `by` says who asks (default ``library:USER@HOST``): an agent that
+        observes its own shell edits is named, not a person. Left out and listed in
+        `not_captured`: .gitignore'd files (unless `include_ignored`; git decides),
+        files over `max_file_bytes`, anything not a regular file. `dry_run`: compare
+        and report, record nothing. `full`: hash every file (the stat cache beside the
+        ledger is a hint; a file modified within 2 s of the last look is hashed anyway).
+        """
+        who = by if by is not None else observing.default_by()
+        kw: dict[str, Any] = dict(by=who, label=label, dry_run=dry_run,
+                                  include_ignored=include_ignored,
+                                  max_file_bytes=max_file_bytes, full=full)
+        if epoch is not None or dry_run:
+            return observing.observe(self.site, workspace, epoch or 0, **kw)
+        # a look first, with no lease: nothing changed, nothing is written (not even a
+        # lease); then the observation under a lease of its own, which looks again
+        quick = observing.observe(self.site, workspace, 0, **{**kw, "dry_run": True})
+        if not quick.changes:
+            return dataclasses.replace(quick, dry_run=False)
+        lease = self.acquire(workspace, holder or observing.default_holder(), ttl_s)
+        try:
+            if lease.unsettled:
+                raise Unsettled(workspace, list(lease.unsettled))
+            return observing.observe(self.site, workspace, lease.epoch, **kw)
+        finally:
+            with contextlib.suppress(LedgerError):
+                self.release(workspace, lease.epoch)
+
+    def rewind(
+        self, workspace: str, to: str | int, *, paths: Sequence[str] | None = None,
+        preview: bool = False, epoch: int | None = None, holder: str | None = None,
+        ttl_s: float = 60,
+    ) -> rewinding.Rewind:
+        """Put the workspace back as it was as of `to` — a step id (just after its writes)
+        or a seq — for every path, or only `paths` (a path, or a directory and what is
+        under it). `preview`: say what would change, with diffs, and write nothing.
+
+        Otherwise one fenced step (run ``rewind``) planned against what the ledger holds
+        now: a file whose bytes the ledger does not hold (an edit nobody observed: listed
+        in `unobserved` by the preview) fails its fence and the step is refused whole,
+        nothing overwritten — observe first. Recorded, undoable, shown like any step;
+        what it replaced stays in the ledger. Paths whose state then is unknown (before
+        the workspace's baseline) or whose bytes were collected are left as they are and
+        listed in `unreachable`. Under the live `epoch`, or a lease taken for it as
+        `holder` (LeaseHeld while another is live). `.git` is never touched.
+        """
+        chosen = paths  # (checked and normalized by the rewind: a bare string is refused)
+        if preview:
+            return rewinding.plan_rewind(self.site, workspace, to, paths=chosen)
+        if epoch is not None:
+            return rewinding.rewind(self.site, workspace, to, epoch, paths=chosen)
+        lease = self.acquire(workspace, holder or observing.default_holder("rewind"), ttl_s)
+        try:
+            if lease.unsettled:
+                raise Unsettled(workspace, list(lease.unsettled))
+            return rewinding.rewind(self.site, workspace, to, lease.epoch, paths=chosen)
+        finally:
+            with contextlib.suppress(LedgerError):
+                self.release(workspace, lease.epoch)
+
+    def fork(self, workspace: str, at: str | int, to: str | os.PathLike[str], *,
+             name: str | None = None, by: str | None = None) -> forking.Fork:
+        """The workspace as of `at` (a step: just after its writes; or a seq) written into
+        the new or empty directory `to` and registered as a new workspace `name` (default:
+        the directory's name) of this ledger, with the recorded permission bits. Its
+        first observation is its baseline, labelled with its origin (its lineage: asked
+        by ``fork:<workspace>@<seq>``); the blobs are the original's, nothing is copied in
+        the ledger. Paths the ledger did not know then are left out and listed. A second
+        agent works in the fork under its own lease while the first goes on."""
+        target = os.path.realpath(os.fspath(to))
+        new = forking.check_new_name(name or os.path.basename(target.rstrip("/")))
+        try:
+            self.registration(new)
+        except UnknownWorkspace:
+            pass
+        else:
+            raise InvalidInput(f"workspace {new!r} exists already; give the fork another"
+                               " name")
+        seq, step, content, modes, unreachable = forking.plan_fork(self.site, workspace, at)
+        self.places.check_root(new, target, None)
+        files = forking.materialize(self.site, target, content, modes)
+        self.add(new, target)
+        origin = f"{workspace}@{seq}"
+        seen = self.observe(new, by=by or f"fork:{origin}"[:255],
+                            label=f"forked from workspace {workspace!r} as of "
+                                  + (f"step {step!r} (#{seq})" if step else f"#{seq}"))
+        return forking.Fork(workspace=new, root=target, source=workspace, at_seq=seq,
+                            at_step=step, files=files, unreachable=tuple(unreachable),
+                            baseline=seen.steps)
+
+    def watcher(self, workspace: str, *, interval: float = 2.0,
+                include_ignored: bool = False) -> Watcher:
+        """A `Watcher` of the workspace's tree (`observe --watch`): it says when the tree
+        may have changed — `.git`, the ledger's own directory and (unless
+        `include_ignored`) the directories git ignores left unwatched. Close it after."""
+        root = self.registration(workspace).root
+        ignored = None if include_ignored else observing.git_ignored(root)
+        ignored_dirs = ignored[1] if ignored is not None else set()
+        confined = self.confined(workspace)
+
+        def skip(rel: str) -> bool:
+            name = rel.rsplit("/", 1)[-1]
+            return bool(rel) and (confined.hides(name, None) or name == ".steptrail"
+                                  or rel in ignored_dirs)
+
+        return Watcher(root, skip, interval=interval)
 
     def heartbeat(self, workspace: str, epoch: int, ttl_s: float = 60) -> Lease:
         """Extend the live lease; an expired one is never revived (StaleEpoch)."""

@@ -7,6 +7,8 @@ Run from the repository root::
     .venv/bin/python tools/bench_mcp.py --quick    # 100 calls per client, 1 round
     .venv/bin/python tools/bench_mcp.py --json     # machine-readable results on stdout
     .venv/bin/python tools/bench_mcp.py --dir DIR  # scratch directories under DIR
+    .venv/bin/python tools/bench_mcp.py --variant='--lease-turn 0'   # and steptrail with
+                                                   # these options, in the same rounds
 
 What is measured
 ----------------
@@ -39,6 +41,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shlex
 import shutil
 import statistics
 import subprocess
@@ -130,14 +133,17 @@ async def _client(params: Any, name: str, calls: int, times: list[float],
         await anyio.sleep(0)
 
 
-async def _run(kind: str, workspace: Path, clients: int, calls: int) -> dict[str, Any]:
+async def _run(kind: str, workspace: Path, clients: int, calls: int,
+               variant: list[str] | None = None) -> dict[str, Any]:
     import anyio
     from mcp import StdioServerParameters
 
     env = {k: v for k, v in os.environ.items() if not k.startswith("STEPTRAIL_")}
-    if kind == "steptrail":
+    if kind in ("steptrail", "variant"):
+        extra = (variant or []) if kind == "variant" else []
         params = StdioServerParameters(command=_steptrail(),
-                                       args=["mcp", "--workspace", str(workspace)], env=env)
+                                       args=["mcp", "--workspace", str(workspace), *extra],
+                                       env=env)
     else:
         params = StdioServerParameters(command=sys.executable,
                                        args=[__file__, "--serve-plain", str(workspace)], env=env)
@@ -184,6 +190,9 @@ def main() -> None:
                         " servers (default 3; --quick: 1); the medians are compared")
     parser.add_argument("--json", action="store_true", help="results as JSON on stdout")
     parser.add_argument("--dir", help="where the scratch workspaces go")
+    parser.add_argument("--variant", metavar="ARGS",
+                        help="also run steptrail mcp with these options (one string, e.g."
+                        " '--lease-turn 0') in the same rounds, and print ours / it")
     parser.add_argument("--serve-plain", metavar="DIR", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.serve_plain:
@@ -192,16 +201,18 @@ def main() -> None:
     import anyio
 
     calls = args.calls or (100 if args.quick else 300)
+    variant = shlex.split(args.variant) if args.variant else None
     rounds = args.rounds or (1 if args.quick else 3)
     rows = []
     with tempfile.TemporaryDirectory(dir=args.dir, prefix="bench-mcp-") as tmp:
         for clients in args.clients:
-            got: dict[str, list[dict[str, Any]]] = {"plain": [], "steptrail": []}
-            for r in range(rounds):  # alternating, so a change of load hits both sides
-                for kind in ("plain", "steptrail"):
+            kinds = ("plain", "steptrail") + (("variant",) if variant else ())
+            got: dict[str, list[dict[str, Any]]] = {k: [] for k in kinds}
+            for r in range(rounds):  # alternating, so a change of load hits every side
+                for kind in kinds[r % len(kinds):] + kinds[:r % len(kinds)]:
                     ws = Path(tmp) / f"{kind}-{clients}-{r}"
                     ws.mkdir()
-                    one = anyio.run(_run, kind, ws, clients, calls)
+                    one = anyio.run(_run, kind, ws, clients, calls, variant)
                     if one["errors"]:
                         sys.exit(f"{kind} with {clients} clients: {one['errors']} calls failed:"
                                  f" {one['first_error']}")
@@ -214,6 +225,11 @@ def main() -> None:
                          "ratios_per_round": [s["calls_per_s"] / p["calls_per_s"] for s, p in
                                               zip(got["steptrail"], got["plain"], strict=True)],
                          "runs": got})
+            if variant:
+                rows[-1]["variant_calls_per_s"] = med["variant"]
+                rows[-1]["over_variant"] = statistics.median(
+                    s["calls_per_s"] / v["calls_per_s"]
+                    for s, v in zip(got["steptrail"], got["variant"], strict=True))
         fs = _fs(Path(tmp))
     if args.json:
         print(json.dumps({"fs": fs, "calls_per_client": calls, "rows": rows}, indent=2))
@@ -226,6 +242,11 @@ def main() -> None:
         per = " ".join(f"{x:.2f}" for x in r["ratios_per_round"])
         print(f"{r['clients']:>7} {r['calls']:>6} {r['steptrail_calls_per_s']:>19.0f}"
               f" {r['plain_calls_per_s']:>14.0f} {r['ratio']:>6.2f}x  {per}")
+    if variant:
+        print(f"the variant (steptrail mcp {' '.join(variant)}), same rounds:")
+        for r in rows:
+            print(f"{r['clients']:>7} clients: {r['variant_calls_per_s']:.0f} calls/s;"
+                  f" steptrail / variant {r['over_variant']:.2f}x")
     print("target: >= 0.5x")
 
 

@@ -74,9 +74,9 @@ file system by default (fsync cost is the point; a warning is printed if it is o
 
 Targets (PASS/FAIL printed; the exit status is 0 whatever they say):
 * 1 writer: steptrail >= 1.0x the fastest peer on ``step-4k`` and ``append-small``, and
-  a ``step-4k`` in at most 0.20 ms of CPU;
-* 4 writers, ``step-4k``: steptrail's best mode >= 1.0x every peer's best mode; 16
-  writers: >= 1.1x (ahead, with a margin);
+  a ``step-4k`` in at most 0.25 ms of CPU;
+* 4 and 16 writers, ``step-4k``: steptrail's best mode >= 1.1x every peer's best mode
+  (ahead, with a margin);
 * ``bulk-100``: steptrail >= 1.2x eventsourcing's 100-event save.
 """
 
@@ -114,10 +114,10 @@ SMALL = "x" * 100
 BULK = 100
 WORKLOADS = ("step-4k", "append-small", "bulk-100")
 TARGET_SINGLE = 1.0
-TARGET_CONCURRENT = {4: 1.0, 16: 1.1}
+TARGET_CONCURRENT = {4: 1.1, 16: 1.1}
 TARGET_BULK = 1.2
 #: CPU milliseconds one step-4k may take (one writer).
-TARGET_STEP_CPU_MS = 0.20
+TARGET_STEP_CPU_MS = 0.25
 
 
 @dataclass(frozen=True)

@@ -212,7 +212,8 @@ def lock_meter(led: Any) -> Callable[[], tuple[float, float]] | None:
     ``pg_advisory_xact_lock*`` statement waited for (the ledger's, the workspace's and the
     chain lock), and the chain lock — the one every transaction that appends takes, so the
     one that serializes the writers of different workspaces — held from taking it until
-    COMMIT or ROLLBACK returned."""
+    COMMIT or ROLLBACK returned. (A lock statement sent with held writes and a read is
+    timed whole: its wait includes that round trip's work.)"""
     store = led.storage
     stats = getattr(getattr(store, "db", None), "stats", None)
     if stats is not None and hasattr(stats, "held_s"):
@@ -246,7 +247,9 @@ def lock_meter(led: Any) -> Callable[[], tuple[float, float]] | None:
             if not acc[2] and is_chain(query, params):
                 acc[2] = t1
             return out
-        if acc[2] and isinstance(query, str) and query in ("COMMIT", "ROLLBACK"):
+        # a COMMIT alone, or ending the message of the writes the transaction held
+        if acc[2] and isinstance(query, str) and (query in ("COMMIT", "ROLLBACK")
+                                                  or query.endswith(";\nCOMMIT")):
             try:
                 return execute(query, params, *a, **kw)
             finally:

@@ -11,7 +11,9 @@ Each step runs after warm-up steps on the same ledger (caches as a long-running 
 has them). SQLite's statements are what apsw's exec trace sees (every statement,
 BEGIN and COMMIT included); PostgreSQL's are the driver's calls (`execute`, and each
 statement of an `executemany`) — without pipeline mode, each call is one round trip to
-the server. `--list` prints every statement's first words.
+the server; a write the transaction held for its next round trip is sent in that
+round trip's text (statements separated by ``;``), so PostgreSQL's count is its round
+trips. `--list` prints the first words of each.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ import argparse
 import contextlib
 import json
 import os
+import re
 import sys
 import tempfile
 from collections.abc import Callable, Iterator
@@ -31,6 +34,10 @@ from ledger import Ledger  # noqa: E402
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from count_pages import WORKS  # noqa: E402  (the operations: tools/count_pages.py)
+
+#: A COMMIT, alone or ending a text of several statements (PostgreSQL: the writes a
+#: transaction held go with its COMMIT, one round trip).
+COMMIT = re.compile(r"(^|;)\s*COMMIT$")
 
 
 @contextlib.contextmanager
@@ -129,7 +136,7 @@ def main() -> int:
                     location = server.create_database(f"count_{work.replace('-', '_')}")
                 seen = count(location, tracer, work)
                 out.setdefault(store, {})[work] = {
-                    "statements": len(seen), "commits": sum(s.startswith("COMMIT") for s in seen),
+                    "statements": len(seen), "commits": sum(bool(COMMIT.search(s)) for s in seen),
                     "list": seen}
     finally:
         if server is not None:
@@ -139,7 +146,8 @@ def main() -> int:
         return 0
     for store, works in out.items():
         for work, got in works.items():
-            print(f"{store:9} {work:16} {got['statements']:4} statements, {got['commits']} commits")
+            what = "round trips" if store == "postgres" else "statements"
+            print(f"{store:9} {work:16} {got['statements']:4} {what}, {got['commits']} commits")
             if args.list:
                 for s in got["list"]:
                     print(f"    {s[:110]}")

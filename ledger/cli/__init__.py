@@ -39,10 +39,14 @@ from . import (
     copy,
     demo,
     export,
+    fork,
     gc,
+    hold,
     inspect,
     lease,
     mcp,
+    observe,
+    rewind,
     seal,
     stats,
     status,
@@ -169,7 +173,8 @@ for _command in (
     inspect.head, inspect.blobs, export.export, workspace.workspace, lease.lease, step.step,
     gc.gc_cmd, gc.audit_cmd, copy.copy_cmd, backup.backup_group, backup.restore_cmd,
     witness.witness_group, seal.seal_group, stats.stats_cmd, stats.metrics, demo.demo,
-    mcp.mcp, status.status, completion.completion, ui.ui,
+    mcp.mcp, observe.observe, rewind.rewind, fork.fork, hold.hold, status.status,
+    completion.completion, ui.ui,
 ):
     cli.add_command(_command)
 step.step.add_command(step_store.step_store)

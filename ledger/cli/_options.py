@@ -69,6 +69,32 @@ class Duration(click.ParamType):
 
 DURATION = Duration()
 
+_SIZE_UNITS = {"": 1, "b": 1, "k": 1 << 10, "kib": 1 << 10, "kb": 1000, "m": 1 << 20,
+               "mib": 1 << 20, "mb": 1000 ** 2, "g": 1 << 30, "gib": 1 << 30, "gb": 1000 ** 3}
+_SIZE_RE = re.compile(r"\s*(\d+(?:\.\d*)?)\s*([a-zA-Z]*)\s*")
+
+
+class Size(click.ParamType):
+    """A size such as 64MiB, 500k, 2G or 1000 (bytes)."""
+
+    name = "size"
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> int:
+        if isinstance(value, int) and not isinstance(value, bool):
+            return value
+        m = _SIZE_RE.fullmatch(str(value))
+        unit = _SIZE_UNITS.get(m[2].lower()) if m is not None else None
+        if m is None or unit is None:
+            self.fail(f"{str(value)[:40]!r} is not a size; write e.g. 64MiB, 500k, 2G or a"
+                      " number of bytes", param, ctx)
+        size = int(float(m[1]) * unit)
+        if size > 1 << 50:
+            self.fail(f"{str(value)[:40]!r}: a size must be at most 1PiB", param, ctx)
+        return size
+
+
+SIZE = Size()
+
 #: `lease acquire` and `lease heartbeat`'s default TTL: time for a person typing commands
 #: between them (the library's default, for a harness that heartbeats, is 60 s).
 CLI_LEASE_TTL = "10m"

@@ -68,10 +68,15 @@ def lease() -> None:
 @click.option("--resume", is_flag=True, help="Take back a live lease this --holder still holds"
               " (this agent's earlier run, which died): a new epoch that settles what it left"
               " unfinished. Another holder's live lease is still refused.")
+@click.option("--observe", is_flag=True,
+              help="Once settled, record the edits made outside the steps while nobody held"
+              " the workspace (steptrail observe, asked by lease:HOLDER): the new holder"
+              " starts from a history that has them. Costs a stat walk of the tree; the"
+              " first one reads and stores every file (the baseline).")
 @json_option
 @click.pass_context
 def lease_acquire(ctx: click.Context, ws_name: str | None, holder: str, ttl: float, force: bool,
-                  resume: bool, as_json: bool) -> None:
+                  resume: bool, observe: bool, as_json: bool) -> None:
     """Start a new epoch on the workspace and print it; settle older epochs first.
 
     Refused (exit 1) while another lease is live, unless --force (or --resume, when
@@ -82,7 +87,8 @@ def lease_acquire(ctx: click.Context, ws_name: str | None, holder: str, ttl: flo
     """
     name = _workspace(ctx, ws_name)
     with _open(ctx, readonly=False) as ledger:
-        got = ledger.workspaces.acquire(name, holder, ttl, force=force, resume=resume)
+        got = ledger.workspaces.acquire(name, holder, ttl, force=force, resume=resume,
+                                        observe=observe)
         now = ledger.clock()
     document = lease_json(got, now)
     if not as_json:
@@ -90,6 +96,11 @@ def lease_acquire(ctx: click.Context, ws_name: str | None, holder: str, ttl: flo
                    f" {_iso(got.expires_ns)}")
         if got.settled:
             click.echo(f"settled (compensated) older epochs' steps: {', '.join(got.settled)}")
+        if got.observed:
+            click.echo(f"observed {got.observed_changes} edit(s) made outside the steps:"
+                       f" {', '.join(got.observed)}")
+        elif observe:
+            click.echo("observed: nothing changed outside the steps")
     # the lease is acquired all the same: the error says so, and --json prints its document
     held = f"the lease is held (epoch {got.epoch})"
     if got.unsettled:

@@ -46,9 +46,22 @@ _MCP_SDK_MODULES = ("mcp", "mcp_types", "pydantic", "anyio", "starlette", "uvico
               show_default=True,
               help="How long the server keeps the lease after a write for its next one,"
               " unless another server waits for it (0: release after every write).")
+@click.option("--lease-turn", type=Duration(allow_zero=True), default="50ms",
+              show_default=True,
+              help="While another server waits for the workspace, how long this one keeps"
+              " the lease for its own client's next calls (from when it took it, at most"
+              " --lease-linger): fewer lease commits when agents share a workspace; each"
+              " waits at most about a turn per server ahead of it. 0: hand the lease over"
+              " after every call.")
+@click.option("--observe", "observe_on_lease", is_flag=True,
+              help="Each time the server takes the workspace's lease anew, first record the"
+              " edits made outside its writes meanwhile (a person's editor, a shell:"
+              " steptrail observe), so history and undo have them. Costs a stat walk of the"
+              " tree per lease taken; the first reads and stores every file.")
 @click.pass_context
 def mcp(ctx: click.Context, workspaces: tuple[str, ...], http: bool, host: str, port: int,
-        allow_remote: bool, lease_ttl: float, lease_wait: float, lease_linger: float) -> None:
+        allow_remote: bool, lease_ttl: float, lease_wait: float, lease_linger: float,
+        lease_turn: float, observe_on_lease: bool) -> None:
     """Serve workspace files to an MCP client: fenced, journaled, undoable writes.
 
     An MCP server (the official SDK) with the reference filesystem server's tools
@@ -76,7 +89,7 @@ def mcp(ctx: click.Context, workspaces: tuple[str, ...], http: bool, host: str, 
         raise click.UsageError("--http needs the workspace to serve: --workspace DIR (the"
                                " client's roots are served over stdio only)", ctx=ctx)
     for name, value in (("--lease-ttl", lease_ttl), ("--lease-wait", lease_wait),
-                        ("--lease-linger", lease_linger)):
+                        ("--lease-linger", lease_linger), ("--lease-turn", lease_turn)):
         if value > 7 * 24 * 3600:
             raise click.UsageError(f"{name} must be at most 7d", ctx=ctx)
     if lease_linger >= lease_ttl / 2:
@@ -87,5 +100,6 @@ def mcp(ctx: click.Context, workspaces: tuple[str, ...], http: bool, host: str, 
     serve(specs, ledger_path=ctx.obj["ledger_path"] if given else None,
           witness=ctx.obj.get("witness"), http=http, host=host, port=port,
           allow_remote=allow_remote, lease_ttl_s=lease_ttl, lease_wait_s=lease_wait,
-          lease_linger_s=lease_linger, echo=lambda line: click.echo(_shown(line), err=True),
+          lease_linger_s=lease_linger, lease_turn_s=lease_turn,
+          observe_on_lease=observe_on_lease, echo=lambda line: click.echo(_shown(line), err=True),
           on_stage=ctx.obj.get("on_stage"))

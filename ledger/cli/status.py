@@ -233,6 +233,8 @@ def status_document(ctx: click.Context, ledger: Ledger, only: str | None) -> dic
                   "note": "audit only reads: the ledger keeps no record of it"},
         "witness": _witness_json(ledger, head.seq),
         "attention": items,
+        "holds": [{"scope": h.scope, "target": h.target, "reason": h.reason, "by": h.by,
+                   "seq": h.seq} for h in ledger.holds()],
         "next": nxt,
     }
 
@@ -346,6 +348,11 @@ def _echo(doc: dict[str, Any]) -> None:
         _echo_steps(doc["other_steps"], "  ", with_workspace=any(
             s["workspace"] for s in doc["other_steps"]))
     _echo_attention(doc["attention"])
+    if doc.get("holds"):
+        _say("")
+        _say("held (seal refuses them; gc keeps their blobs): " + ", ".join(
+            f"{h['scope']} {h['target']}" + (f" ({h['reason']})" if h["reason"] else "")
+            for h in doc["holds"]))
 
 
 #: The kinds the workspace sections above already show, with their next command.

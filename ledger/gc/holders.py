@@ -22,7 +22,7 @@ import msgspec
 
 from ..errors import GcRefused
 from ..store import BlobIndex, EventQuery, EventReader, PinHold, ReadView
-from ..events import BLOB_NAMING_KINDS, EVENT_VERSION
+from ..events import BLOB_NAMING_KINDS, READ_VERSION
 
 
 #: 64 characters, checked as decoded; that they are lower-case hex is checked for all the
@@ -54,15 +54,31 @@ class _Published(msgspec.Struct, tag="manifest-published", tag_field="kind"):
     artifacts: tuple[_Ref, ...] = ()
 
 
+class _Held(msgspec.Struct, tag="held", tag_field="kind"):
+    scope: str = ""
+    target: str = ""
+    n: int = 0
+
+
+class _HoldReleased(msgspec.Struct, tag="hold-released", tag_field="kind"):
+    scope: str = ""
+    target: str = ""
+    n: int = 0
+
+
 class _Compensated(msgspec.Struct, tag="compensated", tag_field="kind"):
     step: str = ""
+    run: str = ""
     restored: tuple[_Restored, ...] = ()
     release: bool = False
 
 
 #: Reads only the digests a manifest or a compensation names (still validated: a bad
 #: digest fails closed), not the whole event: GC and audit decode every one of them.
-_refs_decoder = msgspec.json.Decoder(Union[_Published, _Compensated])
+_refs_decoder = msgspec.json.Decoder(Union[_Published, _Compensated, _Held, _HoldReleased])
+#: The kinds whose events this reads: what names blobs, and the holds (a held run's or
+#: step's releasing compensation releases nothing).
+_KINDS: Final = BLOB_NAMING_KINDS | {"held", "hold-released"}
 
 
 @dataclass
@@ -96,10 +112,12 @@ def read_references(conn: ReadView, *, cross_check: bool = True) -> Holders:
     # pruned checkpoint) un-references the revisions its step published before it.
     latest: dict[str, int] = {}
     by_manifest: list[tuple[str, int, list[str]]] = []
-    for row in conn.events(EventQuery(kinds=BLOB_NAMING_KINDS)):
+    holds: dict[tuple[str, str], int] = {}
+    releasing: list[tuple[str, str]] = []  # (step, run) of each releasing compensation
+    for row in conn.events(EventQuery(kinds=_KINDS)):
         seq, kind, v, payload = row.seq, row.kind, row.v, row.payload
         try:
-            if v > EVENT_VERSION:
+            if v > READ_VERSION:
                 raise ValueError(f"event version {v} is newer than this steptrail")
             event = _refs_decoder.decode(payload)
         except (msgspec.DecodeError, msgspec.ValidationError, ValueError) as exc:
@@ -114,6 +132,15 @@ def read_references(conn: ReadView, *, cross_check: bool = True) -> Holders:
                                          if r.outcome != "conflict" and r.digest is not None)
             if event.release and event.step in latest:
                 out.released[event.step] = latest[event.step]
+                releasing.append((event.step, event.run))
+        elif isinstance(event, _Held):
+            holds[(event.scope, event.target)] = event.n
+        elif isinstance(event, _HoldReleased):
+            if holds.get((event.scope, event.target)) == event.n:
+                del holds[(event.scope, event.target)]
+    for step, run in releasing:  # a held step's (or run's) blobs stay held
+        if ("step", step) in holds or (run and ("run", run) in holds):
+            out.released.pop(step, None)
     _check_hex(out.manifest_refs, "a manifest")
     _check_hex(out.compensation_refs, "a compensation record")
     table = conn.manifest_digests()

@@ -17,7 +17,7 @@ from ledger import Ledger, LedgerError
 from .edits import EditRefused
 from ..workspace import FsRefused, is_ledger_dir_name
 from ..errors import said_at_a_shell
-from .leases import LeaseBusy, Leases, holder_name
+from .leases import TURN_S, LeaseBusy, Leases, holder_name
 
 from .values import Limits, Result, Seen, ToolFailure, Workspace, log, one_line
 
@@ -28,7 +28,8 @@ class ToolContext:
 
     def __init__(self, ledger: Ledger, workspaces: Sequence[str], *,
                  lease_ttl_s: float = 20.0, lease_wait_s: float = 30.0,
-                 lease_linger_s: float = 0.2,
+                 lease_linger_s: float = 0.2, lease_turn_s: float = TURN_S,
+                 observe_on_lease: bool = False,
                  limits: Limits | None = None, holder: str | None = None,
                  given_roots: dict[str, str] | None = None,
                  on_stage: Callable[[str], None] | None = None) -> None:
@@ -46,7 +47,8 @@ class ToolContext:
         self.on_stage = on_stage
         self.leases = Leases(ledger, self.lock, self.notices, holder=holder or holder_name(),
                              write_lock=self.write_lock,
-                             ttl_s=lease_ttl_s, wait_s=lease_wait_s, linger_s=lease_linger_s)
+                             ttl_s=lease_ttl_s, wait_s=lease_wait_s, linger_s=lease_linger_s,
+                             turn_s=lease_turn_s, observe=observe_on_lease)
         self.holder = self.leases.holder
         self.lease_ttl_s = lease_ttl_s
         self.workspaces: list[Workspace] = []

@@ -19,12 +19,18 @@ symlink and only if they are regular files, waiting never blocks, and a slot tha
 taken for a second (a stopped or stuck process may hold the file) is passed over — the
 lease itself decides then, as it would without the queue.
 
-After the write the lease is released — unless nobody waits for the slot, in which case
-it is kept for this server's next write for at most `linger_s` (and never past half its
-TTL): a lone agent's consecutive writes skip an acquire and a release each. A timer
-looks every 20 ms and lets the lease go as soon as another server waits, or once the
-server has been idle for `linger_s`; a server keeps at most one workspace's lease, so
-two servers never each keep one while waiting for the other's.
+After the write the lease is kept for this server's next write for at most `linger_s`
+(and never past half its TTL): a lone agent's consecutive writes skip an acquire and a
+release each. While another server waits for the slot, the lease is still kept for the
+rest of this server's *turn* — `turn_s` (`TURN_S`, 50 ms, at most `linger_s`) from when
+it took the lease — as long as its client keeps calling: several agents on one workspace then write
+a few calls per acquire instead of paying an acquire and a release (two commits) for
+every call, and each waits at most a turn (plus the call under way) per server ahead of
+it. A timer looks every 20 ms and lets the lease go once the turn is over and someone
+waits, once the client has made no call for a timer period while someone waits, or once
+the server has been idle for `linger_s`; a server keeps at most one workspace's lease, so
+two servers never each keep one while waiting for the other's. ``linger_s`` 0 releases
+after every write (no turn).
 """
 
 from __future__ import annotations
@@ -48,6 +54,15 @@ from ledger import LeaseHeld, Ledger, LedgerError, StaleEpoch
 from ledger.fmt import iso
 
 log = logging.getLogger("steptrail.mcp")
+
+#: How long a server keeps a workspace's lease for its own client's next calls while
+#: another server waits for it (capped by the linger): fewer acquires and releases when
+#: several agents share a workspace, at most this long a wait per server ahead.
+TURN_S = 0.05
+
+#: How often the idle timer looks (and so how long a waiting server may wait for a holder
+#: whose client stopped calling).
+TICK_S = 0.02
 
 
 class LeaseBusy(Exception):
@@ -224,15 +239,21 @@ class Leases:
 
     def __init__(self, ledger: Ledger, lock: threading.RLock, notices: deque[str], *,
                  holder: str, ttl_s: float, wait_s: float, linger_s: float,
-                 write_lock: threading.RLock | None = None) -> None:
+                 turn_s: float = TURN_S, observe: bool = False, write_lock: threading.RLock | None = None) -> None:
         self.ledger, self.lock, self.notices = ledger, lock, notices
         #: held by the server across each write: the idle timer never lets a lease go
         #: while a write uses it
         self.write_lock = write_lock or threading.RLock()
         self.holder, self.ttl_s, self.wait_s, self.linger_s = holder, ttl_s, wait_s, linger_s
+        self.turn_s = turn_s
+        #: record the edits made outside the steps at each fresh lease (`acquire(observe=)`)
+        self.observe = observe
         self.workspaces: list[str] = []
-        self._held: dict[str, tuple[int, float]] = {}  # workspace -> (epoch, keep until)
+        #: workspace -> (epoch, keep until, turn over at), monotonic times
+        self._held: dict[str, tuple[int, float, float]] = {}
         self._slots: dict[str, _Slot] = {}
+        #: workspace -> when this server last let its lease go for a waiting server
+        self._yielded: dict[str, float] = {}
         self._timer: threading.Timer | None = None
         self._tmu = threading.Lock()  # guards _timer
         self._last_write = 0.0
@@ -255,8 +276,11 @@ class Leases:
         each keeping one never wait for each other's."""
         held = self._held.get(ws)
         slot = self._slot(ws)
-        if held is not None and (time.monotonic() >= held[1] or slot.waiters()):
+        if held is not None and time.monotonic() >= held[1]:
             self._let_go(ws)
+            held = None
+        elif held is not None and self._yield_turn(ws, held):
+            self._let_go(ws, to_waiter=True)
             held = None
         for other in [w for w in self._held if w != ws]:
             self._let_go(other)
@@ -271,16 +295,27 @@ class Leases:
             raise
         finally:
             if ws in self._held:
-                if self.linger_s <= 0 or slot.waiters():
-                    self._let_go(ws)
+                if self.linger_s <= 0 or self._yield_turn(ws, self._held[ws]):
+                    self._let_go(ws, to_waiter=True)
                 else:
                     self._last_write = time.monotonic()
                     self._schedule(only_if_none=True)
 
-    def _take(self, ws: str, slot: _Slot) -> tuple[int, float]:
+    def _yield_turn(self, ws: str, held: tuple[int, float, float]) -> bool:
+        """Whether another server waits for `ws` and this server's turn is over."""
+        return time.monotonic() >= held[2] and self._slot(ws).waiters()
+
+    def _take(self, ws: str, slot: _Slot) -> tuple[int, float, float]:
         """Take the slot, then the lease. The slot is only a queue: if it stays taken
         for a second (or half the wait) — a stuck or stopped process may hold the file —
         the lease itself decides, as it would without the queue."""
+        gave = self._yielded.pop(ws, None)
+        if gave is not None and time.monotonic() - gave < TURN_S:
+            # this server just handed the lease to a waiting one: let it take the slot
+            # first (flock is no queue), for at most two ticks
+            until = time.monotonic() + 2 * TICK_S
+            while slot.waiters() and time.monotonic() < until:
+                time.sleep(0.0005)
         start = time.monotonic()
         deadline = start + self.wait_s
         slot.acquire(min(deadline, start + min(1.0, self.wait_s / 2)))
@@ -289,13 +324,16 @@ class Leases:
             while True:
                 try:
                     with self.lock:
-                        lease = self.ledger.workspaces.acquire(ws, holder=self.holder, ttl_s=self.ttl_s)
+                        lease = self.ledger.workspaces.acquire(ws, holder=self.holder,
+                                                               ttl_s=self.ttl_s,
+                                                               observe=self.observe)
                     break
                 except LeaseHeld as held:
                     if holder_is_dead(held.holder):
                         with self.lock:
                             lease = self.ledger.workspaces.acquire(ws, holder=self.holder,
-                                                        ttl_s=self.ttl_s, force=True)
+                                                        ttl_s=self.ttl_s, force=True,
+                                                        observe=self.observe)
                         self.notices.append(f"{_iso_now()}: took over workspace {ws!r} from"
                                             f" {held.holder} (that process is gone)")
                         break
@@ -311,14 +349,21 @@ class Leases:
         for c in lease.conflicts:
             self.notices.append(f"{_iso_now()}: settling step {c.step} left {c.path} as found"
                                 " (it no longer held what that step wrote): a person decides")
+        if lease.observed:
+            self.notices.append(f"{_iso_now()}: observed {lease.observed_changes} edit(s) made"
+                                f" outside the steps in workspace {ws!r}:"
+                                f" {', '.join(lease.observed)}")
         if lease.unsettled:
             self.notices.append(f"{_iso_now()}: settling failed for"
                                 f" {', '.join(lease.unsettled)}; writes are refused until"
                                 " 'steptrail lease settle' succeeds")
         # kept no longer than half its TTL, so a kept lease never lapses mid-call
-        return lease.epoch, time.monotonic() + self.ttl_s / 2
+        now = time.monotonic()
+        return lease.epoch, now + self.ttl_s / 2, now + min(self.turn_s, self.linger_s)
 
-    def _let_go(self, ws: str) -> None:
+    def _let_go(self, ws: str, *, to_waiter: bool = False) -> None:
+        if to_waiter:
+            self._yielded[ws] = time.monotonic()
         held = self._held.pop(ws, None)
         if held is not None:
             with self.lock, contextlib.suppress(LedgerError):
@@ -330,7 +375,7 @@ class Leases:
         with self._tmu:
             if only_if_none and self._timer is not None:
                 return
-            self._timer = threading.Timer(min(self.linger_s, 0.02), self._idle)
+            self._timer = threading.Timer(min(self.linger_s, TICK_S), self._idle)
             self._timer.daemon = True
             self._timer.start()
 
@@ -348,10 +393,15 @@ class Leases:
                     self._timer = None
                 if not self._held or self._closed:
                     return
-                idle = time.monotonic() - self._last_write >= self.linger_s
-                for ws in list(self._held):
-                    if idle or self._slot(ws).waiters():
-                        self._let_go(ws)
+                now = time.monotonic()
+                quiet = now - self._last_write
+                for ws, held in list(self._held.items()):
+                    # idle for the linger; or someone waits, and the turn is over or the
+                    # client made no call since the last look
+                    if quiet >= self.linger_s or (
+                            self._slot(ws).waiters()
+                            and (now >= held[2] or quiet >= min(self.linger_s, TICK_S))):
+                        self._let_go(ws, to_waiter=quiet < self.linger_s)
                 if self._held:
                     self._schedule()
             finally:

@@ -10,6 +10,7 @@ from typing import Any
 from ledger import (
     CompensationWindowClosed,
     IllegalTransition,
+    LedgerError,
     Planned,
     RecordedEvent,
     StaleEpoch,
@@ -128,6 +129,126 @@ class Records:
             "status": status, "step": step, "workspace": ws.name, "deduped": comp.deduped,
             "files": files, "conflicts": len(conflicts)}, bool(conflicts))
 
+
+    def _target(self, to: str) -> str | int:
+        import re
+
+        m = re.fullmatch(r"#([0-9]{1,18})", to)
+        return int(m[1]) if m else to
+
+    def rewind(self, view: ClientView, to: str, paths: list[str] | None = None,
+               preview: bool = True) -> Result:
+        """`ledger.workspaces.rewind` on the first served workspace, under this server's
+        lease when it writes; the answer lists each change (with its diff in a preview)."""
+        ws = self.ctx.workspaces[0]
+        target = self._target(to)
+        try:
+            if preview:
+                with self.ctx.lock:
+                    got = self.ctx.ledger.workspaces.rewind(ws.name, target, paths=paths,
+                                                            preview=True)
+            else:
+                with self.ctx.write_lock, self.changes.step_lease(ws) as epoch:
+                    got = self.ctx.ledger.workspaces.rewind(ws.name, target, paths=paths,
+                                                            epoch=epoch)
+        except LedgerError as exc:
+            raise ToolFailure(one_line(said_at_a_shell(exc))) from None
+        marks = {"restore": "M", "create": "A", "delete": "D"}
+        lines = [f"{marks[c.kind]} {self.ctx.show(ws, c.path)}" + (f"\n{c.diff}" if c.diff
+                                                                  else "")
+                 for c in got.changes]
+        lines += [f"left as it is: {self.ctx.show(ws, p)} ({why})" for p, why in got.unreachable]
+        lines += [f"NOT OBSERVED: {self.ctx.show(ws, p)} holds an edit nobody recorded: call"
+                  " observe first" for p in got.unobserved]
+        if not got.changes:
+            head = "Nothing to rewind: the workspace holds what it held then."
+        elif preview:
+            head = f"Preview: {len(got.changes)} file(s) would change (nothing written)."
+        elif got.applied:
+            head = f"Rewound {len(got.changes)} file(s) as step {got.step} (undo takes it back)."
+        else:
+            head = (f"NOT rewound ({got.verdict}): nothing was overwritten. {got.detail}"
+                    " Call observe to record the edit, then rewind again.")
+        doc = {"step": got.step, "verdict": got.verdict or None, "preview": preview,
+               "to_seq": got.to_seq, "changes": [
+                   {"path": self.ctx.show(ws, c.path), "kind": c.kind, "diff": c.diff or None}
+                   for c in got.changes],
+               "unreachable": [{"path": p, "why": w} for p, w in got.unreachable],
+               "unobserved": list(got.unobserved)}
+        failed = bool(got.changes) and not preview and not got.applied
+        return Result(["\n".join([head, *lines])], doc, failed)
+
+    def fork(self, view: ClientView, at: str, to: str, name: str | None = None) -> Result:
+        """`ledger.workspaces.fork` of the first served workspace."""
+        import os
+
+        if not os.path.isabs(to):
+            raise ToolFailure("give the fork's directory by absolute path, outside the"
+                              " workspace")
+        ws = self.ctx.workspaces[0]
+        try:
+            with self.ctx.write_lock, self.ctx.lock:
+                got = self.ctx.ledger.workspaces.fork(ws.name, self._target(at), to,
+                                                      name=name)
+        except LedgerError as exc:
+            raise ToolFailure(one_line(said_at_a_shell(exc))) from None
+        text = (f"Forked {ws.name} as of #{got.at_seq} into {got.root} as workspace"
+                f" {got.workspace}: {got.files} file(s). Serve it with: steptrail mcp"
+                f" --workspace {got.root}")
+        return Result([text], {"workspace": got.workspace, "root": got.root,
+                               "at_seq": got.at_seq, "files": got.files,
+                               "baseline": list(got.baseline),
+                               "unreachable": [{"path": p, "why": w}
+                                               for p, w in got.unreachable]})
+
+    def observe(self, view: ClientView, label: str = "", who: str = "mcp") -> Result:
+        """Record the edits made outside the steps in every served workspace (a person's
+        editor, a shell — the agent's own shell commands too: the observation names this
+        client as the one that asked, never a person). Under the workspace's lease, as a
+        write: nothing changed writes nothing."""
+        found: list[tuple[Any, Any]] = []
+        with self.ctx.write_lock:
+            for ws in self.ctx.workspaces:
+                quick = None
+                with self.ctx.lock:
+                    quick = self.ctx.ledger.workspaces.observe(ws.name, by=who, label=label,
+                                                               dry_run=True)
+                if not quick.changes:
+                    found.append((ws, quick))
+                    continue
+                for retry in (False, True):
+                    try:
+                        with self.changes.step_lease(ws) as epoch:
+                            got = self.ctx.ledger.workspaces.observe(
+                                ws.name, epoch=epoch, by=who, label=label)
+                        break
+                    except StaleEpoch:
+                        if retry or not self.ctx.leases.reused:
+                            raise
+                found.append((ws, got))
+        marks = {"created": "A", "changed": "M", "deleted": "D", "mode": "m"}
+        lines, docs = [], []
+        for ws, o in found:
+            changes = [{"path": self.ctx.show(ws, c.path), "kind": c.kind, "rev": c.base_rev,
+                        "hash": c.post_hash} for c in o.changes]
+            left = [{"path": self.ctx.show(ws, n.path), "why": n.why} for n in o.not_captured]
+            docs.append({"workspace": ws.name, "recorded": o.recorded, "steps": list(o.steps),
+                         "baseline": o.baseline, "changes": changes, "not_captured": left,
+                         "files": o.files})
+            if not o.changes:
+                lines.append(f"{ws.name}: nothing changed outside the steps"
+                             f" ({o.files} files looked at).")
+                continue
+            what = "a baseline" if o.baseline else "an observation"
+            shown = "\n".join(f"{marks[c['kind']]} {c['path']}" for c in changes[:50])
+            more = f"\n… and {len(changes) - 50} more" if len(changes) > 50 else ""
+            lines.append(f"{ws.name}: recorded {len(changes)} change(s) made outside the steps"
+                         f" as {what} ({', '.join(o.steps)}), asked by {who}:\n{shown}{more}")
+            if left:
+                lines.append("not captured: " + ", ".join(
+                    f"{x['path']} ({x['why']})" for x in left[:20])
+                    + (f" and {len(left) - 20} more" if len(left) > 20 else ""))
+        return Result(["\n".join(lines)], {"workspaces": docs})
 
     def _outcome(self, row: StepRow | None) -> str:
         if row is None:

@@ -47,7 +47,7 @@ from starlette.responses import Response
 from ledger import InvalidInput, Ledger, LedgerError, NotALedger, __version__
 from ledger.errors import said_at_a_shell
 
-from .leases import open_lock_file
+from .leases import TURN_S, open_lock_file
 from ..workspace import is_git_name, is_ledger_dir_name
 from .service import (ClientView, FileTools, Limits, Result, ToolFailure, exchange_hook,
                       one_line)
@@ -1031,6 +1031,53 @@ class SteptrailServer(MCPServer):
             later step) is left exactly as found and reported, never overwritten."""
             return self._run(client_roots, ctx, FileTools.undo, step, self.who(ctx))
 
+        def observe(
+            label: Annotated[str, Field(default="", max_length=4096, description="Words"
+                                        " recorded with the observation.")] = "",
+            client_roots: RootsArg = None, ctx: Context | None = None,
+        ) -> CallToolResult:
+            """Record the edits made to the workspace outside this server's writes — a
+            person's editor, a shell command (yours too), a formatter: every file created,
+            changed, deleted or chmodded since the ledger last knew it, as one step of its
+            own that history shows and undo can take back. Nothing is written to the files.
+            It records that this client asked; .gitignore'd, very large and non-regular
+            files are left out and listed."""
+            return self._run(client_roots, ctx, FileTools.observe, label, self.who(ctx))
+
+        def rewind(
+            to: Annotated[str, Field(description="A step id (as history shows it: the"
+                                     " workspace as it was just after that step's writes)"
+                                     " or '#N' for the ledger's event N.")],
+            paths: Annotated[list[str] | None, Field(default=None, description="Only these"
+                                                     " paths (a file, or a directory and what"
+                                                     " is under it); omit for all.")] = None,
+            preview: Annotated[bool, Field(default=True, description="true (the default):"
+                                           " show what would change, with diffs, and write"
+                                           " nothing. false: do it.")] = True,
+            client_roots: RootsArg = None, ctx: Context | None = None,
+        ) -> CallToolResult:
+            """Put the workspace back as it was at an earlier step: every file (or each of
+            paths) gets the content it had then; files created since are removed, deleted
+            ones come back. Preview first (the default). Doing it is one step history shows
+            and undo takes back; a file holding an edit nobody recorded refuses it (call
+            observe first); .git is never touched."""
+            return self._run(client_roots, ctx, FileTools.rewind, to, paths, preview)
+
+        def fork(
+            at: Annotated[str, Field(description="A step id (as history shows it) or '#N'.")],
+            to: Annotated[str, Field(description="A new or empty directory, by absolute path,"
+                                     " outside the workspace.")],
+            name: Annotated[str | None, Field(default=None, description="The fork's"
+                                              " workspace name (default: the directory's"
+                                              " name).")] = None,
+            client_roots: RootsArg = None, ctx: Context | None = None,
+        ) -> CallToolResult:
+            """Copy the workspace as it was at an earlier step into a new directory, as a new
+            workspace of the same ledger (its lineage recorded), for another agent to
+            continue from there while this one goes on. This server does not serve the
+            fork: start one with --workspace on that directory."""
+            return self._run(client_roots, ctx, FileTools.fork, at, to, name)
+
         def status(client_roots: RootsArg = None, ctx: Context | None = None) -> CallToolResult:
             """The ledger and its workspaces now: each workspace's rev and lease (who holds it,
             until when), steps in flight, anything an interrupted server left unsettled (the
@@ -1062,6 +1109,10 @@ class SteptrailServer(MCPServer):
         self._tool(delete_file, read_only=False, destructive=True, title="delete file")
         self._tool(create_directory, read_only=False, idempotent=True, title="create directory")
         self._tool(undo, read_only=False, destructive=True, idempotent=True, title="undo")
+        self._tool(observe, read_only=False, destructive=False, idempotent=True,
+                   title="observe")
+        self._tool(rewind, read_only=False, destructive=True, title="rewind")
+        self._tool(fork, read_only=False, destructive=False, title="fork")
 
 
 # -- opening the ledger and its workspaces -------------------------------------------------
@@ -1243,7 +1294,8 @@ def transport_security(host: str) -> TransportSecuritySettings:
 def serve(specs: Sequence[str], *, ledger_path: str | None = None, witness: str | None = None,
           http: bool = False, host: str = "127.0.0.1", port: int = 8765,
           allow_remote: bool = False, lease_ttl_s: float = 20.0, lease_wait_s: float = 30.0,
-          lease_linger_s: float = 0.2, limits: Limits | None = None,
+          lease_linger_s: float = 0.2, lease_turn_s: float = TURN_S,
+          observe_on_lease: bool = False, limits: Limits | None = None,
           echo: Callable[[str], None] | None = None,
           on_stage: Callable[[str], None] | None = None) -> None:
     """Run `steptrail mcp` until the client goes away (stdio) or it is interrupted.
@@ -1256,7 +1308,9 @@ def serve(specs: Sequence[str], *, ledger_path: str | None = None, witness: str 
                                " clients, each with its own roots; the client's roots are"
                                " served over stdio only")
         _serve_roots(ledger_path=ledger_path, witness=witness, lease_ttl_s=lease_ttl_s,
-                     lease_wait_s=lease_wait_s, lease_linger_s=lease_linger_s, limits=limits,
+                     lease_wait_s=lease_wait_s, lease_linger_s=lease_linger_s,
+                     lease_turn_s=lease_turn_s, observe_on_lease=observe_on_lease,
+                     limits=limits,
                      echo=echo, on_stage=on_stage)
         return
     try:
@@ -1275,7 +1329,8 @@ def serve(specs: Sequence[str], *, ledger_path: str | None = None, witness: str 
         raise  # the session is over: the command fails as it would have (one line, exit 2)
     with ledger:
         tools = FileTools(ledger, names, lease_ttl_s=lease_ttl_s, lease_wait_s=lease_wait_s,
-                          lease_linger_s=lease_linger_s, limits=limits, given_roots=given,
+                          lease_linger_s=lease_linger_s, lease_turn_s=lease_turn_s,
+                          observe_on_lease=observe_on_lease, limits=limits, given_roots=given,
                           on_stage=on_stage)
         try:
             server = SteptrailServer(tools)

@@ -42,6 +42,7 @@ from ledger import Ledger
 
 from .changes import Changes
 from .context import ToolContext
+from .leases import TURN_S
 from .listing import Listing
 from .records import Records
 from .values import (
@@ -62,12 +63,14 @@ class FileTools:
 
     def __init__(self, ledger: Ledger, workspaces: Sequence[str], *,
                  lease_ttl_s: float = 20.0, lease_wait_s: float = 30.0,
-                 lease_linger_s: float = 0.2,
+                 lease_linger_s: float = 0.2, lease_turn_s: float = TURN_S,
+                 observe_on_lease: bool = False,
                  limits: Limits | None = None, holder: str | None = None,
                  given_roots: dict[str, str] | None = None,
                  on_stage: Callable[[str], None] | None = None) -> None:
         self.ctx = ToolContext(ledger, workspaces, lease_ttl_s=lease_ttl_s,
                                lease_wait_s=lease_wait_s, lease_linger_s=lease_linger_s,
+                               lease_turn_s=lease_turn_s, observe_on_lease=observe_on_lease,
                                limits=limits, holder=holder, given_roots=given_roots,
                                on_stage=on_stage)
         self._listing = Listing(self.ctx)
@@ -182,6 +185,20 @@ class FileTools:
         server that takes the lease (its acquire settles it). The answer says what was
         put back: an undo that put nothing back is not reported as done."""
         return self._records.undo(view, step, who)
+
+    def rewind(self, view: ClientView, to: str, paths: list[str] | None = None,
+               preview: bool = True) -> Result:
+        """Rewind the (first) workspace to a step or '#N', previewed by default."""
+        return self._records.rewind(view, to, paths, preview)
+
+    def fork(self, view: ClientView, at: str, to: str, name: str | None = None) -> Result:
+        """Fork the (first) workspace as of a step or '#N' into a new directory."""
+        return self._records.fork(view, at, to, name)
+
+    def observe(self, view: ClientView, label: str = "", who: str = "mcp") -> Result:
+        """Record the edits made to the served workspaces outside the steps, attributed to
+        the client that asked (`ledger.workspaces.observe`)."""
+        return self._records.observe(view, label, who)
 
     def history(self, view: ClientView, path: str | None = None, limit: int = 20) -> Result:
         """The steps that wrote a path (or any path of the served workspaces), newest

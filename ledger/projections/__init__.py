@@ -25,7 +25,7 @@ import msgspec
 from ..errors import CorruptLedger, IllegalTransition, InvalidInput, UnknownStep
 from ..events import StepEvent, check_step_id
 from ..log import EventLog
-from ..store import Checkpoint, EventReader, ProjectionChanges, ProjectionSink, ReadView
+from ..store import FOLLOWS, Checkpoint, EventReader, ProjectionChanges, ProjectionSink, ReadView
 from . import refs as refs_mod
 from . import steps as steps_mod
 from . import workspaces as ws_mod
@@ -47,6 +47,10 @@ Progress = Callable[[int, int], None]
 #: How many unfinished steps a rebuild keeps in memory before it writes them all out.
 WORKING_SET_MAX: Final = 50_000
 _FINISHED: Final = frozenset({ACKED, REJECTED, COMPENSATED, SEALED})
+
+
+#: The checkpoint a rebuild or a catch-up leaves: the tables follow the log.
+FOLLOWING: Final = Checkpoint(FOLLOWS, steps_mod.VERSION)
 
 
 def checkpoint(view: EventReader) -> Checkpoint:
@@ -147,12 +151,14 @@ class StepsProjector:
             self.ws.apply(event, seq, time_ns)
 
     def flush(self, last_seq: int) -> ProjectionChanges:
-        """Every change kept in this transaction, and the new checkpoint."""
+        """Every change kept in this transaction. No checkpoint: the tables follow the
+        log (`ledger.store.FOLLOWS`, written by the catch-up every read-write open makes),
+        so a commit does not rewrite the checkpoint's row."""
         refs = self.refs
         # A pin or a manifest naming a blob un-condemns it (GC re-checks anyway).
         named = {d for (_s, _a, d) in refs.pins} | {e.digest for e in refs.entries}
         return refs.changes([r.as_tuple() for r in self.pending.values()], self.ws.changes(),
-                            named, Checkpoint(last_seq, steps_mod.VERSION))
+                            named, None)
 
     def committed(self) -> None:
         if len(self.cache) + len(self.pending) > self.CACHE_MAX:
@@ -305,8 +311,7 @@ def rebuild(log: EventLog, progress: Progress | None = None) -> int:
             sink.put_workspaces(*ws.changes())
             refs.write(sink)
             steps = sink.step_count()
-        tx.write_projection(ProjectionChanges(
-            checkpoint=Checkpoint(last or tx.head().seq, steps_mod.VERSION)))
+        tx.write_projection(ProjectionChanges(checkpoint=FOLLOWING))
         return steps
 
 
@@ -320,10 +325,12 @@ def catch_up(log: EventLog) -> int:
     with store.read() as view:
         cp = checkpoint(view)
         head = view.head().seq
+        follows = any(name == steps_mod.NAME and last == FOLLOWS
+                      for name, last, _ in view.checkpoint_rows())
     if cp.version != steps_mod.VERSION:
         rebuild(log)
         return head
-    if cp.last_seq >= head:
+    if follows:
         return 0
     with store.transaction() as tx:
         cp = checkpoint(tx)
@@ -331,10 +338,10 @@ def catch_up(log: EventLog) -> int:
         refs = refs_mod.RefsBatch()  # the inline writer's netting, over the whole tail
         ws = WorkspacesFold(tx.workspace, tx.path_state)
         last = fold_rows(log, cp.last_seq, working, tx.step, None, None, 0, refs, ws)
+        # folded to the head under the write lock: from here every append projects itself
         tx.write_projection(refs.changes(
-            [r.as_tuple() for r in working.values()], ws.changes(), set(),
-            Checkpoint(max(last, cp.last_seq), steps_mod.VERSION)))
-        return last - cp.last_seq
+            [r.as_tuple() for r in working.values()], ws.changes(), set(), FOLLOWING))
+        return max(0, last - cp.last_seq)
 
 
 def fold_all(

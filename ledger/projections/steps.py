@@ -45,6 +45,7 @@ _OPEN: Final = frozenset({PLANNED, FENCED, STORED, PUBLISHED, ACKED})
 # kind -> states of the latest attempt it may follow
 ALLOWED_AFTER: Final[dict[str, frozenset[str]]] = {
     "fenced": frozenset({PLANNED}),
+    "observed": frozenset({PLANNED}),  # an annotation: the state stays planned
     "blob-pinned": _OPEN,
     "blob-stored": _OPEN,
     "manifest-published": _OPEN,

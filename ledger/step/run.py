@@ -329,7 +329,8 @@ def run_fenced_step(site: Site, workspace: str, step: str, plan: Planner, *, epo
                     plan_rev: int | None = None, irreversible: bool = False,
                     artifacts: Mapping[str, Content] | None = None,
                     on_planned: Callable[[str], None] | None = None,
-                    on_stage: Callable[[str], None] | None = None) -> FencedOutcome:
+                    on_stage: Callable[[str], None] | None = None,
+                    observe: bool = False) -> FencedOutcome:
     """`ledger.runner.run_fenced_step`, over the ledger's `Site`."""
 
     def stage(name: str) -> None:
@@ -346,6 +347,10 @@ def run_fenced_step(site: Site, workspace: str, step: str, plan: Planner, *, epo
                else artifact_bytes(p, d) for p, d in (artifacts or {}).items()}
     options = _Options(run, fence, journal, plan_rev, irreversible)
     try:
+        if observe:
+            from .observe import observe as observe_outside
+
+            observe_outside(site, workspace, epoch, by=f"runner:{step}"[:255])
         out = _run_fenced(site, workspace, step, plan, reader, epoch, options, outputs, stage)
     except _FromHook as hook:
         # the hook's exception ends the call where it was raised, as it is: never read

@@ -35,19 +35,15 @@ def remove_temporaries(site: Site, wsdir: WorkspaceDir, writes: Sequence[Planned
     epoch, tag = wsdir.epoch, wsdir.tag
     if not 0 < epoch <= current_epoch:
         return  # not an epoch of this workspace: nothing is known dead
-    flying: list[frozenset[str]] = []
-
-    def in_flight() -> frozenset[str]:  # asked only when a temporary is found
-        if not flying:
-            flying.append(in_flight_tags(site, wsdir.name))
-        return flying[0]
-
     # dead: an older epoch's; this attempt's own; or an attempt's that is over (no
-    # stager of an ended or committed attempt is alive: a kill after its commit)
+    # stager of an ended or committed attempt is alive: a kill after its commit). The
+    # attempts in flight are read when such a temporary is found, after its directory
+    # was listed: an attempt that staged it was planned before, so it is in the read
+    # unless it is over (a read made once, earlier, would miss one admitted since).
     staging.remove_temporaries(
         wsdir, {w.path.rpartition("/")[0] for w in writes} | wsdir.also_dirs,
         lambda e, t: e < epoch or (e == epoch and t == tag)
-        or (e <= current_epoch and t not in in_flight()),
+        or (e <= current_epoch and t not in in_flight_tags(site, wsdir.name)),
         lambda: slots_in_flight(site, wsdir.name), site.held)
 
 
@@ -138,12 +134,25 @@ def remove_abandoned_temporaries(site: Site, now: int) -> int:
             continue
         flying = frozenset(attempt_tag(s, a) for s, a in steps)
         newest_dead = row.epoch - 1 if row.live_epoch(now) is not None else row.epoch
+
+        def over(tag: str, name: str = row.name, flying: frozenset[str] = flying) -> bool:
+            # A temporary of the live epoch is dead only if its attempt is over, judged
+            # after the file was seen: an attempt that staged a file was planned before
+            # it staged it, so it is in a read made after the listing unless it ended.
+            # (The read before the listing misses an attempt admitted since: its staged
+            # file was taken for a leftover, and its apply refused.)
+            if tag in flying:
+                return False
+            with site.core.storage.read() as view:
+                now_flying = view.steps_in_flight(name)
+            return tag not in {attempt_tag(s, a) for s, a in now_flying}
+
         try:
             removed += staging.remove_temporaries(
                 site.places.wsdir(row), dirs,
-                lambda e, t, newest_dead=newest_dead, top=row.epoch, flying=flying:
-                e <= newest_dead or (e <= top and t not in flying),
-                lambda row=row, steps=steps: slots_in_flight(site, row.name, steps),
+                lambda e, t, newest_dead=newest_dead, top=row.epoch, over=over:
+                e <= newest_dead or (e <= top and over(t)),
+                lambda row=row: slots_in_flight(site, row.name),  # read now, after the listing
                 site.held)
         except LedgerError:
             continue  # a workspace moved or gone: nothing of it to collect here

@@ -160,6 +160,10 @@ class Lease(msgspec.Struct, frozen=True, kw_only=True):
     unsettled: tuple[str, ...] = ()  # steps settling failed for (see `settle`): retry it
     # paths the acquire's settling left for a human (the lease is acquired all the same)
     conflicts: tuple[SettleConflict, ...] = ()
+    # the observation steps an acquire with `observe` recorded (edits made outside the
+    # steps while nobody held the lease), and how many changes they hold
+    observed: tuple[str, ...] = ()
+    observed_changes: int = 0
 
 
 class Receipt(msgspec.Struct, frozen=True, kw_only=True):

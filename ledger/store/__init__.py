@@ -174,8 +174,17 @@ class Head(msgspec.Struct, frozen=True):
         return cls(int(match[1]), bytes.fromhex(match[2]))
 
 
+#: A stored checkpoint's `last_seq` that says the tables follow the log (format v6): every
+#: append writes its own events' projection in its own transaction, so the tables are
+#: at the head whatever it is, and no commit rewrites the checkpoint row. A lag is an
+#: explicit seq (a rebuild or catch-up interrupted, a hand-made lag): the tables hold the
+#: log up to it. `ReadView.checkpoint()` answers the head's seq for it.
+FOLLOWS: Final = -1
+
+
 class Checkpoint(msgspec.Struct, frozen=True):
-    """How far the inline projections have folded the log, and in which version."""
+    """How far the inline projections have folded the log, and in which version (as read:
+    a stored `FOLLOWS` reads as the head's seq)."""
 
     last_seq: int
     version: int
@@ -647,6 +656,7 @@ from .registry import (  # noqa: E402  (the registry's Protocols name Store)
 __all__ = [
     "ARCHIVE_DIR_META", "BUSY_TIMEOUT_MS", "Location", "Synchronous", "Unmapped", "create_store",
     "locate", "open_store", "shown_location", "unmapped_error", "COPY_TABLES", "ROW_ERRORS", "ROW_NAMES", "ROW_TYPES", "BlobBackend", "BlobStat", "Checkpoint",
+    "FOLLOWS",
     "CondemnedCheck", "DuplicateKey", "EntryRow", "EventQuery", "EventRow", "FoldRow",
     "EventCheck", "Head", "Held", "PinHold", "Prepared", "ProjectionChanges", "ProjectionSink",
     "Projector", "ReadView", "RebuildSink", "RowsUnreadable", "Scope", "Scratch", "Store",

@@ -17,7 +17,7 @@ from typing import Any, Final
 
 from ..blobs import digest_of
 from ..errors import IdempotencyConflict, IllegalTransition, LedgerError
-from ..events import EVENT_VERSION, GUARDED_KINDS, Envelope, RecordedEvent, chain_hash, decode
+from ..events import GUARDED_KINDS, Envelope, RecordedEvent, chain_hash, decode, row_version
 from . import (ROW_ERRORS, ROW_NAMES, ROW_TYPES, DuplicateKey, EventRow, EventCheck, Head, Prepared, Projector,
                make_event_row)
 
@@ -221,9 +221,10 @@ class TxBase:
                         raise
                     recorded.append(original)
                     continue
-            digest = chain_hash(prev, seq + 1, time_ns, env, key, kind, EVENT_VERSION, payload)
+            v = row_version(kind)
+            digest = chain_hash(prev, seq + 1, time_ns, env, key, kind, v, payload)
             row = make_event_row((seq + 1, time_ns, env.workspace, env.run, env.step,
-                                  env.attempt, env.epoch, env.rev, key, kind, EVENT_VERSION,
+                                  env.attempt, env.epoch, env.rev, key, kind, v,
                                   payload, prev, digest))
             if fast:
                 rows.append(row)

@@ -22,7 +22,7 @@ from collections.abc import Iterator, Sequence
 from typing import Any, Final
 
 from .rows import IN_FLIGHT, StepRow, WsRow
-from . import COPY_TABLES, ROW_NAMES, EventQuery, ProjectionChanges
+from . import COPY_TABLES, FOLLOWS, ROW_NAMES, EventQuery, ProjectionChanges
 
 #: The events table: (column, kind, constraint) in `ROW_NAMES` order; a kind is "int",
 #: "text" or "bytes" (`Dialect.TYPES`). Every column is NOT NULL (the primary key is by
@@ -284,8 +284,10 @@ class Statements:
                                     " AND e.manifest_rev = s.manifest_rev WHERE s.live = 1")
 
         # -- the checkpoint, the condemned rows -----------------------------------------
-        self.SELECT_CHECKPOINT: Final = r("SELECT last_seq, version FROM projection_checkpoint"
-                                          " WHERE name = ?")
+        #: the checkpoint as read: a stored FOLLOWS is the head's seq (one statement)
+        self.SELECT_CHECKPOINT: Final = r(
+            f"SELECT CASE WHEN last_seq = {FOLLOWS} THEN coalesce((SELECT max(seq) FROM"
+            " events), 0) ELSE last_seq END, version FROM projection_checkpoint WHERE name = ?")
         self.SET_CHECKPOINT: Final = r(d.upsert("projection_checkpoint",
                                                 COPY_TABLES["projection_checkpoint"], ("name",)))
         self.CHECKPOINT_ROWS: Final = "SELECT name, last_seq, version FROM projection_checkpoint"
@@ -482,7 +484,7 @@ def if_current(row: Sequence[Any], version: int, make: Any) -> tuple[bool, Any]:
     """(whether the tables are caught up at `version`, the row made by `make` or None)
     from an `*_IF_CURRENT` statement's row; (False, None) when they lag."""
     last, ver, head, *cells = row
-    if ver != version or last is None or last < (head or 0):
+    if ver != version or last is None or (last != FOLLOWS and last < (head or 0)):
         return False, None
     return True, None if cells[0] is None else make(tuple(cells))
 

@@ -16,7 +16,9 @@ from collections.abc import Callable, Mapping
 from typing import Any, Final
 
 from ..errors import InvalidInput
-from . import ARCHIVE_DIR_META, COPY_TABLES, Head, ReadView, Store
+from . import (ARCHIVE_DIR_META, COPY_TABLES, FOLLOWS, Checkpoint, Head, ProjectionChanges,
+               ReadView, Store)
+from .view import CHECKPOINT_NAME
 
 #: Rows written per statement batch.
 BATCH: Final = 1_000
@@ -44,6 +46,9 @@ def copy_tables(src: Store, dst: Store, *, progress: Progress | None = None,
                 if table == "meta":
                     _replace_meta(tx, view, meta or {})
                     continue
+                if table == "projection_checkpoint":
+                    _copy_checkpoint(tx, view, head)
+                    continue
                 batch: list[tuple[object, ...]] = []
                 for row in view.table_rows(table):
                     batch.append(tuple(row))
@@ -61,6 +66,20 @@ def copy_tables(src: Store, dst: Store, *, progress: Progress | None = None,
             if before_commit is not None:
                 before_commit(view)
     return events, rows_total, head
+
+
+def _copy_checkpoint(tx: Any, view: Any, head: Head) -> None:
+    """The destination's checkpoint says what the source's does, in today's form: one at
+    the source's head (an older format rewrote it each commit) follows the log; a lag
+    stays a lag; none at all (nothing folded) is a projection version no code folds,
+    so the destination's first read-write open rebuilds its tables."""
+    rows = {name: (last, version) for name, last, version in view.checkpoint_rows()}
+    if CHECKPOINT_NAME in rows:
+        last, version = rows[CHECKPOINT_NAME]
+        cp = Checkpoint(FOLLOWS if last == FOLLOWS or last >= head.seq else last, version)
+    else:
+        cp = Checkpoint(FOLLOWS if head.seq == 0 else 0, 0)
+    tx.write_projection(ProjectionChanges(checkpoint=cp))
 
 
 def _replace_meta(tx: Any, view: Any, extra: Mapping[str, str]) -> None:

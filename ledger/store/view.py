@@ -84,6 +84,17 @@ class Driver:
     def read_error(self, exc: BaseException) -> LedgerError:
         raise exc
 
+    def later(self, sql: str, params: Sequence[object] = ()) -> None:
+        """A write inside a write transaction whose answer nobody reads: a store may hold
+        it and send it with the next statement that needs an answer, or with the COMMIT
+        (one round trip for many). Its error then comes from that statement, and the
+        transaction does not commit. The default runs it now."""
+        self.run(sql, params)
+
+    def many_later(self, sql: str, rows: Sequence[Sequence[object]]) -> None:
+        """`many`, held as `later` holds one statement."""
+        self.many(sql, rows)
+
     def many(self, sql: str, rows: Sequence[Sequence[object]]) -> None:
         """Run `sql` for each of `rows`: in as few statements as `many_rows` allows,
         else one statement a row (`execute_each`)."""
@@ -402,23 +413,23 @@ class SqlTx(SqlView, TxBase):
     # -- TxBase's savepoints ------------------------------------------------------------------
 
     def _savepoint(self) -> None:
-        self._q.run(self.S.SAVEPOINT.format("append_batch"))
+        self._q.later(self.S.SAVEPOINT.format("append_batch"))
 
     def _rollback_savepoint(self) -> None:
         self._q.run(self.S.ROLLBACK_TO.format("append_batch"))
 
     def _release_savepoint(self) -> None:
-        self._q.run(self.S.RELEASE.format("append_batch"))
+        self._q.later(self.S.RELEASE.format("append_batch"))
 
     def _open_part(self) -> None:
-        self._q.run(self.S.SAVEPOINT.format("group_part"))
+        self._q.later(self.S.SAVEPOINT.format("group_part"))
 
     def _undo_part(self) -> None:
         self._q.run(self.S.ROLLBACK_TO.format("group_part"))
         self._q.run(self.S.RELEASE.format("group_part"))
 
     def _close_part(self) -> None:
-        self._q.run(self.S.RELEASE.format("group_part"))
+        self._q.later(self.S.RELEASE.format("group_part"))
 
     # -- other writes ----------------------------------------------------------------------
 
@@ -427,7 +438,7 @@ class SqlTx(SqlView, TxBase):
         (its `stored_ns`: GC's grace window counts from it)."""
         self._before_write()
         for digest, data in blobs.items():
-            self._q.run(self._inline_upsert, (digest, len(data), data, stored_ns))
+            self._q.later(self._inline_upsert, (digest, len(data), data, stored_ns))
             self._wrote_inline(digest, data)
 
     def delete_inline(self, digest: str) -> None:
@@ -445,13 +456,13 @@ class SqlTx(SqlView, TxBase):
 
     def set_meta(self, key: str, value: str) -> None:
         self._before_write()
-        self._q.run(self.S.UPSERT_META, (key, value))
+        self._q.later(self.S.UPSERT_META, (key, value))
 
     def write_projection(self, changes: ProjectionChanges) -> None:
         """One transaction's inline projection changes (`Statements.projection_writes`)."""
         self._before_write()
         for sql, rows in self.S.projection_writes(changes, CHECKPOINT_NAME):
-            self._q.many(sql, rows)
+            self._q.many_later(sql, rows)
 
     def condemn(self, rows: Sequence[tuple[str, int, bool]], condemned_ns: int,
                 collection: str) -> None:

@@ -135,6 +135,10 @@ class Confined:
     def hides(self, name: str, st: os.stat_result | None) -> bool:
         """Whether an entry is kept out of every listing: ``.git`` (unless the workspace
         allows it), steptrail's temporaries, the ledger's own files and directories."""
+        if name.isascii() and not name.startswith("."):
+            # (the common case, fast: an ASCII name git reads as .git, or a temporary's,
+            # starts with a dot; the code points HFS+ ignores are not ASCII)
+            return st is not None and identity_of(st) in self._own
         if not self.allow_git and is_git_name(name):
             return True
         if _TEMP_NAME.match(name):

@@ -17,6 +17,7 @@ from __future__ import annotations
 import os
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from typing import Final
 
 from ..errors import StorageFailure
 from ..events import check_digest
@@ -90,10 +91,16 @@ class OwnFiles:
         if root is None:  # a ledger in a database: only the witness is local
             found = Boundary.of(None, None, witness)
         else:
+            # the ledger file and its side files (a hard link to its WAL in a workspace
+            # must not be read as a person's file), the witness
             found = Boundary.of(os.path.dirname(os.path.abspath(self.path)), root,
-                                [self.path] + witness)
+                                [self.path, *(self.path + s for s in _SIDE_FILES), *witness])
         self._kept = (key, found)
         return found
+
+
+#: SQLite's files beside the ledger file (write-ahead log, shared memory, the lock queue).
+_SIDE_FILES: Final = ("-wal", "-shm", "-lockq")
 
 
 @dataclass(frozen=True, slots=True)

@@ -296,7 +296,13 @@ def restore(workspaces: RestoreSource, workspace: str, to: str | os.PathLike[str
         written += 1
         size += sizes[digest]
     for path, digest in content.items():  # read back: what is on disk is what was committed
-        if out.hash(path) != digest:
+        try:
+            found = out.hash(path)
+        except PathEscapes:
+            # not a regular file there (a directory now stands where a deleted file was,
+            # or a deleted directory's name is a file now): no file's bytes, as for absent
+            found = None
+        if found != digest:
             raise InvalidInput(f"restored {path} does not read back as {digest}; check {target}")
     event = WorkspaceRestored(workspace=workspace, root=target, rev=row.rev, paths=written,
                               dev=st.st_dev, ino=st.st_ino, allow_git=reg.allow_git,

@@ -452,7 +452,7 @@ PUBLIC_MODULES = frozenset({
     "ledger.backup", "ledger.copying", "ledger.stats", "ledger.metrics", "ledger.verify",
     "ledger.demo", "ledger.export", "ledger.mcp", "ledger.langgraph", "ledger.workspace",
     "ledger.diffs", "ledger.witness", "ledger.ui", "ledger.find", "ledger.extras",
-    "ledger.attention", "ledger.kinds", "ledger.fmt",
+    "ledger.attention", "ledger.kinds", "ledger.fmt", "ledger.export_git",
 })
 #: The command line: it sees the public API only (and its own modules).
 CLI = "ledger.cli"
@@ -837,6 +837,7 @@ OWN_FILES_MOVERS: dict[str, str] = {
     "store/sqlite/faultvfs.py": "the fault-injecting VFS's scratch files",
     "ui/__init__.py": "the ui's private launcher file",
     "demo.py": "the demo's own scratch directory",
+    "workspace/statcache.py": "observe's stat cache, beside the ledger or in the user's cache",
 }
 #: Calls that change what a name holds: `module.function` or a bare name imported.
 _MOVE_CALLS = frozenset({

@@ -430,3 +430,23 @@ def test_pyproject_license_is_an_spdx_string() -> None:
     meta = tomllib.loads((ROOT / "pyproject.toml").read_text())
     assert meta["project"]["license"] == "Apache-2.0"
     assert "setuptools>=77" in meta["build-system"]["requires"]
+
+
+# --- docs/time-travel.md ----------------------------------------------------------------
+
+
+def test_time_travel_blocks_run_as_printed(tmp_path: Path) -> None:
+    doc = DOCS / "time-travel.md"
+    shell, python = [b for b in blocks(doc) if b.section == "Observe"]
+    assert (shell.lang, python.lang) == ("sh", "python")
+    out = run_shell(shell.code, tmp_path, "docs/time-travel.md", shell.where("docs/time-travel.md"))
+    # the baseline, the dry run's two changes, the recorded ones, then nothing changed
+    assert "recorded 2 changes as baseline" in out.stdout
+    assert "M app.py\nD notes.txt\n2 changes not recorded" in out.stdout
+    assert "nothing changed outside the steps" in out.stdout
+    observed = json.loads((tmp_path / "observed.json").read_text())
+    assert [(c["path"], c["kind"]) for c in observed["changes"]] == [
+        ("app.py", "changed"), ("notes.txt", "deleted")]
+    assert observed["label"] == "by hand" and observed["recorded"]
+    printed = run_python(python, tmp_path / "proj", "docs/time-travel.md")
+    assert printed.strip() == "() []"  # nothing changed since

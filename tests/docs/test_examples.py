@@ -7,6 +7,8 @@ output and by the state it leaves (the files, `steptrail verify`, `steptrail aud
 - two_workers_postgres.py: on a throwaway PostgreSQL server (skipped with the install
   hint without the binaries; a failure under STEPTRAIL_REQUIRE_PG=1).
 - langgraph_graph.py: the takeover refuses the stale worker; prune + gc reclaim.
+- outside_edits.py: a person's `sed -i` and `rm` between an agent's steps are observed,
+  in the history, undone and restored.
 - mcp/: each client configuration, its placeholder paths rewritten, starts a server a
   client lists tools of and reads a file through.
 - schedule/: the exact command lines of the cron file and the systemd service run
@@ -234,6 +236,23 @@ def test_langgraph_graph_ownership_and_prune(tmp_path: Path) -> None:
     assert collected and int(collected[1]) > 0 and int(collected[2]) > 0, lines[6]
     assert lines[7:] == ["the thread resumes from: 3 runs", "audit ok | verify ok"]
     assert_clean(".steptrail/ledger.db", cwd=tmp_path)
+
+
+def test_outside_edits_are_in_the_history_undoable_and_restorable(tmp_path: Path) -> None:
+    project = tmp_path / "project"
+    out = run(PYTHON, str(EXAMPLES / "outside_edits.py"), str(project), cwd=tmp_path)
+    assert out.returncode == 0, (out.stdout, out.stderr)
+    lines = out.stdout.splitlines()
+    assert lines[:3] == ["baseline: 3 files", "observed: changed README.md, deleted notes.txt",
+                         "history:"]
+    history = [line.split() for line in lines[3:8]]
+    assert [(h[0].startswith("observed-"), h[1]) for h in history] == [
+        (True, "observed"), (False, "-"), (True, "observed"), (False, "-"), (False, "-")]
+    assert history[2][2:] == ["README.md,", "notes.txt"]  # the person's edits, by path
+    assert lines[8:] == ["undone: notes.txt restored, README.md restored", "hello", "todo",
+                         "restored equal: True"]
+    assert (project / "app.py").read_text() == 'print("v3")\n'  # the agent's last step kept
+    assert_clean(str(project / ".steptrail" / "ledger.db"))
 
 
 # -- mcp/ ------------------------------------------------------------------------------------

@@ -103,11 +103,18 @@ def test_the_cli_quickstart_leaves_what_it_says(tmp_path: Path) -> None:
     block = next(b for b in ALL if b.lang == "sh" and "steptrail init" in b.code)
     run_shell(block.code, tmp_path, "README.md", block.where("README.md"))
     repo = tmp_path / "repo"
-    assert (repo / "app.py").read_text() == 'print("v1")\n'
+    assert (repo / "app.py").read_text() == 'print("v1")\n# reviewed\n'  # the person's line
     steps = run_shell("steptrail steps --json", repo, "README.md", "steps").stdout
     states = {s["step_id"]: (s["state"], s["committed"]) for s in json.loads(steps)}
-    # the artifact step's run was sealed: its tombstone stays, its events are archived
+    # the person's edit observed (with the quickstart's other files: the first observation);
+    # the artifact step's run sealed: its tombstone stays, its events are archived
+    [observed] = [s for s in states if s.startswith("observed-repo-")]
+    assert states.pop(observed) == ("acked", True)
     assert states == {"edit-1": ("acked", True), "tests-1": ("sealed", False)}
+    changes = json.loads(run_shell(f"steptrail events --step {observed} --json", repo,
+                                   "README.md", "events").stdout)
+    [fenced] = [e for e in changes if e["kind"] == "fenced"]
+    assert "app.py" in [w["path"] for w in fenced["event"]["writes"]]
     assert len(list((repo / ".steptrail" / "archive").iterdir())) == 1
     fresh = tmp_path / "fresh" / ".steptrail"  # the restored copy, with the archive
     assert (fresh / "ledger.db").is_file() and len(list((fresh / "archive").iterdir())) == 1

@@ -1298,11 +1298,15 @@ def test_model_with_power_loss_and_process_kill() -> None:
     assert any(k.startswith("cut:power") for k in stats) and any(k.startswith("cut:kill") for k in stats)
     assert stats.get("refused:ledger_write", 0) > 0 and stats.get("refused:root_swap", 0) > 0
     # the witness: taken away (then re-anchored), the ledger rolled back with it intact
-    # and with it taken away — refused every time; and an honest crash between COMMIT and
-    # the witness write, the ledger one commit ahead of it, accepted
+    # and with it taken away — refused every time. (An honest crash between COMMIT and
+    # the witness write, the ledger one commit ahead of it, is accepted: the sweep meets
+    # it in about one example of 60 — 0 in some runs since format v6 changed how many
+    # disk operations a commit makes —, so it is proven where it is certain to be met,
+    # at that very operation with both faults:
+    # test_regression_a_crash_between_commit_and_the_witness_write_is_accepted.)
     for what in ("witness_lost", "rollback", "rollback_hidden"):
         assert stats.get(f"refused:{what}", 0) > 0, what
-    assert stats.get("anchored", 0) > 0 and stats.get("accepted:witness-behind", 0) > 0
+    assert stats.get("anchored", 0) > 0
 
 
 def _find_counterexample(machine: type[LedgerModel], max_examples: int) -> str:

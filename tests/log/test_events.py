@@ -375,8 +375,8 @@ def test_every_event_type_round_trips(kind: str, data: st.DataObject) -> None:
 def test_the_round_trip_strategies_cover_every_kind() -> None:
     assert set(EVENT_STRATEGIES) == set(ev.KINDS)
     assert set(ev.STEP_KINDS) == {
-        "planned", "fenced", "blob-pinned", "blob-stored", "manifest-published", "acked",
-        "compensating", "compensated", "rejected",
+        "planned", "observed", "fenced", "blob-pinned", "blob-stored", "manifest-published",
+        "acked", "compensating", "compensated", "rejected",
     }
 
 
@@ -395,7 +395,7 @@ def test_decode_refuses_a_newer_event_version() -> None:
     payload = ev.encode(Planned(step="s", attempt=1))
     assert ev.decode(payload, ev.EVENT_VERSION) == Planned(step="s", attempt=1)
     with pytest.raises(InvalidInput, match="newer"):
-        ev.decode(payload, ev.EVENT_VERSION + 1)
+        ev.decode(payload, ev.READ_VERSION + 1)
     with pytest.raises(msgspec.ValidationError):
         ev.decode(b'{"kind":"teleported","step":"s","attempt":1}')
 

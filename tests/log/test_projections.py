@@ -38,6 +38,7 @@ from ledger import (
     WorkspaceAdded,
 )
 from ledger import projections as proj
+from ledger.store import FOLLOWS
 from ledger.projections import steps as steps_mod
 
 COLUMNS = StepRow.COLUMNS
@@ -456,7 +457,7 @@ def test_lagging_projection_is_read_without_writing_then_caught_up(
         assert table(led) == expected
         assert proj.checkpoint(led._store.view) == proj.Checkpoint(head, steps_mod.VERSION)
         assert led.verify().projection_lag == 0
-    assert table_of(path) == (expected, (head, steps_mod.VERSION))
+    assert table_of(path) == (expected, (FOLLOWS, steps_mod.VERSION))  # caught up: follows
 
 
 @pytest.mark.sqlite_only
@@ -495,7 +496,7 @@ def test_partially_lagging_projection(tmp_path: Path, ledger_at: LedgerAt) -> No
     assert lock_files_aside(snapshot_dir(tmp_path)) == before
     with Ledger.open(path, clock=FakeClock()):
         pass
-    assert table_of(path) == (expected, (head, steps_mod.VERSION))
+    assert table_of(path) == (expected, (FOLLOWS, steps_mod.VERSION))  # caught up: follows
 
 
 # --- rebuild ---------------------------------------------------------------------------

@@ -661,3 +661,89 @@ def test_the_envelope_is_found_in_a_request_too_broken_or_long_to_parse() -> Non
     assert (call, rid) == (None, 8) and why.startswith("Invalid Request: the request is")
     call, rid, _why = _too_large(b'{"jsonrpc":"2.0","params":{"x":"' + b"x" * 90, 100, {})
     assert (call, rid) == (None, None)
+
+
+def test_observe_records_a_persons_edits_as_this_clients_request_and_undo_takes_them_back(
+        repo: Path) -> None:
+    async def go() -> None:
+        async with inprocess([str(repo)]) as agent:
+            first = await agent.ok("observe", label="start")
+            [ws] = first["workspaces"]
+            assert ws["baseline"] and {c["path"] for c in ws["changes"]} == {
+                "src/app.py", "README.txt"}
+            quiet = await agent.ok("observe")
+            assert quiet["workspaces"][0]["recorded"] is False  # nothing changed
+
+            (repo / "README.txt").write_text("a person's words\n")  # by hand, not a tool call
+            (repo / "extra.txt").write_text("new\n")
+            got = await agent.call("observe", label="between calls")
+            assert not got.is_error, text(got)
+            assert "M README.txt" in text(got) and "A extra.txt" in text(got)
+            [ws] = got.structured_content["workspaces"]
+            [step] = ws["steps"]
+            hist = await agent.ok("history", path="README.txt")
+            mine = [s for s in hist["steps"] if s["step"] == step]
+            assert mine and mine[0]["outcome"] == "committed"
+            undone = await agent.ok("undo", step=step)
+            assert sorted(f["outcome"] for f in undone["files"]) == ["restored", "restored"]
+            assert (repo / "README.txt").read_text() == "hello\n"
+            assert not (repo / "extra.txt").exists()
+        with Ledger.open(repo / ".steptrail" / "ledger.db") as led:
+            [obs] = [e.event for e in led.read(step=step, kind="observed")]
+            assert obs.by.startswith("mcp:") and obs.label == "between calls"
+        verify_ok(repo)
+
+    run(go)
+
+
+def test_a_server_that_observes_at_each_lease_records_a_persons_edit_before_its_write(
+        repo: Path) -> None:
+    async def go() -> None:
+        async with inprocess([str(repo)], observe_on_lease=True, lease_linger_s=0.0) as agent:
+            await agent.ok("read_text_file", path="src/app.py")
+            await agent.ok("write_file", path="new.txt", content="agent\n")
+            (repo / "README.txt").write_text("a person's edit\n")  # between two calls
+            await agent.ok("write_file", path="new2.txt", content="agent\n")
+            hist = await agent.ok("history", path="README.txt")
+            assert any(s["step"].startswith("observed-") for s in hist["steps"])
+            status = await agent.ok("status")
+            assert any("outside the steps" in n for n in status.get("notices", []))
+        with Ledger.open(repo / ".steptrail" / "ledger.db") as led:
+            observed = [e.event for e in led.read(kind="observed")]
+            assert [o.by for o in observed] == [
+                observed[0].by, observed[0].by] and observed[0].by.startswith("lease:")
+            assert led.workspaces.paths("repo")["README.txt"][1] == sha(b"a person's edit\n")
+        verify_ok(repo)
+
+    run(go)
+
+
+def test_rewind_previews_then_rewinds_and_fork_copies_a_step_out(repo: Path,
+                                                                 tmp_path: Path) -> None:
+    async def go() -> None:
+        async with inprocess([str(repo)]) as agent:
+            await agent.ok("observe")  # the baseline
+            await agent.ok("read_text_file", path="README.txt")
+            first = await agent.ok("write_file", path="README.txt", content="one\n")
+            await agent.ok("read_text_file", path="README.txt")
+            await agent.ok("write_file", path="README.txt", content="two\n")
+            preview = await agent.ok("rewind", to=first["step"])
+            assert preview["preview"] and preview["changes"][0]["kind"] == "restore"
+            assert "+one" in preview["changes"][0]["diff"]
+            assert (repo / "README.txt").read_text() == "two\n"  # nothing written
+            (repo / "README.txt").write_text("a person's\n")  # unobserved
+            refused = await agent.call("rewind", to=first["step"], preview=False)
+            assert refused.is_error and "observe" in text(refused)
+            assert (repo / "README.txt").read_text() == "a person's\n"
+            await agent.ok("observe")
+            done = await agent.ok("rewind", to=first["step"], preview=False)
+            assert done["verdict"] == "applied"
+            assert (repo / "README.txt").read_text() == "one\n"
+            fork = await agent.ok("fork", at=first["step"], to=str(tmp_path / "fork"))
+            assert (tmp_path / "fork" / "README.txt").read_text() == "one\n"
+            assert fork["workspace"] == "fork"
+            bad = await agent.call("fork", at=first["step"], to="relative/dir")
+            assert bad.is_error and "absolute path" in text(bad)
+        verify_ok(repo)
+
+    run(go)

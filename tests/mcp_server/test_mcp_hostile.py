@@ -853,6 +853,57 @@ def test_two_servers_of_two_workspaces_never_deadlock(tmp_path: Path) -> None:
     run(go)
 
 
+def _turns(repo: Path, turn_s: float | None) -> tuple[int, int, list[float]]:
+    """Two real server processes writing as fast as their agents can on one workspace:
+    (the calls, the lease acquires they made, each call's latency)."""
+    turn = () if turn_s is None else ("--lease-turn", f"{turn_s}s")
+    calls = 12
+    latencies: list[float] = []
+    epochs: list[int] = []
+
+    async def go() -> None:
+        async with over_stdio("--workspace", str(repo), *turn) as a, \
+                over_stdio("--workspace", str(repo), *turn) as b:
+            await a.ok("write_file", path="a/warm.txt", content="w\n")
+            await b.ok("write_file", path="b/warm.txt", content="w\n")
+            with Ledger.open(ledger_of(repo)) as led:
+                epochs.append(led.workspaces.lease("repo").epoch)
+
+            async def agent(x: Agent, tag: str) -> None:
+                for i in range(calls):
+                    started = time.monotonic()
+                    await x.ok("write_file", path=f"{tag}/{i}.txt", content=f"{i}\n")
+                    latencies.append(time.monotonic() - started)
+
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(agent, a, "a")
+                tg.start_soon(agent, b, "b")
+            with Ledger.open(ledger_of(repo)) as led:
+                epochs.append(led.workspaces.lease("repo").epoch)
+
+    run(go)
+    verify_ok(ledger_of(repo))
+    return 2 * calls, epochs[1] - epochs[0], latencies
+
+
+def test_servers_sharing_a_workspace_take_turns_of_several_calls(repo: Path) -> None:
+    """Two agents on one workspace: a server keeps the lease for a turn of several of its
+    client's calls while the other waits (fewer acquires than calls: each acquire and
+    release is a commit), and no call waits much more than a turn. With no turn (the
+    variant that hands the lease over after every call), a call or two per acquire."""
+    from ledger.mcp.leases import TURN_S
+
+    calls, acquires, latencies = _turns(repo, None)
+    assert acquires <= calls // 2, (acquires, calls)
+    typical = sorted(latencies)[len(latencies) // 2]
+    assert max(latencies) < 3 * (TURN_S + 2 * typical), (max(latencies), typical)
+
+
+def test_the_turn_checker_catches_a_lease_handed_over_after_every_call(repo: Path) -> None:
+    calls, acquires, _ = _turns(repo, 0.0)
+    assert acquires > calls // 2, (acquires, calls)
+
+
 def test_a_busy_server_does_not_starve_another(repo: Path) -> None:
     """One agent writes as fast as it can; another's writes still land promptly."""
     async def go() -> None:

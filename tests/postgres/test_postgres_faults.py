@@ -90,7 +90,8 @@ class PgProxy:
 
     psycopg sends a COMMIT as a simple query (``Q``) at first, then, once it has run it
     often enough, as a prepared statement (``P`` once, then ``B``/``E``/``S``): both are
-    recognized."""
+    recognized — and a simple query that ends in a COMMIT after other statements (a
+    write transaction's held writes go with its COMMIT, `PgStore._defer`)."""
 
     def __init__(self, target_port: int) -> None:
         self.target = target_port
@@ -184,8 +185,9 @@ class PgProxy:
     def _commit_starts(self, pair: _Pair, msg: bytes) -> str | None:
         """Whether `msg` (a typed client message) runs a COMMIT: how ("Q", "B"), or None."""
         kind, body = msg[:1], msg[5:]
-        if kind == b"Q" and body.rstrip(b"\x00").strip().upper() == b"COMMIT":
-            return "Q"
+        text = body.rstrip(b"\x00").strip().upper()
+        if kind == b"Q" and (text == b"COMMIT" or text.endswith(b";\nCOMMIT")):
+            return "Q"  # alone, or after the writes the transaction held (one message)
         if kind == b"P":
             name, rest = body.split(b"\x00", 1)
             pair.statements[name] = rest.split(b"\x00", 1)[0].strip().upper()
@@ -516,7 +518,9 @@ def test_a_commit_whose_answer_was_lost_is_deduped_on_retry(
         with pytest.raises(LedgerError) as info:
             led.append(Planned(step="s", attempt=1))
         assert type(info.value) is DatabaseUnavailable and "COMMIT" in str(info.value)
-        assert proxy.cuts == [form]
+        # A write's COMMIT carries the writes the transaction held (PgStore._defer): a
+        # simple query every time, never a statement psycopg prepared ("B").
+        assert proxy.cuts == ["Q"]
         assert proxy.commit_answered.wait(10)  # the server answered: it committed
         [seq] = rows_with_key(pg_url, '["s",1,"planned"]')
         assert seq == count + 1
@@ -702,3 +706,50 @@ def test_a_writer_stalled_inside_its_transaction_holds_others_up_only_for_the_bu
         b.close()
     assert done, "the second writer was still waiting after 6 s"
     assert isinstance(done.get("error"), LedgerBusy), done
+
+
+# === the connection cut at every statement of opening ==========================================
+
+
+def test_a_connection_cut_at_any_statement_of_opening_is_typed(pg_server: Any, pg_url: str,
+                                                              monkeypatch: Any) -> None:
+    """Found by CI: a server killed while a worker opened the ledger reached the worker as
+    psycopg's own OperationalError (the schema check ran outside the error translation), so
+    a retry loop catching the ledger's errors died. Every statement `Ledger.open` sends is
+    cut in turn — the real session ended by the server (pg_terminate_backend) just before it
+    runs — and each cut must come out as `DatabaseUnavailable`, one line, no driver traceback;
+    the next open works and sees the same ledger."""
+    with Ledger.init(pg_url) as led:
+        commit_step(led, "before")
+        count = led.count()
+    real = psycopg.Connection.execute
+    state = {"n": 0, "cut_at": -1, "busy": False}
+
+    def execute(self: Any, *args: Any, **kwargs: Any) -> Any:
+        if not state["busy"]:
+            if state["n"] == state["cut_at"]:
+                state["busy"] = True
+                try:
+                    pid = self.info.backend_pid
+                    with psycopg.connect(pg_server.url("postgres"), autocommit=True) as side:
+                        assert real(side, "SELECT pg_terminate_backend(%s, 5000)",
+                                    (pid,)).fetchone()[0]
+                finally:
+                    state["busy"] = False
+            state["n"] += 1
+        return real(self, *args, **kwargs)
+
+    monkeypatch.setattr(psycopg.Connection, "execute", execute)
+    Ledger.open(pg_url).close()
+    statements = state["n"]
+    assert statements >= 3, statements  # (the marker, the schema check, the meta read)
+    for cut in range(statements):
+        state.update(n=0, cut_at=cut)
+        with pytest.raises(LedgerError) as info:
+            Ledger.open(pg_url).close()
+        exc = info.value
+        assert type(exc) is DatabaseUnavailable, (cut, exc)
+        assert "\n" not in str(exc) and exc.__cause__ is None, (cut, exc)
+    state.update(n=0, cut_at=-1)
+    with Ledger.open(pg_url) as again:
+        assert again.count() == count

@@ -217,7 +217,7 @@ def test_without_its_triggers_the_ledger_is_refused_and_verify_reports_it(
     got = findings(url, expect_head=head)
     twin = _sqlite_twin(tmp_path, damage, drop=True, expect_head=True)
     # SQLite has no TRUNCATE (nor its trigger); otherwise the very same report
-    truncate = ("schema", 0, f"VIOLATION: the schema differs from a steptrail v5 ledger:"
+    truncate = ("schema", 0, f"VIOLATION: the schema differs from a steptrail v6 ledger:"
                              f" trigger events_no_truncate was {word}")
     assert truncate in got
     assert sorted(f for f in got if f != truncate) == sorted([
@@ -352,14 +352,26 @@ def test_a_forged_seal_range_does_not_make_an_unsealed_event_deletable(
     assert _forge_a_seal_range_and_delete(pg_url, seal, victim) == 0
 
 
-def test_a_v4_ledger_reads_as_it_is_and_is_made_v5_by_its_first_read_write_open(
+def _as_v5(conn: Any) -> None:
+    """Make a ledger the current code wrote exactly what a v5 writer leaves: no
+    checkpoint trigger or its function, the checkpoint at the head (v5 rewrote it at
+    every commit), version 5."""
+    conn.execute("DROP TRIGGER checkpoint_follows ON projection_checkpoint")
+    conn.execute("DROP FUNCTION stepledger_checkpoint_follows()")
+    conn.execute("UPDATE projection_checkpoint SET last_seq = (SELECT max(seq) FROM events)")
+    conn.execute("UPDATE stepledger_schema SET version = 5")
+
+
+def test_a_v4_ledger_reads_as_it_is_and_is_migrated_by_its_first_read_write_open(
         pg_url: str, tmp_path: Path) -> None:
-    """A ledger written by the previous version (schema 4: the looser DELETE exception):
-    a read-only open reads it untouched; the first read-write open replaces the function
-    with v5's and records version 5, after which a forged range deletes nothing."""
+    """A ledger written by an earlier version (schema 4: the looser DELETE exception):
+    a read-only open reads it untouched; the first read-write open brings it to today's
+    version (v5's function, v6's checkpoint), after which a forged range deletes
+    nothing."""
     from ledger.store.postgres import schema as sch
     seal, victim = _sealed_world(pg_url, tmp_path)
     with raw(pg_url) as conn:  # (no parameters: the body's '%' is its own)
+        _as_v5(conn)
         for stmt in sch._function_statements("stepledger_events_append_only",
                                              sch.APPEND_ONLY_BODIES[4], replace=True):
             conn.execute(stmt)
@@ -369,12 +381,69 @@ def test_a_v4_ledger_reads_as_it_is_and_is_made_v5_by_its_first_read_write_open(
         assert led.verify().ok and led.storage.info.version == 4
     assert db_state(pg_url) == before
     with Ledger.open(pg_url) as led:
-        assert led.storage.info.version == 5
+        assert led.storage.info.version == sch.SCHEMA_VERSION
     with raw(pg_url) as conn:
-        assert conn.execute("SELECT version FROM stepledger_schema").fetchone()[0] == 5
+        assert conn.execute("SELECT version FROM stepledger_schema").fetchone()[0] \
+            == sch.SCHEMA_VERSION
+        assert conn.execute("SELECT last_seq FROM projection_checkpoint").fetchone()[0] == -1
     assert _forge_a_seal_range_and_delete(pg_url, seal, victim) == 0
     with Ledger.open(pg_url) as led:
         assert led.verify().ok
+
+
+def test_a_v5_ledger_is_migrated_and_a_v5_worker_left_running_cannot_commit(
+        pg_url: str, tmp_path: Path) -> None:
+    """v5 -> v6 on a shared ledger: the first read-write open of today's code migrates
+    it; a v5 worker still running rewrites the checkpoint at its commit, to its head —
+    refused, the fix named, its whole transaction (its event too) rolled back."""
+    from ledger.runner import run_step
+    from ledger.store.postgres import schema as sch
+    seal, victim = _sealed_world(pg_url, tmp_path)
+    with raw(pg_url) as conn:
+        _as_v5(conn)
+    with Ledger.open(pg_url, readonly=True) as led:
+        assert led.storage.info.version == 5 and led.verify().ok
+        head = led.head()
+    with Ledger.open(pg_url) as led:
+        assert led.storage.info.version == sch.SCHEMA_VERSION
+        assert led.verify().ok and led.projection_lag() == 0
+        run_step(led, "after", {"a.txt": b"after the migration"})
+        assert next(iter(led.read(after_seq=head.seq))).prev_hash == head.hash
+        head = led.head()
+    with raw(pg_url) as conn:  # what a v5 commit does: its event, then the checkpoint
+        with pytest.raises(psycopg.Error, match="upgrade steptrail"):
+            with conn.transaction():
+                conn.execute(
+                    "INSERT INTO events(seq, time_ns, workspace, run, step, attempt, epoch,"
+                    " rev, journal_key, kind, v, payload, prev_hash, hash) VALUES (%s, 1, '',"
+                    " '', 'x', 1, 0, 0, 'k-v5', 'planned', 1, %s, %s, %s)",
+                    (head.seq + 1, b"{}", head.hash, b"h" * 32))
+                conn.execute(
+                    "INSERT INTO projection_checkpoint(name, last_seq, version)"
+                    " VALUES ('steps', %s, 5) ON CONFLICT(name) DO UPDATE SET"
+                    " last_seq = excluded.last_seq, version = excluded.version",
+                    (head.seq + 1,))
+    with Ledger.open(pg_url) as led:
+        assert led.head() == head and led.verify().ok
+
+
+def test_a_worker_meets_a_newer_format_at_its_next_write_typed(pg_url: str) -> None:
+    """A worker of this version, open while another migrates the shared ledger to a
+    later format, is refused at its next write transaction (LedgerTooNew), writing
+    nothing: the format is read with the transaction's locks, in the same round trip."""
+    from ledger.runner import run_step
+    from ledger.store.postgres import schema as sch
+    with Ledger.init(pg_url) as led:
+        run_step(led, "before", {"a.txt": b"a"})
+        head = led.head()
+        with raw(pg_url) as conn:
+            conn.execute(f"UPDATE stepledger_schema SET version = {sch.SCHEMA_VERSION + 1}")
+        with pytest.raises(LedgerTooNew):
+            run_step(led, "after", {"b.txt": b"b"})
+    with raw(pg_url) as conn:
+        conn.execute(f"UPDATE stepledger_schema SET version = {sch.SCHEMA_VERSION}")
+    with Ledger.open(pg_url, readonly=True) as led:
+        assert led.head() == head
 
 
 # === databases that are not ledgers ========================================================
@@ -466,7 +535,7 @@ def test_a_planted_object_is_refused_untouched(pg_ledger: tuple[str, list[Any]],
     refused_everywhere(url, NotALedger, named)
     if examined:
         got = findings(url)
-        assert ("schema", 0, "VIOLATION: the schema differs from a steptrail v5 ledger: "
+        assert ("schema", 0, "VIOLATION: the schema differs from a steptrail v6 ledger: "
                 + named) in got, got
     else:
         with pytest.raises(NotALedger, match=named):

@@ -333,3 +333,29 @@ def test_a_missing_grant_is_access_denied(pg_url: str, worker: str) -> None:
     with Ledger.open(worker, clock=FakeClock(start_ns=FakeClock().now + 10**12)) as led:
         with pytest.raises(AccessDenied):
             led.plan("s", artifacts=["a"])
+
+
+def test_a_worker_may_read_an_unmigrated_ledger_but_not_write_it(
+        pg_url: str, worker: str) -> None:
+    """A ledger of an older format that a worker's role may not migrate (the schema is
+    the admin's): the worker reads it as it is; its read-write open is AccessDenied,
+    naming the fix, and writes nothing (v6 writers do not rewrite the checkpoint at each
+    commit, so writing a v5 ledger as it is would make its tables read as lagging). The
+    admin's open migrates it; then the worker writes."""
+    with admin(pg_url) as conn:
+        conn.execute("DROP TRIGGER checkpoint_follows ON projection_checkpoint")
+        conn.execute("DROP FUNCTION stepledger_checkpoint_follows()")
+        conn.execute("UPDATE projection_checkpoint SET last_seq ="
+                     " coalesce((SELECT max(seq) FROM events), 0)")
+        conn.execute("UPDATE stepledger_schema SET version = 5")
+    clock = FakeClock(start_ns=FakeClock().now + 10**12)
+    with Ledger.open(worker, readonly=True, clock=clock) as led:
+        assert led.storage.info.version == 5 and led.verify().ok
+    with pytest.raises(AccessDenied, match="owner open it read-write once"):
+        Ledger.open(worker, clock=clock)
+    with admin(pg_url) as conn:
+        assert conn.execute("SELECT version FROM stepledger_schema").fetchone()[0] == 5
+    Ledger.open(pg_url, clock=clock).close()  # the admin's open migrates it
+    with Ledger.open(worker, clock=clock) as led:
+        led.plan("s", artifacts=["a"])
+        assert led.verify().ok

@@ -46,7 +46,8 @@ import msgspec
 
 from ledger.projections.steps import StepRow
 from ledger.projections.workspaces import WsRow
-from ledger.store import Checkpoint, EventQuery, Head, Held, ProjectionChanges, Scope, Store
+from ledger.store import (FOLLOWS, Checkpoint, EventQuery, Head, Held, ProjectionChanges, Scope,
+                          Store)
 
 Opener = Callable[[str, Callable[[], int], bool], Store]
 DIGEST = "ab" * 32
@@ -433,9 +434,9 @@ class StoreContract:
                 pins=[("s", 1, DIGEST, "artifact", 1), ("s", 1, "cd" * 32, "pre-image", 1)],
                 manifests=[("t", 0, 1, DIGEST, None, 2)],
                 entries=[("t", 0, "artifact", "a", DIGEST, 3)],
-                checkpoint=Checkpoint(2, 4)))
+                checkpoint=Checkpoint(FOLLOWS, 4)))
         view = store.view
-        assert view.checkpoint() == Checkpoint(2, 4)
+        assert view.checkpoint() == Checkpoint(0, 4)  # follows: the (empty) head
         assert view.step("s") == step and view.steps() == [step, done]
         assert view.steps(state="acked") == [done] and view.steps(step_id="s") == [step]
         assert view.steps_in_flight("w") == [("s", 1)]
@@ -455,7 +456,7 @@ class StoreContract:
         assert view.pin_rows() == [("s", 1, "cd" * 32, "pre-image", 1)]
         with store.transaction() as tx:  # an end releases them all
             tx.write_projection(ProjectionChanges(releases=[("s", 1, False)]))
-        assert view.pin_rows() == [] and view.checkpoint() == Checkpoint(2, 4)
+        assert view.pin_rows() == [] and view.checkpoint() == Checkpoint(0, 4)
 
     def _projection(self, store: Store) -> tuple[StepRow, StepRow]:
         """A live (acked, committed) step t with a manifest naming DIGEST, an in-flight
@@ -472,7 +473,7 @@ class StoreContract:
                 pins=[("s", 1, DIGEST, "artifact", 1), ("s", 1, "cd" * 32, "pre-image", 1)],
                 manifests=[("t", 0, 1, DIGEST, None, 2)],
                 entries=[("t", 0, "artifact", "a", DIGEST, 3)],
-                checkpoint=Checkpoint(2, 4)))
+                checkpoint=Checkpoint(FOLLOWS, 4)))
         return step, done
 
     def test_what_gc_and_audit_read(self, store: Store) -> None:

@@ -71,6 +71,10 @@ LOCK_CLASS: Final = 0x53544C47
 LOCK_CLASS_WS: Final = 0x53544C48
 #: How long a connection attempt may take.
 CONNECT_TIMEOUT_S: Final = 10
+#: The most text the held writes (`PgStore._defer`) carry before they go on their own:
+#: a transaction of many inline blobs and no read sends them in messages of this size,
+#: not one message of all of them (the server takes at most 1 GB in one).
+PENDING_MAX: Final = 4 << 20
 #: The server's time in nanoseconds (microsecond resolution).
 _NOW_NS: Final = "(extract(epoch FROM clock_timestamp()) * 1000000)::bigint * 1000"
 #: A session idle inside a transaction this long is ended by the server (its transaction
@@ -159,6 +163,8 @@ class PgView(SqlView):
         columns = COPY_TABLES[table]
         order = " ORDER BY seq" if table == "events" else ""
         store = self._store
+        if store._pending:
+            store._run("SELECT 1")  # the held writes first: a read sees them
         conn = store._connect()
         with store._translated(), conn.cursor(name=f"copy_{table}") as cur:
             cur.itersize = READ_BATCH
@@ -221,7 +227,7 @@ class PgTx(PgView, SqlTx):
     # -- the chain lock: taken before anything reads the head or writes shared rows -------
 
     def _before_write(self) -> None:
-        self._store._chain()
+        self._store._chain(held=True)  # sent with the write, before it
 
     def head(self) -> Head:
         self._store._chain()
@@ -235,9 +241,13 @@ class PgTx(PgView, SqlTx):
 
     def _insert_many(self, rows: list[EventRow]) -> None:
         psycopg = _psycopg()
+        store = self._store
         try:
-            self._store._run_many(q.S.INSERT_EVENT, rows)
+            store._run_many(q.S.INSERT_EVENT, rows, duplicate=True)
         except psycopg.errors.UniqueViolation as exc:  # (`_translated` lets it through)
+            if exc.diag.table_name not in (None, "events"):  # a held write's, not ours
+                raise StorageFailure(store.location, f"{type(exc).__name__}:"
+                                     f" {_first_line(exc)}") from None
             raise DuplicateKey(exc) from None
 
     def _insert_one(self, row: EventRow) -> None:
@@ -304,6 +314,12 @@ class PgStore:
         self.files = PgFiles(self)
         self.blobs = PgBlobs(self)
         self._held: dict[str, Any] = {}
+        #: Writes held for the next statement this write transaction sends (`_defer`),
+        #: their parameters bound as literals.
+        self._pending: list[str] = []
+        self._pending_size = 0
+        self._held_since = 0.0
+        self._binder: Any = None
 
     # -- opening -----------------------------------------------------------------------
 
@@ -317,7 +333,7 @@ class PgStore:
         store = cls(url, clock=clock, readonly=readonly, forensic=forensic, on_op=on_op,
                     busy_timeout_ms=busy_timeout_ms)
         try:
-            with store.lock:
+            with store.lock, store._translated():  # (a server lost mid-check: unavailable)
                 conn = store._connect()
                 version = sch.read_marker(conn, store.location)
                 if version is None:
@@ -338,7 +354,7 @@ class PgStore:
         import uuid
         store = cls(url, clock=clock, on_op=on_op, busy_timeout_ms=busy_timeout_ms)
         try:
-            with store.lock:
+            with store.lock, store._translated():
                 conn = store._connect()
                 version = sch.read_marker(conn, store.location)
                 created = False
@@ -369,21 +385,32 @@ class PgStore:
         return store, created
 
     def _judge(self, conn: Any, version: int) -> None:
+        denied = False
         if version < sch.SCHEMA_VERSION and not self.readonly:  # an older ledger: migrated
             try:
                 with self._translated():
                     version = sch.migrate(conn, version,
                                           (LOCK_CLASS, _lock_key("init:" + self._schema)))
             except AccessDenied:
-                pass  # a worker's role may not replace the owner's function: the owner's
-                # next open does; v4's tables are v5's, so the worker goes on meanwhile
+                denied = True  # a worker's role may not change the owner's schema
         self.version = version
-        readable = version in (4, sch.SCHEMA_VERSION)  # (v4: the same tables)
+        readable = version in sch.READABLE  # (the same tables)
         if not readable:
             raise LedgerTooNew(self.location, version, sch.SCHEMA_VERSION) \
                 if version > sch.SCHEMA_VERSION else _too_old(self.location, version)
         self.schema_changes = sch.check_schema(conn, self.location, forensic=self.forensic,
                                                version=version)
+        if version < sch.SCHEMA_VERSION and not self.readonly:
+            # Never written as it is: today's writers do not rewrite the checkpoint each
+            # commit, so an unmigrated ledger's tables would read as lagging behind
+            # events they already hold.
+            raise AccessDenied(
+                self.location, f"it is in format v{version}, which this steptrail reads but"
+                f" writes only once migrated to v{sch.SCHEMA_VERSION}"
+                + (", and this role may not change its schema" if denied else ""),
+                "have the ledger's owner open it read-write once with this version (it"
+                " migrates in one transaction; workers of older versions are refused from"
+                " then on), then retry")
         ledger_id = self.view.meta("ledger_id")
         if not isinstance(ledger_id, str) or not ledger_id:
             raise CorruptLedger(self.location, "meta has no ledger_id (the chain's genesis)")
@@ -445,12 +472,18 @@ class PgStore:
     # -- running statements --------------------------------------------------------------
 
     @contextlib.contextmanager
-    def _translated(self) -> Iterator[None]:
+    def _translated(self, *, duplicate: bool = False) -> Iterator[None]:
+        """The driver's errors as the ledger's. `duplicate`: a unique violation passes
+        as it is (the event insert's: `PgTx._insert_many` answers it as a duplicate
+        journal key); anywhere else it is a StorageFailure."""
         psycopg = _psycopg()
         try:
             yield
-        except psycopg.errors.UniqueViolation:
-            raise
+        except psycopg.errors.UniqueViolation as exc:
+            if duplicate:
+                raise
+            raise StorageFailure(self.location, f"{type(exc).__name__}: {_first_line(exc)}") \
+                from None
         except (psycopg.errors.LockNotAvailable, psycopg.errors.DeadlockDetected):
             raise LedgerBusy(self.location, self.busy_timeout_ms / 1000) from None
         except psycopg.OperationalError as exc:
@@ -469,15 +502,87 @@ class PgStore:
             raise StorageFailure(self.location, f"{type(exc).__name__}: {_first_line(exc)}") \
                 from None
 
-    def _run(self, sql: str, params: Sequence[object] | None = None, *, raw: bool = False) -> Any:
-        """Execute one statement on the connection (reconnecting outside a transaction)."""
+    def _run(self, sql: str, params: Sequence[object] | None = None, *, raw: bool = False,
+             duplicate: bool = False) -> Any:
+        """Execute one statement on the connection (reconnecting outside a transaction);
+        the writes held for it (`_defer`) go first, in the same round trip."""
         conn = self._connect()
-        if raw:
-            return conn.execute(sql, params)
-        with self._translated():
-            return conn.execute(sql, params)
+        with contextlib.nullcontext() if raw else self._translated(duplicate=duplicate):
+            if not self._pending:
+                return conn.execute(sql, params)
+            cur = conn.execute(self._with_pending(self._bind(sql, params)))
+            while cur.nextset():
+                pass
+            return cur
 
-    def _run_many(self, sql: str, rows: Sequence[Sequence[object]], *, raw: bool = False) -> None:
+    # -- writes held for the next round trip ---------------------------------------------
+
+    def _bind(self, sql: str, params: Sequence[object] | None) -> str:
+        """`sql` with `params` as literals: psycopg's client-side binding, the text a
+        simple query carries (several statements in one round trip)."""
+        if not params:
+            return sql
+        binder = self._binder
+        if binder is None or binder.connection is not self._conn:
+            binder = self._binder = _psycopg().ClientCursor(self._conn)
+        return binder.mogrify(sql, params)  # type: ignore[no-any-return]
+
+    def _defer(self, sql: str, params: Sequence[object] | None = ()) -> None:
+        """Hold a write nobody reads the answer of until the next statement this write
+        transaction sends — a read, the event insert, the COMMIT — and send it in that
+        statement's round trip (`_with_pending`). Its error, if any, then comes from that
+        statement, which does not run, and the transaction does not commit (the server
+        runs a simple query's statements in order and stops at the first error). Outside
+        a write transaction it runs now. Not the driver's pipeline mode: a writer frozen
+        between pipelined statements is not idle in its transaction, so the server's idle
+        bound never ends it (see `_run_many`); held writes are only text in this process
+        until they go, with a Sync, in one message."""
+        if not (self._writing and self._depth) or self._conn is None:
+            self._run(sql, params)
+            return
+        import time
+        now = time.monotonic()
+        with self._translated():
+            text = self._bind(sql, params)
+            if not self._pending:
+                self._held_since = now
+            self._pending.append(text)
+            self._pending_size += len(text)
+            # Held at most a `PULSE_S` (the session looks idle to the server meanwhile:
+            # its idle bound must keep ending only a writer that stopped) and at most
+            # `PENDING_MAX` of text.
+            if self._pending_size > PENDING_MAX or now - self._held_since >= PULSE_S:
+                self._conn.execute(self._with_pending("SELECT 1"))
+
+    def _defer_many(self, sql: str, rows: Sequence[Sequence[object]]) -> None:
+        """`_run_many`'s statements, each held as `_defer` holds one."""
+        if not rows:
+            return
+        if not (self._writing and self._depth):
+            self._run_many(sql, rows)
+            return
+        width = len(rows[0])
+        step = max(1, PARAMS_MAX // max(1, width))
+        if len(rows) == 1 or many_rows(sql, min(len(rows), step), "%s") is None:
+            for row in rows:
+                self._defer(sql, row)
+            return
+        for i in range(0, len(rows), step):
+            chunk = rows[i:i + step]
+            self._defer(many_rows(sql, len(chunk), "%s"),  # type: ignore[arg-type]
+                        [cell for row in chunk for cell in row])
+
+    def _with_pending(self, sql: str) -> str:
+        """`sql` after the held writes, which are let go (sent with it, or never)."""
+        if not self._pending:
+            return sql
+        text = ";\n".join([*self._pending, sql])
+        self._pending.clear()
+        self._pending_size = 0
+        return text
+
+    def _run_many(self, sql: str, rows: Sequence[Sequence[object]], *, raw: bool = False,
+                  duplicate: bool = False) -> None:
         """Execute `sql` for each of `rows`: as few multi-row statements as
         `many_rows` makes of it (chunks of at most PARAMS_MAX parameters), else one
         statement a row. Never the driver's executemany: it runs in pipeline mode, and a
@@ -487,7 +592,17 @@ class PgStore:
         width = len(rows[0]) if rows else 1
         step = max(1, PARAMS_MAX // max(1, width))
         multi = len(rows) > 1 and many_rows(sql, min(len(rows), step), "%s") is not None
-        with contextlib.nullcontext() if raw else self._translated(), conn.cursor() as cur:
+        if self._pending and rows:  # the held writes go with the first statement
+            first = many_rows(sql, min(len(rows), step), "%s") if multi else sql
+            count = min(len(rows), step) if multi else 1
+            self._run(first, [cell for row in rows[:count] for cell in row],  # type: ignore[arg-type]
+                      raw=raw, duplicate=duplicate)
+            rows = rows[count:]
+            if not rows:
+                return
+            multi = len(rows) > 1 and many_rows(sql, min(len(rows), step), "%s") is not None
+        with contextlib.nullcontext() if raw else self._translated(duplicate=duplicate), \
+                conn.cursor() as cur:
             if not multi:
                 for row in rows:
                     cur.execute(sql, row)
@@ -510,6 +625,8 @@ class PgStore:
             if write:
                 self._chain()  # a nested append: the rest of the transaction in chain order
             return
+        self._pending.clear()
+        self._pending_size = 0
         conn = self._connect()
         with self._translated():
             if write:
@@ -538,12 +655,19 @@ class PgStore:
                         "BEGIN ISOLATION LEVEL READ COMMITTED;"
                         f" SET LOCAL lock_timeout = {max(1, int(self.busy_timeout_ms))};")
                     idle = CHAIN_IDLE_MS if scope.workspace is None else WRITE_IDLE_MS
+                    # ... and the format, read under those locks: a worker left running
+                    # while another migrated the ledger to a newer format is refused
+                    # here, at its next write, before it writes anything.
                     cur = conn.execute(
                         begun + f" SET LOCAL idle_in_transaction_session_timeout = {idle};"
-                        f" SELECT {locks}, {_NOW_NS}")
+                        f" SELECT {locks}, (SELECT max(version) FROM stepledger_schema),"
+                        f" {_NOW_NS}")
                     while cur.nextset():
                         pass
-                    self._tx_time_ns = int(cur.fetchone()[-1])
+                    row = cur.fetchone()
+                    if row[-2] is not None and row[-2] > sch.SCHEMA_VERSION:
+                        raise LedgerTooNew(self.location, row[-2], sch.SCHEMA_VERSION)
+                    self._tx_time_ns = int(row[-1])
                 except BaseException:
                     self._abort()
                     raise
@@ -599,17 +723,26 @@ class PgStore:
             raise DatabaseUnavailable(self.location, "the connection was lost inside a"
                                       " transaction, which did not commit", reading=self.readonly)
         with self._translated():
-            conn.execute("SELECT 1")
+            conn.execute(self._with_pending("SELECT 1"))
 
-    def _chain(self) -> None:
+    def _chain(self, *, held: bool = False) -> None:
         """Take the chain lock (once per transaction): from here to COMMIT, this
-        transaction is the one appending after the head."""
+        transaction is the one appending after the head. `held`: before a write, the
+        lock goes first in the message that sends the write (`_defer`), not alone — the
+        server takes it before the write, and the transaction holds it a round trip less."""
         if self._chained or not self._writing:
             return
-        with self._translated():
-            cur = self._connect().execute(
-                f"SELECT pg_advisory_xact_lock({LOCK_CLASS}, {self._chain_key});"
+        take = (f"SELECT pg_advisory_xact_lock({LOCK_CLASS}, {self._chain_key});"
                 f" SET LOCAL idle_in_transaction_session_timeout = {CHAIN_IDLE_MS}")
+        if held and self._conn is not None:
+            self._chained = True
+            self._pending.append(take)
+            if len(self._pending) == 1:
+                import time
+                self._held_since = time.monotonic()
+            return
+        with self._translated():
+            cur = self._connect().execute(self._with_pending(take))
             while cur.nextset():
                 pass
         self._chained = True
@@ -618,7 +751,8 @@ class PgStore:
         self._depth -= 1
         if self._depth:
             return
-        if self._writing:
+        writing = self._writing
+        if writing:
             pulse_with(None)
         self._writing = self._chained = False
         conn = self._conn
@@ -626,24 +760,44 @@ class PgStore:
             self._abort()
             return
         psycopg = _psycopg()
+        text = self._with_pending("COMMIT")
         try:
-            conn.execute("COMMIT")
+            cur = conn.execute(text)
+            while cur.nextset():
+                pass
         except psycopg.errors.IdleInTransactionSessionTimeout:
             raise DatabaseUnavailable(self.location, "the server ended this write transaction,"
                                       " silent past its idle bound, before its COMMIT (nothing"
                                       " of it committed); retry", reading=self.readonly) from None
-        except psycopg.OperationalError as exc:
-            raise DatabaseUnavailable(self.location, "the connection was lost at COMMIT (the"
-                                      " transaction may or may not have committed): "
-                                      + _first_line(exc), reading=self.readonly) from None
         except psycopg.Error as exc:
+            if conn.broken or conn.closed:  # no answer: the server may have committed
+                raise DatabaseUnavailable(self.location, "the connection was lost at COMMIT"
+                                          " (the transaction may or may not have committed): "
+                                          + _first_line(exc), reading=self.readonly) from None
+            # The server answered with an error — the COMMIT itself, or a write held for
+            # its message (a lock timeout, a full disk, a refusal): nothing committed.
             self._abort()
-            raise StorageFailure(self.location, f"COMMIT failed: {_first_line(exc)}") from None
+            if isinstance(exc, (psycopg.errors.LockNotAvailable, psycopg.errors.DeadlockDetected,
+                                psycopg.errors.InsufficientPrivilege,
+                                psycopg.errors.ReadOnlySqlTransaction)):
+                with self._translated():
+                    raise
+            raise StorageFailure(self.location, "COMMIT failed, nothing of the transaction"
+                                 f" committed: {type(exc).__name__}: {_first_line(exc)}"
+                                 ) from None
+        if writing and cur.statusmessage != "COMMIT":
+            # A transaction a statement had failed in (its error caught and not re-raised
+            # by the caller) is rolled back by its COMMIT, silently: never report it done.
+            raise StorageFailure(self.location, "the transaction had failed and was rolled"
+                                 f" back at its COMMIT ({cur.statusmessage}): nothing of it"
+                                 " committed; retry it")
 
     def _abort(self) -> None:
         if self._writing:
             pulse_with(None)
         self._depth, self._writing, self._chained = 0, False, False
+        self._pending.clear()
+        self._pending_size = 0
         conn = self._conn
         if conn is None or conn.closed or conn.broken:
             return

@@ -48,7 +48,9 @@ class PgDriver(Driver):
     """`ledger.store.view.Driver` over a `PgStore`'s connection: every statement runs
     through the store (`_run`: reconnecting outside a transaction, errors translated), a
     set of values is one array parameter, and many rows go as `_run_many` makes them
-    (multi-row statements, never the driver's pipelined executemany)."""
+    (multi-row statements, never the driver's pipelined executemany); a write nobody
+    reads the answer of (`later`) waits, in a write transaction, for the next statement
+    sent (`PgStore._defer`)."""
 
     mark = "%s"
     #: The most parameters one multi-row statement carries (the protocol's limit: 65,535).
@@ -71,6 +73,12 @@ class PgDriver(Driver):
         self._store._run_many(sql, rows)
 
     execute_each = many
+
+    def later(self, sql: str, params: Sequence[object] = ()) -> None:
+        self._store._defer(sql, params)
+
+    def many_later(self, sql: str, rows: Sequence[Sequence[object]]) -> None:
+        self._store._defer_many(sql, rows)
 
     def in_values(self, template: str, values: Sequence[object],
                   before: Sequence[object] = ()) -> Iterator[tuple[str, list[object]]]:

@@ -17,14 +17,18 @@ step ids, journal key ranges and every ORDER BY come out the same on both stores
 
 from __future__ import annotations
 
-from typing import Any, Final
+from typing import Any, Final, NamedTuple
 
 from ...errors import LedgerTooNew, NotALedger
 from ..sql import POSTGRES
 
 APPLICATION: Final = "stepledger"
 #: The same version numbers as the SQLite schema: a v4 ledger holds the same rows.
-SCHEMA_VERSION: Final = 5
+SCHEMA_VERSION: Final = 6
+
+#: The versions this code reads as they are (their tables are today's); it writes only
+#: `SCHEMA_VERSION`, migrating an older one at a read-write open.
+READABLE: Final = frozenset({4, 5, SCHEMA_VERSION})
 
 _TN: Final = POSTGRES.TYPES["text"]  # text COLLATE "C"
 _T: Final = f"{_TN} NOT NULL"
@@ -116,18 +120,55 @@ BEGIN
     USING ERRCODE = 'insufficient_privilege';
 END
 """
-#: The function's body by schema version (what a ledger of that version holds).
-APPEND_ONLY_BODIES: Final = {4: _APPEND_ONLY_V4, 5: _APPEND_ONLY_V5}
-FUNCTIONS: Final[dict[str, str]] = {"stepledger_events_append_only": _APPEND_ONLY_V5}
+#: Format v6: the projection checkpoint follows the log (`ledger.store.FOLLOWS`, -1) and
+#: no commit rewrites it. A writer of an older version rewrites it at every commit, to
+#: the seq of its last event (the head): this refuses exactly that write, so an older
+#: worker left running on a ledger another worker migrated fails its first commit with
+#: the fix named, never writing into v6 a checkpoint that would make the tables read
+#: as lagging. A lag set by hand (behind the head) is still written.
+_CHECKPOINT_FOLLOWS: Final = """
+BEGIN
+  IF NEW.last_seq <> -1 AND NEW.last_seq >= coalesce((SELECT max(seq) FROM events), 0) THEN
+    RAISE EXCEPTION 'this steptrail ledger is in format v6 or later, which this version of steptrail cannot write: upgrade steptrail on this worker'
+      USING ERRCODE = 'feature_not_supported';
+  END IF;
+  RETURN NEW;
+END
+"""
+#: The append-only function's body by schema version (what a ledger of that version holds).
+APPEND_ONLY_BODIES: Final = {4: _APPEND_ONLY_V4, 5: _APPEND_ONLY_V5, 6: _APPEND_ONLY_V5}
+FUNCTIONS: Final[dict[str, str]] = {"stepledger_events_append_only": _APPEND_ONLY_V5,
+                                    "stepledger_checkpoint_follows": _CHECKPOINT_FOLLOWS}
 
-#: Each trigger's pg_trigger.tgtype (ROW 1, BEFORE 2, DELETE 8, UPDATE 16, TRUNCATE 32).
-TRIGGER_TYPES: Final = {"events_no_update": 19, "events_no_delete": 11, "events_no_truncate": 34}
 
-TRIGGERS: Final[dict[str, str]] = {
-    "events_no_update": "BEFORE UPDATE ON events FOR EACH ROW",
-    "events_no_delete": "BEFORE DELETE ON events FOR EACH ROW",
-    "events_no_truncate": "BEFORE TRUNCATE ON events FOR EACH STATEMENT",
+class Trigger(NamedTuple):
+    table: str
+    when: str
+    function: str
+    #: pg_trigger.tgtype (ROW 1, BEFORE 2, INSERT 4, DELETE 8, UPDATE 16, TRUNCATE 32)
+    tgtype: int
+    #: the first schema version that has it
+    since: int = 4
+
+
+TRIGGERS: Final[dict[str, Trigger]] = {
+    "events_no_update": Trigger("events", "BEFORE UPDATE ON events FOR EACH ROW",
+                                "stepledger_events_append_only", 19),
+    "events_no_delete": Trigger("events", "BEFORE DELETE ON events FOR EACH ROW",
+                                "stepledger_events_append_only", 11),
+    "events_no_truncate": Trigger("events", "BEFORE TRUNCATE ON events FOR EACH STATEMENT",
+                                  "stepledger_events_append_only", 34),
+    "checkpoint_follows": Trigger(
+        "projection_checkpoint", "BEFORE INSERT OR UPDATE ON projection_checkpoint"
+        " FOR EACH ROW", "stepledger_checkpoint_follows", 23, since=6),
 }
+
+
+def _body(function: str, version: int) -> str | None:
+    """The source `function` has in a ledger of `version`."""
+    if function == "stepledger_events_append_only":
+        return APPEND_ONLY_BODIES.get(version)
+    return FUNCTIONS[function]
 
 
 def _function_statements(name: str, body: str, *, replace: bool = False) -> list[str]:
@@ -149,9 +190,8 @@ def create_statements() -> list[str]:
     out += list(INDEXES.values())
     for name, body in FUNCTIONS.items():
         out += _function_statements(name, body)
-    for name, when in TRIGGERS.items():
-        out.append(f"CREATE TRIGGER {name} {when}"
-                   " EXECUTE FUNCTION stepledger_events_append_only()")
+    for name, t in TRIGGERS.items():
+        out.append(f"CREATE TRIGGER {name} {t.when} EXECUTE FUNCTION {t.function}()")
     # large random chunks: stored out of line, never compressed (it cannot shrink them)
     out.append("ALTER TABLE blob_chunks ALTER COLUMN data SET STORAGE EXTERNAL")
     out.append("ALTER TABLE blob_data ALTER COLUMN data SET STORAGE EXTERNAL")
@@ -233,28 +273,53 @@ def read_marker(conn: Any, location: str) -> int | None:
     return int(version)
 
 
+def _to_v5(conn: Any) -> None:
+    """v4 -> v5: the append-only function's stricter body."""
+    for stmt in _function_statements("stepledger_events_append_only", _APPEND_ONLY_V5,
+                                     replace=True):
+        conn.execute(stmt)
+
+
+def _to_v6(conn: Any) -> None:
+    """v5 -> v6: the checkpoint follows the log. A checkpoint at the head becomes
+    `FOLLOWS` (a lagging one stays: the next read-write open catches up), and the
+    trigger that refuses an older writer's per-commit checkpoint is made."""
+    conn.execute("UPDATE projection_checkpoint SET last_seq = -1"
+                 " WHERE last_seq >= coalesce((SELECT max(seq) FROM events), 0)")
+    for stmt in _function_statements("stepledger_checkpoint_follows", _CHECKPOINT_FOLLOWS):
+        conn.execute(stmt)
+    t = TRIGGERS["checkpoint_follows"]
+    conn.execute(f"CREATE TRIGGER checkpoint_follows {t.when} EXECUTE FUNCTION {t.function}()")
+
+
+#: Each version's step from the one before.
+_STEPS: Final = {5: _to_v5, 6: _to_v6}
+
+
 def migrate(conn: Any, version: int, init_lock: tuple[int, int]) -> int:
     """Bring a ledger of an older `version` to `SCHEMA_VERSION` in one transaction (under
-    the init lock, so two opens migrate once); the version it is at now. v4 -> v5: the
-    append-only function's stricter body. A ledger whose v4 objects are not exactly v4's
-    is left alone (its open refuses it, naming the difference)."""
-    if version != 4 or schema_changes(conn, 4):
+    the init lock, so two opens migrate once); the version it is at now. A ledger whose
+    objects are not exactly its version's is left alone (its open refuses it, naming the
+    difference)."""
+    if version not in range(4, SCHEMA_VERSION):
         return version
     conn.execute("BEGIN")
     try:
         conn.execute("SELECT pg_advisory_xact_lock(%s, %s)", init_lock)
-        now = conn.execute("SELECT version FROM stepledger_schema").fetchone()[0]
-        if now == 4:
-            for stmt in _function_statements("stepledger_events_append_only",
-                                             _APPEND_ONLY_V5, replace=True):
-                conn.execute(stmt)
-            conn.execute("UPDATE stepledger_schema SET version = 5")
+        # judged under the lock: another opener may have migrated it meanwhile (its
+        # objects are then the newer version's, not "added" to this one's)
+        now = int(conn.execute("SELECT max(version) FROM stepledger_schema").fetchone()[0])
+        if now == version and not schema_changes(conn, version):
+            for v in range(version + 1, SCHEMA_VERSION + 1):
+                _STEPS[v](conn)
+            conn.execute(f"UPDATE stepledger_schema SET version = {SCHEMA_VERSION}")
+            now = SCHEMA_VERSION
         conn.execute("COMMIT")
     except BaseException:
         if not conn.broken:
             conn.execute("ROLLBACK")
         raise
-    return SCHEMA_VERSION
+    return now
 
 
 def schema_changes(conn: Any, version: int = SCHEMA_VERSION) -> list[str]:
@@ -281,17 +346,18 @@ def schema_changes(conn: Any, version: int = SCHEMA_VERSION) -> list[str]:
     for name in sorted(set(found_idx) - set(INDEXES)):
         out.append(f"index {name} was added")
     found_trg = {r[0]: r for r in conn.execute(_TRIGGERS_SQL, (names,)).fetchall()}
-    for name in TRIGGERS:
+    triggers = {n: t for n, t in TRIGGERS.items() if t.since <= version}
+    for name, t in triggers.items():
         got = found_trg.get(name)
         if got is None:
             out.append(f"trigger {name} was dropped")
-        elif got[1] != "events" or got[3] != "stepledger_events_append_only" \
-                or got[4] != APPEND_ONLY_BODIES.get(version) \
-                or got[5] != TRIGGER_TYPES[name] or not got[6] or not got[7]:
+        elif got[1] != t.table or got[3] != t.function \
+                or got[4] != _body(t.function, version) \
+                or got[5] != t.tgtype or not got[6] or not got[7]:
             out.append(f"trigger {name} was changed")
         elif got[2] != "O":
             out.append(f"trigger {name} was disabled")
-    for name in sorted(set(found_trg) - set(TRIGGERS)):
+    for name in sorted(set(found_trg) - set(triggers)):
         out.append(f"trigger {name} was added")
     expected_keys = _expected_constraints()
     found_keys: list[tuple[str, str]] = []

@@ -307,6 +307,7 @@ class SqliteStore:
     def generation(self) -> int:
         """Changes when another connection commits (``PRAGMA data_version``)."""
         with self.lock:
+            self.db.follow_migration()
             return self.db.conn.execute("PRAGMA data_version").fetchone()[0]  # type: ignore[no-any-return]
 
     # -- locks beside the ledger -------------------------------------------------------

@@ -66,7 +66,9 @@ from .schema import (
     SCHEMA_VERSION,
     check_contents,
     expected_schema,
+    drop_stand_ins,
     schema_changes,
+    stand_ins,
 )
 
 SQLITE_MAGIC: Final = b"SQLite format 3\x00"
@@ -491,6 +493,7 @@ class Database:
         db = cls(conn, path, version, readonly=True)
         db._created = [p for p, existed in ((shm, shm_existed), (wal, wal_existed)) if not existed]
         db._forensic(forensic)
+        stand_ins(conn, version)
         return db
 
     @staticmethod
@@ -521,13 +524,14 @@ class Database:
         db = cls(conn, path, version, readonly=True)
         db._immutable = (st.st_mtime_ns, st.st_size)
         db._forensic(forensic)
+        stand_ins(conn, version)
 
         def reopen() -> apsw.Connection:
             if asked and os.path.exists(wal_path(path)):
                 raise InvalidInput(f"ledger {path} is being written (a -wal appeared) since it"
                                    " was opened immutable; open it read-only instead")
             fresh = _reader(path, busy_timeout_ms, vfs, immutable=not os.path.exists(wal_path(path)))
-            check_contents(fresh, path, forensic=forensic)
+            stand_ins(fresh, check_contents(fresh, path, forensic=forensic))
             return fresh
 
         db._reopen = reopen
@@ -663,10 +667,29 @@ class Database:
 
     def _migrate(self, version: int) -> None:
         with self.transaction():
-            for v in range(version + 1, SCHEMA_VERSION + 1):
+            # Read again under the write lock: another opener may have migrated the file
+            # since `version` was read (workers starting together after an upgrade), and
+            # a migration does not run twice (v6 copies a table and makes triggers).
+            now = int(self.conn.execute("PRAGMA user_version").fetchone()[0])
+            if now != version:
+                now = check_contents(self.conn, self.path)
+            for v in range(now + 1, SCHEMA_VERSION + 1):
                 self.conn.execute(MIGRATIONS[v])
-            self.conn.execute(f"PRAGMA user_version={SCHEMA_VERSION}")
+            if now < SCHEMA_VERSION:
+                self.conn.execute(f"PRAGMA user_version={SCHEMA_VERSION}")
         self.version = SCHEMA_VERSION
+
+    def follow_migration(self) -> None:
+        """A read-only connection to a file of an older version reads the tables later
+        versions added from empty stand-ins (`schema.stand_ins`); once another process
+        has migrated the file, the real tables are there and the stand-ins would hide
+        them (TEMP is searched first): dropped, and the version read again."""
+        if not self.readonly or self.version >= SCHEMA_VERSION:
+            return
+        now = int(self.conn.execute("PRAGMA main.user_version").fetchone()[0])
+        if now != self.version:
+            drop_stand_ins(self.conn, self.version, now)
+            self.version = now
 
     # -- transactions --------------------------------------------------------------
 
@@ -828,6 +851,7 @@ class Database:
             conn = self.conn
         try:
             conn.execute("BEGIN")
+            self.follow_migration()
         except apsw.Error as exc:
             raise translate(exc, self.path) from None
         try:

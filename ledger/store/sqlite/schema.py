@@ -16,7 +16,7 @@ from ...errors import LedgerTooNew, NotALedger
 from ..sql import SQLITE
 
 APPLICATION_ID: Final = 0x53544C47  # 'STLG'
-SCHEMA_VERSION: Final = 5
+SCHEMA_VERSION: Final = 6
 
 
 def events_table(*, unique_journal_key: bool = True) -> str:
@@ -191,6 +191,45 @@ WHEN NOT EXISTS (
                   AND json_extract(g.value, '$[1]') = r.last_seq))
 BEGIN SELECT RAISE(ABORT, 'stepledger events are append-only: DELETE refused'); END;
 """,
+    # Format v6 (issue 39): fewer pages a commit.
+    # - Inline blobs keyed by their digest alone (WITHOUT ROWID): one b-tree, not a rowid
+    #   table and the digest's index — a page less each commit that stores one of less
+    #   than ~1000 bytes (a larger one spills into overflow pages as before). The bytes
+    #   last: a scan of names, sizes and times (GC, stat) reads no overflow page.
+    # - The projection checkpoint follows the log (`ledger.store.FOLLOWS`, -1): every
+    #   append writes its events' projection in its own transaction, so no commit
+    #   rewrites the checkpoint's page. One at the head becomes FOLLOWS; a lagging one
+    #   stays, for the next read-write open to catch up.
+    # - An older writer rewrites the checkpoint at every commit, to its last event's seq:
+    #   the triggers refuse exactly that, so a writer of an older version left running on
+    #   a file another process migrated fails its first commit, the fix named, instead
+    #   of writing a checkpoint that would make the tables read as lagging.
+    6: """
+CREATE TABLE blob_data_v6(
+  digest TEXT PRIMARY KEY,
+  size INTEGER NOT NULL,
+  stored_ns INTEGER NOT NULL,
+  data BLOB NOT NULL
+) STRICT, WITHOUT ROWID;
+
+INSERT INTO blob_data_v6(digest, size, stored_ns, data)
+SELECT digest, size, stored_ns, data FROM blob_data;
+
+DROP TABLE blob_data;
+
+ALTER TABLE blob_data_v6 RENAME TO blob_data;
+
+UPDATE projection_checkpoint SET last_seq = -1
+WHERE last_seq >= coalesce((SELECT max(seq) FROM events), 0);
+
+CREATE TRIGGER checkpoint_follows_insert BEFORE INSERT ON projection_checkpoint
+WHEN NEW.last_seq <> -1 AND NEW.last_seq >= coalesce((SELECT max(seq) FROM events), 0)
+BEGIN SELECT RAISE(ABORT, 'this steptrail ledger is in format v6 or later, which this version of steptrail cannot write: upgrade steptrail'); END;
+
+CREATE TRIGGER checkpoint_follows_update BEFORE UPDATE ON projection_checkpoint
+WHEN NEW.last_seq <> -1 AND NEW.last_seq >= coalesce((SELECT max(seq) FROM events), 0)
+BEGIN SELECT RAISE(ABORT, 'this steptrail ledger is in format v6 or later, which this version of steptrail cannot write: upgrade steptrail'); END;
+""",
 }
 
 
@@ -203,6 +242,29 @@ def expected_schema(version: int) -> frozenset[tuple[str, str, str, str | None]]
     rows = conn.execute("SELECT type, name, tbl_name, sql FROM sqlite_schema").fetchall()
     conn.close()
     return frozenset(rows)
+
+
+@cache
+def tables_of(version: int) -> frozenset[str]:
+    """The names of the tables a ledger of `version` has."""
+    return frozenset(n for t, n, _, _ in expected_schema(version) if t == "table")
+
+
+def stand_ins(conn: apsw.Connection, version: int) -> None:
+    """On a read-only connection to a ledger of an older `version` (read as it is, not
+    migrated), the tables later versions added, empty and TEMP (the temporary database:
+    nothing is written to the file): every read of today's code finds them, and finds
+    in them what such a file holds of them — nothing."""
+    for t, name, _, sql in sorted(expected_schema(SCHEMA_VERSION)):
+        if t == "table" and name not in tables_of(version):
+            assert sql.startswith("CREATE TABLE ")
+            conn.execute("CREATE TEMP TABLE " + sql[len("CREATE TABLE "):])
+
+
+def drop_stand_ins(conn: apsw.Connection, was: int, now: int) -> None:
+    """The stand-ins `stand_ins(conn, was)` made for tables a file of version `now` has."""
+    for name in sorted((tables_of(now) - tables_of(was)) & tables_of(SCHEMA_VERSION)):
+        conn.execute(f"DROP TABLE IF EXISTS temp.{name}")
 
 
 def _text(value: object) -> str:

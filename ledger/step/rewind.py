@@ -1,0 +1,326 @@
+"""Rewind: a workspace put back as it was at an earlier point of its history, as a fenced
+step (docs/time-travel.md "Rewind").
+
+"As of S" (a seq, or a step: the seq of its latest attempt's `fenced`, i.e. just after its
+writes) is what the ledger knew each path held then: the path's newest `fenced` or
+`compensated` record at or before S. A path with none is absent as of S when its first
+record after S created it (a step's write, or an observation's, with no pre-image); if
+that first record is a baseline observation — the ledger learned of a file that was
+there before — its state as of S is unknown, and the rewind leaves it as it is and says
+so. A blob the collector took is unreachable the same way.
+
+The rewind itself is one step (`rewind-<workspace>-to<S>-<token>`, run ``rewind``), planned
+against what the ledger holds now — never against the disk: a file whose bytes the ledger
+does not hold (an edit nobody observed) fails the fence and the whole step is refused,
+nothing overwritten (observe first, then rewind). It is recorded, undoable and shown like
+any step; what it replaced stays in the ledger.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import secrets
+import tempfile
+from dataclasses import dataclass
+from typing import Any
+
+from ..diffs import DIFF_INPUT_MAX, unified_diff
+from ..errors import InvalidInput, LedgerError, StaleEpoch, UnknownStep
+from ..events import Compensated, Fenced, Observed, check_relpath
+from ..workspace.boundary import is_git_name
+from .undo import compensate
+from ..projections import read_workspaces
+from .site import Site
+from .values import ApplyResult, StepPlan, Write
+
+RUN = "rewind"
+
+
+@dataclass(frozen=True)
+class RewindChange:
+    """One path a rewind changes: from what the ledger holds now (`now`, None: absent) to
+    what it held as of the target (`then`, None: absent); `diff` a bounded unified diff
+    (text), '' when not computed.
+
+    >>> from ledger import RewindChange
+    >>> RewindChange("app.py", now="a" * 64, then=None).kind
+    'delete'
+    """
+
+    path: str
+    now: str | None
+    then: str | None
+    diff: str = ""
+
+    @property
+    def kind(self) -> str:
+        return "delete" if self.then is None else "create" if self.now is None else "restore"
+
+
+@dataclass(frozen=True)
+class Rewind:
+    """What a rewind would do (`preview`) or did: the target (`to_seq`, `to_step`), the
+    `changes`, the paths it cannot put back and why (`unreachable`), the paths whose
+    bytes on disk the ledger does not hold now (`unobserved`: the step would be refused
+    on them; observe first), and, once run, its `step` and the apply's `verdict`.
+
+    >>> from pathlib import Path
+    >>> from ledger import Ledger, run_fenced_step
+    >>> Path("repo").mkdir(); _ = Path("repo/app.py").write_text("v0\\n")
+    >>> ledger = Ledger.init("ledger.db")
+    >>> _ = ledger.workspaces.add("repo", "repo")
+    >>> lease = ledger.workspaces.acquire("repo", holder="agent", ttl_s=600)
+    >>> for i in (1, 2):
+    ...     _ = run_fenced_step(ledger, "repo", f"s{i}", lambda read, i=i: [
+    ...         read.read("app.py").write(f"v{i}\\n".encode())], epoch=lease.epoch)
+    >>> back = ledger.workspaces.rewind("repo", "s1", epoch=lease.epoch)
+    >>> back.verdict, Path("repo/app.py").read_text()
+    ('applied', 'v1\\n')
+    >>> ledger.close()
+    """
+
+    workspace: str
+    to_seq: int
+    to_step: str | None
+    changes: tuple[RewindChange, ...]
+    unreachable: tuple[tuple[str, str], ...]
+    unobserved: tuple[str, ...]
+    preview: bool
+    step: str | None = None
+    verdict: str = ""
+    detail: str = ""
+
+    @property
+    def applied(self) -> bool:
+        return self.verdict == "applied"
+
+
+def _target_seq(site: Site, to: str | int) -> tuple[int, str | None]:
+    if isinstance(to, int) and not isinstance(to, bool):
+        head = site.core.log.head().seq
+        if not 0 <= to <= head:
+            raise InvalidInput(f"seq {to} is not in this ledger (its head is {head})")
+        return to, None
+    if not isinstance(to, str) or not to:
+        raise InvalidInput(f"rewind to {to!r}: give a step id or a seq number")
+    fenced = [r.seq for r in site.core.log.read(step=to, kind="fenced")]
+    if not fenced:
+        if site.core.steps.find(to) is None:
+            raise UnknownStep(to)
+        raise InvalidInput(f"step {to!r} wrote nothing to a workspace: rewind to a step that"
+                           " did, or to a seq")
+    return fenced[-1], to
+
+
+def state_as_of(site: Site, name: str, seq: int
+                ) -> tuple[dict[str, str | None], dict[str, str]]:
+    """(path -> its content's digest as of `seq`, None absent; path -> why its state as
+    of `seq` is unknown) for every path the workspace's history names."""
+    # a path first recorded by an observation was found on disk, not made by a step: it
+    # may have been there long before (not captured then, or never looked at) — its state
+    # as of an earlier point is unknown, never "absent" (no person's file is deleted on
+    # an inference)
+    observations = {r.step for r in site.core.log.read(kind="observed", workspace=name)
+                    if isinstance(r.event, Observed)}
+    before: dict[str, str | None] = {}
+    first_after: dict[str, tuple[str | None, bool]] = {}
+    for r in site.core.log.read(workspace=name):
+        event = r.event
+        if isinstance(event, Fenced):
+            pairs = [(w.path, w.pre_hash, w.post_hash) for w in event.writes]
+        elif isinstance(event, Compensated):
+            pairs = [(x.path, None, x.digest) for x in event.restored if x.outcome != "conflict"]
+        else:
+            continue
+        for path, pre, post in pairs:
+            if r.seq <= seq:
+                before[path] = post
+            elif path not in before and path not in first_after:
+                first_after[path] = (pre, r.step in observations)
+    unknown: dict[str, str] = {}
+    for path, (pre, observed) in first_after.items():
+        if path in before:
+            continue
+        if pre is None and not observed:
+            before[path] = None  # created after the target: absent then
+        else:
+            unknown[path] = "the ledger did not know it yet (it was first recorded later)"
+    return before, unknown
+
+
+def modes_as_of(site: Site, name: str, seq: int) -> dict[str, int | None]:
+    """The permission bits each path had as of `seq`, as the ledger recorded them."""
+    out: dict[str, int | None] = {}
+    for r in site.core.log.read(workspace=name):
+        if r.seq > seq:
+            break
+        event = r.event
+        if isinstance(event, Fenced):
+            for w in event.writes:
+                out[w.path] = w.post_mode
+        elif isinstance(event, Compensated):
+            for x in event.restored:
+                if x.outcome != "conflict":
+                    out[x.path] = x.mode
+    return out
+
+
+def _normal_paths(site: Site, name: str, paths: Any) -> list[str] | None:
+    """`paths` as relative paths inside the workspace (an absolute path inside its root,
+    ``./a``, ``a/`` taken as the same path); InvalidInput for anything else."""
+    if paths is None:
+        return None
+    if isinstance(paths, str | bytes) or not all(isinstance(p, str) for p in paths):
+        raise InvalidInput("paths must be a list of paths (a path, or a directory and what"
+                           " is under it), not a single string")
+    root = site.places.registration(name).root.rstrip("/")
+    out = []
+    for raw in paths:
+        p = raw
+        if p.startswith("/"):
+            if p.rstrip("/") == root or not p.startswith(root + "/"):
+                raise InvalidInput(f"path {raw!r} is not inside workspace {name!r} ({root})")
+            p = p[len(root) + 1:]
+        while p.startswith("./"):
+            p = p[2:]
+        p = p.rstrip("/")
+        if not p or p == ".":
+            raise InvalidInput(f"path {raw!r} names no file: give a path inside the"
+                               " workspace, or no path for all of it")
+        check_relpath(p)  # ('..', a backslash, a control character: refused)
+        out.append(p)
+    return out
+
+
+def plan_rewind(site: Site, name: str, to: str | int, *, paths: Any = None,
+                diffs: bool = True) -> Rewind:
+    """What rewinding workspace `name` to `to` would change (nothing is written)."""
+    seq, step = _target_seq(site, to)
+    site.places.get(name)
+    chosen_paths = _normal_paths(site, name, paths)
+    then, unknown = state_as_of(site, name, seq)
+    now = {p: st[1] for (w, p), st in read_workspaces(site.core.log).paths.items()
+           if w == name and st is not None}
+
+    def chosen(path: str) -> bool:
+        if is_git_name(path.split("/", 1)[0]):
+            return False  # .git is never rewound, even where a workspace lets steps in
+        return chosen_paths is None or any(path == p or path.startswith(p + "/")
+                                           for p in chosen_paths)
+
+    changes: list[RewindChange] = []
+    unreachable = [(p, why) for p, why in sorted(unknown.items()) if chosen(p)
+                   and now.get(p) is not None]
+    unobserved: list[str] = []
+    confined = site.places.confined(name)
+    wanted = {}
+    for path in sorted(set(then) | set(now)):
+        if not chosen(path) or path in unknown:
+            continue
+        target, current = then.get(path), now.get(path)
+        if target == current:
+            continue
+        if target is not None and site.core.blob_size(target) is None:
+            unreachable.append((path, "its bytes as of then are no longer stored (collected)"))
+            continue
+        wanted[path] = (current, target)
+    # a file and a directory that traded places at one name (a -> a/b, or back): one
+    # step cannot turn a directory into a file; such paths are said, not rewound
+    # (what is on disk now, as the ledger knows it: a directory a step emptied stays)
+    now_files = {p for p, d in now.items() if d is not None}
+    for path, (_cur, tgt) in list(wanted.items()):
+        parents = {"/".join(path.split("/")[:i]) for i in range(1, path.count("/") + 1)}
+        clash = bool(parents & now_files) or (
+            tgt is not None and any(q.startswith(path + "/") for q in now_files))
+        if clash:
+            unreachable.append((path, "a file and a directory traded places at this name:"
+                                      " not rewound (move it by hand)"))
+            del wanted[path]
+    for path, (current, target) in wanted.items():
+        diff = _diff(site, path, current, target) if diffs else ""
+        changes.append(RewindChange(path, current, target, diff))
+        if _disk_hash(confined, path) != current:
+            unobserved.append(path)
+    return Rewind(workspace=name, to_seq=seq, to_step=step, changes=tuple(changes),
+                  unreachable=tuple(sorted(unreachable)), unobserved=tuple(unobserved),
+                  preview=True)
+
+
+def _bytes(site: Site, digest: str | None) -> bytes | None:
+    if digest is None:
+        return None
+    size = site.core.blob_size(digest)
+    if size is None or size[0] > DIFF_INPUT_MAX:
+        return None
+    return b"".join(site.core.blob_chunks(digest))
+
+
+def _diff(site: Site, path: str, now: str | None, then: str | None) -> str:
+    size_now, size_then = (site.core.blob_size(d) if d else (0, True) for d in (now, then))
+    if (size_now and size_now[0] > DIFF_INPUT_MAX) or (size_then and size_then[0] > DIFF_INPUT_MAX):
+        return f"(no diff: {path} is larger than {DIFF_INPUT_MAX} bytes)"
+    return unified_diff(_bytes(site, now), _bytes(site, then), path,
+                        before_label="now", after_label="rewound")
+
+
+def _disk_hash(confined: Any, path: str) -> str | None:
+    """The sha256 of what `path` holds on disk now (None: absent; a marker when something
+    that is not a regular file stands there), read as every step reads it."""
+    try:
+        return confined.wsdir.hash(path)  # type: ignore[no-any-return]
+    except LedgerError:
+        return "(not a regular file)"  # a directory, a symlink, or a path through one
+
+
+def rewind(site: Site, name: str, to: str | int, epoch: int, *,
+           paths: list[str] | None = None) -> Rewind:
+    """Rewind workspace `name` to `to` under the live `epoch`: one fenced step (see the
+    module). Nothing to change: nothing is written."""
+    planned = plan_rewind(site, name, to, paths=paths, diffs=False)
+    if not planned.changes:
+        return Rewind(**{**planned.__dict__, "preview": False, "verdict": "nothing"})
+    now = {p: st for (w, p), st in read_workspaces(site.core.log).paths.items()
+           if w == name and st is not None}
+    modes = modes_as_of(site, name, planned.to_seq)
+    step = f"rewind-{name[:100]}-to{planned.to_seq}-{secrets.token_hex(4)}"
+    spools = []
+    writes = []
+    try:
+        for ch in planned.changes:
+            content: Any = None
+            if ch.then is not None:
+                spool = tempfile.SpooledTemporaryFile(max_size=1 << 20)
+                spools.append(spool)
+                for chunk in site.core.blob_chunks(ch.then):
+                    spool.write(chunk)
+                spool.seek(0)
+                content = spool
+            rev = now[ch.path][0] if ch.path in now else 0
+            mode = modes.get(ch.path) if ch.now is None and ch.then is not None else None
+            writes.append(Write(ch.path, content, ch.now, base_rev=rev,
+                                mode=None if mode is None else mode & 0o777))
+        from . import admit, apply
+
+        refused = admit.admit(site, name, epoch, [StepPlan(step, writes, run=RUN)])
+        if refused[0] is not None:
+            got: ApplyResult = refused[0]
+        else:
+            try:
+                got = apply.apply(site, step, epoch=epoch, commit=True)
+            except StaleEpoch:
+                raise
+            except LedgerError as exc:
+                # refused by what it met on disk (a symlink or a file where a directory
+                # goes): the attempt ends, nothing of it stays; said as a refusal
+                with contextlib.suppress(LedgerError):
+                    compensate(site, step, epoch=epoch, reason=f"rewind refused: {exc}")
+                got = ApplyResult(verdict="rejected:pre_hash", step=step, attempt=1,
+                                  detail=str(exc)[:4000])
+    finally:
+        for spool in spools:
+            spool.close()
+    return Rewind(**{**planned.__dict__, "preview": False, "step": step,
+                     "verdict": got.verdict, "detail": got.detail})
+
+
+__all__ = ["Rewind", "RewindChange", "modes_as_of", "plan_rewind", "rewind", "state_as_of"]

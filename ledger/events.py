@@ -30,7 +30,8 @@ EVENT_VERSION: Final = 2
 #: every other kind is still written as version 2.
 READ_VERSION: Final = 3
 #: Kinds written with a row version above EVENT_VERSION (see READ_VERSION).
-KIND_VERSIONS: Final = {"observed": 3, "held": 3, "hold-released": 3}
+KIND_VERSIONS: Final = {"observed": 3, "held": 3, "hold-released": 3,
+                         "history-released": 3}
 
 
 def row_version(kind: str) -> int:
@@ -645,6 +646,45 @@ class HoldReleased(Event, frozen=True, kw_only=True, tag="hold-released"):
     by: Name = ""
 
 
+class ReleasedVersion(_PathChecked, frozen=True, kw_only=True):
+    """One version of a workspace file that a retention policy let go of: the record of
+    `step` that names its path with `digest` (its manifest's write, or its compensation's
+    restored pre-image) no longer holds the blob.
+
+    >>> from ledger import ReleasedVersion, digest_of
+    >>> ReleasedVersion(step="edit-1", path="app.py", digest=digest_of(b"v1")).step
+    'edit-1'
+    """
+
+    step: StepId
+    digest: Digest
+
+
+class HistoryReleased(Event, frozen=True, kw_only=True, tag="history-released"):
+    """A retention policy applied to workspace `workspace`'s history (docs/time-travel.md
+    "Retention"): the `versions` listed stop holding their blobs, which `gc` may then
+    collect where nothing else holds them (a kept version, an artifact, a pin, a hold).
+    The events that recorded those versions stay, their chain intact; restore, rewind
+    and fork name what they can no longer reach. `keep_s`/`keep_versions` are the policy
+    applied (its age rule in seconds, its count rule; 0: that rule not set), `cutoff_ns`
+    the age limit it worked out, `n` the how-manieth release of this workspace (a long
+    list is split over several).
+
+    >>> from ledger import HistoryReleased
+    >>> HistoryReleased(workspace="repo", keep_versions=10).versions
+    ()
+    """
+
+    key_extra: ClassVar[tuple[str, ...]] = ("workspace", "n")
+    workspace: StepId
+    n: NonNegative = 0
+    keep_s: NonNegative = 0
+    keep_versions: NonNegative = 0
+    cutoff_ns: NonNegative = 0
+    versions: Annotated[tuple[ReleasedVersion, ...], Meta(max_length=ITEMS_MAX)] = ()
+    by: Name = ""
+
+
 AbsPath = Annotated[str, Meta(min_length=1, max_length=PATH_MAX, pattern=r"^/")]
 #: What the witness a `witness-anchored` event replaces said when it was replaced.
 WitnessState = Literal["none", "ok", "missing", "blank", "damaged", "mismatch"]
@@ -754,6 +794,7 @@ AnyEvent = Union[
     Sealed,
     Held,
     HoldReleased,
+    HistoryReleased,
 ]
 
 
@@ -804,6 +845,7 @@ KIND_SPECS: Final[dict[str, KindSpec]] = dict([
     _spec(Sealed, "steps", "refs"),
     _spec(Held),
     _spec(HoldReleased),
+    _spec(HistoryReleased),
 ])
 #: The projections a kind may name in `KindSpec.folds`.
 PROJECTIONS: Final = ("steps", "workspaces", "refs")
@@ -1113,6 +1155,8 @@ __all__ = [
     "RecordedEvent",
     "Held",
     "HoldReleased",
+    "HistoryReleased",
+    "ReleasedVersion",
     "NotCaptured",
     "Observed",
     "Rejected",

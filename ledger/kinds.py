@@ -190,6 +190,13 @@ DESCRIBED: Final[dict[str, Described]] = {
     "hold-released": Described(
         "a hold released: seal and gc treat the run or step as before",
         lambda e: f"{e.scope} {e.target}" + (f" (by {e.by})" if e.by else "")),
+    "history-released": Described(
+        "a retention policy let old versions of a workspace's files go: gc may collect"
+        " their bytes; the events that recorded them stay",
+        lambda e: f"workspace {e.workspace}: {count(len(e.versions), 'version')}"
+                  + (f", keep {e.keep_s / 86400:g} day(s)" if e.keep_s else "")
+                  + (f", keep the last {e.keep_versions}" if e.keep_versions else "")
+                  + (f" (by {e.by})" if e.by else "")),
     "run-sealed": Described(
         "a finished run's events archived and removed from the ledger, their chain kept",
         lambda e: f"run {e.sealed_run}: {e.events} event(s) to {e.archive}"

@@ -48,12 +48,23 @@ class RunStats(msgspec.Struct, kw_only=True):
     last_ns: int = 0
     settled: bool = False  # sealable now (ledger.seal.sealable)
     why_not: str | None = None  # why it may not be sealed now (None: it may)
+    held: bool = False  # the run, or one of its steps, is held (`steptrail hold`)
 
 
 class Growth(msgspec.Struct, kw_only=True):
     start_ns: int
     events: int
     bytes: int
+
+
+class HoldStats(msgspec.Struct, kw_only=True):
+    """A hold in force (`ledger.holds`)."""
+
+    scope: str
+    target: str
+    reason: str
+    by: str
+    seq: int
 
 
 class StatsReport(msgspec.Struct, kw_only=True):
@@ -79,6 +90,10 @@ class StatsReport(msgspec.Struct, kw_only=True):
     #: the runs that may not be sealed now, by cause (`ledger.seal.RunCandidate.cause`):
     #: unsettled, live-thread, workspace, pinned, sealed
     not_sealable: dict[str, int] = msgspec.field(default_factory=dict)
+    #: the holds in force, oldest first
+    holds: list[HoldStats] = msgspec.field(default_factory=list)
+    #: workspace file versions a retention policy released (`history-released`)
+    history_released: int = 0
 
     def as_dict(self) -> dict[str, object]:
         return msgspec.to_builtins(self)  # type: ignore[no-any-return]
@@ -144,6 +159,16 @@ def stats(ledger: Ledger, *, by: str = "day", top: int = 20) -> StatsReport:
             sealable_runs += 1
             sealable.count += r.events
             sealable.bytes += r.event_bytes
+    holds = ledger.holds()
+    held_steps = {h.target for h in holds if h.scope == "step"}
+    held_runs = {h.target for h in holds if h.scope == "run"}
+    for row in rows:
+        if row.step_id in held_steps:
+            held_runs.add(row.run)
+    for r in runs.values():
+        r.held = r.run in held_runs
+    from .retention import released_keys
+
     report = audit(ledger)
     blobs = {name: Count(count=b.count, bytes=b.bytes) for name, b in (
         ("inline", report.inline), ("files", report.files), ("referenced", report.referenced),
@@ -162,7 +187,10 @@ def stats(ledger: Ledger, *, by: str = "day", top: int = 20) -> StatsReport:
         growth=[Growth(start_ns=t, events=n, bytes=b) for t, n, b in by_time],
         sealable=sealable, sealable_runs=sealable_runs,
         not_sealable=dict(sorted(not_sealable.items())),
+        holds=[HoldStats(scope=h.scope, target=h.target, reason=h.reason, by=h.by, seq=h.seq)
+               for h in holds],
+        history_released=len(released_keys(ledger)),
     )
 
 
-__all__ = ["BUCKETS", "Count", "Growth", "RunStats", "StatsReport", "stats"]
+__all__ = ["BUCKETS", "Count", "Growth", "HoldStats", "RunStats", "StatsReport", "stats"]

@@ -237,6 +237,10 @@ def verify(
         weakened = WeakenedPlans()
         seals = SealGaps()
         jumps: list[tuple[int, bytes, int, bytes]] = []
+        # What a retention policy let go of: (step, path, digest) -> the seq of its latest
+        # release, which lets go of the manifests published before it (by (step, rev)).
+        released: dict[tuple[str, str, str], int] = {}
+        published: dict[tuple[str, int], int] = {}
         rows = view.checked_rows()
         while True:
             try:
@@ -281,6 +285,11 @@ def verify(
                 continue
             if kind == "run-sealed":
                 seals.feed(seq, event)  # type: ignore[arg-type]
+            elif kind == "history-released":
+                released.update(((x.step, x.path, x.digest), seq)
+                                for x in event.versions)  # type: ignore[attr-defined]
+            elif kind == "manifest-published":
+                published[(step, event.manifest_rev)] = seq  # type: ignore[attr-defined]
             checker.feed(seq, time_ns, event)
             weakened.feed(seq, event)
             env = envelope(event)
@@ -336,7 +345,7 @@ def verify(
                 findings.extend(_compare_tables(view, fresh, refs, ws, log, cp, head.seq))
                 findings.extend(_condemned_facts(store, fresh, refs))
                 if blob_check is not None:
-                    findings.extend(_durability(fresh, blob_check))
+                    findings.extend(_durability(fresh, blob_check, released, published))
         except CorruptLedger as exc:  # an undecodable row or a broken lifecycle: report it
             n_steps = 0
             findings.append(Finding(
@@ -498,11 +507,21 @@ def _condemned_facts(store: Store, fresh: Scratch, refs: RefsFold) -> list[Findi
     return out
 
 
-def _durability(fresh: Scratch, blob_check: Callable[[str, int], str | None]) -> list[Finding]:
-    """I1: a visible manifest implies every blob it names is retrievable and intact."""
+def _durability(fresh: Scratch, blob_check: Callable[[str, int], str | None],
+                released: dict[tuple[str, str, str], int] | None = None,
+                published: dict[tuple[str, int], int] | None = None) -> list[Finding]:
+    """I1: a visible manifest implies every blob it names is retrievable and intact — but
+    a version of a workspace file a retention policy released (`history-released`, after
+    the manifest that names it was published) may be gone: that is what the policy asked
+    for, recorded in the chain (a corrupt one is still reported; an artifact is never a
+    version)."""
     out = []
-    for step, rev, _role, path, digest, size in fresh.live_entries():
+    for step, rev, role, path, digest, size in fresh.live_entries():
         problem = blob_check(digest, size)
+        if problem == "missing" and released and role == "write" \
+                and released.get((step, path, digest), -1) \
+                > (published or {}).get((step, rev), 1 << 62):
+            continue
         if problem is not None:
             out.append(Finding(
                 "durability", 0, f"VIOLATION: step {step!r} manifest r{rev} names {path} ->"

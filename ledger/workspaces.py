@@ -283,11 +283,13 @@ class Workspaces:
     def rewind(
         self, workspace: str, to: str | int, *, paths: Sequence[str] | None = None,
         preview: bool = False, epoch: int | None = None, holder: str | None = None,
-        ttl_s: float = 60,
+        ttl_s: float = 60, diffs: bool = True,
     ) -> rewinding.Rewind:
         """Put the workspace back as it was as of `to` — a step id (just after its writes)
         or a seq — for every path, or only `paths` (a path, or a directory and what is
-        under it). `preview`: say what would change, with diffs, and write nothing.
+        under it). `preview`: say what would change, with diffs, and write nothing
+        (`diffs=False`: without them, for a caller that diffs only what it shows — the
+        UI's preview pages its changes; a diff costs like reading both versions).
 
         Otherwise one fenced step (run ``rewind``) planned against what the ledger holds
         now: a file whose bytes the ledger does not hold (an edit nobody observed: listed
@@ -296,14 +298,20 @@ class Workspaces:
         what it replaced stays in the ledger. Paths whose state then is unknown (before
         the workspace's baseline) or whose bytes were collected are left as they are and
         listed in `unreachable`. Under the live `epoch`, or a lease taken for it as
-        `holder` (LeaseHeld while another is live). `.git` is never touched.
+        `holder` (LeaseHeld while another is live; the lease of a rewind, fork or
+        observation of this machine whose process is gone — killed midway — is taken
+        over, which settles what it left: run a killed rewind again). `.git` is never
+        touched.
         """
         chosen = paths  # (checked and normalized by the rewind: a bare string is refused)
         if preview:
-            return rewinding.plan_rewind(self.site, workspace, to, paths=chosen)
+            return rewinding.plan_rewind(self.site, workspace, to, paths=chosen, diffs=diffs)
         if epoch is not None:
             return rewinding.rewind(self.site, workspace, to, epoch, paths=chosen)
-        lease = self.acquire(workspace, holder or observing.default_holder("rewind"), ttl_s)
+        # (a rewind killed midway left its own lease live: taken over, and what it left
+        # in flight settled, so that running it again is what finishes it)
+        lease = rewinding.own_lease(self, workspace,
+                                    holder or observing.default_holder("rewind"), ttl_s)
         try:
             if lease.unsettled:
                 raise Unsettled(workspace, list(lease.unsettled))
@@ -320,24 +328,48 @@ class Workspaces:
         first observation is its baseline, labelled with its origin (its lineage: asked
         by ``fork:<workspace>@<seq>``); the blobs are the original's, nothing is copied in
         the ledger. Paths the ledger did not know then are left out and listed. A second
-        agent works in the fork under its own lease while the first goes on."""
+        agent works in the fork under its own lease while the first goes on.
+
+        A fork killed midway is finished by running it again into the same directory
+        under the same name: what it wrote is checked and kept, its temporaries removed,
+        the rest written, registered and observed; once its baseline is recorded a
+        re-run answers with the fork (ledger/step/fork.py)."""
         target = os.path.realpath(os.fspath(to))
         new = forking.check_new_name(name or os.path.basename(target.rstrip("/")))
-        try:
-            self.registration(new)
-        except UnknownWorkspace:
-            pass
-        else:
-            raise InvalidInput(f"workspace {new!r} exists already; give the fork another"
-                               " name")
         seq, step, content, modes, unreachable = forking.plan_fork(self.site, workspace, at)
+        try:
+            reg = self.registration(new)
+        except UnknownWorkspace:
+            done = None
+        else:
+            done = forking.registered_fork(self.site, new, reg, target, workspace, seq)
+        holder = observing.default_holder("fork")
+        if done is not None:  # complete: a lease its killed run left is given back
+            row = self.lease(new)
+            if row.live and rewinding.holder_gone(row.holder):
+                with contextlib.suppress(LedgerError):
+                    self.release(new, rewinding.own_lease(self, new, holder, 60).epoch)
+            return forking.Fork(workspace=new, root=target, source=workspace, at_seq=seq,
+                                at_step=step, files=len(content),
+                                unreachable=tuple(unreachable), baseline=done)
+        temps = forking.resumable(self.site, target, content)
+        if temps is None:
+            raise InvalidInput(f"fork target {target} exists and holds what this fork does"
+                               " not write; give a new or empty directory (nothing was"
+                               " written)")
         self.places.check_root(new, target, None)
-        files = forking.materialize(self.site, target, content, modes)
+        files = forking.materialize(self.site, target, content, modes, temps)
         self.add(new, target)
-        origin = f"{workspace}@{seq}"
-        seen = self.observe(new, by=by or f"fork:{origin}"[:255],
-                            label=f"forked from workspace {workspace!r} as of "
-                                  + (f"step {step!r} (#{seq})" if step else f"#{seq}"))
+        lease = rewinding.own_lease(self, new, holder, 60)
+        try:
+            if lease.unsettled:
+                raise Unsettled(new, list(lease.unsettled))
+            seen = observing.observe(self.site, new, lease.epoch,
+                                     by=by or f"fork:{workspace}@{seq}"[:255],
+                                     label=forking.lineage(workspace, seq, step))
+        finally:
+            with contextlib.suppress(LedgerError):
+                self.release(new, lease.epoch)
         return forking.Fork(workspace=new, root=target, source=workspace, at_seq=seq,
                             at_step=step, files=files, unreachable=tuple(unreachable),
                             baseline=seen.steps)

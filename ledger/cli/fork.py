@@ -19,7 +19,8 @@ from .rewind import _target
 @click.option("--at", "at", required=True, metavar="STEP|SEQ",
               help="A step id (as it was just after that step's writes) or a seq (#N).")
 @click.option("--to", "to", required=True, metavar="DIR",
-              help="A new or empty directory to write the fork into.")
+              help="A new or empty directory to write the fork into (or the one a killed"
+                   " run of this same fork left: run it again to finish it).")
 @click.option("--as", "name", metavar="NAME",
               help="The fork's workspace name (default: the directory's name).")
 @json_option
@@ -34,7 +35,9 @@ def fork(ctx: click.Context, ws_name: str | None, at: str, to: str, name: str | 
     bytes are shared with the original (nothing is copied in the ledger). Another agent
     can work there under its own lease while the first goes on. Paths the ledger did not
     know then are left out and listed. Run steptrail for the fork with this ledger:
-    --ledger (or STEPTRAIL_LEDGER), as printed.
+    --ledger (or STEPTRAIL_LEDGER), as printed. A fork killed midway is finished by the
+    same command (same --to, same --as): it checks what is there is this fork's, goes on,
+    and answers with the fork once it is complete.
     """
     source = _workspace(ctx, ws_name)
     with _open(ctx, readonly=False) as ledger:

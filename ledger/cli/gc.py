@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import sys
 from typing import Any
 
@@ -26,6 +27,7 @@ GRACE_HELP = "Orphans younger than this are kept (a file's mtime, an inline row'
     "steptrail gc                                # orphans older than 24h",
     "steptrail gc --max-runtime 10m --max-delete 10000 --json",
     "steptrail gc --grace 10m --force            # a short window: you mean it",
+    "steptrail gc --dry-run --retention keep.toml  # what a retention policy would release",
 ))
 @click.option("--grace", type=Duration(allow_zero=True), default="24h", show_default=True,
               help=GRACE_HELP + " Under 1h only with --force.")
@@ -38,10 +40,17 @@ GRACE_HELP = "Orphans younger than this are kept (a file's mtime, an inline row'
               help="Delete at most N blobs this run; the next run resumes.")
 @click.option("--wait", is_flag=True,
               help="Wait for another running collector to finish instead of exiting 3.")
+@click.option("--retention", "retention_file", metavar="FILE",
+              type=click.Path(dir_okay=False),
+              help="Apply this retention policy first (default: .steptrail/retention.toml"
+                   " beside a SQLite ledger, when it exists).")
+@click.option("--no-retention", is_flag=True,
+              help="Apply no retention policy, even the default file.")
 @json_option
 @click.pass_context
 def gc_cmd(ctx: click.Context, grace: float, force: bool, dry_run: bool,
-           max_runtime: float | None, max_delete: int | None, wait: bool, as_json: bool) -> None:
+           max_runtime: float | None, max_delete: int | None, wait: bool,
+           retention_file: str | None, no_retention: bool, as_json: bool) -> None:
     """Collect orphan blobs: stored, named by no manifest, pinned by no attempt, old.
 
     Fails closed: on any doubt about what references a blob (a referenced blob
@@ -56,16 +65,34 @@ def gc_cmd(ctx: click.Context, grace: float, force: bool, dry_run: bool,
     1 refused, nothing deleted (a human must look); 2 bad input (a grace window
     under 1h without --force); 3 another gc holds the lock, or storage failed
     (retry later).
+
+    \b
+    Retention (docs/time-travel.md "Retention"): with a policy file, gc first
+    releases the old versions of workspace files the policy does not keep
+    (recorded as history-released events; the events of the steps stay), then
+    collects their bytes with the orphans. The policy, in TOML:
+      [history]
+      keep_days = 30       # every version newer than 30 days
+      keep_versions = 10   # and the last 10 of each path
+    The current file, held runs and steps, and unsettled steps are always kept.
     """
+    from ledger import retention
     from ledger.gc import check_grace, collect
 
     check_grace(grace, force=force)  # before the ledger is opened: a refusal reads nothing
+    if retention_file is not None and no_retention:
+        raise click.UsageError("give --retention FILE or --no-retention, not both")
+    policy = retention.load_policy(retention_file) if retention_file is not None else None
     update, finish = _progress("collecting")
     with _open(ctx, readonly=dry_run) as ledger:
+        if policy is None and not no_retention:
+            default = retention.policy_path(ledger)
+            if default is not None and os.path.exists(default):
+                policy = retention.load_policy(default)
         try:
             report = collect(ledger, grace_s=grace, force=force, dry_run=dry_run,
                              max_runtime_s=max_runtime, max_delete=max_delete, progress=update,
-                             wait=wait)
+                             wait=wait, retention=policy)
         finally:
             finish()
     if as_json:
@@ -82,6 +109,16 @@ def _echo_gc(r: Any) -> None:
     grace = _dur(r.grace_s)
     head = "dry run, nothing changed" if r.dry_run else f"collection {r.collection}"
     click.echo(f"gc: {head} (grace {grace})")
+    if r.retention is not None:
+        p = r.retention["policy"]
+        rules = [f"versions newer than {p['keep_days']:g} day(s)"] if p["keep_days"] else []
+        rules += [f"the last {p['keep_versions']} of each path"] if p["keep_versions"] else []
+        kept = sum(w["kept"] for w in r.retention["workspaces"])
+        verb = "would release" if r.dry_run else "released"
+        click.echo(f"retention: {p['source']} keeps {' and '.join(rules)}; {verb}"
+                   f" {_n(r.retention['released'], 'version')}, kept {kept}; that frees"
+                   f" {_n(r.retention['releasable_blobs'], 'blob')},"
+                   f" {_size(r.retention['releasable_bytes'])}")
     click.echo(_row("", "BLOBS", "BYTES"))
     click.echo(_row("scanned", r.scanned, r.scanned_bytes))
     click.echo(_row("referenced", r.referenced, r.referenced_bytes,

@@ -68,7 +68,9 @@ def rewind(ctx: click.Context, ws_name: str | None, to: str, paths: tuple[str, .
     not hold — an edit nobody observed — refuses the whole step and nothing is
     overwritten: run 'steptrail observe' first (--preview lists them). Paths the ledger
     did not know then (before the workspace's baseline) are left as they are and listed.
-    .git is never touched. Exit 1 when the step was refused.
+    .git is never touched. A rewind killed midway is taken back by the next lease, or
+    finished by running it again (the lease it left is taken over). Exit 1 when the step
+    was refused.
     """
     name = _workspace(ctx, ws_name)
     with _open(ctx, readonly=preview) as ledger:

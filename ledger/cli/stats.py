@@ -7,6 +7,8 @@ from typing import Any
 import click
 
 from ._common import LedgerCommand, _emit_json, _examples, _open, json_option
+from ledger.fmt import shown as shown_text
+
 from ._format import _iso, _n
 
 
@@ -130,6 +132,15 @@ def stats_cmd(ctx: click.Context, by: str, top: int, as_json: bool) -> None:
         click.echo("  not sealable: " + "; ".join(
             _WHY_NOT["no-run"] if cause == "no-run" else f"{_n(n, 'run')} {_WHY_NOT.get(cause, cause)}"
             for cause, n in r.not_sealable.items()))
+    if r.holds:
+        click.echo(f"  holds ({len(r.holds)}, kept out of seal and gc until released): "
+                   + "; ".join(f"{h.scope} {shown_text(h.target)}"
+                               + (f" ({shown_text(h.reason)})" if h.reason else "")
+                               for h in r.holds[:10])
+                   + ("; …" if len(r.holds) > 10 else ""))
+    if r.history_released:
+        click.echo(f"  retention: {_n(r.history_released, 'file version')} released by a"
+                   " retention policy (their events kept)")
     if r.runs:
         shown = f"the {len(r.runs)} largest" if len(r.runs) < r.runs_total else "every run"
         click.echo(f"  runs ({shown}):")
@@ -139,8 +150,9 @@ def stats_cmd(ctx: click.Context, by: str, top: int, as_json: bool) -> None:
             # (a sealed run is settled — and past sealing: its events are in its archive)
             settled = "sealed" if run.states and set(run.states) == {"sealed"} else \
                 "yes" if run.settled else "no"
+            held = " (held)" if run.held else ""
             click.echo(f"    {(run.run or '(no run)')[:28]:<28} {run.steps:>6} {run.events:>8}"
-                       f" {_short(run.event_bytes):>10}  {settled:<7}  {states}")
+                       f" {_short(run.event_bytes):>10}  {settled:<7}  {states}{held}")
     if r.growth:
         click.echo(f"  growth by {r.bucket}:")
         for g in r.growth:

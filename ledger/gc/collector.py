@@ -29,7 +29,7 @@ import re
 import secrets
 import time
 from collections.abc import Callable, Iterator
-from typing import TYPE_CHECKING, Final
+from typing import TYPE_CHECKING, Any, Final
 
 import msgspec
 
@@ -38,10 +38,20 @@ from ..errors import BlobCorrupt, CollectorBusy, EnvironmentFailure, InvalidInpu
 from ..events import BlobCollected, Event, check_digest
 from ..store import Held, Tx
 from .grace import DEFAULT_GRACE_S, MIN_GRACE_S, check_grace, young
-from .holders import GcRefused, compensation_refs_since, live_pins, pinned_now, read_references
+from .holders import (
+    COPY_REASON,
+    GcRefused,
+    Holders,
+    compensation_refs_since,
+    holds_placed_since,
+    live_pins,
+    pinned_now,
+    read_references,
+)
 
 if TYPE_CHECKING:
     from ..ledger import Ledger
+    from ..retention import Policy
 
 #: Blobs condemned, re-checked and collected per transaction.
 BATCH: Final = 500
@@ -75,6 +85,8 @@ class GcReport(msgspec.Struct, kw_only=True):
     remaining: int = 0  # still condemned when the run stopped (a bound was hit)
     stopped: str = ""  # "", "max-runtime" or "max-delete"
     elapsed_s: float = 0.0
+    #: The retention policy applied first (`ledger.retention`), None: none was.
+    retention: dict[str, Any] | None = None
 
     def as_dict(self) -> dict[str, object]:
         return msgspec.to_builtins(self)  # type: ignore[no-any-return]
@@ -128,8 +140,12 @@ def collect(
     now_ns: int | None = None,
     progress: Progress | None = None,
     wait: bool = False,
+    retention: Policy | None = None,
 ) -> GcReport:
-    """Collect orphan blobs (see the module docstring); return what was found and done."""
+    """Collect orphan blobs (see the module docstring); return what was found and done.
+    `retention`: a policy (`ledger.retention`) applied first, under the collector's lock,
+    so that the versions it releases are collected by this same run (with `dry_run`:
+    worked out, reported and counted as if released; nothing written)."""
     check_grace(grace_s, force=force)
     if max_delete is not None and max_delete < 0:
         raise InvalidInput("--max-delete must be >= 0")
@@ -139,7 +155,17 @@ def collect(
     deadline = None if max_runtime_s is None else started + max_runtime_s
     report = GcReport(collection=secrets.token_hex(8), dry_run=dry_run, grace_s=grace_s)
     with collector_lock(ledger, wait=wait) if not ledger.readonly else contextlib.nullcontext():
-        _run(ledger, report, grace_s, now_ns, dry_run, deadline, max_delete, progress)
+        assumed: set[tuple[str, str, str]] = set()
+        if retention is not None:
+            from .. import retention as retaining
+            kept = (retaining.plan(ledger, retention, now_ns=now_ns) if dry_run
+                    else retaining.apply(ledger, retention, now_ns=now_ns,
+                                         by=f"gc:{report.collection}"))
+            report.retention = kept.as_dict()
+            if dry_run:
+                assumed = kept.released_keys
+        _run(ledger, report, grace_s, now_ns, dry_run, deadline, max_delete, progress,
+             assumed)
         if not dry_run:
             _record_run(ledger, report, now_ns)
     report.elapsed_s = round(time.monotonic() - started, 3)
@@ -180,13 +206,14 @@ def last_run(ledger: Ledger) -> dict[str, object] | None:
 
 
 def _run(ledger: Ledger, report: GcReport, grace_s: float, now_ns: int | None, dry_run: bool,
-         deadline: float | None, max_delete: int | None, progress: Progress | None) -> None:
+         deadline: float | None, max_delete: int | None, progress: Progress | None,
+         assumed: set[tuple[str, str, str]] | None = None) -> None:
     now = now_ns if now_ns is not None else ledger.clock()
     grace_ns = int(grace_s * 1e9)
     window_ns = int(ledger.compensation_window_s * 1e9)
     store = ledger.storage
     with store.read() as conn:
-        holders = read_references(conn)
+        holders = read_references(conn, assume_released=assumed or frozenset())
         pins = live_pins(conn, now, window_ns)
         inline = {b.digest: (int(b.size), int(b.mtime_ns)) for b in conn.inline_blobs()}
         condemned = conn.condemned()
@@ -260,7 +287,7 @@ def _run(ledger: Ledger, report: GcReport, grace_s: float, now_ns: int | None, d
         size = BATCH if budget is None else min(BATCH, budget)
         batch, todo = todo[:size], todo[size:]
         _collect_batch(ledger, report, batch, holders.referenced, holders.head_seq, grace_ns,
-                       window_ns, now_ns, holders.released)
+                       window_ns, now_ns, holders)
         done += len(batch)
         if progress is not None:
             progress(done, total)
@@ -329,7 +356,7 @@ def _collect_copies(ledger: Ledger, report: GcReport, dupes: list[str], grace_ns
             done["n"] += 1
             done["bytes"] += found.size
             events.append(BlobCollected(digest=digest, size=found.size, inline=False,
-                                        reason="a file copy of an inline blob",
+                                        reason=COPY_REASON,
                                         collection=report.collection))
         if not events:
             raise _Nothing
@@ -343,20 +370,21 @@ def _collect_copies(ledger: Ledger, report: GcReport, dupes: list[str], grace_ns
     report.reclaimed_bytes += done["bytes"]
 
 
-def _named_now(tx: Tx, digest: str, released: dict[str, int]) -> bool:
+def _named_now(tx: Tx, digest: str, holders: Holders | None) -> bool:
     """Whether a manifest entry the tables hold names `digest` and still holds it (not
-    let go of by a releasing compensation: a pruned checkpoint's revisions do not)."""
+    let go of by a releasing compensation — a pruned checkpoint's revisions do not — nor
+    by a retention policy's `history-released`)."""
     if not tx.names_digest(digest):
         return False
-    if not released:
+    if holders is None or not (holders.released or holders.history):
         return True
-    return any(rev > released.get(step, -1)
-               for step, rev, _path in tx.entries_naming(digest, 1_000_000))
+    return any(holders.entry_holds(step, rev, path, digest)
+               for step, rev, path in tx.entries_naming(digest, 1_000_000))
 
 
 def _collect_batch(ledger: Ledger, report: GcReport, batch: list[str], referenced: set[str],
                    head_seq: int, grace_ns: int, window_ns: int, now_ns: int | None,
-                   released: dict[str, int] | None = None) -> None:
+                   holders: Holders | None = None) -> None:
     counts = {"collected": 0, "reclaimed": 0, "recovered": 0, "spared": 0}
     spared: list[str] = []
 
@@ -365,6 +393,10 @@ def _collect_batch(ledger: Ledger, report: GcReport, batch: list[str], reference
         counts.update(collected=0, reclaimed=0, recovered=0, spared=0)
         spared.clear()
         late_refs = compensation_refs_since(tx, head_seq)
+        # A hold placed since the references were read may keep what they found released
+        # (a retention policy's versions, a pruned checkpoint's): every digest a record
+        # names is then kept by this run, as if nothing had been released.
+        late_hold = holders is not None and holds_placed_since(tx, head_seq)
         events: list[Event] = []
         for digest in batch:
             row = tx.condemned_entry(digest)
@@ -378,7 +410,10 @@ def _collect_batch(ledger: Ledger, report: GcReport, batch: list[str], reference
                 counts["spared"] += 1
                 spared.append(digest)  # noqa: B023
 
-            if (digest in referenced or digest in late_refs or _named_now(tx, digest, released or {})
+            if (digest in referenced or digest in late_refs
+                    or _named_now(tx, digest, None if late_hold else holders)
+                    or (late_hold and holders is not None
+                        and digest in holders.compensation_refs)
                     or pinned_now(tx, digest, now, window_ns)):
                 spare()
                 continue

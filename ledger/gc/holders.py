@@ -8,6 +8,13 @@
 - otherwise an orphan, young or old by its age (a file's mtime, an inline row's
   `stored_ns`; both freshened by a dedup hit).
 
+A record can be let go of: a step's manifest revisions by its releasing compensation (a
+pruned checkpoint), a workspace version by a retention policy (`history-released`: the
+records of its (step, path, digest) made before it — a manifest's write or a
+compensation's put-back, never an artifact). A released record holds nothing, unless a
+hold in force covers its step or run and its bytes were not collected before the hold
+was placed. Whatever a release says, the current content of every path stays referenced.
+
 Any doubt raises `GcRefused`: an event that cannot be decoded, a projection that
 disagrees with the events, a referenced blob that is missing.
 """
@@ -16,7 +23,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass, field
-from typing import Annotated, Final, Union
+from typing import Annotated, Any, Final, Union
 
 import msgspec
 
@@ -33,11 +40,19 @@ _LOWER_HEX: Final = re.compile(r"[0-9a-f]*")
 
 class _Ref(msgspec.Struct):
     digest: _Digest64
+    path: str = ""
 
 
 class _Restored(msgspec.Struct):
     digest: _Digest64 | None = None
     outcome: str = "restored"
+    path: str = ""
+
+
+class _Version(msgspec.Struct):
+    step: str
+    path: str
+    digest: _Digest64
 
 
 def _check_hex(digests: set[str], what: str) -> None:
@@ -49,6 +64,7 @@ def _check_hex(digests: set[str], what: str) -> None:
 
 class _Published(msgspec.Struct, tag="manifest-published", tag_field="kind"):
     step: str = ""
+    run: str = ""
     manifest_rev: int = 0
     writes: tuple[_Ref, ...] = ()
     artifacts: tuple[_Ref, ...] = ()
@@ -73,12 +89,29 @@ class _Compensated(msgspec.Struct, tag="compensated", tag_field="kind"):
     release: bool = False
 
 
+class _HistoryReleased(msgspec.Struct, tag="history-released", tag_field="kind"):
+    workspace: str = ""
+    versions: tuple[_Version, ...] = ()
+
+
+class _Collected(msgspec.Struct, tag="blob-collected", tag_field="kind"):
+    digest: _Digest64
+    reason: str = "orphan"
+
+
+#: The `blob-collected` reason of a file copy of a blob whose inline row stays: its
+#: bytes are still stored (the collector writes it; a collection of it is not a loss).
+COPY_REASON: Final = "a file copy of an inline blob"
+
 #: Reads only the digests a manifest or a compensation names (still validated: a bad
 #: digest fails closed), not the whole event: GC and audit decode every one of them.
-_refs_decoder = msgspec.json.Decoder(Union[_Published, _Compensated, _Held, _HoldReleased])
-#: The kinds whose events this reads: what names blobs, and the holds (a held run's or
-#: step's releasing compensation releases nothing).
-_KINDS: Final = BLOB_NAMING_KINDS | {"held", "hold-released"}
+_refs_decoder = msgspec.json.Decoder(Union[_Published, _Compensated, _Held, _HoldReleased,
+                                           _HistoryReleased, _Collected])
+#: The kinds whose events this reads: what names blobs, the holds (a held run's or step's
+#: releasing compensation releases nothing) and the versions a retention policy released
+#: (and, only where a hold covers something released, the collections: a hold placed
+#: after its bytes were collected holds nothing).
+_KINDS: Final = BLOB_NAMING_KINDS | {"held", "hold-released", "history-released"}
 
 
 @dataclass
@@ -90,30 +123,81 @@ class Holders:
     manifest_refs: set[str] = field(default_factory=set)
     head_seq: int = 0
     #: step -> the newest manifest revision a releasing compensation let go of: that
-    #: revision and the older ones no longer hold their blobs.
+    #: revision and the older ones no longer hold their blobs (unless held).
     released: dict[str, int] = field(default_factory=dict)
+    #: (step, path, digest) of the workspace versions a retention policy released
+    #: (`history-released`) -> the seq of its latest release: the records of that key
+    #: made before it hold nothing (unless held); one made after it does.
+    history: dict[tuple[str, str, str], int] = field(default_factory=dict)
+    #: (step, manifest revision) -> the seq of its `manifest-published`.
+    published: dict[tuple[str, int], int] = field(default_factory=dict)
+    #: (step, manifest revision, path, digest) of the manifests' artifacts: a retention
+    #: policy releases versions of workspace files, never an artifact.
+    artifacts: set[tuple[str, int, str, str]] = field(default_factory=set)
+    #: (scope, target) of each hold in force -> the seq it was placed at.
+    holds_in_force: dict[tuple[str, str], int] = field(default_factory=dict)
+    #: step -> its run (for the run holds).
+    runs: dict[str, str] = field(default_factory=dict)
+    #: digest -> the seq of its latest collection (a file copy's aside).
+    collected: dict[str, int] = field(default_factory=dict)
 
-    def entry_holds(self, step: str, manifest_rev: int) -> bool:
-        """Whether a manifest entry of (step, revision) still holds its blob."""
-        return manifest_rev > self.released.get(step, -1)
+    def held_since(self, step: str) -> int | None:
+        """The seq since which a hold in force covers `step` (of it, or of its run)."""
+        run = self.runs.get(step, "")
+        found = [seq for key, seq in self.holds_in_force.items()
+                 if key == ("step", step) or (run and key == ("run", run))]
+        return min(found, default=None)
+
+    def record_holds(self, step: str, seq: int, digest: str, *, rev: int | None = None,
+                     path: str = "", artifact: bool = False) -> bool:
+        """Whether a record of `step` made at `seq` — a manifest entry of revision `rev`,
+        or (`rev` None) a compensation's put-back — naming `path` with `digest` still
+        holds its blob: not released (by a releasing compensation, or by a retention
+        policy after it), or released and held since — unless its bytes were collected
+        between the record and the hold (nothing can bring them back)."""
+        released = rev is not None and rev <= self.released.get(step, -1)
+        if not artifact and self.history.get((step, path, digest), -1) > seq:
+            released = True
+        if not released:
+            return True
+        since = self.held_since(step)
+        if since is None:
+            return False
+        gone = self.collected.get(digest)
+        return not (gone is not None and seq < gone < since)
+
+    def entry_holds(self, step: str, manifest_rev: int, path: str = "",
+                    digest: str = "") -> bool:
+        """Whether a manifest entry of (step, revision) — naming `path` with `digest` —
+        still holds its blob (one published after these were read: yes)."""
+        seq = self.published.get((step, manifest_rev))
+        if seq is None:
+            return True
+        return self.record_holds(step, seq, digest, rev=manifest_rev, path=path,
+                                 artifact=(step, manifest_rev, path, digest) in self.artifacts)
 
     def holds(self, digest: str) -> bool:
         return digest in self.referenced
 
 
-def read_references(conn: ReadView, *, cross_check: bool = True) -> Holders:
+def read_references(conn: ReadView, *, cross_check: bool = True,
+                    assume_released: set[tuple[str, str, str]] | frozenset[Any] = frozenset()
+                    ) -> Holders:
     """Referenced digests, from the events (ground truth), checked against the tables.
 
     GC cross-checks (fail closed: it is about to delete); audit, which only reports,
-    takes the manifests from the tables and decodes only the compensation records."""
+    takes the manifests from the tables and decodes only the compensation records.
+    `assume_released`: (step, path, digest) versions counted as released by a retention
+    policy too, after every record (what a dry run would let go)."""
     out = Holders()
     out.head_seq = conn.head().seq
     # Manifests are read from the events either way: a releasing compensation (a
     # pruned checkpoint) un-references the revisions its step published before it.
     latest: dict[str, int] = {}
-    by_manifest: list[tuple[str, int, list[str]]] = []
-    holds: dict[tuple[str, str], int] = {}
-    releasing: list[tuple[str, str]] = []  # (step, run) of each releasing compensation
+    # (step, revision, seq, entries: (path, digest, is an artifact))
+    by_manifest: list[tuple[str, int, int, list[tuple[str, str, bool]]]] = []
+    holds: dict[tuple[str, str], tuple[int, int]] = {}  # (scope, target) -> (n, seq)
+    restores: list[tuple[str, int, str, str]] = []  # (step, seq, path, digest) put back
     for row in conn.events(EventQuery(kinds=_KINDS)):
         seq, kind, v, payload = row.seq, row.kind, row.v, row.payload
         try:
@@ -123,24 +207,46 @@ def read_references(conn: ReadView, *, cross_check: bool = True) -> Holders:
         except (msgspec.DecodeError, msgspec.ValidationError, ValueError) as exc:
             raise GcRefused(f"{kind} event #{seq} cannot be decoded ({exc})") from None
         if isinstance(event, _Published):
-            digests = [e.digest for e in (*event.writes, *event.artifacts)]
-            out.manifest_refs.update(digests)
-            by_manifest.append((event.step, event.manifest_rev, digests))
+            entries = [(e.path, e.digest, False) for e in event.writes]
+            entries += [(e.path, e.digest, True) for e in event.artifacts]
+            out.manifest_refs.update(d for _p, d, _a in entries)
+            by_manifest.append((event.step, event.manifest_rev, seq, entries))
+            out.published[(event.step, event.manifest_rev)] = seq
+            out.artifacts.update((event.step, event.manifest_rev, e.path, e.digest)
+                                 for e in event.artifacts)
+            out.runs[event.step] = event.run
             latest[event.step] = max(latest.get(event.step, -1), event.manifest_rev)
         elif isinstance(event, _Compensated):
-            out.compensation_refs.update(r.digest for r in event.restored
-                                         if r.outcome != "conflict" and r.digest is not None)
+            put_back = [(event.step, seq, r.path, r.digest) for r in event.restored
+                        if r.outcome != "conflict" and r.digest is not None]
+            out.compensation_refs.update(d for _s, _q, _p, d in put_back)
+            restores.extend(put_back)
+            out.runs.setdefault(event.step, event.run)
             if event.release and event.step in latest:
                 out.released[event.step] = latest[event.step]
-                releasing.append((event.step, event.run))
         elif isinstance(event, _Held):
-            holds[(event.scope, event.target)] = event.n
+            holds[(event.scope, event.target)] = (event.n, seq)
         elif isinstance(event, _HoldReleased):
-            if holds.get((event.scope, event.target)) == event.n:
+            if holds.get((event.scope, event.target), (None, 0))[0] == event.n:
                 del holds[(event.scope, event.target)]
-    for step, run in releasing:  # a held step's (or run's) blobs stay held
-        if ("step", step) in holds or (run and ("run", run) in holds):
-            out.released.pop(step, None)
+        elif isinstance(event, _HistoryReleased):
+            for x in event.versions:
+                out.history[(x.step, x.path, x.digest)] = seq
+    for key in assume_released:
+        out.history[key] = out.head_seq + 1
+    out.holds_in_force = {key: seq for key, (_n, seq) in holds.items()}
+    if out.holds_in_force and (out.released or out.history):
+        for row in conn.events(EventQuery(kinds=frozenset({"blob-collected"}))):
+            try:
+                if row.v > READ_VERSION:
+                    raise ValueError(f"event version {row.v} is newer than this steptrail")
+                gone = _refs_decoder.decode(row.payload)
+            except (msgspec.DecodeError, msgspec.ValidationError, ValueError) as exc:
+                raise GcRefused(f"blob-collected event #{row.seq} cannot be decoded ({exc})")\
+                    from None
+            if isinstance(gone, _Collected) and gone.reason != COPY_REASON:
+                out.collected[gone.digest] = row.seq
+    _check_hex({d for _s, _p, d in out.history}, "a history release")
     _check_hex(out.manifest_refs, "a manifest")
     _check_hex(out.compensation_refs, "a compensation record")
     table = conn.manifest_digests()
@@ -153,11 +259,27 @@ def read_references(conn: ReadView, *, cross_check: bool = True) -> Holders:
                         f" missing {missing})", ("rebuild them with ledger.rebuild()",
                                                  "run 'steptrail rebuild'"))
     held = out.manifest_refs
-    if out.released:
-        held = {d for step, rev, digests in by_manifest if out.entry_holds(step, rev)
-                for d in digests}
-    out.referenced = held | out.compensation_refs
+    put_back = out.compensation_refs
+    if out.released or out.history:
+        held = {d for step, rev, seq, entries in by_manifest for path, d, artifact in entries
+                if out.record_holds(step, seq, d, rev=rev, path=path, artifact=artifact)}
+        put_back = {d for step, seq, path, d in restores
+                    if out.record_holds(step, seq, d, path=path)}
+    out.referenced = held | put_back
+    if out.history:
+        # Whatever a release names, the current content of every path stays (the one
+        # rule no policy, nor a release written by hand, can change): a digest a record
+        # names and a workspace's path holds now is referenced.
+        current = {str(row[3]) for row in conn.path_rows() if row[3]}
+        out.referenced |= current & (out.manifest_refs | out.compensation_refs)
     return out
+
+
+def holds_placed_since(conn: EventReader, seq: int) -> bool:
+    """Whether a hold was placed after `seq` (the collector's re-check: a hold placed
+    while it runs may keep what its first read found released)."""
+    return any(True for _row in conn.events(EventQuery(after_seq=seq,
+                                                       kinds=frozenset({"held"}))))
 
 
 def compensation_refs_since(conn: EventReader, seq: int) -> set[str]:
@@ -193,5 +315,5 @@ def _pin_expired(hold: PinHold, now_ns: int, window_ns: int) -> bool:
             and updated_ns is not None and now_ns - updated_ns > window_ns)
 
 
-__all__ = ["GcRefused", "Holders", "compensation_refs_since", "live_pins", "pinned_now",
-           "read_references"]
+__all__ = ["COPY_REASON", "GcRefused", "Holders", "compensation_refs_since",
+           "holds_placed_since", "live_pins", "pinned_now", "read_references"]

@@ -68,7 +68,7 @@ from ..events import (
     check_relpath,
 )
 from ..projections import read_workspaces
-from ..projections.steps import PLANNED
+from ..projections.steps import IN_FLIGHT, PLANNED
 from ..store import Tx
 from ..workspace.confined import _DIR_FLAGS, Confined, FsRefused
 from ..workspace.statcache import Cached, cache_path, load_cache, save_cache
@@ -607,6 +607,20 @@ def _user() -> str:
         return os.environ.get("USER", "unknown")
 
 
+def _first(site: Site, name: str) -> bool:
+    """Whether the next observation of workspace `name` is its first (its baseline): no
+    observation recorded anything yet — one killed before it committed, and settled
+    since, did not (read past only then: the usual answer is one event)."""
+    def recorded(step: str) -> bool:  # committed (even if undone since), or in flight
+        row = site.core.steps.find(step)
+        return row is not None and (row.manifest_rev >= 0 or row.state in IN_FLIGHT)
+
+    first = next(iter(site.core.log.read(kind="observed", workspace=name, limit=1)), None)
+    return first is None or not (recorded(first.step) or any(
+        recorded(r.step) for r in site.core.log.read(first.seq, kind="observed",
+                                                     workspace=name)))
+
+
 def observe(site: Site, name: str, epoch: int, *, by: str, label: str = "",
             dry_run: bool = False, include_ignored: bool = False,
             max_file_bytes: int = MAX_FILE_BYTES, full: bool = False) -> Observation:
@@ -643,8 +657,7 @@ def observe(site: Site, name: str, epoch: int, *, by: str, label: str = "",
                       if w == name and st is not None}
             known = {p: (st[0], st[1]) for p, st in states.items()}
             # the workspace's first observation: every file it holds that no step wrote
-            baseline = next(iter(site.core.log.read(kind="observed", workspace=name,
-                                                    limit=1)), None) is None
+            baseline = _first(site, name)
             ignored = None if include_ignored else git_ignored(root)
             looked_ns = time.time_ns()
             found = scan(confined, known, cached, looked_ns=looked_ns,

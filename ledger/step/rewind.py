@@ -19,19 +19,22 @@ any step; what it replaced stays in the ledger.
 from __future__ import annotations
 
 import contextlib
+import os
 import secrets
+import socket
 import tempfile
 from dataclasses import dataclass
 from typing import Any
 
 from ..diffs import DIFF_INPUT_MAX, unified_diff
-from ..errors import InvalidInput, LedgerError, StaleEpoch, UnknownStep
+from ..errors import InvalidInput, LeaseHeld, LedgerError, StaleEpoch, UnknownStep
 from ..events import Compensated, Fenced, Observed, check_relpath
 from ..workspace.boundary import is_git_name
 from .undo import compensate
 from ..projections import read_workspaces
+from ..retention import why_unreachable
 from .site import Site
-from .values import ApplyResult, StepPlan, Write
+from .values import ApplyResult, Lease, StepPlan, Write
 
 RUN = "rewind"
 
@@ -221,7 +224,7 @@ def plan_rewind(site: Site, name: str, to: str | int, *, paths: Any = None,
         if target == current:
             continue
         if target is not None and site.core.blob_size(target) is None:
-            unreachable.append((path, "its bytes as of then are no longer stored (collected)"))
+            unreachable.append((path, why_unreachable(site.core.log, target)))
             continue
         wanted[path] = (current, target)
     # a file and a directory that traded places at one name (a -> a/b, or back): one
@@ -323,4 +326,57 @@ def rewind(site: Site, name: str, to: str | int, epoch: int, *,
                      "verdict": got.verdict, "detail": got.detail})
 
 
-__all__ = ["Rewind", "RewindChange", "modes_as_of", "plan_rewind", "rewind", "state_as_of"]
+#: What the leases steptrail takes for one call of its own are for (`default_holder`).
+_OWN_LEASES = ("observe", "rewind", "fork")
+
+
+def holder_gone(holder: str) -> bool:
+    """Whether `holder` names a lease steptrail took for one call of its own — an
+    observation, a rewind, a fork (``steptrail-WHAT@HOST:PID``, `default_holder`) — in a
+    process of this machine that is gone or a zombie: a kill left it live until its TTL.
+    Any other holder is not, nor a pid that names a running process (reused since by
+    another: its lease is then waited out, never taken).
+    """
+    host = socket.gethostname()
+    pid_text = next((holder[len(p):] for p in (f"steptrail-{what}@{host}:"
+                                               for what in _OWN_LEASES)
+                     if holder.startswith(p)), "")
+    if not (pid_text.isascii() and pid_text.isdigit()) or len(pid_text) > 10:
+        return False
+    pid = int(pid_text)
+    if pid == os.getpid() or pid <= 0:
+        return False
+    if not os.path.isdir("/proc/self"):  # no /proc: ask the kernel
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return True
+        except OSError:
+            return False
+        return False
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            raw = f.read().decode("ascii", "replace")
+    except FileNotFoundError:
+        return True
+    except OSError:
+        return False
+    return raw[raw.rfind(")") + 2:].split()[:1] in (["Z"], ["X"])
+
+
+def own_lease(workspaces: Any, name: str, holder: str, ttl_s: float) -> Lease:
+    """`workspaces.acquire(name, holder, ttl_s)` for the lease a rewind or a fork takes
+    for itself. A live lease that steptrail took for one call of its own in a process
+    that is gone (`holder_gone`: killed midway) is taken over — a new epoch, which settles
+    what that call left in flight — instead of being waited out until its TTL, as the MCP
+    server takes over a gone server's; any other live lease is LeaseHeld."""
+    try:
+        return workspaces.acquire(name, holder, ttl_s)  # type: ignore[no-any-return]
+    except LeaseHeld as held:
+        if not holder_gone(held.holder):
+            raise
+    return workspaces.acquire(name, holder, ttl_s, force=True)  # type: ignore[no-any-return]
+
+
+__all__ = ["Rewind", "RewindChange", "holder_gone", "modes_as_of", "own_lease",
+           "plan_rewind", "rewind", "state_as_of"]

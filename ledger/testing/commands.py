@@ -26,6 +26,16 @@ from ledger.errors import EXIT_NO
               help="Kill a fenced workspace step of this shape instead (a 6-file rotation,"
               " a swap, a 3-file directory move): after each kill a new epoch must put every"
               " file back (or find the step committed), and a re-run must commit it.")
+@click.option("--rewind", "travel", flag_value="rewind",
+              help="Kill a rewind instead (a small workspace with a person's observed edit and"
+              " a git repository, rewound to its first step): after each kill a new lease must"
+              " put every file back (or find the rewind committed), and running the rewind"
+              " again must end exactly as of that step.")
+@click.option("--fork", "travel", flag_value="fork",
+              help="Kill a fork instead (that workspace forked as of its second step into a"
+              " new directory): after each kill running the same fork again must complete it"
+              " (the files as of the step, registered once with its baseline), the original"
+              " untouched.")
 @click.option("--power-loss", "power_loss", is_flag=True,
               help="Simulate power loss at every operation of a workload (appends, a step with"
               " inline and file blobs, a workspace step, a rebuild, a GC run) instead.")
@@ -41,7 +51,7 @@ from ledger.errors import EXIT_NO
 @click.option("--seed", type=click.IntRange(min=0), default=0, show_default=True)
 @click.option("--dir", "workdir", type=click.Path(file_okay=False), help="Scratch directory (default: a temporary one on this disk).")
 @json_option
-def chaos(n: int, wrong_order: bool, shape: str | None, power_loss: bool,
+def chaos(n: int, wrong_order: bool, shape: str | None, travel: str | None, power_loss: bool,
           models: tuple[str, ...], io_errors: bool, persistent: bool, points: int | None,
           seed: int, workdir: str | None, as_json: bool) -> None:
     """Kill a real process (SIGKILL) at every operation of a step; check, replay, check.
@@ -63,9 +73,16 @@ def chaos(n: int, wrong_order: bool, shape: str | None, power_loss: bool,
     before, or the step committed) and another re-run under the same epoch (committed,
     every file as after, nothing left behind).
 
+    With --rewind (--fork) the protocol killed is a rewind (a fork) of a small workspace
+    whose history has a person's edit recorded by observe, then checked against a model
+    of what was written: the files, verify, audit, .git byte for byte, the person's bytes
+    still stored, no temporary left (see docs/testing.md).
+
     \b
         steptrail chaos --artifacts 5
         steptrail chaos --fenced rotation  # a 6-file rotation killed at every operation
+        steptrail chaos --rewind --json    # a rewind killed at every operation
+        steptrail chaos --fork             # a fork killed at every operation, run again
         steptrail chaos --wrong-order      # the negative control: violations > 0
         steptrail chaos --power-loss --points 40
         steptrail chaos --power-loss --model torn --dir /mnt/disk-under-test
@@ -75,10 +92,15 @@ def chaos(n: int, wrong_order: bool, shape: str | None, power_loss: bool,
         _chaos_faults(power_loss, models, persistent, points, seed, workdir, as_json)
         return
     from .chaos import run_chaos, run_fenced_chaos
+    from .chaos_travel import run_fork_chaos, run_rewind_chaos
 
     update, finish = _progress("crash points")
     try:
-        if shape is not None:
+        if travel == "rewind":
+            report = run_rewind_chaos(workdir=workdir, progress=update)
+        elif travel == "fork":
+            report = run_fork_chaos(workdir=workdir, progress=update)
+        elif shape is not None:
             report = run_fenced_chaos(shape, workdir=workdir, progress=update)
         else:
             report = run_chaos(n, wrong_order=wrong_order, workdir=workdir, progress=update)
@@ -87,12 +109,21 @@ def chaos(n: int, wrong_order: bool, shape: str | None, power_loss: bool,
     if as_json:
         _emit_json(report.as_json())
     else:
-        first = "AFTER SETTLE" if shape else "AFTER CRASH"
+        first = {"rewind": "AFTER SETTLE", "fork": "LEFT BY THE KILL"}.get(
+            travel or "", "AFTER SETTLE" if shape else "AFTER CRASH")
         click.echo(f"{'INDEX':>5}  {'OPERATION':<28}  {first:<12}  AFTER REPLAY")
         for r in report.rows:
             click.echo(f"{r.index:>5}  {r.operation:<28}  {r.after_crash:<12}  {r.after_replay}")
         order = "WRONG order (manifest before blobs)" if wrong_order else "correct order"
-        if shape:
+        if travel:
+            again = "settling" if travel == "rewind" else "the kill"
+            click.echo(
+                f"chaos: a {travel}: {_n(report.indices, 'crash point')},"
+                f" {_n(report.violations, 'violation')} after {again},"
+                f" {_n(report.violations_after_replay, 'violation')} after running it again,"
+                f" {report.committed_after_replay}/{report.indices} complete after that"
+                f" ({report.elapsed_s:.1f}s)")
+        elif shape:
             click.echo(
                 f"chaos: a fenced {shape}: {_n(report.indices, 'crash point')},"
                 f" {_n(report.violations, 'violation')} after settling,"

@@ -5,8 +5,10 @@
 
 Pages (server-rendered HTML, Jinja with autoescape, one small static script that
 follows the head): the ledger at a glance; a run's or a workspace's timeline of
-steps; a step's events with each write's diff, refusals and artifacts (downloads are
-attachments, never rendered); a path's history and a workspace as of any step; the
+steps; a workspace through time — its steps and observations, what a rewind to any of
+them would change (a preview: the UI never rewinds), a fork's lineage; a step's events
+with each write's diff, refusals and artifacts (downloads are attachments, never
+rendered); the holds in force; a path's history and a workspace as of any step; the
 stats as inline SVG charts. The security model — loopback only, a token, read-only, a
 strict Content-Security-Policy — is docs/ui.md's. Needs the ``ui`` extra (`steptrail
 ui` names the install command for this installation: `ledger.extras.install_hint`).

@@ -36,6 +36,7 @@ from . import model, text
 from .files import FilePages
 from .overview import LedgerPages
 from .steps import StepPages
+from .travel import TravelPages
 from .web import BadRequest, NotFound, _error_page
 
 if TYPE_CHECKING:
@@ -263,8 +264,9 @@ def _finalize(value: Any) -> Any:
 
 def url(where: str, /, **params: Any) -> str:
     """A link to one of our pages, relative to the served prefix (`UI.url` adds it);
-    every parameter percent-encoded."""
-    kept = [(k, str(v)) for k, v in params.items() if v is not None and v != ""]
+    every parameter percent-encoded, a list's values each as the parameter again."""
+    kept = [(k, str(x)) for k, v in params.items()
+            for x in (v if isinstance(v, list | tuple) else (v,)) if x is not None and x != ""]
     return where + ("?" + urlencode(kept, quote_via=quote, safe="") if kept else "")
 
 
@@ -293,6 +295,7 @@ class UI:
         self.pool = model.Pool(location, immutable=immutable)
         self.jobs = model.Jobs(self.pool, verify=verify)
         self.holders = model.Holders()
+        self.lineage = model.Lineage()
         self.env = make_env()
         self.env.globals["url"] = self.url
         self.static = {name: (HERE / "static" / name).read_bytes()
@@ -306,6 +309,7 @@ class UI:
         self.files = FilePages(self)
         self.steps = StepPages(self, self.files)
         self.pages = LedgerPages(self)
+        self.travel = TravelPages(self, self.files)
 
     # the plumbing
 
@@ -348,9 +352,11 @@ class UI:
             ("/tree", self.files.tree), ("/file", self.files.file),
             ("/stats", self.pages.stats), ("/diff", self.files.diff_page),
             ("/runs", self.pages.runs), ("/search", self.pages.search),
-            ("/compare", self.pages.compare),
+            ("/compare", self.pages.compare), ("/timeline", self.travel.timeline),
+            ("/rewind", self.travel.rewind),
         ]
-        heavy = {"/step", "/history", "/tree", "/file", "/diff", "/search", "/compare"}
+        heavy = {"/step", "/history", "/tree", "/file", "/diff", "/search", "/compare",
+                 "/rewind"}
         out = [Route(p, self._page(f, heavy=p in heavy), methods=["GET", "HEAD"])
                for p, f in pages]
         out += [Route("/download", self.files.download, methods=["GET", "HEAD"]),

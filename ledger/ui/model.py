@@ -18,6 +18,7 @@ from __future__ import annotations
 import contextlib
 import heapq
 import queue
+import re
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -432,6 +433,129 @@ class Holders:
         self._seen = max(self._seen, head)
 
 
+def first_of(led: Ledger, kind: str, **filters: Any) -> RecordedEvent | None:
+    """The first event of `kind` matching `filters` (`step`: the step index), or None;
+    the read closed at once."""
+    events = led.read(kind=kind, limit=1, **filters)
+    try:
+        return next(iter(events), None)
+    finally:
+        close = getattr(events, "close", None)
+        if close is not None:
+            close()
+
+
+def holds_covering(led: Ledger, *, run: str = "", step: str = "") -> list[Any]:
+    """The holds in force (`Ledger.holds`, oldest first) a page covers: a step's page
+    (`step`, and `run` its run) its own hold and its run's; a run's page (`run` only) the
+    run's hold and those of its steps. Few: a person places them."""
+    out = []
+    for h in led.holds():
+        if h.scope == "run":
+            hit = bool(run) and h.target == run
+        elif step:
+            hit = h.target == step
+        else:
+            row = led.find_step(h.target) if run else None
+            hit = row is not None and row.run == run
+        if hit:
+            out.append(h)
+    return out
+
+
+@dataclass(frozen=True)
+class Origin:
+    """Where a fork came from: workspace `fork` was forked from `source` as of seq `seq`
+    (its baseline observation, `observed_seq`, asked by ``fork:<source>@<seq>``, says
+    so; `label` is that observation's)."""
+
+    fork: str
+    source: str
+    seq: int
+    label: str
+    observed_seq: int
+
+
+def origin_of(workspace: str, by: str, label: str, observed_seq: int) -> Origin | None:
+    """The fork's origin its baseline observation names (`by` ``fork:<source>@<seq>``),
+    or None when it names none. `by` is cut at 255 characters when recorded: a seq the
+    cut shortened is read whole from the label (``... (#<seq>)`` or ``... as of #<seq>``),
+    whose digits it begins."""
+    if not by.startswith("fork:"):
+        return None
+    source, at, digits = by[len("fork:"):].rpartition("@")
+    if not (source and at and digits.isascii() and digits.isdigit() and len(digits) <= 19):
+        return None
+    whole = re.search(r"(?:\(#|as of #)([0-9]{1,19})\)?$", label)
+    seq = whole.group(1) if whole and whole.group(1).startswith(digits) else digits
+    return Origin(workspace, source, int(seq), label, observed_seq)
+
+
+def step_at(led: Ledger, origin: Origin | None) -> str | None:
+    """The step whose writes are the fork's origin: the step of the origin's `fenced`
+    event at its seq (a fork as of a step is as of that step's latest `fenced`); None for
+    a fork as of a seq that is no apply of the source workspace."""
+    if origin is None or origin.seq < 1:
+        return None
+    events = led.read(origin.seq - 1, limit=1)
+    try:
+        r = next(iter(events), None)
+    finally:
+        close = getattr(events, "close", None)
+        if close is not None:
+            close()
+    if r is None or r.seq != origin.seq or r.kind != "fenced" \
+            or getattr(r.event, "workspace", None) != origin.source:
+        return None
+    return str(r.event.step)
+
+
+class Lineage:
+    """Which workspace is a fork of which (docs/time-travel.md "Fork"): each
+    workspace's first observation (its baseline) read once from the `observed` events,
+    then only the new ones — memory follows the number of workspaces, never the
+    observations."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._seen = 0
+        self._baselined: set[str] = set()
+        self._origins: dict[str, Origin] = {}
+        self._forks: dict[str, list[Origin]] = {}
+
+    def origin(self, led: Ledger, workspace: str) -> Origin | None:
+        """Where `workspace` was forked from (None: it is no fork)."""
+        with self._lock:
+            self._catch_up(led)
+            return self._origins.get(workspace)
+
+    def forks(self, led: Ledger, workspace: str) -> list[Origin]:
+        """The forks of `workspace`, oldest first."""
+        with self._lock:
+            self._catch_up(led)
+            return list(self._forks.get(workspace, ()))
+
+    def _catch_up(self, led: Ledger) -> None:
+        head = led.head().seq
+        events = led.read(self._seen, kind="observed")
+        try:
+            for r in events:
+                ev: Any = r.event
+                self._seen = r.seq
+                if ev.workspace in self._baselined:
+                    continue
+                self._baselined.add(ev.workspace)
+                got = origin_of(ev.workspace, ev.by, ev.label, r.seq)
+                if got is not None:
+                    self._origins[ev.workspace] = got
+                    self._forks.setdefault(got.source, []).append(got)
+        finally:
+            close = getattr(events, "close", None)
+            if close is not None:
+                close()
+        self._seen = max(self._seen, head)
+
+
 @dataclass
 class Tree:
     """What `workspace_as_of` folded: `paths` (path -> (rev, digest (None: deleted),
@@ -488,5 +612,6 @@ def workspace_as_of(led: Ledger, workspace: str, seq: int, *, after: int = 0,
     return Tree(paths, after, seq if complete else scanned_to, complete)
 
 
-__all__ = ["Content", "Holders", "IN_FLIGHT", "Job", "Jobs", "Pool", "Scan", "Tree", "UNACKED",
-           "open_readonly", "read_content", "scan_backward", "scan_forward", "workspace_as_of"]
+__all__ = ["Content", "Holders", "IN_FLIGHT", "Job", "Jobs", "Lineage", "Origin", "Pool", "Scan",
+           "Tree", "UNACKED", "first_of", "holds_covering", "open_readonly", "origin_of",
+           "read_content", "scan_backward", "scan_forward", "step_at", "workspace_as_of"]

@@ -49,7 +49,8 @@ class LedgerPages:
             older = set(led.workspaces.unsettled(row.name, row.epoch)) if row.epoch else set()
             mine = [r for r in waiting if r.workspace == row.name]
             workspaces.append({
-                "row": row, "live": live,
+                "row": row, "live": live, "origin": self.ui.lineage.origin(led, row.name),
+                "forks": len(self.ui.lineage.forks(led, row.name)),
                 "lease": ("never leased" if row.epoch == 0 else "live" if live else
                           "released" if row.released else "expired"),
                 "in_flight": sum(1 for r in mine if r.in_flight),
@@ -65,7 +66,9 @@ class LedgerPages:
         recent = list(led.read(max(0, head - 15)))
         recent.reverse()
         items = self._attention()
+        holds = led.holds()
         return self.ui.render(request, "overview.html", led, workspaces=workspaces, waiting=rows,
+                           holds=holds[:PAGE], holds_total=len(holds),
                            waiting_total=len(waiting), recent=recent,
                            witness=led.witness_status(), lag=led.projection_lag(),
                            charts=self._charts(small=True),

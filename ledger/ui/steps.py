@@ -64,6 +64,7 @@ class StepPages:
                            attempts=_by_attempt(items),
                            listed=WRITES_PER_EVENT, dead=dead, current=current,
                            more_after=events[-1].seq if more else None, after=after,
+                           holds=model.holds_covering(led, step=step_id, run=row.run),
                            holder=self.ui.holders.get(led, row.workspace, row.epoch)
                            if row.workspace else None)
 
@@ -193,7 +194,8 @@ class StepPages:
             raise NotFound(f"no step of run {run_id!r} in this ledger")
         return self.ui.render(request, "timeline.html", led, what="run", name=run_id,
                            rows=self._attempt_rows(led, scan.items), scan=scan, after=after,
-                           ws=None, paths=None, paths_more=None)
+                           ws=None, paths=None, paths_more=None,
+                           holds=model.holds_covering(led, run=run_id))
 
     def workspace(self, request: Request, led: Ledger) -> Response:
         name = _param(request, "name")
@@ -213,10 +215,13 @@ class StepPages:
         scan = model.scan_forward(led, ("planned",), match, after=after, want=PAGE,
                                   workspace=name)
         now = led.clock()
+        origin = self.ui.lineage.origin(led, name)
         return self.ui.render(request, "timeline.html", led, what="workspace", name=name,
                            rows=self._attempt_rows(led, scan.items), scan=scan, after=after,
                            ws=row, live=row.live_epoch(now) is not None, paths=paths,
-                           paths_more=paths_more, paths_total=len(every))
+                           paths_more=paths_more, paths_total=len(every), holds=[],
+                           origin=origin, origin_step=model.step_at(led, origin),
+                           forks=self.ui.lineage.forks(led, name))
 
     def _attempt_rows(self, led: Ledger, planned: list[Any]) -> list[dict[str, Any]]:
         out = []

@@ -136,6 +136,37 @@ def diff(before: bytes | None, after: bytes | None, path: str, *,
                 complete=not found.stopped and not any(x.kind == "note" for x in lines))
 
 
+_SHELL_SAFE: Final = re.compile(r"[A-Za-z0-9_@%+:,./-]+")
+
+
+def shell_quote(word: str) -> str:
+    """`word` as one shell word that a POSIX shell reads back as exactly `word`:
+    bare when it is only safe characters, else in single quotes — or, when it holds a
+    character `visible` would write out (a control or invisible one), in bash's and
+    zsh's ``$'...'`` with each such character as its escape, so the command a page shows
+    is the one that runs when copied, and shows nothing invisible."""
+    if _SHELL_SAFE.fullmatch(word):
+        return word
+    if not any(is_invisible(c) for c in word):
+        return "'" + word.replace("'", "'\"'\"'") + "'"
+    out = []
+    for c in word:
+        if c in "\\'":
+            out.append("\\" + c)
+        elif is_invisible(c):
+            n = ord(c)
+            out.append(f"\\x{n:02x}" if n < 0x80 else f"\\u{n:04x}" if n < 0x10000
+                       else f"\\U{n:08x}")
+        else:
+            out.append(c)
+    return "$'" + "".join(out) + "'"
+
+
+def command(*words: str) -> str:
+    """A command line of `words`, each quoted for the shell (`shell_quote`)."""
+    return " ".join(shell_quote(w) for w in words)
+
+
 #: The words the pages use, each in one line (shown when the pointer rests on one):
 #: the glossary, inline. An event kind's line is `ledger.kinds`'s (one wording of a kind).
 GLOSSARY: Final = {
@@ -204,5 +235,6 @@ def vbars(title: str, items: Sequence[tuple[str, int]], shown: Sequence[str], *,
     return Chart(width, height, tuple(bars), False, title, axis)
 
 
-__all__ = ["GLOSSARY", "Bar", "Chart", "Diff", "DiffLine", "ago", "explain", "span", "decode", "diff", "hbars", "is_binary",
-           "is_invisible", "iso", "size", "text_lines", "vbars", "visible"]
+__all__ = ["GLOSSARY", "Bar", "Chart", "Diff", "DiffLine", "ago", "command", "decode", "diff",
+           "explain", "hbars", "is_binary", "is_invisible", "iso", "shell_quote", "size",
+           "span", "text_lines", "vbars", "visible"]

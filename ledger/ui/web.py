@@ -42,6 +42,15 @@ DIFFS_PER_PAGE: Final = 40
 WRITES_PER_EVENT: Final = 2 * DIFFS_PER_PAGE
 
 
+#: Changes a rewind's preview shows (and diffs) a page; the rest are a page further
+#: (``?start=``), every one counted.
+REWIND_PAGE: Final = DIFFS_PER_PAGE
+
+
+#: Times a rewind's preview takes ``?path=`` (a directory stands for what is under it).
+REWIND_PATHS_MAX: Final = 64
+
+
 #: A refused write's file on disk is hashed by its step page only up to this size.
 DISK_HASH_MAX: Final = 2 * 1024 * 1024
 
@@ -155,6 +164,10 @@ class Shell(Protocol):
     pool: model.Pool
     jobs: model.Jobs
     holders: model.Holders
+    lineage: model.Lineage
+    #: The served ledger's location, and as pages show it (a URL's password masked).
+    location: str
+    shown: str
 
     def render(self, request: Request, template: str, led: Ledger, status: int = 200,
                **ctx: Any) -> Response: ...

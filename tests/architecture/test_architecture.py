@@ -452,7 +452,7 @@ PUBLIC_MODULES = frozenset({
     "ledger.backup", "ledger.copying", "ledger.stats", "ledger.metrics", "ledger.verify",
     "ledger.demo", "ledger.export", "ledger.mcp", "ledger.langgraph", "ledger.workspace",
     "ledger.diffs", "ledger.witness", "ledger.ui", "ledger.find", "ledger.extras",
-    "ledger.attention", "ledger.kinds", "ledger.fmt", "ledger.export_git",
+    "ledger.attention", "ledger.kinds", "ledger.fmt", "ledger.export_git", "ledger.retention",
 })
 #: The command line: it sees the public API only (and its own modules).
 CLI = "ledger.cli"

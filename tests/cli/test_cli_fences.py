@@ -60,7 +60,7 @@ class World:
 
     def acquire(self, holder: str = "agent-1", *extra: str) -> int:
         r = self.cli("--workspace", "w", "lease", "acquire", "--holder", holder, "--ttl", "10m",
-                     "--json", *extra)
+                     "--no-observe", "--json", *extra)  # (the revisions below are the steps')
         assert r.code == 0, r
         return int(r.json["epoch"])
 

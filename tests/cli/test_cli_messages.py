@@ -39,7 +39,8 @@ class World:
         return run_cli(["--ledger", str(self.ledger), *args], input=input)
 
     def acquire(self, holder: str = "agent-1", *extra: str) -> int:
-        r = self("--workspace", "w", "lease", "acquire", "--holder", holder, "--json", *extra)
+        r = self("--workspace", "w", "lease", "acquire", "--holder", holder, "--no-observe",
+                 "--json", *extra)
         assert r.code == 0, r
         return int(r.json["epoch"])
 

@@ -57,7 +57,7 @@ class World:
 
     def acquire(self, holder: str = "agent-1", ttl: str = "10m", *extra: str) -> int:
         r = self("--workspace", "w", "lease", "acquire", "--holder", holder, "--ttl", ttl,
-                 "--json", *extra)
+                 "--no-observe", "--json", *extra)
         assert r.code == 0, r
         return int(r.json["epoch"])
 

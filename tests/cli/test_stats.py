@@ -180,3 +180,24 @@ def test_cli_text_json_and_read_only(filled: pathlib.Path | str, tmp_path: pathl
 #: The tests that take `ledger_at` (or `ledger`, `ledger_location`) run on SQLite and on
 #: PostgreSQL (tests/conftest.py).
 BOTH_STORES = True
+
+
+def test_holds_and_released_versions_are_shown(tmp_path: pathlib.Path) -> None:
+    """A held run is marked in the runs table and listed under holds, in text and --json;
+    a hostile reason is shown escaped, on one line."""
+    db = str(tmp_path / "ledger.db")
+    with Ledger.init(db) as led:
+        run_step(led, "s1", {"a.txt": b"x"}, run="nightly")
+        led.hold("nightly", reason="audit\x1b[31m\nnext", by="ops")
+        led.hold("s1", scope="step")
+        report = stats(led)
+    assert [(h.scope, h.target) for h in report.holds] == [("run", "nightly"), ("step", "s1")]
+    assert [r.held for r in report.runs if r.run == "nightly"] == [True]
+    assert report.history_released == 0
+    out = CliRunner().invoke(cli, ["--ledger", db, "stats"])
+    assert out.exit_code == 0, out.output
+    [line] = [ln for ln in out.output.splitlines() if "holds (2" in ln]
+    assert "run nightly" in line and "step s1" in line and "\x1b" not in out.output
+    assert "(held)" in out.output
+    doc = json.loads(CliRunner().invoke(cli, ["--ledger", db, "stats", "--json"]).stdout)
+    assert doc["holds"][0]["reason"].startswith("audit") and doc["history_released"] == 0

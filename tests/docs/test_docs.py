@@ -450,3 +450,31 @@ def test_time_travel_blocks_run_as_printed(tmp_path: Path) -> None:
     assert observed["label"] == "by hand" and observed["recorded"]
     printed = run_python(python, tmp_path / "proj", "docs/time-travel.md")
     assert printed.strip() == "() []"  # nothing changed since
+
+
+def test_time_travel_retention_blocks_run_as_printed(tmp_path: Path) -> None:
+    """The policy file as printed loads; the Python block, run in a project whose old
+    versions a policy released and gc collected, prints the reason it documents."""
+    from ledger import Ledger, run_fenced_step
+    from ledger.gc import collect
+    from ledger.retention import Policy, load_policy
+
+    toml, sh, python = [b for b in blocks(DOCS / "time-travel.md") if b.section == "Retention"]
+    assert (toml.lang, sh.lang, python.lang) == ("toml", "sh", "python")
+    (tmp_path / "retention.toml").write_text(toml.code)
+    policy = load_policy(tmp_path / "retention.toml")
+    assert (policy.keep_days, policy.keep_versions, policy.workspaces) == (30, 10, ())
+    proj = tmp_path / "proj"
+    (proj / "repo").mkdir(parents=True)
+    (proj / "repo" / "app.py").write_text("v0\n")
+    with Ledger.init(str(proj / ".steptrail" / "ledger.db")) as led:
+        led.workspaces.add("repo", str(proj / "repo"))
+        lease = led.workspaces.acquire("repo", "agent", ttl_s=600)
+        for i in (1, 2, 3):
+            run_fenced_step(led, "repo", f"s{i}", lambda read, i=i: [
+                read.read("app.py").write(f"v{i}\n".encode())], epoch=lease.epoch)
+        collect(led, grace_s=0, force=True, now_ns=led.clock() + 40 * 86_400 * 10**9,
+                retention=Policy(keep_versions=1, source="test"))
+    printed = run_python(python, proj, "docs/time-travel.md").strip()
+    want = python.code.strip().splitlines()[-1].lstrip("# ")
+    assert re.sub(r"#\d+", "#N", printed) == re.sub(r"#\d+", "#N", want), printed

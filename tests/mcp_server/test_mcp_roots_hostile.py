@@ -622,7 +622,7 @@ def test_status_on_a_read_only_directory_and_a_0400_ledger_changes_nothing(
     assert run_cli(["--ledger", location, "init", "--parents"]).code == 0
     assert run_cli(["--ledger", location, "workspace", "add", "w", str(scratch / "w")]).code == 0
     assert run_cli(["--ledger", location, "--workspace", "w", "lease", "acquire",
-                    "--holder", "a1", "--ttl", "10m"]).code == 0
+                    "--holder", "a1", "--ttl", "10m", "--no-observe"]).code == 0
     killed = subprocess.run(check=False, args=[sys.executable, "-c", DIES, location], capture_output=True,
                             timeout=60)
     assert killed.returncode == -9, killed.stderr

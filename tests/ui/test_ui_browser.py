@@ -432,3 +432,49 @@ def test_tables_survive_256_character_ids(browser: Any, tmp_path: Path) -> None:
             assert wide[0] <= wide[1] + 2, (page, wide, widest)
     finally:
         served.stop()
+
+
+def test_the_timeline_marks_an_observation_and_previews_a_rewind(browser: Any,
+                                                                 tmp_path: Path) -> None:
+    """A workspace's timeline (`/timeline`): the edit by hand, observed with a hostile
+    label, is a row marked "outside the steps"; its link opens a rewind's preview with
+    the command that would do it. No planted script runs; nothing is written."""
+    from ledger import run_fenced_step
+
+    ws = tmp_path / "w"
+    ws.mkdir()
+    (ws / "app.py").write_text("v0\n")
+    path = tmp_path / ".steptrail" / "ledger.db"
+    label = f"by hand <script>{ui_corpus.PWN}</script>"
+    with Ledger.init(str(path)) as led:
+        led.workspaces.add("w", str(ws))
+        led.workspaces.observe("w", by="cli:me@host", label="baseline")
+        lease = led.workspaces.acquire("w", holder="agent", ttl_s=600)
+        run_fenced_step(led, "w", "edit-1", lambda r: [r.read("app.py").write(b"v1\n")],
+                        epoch=lease.epoch).raise_for_status()
+        led.workspaces.release("w", lease.epoch)
+        (ws / "app.py").write_text("v2 by hand\n")
+        led.workspaces.observe("w", by=ui_corpus.RUN, label=label)
+        head = led.head().seq
+    served = Served(path).enter(browser)
+    try:
+        browser.get(served.base + "/workspace?name=w")
+        browser.find_element(By.CSS_SELECTOR, "a.travel").click()
+        assert browser.current_url == served.base + "/timeline?ws=w"
+        rows = browser.find_elements(By.CSS_SELECTOR, "table.travel tbody tr")
+        assert [r.get_attribute("class") for r in rows] == ["observed", "step", "observed"]
+        assert "outside the steps" in rows[2].text and label in rows[2].text
+        assert ui_corpus.RUN in rows[2].text  # who asked, as text
+        _no_script_ran(browser, "timeline")
+        rows[1].find_element(By.CSS_SELECTOR, "a.rewind").click()  # edit-1
+        WebDriverWait(browser, 20).until(lambda d: "/rewind?" in d.current_url)
+        content = browser.find_element(By.ID, "content").text
+        assert "A preview: nothing was written" in content and "M app.py" in content
+        command = browser.find_element(By.ID, "rewind-command").text
+        assert command.endswith("--workspace w rewind --to edit-1")
+        _no_script_ran(browser, "rewind")
+    finally:
+        served.stop()
+    with Ledger.open(str(path), readonly=True) as led:
+        assert led.head().seq == head
+    assert (ws / "app.py").read_text() == "v2 by hand\n"

@@ -351,7 +351,8 @@ class Workspaces:
                     self.release(new, rewinding.own_lease(self, new, holder, 60).epoch)
             return forking.Fork(workspace=new, root=target, source=workspace, at_seq=seq,
                                 at_step=step, files=len(content),
-                                unreachable=tuple(unreachable), baseline=done)
+                                unreachable=tuple(unreachable), baseline=done,
+                                pointer=self._point(target, new))
         temps = forking.resumable(self.site, target, content)
         if temps is None:
             raise InvalidInput(f"fork target {target} exists and holds what this fork does"
@@ -372,7 +373,27 @@ class Workspaces:
                 self.release(new, lease.epoch)
         return forking.Fork(workspace=new, root=target, source=workspace, at_seq=seq,
                             at_step=step, files=files, unreachable=tuple(unreachable),
-                            baseline=seen.steps)
+                            baseline=seen.steps, pointer=self._point(target, new))
+
+    def _point(self, target: str, name: str) -> str | None:
+        """Write (or find written) the fork's ``.steptrail/root`` naming this ledger, last:
+        commands run in the directory find the ledger, as workspace `name`
+        (ledger/find.py `Pointer`). None for a ledger in a database (its URL is not
+        written into a directory), or when the directory refuses it."""
+        from .find import LEDGER_DIR, POINTER_FILE, write_pointer
+
+        own = self.site.core.own
+        place = own.place()  # (its directory as opened: never the working directory's)
+        if place is None:
+            return None
+        where = os.path.join(target, LEDGER_DIR, POINTER_FILE)
+        if os.path.isfile(where):
+            return where
+        try:
+            return write_pointer(target, os.path.join(place[0], os.path.basename(own.path)),
+                                 name)
+        except OSError:
+            return None
 
     def watcher(self, workspace: str, *, interval: float = 2.0,
                 include_ignored: bool = False) -> Watcher:

@@ -153,16 +153,19 @@ def cli(ctx: click.Context, ledger_path: str, workspace: str | None, witness: st
         # no --ledger, no STEPTRAIL_LEDGER: the project's ledger, found upward from here
         # as git finds .git (ledger/find.py); none found: ./.steptrail/ledger.db
         from ledger.errors import LedgerError
-        from ledger.find import find_ledger
+        from ledger.find import find_place
 
         try:
-            found = find_ledger()
-        except LedgerError as exc:  # ForeignLedger, a removed working directory: raised
-            # when a command needs the ledger, not before
-            found, ctx.obj["ledger_foreign"] = None, exc
+            place = find_place()
+        except LedgerError as exc:  # ForeignLedger, a removed working directory, a copied
+            # fork's directory: raised when a command needs the ledger, not before
+            place, ctx.obj["ledger_foreign"] = None, exc
+        found = None if place is None else place[0]
         ctx.obj["ledger_found"] = found
         if found is not None:
             ledger_path = found
+        if place is not None and place[1] is not None and not workspace:
+            workspace = place[1].workspace  # a fork's directory: its workspace, by default
     ctx.obj["ledger_path"] = ledger_path
     ctx.obj["workspace"] = workspace or None
     ctx.obj["witness"] = witness or None

@@ -121,6 +121,8 @@ def fence_options(f: F) -> F:
 
 def _workspace(ctx: click.Context, ws_name: str | None) -> str:
     name = ws_name or ctx.obj.get("workspace")
+    if not name and ctx.obj.get("ledger_foreign") is not None:
+        raise ctx.obj["ledger_foreign"]  # (what the search refused says more: a copy's)
     if not name:
         raise InvalidInput(f"which workspace? give --workspace NAME (or set {ENV_WORKSPACE});"
                            " 'steptrail workspace list' shows them")

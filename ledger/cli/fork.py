@@ -34,8 +34,10 @@ def fork(ctx: click.Context, ws_name: str | None, at: str, to: str, name: str | 
     observation, labelled with where it came from, is its baseline and its lineage; the
     bytes are shared with the original (nothing is copied in the ledger). Another agent
     can work there under its own lease while the first goes on. Paths the ledger did not
-    know then are left out and listed. Run steptrail for the fork with this ledger:
-    --ledger (or STEPTRAIL_LEDGER), as printed. A fork killed midway is finished by the
+    know then are left out and listed. Commands run inside DIR find this ledger and the
+    fork's workspace by themselves (DIR/.steptrail/root; a copy of DIR is refused); a
+    ledger in PostgreSQL is named there (--ledger or STEPTRAIL_LEDGER, as printed). A
+    fork killed midway is finished by the
     same command (same --to, same --as): it checks what is there is this fork's, goes on,
     and answers with the fork once it is complete.
     """
@@ -48,12 +50,16 @@ def fork(ctx: click.Context, ws_name: str | None, at: str, to: str, name: str | 
                     "at_seq": got.at_seq, "at_step": got.at_step, "files": got.files,
                     "baseline": list(got.baseline),
                     "unreachable": [{"path": p, "why": why} for p, why in got.unreachable],
-                    "ledger": str(location)})
+                    "ledger": str(location), "pointer": got.pointer})
         return
     for path, why in got.unreachable:
         click.echo(f"left out: {path} ({why})")
     where = f"step {got.at_step} (#{got.at_seq})" if got.at_step else f"#{got.at_seq}"
     click.echo(f"forked workspace {got.source} as of {where} into {got.root} as workspace"
                f" {got.workspace}: {got.files} file(s), baseline {', '.join(got.baseline)}")
-    click.echo(f"work there with: export STEPTRAIL_LEDGER={shlex.quote(str(location))}"
-               f" STEPTRAIL_WORKSPACE={shlex.quote(got.workspace)}")
+    if got.pointer is not None:
+        click.echo(f"work there with: cd {shlex.quote(got.root)} (steptrail finds this ledger"
+                   f" and workspace {got.workspace} from there)")
+    else:
+        click.echo(f"work there with: export STEPTRAIL_LEDGER={shlex.quote(str(location))}"
+                   f" STEPTRAIL_WORKSPACE={shlex.quote(got.workspace)}")

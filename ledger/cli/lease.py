@@ -68,13 +68,13 @@ def lease() -> None:
 @click.option("--resume", is_flag=True, help="Take back a live lease this --holder still holds"
               " (this agent's earlier run, which died): a new epoch that settles what it left"
               " unfinished. Another holder's live lease is still refused.")
-@click.option("--observe/--no-observe", default=False, show_default=True,
+@click.option("--observe/--no-observe", default=True, show_default=True,
               help="Once settled, record the edits made outside the steps while nobody held"
               " the workspace (steptrail observe, asked by lease:HOLDER): the new holder"
               " starts from a history that has them. Costs a stat walk of the tree (about"
               " 0.1 s for 10,000 files when nothing changed); the first one reads and stores"
-              " every file (the baseline). It moves the revisions of what it records: plan"
-              " after it, from what 'workspace read' says.")
+              " every file (the baseline). A write planned on a read made before is carried"
+              " over what only observations recorded.")
 @json_option
 @click.pass_context
 def lease_acquire(ctx: click.Context, ws_name: str | None, holder: str, ttl: float, force: bool,

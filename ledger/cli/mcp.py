@@ -53,15 +53,14 @@ _MCP_SDK_MODULES = ("mcp", "mcp_types", "pydantic", "anyio", "starlette", "uvico
               " --lease-linger): fewer lease commits when agents share a workspace; each"
               " waits at most about a turn per server ahead of it. 0: hand the lease over"
               " after every call.")
-@click.option("--observe", "observe_on_lease", is_flag=True,
+@click.option("--observe/--no-observe", "observe_on_lease", default=True, show_default=True,
               help="Each time the server takes the workspace's lease anew, first record the"
               " edits made outside its writes meanwhile (a person's editor, a shell:"
               " steptrail observe), so history, rewind and undo have them. Costs a stat walk"
               " of the tree per lease taken (about 0.1 s for 10,000 files when nothing"
-              " changed); the first reads and stores every file (the baseline). An"
-              " observation moves the revisions of what it records: a client's write based"
-              " on a read made before it is refused as stale (read again), even where the"
-              " bytes did not change.")
+              " changed); the first reads and stores every file (the baseline). A client's"
+              " write planned on a read made before is carried over what only observations"
+              " recorded.")
 @click.pass_context
 def mcp(ctx: click.Context, workspaces: tuple[str, ...], http: bool, host: str, port: int,
         allow_remote: bool, lease_ttl: float, lease_wait: float, lease_linger: float,

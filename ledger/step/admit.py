@@ -7,7 +7,7 @@ re-stamps an ended attempt onto the revisions of now."""
 from __future__ import annotations
 
 import builtins  # (annotations: `Workspaces.list` shadows the builtin in the class)
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import msgspec
 
@@ -15,7 +15,9 @@ from ..blobs import Content, check_content, content_bytes, content_digest
 from ..errors import BlobNotFound, InvalidInput, PlanConflict, ReplanRefused
 from ..events import (
     BlobPinned,
+    Compensated,
     Event,
+    Fenced,
     Planned,
     PlannedWrite,
     Rejected,
@@ -62,8 +64,47 @@ def _check_mode(w: Write) -> int | None:
     return w.mode
 
 
+def carried_over(site: Site, workspace: str, path: str, base_rev: int,
+                 now: tuple[int, str | None, int] | None, pre_hash: str | None) -> bool:
+    """Whether a write planned on revision `base_rev` of `path` is recorded on the path's
+    revision of `now` instead: every revision of the path since `base_rev` was made by an
+    observation — edits made outside the steps, recorded as they were found (an acquire
+    or an MCP server that observes at each lease, docs/time-travel.md "At each lease") —
+    and the ledger's content of the path now is what the write was planned on
+    (`pre_hash`). Its writer read those bytes and they are what is there: refusing it as
+    stale would refuse a correct write because a person's edits were recorded. A step's
+    write or an undo in between, or other bytes, is never carried over; the fence still
+    checks the disk."""
+    now_rev = 0 if now is None else now[0]
+    if not 0 <= base_rev < now_rev or now is None or now[1] != pre_hash:
+        return False
+    observations = {r.step for r in site.core.log.read(kind="observed", workspace=workspace)}
+    since = 0 if base_rev == 0 else None  # the seq from which on the path left base_rev
+    until = None  # the seq of the write that brought it to now_rev
+    touched: list[tuple[int, str, bool]] = []  # (seq, step, by a step's write)
+    for r in site.core.log.read(workspace=workspace):
+        event = r.event
+        if isinstance(event, Fenced):
+            for w in event.writes:
+                if w.path == path:
+                    if w.rev == base_rev:
+                        since, until, touched = r.seq, None, []
+                    else:
+                        touched.append((r.seq, r.step, True))
+                        if w.rev == now_rev:
+                            until = r.seq
+        elif isinstance(event, Compensated):
+            if any(x.path == path for x in event.restored):
+                touched.append((r.seq, r.step, False))
+    if since is None or until is None:
+        return False
+    return all(write and step in observations
+               for seq, step, write in touched if seq <= until)
+
+
 def _plan_differences(recorded: Planned | None, p: StepPlan, workspace: str,
-                      fence: FenceMode, journal: bool) -> list[str]:
+                      fence: FenceMode, journal: bool,
+                      carried: Callable[[str, int, int], bool] | None = None) -> list[str]:
     """What tells plan `p` apart from the attempt's recorded plan (empty: the same plan).
 
     Compared: the workspace, each write's path, pre_hash, new content (its digest) and
@@ -91,7 +132,9 @@ def _plan_differences(recorded: Planned | None, p: StepPlan, workspace: str,
             out.append(f"{path}: pre_hash {str(w.pre_hash)[:12]}, recorded {str(r.pre_hash)[:12]}")
         if post != r.post_hash:
             out.append(f"{path}: new content {str(post)[:12]}, recorded {str(r.post_hash)[:12]}")
-        if w.base_rev is not None and w.base_rev != r.base_rev:
+        if w.base_rev is not None and w.base_rev != r.base_rev and not (
+                carried is not None and w.base_rev < r.base_rev
+                and carried(path, w.base_rev, r.base_rev)):
             out.append(f"{path}: base_rev {w.base_rev}, recorded {r.base_rev}")
     if tuple(sorted(set(p.artifacts))) != recorded.artifacts:
         out.append(f"artifacts {sorted(set(p.artifacts))}, recorded {list(recorded.artifacts)}")
@@ -177,7 +220,15 @@ def admit(
                 # and a large post-image's file lost that file: the retry puts back
                 # the bytes its recorded plan names.
                 recorded = read_attempt(site.core.log, p.step, row.attempt).planned
-                differences = _plan_differences(recorded, p, workspace, fence, journal)
+
+                def carried(path: str, base: int, to: int) -> bool:
+                    # (a retry of a write carried over observations when first admitted)
+                    mine = next(w for w in p.writes if w.path == path)
+                    return carried_over(site, workspace, path, base, (to, mine.pre_hash, 0),
+                                        mine.pre_hash)
+
+                differences = _plan_differences(recorded, p, workspace, fence, journal,
+                                                carried)
                 if differences:
                     state = f"{row.state}, committed" if row.live else row.state
                     raise PlanConflict(p.step, row.attempt, state, differences)
@@ -195,10 +246,14 @@ def admit(
                     post, size = content_digest(w.content)
                     contents[post] = (w.content, size)
                 current = sim.get(w.path)
+                state = None
                 if current is None:
                     state = conn.path_state(workspace, w.path)
                     current = 0 if state is None else state[0]
                 base = current if w.base_rev is None else w.base_rev
+                if w.path not in sim and base != current and fence == "step" \
+                        and carried_over(site, workspace, w.path, base, state, w.pre_hash):
+                    base = current  # only observations moved it since it was read
                 if w.path in last_post and (
                     w.pre_hash != last_post[w.path] or base != sim[w.path]
                 ):

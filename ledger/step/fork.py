@@ -34,14 +34,15 @@ from typing import Any, Final
 from ..blobs import CHUNK
 from ..errors import InvalidInput, LedgerError, StorageFailure
 from ..events import Observed, check_step_id
+from ..find import LEDGER_DIR, POINTER_FILE
 from ..projections.workspaces import Registration
 from ..workspace import staging
 from ..workspace.boundary import identity_of
 from ..workspace.directory import READ_FLAGS, WorkspaceDir
 from ..workspace.moves import Seen, look
 from ..workspace.names import leaf_of_temp, temp_stamp
-from .rewind import _target_seq, modes_as_of, state_as_of
 from ..retention import why_unreachable
+from .rewind import _target_seq, modes_as_of, state_as_of
 from .site import Site
 
 #: The stamp of the temporaries a fork stages (`WorkspaceDir`'s defaults: epoch 0, no
@@ -78,6 +79,9 @@ class Fork:
     files: int
     unreachable: tuple[tuple[str, str], ...]
     baseline: tuple[str, ...]
+    #: ``DIR/.steptrail/root``: how commands run in the fork's directory find this ledger
+    #: (None: a ledger in a database — name it there — or it could not be written)
+    pointer: str | None = None
 
 
 def plan_fork(site: Site, name: str, at: str | int) -> tuple[int, str | None,
@@ -159,6 +163,8 @@ def resumable(site: Site, target: str, content: dict[str, str]
             rel = os.path.relpath(top, target)
             rel = "" if rel == "." else rel
             prefix = rel + "/" if rel else ""
+            if not rel and LEDGER_DIR in dirs and _own_pointer_dir(top):
+                dirs.remove(LEDGER_DIR)  # a fork run before wrote its pointer, last
             for name in dirs:
                 if os.path.islink(os.path.join(top, name)) or prefix + name not in above:
                     return None
@@ -181,6 +187,26 @@ def resumable(site: Site, target: str, content: dict[str, str]
     finally:
         out.close()
     return temps
+
+
+def _own_pointer_dir(target: str) -> bool:
+    """Whether `target`'s ``.steptrail`` holds nothing but what `Workspaces.fork` writes
+    there (the root pointer, its ``.gitignore``, a pointer's temporary a kill left): a
+    real directory, regular files only."""
+    meta = os.path.join(target, LEDGER_DIR)
+    try:
+        if os.path.islink(meta):
+            return False
+        names = os.listdir(meta)
+    except OSError:
+        return False
+    for name in names:
+        own = name in (POINTER_FILE, ".gitignore") or (
+            name.startswith(POINTER_FILE + ".") and name.endswith(".tmp"))
+        if not own or not os.path.isfile(os.path.join(meta, name)) \
+                or os.path.islink(os.path.join(meta, name)):
+            return False
+    return True
 
 
 def _unreadable(exc: OSError) -> None:

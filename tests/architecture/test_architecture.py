@@ -838,6 +838,7 @@ OWN_FILES_MOVERS: dict[str, str] = {
     "ui/__init__.py": "the ui's private launcher file",
     "demo.py": "the demo's own scratch directory",
     "workspace/statcache.py": "observe's stat cache, beside the ledger or in the user's cache",
+    "find.py": "a fork's root pointer, in the fork's own .steptrail directory (no workspace file)",
 }
 #: Calls that change what a name holds: `module.function` or a bare name imported.
 _MOVE_CALLS = frozenset({

@@ -106,10 +106,12 @@ def test_the_cli_quickstart_leaves_what_it_says(tmp_path: Path) -> None:
     assert (repo / "app.py").read_text() == 'print("v1")\n# reviewed\n'  # the person's line
     steps = run_shell("steptrail steps --json", repo, "README.md", "steps").stdout
     states = {s["step_id"]: (s["state"], s["committed"]) for s in json.loads(steps)}
-    # the person's edit observed (with the quickstart's other files: the first observation);
+    # the lease's observation (the baseline: every file of the new workspace), then the
+    # person's edit observed by hand (with the files the quickstart made meanwhile);
     # the artifact step's run sealed: its tombstone stays, its events are archived
-    [observed] = [s for s in states if s.startswith("observed-repo-")]
-    assert states.pop(observed) == ("acked", True)
+    baseline, observed = sorted((s for s in states if s.startswith("observed-repo-")),
+                                key=lambda s: int(s.split("-r")[-1].split("-")[0]))
+    assert states.pop(baseline) == states.pop(observed) == ("acked", True)
     assert states == {"edit-1": ("acked", True), "tests-1": ("sealed", False)}
     changes = json.loads(run_shell(f"steptrail events --step {observed} --json", repo,
                                    "README.md", "events").stdout)

@@ -84,7 +84,10 @@ def test_a_scripted_session_over_stdio(repo: Path) -> None:
             await agent.ok("undo", step=w["step"])
             assert (repo / "app.py").read_text() == 'print("person")\n'
             hist = await agent.ok("history", path="app.py")
-            assert [s["outcome"] for s in hist["steps"]] == ["undone", "refused", "committed"]
+            # (the server observes at its first lease: the workspace's baseline, oldest)
+            assert [(s["outcome"], s["step"].startswith("observed-repo-"))
+                    for s in hist["steps"]] == [("undone", False), ("refused", False),
+                                                ("committed", False), ("committed", True)]
             bad = await agent.fails("read_text_file", path="../../etc/passwd")
             assert "\n" not in text(bad)
         verify_clean(repo)

@@ -356,14 +356,14 @@ def test_the_command_line_records_who_asked(world: World, tmp_path: Path,
     assert r.exit_code == 2 and "not a size" in r.output
     (world.root / "README.md").write_text("between leases\n")
     r = runner.invoke(cli, ["--ledger", str(location), "--workspace", "w", "lease", "acquire",
-                            "--holder", "agent", "--observe"])
+                            "--holder", "agent"])  # (the command line observes by default)
     assert r.exit_code == 0 and "observed 1 edit(s) made outside the steps" in r.output, r.output
     (world.root / "README.md").write_text("left for later\n")
     r = runner.invoke(cli, ["--ledger", str(location), "--workspace", "w", "lease", "acquire",
-                            "--holder", "agent", "--resume", "--json"])  # (not by default)
+                            "--holder", "agent", "--resume", "--no-observe", "--json"])
     assert r.exit_code == 0 and json.loads(r.output)["observed"] == [], r.output
     r = runner.invoke(cli, ["--ledger", str(location), "--workspace", "w", "lease", "acquire",
-                            "--holder", "agent", "--resume", "--observe"])
+                            "--holder", "agent", "--resume"])
     assert r.exit_code == 0 and "observed 1 edit(s)" in r.output, r.output
     world.led = Ledger.open(location)
 

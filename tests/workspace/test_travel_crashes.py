@@ -39,7 +39,8 @@ def _cache_home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
 
 def tree(root: Path) -> dict[str, bytes]:
     return {p.relative_to(root).as_posix(): p.read_bytes() for p in sorted(root.rglob("*"))
-            if p.is_file() and ".steptrail-" not in p.name}
+            if p.is_file() and ".steptrail-" not in p.name
+            and p.relative_to(root).parts[0] != ".steptrail"}  # (the fork's root pointer)
 
 
 def temporaries(root: Path) -> list[str]:

@@ -219,8 +219,9 @@ class Workspaces:
         restart-safe way to start (README's quickstart). `observe`: once settled, record
         the edits made to the workspace outside the steps while nobody held it (`observe`,
         as asked by ``lease:HOLDER``; its steps in `observed`): the new holder starts from
-        a history that has them. A failure to observe fails the acquire after it (the
-        lease stays yours: release it, or observe again).
+        a history that has them; what it left out is in `not_captured`. A failure to
+        observe does not fail the acquire, whose lease is held from its first commit: it
+        is said in `observe_error` (the next observation records those edits).
         """
         event = self.leases.begin(workspace, holder, ttl_s, force=force, bare=bare,
                                   resume=resume)
@@ -228,15 +229,22 @@ class Workspaces:
         # it (apply refuses with Unsettled until `settle` succeeds), never lost.
         settled, failed = undo.settle_all(self.site, workspace, event.epoch)
         seen: observing.Observation | None = None
+        observe_error = None
         if observe and not bare and not failed:
-            seen = observing.observe(self.site, workspace, event.epoch,
-                                     by=f"lease:{holder}"[:255])
+            try:
+                seen = observing.observe(self.site, workspace, event.epoch,
+                                         by=f"lease:{holder}"[:255])
+            except LedgerError as exc:  # the lease is held all the same: said, not lost
+                observe_error = f"{type(exc).__name__}: {exc}".splitlines()[0][:1000]
         return Lease(workspace=workspace, epoch=event.epoch, holder=holder,
                      expires_ns=event.expires_ns, live=True, released=False,
                      settled=tuple(c.step for c in settled), unsettled=tuple(failed),
                      conflicts=settle_conflicts(settled),
                      observed=seen.steps if seen is not None else (),
-                     observed_changes=len(seen.changes) if seen is not None else 0)
+                     observed_changes=len(seen.changes) if seen is not None else 0,
+                     not_captured=tuple(f"{n.path} ({n.why})" for n in seen.not_captured
+                                        if n.why != "ignored") if seen is not None else (),
+                     observe_error=observe_error)
 
     def observe(
         self, workspace: str, *, epoch: int | None = None, holder: str | None = None,

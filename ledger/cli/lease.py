@@ -11,7 +11,7 @@ import msgspec
 from ledger.errors import CompensationConflict, Unsettled
 
 from ._common import LedgerSubgroup, Refusal, _emit_json, _examples, _open, json_option
-from ._format import _echo_compensation, _iso, _lease_state, compensation_json
+from ._format import _echo_compensation, _iso, _lease_state, _shown, compensation_json
 from ._options import (
     CLI_LEASE_TTL,
     DURATION,
@@ -101,8 +101,17 @@ def lease_acquire(ctx: click.Context, ws_name: str | None, holder: str, ttl: flo
         if got.observed:
             click.echo(f"observed {got.observed_changes} edit(s) made outside the steps:"
                        f" {', '.join(got.observed)}")
-        elif observe:
+        elif observe and got.observe_error is None:
             click.echo("observed: nothing changed outside the steps")
+        for left in got.not_captured[:20]:
+            click.echo(f"not captured: {_shown(left)}")
+        if len(got.not_captured) > 20:
+            click.echo(f"not captured: … and {len(got.not_captured) - 20} more")
+    if got.observe_error is not None:
+        click.echo(f"steptrail: the lease is held (epoch {got.epoch}), but observing the"
+                   f" workspace failed ({_shown(got.observe_error)}); the edits made"
+                   " meanwhile are recorded by the next look: steptrail observe --epoch"
+                   f" {got.epoch}", err=True)
     # the lease is acquired all the same: the error says so, and --json prints its document
     held = f"the lease is held (epoch {got.epoch})"
     if got.unsettled:

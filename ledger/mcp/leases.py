@@ -353,6 +353,10 @@ class Leases:
             self.notices.append(f"{_iso_now()}: observed {lease.observed_changes} edit(s) made"
                                 f" outside the steps in workspace {ws!r}:"
                                 f" {', '.join(lease.observed)}")
+        if lease.observe_error is not None:
+            self.notices.append(f"{_iso_now()}: observing workspace {ws!r} at its lease failed"
+                                f" ({lease.observe_error}); the edits made outside the steps"
+                                " meanwhile are recorded by the next look")
         if lease.unsettled:
             self.notices.append(f"{_iso_now()}: settling failed for"
                                 f" {', '.join(lease.unsettled)}; writes are refused until"

@@ -29,6 +29,7 @@ from ..projections.steps import ENDED, PLANNED
 from ..store import EventQuery
 from ..workspace import staging
 from .attempt import read_attempt
+from .observe import RUN as OBSERVED_RUN
 from .site import Site
 from .values import FENCE_MODES, INT64_MAX, ApplyResult, FenceMode, StepPlan, Write
 
@@ -78,11 +79,20 @@ def carried_over(site: Site, workspace: str, path: str, base_rev: int,
     now_rev = 0 if now is None else now[0]
     if not 0 <= base_rev < now_rev or now is None or now[1] != pre_hash:
         return False
-    observations = {r.step for r in site.core.log.read(kind="observed", workspace=workspace)}
+    # An observation is an attempt: the step and attempt its `observed` event names, of
+    # the run observations record under. An ended observation's id is free for a new
+    # attempt (`admit`, `replan`), and `ledger.append` takes an `observed` event for any
+    # step planned: neither makes a step's write an observation.
+    observations = {(r.step, r.event.attempt) for r in
+                    site.core.log.read(kind="observed", workspace=workspace)
+                    if r.event.run == OBSERVED_RUN}
     since = 0 if base_rev == 0 else None  # the seq from which on the path left base_rev
     until = None  # the seq of the write that brought it to now_rev
-    touched: list[tuple[int, str, bool]] = []  # (seq, step, by a step's write)
-    for r in site.core.log.read(workspace=workspace):
+    touched: list[tuple[int, bool]] = []  # (seq, by an observation's write)
+    records = sorted((*site.core.log.read(kind="fenced", workspace=workspace),
+                      *site.core.log.read(kind="compensated", workspace=workspace)),
+                     key=lambda r: r.seq)  # (two kinds of the workspace's, not all of it)
+    for r in records:
         event = r.event
         if isinstance(event, Fenced):
             for w in event.writes:
@@ -90,16 +100,16 @@ def carried_over(site: Site, workspace: str, path: str, base_rev: int,
                     if w.rev == base_rev:
                         since, until, touched = r.seq, None, []
                     else:
-                        touched.append((r.seq, r.step, True))
+                        touched.append((r.seq, event.run == OBSERVED_RUN
+                                        and (r.step, event.attempt) in observations))
                         if w.rev == now_rev:
                             until = r.seq
         elif isinstance(event, Compensated):
             if any(x.path == path for x in event.restored):
-                touched.append((r.seq, r.step, False))
+                touched.append((r.seq, False))
     if since is None or until is None:
         return False
-    return all(write and step in observations
-               for seq, step, write in touched if seq <= until)
+    return all(observed for seq, observed in touched if seq <= until)
 
 
 def _plan_differences(recorded: Planned | None, p: StepPlan, workspace: str,

@@ -84,6 +84,9 @@ RACY_NS: Final = 2_000_000_000
 WRITES_PER_STEP: Final = 1000
 #: A file larger than this is not captured unless the caller raises it.
 MAX_FILE_BYTES: Final = 64 * 1024 * 1024
+#: How many files changing while stored an observation strikes before such a look counts
+#: as one of its DRAFT_ROUNDS (each is struck at most twice, then left out: `changing`).
+CHANGING_FILES_MAX: Final = 32
 #: How many left-out files an `observed` event names (the count is whole).
 NOT_CAPTURED_LISTED: Final = 100
 #: The run an observation's step belongs to.
@@ -636,7 +639,12 @@ def observe(site: Site, name: str, epoch: int, *, by: str, label: str = "",
     strikes: dict[str, int] = {}  # path -> tries it changed under
     why = ""
     with site.leases.workspace_lock(name):
-        for _round in range(DRAFT_ROUNDS + 1):
+        # A look that a step moved under counts against DRAFT_ROUNDS; one a file changed
+        # under strikes that file instead (two strikes leave it out), so the files a
+        # server keeps writing end as `changing` rather than failing the observation —
+        # up to CHANGING_FILES_MAX of them, after which each such look counts too.
+        _round = 0
+        while _round <= DRAFT_ROUNDS:
             confined = site.places.confined(name)
             root = confined.root
             with confined.wsdir.open_dir("") as fd:  # (a moved root: WorkspaceMoved)
@@ -676,6 +684,8 @@ def observe(site: Site, name: str, epoch: int, *, by: str, label: str = "",
                     # left out (``changing``): the rest is recorded, it by a later look
                     strikes[b.path] = strikes.get(b.path, 0) + 1
                     why = b.why
+                    if len(strikes) > CHANGING_FILES_MAX:
+                        _round += 1
                     continue
                 except InFlight as f:
                     why = f.why
@@ -685,9 +695,11 @@ def observe(site: Site, name: str, epoch: int, *, by: str, label: str = "",
                             " between your own steps (or without an epoch, under a lease"
                             " of its own)") from None
                     time.sleep(0.05 * (_round + 1))
+                    _round += 1
                     continue
                 except Moved as m:
                     why = m.why
+                    _round += 1
                     continue  # something moved under the walk: look again
             if steps or not found.changes:
                 # (a look whose changes were not recorded is no baseline for modes)

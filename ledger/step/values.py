@@ -164,6 +164,11 @@ class Lease(msgspec.Struct, frozen=True, kw_only=True):
     # steps while nobody held the lease), and how many changes they hold
     observed: tuple[str, ...] = ()
     observed_changes: int = 0
+    # what that observation saw and left out ("path (why)", .gitignore'd files not
+    # listed), and why it failed when it did: the lease is held all the same — the edits
+    # are recorded by the next observation (`observe --epoch N`)
+    not_captured: tuple[str, ...] = ()
+    observe_error: str | None = None
 
 
 class Receipt(msgspec.Struct, frozen=True, kw_only=True):

@@ -110,6 +110,9 @@ def test_the_inspector_drives_a_fenced_session(inspector: dict[str, str], tmp_pa
     history = call(inspector, target, "history", path="app.py")
     outcomes = {s["step"]: s["outcome"] for s in history["steps"]}
     assert outcomes[wrote["step"]] == "committed"
+    # (the server observed at its first lease: the workspace's baseline, committed)
+    [baseline] = [s for s in outcomes if s.startswith("observed-")]
+    assert outcomes.pop(baseline) == "committed"
     assert sorted(outcomes.values()) == ["committed", "refused"]
 
     undone = call(inspector, target, "undo", step=wrote["step"])

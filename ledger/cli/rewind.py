@@ -37,7 +37,7 @@ def rewind_json(r: Any) -> dict[str, Any]:
     }
 
 
-_MARK = {"restore": "M", "create": "A", "delete": "D"}
+_MARK = {"restore": "M", "create": "A", "delete": "D", "mode": "m"}  # m: the mode only
 
 
 @click.command("rewind", cls=LedgerCommand, epilog=_examples(

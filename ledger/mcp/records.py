@@ -153,7 +153,7 @@ class Records:
                                                             epoch=epoch)
         except LedgerError as exc:
             raise ToolFailure(one_line(said_at_a_shell(exc))) from None
-        marks = {"restore": "M", "create": "A", "delete": "D"}
+        marks = {"restore": "M", "create": "A", "delete": "D", "mode": "m"}
         lines = [f"{marks[c.kind]} {self.ctx.show(ws, c.path)}" + (f"\n{c.diff}" if c.diff
                                                                   else "")
                  for c in got.changes]

@@ -54,9 +54,13 @@ class RewindChange:
     now: str | None
     then: str | None
     diff: str = ""
+    #: the permission bits it had then, when only they differ from now's (`kind` "mode")
+    mode: int | None = None
 
     @property
     def kind(self) -> str:
+        if self.then is not None and self.then == self.now:
+            return "mode"
         return "delete" if self.then is None else "create" if self.now is None else "restore"
 
 
@@ -199,6 +203,7 @@ def plan_rewind(site: Site, name: str, to: str | int, *, paths: Any = None,
                 diffs: bool = True) -> Rewind:
     """What rewinding workspace `name` to `to` would change (nothing is written)."""
     seq, step = _target_seq(site, to)
+    head_seq = site.core.log.head().seq
     site.places.get(name)
     chosen_paths = _normal_paths(site, name, paths)
     then, unknown = state_as_of(site, name, seq)
@@ -243,6 +248,20 @@ def plan_rewind(site: Site, name: str, to: str | int, *, paths: Any = None,
         diff = _diff(site, path, current, target) if diffs else ""
         changes.append(RewindChange(path, current, target, diff))
         if _disk_hash(confined, path) != current:
+            unobserved.append(path)
+    # the same bytes with other permission bits (a chmod an observation recorded): the
+    # bytes put back with the mode they had then
+    then_modes, now_modes = modes_as_of(site, name, seq), modes_as_of(site, name, head_seq)
+    for path in sorted(set(then) & set(now)):
+        old, new = then_modes.get(path), now_modes.get(path)
+        if (not chosen(path) or path in unknown or path in wanted or then[path] is None
+                or then[path] != now[path] or old is None or new is None
+                or old & 0o777 == new & 0o777):
+            continue
+        if site.core.blob_size(then[path]) is None:  # type: ignore[arg-type]
+            continue
+        changes.append(RewindChange(path, now[path], then[path], "", mode=old & 0o777))
+        if _disk_hash(confined, path) != now[path]:
             unobserved.append(path)
     return Rewind(workspace=name, to_seq=seq, to_step=step, changes=tuple(changes),
                   unreachable=tuple(sorted(unreachable)), unobserved=tuple(unobserved),
@@ -299,7 +318,8 @@ def rewind(site: Site, name: str, to: str | int, epoch: int, *,
                 spool.seek(0)
                 content = spool
             rev = now[ch.path][0] if ch.path in now else 0
-            mode = modes.get(ch.path) if ch.now is None and ch.then is not None else None
+            mode = (ch.mode if ch.mode is not None else
+                    modes.get(ch.path) if ch.now is None and ch.then is not None else None)
             writes.append(Write(ch.path, content, ch.now, base_rev=rev,
                                 mode=None if mode is None else mode & 0o777))
         from . import admit, apply

@@ -156,7 +156,7 @@ class TravelPages:
             d, now_size, then_size = self.files.diff_of(led, ch.now, ch.then, ch.path, deadline)
             shown.append({"change": ch, "path": ch.path, "pre": ch.now, "post": ch.then,
                           "diff": d, "pre_size": now_size, "post_size": then_size, "step": ""})
-        counts = {k: sum(1 for c in every if c.kind == k) for k in ("restore", "create", "delete")}
+        counts = {k: sum(1 for c in every if c.kind == k) for k in ("restore", "create", "delete", "mode")}
         to_word = (f"#{plan.to_seq}" if plan.to_step is None or _SEQ_LIKE.fullmatch(plan.to_step)
                    else plan.to_step)
         base = self._base_command(name)

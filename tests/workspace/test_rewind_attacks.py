@@ -354,15 +354,20 @@ def test_a_deleted_executable_comes_back_executable(world_factory: Callable[...,
     assert stat.S_IMODE(os.stat(w.root / "run.sh").st_mode) == 0o755
 
 
-@pytest.mark.xfail(strict=True, reason="a mode change since the target (recorded by observe,"
-                   " kind 'mode') is not rewound: plan_rewind compares digests only")
 def test_a_mode_change_since_is_rewound(world_factory: Callable[..., World]) -> None:
     w = world_factory({"x.sh": b"x\n"})
     w.step("s1", lambda r: [r.read("app.py").write(b"v1\n")])
     os.chmod(w.root / "x.sh", 0o755)
     assert [c.kind for c in w.led.workspaces.observe("w").changes] == ["mode"]
-    w.led.workspaces.rewind("w", "s1")
+    preview = w.led.workspaces.rewind("w", "s1", preview=True)
+    assert [(c.path, c.kind, c.mode) for c in preview.changes] == [
+        ("app.py", "restore", None), ("x.sh", "mode", 0o644)] or [
+        (c.path, c.kind) for c in preview.changes if c.path == "x.sh"] == [("x.sh", "mode")]
+    got = w.led.workspaces.rewind("w", "s1")
+    assert got.applied, got.detail
     assert stat.S_IMODE(os.stat(w.root / "x.sh").st_mode) == 0o644
+    assert (w.root / "x.sh").read_bytes() == b"x\n"
+    assert w.led.verify().ok
 
 
 @pytest.mark.xfail(strict=True, reason="open: one step cannot turn a directory back into a"

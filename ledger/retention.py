@@ -389,18 +389,34 @@ def apply(ledger: Ledger, policy: Policy, *, now_ns: int | None = None,
     return report
 
 
-def why_unreachable(ledger_or_log: Any, digest: str) -> str:
-    """Why the bytes `digest` are no longer stored, in words for restore/rewind/fork."""
-    read = getattr(ledger_or_log, "read")
-    for r in read(kind="history-released"):
+def released_versions(ledger_or_log: Any) -> dict[tuple[str, str, str], int]:
+    """(workspace, path, digest) -> the seq of the `history-released` event that released
+    that version (the first, where two did)."""
+    out: dict[tuple[str, str, str], int] = {}
+    for r in getattr(ledger_or_log, "read")(kind="history-released"):
         event = r.event
-        if isinstance(event, HistoryReleased) and any(v.digest == digest
-                                                      for v in event.versions):
-            return (f"its bytes as of then were released by the retention policy"
-                    f" (#{r.seq}) and collected")
+        if isinstance(event, HistoryReleased):
+            for v in event.versions:
+                out.setdefault((event.workspace, v.path, v.digest), r.seq)
+    return out
+
+
+def why_unreachable(ledger_or_log: Any, digest: str, *, workspace: str, path: str,
+                    released: dict[tuple[str, str, str], int] | None = None) -> str:
+    """Why the version of `path` in `workspace` whose bytes are `digest` is no longer
+    stored, in words for restore/rewind/fork: released by the retention policy only when
+    a release named that very version (workspace, path and bytes) — the same bytes
+    released under another path or workspace say nothing of this one. `released`:
+    `released_versions`, when the caller asks about many paths."""
+    index = released_versions(ledger_or_log) if released is None else released
+    seq = index.get((workspace, path, digest))
+    if seq is not None:
+        return (f"its bytes as of then were released by the retention policy"
+                f" (#{seq}) and collected")
     return "its bytes as of then are no longer stored (collected)"
 
 
 __all__ = ["POLICY_NAME", "Policy", "RetentionReport", "Version", "WorkspaceRetention",
            "apply", "history", "load_policy", "plan", "policy_path", "released_keys",
+           "released_versions",
            "why_unreachable"]

@@ -41,8 +41,6 @@ import hashlib
 import logging
 import os
 import random
-import re
-import socket
 import stat
 import threading
 import time
@@ -50,7 +48,7 @@ from collections import deque
 from collections.abc import Iterator
 from typing import Any
 
-from ledger import LeaseHeld, Ledger, LedgerError, StaleEpoch
+from ledger import LeaseHeld, Ledger, LedgerError, StaleEpoch, holders
 from ledger.fmt import iso
 
 log = logging.getLogger("steptrail.mcp")
@@ -76,55 +74,17 @@ def _iso_now() -> str:
 # -- the holder's name ----------------------------------------------------------------------
 
 
-def _start_time(pid: int) -> str | None:
-    """The process's start time (clock ticks since boot, Linux), to tell a reused pid."""
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            raw = f.read().decode("ascii", "replace")
-    except OSError:
-        return None
-    fields = raw[raw.rfind(")") + 2:].split()
-    return fields[19] if len(fields) > 19 else None
-
-
-def _host() -> str:
-    return re.sub(r"[^A-Za-z0-9.-]", "-", socket.gethostname())[:64] or "host"
-
-
 def holder_name() -> str:
-    """``steptrail-mcp@HOST:PID:START``: who holds a lease, precisely enough to tell
-    later whether that process is still alive."""
-    return f"steptrail-mcp@{_host()}:{os.getpid()}:{_start_time(os.getpid()) or 0}"
+    """``steptrail-mcp@HOST+MACHINE:PID:START`` (ledger/holders.py): who holds a lease,
+    precisely enough to tell later whether that process is still alive."""
+    return holders.holder("mcp")
 
 
 def holder_is_dead(holder: str) -> bool:
-    """Whether `holder` names a steptrail mcp process of this machine that is gone (or
-    a zombie, or whose pid now belongs to another process). Unknown holders are alive."""
-    m = re.fullmatch(r"steptrail-mcp@(?P<host>[^:]+):(?P<pid>\d+):(?P<start>\d+)", holder)
-    if m is None or m["host"] != _host():
-        return False
-    pid = int(m["pid"])
-    if pid == os.getpid():
-        return holder != holder_name()
-    if os.path.isdir("/proc"):
-        try:
-            with open(f"/proc/{pid}/stat", "rb") as f:
-                raw = f.read().decode("ascii", "replace")
-        except FileNotFoundError:
-            return True
-        except OSError:
-            return False
-        rest = raw[raw.rfind(")") + 2:].split()
-        if rest and rest[0] in ("Z", "X"):
-            return True
-        return m["start"] != "0" and len(rest) > 19 and rest[19] != m["start"]
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return True
-    except OSError:
-        return False
-    return False
+    """Whether `holder` names a steptrail mcp process of this machine (this kernel boot
+    and pid namespace) that is gone, a zombie, or whose pid is another process's now.
+    Unknown holders are alive."""
+    return holders.is_gone(holder, ("mcp",))
 
 
 # -- this machine's queue -------------------------------------------------------------------

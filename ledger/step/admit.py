@@ -29,7 +29,7 @@ from ..projections.steps import ENDED, PLANNED
 from ..store import EventQuery
 from ..workspace import staging
 from .attempt import read_attempt
-from .observe import RUN as OBSERVED_RUN
+from .observe import RUN as OBSERVED_RUN, observation_attempts
 from .site import Site
 from .values import FENCE_MODES, INT64_MAX, ApplyResult, FenceMode, StepPlan, Write
 
@@ -79,13 +79,7 @@ def carried_over(site: Site, workspace: str, path: str, base_rev: int,
     now_rev = 0 if now is None else now[0]
     if not 0 <= base_rev < now_rev or now is None or now[1] != pre_hash:
         return False
-    # An observation is an attempt: the step and attempt its `observed` event names, of
-    # the run observations record under. An ended observation's id is free for a new
-    # attempt (`admit`, `replan`), and `ledger.append` takes an `observed` event for any
-    # step planned: neither makes a step's write an observation.
-    observations = {(r.step, r.event.attempt) for r in
-                    site.core.log.read(kind="observed", workspace=workspace)
-                    if r.event.run == OBSERVED_RUN}
+    observations = observation_attempts(site.core.log, workspace)
     since = 0 if base_rev == 0 else None  # the seq from which on the path left base_rev
     until = None  # the seq of the write that brought it to now_rev
     touched: list[tuple[int, bool]] = []  # (seq, by an observation's write)

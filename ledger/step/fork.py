@@ -41,8 +41,9 @@ from ..workspace.boundary import identity_of
 from ..workspace.directory import READ_FLAGS, WorkspaceDir
 from ..workspace.moves import Seen, look
 from ..workspace.names import leaf_of_temp, temp_stamp
-from ..retention import why_unreachable
+from ..retention import released_versions, why_unreachable
 from .rewind import _target_seq, modes_as_of, state_as_of
+from .observe import observation_attempts
 from .site import Site
 
 #: The stamp of the temporaries a fork stages (`WorkspaceDir`'s defaults: epoch 0, no
@@ -95,11 +96,15 @@ def plan_fork(site: Site, name: str, at: str | int) -> tuple[int, str | None,
     modes = modes_as_of(site, name, seq)
     unreachable = sorted(unknown.items())
     content: dict[str, str] = {}
+    released: dict[tuple[str, str, str], int] | None = None
     for path, digest in sorted(then.items()):
         if digest is None or path in unknown:
             continue
         if site.core.blob_size(digest) is None:
-            unreachable.append((path, why_unreachable(site.core.log, digest)))
+            if released is None:
+                released = released_versions(site.core.log)
+            unreachable.append((path, why_unreachable(site.core.log, digest, workspace=name,
+                                                      path=path, released=released)))
             continue
         content[path] = digest
     return seq, step, content, modes, unreachable
@@ -128,11 +133,13 @@ def registered_fork(site: Site, name: str, reg: Registration, target: str, sourc
     if reg.root != target:
         raise exists
     ours: list[str] = []
+    observations = observation_attempts(site.core.log, name)
     for r in site.core.log.read(kind="observed", workspace=name):
         event = r.event
         row = site.core.steps.find(r.step)
-        if isinstance(event, Observed) and _same_origin(event.label, source, seq) \
-                and row is not None and row.live and r.step not in ours:
+        if isinstance(event, Observed) and (r.step, event.attempt) in observations \
+                and _same_origin(event.label, source, seq) and row is not None and row.live \
+                and row.attempt == event.attempt and r.step not in ours:
             ours.append(r.step)
     if ours:
         return tuple(ours)

@@ -39,9 +39,10 @@ import subprocess
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Final
+from typing import Any, Final
 
 
+from .. import holders
 from ..blobs import fd_chunks
 from ..errors import (
     ContentChanged,
@@ -591,6 +592,16 @@ class Observation:
         return bool(self.steps)
 
 
+def observation_attempts(log: Any, workspace: str) -> set[tuple[str, int]]:
+    """(step, attempt) of every observation of `workspace`: an observation is the attempt
+    its `observed` event names, of the run observations record under (`RUN`). A step id
+    alone says nothing: an ended observation's id is free for a new attempt (`admit`,
+    `replan`), and `ledger.append` takes an `observed` event for any step planned —
+    neither makes another attempt's write an observation."""
+    return {(r.step, r.event.attempt) for r in log.read(kind="observed", workspace=workspace)
+            if isinstance(r.event, Observed) and r.event.run == RUN}
+
+
 def default_by() -> str:
     """Who asks when the caller does not say: the library in this process."""
     return f"library:{_user()}@{socket.gethostname()}"[:255]
@@ -598,7 +609,7 @@ def default_by() -> str:
 
 def default_holder(what: str = "observe") -> str:
     """The holder of a lease an observation (or a rewind: `what`) takes for itself."""
-    return f"steptrail-{what}@{socket.gethostname()}:{os.getpid()}"[:255]
+    return holders.holder(what)
 
 
 def _user() -> str:
@@ -723,4 +734,5 @@ def observe(site: Site, name: str, epoch: int, *, by: str, label: str = "",
 
 
 __all__ = ["Change", "MAX_FILE_BYTES", "Observation", "RACY_NS", "default_by", "default_holder",
+           "observation_attempts",
            "observe"]

@@ -19,20 +19,20 @@ any step; what it replaced stays in the ledger.
 from __future__ import annotations
 
 import contextlib
-import os
 import secrets
-import socket
 import tempfile
 from dataclasses import dataclass
 from typing import Any
 
+from .. import holders
 from ..diffs import DIFF_INPUT_MAX, unified_diff
 from ..errors import InvalidInput, LeaseHeld, LedgerError, StaleEpoch, UnknownStep
-from ..events import Compensated, Fenced, Observed, check_relpath
+from ..events import Compensated, Fenced, check_relpath
 from ..workspace.boundary import is_git_name
 from .undo import compensate
 from ..projections import read_workspaces
-from ..retention import why_unreachable
+from ..retention import released_versions, why_unreachable
+from .observe import RUN as OBSERVED_RUN, observation_attempts
 from .site import Site
 from .values import ApplyResult, Lease, StepPlan, Write
 
@@ -127,14 +127,15 @@ def state_as_of(site: Site, name: str, seq: int
     # may have been there long before (not captured then, or never looked at) — its state
     # as of an earlier point is unknown, never "absent" (no person's file is deleted on
     # an inference)
-    observations = {r.step for r in site.core.log.read(kind="observed", workspace=name)
-                    if isinstance(r.event, Observed)}
+    observations = observation_attempts(site.core.log, name)
     before: dict[str, str | None] = {}
     first_after: dict[str, tuple[str | None, bool]] = {}
     for r in site.core.log.read(workspace=name):
         event = r.event
+        observed = False
         if isinstance(event, Fenced):
             pairs = [(w.path, w.pre_hash, w.post_hash) for w in event.writes]
+            observed = event.run == OBSERVED_RUN and (r.step, event.attempt) in observations
         elif isinstance(event, Compensated):
             pairs = [(x.path, None, x.digest) for x in event.restored if x.outcome != "conflict"]
         else:
@@ -143,7 +144,7 @@ def state_as_of(site: Site, name: str, seq: int
             if r.seq <= seq:
                 before[path] = post
             elif path not in before and path not in first_after:
-                first_after[path] = (pre, r.step in observations)
+                first_after[path] = (pre, observed)
     unknown: dict[str, str] = {}
     for path, (pre, observed) in first_after.items():
         if path in before:
@@ -222,6 +223,7 @@ def plan_rewind(site: Site, name: str, to: str | int, *, paths: Any = None,
     unobserved: list[str] = []
     confined = site.places.confined(name)
     wanted = {}
+    released: dict[tuple[str, str, str], int] | None = None
     for path in sorted(set(then) | set(now)):
         if not chosen(path) or path in unknown:
             continue
@@ -229,7 +231,10 @@ def plan_rewind(site: Site, name: str, to: str | int, *, paths: Any = None,
         if target == current:
             continue
         if target is not None and site.core.blob_size(target) is None:
-            unreachable.append((path, why_unreachable(site.core.log, target)))
+            if released is None:
+                released = released_versions(site.core.log)
+            unreachable.append((path, why_unreachable(site.core.log, target, workspace=name,
+                                                      path=path, released=released)))
             continue
         wanted[path] = (current, target)
     # a file and a directory that traded places at one name (a -> a/b, or back): one
@@ -346,42 +351,12 @@ def rewind(site: Site, name: str, to: str | int, epoch: int, *,
                      "verdict": got.verdict, "detail": got.detail})
 
 
-#: What the leases steptrail takes for one call of its own are for (`default_holder`).
-_OWN_LEASES = ("observe", "rewind", "fork")
-
-
 def holder_gone(holder: str) -> bool:
     """Whether `holder` names a lease steptrail took for one call of its own — an
-    observation, a rewind, a fork (``steptrail-WHAT@HOST:PID``, `default_holder`) — in a
-    process of this machine that is gone or a zombie: a kill left it live until its TTL.
-    Any other holder is not, nor a pid that names a running process (reused since by
-    another: its lease is then waited out, never taken).
-    """
-    host = socket.gethostname()
-    pid_text = next((holder[len(p):] for p in (f"steptrail-{what}@{host}:"
-                                               for what in _OWN_LEASES)
-                     if holder.startswith(p)), "")
-    if not (pid_text.isascii() and pid_text.isdigit()) or len(pid_text) > 10:
-        return False
-    pid = int(pid_text)
-    if pid == os.getpid() or pid <= 0:
-        return False
-    if not os.path.isdir("/proc/self"):  # no /proc: ask the kernel
-        try:
-            os.kill(pid, 0)
-        except ProcessLookupError:
-            return True
-        except OSError:
-            return False
-        return False
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            raw = f.read().decode("ascii", "replace")
-    except FileNotFoundError:
-        return True
-    except OSError:
-        return False
-    return raw[raw.rfind(")") + 2:].split()[:1] in (["Z"], ["X"])
+    observation, a rewind, a fork (`ledger.holders.holder`) — in a process of this
+    machine (this kernel boot and pid namespace) that is gone, a zombie, or another
+    process now: a kill left it live until its TTL. Any other holder is not."""
+    return holders.is_gone(holder, holders.ONE_CALL)
 
 
 def own_lease(workspaces: Any, name: str, holder: str, ttl_s: float) -> Lease:

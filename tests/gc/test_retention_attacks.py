@@ -356,6 +356,32 @@ def test_verify_accepts_no_missing_blob_but_the_released_version_itself(
     led.close()
 
 
+def test_lost_bytes_are_blamed_on_a_release_only_of_that_very_version(
+        tmp_path: Path) -> None:
+    """(s1, app.py, X) released; X is also copy.txt's version of step "copy", which no
+    release names. X's bytes then lost by something else (damage): a rewind of copy.txt
+    said "released by the retention policy" — a release of another path, the same
+    bytes. Only the release of that version is named; the damage is said as such."""
+    led, _ws, epoch = _ledger(tmp_path)
+    big = b"X" * (512 << 10)
+    _write(led, "s1", epoch, big)
+    _write(led, "s2", epoch, b"v2\n")
+    _write(led, "copy", epoch, big, path="copy.txt")
+    now = led.clock() + 40 * DAY
+    _gc(led, KEEP_ONE, now)
+    [release] = [r.seq for r in led.read(kind="history-released")]
+    _write(led, "s4", epoch, b"c2\n", path="copy.txt")
+    led.blobs.delete(digest_of(big))
+    ws = led.workspaces
+    [(_, why_copy)] = ws.rewind("w", "copy", paths=["copy.txt"], preview=True).unreachable
+    [(_, why_app)] = ws.rewind("w", "s1", paths=["app.py"], preview=True).unreachable
+    assert "retention" not in why_copy and "no longer stored" in why_copy, why_copy
+    assert f"released by the retention policy (#{release})" in why_app, why_app
+    [(_, why_fork)] = ws.fork("w", "copy", tmp_path / "f").unreachable
+    assert "retention" not in why_fork and "no longer stored" in why_fork, why_fork
+    led.close()
+
+
 def test_a_dry_run_changes_nothing(tmp_path: Path) -> None:
     led, ws, epoch = _ledger(tmp_path, clock=_days_ago())
     for i in (1, 2, 3):

@@ -192,6 +192,32 @@ def test_an_unobserved_file_where_a_deleted_one_comes_back_is_kept(world: World)
     assert world.clean()
 
 
+@pytest.mark.parametrize("run", ["agent", "observed"])
+def test_a_forged_observation_does_not_hide_a_steps_new_file(world: World, run: str) -> None:
+    """An agent's step creates new.txt after s1, then appends an `observed` event naming
+    its own step (the raw `append` takes one for any step planned): the rewind to s1 took
+    new.txt as found on disk by an observation — "unknown as of s1", left in place —, so
+    an agent could keep its file out of every rewind. An observation is the attempt its
+    event names under the observations' run, written by that run's step: new.txt was
+    absent as of s1 and the rewind deletes it (recorded, undoable)."""
+    from ledger import Observed, StepPlan
+
+    world.step("s1", lambda r: [r.read("app.py").write(b"one\n")])
+    ws = world.led.workspaces
+    epoch = ws.acquire("w", holder="agent", ttl_s=600).epoch
+    plan = StepPlan("y1", [ws.read_file("w", "new.txt").write(b"the agent's\n")], run="agent")
+    assert ws.admit("w", epoch, [plan]) == [None]
+    world.led.append(Observed(step="y1", attempt=1, run=run, workspace="w", epoch=epoch,
+                              by="forger"))
+    assert ws.apply("y1", epoch=epoch, commit=True).verdict == "applied"
+    ws.release("w", epoch)
+    preview = world.led.workspaces.rewind("w", "s1", preview=True)
+    assert ("new.txt", "delete") in {(c.path, c.kind) for c in preview.changes}, preview
+    assert world.led.workspaces.rewind("w", "s1").applied
+    assert tree(world.root) == world.model["s1"]
+    assert world.clean()
+
+
 def test_an_unobserved_edit_to_a_file_the_rewind_deletes_is_kept(world: World) -> None:
     world.step("s1", lambda r: [r.read("app.py").write(b"v1\n")])
     world.step("s2", lambda r: [r.read("new.py").write(b"n\n"), r.read("app.py").write(b"v2\n")])

@@ -12,17 +12,20 @@ a taken-over worker's writes are refused by the fence.
 from __future__ import annotations
 
 import os
+import shutil
 import socket
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from ledger import InvalidInput, LeaseHeld, Ledger, run_fenced_step
+from ledger import InvalidInput, LeaseHeld, Ledger, holders, run_fenced_step
 from ledger.gc.audit import audit
 from ledger.step import fork as forking
 from ledger.step.rewind import holder_gone
-from test_travel_crashes import World, fork, kill_at, temporaries, tree
+from test_travel_crashes import World, fork, kill_at, one_call, temporaries, tree
 
 
 @pytest.fixture(autouse=True)
@@ -181,7 +184,7 @@ def test_a_live_worker_whose_lease_looks_gone_is_fenced_mid_apply(world: World,
     copied holder string): a rewind takes its lease over while the worker's step is at
     `op`. The takeover settles the step; the worker's commit is refused (stale epoch);
     the tree ends exactly as the rewind left it, every byte in it known to the ledger."""
-    spoof = f"steptrail-observe@{socket.gethostname()}:{_dead_pid()}"
+    spoof = one_call("observe", _dead_pid())
     with Ledger.open(world.path) as led:
         [base] = [r.step for r in led.read(kind="observed")]
     seen = [0]
@@ -206,12 +209,12 @@ def test_a_live_worker_whose_lease_looks_gone_is_fenced_mid_apply(world: World,
         assert agent.workspaces.lease("w").holder != spoof
 
 
-@pytest.mark.parametrize("tail", ["+{pid}", " {pid}", "{pid} ", "0{pid}x", "0", "00", "-1",
-                                  "١٢٣", "99999999999", "0x1f"])
+@pytest.mark.parametrize("tail", ["+{pid}:0", " {pid}:0", "{pid} :0", "0{pid}:0", "{pid}", "{pid}:",
+                                  "{pid}:0x", "{pid}:-1", "0:0", "00:0", "-1:0", "١٢٣:0",
+                                  "99999999999:0", "0x1f:0", "{pid}:0:0"])
 def test_a_holder_string_that_is_not_a_gone_one_call_lease_is_waited_for(
         world: World, tail: str) -> None:
-    host = socket.gethostname()
-    holder = f"steptrail-rewind@{host}:" + tail.format(pid=_dead_pid())
+    holder = one_call("rewind", 1).rsplit(":", 2)[0] + ":" + tail.format(pid=_dead_pid())
     assert not holder_gone(holder)
     with Ledger.open(world.path) as led:
         led.workspaces.acquire("w", holder=holder[:255], ttl_s=600)
@@ -235,3 +238,70 @@ def test_another_machines_gone_looking_lease_is_waited_for(world: World) -> None
     with Ledger.open(world.path) as led:
         assert led.verify().ok
     assert (world.root / "app.py").read_bytes() == b"a person's edit\n"
+
+
+def test_another_machine_under_this_host_name_is_waited_for(world: World) -> None:
+    """Same host name, another kernel or pid namespace (``MACHINE`` differs): a pid dead
+    here may be a live process there. Never taken over."""
+    holder = one_call("rewind", _dead_pid()).replace(f"+{holders.machine()}:", "+" + "ab" * 6 + ":")
+    assert holders.machine() != "ab" * 6
+    with Ledger.open(world.path) as led:
+        led.workspaces.acquire("w", holder=holder, ttl_s=600)
+        with pytest.raises(LeaseHeld):
+            led.workspaces.rewind("w", "s1")
+        assert led.workspaces.lease("w").holder == holder
+    assert tree(world.root) == {"app.py": b"v2\n", "lib/util.py": b"util\n"}
+
+
+def _unshare() -> list[str] | None:
+    """The command that runs a process in a new pid namespace (with its own /proc), or
+    None where this machine does not allow it (not root, no unshare(1))."""
+    command = ["unshare", "--pid", "--fork", "--mount-proc"]
+    if shutil.which("unshare") is None:
+        return None
+    try:
+        done = subprocess.run([*command, "true"], capture_output=True, timeout=30)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    return command if done.returncode == 0 else None
+
+
+@pytest.mark.skipif(_unshare() is None, reason="no new pid namespace here (unshare needs root)")
+def test_a_rewind_in_another_pid_namespace_never_takes_a_live_lease(world: World) -> None:
+    """Two containers share a host name and a ledger (a bind mount): a live process here
+    holds a rewind's own lease; a rewind started in another pid namespace — a real one
+    (unshare), where that pid names nothing — judged the holder gone by its host name and
+    pid and took the lease over. The holder name now carries the kernel boot and pid
+    namespace; there it is not this machine's, and the lease is waited for."""
+    code = ("import sys, time\n"
+            "from ledger import Ledger\n"
+            "from ledger.step.observe import default_holder\n"
+            "led = Ledger.open(sys.argv[1])\n"
+            "lease = led.workspaces.acquire('w', default_holder('rewind'), 600)\n"
+            "print(lease.holder, flush=True)\n"
+            "time.sleep(120)\n")
+    holder_proc = subprocess.Popen([sys.executable, "-c", code, world.path],
+                                   stdout=subprocess.PIPE, text=True)
+    try:
+        held = (holder_proc.stdout.readline() if holder_proc.stdout else "").strip()
+        assert held.startswith("steptrail-rewind@"), held
+        rewind = ("import sys\n"
+                  "from ledger import LeaseHeld, Ledger\n"
+                  "with Ledger.open(sys.argv[1]) as led:\n"
+                  "    try:\n"
+                  "        print(led.workspaces.rewind('w', 's1').verdict)\n"
+                  "    except LeaseHeld:\n"
+                  "        print('held')\n")
+        done = subprocess.run([*(_unshare() or []), sys.executable, "-c", rewind, world.path],
+                              capture_output=True, text=True, timeout=120)
+        assert done.stdout.strip() == "held", (done.stdout, done.stderr[-2000:])
+        assert holder_proc.poll() is None  # the holder is alive throughout
+        with Ledger.open(world.path) as led:
+            assert led.workspaces.lease("w").holder == held
+            assert led.verify().ok
+        assert tree(world.root) == {"app.py": b"v2\n", "lib/util.py": b"util\n"}
+    finally:
+        holder_proc.kill()
+        holder_proc.wait()
+        if holder_proc.stdout is not None:
+            holder_proc.stdout.close()

@@ -26,7 +26,7 @@ from typing import Any
 
 import pytest
 
-from ledger import InvalidInput, LeaseHeld, Ledger, run_fenced_step
+from ledger import InvalidInput, LeaseHeld, Ledger, holders, run_fenced_step
 from ledger.events import Observed
 from ledger.gc.audit import audit
 from ledger.step.rewind import holder_gone
@@ -119,7 +119,7 @@ def test_a_live_lease_is_still_waited_for(world: World) -> None:
     """Only a lease steptrail took for one call in a process that is gone is taken over:
     a live process's (this test's parent), or an agent's, is LeaseHeld as before."""
     with Ledger.open(world.path) as led:
-        for holder in (f"steptrail-rewind@{socket.gethostname()}:{os.getppid()}", "agent-7"):
+        for holder in (one_call("rewind", os.getppid()), "agent-7"):
             lease = led.workspaces.acquire("w", holder=holder, ttl_s=600)
             with pytest.raises(LeaseHeld):
                 led.workspaces.rewind("w", "s1")
@@ -127,21 +127,34 @@ def test_a_live_lease_is_still_waited_for(world: World) -> None:
         assert tree(world.root) == {"app.py": b"v2\n", "lib/util.py": b"util\n"}
 
 
+def one_call(what: str, pid: int, start: str = "0") -> str:
+    """A one-call holder name (ledger/holders.py) of this machine for `pid`."""
+    return f"steptrail-{what}@{holders.host()}+{holders.machine()}:{pid}:{start}"
+
+
 def test_which_holders_are_gone() -> None:
     pid = os.fork()
     if pid == 0:
         os._exit(0)
     os.waitpid(pid, 0)  # reaped: that pid names no process now
-    host = socket.gethostname()
     for what in ("rewind", "fork", "observe"):
-        assert holder_gone(f"steptrail-{what}@{host}:{pid}")
-    assert not holder_gone(f"steptrail-rewind@{host}:{os.getpid()}")  # this process
-    assert not holder_gone(f"steptrail-rewind@{host}:{os.getppid()}")  # alive
-    assert not holder_gone(f"steptrail-rewind@{host}x:{pid}")  # another machine
-    assert not holder_gone(f"steptrail-mcp@{host}:{pid}:0")  # not a one-call lease
-    assert not holder_gone(f"agent@{host}:{pid}")
-    assert not holder_gone(f"steptrail-rewind@{host}:{pid}x")
-    assert not holder_gone(f"steptrail-rewind@{host}:")
+        assert holder_gone(one_call(what, pid))
+    assert holder_gone(holders.holder("rewind").replace(f":{os.getpid()}:", f":{pid}:"))
+    me = holders.holder("rewind")
+    assert not holder_gone(me)  # this process
+    assert holder_gone(me.rsplit(":", 1)[0] + ":1")  # this pid, another start: reused
+    ppid = os.getppid()
+    assert not holder_gone(one_call("rewind", ppid))  # alive
+    assert not holder_gone(one_call("rewind", ppid, holders.start_time(ppid) or "0"))
+    assert holder_gone(one_call("rewind", ppid, "1"))  # its pid, another process's now
+    assert not holder_gone(one_call("rewind", pid).replace("@", "@x", 1))  # another host
+    other = "0" * 12 if holders.machine() != "0" * 12 else "1" * 12
+    assert not holder_gone(one_call("rewind", pid).replace(holders.machine(), other))
+    assert not holder_gone(one_call("mcp", pid))  # not a one-call lease
+    assert not holder_gone(f"steptrail-rewind@{socket.gethostname()}:{pid}")  # older name
+    assert not holder_gone(f"agent@{holders.host()}:{pid}")
+    assert not holder_gone(one_call("rewind", pid) + "x")
+    assert not holder_gone(f"steptrail-rewind@{holders.host()}+{holders.machine()}:")
 
 
 # -- fork -----------------------------------------------------------------------------

@@ -34,6 +34,7 @@ def rewind_json(r: Any) -> dict[str, Any]:
                      "diff": c.diff or None} for c in r.changes],
         "unreachable": [{"path": p, "why": why} for p, why in r.unreachable],
         "unobserved": list(r.unobserved),
+        "clears": list(r.clears), "cleared": r.cleared,
     }
 
 
@@ -86,6 +87,10 @@ def rewind(ctx: click.Context, ws_name: str | None, to: str, paths: tuple[str, .
                 click.echo(c.diff.rstrip("\n"))
         for path, why in got.unreachable:
             click.echo(f"left as it is: {path} ({why})")
+        if got.clears and (preview or not got.applied):
+            click.echo(f"removed first, by a step of its own (a file and a directory traded"
+                       f" places): {', '.join(got.clears[:20])}"
+                       + (f" … {len(got.clears) - 20} more" if len(got.clears) > 20 else ""))
         for path in got.unobserved:
             click.echo(f"not observed: {path} holds bytes the ledger does not; the rewind"
                        " would be refused: run 'steptrail observe' first")
@@ -94,6 +99,12 @@ def rewind(ctx: click.Context, ws_name: str | None, to: str, paths: tuple[str, .
         elif preview:
             click.echo(f"{len(got.changes)} path(s) would change to their content as of"
                        f" {where} (--preview: nothing written)")
+        elif got.applied and got.cleared:
+            click.echo(f"rewound {len(got.changes)} path(s) to {where} as steps {got.cleared}"
+                       f" (what stood where a file and a directory traded places) and"
+                       f" {got.step} (undo them under a lease, the second first: steptrail"
+                       f" step compensate {got.step} --reason WHY --epoch N, then"
+                       f" {got.cleared})")
         elif got.applied:
             click.echo(f"rewound {len(got.changes)} path(s) to {where} as step {got.step}"
                        f" (undo it under a lease: steptrail step compensate {got.step}"

@@ -164,6 +164,10 @@ class Records:
             head = "Nothing to rewind: the workspace holds what it held then."
         elif preview:
             head = f"Preview: {len(got.changes)} file(s) would change (nothing written)."
+        elif got.applied and got.cleared:
+            head = (f"Rewound {len(got.changes)} file(s) as two steps: {got.cleared} removed"
+                    f" what stood where a file and a directory traded places, then {got.step}"
+                    " (undo takes back each: the second first).")
         elif got.applied:
             head = f"Rewound {len(got.changes)} file(s) as step {got.step} (undo takes it back)."
         else:
@@ -174,7 +178,8 @@ class Records:
                    {"path": self.ctx.show(ws, c.path), "kind": c.kind, "diff": c.diff or None}
                    for c in got.changes],
                "unreachable": [{"path": p, "why": w} for p, w in got.unreachable],
-               "unobserved": list(got.unobserved)}
+               "unobserved": list(got.unobserved),
+               "clears": [self.ctx.show(ws, p) for p in got.clears], "cleared": got.cleared}
         failed = bool(got.changes) and not preview and not got.applied
         return Result(["\n".join([head, *lines])], doc, failed)
 

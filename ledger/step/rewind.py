@@ -19,6 +19,7 @@ any step; what it replaced stays in the ledger.
 from __future__ import annotations
 
 import contextlib
+import os
 import secrets
 import tempfile
 from dataclasses import dataclass
@@ -28,12 +29,14 @@ from .. import holders
 from ..diffs import DIFF_INPUT_MAX, unified_diff
 from ..errors import InvalidInput, LeaseHeld, LedgerError, StaleEpoch, UnknownStep
 from ..events import Compensated, Fenced, check_relpath
+from ..workspace import names, staging
 from ..workspace.boundary import is_git_name
 from .undo import compensate
 from ..projections import read_workspaces
 from ..retention import released_versions, why_unreachable
 from .observe import RUN as OBSERVED_RUN, observation_attempts
 from .site import Site
+from .tidy import in_flight_tags, slots_in_flight
 from .values import ApplyResult, Lease, StepPlan, Write
 
 RUN = "rewind"
@@ -69,7 +72,9 @@ class Rewind:
     """What a rewind would do (`preview`) or did: the target (`to_seq`, `to_step`), the
     `changes`, the paths it cannot put back and why (`unreachable`), the paths whose
     bytes on disk the ledger does not hold now (`unobserved`: the step would be refused
-    on them; observe first), and, once run, its `step` and the apply's `verdict`.
+    on them; observe first), and, once run, its `step` and the apply's `verdict`. Where
+    a file and a directory traded places at one name, what stands there now is deleted
+    first by a step of its own (`clears`, `cleared`): the rewind is then two steps.
 
     >>> from pathlib import Path
     >>> from ledger import Ledger, run_fenced_step
@@ -96,6 +101,13 @@ class Rewind:
     step: str | None = None
     verdict: str = ""
     detail: str = ""
+    #: the paths the rewind deletes first, in a step of their own (`cleared`): what
+    #: stands where a file and a directory traded places at one name (a file ``a`` in
+    #: the way of ``a/b``, or the files under a directory ``a`` in the way of a file
+    #: ``a``) — one step cannot do both, its fence checks every path before it writes
+    clears: tuple[str, ...] = ()
+    #: once run: the step that deleted `clears` (undone again when the rest is refused)
+    cleared: str | None = None
 
     @property
     def applied(self) -> bool:
@@ -238,21 +250,39 @@ def plan_rewind(site: Site, name: str, to: str | int, *, paths: Any = None,
             continue
         wanted[path] = (current, target)
     # a file and a directory that traded places at one name (a -> a/b, or back): one
-    # step cannot turn a directory into a file; such paths are said, not rewound
-    # (what is on disk now, as the ledger knows it: a directory a step emptied stays)
+    # step cannot do both — its fence checks every path before it writes —, so what
+    # stands in the way (the file `a` above `a/b`; the files under a directory `a`
+    # where a file `a` goes back) is deleted first, by a step of its own, when the
+    # rewind deletes it anyway; otherwise the path is said, not rewound
     now_files = {p for p, d in now.items() if d is not None}
-    for path, (_cur, tgt) in list(wanted.items()):
+    clears: set[str] = set()
+    below: dict[str, list[str]] = {}  # a file going back -> the files now under it
+    for path, (_cur, tgt) in sorted(wanted.items()):
         parents = {"/".join(path.split("/")[:i]) for i in range(1, path.count("/") + 1)}
-        clash = bool(parents & now_files) or (
-            tgt is not None and any(q.startswith(path + "/") for q in now_files))
-        if clash:
-            unreachable.append((path, "a file and a directory traded places at this name:"
-                                      " not rewound (move it by hand)"))
-            del wanted[path]
+        obstacles = sorted(parents & now_files)
+        under = [q for q in now_files if q.startswith(path + "/")] if tgt is not None else []
+        if not obstacles and not under:
+            continue
+        if all(q in wanted and wanted[q][1] is None for q in (*obstacles, *under)):
+            clears.update(obstacles, under)
+            if under:
+                below[path] = under
+            continue
+        unreachable.append((path, "a file and a directory traded places at this name, and"
+                                  " what stands there now is not rewound with it (it is"
+                                  " unknown then, or outside --paths): not rewound"))
+        del wanted[path]
     for path, (current, target) in wanted.items():
         diff = _diff(site, path, current, target) if diffs else ""
         changes.append(RewindChange(path, current, target, diff))
-        if _disk_hash(confined, path) != current:
+        if any(path.startswith(q + "/") for q in clears):
+            continue  # under a file deleted first: that file is checked as its own change
+        if path in below or (current is None and target is not None):
+            # nothing there, or a directory holding only the files deleted first (and
+            # what a killed rewind left: its temporaries, emptied directories)
+            if not _holds_only(confined, path, {q: now[q] for q in below.get(path, ())}):
+                unobserved.append(path)
+        elif _disk_hash(confined, path) != current:
             unobserved.append(path)
     # the same bytes with other permission bits (a chmod an observation recorded): the
     # bytes put back with the mode they had then
@@ -270,7 +300,7 @@ def plan_rewind(site: Site, name: str, to: str | int, *, paths: Any = None,
             unobserved.append(path)
     return Rewind(workspace=name, to_seq=seq, to_step=step, changes=tuple(changes),
                   unreachable=tuple(sorted(unreachable)), unobserved=tuple(unobserved),
-                  preview=True)
+                  preview=True, clears=tuple(sorted(clears)))
 
 
 def _bytes(site: Site, digest: str | None) -> bytes | None:
@@ -299,10 +329,63 @@ def _disk_hash(confined: Any, path: str) -> str | None:
         return "(not a regular file)"  # a directory, a symlink, or a path through one
 
 
+def _holds_only(confined: Any, path: str, known: dict[str, str | None]) -> bool:
+    """Whether the directory at `path` holds nothing but the files of `known` with the
+    bytes the ledger knows (and directories): what the rewind deletes before a file goes
+    back at `path`. True too when nothing is there; a symlink, a file the ledger does
+    not know, other bytes or an unreadable directory: False (the rewind would refuse)."""
+    stack = [path]
+    while stack:
+        rel = stack.pop()
+        try:
+            fd = confined.wsdir.open_dir_fd(rel)
+        except (LedgerError, OSError):
+            return rel == path and _disk_hash(confined, path) is None
+        if fd is None:
+            return rel == path
+        try:
+            entries = [(e.name, e.is_dir(follow_symlinks=False), e.is_file(follow_symlinks=False))
+                       for e in os.scandir(fd)]
+        except OSError:
+            return False
+        finally:
+            os.close(fd)
+        for leaf, is_dir, is_file in entries:
+            child = f"{rel}/{leaf}"
+            if is_dir:
+                stack.append(child)
+            elif is_file and names.temp_stamp(leaf) is not None:
+                continue  # an ended attempt's temporary: removed (or kept visibly) first
+            elif not is_file or child not in known or _disk_hash(confined, child) != known[child]:
+                return False
+    return True
+
+
+def _remove_emptied(site: Site, name: str, epoch: int, path: str) -> None:
+    """Clear the directory at `path` where a file goes back: the temporaries ended
+    attempts left in it (a rewind killed after its first step committed, before the
+    files it displaced were removed: each removed only once its bytes are shown held,
+    `staging.remove_temporaries`), then the directories, each only while it is empty.
+    Anything else stays (the step's fence then refuses the path)."""
+    wsdir = site.places.wsdir(site.places.get(name))
+    dirs, only = wsdir.dirs_below(path)
+    if not dirs:
+        return
+    if not only:
+        with contextlib.suppress(LedgerError, OSError):
+            staging.remove_temporaries(
+                wsdir, set(dirs),
+                lambda e, t: e <= epoch and t not in in_flight_tags(site, name),
+                lambda: slots_in_flight(site, name), site.held)
+    wsdir.remove_empty_dirs(path)
+
+
 def rewind(site: Site, name: str, to: str | int, epoch: int, *,
            paths: list[str] | None = None) -> Rewind:
     """Rewind workspace `name` to `to` under the live `epoch`: one fenced step (see the
-    module). Nothing to change: nothing is written."""
+    module), or two where a file and a directory traded places (`Rewind.clears`: what
+    stands in the way is deleted first; when the rest is then refused, that first step
+    is undone). Nothing to change: nothing is written."""
     planned = plan_rewind(site, name, to, paths=paths, diffs=False)
     if not planned.changes:
         return Rewind(**{**planned.__dict__, "preview": False, "verdict": "nothing"})
@@ -310,10 +393,43 @@ def rewind(site: Site, name: str, to: str | int, epoch: int, *,
            if w == name and st is not None}
     modes = modes_as_of(site, name, planned.to_seq)
     step = f"rewind-{name[:100]}-to{planned.to_seq}-{secrets.token_hex(4)}"
+    first = [ch for ch in planned.changes if ch.path in planned.clears]
+    rest = [ch for ch in planned.changes if ch.path not in planned.clears]
+    cleared = None
+    if first and planned.unobserved:  # the fence would refuse: nothing is written
+        return Rewind(**{**planned.__dict__, "preview": False, "verdict": "rejected:pre_hash",
+                         "detail": f"{planned.unobserved[0]} holds what the ledger does not"
+                                   " know (an edit nobody observed)"})
+    if first:
+        cleared = step + "-clear"
+        got = _one_step(site, name, epoch, cleared, first, now, modes)
+        if got.verdict != "applied":
+            return Rewind(**{**planned.__dict__, "preview": False, "step": cleared,
+                             "cleared": cleared, "verdict": got.verdict,
+                             "detail": got.detail})
+    # a file going back where a directory stands that nothing fills any more (emptied
+    # by the step just run, or by a killed rewind's): the directories go, only empty
+    for ch in rest:
+        if ch.then is not None and ch.now is None:
+            _remove_emptied(site, name, epoch, ch.path)
+    got = _one_step(site, name, epoch, step, rest, now, modes)
+    if cleared is not None and got.verdict != "applied":
+        with contextlib.suppress(LedgerError):
+            compensate(site, cleared, epoch=epoch,
+                       reason=f"rewind {step} refused: {got.detail[:500]}")
+    return Rewind(**{**planned.__dict__, "preview": False, "step": step, "cleared": cleared,
+                     "verdict": got.verdict, "detail": got.detail})
+
+
+def _one_step(site: Site, name: str, epoch: int, step: str, changes: list[RewindChange],
+              now: dict[str, Any], modes: dict[str, int | None]) -> ApplyResult:
+    """Run `changes` as the fenced step `step` (run ``rewind``) under `epoch`: admitted
+    against what the ledger holds (`now`), applied and committed; refused by what it met
+    on disk, the attempt is undone and the refusal returned."""
     spools = []
     writes = []
     try:
-        for ch in planned.changes:
+        for ch in changes:
             content: Any = None
             if ch.then is not None:
                 spool = tempfile.SpooledTemporaryFile(max_size=1 << 20)
@@ -331,24 +447,21 @@ def rewind(site: Site, name: str, to: str | int, epoch: int, *,
 
         refused = admit.admit(site, name, epoch, [StepPlan(step, writes, run=RUN)])
         if refused[0] is not None:
-            got: ApplyResult = refused[0]
-        else:
-            try:
-                got = apply.apply(site, step, epoch=epoch, commit=True)
-            except StaleEpoch:
-                raise
-            except LedgerError as exc:
-                # refused by what it met on disk (a symlink or a file where a directory
-                # goes): the attempt ends, nothing of it stays; said as a refusal
-                with contextlib.suppress(LedgerError):
-                    compensate(site, step, epoch=epoch, reason=f"rewind refused: {exc}")
-                got = ApplyResult(verdict="rejected:pre_hash", step=step, attempt=1,
-                                  detail=str(exc)[:4000])
+            return refused[0]
+        try:
+            return apply.apply(site, step, epoch=epoch, commit=True)
+        except StaleEpoch:
+            raise
+        except LedgerError as exc:
+            # refused by what it met on disk (a symlink or a file where a directory
+            # goes): the attempt ends, nothing of it stays; said as a refusal
+            with contextlib.suppress(LedgerError):
+                compensate(site, step, epoch=epoch, reason=f"rewind refused: {exc}")
+            return ApplyResult(verdict="rejected:pre_hash", step=step, attempt=1,
+                               detail=str(exc)[:4000])
     finally:
         for spool in spools:
             spool.close()
-    return Rewind(**{**planned.__dict__, "preview": False, "step": step,
-                     "verdict": got.verdict, "detail": got.detail})
 
 
 def holder_gone(holder: str) -> bool:

@@ -316,6 +316,14 @@ def _undo(
                 if not placing.finish_aside(undone_by, w.path, "u", done.post_hash):
                     placing.put_aside_back(undone_by, w.path, "u", done.post_hash,
                                            done.pre_hash)
+        deleted = applied.get(w.path)
+        if deleted is not None and deleted.post_hash is None and deleted.pre_hash is not None \
+                and path_rev == deleted.rev and wsdir.has_dir(w.path):
+            # the step deleted a file, and directories holding nothing stand at its name
+            # (a rewind put `a/b` back where the file `a` was, and its undo emptied
+            # them): they go — rmdir, only while empty — and the file comes back.
+            # Holding anything, they stay whole and the path is a conflict.
+            wsdir.remove_empty_dirs(w.path)
         try:
             disk = wsdir.hash(w.path)
         except (WorkspaceMoved, WorkspaceOverlap):

@@ -450,6 +450,63 @@ class WorkspaceDir:
         finally:
             os.close(dir_fd)
 
+    def dirs_below(self, path: str, limit: int = 10_000) -> tuple[list[str], bool]:
+        """(the directory at `path` and every directory under it, reached as `open_dir`
+        does, no symlink followed; whether they hold nothing else — no file, no link).
+        ([], True) when `path` is no directory; at most `limit` directories (more: not
+        only directories, as far as this says)."""
+        out: list[str] = []
+        only = True
+        stack = [path]
+        while stack:
+            if len(out) >= limit:
+                return out, False
+            rel = stack.pop()
+            try:
+                fd = self.open_dir_fd(rel)
+            except (LedgerError, OSError):
+                return out, False
+            if fd is None:
+                if rel != path:
+                    only = False  # went between the listing and the look
+                continue
+            out.append(rel)
+            try:
+                for e in os.scandir(fd):
+                    if e.is_dir(follow_symlinks=False):
+                        stack.append(f"{rel}/{e.name}")
+                    else:
+                        only = False
+            except OSError:
+                only = False
+            finally:
+                os.close(fd)
+        return out, only
+
+    def remove_empty_dirs(self, path: str) -> bool:
+        """Remove the directory at `path` and the directories under it when they hold
+        nothing else, deepest first, each only while it is empty — rmdir never takes a
+        byte: a file put into one meanwhile keeps it and the directories above it. A
+        tree holding anything else is left whole. True when nothing is left at `path`."""
+        dirs, only = self.dirs_below(path)
+        if not only:
+            return False
+        for rel in sorted(dirs, key=lambda d: d.count("/"), reverse=True):
+            parent, _, leaf = rel.rpartition("/")
+            try:
+                fd = self.open_dir_fd(parent)
+            except (LedgerError, OSError):
+                return False
+            if fd is None:
+                return False
+            try:
+                if not self.mover().rmdir(fd, leaf):
+                    return False
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+        return True
+
     # -- what the modules beside this one use ------------------------------------------
 
     def mover(self) -> Mover:

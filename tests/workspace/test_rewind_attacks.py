@@ -396,9 +396,6 @@ def test_a_mode_change_since_is_rewound(world_factory: Callable[..., World]) -> 
     assert w.led.verify().ok
 
 
-@pytest.mark.xfail(strict=True, reason="open: one step cannot turn a directory back into a"
-                   " file (a -> a/b -> rewound to a): the rewind leaves it and lists it as"
-                   " unreachable (test_a_file_and_a_directory_that_traded_places_are_said)")
 def test_a_file_replaced_by_a_directory_is_put_back(world: World) -> None:
     world.step("s1", lambda r: [r.read("a").write(b"file a\n")])
     world.step("s2", lambda r: [r.read("a").write(None)])
@@ -409,9 +406,6 @@ def test_a_file_replaced_by_a_directory_is_put_back(world: World) -> None:
     assert tree(world.root) == world.model["s1"]
 
 
-@pytest.mark.xfail(strict=True, reason="open: a file cannot become a directory within one step"
-                   " (a/b -> a -> rewound to a/b): the rewind leaves it and lists it as"
-                   " unreachable (test_a_file_and_a_directory_that_traded_places_are_said)")
 def test_a_directory_replaced_by_a_file_is_put_back(world: World) -> None:
     world.step("s1", lambda r: [r.read("a/b").write(b"in dir\n")])
     world.step("s2", lambda r: [r.read("a/b").write(None)])
@@ -540,11 +534,9 @@ def test_the_preview_names_what_will_refuse_the_rewind(world: World, obstacle: s
 
 
 
-@pytest.mark.parametrize("direction", ["file-then-dir", "dir-then-file"])
-def test_a_file_and_a_directory_that_traded_places_are_said(world: World,
-                                                           direction: str) -> None:
-    """What one step cannot put back is listed, never refused half-way or left in flight;
-    the rest of the rewind applies."""
+def traded(world: World, direction: str) -> None:
+    """s1: `a` a file (or `a/b` in a directory); s2 deletes it; s3 makes the other shape
+    at the same name (`a/b`, or `a`), and app.py changes along."""
     world.step("s1", lambda r: [r.read("a" if direction == "file-then-dir" else "a/b")
                                 .write(b"x\n"), r.read("app.py").write(b"one\n")])
     world.step("s2", lambda r: [r.read("a" if direction == "file-then-dir" else "a/b")
@@ -553,11 +545,170 @@ def test_a_file_and_a_directory_that_traded_places_are_said(world: World,
         (world.root / "a").rmdir()
     world.step("s3", lambda r: [r.read("a/b" if direction == "file-then-dir" else "a")
                                 .write(b"y\n"), r.read("app.py").write(b"three\n")])
+
+
+DIRECTIONS = ["file-then-dir", "dir-then-file"]
+
+
+@pytest.mark.parametrize("direction", DIRECTIONS)
+def test_a_file_and_a_directory_that_traded_places_are_put_back_in_two_steps(
+        world: World, direction: str) -> None:
+    """What stands in the way is deleted first by a step of its own (`clears`), then the
+    rest; both recorded, both undoable — undone in turn, the tree is s3's again."""
+    traded(world, direction)
     preview = world.led.workspaces.rewind("w", "s1", preview=True)
-    assert {p for p, why in preview.unreachable if "traded places" in why}
+    assert preview.clears == (("a/b",) if direction == "file-then-dir" else ("a",))
+    assert not preview.unreachable and not preview.unobserved
     got = world.led.workspaces.rewind("w", "s1")
     assert got.applied, got.detail
-    assert (world.root / "app.py").read_bytes() == b"one\n"
+    assert got.cleared and got.cleared != got.step
+    assert tree(world.root) == world.model["s1"]
     states = {s.step_id: s.state for s in world.led.steps()}
     assert "planned" not in states.values(), states
-    assert world.agrees_with_disk()
+    assert world.agrees_with_disk() and world.clean()
+    world.compensate(got.step)
+    world.compensate(got.cleared)
+    assert tree(world.root) == world.model["s3"]
+    assert world.agrees_with_disk() and world.clean()
+
+
+@pytest.mark.parametrize("direction", DIRECTIONS)
+def test_a_persons_file_in_the_way_refuses_the_whole_rewind(world: World,
+                                                            direction: str) -> None:
+    """A file nobody observed inside the directory that must become a file again: named
+    by the preview, and the rewind refused with nothing written — the person's file and
+    the tree as they were. (Beside a file that must become a directory, a person's file
+    is not in the way: the rewind goes on and keeps it.)"""
+    traded(world, direction)
+    person = "a/person.txt" if direction == "file-then-dir" else "person.txt"
+    (world.root / person).write_bytes(b"a person's\n")
+    before = tree(world.root)
+    preview = world.led.workspaces.rewind("w", "s1", preview=True)
+    got = world.led.workspaces.rewind("w", "s1")
+    if direction == "file-then-dir":
+        assert "a" in preview.unobserved
+        assert not got.applied
+        assert tree(world.root) == before
+        assert {s.state for s in world.led.steps() if s.step_id.startswith("rewind-")} \
+            <= {"compensated", "rejected"}
+    else:
+        assert got.applied and (world.root / person).read_bytes() == b"a person's\n"
+    assert world.clean()
+
+
+@pytest.mark.parametrize("direction", DIRECTIONS)
+def test_a_two_step_rewind_killed_at_every_operation_ends_as_of_the_target(
+        world_factory: Callable[..., World], direction: str) -> None:
+    """SIGKILL before each workspace operation and each commit of the two-step rewind, in
+    turn (enumerated, not sampled); then the same rewind run again: the tree is s1's,
+    nothing left in flight, no temporaries, the ledger agrees with the disk."""
+    counted = world_factory()
+    traded(counted, direction)
+    ops: list[str] = []
+    counted.led.close()
+    with Ledger.open(str(counted.location), on_op=ops.append) as led:
+        assert led.workspaces.rewind("w", "s1").applied
+    counted.led = Ledger.open(str(counted.location))
+    assert tree(counted.root) == counted.model["s1"]
+    assert len(ops) > 10, ops
+    for k in range(1, len(ops) + 1):
+        w = world_factory()
+        traded(w, direction)
+        w.led.close()
+        pid = os.fork()
+        if pid == 0:
+            try:
+                seen = [0]
+
+                def on_op(name: str, seen: list[int] = seen, k: int = k) -> None:
+                    seen[0] += 1
+                    if seen[0] == k:
+                        os.kill(os.getpid(), signal.SIGKILL)
+
+                with Ledger.open(str(w.location), on_op=on_op) as led:
+                    led.workspaces.rewind("w", "s1")
+                os._exit(0)
+            except BaseException:
+                os._exit(70)
+        _, status = os.waitpid(pid, 0)
+        assert os.WIFSIGNALED(status) and os.WTERMSIG(status) == signal.SIGKILL, (k, ops[k - 1])
+        w.led = Ledger.open(str(w.location))
+        got = w.led.workspaces.rewind("w", "s1")
+        assert got.verdict in ("applied", "nothing"), (k, ops[k - 1], got.verdict, got.detail)
+        assert tree(w.root, temporaries=False) == w.model["s1"], (k, ops[k - 1])
+        states = {s.step_id: s.state for s in w.led.steps()}
+        assert "planned" not in states.values() and "fenced" not in states.values(), states
+        assert w.agrees_with_disk() and w.clean(), (k, ops[k - 1])
+
+
+def test_an_undo_brings_a_file_back_where_empty_directories_stand(world: World) -> None:
+    """A step deleted `a`; empty directories stand at its name now (made since, emptied):
+    the undo removes them — rmdir, only while empty — and the file comes back. Holding a
+    person's file, they stay whole and the path is a conflict, the file kept."""
+    world.step("s1", lambda r: [r.read("a").write(b"file a\n")])
+    world.step("s2", lambda r: [r.read("a").write(None)])
+    (world.root / "a" / "sub").mkdir(parents=True)
+    world.compensate("s2")
+    assert (world.root / "a").read_bytes() == b"file a\n"
+    assert world.clean() and world.agrees_with_disk()
+
+
+def test_an_undo_leaves_directories_holding_a_persons_file_whole(world: World) -> None:
+    world.step("s1", lambda r: [r.read("a").write(b"file a\n")])
+    world.step("s2", lambda r: [r.read("a").write(None)])
+    (world.root / "a" / "sub").mkdir(parents=True)
+    (world.root / "a" / "keep.txt").write_bytes(b"a person's\n")
+    world.compensate("s2")
+    assert (world.root / "a" / "keep.txt").read_bytes() == b"a person's\n"
+    assert (world.root / "a" / "sub").is_dir()  # not even an empty one taken
+    assert world.led.step("s2").state == "compensated"
+    assert world.led.verify().ok
+
+
+def test_an_undo_through_empty_directories_killed_at_every_operation(
+        world_factory: Callable[..., World]) -> None:
+    """SIGKILL before each operation of that undo in turn; the undo run again (under a new
+    lease, which settles the killed one): the file is back, the ledger agrees."""
+    def make() -> World:
+        w = world_factory()
+        w.step("s1", lambda r: [r.read("a").write(b"file a\n")])
+        w.step("s2", lambda r: [r.read("a").write(None)])
+        (w.root / "a" / "sub").mkdir(parents=True)
+        w.led.close()
+        return w
+
+    counted = make()
+    ops: list[str] = []
+    with Ledger.open(str(counted.location), on_op=ops.append) as led:
+        lease = led.workspaces.acquire("w", holder="person", ttl_s=600)
+        led.workspaces.compensate("s2", epoch=lease.epoch, reason="undo")
+    counted.led = Ledger.open(str(counted.location))
+    assert "ws-rmdir" in ops, ops
+    for k in range(1, len(ops) + 1):
+        w = make()
+        pid = os.fork()
+        if pid == 0:
+            try:
+                seen = [0]
+
+                def on_op(name: str, seen: list[int] = seen, k: int = k) -> None:
+                    seen[0] += 1
+                    if seen[0] == k:
+                        os.kill(os.getpid(), signal.SIGKILL)
+
+                with Ledger.open(str(w.location), on_op=on_op) as led:
+                    lease = led.workspaces.acquire("w", holder="person", ttl_s=600)
+                    led.workspaces.compensate("s2", epoch=lease.epoch, reason="undo")
+                os._exit(0)
+            except BaseException:
+                os._exit(70)
+        _, status = os.waitpid(pid, 0)
+        assert os.WIFSIGNALED(status) and os.WTERMSIG(status) == signal.SIGKILL, (k, ops[k - 1])
+        w.led = Ledger.open(str(w.location))
+        lease = w.led.workspaces.acquire("w", holder="next", ttl_s=600, force=True)
+        if w.led.step("s2").state != "compensated":
+            w.led.workspaces.compensate("s2", epoch=lease.epoch, reason="undo")
+        w.led.workspaces.release("w", lease.epoch)
+        assert (w.root / "a").read_bytes() == b"file a\n", (k, ops[k - 1])
+        assert tree(w.root, temporaries=False) == {"app.py": b"v0\n", "a": b"file a\n"}
+        assert w.clean() and w.agrees_with_disk(), (k, ops[k - 1])

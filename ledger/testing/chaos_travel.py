@@ -2,16 +2,18 @@
 rewind and of a fork (docs/time-travel.md), then check against a model.
 
 A small workspace gets a history — a baseline observation, three steps (edits, files
-created later, one in a new subdirectory, a delete), a person's edit recorded by
-`observe` — and a git repository in ``.git``. The expected trees are folded here from
+created later, one in a new subdirectory, a delete, a file `cfg` that a directory `cfg/`
+replaces), a person's edit recorded by `observe` — and a git repository in ``.git``. The expected trees are folded here from
 the writes this module makes (`MODEL`), never read from the ledger. Then, as
 `run_fenced_chaos` does, the protocol is counted once and, for each operation k, run in
 a forked child that kills itself with SIGKILL just before operation k (every file
 write, fsync, rename, directory fsync, mkdir, unlink and SQLite COMMIT):
 
-- `run_rewind_chaos`: ``ledger.workspaces.rewind(w, "s1")``. One copy is settled by a
-  new lease (force): the files exactly as before the rewind, or exactly as of s1 when the
-  rewind step committed; another runs the same rewind again: exactly as of s1.
+- `run_rewind_chaos`: ``ledger.workspaces.rewind(w, "s1")`` — two steps, as `cfg` and
+  `cfg/` traded places: the first removes `cfg/local.toml` (`CLEARS`). One copy is
+  settled by a new lease (force): the files exactly as before the rewind, exactly as
+  before but for `CLEARS` when only the first step committed, or exactly as of s1 when
+  both did; another runs the same rewind again: exactly as of s1.
 - `run_fork_chaos`: ``ledger.workspaces.fork(w, "s2", DIR)``. The same fork run again
   (same directory, same name) completes it: DIR exactly as of s2 (the recorded modes
   too), the fork registered once with one live baseline observation naming its origin
@@ -54,10 +56,13 @@ BASELINE: Final = {"app.py": b"v0\n", "notes.txt": b"notes\n", "sub/mod.py": b"m
 MODES: Final = {"run.sh": 0o755}
 #: The steps, in order: path -> new bytes, or None (deleted).
 STEPS: Final[tuple[tuple[str, dict[str, bytes | None]], ...]] = (
-    ("s1", {"app.py": b"v1\n", "sub/mod.py": b"m1\n"}),
-    ("s2", {"later.txt": b"created later\n", "sub/deep/new.py": b"new\n"}),
-    ("s3", {"notes.txt": None, "app.py": b"v3\n"}),
+    ("s1", {"app.py": b"v1\n", "sub/mod.py": b"m1\n", "cfg": b"c1\n"}),
+    ("s2", {"later.txt": b"created later\n", "sub/deep/new.py": b"new\n", "cfg": None}),
+    ("s3", {"notes.txt": None, "app.py": b"v3\n", "cfg/local.toml": b"x\n"}),
 )
+#: What the rewind to s1 removes first, by a step of its own: the file `cfg` of s1 came
+#: back where a directory `cfg/` stands now (a file and a directory traded places).
+CLEARS: Final = ("cfg/local.toml",)
 #: What a person saves by hand after the steps (then observed).
 PERSON: Final = {"app.py": b"a person's edit\n"}
 
@@ -299,15 +304,18 @@ def _rewind_row(root: str, git: str | None, k: int, branch: str) -> tuple[bool, 
     path, ws = _setup(here, git)
     git_before = _git_state(ws)
     before, target = MODEL["now"], MODEL[REWIND_TO]
+    cleared = {p: d for p, d in before.items() if p not in CLEARS}
     died = _killed_at(path, _rewind, k)
     try:
         with Ledger.open(path) as ledger:
-            committed = any(ledger.step(s).live for s in _rewind_steps(ledger))
             if branch == "settle":
                 lease = ledger.workspaces.acquire(WS, "chaos-2", ttl_s=3600, force=True)
                 if lease.unsettled:
                     return died, f"VIOLATION: settling left {list(lease.unsettled)} in flight"
-                want, label = (target, "committed") if committed else (before, "rolled back")
+                done = [s for s in _rewind_steps(ledger) if ledger.step(s).live]
+                want, label = ((target, "committed") if len(done) == 2 else
+                               (cleared, "cleared") if done and done[0].endswith("-clear")
+                               else (before, "rolled back"))
             else:
                 got = ledger.workspaces.rewind(WS, REWIND_TO)
                 want = target
@@ -321,9 +329,9 @@ def _rewind_row(root: str, git: str | None, k: int, branch: str) -> tuple[bool, 
             kept = [n for n in left if ".steptrail-kept-" in n]  # (nothing here is a person's)
             if files != want:
                 label = f"VIOLATION: {_diff(files, want)} not as {label}"
-            elif kept or (left and not committed):
+            elif kept or (left and not live):
                 label = f"VIOLATION: left {', '.join(left[:3])}"
-            elif len(live) != (1 if want is target else 0):
+            elif len(live) != (2 if want is target else 1 if want is cleared else 0):
                 label = f"VIOLATION: {len(live)} live rewind steps"
             elif (problem := _always(ledger, ws, git_before)) is not None:
                 label = f"VIOLATION: {problem}"
@@ -478,4 +486,4 @@ def run_fork_chaos(*, workdir: str | None = None,
             shutil.rmtree(root, ignore_errors=True)
 
 
-__all__ = ["FORK_AT", "MODEL", "REWIND_TO", "model", "run_fork_chaos", "run_rewind_chaos"]
+__all__ = ["CLEARS", "FORK_AT", "MODEL", "REWIND_TO", "model", "run_fork_chaos", "run_rewind_chaos"]

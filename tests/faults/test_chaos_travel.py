@@ -24,10 +24,12 @@ def test_the_model_is_folded_from_the_writes() -> None:
     """The expected trees are the test's own, not the ledger's: a rewind to s1 brings the
     deleted file back, removes what was created later and drops the person's edit."""
     assert MODEL["s1"] == {"app.py": b"v1\n", "notes.txt": b"notes\n", "sub/mod.py": b"m1\n",
-                           "run.sh": b"#!/bin/sh\necho hi\n"}
-    assert set(MODEL["now"]) - set(MODEL["s1"]) == {"later.txt", "sub/deep/new.py"}
+                           "run.sh": b"#!/bin/sh\necho hi\n", "cfg": b"c1\n"}
+    assert set(MODEL["now"]) - set(MODEL["s1"]) == {"later.txt", "sub/deep/new.py",
+                                                     "cfg/local.toml"}
     assert "notes.txt" not in MODEL["now"] and MODEL["now"]["app.py"] == b"a person's edit\n"
-    assert set(MODEL["s2"]) == set(MODEL["s1"]) | {"later.txt", "sub/deep/new.py"}
+    assert "cfg" not in MODEL["now"]  # a directory cfg/ stands where the file was
+    assert set(MODEL["s2"]) == set(MODEL["s1"]) - {"cfg"} | {"later.txt", "sub/deep/new.py"}
 
 
 def test_a_rewind_killed_at_every_operation_goes_back_or_is_finished_by_a_rerun(
@@ -42,12 +44,15 @@ def test_a_rewind_killed_at_every_operation_goes_back_or_is_finished_by_a_rerun(
     # displaced files' removal, the release: each killed
     assert ops[0] == "commit (lease)" and ops[-1] == "commit (release)"
     assert {"commit (plan)", "commit (apply)", "ws-rename (apply)", "ws-unlink (apply)"} <= set(ops)
-    # killed before the apply's commit: a new lease puts every file back; after it: the
-    # rewind stands
+    # two steps (cfg and cfg/ traded places): killed before the first apply's commit, a
+    # new lease puts every file back; between the two commits, what the first removed
+    # stays removed (its own step, committed); after the second, the rewind stands
     settled = [r.after_crash.split(" (")[0] for r in report.rows]
-    cut = ops.index("commit (apply)")
-    assert set(settled[:cut + 1]) == {"rolled back"}
-    assert set(settled[cut + 1:]) == {"committed"}
+    first, second = [i for i, op in enumerate(ops) if op == "commit (apply)"]
+    assert set(settled[:first + 1]) == {"rolled back"}
+    assert set(settled[first + 1:second + 1]) == {"cleared"}
+    assert set(settled[second + 1:]) == {"committed"}
+    assert "ws-rmdir" in ops[first:second]  # the emptied cfg/ goes, each point killed
 
 
 def test_the_rewind_checker_catches_a_takeover_that_does_not_settle(
@@ -57,7 +62,7 @@ def test_the_rewind_checker_catches_a_takeover_that_does_not_settle(
     from ledger.step import undo
 
     monkeypatch.setattr(undo, "settle_all", lambda site, workspace, epoch: ([], []))
-    report = run_rewind_chaos(workdir=str(tmp_path), only={10, 12})
+    report = run_rewind_chaos(workdir=str(tmp_path), only={19, 21})  # mid-landing
     assert report.indices == 2 and report.violations == 2, report.rows
 
 

@@ -747,3 +747,21 @@ def test_rewind_previews_then_rewinds_and_fork_copies_a_step_out(repo: Path,
         verify_ok(repo)
 
     run(go)
+
+
+def test_rewind_where_a_file_and_a_directory_traded_places_is_two_steps(repo: Path) -> None:
+    async def go() -> None:
+        async with inprocess([str(repo)]) as agent:
+            await agent.ok("observe")
+            first = await agent.ok("write_file", path="cfg", content="a file\n")
+            await agent.ok("move_file", source="cfg", destination="cfg.old")
+            await agent.ok("write_file", path="cfg/local.toml", content="in a dir\n")
+            preview = await agent.ok("rewind", to=first["step"])
+            assert preview["clears"] == ["cfg/local.toml"] and not preview["unreachable"]
+            done = await agent.ok("rewind", to=first["step"], preview=False)
+            assert done["verdict"] == "applied" and done["cleared"]
+            assert (repo / "cfg").read_text() == "a file\n"
+            assert not (repo / "cfg.old").exists()
+        verify_ok(repo)
+
+    run(go)

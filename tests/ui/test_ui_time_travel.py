@@ -348,6 +348,28 @@ def test_an_unobserved_edit_is_named_with_the_command_that_records_it(
     assert (ws / "a.txt").read_text() == "a person's edit\n"
 
 
+def test_the_preview_says_what_goes_first_where_a_file_and_a_directory_traded_places(
+        tmp_path: Path) -> None:
+    ws = tmp_path / "w"
+    ws.mkdir()
+    path = tmp_path / ".steptrail" / "ledger.db"
+    with Ledger.init(str(path)) as led:
+        led.workspaces.add("w", str(ws))
+        lease = led.workspaces.acquire("w", holder="agent", ttl_s=600)
+        run_fenced_step(led, "w", "s1", lambda r: [r.read("<b>").write(b"a file\n")],
+                        epoch=lease.epoch).raise_for_status()
+        run_fenced_step(led, "w", "s2", lambda r: [r.read("<b>").write(None)],
+                        epoch=lease.epoch).raise_for_status()
+        run_fenced_step(led, "w", "s3", lambda r: [r.read("<b>/x").write(b"in a dir\n")],
+                        epoch=lease.epoch).raise_for_status()
+    with _client(path) as c:
+        c.get(f"/?token={TOKEN}")
+        page = c.get(url("/rewind", ws="w", step="s1")).text
+        assert 'id="clears"' in page and "<code>&lt;b&gt;/x</code>" in page
+        assert "<b>/x" not in page
+    assert (ws / "<b>" / "x").read_bytes() == b"in a dir\n"  # a preview writes nothing
+
+
 def test_the_preview_refuses_what_it_cannot_preview(client: TestClient) -> None:
     for bad in ("/rewind?ws=p", "/rewind?ws=p&step=edit-01&seq=3", "/rewind?ws=p&seq=x",
                 "/rewind?ws=p&seq=99999999", "/rewind?ws=p&seq=3&path=../x",

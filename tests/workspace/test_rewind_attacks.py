@@ -11,6 +11,7 @@ the others are attacks the code withstands.
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 import signal
 import stat
@@ -712,3 +713,18 @@ def test_an_undo_through_empty_directories_killed_at_every_operation(
         assert (w.root / "a").read_bytes() == b"file a\n", (k, ops[k - 1])
         assert tree(w.root, temporaries=False) == {"app.py": b"v0\n", "a": b"file a\n"}
         assert w.clean() and w.agrees_with_disk(), (k, ops[k - 1])
+
+
+def test_the_cli_says_what_goes_first_and_both_steps(world: World) -> None:
+    traded(world, "file-then-dir")
+    world.led.close()
+    preview = cli(world.location, "rewind", "--to", "s1", "--preview")
+    assert preview.returncode == 0, preview.stderr
+    assert "removed first, by a step of its own" in preview.stdout and "a/b" in preview.stdout
+    done = cli(world.location, "rewind", "--to", "s1", "--json")
+    assert done.returncode == 0, done.stderr
+    doc = json.loads(done.stdout)
+    assert doc["clears"] == ["a/b"] and doc["cleared"] == doc["step"] + "-clear"
+    assert doc["verdict"] == "applied"
+    world.led = Ledger.open(str(world.location))
+    assert tree(world.root) == world.model["s1"]

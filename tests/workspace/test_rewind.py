@@ -191,3 +191,32 @@ def test_the_command_line(world: World) -> None:
     world.led = Ledger.open(location)
     assert world.led.verify().ok
 
+
+
+@pytest.mark.parametrize("direction", ["file-then-dir", "dir-then-file"])
+def test_a_file_and_a_directory_that_traded_places_on_either_store(
+        tmp_path: Path, ledger_at: LedgerAt, direction: str) -> None:
+    """Two steps (what stands in the way first), on SQLite and PostgreSQL alike; undone
+    in turn, the present comes back."""
+    root = tmp_path / "repo"
+    root.mkdir()
+    (root / "app.py").write_text("v0\n")
+    first, then = ("a", "a/b") if direction == "file-then-dir" else ("a/b", "a")
+    with Ledger.init(ledger_at(tmp_path / "ledger.db")) as led:
+        led.workspaces.add("w", str(root))
+        led.workspaces.observe("w")
+        lease = led.workspaces.acquire("w", holder="agent", ttl_s=600)
+        for step, path, data in (("s1", first, b"x\n"), ("s2", first, None), ("s3", then, b"y\n")):
+            if step == "s3" and (root / "a").is_dir():
+                (root / "a").rmdir()
+            run_fenced_step(led, "w", step, lambda r, p=path, d=data: [r.read(p).write(d)],
+                            epoch=lease.epoch).raise_for_status()
+        led.workspaces.release("w", lease.epoch)
+        got = led.workspaces.rewind("w", "s1")
+        assert got.applied and got.cleared, got
+        assert tree(root) == {"app.py": b"v0\n", first: b"x\n"}
+        assert led.verify().ok and audit(led, deep=True).ok
+        lease = led.workspaces.acquire("w", holder="person", ttl_s=600)
+        for step in (got.step, got.cleared):
+            led.workspaces.compensate(step, epoch=lease.epoch, reason="undo the rewind")
+        assert tree(root) == {"app.py": b"v0\n", then: b"y\n"}

@@ -58,6 +58,18 @@ def machine() -> str:
     return hashlib.sha256("\x00".join(parts).encode()).hexdigest()[:12]
 
 
+@functools.cache
+def _own_proc() -> bool:
+    """Whether /proc describes this process's pid namespace: a sandbox that made a new
+    one without mounting its own /proc (``unshare --pid --fork``) still shows the
+    parent's pids there — a live holder's pid would look gone, and a start time read
+    there would be another process's. Without it no holder is ever judged gone."""
+    try:
+        return os.readlink("/proc/self") == str(os.getpid())
+    except OSError:
+        return not os.path.isdir("/proc")  # no /proc at all: kill(0) is asked instead
+
+
 def start_time(pid: int) -> str | None:
     """Process `pid`'s start time (clock ticks since boot, Linux's /proc/PID/stat field
     22); None where it cannot be read."""
@@ -87,7 +99,7 @@ def is_gone(name: str, kinds: Iterable[str] = ONE_CALL) -> bool:
     machine, is gone, a zombie, or another process now (see the module's docstring)."""
     m = _NAME.fullmatch(name)
     if m is None or m["what"] not in tuple(kinds) or m["machine"] != machine() \
-            or m["host"] != host():
+            or m["host"] != host() or not _own_proc():
         return False
     pid, start = int(m["pid"]), m["start"]
     if pid == os.getpid():  # this very process, or one this pid named before it

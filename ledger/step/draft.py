@@ -114,6 +114,11 @@ class Draft:
     def events(self, query: EventQuery) -> Any:
         return self._view.events(query)  # immutable rows: nothing to check again
 
+    def path_rows(self) -> Any:
+        """Every path a step wrote, per workspace (whether the ledger ever knew a file
+        under a directory: a path's row, once there, stays — nothing to check again)."""
+        return self._view.path_rows()
+
     # -- writes, kept for the transaction ----------------------------------------------
 
     def put_inline(self, blobs: dict[str, bytes], _stored_ns: int) -> None:

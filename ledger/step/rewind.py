@@ -272,6 +272,9 @@ def plan_rewind(site: Site, name: str, to: str | int, *, paths: Any = None,
                                   " what stands there now is not rewound with it (it is"
                                   " unknown then, or outside --paths): not rewound"))
         del wanted[path]
+    creates = any(c is None and t is not None for c, t in wanted.values())
+    ledger_dirs = known_dirs(site, name) if creates else set()
+    own_tags = clear_tags(site, name) if creates else frozenset()
     for path, (current, target) in wanted.items():
         diff = _diff(site, path, current, target) if diffs else ""
         changes.append(RewindChange(path, current, target, diff))
@@ -280,7 +283,8 @@ def plan_rewind(site: Site, name: str, to: str | int, *, paths: Any = None,
         if path in below or (current is None and target is not None):
             # nothing there, or a directory holding only the files deleted first (and
             # what a killed rewind left: its temporaries, emptied directories)
-            if not _holds_only(confined, path, {q: now[q] for q in below.get(path, ())}):
+            if not _holds_only(confined, path, {q: now[q] for q in below.get(path, ())},
+                               path in ledger_dirs, own_tags):
                 unobserved.append(path)
         elif _disk_hash(confined, path) != current:
             unobserved.append(path)
@@ -329,11 +333,34 @@ def _disk_hash(confined: Any, path: str) -> str | None:
         return "(not a regular file)"  # a directory, a symlink, or a path through one
 
 
-def _holds_only(confined: Any, path: str, known: dict[str, str | None]) -> bool:
+def known_dirs(site: Site, name: str) -> set[str]:
+    """Every directory above a path the workspace's history names (written, deleted,
+    observed): the directories the ledger knew files in."""
+    out: set[str] = set()
+    for (w, p) in read_workspaces(site.core.log).paths:
+        if w == name:
+            out.update(p.rsplit("/", i)[0] for i in range(1, p.count("/") + 1))
+    return out
+
+
+def clear_tags(site: Site, name: str) -> frozenset[str]:
+    """The tags (`names.attempt_tag`) of the workspace's rewinds' first steps (the
+    ``-clear`` steps): the only temporaries a rewind treats as its own where a file goes
+    back — what one killed after that step's commit left, before its displaced files
+    were removed. A file of another name shape, or another tag, is a person's."""
+    return frozenset(names.attempt_tag(r.step, r.event.attempt)
+                     for r in site.core.log.read(kind="planned", workspace=name)
+                     if r.event.run == RUN and r.step.endswith("-clear"))
+
+
+def _holds_only(confined: Any, path: str, known: dict[str, str | None],
+                emptied: bool, tags: frozenset[str] = frozenset()) -> bool:
     """Whether the directory at `path` holds nothing but the files of `known` with the
     bytes the ledger knows (and directories): what the rewind deletes before a file goes
     back at `path`. True too when nothing is there; a symlink, a file the ledger does
-    not know, other bytes or an unreadable directory: False (the rewind would refuse)."""
+    not know, other bytes or an unreadable directory: False (the rewind would refuse).
+    A directory the ledger never knew a file in (`emptied` False: a person's own, made
+    by hand) is not the rewind's to remove: False too."""
     stack = [path]
     while stack:
         rel = stack.pop()
@@ -343,6 +370,9 @@ def _holds_only(confined: Any, path: str, known: dict[str, str | None]) -> bool:
             return rel == path and _disk_hash(confined, path) is None
         if fd is None:
             return rel == path
+        if rel == path and not emptied:
+            os.close(fd)
+            return False
         try:
             entries = [(e.name, e.is_dir(follow_symlinks=False), e.is_file(follow_symlinks=False))
                        for e in os.scandir(fd)]
@@ -354,17 +384,17 @@ def _holds_only(confined: Any, path: str, known: dict[str, str | None]) -> bool:
             child = f"{rel}/{leaf}"
             if is_dir:
                 stack.append(child)
-            elif is_file and names.temp_stamp(leaf) is not None:
-                continue  # an ended attempt's temporary: removed (or kept visibly) first
+            elif is_file and (names.temp_stamp(leaf) or (0, ""))[1] in tags:
+                continue  # a killed rewind's first step's: removed (or kept visibly) first
             elif not is_file or child not in known or _disk_hash(confined, child) != known[child]:
                 return False
     return True
 
 
 def _remove_emptied(site: Site, name: str, epoch: int, path: str) -> None:
-    """Clear the directory at `path` where a file goes back: the temporaries ended
-    attempts left in it (a rewind killed after its first step committed, before the
-    files it displaced were removed: each removed only once its bytes are shown held,
+    """Clear the directory at `path` where a file goes back: the temporaries a rewind's
+    first step left in it (`clear_tags`: killed after its commit, before the files it
+    displaced were removed; each removed only once its bytes are shown held,
     `staging.remove_temporaries`), then the directories, each only while it is empty.
     Anything else stays (the step's fence then refuses the path)."""
     wsdir = site.places.wsdir(site.places.get(name))
@@ -372,10 +402,11 @@ def _remove_emptied(site: Site, name: str, epoch: int, path: str) -> None:
     if not dirs:
         return
     if not only:
+        tags = clear_tags(site, name)
         with contextlib.suppress(LedgerError, OSError):
             staging.remove_temporaries(
                 wsdir, set(dirs),
-                lambda e, t: e <= epoch and t not in in_flight_tags(site, name),
+                lambda e, t: t in tags and e <= epoch and t not in in_flight_tags(site, name),
                 lambda: slots_in_flight(site, name), site.held)
     wsdir.remove_empty_dirs(path)
 
@@ -409,8 +440,11 @@ def rewind(site: Site, name: str, to: str | int, epoch: int, *,
                              "detail": got.detail})
     # a file going back where a directory stands that nothing fills any more (emptied
     # by the step just run, or by a killed rewind's): the directories go, only empty
+    # (only a directory the ledger knew files in: a person's own, made by hand, stays
+    # and the step's fence refuses the path, as the preview said)
+    emptied = known_dirs(site, name)
     for ch in rest:
-        if ch.then is not None and ch.now is None:
+        if ch.then is not None and ch.now is None and ch.path in emptied:
             _remove_emptied(site, name, epoch, ch.path)
     got = _one_step(site, name, epoch, step, rest, now, modes)
     if cleared is not None and got.verdict != "applied":

@@ -318,11 +318,14 @@ def _undo(
                                            done.pre_hash)
         deleted = applied.get(w.path)
         if deleted is not None and deleted.post_hash is None and deleted.pre_hash is not None \
-                and path_rev == deleted.rev and wsdir.has_dir(w.path):
-            # the step deleted a file, and directories holding nothing stand at its name
-            # (a rewind put `a/b` back where the file `a` was, and its undo emptied
-            # them): they go — rmdir, only while empty — and the file comes back.
-            # Holding anything, they stay whole and the path is a conflict.
+                and path_rev == deleted.rev and wsdir.has_dir(w.path) \
+                and any(str(row[1]).startswith(w.path + "/") for row in tx.path_rows()
+                        if row[0] == name):
+            # the step deleted a file, and directories the ledger knew files in stand
+            # at its name, holding nothing now (a rewind put `a/b` back where the file
+            # `a` was, and its undo emptied them): they go — rmdir, only while empty —
+            # and the file comes back. Holding anything, or a person's own (the ledger
+            # never knew a file in them), they stay whole and the path is a conflict.
             wsdir.remove_empty_dirs(w.path)
         try:
             disk = wsdir.hash(w.path)

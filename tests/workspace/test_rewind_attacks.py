@@ -642,22 +642,39 @@ def test_a_two_step_rewind_killed_at_every_operation_ends_as_of_the_target(
         assert w.agrees_with_disk() and w.clean(), (k, ops[k - 1])
 
 
-def test_an_undo_brings_a_file_back_where_empty_directories_stand(world: World) -> None:
-    """A step deleted `a`; empty directories stand at its name now (made since, emptied):
-    the undo removes them — rmdir, only while empty — and the file comes back. Holding a
-    person's file, they stay whole and the path is a conflict, the file kept."""
+def emptied_at_a(world: World) -> None:
+    """s1 makes the file `a`, s2 deletes it, s3 writes `a/sub/x`, s4 deletes that: the
+    directories `a/sub` the ledger knew a file in stand empty at `a`'s name."""
     world.step("s1", lambda r: [r.read("a").write(b"file a\n")])
     world.step("s2", lambda r: [r.read("a").write(None)])
-    (world.root / "a" / "sub").mkdir(parents=True)
+    world.step("s3", lambda r: [r.read("a/sub/x").write(b"x\n")])
+    world.step("s4", lambda r: [r.read("a/sub/x").write(None)])
+    assert (world.root / "a" / "sub").is_dir()
+
+
+def test_an_undo_brings_a_file_back_where_empty_directories_stand(world: World) -> None:
+    """A step deleted `a`; empty directories the ledger knew files in stand at its name
+    now: the undo removes them — rmdir, only while empty — and the file comes back."""
+    emptied_at_a(world)
     world.compensate("s2")
     assert (world.root / "a").read_bytes() == b"file a\n"
     assert world.clean() and world.agrees_with_disk()
 
 
-def test_an_undo_leaves_directories_holding_a_persons_file_whole(world: World) -> None:
+def test_an_undo_leaves_a_persons_own_empty_directories(world: World) -> None:
+    """Directories the ledger never knew a file in (a person's `mkdir -p`): kept, the
+    path a conflict."""
     world.step("s1", lambda r: [r.read("a").write(b"file a\n")])
     world.step("s2", lambda r: [r.read("a").write(None)])
     (world.root / "a" / "sub").mkdir(parents=True)
+    world.compensate("s2")
+    assert (world.root / "a" / "sub").is_dir()
+    assert world.led.step("s2").state == "compensated"
+    assert world.led.verify().ok
+
+
+def test_an_undo_leaves_directories_holding_a_persons_file_whole(world: World) -> None:
+    emptied_at_a(world)
     (world.root / "a" / "keep.txt").write_bytes(b"a person's\n")
     world.compensate("s2")
     assert (world.root / "a" / "keep.txt").read_bytes() == b"a person's\n"
@@ -672,9 +689,7 @@ def test_an_undo_through_empty_directories_killed_at_every_operation(
     lease, which settles the killed one): the file is back, the ledger agrees."""
     def make() -> World:
         w = world_factory()
-        w.step("s1", lambda r: [r.read("a").write(b"file a\n")])
-        w.step("s2", lambda r: [r.read("a").write(None)])
-        (w.root / "a" / "sub").mkdir(parents=True)
+        emptied_at_a(w)
         w.led.close()
         return w
 

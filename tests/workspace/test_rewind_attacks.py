@@ -128,6 +128,35 @@ def cli(location: Path, *args: str) -> subprocess.CompletedProcess[str]:
                           capture_output=True, text=True, timeout=60)
 
 
+def kill_at_op(location: str | Path, k: int, call: Callable[[Ledger], Any]) -> str:
+    """Run `call` on the ledger at `location` in a forked child that SIGKILLs itself just
+    before its `k`-th operation (any workspace operation or commit, `on_op`); the child
+    must really die there. Returns that operation's name."""
+    read, write = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        try:
+            os.close(read)
+            seen = [0]
+
+            def on_op(name: str) -> None:
+                seen[0] += 1
+                if seen[0] == k:
+                    os.write(write, name.encode())
+                    os.kill(os.getpid(), signal.SIGKILL)
+
+            with Ledger.open(str(location), on_op=on_op) as led:
+                call(led)
+        finally:
+            os._exit(70)
+    os.close(write)
+    with os.fdopen(read, "rb") as f:
+        name = f.read().decode()
+    _, status = os.waitpid(pid, 0)
+    assert os.WIFSIGNALED(status) and os.WTERMSIG(status) == signal.SIGKILL, (k, status)
+    return name
+
+
 # --- attacks it withstands -----------------------------------------------------------
 
 
@@ -616,23 +645,7 @@ def test_a_two_step_rewind_killed_at_every_operation_ends_as_of_the_target(
         w = world_factory()
         traded(w, direction)
         w.led.close()
-        pid = os.fork()
-        if pid == 0:
-            try:
-                seen = [0]
-
-                def on_op(name: str, seen: list[int] = seen, k: int = k) -> None:
-                    seen[0] += 1
-                    if seen[0] == k:
-                        os.kill(os.getpid(), signal.SIGKILL)
-
-                with Ledger.open(str(w.location), on_op=on_op) as led:
-                    led.workspaces.rewind("w", "s1")
-                os._exit(0)
-            except BaseException:
-                os._exit(70)
-        _, status = os.waitpid(pid, 0)
-        assert os.WIFSIGNALED(status) and os.WTERMSIG(status) == signal.SIGKILL, (k, ops[k - 1])
+        kill_at_op(w.location, k, lambda led: led.workspaces.rewind("w", "s1"))
         w.led = Ledger.open(str(w.location))
         got = w.led.workspaces.rewind("w", "s1")
         assert got.verdict in ("applied", "nothing"), (k, ops[k - 1], got.verdict, got.detail)
@@ -693,33 +706,19 @@ def test_an_undo_through_empty_directories_killed_at_every_operation(
         w.led.close()
         return w
 
+    def undo_s2(led: Ledger) -> None:
+        lease = led.workspaces.acquire("w", holder="person", ttl_s=600)
+        led.workspaces.compensate("s2", epoch=lease.epoch, reason="undo")
+
     counted = make()
     ops: list[str] = []
     with Ledger.open(str(counted.location), on_op=ops.append) as led:
-        lease = led.workspaces.acquire("w", holder="person", ttl_s=600)
-        led.workspaces.compensate("s2", epoch=lease.epoch, reason="undo")
+        undo_s2(led)
     counted.led = Ledger.open(str(counted.location))
     assert "ws-rmdir" in ops, ops
     for k in range(1, len(ops) + 1):
         w = make()
-        pid = os.fork()
-        if pid == 0:
-            try:
-                seen = [0]
-
-                def on_op(name: str, seen: list[int] = seen, k: int = k) -> None:
-                    seen[0] += 1
-                    if seen[0] == k:
-                        os.kill(os.getpid(), signal.SIGKILL)
-
-                with Ledger.open(str(w.location), on_op=on_op) as led:
-                    lease = led.workspaces.acquire("w", holder="person", ttl_s=600)
-                    led.workspaces.compensate("s2", epoch=lease.epoch, reason="undo")
-                os._exit(0)
-            except BaseException:
-                os._exit(70)
-        _, status = os.waitpid(pid, 0)
-        assert os.WIFSIGNALED(status) and os.WTERMSIG(status) == signal.SIGKILL, (k, ops[k - 1])
+        kill_at_op(w.location, k, undo_s2)
         w.led = Ledger.open(str(w.location))
         lease = w.led.workspaces.acquire("w", holder="next", ttl_s=600, force=True)
         if w.led.step("s2").state != "compensated":

@@ -23,7 +23,6 @@ import contextlib
 import os
 import select
 import shutil
-import signal
 import subprocess
 import sys
 from collections.abc import Callable, Iterator
@@ -34,7 +33,7 @@ import pytest
 
 from ledger import LeaseHeld, Ledger, LedgerError, holders
 from ledger.step.rewind import holder_gone
-from test_rewind_attacks import World, traded, tree
+from test_rewind_attacks import World, kill_at_op, traded, tree
 
 DIRECTIONS = ["file-then-dir", "dir-then-file"]
 PERSON = b"a person's precious bytes\n"
@@ -593,22 +592,7 @@ def test_a_rewind_killed_at_every_operation_then_undone_instead_of_rerun(
     n = len(t.count_ops(rewind_to_s1))
     for k in range(1, n + 1):
         t.restore()
-        pid = os.fork()
-        if pid == 0:
-            try:
-                seen = [0]
-
-                def on_op(name: str, seen: list[int] = seen, k: int = k) -> None:
-                    seen[0] += 1
-                    if seen[0] == k:
-                        os.kill(os.getpid(), signal.SIGKILL)
-
-                with Ledger.open(t.location, on_op=on_op) as led:
-                    led.workspaces.rewind("w", "s1")
-            finally:
-                os._exit(70)
-        _, status = os.waitpid(pid, 0)
-        assert os.WIFSIGNALED(status), k
+        kill_at_op(t.location, k, lambda led: led.workspaces.rewind("w", "s1"))
         with Ledger.open(t.location) as led:
             lease = led.workspaces.acquire("w", holder="person", ttl_s=600, force=True)
             done = sorted((s for s in led.steps() if s.step_id.startswith("rewind-")

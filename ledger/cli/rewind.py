@@ -69,6 +69,9 @@ def rewind(ctx: click.Context, ws_name: str | None, to: str, paths: tuple[str, .
     not hold — an edit nobody observed — refuses the whole step and nothing is
     overwritten: run 'steptrail observe' first (--preview lists them). Paths the ledger
     did not know then (before the workspace's baseline) are left as they are and listed.
+    Where a file and a directory traded places at one name (a then, a/b now, or back),
+    what stands in the way is removed first by a step of its own, then the rest: two
+    steps, both undoable (the second first).
     .git is never touched. A rewind killed midway is taken back by the next lease, or
     finished by running it again (the lease it left is taken over). Exit 1 when the step
     was refused.

@@ -1059,8 +1059,9 @@ class SteptrailServer(MCPServer):
             """Put the workspace back as it was at an earlier step: every file (or each of
             paths) gets the content it had then; files created since are removed, deleted
             ones come back. Preview first (the default). Doing it is one step history shows
-            and undo takes back; a file holding an edit nobody recorded refuses it (call
-            observe first); .git is never touched."""
+            and undo takes back (two where a file and a directory traded places: 'cleared'
+            names the first, undone after the second); a file holding an edit nobody
+            recorded refuses it (call observe first); .git is never touched."""
             return self._run(client_roots, ctx, FileTools.rewind, to, paths, preview)
 
         def fork(

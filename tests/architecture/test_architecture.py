@@ -453,6 +453,7 @@ PUBLIC_MODULES = frozenset({
     "ledger.demo", "ledger.export", "ledger.mcp", "ledger.langgraph", "ledger.workspace",
     "ledger.diffs", "ledger.witness", "ledger.ui", "ledger.find", "ledger.extras",
     "ledger.attention", "ledger.kinds", "ledger.fmt", "ledger.export_git", "ledger.retention",
+    "ledger.holders",
 })
 #: The command line: it sees the public API only (and its own modules).
 CLI = "ledger.cli"

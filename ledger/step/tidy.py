@@ -7,7 +7,7 @@ the ledger or by the path beside it; anything else is kept under a visible name
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 
 from ..errors import LedgerError
@@ -23,7 +23,7 @@ from .site import Site
 
 
 def remove_temporaries(site: Site, wsdir: WorkspaceDir, writes: Sequence[PlannedWrite],
-                        current_epoch: int) -> None:
+                        current_epoch: int, restored: Mapping[str, str] | None = None) -> None:
     """Remove the temporaries a killed stager left beside `writes`' targets: those of
     an older epoch than `wsdir`'s (its holder is dead or a zombie whose apply the
     fence refuses) and those of `wsdir`'s own epoch and attempt. Another attempt's of
@@ -31,7 +31,9 @@ def remove_temporaries(site: Site, wsdir: WorkspaceDir, writes: Sequence[Planned
     every attempt in flight (`_slots_in_flight`), the evidence its settling rolls
     back from. Only the directories this attempt writes are looked at — where its
     earlier calls staged — so the cost follows the attempt, not the size of the
-    repository."""
+    repository. `restored`: after an undo's commit, what it recorded each path holds
+    (an older epoch's worker still running may have moved that file aside since: it
+    goes back, `staging.remove_temporaries`)."""
     epoch, tag = wsdir.epoch, wsdir.tag
     if not 0 < epoch <= current_epoch:
         return  # not an epoch of this workspace: nothing is known dead
@@ -44,7 +46,7 @@ def remove_temporaries(site: Site, wsdir: WorkspaceDir, writes: Sequence[Planned
         wsdir, {w.path.rpartition("/")[0] for w in writes} | wsdir.also_dirs,
         lambda e, t: e < epoch or (e == epoch and t == tag)
         or (e <= current_epoch and t not in in_flight_tags(site, wsdir.name)),
-        lambda: slots_in_flight(site, wsdir.name), site.held)
+        lambda: slots_in_flight(site, wsdir.name), site.held, restored)
 
 
 def in_flight_tags(site: Site, workspace: str) -> frozenset[str]:

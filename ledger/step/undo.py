@@ -35,6 +35,7 @@ from ..events import (
     Compensating,
     Event,
     Planned,
+    PlannedWrite,
     RecordedEvent,
     Restored,
     check_int,
@@ -155,7 +156,9 @@ def compensate(
     assert isinstance(event, Compensated)
     if wsdir is not None and ws_row is not None and planned is not None:
         placing.release(wsdir, landings)  # what the undo displaced: the post-images, in the store
-        remove_temporaries(site, wsdir, planned.writes, ws_row.epoch)
+        remove_temporaries(site, wsdir, planned.writes, ws_row.epoch,
+                           {r.path: r.digest for r in event.restored
+                            if r.outcome != "conflict" and r.digest is not None})
     return Compensation(step=step, attempt=attempt, seq=recorded.seq, restored=event.restored)
 
 
@@ -306,16 +309,7 @@ def _undo(
         path_rev = 0 if state is None else state[0]
         src = sources.get(w.post_hash) if w.pre_hash is None else None
         if undone_by is not None and w.pre_hash is not None:
-            # an undo killed mid-landing without the exchange call (its file aside,
-            # the pre-image not yet linked in): finished first
-            # — or, when it was refusing (a person's save moved aside), given back
-            # (what it landed: the applied write's images, which a fence "none" may
-            # have made other than the plan's)
-            done = applied.get(w.path, w)
-            with contextlib.suppress(LedgerError):
-                if not placing.finish_aside(undone_by, w.path, "u", done.post_hash):
-                    placing.put_aside_back(undone_by, w.path, "u", done.post_hash,
-                                           done.pre_hash)
+            _finish_cut_undo(undone_by, w.path, applied.get(w.path, w))
         deleted = applied.get(w.path)
         if deleted is not None and deleted.post_hash is None and deleted.pre_hash is not None \
                 and path_rev == deleted.rev and wsdir.has_dir(w.path) \
@@ -401,6 +395,22 @@ def _undo(
             if not landing.ok:
                 if staged is not None:
                     staging.discard(wsdir, staged)
+                if landing.found is None and landing.moved is None and landing.kept is None \
+                        and undone_by is not None and pre is not None \
+                        and _finish_cut_undo(undone_by, w.path, a):
+                    # the name empty: the other undoer (a worker whose epoch this one
+                    # took over, still running) moved the step's file aside between
+                    # this one's look and its landing — its landing, finished (or its
+                    # refusal, given back) as one a kill cut there, is judged as found
+                    try:
+                        disk = wsdir.hash(w.path)
+                    except (PathEscapes, InvalidInput):
+                        disk = NOT_A_FILE
+                    out.append(_found_undone(site, tx, wsdir, undone_by, w.path, a,
+                                             path_rev, inline) if disk == pre else
+                               Restored(path=w.path, rev=path_rev,
+                                        digest=digest_or_none(disk), outcome="conflict"))
+                    continue
                 if landing.kept is not None:
                     # a save made during the landing's refusal, kept beside the path
                     # under a visible name: the record names it
@@ -454,6 +464,20 @@ def _undo(
     out = [msgspec.structs.replace(r, rev=renumbered[id(r)]) if id(r) in renumbered else r
            for r in out]
     return out, (ws.rev + len(moved)) if moved else 0
+
+
+def _finish_cut_undo(undone_by: WorkspaceDir, path: str,
+                     done: AppliedWrite | PlannedWrite) -> bool:
+    """An undo of `path` by another epoch's undoer (`undone_by`: killed, or a stale
+    worker still running) cut mid-landing without the exchange call — its file aside,
+    the pre-image not yet linked in: finished — or, when it was refusing (a person's
+    save moved aside), given back. `done`: what it undoes (the applied write's images,
+    which a fence "none" may have made other than the plan's). True when either was
+    done."""
+    with contextlib.suppress(LedgerError):
+        return placing.finish_aside(undone_by, path, "u", done.post_hash) \
+            or placing.put_aside_back(undone_by, path, "u", done.post_hash, done.pre_hash)
+    return False
 
 
 def _found_undone(site: Site, tx: Tx, wsdir: WorkspaceDir, undone_by: WorkspaceDir | None,

@@ -68,6 +68,20 @@ def is_scratch(name: str) -> bool:
                for r in SLOT_ROLES)
 
 
+def slot_role(name: str) -> str | None:
+    """The role (`SLOT_ROLES`) of a slot's name (`WorkspaceDir.slot`); None for any
+    other name — a scratch temporary, or a name too long to tell (its leaf cut short)."""
+    m = _TMP_NAME.fullmatch(name)
+    if m is None or m.group(1) is None:
+        return None
+    leaf = name[1:].split(TMP_MARK, 1)[0]
+    if len(leaf.encode()) >= TMP_PREFIX_BYTES_MAX - 4:
+        return None
+    tail = name[-12:-4]
+    return next((r for r in SLOT_ROLES
+                 if tail == hashlib.sha256(f"{r}\0{leaf}".encode()).hexdigest()[:8]), None)
+
+
 def temp_stamp(name: str) -> tuple[int, str] | None:
     """(epoch, attempt tag) of a name `temp_name` made; None for any other name."""
     m = _TMP_NAME.fullmatch(name)
@@ -95,4 +109,4 @@ def name_max(where: int | str) -> int:
 
 
 __all__ = ["SLOT_ROLES", "TMP_MARK", "attempt_tag", "is_scratch", "leaf_of_temp", "name_max",
-           "temp_name", "temp_stamp"]
+           "slot_role", "temp_name", "temp_stamp"]

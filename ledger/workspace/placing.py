@@ -204,12 +204,15 @@ def _land_exchange(wsdir: WorkspaceDir, dir_fd: int, leaf: str, path: str, stage
                        pre_mode=mode_of(aside, dir_fd), post_mode=staged.mode,
                        seen=move.seen, post=staged.digest)
     if not linked:
-        # a file made in the moment the name was absent (or the staged file
-        # removed under it): it stays; what was moved aside (the pre-image) is
-        # kept beside it, visible
-        found = look(dir_fd, leaf).digest
-        kept = mover.keep(dir_fd, aside, leaf)
-        return Landing(path, False, found, None, kept=kept)
+        # refused: what was moved aside goes back to the name, never over anything —
+        # the name still empty when the staged file was removed under this landing
+        # (a newer epoch's cleanup of a stale worker's temporaries); a file made in
+        # the moment the name was absent stays, and what was moved aside is kept
+        # beside it, visible. (Gone already: put back by another call.)
+        kept = None
+        if stat_at(dir_fd, aside) is not None and not mover.put(dir_fd, aside, leaf):
+            kept = mover.keep(dir_fd, aside, leaf)
+        return Landing(path, False, look(dir_fd, leaf).digest, None, kept=kept)
     _follow_chmod(wsdir, dir_fd, leaf, aside, staged, ours)
     # the staged name stays a second link of the file now at the name until the
     # ledger recorded the write (`release`)

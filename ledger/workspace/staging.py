@@ -20,14 +20,14 @@ import errno
 import hashlib
 import os
 import stat
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 
 from .boundary import FileIdentity, identity_of
 from .directory import MODE_BITS, DirectoryMoved, WorkspaceDir, mode_of
 from .moves import ABSENT, Mover, Seen, UnsafeFallbackRefused, look, stat_at
 from . import names
-from .names import is_scratch, leaf_of_temp, temp_name, temp_stamp
+from .names import is_scratch, leaf_of_temp, slot_role, temp_name, temp_stamp
 from ..errors import AccessDenied, InvalidInput, LedgerError, StorageFailure, UnsafeRename
 
 
@@ -168,7 +168,8 @@ def check_fits(wsdir: WorkspaceDir, path: str) -> None:
 
 def remove_temporaries(wsdir: WorkspaceDir, dirs: Iterable[str], dead: Callable[[int, str], bool],
                        keep: Callable[[], frozenset[tuple[str, str]]] = frozenset,
-                       held: Callable[[str], bool] | None = None) -> int:
+                       held: Callable[[str], bool] | None = None,
+                       restored: Mapping[str, str] | None = None) -> int:
     """Collect the temporaries steptrail staged and left behind (a killed apply,
     compensation or settle) from each directory in `dirs` (relative; "" is the root).
 
@@ -180,6 +181,13 @@ def remove_temporaries(wsdir: WorkspaceDir, dirs: Iterable[str], dead: Callable[
     bytes are shown to be held by the ledger (`held(digest)`) or by a file beside it
     of the same name prefix; otherwise it is kept under a visible name
     (``NAME.steptrail-kept-TAG``): it may hold a person's save a crash displaced.
+    `restored`: the paths an undo has just recorded as holding a digest (its commit
+    made): a ``y`` slot of an older epoch (what a landing without the exchange call
+    moved aside) holding that digest beside its empty name is that file on its way
+    between its name and the slot — moved aside since by a worker of that epoch still
+    running, about to link its staged file in or put it back — and goes back to its
+    name (never over anything), not away: that the ledger holds the bytes does not
+    make the path's only copy on disk a leftover.
     Best effort: a directory that is missing or not a plain directory is skipped.
     Returns how many files went (kept ones not counted)."""
     removed = 0
@@ -192,6 +200,7 @@ def remove_temporaries(wsdir: WorkspaceDir, dirs: Iterable[str], dead: Callable[
         if dir_fd is None:
             continue
         here = 0
+        moved = False
         try:
             for name in os.listdir(dir_fd):
                 stamp = temp_stamp(name)
@@ -213,6 +222,18 @@ def remove_temporaries(wsdir: WorkspaceDir, dirs: Iterable[str], dead: Callable[
                     here += 1
                     continue
                 beside = look(dir_fd, leaf) if leaf else ABSENT
+                back = restored.get(os.path.join(d, leaf) if d else leaf) \
+                    if restored and leaf else None
+                if back is not None and beside.digest is None and stamp[0] < wsdir.epoch \
+                        and slot_role(name) == "y":
+                    if look(dir_fd, name).digest == back:
+                        try:
+                            if mover.put(dir_fd, name, leaf):
+                                moved = True
+                                continue
+                        except FileNotFoundError:
+                            continue  # (put back by its worker meanwhile)
+                        beside = look(dir_fd, leaf)  # (taken meanwhile)
 
                 def ours(digest: str, beside: Seen = beside) -> bool:
                     return digest == beside.digest or (held is not None and held(digest))
@@ -221,7 +242,7 @@ def remove_temporaries(wsdir: WorkspaceDir, dirs: Iterable[str], dead: Callable[
                     here += 1
                 else:
                     wsdir.kept.append((os.path.join(d, leaf) if d else leaf, name))
-            if here:
+            if here or moved:
                 wsdir.ops.tick("ws-dirfsync")
                 os.fsync(dir_fd)
             removed += here

@@ -442,7 +442,8 @@ def rewind(site: Site, name: str, to: str | int, epoch: int, *,
     # by the step just run, or by a killed rewind's): the directories go, only empty
     # (only a directory the ledger knew files in: a person's own, made by hand, stays
     # and the step's fence refuses the path, as the preview said)
-    emptied = known_dirs(site, name)
+    emptied = known_dirs(site, name) if any(
+        ch.then is not None and ch.now is None for ch in rest) else set()
     for ch in rest:
         if ch.then is not None and ch.now is None and ch.path in emptied:
             _remove_emptied(site, name, epoch, ch.path)

@@ -52,25 +52,9 @@ def temp_name(leaf: str, epoch: int, tag: str, name_max: int = 255,
 SLOT_ROLES: Final = "xyut"
 
 
-def is_scratch(name: str) -> bool:
-    """True for a temporary `temp_name` made with a fresh random tail (a stager's own
-    scratch copy: only ever written by its stager, from bytes the ledger holds), False
-    for a slot (`WorkspaceDir.slot`: it may hold what a move displaced) — or a name too
-    long to tell (its leaf cut short): judged as a slot, by its content."""
-    m = _TMP_NAME.fullmatch(name)
-    if m is None or m.group(1) is None:
-        return False
-    leaf = name[1:].split(TMP_MARK, 1)[0]
-    if len(leaf.encode()) >= TMP_PREFIX_BYTES_MAX - 4:
-        return False
-    tail = name[-12:-4]
-    return all(tail != hashlib.sha256(f"{r}\0{leaf}".encode()).hexdigest()[:8]
-               for r in SLOT_ROLES)
-
-
-def slot_role(name: str) -> str | None:
-    """The role (`SLOT_ROLES`) of a slot's name (`WorkspaceDir.slot`); None for any
-    other name — a scratch temporary, or a name too long to tell (its leaf cut short)."""
+def _role(name: str) -> str | None:
+    """A stamped temporary's role: a slot's (`SLOT_ROLES`), "" for a scratch copy (a fresh
+    random tail); None for any other name, or one whose leaf was cut too short to tell."""
     m = _TMP_NAME.fullmatch(name)
     if m is None or m.group(1) is None:
         return None
@@ -79,7 +63,21 @@ def slot_role(name: str) -> str | None:
         return None
     tail = name[-12:-4]
     return next((r for r in SLOT_ROLES
-                 if tail == hashlib.sha256(f"{r}\0{leaf}".encode()).hexdigest()[:8]), None)
+                 if tail == hashlib.sha256(f"{r}\0{leaf}".encode()).hexdigest()[:8]), "")
+
+
+def is_scratch(name: str) -> bool:
+    """True for a temporary `temp_name` made with a fresh random tail (a stager's own
+    scratch copy: only ever written by its stager, from bytes the ledger holds), False
+    for a slot (`WorkspaceDir.slot`: it may hold what a move displaced) — or a name too
+    long to tell (its leaf cut short): judged as a slot, by its content."""
+    return _role(name) == ""
+
+
+def slot_role(name: str) -> str | None:
+    """The role (`SLOT_ROLES`) of a slot's name (`WorkspaceDir.slot`); None for any
+    other name — a scratch temporary, or a name too long to tell (its leaf cut short)."""
+    return _role(name) or None
 
 
 def temp_stamp(name: str) -> tuple[int, str] | None:
